@@ -1,0 +1,15 @@
+"""KV ops (installed as ``kvbench.kernels``): Triton on CUDA, the torch reference elsewhere.
+
+Every op takes an optional ``backend`` ("torch" | "triton"); without it the tensors' device decides, and the
+environment variable ``KVBENCH_KERNEL_BACKEND`` overrides that for tests and benchmarks.
+"""
+
+from kvbench.kernels.dispatch import (
+    copy_blocks,
+    paged_decode_attention,
+    paged_prefill_attention,
+    resolve_backend,
+    write_kv,
+)
+
+__all__ = ["copy_blocks", "paged_decode_attention", "paged_prefill_attention", "resolve_backend", "write_kv"]

@@ -1,0 +1,52 @@
+"""Choose the implementation of each KV op: Triton on CUDA, the torch reference elsewhere."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kvbench.kernels import reference
+
+BACKENDS = ("torch", "triton")
+
+
+def resolve_backend(device: torch.device, backend: str | None = None) -> str:
+    chosen = backend or os.environ.get("KVBENCH_KERNEL_BACKEND") or ("triton" if device.type == "cuda" else "torch")
+    if chosen not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {chosen!r}; choose one of {', '.join(BACKENDS)}")
+    return chosen
+
+
+def _triton_ops():
+    from kvbench.kernels import triton_ops  # imported lazily: triton is optional on CPU
+
+    return triton_ops
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = None) -> None:
+    if resolve_backend(key.device, backend) == "triton":
+        return _triton_ops().write_kv(key, value, k_cache, v_cache, slot_mapping)
+    return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, backend: str | None = None):
+    if resolve_backend(query.device, backend) == "triton":
+        return _triton_ops().paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+    return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention(
+    query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, backend: str | None = None
+):
+    if resolve_backend(query.device, backend) == "triton":
+        return _triton_ops().paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
+        )
+    return reference.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+
+
+def copy_blocks(k_caches, v_caches, src_blocks, dst_blocks, backend: str | None = None) -> None:
+    if resolve_backend(src_blocks.device, backend) == "triton":
+        return _triton_ops().copy_blocks(k_caches, v_caches, src_blocks, dst_blocks)
+    return reference.copy_blocks(k_caches, v_caches, src_blocks, dst_blocks)

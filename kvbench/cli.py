@@ -1,0 +1,75 @@
+"""The ``kvbench`` command line: a thin Typer layer. Command modules live in ``kvbench.commands``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import typer
+
+from kvbench import __version__
+from kvbench.errors import KvbenchError
+
+app = typer.Typer(
+    name="kvbench",
+    help="Benchmark and diagnose the KV cache of LLM inference: paged vs contiguous, side by side.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"kvbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    """kvbench: where does KV-cache memory go, and what does paging buy?"""
+
+
+def _register_commands() -> None:
+    import kvbench.commands as commands_pkg
+
+    for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"kvbench.commands.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except KvbenchError as err:
+        typer.echo(f"error: {err}", err=True)
+        return err.exit_code
+    except typer.Exit as done:
+        return done.exit_code
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
+    except Exception as err:  # click usage errors and friends
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            return err.exit_code
+        raise
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Option parsing shared by commands: integer lists, sizes, positive numbers — one-line errors."""
+
+from __future__ import annotations
+
+import re
+
+from kvbench.errors import KvbenchError
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+               "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def int_list(text: str, what: str, minimum: int = 1) -> list[int]:
+    """``"10,30,50"`` -> [10, 30, 50]; every item an integer >= minimum; at least one item."""
+    items = [item.strip() for item in text.split(",")] if text is not None else []
+    if not items or all(item == "" for item in items):
+        raise KvbenchError(f"{what} is empty; give a comma-separated list of integers such as 10,30,50")
+    values = []
+    for item in items:
+        if not re.fullmatch(r"[+-]?\d+", item):
+            raise KvbenchError(f"{what}: {item!r} is not an integer")
+        value = int(item)
+        if value < minimum:
+            raise KvbenchError(f"{what}: {value} is below the minimum of {minimum}")
+        values.append(value)
+    return values
+
+
+def name_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    if not names:
+        raise KvbenchError(f"{what} is empty; choose from {', '.join(allowed)}")
+    for name in names:
+        if name not in allowed:
+            raise KvbenchError(f"unknown {what.rstrip('s')} {name!r}; choose from {', '.join(allowed)}")
+    return names
+
+
+def positive(value: float, what: str) -> float:
+    if value is None or value <= 0:
+        raise KvbenchError(f"{what} must be positive, got {value}")
+    return value
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """``"2GiB"``, ``"512MB"``, ``"1e9"`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", text or "")
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise KvbenchError(f"{what}: cannot read {text!r}; use e.g. 512MiB, 2GiB or a byte count")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    if size <= 0:
+        raise KvbenchError(f"{what} must be positive, got {text!r}")
+    return size
+
+
+def human_bytes(count: float | None) -> str:
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.2f} {unit}"
+        count /= 1024
+    return f"{count:.2f} TiB"

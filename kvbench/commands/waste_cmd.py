@@ -1,0 +1,188 @@
+"""``kvbench waste``: where KV memory goes under each strategy, analytic and measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.commands._options import human_bytes, int_list, name_list
+from kvbench.engine.timing import RooflineTiming
+from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
+from kvbench.errors import KvbenchError
+from kvbench.models.gpus import kv_budget, resolve_gpu
+from kvbench.models.shapes import resolve_model
+from kvbench.report.plots import waste_breakdown
+from kvbench.report.rundir import flatten, markdown_table, new_run_dir, run_meta, summary_document, write_summary
+from kvbench.workload.lengths import DISTRIBUTIONS, LengthSpec, load_trace
+
+STRATEGY_NAMES = (*CONTIGUOUS_STRATEGIES, "paged")
+
+
+def analytic_waste(mean_len: float, max_len: int) -> float:
+    """The seed article's estimate for a max-length reservation: (max_len - actual) / max_len."""
+    return (max_len - mean_len) / max_len
+
+
+def waste(
+    max_len: int = typer.Option(2048, "--max-len", help="Model context limit; contiguous-max reserves this."),
+    model: str = typer.Option("llama-2-13b", "--model", help="Preset name or a local config.json / checkpoint dir."),
+    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget."),
+    utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Share of GPU memory kvbench may use."),
+    dtype: str = typer.Option("fp16", "--dtype", help="fp32 | fp16 | bf16 (KV and weights)."),
+    mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
+    distribution: str = typer.Option("lognormal", "--distribution", help=f"Length distribution: {', '.join(DISTRIBUTIONS)}."),
+    prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
+    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."),
+    requests: int = typer.Option(2000, "--requests", help="Requests to simulate per strategy."),
+    concurrency: int = typer.Option(256, "--concurrency", help="Requests in flight (closed loop) and batch cap."),
+    block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
+    strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the length sampler."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
+) -> None:
+    """Measure token states vs reservation, internal and external waste for each KV strategy.
+
+    Runs the same seeded workload through the tensor-free simulator once per strategy, on a KV budget
+    from the model and GPU, and prints the article's analytic estimate next to the measured shares.
+    """
+    if max_len < 2:
+        raise KvbenchError(f"--max-len must be at least 2, got {max_len}")
+    if requests < 1:
+        raise KvbenchError(f"--requests must be at least 1, got {requests}")
+    if concurrency < 1:
+        raise KvbenchError(f"--concurrency must be at least 1, got {concurrency}")
+    sizes = int_list(block_sizes, "--block-size")
+    chosen = parse_strategies(name_list(strategies, "strategies", STRATEGY_NAMES), sizes)
+    shape = resolve_model(model, dtype)
+    device = resolve_gpu(gpu)
+    budget = kv_budget(shape, device, utilization)
+    if not budget.fits:
+        raise KvbenchError(
+            f"{shape.name} ({dtype}) does not fit on {device.name} at utilization {utilization}: weights "
+            f"{human_bytes(shape.weight_bytes)} + activations {human_bytes(budget.activation_bytes)} > "
+            f"{human_bytes(budget.usable_bytes)}"
+        )
+    if trace is not None:
+        pairs = load_trace(trace)
+        too_long = sum(1 for p, o in pairs if p + o > max_len)
+        source = f"trace {trace}"
+    else:
+        pairs = LengthSpec(mean_len, max_len, distribution, prompt_ratio).sample(requests, seed)
+        too_long = 0
+        source = f"{distribution} lengths, mean {mean_len}, prompt ratio {prompt_ratio}"
+    pool_slots = budget.kv_bytes // shape.bytes_per_token
+    timing = RooflineTiming.for_model(shape, device)
+    actual_mean = sum(p + o for p, o in pairs) / len(pairs)
+    console = Console(stderr=as_json)
+
+    points = []
+    with console.status("simulating...") as status:
+        for strategy in chosen:
+            status.update(f"simulating {strategy.name} ({len(pairs)} requests)")
+            result = run_strategy(strategy, pairs, pool_slots, max_len, concurrency, timing)
+            points.append(_point(strategy.name, result, concurrency, shape.bytes_per_token, pool_slots))
+
+    analytic = {
+        "formula": "(max_len - actual_len) / max_len",
+        "at_mean_len_pct": 100 * analytic_waste(mean_len, max_len),
+        "at_sampled_mean_pct": 100 * analytic_waste(actual_mean, max_len),
+        "mean_len": mean_len,
+        "sampled_mean_len": actual_mean,
+    }
+    meta = run_meta(
+        model=shape.to_dict(), gpu=device.name, gpu_memory_utilization=utilization, max_len=max_len,
+        workload=source, requests=len(pairs), seed=seed, concurrency=concurrency, simulated=True,
+        kv_budget_bytes=budget.kv_bytes, pool_slots=pool_slots, scenario="waste",
+        requests_over_max_len=too_long,
+    )
+    document = summary_document("waste", meta, points, analytic=analytic)
+    run_dir = new_run_dir("waste", out)
+    title = f"KV pool breakdown: {shape.name} {dtype} on {device.name}, max-len {max_len}"
+    subtitle = f"{source}; {len(pairs)} requests, concurrency {concurrency}; simulated"
+    waste_breakdown([p["engine"] for p in points], [p["waste"] for p in points], run_dir / "waste.png", title, subtitle)
+    write_summary(run_dir, document, [flatten(p) for p in points], _markdown(document))
+
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    _print(console, document, run_dir)
+
+
+def _point(name: str, result, concurrency: int, bytes_per_token: int, pool_slots: int) -> dict:
+    acct = result.accountant
+    waste = acct.waste_pct()
+    return {
+        "engine": name,
+        "concurrency": concurrency,
+        "scenario": "waste",
+        "status": "ok",
+        "completed": len(result.completed),
+        "rejected": len(result.rejected),
+        "preemptions": result.num_preemptions,
+        **result.throughput(),
+        "peak_running": result.peak_running,
+        "mean_running": acct.mean_running(),
+        "max_concurrency": result.peak_running,
+        "kv_pool_bytes": pool_slots * bytes_per_token,
+        "kv_peak_allocated_bytes": acct.peak_allocated * bytes_per_token,
+        "kv_mean_used_bytes": acct.mean_slots("used") * bytes_per_token,
+        "bytes_per_token": bytes_per_token,
+        "waste": waste,
+        "effective_usage_pct": 100 * acct.effective_usage(),
+        "fragmentation_mean": acct.fragmentation_mean(),
+        "simulated_seconds": acct.elapsed_s,
+    }
+
+
+def _markdown(document: dict) -> str:
+    analytic = document["analytic"]
+    meta = document["meta"]
+    head = (
+        f"# kvbench waste\n\nModel {meta['model']['name']} ({meta['model']['dtype']}), GPU {meta['gpu']}, "
+        f"max-len {meta['max_len']}, {meta['workload']}, {meta['requests']} requests, "
+        f"concurrency {meta['concurrency']} (simulated).\n\n"
+        f"Analytic estimate (max-len reservation): {analytic['at_mean_len_pct']:.1f}% wasted at mean length "
+        f"{analytic['mean_len']}; {analytic['at_sampled_mean_pct']:.1f}% at the sampled mean "
+        f"{analytic['sampled_mean_len']:.0f}.\n\n"
+    )
+    rows = [[p["engine"], p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
+             p["waste"]["external_pct"], p["waste"]["free_pct"], p["effective_usage_pct"], p["mean_running"],
+             p["peak_running"], p["output_throughput"]] for p in document["points"]]
+    return head + markdown_table(
+        ["strategy", "token states %", "reservation %", "internal %", "external %", "free %",
+         "effective usage %", "mean running", "peak running", "output tok/s (sim)"], rows)
+
+
+def _print(console: Console, document: dict, run_dir: Path) -> None:
+    analytic = document["analytic"]
+    meta = document["meta"]
+    console.print(
+        f"[bold]Analytic estimate[/bold] (article: reserve max-len for everyone): "
+        f"waste = (max_len - actual) / max_len = ({meta['max_len']} - {analytic['mean_len']}) / {meta['max_len']} = "
+        f"[bold]{analytic['at_mean_len_pct']:.1f}%[/bold]  (at the sampled mean {analytic['sampled_mean_len']:.0f}: "
+        f"{analytic['at_sampled_mean_pct']:.1f}%)"
+    )
+    table = Table(title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
+                  f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
+                  f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)")
+    for column in ("strategy", "used", "reserv.", "internal", "external", "free", "effective",
+                   "running mean/peak", "out tok/s", "preempt"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for p in document["points"]:
+        w = p["waste"]
+        table.add_row(
+            p["engine"], f"{w['token_state_pct']:.1f}%", f"{w['reservation_pct']:.1f}%", f"{w['internal_pct']:.1f}%",
+            f"{w['external_pct']:.1f}%", f"{w['free_pct']:.1f}%", f"{p['effective_usage_pct']:.1f}%",
+            f"{p['mean_running']:.1f} / {p['peak_running']}", f"{p['output_throughput']:,.0f}", str(p["preemptions"]),
+        )
+    console.print(table)
+    console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, waste.png")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("waste")(waste)

@@ -1,0 +1,71 @@
+"""A generation request and its life cycle, shared by the tensor engine and the simulator.
+
+Lengths are counted in KV token slots. A request with P prompt tokens and O output tokens writes
+``P + O - 1`` token states: the last sampled token is returned but never fed back through the model.
+
+While running, a request's progress is a function of the scheduler's decode clock (one tick per decode
+step in which every running request advances one token), so the simulator can skip many steps at once:
+``kv_len(clock) = kv_at_base + clock - clock_base`` and ``outputs(clock) = outputs_at_base + clock - clock_base``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    prompt_len: int
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    arrival_time: float = 0.0
+    parent_id: int | None = None  # forked from (parallel sampling, beam search)
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_outputs: int = 0  # output tokens produced before the current run (recompute keeps them)
+    kv_at_base: int = 0
+    outputs_at_base: int = 0
+    clock_base: int = 0
+    held_slots: int = 0  # KV slots the manager gives it now (kept here for O(1) accounting)
+    admit_seq: int = -1  # admission order; preemption takes the newest first
+    num_preemptions: int = 0
+    reject_reason: str | None = None
+    final_kv_len: int | None = None  # set when it finishes (hindsight)
+    output_token_ids: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"request {self.request_id}: prompt length must be at least 1")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_tokens must be at least 1")
+
+    @property
+    def expected_kv_len(self) -> int:
+        """KV slots the request writes if it runs to max_tokens (the simulator's and benchmarks' case)."""
+        return self.prompt_len + self.max_tokens - 1
+
+    def kv_len(self, clock: int) -> int:
+        return self.kv_at_base + clock - self.clock_base
+
+    def outputs(self, clock: int) -> int:
+        return self.outputs_at_base + clock - self.clock_base
+
+    def finish_clock(self) -> int:
+        """The decode clock at which it has produced max_tokens outputs (if no EOS comes first)."""
+        return self.clock_base + self.max_tokens - self.outputs_at_base
+
+    def prefill_len(self) -> int:
+        """Tokens to run through the model on (re)admission: the prompt plus outputs kept from before."""
+        return self.prompt_len + self.num_outputs

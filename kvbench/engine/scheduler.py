@@ -1,0 +1,186 @@
+"""Continuous batching shared by the tensor engine and the simulator.
+
+One decision-maker for both: which waiting requests to admit (FCFS, by free memory), how running requests
+get room for their next token, whom to preempt (paged: by recompute, newest first), and, for the contiguous
+baseline, whether a reservation that does not fit is queued or rejected as OOM. The scheduler also keeps
+the running totals that waste accounting needs, so no step has to walk every request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvbench.engine.request import Request, RequestStatus
+from kvbench.kv.block_pool import OutOfBlocks
+
+ADMISSION_MODES = ("queue", "reject")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_len: int = 2048
+    admission: str = "queue"  # contiguous only: "reject" turns a reservation that does not fit into OOM
+    max_prefill_tokens: int = 8192  # prompt tokens one prefill step may take (at least one request)
+    watermark: float = 0.01  # paged: share of blocks kept free at admission so running requests can grow
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"unknown admission mode {self.admission!r}; choose one of {', '.join(ADMISSION_MODES)}")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+
+
+class Scheduler:
+    def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
+        self.manager = manager
+        self.config = config or SchedulerConfig()
+        self.block_size = manager.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # insertion order = admission order
+        self.finished: list[Request] = []
+        self.rejected: list[Request] = []
+        self.num_preemptions = 0
+        self._admit_counter = 0
+        self._watermark_blocks = int(self.config.watermark * manager.pool.num_blocks) if manager.can_preempt else 0
+        # running totals over live requests, for O(1) accounting
+        self.sum_kv_base = 0  # sum of kv_at_base - clock_base
+        self.capped_held = 0  # sum of min(held, final length)
+        self.internal = 0  # sum of max(held - final length, 0)
+
+    # -- intake -----------------------------------------------------------------------------------------
+    def add(self, request: Request) -> bool:
+        """Queue a request, or reject it at once with a reason when it can never run. Returns accepted."""
+        total = request.prompt_len + request.max_tokens
+        if total > self.config.max_len:
+            return self._reject(request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}")
+        if not self.manager.fits_empty_pool(request.expected_kv_len):
+            return self._reject(request, "needs more KV memory than the whole pool holds")
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+        return True
+
+    def _reject(self, request: Request, reason: str) -> bool:
+        request.status = RequestStatus.REJECTED
+        request.reject_reason = reason
+        self.rejected.append(request)
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- admission --------------------------------------------------------------------------------------
+    def admit(self, clock: int) -> list[Request]:
+        """Admit waiting requests FCFS while memory and the batch limits allow; they are prefilled now."""
+        admitted: list[Request] = []
+        budget = self.config.max_prefill_tokens
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            prefill = request.prefill_len()
+            if admitted and prefill > budget:
+                break
+            reserve = self._watermark_blocks if self.running else 0
+            if not self.manager.can_admit(prefill, request.expected_kv_len, reserve):
+                if self.config.admission == "reject" and not self.manager.can_preempt:
+                    self.waiting.popleft()
+                    self._reject(request, "oom: its KV reservation does not fit in free memory")
+                    continue
+                break
+            self.waiting.popleft()
+            try:
+                self.manager.allocate(request.request_id, prefill, request.expected_kv_len, request.prompt_token_ids)
+            except OutOfBlocks:  # the estimate said yes but the pool disagrees: wait
+                self.waiting.appendleft(request)
+                break
+            self._start(request, clock, prefill)
+            admitted.append(request)
+            budget -= prefill
+        return admitted
+
+    def _start(self, request: Request, clock: int, prefill: int) -> None:
+        request.status = RequestStatus.RUNNING
+        request.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        request.kv_at_base = prefill
+        request.outputs_at_base = request.num_outputs + 1  # the prefill samples one token
+        request.clock_base = clock
+        self.running[request.request_id] = request
+        self.sum_kv_base += prefill - clock
+        self._set_held(request, self.manager.held_slots(request.request_id))
+
+    def _set_held(self, request: Request, held: int) -> None:
+        final = request.expected_kv_len
+        self.capped_held += min(held, final) - min(request.held_slots, final)
+        self.internal += max(held - final, 0) - max(request.held_slots - final, 0)
+        request.held_slots = held
+
+    # -- decode -----------------------------------------------------------------------------------------
+    def needs_room(self, request: Request, clock: int) -> bool:
+        """Whether the decode step clock -> clock+1 writes past what the request holds."""
+        return request.kv_len(clock) + 1 > request.held_slots
+
+    def next_room_clock(self, request: Request) -> int:
+        """The first decode clock at which ``needs_room`` becomes true."""
+        return request.clock_base + request.held_slots - request.kv_at_base
+
+    def make_room(self, request: Request, clock: int) -> tuple[list, list[Request]]:
+        """Give ``request`` room for the step clock -> clock+1, preempting newest-first if the pool is dry.
+
+        Returns the copy-on-write copies to run and the requests preempted (possibly ``request`` itself).
+        """
+        preempted: list[Request] = []
+        while True:
+            try:
+                copies = self.manager.ensure_capacity(request.request_id, request.kv_len(clock) + 1)
+            except OutOfBlocks:
+                if not self.manager.can_preempt:
+                    raise
+                victim = self._newest_running()
+                self.preempt(victim, clock)
+                preempted.append(victim)
+                if victim is request:
+                    return [], preempted
+                continue
+            self._set_held(request, self.manager.held_slots(request.request_id))
+            return copies, preempted
+
+    def _newest_running(self) -> Request:
+        return next(reversed(self.running.values()))
+
+    def preempt(self, request: Request, clock: int) -> None:
+        """Free the request's KV and queue it first; it is recomputed (prompt + outputs so far) later."""
+        request.num_outputs = request.outputs(clock)
+        self._stop(request, clock)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request, clock: int) -> None:
+        request.final_kv_len = request.kv_len(clock)
+        request.num_outputs = request.outputs(clock)
+        self._stop(request, clock)
+        request.status = RequestStatus.FINISHED
+        self.finished.append(request)
+
+    def _stop(self, request: Request, clock: int) -> None:
+        del self.running[request.request_id]
+        self.sum_kv_base -= request.kv_at_base - request.clock_base
+        self._set_held(request, 0)
+        token_ids = None
+        if request.prompt_token_ids is not None:
+            token_ids = list(request.prompt_token_ids) + list(request.output_token_ids)
+        self.manager.free(request.request_id, token_ids)
+
+    # -- accounting -------------------------------------------------------------------------------------
+    def used_slots(self, clock: int) -> int:
+        return self.sum_kv_base + len(self.running) * clock
+
+    def held_slots(self) -> int:
+        return self.manager.pool.num_used * self.block_size
+
+    def external_slots(self) -> int:
+        head = self.waiting[0].expected_kv_len if self.waiting else None
+        return self.manager.external_slots(head)

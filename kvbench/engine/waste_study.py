@@ -1,0 +1,68 @@
+"""Run one workload through each KV strategy on the simulator, with the same pool bytes for all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.engine.request import Request
+from kvbench.engine.scheduler import SchedulerConfig
+from kvbench.engine.simulator import SimulationResult, simulate
+from kvbench.errors import KvbenchError
+from kvbench.kv.block_pool import BlockPool
+from kvbench.kv.contiguous import ContiguousManager
+from kvbench.kv.paged import PagedManager
+
+CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """``contiguous-<policy>`` (slab granularity: one token slot) or ``paged-<block size>``."""
+
+    name: str
+    kind: str  # "paged" | "contiguous"
+    block_size: int
+    policy: str | None = None
+
+    def build_manager(self, pool_slots: int, max_len: int):
+        num_blocks = pool_slots // self.block_size
+        if num_blocks < 1:
+            raise KvbenchError(f"{self.name}: the KV budget holds no block of {self.block_size} tokens")
+        pool = BlockPool(num_blocks, self.block_size)
+        if self.kind == "paged":
+            return PagedManager(pool)
+        return ContiguousManager(pool, self.policy or "max", max_len)
+
+
+def parse_strategies(names: Sequence[str], block_sizes: Sequence[int]) -> list[Strategy]:
+    """Expand ``paged`` into one strategy per block size; validate the rest."""
+    strategies: list[Strategy] = []
+    for name in names:
+        if name == "paged":
+            strategies += [Strategy(f"paged-{bs}", "paged", bs) for bs in block_sizes]
+        elif name in CONTIGUOUS_STRATEGIES:
+            strategies.append(Strategy(name, "contiguous", 1, name.split("-", 1)[1]))
+        else:
+            known = ", ".join((*CONTIGUOUS_STRATEGIES, "paged"))
+            raise KvbenchError(f"unknown strategy {name!r}; choose from {known}")
+    return strategies
+
+
+def run_strategy(
+    strategy: Strategy,
+    pairs: Sequence[tuple[int, int]],
+    pool_slots: int,
+    max_len: int,
+    concurrency: int,
+    timing,
+    keep_timeline: bool = False,
+) -> SimulationResult:
+    manager = strategy.build_manager(pool_slots, max_len)
+    requests = [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
+    config = SchedulerConfig(max_num_seqs=concurrency, max_len=max_len)
+    result = simulate(requests, manager, timing, concurrency, config, keep_timeline=keep_timeline)
+    manager.check_invariants()
+    if manager.pool.num_used:
+        raise RuntimeError(f"{strategy.name}: {manager.pool.num_used} blocks leaked")
+    return result

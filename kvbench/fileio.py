@@ -1,0 +1,55 @@
+"""Atomic file writes: write to a temporary name in the same folder, then rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+    """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, record: Any) -> None:
+    """Append one JSON line and fsync, so a crash keeps every finished line."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, default=_json_default) + "\n"
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

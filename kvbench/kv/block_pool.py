@@ -1,0 +1,147 @@
+"""A pool of fixed-size KV blocks with ref counts and an O(1) free queue.
+
+The free queue is a doubly linked list over block ids kept in two arrays, so that taking the head,
+appending at the tail and removing any given free block (a prefix-cache hit, or a contiguous run) are all
+O(1). Freed blocks go to the tail, so the least recently freed block is reused first; this keeps
+prefix-cached blocks alive as long as possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class BlockPoolError(RuntimeError):
+    """An allocator contract was broken (double free, freeing a free block, ...): a bug, not bad input."""
+
+
+class OutOfBlocks(RuntimeError):
+    """No free block is left."""
+
+
+class BlockPool:
+    _NIL = -1
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_counts = [0] * num_blocks
+        self._prev = [i - 1 for i in range(num_blocks)]
+        self._next = [i + 1 for i in range(num_blocks)]
+        self._next[-1] = self._NIL
+        self._head = 0
+        self._tail = num_blocks - 1
+        self._in_free_queue = [True] * num_blocks
+        self.num_free = num_blocks
+        self.total_allocations = 0  # block allocations over the pool's life (metrics)
+
+    # -- free queue -------------------------------------------------------------------------------------
+    def _unlink(self, block: int) -> None:
+        prev, nxt = self._prev[block], self._next[block]
+        if prev == self._NIL:
+            self._head = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt == self._NIL:
+            self._tail = prev
+        else:
+            self._prev[nxt] = prev
+        self._prev[block] = self._next[block] = self._NIL
+        self._in_free_queue[block] = False
+        self.num_free -= 1
+
+    def _append(self, block: int) -> None:
+        self._prev[block] = self._tail
+        self._next[block] = self._NIL
+        if self._tail == self._NIL:
+            self._head = block
+        else:
+            self._next[self._tail] = block
+        self._tail = block
+        self._in_free_queue[block] = True
+        self.num_free += 1
+
+    # -- allocation -------------------------------------------------------------------------------------
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def is_free(self, block: int) -> bool:
+        return self._in_free_queue[block]
+
+    def peek_free(self) -> int:
+        """The block ``allocate`` would hand out next (the head of the free queue)."""
+        if self._head == self._NIL:
+            raise OutOfBlocks("no free KV block")
+        return self._head
+
+    def allocate(self) -> int:
+        """Take the least recently freed block; its ref count becomes 1."""
+        block = self.peek_free()
+        self._unlink(block)
+        self.ref_counts[block] = 1
+        self.total_allocations += 1
+        return block
+
+    def take(self, block: int) -> None:
+        """Take a specific free block (a contiguous run, or a prefix-cache hit)."""
+        if not self._in_free_queue[block]:
+            raise BlockPoolError(f"block {block} is not free")
+        self._unlink(block)
+        self.ref_counts[block] = 1
+        self.total_allocations += 1
+
+    def take_run(self, start: int, count: int) -> None:
+        for block in range(start, start + count):
+            self.take(block)
+
+    def share(self, block: int) -> None:
+        """One more owner for an allocated block (fork, prefix sharing)."""
+        if self.ref_counts[block] <= 0:
+            raise BlockPoolError(f"cannot share free block {block}")
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> bool:
+        """Drop one owner; returns True when the block went back to the free queue."""
+        count = self.ref_counts[block]
+        if count <= 0:
+            raise BlockPoolError(f"double free of block {block}")
+        self.ref_counts[block] = count - 1
+        if count == 1:
+            self._append(block)
+            return True
+        return False
+
+    def release_all(self, blocks: Iterable[int]) -> None:
+        for block in blocks:
+            self.release(block)
+
+    def is_shared(self, block: int) -> bool:
+        """Writing into a shared block must first copy it (copy-on-write)."""
+        return self.ref_counts[block] > 1
+
+    def free_blocks(self) -> list[int]:
+        """Free block ids in queue order (for invariant checks and extent rebuilding)."""
+        blocks, block = [], self._head
+        while block != self._NIL:
+            blocks.append(block)
+            block = self._next[block]
+        return blocks
+
+    def check_invariants(self) -> None:
+        """Raise BlockPoolError if the pool is inconsistent. O(num_blocks): for tests and debugging."""
+        queue = self.free_blocks()
+        if len(queue) != self.num_free or len(set(queue)) != len(queue):
+            raise BlockPoolError("free queue length or uniqueness broken")
+        for block in range(self.num_blocks):
+            free = self._in_free_queue[block]
+            if free and self.ref_counts[block] != 0:
+                raise BlockPoolError(f"free block {block} has ref count {self.ref_counts[block]}")
+            if not free and self.ref_counts[block] <= 0:
+                raise BlockPoolError(f"allocated block {block} has ref count {self.ref_counts[block]}")
+        if self.num_used + self.num_free != self.num_blocks:
+            raise BlockPoolError("used + free != total")

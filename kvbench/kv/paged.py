@@ -1,0 +1,185 @@
+"""The paged KV manager: per-request block tables grown one block at a time (PagedAttention).
+
+A request holds ``ceil(tokens / block_size)`` blocks, so its waste is under one block. Requests can be
+forked (parallel sampling, beam search): the child shares the parent's blocks by ref count, and the first
+write into a shared, partly filled block gets a private copy (copy-on-write). Full blocks can optionally be
+cached by a chained hash of their tokens, so a later request with the same prefix reuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Copy block ``src`` onto ``dst`` before writing (copy-on-write)."""
+
+    src: int
+    dst: int
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class PagedManager:
+    kind = "paged"
+
+    def __init__(self, pool: BlockPool, enable_prefix_caching: bool = False) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}  # tokens written or being written, per request
+        self._hash_to_block: dict[int, int] = {}
+        self._block_to_hash: dict[int, int] = {}
+        self.prefix_hits = 0  # blocks reused from the prefix cache
+        self.can_preempt = True
+
+    # -- queries ----------------------------------------------------------------------------------------
+    def held_slots(self, request_id: int) -> int:
+        return len(self.block_tables[request_id]) * self.block_size
+
+    def blocks_needed(self, request_id: int | None, total_tokens: int) -> int:
+        held = len(self.block_tables.get(request_id, ())) if request_id is not None else 0
+        return max(0, blocks_for(total_tokens, self.block_size) - held)
+
+    def can_admit(self, prefill_tokens: int, final_length: int, reserve_blocks: int = 0) -> bool:
+        """Room for the prefill now, keeping ``reserve_blocks`` free for the running requests to grow."""
+        return blocks_for(prefill_tokens, self.block_size) + reserve_blocks <= self.pool.num_free
+
+    def fits_empty_pool(self, final_length: int) -> bool:
+        return blocks_for(final_length, self.block_size) <= self.pool.num_blocks
+
+    def external_slots(self, head_final_length: int | None) -> int:
+        """Paging places any block anywhere: no external fragmentation by construction."""
+        return 0
+
+    # -- allocation -------------------------------------------------------------------------------------
+    def _new_block(self) -> int:
+        block = self.pool.allocate()
+        cached_hash = self._block_to_hash.pop(block, None)
+        if cached_hash is not None:  # reusing an evictable cached block: forget its content
+            del self._hash_to_block[cached_hash]
+        return block
+
+    def allocate(
+        self,
+        request_id: int,
+        total_tokens: int,
+        final_length: int | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> int:
+        """Give a new request blocks for ``total_tokens``. Returns how many tokens the prefix cache covers.
+
+        ``final_length`` is accepted for symmetry with the contiguous manager; paging needs no forecast.
+        """
+        if request_id in self.block_tables:
+            raise BlockPoolError(f"request {request_id} already holds blocks")
+        table: list[int] = []
+        cached_tokens = 0
+        if self.enable_prefix_caching and token_ids is not None:
+            table, cached_tokens = self._lookup_prefix(token_ids, total_tokens)
+        needed = blocks_for(total_tokens, self.block_size) - len(table)
+        if needed > self.pool.num_free:
+            self.pool.release_all(table)
+            raise OutOfBlocks(f"request {request_id} needs {needed} blocks, {self.pool.num_free} free")
+        table.extend(self._new_block() for _ in range(needed))
+        self.block_tables[request_id] = table
+        self.lengths[request_id] = total_tokens
+        return cached_tokens
+
+    def ensure_capacity(self, request_id: int, total_tokens: int) -> list[BlockCopy]:
+        """Make room for the request to reach ``total_tokens`` tokens (written so far + about to be written).
+
+        Blocks the new tokens will land in that are shared with another request get a private copy first
+        (copy-on-write); the returned copies must be executed on the KV tensors before the write. Raises
+        OutOfBlocks, leaving the request unchanged, when the pool cannot supply the blocks.
+        """
+        table = self.block_tables[request_id]
+        old_length = self.lengths[request_id]
+        if total_tokens <= old_length:
+            return []
+        first_written = old_length // self.block_size
+        shared = [i for i in range(first_written, min(len(table), blocks_for(total_tokens, self.block_size)))
+                  if self.pool.is_shared(table[i])]
+        needed = max(0, blocks_for(total_tokens, self.block_size) - len(table))
+        if needed + len(shared) > self.pool.num_free:
+            raise OutOfBlocks(
+                f"request {request_id} needs {needed + len(shared)} blocks, {self.pool.num_free} free"
+            )
+        copies = []
+        for index in shared:
+            old, new = table[index], self._new_block()
+            self.pool.release(old)
+            table[index] = new
+            copies.append(BlockCopy(old, new))
+        table.extend(self._new_block() for _ in range(needed))
+        self.lengths[request_id] = total_tokens
+        return copies
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every block of the parent (ref counts +1)."""
+        if child_id in self.block_tables:
+            raise BlockPoolError(f"request {child_id} already holds blocks")
+        table = list(self.block_tables[parent_id])
+        for block in table:
+            self.pool.share(block)
+        self.block_tables[child_id] = table
+        self.lengths[child_id] = self.lengths[parent_id]
+
+    def free(self, request_id: int, token_ids: Sequence[int] | None = None) -> None:
+        """Release a request's blocks. With prefix caching, its full blocks stay cached until reused."""
+        table = self.block_tables.pop(request_id)
+        del self.lengths[request_id]
+        if self.enable_prefix_caching and token_ids is not None:
+            self._remember_prefix(table, token_ids)
+        self.pool.release_all(reversed(table))  # the tail is freed first so the prefix survives longest
+
+    # -- prefix caching ---------------------------------------------------------------------------------
+    def _chain_hashes(self, token_ids: Sequence[int], num_full_blocks: int) -> list[int]:
+        hashes, parent = [], 0
+        for index in range(num_full_blocks):
+            chunk = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
+            parent = hash((parent, chunk))
+            hashes.append(parent)
+        return hashes
+
+    def _lookup_prefix(self, token_ids: Sequence[int], total_tokens: int) -> tuple[list[int], int]:
+        # never reuse the block holding the last prompt token: its state must be recomputed for sampling
+        full = min(len(token_ids) - 1, total_tokens) // self.block_size
+        table: list[int] = []
+        for chain_hash in self._chain_hashes(token_ids, full):
+            block = self._hash_to_block.get(chain_hash)
+            if block is None:
+                break
+            if self.pool.is_free(block):
+                self.pool.take(block)
+            else:
+                self.pool.share(block)
+            table.append(block)
+        self.prefix_hits += len(table)
+        return table, len(table) * self.block_size
+
+    def _remember_prefix(self, table: list[int], token_ids: Sequence[int]) -> None:
+        full = min(len(token_ids) // self.block_size, len(table))
+        for block, chain_hash in zip(table[:full], self._chain_hashes(token_ids, full), strict=True):
+            if chain_hash in self._hash_to_block or block in self._block_to_hash:
+                continue
+            self._hash_to_block[chain_hash] = block
+            self._block_to_hash[block] = chain_hash
+
+    # -- invariants -------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        owners = [0] * self.pool.num_blocks
+        for table in self.block_tables.values():
+            for block in table:
+                owners[block] += 1
+        for block, count in enumerate(owners):
+            if count != self.pool.ref_counts[block]:
+                raise BlockPoolError(f"block {block}: {count} owners but ref count {self.pool.ref_counts[block]}")

@@ -1,0 +1,1 @@
+"""Memory probes: process RSS, torch.cuda.memory_stats, NVML."""

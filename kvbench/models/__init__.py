@@ -1,0 +1,1 @@
+"""Model shapes (presets and local config.json) and the Llama-family runner."""

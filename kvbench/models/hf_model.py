@@ -1,0 +1,233 @@
+"""Llama-family ``transformers`` models: random weights from a shape, or a local safetensors checkpoint.
+
+The model runner reads its weights from these models; ``transformers`` never runs our forward pass, but its
+``generate()`` on the same weights is the reference the runner is tested against.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvbench.errors import KvbenchError
+from kvbench.models.shapes import ModelShape
+
+TORCH_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+}
+LLAMA_MODEL_TYPES = ("llama", "mistral")
+_REQUIRED_CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+
+def resolve_torch_device(spec: str = "auto") -> torch.device:
+    """``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a clear error when absent."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise KvbenchError(f"device {spec!r} asked for but CUDA is not available (torch {torch.__version__})")
+        device = torch.device(spec)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise KvbenchError(f"device {spec!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+        return device
+    raise KvbenchError(f"unknown device {spec!r}; choose auto, cpu or cuda")
+
+
+def resolve_torch_dtype(spec: str | torch.dtype | None, device: torch.device | str) -> torch.dtype:
+    """The compute dtype: as asked (fp32/fp16/bf16), else fp32 on CPU and fp16 on CUDA."""
+    if isinstance(spec, torch.dtype):
+        if spec not in TORCH_DTYPES.values():
+            raise KvbenchError(f"unsupported dtype {spec}; choose fp32, fp16 or bf16")
+        return spec
+    if spec is None or spec == "auto":
+        return torch.float16 if torch.device(device).type == "cuda" else torch.float32
+    dtype = TORCH_DTYPES.get(spec.lower())
+    if dtype is None:
+        raise KvbenchError(f"unknown dtype {spec!r}; choose fp32, fp16 or bf16")
+    return dtype
+
+
+# ---------------------------------------------------------------------------------------------- random models
+
+
+def llama_config_from_shape(shape: ModelShape) -> Any:
+    """A ``transformers.LlamaConfig`` with the numbers of ``shape`` (GQA, rope theta and scaling, tying)."""
+    from transformers import LlamaConfig
+
+    if shape.architecture != "llama":
+        raise KvbenchError(
+            f"model {shape.name!r} is {shape.architecture}: OPT shapes are for the waste/simulation commands only;"
+            " the tensor engine runs Llama-family models"
+        )
+    rope = dict(shape.rope_scaling or {})
+    rope["rope_type"] = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+    rope["rope_theta"] = shape.rope_theta
+    return LlamaConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        rms_norm_eps=shape.rms_norm_eps,
+        rope_parameters=rope,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=shape.eos_token_id,
+        pad_token_id=None,
+    )
+
+
+@torch.no_grad()
+def init_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Deterministic weights from ``seed``, scaled so that greedy decoding is not degenerate.
+
+    Matrices get ``N(0, 1/fan_in)`` (activations keep unit scale through the layers), embeddings ``N(0, 1)``,
+    norm weights ``1 + N(0, 0.1^2)``, and the LM head twice the matrix scale so that logits spread over a few
+    units. Draws come from one generator on the weights' device, in parameter order.
+    """
+    params = dict(model.named_parameters())  # tied parameters appear once
+    device = next(iter(params.values())).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, param in params.items():
+        if param.ndim == 1:
+            if name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.1, generator=generator).add_(1.0)
+        elif "embed_tokens" in name:
+            param.normal_(0.0, 1.0, generator=generator)
+        elif "lm_head" in name:
+            param.normal_(0.0, 2.0 / math.sqrt(param.shape[1]), generator=generator)
+        else:
+            param.normal_(0.0, 1.0 / math.sqrt(param.shape[1]), generator=generator)
+
+
+def build_random_model(
+    shape: ModelShape, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Any:
+    """A ``LlamaForCausalLM`` of ``shape`` with deterministic random weights (see :func:`init_random_weights`)."""
+    from transformers import LlamaForCausalLM
+
+    config = llama_config_from_shape(shape)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    init_random_weights(model, seed)
+    model.generation_config.eos_token_id = shape.eos_token_id
+    model.generation_config.pad_token_id = shape.eos_token_id if shape.eos_token_id is not None else 0
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------- local checkpoints
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise KvbenchError(f"model directory not found: {path}")
+    if not path.is_dir():
+        raise KvbenchError(f"model path is not a directory: {path}")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise KvbenchError(f"no config.json in model directory {path}")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise KvbenchError(f"malformed config {config_path}: {err}") from None
+    if not isinstance(config, dict):
+        raise KvbenchError(f"malformed config {config_path}: expected a JSON object")
+    missing = [name for name in _REQUIRED_CONFIG_FIELDS if name not in config]
+    if missing:
+        raise KvbenchError(f"malformed config {config_path}: missing {', '.join(missing)}")
+    return config
+
+
+def _check_architecture(config: dict[str, Any], path: Path) -> None:
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or []
+    if model_type == "opt" or any(str(a).startswith("OPT") for a in architectures):
+        raise KvbenchError(
+            f"{path} is an OPT checkpoint: OPT is shape-only in kvbench (waste and simulation commands);"
+            " the tensor engine runs Llama-family models"
+        )
+    if model_type not in LLAMA_MODEL_TYPES and "LlamaForCausalLM" not in architectures:
+        raise KvbenchError(
+            f"unsupported architecture in {path}: model_type {model_type!r} ({', '.join(map(str, architectures)) or '-'});"
+            f" the tensor engine runs Llama-family models ({', '.join(LLAMA_MODEL_TYPES)})"
+        )
+    window = config.get("sliding_window")
+    if window is not None and config.get("use_sliding_window", True) and window < config.get(
+        "max_position_embeddings", 0
+    ):
+        raise KvbenchError(f"unsupported architecture in {path}: sliding-window attention ({window} tokens)")
+
+
+def _check_safetensors(path: Path) -> None:
+    if any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise KvbenchError(
+            f"no safetensors weights in {path} (found {', '.join(pickles[:3])}): kvbench never unpickles"
+            " checkpoint files; convert them to safetensors"
+        )
+    raise KvbenchError(f"no safetensors weights (*.safetensors) in {path}")
+
+
+def _llama_config_from_dict(config: dict[str, Any]) -> Any:
+    from transformers import LlamaConfig
+
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "auto_map")}
+    try:
+        return LlamaConfig.from_dict(fields)
+    except (TypeError, ValueError, KeyError) as err:
+        raise KvbenchError(f"malformed config: {err}") from None
+
+
+def load_local_model(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> Any:
+    """Load a Llama-family checkpoint directory (``config.json`` + safetensors) as ``LlamaForCausalLM``."""
+    from transformers import LlamaForCausalLM
+
+    path = Path(path)
+    raw = _read_config(path)
+    _check_architecture(raw, path)
+    _check_safetensors(path)
+    config = _llama_config_from_dict(raw)
+    dtype = dtype or resolve_torch_dtype(None, device)
+    hf_logger = logging.getLogger("transformers")
+    level = hf_logger.level
+    try:
+        hf_logger.setLevel(logging.ERROR)
+        model, info = LlamaForCausalLM.from_pretrained(
+            path, config=config, dtype=dtype, use_safetensors=True, local_files_only=True,
+            output_loading_info=True,
+        )
+    except KvbenchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise KvbenchError(f"cannot load weights from {path}: {message}") from None
+    finally:
+        hf_logger.setLevel(level)
+    missing = [k for k in info.get("missing_keys", []) if "rotary_emb" not in k]
+    if missing:
+        raise KvbenchError(f"checkpoint {path} lacks {len(missing)} weight(s), e.g. {sorted(missing)[0]}")
+    return model.to(device).eval()

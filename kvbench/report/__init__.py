@@ -1,0 +1,1 @@
+"""Results schema, run directories, tables and plots."""

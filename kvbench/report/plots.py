@@ -1,0 +1,69 @@
+"""PNG plots with titles, units and a 'higher/lower is better' hint. Matplotlib, headless (Agg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kvbench.fileio import write_atomic  # noqa: E402
+
+WASTE_PARTS = (
+    ("token_state_pct", "token states (used)", "#2e7d32"),
+    ("reservation_pct", "reservation", "#f9a825"),
+    ("internal_pct", "internal fragmentation", "#ef6c00"),
+    ("external_pct", "external fragmentation", "#c62828"),
+    ("free_pct", "free", "#b0bec5"),
+)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+    return path
+
+
+def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, title: str, subtitle: str = "") -> Path:
+    """Stacked bars: how each strategy's KV pool divides, time-averaged, in % of the pool."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) + 3), 4.8))
+    bottoms = [0.0] * len(labels)
+    for key, name, colour in WASTE_PARTS:
+        values = [float(w.get(key) or 0.0) for w in wastes]
+        ax.bar(labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5)
+        for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
+            if value >= 6:
+                ax.text(i, bottom + value / 2, f"{value:.0f}%", ha="center", va="center", fontsize=8)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax.set_ylabel("share of KV pool, time-averaged (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title + ("\n" + subtitle if subtitle else ""), fontsize=10)
+    ax.set_xlabel("token states (green): higher is better; every other share is waste: lower is better", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    return _save(fig, path)
+
+
+def lines(
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    better: str,
+    markers: bool = True,
+) -> Path:
+    """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), marker="o" if markers else None, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}\n({better} is better)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

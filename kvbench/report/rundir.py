@@ -1,0 +1,108 @@
+"""Run directories: where a command writes summary.json, results.jsonl, summary.csv, summary.md and plots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvbench import __version__
+from kvbench.errors import KvbenchError
+from kvbench.fileio import write_json_atomic, write_text_atomic
+from kvbench.report.schema import SCHEMA_VERSION
+
+DEFAULT_REPORTS = Path("reports")
+
+
+def new_run_dir(command: str, out: Path | None) -> Path:
+    """``out`` if given, else ``reports/<command>-<UTC timestamp>``; created, must be writable."""
+    if out is None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = DEFAULT_REPORTS / f"{command}-{stamp}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise KvbenchError(f"cannot create run directory {out}: {err.strerror}") from None
+    if not out.is_dir():
+        raise KvbenchError(f"run directory {out} is not a directory")
+    return out
+
+
+def git_revision() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return None
+
+
+def run_meta(**fields: Any) -> dict[str, Any]:
+    """What a reader needs to reproduce the run: command line, versions, device, revision, plus ``fields``."""
+    meta = {
+        "command": " ".join(["kvbench", *sys.argv[1:]]),
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "kvbench_version": __version__,
+        "python_version": platform.python_version(),
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "triton_version": _version("triton"),
+        "platform": platform.platform(),
+        "git_revision": git_revision(),
+    }
+    meta.update(fields)
+    return meta
+
+
+def summary_document(kind: str, meta: dict[str, Any], points: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, "meta": meta, **extra, "points": points}
+
+
+def write_summary(run_dir: Path, document: dict[str, Any], csv_rows: list[dict[str, Any]], markdown: str) -> None:
+    """summary.json, summary.csv and summary.md, each written atomically."""
+    import pandas as pd
+
+    write_json_atomic(run_dir / "summary.json", document)
+    write_text_atomic(run_dir / "summary.csv", pd.DataFrame(csv_rows).to_csv(index=False))
+    write_text_atomic(run_dir / "summary.md", markdown)
+
+
+def flatten(point: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become dotted columns (``waste.internal_pct``) for CSV."""
+    flat: dict[str, Any] = {}
+    for key, value in point.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, list):
+            continue
+        else:
+            flat[name] = value
+    return flat
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

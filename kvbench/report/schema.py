@@ -1,0 +1,60 @@
+"""The public results schema (DESIGN.md). CI pipelines parse it: bump SCHEMA_VERSION when it changes."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+LATENCY_KINDS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
+LATENCY_FIELDS = tuple(f"{stat}_{kind}_ms" for kind in LATENCY_KINDS for stat in LATENCY_STATS)
+
+WASTE_FIELDS = ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")
+MEMORY_FIELDS = (
+    "rss_peak_bytes",
+    "torch_allocated_peak_bytes",
+    "torch_reserved_peak_bytes",
+    "torch_inactive_split_peak_bytes",
+    "nvml_used_peak_bytes",
+)
+
+POINT_FIELDS = (
+    "engine",
+    "concurrency",
+    "scenario",
+    "status",  # ok | oom | error
+    "completed",
+    "rejected",
+    "preemptions",
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    *LATENCY_FIELDS,
+    "peak_running",
+    "kv_pool_bytes",
+    "kv_peak_allocated_bytes",
+    "kv_mean_used_bytes",
+    "waste",  # {WASTE_FIELDS}
+    "fragmentation_mean",
+    "memory",  # {MEMORY_FIELDS}, null where not measurable
+)
+
+POINT_STATUSES = ("ok", "oom", "error")
+
+# Direction of each comparable metric: +1 higher is better, -1 lower is better.
+METRIC_DIRECTIONS: dict[str, int] = {
+    "output_throughput": +1,
+    "total_token_throughput": +1,
+    "request_throughput": +1,
+    "completed": +1,
+    "peak_running": +1,
+    "rejected": -1,
+    "preemptions": -1,
+    "kv_peak_allocated_bytes": -1,
+    "kv_mean_used_bytes": -1,
+    "fragmentation_mean": -1,
+    "waste.token_state_pct": +1,
+    "waste.reservation_pct": -1,
+    "waste.internal_pct": -1,
+    "waste.external_pct": -1,
+    **{name: -1 for name in LATENCY_FIELDS},
+}

@@ -1,0 +1,1 @@
+"""Workloads: length distributions, trace files, scenario files and request streams."""

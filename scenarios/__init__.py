@@ -1,0 +1,1 @@
+"""Scenario files (TOML), installed as ``kvbench.scenarios``."""

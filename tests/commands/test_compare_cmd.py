@@ -1,0 +1,111 @@
+"""`kvbench compare` through the CLI: exit codes 0/1/2, formats, --output, --update-baseline."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from kvbench.cli import main
+
+
+def write_run(root: Path, name: str, paged_throughput: float, internal_pct: float = 4.0) -> Path:
+    def point(engine: str, throughput: float, internal: float) -> dict:
+        return {
+            "engine": engine,
+            "concurrency": 10,
+            "scenario": "article",
+            "status": "ok",
+            "completed": 40,
+            "output_throughput": throughput,
+            "waste": {"internal_pct": internal},
+        }
+
+    summary = {
+        "schema_version": 1,
+        "kind": "sweep",
+        "meta": {"command": "kvbench sweep"},
+        "points": [point("paged", paged_throughput, internal_pct), point("contiguous", 32.0, 40.0)],
+    }
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_unchanged_run_exits_zero_with_markdown(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 40.5)
+    assert main(["compare", str(base), str(head)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("**kvbench compare: PASS")
+    assert "| point | metric | base | head | change | verdict | rule |" in out
+
+
+def test_regression_exits_one(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 41.0, internal_pct=6.0)
+    assert main(["compare", str(base), str(head)]) == 1
+    assert "waste.internal_pct" in capsys.readouterr().out
+
+
+def test_fail_on_loosens_a_threshold(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 37.0)  # ratio -9.8%
+    assert main(["compare", str(base), str(head)]) == 1
+    rule = "paged_over_contiguous_output_throughput:10%"
+    assert main(["compare", str(base), str(head), "--fail-on", rule]) == 0
+
+
+def test_unusable_input_exits_two_with_one_line(tmp_path, capsys):
+    base = write_run(tmp_path, "base", 41.0)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"schema_version": 7, "kind": "sweep", "points": []}')
+    for args in (
+        [str(base), str(tmp_path / "absent")],
+        [str(base), str(broken)],
+        [str(base), str(base), "--fail-on", "output_throughput"],
+        [str(base), str(base), "--alpha", "2"],
+    ):
+        assert main(["compare", *args]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+        assert captured.out == ""
+
+
+def test_junit_output_file_and_summary_line(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 30.0)
+    report = tmp_path / "out" / "compare.xml"
+    assert main(["compare", str(base), str(head), "--format", "junit", "--output", str(report)]) == 1
+    assert capsys.readouterr().out.startswith("kvbench compare: FAIL - 1 regressed")
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1"
+    assert int(suite.get("tests")) == len(suite.findall("testcase"))
+
+
+def test_json_and_table_formats(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 41.0)
+    assert main(["compare", str(base), str(head), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["failed"] is False
+    assert main(["compare", str(base), str(head), "--format", "table"]) == 0
+    assert "kvbench compare: PASS" in capsys.readouterr().out
+
+
+def test_update_baseline_reports_then_replaces_base(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 30.0)
+    assert main(["compare", str(base), str(head), "--update-baseline"]) == 0
+    captured = capsys.readouterr()
+    assert "regressed" in captured.out and "baseline updated" in captured.err
+    assert (base / "summary.json").read_bytes() == (head / "summary.json").read_bytes()
+
+
+def test_update_baseline_creates_a_fresh_baseline(tmp_path, capsys):
+    head = write_run(tmp_path, "head", 41.0)
+    fresh = tmp_path / "reports" / "baseline" / "sweep"
+    assert main(["compare", str(fresh), str(head), "--update-baseline"]) == 0
+    assert (fresh / "summary.json").read_bytes() == (head / "summary.json").read_bytes()
+    assert "no usable baseline" in capsys.readouterr().err
+
+
+def test_help_documents_the_baseline_procedure(capsys):
+    assert main(["compare", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--update-baseline" in out and "--fail-on" in out
