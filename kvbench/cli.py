@@ -46,6 +46,23 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _click_exception_types() -> tuple[type, ...]:
+    types: list[type] = []
+    try:
+        import click
+
+        types.append(click.exceptions.ClickException)
+    except ImportError:
+        pass
+    try:
+        from typer._click import exceptions as vendored  # typer >= 0.20 ships its own click
+
+        types.append(vendored.ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
     try:
@@ -61,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         return 130
-    except Exception as err:  # click usage errors and friends
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
+    except Exception as err:  # usage errors from click (typer may vendor its own copy)
+        if isinstance(err, _click_exception_types()):
             err.show()
             return err.exit_code
         raise
