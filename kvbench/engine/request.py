@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class RequestStatus(enum.Enum):
@@ -44,6 +45,8 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    sampling: Any = None  # SamplingParams of the tensor engine; the simulator needs none
+    stop_reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:

@@ -9,79 +9,17 @@ Closed loop: exactly ``concurrency`` requests are in flight (running or queued) 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 
-from kvbench.engine.latency import latency_fields
+from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.result import RunResult
 from kvbench.engine.scheduler import Scheduler, SchedulerConfig
 from kvbench.kv.accounting import WasteAccountant
 
 _FINISH, _ROOM = 0, 1
-
-
-@dataclass
-class SimulationResult:
-    requests: list[Request]
-    accountant: WasteAccountant
-    num_preemptions: int
-    peak_running: int
-    itl_values_s: np.ndarray
-    itl_weights: np.ndarray
-    pool_slots: int
-    block_size: int
-    extras: dict = field(default_factory=dict)
-
-    @property
-    def completed(self) -> list[Request]:
-        return [r for r in self.requests if r.status is RequestStatus.FINISHED]
-
-    @property
-    def rejected(self) -> list[Request]:
-        return [r for r in self.requests if r.status is RequestStatus.REJECTED]
-
-    @property
-    def elapsed_s(self) -> float:
-        return self.accountant.elapsed_s
-
-    def throughput(self) -> dict[str, float]:
-        done = self.completed
-        elapsed = self.elapsed_s or float("nan")
-        output = sum(r.num_outputs for r in done)
-        prompt = sum(r.prompt_len for r in done)
-        return {
-            "output_throughput": output / elapsed,
-            "total_token_throughput": (output + prompt) / elapsed,
-            "request_throughput": len(done) / elapsed,
-        }
-
-    def latencies(self) -> dict:
-        return latency_fields(self.completed, self.itl_values_s, self.itl_weights)
-
-
-class _Client:
-    """Closed-loop client: keeps ``concurrency`` requests in flight, submitting the next when one ends."""
-
-    def __init__(self, requests: Sequence[Request], concurrency: int, scheduler: Scheduler) -> None:
-        self._pending: Iterator[Request] = iter(requests)
-        self._scheduler = scheduler
-        self.in_flight = 0
-        self.concurrency = concurrency
-
-    def top_up(self, now: float) -> None:
-        while self.in_flight < self.concurrency:
-            request = next(self._pending, None)
-            if request is None:
-                return
-            request.arrival_time = now
-            if self._scheduler.add(request):
-                self.in_flight += 1
-
-    def done(self, now: float) -> None:
-        self.in_flight -= 1
-        self.top_up(now)
 
 
 def simulate(
@@ -91,12 +29,12 @@ def simulate(
     concurrency: int,
     config: SchedulerConfig | None = None,
     keep_timeline: bool = True,
-) -> SimulationResult:
+) -> RunResult:
     scheduler = Scheduler(manager, config)
     block_size = manager.block_size
     pool_slots = manager.pool.num_blocks * block_size
     accountant = WasteAccountant(pool_slots, block_size, keep_timeline=keep_timeline)
-    client = _Client(requests, concurrency, scheduler)
+    client = ClosedLoopClient(requests, concurrency, scheduler)
     events: list[tuple[int, int, int, int]] = []  # (clock, kind, admit_seq, request_id)
     by_id = {r.request_id: r for r in requests}
     itl_spans: list[tuple[float, float, int, int]] = []  # (t0, dt, k, running) decode spans
@@ -182,7 +120,7 @@ def simulate(
         now += span_s
 
     values, weights = _itl_arrays(itl_spans)
-    return SimulationResult(
+    return RunResult(
         requests=list(requests),
         accountant=accountant,
         num_preemptions=scheduler.num_preemptions,
@@ -234,3 +172,5 @@ def _itl_arrays(spans) -> tuple[np.ndarray, np.ndarray]:
     weights = np.repeat(running, ks)
     keep = weights > 0
     return values[keep], weights[keep]
+
+SimulationResult = RunResult  # the simulator's result is the common run result

@@ -41,6 +41,9 @@ class PagedManager:
         self.can_preempt = True
 
     # -- queries ----------------------------------------------------------------------------------------
+    def block_table(self, request_id: int) -> list[int]:
+        return self.block_tables[request_id]
+
     def held_slots(self, request_id: int) -> int:
         return len(self.block_tables[request_id]) * self.block_size
 

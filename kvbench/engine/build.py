@@ -1,0 +1,65 @@
+"""Turn user choices (model, device, dtype, KV budget) into a model and engine configurations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from kvbench.engine.llm_engine import EngineConfig, LLMEngine
+from kvbench.errors import KvbenchError
+from kvbench.models.hf_model import build_random_model, load_local_model, resolve_torch_device, resolve_torch_dtype
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass
+class LoadedModel:
+    shape: ModelShape
+    model: object
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.shape.eos_token_id
+
+
+def load_model(spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0) -> LoadedModel:
+    """A preset with random weights from ``seed``, or a local checkpoint directory (safetensors only)."""
+    torch_device = resolve_torch_device(device)
+    torch_dtype = resolve_torch_dtype(dtype, torch_device)
+    shape = resolve_model(spec).with_dtype(_DTYPE_NAMES[torch_dtype])
+    if shape.architecture != "llama":
+        raise KvbenchError(f"model {shape.name!r} is {shape.architecture}: the tensor engine runs Llama-family models "
+                           "only (use it with waste, capacity or --simulate)")
+    if spec in MODEL_PRESETS:
+        model = build_random_model(shape, seed=seed, device=torch_device, dtype=torch_dtype)
+    else:
+        model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
+    return LoadedModel(shape, model, torch_device, torch_dtype)
+
+
+def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:
+    """How many blocks of ``block_size`` tokens fit in ``kv_bytes``."""
+    per_block = shape.bytes_per_token * block_size
+    return kv_bytes // per_block
+
+
+def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
+    """vLLM's rule on a real GPU: utilization x total memory, minus what is already used, minus activations."""
+    from kvbench.models.gpus import activation_reserve_bytes
+
+    free, total = torch.cuda.mem_get_info(loaded.device)
+    used = total - free
+    return int(utilization * total) - used - activation_reserve_bytes(loaded.shape)
+
+
+def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
+    return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id)
+
+
+def engine_config(base: EngineConfig, **changes) -> EngineConfig:
+    return replace(base, **changes)

@@ -1,0 +1,221 @@
+"""The tensor engine: the shared scheduler and a KV manager driving a real model forward, step by step.
+
+The paged and the contiguous engine are the same object with a different KV manager: both store K/V in
+the runner's block pool and hand the attention kernels a block table (a contiguous request's table is a
+run of consecutive blocks). So any difference measured between them is due to memory management.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvbench.engine.client import ClosedLoopClient
+from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.result import RunResult
+from kvbench.engine.sampling import SamplingParams, make_generator, sample
+from kvbench.engine.scheduler import Scheduler, SchedulerConfig
+from kvbench.errors import KvbenchError
+from kvbench.kv.accounting import WasteAccountant
+from kvbench.kv.block_pool import BlockPool
+from kvbench.kv.contiguous import RESERVATION_POLICIES, ContiguousManager
+from kvbench.kv.paged import PagedManager
+from kvbench.models.runner import ModelRunner
+
+ENGINES = ("paged", "contiguous")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    engine: str = "paged"  # "paged" | "contiguous"
+    block_size: int = 16
+    num_blocks: int = 256
+    reserve: str = "max"  # contiguous reservation policy
+    admission: str = "queue"  # contiguous: "queue" | "reject"
+    max_num_seqs: int = 256
+    max_len: int = 2048
+    max_prefill_tokens: int = 4096
+    enable_prefix_caching: bool = False
+    kernel_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise KvbenchError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.block_size < 1:
+            raise KvbenchError(f"block size must be at least 1, got {self.block_size}")
+        if self.num_blocks < 1:
+            raise KvbenchError("the KV budget holds no block: raise --kv-memory or lower --block-size")
+        if self.reserve not in RESERVATION_POLICIES:
+            raise KvbenchError(f"unknown reservation policy {self.reserve!r}; choose one of {', '.join(RESERVATION_POLICIES)}")
+        if self.admission not in ("queue", "reject"):
+            raise KvbenchError(f"unknown admission mode {self.admission!r}; choose queue or reject")
+
+
+@dataclass
+class _StepRecord:
+    seconds: float
+    live: list[tuple[int, int, int]]  # (request id, held slots, kv length after the step)
+    held: int
+    external: int
+
+
+class LLMEngine:
+    """Build with a transformers Llama-family model; ``run`` a request list under closed-loop load."""
+
+    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size, kernel_backend=config.kernel_backend)
+        self.eos_token_id = eos_token_id
+        self.device = self.runner.device
+
+    @property
+    def name(self) -> str:
+        return self.config.engine
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.runner.bytes_per_block // self.config.block_size
+
+    def _new_scheduler(self) -> Scheduler:
+        pool = BlockPool(self.config.num_blocks, self.config.block_size)
+        if self.config.engine == "paged":
+            manager = PagedManager(pool, enable_prefix_caching=self.config.enable_prefix_caching)
+        else:
+            manager = ContiguousManager(pool, self.config.reserve, self.config.max_len)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.config.max_num_seqs,
+            max_len=self.config.max_len,
+            admission=self.config.admission,
+            max_prefill_tokens=self.config.max_prefill_tokens,
+        )
+        return Scheduler(manager, scheduler_config)
+
+    # -- public API -------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[list[int]]:
+        """Output token ids for each prompt (all submitted at once)."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        requests = [make_request(i, list(p), sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        self.run(requests, concurrency=len(requests))
+        for request in requests:
+            if request.status is RequestStatus.REJECTED:
+                raise KvbenchError(f"request {request.request_id} rejected: {request.reject_reason}")
+        return [r.output_token_ids for r in requests]
+
+    def run(self, requests: Sequence[Request], concurrency: int, on_step=None) -> RunResult:
+        """Serve ``requests`` with ``concurrency`` in flight; every block is back in the pool afterwards.
+
+        ``on_step(engine_name, scheduler, finished_count)`` is called after every step (progress, metrics).
+        """
+        scheduler = self._new_scheduler()
+        client = ClosedLoopClient(requests, concurrency, scheduler)
+        generators = {r.request_id: _generator(r) for r in requests}
+        records: list[_StepRecord] = []
+        clock, peak_running = 0, 0
+        start = time.perf_counter()
+        client.top_up(0.0)
+        while scheduler.has_work:
+            step_start = time.perf_counter()
+            admitted = scheduler.admit(clock)
+            if admitted:
+                batch = admitted
+                chunks = [(self._prefill_tokens(r), 0, scheduler.manager.block_table(r.request_id)) for r in batch]
+            else:
+                batch = self._prepare_decode(scheduler, clock)
+                if not batch:
+                    continue
+                chunks = [([r.output_token_ids[-1]], r.kv_len(clock), scheduler.manager.block_table(r.request_id))
+                          for r in batch]
+            logits = self.runner.forward(self.runner.build_step(chunks))
+            tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
+            if not admitted:
+                clock += 1
+            now = time.perf_counter() - start
+            peak_running = max(peak_running, len(scheduler.running))
+            for request, token in zip(batch, tokens, strict=True):
+                self._emit(scheduler, client, request, token, clock, now)
+            records.append(self._record(scheduler, clock, time.perf_counter() - step_start))
+            if on_step is not None:
+                on_step(self.name, scheduler, len(scheduler.finished))
+        manager = scheduler.manager
+        manager.check_invariants()
+        if manager.pool.num_used:
+            raise RuntimeError(f"{manager.pool.num_used} KV blocks leaked")
+        return self._result(requests, scheduler, records, peak_running)
+
+    # -- steps ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _prefill_tokens(request: Request) -> list[int]:
+        return list(request.prompt_token_ids) + request.output_token_ids
+
+    def _prepare_decode(self, scheduler: Scheduler, clock: int) -> list[Request]:
+        """Room for every running request's next token (oldest first), preempting if the pool is dry."""
+        for request in list(scheduler.running.values()):
+            if request.status is not RequestStatus.RUNNING or not scheduler.needs_room(request, clock):
+                continue
+            copies, _preempted = scheduler.make_room(request, clock)
+            if copies:
+                from kvbench.kernels import copy_blocks
+
+                src = torch.tensor([c.src for c in copies], device=self.device)
+                dst = torch.tensor([c.dst for c in copies], device=self.device)
+                copy_blocks(self.runner.k_caches, self.runner.v_caches, src, dst, backend=self.config.kernel_backend)
+        return list(scheduler.running.values())
+
+    def _emit(self, scheduler: Scheduler, client: ClosedLoopClient, request: Request, token: int, clock: int, now: float) -> None:
+        request.output_token_ids.append(token)
+        request.token_times.append(now)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        stop = request.sampling.stop_reason(token, len(request.output_token_ids), self.eos_token_id)
+        if stop is not None:
+            scheduler.finish(request, clock)
+            request.finish_time = now
+            request.stop_reason = stop
+            client.done(now)
+
+    @staticmethod
+    def _record(scheduler: Scheduler, clock: int, seconds: float) -> _StepRecord:
+        live = [(r.request_id, r.held_slots, r.kv_len(clock)) for r in scheduler.running.values()]
+        return _StepRecord(seconds, live, scheduler.held_slots(), scheduler.external_slots())
+
+    def _result(self, requests, scheduler: Scheduler, records: list[_StepRecord], peak_running: int) -> RunResult:
+        """Account every step with hindsight: each request's real final length splits reserved from internal."""
+        pool_slots = self.config.num_blocks * self.config.block_size
+        accountant = WasteAccountant(pool_slots, self.config.block_size)
+        final = {r.request_id: r.final_kv_len for r in requests if r.final_kv_len is not None}
+        for record in records:
+            used = sum(kv for _, _, kv in record.live)
+            capped = sum(min(held, final.get(rid, held)) for rid, held, _ in record.live)
+            internal = sum(max(held - final.get(rid, held), 0) for rid, held, _ in record.live)
+            accountant.add_span(1, used0=used, grow=0, capped_held=capped, internal=internal,
+                                external=record.external, held=record.held, running=len(record.live),
+                                base_s=record.seconds)
+        gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
+        itl = np.concatenate(gaps) if gaps else np.zeros(0)
+        return RunResult(
+            requests=list(requests),
+            accountant=accountant,
+            num_preemptions=scheduler.num_preemptions,
+            peak_running=peak_running,
+            itl_values_s=itl,
+            itl_weights=np.ones_like(itl),
+            pool_slots=pool_slots,
+            block_size=self.config.block_size,
+        )
+
+
+def make_request(request_id: int, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+    request = Request(request_id, len(prompt_token_ids), params.max_tokens, prompt_token_ids=list(prompt_token_ids))
+    request.sampling = params
+    return request
+
+
+def _generator(request: Request) -> torch.Generator | None:
+    params: SamplingParams = request.sampling
+    return None if params.is_greedy else make_generator(params.seed)
