@@ -56,14 +56,22 @@ def lines(
     ylabel: str,
     better: str,
     markers: bool = True,
+    log_y: bool = False,
+    hline: float | None = None,
 ) -> Path:
     """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), marker="o" if markers else None, label=label)
+        style = "--" if "p99" in label else "-"
+        ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
+    if hline is not None:
+        ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
+    if log_y:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{title}\n({better} is better)", fontsize=10)
+    ax.set_title(f"{title}\n({better} is better)" if better in ("higher", "lower") else f"{title}\n({better})",
+                 fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

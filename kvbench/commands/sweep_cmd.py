@@ -1,0 +1,219 @@
+"""``kvbench sweep``: both engines side by side under a concurrency sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvbench.commands._options import int_list, name_list, parse_size
+from kvbench.engine.llm_engine import ENGINES, EngineConfig
+from kvbench.engine.request import Request
+from kvbench.engine.sweep import PointFailed, SweepPlan, run_sweep
+from kvbench.errors import KvbenchError
+from kvbench.report.rundir import new_run_dir, run_meta
+from kvbench.report.sweep_report import article_rows, article_table, detail_table, write_outputs
+from kvbench.workload.scenario import load_scenario
+
+
+class _Progress:
+    """Rich progress: one bar per point, requests done and live output tokens/s."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def skip(self, engine: str, concurrency: int) -> None:
+        self.progress.console.print(f"[dim]skipping {engine} C={concurrency}: already in results.jsonl[/dim]")
+
+    def step_callback(self, engine: str, concurrency: int, repeat: int, total: int):
+        label = f"{engine} C={concurrency}" + (f" #{repeat + 1}" if repeat else "")
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(label, total=total, tps="")
+        import time
+
+        start = time.perf_counter()
+        tokens = {"n": 0}
+
+        def on_step(_engine, scheduler, finished: int) -> None:
+            tokens["n"] += len(scheduler.running) if scheduler is not None else 0
+            elapsed = time.perf_counter() - start
+            tps = f"{tokens['n'] / elapsed:,.0f} tok/s" if elapsed > 0 and scheduler is not None else ""
+            self.progress.update(self.task, completed=finished, tps=tps)
+
+        return on_step
+
+    def point_done(self, engine: str, concurrency: int, point: dict) -> None:
+        self.progress.console.print(
+            f"{engine:>10} C={concurrency:<4} {point['status']:<4} {point['output_throughput']:9.1f} output tok/s, "
+            f"{point['completed']} done, {point['rejected']} rejected, {point['preemptions']} preemptions"
+        )
+
+
+def sweep(
+    concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
+    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both."),
+    scenario: str = typer.Option("article", "--scenario", help="Built-in scenario name (see `kvbench scenarios`) or a TOML file."),
+    model: str = typer.Option("tiny", "--model", help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA)."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the scenario's budget)."),
+    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", help="On CUDA: size the pool like vLLM from real free memory."),
+    block_size: int | None = typer.Option(None, "--block-size", help="Tokens per KV block (default: the scenario's)."),
+    reserve: str | None = typer.Option(None, "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
+    admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject (OOM)."),
+    requests: int | None = typer.Option(None, "--requests", help="Requests per point (default: the scenario's)."),
+    repeat: int = typer.Option(1, "--repeat", help="Run each point K times: mean, std and 95% CI."),
+    seed: int = typer.Option(0, "--seed", help="Seed of lengths, prompts and weights."),
+    out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
+    continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on."),
+    simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times."),
+    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+) -> None:
+    """Run the paged and the contiguous engine side by side at each concurrency; TPS, latency, memory.
+
+    Closed loop: exactly C requests in flight; every point serves the same seeded request list after an
+    uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
+    """
+    spec = load_scenario(scenario)
+    levels = int_list(concurrency, "--concurrency") if concurrency is not None else list(spec.concurrency)
+    chosen = name_list(engines, "engines", ENGINES)
+    if repeat < 1:
+        raise KvbenchError(f"--repeat must be at least 1, got {repeat}")
+    num_requests = requests if requests is not None else spec.requests
+    if num_requests < 1:
+        raise KvbenchError(f"--requests must be at least 1, got {num_requests}")
+    bs = block_size if block_size is not None else spec.block_size
+    if bs < 1:
+        raise KvbenchError(f"--block-size must be at least 1, got {bs}")
+    pairs = spec.lengths.sample(num_requests, seed)
+    warm_pairs = [(min(p, 8), min(o, 4)) for p, o in spec.lengths.sample(max(spec.warmup, 0), seed + 1)] if spec.warmup else []
+    slots, budget_source = spec.budget_slots()
+    console = Console(stderr=as_json)
+
+    if simulate:
+        backend, shape_name, device_name, vocab = _simulated_backend(model, gpu, dtype, slots, bs, spec, reserve, admission, kv_memory)
+    else:
+        backend, shape_name, device_name, vocab, budget_source = _tensor_backend(
+            model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization, budget_source, console)
+
+    def make(pairs_list):
+        if simulate:
+            return lambda: [Request(i, p, o) for i, (p, o) in enumerate(pairs_list)]
+        from kvbench.engine.sweep_backends import token_requests
+
+        return lambda: token_requests(pairs_list, vocab, seed)
+
+    plan = SweepPlan(chosen, levels, spec.name, make(pairs), make(warm_pairs), repeat, continue_on_error)
+    run_dir = new_run_dir("sweep", out)
+    meta = run_meta(
+        scenario=spec.name, scenario_description=spec.description, scenario_source=spec.source,
+        model_name=shape_name, device=device_name, simulated=simulate, seed=seed, requests=num_requests,
+        concurrency=levels, engines=chosen, block_size=bs, kv_pool_slots=backend.base.num_blocks * bs,
+        budget_source=budget_source, reserve=backend.base.reserve, admission=backend.base.admission,
+        max_len=spec.lengths.max_len, repeat=repeat,
+    )
+    if simulate:
+        console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
+                      f"{gpu}; no model runs.")
+    console.print(f"KV pool: {budget_source}; block size {bs}; {num_requests} requests per point")
+    failed = None
+    points: list[dict] = []
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            points = run_sweep(plan, backend, run_dir, resume, _Progress(progress))
+    except PointFailed as err:
+        failed = err
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
+                      "rerun with --resume[/yellow]")
+        raise typer.Exit(code=130) from None
+    if failed is not None:
+        from kvbench.engine.sweep import load_finished
+
+        points = list(load_finished(run_dir / "results.jsonl").values()) + [failed.point]
+    document = write_outputs(run_dir, meta, points)
+    if as_json:
+        typer.echo(json.dumps(document, indent=2, default=str))
+    else:
+        console.print(article_table(article_rows(points), simulate))
+        console.print(detail_table(points))
+        console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, results.jsonl, *.png)")
+    if failed is not None:
+        raise KvbenchError(f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
+                           f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)")
+
+
+def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs) -> EngineConfig:
+    return EngineConfig(block_size=bs, num_blocks=num_blocks, reserve=reserve or spec.reserve,
+                        admission=admission or spec.admission, max_num_seqs=max_num_seqs, max_len=spec.lengths.max_len)
+
+
+def _simulated_backend(model, gpu, dtype, slots, bs, spec, reserve, admission, kv_memory):
+    from kvbench.engine.sweep_backends import SimulatedBackend
+    from kvbench.models.gpus import kv_budget, resolve_gpu
+    from kvbench.models.shapes import resolve_model
+
+    shape = resolve_model("llama-2-13b" if model == "tiny" else model, dtype or "fp16")
+    device = resolve_gpu(gpu)
+    budget = kv_budget(shape, device)
+    kv_bytes = parse_size(kv_memory, "--kv-memory") if kv_memory else budget.kv_bytes
+    if kv_bytes <= 0:
+        raise KvbenchError(f"{shape.name} does not fit on {device.name}")
+    num_blocks = kv_bytes // (shape.bytes_per_token * bs)
+    config = _engine_config(spec, bs, num_blocks, reserve, admission, 256)
+    return SimulatedBackend(shape, device, config), shape.name, f"{device.name} (simulated)", shape.vocab_size
+
+
+def _tensor_backend(model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization,
+                    budget_source, console):
+    from kvbench.engine.build import blocks_for_budget, cuda_kv_budget, load_model
+    from kvbench.engine.sweep_backends import TensorBackend
+
+    with console.status(f"building model {model}..."):
+        loaded = load_model(model, device, dtype, seed)
+    if kv_memory:
+        num_blocks = blocks_for_budget(parse_size(kv_memory, "--kv-memory"), loaded.shape, bs)
+        budget_source = f"--kv-memory {kv_memory}"
+    elif utilization is not None:
+        if loaded.device.type != "cuda":
+            raise KvbenchError("--gpu-memory-utilization sizes the pool from GPU memory; on CPU use --kv-memory")
+        num_blocks = blocks_for_budget(cuda_kv_budget(loaded, utilization), loaded.shape, bs)
+        budget_source = f"{utilization} x GPU memory - used - activations"
+    else:
+        num_blocks = slots // bs
+    if num_blocks < 1:
+        raise KvbenchError("the KV budget holds no block; raise --kv-memory")
+    config = _engine_config(spec, bs, num_blocks, reserve, admission, 256)
+    device_name = str(loaded.device)
+    if loaded.device.type == "cuda":
+        import torch
+
+        device_name = torch.cuda.get_device_name(loaded.device)
+    return TensorBackend(loaded, config), loaded.shape.name, device_name, loaded.shape.vocab_size, budget_source
+
+
+def scenarios() -> None:
+    """List the built-in scenarios with a one-line description."""
+    from rich.table import Table
+
+    from kvbench.workload.scenario import builtin_scenarios
+
+    table = Table(title="Built-in scenarios (kvbench sweep --scenario NAME, or a TOML file of your own)")
+    table.add_column("name")
+    table.add_column("description")
+    for name in sorted(builtin_scenarios()):
+        table.add_row(name, load_scenario(name).description)
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)
+    app.command("scenarios")(scenarios)

@@ -1,0 +1,123 @@
+"""Run a concurrency sweep: every (engine, concurrency) point on the same request list, point by point.
+
+Finished points are appended to ``results.jsonl`` at once, so an interrupted or failed sweep keeps them and
+``resume`` skips them. A point that raises is recorded with status ``error`` and its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvbench.engine.request import Request
+from kvbench.engine.result import RunResult
+from kvbench.errors import KvbenchError
+from kvbench.fileio import append_jsonl, write_json_atomic
+from kvbench.report.points import aggregate_repeats, point_from_result, timeline_of
+
+
+class PointBackend(Protocol):
+    """Runs one engine on a fresh copy of the request list; the tensor engine or the simulator."""
+
+    bytes_per_token: int
+
+    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
+        """Returns the run and its memory peaks (results-schema ``memory`` names)."""
+        ...
+
+    def warm_up(self, engine: str, requests: list[Request]) -> None: ...
+
+
+@dataclass
+class SweepPlan:
+    engines: Sequence[str]
+    concurrencies: Sequence[int]
+    scenario: str
+    make_requests: Callable[[], list[Request]]  # a fresh, identical request list per run
+    make_warmup: Callable[[], list[Request]]
+    repeat: int = 1
+    continue_on_error: bool = False
+
+    def keys(self) -> list[tuple[str, int]]:
+        return [(engine, c) for c in self.concurrencies for engine in self.engines]
+
+
+def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """Points already recorded (ok or oom) by key; error points are run again on resume."""
+    finished: dict[tuple[str, int, str], dict[str, Any]] = {}
+    if not results_path.exists():
+        return finished
+    for number, line in enumerate(results_path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError:
+            raise KvbenchError(f"{results_path}:{number}: not valid JSON; cannot resume from it") from None
+        if point.get("status") in ("ok", "oom"):
+            finished[(point["engine"], point["concurrency"], point.get("scenario", ""))] = point
+    return finished
+
+
+def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: bool, progress=None) -> list[dict]:
+    """All points of the plan in order; returns them (finished earlier ones included when resuming)."""
+    results_path = run_dir / "results.jsonl"
+    if results_path.exists() and not resume:
+        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
+    finished = load_finished(results_path) if resume else {}
+    points: list[dict] = []
+    warmed: set[str] = set()
+    for engine, concurrency in plan.keys():
+        key = (engine, concurrency, plan.scenario)
+        if key in finished:
+            points.append(finished[key])
+            if progress is not None:
+                progress.skip(engine, concurrency)
+            continue
+        try:
+            if engine not in warmed:
+                backend.warm_up(engine, plan.make_warmup())
+                warmed.add(engine)
+            point = _run_point(plan, backend, engine, concurrency, run_dir, progress)
+        except KeyboardInterrupt:
+            raise
+        except KvbenchError:
+            raise
+        except Exception as err:
+            point = {"engine": engine, "concurrency": concurrency, "scenario": plan.scenario, "status": "error",
+                     "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=5)}
+        append_jsonl(results_path, point)
+        points.append(point)
+        if point["status"] == "error" and not plan.continue_on_error:
+            raise PointFailed(point)
+    return points
+
+
+class PointFailed(Exception):
+    """A point failed and --continue-on-error was not given; earlier points are already saved."""
+
+    def __init__(self, point: dict) -> None:
+        super().__init__(point["error"])
+        self.point = point
+
+
+def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path, progress) -> dict:
+    runs = []
+    for repeat in range(plan.repeat):
+        requests = plan.make_requests()
+        on_step = progress.step_callback(engine, concurrency, repeat, len(requests)) if progress else None
+        result, memory = backend.run(engine, requests, concurrency, on_step)
+        point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
+        if repeat == plan.repeat - 1:
+            timeline_file = run_dir / f"timeline-{engine}-c{concurrency}.json"
+            write_json_atomic(timeline_file, {"engine": engine, "concurrency": concurrency,
+                                              "total_blocks": result.pool_slots // result.block_size,
+                                              "time_s_blocks": timeline_of(result)})
+        runs.append(point)
+        if progress is not None:
+            progress.point_done(engine, concurrency, point)
+    return aggregate_repeats(runs)

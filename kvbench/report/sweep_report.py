@@ -1,0 +1,144 @@
+"""The sweep's tables (article-shaped and detailed), summary files and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from kvbench.report import plots
+from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
+
+
+def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(p["engine"], p["concurrency"]): p for p in points}
+
+
+def article_rows(points: list[dict]) -> list[dict[str, Any]]:
+    """Per concurrency: contiguous TPS (or OOM), paged TPS with gain %, KV memory reduction, TPS ratio."""
+    by_key = _by_key(points)
+    rows = []
+    for concurrency in sorted({p["concurrency"] for p in points}):
+        paged = by_key.get(("paged", concurrency))
+        contiguous = by_key.get(("contiguous", concurrency))
+        row: dict[str, Any] = {"concurrency": concurrency, "contiguous_tps": None, "contiguous_status": None,
+                               "paged_tps": None, "paged_status": None, "gain_pct": None,
+                               "kv_memory_reduction_pct": None, "paged_over_contiguous_tps": None}
+        if contiguous:
+            row["contiguous_status"] = contiguous["status"]
+            row["contiguous_tps"] = contiguous.get("output_throughput")
+        if paged:
+            row["paged_status"] = paged["status"]
+            row["paged_tps"] = paged.get("output_throughput")
+        if paged and contiguous and paged["status"] == "ok" and contiguous["status"] == "ok":
+            ratio = paged["output_throughput"] / contiguous["output_throughput"]
+            row["paged_over_contiguous_tps"] = ratio
+            row["gain_pct"] = 100 * (ratio - 1)
+            row["kv_memory_reduction_pct"] = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
+        rows.append(row)
+    return rows
+
+
+def _tps_cell(tps: float | None, status: str | None) -> str:
+    if status is None:
+        return "-"
+    if status == "oom":
+        return "OOM"
+    if status == "error":
+        return "error"
+    return f"{tps:,.1f}"
+
+
+def article_table(rows: list[dict], simulated: bool) -> Table:
+    table = Table(title="Paged vs contiguous (measured)" + (" — SIMULATED" if simulated else ""))
+    for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        paged = _tps_cell(row["paged_tps"], row["paged_status"])
+        if row["gain_pct"] is not None:
+            paged += f" ({row['gain_pct']:+.0f}%)"
+        reduction = "-" if row["kv_memory_reduction_pct"] is None else f"{row['kv_memory_reduction_pct']:.0f}%"
+        table.add_row(str(row["concurrency"]), _tps_cell(row["contiguous_tps"], row["contiguous_status"]), paged, reduction)
+    return table
+
+
+def detail_table(points: list[dict]) -> Table:
+    table = Table(title="Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)")
+    for column in ("engine", "C", "status", "done/rej", "out TPS", "p50/p99 TTFT", "p50/p99 TPOT", "peak run",
+                   "preempt", "used/res/int/ext %", "frag"):
+        table.add_column(column, justify="left" if column in ("engine", "status") else "right")
+    for p in points:
+        if p["status"] == "error":
+            table.add_row(p["engine"], str(p["concurrency"]), "error", "", "", "", "", "", "", p.get("error", "")[:40], "")
+            continue
+        w = p["waste"]
+        table.add_row(
+            p["engine"], str(p["concurrency"]), p["status"], f"{p['completed']}/{p['rejected']}",
+            f"{p['output_throughput']:,.1f}", _pair(p, "ttft"), _pair(p, "tpot"), str(p["peak_running"]),
+            str(p["preemptions"]),
+            f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}",
+            f"{p['fragmentation_mean']:.2f}",
+        )
+    return table
+
+
+def _pair(point: dict, kind: str) -> str:
+    a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
+    return "-" if a is None or b is None else f"{a:,.0f}/{b:,.0f}"
+
+
+def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
+    rows = article_rows(points)
+    document = summary_document("sweep", meta, points, article_table=rows)
+    simulated = " (simulated)" if meta.get("simulated") else ""
+    md = [f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: {meta.get('budget_source', '')}\n\n"]
+    md.append(markdown_table(
+        ["concurrency", "contiguous TPS", "paged TPS", "gain %", "KV memory reduction %", "paged/contiguous"],
+        [[r["concurrency"], _tps_cell(r["contiguous_tps"], r["contiguous_status"]),
+          _tps_cell(r["paged_tps"], r["paged_status"]), r["gain_pct"], r["kv_memory_reduction_pct"],
+          r["paged_over_contiguous_tps"]] for r in rows]))
+    write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
+    _plots(run_dir, meta, points)
+    return document
+
+
+def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
+    ok = [p for p in points if p["status"] != "error"]
+    if not ok:
+        return
+    tag = f"{meta.get('model_name', '')} on {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
+    tag += " — SIMULATED" if meta.get("simulated") else ""
+    engines = sorted({p["engine"] for p in ok})
+    series = {}
+    for engine in engines:
+        mine = sorted((p for p in ok if p["engine"] == engine and p["status"] == "ok"), key=lambda p: p["concurrency"])
+        series[engine] = ([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine])
+    plots.lines(series, run_dir / "throughput.png", f"Output throughput vs concurrency\n{tag}",
+                "concurrency (requests in flight)", "output tokens / s", "higher")
+    latency = {}
+    for engine in engines:
+        mine = sorted((p for p in ok if p["engine"] == engine and p.get("p50_tpot_ms") is not None),
+                      key=lambda p: p["concurrency"])
+        for stat in ("p50", "p99"):
+            latency[f"{engine} TPOT {stat}"] = ([p["concurrency"] for p in mine], [p[f"{stat}_tpot_ms"] for p in mine])
+            latency[f"{engine} TTFT {stat}"] = ([p["concurrency"] for p in mine], [p[f"{stat}_ttft_ms"] for p in mine])
+    plots.lines(latency, run_dir / "latency.png", f"Latency vs concurrency (p50, p99)\n{tag}",
+                "concurrency (requests in flight)", "latency (ms, log scale)", "lower", log_y=True)
+    ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
+    plots.waste_breakdown([f"{p['engine']}\nC={p['concurrency']}" for p in ordered], [p["waste"] for p in ordered],
+                          run_dir / "memory.png", "KV memory breakdown per point", tag)
+    top = max(p["concurrency"] for p in ok)
+    timelines, total_blocks = {}, None
+    for engine in engines:
+        path = run_dir / f"timeline-{engine}-c{top}.json"
+        if path.exists():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            total_blocks = data["total_blocks"]
+            timelines[engine] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
+    if timelines:
+        plots.lines(timelines, run_dir / "blocks_over_time.png",
+                    f"KV blocks in use over time at concurrency {top} (pool: {total_blocks} blocks)\n{tag}",
+                    "time since start of the point (s)", "blocks in use", "neither: higher use of a full pool is "
+                    "better, a lower line for the same work is", markers=False, hline=total_blocks)

@@ -1,0 +1,119 @@
+"""Scenario files (TOML): a workload, a KV budget and sweep defaults, validated with clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import KvbenchError
+from kvbench.workload.lengths import LengthSpec
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "description": str, "max_len": int, "mean_len": int, "distribution": str, "sigma": (int, float),
+    "prompt_ratio": (int, float), "requests": int, "warmup": int, "concurrency": list, "block_size": int,
+    "reserve": str, "admission": str, "seed": int, "budget": dict,
+}
+_BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": str, "gpu": str, "utilization": (int, float), "slots": int,
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    lengths: LengthSpec
+    requests: int = 60
+    warmup: int = 4
+    concurrency: tuple[int, ...] = (10, 30, 50)
+    block_size: int = 16
+    reserve: str = "max"
+    admission: str = "queue"
+    seed: int = 0
+    budget: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def budget_slots(self) -> tuple[int, str]:
+        """Token slots of the KV pool and a sentence saying where the number comes from."""
+        if "slots" in self.budget:
+            return self.budget["slots"], f"{self.budget['slots']:,} token slots (set by the scenario)"
+        from kvbench.models.gpus import kv_budget, resolve_gpu
+        from kvbench.models.shapes import resolve_model
+
+        shape = resolve_model(self.budget.get("model", "llama-2-13b"))
+        gpu = resolve_gpu(self.budget.get("gpu", "a100-80g"))
+        utilization = float(self.budget.get("utilization", 0.9))
+        budget = kv_budget(shape, gpu, utilization)
+        if not budget.fits:
+            raise KvbenchError(f"scenario {self.name}: {shape.name} does not fit on {gpu.name}; no KV budget to derive")
+        slots = budget.kv_bytes // shape.bytes_per_token
+        return slots, (f"{slots:,} token slots = the KV budget of {shape.name} {shape.dtype} on {gpu.name} at "
+                       f"{utilization} utilization, scaled to this model by slots")
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    folder = resources.files("kvbench.scenarios")
+    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".toml")}
+
+
+def load_scenario(spec: str) -> Scenario:
+    """A built-in scenario name or a path to a TOML file."""
+    builtins = builtin_scenarios()
+    path = builtins.get(spec) or Path(spec)
+    if not path.is_file():
+        raise KvbenchError(f"unknown scenario {spec!r}: not built in ({', '.join(sorted(builtins))}) and no such file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise KvbenchError(f"cannot read scenario {path}: {err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise KvbenchError(f"scenario {path}: invalid TOML ({err})") from None
+    return parse_scenario(data, name=path.stem, source=str(path))
+
+
+def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenario:
+    where = f"scenario {source or name}"
+    _check_fields(data, _FIELDS, where)
+    budget = data.get("budget", {})
+    _check_fields(budget, _BUDGET_FIELDS, f"{where} [budget]")
+    concurrency = data.get("concurrency", [10, 30, 50])
+    if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
+        raise KvbenchError(f"{where}: concurrency must be a non-empty list of positive integers")
+    for key in ("requests", "block_size", "max_len", "mean_len"):
+        if key in data and data[key] < 1:
+            raise KvbenchError(f"{where}: {key} must be positive, got {data[key]}")
+    if data.get("warmup", 0) < 0:
+        raise KvbenchError(f"{where}: warmup must be >= 0")
+    if data.get("reserve", "max") not in ("max", "pow2", "oracle"):
+        raise KvbenchError(f"{where}: reserve must be max, pow2 or oracle, got {data['reserve']!r}")
+    if data.get("admission", "queue") not in ("queue", "reject"):
+        raise KvbenchError(f"{where}: admission must be queue or reject, got {data['admission']!r}")
+    if "slots" in budget and budget["slots"] < 1:
+        raise KvbenchError(f"{where}: budget.slots must be positive")
+    try:
+        lengths = LengthSpec(
+            mean_len=data.get("mean_len", 500), max_len=data.get("max_len", 2048),
+            distribution=data.get("distribution", "lognormal"), prompt_ratio=float(data.get("prompt_ratio", 0.5)),
+            sigma=float(data.get("sigma", 0.6)),
+        )
+    except KvbenchError as err:
+        raise KvbenchError(f"{where}: {err}") from None
+    return Scenario(
+        name=name, description=data.get("description", ""), lengths=lengths, requests=data.get("requests", 60),
+        warmup=data.get("warmup", 4), concurrency=tuple(concurrency), block_size=data.get("block_size", 16),
+        reserve=data.get("reserve", "max"), admission=data.get("admission", "queue"), seed=data.get("seed", 0),
+        budget=dict(budget), source=source,
+    )
+
+
+def _check_fields(data: dict, allowed: dict[str, type | tuple[type, ...]], where: str) -> None:
+    for key, value in data.items():
+        if key not in allowed:
+            raise KvbenchError(f"{where}: unknown field {key!r}; known: {', '.join(allowed)}")
+        expected = allowed[key]
+        if isinstance(value, bool) or not isinstance(value, expected):
+            names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+            raise KvbenchError(f"{where}: field {key!r} must be {names}, got {value!r}")
