@@ -1,0 +1,159 @@
+"""End-to-end sweeps on the tiny model (few short requests) and the sweep's bad-input handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.engine import sweep_backends
+from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
+
+SCENARIO = """
+description = "test: tiny and quick"
+max_len = 64
+mean_len = 16
+distribution = "uniform"
+sigma = 0.5
+prompt_ratio = 0.5
+requests = 6
+warmup = 1
+concurrency = [2, 4]
+block_size = 4
+reserve = "max"
+admission = "queue"
+
+[budget]
+slots = 160
+"""
+
+
+@pytest.fixture()
+def scenario(tmp_path):
+    path = tmp_path / "quick.toml"
+    path.write_text(SCENARIO)
+    return str(path)
+
+
+def run(args: list[str]) -> int:
+    return main(["sweep", "--device", "cpu", *args])
+
+
+def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path):
+    out = tmp_path / "run"
+    assert run(["--scenario", scenario, "--out", str(out)]) == 0
+    for name in ("summary.json", "summary.csv", "summary.md", "results.jsonl", "throughput.png", "latency.png",
+                 "memory.png", "blocks_over_time.png"):
+        assert (out / name).is_file(), name
+    for png in out.glob("*.png"):
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_version"] == SCHEMA_VERSION and summary["kind"] == "sweep"
+    assert summary["meta"]["model_name"] == "tiny" and summary["meta"]["simulated"] is False
+    assert len(summary["points"]) == 4
+    for point in summary["points"]:
+        for name in POINT_FIELDS:
+            assert name in point, name
+        assert set(WASTE_FIELDS) <= set(point["waste"]) and set(MEMORY_FIELDS) <= set(point["memory"])
+        assert point["status"] == "ok" and point["completed"] == 6
+        assert point["memory"]["rss_peak_bytes"] > 0 and point["memory"]["nvml_used_peak_bytes"] is None
+        assert all(point[f] is not None for f in LATENCY_FIELDS)
+        assert abs(sum(point["waste"].values()) - 100) < 1e-6
+    by_key = {(p["engine"], p["concurrency"]): p for p in summary["points"]}
+    for row in summary["article_table"]:
+        paged, contiguous = by_key[("paged", row["concurrency"])], by_key[("contiguous", row["concurrency"])]
+        assert row["paged_over_contiguous_tps"] == pytest.approx(paged["output_throughput"] / contiguous["output_throughput"])
+        assert row["gain_pct"] == pytest.approx(100 * (row["paged_over_contiguous_tps"] - 1))
+        expected = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
+        assert row["kv_memory_reduction_pct"] == pytest.approx(expected)
+        assert row["kv_memory_reduction_pct"] > 0  # max-len slabs hold far more than paged blocks
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+
+
+def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 2  # refuses to overwrite
+    calls = []
+    original = sweep_backends.TensorBackend.run
+
+    def counting(self, engine, requests, concurrency, on_step):
+        calls.append((engine, concurrency))
+        return original(self, engine, requests, concurrency, on_step)
+
+    monkeypatch.setattr(sweep_backends.TensorBackend, "run", counting)
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2,4", "--resume"]) == 0
+    assert sorted(calls) == [("contiguous", 4), ("paged", 4)]
+    assert len(json.loads((out / "summary.json").read_text())["points"]) == 4
+
+
+def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, monkeypatch, capsys):
+    original = sweep_backends.TensorBackend.run
+
+    def flaky(self, engine, requests, concurrency, on_step):
+        if engine == "contiguous" and concurrency == 2:
+            raise RuntimeError("injected failure")
+        return original(self, engine, requests, concurrency, on_step)
+
+    monkeypatch.setattr(sweep_backends.TensorBackend, "run", flaky)
+    out = tmp_path / "run"
+    assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 0
+    points = json.loads((out / "summary.json").read_text())["points"]
+    statuses = {(p["engine"], p["concurrency"]): p["status"] for p in points}
+    assert statuses == {("paged", 2): "ok", ("contiguous", 2): "error", ("paged", 4): "ok", ("contiguous", 4): "ok"}
+    failed = next(p for p in points if p["status"] == "error")
+    assert "injected failure" in failed["error"]
+
+    out2 = tmp_path / "run2"
+    assert run(["--scenario", scenario, "--out", str(out2)]) == 2  # without the flag: stops, keeps what it measured
+    assert "injected failure" in capsys.readouterr().err
+    kept = [json.loads(line) for line in (out2 / "results.jsonl").read_text().splitlines()]
+    assert [(p["engine"], p["status"]) for p in kept] == [("paged", "ok"), ("contiguous", "error")]
+
+
+def test_reject_mode_reports_oom(tmp_path):
+    path = tmp_path / "tight.toml"
+    path.write_text(SCENARIO.replace('admission = "queue"', 'admission = "reject"'))
+    out = tmp_path / "run"
+    assert run(["--scenario", str(path), "--out", str(out), "--concurrency", "4", "--engines", "contiguous"]) == 0
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    assert point["status"] == "oom" and point["rejected"] > 0  # 160 slots hold only 2 slabs of 64
+
+
+def test_simulated_sweep_says_so(tmp_path, capsys):
+    out = tmp_path / "sim"
+    assert main(["sweep", "--simulate", "--requests", "200", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["meta"]["simulated"] is True and "simulated" in summary["meta"]["device"]
+    rows = {r["concurrency"]: r for r in summary["article_table"]}
+    assert rows[50]["contiguous_status"] == "oom" and rows[50]["paged_status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", ""], "empty"),
+        (["--concurrency", "10,abc"], "not an integer"),
+        (["--concurrency", "0"], "minimum"),
+        (["--engines", "paged,turbo"], "unknown engine"),
+        (["--scenario", "nope"], "unknown scenario"),
+        (["--repeat", "0"], "--repeat"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_scenario_file_with_a_wrong_field(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(SCENARIO + "\nbogus = 3\n")
+    assert run(["--scenario", str(path)]) == 2
+    assert "unknown field 'bogus'" in capsys.readouterr().err
+    path.write_text(SCENARIO.replace("mean_len = 16", 'mean_len = "many"'))
+    assert run(["--scenario", str(path)]) == 2
+    assert "mean_len" in capsys.readouterr().err
