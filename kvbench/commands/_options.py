@@ -30,9 +30,10 @@ def name_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
     names = [item.strip() for item in text.split(",") if item.strip()]
     if not names:
         raise KvbenchError(f"{what} is empty; choose from {', '.join(allowed)}")
+    singular = what[:-3] + "y" if what.endswith("ies") else what.removesuffix("s")  # strategies -> strategy
     for name in names:
         if name not in allowed:
-            raise KvbenchError(f"unknown {what.rstrip('s')} {name!r}; choose from {', '.join(allowed)}")
+            raise KvbenchError(f"unknown {singular} {name!r}; choose from {', '.join(allowed)}")
     return names
 
 

@@ -102,9 +102,8 @@ class WasteAccountant:
         self.peak["external"] = max(self.peak["external"], external)
         self.peak["free"] = max(self.peak["free"], free)
         self.peak_allocated = max(self.peak_allocated, held)
-        if held > 0:
-            used_mid = used0 + grow * (k - 1) / 2
-            self.fragmentation_seconds += (1.0 - used_mid / held) * time
+        if held > 0:  # the time integral of 1 - used/held, exact also when step times grow
+            self.fragmentation_seconds += time - used_time / held
             self.allocated_seconds += time
         self.running_seconds += running * time
         if self.keep_timeline:

@@ -43,6 +43,8 @@ class ModelShape:
             raise KvbenchError(
                 f"model {self.name!r}: num_heads ({self.num_heads}) is not a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 0:
+            raise KvbenchError(f"model {self.name!r}: head_dim must be a positive integer, got {self.head_dim!r}")
         if self.head_dim == 0:
             if self.hidden_size % self.num_heads:
                 raise KvbenchError(f"model {self.name!r}: hidden_size is not a multiple of num_heads")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,6 @@ def _positive_int(value, what: str) -> int:
         number = float(value)
     except (TypeError, ValueError):
         raise KvbenchError(f"{what} must be a positive integer, got {value!r}") from None
-    if number != int(number) or number < 1:
+    if not math.isfinite(number) or number != int(number) or number < 1:
         raise KvbenchError(f"{what} must be a positive integer, got {value!r}")
     return int(number)

@@ -1,0 +1,111 @@
+"""`kvbench capacity` through the CLI: weights, KV budget, concurrency per strategy, 'does not fit'."""
+
+import json
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.commands.capacity_cmd import capacity_table
+from kvbench.models.gpus import GIB
+
+
+def _run(capsys, *argv):
+    code = main(["capacity", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_capacity_table_by_hand():
+    rows = {row["strategy"]: row for row in capacity_table(10_000, 2048, 500, [16, 32])}
+    assert list(rows) == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16", "paged-32"]
+    assert {name: row["slots_per_request"] for name, row in rows.items()} == {
+        "contiguous-max": 2048, "contiguous-pow2": 512, "contiguous-oracle": 500, "paged-16": 512, "paged-32": 512}
+    assert {name: row["max_concurrency"] for name, row in rows.items()} == {
+        "contiguous-max": 4, "contiguous-pow2": 19, "contiguous-oracle": 20, "paged-16": 19, "paged-32": 19}
+    assert rows["contiguous-max"]["token_state_pct_at_capacity"] == pytest.approx(100 * 4 * 500 / 10_000)
+    assert rows["contiguous-oracle"]["token_state_pct_at_capacity"] == 100.0
+    odd = {row["strategy"]: row["slots_per_request"] for row in capacity_table(10_000, 2048, 100, [16])}
+    assert odd["paged-16"] == 112 and odd["contiguous-pow2"] == 128
+
+
+def test_llama_2_13b_fp16_does_not_fit_on_an_a10g(capsys):
+    code, out, err = _run(capsys, "--model", "llama-2-13b", "--gpu", "a10g-24g")
+    assert code == 1
+    assert "does not fit" in out and err == ""
+
+
+def test_does_not_fit_json(capsys):
+    code, out, _ = _run(capsys, "--model", "llama-2-13b", "--gpu", "a10g-24g", "--json")
+    assert code == 1
+    result = json.loads(out)
+    assert result["fits"] is False and "does not fit" in result["verdict"]
+    assert result["kv_budget_bytes"] == 0 and result["strategies"] == []
+
+
+def test_capacity_json(capsys):
+    code, out, err = _run(capsys, "--json", "--block-size", "16,32")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["gpu"] == "a100-80g" and result["fits"] is True
+    assert result["bytes_per_token"] == 819_200 and result["model"]["name"] == "llama-2-13b"
+    assert result["usable_bytes"] == int(0.9 * 80 * GIB)
+    assert result["kv_budget_bytes"] == (result["usable_bytes"] - result["weight_bytes"]
+                                         - result["activation_reserve_bytes"])
+    assert result["kv_token_slots"] == result["kv_budget_bytes"] // 819_200
+    rows = {row["strategy"]: row for row in result["strategies"]}
+    assert set(rows) == {"contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16", "paged-32"}
+    assert rows["contiguous-max"]["max_concurrency"] == result["kv_token_slots"] // 2048
+    assert rows["paged-16"]["max_concurrency"] == result["kv_token_slots"] // 512
+    assert rows["contiguous-max"]["max_concurrency"] < rows["paged-16"]["max_concurrency"]
+    assert result["fits_one_max_len_request"] is True
+
+
+def test_capacity_table_on_the_terminal(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = _run(capsys, "--model", "llama-2-7b", "--gpu", "a10g-24g")
+    assert code == 0, err
+    assert "llama-2-7b" in out and "KV budget" in out and "paged-16" in out and "contiguous-max" in out
+
+
+def test_capacity_with_a_config_dir(capsys, tmp_path):
+    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = _run(capsys, "--model", str(tmp_path), "--gpu", "l4-24g", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["bytes_per_token"] == 2 * 4 * 2 * 32 * 2 and result["fits"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--mean-len", "0"], "must be positive"),
+        (["--max-len", "-5"], "must be positive"),
+        (["--mean-len", "3000"], "exceeds --max-len"),
+        (["--block-size", "0"], "--block-size"),
+        (["--block-size", "abc"], "--block-size"),
+        (["--model", "gpt-5"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, opt-13b"),
+        (["--gpu", "rtx-9090"], "unknown GPU"),
+        (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+        (["--dtype", "fp8"], "unknown dtype"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_malformed_config_file(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 64,')
+    code, _, err = _run(capsys, "--model", str(config))
+    assert code == 2 and err.startswith("error: malformed config") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--max-len", "abc"], ["--mean-len", "1.5"], ["--json", "extra"]])
+def test_click_usage_errors_exit_2(capsys, argv):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "Error" in err

@@ -1,0 +1,202 @@
+"""`kvbench waste` through the CLI: the analytic estimate, measured shares, files, and one-line errors."""
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.commands.waste_cmd import analytic_waste
+from kvbench.engine.timing import UniformTiming
+from kvbench.engine.waste_study import Strategy, parse_strategies, run_strategy
+from kvbench.errors import KvbenchError
+
+SMALL_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "torch_dtype": "float16",
+}
+
+
+def _run(capsys, *argv):
+    code = main(["waste", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_analytic_waste_of_the_article():
+    assert analytic_waste(500, 2048) == (2048 - 500) / 2048
+    assert round(100 * analytic_waste(500, 2048), 1) == 75.6
+    assert analytic_waste(2048, 2048) == 0.0
+
+
+def test_parse_strategies():
+    names = [s.name for s in parse_strategies(["contiguous-max", "paged", "contiguous-oracle"], [8, 16])]
+    assert names == ["contiguous-max", "paged-8", "paged-16", "contiguous-oracle"]
+    pow2 = parse_strategies(["contiguous-pow2"], [16])[0]
+    assert (pow2.kind, pow2.block_size, pow2.policy) == ("contiguous", 1, "pow2")
+    with pytest.raises(KvbenchError, match="unknown strategy 'best'"):
+        parse_strategies(["best"], [16])
+
+
+def test_run_strategy_with_a_budget_below_one_block():
+    with pytest.raises(KvbenchError, match="holds no block"):
+        run_strategy(Strategy("paged-16", "paged", 16), [(2, 2)], pool_slots=15, max_len=16, concurrency=1,
+                     timing=UniformTiming())
+
+
+def test_run_strategy_returns_every_block():
+    pairs = [(3, 5), (8, 2), (1, 9), (4, 4)]
+    for strategy in parse_strategies(["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"], [4]):
+        result = run_strategy(strategy, pairs, pool_slots=40, max_len=16, concurrency=3, timing=UniformTiming())
+        assert len(result.completed) == 4
+
+
+@pytest.fixture(scope="module")
+def waste_run(tmp_path_factory):
+    """One small end-to-end run with --json, shared by the checks below."""
+    out = tmp_path_factory.mktemp("waste") / "run"
+    capture = pytest.MonkeyPatch()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    capture.setattr(sys, "stdout", stdout)
+    capture.setattr(sys, "stderr", stderr)
+    try:
+        code = main(["waste", "--requests", "200", "--out", str(out), "--json", "--block-size", "16,32"])
+    finally:
+        capture.undo()
+    return code, stdout.getvalue(), out
+
+
+def test_waste_end_to_end_writes_files(waste_run):
+    code, _, out = waste_run
+    assert code == 0
+    for name in ("summary.json", "summary.csv", "summary.md", "waste.png"):
+        assert (out / name).is_file(), name
+    png = (out / "waste.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
+    assert [r["engine"] for r in rows] == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16",
+                                           "paged-32"]
+    assert "waste.token_state_pct" in rows[0]
+    markdown = (out / "summary.md").read_text()
+    assert "75.6%" in markdown and "paged-16" in markdown
+
+
+def test_waste_json_and_shares(waste_run):
+    _, stdout, out = waste_run
+    document = json.loads(stdout)
+    assert document == json.loads((out / "summary.json").read_text())
+    assert document["kind"] == "waste" and document["schema_version"] >= 1
+    assert round(document["analytic"]["at_mean_len_pct"], 1) == 75.6
+    assert document["meta"]["requests"] == 200 and document["meta"]["model"]["bytes_per_token"] == 819_200
+    points = {p["engine"]: p for p in document["points"]}
+    for point in points.values():
+        assert sum(point["waste"].values()) == pytest.approx(100.0, abs=1e-6)
+        assert point["completed"] + point["rejected"] == 200
+        assert point["status"] == "ok" and point["bytes_per_token"] == 819_200
+        assert 0.0 <= point["fragmentation_mean"] <= 1.0
+    token = {name: p["waste"]["token_state_pct"] for name, p in points.items()}
+    assert token["contiguous-max"] < token["contiguous-pow2"] < token["contiguous-oracle"] < token["paged-16"]
+    assert points["paged-16"]["waste"]["external_pct"] == 0.0
+    assert points["contiguous-max"]["waste"]["internal_pct"] > points["paged-16"]["waste"]["internal_pct"]
+    assert points["contiguous-oracle"]["waste"]["internal_pct"] == 0.0
+    assert points["paged-16"]["waste"]["internal_pct"] <= points["paged-32"]["waste"]["internal_pct"]
+
+
+def test_waste_table_on_the_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the table needs ~120 columns; under 80 rich truncates every cell
+    code, out, err = _run(capsys, "--requests", "30", "--out", str(tmp_path / "r"), "--strategies",
+                          "contiguous-max,paged", "--distribution", "fixed")
+    assert code == 0, err
+    assert "75.6%" in out and "contiguous-max" in out and "paged-16" in out
+    assert "contiguous-oracle" not in out
+
+
+def test_waste_from_a_trace_and_a_config_dir(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SMALL_LLAMA))
+    trace = tmp_path / "trace.csv"
+    trace.write_text("prompt_len,output_len\n100,50\n300,200\n1000,1000\n")  # the last exceeds --max-len 1024
+    # a small model leaves a huge KV pool on a big GPU; 1% of an A10G keeps it to ~230k token slots
+    code, out, err = _run(capsys, "--model", str(model), "--gpu", "a10g-24g", "--gpu-memory-utilization", "0.01",
+                          "--max-len", "1024", "--trace", str(trace), "--out", str(tmp_path / "r"), "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["meta"]["requests"] == 3 and document["meta"]["requests_over_max_len"] == 1
+    assert document["meta"]["model"]["bytes_per_token"] == 2 * 4 * 2 * 32 * 2
+    for point in document["points"]:
+        assert (point["completed"], point["rejected"]) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--mean-len", "0"], "mean length"),
+        (["--mean-len", "-3"], "mean length"),
+        (["--mean-len", "5000"], "mean length"),
+        (["--max-len", "-5"], "--max-len"),
+        (["--max-len", "0"], "--max-len"),
+        (["--block-size", "0"], "--block-size"),
+        (["--block-size", "16,x"], "--block-size"),
+        (["--block-size", ""], "--block-size"),
+        (["--requests", "0"], "--requests"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--strategies", "paged,best"], "unknown strategy 'best'"),
+        (["--strategies", ","], "strategies is empty"),
+        (["--model", "llama-9-1t"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, opt-13b"),
+        (["--gpu", "tpu"], "unknown GPU 'tpu'"),
+        (["--dtype", "int4"], "unknown dtype"),
+        (["--gpu-memory-utilization", "0"], "gpu-memory-utilization"),
+        (["--distribution", "zipf"], "unknown length distribution"),
+        (["--prompt-ratio", "1.5"], "prompt ratio"),
+        (["--gpu", "a10g-24g"], "does not fit"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+    code, out, err = _run(capsys, *argv, "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("argv", [["--max-len", "abc"], ["--mean-len", "1.5"], ["--requests", "many"], ["--nope"]])
+def test_click_usage_errors_exit_2(capsys, argv):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert "Error" in err
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("missing.jsonl", None, "trace file not found"),
+        ("bad.jsonl", '{"prompt_len": 3, "output_len": 2}\n{oops\n', "bad.jsonl:2: not valid JSON"),
+        ("nolen.jsonl", '{"prompt_len": 3}\n', "output_len is missing"),
+        ("bad.csv", "prompt_len,output_len\n5,abc\n", "positive integer"),
+        ("empty.csv", "", "holds no requests"),
+    ],
+)
+def test_bad_traces_are_one_line_errors(capsys, tmp_path, name, text, message):
+    trace = tmp_path / name
+    if text is not None:
+        trace.write_text(text)
+    code, _, err = _run(capsys, "--trace", str(trace), "--out", str(tmp_path / "r"))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", json.dumps({"hidden_size": 64})])
+def test_malformed_config_is_a_one_line_error(capsys, tmp_path, text):
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    code, _, err = _run(capsys, "--model", str(config), "--out", str(tmp_path / "r"))
+    assert code == 2 and err.startswith("error: malformed config") and err.count("\n") == 1, err

@@ -1,0 +1,48 @@
+"""GPU presets and the KV budget: utilization x memory - weights - activation reserve."""
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.models.gpus import GIB, GPU_PRESETS, activation_reserve_bytes, kv_budget, resolve_gpu
+from kvbench.models.shapes import resolve_model
+
+
+def test_presets_and_their_memory():
+    expected = {"a10g-24g": 24, "l4-24g": 24, "a100-40g": 40, "a100-80g": 80, "h100-80g": 80, "h200-141g": 141}
+    assert {name: spec.memory_bytes // GIB for name, spec in GPU_PRESETS.items()} == expected
+    assert all(spec.bandwidth_bytes_per_s > 0 and spec.peak_flops > 0 for spec in GPU_PRESETS.values())
+
+
+def test_unknown_gpu_lists_the_known_ones():
+    with pytest.raises(KvbenchError) as caught:
+        resolve_gpu("tpu-v9")
+    assert all(name in str(caught.value) for name in GPU_PRESETS)
+
+
+def test_activation_reserve_by_hand():
+    tiny = resolve_model("tiny")  # fp32, hidden 64, intermediate 128, vocab 512
+    per_token = (3 * 128 + 4 * 64) * 4
+    assert activation_reserve_bytes(tiny, 2048) == 2048 * per_token + 4 * 512 * 256
+    assert activation_reserve_bytes(tiny, 100) == 100 * per_token + 4 * 512 * 100
+
+
+def test_kv_budget_is_what_is_left_after_weights_and_activations():
+    shape = resolve_model("llama-2-13b")
+    gpu = resolve_gpu("a100-80g")
+    budget = kv_budget(shape, gpu, 0.9)
+    assert budget.usable_bytes == int(0.9 * 80 * GIB)
+    assert budget.kv_bytes == budget.usable_bytes - shape.weight_bytes - activation_reserve_bytes(shape)
+    assert budget.fits and budget.kv_bytes > 40 * GIB
+    assert kv_budget(shape, gpu, 0.5).kv_bytes < budget.kv_bytes
+
+
+def test_llama_2_13b_fp16_does_not_fit_an_a10g():
+    budget = kv_budget(resolve_model("llama-2-13b"), resolve_gpu("a10g-24g"))
+    assert not budget.fits and budget.kv_bytes < 0
+    assert kv_budget(resolve_model("llama-2-7b"), resolve_gpu("a10g-24g")).fits
+
+
+@pytest.mark.parametrize("utilization", [0.0, -0.1, 1.01])
+def test_utilization_out_of_range_is_refused(utilization):
+    with pytest.raises(KvbenchError, match="gpu-memory-utilization"):
+        kv_budget(resolve_model("tiny"), resolve_gpu("l4-24g"), utilization)

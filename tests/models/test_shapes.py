@@ -1,0 +1,166 @@
+"""Model shapes: bytes per token, parameter counts, presets and Hugging Face config.json files."""
+
+import json
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape, preset_names, resolve_model, shape_from_config
+
+
+def test_llama_2_13b_fp16_bytes_per_token():
+    # 2 (K and V) x 40 layers x 40 KV heads x 128 head_dim x 2 bytes
+    assert resolve_model("llama-2-13b").bytes_per_token == 2 * 40 * 40 * 128 * 2 == 819_200
+
+
+def test_gqa_bytes_per_token_use_kv_heads_not_hidden_size():
+    assert resolve_model("llama-2-70b").bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert resolve_model("llama-3-8b").bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert resolve_model("llama-2-7b").bytes_per_token == 2 * 32 * 32 * 128 * 2 == 524_288
+    assert resolve_model("opt-13b").bytes_per_token == 819_200
+
+
+def test_dtype_changes_bytes():
+    assert resolve_model("llama-2-13b", "fp32").bytes_per_token == 1_638_400
+    assert resolve_model("llama-2-13b", "bf16").bytes_per_token == 819_200
+    shape = resolve_model("llama-2-7b", "fp32")
+    assert shape.weight_bytes == 4 * shape.num_parameters
+    with pytest.raises(KvbenchError, match="fp32, fp16, bf16"):
+        resolve_model("llama-2-7b", "int3")
+
+
+@pytest.mark.parametrize(
+    "name, published, exact",
+    [
+        # published sizes, and the exact counts of the Hugging Face checkpoints
+        ("llama-2-7b", 6.74e9, 6_738_415_616),
+        ("llama-2-13b", 13.0e9, 13_015_864_320),
+        ("llama-2-70b", 69.0e9, 68_976_648_192),
+        ("llama-3-8b", 8.03e9, 8_030_261_248),
+    ],
+)
+def test_parameter_counts(name, published, exact):
+    count = resolve_model(name).num_parameters
+    assert count == pytest.approx(published, rel=0.01)
+    assert count == exact
+
+
+def test_opt_13b_parameter_count():
+    assert resolve_model("opt-13b").num_parameters == pytest.approx(12.85e9, rel=0.01)
+
+
+def test_small_shapes_count_like_transformers():
+    # Checked once against transformers' LlamaForCausalLM / OPTForCausalLM built from the same config.
+    llama = ModelShape("l", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                       vocab_size=100)
+    # per layer: q 64x64 + k,v 2x64x32 + o 64x64 + MLP 3x64x128 + 2 norms x64 = 36,992;
+    # x2 layers + embed 6,400 + lm_head 6,400 + final norm 64
+    assert llama.head_dim == 16
+    assert llama.num_parameters == 2 * 36_992 + 6_400 + 6_400 + 64 == 86_848
+    opt = ModelShape("o", 2, 64, 4, 4, 128, 100, max_position_embeddings=32, architecture="opt",
+                     tie_word_embeddings=True)
+    assert opt.num_parameters == 75_648
+
+
+def test_presets_and_tiny():
+    assert preset_names() == list(MODEL_PRESETS)
+    assert {"tiny", "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "opt-13b"} <= set(preset_names())
+    tiny = resolve_model("tiny")
+    assert tiny.dtype == "fp32" and tiny.num_kv_heads < tiny.num_heads
+    assert resolve_model("llama-2-70b").num_kv_heads == 8
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(KvbenchError) as caught:
+        resolve_model("llama-9-1t")
+    message = str(caught.value)
+    assert "llama-9-1t" in message and all(name in message for name in preset_names())
+
+
+def test_to_dict_carries_derived_numbers():
+    data = resolve_model("llama-2-13b").to_dict()
+    assert data["bytes_per_token"] == 819_200 and data["num_parameters"] == 13_015_864_320
+    assert data["weight_bytes"] == 2 * 13_015_864_320 and "extra" not in data
+    json.dumps(data)
+
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "_name_or_path": "my-llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 2048,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": [2, 3],
+}
+
+
+def test_llama_config_json_from_a_directory_or_the_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    for spec in (tmp_path, tmp_path / "config.json"):
+        shape = resolve_model(str(spec))
+        assert shape.name == "my-llama"
+        assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads) == (4, 256, 8, 2)
+        assert shape.head_dim == 32 and shape.dtype == "bf16" and shape.rope_theta == 500000.0
+        assert shape.eos_token_id == 2
+        assert shape.bytes_per_token == 2 * 4 * 2 * 32 * 2
+    assert resolve_model(str(tmp_path), "fp32").bytes_per_token == 2 * 4 * 2 * 32 * 4
+
+
+def test_config_with_explicit_head_dim_and_no_kv_heads(tmp_path):
+    config = dict(LLAMA_CONFIG, head_dim=64)
+    del config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = shape_from_config(tmp_path)
+    assert shape.num_kv_heads == 8 and shape.head_dim == 64
+    assert shape.bytes_per_token == 2 * 4 * 8 * 64 * 2
+
+
+def test_opt_config(tmp_path):
+    config = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "ffn_dim": 128, "vocab_size": 100, "max_position_embeddings": 32, "torch_dtype": "float16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = shape_from_config(tmp_path)
+    assert shape.architecture == "opt" and shape.num_kv_heads == 4 and shape.num_parameters == 75_648
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "malformed config"),
+        ("[1, 2]", "expected a JSON object"),
+        (json.dumps({k: v for k, v in LLAMA_CONFIG.items() if k != "vocab_size"}), "missing field 'vocab_size'"),
+        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=0)), "num_layers must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=4.5)), "num_layers must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, hidden_size="big")), "hidden_size must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, num_key_value_heads=3)), "not a multiple of num_kv_heads"),
+        (json.dumps(dict(LLAMA_CONFIG, head_dim=-32)), "head_dim must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, head_dim="x")), "head_dim must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, rope_theta="fast")), "malformed config"),
+        (json.dumps(dict(LLAMA_CONFIG, torch_dtype=["a"])), "malformed config"),
+    ],
+)
+def test_malformed_configs_give_one_line_errors(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(KvbenchError, match=message) as caught:
+        resolve_model(str(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(KvbenchError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(KvbenchError, match="hidden_size is not a multiple"):
+        ModelShape("x", 2, 65, 4, 4, 128, 100)
+    with pytest.raises(KvbenchError, match="unknown dtype"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, dtype="fp8")
