@@ -61,10 +61,13 @@ class _StepRecord:
     live: list[tuple[int, int, int]]  # (request id, held slots, kv length after the step)
     held: int
     external: int
+    unique_used: int | None = None  # token states stored, each shared slot once (runs with forks only)
 
 
 class LLMEngine:
     """Build with a transformers Llama-family model; ``run`` a request list under closed-loop load."""
+
+    alloc_observer = None  # called with the seconds of each block allocation call (metrics); None: untimed
 
     def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None) -> None:
         self.config = config
@@ -93,7 +96,9 @@ class LLMEngine:
             admission=self.config.admission,
             max_prefill_tokens=self.config.max_prefill_tokens,
         )
-        return Scheduler(manager, scheduler_config)
+        scheduler = Scheduler(manager, scheduler_config)
+        scheduler.alloc_observer = self.alloc_observer
+        return scheduler
 
     # -- public API -------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[list[int]]:
@@ -115,6 +120,9 @@ class LLMEngine:
         scheduler = self._new_scheduler()
         client = ClosedLoopClient(requests, concurrency, scheduler)
         generators = {r.request_id: _generator(r) for r in requests}
+        group_left = {r.request_id: r.num_samples for r in requests}  # samples of each group still running
+        children: list[Request] = []
+        next_id = max((r.request_id for r in requests), default=-1) + 1
         records: list[_StepRecord] = []
         clock, peak_running = 0, 0
         start = time.perf_counter()
@@ -136,17 +144,51 @@ class LLMEngine:
             if not admitted:
                 clock += 1
             now = time.perf_counter() - start
+            emitted = list(zip(batch, tokens, strict=True))
+            if admitted:
+                for row, request in enumerate(batch):
+                    if request.num_samples > 1 and not request.output_token_ids:
+                        forks = self._fork_samples(scheduler, request, logits[row], next_id, generators)
+                        next_id += len(forks)
+                        children += [child for child, _ in forks]
+                        emitted += forks
             peak_running = max(peak_running, len(scheduler.running))
-            for request, token in zip(batch, tokens, strict=True):
-                self._emit(scheduler, client, request, token, clock, now)
-            records.append(self._record(scheduler, clock, time.perf_counter() - step_start))
+            for request, token in emitted:
+                if self._emit(scheduler, request, token, clock, now):
+                    root = request.parent_id if request.parent_id is not None else request.request_id
+                    group_left[root] -= 1
+                    if group_left[root] == 0:
+                        client.done(now)
+            records.append(self._record(scheduler, clock, time.perf_counter() - step_start, bool(children)))
             if on_step is not None:
                 on_step(self.name, scheduler, len(scheduler.finished))
         manager = scheduler.manager
         manager.check_invariants()
         if manager.pool.num_used:
             raise RuntimeError(f"{manager.pool.num_used} KV blocks leaked")
-        return self._result(requests, scheduler, records, peak_running)
+        return self._result([*requests, *children], scheduler, records, peak_running)
+
+    def _fork_samples(self, scheduler: Scheduler, parent: Request, logits_row: torch.Tensor, first_id: int,
+                      generators: dict) -> list[tuple[Request, int]]:
+        """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
+        if self.config.engine != "paged":
+            raise KvbenchError("parallel sampling by forking needs the paged engine; expand requests for the baseline")
+        forks = []
+        for index in range(1, parent.num_samples):
+            params = parent.sampling
+            if params.seed is not None:
+                from dataclasses import replace
+
+                params = replace(params, seed=params.seed + index)
+            child = Request(first_id + index - 1, parent.prompt_len, parent.max_tokens,
+                            prompt_token_ids=parent.prompt_token_ids, arrival_time=parent.arrival_time,
+                            parent_id=parent.request_id, sample_index=index)
+            child.sampling = params
+            generators[child.request_id] = _generator(child)
+            scheduler.fork(parent, child)
+            token = sample(logits_row[None, :], [params], [generators[child.request_id]])[0]
+            forks.append((child, token))
+        return forks
 
     # -- steps ------------------------------------------------------------------------------------------
     @staticmethod
@@ -167,7 +209,8 @@ class LLMEngine:
                 copy_blocks(self.runner.k_caches, self.runner.v_caches, src, dst, backend=self.config.kernel_backend)
         return list(scheduler.running.values())
 
-    def _emit(self, scheduler: Scheduler, client: ClosedLoopClient, request: Request, token: int, clock: int, now: float) -> None:
+    def _emit(self, scheduler: Scheduler, request: Request, token: int, clock: int, now: float) -> bool:
+        """Record a sampled token; returns True when it ends the request."""
         request.output_token_ids.append(token)
         request.token_times.append(now)
         if request.first_token_time is None:
@@ -177,12 +220,14 @@ class LLMEngine:
             scheduler.finish(request, clock)
             request.finish_time = now
             request.stop_reason = stop
-            client.done(now)
+            return True
+        return False
 
     @staticmethod
-    def _record(scheduler: Scheduler, clock: int, seconds: float) -> _StepRecord:
+    def _record(scheduler: Scheduler, clock: int, seconds: float, shared: bool) -> _StepRecord:
         live = [(r.request_id, r.held_slots, r.kv_len(clock)) for r in scheduler.running.values()]
-        return _StepRecord(seconds, live, scheduler.held_slots(), scheduler.external_slots())
+        unique = _unique_token_states(scheduler, clock) if shared else None
+        return _StepRecord(seconds, live, scheduler.held_slots(), scheduler.external_slots(), unique)
 
     def _result(self, requests, scheduler: Scheduler, records: list[_StepRecord], peak_running: int) -> RunResult:
         """Account every step with hindsight: each request's real final length splits reserved from internal."""
@@ -190,9 +235,12 @@ class LLMEngine:
         accountant = WasteAccountant(pool_slots, self.config.block_size)
         final = {r.request_id: r.final_kv_len for r in requests if r.final_kv_len is not None}
         for record in records:
-            used = sum(kv for _, _, kv in record.live)
-            capped = sum(min(held, final.get(rid, held)) for rid, held, _ in record.live)
-            internal = sum(max(held - final.get(rid, held), 0) for rid, held, _ in record.live)
+            if record.unique_used is not None:  # shared blocks: count each stored token state once
+                used, capped, internal = record.unique_used, record.held, 0
+            else:
+                used = sum(kv for _, _, kv in record.live)
+                capped = sum(min(held, final.get(rid, held)) for rid, held, _ in record.live)
+                internal = sum(max(held - final.get(rid, held), 0) for rid, held, _ in record.live)
             accountant.add_span(1, used0=used, grow=0, capped_held=capped, internal=internal,
                                 external=record.external, held=record.held, running=len(record.live),
                                 base_s=record.seconds)
@@ -210,8 +258,25 @@ class LLMEngine:
         )
 
 
-def make_request(request_id: int, prompt_token_ids: list[int], params: SamplingParams) -> Request:
-    request = Request(request_id, len(prompt_token_ids), params.max_tokens, prompt_token_ids=list(prompt_token_ids))
+def _unique_token_states(scheduler: Scheduler, clock: int) -> int:
+    """Slots holding written token states, counting a block shared by several requests once."""
+    block_size = scheduler.block_size
+    filled: dict[int, int] = {}
+    for request in scheduler.running.values():
+        kv_len = request.kv_len(clock)
+        for index, block in enumerate(scheduler.manager.block_table(request.request_id)):
+            count = min(block_size, kv_len - index * block_size)
+            if count <= 0:
+                break
+            if count > filled.get(block, 0):
+                filled[block] = count
+    return sum(filled.values())
+
+
+def make_request(request_id: int, prompt_token_ids: list[int], params: SamplingParams, num_samples: int = 1) -> Request:
+    """A request for the tensor engine; ``num_samples`` > 1 asks the paged engine for parallel samples."""
+    request = Request(request_id, len(prompt_token_ids), params.max_tokens, prompt_token_ids=list(prompt_token_ids),
+                      num_samples=num_samples)
     request.sampling = params
     return request
 

@@ -30,6 +30,8 @@ class Request:
     prompt_token_ids: list[int] | None = None
     arrival_time: float = 0.0
     parent_id: int | None = None  # forked from (parallel sampling, beam search)
+    num_samples: int = 1  # parallel sampling: the prompt is prefilled once and forked into this many samples
+    sample_index: int = 0  # which sample of its group this sequence is
 
     status: RequestStatus = RequestStatus.WAITING
     num_outputs: int = 0  # output tokens produced before the current run (recompute keeps them)

@@ -8,7 +8,9 @@ the running totals that waste accounting needs, so no step has to walk every req
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvbench.engine.request import Request, RequestStatus
@@ -33,6 +35,8 @@ class SchedulerConfig:
 
 
 class Scheduler:
+    alloc_observer: Callable[[float], None] | None = None  # seconds per allocation call (metrics)
+
     def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
         self.manager = manager
         self.config = config or SchedulerConfig()
@@ -89,11 +93,14 @@ class Scheduler:
                     continue
                 break
             self.waiting.popleft()
+            start = time.perf_counter() if self.alloc_observer is not None else 0.0
             try:
                 self.manager.allocate(request.request_id, prefill, request.expected_kv_len, request.prompt_token_ids)
             except OutOfBlocks:  # the estimate said yes but the pool disagrees: wait
                 self.waiting.appendleft(request)
                 break
+            if self.alloc_observer is not None:
+                self.alloc_observer(time.perf_counter() - start)
             self._start(request, clock, prefill)
             admitted.append(request)
             budget -= prefill
@@ -116,10 +123,27 @@ class Scheduler:
         self.internal += max(held - final, 0) - max(request.held_slots - final, 0)
         request.held_slots = held
 
+    def fork(self, parent: Request, child: Request) -> None:
+        """Start ``child`` as a copy of running ``parent`` that shares all its KV blocks (ref counts)."""
+        self.manager.fork(parent.request_id, child.request_id)
+        child.status = RequestStatus.RUNNING
+        child.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        child.kv_at_base = parent.kv_at_base
+        child.outputs_at_base = parent.outputs_at_base
+        child.clock_base = parent.clock_base
+        child.num_outputs = parent.num_outputs
+        self.running[child.request_id] = child
+        self.sum_kv_base += child.kv_at_base - child.clock_base
+        self._set_held(child, self.manager.held_slots(child.request_id))
+
     # -- decode -----------------------------------------------------------------------------------------
     def needs_room(self, request: Request, clock: int) -> bool:
-        """Whether the decode step clock -> clock+1 writes past what the request holds."""
-        return request.kv_len(clock) + 1 > request.held_slots
+        """Whether the decode step clock -> clock+1 writes past what the request holds, or into a shared block."""
+        kv_len = request.kv_len(clock)
+        if kv_len + 1 > request.held_slots:
+            return True
+        return self.manager.writes_shared_block(request.request_id, kv_len)
 
     def next_room_clock(self, request: Request) -> int:
         """The first decode clock at which ``needs_room`` becomes true."""
@@ -132,6 +156,7 @@ class Scheduler:
         """
         preempted: list[Request] = []
         while True:
+            start = time.perf_counter() if self.alloc_observer is not None else 0.0
             try:
                 copies = self.manager.ensure_capacity(request.request_id, request.kv_len(clock) + 1)
             except OutOfBlocks:
@@ -143,6 +168,8 @@ class Scheduler:
                 if victim is request:
                     return [], preempted
                 continue
+            if self.alloc_observer is not None:
+                self.alloc_observer(time.perf_counter() - start)
             self._set_held(request, self.manager.held_slots(request.request_id))
             return copies, preempted
 
@@ -170,8 +197,8 @@ class Scheduler:
         self.sum_kv_base -= request.kv_at_base - request.clock_base
         self._set_held(request, 0)
         token_ids = None
-        if request.prompt_token_ids is not None:
-            token_ids = list(request.prompt_token_ids) + list(request.output_token_ids)
+        if request.prompt_token_ids is not None:  # only tokens whose KV was written (not the last sampled one)
+            token_ids = (list(request.prompt_token_ids) + list(request.output_token_ids))[: request.kv_len(clock)]
         self.manager.free(request.request_id, token_ids)
 
     # -- accounting -------------------------------------------------------------------------------------

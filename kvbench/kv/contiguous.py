@@ -99,6 +99,10 @@ class ContiguousManager:
     def held_slots(self, request_id: int) -> int:
         return self.runs[request_id][1] * self.block_size
 
+    def writes_shared_block(self, request_id: int, position: int) -> bool:
+        """Runs are private: the baseline holds full copies instead of sharing."""
+        return False
+
     def block_table(self, request_id: int) -> list[int]:
         start, count = self.runs[request_id]
         return list(range(start, start + count))

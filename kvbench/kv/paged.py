@@ -44,6 +44,12 @@ class PagedManager:
     def block_table(self, request_id: int) -> list[int]:
         return self.block_tables[request_id]
 
+    def writes_shared_block(self, request_id: int, position: int) -> bool:
+        """Whether writing token ``position`` lands in a block another request also holds (copy-on-write)."""
+        table = self.block_tables[request_id]
+        index = position // self.block_size
+        return index < len(table) and self.pool.is_shared(table[index])
+
     def held_slots(self, request_id: int) -> int:
         return len(self.block_tables[request_id]) * self.block_size
 

@@ -75,3 +75,19 @@ def lines(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, title: str, ylabel: str,
+         better: str) -> Path:
+    """Grouped bars: one group per label, one bar per series."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 2), 4.5))
+    width = 0.8 / max(1, len(series))
+    for offset, (name, values) in enumerate(series.items()):
+        xs = [i + (offset - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, list(values), width=width, label=name)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title}\n({better} is better)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,148 @@
+"""Beam search over the block pool, with shared (paged, copy-on-write) or copied (baseline) beams.
+
+Selection follows the usual fixed-length beam search (as transformers does without an EOS token): at each
+step every live beam's log-probabilities are added to its score, the best ``2k`` continuations over all
+beams are ranked, the best ``k`` continue; after the last token the best ``k`` are the finished hypotheses,
+scored ``sum of log-probs / generated_length ** length_penalty``.
+
+Memory is where the strategies differ. ``paged-shared``: a new beam forks its parent's block table (ref
+counts) and copies only the partly filled last block when it first writes there. ``paged-copy``: every new
+beam gets private blocks and a full copy of its parent's. ``contiguous``: every new beam gets a new slab
+(reserved up front by policy) holding a full copy. Blocks in use are recorded after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.errors import KvbenchError
+from kvbench.kernels import copy_blocks
+from kvbench.kv.block_pool import BlockPool
+from kvbench.kv.contiguous import ContiguousManager
+from kvbench.kv.paged import PagedManager
+from kvbench.models.runner import ModelRunner
+
+BEAM_MODES = ("paged-shared", "paged-copy", "contiguous")
+
+
+@dataclass
+class BeamSearchResult:
+    sequences: list[list[int]]  # generated tokens of the k final beams, best first
+    scores: list[float]  # length-penalised scores, best first
+    blocks_per_step: list[int] = field(default_factory=list)  # blocks in use after each step
+    block_size: int = 16
+    copies: int = 0  # blocks copied (copy-on-write or full copies)
+
+    @property
+    def peak_blocks(self) -> int:
+        return max(self.blocks_per_step, default=0)
+
+    @property
+    def mean_blocks(self) -> float:
+        return sum(self.blocks_per_step) / len(self.blocks_per_step) if self.blocks_per_step else 0.0
+
+
+class BeamSearch:
+    """Beam search for one prompt at a time on a runner's KV pool; every block is freed afterwards."""
+
+    def __init__(self, runner: ModelRunner, mode: str = "paged-shared", reserve: str = "oracle", max_len: int = 2048,
+                 kernel_backend: str | None = None) -> None:
+        if mode not in BEAM_MODES:
+            raise KvbenchError(f"unknown beam mode {mode!r}; choose one of {', '.join(BEAM_MODES)}")
+        self.runner = runner
+        self.mode = mode
+        self.reserve = reserve
+        self.max_len = max_len
+        self.kernel_backend = kernel_backend
+        self._next_id = 0
+
+    def run(self, prompt: list[int], num_beams: int, max_new_tokens: int, length_penalty: float = 1.0) -> BeamSearchResult:
+        if num_beams < 1 or max_new_tokens < 1:
+            raise KvbenchError("beam width and max new tokens must be at least 1")
+        if 2 * num_beams > self.runner.vocab_size:
+            raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
+        pool = BlockPool(self.runner.num_blocks, self.runner.block_size)
+        if self.mode == "contiguous":
+            manager = ContiguousManager(pool, self.reserve, self.max_len)
+        else:
+            manager = PagedManager(pool)
+        final_len = len(prompt) + max_new_tokens - 1
+        result = BeamSearchResult([], [], block_size=pool.block_size)
+        try:
+            beams = self._search(manager, prompt, num_beams, max_new_tokens, length_penalty, final_len, result)
+        finally:
+            for seq_id in list(self._tables(manager)):
+                manager.free(seq_id)
+        manager.check_invariants()
+        if pool.num_used:
+            raise RuntimeError(f"beam search leaked {pool.num_used} blocks")
+        result.sequences, result.scores = beams
+        return result
+
+    # -- search -----------------------------------------------------------------------------------------
+    def _search(self, manager, prompt, k, steps, length_penalty, final_len, result):
+        root = self._new_id()
+        manager.allocate(root, len(prompt), final_len)
+        logits = self.runner.forward(self.runner.build_step([(list(prompt), 0, manager.block_table(root))]))
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # [1, V]: the k initial beams are identical
+        beam_ids, beam_tokens, beam_scores = [root], [[]], torch.zeros(1)
+        result.blocks_per_step.append(manager.pool.num_used)
+        for step in range(steps):
+            vocab = log_probs.shape[-1]
+            flat = (log_probs + beam_scores[:, None]).reshape(-1)
+            top_scores, top_index = torch.topk(flat, k=min(2 * k, flat.numel()))
+            parents = (top_index // vocab).tolist()
+            tokens = (top_index % vocab).tolist()
+            if step == steps - 1:  # last token: the best k continuations are the finished hypotheses
+                final = top_scores[:k] / (steps**length_penalty)
+                order = torch.topk(final, k=min(k, final.numel())).indices.tolist()
+                return ([beam_tokens[parents[i]] + [tokens[i]] for i in order], [float(final[i]) for i in order])
+            keep = torch.topk(top_scores, k=k).indices.tolist()
+            new_ids = [self._derive(manager, beam_ids[parents[i]], final_len, result) for i in keep]
+            for old in beam_ids:
+                manager.free(old)
+            beam_tokens = [beam_tokens[parents[i]] + [tokens[i]] for i in keep]
+            beam_scores = top_scores[keep]
+            beam_ids = new_ids
+            length = len(prompt) + step  # tokens cached per beam before this step's write
+            chunks = []
+            for seq_id, generated in zip(beam_ids, beam_tokens, strict=True):
+                self._copy(manager.ensure_capacity(seq_id, length + 1), result)
+                chunks.append(([generated[-1]], length, manager.block_table(seq_id)))
+            logits = self.runner.forward(self.runner.build_step(chunks))
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            result.blocks_per_step.append(manager.pool.num_used)
+        raise AssertionError("unreachable")
+
+    def _derive(self, manager, parent: int, final_len: int, result: BeamSearchResult) -> int:
+        """A new beam continuing ``parent``: shared blocks (paged-shared) or a full private copy."""
+        child = self._new_id()
+        if self.mode == "paged-shared":
+            manager.fork(parent, child)
+            return child
+        length = manager.lengths[parent]
+        manager.allocate(child, length, final_len)
+        src = manager.block_table(parent)[: -(-length // manager.block_size)]
+        dst = manager.block_table(child)[: len(src)]
+        self._copy_pairs(src, dst, result)
+        return child
+
+    def _copy(self, copies, result: BeamSearchResult) -> None:
+        if copies:
+            self._copy_pairs([c.src for c in copies], [c.dst for c in copies], result)
+
+    def _copy_pairs(self, src: list[int], dst: list[int], result: BeamSearchResult) -> None:
+        device = self.runner.device
+        copy_blocks(self.runner.k_caches, self.runner.v_caches, torch.tensor(src, device=device),
+                    torch.tensor(dst, device=device), backend=self.kernel_backend)
+        result.copies += len(src)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    @staticmethod
+    def _tables(manager) -> list[int]:
+        return list(manager.block_tables) if isinstance(manager, PagedManager) else list(manager.runs)
