@@ -19,11 +19,18 @@ def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     tmp = Path(tmp_name)
     try:
         writer(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -10,11 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.commands._options import human_bytes
-from kvbench.engine.build import load_model
-from kvbench.engine.llm_engine import EngineConfig
-from kvbench.engine.sharing_study import beam_search, make_prompts, parallel_sampling, savings
 from kvbench.errors import KvbenchError
-from kvbench.models.runner import ModelRunner
 from kvbench.report.rundir import markdown_table, new_run_dir, run_meta, summary_document, write_summary
 
 ANCHORS = {
@@ -55,6 +51,11 @@ def share(
         raise KvbenchError(f"{'--n' if n is not None else '--beam'} must be at least 1, got {width}")
     if output_len < 1 or block_size < 1 or num_blocks < 1:
         raise KvbenchError("--output-len, --block-size and --num-blocks must be at least 1")
+    from kvbench.engine.build import load_model  # torch loads only when the command runs
+    from kvbench.engine.llm_engine import EngineConfig
+    from kvbench.engine.sharing_study import beam_search, make_prompts, parallel_sampling, savings
+    from kvbench.models.runner import ModelRunner
+
     loaded = load_model(model, device, None, seed)
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, reserve=reserve, max_len=max_len)
     texts = make_prompts(prompts, prompt_len, loaded.shape.vocab_size, seed)

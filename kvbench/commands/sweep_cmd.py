@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.commands._options import int_list, name_list, parse_size
-from kvbench.engine.llm_engine import ENGINES, EngineConfig
 from kvbench.engine.request import Request
+from kvbench.engine.scheduler import ENGINES
 from kvbench.engine.sweep import PointFailed, SweepPlan, run_sweep
 from kvbench.errors import KvbenchError
 from kvbench.report.rundir import new_run_dir, run_meta
@@ -22,9 +22,10 @@ from kvbench.workload.scenario import load_scenario
 class _Progress:
     """Rich progress: one bar per point, requests done and live output tokens/s."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, metrics=None) -> None:
         self.progress = progress
         self.task = None
+        self.metrics = metrics  # KvMetrics fed on every step too, or None
 
     def skip(self, engine: str, concurrency: int) -> None:
         self.progress.console.print(f"[dim]skipping {engine} C={concurrency}: already in results.jsonl[/dim]")
@@ -45,9 +46,19 @@ class _Progress:
             tps = f"{tokens['n'] / elapsed:,.0f} tok/s" if elapsed > 0 and scheduler is not None else ""
             self.progress.update(self.task, completed=finished, tps=tps)
 
-        return on_step
+        if self.metrics is None:
+            return on_step
+        self.metrics.begin_run(engine)
+
+        def on_step_with_metrics(engine_name, scheduler, finished: int) -> None:
+            on_step(engine_name, scheduler, finished)
+            self.metrics.observe(engine_name, scheduler)
+
+        return on_step_with_metrics
 
     def point_done(self, engine: str, concurrency: int, point: dict) -> None:
+        if self.metrics is not None:
+            point["metrics"] = self.metrics.end_run(engine)
         self.progress.console.print(
             f"{engine:>10} C={concurrency:<4} {point['status']:<4} {point['output_throughput']:9.1f} output tok/s, "
             f"{point['completed']} done, {point['rejected']} rejected, {point['preemptions']} preemptions"
@@ -75,6 +86,11 @@ def sweep(
     simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times."),
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", help="Serve live Prometheus metrics on this port (0: any free one)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
+    metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
+    metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
+    waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
 ) -> None:
     """Run the paged and the contiguous engine side by side at each concurrency; TPS, latency, memory.
 
@@ -123,18 +139,22 @@ def sweep(
         console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
                       f"{gpu}; no model runs.")
     console.print(f"KV pool: {budget_source}; block size {bs}; {num_requests} requests per point")
+    metrics = _start_metrics(backend, chosen, simulate, metrics_port, metrics_host, metrics_file, metrics_optional,
+                             console)
     failed = None
     points: list[dict] = []
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
-            points = run_sweep(plan, backend, run_dir, resume, _Progress(progress))
+            points = run_sweep(plan, backend, run_dir, resume, _Progress(progress, metrics))
     except PointFailed as err:
         failed = err
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
                       "rerun with --resume[/yellow]")
         raise typer.Exit(code=130) from None
+    finally:
+        _stop_metrics(metrics, metrics_file, console)
     if failed is not None:
         from kvbench.engine.sweep import load_finished
 
@@ -145,13 +165,54 @@ def sweep(
     else:
         console.print(article_table(article_rows(points), simulate))
         console.print(detail_table(points))
+        if waterfall:
+            from kvbench.report.waterfall import waterfall_table
+
+            for point in points:
+                if point.get("waterfall"):
+                    console.print(waterfall_table(point))
         console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, results.jsonl, *.png)")
     if failed is not None:
         raise KvbenchError(f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
                            f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)")
 
 
-def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs) -> EngineConfig:
+def _start_metrics(backend, engines, simulate, port, host, path, optional, console):
+    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for)."""
+    if port is None and path is None:
+        return None
+    if simulate:
+        raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
+                           "so there is no live state to export")
+    from kvbench.measure.metrics import KvMetrics
+
+    metrics = KvMetrics(device=str(backend.loaded.device))
+    for name in engines:  # time every block allocation of the measured runs
+        backend.engine(name).alloc_observer = metrics.alloc_observer(name)
+    if port is not None:
+        try:
+            metrics.serve(host, port)
+        except KvbenchError as err:
+            if not optional:
+                raise
+            console.print(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
+        else:
+            console.print(f"Prometheus metrics: {metrics.url}")
+    return metrics
+
+
+def _stop_metrics(metrics, path, console) -> None:
+    if metrics is None:
+        return
+    metrics.close()
+    if path is not None:
+        metrics.write_textfile(path)
+        console.print(f"wrote Prometheus metrics to {path}")
+
+
+def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs):
+    from kvbench.engine.llm_engine import EngineConfig  # torch loads only when a sweep runs
+
     return EngineConfig(block_size=bs, num_blocks=num_blocks, reserve=reserve or spec.reserve,
                         admission=admission or spec.admission, max_num_seqs=max_num_seqs, max_len=spec.lengths.max_len)
 

@@ -15,7 +15,6 @@ from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, 
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
-from kvbench.report.plots import waste_breakdown
 from kvbench.report.rundir import flatten, markdown_table, new_run_dir, run_meta, summary_document, write_summary
 from kvbench.workload.lengths import DISTRIBUTIONS, LengthSpec, load_trace
 
@@ -104,6 +103,8 @@ def waste(
     run_dir = new_run_dir("waste", out)
     title = f"KV pool breakdown: {shape.name} {dtype} on {device.name}, max-len {max_len}"
     subtitle = f"{source}; {len(pairs)} requests, concurrency {concurrency}; simulated"
+    from kvbench.report.plots import waste_breakdown  # matplotlib loads only when a plot is drawn
+
     waste_breakdown([p["engine"] for p in points], [p["waste"] for p in points], run_dir / "waste.png", title, subtitle)
     write_summary(run_dir, document, [flatten(p) for p in points], _markdown(document))
 

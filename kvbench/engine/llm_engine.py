@@ -18,15 +18,13 @@ from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.result import RunResult
 from kvbench.engine.sampling import SamplingParams, make_generator, sample
-from kvbench.engine.scheduler import Scheduler, SchedulerConfig
+from kvbench.engine.scheduler import ENGINES, Scheduler, SchedulerConfig
 from kvbench.errors import KvbenchError
 from kvbench.kv.accounting import WasteAccountant
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.contiguous import RESERVATION_POLICIES, ContiguousManager
 from kvbench.kv.paged import PagedManager
 from kvbench.models.runner import ModelRunner
-
-ENGINES = ("paged", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -130,6 +128,9 @@ class LLMEngine:
         while scheduler.has_work:
             step_start = time.perf_counter()
             admitted = scheduler.admit(clock)
+            for rejected in scheduler.drain_admission_rejections():  # an OOM answer frees the client's slot
+                group_left[rejected.request_id] = 0
+                client.done(time.perf_counter() - start)
             if admitted:
                 batch = admitted
                 chunks = [(self._prefill_tokens(r), 0, scheduler.manager.block_table(r.request_id)) for r in batch]

@@ -93,7 +93,10 @@ def _check_int(name: str, value: object) -> None:
 
 
 def make_generator(seed: int | None = None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A request's own random stream: seeded when ``seed`` is given, else from fresh entropy."""
+    """A request's own random stream: seeded when ``seed`` is given, else from fresh entropy.
+
+    Keep it on the CPU (the default) even for CUDA logits: the draws are then the same on every device.
+    """
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
@@ -149,6 +152,7 @@ def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators:
     before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
     probs = probs.masked_fill(before >= top_p[:, None], 0.0)  # the first token always stays
     cdf = torch.cumsum(probs, dim=-1)
-    uniforms = torch.stack([torch.rand((), generator=g, device=g.device).to(device) for g in generators])
+    # one draw per row from its own generator (CPU generators are the portable choice), one copy to the device
+    uniforms = torch.tensor([float(torch.rand((), generator=g, device=g.device)) for g in generators], device=device)
     picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
     return order.gather(1, picks).squeeze(1).tolist()

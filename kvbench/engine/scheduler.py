@@ -17,6 +17,7 @@ from kvbench.engine.request import Request, RequestStatus
 from kvbench.kv.block_pool import OutOfBlocks
 
 ADMISSION_MODES = ("queue", "reject")
+ENGINES = ("paged", "contiguous")  # the two KV managers an engine can run
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Scheduler:
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
         self.num_preemptions = 0
+        self._rejections_seen = 0
         self._admit_counter = 0
         self._watermark_blocks = int(self.config.watermark * manager.pool.num_blocks) if manager.can_preempt else 0
         # running totals over live requests, for O(1) accounting
@@ -70,6 +72,12 @@ class Scheduler:
         request.reject_reason = reason
         self.rejected.append(request)
         return False
+
+    def drain_admission_rejections(self) -> list[Request]:
+        """Requests rejected as OOM by ``admit`` since the last call: their clients may send the next one."""
+        fresh = self.rejected[self._rejections_seen :]
+        self._rejections_seen = len(self.rejected)
+        return [r for r in fresh if (r.reject_reason or "").startswith("oom")]
 
     @property
     def has_work(self) -> bool:

@@ -67,6 +67,9 @@ def simulate(
                 finish(request)
         running_before = len(scheduler.running)
         admitted = scheduler.admit(clock)
+        rejected_now = scheduler.drain_admission_rejections()
+        for _rejected in rejected_now:  # an OOM answer frees the client's slot for its next request
+            client.done(now)
         if admitted:
             step_s = timing.prefill_seconds([r.prefill_len() for r in admitted])
             _account(accountant, scheduler, clock, 1, timing=None, fixed_s=step_s, grow=0)
@@ -104,6 +107,8 @@ def simulate(
         while events and live(events[0]) is None:
             heapq.heappop(events)
         k = events[0][0] - clock
+        if rejected_now:  # requests sent after an OOM answer try admission after one step, as in the engine
+            k = 1
         running = len(scheduler.running)
         span_s, t0, dt = _account(accountant, scheduler, clock, k, timing=timing, grow=running)
         if stall_s > 0:  # the first gap of requests that waited through prefills includes them

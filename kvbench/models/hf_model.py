@@ -24,6 +24,7 @@ TORCH_DTYPES = {
 }
 LLAMA_MODEL_TYPES = ("llama", "mistral")
 _REQUIRED_CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+TIED_EMBED_STD = 0.02
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -100,9 +101,12 @@ def init_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
 
     Matrices get ``N(0, 1/fan_in)`` (activations keep unit scale through the layers), embeddings ``N(0, 1)``,
     norm weights ``1 + N(0, 0.1^2)``, and the LM head twice the matrix scale so that logits spread over a few
-    units. Draws come from one generator on the weights' device, in parameter order.
+    units. Tied embeddings are small (``N(0, 0.02^2)``, else each token mostly predicts itself) and the final
+    norm weight is scaled up instead.
+    Draws come from one generator on the weights' device, in parameter order.
     """
     params = dict(model.named_parameters())  # tied parameters appear once
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     device = next(iter(params.values())).device
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in params.items():
@@ -112,11 +116,13 @@ def init_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
             else:
                 param.normal_(0.0, 0.1, generator=generator).add_(1.0)
         elif "embed_tokens" in name:
-            param.normal_(0.0, 1.0, generator=generator)
+            param.normal_(0.0, TIED_EMBED_STD if tied else 1.0, generator=generator)
         elif "lm_head" in name:
             param.normal_(0.0, 2.0 / math.sqrt(param.shape[1]), generator=generator)
         else:
             param.normal_(0.0, 1.0 / math.sqrt(param.shape[1]), generator=generator)
+    if tied:  # small shared embeddings: the final norm restores a spread of a few units in the logits
+        model.model.norm.weight.mul_(2.0 / (TIED_EMBED_STD * math.sqrt(model.config.hidden_size)))
 
 
 def build_random_model(

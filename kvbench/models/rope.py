@@ -166,14 +166,19 @@ def dynamic_ntk_inv_freq(cfg: RopeConfig, seq_lens: torch.Tensor) -> torch.Tenso
 
 
 class RotaryEmbedding:
-    """cos/sin tables indexed by position, and the rotation of packed ``[T, heads, head_dim]`` tensors."""
+    """Rotation tables indexed by position, for packed ``[T, heads, head_dim]`` tensors.
+
+    Tables are full width in the Llama "halves" layout: ``cos = [c, c]`` and a *signed* sine ``[-s, s]``, so
+    that :func:`apply_rotary` is ``x * cos + swap_halves(x) * signed_sin`` (what ``transformers`` computes as
+    ``x * cos + rotate_half(x) * sin``, value for value).
+    """
 
     def __init__(self, cfg: RopeConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
         self.inv_freq, self.attention_scaling = compute_inv_freq(cfg, self.device)
-        self._cos = self._sin = torch.empty(0, cfg.head_dim // 2, device=self.device, dtype=dtype)
+        self._cos = self._sin = torch.empty(0, cfg.head_dim, device=self.device, dtype=dtype)
         self._grow(max(cfg.max_position_embeddings, 1))
 
     @property
@@ -182,26 +187,26 @@ class RotaryEmbedding:
 
     def _grow(self, length: int) -> None:
         positions = torch.arange(length, device=self.device, dtype=torch.int64).float()
-        self._cos, self._sin = self._cos_sin_from_freqs(positions[:, None] * self.inv_freq[None, :])
+        self._cos, self._sin = self._tables(positions[:, None] * self.inv_freq[None, :])
 
-    def _cos_sin_from_freqs(self, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scale = self.attention_scaling
-        return (freqs.cos() * scale).to(self.dtype), (freqs.sin() * scale).to(self.dtype)
+    def _tables(self, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full-width cos and signed sin ``[N, head_dim]`` of angles ``freqs [N, head_dim/2]``."""
+        cos = freqs.cos() * self.attention_scaling
+        sin = freqs.sin() * self.attention_scaling
+        return torch.cat((cos, cos), -1).to(self.dtype), torch.cat((-sin, sin), -1).to(self.dtype)
 
-    def cos_sin(
+    def rotation(
         self, positions: torch.Tensor, max_position: int, seq_lens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[T, head_dim/2]`` of the tokens at ``positions [T]``.
+        """cos and signed sin ``[T, head_dim]`` of the tokens at ``positions [T]``, for :func:`apply_rotary`.
 
         ``max_position`` is the largest entry of ``positions`` (known on the host, so no device sync).
         ``seq_lens [T]`` is the context length of each token's request; only dynamic NTK scaling reads it.
         """
-        dynamic = self.cfg.rope_type == "dynamic" and max_position + 1 > self.cfg.max_position_embeddings
-        if dynamic:
+        if self.cfg.rope_type == "dynamic" and max_position + 1 > self.cfg.max_position_embeddings:
             if seq_lens is None:
                 raise ValueError("dynamic rope scaling needs the context length of every token")
-            freqs = positions.float()[:, None] * dynamic_ntk_inv_freq(self.cfg, seq_lens)
-            cos, sin = self._cos_sin_from_freqs(freqs)
+            cos, sin = self._tables(positions.float()[:, None] * dynamic_ntk_inv_freq(self.cfg, seq_lens))
             short = (seq_lens <= self.cfg.max_position_embeddings)[:, None]
             within = positions.clamp(max=self.table_len - 1)
             return torch.where(short, self._cos[within], cos), torch.where(short, self._sin[within], sin)
@@ -209,10 +214,16 @@ class RotaryEmbedding:
             self._grow(max(2 * self.table_len, max_position + 1))
         return self._cos[positions], self._sin[positions]
 
+    def cos_sin(
+        self, positions: torch.Tensor, max_position: int, seq_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, head_dim]`` as ``transformers`` returns them (``[c, c]`` and ``[s, s]``)."""
+        cos, signed_sin = self.rotation(positions, max_position, seq_lens)
+        half = self.cfg.head_dim // 2
+        return cos, torch.cat((-signed_sin[:, :half], signed_sin[:, half:]), -1)
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` (halves layout, as in Llama checkpoints) by ``cos/sin [T, head_dim/2]``."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` by the tables of :meth:`RotaryEmbedding.rotation` (``[T, head_dim]``)."""
+    swapped = torch.roll(x, x.shape[-1] // 2, dims=-1)  # [x2, x1]
+    return x * cos[:, None, :] + swapped * signed_sin[:, None, :]

@@ -32,7 +32,8 @@ class StepInput:
     query_start_loc: torch.Tensor  # [B+1] int32
     context_lens: torch.Tensor  # [B] int32, total length including the new tokens
     is_decode: bool  # every request has exactly one new token
-    max_context_len: int = -1  # host copy of context_lens.max(); -1: read it from the tensor
+    max_context_len: int = -1  # host copy of context_lens.max(); -1: unknown, read from the tensor
+    max_query_len: int = -1  # host copy of the most new tokens of one request; -1: unknown
 
     @property
     def num_requests(self) -> int:
@@ -85,10 +86,26 @@ class LayerWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm: normalise in fp32, cast back, then scale."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """Llama RMSNorm ``x / sqrt(mean(x^2) + eps) * weight`` (one fused op, fp32 accumulation)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def _known(value: int) -> int | None:
+    """A host-side maximum for the kernels (it saves them a device sync), or None when unknown."""
+    return value if value >= 0 else None
+
+
+def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]:
+    """Slots of positions ``start..end-1`` under ``table``, one ``range`` per block touched."""
+    slots: list[int] = []
+    position = start
+    while position < end:
+        block, offset = divmod(position, block_size)
+        run = min(block_size - offset, end - position)
+        base = table[block] * block_size + offset
+        slots.extend(range(base, base + run))
+        position += run
+    return slots
 
 
 def kv_bytes_per_block(config: Any, block_size: int, dtype: torch.dtype) -> int:
@@ -109,6 +126,11 @@ class ModelRunner:
         kv_dtype: torch.dtype | None = None,
         kernel_backend: str | None = None,
     ) -> None:
+        """Keep references to ``model``'s parameters; allocate ``num_blocks`` blocks of ``block_size`` slots.
+
+        ``kv_dtype`` defaults to the model's dtype; ``kernel_backend`` ("torch" | "triton") overrides the
+        kernels' choice by device.
+        """
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         config = model.config
@@ -163,51 +185,51 @@ class ModelRunner:
     # ------------------------------------------------------------------ step tensors
 
     def build_step(self, requests: list[RequestChunk]) -> StepInput:
-        """Pack ``(new_token_ids, num_cached_tokens_before, block_table)`` per request into step tensors."""
+        """Pack ``(new_token_ids, num_cached_tokens_before, block_table)`` per request into step tensors.
+
+        Work on the host is per request and per block, never per token.
+        """
         if not requests:
             raise ValueError("build_step needs at least one request")
+        bs = self.block_size
         ids: list[int] = []
-        q_lens: list[int] = []
-        cached: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        context_lens: list[int] = []
+        max_query_len = 0
+        width = max(len(table) for _, _, table in requests)
         tables: list[list[int]] = []
         for new_ids, num_cached, table in requests:
             total = num_cached + len(new_ids)
             if not new_ids:
                 raise ValueError("a request in a step must bring at least one new token")
-            if len(table) * self.block_size < total:
+            if len(table) * bs < total:
                 raise ValueError(f"block table of {len(table)} blocks cannot hold {total} tokens")
             ids.extend(new_ids)
-            q_lens.append(len(new_ids))
-            cached.append(num_cached)
-            tables.append(table)
-        return self._pack(ids, q_lens, cached, tables)
-
-    def _pack(self, ids: list[int], q_lens: list[int], cached: list[int], tables: list[list[int]]) -> StepInput:
-        num_tokens = len(ids)
-        width = max(len(t) for t in tables)
-        block_tables = torch.zeros(len(tables), width, dtype=torch.int64)
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int64)
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
-        cached_t = torch.tensor(cached, dtype=torch.int64)
-        query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
-        owner = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens_t, output_size=num_tokens)
-        positions = torch.arange(num_tokens) - query_start_loc[owner] + cached_t[owner]
-        blocks = block_tables[owner, positions // self.block_size]
-        slot_mapping = blocks * self.block_size + positions % self.block_size
-        context_lens = cached_t + q_lens_t
-        device = self.device
+            positions.extend(range(num_cached, total))
+            slots.extend(_slots(table, bs, num_cached, total))
+            starts.append(starts[-1] + len(new_ids))
+            max_query_len = max(max_query_len, len(new_ids))
+            context_lens.append(total)
+            tables.append(table if len(table) == width else [*table, *([0] * (width - len(table)))])
         return StepInput(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(device, non_blocking=True),
-            positions=positions.to(device, non_blocking=True),
-            slot_mapping=slot_mapping.to(device, non_blocking=True),
-            block_tables=block_tables.to(torch.int32).to(device, non_blocking=True),
-            query_start_loc=query_start_loc.to(torch.int32).to(device, non_blocking=True),
-            context_lens=context_lens.to(torch.int32).to(device, non_blocking=True),
-            is_decode=max(q_lens) == 1,
-            max_context_len=int(context_lens.max()),
+            input_ids=self._to_device(ids, torch.int64),
+            positions=self._to_device(positions, torch.int64),
+            slot_mapping=self._to_device(slots, torch.int64),
+            block_tables=self._to_device(tables, torch.int32),
+            query_start_loc=self._to_device(starts, torch.int32),
+            context_lens=self._to_device(context_lens, torch.int32),
+            is_decode=len(ids) == len(requests),
+            max_context_len=max(context_lens),
+            max_query_len=max_query_len,
         )
+
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        tensor = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cpu":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ forward
 
@@ -216,7 +238,7 @@ class ModelRunner:
         with torch.inference_mode():
             max_len = step.max_context_len if step.max_context_len >= 0 else int(step.context_lens.max())
             seq_lens = self._token_context_lens(step) if self.rope.cfg.rope_type == "dynamic" else None
-            cos, sin = self.rope.cos_sin(step.positions, max_len - 1, seq_lens)
+            cos, sin = self.rope.rotation(step.positions, max_len - 1, seq_lens)
             hidden = F.embedding(step.input_ids, self.embed_tokens)
             for index, layer in enumerate(self.layers):
                 hidden = self._decoder_layer(index, layer, hidden, cos, sin, step)
@@ -244,24 +266,30 @@ class ModelRunner:
         self, index: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         step: StepInput,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = F.linear(x, w.q_proj, w.q_bias).view(tokens, self.num_heads, self.head_dim)
-        k = F.linear(x, w.k_proj, w.k_bias).view(tokens, self.num_kv_heads, self.head_dim)
-        v = F.linear(x, w.v_proj, w.v_bias).view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self._qkv(w, x, cos, sin)
         k_cache, v_cache = self.k_caches[index], self.v_caches[index]
         backend = self.kernel_backend
         kernels.write_kv(k, v, k_cache, v_cache, step.slot_mapping, backend=backend)
         if step.is_decode:
             out = kernels.paged_decode_attention(
-                q, k_cache, v_cache, step.block_tables, step.context_lens, self.scale, backend=backend
+                q, k_cache, v_cache, step.block_tables, step.context_lens, self.scale, backend=backend,
+                max_context_len=_known(step.max_context_len),
             )
         else:
             out = kernels.paged_prefill_attention(
                 q, k_cache, v_cache, step.block_tables, step.query_start_loc, step.context_lens, self.scale,
-                backend=backend,
+                backend=backend, max_query_len=_known(step.max_query_len),
             )
-        return F.linear(out.reshape(tokens, self.num_heads * self.head_dim), w.o_proj, w.o_bias)
+        return F.linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
+
+    def _qkv(
+        self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]``."""
+        tokens, d = x.shape[0], self.head_dim
+        q = apply_rotary(F.linear(x, w.q_proj, w.q_bias).view(tokens, self.num_heads, d), cos, sin)
+        k = apply_rotary(F.linear(x, w.k_proj, w.k_bias).view(tokens, self.num_kv_heads, d), cos, sin)
+        return q, k, F.linear(x, w.v_proj, w.v_bias).view(tokens, self.num_kv_heads, d)
 
     @staticmethod
     def _mlp(w: LayerWeights, x: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report import plots
 from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
+from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 
 
 def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
@@ -90,6 +90,9 @@ def _pair(point: dict, kind: str) -> str:
 
 
 def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
+    for point in points:  # the memory waterfall of every measured point (additive field)
+        if point.get("status") != "error":
+            point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
     rows = article_rows(points)
     document = summary_document("sweep", meta, points, article_table=rows)
     simulated = " (simulated)" if meta.get("simulated") else ""
@@ -105,6 +108,8 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
 
 
 def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
+    from kvbench.report import plots  # matplotlib loads only when plots are drawn
+
     ok = [p for p in points if p["status"] != "error"]
     if not ok:
         return
@@ -129,6 +134,8 @@ def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
     plots.waste_breakdown([f"{p['engine']}\nC={p['concurrency']}" for p in ordered], [p["waste"] for p in ordered],
                           run_dir / "memory.png", "KV memory breakdown per point", tag)
+    for point in ordered:
+        waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
     top = max(p["concurrency"] for p in ok)
     timelines, total_blocks = {}, None
     for engine in engines:

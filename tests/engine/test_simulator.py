@@ -86,6 +86,9 @@ def _reference(requests, manager, timing, concurrency, config):
             if request.outputs(clock) >= request.max_tokens:
                 finish(request, clock)
         admitted = scheduler.admit(clock)
+        for _rejected in scheduler.drain_admission_rejections():  # the client hears "OOM" and sends the next
+            state["in_flight"] -= 1
+            top_up()
         if admitted:
             account(clock, timing.prefill_seconds([r.prefill_len() for r in admitted]), grow=0)
             for request in admitted:

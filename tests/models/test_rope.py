@@ -8,7 +8,13 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from kvbench.errors import KvbenchError
-from kvbench.models.rope import RotaryEmbedding, apply_rotary, compute_inv_freq, rope_config, rope_config_from_hf
+from kvbench.models.rope import (
+    RotaryEmbedding,
+    apply_rotary,
+    compute_inv_freq,
+    rope_config,
+    rope_config_from_hf,
+)
 
 HEAD_DIM = 16
 SCALINGS = {
@@ -37,8 +43,8 @@ def test_cos_sin_match_transformers(name: str) -> None:
     positions = torch.arange(60)
     ref_cos, ref_sin = hf_rope(torch.zeros(1, dtype=torch.float32), positions[None])
     cos, sin = ours.cos_sin(positions, max_position=59, seq_lens=torch.full((60,), 60))
-    torch.testing.assert_close(torch.cat((cos, cos), -1), ref_cos[0], rtol=0, atol=1e-6)
-    torch.testing.assert_close(torch.cat((sin, sin), -1), ref_sin[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cos, ref_cos[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, ref_sin[0], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["llama3", "yarn", "yarn-mscale"])
@@ -60,8 +66,8 @@ def test_dynamic_grows_with_the_sequence() -> None:
         positions = torch.arange(seq_len)
         ref_cos, ref_sin = hf_rope(torch.zeros(1), positions[None])
         cos, sin = ours.cos_sin(positions, seq_len - 1, torch.full((seq_len,), seq_len))
-        torch.testing.assert_close(torch.cat((cos, cos), -1), ref_cos[0], rtol=0, atol=1e-6)
-        torch.testing.assert_close(torch.cat((sin, sin), -1), ref_sin[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(cos, ref_cos[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(sin, ref_sin[0], rtol=0, atol=1e-6)
     # a batch mixing a long and a short request: the short one is unaffected by its neighbour
     positions = torch.cat((torch.arange(30), torch.arange(5)))
     lens = torch.cat((torch.full((30,), 30), torch.full((5,), 5)))
@@ -75,16 +81,17 @@ def test_table_grows_past_max_positions() -> None:
     cos, sin = ours.cos_sin(torch.tensor([3, 20]), 20)
     assert ours.table_len > 20
     inv_freq, _ = compute_inv_freq(ours.cfg)
-    torch.testing.assert_close(cos[1], torch.cos(20.0 * inv_freq))
+    torch.testing.assert_close(cos[1], torch.cos(20.0 * inv_freq).repeat(2))
+    torch.testing.assert_close(sin[1], torch.sin(20.0 * inv_freq).repeat(2))
 
 
 def test_apply_rotary_matches_rotate_half() -> None:
     x = torch.randn(5, 3, HEAD_DIM, generator=torch.Generator().manual_seed(0))
     ours = RotaryEmbedding(rope_config(HEAD_DIM, 10000.0, 64, None))
     cos, sin = ours.cos_sin(torch.arange(5), 4)
-    full_cos, full_sin = torch.cat((cos, cos), -1)[:, None], torch.cat((sin, sin), -1)[:, None]
     rotated_half = torch.cat((-x[..., HEAD_DIM // 2:], x[..., : HEAD_DIM // 2]), -1)
-    torch.testing.assert_close(apply_rotary(x, cos, sin), x * full_cos + rotated_half * full_sin)
+    expected = x * cos[:, None] + rotated_half * sin[:, None]
+    assert torch.equal(apply_rotary(x, *ours.rotation(torch.arange(5), 4)), expected)
 
 
 def test_legacy_type_key_and_errors() -> None:

@@ -1,0 +1,262 @@
+"""The model runner against transformers: greedy tokens equal ``generate()`` token for token (fp32, CPU)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kvbench.models.hf_model import build_random_model
+from kvbench.models.runner import ModelRunner, kv_bytes_per_block
+from kvbench.models.shapes import ModelShape
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from threads, and on a busy machine each parallel op can wait a time slice."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+GQA = ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                 vocab_size=384, max_position_embeddings=256, dtype="fp32")
+MHA = ModelShape("test-mha", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, intermediate_size=96,
+                 vocab_size=320, max_position_embeddings=256, dtype="fp32", tie_word_embeddings=True)
+SHAPES = {"gqa": GQA, "mha": MHA}
+PROMPT_LENS = (5, 13, 9)
+NEW_TOKENS = 24
+NUM_BLOCKS = 128
+
+
+class BlockCounter:
+    """A tiny allocator for tests: hands out fresh block ids in a shuffled order."""
+
+    def __init__(self, num_blocks: int = NUM_BLOCKS, seed: int = 0) -> None:
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def take(self, num_tokens: int, block_size: int) -> list[int]:
+        return [self.free.pop() for _ in range(-(-num_tokens // block_size))]
+
+
+def make_prompts(vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
+    rng = random.Random(1234)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lens]
+
+
+_MODELS: dict[str, object] = {}
+_GREEDY: dict[str, list[list[int]]] = {}
+
+
+def model_for(shape: ModelShape):
+    """One random model per shape name (seed 7), shared by the tests of this module."""
+    if shape.name not in _MODELS:
+        _MODELS[shape.name] = build_random_model(shape, seed=7)
+    return _MODELS[shape.name]
+
+
+def hf_greedy(shape: ModelShape) -> list[list[int]]:
+    if shape.name not in _GREEDY:
+        _GREEDY[shape.name] = _generate(shape, NEW_TOKENS)
+    return _GREEDY[shape.name]
+
+
+def _generate(shape: ModelShape, num_new: int) -> list[list[int]]:
+    """Reference tokens: ``generate()`` one prompt at a time (no padding), no EOS stopping."""
+    model = model_for(shape)
+    outputs = []
+    for prompt in make_prompts(shape.vocab_size):
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=num_new,
+                             min_new_tokens=num_new, eos_token_id=None, pad_token_id=0)
+        outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def runner_greedy(runner: ModelRunner, prompts: list[list[int]], num_new: int, blocks: BlockCounter) -> list[list[int]]:
+    """Prefill every prompt in one batched step, then decode all requests in batched steps."""
+    bs = runner.block_size
+    tables = [blocks.take(len(p) + num_new, bs) for p in prompts]
+    logits = runner.forward(runner.build_step([(p, 0, t) for p, t in zip(prompts, tables, strict=True)]))
+    outputs = [[token] for token in logits.argmax(-1).tolist()]
+    for _ in range(num_new - 1):
+        chunks = [([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outputs, tables, strict=True)]
+        step = runner.build_step(chunks)
+        assert step.is_decode
+        for out, token in zip(outputs, runner.forward(step).argmax(-1).tolist(), strict=True):
+            out.append(token)
+    return outputs
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 16])
+@pytest.mark.parametrize("kind", ["gqa", "mha"])
+def test_greedy_matches_transformers_generate(kind: str, block_size: int) -> None:
+    shape = SHAPES[kind]
+    runner = ModelRunner(model_for(shape), num_blocks=NUM_BLOCKS * 2 // block_size + 16, block_size=block_size)
+    outputs = runner_greedy(runner, make_prompts(shape.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
+    expected = hf_greedy(shape)
+    assert outputs == expected
+    assert any(len(set(out)) > NEW_TOKENS // 2 for out in outputs)  # the random model is not degenerate
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mha"])
+def test_reference_tokens_vary_between_prompts(kind: str) -> None:
+    tokens = hf_greedy(SHAPES[kind])
+    assert len({tuple(t[:4]) for t in tokens}) == len(tokens)
+
+
+def test_recompute_after_dropping_blocks_continues_identically() -> None:
+    """Generate, throw one request's blocks away (poisoned with NaN), re-prefill it elsewhere, go on."""
+    shape, bs, first = GQA, 7, 10
+    runner = ModelRunner(model_for(shape), num_blocks=64, block_size=bs)
+    blocks = BlockCounter(64, seed=3)
+    prompts = make_prompts(shape.vocab_size)
+    partial = runner_greedy(runner, prompts, first, blocks)
+    tables = [blocks.take(len(p) + NEW_TOKENS, bs) for p in prompts]  # the old blocks are gone for good
+    for k_cache, v_cache in zip(runner.k_caches, runner.v_caches, strict=True):
+        used = torch.tensor(sorted(set(range(64)) - set(blocks.free) - {b for t in tables for b in t}))
+        k_cache[used] = float("nan")
+        v_cache[used] = float("nan")
+    # one mixed step: every request re-prefills its prompt and generated tokens into its new blocks
+    step = runner.build_step([(p + o, 0, t) for p, o, t in zip(prompts, partial, tables, strict=True)])
+    outputs = [o + [tok] for o, tok in zip(partial, runner.forward(step).argmax(-1).tolist(), strict=True)]
+    while len(outputs[0]) < NEW_TOKENS:
+        chunks = [([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outputs, tables, strict=True)]
+        for out, token in zip(outputs, runner.forward(runner.build_step(chunks)).argmax(-1).tolist(), strict=True):
+            out.append(token)
+    assert outputs == hf_greedy(shape)
+
+
+def test_recompute_one_request_mixed_with_decodes() -> None:
+    """A preempted request re-prefills in the same step as the others' decodes (a mixed step)."""
+    shape, bs, first = MHA, 16, 8
+    runner = ModelRunner(model_for(shape), num_blocks=32, block_size=bs)
+    blocks = BlockCounter(32, seed=5)
+    prompts = make_prompts(shape.vocab_size)
+    outputs = runner_greedy(runner, prompts, first, blocks)
+    tables = [blocks.take(len(p) + NEW_TOKENS, bs) for p in prompts]
+    chunks = [(prompts[0] + outputs[0], 0, tables[0])]  # request 0 recomputed in new blocks
+    chunks += [([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts[1:], outputs[1:], tables[1:], strict=True)]
+    # requests 1 and 2 keep their old blocks: copy them into their new tables first
+    old = BlockCounter(32, seed=5)
+    old_tables = [old.take(len(p) + first, bs) for p in prompts]
+    for b in (1, 2):
+        src = torch.tensor(old_tables[b])
+        dst = torch.tensor(tables[b][: len(old_tables[b])])
+        for cache in (*runner.k_caches, *runner.v_caches):
+            cache[dst] = cache[src]
+    step = runner.build_step(chunks)
+    assert not step.is_decode
+    for out, token in zip(outputs, runner.forward(step).argmax(-1).tolist(), strict=True):
+        out.append(token)
+    while len(outputs[0]) < NEW_TOKENS:
+        chunks = [([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outputs, tables, strict=True)]
+        for out, token in zip(outputs, runner.forward(runner.build_step(chunks)).argmax(-1).tolist(), strict=True):
+            out.append(token)
+    assert outputs == hf_greedy(shape)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_chunk_after_cached_prefix_equals_full_prefill(block_size: int) -> None:
+    shape = GQA
+    runner = ModelRunner(model_for(shape), num_blocks=128, block_size=block_size)
+    blocks = BlockCounter(128, seed=9)
+    prompt = make_prompts(shape.vocab_size, (21,))[0]
+    other = make_prompts(shape.vocab_size, (6,))[0]
+    full_table = blocks.take(len(prompt), block_size)
+    full = runner.forward(runner.build_step([(prompt, 0, full_table)]))
+    table, other_table = blocks.take(len(prompt), block_size), blocks.take(len(other), block_size)
+    runner.forward(runner.build_step([(prompt[:8], 0, table)]))
+    chunked = runner.forward(runner.build_step([(other, 0, other_table), (prompt[8:], 8, table)]))
+    torch.testing.assert_close(chunked[1:], full, rtol=1e-5, atol=1e-5)
+    alone = runner.forward(runner.build_step([(other, 0, blocks.take(len(other), block_size))]))
+    torch.testing.assert_close(chunked[:1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prefix_blocks() -> None:
+    """Two requests read the same full prefix blocks; each prefills only its own suffix."""
+    shape, bs = MHA, 4
+    runner = ModelRunner(model_for(shape), num_blocks=64, block_size=bs)
+    blocks = BlockCounter(64, seed=11)
+    prefix = make_prompts(shape.vocab_size, (8,))[0]
+    suffixes = make_prompts(shape.vocab_size, (5, 3))
+    shared = blocks.take(len(prefix), bs)
+    runner.forward(runner.build_step([(prefix, 0, shared)]))
+    tables = [shared + blocks.take(len(s), bs) for s in suffixes]
+    logits = runner.forward(runner.build_step([(s, len(prefix), t) for s, t in zip(suffixes, tables, strict=True)]))
+    for row, suffix in enumerate(suffixes):
+        full = runner.forward(runner.build_step([(prefix + suffix, 0, blocks.take(len(prefix + suffix), bs))]))
+        torch.testing.assert_close(logits[row : row + 1], full, rtol=1e-5, atol=1e-5)
+
+
+ROPE_SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+}
+
+
+@pytest.mark.parametrize("name", list(ROPE_SCALINGS))
+def test_rope_scaling_generate_matches_transformers(name: str) -> None:
+    # max_position_embeddings 16: prompts (< 16 tokens) grow past it, so dynamic NTK scaling engages
+    shape = replace(GQA, name=f"gqa-{name}", rope_scaling=ROPE_SCALINGS[name], max_position_embeddings=16,
+                    rope_theta=500.0)
+    runner = ModelRunner(model_for(shape), num_blocks=64, block_size=5)
+    outputs = runner_greedy(runner, make_prompts(shape.vocab_size), NEW_TOKENS, BlockCounter(64, seed=2))
+    assert outputs == hf_greedy(shape)
+
+
+def test_pool_layout_and_bytes() -> None:
+    runner = ModelRunner(model_for(GQA), num_blocks=10, block_size=8)
+    assert len(runner.k_caches) == len(runner.v_caches) == GQA.num_layers
+    assert runner.k_caches[0].shape == (10, 8, GQA.num_kv_heads, GQA.head_dim)
+    assert runner.kv_pool_bytes == 10 * 8 * GQA.bytes_per_token
+    assert runner.bytes_per_block * 10 == runner.kv_pool_bytes
+    assert kv_bytes_per_block(model_for(GQA).config, 8, torch.float32) == runner.bytes_per_block
+
+
+def test_runner_uses_the_model_parameters() -> None:
+    model = model_for(GQA)
+    runner = ModelRunner(model, num_blocks=4, block_size=4)
+    assert runner.layers[0].q_proj.data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert runner.embed_tokens.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_build_step_tensors() -> None:
+    runner = ModelRunner(model_for(GQA), num_blocks=16, block_size=4)
+    step = runner.build_step([([5, 6, 7], 2, [9, 3]), ([8], 6, [1, 4])])
+    assert step.positions.tolist() == [2, 3, 4, 6]
+    assert step.slot_mapping.tolist() == [9 * 4 + 2, 9 * 4 + 3, 3 * 4 + 0, 4 * 4 + 2]
+    assert step.query_start_loc.tolist() == [0, 3, 4]
+    assert step.context_lens.tolist() == [5, 7]
+    assert step.block_tables.dtype == torch.int32 and step.block_tables.tolist() == [[9, 3], [1, 4]]
+    assert not step.is_decode and step.max_context_len == 7 and step.max_query_len == 3
+    with pytest.raises(ValueError, match="cannot hold"):
+        runner.build_step([([1, 2, 3], 6, [0, 1])])
+
+
+def test_triton_backend_matches_transformers() -> None:
+    """The runner on the Triton kernels (CPU tensors run them in Triton's interpreter: TRITON_INTERPRET=1)."""
+    pytest.importorskip("triton")
+    runner = ModelRunner(model_for(GQA), num_blocks=64, block_size=7, kernel_backend="triton")
+    outputs = runner_greedy(runner, make_prompts(GQA.vocab_size), 5, BlockCounter(64, seed=4))
+    assert outputs == [tokens[:5] for tokens in hf_greedy(GQA)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_and_agrees(dtype: torch.dtype) -> None:
+    model = build_random_model(GQA, seed=7, dtype=dtype)
+    runner = ModelRunner(model, num_blocks=8, block_size=16)
+    assert runner.k_caches[0].dtype == dtype
+    prompt = make_prompts(GQA.vocab_size, (30,))[0]
+    logits = runner.forward(runner.build_step([(prompt, 0, [3, 5])]))
+    assert logits.dtype == torch.float32
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(logits[0], expected, rtol=0, atol=0.15)
