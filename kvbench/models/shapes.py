@@ -163,6 +163,7 @@ def shape_from_config(path: Path) -> ModelShape:
                 eos_token_id=_first_int(config.get("eos_token_id")),
             )
         num_heads = config["num_attention_heads"]
+        rope = config.get("rope_parameters") or {}  # transformers >= 5 keeps rope settings here
         return ModelShape(
             name=str(config.get("_name_or_path") or path.name),
             num_layers=config["num_hidden_layers"],
@@ -174,8 +175,8 @@ def shape_from_config(path: Path) -> ModelShape:
             max_position_embeddings=config.get("max_position_embeddings", 4096),
             head_dim=config.get("head_dim") or 0,
             architecture="llama",
-            rope_theta=float(config.get("rope_theta", 10000.0)),
-            rope_scaling=config.get("rope_scaling"),
+            rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_scaling=config.get("rope_scaling") or _declared_scaling(rope),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             dtype=_DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype"), "fp16"),
@@ -186,6 +187,13 @@ def shape_from_config(path: Path) -> ModelShape:
         raise KvbenchError(f"malformed config {config_path}: missing field {err.args[0]!r}") from None
     except (TypeError, ValueError) as err:
         raise KvbenchError(f"malformed config {config_path}: {err}") from None
+
+
+def _declared_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
+    """A rope_parameters block declares scaling unless its type is the plain default."""
+    if rope.get("rope_type", "default") == "default":
+        return None
+    return {k: v for k, v in rope.items() if k != "rope_theta"}
 
 
 def _first_int(value: Any) -> int | None:

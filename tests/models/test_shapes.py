@@ -164,3 +164,21 @@ def test_bad_shapes_are_refused():
         ModelShape("x", 2, 65, 4, 4, 128, 100)
     with pytest.raises(KvbenchError, match="unknown dtype"):
         ModelShape("x", 2, 64, 4, 4, 128, 100, dtype="fp8")
+
+
+def test_transformers_5_rope_parameters_are_read(tmp_path):
+    """transformers >= 5 saves rope settings under rope_parameters, without rope_theta/rope_scaling."""
+    import json
+
+    from kvbench.models.shapes import shape_from_config
+
+    config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
+              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shape = shape_from_config(tmp_path)
+    assert shape.rope_theta == 500000.0
+    assert shape.rope_scaling == {"rope_type": "llama3", "factor": 8.0}
+    config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert shape_from_config(tmp_path).rope_scaling is None
