@@ -14,6 +14,7 @@ from kvbench.kv.contiguous import ContiguousManager
 from kvbench.kv.paged import PagedManager
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
+MAX_SIMULATED_BLOCKS = 1 << 22  # the pool keeps per-block Python state: past ~4M blocks it costs GBs and minutes
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,24 @@ class Strategy:
     block_size: int
     policy: str | None = None
 
+    def granularity(self, pool_slots: int) -> int:
+        """Block size used to simulate: a contiguous slab is token-granular unless the pool is huge."""
+        if self.kind == "paged":
+            return self.block_size
+        return max(1, -(-pool_slots // MAX_SIMULATED_BLOCKS))
+
     def build_manager(self, pool_slots: int, max_len: int):
-        num_blocks = pool_slots // self.block_size
+        block_size = self.granularity(pool_slots)
+        num_blocks = pool_slots // block_size
         if num_blocks < 1:
-            raise KvbenchError(f"{self.name}: the KV budget holds no block of {self.block_size} tokens")
-        pool = BlockPool(num_blocks, self.block_size)
+            raise KvbenchError(f"{self.name}: the KV budget holds no block of {block_size} tokens")
+        if num_blocks > MAX_SIMULATED_BLOCKS:
+            raise KvbenchError(
+                f"{self.name}: the KV budget holds {pool_slots:,} token slots = {num_blocks:,} blocks, more than the "
+                f"simulator's {MAX_SIMULATED_BLOCKS:,}; use a larger --block-size, a smaller --gpu or a lower "
+                "--gpu-memory-utilization (a small model on a big GPU)"
+            )
+        pool = BlockPool(num_blocks, block_size)
         if self.kind == "paged":
             return PagedManager(pool)
         return ContiguousManager(pool, self.policy or "max", max_len)

@@ -200,3 +200,12 @@ def test_malformed_config_is_a_one_line_error(capsys, tmp_path, text):
     config.write_text(text)
     code, _, err = _run(capsys, "--model", str(config), "--out", str(tmp_path / "r"))
     assert code == 2 and err.startswith("error: malformed config") and err.count("\n") == 1, err
+
+
+def test_a_pool_too_large_to_simulate_is_a_clear_error(capsys):
+    """tiny on an 80 GB GPU holds ~300M token slots: a one-line error instead of hanging for minutes."""
+    from kvbench.cli import main
+
+    assert main(["waste", "--model", "tiny", "--requests", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "more than the simulator's" in err and len(err.splitlines()) == 1
