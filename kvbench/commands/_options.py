@@ -62,3 +62,13 @@ def human_bytes(count: float | None) -> str:
             return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.2f} {unit}"
         count /= 1024
     return f"{count:.2f} TiB"
+
+
+def make_console(stderr: bool = False):
+    """A rich console; when output goes to a pipe or a CI log, wide enough that tables are not truncated."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, width=max(console.width, 160))
+    return console

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes, int_list
+from kvbench.commands._options import human_bytes, int_list, make_console
 from kvbench.errors import KvbenchError
 from kvbench.kv.contiguous import next_pow2
 from kvbench.kv.paged import blocks_for
@@ -86,7 +85,7 @@ def capacity(
 
 
 def _print(result: dict) -> None:
-    console = Console()
+    console = make_console()
     model = result["model"]
     console.print(
         f"[bold]{model['name']}[/bold] {model['dtype']}: {model['num_parameters'] / 1e9:.2f} B parameters, weights "

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes
+from kvbench.commands._options import human_bytes, make_console
 from kvbench.errors import KvbenchError
 from kvbench.report.rundir import markdown_table, new_run_dir, run_meta, summary_document, write_summary
 
@@ -60,7 +59,7 @@ def share(
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, reserve=reserve, max_len=max_len)
     texts = make_prompts(prompts, prompt_len, loaded.shape.vocab_size, seed)
     bpt = loaded.shape.bytes_per_token
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     kind = "parallel" if n is not None else "beam"
     with console.status(f"measuring {kind} width {width} and width 1..."):
         if kind == "parallel":
@@ -89,7 +88,7 @@ def share(
         return
     table = Table(title=f"KV blocks, {kind} width {width} vs 1 ({prompts} prompts, ~{prompt_len} prompt + {output_len} "
                         f"output tokens, block {block_size}, {loaded.shape.name})")
-    for column in ("mode", "width", "mean blocks", "peak blocks", "mean memory", f"cost vs width 1"):
+    for column in ("mode", "width", "mean blocks", "peak blocks", "mean memory", "cost vs width 1"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for m in measured + singles:
         cost = ratios.get(f"{m.mode}_cost_vs_width1_mean") if m.width == width and width != 1 else None

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbench.commands._options import int_list, name_list, parse_size
+from kvbench.commands._options import int_list, make_console, name_list, parse_size
 from kvbench.engine.request import Request
 from kvbench.engine.scheduler import ENGINES
 from kvbench.engine.sweep import PointFailed, SweepPlan, run_sweep
@@ -111,7 +110,7 @@ def sweep(
     pairs = spec.lengths.sample(num_requests, seed)
     warm_pairs = [(min(p, 8), min(o, 4)) for p, o in spec.lengths.sample(max(spec.warmup, 0), seed + 1)] if spec.warmup else []
     slots, budget_source = spec.budget_slots()
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
 
     if simulate:
         backend, shape_name, device_name, vocab = _simulated_backend(model, gpu, dtype, slots, bs, spec, reserve, admission, kv_memory)
@@ -272,7 +271,7 @@ def scenarios() -> None:
     table.add_column("description")
     for name in sorted(builtin_scenarios()):
         table.add_row(name, load_scenario(name).description)
-    Console().print(table)
+    make_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

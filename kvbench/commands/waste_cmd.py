@@ -6,16 +6,22 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes, int_list, name_list
+from kvbench.commands._options import human_bytes, int_list, make_console, name_list
 from kvbench.engine.timing import RooflineTiming
 from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
-from kvbench.report.rundir import flatten, markdown_table, new_run_dir, run_meta, summary_document, write_summary
+from kvbench.report.rundir import (
+    flatten,
+    markdown_table,
+    new_run_dir,
+    run_meta,
+    summary_document,
+    write_summary,
+)
 from kvbench.workload.lengths import DISTRIBUTIONS, LengthSpec, load_trace
 
 STRATEGY_NAMES = (*CONTIGUOUS_STRATEGIES, "paged")
@@ -77,7 +83,7 @@ def waste(
     pool_slots = budget.kv_bytes // shape.bytes_per_token
     timing = RooflineTiming.for_model(shape, device)
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
 
     points = []
     with console.status("simulating...") as status:
@@ -159,7 +165,7 @@ def _markdown(document: dict) -> str:
          "effective usage %", "mean running", "peak running", "output tok/s (sim)"], rows)
 
 
-def _print(console: Console, document: dict, run_dir: Path) -> None:
+def _print(console, document: dict, run_dir: Path) -> None:
     analytic = document["analytic"]
     meta = document["meta"]
     console.print(
