@@ -63,7 +63,7 @@ class BeamSearch:
             raise KvbenchError("beam width and max new tokens must be at least 1")
         if 2 * num_beams > self.runner.vocab_size:
             raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
-        pool = BlockPool(self.runner.num_blocks, self.runner.block_size)
+        pool = BlockPool(self.runner.num_blocks, self.runner.block_size, free_queue=self.mode != "contiguous")
         if self.mode == "contiguous":
             manager = ContiguousManager(pool, self.reserve, self.max_len)
         else:

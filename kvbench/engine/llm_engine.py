@@ -83,7 +83,7 @@ class LLMEngine:
         return self.runner.bytes_per_block // self.config.block_size
 
     def _new_scheduler(self) -> Scheduler:
-        pool = BlockPool(self.config.num_blocks, self.config.block_size)
+        pool = BlockPool(self.config.num_blocks, self.config.block_size, free_queue=self.config.engine == "paged")
         if self.config.engine == "paged":
             manager = PagedManager(pool, enable_prefix_caching=self.config.enable_prefix_caching)
         else:

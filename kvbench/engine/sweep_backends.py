@@ -73,7 +73,7 @@ class SimulatedBackend:
         """The simulator has no caches to warm."""
 
     def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
-        pool = BlockPool(self.base.num_blocks, self.base.block_size)
+        pool = BlockPool(self.base.num_blocks, self.base.block_size, free_queue=engine == "paged")
         if engine == "paged":
             manager = PagedManager(pool)
         else:

@@ -43,7 +43,7 @@ class Strategy:
                 f"simulator's {MAX_SIMULATED_BLOCKS:,}; use a larger --block-size, a smaller --gpu or a lower "
                 "--gpu-memory-utilization (a small model on a big GPU)"
             )
-        pool = BlockPool(num_blocks, block_size)
+        pool = BlockPool(num_blocks, block_size, free_queue=self.kind == "paged")
         if self.kind == "paged":
             return PagedManager(pool)
         return ContiguousManager(pool, self.policy or "max", max_len)

@@ -22,7 +22,10 @@ class OutOfBlocks(RuntimeError):
 class BlockPool:
     _NIL = -1
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, free_queue: bool = True) -> None:
+        """``free_queue=False``: runs only (take_run/release_run), for the contiguous manager, whose free
+        extents already say where free space is; runs are then marked with slice assignments, O(1) Python
+        calls per run instead of one per block."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -30,14 +33,17 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
+        self.has_free_queue = free_queue
+        self.num_free = num_blocks
+        self.total_allocations = 0  # block allocations over the pool's life (metrics)
+        if not free_queue:
+            return
         self._prev = [i - 1 for i in range(num_blocks)]
         self._next = [i + 1 for i in range(num_blocks)]
         self._next[-1] = self._NIL
         self._head = 0
         self._tail = num_blocks - 1
         self._in_free_queue = [True] * num_blocks
-        self.num_free = num_blocks
-        self.total_allocations = 0  # block allocations over the pool's life (metrics)
 
     # -- free queue -------------------------------------------------------------------------------------
     def _unlink(self, block: int) -> None:
@@ -71,10 +77,11 @@ class BlockPool:
         return self.num_blocks - self.num_free
 
     def is_free(self, block: int) -> bool:
-        return self._in_free_queue[block]
+        return self.ref_counts[block] == 0
 
     def peek_free(self) -> int:
         """The block ``allocate`` would hand out next (the head of the free queue)."""
+        self._require_queue()
         if self._head == self._NIL:
             raise OutOfBlocks("no free KV block")
         return self._head
@@ -89,6 +96,7 @@ class BlockPool:
 
     def take(self, block: int) -> None:
         """Take a specific free block (a contiguous run, or a prefix-cache hit)."""
+        self._require_queue()
         if not self._in_free_queue[block]:
             raise BlockPoolError(f"block {block} is not free")
         self._unlink(block)
@@ -96,8 +104,33 @@ class BlockPool:
         self.total_allocations += 1
 
     def take_run(self, start: int, count: int) -> None:
+        """Take the free blocks ``start .. start+count-1``."""
+        if not self.has_free_queue:
+            end = start + count
+            if start < 0 or end > self.num_blocks or any(self.ref_counts[start:end]):
+                raise BlockPoolError(f"run {start}+{count} is not free")
+            self.ref_counts[start:end] = [1] * count
+            self.num_free -= count
+            self.total_allocations += count
+            return
         for block in range(start, start + count):
             self.take(block)
+
+    def release_run(self, start: int, count: int) -> None:
+        """Free an unshared run taken with ``take_run``."""
+        end = start + count
+        if self.ref_counts[start:end] != [1] * count:
+            raise BlockPoolError(f"run {start}+{count} is not an allocated, unshared run (double free?)")
+        if not self.has_free_queue:
+            self.ref_counts[start:end] = [0] * count
+            self.num_free += count
+            return
+        for block in range(start, end):
+            self.release(block)
+
+    def _require_queue(self) -> None:
+        if not self.has_free_queue:
+            raise BlockPoolError("this pool hands out runs only (take_run / release_run)")
 
     def share(self, block: int) -> None:
         """One more owner for an allocated block (fork, prefix sharing)."""
@@ -112,7 +145,10 @@ class BlockPool:
             raise BlockPoolError(f"double free of block {block}")
         self.ref_counts[block] = count - 1
         if count == 1:
-            self._append(block)
+            if self.has_free_queue:
+                self._append(block)
+            else:
+                self.num_free += 1
             return True
         return False
 
@@ -126,6 +162,8 @@ class BlockPool:
 
     def free_blocks(self) -> list[int]:
         """Free block ids in queue order (for invariant checks and extent rebuilding)."""
+        if not self.has_free_queue:
+            return [block for block, count in enumerate(self.ref_counts) if count == 0]
         blocks, block = [], self._head
         while block != self._NIL:
             blocks.append(block)
@@ -134,6 +172,12 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Raise BlockPoolError if the pool is inconsistent. O(num_blocks): for tests and debugging."""
+        if not self.has_free_queue:
+            if any(count not in (0, 1) for count in self.ref_counts):
+                raise BlockPoolError("a run-only pool holds a shared or negative block")
+            if self.ref_counts.count(0) != self.num_free:
+                raise BlockPoolError("used + free != total")
+            return
         queue = self.free_blocks()
         if len(queue) != self.num_free or len(set(queue)) != len(queue):
             raise BlockPoolError("free queue length or uniqueness broken")

@@ -150,9 +150,7 @@ class ContiguousManager:
     def free(self, request_id: int, token_ids=None) -> None:
         start, count = self.runs.pop(request_id)
         del self.lengths[request_id]
-        for block in range(start, start + count):
-            if not self.pool.release(block):
-                raise BlockPoolError(f"block {block} of a contiguous run was shared")
+        self.pool.release_run(start, count)
         self.extents.give_back(start, count)
 
     def check_invariants(self) -> None:
