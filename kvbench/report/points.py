@@ -41,11 +41,12 @@ def point_from_result(
         "kv_peak_allocated_bytes": acct.peak_allocated * bytes_per_token,
         "kv_mean_allocated_bytes": sum(acct.mean_slots(p) for p in ("used", "reserved", "internal")) * bytes_per_token,
         "kv_mean_used_bytes": acct.mean_slots("used") * bytes_per_token,
+        "kv_peak_used_bytes": acct.peak["used"] * bytes_per_token,
         "waste": acct.waste_pct(),
         "effective_usage_pct": 100 * acct.effective_usage(),
         "fragmentation_mean": acct.fragmentation_mean(),
         "elapsed_s": acct.elapsed_s,
-        "memory": {name: (memory or {}).get(name) for name in MEMORY_FIELDS},
+        "memory": {name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
     }
     if oom:
         point["status_reason"] = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"

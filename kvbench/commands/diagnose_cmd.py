@@ -1,0 +1,86 @@
+"""``kvbench diagnose``: find KV-cache trouble in a run directory or a live metrics endpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from kvbench.errors import KvbenchError
+from kvbench.fileio import write_text_atomic
+from kvbench.report.diagnose import Diagnosis, diagnose_run, diagnose_url, load_thresholds, rules_yaml
+
+HELP = """Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json) or a live
+Prometheus endpoint (--url http://127.0.0.1:PORT/metrics), each finding with its evidence and a suggestion.
+
+Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation > 0.3;
+free blocks < 10% of the pool; block allocation latency p99 > 50 ms; more than 0.5 preemptions per
+completed request; reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, or
+fewer requests running than offered). Thresholds come from --thresholds FILE (TOML keys: fragmentation,
+free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste, for), then the flags.
+
+--emit-prometheus-rules FILE writes the same rules as Prometheus alerting rules (YAML); alone, it needs no
+input. Exit codes: 0 (with --check: nothing fired), 1 with --check when a rule fired, 2 unusable input.
+"""
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("diagnose", help=HELP)(diagnose)
+
+
+def diagnose(
+    run: Path | None = typer.Argument(None, help="Run directory or summary.json to diagnose."),
+    url: str | None = typer.Option(None, "--url", help="Scrape a live endpoint instead, e.g. http://127.0.0.1:9400/metrics."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON on stdout."),
+    thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
+    max_fragmentation: float | None = typer.Option(None, "--max-fragmentation", help="Online fragmentation limit (default 0.3)."),
+    min_free_blocks: float | None = typer.Option(None, "--min-free-blocks", help="Free blocks, share of the pool (default 0.1)."),
+    max_alloc_latency_ms: float | None = typer.Option(None, "--max-alloc-latency-ms", help="Block allocation p99 limit, ms (default 50)."),
+    max_preemptions: float | None = typer.Option(None, "--max-preemptions-per-request", help="Preemptions per completed request (default 0.5)."),
+    max_reservation_waste: float | None = typer.Option(None, "--max-reservation-waste", help="Reservation + internal, share of the pool (default 0.5)."),
+    alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
+    emit_rules: Path | None = typer.Option(None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."),
+) -> None:
+    thresholds = load_thresholds(
+        thresholds_file, fragmentation=max_fragmentation, free_blocks=min_free_blocks,
+        alloc_latency_p99_ms=max_alloc_latency_ms, preemptions_per_request=max_preemptions,
+        reservation_waste=max_reservation_waste, alert_for=alert_for)
+    if run is not None and url is not None:
+        raise KvbenchError("give a run directory or --url, not both")
+    if run is None and url is None and emit_rules is None:
+        raise KvbenchError("nothing to diagnose: give a run directory, --url http://HOST:PORT/metrics, "
+                           "or --emit-prometheus-rules FILE")
+    console = Console(stderr=as_json)
+    if emit_rules is not None:
+        write_text_atomic(emit_rules, rules_yaml(thresholds))
+        console.print(f"wrote Prometheus alerting rules to {emit_rules}")
+    if run is None and url is None:
+        return
+    diagnosis = diagnose_url(url, thresholds) if url is not None else diagnose_run(run, thresholds)
+    if as_json:
+        typer.echo(json.dumps(diagnosis.as_dict(), indent=2))
+    else:
+        _print(console, diagnosis)
+    if check and diagnosis.fired:
+        raise typer.Exit(code=1)
+
+
+def _print(console: Console, diagnosis: Diagnosis) -> None:
+    for note in diagnosis.notes:
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+    if not diagnosis.findings:
+        console.print(f"[green]no findings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}")
+        return
+    console.print(f"[bold]kvbench diagnose[/bold]: {len(diagnosis.findings)} finding(s) in {diagnosis.checked} "
+                  f"point(s)/series of {escape(diagnosis.source)}")
+    for finding in diagnosis.findings:
+        style = _STYLE.get(finding.severity, "default")
+        console.print(f"\n[{style}]{finding.severity.upper()}[/] {finding.rule}  [bold]{escape(finding.source)}[/bold]")
+        console.print(f"  evidence:   {escape(finding.evidence)}", soft_wrap=True)
+        console.print(f"  suggestion: {escape(finding.suggestion)}", soft_wrap=True)

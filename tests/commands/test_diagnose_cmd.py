@@ -1,0 +1,139 @@
+"""``kvbench diagnose`` end to end: run directories, a live endpoint, --check exit codes, rules YAML."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.engine.request import Request
+from kvbench.engine.scheduler import Scheduler
+from kvbench.kv.block_pool import BlockPool
+from kvbench.kv.paged import PagedManager
+from kvbench.measure.metrics import KvMetrics
+from kvbench.report.schema import SCHEMA_VERSION
+
+
+def point(engine: str, concurrency: int, **changes) -> dict:
+    p = {"engine": engine, "concurrency": concurrency, "scenario": "s", "status": "ok", "completed": 50,
+         "rejected": 0, "preemptions": 0, "peak_running": concurrency, "kv_pool_bytes": 1 << 20,
+         "kv_peak_allocated_bytes": 1 << 19, "fragmentation_mean": 0.04,
+         "waste": {"token_state_pct": 45.0, "reservation_pct": 1.0, "internal_pct": 1.0, "external_pct": 0.0,
+                   "free_pct": 53.0}}
+    p.update(changes)
+    return p
+
+
+def write_run(tmp_path, name: str, points: list[dict]):
+    run = tmp_path / name
+    run.mkdir()
+    document = {"schema_version": SCHEMA_VERSION, "kind": "sweep",
+                "meta": {"scenario": "s", "block_size": 16, "max_len": 2048, "reserve": "max"}, "points": points}
+    (run / "summary.json").write_text(json.dumps(document))
+    return run
+
+
+@pytest.fixture()
+def wasteful(tmp_path):
+    """A contiguous baseline that wastes most of its pool and OOMs at C=50, next to a healthy paged engine."""
+    return write_run(tmp_path, "wasteful", [
+        point("paged", 10), point("contiguous", 10, fragmentation_mean=0.76, peak_running=7,
+                                  waste={"token_state_pct": 18.0, "reservation_pct": 52.0, "internal_pct": 6.0,
+                                         "external_pct": 0.0, "free_pct": 24.0}),
+        point("contiguous", 50, status="oom", status_reason="12 request(s) rejected: oom", peak_running=7,
+              rejected=12, fragmentation_mean=0.75),
+    ])
+
+
+@pytest.fixture()
+def healthy_run(tmp_path):
+    return write_run(tmp_path, "healthy", [point("paged", 10), point("paged", 30)])
+
+
+def test_check_exit_codes(wasteful, healthy_run, capsys):
+    assert main(["diagnose", str(wasteful)]) == 0  # findings are reported; without --check, no failure
+    out = capsys.readouterr().out
+    assert "CRITICAL concurrency_capped" in out and "contiguous C=50" in out
+    assert main(["diagnose", str(wasteful), "--check"]) == 1
+    assert main(["diagnose", str(healthy_run), "--check"]) == 0
+    assert "no findings" in capsys.readouterr().out
+    assert main(["diagnose", str(healthy_run / "summary.json"), "--check"]) == 0  # the file itself works too
+
+
+def test_json_output_carries_evidence_and_suggestions(wasteful, capsys):
+    assert main(["diagnose", str(wasteful), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fired"] is True and result["checked"] == 3
+    assert result["thresholds"]["fragmentation"] == 0.3
+    by_rule = {(f["rule"], f["source"]): f for f in result["findings"]}
+    assert set(by_rule) == {("fragmentation", "contiguous C=10"), ("reservation_waste", "contiguous C=10"),
+                            ("concurrency_capped", "contiguous C=10"), ("fragmentation", "contiguous C=50"),
+                            ("concurrency_capped", "contiguous C=50")}
+    assert result["findings"][0]["severity"] == "critical"  # most severe first
+    frag = by_rule[("fragmentation", "contiguous C=10")]
+    assert "0.760" in frag["evidence"] and "paged" in frag["suggestion"] and frag["values"]["threshold"] == 0.3
+
+
+def test_thresholds_by_file_and_flags(wasteful, tmp_path, capsys):
+    loose = tmp_path / "loose.toml"
+    loose.write_text("fragmentation = 0.8\nreservation_waste = 0.9\n")
+    assert main(["diagnose", str(wasteful), "--thresholds", str(loose), "--json"]) == 0
+    rules = {f["rule"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert rules == {"concurrency_capped"}
+    assert main(["diagnose", str(wasteful), "--max-fragmentation", "0.8", "--max-reservation-waste", "0.9",
+                 "--check", "--json"]) == 1  # the OOM still fires
+    capsys.readouterr()
+    assert main(["diagnose", str(wasteful), "--max-fragmentation", "2"]) == 2
+    assert "between 0 and 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "nothing to diagnose"),
+    (["missing-dir"], "no such run directory"),
+    (["x", "--url", "http://127.0.0.1:1/metrics"], "not both"),
+    (["--url", "ftp://host/metrics"], "expected http://"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert main(["diagnose", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_live_endpoint(capsys):
+    metrics = KvMetrics(device="cpu")
+    scheduler = Scheduler(PagedManager(BlockPool(4, 4)))
+    for i in range(3):
+        scheduler.add(Request(i, 7, 4))
+    scheduler.admit(0)  # 2 requests take 4 of 4 blocks, one waits
+    for request in scheduler.running.values():
+        request.output_token_ids.append(1)
+    metrics.observe("paged", scheduler)
+    with metrics:
+        url = f"http://127.0.0.1:{metrics.serve('127.0.0.1', 0)}/metrics"
+        assert main(["diagnose", "--url", url, "--check", "--json"]) == 1
+        result = json.loads(capsys.readouterr().out)
+        assert result["source"] == url and result["checked"] == 1
+        assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
+        assert all(f["source"] == "device=cpu engine=paged" for f in result["findings"])
+        assert main(["diagnose", "--url", url, "--min-free-blocks", "0", "--check"]) == 0
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["diagnose", "--url", f"http://127.0.0.1:{port}/metrics"]) == 2
+    assert "cannot scrape" in capsys.readouterr().err
+
+
+def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
+    path = tmp_path / "rules" / "kvbench.rules.yml"
+    assert main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25",
+                 "--alert-for", "10m"]) == 0
+    text = path.read_text()
+    assert "kvbench_kv_cache_fragmentation > 0.25" in text and 'for: "10m"' in text
+    assert main(["diagnose", str(wasteful), "--emit-prometheus-rules", str(path), "--check"]) == 1  # both at once
+    yaml = pytest.importorskip("yaml")
+    rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} >= {"KvCacheFragmentationHigh", "KvCacheFreeBlocksLow",
+                                           "KvBlockAllocLatencyHigh"}
+    assert main(["diagnose", "--emit-prometheus-rules", str(path), "--alert-for", "soon"]) == 2

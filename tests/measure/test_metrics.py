@@ -1,0 +1,183 @@
+"""The Prometheus exporter: scraped over real HTTP during a run, values equal the engine's own accounting."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+import torch
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.request import Request
+from kvbench.engine.sampling import SamplingParams
+from kvbench.engine.scheduler import Scheduler
+from kvbench.errors import KvbenchError
+from kvbench.kv.block_pool import BlockPool
+from kvbench.kv.paged import PagedManager
+from kvbench.measure.metrics import KvMetrics, online_fragmentation, quantile
+from kvbench.models.hf_model import build_random_model
+from kvbench.models.shapes import ModelShape
+
+SHAPE = ModelShape("test-metrics", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                   intermediate_size=128, vocab_size=256, dtype="fp32")
+PROMPT_LENS = (5, 17, 9, 12, 3, 8)
+MAX_TOKENS = 10
+
+
+def scrape(url: str) -> dict[str, dict[tuple, float]]:
+    """{sample name: {sorted label items: value}} from a real HTTP GET of the endpoint."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode("utf-8")
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples, name: str, engine: str, device: str = "cpu") -> float:
+    return samples[name][(("device", device), ("engine", engine))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield build_random_model(SHAPE, seed=0)
+    torch.set_num_threads(threads)
+
+
+def _requests() -> list[Request]:
+    generator = torch.Generator().manual_seed(1)
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [make_request(i, torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(), params)
+            for i, n in enumerate(PROMPT_LENS)]
+
+
+@pytest.mark.parametrize(("engine", "num_blocks"), [("paged", 7), ("contiguous", 12)])
+def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatch, engine, num_blocks):
+    llm = LLMEngine(model, EngineConfig(engine=engine, block_size=4, num_blocks=num_blocks, max_len=32))
+    records = []
+    original = LLMEngine._record
+
+    def capture(*args, **kwargs):  # the engine's own per-step accounting
+        record = original(*args, **kwargs)
+        records.append(record)
+        return record
+
+    monkeypatch.setattr(LLMEngine, "_record", staticmethod(capture))
+    metrics = KvMetrics(device="cpu")
+    port = metrics.serve("127.0.0.1", 0)
+    assert port > 0 and metrics.url == f"http://127.0.0.1:{port}/metrics"
+    llm.alloc_observer = metrics.alloc_observer(engine)
+    checked = []
+    tokens = {"n": 0}
+
+    def on_step(name, scheduler, finished):
+        metrics.observe(name, scheduler)
+        samples = scrape(metrics.url)  # a real HTTP client against the live endpoint, mid-run
+        pool, record = scheduler.manager.pool, records[-1]
+        assert value(samples, "kvbench_kv_cache_blocks_used", engine) == pool.num_used == record.held // 4
+        assert value(samples, "kvbench_kv_cache_blocks_free", engine) == pool.num_free
+        assert value(samples, "kvbench_kv_cache_blocks_total", engine) == pool.num_blocks == num_blocks
+        used = sum(kv for _, _, kv in record.live)
+        assert value(samples, "kvbench_kv_cache_fragmentation", engine) == pytest.approx(
+            online_fragmentation(used, record.held))
+        assert value(samples, "kvbench_requests_running", engine) == len(record.live) == len(scheduler.running)
+        assert value(samples, "kvbench_requests_waiting", engine) == len(scheduler.waiting)
+        assert value(samples, "kvbench_num_preemptions_total", engine) == scheduler.num_preemptions
+        assert value(samples, "kvbench_requests_finished_total", engine) == finished
+        tokens["n"] = sum(len(r.output_token_ids) for r in requests)
+        assert value(samples, "kvbench_generated_tokens_total", engine) == tokens["n"]
+        count = value(samples, "kvbench_block_alloc_latency_seconds_count", engine)
+        assert count == len(metrics._runs[engine].alloc_seconds) and count > 0
+        checked.append(record.held)
+
+    requests = _requests()
+    try:
+        metrics.begin_run(engine)
+        result = llm.run(requests, concurrency=4, on_step=on_step)
+        final = metrics.end_run(engine)
+    finally:
+        metrics.close()
+    assert len(checked) == len(records) > 5 and max(checked) > 0
+    assert final["num_preemptions"] == result.num_preemptions
+    assert final["generated_tokens"] == tokens["n"] == len(PROMPT_LENS) * MAX_TOKENS
+    assert final["requests_finished"] == len(PROMPT_LENS)
+    assert final["kv_cache_blocks_used"] == 0 and final["kv_cache_blocks_free"] == num_blocks
+    assert final["kv_cache_blocks_used_peak"] * 4 == result.accountant.peak_allocated
+    assert final["block_alloc_count"] > 0 and final["block_alloc_latency_p99_seconds"] > 0
+    if engine == "paged":
+        assert result.num_preemptions > 0  # 7 blocks of 4 slots cannot hold 4 requests: recompute happens
+
+
+def test_port_in_use_is_a_clear_error_and_the_port_is_freed_on_close():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(KvbenchError, match=rf"metrics port {port} on 127.0.0.1 is already in use.*--metrics-optional"):
+            KvMetrics().serve("127.0.0.1", port)
+    with KvMetrics() as first:
+        port = first.serve("127.0.0.1", 0)
+    with KvMetrics() as second:  # closed: the same port binds again
+        assert second.serve("127.0.0.1", port) == port
+    with pytest.raises(KvbenchError, match="between 0 and 65535"):
+        KvMetrics().serve("127.0.0.1", 70000)
+
+
+def _scheduler_with_work() -> Scheduler:
+    scheduler = Scheduler(PagedManager(BlockPool(10, 4)))
+    for i, prompt in enumerate((6, 3)):
+        scheduler.add(Request(i, prompt, 4, prompt_token_ids=list(range(prompt))))
+    scheduler.admit(0)
+    for request in scheduler.running.values():
+        request.output_token_ids.append(1)  # the prefill samples one token
+    return scheduler
+
+
+def test_textfile_is_written_and_parseable_and_the_global_registry_is_untouched(tmp_path):
+    before = {m.name for m in REGISTRY.collect()}
+    metrics = KvMetrics(device="cuda:0")
+    scheduler = _scheduler_with_work()
+    metrics.observe("paged", scheduler)
+    path = metrics.write_textfile(tmp_path / "sub" / "metrics.prom")
+    families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+    assert {"kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_total",
+            "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds", "kvbench_num_preemptions",
+            "kvbench_requests_running", "kvbench_requests_waiting", "kvbench_generated_tokens"} <= set(families)
+    used = families["kvbench_kv_cache_blocks_used"].samples[0]
+    assert used.labels == {"engine": "paged", "device": "cuda:0"} and used.value == 3  # 2 + 1 blocks of 4
+    frag = families["kvbench_kv_cache_fragmentation"].samples[0].value
+    assert frag == pytest.approx(1 - 9 / 12)  # 6 + 3 token states in 12 allocated slots
+    assert families["kvbench_block_alloc_latency_seconds"].type == "histogram"
+    assert not list(tmp_path.glob("sub/.*.tmp"))  # atomic: no temporary left behind
+    assert {m.name for m in REGISTRY.collect()} == before
+    KvMetrics(device="cuda:0")  # a second exporter: its own registry, no duplicate-name error
+
+
+def test_allocations_are_timed_only_inside_a_run_and_cost_nothing_when_unset():
+    metrics = KvMetrics()
+    observer = metrics.alloc_observer("paged")
+    observer(0.5)  # before begin_run (a warm-up): not recorded
+    metrics.begin_run("paged")
+    scheduler = Scheduler(PagedManager(BlockPool(10, 4)))
+    scheduler.alloc_observer = observer
+    scheduler.add(Request(0, 6, 4))
+    scheduler.admit(0)
+    values = metrics.end_run("paged")
+    assert values["block_alloc_count"] == 1 and values["block_alloc_latency_max_seconds"] < 0.5
+    observer(0.5)  # after end_run: not recorded
+    assert metrics.run_values("paged")["block_alloc_count"] == 1
+    assert Scheduler.alloc_observer is None  # the default: no timing at all
+
+
+def test_quantile_and_fragmentation_edges():
+    assert quantile([], 0.99) is None
+    assert quantile([1.0, 2.0, 3.0], 0.5) == 2.0 and quantile(list(range(1, 101)), 0.99) == 99
+    assert online_fragmentation(0, 0) == 0.0 and online_fragmentation(5, 4) == 0.0
+    assert online_fragmentation(1, 4) == pytest.approx(0.75)
