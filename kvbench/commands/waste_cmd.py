@@ -85,6 +85,8 @@ def waste(
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
     console = make_console(stderr=as_json)
 
+    for strategy in chosen:  # fail before simulating anything
+        strategy.validate(pool_slots)
     points = []
     with console.status("simulating...") as status:
         for strategy in chosen:

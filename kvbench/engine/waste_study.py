@@ -33,6 +33,14 @@ class Strategy:
         return max(1, -(-pool_slots // MAX_SIMULATED_BLOCKS))
 
     def build_manager(self, pool_slots: int, max_len: int):
+        block_size, num_blocks = self.validate(pool_slots)
+        pool = BlockPool(num_blocks, block_size, free_queue=self.kind == "paged")
+        if self.kind == "paged":
+            return PagedManager(pool)
+        return ContiguousManager(pool, self.policy or "max", max_len)
+
+    def validate(self, pool_slots: int) -> tuple[int, int]:
+        """(block size, block count) to simulate this pool with; a clear error if it cannot be simulated."""
         block_size = self.granularity(pool_slots)
         num_blocks = pool_slots // block_size
         if num_blocks < 1:
@@ -43,10 +51,7 @@ class Strategy:
                 f"simulator's {MAX_SIMULATED_BLOCKS:,}; use a larger --block-size, a smaller --gpu or a lower "
                 "--gpu-memory-utilization (a small model on a big GPU)"
             )
-        pool = BlockPool(num_blocks, block_size, free_queue=self.kind == "paged")
-        if self.kind == "paged":
-            return PagedManager(pool)
-        return ContiguousManager(pool, self.policy or "max", max_len)
+        return block_size, num_blocks
 
 
 def parse_strategies(names: Sequence[str], block_sizes: Sequence[int]) -> list[Strategy]:
