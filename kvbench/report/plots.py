@@ -91,3 +91,28 @@ def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, 
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def line_panels(
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    better: str,
+) -> Path:
+    """Side-by-side line panels sharing the x axis: {panel title: {label: (xs, ys)}}; p99 lines dashed."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    groups = sorted({label.split()[0] for series in panels.values() for label in series})
+    colours = {group: f"C{index}" for index, group in enumerate(groups)}  # one colour per engine
+    for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
+        for label, (xs, ys) in series.items():
+            ax.plot(list(xs), list(ys), "--" if "p99" in label else "-", marker="o", label=label,
+                    color=colours[label.split()[0]])
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}\n({better} is better)", fontsize=10)
+    return _save(fig, path)

@@ -122,15 +122,16 @@ def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
         series[engine] = ([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine])
     plots.lines(series, run_dir / "throughput.png", f"Output throughput vs concurrency\n{tag}",
                 "concurrency (requests in flight)", "output tokens / s", "higher")
-    latency = {}
+    panels: dict[str, dict] = {"time to first token (TTFT)": {}, "time per output token (TPOT)": {}}
     for engine in engines:
         mine = sorted((p for p in ok if p["engine"] == engine and p.get("p50_tpot_ms") is not None),
                       key=lambda p: p["concurrency"])
+        xs = [p["concurrency"] for p in mine]
         for stat in ("p50", "p99"):
-            latency[f"{engine} TPOT {stat}"] = ([p["concurrency"] for p in mine], [p[f"{stat}_tpot_ms"] for p in mine])
-            latency[f"{engine} TTFT {stat}"] = ([p["concurrency"] for p in mine], [p[f"{stat}_ttft_ms"] for p in mine])
-    plots.lines(latency, run_dir / "latency.png", f"Latency vs concurrency (p50, p99)\n{tag}",
-                "concurrency (requests in flight)", "latency (ms, log scale)", "lower", log_y=True)
+            panels["time to first token (TTFT)"][f"{engine} {stat}"] = (xs, [p[f"{stat}_ttft_ms"] for p in mine])
+            panels["time per output token (TPOT)"][f"{engine} {stat}"] = (xs, [p[f"{stat}_tpot_ms"] for p in mine])
+    plots.line_panels(panels, run_dir / "latency.png", f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}",
+                      "concurrency (requests in flight)", "latency (ms)", "lower")
     ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
     plots.waste_breakdown([f"{p['engine']}\nC={p['concurrency']}" for p in ordered], [p["waste"] for p in ordered],
                           run_dir / "memory.png", "KV memory breakdown per point", tag)
