@@ -1,0 +1,35 @@
+"""kvbench share end to end (small) and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+from kvbench.cli import main
+
+
+def test_share_parallel_sampling_writes_results(tmp_path, capsys):
+    out = tmp_path / "share"
+    args = ["share", "--n", "3", "--prompts", "2", "--prompt-len", "12", "--output-len", "6", "--block-size", "4",
+            "--num-blocks", "256", "--device", "cpu", "--out", str(out), "--json"]
+    assert main(args) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["kind"] == "share" and document["meta"]["outputs_identical_with_and_without_sharing"] is True
+    assert 0 < document["savings"]["saved_by_sharing_pct_mean"] < 100
+    assert {p["engine"] for p in document["points"]} == {"paged-shared", "paged-unshared", "contiguous"}
+    png = (out / "share.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_share_beam_table(tmp_path, capsys):
+    args = ["share", "--beam", "2", "--prompts", "1", "--prompt-len", "10", "--output-len", "5", "--block-size", "4",
+            "--num-blocks", "128", "--device", "cpu", "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    assert "memory saved by sharing" in capsys.readouterr().out
+
+
+def test_share_needs_exactly_one_mode(capsys):
+    assert main(["share"]) == 2
+    assert main(["share", "--n", "2", "--beam", "2"]) == 2
+    assert main(["share", "--n", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "exactly one of --n" in err and "at least 1" in err
