@@ -6,7 +6,6 @@ The model runner reads its weights from these models; ``transformers`` never run
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 
 from kvbench.errors import KvbenchError
-from kvbench.models.shapes import ModelShape
+from kvbench.models.shapes import ModelShape, read_config_json
 
 TORCH_DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -152,12 +151,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise KvbenchError(f"no config.json in model directory {path}")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise KvbenchError(f"malformed config {config_path}: {err}") from None
-    if not isinstance(config, dict):
-        raise KvbenchError(f"malformed config {config_path}: expected a JSON object")
+    config = read_config_json(config_path)
     missing = [name for name in _REQUIRED_CONFIG_FIELDS if name not in config]
     if missing:
         raise KvbenchError(f"malformed config {config_path}: missing {', '.join(missing)}")

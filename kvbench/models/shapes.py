@@ -134,17 +134,23 @@ def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
 _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def shape_from_config(path: Path) -> ModelShape:
-    """Read a Hugging Face ``config.json`` (or a directory holding one) into a shape."""
-    config_path = path / "config.json" if path.is_dir() else path
+def read_config_json(config_path: Path) -> dict[str, Any]:
+    """The JSON object in a ``config.json``, or a one-line error saying what is wrong with the file."""
     if not config_path.is_file():
-        raise KvbenchError(f"no config.json in {path}")
+        raise KvbenchError(f"no config.json at {config_path}")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise KvbenchError(f"malformed config {config_path}: {err}") from None
     if not isinstance(config, dict):
         raise KvbenchError(f"malformed config {config_path}: expected a JSON object")
+    return config
+
+
+def shape_from_config(path: Path) -> ModelShape:
+    """Read a Hugging Face ``config.json`` (or a directory holding one) into a shape."""
+    config_path = path / "config.json" if path.is_dir() else path
+    config = read_config_json(config_path)
     model_type = config.get("model_type", "llama")
     try:
         if model_type == "opt":
