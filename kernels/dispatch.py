@@ -1,11 +1,16 @@
-"""Choose the implementation of each KV op: Triton on CUDA, the torch reference elsewhere."""
+"""Choose the implementation of each KV op: Triton on CUDA, the torch reference elsewhere.
+
+``backend`` ("torch" | "triton") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the whole
+process. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
+``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
+which the torch reference ignores.
+"""
 
 from __future__ import annotations
 
 import os
 
 import torch
-
 from kvbench.kernels import reference
 
 BACKENDS = ("torch", "triton")
@@ -30,20 +35,48 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = N
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, backend: str | None = None):
+def paged_decode_attention(
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale,
+    backend: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    max_context_len: int | None = None,
+):
     if resolve_backend(query.device, backend) == "triton":
-        return _triton_ops().paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
-    return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)
+        return _triton_ops().paged_decode_attention(
+            query, k_cache, v_cache, block_tables, context_lens, scale, out,
+            num_splits=num_splits, max_context_len=max_context_len,
+        )  # fmt: skip
+    return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out)
 
 
 def paged_prefill_attention(
-    query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, backend: str | None = None
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    query_start_loc,
+    context_lens,
+    scale,
+    backend: str | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
 ):
     if resolve_backend(query.device, backend) == "triton":
         return _triton_ops().paged_prefill_attention(
-            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale
-        )
-    return reference.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out,
+            max_query_len=max_query_len,
+        )  # fmt: skip
+    return reference.paged_prefill_attention(
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out
+    )
 
 
 def copy_blocks(k_caches, v_caches, src_blocks, dst_blocks, backend: str | None = None) -> None:

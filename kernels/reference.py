@@ -15,13 +15,14 @@ request are gathered into one tensor padded to the longest context, and padding 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # Work on the batch in chunks whose gathered K (as float32) stays under this many bytes: large temporaries
 # are slow to allocate (page faults) and fall out of cache.
 _CHUNK_BYTES = 4 << 20
 # Prefill pads a chunk of requests to its longest query and context only while that at most multiplies
 # the real work by this factor (plus a little slack); otherwise the chunk is cut.
-_PREFILL_MAX_WASTE = 2.0
+_PREFILL_MAX_WASTE = 1.25
 _PREFILL_WASTE_SLACK = 1 << 14
 
 
@@ -50,51 +51,41 @@ def gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, context_l
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:context_len]
 
 
-def gather_padded(
-    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, max_len: int
+def _block_index(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, max_len: int
 ) -> torch.Tensor:
-    """Every request's token states padded to ``max_len`` (rounded up to whole blocks): ``[B, L, Hkv, D]``.
+    """Flat block ids ``[B * W]`` of each request's first ``W = ceil(max_len / block_size)`` table entries.
 
-    Block-table entries beyond a request's last needed block are never dereferenced (block 0 is read
-    instead), so they may hold garbage; the caller masks positions ``>= context_lens[b]``.
+    Entries past a request's last needed block may hold garbage: block 0 is read there instead, and the
+    caller masks positions ``>= context_lens[b]``.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    batch = block_tables.shape[0]
     width = max((max_len + block_size - 1) // block_size, 1)
-    table = block_tables[:, :width].long()
-    needed = (context_lens.long() + block_size - 1) // block_size
-    valid = torch.arange(width, device=table.device)[None, :] < needed[:, None]
-    table = torch.where(valid, table, torch.zeros_like(table))
-    return cache[table].view(batch, width * block_size, num_kv_heads, head_dim)
+    needed = torch.arange(width, device=block_tables.device)[None, :] * block_size < context_lens[:, None]
+    return block_tables[:, :width].long().masked_fill_(~needed, 0).view(-1)
 
 
-def _attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, causal_offset: int | None):
-    """query ``[Q, Hq, D]``, keys/values ``[K, Hkv, D]``; query i sees keys ``<= causal_offset + i``."""
-    num_heads, num_kv_heads = query.shape[1], keys.shape[1]
-    group = num_heads // num_kv_heads
-    keys = keys.repeat_interleave(group, dim=1).float()
-    values = values.repeat_interleave(group, dim=1).float()
-    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale
-    if causal_offset is not None:
-        q_pos = torch.arange(query.shape[0], device=query.device)[:, None] + causal_offset
-        k_pos = torch.arange(keys.shape[0], device=query.device)[None, :]
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, values).to(query.dtype)
+def _gather(cache: torch.Tensor, index: torch.Tensor, batch: int) -> torch.Tensor:
+    """Blocks ``index`` of ``cache`` as ``[batch, L, Hkv, D]`` (index_select: far faster than ``cache[index]``)."""
+    return torch.index_select(cache, 0, index).view(batch, -1, cache.shape[2], cache.shape[3])
 
 
-def _masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float):
-    """Batched grouped attention in float32.
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float):
+    """Fused attention in float32 over gathered blocks, without copying them into head-major order.
 
-    ``q [B, Hkv, M, D]`` (``M`` = query rows of one KV head), ``keys``/``values [B, L, Hkv, D]``,
-    ``visible`` broadcastable to ``[B, 1, M, L]``; every row must see at least one key. Returns ``[B, Hkv, M, D]``.
+    ``q [B, Hq, M, D]``, ``keys``/``values [B, L, Hkv, D]``, ``visible`` boolean, broadcastable to
+    ``[B, Hq, M, L]``; every row must see at least one key. Returns ``[B, Hq, M, D]`` float32.
     """
-    k = keys.float().transpose(1, 2)  # [B, Hkv, L, D]
-    v = values.float().transpose(1, 2)
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    scores.masked_fill_(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v)
+    q = q.float()
+    k = keys.transpose(1, 2).float()  # [B, Hkv, L, D]: a view when the cache is float32
+    v = values.transpose(1, 2).float()
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=True)
+    except TypeError:  # torch < 2.5 has no enable_gqa
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
 
 
 def paged_decode_attention(
@@ -113,19 +104,21 @@ def paged_decode_attention(
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     result = out if out is not None else torch.empty_like(query)
-    if batch == 0:
-        return result
-    lens = context_lens.to(query.device).long()
-    max_len = int(lens.max())
-    keys = gather_padded(k_cache, block_tables, lens, max_len)
-    values = gather_padded(v_cache, block_tables, lens, max_len)
-    q = query.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    positions = torch.arange(keys.shape[1], device=query.device)
-    visible = (positions[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    attended = _masked_attention(q, keys, values, visible, scale).view(batch, num_heads, head_dim)
-    if max_len == 0 or bool((lens == 0).any()):
-        attended = attended.masked_fill((lens == 0)[:, None, None], 0.0)
-    result.copy_(attended)
+    lens = context_lens.to(device=query.device, dtype=torch.long)
+    lens_list = lens.tolist()
+    max_len = max(lens_list, default=0)
+    step = max(1, _CHUNK_BYTES // (max(max_len, 1) * num_kv_heads * head_dim * 4))
+    for start in range(0, batch, step):
+        end = min(start + step, batch)
+        chunk_lens = lens[start:end]
+        index = _block_index(block_tables[start:end], chunk_lens, k_cache.shape[1], max(lens_list[start:end]))
+        keys = _gather(k_cache, index, end - start)
+        values = _gather(v_cache, index, end - start)
+        visible = torch.arange(keys.shape[1], device=query.device)[None, :] < chunk_lens.clamp(min=1)[:, None]
+        attended = _attention(query[start:end, :, None, :], keys, values, visible[:, None, None, :], scale)[:, :, 0]
+        if min(lens_list[start:end]) == 0:  # an empty context attends to nothing: zeros
+            attended.masked_fill_((chunk_lens == 0)[:, None, None], 0.0)
+        result[start:end] = attended
     return result
 
 
@@ -146,32 +139,40 @@ def paged_prefill_attention(
     tokens, whose K/V must already be in the cache (``write_kv`` first). New token i of request b sits at
     position ``context_lens[b] - q_len_b + i`` and attends to every position up to and including its own.
 
-    Requests are attended all at once, padded to the longest query and context, unless the padding would
-    cost much more than the real work; then one request at a time.
+    Returns ``out`` (a new ``[T, Hq, D]`` tensor unless one is passed). Requests are attended in chunks,
+    each padded to its longest query and context; a chunk is cut where padding would waste much work.
     """
     result = out if out is not None else torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    if not lens or sum(q_lens) == 0:
-        return result
-    num_heads = query.shape[1]
-    padded = len(lens) * max(q_lens) * max(lens)
-    real = sum(q * n for q, n in zip(q_lens, lens, strict=True))
-    if padded * num_heads <= _PREFILL_PADDED_MAX_SCORES and padded <= _PREFILL_PADDED_MAX_WASTE * real + 4096:
-        _prefill_padded(query, k_cache, v_cache, block_tables, starts, q_lens, lens, scale, result)
-        return result
-    for b, length in enumerate(lens):
-        q = query[starts[b] : starts[b + 1]]
-        if q.shape[0] == 0:
-            continue
-        keys = gather_context(k_cache, block_tables[b], length)
-        values = gather_context(v_cache, block_tables[b], length)
-        result[starts[b] : starts[b + 1]] = _attend(q, keys, values, scale, causal_offset=length - q.shape[0])
+    for first, last in _prefill_chunks(q_lens, lens, query.shape[1], k_cache.shape[2] * k_cache.shape[3]):
+        if sum(q_lens[first:last]) > 0:
+            _prefill_chunk(query, k_cache, v_cache, block_tables, starts, q_lens, lens, first, last, scale, result)
     return result
 
 
-def _prefill_padded(
+def _prefill_chunks(q_lens: list[int], lens: list[int], num_heads: int, kv_row: int) -> list[tuple[int, int]]:
+    """Group consecutive requests whose padded scores and gathered K stay small and mostly real work."""
+    runs, first, max_q, max_len, real = [], 0, 0, 0, 0
+    for b, (q_len, length) in enumerate(zip(q_lens, lens, strict=True)):
+        grown_q, grown_len, grown_real = max(max_q, q_len), max(max_len, length), real + q_len * length
+        padded = (b + 1 - first) * grown_q * grown_len
+        fits = (
+            padded * num_heads * 4 <= _CHUNK_BYTES
+            and (b + 1 - first) * grown_len * kv_row * 4 <= _CHUNK_BYTES
+            and padded <= _PREFILL_MAX_WASTE * grown_real + _PREFILL_WASTE_SLACK
+        )
+        if b > first and not fits:
+            runs.append((first, b))
+            first, grown_q, grown_len, grown_real = b, q_len, length, q_len * length
+        max_q, max_len, real = grown_q, grown_len, grown_real
+    if first < len(lens):
+        runs.append((first, len(lens)))
+    return runs
+
+
+def _prefill_chunk(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -179,33 +180,27 @@ def _prefill_padded(
     starts: list[int],
     q_lens: list[int],
     lens: list[int],
+    first: int,
+    last: int,
     scale: float,
     result: torch.Tensor,
 ) -> None:
-    """Prefill of all requests in one padded batch ``[B, Qmax]`` x ``[B, Lmax]`` with a causal/length mask."""
+    """Prefill of requests ``first:last`` padded to ``[n, Qmax]`` x ``[n, Lmax]`` under a causal mask."""
     device = query.device
-    batch, max_q, max_len = len(lens), max(q_lens), max(lens)
-    _, num_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    lens_t = torch.tensor(lens, device=device)
-    q_lens_t = torch.tensor(q_lens, device=device)
+    count, max_q, max_len = last - first, max(q_lens[first:last]), max(lens[first:last])
+    lens_t = torch.tensor(lens[first:last], device=device)
+    q_lens_t = torch.tensor(q_lens[first:last], device=device)
     row = torch.arange(max_q, device=device)
-    q_valid = row[None, :] < q_lens_t[:, None]  # [B, Qmax]
-    q_index = torch.tensor(starts[:-1], device=device)[:, None] + row[None, :]
-    q_index = torch.where(q_valid, q_index, torch.zeros_like(q_index))
-    q = query[q_index].float()  # [B, Qmax, Hq, D]
-    q = q.view(batch, max_q, num_kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
-    q = q.reshape(batch, num_kv_heads, max_q * group, head_dim)  # rows ordered (token, group member)
-    keys = gather_padded(k_cache, block_tables, lens_t, max_len)
-    values = gather_padded(v_cache, block_tables, lens_t, max_len)
-    q_pos = (lens_t - q_lens_t)[:, None] + row[None, :]  # [B, Qmax]
-    k_pos = torch.arange(keys.shape[1], device=device)
-    visible = k_pos[None, None, :] <= q_pos[:, :, None]  # [B, Qmax, L]; padding rows see keys too (no NaN)
-    visible = visible.repeat_interleave(group, dim=1)[:, None]  # [B, 1, Qmax*G, L]
-    attended = _masked_attention(q, keys, values, visible, scale)
-    attended = attended.view(batch, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
-    attended = attended.reshape(batch, max_q, num_heads, head_dim)
+    q_valid = row[None, :] < q_lens_t[:, None]  # [n, Qmax]
+    q_index = torch.tensor(starts[first:last], device=device)[:, None] + row[None, :]
+    q_index = q_index.masked_fill_(~q_valid, 0)
+    q = query[q_index.view(-1)].view(count, max_q, *query.shape[1:]).transpose(1, 2)  # [n, Hq, Qmax, D]
+    index = _block_index(block_tables[first:last], lens_t, k_cache.shape[1], max_len)
+    keys = _gather(k_cache, index, count)
+    values = _gather(v_cache, index, count)
+    q_pos = (lens_t - q_lens_t)[:, None] + row[None, :]  # padding rows see every key: no NaN
+    visible = torch.arange(keys.shape[1], device=device)[None, None, :] <= q_pos[:, :, None]  # [n, Qmax, L]
+    attended = _attention(q, keys, values, visible[:, None], scale).transpose(1, 2)  # [n, Qmax, Hq, D]
     result[q_index[q_valid]] = attended[q_valid].to(result.dtype)
 
 

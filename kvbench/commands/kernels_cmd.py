@@ -1,0 +1,187 @@
+"""``kvbench kernels``: time paged decode attention against contiguous SDPA of the same shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.commands._options import int_list
+from kvbench.errors import KvbenchError
+
+if TYPE_CHECKING:
+    import torch
+
+CPU_BATCHES, CPU_CONTEXTS = "1,8", "512,1024"
+GPU_BATCHES, GPU_CONTEXTS = "1,8,64", "512,2048,4096"
+
+
+def _device(name: str) -> torch.device:
+    import torch  # loaded only when the command runs: keeps `kvbench --help` fast
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise KvbenchError("--device cuda: no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise KvbenchError(f"--device: unknown device {name!r}; choose auto, cpu or cuda")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
+    from kvbench.kernels.benchmark import DTYPES
+
+    if name == "auto":
+        name = "fp16" if device.type == "cuda" else "fp32"
+    if name not in DTYPES:
+        raise KvbenchError(f"--dtype: unknown dtype {name!r}; choose auto, fp32, fp16 or bf16")
+    return name, DTYPES[name]
+
+
+def _backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if name not in ("torch", "triton"):
+        raise KvbenchError(f"--backend: unknown backend {name!r}; choose auto, torch or triton")
+    if name == "triton" and device.type != "cuda":
+        raise KvbenchError("--backend triton needs --device cuda (on CPU Triton only runs interpreted, in tests)")
+    return name
+
+
+def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
+    from kvbench.kernels.benchmark import HEAD_SHAPES
+
+    if model not in HEAD_SHAPES:
+        raise KvbenchError(f"--model: unknown model {model!r}; choose {', '.join(HEAD_SHAPES)} or give --heads")
+    preset = HEAD_SHAPES[model]
+    num_heads = heads if heads is not None else preset[0]
+    num_kv_heads = kv_heads if kv_heads is not None else (num_heads if heads is not None else preset[1])
+    dim = head_dim if head_dim is not None else preset[2]
+    if min(num_heads, num_kv_heads, dim) < 1:
+        raise KvbenchError("--heads, --kv-heads and --head-dim must be at least 1")
+    if num_heads % num_kv_heads:
+        raise KvbenchError(f"--heads {num_heads} is not a multiple of --kv-heads {num_kv_heads}")
+    return num_heads, num_kv_heads, dim
+
+
+def _splits(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise KvbenchError(f"--splits: expected auto or a positive integer, got {text!r}")
+    return int(text)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _render(result: dict, console: Console) -> None:
+    copy = result["copy_bandwidth_gbps"]
+    title = (
+        f"decode attention: {result['model']} ({result['num_heads']} q / {result['num_kv_heads']} kv heads, "
+        f"d={result['head_dim']}), {result['dtype']}, block {result['block_size']}, "
+        f"{result['backend']} on {result['device_name']}"
+    )
+    table = Table(title=title)
+    for name in ("batch", "ctx", "paged ms", "SDPA ms", "ratio", "paged GB/s", "SDPA GB/s", "% copy", "splits"):
+        table.add_column(name, justify="right")
+    for point in result["points"]:
+        if point["status"] != "ok":
+            table.add_row(str(point["batch"]), str(point["context"]), point["status"], *[""] * 6)
+            continue
+        table.add_row(
+            str(point["batch"]), str(point["context"]), _fmt(point["paged_ms"]), _fmt(point["contiguous_ms"]),
+            _fmt(point["paged_over_contiguous"], 2), _fmt(point["paged_gbps"], 1), _fmt(point["contiguous_gbps"], 1),
+            _fmt(point["pct_of_copy_bandwidth"], 1), "-" if point["num_splits"] is None else str(point["num_splits"]),
+        )  # fmt: skip
+    console.print(table)
+    console.print("ratio = paged time / contiguous SDPA time")
+    console.print(f"% copy = paged GB/s / measured copy bandwidth ({copy:.1f} GB/s, read + write)")
+
+
+def kernels(
+    device_name: str = typer.Option("auto", "--device", help="auto | cpu | cuda (auto: cuda when available)."),
+    dtype_name: str = typer.Option("auto", "--dtype", help="auto | fp32 | fp16 | bf16 (auto: fp16 on cuda, fp32 on cpu)."),
+    model: str = typer.Option("llama-2-13b", "--model", help="Head shapes: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
+    heads: int | None = typer.Option(None, "--heads", help="Query heads (overrides --model)."),
+    kv_heads: int | None = typer.Option(None, "--kv-heads", help="KV heads (default: --heads, or the model's)."),
+    head_dim: int | None = typer.Option(None, "--head-dim", help="Head dimension (overrides --model)."),
+    batches: str | None = typer.Option(None, "--batch", help=f"Batch sizes (default cuda {GPU_BATCHES}, cpu {CPU_BATCHES})."),
+    contexts: str | None = typer.Option(
+        None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
+    ),
+    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton (auto: triton on cuda)."),
+    splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed calls before timing."),
+    reps: int = typer.Option(10, "--reps", help="Timed calls; the median is reported."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+) -> None:
+    """Benchmark paged decode attention: time, achieved GB/s and ratio to contiguous SDPA.
+
+    Bytes counted: K and V read once, plus the query and the output.
+
+    CPU: times the torch reference (small default shapes, fp32).
+
+    CUDA: times the Triton kernel after an L2 flush with CUDA events, next to the measured copy bandwidth.
+    """
+    import torch  # loaded only when the command runs: keeps `kvbench --help` fast
+
+    from kvbench.kernels.benchmark import DecodeShape, copy_bandwidth_gbps, run_decode_point
+
+    device = _device(device_name)
+    dtype_label, dtype = _dtype(dtype_name, device)
+    backend = _backend(backend_name, device)
+    num_heads, num_kv_heads, dim = _heads(model, heads, kv_heads, head_dim)
+    on_gpu = device.type == "cuda"
+    batch_list = int_list(batches if batches is not None else (GPU_BATCHES if on_gpu else CPU_BATCHES), "--batch")
+    context_list = int_list(contexts if contexts is not None else (GPU_CONTEXTS if on_gpu else CPU_CONTEXTS), "--context")
+    if block_size < 1:
+        raise KvbenchError(f"--block-size must be at least 1, got {block_size}")
+    if warmup < 0 or reps < 1:
+        raise KvbenchError("--warmup must be >= 0 and --reps >= 1")
+    num_splits = _splits(splits)
+
+    copy_gbps = copy_bandwidth_gbps(device)
+    points = []
+    for batch in batch_list:
+        for context in context_list:
+            shape = DecodeShape(batch, context, num_heads, num_kv_heads, dim, block_size)
+            point = run_decode_point(
+                shape, dtype, device, backend, warmup=warmup, reps=reps, copy_gbps=copy_gbps,
+                num_splits=num_splits, seed=seed,
+            )  # fmt: skip
+            points.append(point.to_dict())
+    result = {
+        "benchmark": "paged_decode_attention",
+        "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "backend": backend,
+        "dtype": dtype_label,
+        "model": model if heads is None and head_dim is None else "custom",
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": dim,
+        "block_size": block_size,
+        "copy_bandwidth_gbps": copy_gbps,
+        "torch_version": torch.__version__,
+        "points": points,
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        _render(result, Console())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("kernels")(kernels)

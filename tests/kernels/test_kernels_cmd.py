@@ -1,0 +1,57 @@
+"""``kvbench kernels`` on CPU with tiny shapes: JSON, table, --out, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvbench.kernels.benchmark import DecodeShape
+
+from kvbench.cli import main
+
+TINY = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1,3", "--context", "16,33", "--warmup", "0", "--reps", "2"]
+
+
+def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    target = tmp_path / "bench" / "kernels.json"
+    assert main([*TINY, "--json", "--out", str(target)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["backend"], result["dtype"], result["num_heads"], result["num_kv_heads"]) == ("torch", "fp32", 4, 2)
+    assert [(p["batch"], p["context"]) for p in result["points"]] == [(1, 16), (1, 33), (3, 16), (3, 33)]
+    for point in result["points"]:
+        assert point["status"] == "ok"
+        assert point["paged_ms"] > 0 and point["contiguous_ms"] > 0 and point["paged_gbps"] > 0
+        assert point["paged_over_contiguous"] == pytest.approx(point["paged_ms"] / point["contiguous_ms"])
+    assert result["copy_bandwidth_gbps"] > 0
+    assert json.loads(target.read_text()) == result
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*TINY[:5], "--heads", "4", "--kv-heads", "1", "--head-dim", "8", "--batch", "2", "--context", "9", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ratio = paged time / contiguous SDPA time" in out and "4 q / 1 kv heads" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "--batch"),
+        (["--batch", "1,x"], "not an integer"),
+        (["--context", ""], "--context"),
+        (["--model", "gpt-5"], "unknown model"),
+        (["--heads", "6", "--kv-heads", "4"], "not a multiple"),
+        (["--dtype", "fp64"], "unknown dtype"),
+        (["--splits", "0"], "--splits"),
+        (["--block-size", "0"], "--block-size"),
+        (["--backend", "triton"], "needs --device cuda"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    assert main([*TINY, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_bytes_moved_counts_kv_once_plus_query_and_output() -> None:
+    shape = DecodeShape(batch=2, context=10, num_heads=8, num_kv_heads=2, head_dim=4, block_size=16)
+    assert shape.bytes_moved(2) == (2 * 2 * 10 * 2 * 4 + 2 * 2 * 8 * 4) * 2
