@@ -189,7 +189,7 @@ OVERHEAD_PARTS = {
     "admit": ("scheduler", "scheduler.admit (FCFS admission + allocation)"),
     "prepare_decode": ("scheduler", "_prepare_decode (room for the next token, preemption, CoW)"),
     "record": ("scheduler", "_record (per-step accounting snapshot)"),
-    "build_step": ("block tables", "runner.build_step (pack ids, positions, slots, block tables)"),
+    "build_step": ("block tables", "runner.build_step / build_decode_step (pack ids, positions, slots, tables)"),
     "sample": ("sampling", "sample (argmax over the batch)"),
     "forward": ("model", "runner.forward (the model)"),
 }
@@ -219,6 +219,7 @@ def _instrument(llm: LLMEngine, prof: StepProfile) -> Callable[[], None]:
     llm._prepare_decode = prof.wrap("prepare_decode", llm._prepare_decode)
     llm._record = prof.wrap("record", llm._record)
     llm.runner.build_step = prof.wrap("build_step", llm.runner.build_step)
+    llm.runner.build_decode_step = prof.wrap("build_step", llm.runner.build_decode_step)
     llm.runner.forward = prof.wrap("forward", llm.runner.forward)
     llm_engine_module.sample = prof.wrap("sample", saved["sample"])
     kernels.paged_decode_attention = prof.wrap("forward:attention", saved["decode"])
@@ -232,7 +233,7 @@ def _instrument(llm: LLMEngine, prof: StepProfile) -> Callable[[], None]:
         kernels.write_kv = saved["write_kv"]
         for name in ("_new_scheduler", "_prepare_decode", "_record"):
             vars(llm).pop(name, None)
-        for name in ("build_step", "forward"):
+        for name in ("build_step", "build_decode_step", "forward"):
             vars(llm.runner).pop(name, None)
 
     return undo

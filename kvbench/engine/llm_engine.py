@@ -134,13 +134,16 @@ class LLMEngine:
             if admitted:
                 batch = admitted
                 chunks = [(self._prefill_tokens(r), 0, scheduler.manager.block_table(r.request_id)) for r in batch]
+                step = self.runner.build_step(chunks)
             else:
                 batch = self._prepare_decode(scheduler, clock)
                 if not batch:
                     continue
-                chunks = [([r.output_token_ids[-1]], r.kv_len(clock), scheduler.manager.block_table(r.request_id))
-                          for r in batch]
-            logits = self.runner.forward(self.runner.build_step(chunks))
+                table_of = scheduler.manager.block_table
+                step = self.runner.build_decode_step([r.output_token_ids[-1] for r in batch],
+                                                     [r.kv_len(clock) for r in batch],
+                                                     [table_of(r.request_id) for r in batch])
+            logits = self.runner.forward(step)
             tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
             if not admitted:
                 clock += 1
@@ -212,11 +215,14 @@ class LLMEngine:
 
     def _emit(self, scheduler: Scheduler, request: Request, token: int, clock: int, now: float) -> bool:
         """Record a sampled token; returns True when it ends the request."""
-        request.output_token_ids.append(token)
+        outputs = request.output_token_ids
+        outputs.append(token)
         request.token_times.append(now)
         if request.first_token_time is None:
             request.first_token_time = now
-        stop = request.sampling.stop_reason(token, len(request.output_token_ids), self.eos_token_id)
+        if len(outputs) < request.max_tokens and request.sampling.ignore_eos:
+            return False  # the common benchmark case, decided without the general stop rule
+        stop = request.sampling.stop_reason(token, len(outputs), self.eos_token_id)
         if stop is not None:
             scheduler.finish(request, clock)
             request.finish_time = now

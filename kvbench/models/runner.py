@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -223,6 +224,40 @@ class ModelRunner:
             is_decode=len(ids) == len(requests),
             max_context_len=max(context_lens),
             max_query_len=max_query_len,
+        )
+
+    def build_decode_step(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> StepInput:
+        """The common decode step: one new token per request at ``positions[b]`` (its cached length).
+
+        Same tensors as ``build_step``, packed into one host array and moved in one copy: building six small
+        tensors from Python lists cost more than the whole packing (measured 131 us vs 41 us at 50 requests).
+        """
+        bs = self.block_size
+        count = len(tokens)
+        width = max(map(len, tables))
+        flat = list(tokens)
+        flat += positions
+        flat += [table[pos // bs] * bs + pos % bs for table, pos in zip(tables, positions, strict=True)]
+        flat += [pos + 1 for pos in positions]
+        flat += range(count + 1)
+        for table in tables:
+            flat += table
+            if len(table) < width:
+                flat += [0] * (width - len(table))
+        packed = torch.from_numpy(np.array(flat, dtype=np.int64))
+        if self.device.type != "cpu":
+            packed = packed.pin_memory().to(self.device, non_blocking=True)
+        b = count
+        return StepInput(
+            input_ids=packed[:b],
+            positions=packed[b : 2 * b],
+            slot_mapping=packed[2 * b : 3 * b],
+            context_lens=packed[3 * b : 4 * b].to(torch.int32),
+            query_start_loc=packed[4 * b : 5 * b + 1].to(torch.int32),
+            block_tables=packed[5 * b + 1 :].view(b, width).to(torch.int32),
+            is_decode=True,
+            max_context_len=max(positions) + 1,
+            max_query_len=1,
         )
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
