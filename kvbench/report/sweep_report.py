@@ -29,9 +29,11 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
         if contiguous:
             row["contiguous_status"] = contiguous["status"]
             row["contiguous_tps"] = contiguous.get("output_throughput")
+            row["contiguous_tps_ci95"] = contiguous.get("output_throughput_ci95")
         if paged:
             row["paged_status"] = paged["status"]
             row["paged_tps"] = paged.get("output_throughput")
+            row["paged_tps_ci95"] = paged.get("output_throughput_ci95")
         if paged and contiguous and paged["status"] == "ok" and contiguous["status"] == "ok":
             ratio = paged["output_throughput"] / contiguous["output_throughput"]
             row["paged_over_contiguous_tps"] = ratio
@@ -41,26 +43,27 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
     return rows
 
 
-def _tps_cell(tps: float | None, status: str | None) -> str:
+def _tps_cell(tps: float | None, status: str | None, ci95: float | None = None) -> str:
     if status is None:
         return "-"
     if status == "oom":
         return "OOM"
     if status == "error":
         return "error"
-    return f"{tps:,.1f}"
+    return f"{tps:,.1f}" + (f" ± {ci95:,.1f}" if ci95 else "")
 
 
 def article_table(rows: list[dict], simulated: bool) -> Table:
-    table = Table(title="Paged vs contiguous (measured)" + (" — SIMULATED" if simulated else ""))
+    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI with --repeat)" + (" — SIMULATED" if simulated else ""))
     for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction"):
         table.add_column(column, justify="right")
     for row in rows:
-        paged = _tps_cell(row["paged_tps"], row["paged_status"])
+        paged = _tps_cell(row["paged_tps"], row["paged_status"], row.get("paged_tps_ci95"))
         if row["gain_pct"] is not None:
             paged += f" ({row['gain_pct']:+.0f}%)"
         reduction = "-" if row["kv_memory_reduction_pct"] is None else f"{row['kv_memory_reduction_pct']:.0f}%"
-        table.add_row(str(row["concurrency"]), _tps_cell(row["contiguous_tps"], row["contiguous_status"]), paged, reduction)
+        contiguous = _tps_cell(row["contiguous_tps"], row["contiguous_status"], row.get("contiguous_tps_ci95"))
+        table.add_row(str(row["concurrency"]), contiguous, paged, reduction)
     return table
 
 
