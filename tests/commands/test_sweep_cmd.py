@@ -157,3 +157,14 @@ def test_scenario_file_with_a_wrong_field(tmp_path, capsys):
     path.write_text(SCENARIO.replace("mean_len = 16", 'mean_len = "many"'))
     assert run(["--scenario", str(path)]) == 2
     assert "mean_len" in capsys.readouterr().err
+
+
+def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
+    out = tmp_path / "rep"
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--repeat", "2"]) == 0
+    points = json.loads((out / "summary.json").read_text())["points"]
+    for point in points:
+        samples = point["samples"]["output_throughput"]
+        assert point["repeats"] == 2 and len(samples) == 2
+        assert point["output_throughput"] == pytest.approx(sum(samples) / 2)
+        assert point["output_throughput_std"] >= 0 and point["output_throughput_ci95"] >= 0
