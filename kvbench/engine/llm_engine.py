@@ -157,13 +157,15 @@ class LLMEngine:
                         children += [child for child, _ in forks]
                         emitted += forks
             peak_running = max(peak_running, len(scheduler.running))
+            record = self._record(scheduler, clock, bool(children))  # before finishing: this step's state counts
             for request, token in emitted:
                 if self._emit(scheduler, request, token, clock, now):
                     root = request.parent_id if request.parent_id is not None else request.request_id
                     group_left[root] -= 1
                     if group_left[root] == 0:
                         client.done(now)
-            records.append(self._record(scheduler, clock, time.perf_counter() - step_start, bool(children)))
+            record.seconds = time.perf_counter() - step_start
+            records.append(record)
             if on_step is not None:
                 on_step(self.name, scheduler, len(scheduler.finished))
         manager = scheduler.manager
@@ -231,10 +233,11 @@ class LLMEngine:
         return False
 
     @staticmethod
-    def _record(scheduler: Scheduler, clock: int, seconds: float, shared: bool) -> _StepRecord:
+    def _record(scheduler: Scheduler, clock: int, shared: bool) -> _StepRecord:
+        """The pool's state after this step's writes; its duration is filled in when the step ends."""
         live = [(r.request_id, r.held_slots, r.kv_len(clock)) for r in scheduler.running.values()]
         unique = _unique_token_states(scheduler, clock) if shared else None
-        return _StepRecord(seconds, live, scheduler.held_slots(), scheduler.external_slots(), unique)
+        return _StepRecord(0.0, live, scheduler.held_slots(), scheduler.external_slots(), unique)
 
     def _result(self, requests, scheduler: Scheduler, records: list[_StepRecord], peak_running: int) -> RunResult:
         """Account every step with hindsight: each request's real final length splits reserved from internal."""
