@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -37,15 +38,32 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """Strict JSON (what jq and JavaScript accept): NaN and infinities become null."""
+    return json.dumps(_finite(data), indent=indent, default=_json_default, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        return _finite(value.item())
+    return value
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    return write_text_atomic(path, json_text(data) + "\n")
 
 
 def append_jsonl(path: str | os.PathLike, record: Any) -> None:
     """Append one JSON line and fsync, so a crash keeps every finished line."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, default=_json_default) + "\n"
+    line = json_text(record, indent=None) + "\n"
     with open(target, "a", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 from rich.table import Table
 
 from kvbench.commands._options import human_bytes, int_list, make_console
 from kvbench.errors import KvbenchError
+from kvbench.fileio import json_text
 from kvbench.kv.contiguous import next_pow2
 from kvbench.kv.paged import blocks_for
 from kvbench.models.gpus import kv_budget, resolve_gpu
@@ -77,7 +76,7 @@ def capacity(
             f"{human_bytes(budget.usable_bytes)} ({utilization:.0%} of {human_bytes(device.memory_bytes)})"
         )
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json_text(result))
     else:
         _print(result)
     if not budget.fits:

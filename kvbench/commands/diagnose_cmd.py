@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench.errors import KvbenchError
-from kvbench.fileio import write_text_atomic
+from kvbench.fileio import json_text, write_text_atomic
 from kvbench.report.diagnose import Diagnosis, diagnose_run, diagnose_url, load_thresholds, rules_yaml
 
 HELP = """Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json) or a live
@@ -64,7 +63,7 @@ def diagnose(
         return
     diagnosis = diagnose_url(url, thresholds) if url is not None else diagnose_run(run, thresholds)
     if as_json:
-        typer.echo(json.dumps(diagnosis.as_dict(), indent=2))
+        typer.echo(json_text(diagnosis.as_dict()))
     else:
         _print(console, diagnosis)
     if check and diagnosis.fired:

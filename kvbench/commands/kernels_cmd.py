@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from kvbench.commands._options import int_list
 from kvbench.errors import KvbenchError
+from kvbench.fileio import json_text, write_text_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -176,9 +176,9 @@ def kernels(
     }
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomic(out, json_text(result) + "\n")
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json_text(result))
     else:
         _render(result, Console())
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -10,6 +9,7 @@ from rich.table import Table
 
 from kvbench.commands._options import human_bytes, make_console
 from kvbench.errors import KvbenchError
+from kvbench.fileio import json_text
 from kvbench.report.rundir import markdown_table, new_run_dir, run_meta, summary_document, write_summary
 
 ANCHORS = {
@@ -81,10 +81,10 @@ def share(
     _plot(run_dir, measured, singles, kind, width, loaded.shape.name)
     rows = [[m.mode, m.width, m.mean_blocks, m.peak_blocks, human_bytes(m.as_dict()["mean_bytes"])] for m in measured + singles]
     md = f"# kvbench share ({kind}, width {width})\n\n" + markdown_table(
-        ["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows) + "\n" + json.dumps(ratios, indent=2) + "\n"
+        ["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows) + "\n" + json_text(ratios) + "\n"
     write_summary(run_dir, document, points, md)
     if as_json:
-        typer.echo(json.dumps(document, indent=2))
+        typer.echo(json_text(document))
         return
     table = Table(title=f"KV blocks, {kind} width {width} vs 1 ({prompts} prompts, ~{prompt_len} prompt + {output_len} "
                         f"output tokens, block {block_size}, {loaded.shape.name})")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -11,8 +10,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvbench.commands._options import int_list, make_console, name_list, parse_size
 from kvbench.engine.request import Request
 from kvbench.engine.scheduler import ENGINES
-from kvbench.engine.sweep import PointFailed, SweepPlan, run_sweep
+from kvbench.engine.sweep import PointFailed, SweepPlan, pin_run_config, run_sweep
 from kvbench.errors import KvbenchError
+from kvbench.fileio import json_text
 from kvbench.report.rundir import new_run_dir, run_meta
 from kvbench.report.sweep_report import article_rows, article_table, detail_table, write_outputs
 from kvbench.workload.scenario import load_scenario
@@ -99,6 +99,8 @@ def sweep(
     spec = load_scenario(scenario)
     levels = int_list(concurrency, "--concurrency") if concurrency is not None else list(spec.concurrency)
     chosen = name_list(engines, "engines", ENGINES)
+    if utilization is not None and not 0 < utilization <= 1:
+        raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
     if repeat < 1:
         raise KvbenchError(f"--repeat must be at least 1, got {repeat}")
     num_requests = requests if requests is not None else spec.requests
@@ -110,13 +112,16 @@ def sweep(
     pairs = spec.lengths.sample(num_requests, seed)
     warm_pairs = [(min(p, 8), min(o, 4)) for p, o in spec.lengths.sample(max(spec.warmup, 0), seed + 1)] if spec.warmup else []
     slots, budget_source = spec.budget_slots()
+    max_num_seqs = max(256, *levels)  # the batch cap must not silently lower the concurrency asked for
     console = make_console(stderr=as_json)
 
     if simulate:
-        backend, shape_name, device_name, vocab = _simulated_backend(model, gpu, dtype, slots, bs, spec, reserve, admission, kv_memory)
+        backend, shape_name, device_name, vocab, budget_source = _simulated_backend(
+            model, gpu, dtype, bs, spec, reserve, admission, kv_memory, utilization, max_num_seqs)
     else:
         backend, shape_name, device_name, vocab, budget_source = _tensor_backend(
-            model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization, budget_source, console)
+            model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization, budget_source, console,
+            max_num_seqs)
 
     def make(pairs_list):
         if simulate:
@@ -126,7 +131,15 @@ def sweep(
         return lambda: token_requests(pairs_list, vocab, seed)
 
     plan = SweepPlan(chosen, levels, spec.name, make(pairs), make(warm_pairs), repeat, continue_on_error)
+    if resume and out is None:
+        raise KvbenchError("--resume continues a run directory: give it with --out")
     run_dir = new_run_dir("sweep", out)
+    pin_run_config(run_dir, {
+        "scenario": spec.name, "model": shape_name, "simulated": simulate, "requests": num_requests, "seed": seed,
+        "block_size": bs, "kv_pool_slots": backend.base.num_blocks * bs, "reserve": backend.base.reserve,
+        "admission": backend.base.admission, "max_len": spec.lengths.max_len, "repeat": repeat,
+        "dtype": str(getattr(backend, "loaded", None) and backend.loaded.dtype),
+    }, resume)
     meta = run_meta(
         scenario=spec.name, scenario_description=spec.description, scenario_source=spec.source,
         model_name=shape_name, device=device_name, simulated=simulate, seed=seed, requests=num_requests,
@@ -160,7 +173,7 @@ def sweep(
         points = list(load_finished(run_dir / "results.jsonl").values()) + [failed.point]
     document = write_outputs(run_dir, meta, points)
     if as_json:
-        typer.echo(json.dumps(document, indent=2, default=str))
+        typer.echo(json_text(document))
     else:
         console.print(article_table(article_rows(points), simulate))
         console.print(detail_table(points))
@@ -216,24 +229,34 @@ def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs):
                         admission=admission or spec.admission, max_num_seqs=max_num_seqs, max_len=spec.lengths.max_len)
 
 
-def _simulated_backend(model, gpu, dtype, slots, bs, spec, reserve, admission, kv_memory):
+def _simulated_backend(model, gpu, dtype, bs, spec, reserve, admission, kv_memory, utilization, max_num_seqs):
+    """The simulator's pool is the GPU preset's KV budget (vLLM's rule) unless --kv-memory sets it."""
     from kvbench.engine.sweep_backends import SimulatedBackend
     from kvbench.models.gpus import kv_budget, resolve_gpu
     from kvbench.models.shapes import resolve_model
 
-    shape = resolve_model("llama-2-13b" if model == "tiny" else model, dtype or "fp16")
+    name = "llama-2-13b" if model == "tiny" else model  # tiny is for real runs on CPU; simulate the article's model
+    shape = resolve_model(name, dtype or "fp16")
     device = resolve_gpu(gpu)
-    budget = kv_budget(shape, device)
-    kv_bytes = parse_size(kv_memory, "--kv-memory") if kv_memory else budget.kv_bytes
+    share = 0.9 if utilization is None else utilization
+    budget = kv_budget(shape, device, share)
+    if kv_memory:
+        kv_bytes, source = parse_size(kv_memory, "--kv-memory"), f"--kv-memory {kv_memory}"
+    else:
+        kv_bytes = budget.kv_bytes
+        source = f"{shape.name} {shape.dtype} on {device.name} at {share} utilization"
     if kv_bytes <= 0:
-        raise KvbenchError(f"{shape.name} does not fit on {device.name}")
+        raise KvbenchError(f"{shape.name} does not fit on {device.name} at {share} utilization")
     num_blocks = kv_bytes // (shape.bytes_per_token * bs)
-    config = _engine_config(spec, bs, num_blocks, reserve, admission, 256)
-    return SimulatedBackend(shape, device, config), shape.name, f"{device.name} (simulated)", shape.vocab_size
+    if num_blocks < 1:
+        raise KvbenchError("the KV budget holds no block; raise --kv-memory")
+    source = f"{num_blocks * bs:,} token slots = {source}" + (" (--model tiny simulates llama-2-13b)" if model == "tiny" else "")
+    config = _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs)
+    return SimulatedBackend(shape, device, config), shape.name, f"{device.name} (simulated)", shape.vocab_size, source
 
 
 def _tensor_backend(model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization,
-                    budget_source, console):
+                    budget_source, console, max_num_seqs):
     from kvbench.engine.build import blocks_for_budget, cuda_kv_budget, load_model
     from kvbench.engine.sweep_backends import TensorBackend
 
@@ -251,7 +274,7 @@ def _tensor_backend(model, device, dtype, seed, slots, bs, spec, reserve, admiss
         num_blocks = slots // bs
     if num_blocks < 1:
         raise KvbenchError("the KV budget holds no block; raise --kv-memory")
-    config = _engine_config(spec, bs, num_blocks, reserve, admission, 256)
+    config = _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs)
     device_name = str(loaded.device)
     if loaded.device.type == "cuda":
         import torch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -12,6 +11,7 @@ from kvbench.commands._options import human_bytes, int_list, make_console, name_
 from kvbench.engine.timing import RooflineTiming
 from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
 from kvbench.errors import KvbenchError
+from kvbench.fileio import json_text
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
 from kvbench.report.rundir import (
@@ -117,7 +117,7 @@ def waste(
     write_summary(run_dir, document, [flatten(p) for p in points], _markdown(document))
 
     if as_json:
-        typer.echo(json.dumps(document, indent=2))
+        typer.echo(json_text(document))
         return
     _print(console, document, run_dir)
 

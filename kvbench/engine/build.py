@@ -9,7 +9,12 @@ import torch
 
 from kvbench.engine.llm_engine import EngineConfig, LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.models.hf_model import build_random_model, load_local_model, resolve_torch_device, resolve_torch_dtype
+from kvbench.models.hf_model import (
+    build_random_model,
+    load_local_model,
+    resolve_torch_device,
+    resolve_torch_dtype,
+)
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
 
 SMALL_MODEL_HIDDEN = 512

@@ -42,6 +42,7 @@ class Request:
     admit_seq: int = -1  # admission order; preemption takes the newest first
     num_preemptions: int = 0
     reject_reason: str | None = None
+    reject_kind: str | None = None  # "too_long" (over max-len), "pool" (larger than the whole pool), "oom" (no room now)
     final_kv_len: int | None = None  # set when it finishes (hindsight)
     output_token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None

@@ -60,16 +60,18 @@ class Scheduler:
         """Queue a request, or reject it at once with a reason when it can never run. Returns accepted."""
         total = request.prompt_len + request.max_tokens
         if total > self.config.max_len:
-            return self._reject(request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}")
+            return self._reject(request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}",
+                                "too_long")
         if not self.manager.fits_empty_pool(request.expected_kv_len):
-            return self._reject(request, "needs more KV memory than the whole pool holds")
+            return self._reject(request, "oom: needs more KV memory than the whole pool holds", "pool")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
         return True
 
-    def _reject(self, request: Request, reason: str) -> bool:
+    def _reject(self, request: Request, reason: str, kind: str) -> bool:
         request.status = RequestStatus.REJECTED
         request.reject_reason = reason
+        request.reject_kind = kind
         self.rejected.append(request)
         return False
 
@@ -77,7 +79,7 @@ class Scheduler:
         """Requests rejected as OOM by ``admit`` since the last call: their clients may send the next one."""
         fresh = self.rejected[self._rejections_seen :]
         self._rejections_seen = len(self.rejected)
-        return [r for r in fresh if (r.reject_reason or "").startswith("oom")]
+        return [r for r in fresh if r.reject_kind == "oom"]
 
     @property
     def has_work(self) -> bool:
@@ -97,7 +99,7 @@ class Scheduler:
             if not self.manager.can_admit(prefill, request.expected_kv_len, reserve):
                 if self.config.admission == "reject" and not self.manager.can_preempt:
                     self.waiting.popleft()
-                    self._reject(request, "oom: its KV reservation does not fit in free memory")
+                    self._reject(request, "oom: its KV reservation does not fit in free memory", "oom")
                     continue
                 break
             self.waiting.popleft()

@@ -46,6 +46,25 @@ class SweepPlan:
         return [(engine, c) for c in self.concurrencies for engine in self.engines]
 
 
+RUN_CONFIG = "sweep-config.json"
+
+
+def pin_run_config(run_dir: Path, config: dict[str, Any], resume: bool) -> None:
+    """Record what a run directory's points were measured with; refuse to resume it with other settings."""
+    path = run_dir / RUN_CONFIG
+    if resume and path.exists():
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise KvbenchError(f"{path} is unreadable; cannot check that --resume uses the same settings") from None
+        changed = sorted(key for key in set(recorded) | set(config) if recorded.get(key) != config.get(key))
+        if changed:
+            details = ", ".join(f"{key} {recorded.get(key)!r} -> {config.get(key)!r}" for key in changed)
+            raise KvbenchError(f"--resume with other settings than {run_dir} was measured with: {details}")
+        return
+    write_json_atomic(path, config)
+
+
 def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
     """Points already recorded (ok or oom) by key; error points are run again on resume."""
     finished: dict[tuple[str, int, str], dict[str, Any]] = {}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-import json
 import xml.etree.ElementTree as ET
 from enum import Enum
 
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.fileio import json_text
 from kvbench.report.compare import STATUS_METRIC, Comparison, Row, Verdict
 
 COLUMNS = ("point", "metric", "base", "head", "change", "verdict", "rule")
@@ -150,7 +150,7 @@ def to_json(comparison: Comparison) -> str:
             for row in comparison.rows
         ],
     }
-    return json.dumps(document, indent=2) + "\n"
+    return json_text(document) + "\n"
 
 
 def to_junit(comparison: Comparison) -> str:

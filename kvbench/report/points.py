@@ -23,7 +23,7 @@ def point_from_result(
 ) -> dict[str, Any]:
     acct = result.accountant
     rejected = result.rejected
-    oom = [r for r in rejected if (r.reject_reason or "").startswith("oom")]
+    oom = [r for r in rejected if r.reject_kind in ("oom", "pool")]  # no memory now, or never enough
     point: dict[str, Any] = {
         "engine": engine,
         "concurrency": concurrency,

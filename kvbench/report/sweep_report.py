@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,18 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
             row["paged_status"] = paged["status"]
             row["paged_tps"] = paged.get("output_throughput")
             row["paged_tps_ci95"] = paged.get("output_throughput_ci95")
-        if paged and contiguous and paged["status"] == "ok" and contiguous["status"] == "ok":
+        if (paged and contiguous and paged["status"] == "ok" and contiguous["status"] == "ok"
+                and _positive(contiguous.get("output_throughput")) and _positive(contiguous.get("kv_peak_allocated_bytes"))):
             ratio = paged["output_throughput"] / contiguous["output_throughput"]
             row["paged_over_contiguous_tps"] = ratio
             row["gain_pct"] = 100 * (ratio - 1)
             row["kv_memory_reduction_pct"] = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
         rows.append(row)
     return rows
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def _tps_cell(tps: float | None, status: str | None, ci95: float | None = None) -> str:

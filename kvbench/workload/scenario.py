@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from kvbench.errors import KvbenchError
 from kvbench.workload.lengths import LengthSpec

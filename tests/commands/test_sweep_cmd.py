@@ -168,3 +168,22 @@ def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
         assert point["repeats"] == 2 and len(samples) == 2
         assert point["output_throughput"] == pytest.approx(sum(samples) / 2)
         assert point["output_throughput_std"] >= 0 and point["output_throughput_ci95"] >= 0
+
+
+def test_resume_refuses_other_settings_and_needs_out(scenario, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--engines", "paged"]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--resume", "--requests", "3"]) == 2
+    assert "requests 6 -> 3" in capsys.readouterr().err
+    assert run(["--scenario", scenario, "--resume"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_a_pool_smaller_than_one_reservation_is_oom_not_a_crash(tmp_path):
+    out = tmp_path / "tiny-pool"
+    assert main(["sweep", "--simulate", "--kv-memory", "1GiB", "--concurrency", "10", "--requests", "20",
+                 "--engines", "contiguous", "--out", str(out)]) == 0
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    assert point["status"] == "oom" and point["completed"] == 0
+    assert point["output_throughput"] is None  # NaN is written as null: strict JSON
+    assert "NaN" not in (out / "results.jsonl").read_text()

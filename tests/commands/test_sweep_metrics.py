@@ -88,7 +88,10 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
         assert m["kv_cache_blocks_total"] == 40 and m["kv_cache_blocks_used"] == 0  # final: all blocks back
         assert m["requests_finished"] == point["completed"] == 6
         assert m["num_preemptions"] == point["preemptions"]
-        assert m["kv_cache_blocks_used_peak"] * 4 * (point["kv_pool_bytes"] // 160) == point["kv_peak_allocated_bytes"]
+        # live metrics are read at the end of a step, after its finished requests freed their blocks; the
+        # accounting snapshot is taken just before, so its peak may be a little higher, never lower
+        peak_live = m["kv_cache_blocks_used_peak"] * 4 * (point["kv_pool_bytes"] // 160)
+        assert 0 < peak_live <= point["kv_peak_allocated_bytes"]
         assert m["block_alloc_count"] > 0 and m["block_alloc_latency_p99_seconds"] is not None
         assert file_samples["kvbench_generated_tokens_total"][labels(engine)] == m["generated_tokens"] > 0
         assert file_samples["kvbench_block_alloc_latency_seconds_count"][labels(engine)] == m["block_alloc_count"]
