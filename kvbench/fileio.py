@@ -10,18 +10,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench.errors import KvbenchError
+
 
 def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as err:
+        raise KvbenchError(f"cannot write {target}: {err.strerror or err}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         writer(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as err:  # e.g. the target is a directory
+            raise KvbenchError(f"cannot write {target}: {err.strerror or err}") from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -62,8 +70,11 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
 def append_jsonl(path: str | os.PathLike, record: Any) -> None:
     """Append one JSON line and fsync, so a crash keeps every finished line."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     line = json_text(record, indent=None) + "\n"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise KvbenchError(f"cannot write {target}: {err.strerror or err}") from None
     with open(target, "a", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()

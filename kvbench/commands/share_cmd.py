@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -33,7 +34,7 @@ def share(
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    seed: int = typer.Option(0, "--seed", help="Seed of prompts, weights and samplers."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
@@ -48,6 +49,8 @@ def share(
     width = n if n is not None else beam
     if width < 1:
         raise KvbenchError(f"{'--n' if n is not None else '--beam'} must be at least 1, got {width}")
+    if not math.isfinite(length_penalty):
+        raise KvbenchError(f"--length-penalty must be a finite number, got {length_penalty}")
     if output_len < 1 or block_size < 1 or num_blocks < 1:
         raise KvbenchError("--output-len, --block-size and --num-blocks must be at least 1")
     from kvbench.engine.build import load_model  # torch loads only when the command runs
@@ -71,7 +74,7 @@ def share(
             singles = beam_search(runner, config, texts, 1, output_len, bpt, length_penalty)
     ratios = savings(measured, singles)
     identical = measured[0].outputs == measured[1].outputs
-    points = [{**m.as_dict(), "engine": m.mode, "concurrency": width, "scenario": f"share-{kind}", "status": "ok"}
+    points = [{**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
               for m in measured + singles]
     meta = run_meta(kind=kind, width=width, prompts=prompts, prompt_len=prompt_len, output_len=output_len,
                     block_size=block_size, reserve=reserve, model_name=loaded.shape.name, device=str(loaded.device),
@@ -95,11 +98,15 @@ def share(
         table.add_row(m.mode, str(m.width), f"{m.mean_blocks:,.1f}", str(m.peak_blocks),
                       human_bytes(m.as_dict()["mean_bytes"]), "-" if cost is None else f"{cost:.2f}x")
     console.print(table)
-    console.print(f"memory saved by sharing (paper's definition): {ratios['saved_by_sharing_pct_mean']:.1f}% "
-                  f"step-averaged, {ratios['saved_by_sharing_pct_peak']:.1f}% at peak")
+    console.print(f"memory saved by sharing (paper's definition): {_pct(ratios['saved_by_sharing_pct_mean'])} "
+                  f"step-averaged, {_pct(ratios['saved_by_sharing_pct_peak'])} at peak")
     console.print(f"outputs identical with and without sharing: {identical}")
     console.print(f"anchors — {ANCHORS[kind]}")
     console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, share.png)")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
 
 
 def _plot(run_dir, measured, singles, kind, width, model_name) -> None:

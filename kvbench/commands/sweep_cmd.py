@@ -78,7 +78,7 @@ def sweep(
     admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject (OOM)."),
     requests: int | None = typer.Option(None, "--requests", help="Requests per point (default: the scenario's)."),
     repeat: int = typer.Option(1, "--repeat", help="Run each point K times: mean, std and 95% CI."),
-    seed: int = typer.Option(0, "--seed", help="Seed of lengths, prompts and weights."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on."),
@@ -97,6 +97,7 @@ def sweep(
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
     """
     spec = load_scenario(scenario)
+    seed = spec.seed if seed is None else seed
     levels = int_list(concurrency, "--concurrency") if concurrency is not None else list(spec.concurrency)
     chosen = name_list(engines, "engines", ENGINES)
     if utilization is not None and not 0 < utilization <= 1:

@@ -46,7 +46,7 @@ def waste(
     concurrency: int = typer.Option(256, "--concurrency", help="Requests in flight (closed loop) and batch cap."),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
     strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the length sampler."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the length sampler."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
 ) -> None:

@@ -16,6 +16,7 @@ from kvbench.engine.beam import BeamSearch
 from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
+from kvbench.kv.block_pool import OutOfBlocks
 
 
 @dataclass
@@ -71,6 +72,10 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
                 request.sample_index = request.request_id % n
             group_of = {r.request_id: r.request_id // n for r in requests}
         result = engine.run(requests, concurrency=len(requests))
+        if result.rejected:
+            reason = result.rejected[0].reject_reason
+            raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); raise --num-blocks or "
+                               "--max-len, or use shorter prompts")
         mean, peak = _step_blocks(result)
         outputs = sorted(((group_of[r.parent_id if r.parent_id is not None else r.request_id], r.sample_index),
                           r.output_token_ids) for r in result.requests)
@@ -90,7 +95,11 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
         steps: list[int] = []
         outputs: list[list[int]] = []
         for prompt in prompts:
-            result = search.run(prompt, width, output_len, length_penalty)
+            try:
+                result = search.run(prompt, width, output_len, length_penalty)
+            except OutOfBlocks:
+                raise KvbenchError(f"{mode}: {width} beams of {len(prompt) + output_len} tokens do not fit in the pool; "
+                                   "raise --num-blocks") from None
             steps += result.blocks_per_step
             outputs.append(result.sequences[0])
         measurements.append(ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size,
@@ -104,6 +113,10 @@ def _config(base: EngineConfig, engine: str) -> EngineConfig:
     return replace(base, engine=engine)
 
 
+def _saved(without: float, with_sharing: float) -> float | None:
+    return 100 * (without - with_sharing) / without if without > 0 else None
+
+
 def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement]) -> dict:
     """Saved-by-sharing ratios and the cost of width w relative to width 1, per mode (mean blocks)."""
     by_mode = {m.mode: m for m in measurements}
@@ -111,8 +124,8 @@ def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement
     shared = by_mode["paged-shared"]
     unshared = by_mode.get("paged-unshared") or by_mode["paged-copy"]
     out = {
-        "saved_by_sharing_pct_mean": 100 * (unshared.mean_blocks - shared.mean_blocks) / unshared.mean_blocks,
-        "saved_by_sharing_pct_peak": 100 * (unshared.peak_blocks - shared.peak_blocks) / unshared.peak_blocks,
+        "saved_by_sharing_pct_mean": _saved(unshared.mean_blocks, shared.mean_blocks),
+        "saved_by_sharing_pct_peak": _saved(unshared.peak_blocks, shared.peak_blocks),
     }
     for mode, m in by_mode.items():
         base = single.get(mode)

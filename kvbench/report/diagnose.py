@@ -141,11 +141,13 @@ def _num(value: Any) -> float | None:
 
 
 def _layout_hint(point: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
-    if point.get("engine") == "contiguous":
+    if str(point.get("engine", "")).startswith("contiguous"):
         reserve = meta.get("reserve", "max")
         return (f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
                 f"--reserve {reserve} (pow2 or oracle); or a lower max-len (now {meta.get('max_len', '?')})")
-    return f"use a smaller --block-size (now {meta.get('block_size', '?')}; 16-32 work best)"
+    engine = str(point.get("engine", ""))
+    block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.get("block_size", "?")
+    return f"use a smaller --block-size (now {block_size}; 16-32 work best)"
 
 
 def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
@@ -229,7 +231,7 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     peak = _num(point.get("peak_running"))
     hint = ("give the KV cache more memory (--kv-memory, --gpu-memory-utilization)"
             + ("; the paged engine fits more requests in the same budget; or a lower max-len or --reserve pow2"
-               if point.get("engine") == "contiguous" else ""))
+               if str(point.get("engine", "")).startswith("contiguous") else ""))
     if point.get("status") == "oom":
         evidence = f"OOM: {point.get('status_reason') or 'requests rejected for lack of KV memory'}"
         if peak is not None and concurrency is not None:
@@ -343,7 +345,7 @@ def diagnose_series(all_series: list[Series], thresholds: Thresholds, source: st
         label = series.label
         frag = v.get("kvbench_kv_cache_fragmentation")
         layout = ("use the paged engine instead of contiguous slabs, reserve less (--reserve pow2), or a lower "
-                  "max-len" if series.labels.get("engine") == "contiguous" else "use a smaller --block-size")
+                  "max-len" if str(series.labels.get("engine", "")).startswith("contiguous") else "use a smaller --block-size")
         if frag is not None and frag > t.fragmentation:
             findings.append(Finding("fragmentation", "warning", label,
                                     f"online fragmentation {frag:.3f} > {t.fragmentation}", layout,

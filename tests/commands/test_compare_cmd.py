@@ -109,3 +109,15 @@ def test_help_documents_the_baseline_procedure(capsys):
     assert main(["compare", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--update-baseline" in out and "--fail-on" in out
+
+
+def test_unwritable_output_is_one_line_error(tmp_path, capsys):
+    import json as _json
+
+    summary = {"schema_version": 1, "kind": "waste", "meta": {}, "points": [
+        {"engine": "paged-16", "concurrency": 1, "scenario": "waste", "status": "ok", "completed": 1}]}
+    path = tmp_path / "s.json"
+    path.write_text(_json.dumps(summary))
+    assert main(["compare", str(path), str(path), "-o", "/proc/no/such/file"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot write") and len(err.splitlines()) == 1

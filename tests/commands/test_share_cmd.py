@@ -33,3 +33,20 @@ def test_share_needs_exactly_one_mode(capsys):
     assert main(["share", "--n", "0"]) == 2
     err = capsys.readouterr().err
     assert "exactly one of --n" in err and "at least 1" in err
+
+
+def test_share_budget_too_small_is_one_line(capsys):
+    assert main(["share", "--n", "2", "--num-blocks", "2", "--device", "cpu", "--out", "/tmp/kvbench-share-x"]) == 2
+    assert main(["share", "--beam", "2", "--num-blocks", "2", "--device", "cpu", "--out", "/tmp/kvbench-share-y"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+
+
+def test_share_summary_points_have_unique_keys(tmp_path):
+    from kvbench.report.summary_load import load_summary
+
+    args = ["share", "--beam", "2", "--prompts", "1", "--prompt-len", "8", "--output-len", "4", "--block-size", "4",
+            "--num-blocks", "64", "--device", "cpu", "--out", str(tmp_path / "b")]
+    assert main(args) == 0
+    load_summary(tmp_path / "b")  # refuses duplicate (engine, concurrency, scenario) keys
+    assert main(["compare", str(tmp_path / "b"), str(tmp_path / "b")]) == 0

@@ -194,3 +194,20 @@ def test_alerting_rules_follow_the_prometheus_schema_and_thresholds():
     assert {name.removesuffix("_bucket").removesuffix("_total") for name in used} <= exported
     assert {"kvbench_kv_cache_fragmentation", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_total",
             "kvbench_num_preemptions_total", "kvbench_requests_waiting"} <= used
+
+
+def test_waste_run_suggestions_know_contiguous_strategies_and_paged_block_sizes(tmp_path):
+    """Waste runs name engines contiguous-max / paged-16: the advice must match the strategy."""
+    import json as _json
+
+    from kvbench.report.diagnose import Thresholds, diagnose_run
+
+    base = {"status": "ok", "completed": 10, "rejected": 0, "preemptions": 0, "peak_running": 30,
+            "concurrency": 256, "scenario": "waste", "fragmentation_mean": 0.75,
+            "waste": {"token_state_pct": 24.0, "reservation_pct": 8.0, "internal_pct": 65.0, "external_pct": 0.0,
+                      "free_pct": 3.0}}
+    points = [{**base, "engine": "contiguous-max"}, {**base, "engine": "paged-16"}]
+    (tmp_path / "summary.json").write_text(_json.dumps(
+        {"schema_version": 1, "kind": "waste", "meta": {"max_len": 2048}, "points": points}))
+    text = _json.dumps(diagnose_run(tmp_path, Thresholds()).as_dict())
+    assert "instead of contiguous slabs" in text and "now 16" in text and "now ?" not in text
