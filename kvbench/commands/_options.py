@@ -37,12 +37,6 @@ def name_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
     return names
 
 
-def positive(value: float, what: str) -> float:
-    if value is None or value <= 0:
-        raise KvbenchError(f"{what} must be positive, got {value}")
-    return value
-
-
 def parse_size(text: str, what: str = "size") -> int:
     """``"2GiB"``, ``"512MB"``, ``"1e9"`` -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", text or "")

@@ -99,7 +99,7 @@ class BeamSearch:
                 final = top_scores[:k] / (steps**length_penalty)
                 order = torch.topk(final, k=min(k, final.numel())).indices.tolist()
                 return ([beam_tokens[parents[i]] + [tokens[i]] for i in order], [float(final[i]) for i in order])
-            keep = torch.topk(top_scores, k=k).indices.tolist()
+            keep = list(range(k))  # topk returns its candidates best first: the first k continue
             new_ids = [self._derive(manager, beam_ids[parents[i]], final_len, result) for i in keep]
             for old in beam_ids:
                 manager.free(old)

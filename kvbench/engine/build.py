@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,7 +69,3 @@ def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
 
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
     return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id)
-
-
-def engine_config(base: EngineConfig, **changes) -> EngineConfig:
-    return replace(base, **changes)

@@ -37,7 +37,6 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_len: int = 2048
     max_prefill_tokens: int = 4096
-    enable_prefix_caching: bool = False
     kernel_backend: str | None = None
 
     def __post_init__(self) -> None:
@@ -85,7 +84,7 @@ class LLMEngine:
     def _new_scheduler(self) -> Scheduler:
         pool = BlockPool(self.config.num_blocks, self.config.block_size, free_queue=self.config.engine == "paged")
         if self.config.engine == "paged":
-            manager = PagedManager(pool, enable_prefix_caching=self.config.enable_prefix_caching)
+            manager = PagedManager(pool)
         else:
             manager = ContiguousManager(pool, self.config.reserve, self.config.max_len)
         scheduler_config = SchedulerConfig(

@@ -63,7 +63,7 @@ class Scheduler:
             return self._reject(request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}",
                                 "too_long")
         if not self.manager.fits_empty_pool(request.expected_kv_len):
-            return self._reject(request, "oom: needs more KV memory than the whole pool holds", "pool")
+            return self._reject(request, "needs more KV memory than the whole pool holds", "pool")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
         return True
@@ -207,7 +207,8 @@ class Scheduler:
         self.sum_kv_base -= request.kv_at_base - request.clock_base
         self._set_held(request, 0)
         token_ids = None
-        if request.prompt_token_ids is not None:  # only tokens whose KV was written (not the last sampled one)
+        if getattr(self.manager, "enable_prefix_caching", False) and request.prompt_token_ids is not None:
+            # only tokens whose KV was written (not the last sampled one) can be cached
             token_ids = (list(request.prompt_token_ids) + list(request.output_token_ids))[: request.kv_len(clock)]
         self.manager.free(request.request_id, token_ids)
 

@@ -177,5 +177,3 @@ def _itl_arrays(spans) -> tuple[np.ndarray, np.ndarray]:
     weights = np.repeat(running, ks)
     keep = weights > 0
     return values[keep], weights[keep]
-
-SimulationResult = RunResult  # the simulator's result is the common run result

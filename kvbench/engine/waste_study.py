@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvbench.engine.request import Request
+from kvbench.engine.result import RunResult
 from kvbench.engine.scheduler import SchedulerConfig
-from kvbench.engine.simulator import SimulationResult, simulate
+from kvbench.engine.simulator import simulate
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.contiguous import ContiguousManager
@@ -76,7 +77,7 @@ def run_strategy(
     concurrency: int,
     timing,
     keep_timeline: bool = False,
-) -> SimulationResult:
+) -> RunResult:
     manager = strategy.build_manager(pool_slots, max_len)
     requests = [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
     config = SchedulerConfig(max_num_seqs=concurrency, max_len=max_len)

@@ -53,10 +53,6 @@ class PagedManager:
     def held_slots(self, request_id: int) -> int:
         return len(self.block_tables[request_id]) * self.block_size
 
-    def blocks_needed(self, request_id: int | None, total_tokens: int) -> int:
-        held = len(self.block_tables.get(request_id, ())) if request_id is not None else 0
-        return max(0, blocks_for(total_tokens, self.block_size) - held)
-
     def can_admit(self, prefill_tokens: int, final_length: int, reserve_blocks: int = 0) -> bool:
         """Room for the prefill now, keeping ``reserve_blocks`` free for the running requests to grow."""
         return blocks_for(prefill_tokens, self.block_size) + reserve_blocks <= self.pool.num_free

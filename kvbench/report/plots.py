@@ -56,7 +56,6 @@ def lines(
     ylabel: str,
     better: str,
     markers: bool = True,
-    log_y: bool = False,
     hline: float | None = None,
 ) -> Path:
     """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'."""
@@ -66,8 +65,6 @@ def lines(
         ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
     if hline is not None:
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
-    if log_y:
-        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title}\n({better} is better)" if better in ("higher", "lower") else f"{title}\n({better})",

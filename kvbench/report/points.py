@@ -9,12 +9,12 @@ from typing import Any
 from kvbench.engine.result import RunResult
 from kvbench.report.schema import MEMORY_FIELDS
 
-# numeric top-level fields aggregated over repeats (mean, std, 95% CI, samples)
+# headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
 REPEATED_FIELDS = (
     "output_throughput", "total_token_throughput", "request_throughput",
-    "mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p50_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p50_e2el_ms", "p99_e2el_ms",
+    *(f"{stat}_{kind}_ms" for kind in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "p50", "p90", "p99")),
 )
+_PEAK_FIELDS = ("peak_running", "kv_peak_allocated_bytes", "kv_peak_used_bytes")  # max over repeats
 
 
 def point_from_result(
@@ -64,25 +64,53 @@ def timeline_of(result: RunResult, max_points: int = 400) -> list[list[float]]:
 
 
 def aggregate_repeats(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean of each repeated metric with its std and 95% confidence interval; per-repeat samples kept."""
+    """One point from K repeats: means (with std, 95% CI and samples for the headline metrics), peaks as the
+    maximum, waste shares averaged, memory peaks maximised, and the worst status with its reason."""
     if len(points) == 1:
         return points[0]
     merged = dict(points[-1])
     merged["repeats"] = len(points)
     merged["samples"] = {}
-    statuses = {p["status"] for p in points}
-    merged["status"] = "error" if "error" in statuses else ("oom" if "oom" in statuses else "ok")
+    for status in ("error", "oom"):
+        worst = next((p for p in points if p["status"] == status), None)
+        if worst is not None:
+            merged["status"] = status
+            for key in ("status_reason", "error"):
+                if key in worst:
+                    merged[key] = worst[key]
+            break
+    for name, value in points[-1].items():
+        if name in REPEATED_FIELDS or name in _PEAK_FIELDS or not _is_number(value) or name == "concurrency":
+            continue
+        values = _numbers(points, name)
+        if values:
+            merged[name] = values[0] if len(set(values)) == 1 else statistics.fmean(values)  # equal counts stay ints
+    for name in _PEAK_FIELDS:
+        if _numbers(points, name):
+            merged[name] = max(_numbers(points, name))
+    for group, combine in (("waste", statistics.fmean), ("memory", max)):
+        if isinstance(points[-1].get(group), dict):
+            merged[group] = {key: (combine(values) if (values := [p[group][key] for p in points
+                                                                  if _is_number((p.get(group) or {}).get(key))])
+                                   else None) for key in points[-1][group]}
     for name in REPEATED_FIELDS:
-        values = [p[name] for p in points if isinstance(p.get(name), (int, float)) and not math.isnan(p[name])]
+        values = _numbers(points, name)
         if not values:
             continue
-        mean = statistics.fmean(values)
         std = statistics.stdev(values) if len(values) > 1 else 0.0
-        merged[name] = mean
+        merged[name] = statistics.fmean(values)
         merged[f"{name}_std"] = std
         merged[f"{name}_ci95"] = _t95(len(values)) * std / math.sqrt(len(values)) if len(values) > 1 else 0.0
         merged["samples"][name] = values
     return merged
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers(points: list[dict[str, Any]], name: str) -> list[float]:
+    return [p[name] for p in points if _is_number(p.get(name))]
 
 
 def _t95(n: int) -> float:
