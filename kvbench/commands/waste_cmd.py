@@ -14,6 +14,7 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
+from kvbench.report.points import point_from_result
 from kvbench.report.rundir import (
     flatten,
     markdown_table,
@@ -92,7 +93,7 @@ def waste(
         for strategy in chosen:
             status.update(f"simulating {strategy.name} ({len(pairs)} requests)")
             result = run_strategy(strategy, pairs, pool_slots, max_len, concurrency, timing)
-            points.append(_point(strategy.name, result, concurrency, shape.bytes_per_token, pool_slots))
+            points.append(_point(strategy.name, result, concurrency, shape.bytes_per_token))
 
     analytic = {
         "formula": "(max_len - actual_len) / max_len",
@@ -122,30 +123,15 @@ def waste(
     _print(console, document, run_dir)
 
 
-def _point(name: str, result, concurrency: int, bytes_per_token: int, pool_slots: int) -> dict:
-    acct = result.accountant
-    waste = acct.waste_pct()
-    return {
-        "engine": name,
-        "concurrency": concurrency,
-        "scenario": "waste",
-        "status": "ok",
-        "completed": len(result.completed),
-        "rejected": len(result.rejected),
-        "preemptions": result.num_preemptions,
-        **result.throughput(),
-        "peak_running": result.peak_running,
-        "mean_running": acct.mean_running(),
-        "max_concurrency": result.peak_running,
-        "kv_pool_bytes": pool_slots * bytes_per_token,
-        "kv_peak_allocated_bytes": acct.peak_allocated * bytes_per_token,
-        "kv_mean_used_bytes": acct.mean_slots("used") * bytes_per_token,
-        "bytes_per_token": bytes_per_token,
-        "waste": waste,
-        "effective_usage_pct": 100 * acct.effective_usage(),
-        "fragmentation_mean": acct.fragmentation_mean(),
-        "simulated_seconds": acct.elapsed_s,
-    }
+def _point(name: str, result, concurrency: int, bytes_per_token: int) -> dict:
+    """The sweep's point schema, plus what only a waste study reports."""
+    point = point_from_result(result, name, concurrency, "waste", bytes_per_token)
+    point.update(
+        max_concurrency=result.peak_running,
+        bytes_per_token=bytes_per_token,
+        simulated_seconds=result.accountant.elapsed_s,
+    )
+    return point
 
 
 def _markdown(document: dict) -> str:

@@ -37,7 +37,10 @@ MIN_SAMPLES = 3
 POINT_METRIC = "(point)"  # the metric name of a missing/new point's row
 STATUS_METRIC = "status"
 STATUS_RANK = {"ok": 2, "oom": 1, "error": 0}  # higher is better; unknown statuses rank as error
-META_FIELDS_TO_MATCH = ("model", "scenario", "device", "simulated", "seed")
+META_FIELDS_TO_MATCH = (
+    "model", "model_name", "scenario", "device", "gpu", "simulated", "seed", "requests", "block_size",
+    "kv_pool_slots", "pool_slots", "max_len", "repeat", "reserve", "admission",
+)
 
 
 class Verdict(str, Enum):

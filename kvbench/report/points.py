@@ -43,6 +43,8 @@ def point_from_result(
         "kv_mean_used_bytes": acct.mean_slots("used") * bytes_per_token,
         "kv_peak_used_bytes": acct.peak["used"] * bytes_per_token,
         "waste": acct.waste_pct(),
+        "waste_peak_pct": {part: 100.0 * slots / result.pool_slots if result.pool_slots else None
+                           for part, slots in acct.peak.items()},  # each part's own peak, in % of the pool
         "effective_usage_pct": 100 * acct.effective_usage(),
         "fragmentation_mean": acct.fragmentation_mean(),
         "elapsed_s": acct.elapsed_s,
