@@ -73,6 +73,7 @@ def waste(
             f"{human_bytes(shape.weight_bytes)} + activations {human_bytes(budget.activation_bytes)} > "
             f"{human_bytes(budget.usable_bytes)}"
         )
+    console = make_console(stderr=as_json)
     if trace is not None:
         pairs = load_trace(trace)
         too_long = sum(1 for p, o in pairs if p + o > max_len)
@@ -84,7 +85,13 @@ def waste(
     pool_slots = budget.kv_bytes // shape.bytes_per_token
     timing = RooflineTiming.for_model(shape, device)
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
-    console = make_console(stderr=as_json)
+    if trace is not None:
+        mean_len = round(actual_mean)  # the article's estimate at the trace's own mean
+        if too_long:
+            console.print(f"[yellow]warning: {too_long} of {len(pairs)} trace requests exceed max-len {max_len}; "
+                          "they are rejected and left out of the shares[/yellow]")
+        if requests != 2000:
+            console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
 
     for strategy in chosen:  # fail before simulating anything
         strategy.validate(pool_slots)
