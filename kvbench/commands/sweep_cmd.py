@@ -77,6 +77,7 @@ def sweep(
     reserve: str | None = typer.Option(None, "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
     admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject (OOM)."),
     requests: int | None = typer.Option(None, "--requests", help="Requests per point (default: the scenario's)."),
+    requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths."),
     repeat: int = typer.Option(1, "--repeat", help="Run each point K times: mean, std and 95% CI."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
     out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
@@ -110,7 +111,15 @@ def sweep(
     bs = block_size if block_size is not None else spec.block_size
     if bs < 1:
         raise KvbenchError(f"--block-size must be at least 1, got {bs}")
-    pairs = spec.lengths.sample(num_requests, seed)
+    replay = None
+    if requests_file is not None:  # replay exact prompts (token ids) and output lengths
+        from kvbench.workload.requests_file import load_requests_jsonl
+
+        replay = load_requests_jsonl(requests_file)
+        num_requests = len(replay)
+        pairs = [(len(ids), output) for ids, output in replay]
+    else:
+        pairs = spec.lengths.sample(num_requests, seed)
     warm_pairs = [(min(p, 8), min(o, 4)) for p, o in spec.lengths.sample(max(spec.warmup, 0), seed + 1)] if spec.warmup else []
     slots, budget_source = spec.budget_slots()
     max_num_seqs = max(256, *levels)  # the batch cap must not silently lower the concurrency asked for
@@ -131,7 +140,16 @@ def sweep(
 
         return lambda: token_requests(pairs_list, vocab, seed)
 
-    plan = SweepPlan(chosen, levels, spec.name, make(pairs), make(warm_pairs), repeat, continue_on_error)
+    make_requests = make(pairs)
+    if replay is not None and not simulate:
+        from kvbench.engine.llm_engine import make_request
+        from kvbench.engine.sampling import SamplingParams
+
+        if any(token >= vocab for ids, _ in replay for token in ids):
+            raise KvbenchError(f"{requests_file}: a prompt token id is outside the model's vocabulary of {vocab}")
+        make_requests = lambda: [make_request(i, ids, SamplingParams(max_tokens=out, ignore_eos=True))  # noqa: E731
+                                 for i, (ids, out) in enumerate(replay)]
+    plan = SweepPlan(chosen, levels, spec.name, make_requests, make(warm_pairs), repeat, continue_on_error)
     if resume and out is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
     run_dir = new_run_dir("sweep", out)
@@ -139,6 +157,7 @@ def sweep(
         "scenario": spec.name, "model": shape_name, "simulated": simulate, "requests": num_requests, "seed": seed,
         "block_size": bs, "kv_pool_slots": backend.base.num_blocks * bs, "reserve": backend.base.reserve,
         "admission": backend.base.admission, "max_len": spec.lengths.max_len, "repeat": repeat,
+        "requests_file": str(requests_file) if requests_file else None,
         "dtype": str(getattr(backend, "loaded", None) and backend.loaded.dtype),
     }, resume)
     meta = run_meta(

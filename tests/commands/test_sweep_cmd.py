@@ -187,3 +187,19 @@ def test_a_pool_smaller_than_one_reservation_is_oom_not_a_crash(tmp_path):
     assert point["status"] == "oom" and point["completed"] == 0
     assert point["output_throughput"] is None  # NaN is written as null: strict JSON
     assert "NaN" not in (out / "results.jsonl").read_text()
+
+
+def test_requests_file_is_replayed_exactly(scenario, tmp_path, capsys):
+    from kvbench.workload.requests_file import write_requests_jsonl
+
+    path = tmp_path / "req.jsonl"
+    write_requests_jsonl(path, [([1, 2, 3, 4, 5], 6), ([7] * 12, 4), ([9, 8], 3)])
+    out = tmp_path / "replay"
+    assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--requests-file", str(path)]) == 0
+    points = json.loads((out / "summary.json").read_text())["points"]
+    assert all(p["completed"] == 3 for p in points)
+    assert {p["engine"]: p["total_token_throughput"] / p["output_throughput"] for p in points} == pytest.approx(
+        {"paged": (19 + 13) / 13, "contiguous": (19 + 13) / 13})  # prompts 5+12+2 tokens, outputs 6+4+3
+    write_requests_jsonl(path, [([100000], 2)])
+    assert run(["--scenario", scenario, "--out", str(tmp_path / "bad"), "--requests-file", str(path)]) == 2
+    assert "vocabulary" in capsys.readouterr().err
