@@ -149,7 +149,11 @@ def sweep(
             raise KvbenchError(f"{requests_file}: a prompt token id is outside the model's vocabulary of {vocab}")
         make_requests = lambda: [make_request(i, ids, SamplingParams(max_tokens=out, ignore_eos=True))  # noqa: E731
                                  for i, (ids, out) in enumerate(replay)]
-    plan = SweepPlan(chosen, levels, spec.name, make_requests, make(warm_pairs), repeat, continue_on_error)
+    if spec.samples > 1 and simulate:
+        raise KvbenchError(f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on the "
+                           "tensor engine only (drop --simulate)")
+    plan = SweepPlan(chosen, levels, spec.name, make_requests, make(warm_pairs), repeat, continue_on_error,
+                     spec.samples)
     if resume and out is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
     run_dir = new_run_dir("sweep", out)
@@ -157,7 +161,7 @@ def sweep(
         "scenario": spec.name, "model": shape_name, "simulated": simulate, "requests": num_requests, "seed": seed,
         "block_size": bs, "kv_pool_slots": backend.base.num_blocks * bs, "reserve": backend.base.reserve,
         "admission": backend.base.admission, "max_len": spec.lengths.max_len, "repeat": repeat,
-        "requests_file": str(requests_file) if requests_file else None,
+        "requests_file": str(requests_file) if requests_file else None, "samples": spec.samples,
         "dtype": str(getattr(backend, "loaded", None) and backend.loaded.dtype),
     }, resume)
     meta = run_meta(

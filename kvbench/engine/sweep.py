@@ -41,6 +41,7 @@ class SweepPlan:
     make_warmup: Callable[[], list[Request]]
     repeat: int = 1
     continue_on_error: bool = False
+    samples: int = 1  # parallel sampling: the paged engine forks each request, the baseline runs n copies
 
     def keys(self) -> list[tuple[str, int]]:
         return [(engine, c) for c in self.concurrencies for engine in self.engines]
@@ -116,6 +117,23 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
     return points
 
 
+def parallel_samples(requests: list[Request], samples: int, engine: str) -> list[Request]:
+    """n samples per request: forked by the paged engine, n full copies (seeds seed+i) for the baseline."""
+    from dataclasses import replace
+
+    from kvbench.engine.llm_engine import make_request
+
+    out = []
+    for request in requests:
+        base = replace(request.sampling, temperature=1.0, top_p=0.95, seed=1000 * request.request_id)
+        if engine == "paged":
+            out.append(make_request(request.request_id, request.prompt_token_ids, base, num_samples=samples))
+        else:
+            out += [make_request(request.request_id * samples + i, request.prompt_token_ids,
+                                 replace(base, seed=base.seed + i)) for i in range(samples)]
+    return out
+
+
 class PointFailed(Exception):
     """A point failed and --continue-on-error was not given; earlier points are already saved."""
 
@@ -128,8 +146,12 @@ def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency:
     runs = []
     for repeat in range(plan.repeat):
         requests = plan.make_requests()
+        in_flight = concurrency
+        if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
+            requests, in_flight = parallel_samples(requests, plan.samples, engine), concurrency * (
+                plan.samples if engine != "paged" else 1)
         on_step = progress.step_callback(engine, concurrency, repeat, len(requests)) if progress else None
-        result, memory = backend.run(engine, requests, concurrency, on_step)
+        result, memory = backend.run(engine, requests, in_flight, on_step)
         point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
         if repeat == plan.repeat - 1:
             timeline_file = run_dir / f"timeline-{engine}-c{concurrency}.json"

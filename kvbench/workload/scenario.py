@@ -15,7 +15,7 @@ from kvbench.workload.lengths import LengthSpec
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "description": str, "max_len": int, "mean_len": int, "distribution": str, "sigma": (int, float),
     "prompt_ratio": (int, float), "requests": int, "warmup": int, "concurrency": list, "block_size": int,
-    "reserve": str, "admission": str, "seed": int, "budget": dict,
+    "reserve": str, "admission": str, "seed": int, "budget": dict, "samples": int,
 }
 _BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
     "model": str, "gpu": str, "utilization": (int, float), "slots": int,
@@ -36,6 +36,7 @@ class Scenario:
     seed: int = 0
     budget: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    samples: int = 1  # parallel samples per request (paged: forked, sharing the prompt's blocks)
 
     def budget_slots(self) -> tuple[int, str]:
         """Token slots of the KV pool and a sentence saying where the number comes from."""
@@ -86,6 +87,8 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
     for key in ("requests", "block_size", "max_len", "mean_len"):
         if key in data and data[key] < 1:
             raise KvbenchError(f"{where}: {key} must be positive, got {data[key]}")
+    if data.get("samples", 1) < 1:
+        raise KvbenchError(f"{where}: samples must be at least 1")
     if data.get("warmup", 0) < 0:
         raise KvbenchError(f"{where}: warmup must be >= 0")
     if data.get("reserve", "max") not in ("max", "pow2", "oracle"):
@@ -106,7 +109,7 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
         name=name, description=data.get("description", ""), lengths=lengths, requests=data.get("requests", 60),
         warmup=data.get("warmup", 4), concurrency=tuple(concurrency), block_size=data.get("block_size", 16),
         reserve=data.get("reserve", "max"), admission=data.get("admission", "queue"), seed=data.get("seed", 0),
-        budget=dict(budget), source=source,
+        budget=dict(budget), source=source, samples=data.get("samples", 1),
     )
 
 

@@ -203,3 +203,15 @@ def test_requests_file_is_replayed_exactly(scenario, tmp_path, capsys):
     write_requests_jsonl(path, [([100000], 2)])
     assert run(["--scenario", scenario, "--out", str(tmp_path / "bad"), "--requests-file", str(path)]) == 2
     assert "vocabulary" in capsys.readouterr().err
+
+
+def test_parallel_sampling_scenario_forks_for_paged_and_copies_for_the_baseline(tmp_path, capsys):
+    path = tmp_path / "samples.toml"
+    path.write_text(SCENARIO.replace('admission = "queue"', 'admission = "queue"\nsamples = 3'))
+    out = tmp_path / "ps"
+    assert run(["--scenario", str(path), "--out", str(out), "--concurrency", "2"]) == 0
+    points = {p["engine"]: p for p in json.loads((out / "summary.json").read_text())["points"]}
+    assert points["paged"]["completed"] == points["contiguous"]["completed"] == 6 * 3
+    assert points["paged"]["kv_peak_allocated_bytes"] < points["contiguous"]["kv_peak_allocated_bytes"]
+    assert main(["sweep", "--scenario", str(path), "--simulate", "--out", str(tmp_path / "sim")]) == 2
+    assert "tensor engine only" in capsys.readouterr().err
