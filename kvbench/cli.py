@@ -80,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:  # usage errors from click (typer may vendor its own copy)
         if isinstance(err, _click_exception_types()):
-            err.show()
+            if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
+                err.show()  # `kvbench` alone, or a group without a command: the help text is the answer
+            else:
+                command = getattr(getattr(err, "ctx", None), "command_path", "kvbench")
+                typer.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
             return err.exit_code
         raise
     return result if isinstance(result, int) else 0

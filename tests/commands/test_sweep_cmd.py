@@ -215,3 +215,10 @@ def test_parallel_sampling_scenario_forks_for_paged_and_copies_for_the_baseline(
     assert points["paged"]["kv_peak_allocated_bytes"] < points["contiguous"]["kv_peak_allocated_bytes"]
     assert main(["sweep", "--scenario", str(path), "--simulate", "--out", str(tmp_path / "sim")]) == 2
     assert "tensor engine only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["waste", "--max-len", "abc"], ["nope"], ["sweep", "--bogus"]])
+def test_usage_errors_are_one_line(args, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "--help" in err
