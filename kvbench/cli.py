@@ -66,7 +66,7 @@ def _click_exception_types() -> tuple[type, ...]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False, prog_name="kvbench")
     except KvbenchError as err:
         typer.echo(f"error: {err}", err=True)
         return err.exit_code

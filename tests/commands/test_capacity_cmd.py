@@ -108,4 +108,4 @@ def test_malformed_config_file(capsys, tmp_path):
 @pytest.mark.parametrize("argv", [["--max-len", "abc"], ["--mean-len", "1.5"], ["--json", "extra"]])
 def test_click_usage_errors_exit_2(capsys, argv):
     code, _, err = _run(capsys, *argv)
-    assert code == 2 and "Error" in err
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1

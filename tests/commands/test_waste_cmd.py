@@ -172,7 +172,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
 def test_click_usage_errors_exit_2(capsys, argv):
     code, _, err = _run(capsys, *argv)
     assert code == 2
-    assert "Error" in err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
