@@ -202,8 +202,9 @@ class LLMEngine:
 
     def _prepare_decode(self, scheduler: Scheduler, clock: int) -> list[Request]:
         """Room for every running request's next token (oldest first), preempting if the pool is dry."""
+        needs_room = scheduler.needs_room
         for request in list(scheduler.running.values()):
-            if request.status is not RequestStatus.RUNNING or not scheduler.needs_room(request, clock):
+            if request.status is not RequestStatus.RUNNING or not needs_room(request, clock):
                 continue
             copies, _preempted = scheduler.make_room(request, clock)
             if copies:

@@ -34,6 +34,7 @@ class BlockPool:
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self.has_free_queue = free_queue
+        self.num_shared = 0  # blocks with more than one owner: none means no write needs copy-on-write
         self.num_free = num_blocks
         self.total_allocations = 0  # block allocations over the pool's life (metrics)
         if not free_queue:
@@ -134,9 +135,12 @@ class BlockPool:
 
     def share(self, block: int) -> None:
         """One more owner for an allocated block (fork, prefix sharing)."""
-        if self.ref_counts[block] <= 0:
+        count = self.ref_counts[block]
+        if count <= 0:
             raise BlockPoolError(f"cannot share free block {block}")
-        self.ref_counts[block] += 1
+        self.ref_counts[block] = count + 1
+        if count == 1:
+            self.num_shared += 1
 
     def release(self, block: int) -> bool:
         """Drop one owner; returns True when the block went back to the free queue."""
@@ -144,6 +148,8 @@ class BlockPool:
         if count <= 0:
             raise BlockPoolError(f"double free of block {block}")
         self.ref_counts[block] = count - 1
+        if count == 2:
+            self.num_shared -= 1
         if count == 1:
             if self.has_free_queue:
                 self._append(block)
@@ -189,3 +195,5 @@ class BlockPool:
                 raise BlockPoolError(f"allocated block {block} has ref count {self.ref_counts[block]}")
         if self.num_used + self.num_free != self.num_blocks:
             raise BlockPoolError("used + free != total")
+        if sum(1 for count in self.ref_counts if count > 1) != self.num_shared:
+            raise BlockPoolError("shared-block count is off")

@@ -46,6 +46,8 @@ class PagedManager:
 
     def writes_shared_block(self, request_id: int, position: int) -> bool:
         """Whether writing token ``position`` lands in a block another request also holds (copy-on-write)."""
+        if not self.pool.num_shared:  # the common case: nothing is shared, nothing to check
+            return False
         table = self.block_tables[request_id]
         index = position // self.block_size
         return index < len(table) and self.pool.is_shared(table[index])
