@@ -1,0 +1,44 @@
+"""Paged vs contiguous engine at equal batch (both fit): interleaved runs, minimum process CPU time.
+
+    python benchmarks/bench_paged_vs_contiguous.py [--runs 6]
+
+Goal (tensor-engine issue): within 5%. CPU time, interleaved, minimum over runs: wall clock on a shared
+machine swings far more than the difference being measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from kvbench.engine.build import load_model
+from kvbench.engine.llm_engine import EngineConfig, LLMEngine
+from kvbench.engine.sweep_backends import token_requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--output", type=int, default=64)
+    args = parser.parse_args()
+    loaded = load_model("tiny", "cpu", None, 0)
+    pairs = [(args.prompt, args.output)] * args.batch
+    engines = {name: LLMEngine(loaded.model, EngineConfig(engine=name, block_size=16, num_blocks=512, max_len=256))
+               for name in ("paged", "contiguous")}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(args.runs):
+        for name, engine in engines.items():
+            requests = token_requests(pairs, loaded.shape.vocab_size, 0)
+            start = time.process_time()
+            engine.run(requests, args.batch)
+            cpu[name].append(time.process_time() - start)
+    for name, values in cpu.items():
+        print(f"{name:>10}: min {min(values):.3f} s CPU over {args.runs} runs  {[round(v, 3) for v in values]}")
+    ratio = min(cpu["paged"]) / min(cpu["contiguous"])
+    print(f"paged / contiguous CPU time: {ratio:.3f} ({'within' if abs(ratio - 1) <= 0.05 else 'OUTSIDE'} 5%)")
+
+
+if __name__ == "__main__":
+    main()
