@@ -4,7 +4,6 @@ and see the same pool (the last step of a finishing request included)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvbench.engine.llm_engine import EngineConfig, LLMEngine
 from kvbench.engine.request import Request
@@ -21,10 +20,7 @@ from kvbench.models.shapes import MODEL_PRESETS
 
 @pytest.fixture(scope="module")
 def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_random_model(MODEL_PRESETS["tiny"], seed=0)
-    torch.set_num_threads(threads)
+    return build_random_model(MODEL_PRESETS["tiny"], seed=0)
 
 
 @pytest.mark.parametrize("engine, blocks", [("paged", 40), ("paged", 7), ("contiguous", 40)])

@@ -42,15 +42,6 @@ class Reference:
     tokens: list[list[int]]  # greedy transformers generate(), MAX_TOKENS per prompt
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny shapes run fastest on one thread, and one thread is immune to oversubscribed CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _reference(shape: ModelShape, seed: int) -> Reference:
     model = build_random_model(shape, seed=seed)
     generator = torch.Generator().manual_seed(seed + 1)

@@ -11,15 +11,6 @@ from kvbench.errors import KvbenchError
 VOCAB = 50
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a busy machine each parallel op can wait a time slice."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
 

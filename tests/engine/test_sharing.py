@@ -22,12 +22,9 @@ SHAPE = ModelShape("share-test", num_layers=2, hidden_size=64, num_heads=4, num_
 
 @pytest.fixture(scope="module")
 def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: one thread is faster (see kvbench.engine.build)
     built = build_random_model(SHAPE, seed=3)
     built.generation_config.eos_token_id = None
-    yield built
-    torch.set_num_threads(threads)
+    return built
 
 
 def _prompts(seed: int, lengths=(11, 20, 7)) -> list[list[int]]:

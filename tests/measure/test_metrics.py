@@ -45,10 +45,7 @@ def value(samples, name: str, engine: str, device: str = "cpu") -> float:
 
 @pytest.fixture(scope="module")
 def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_random_model(SHAPE, seed=0)
-    torch.set_num_threads(threads)
+    return build_random_model(SHAPE, seed=0)
 
 
 def _requests() -> list[Request]:

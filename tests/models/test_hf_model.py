@@ -20,16 +20,6 @@ from kvbench.models.hf_model import (
 from kvbench.models.runner import ModelRunner
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a busy machine each parallel op can wait a time slice."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SMALL = ModelShape("small", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=48,
                    vocab_size=64, max_position_embeddings=128, dtype="fp32", rope_theta=5000.0,
                    rope_scaling={"type": "linear", "factor": 2.0}, eos_token_id=3)

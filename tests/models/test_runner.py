@@ -12,16 +12,6 @@ from kvbench.models.hf_model import build_random_model
 from kvbench.models.runner import ModelRunner, kv_bytes_per_block
 from kvbench.models.shapes import ModelShape
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a busy machine each parallel op can wait a time slice."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 GQA = ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                  vocab_size=384, max_position_embeddings=256, dtype="fp32")
 MHA = ModelShape("test-mha", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, intermediate_size=96,
