@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.errors import KvbenchError
+from kvbench.workload.jsonl import json_objects, read_text
 
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "lognormal")
 
@@ -65,24 +66,11 @@ def load_trace(path: str | Path) -> list[tuple[int, int]]:
     trace = Path(path)
     if not trace.is_file():
         raise KvbenchError(f"trace file not found: {trace}")
-    try:
-        text = trace.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise KvbenchError(f"cannot read trace {trace}: {err}") from None
-    rows: list[dict] = []
+    text = read_text(trace, "trace file")
     if trace.suffix.lower() == ".csv":
         rows = list(csv.DictReader(text.splitlines()))
     else:
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise KvbenchError(f"{trace}:{number}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise KvbenchError(f"{trace}:{number}: expected a JSON object")
-            rows.append(row)
+        rows = [row for _, row in json_objects(trace, text)]
     if not rows:
         raise KvbenchError(f"trace {trace} holds no requests")
     return [_trace_row(trace, number, row) for number, row in enumerate(rows, 1)]

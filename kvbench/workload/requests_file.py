@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
+from kvbench.workload.jsonl import json_objects, read_text
 
 RequestItem = tuple[list[int], int]  # (prompt token ids, output length)
 OUTPUT_KEYS = ("output_len", "max_tokens")
@@ -27,26 +28,7 @@ OUTPUT_KEYS = ("output_len", "max_tokens")
 def load_requests_jsonl(path: str | os.PathLike, vocab_size: int | None = None) -> list[RequestItem]:
     """Read ``(prompt_token_ids, output_len)`` per line; token ids are checked against ``vocab_size`` if given."""
     source = Path(path)
-    if not source.exists():
-        raise KvbenchError(f"requests file not found: {source}")
-    if not source.is_file():
-        raise KvbenchError(f"requests file is not a file: {source}")
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise KvbenchError(f"cannot read requests file {source}: {err}") from None
-    items: list[RequestItem] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise KvbenchError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise KvbenchError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        items.append(_parse_row(row, where, vocab_size))
+    items = [_parse_row(row, where, vocab_size) for where, row in json_objects(source, read_text(source, "requests file"))]
     if not items:
         raise KvbenchError(f"requests file {source} holds no requests")
     return items
