@@ -59,6 +59,7 @@ class _StepRecord:
     held: int
     external: int
     unique_used: int | None = None  # token states stored, each shared slot once (runs with forks only)
+    unique_internal: int = 0  # slots of held blocks no owner will ever write (runs with forks only)
 
 
 class LLMEngine:
@@ -236,8 +237,8 @@ class LLMEngine:
     def _record(scheduler: Scheduler, clock: int, shared: bool) -> _StepRecord:
         """The pool's state after this step's writes; its duration is filled in when the step ends."""
         live = [(r.request_id, r.held_slots, r.kv_len(clock)) for r in scheduler.running.values()]
-        unique = _unique_token_states(scheduler, clock) if shared else None
-        return _StepRecord(0.0, live, scheduler.held_slots(), scheduler.external_slots(), unique)
+        used, internal = _shared_block_states(scheduler, clock) if shared else (None, 0)
+        return _StepRecord(0.0, live, scheduler.held_slots(), scheduler.external_slots(), used, internal)
 
     def _result(self, requests, scheduler: Scheduler, records: list[_StepRecord], peak_running: int) -> RunResult:
         """Account every step with hindsight: each request's real final length splits reserved from internal."""
@@ -245,8 +246,9 @@ class LLMEngine:
         accountant = WasteAccountant(pool_slots, self.config.block_size)
         final = {r.request_id: r.final_kv_len for r in requests if r.final_kv_len is not None}
         for record in records:
-            if record.unique_used is not None:  # shared blocks: count each stored token state once
-                used, capped, internal = record.unique_used, record.held, 0
+            if record.unique_used is not None:  # shared blocks: count each slot once, whoever owns it
+                used, internal = record.unique_used, record.unique_internal
+                capped = record.held - internal
             else:
                 used = sum(kv for _, _, kv in record.live)
                 capped = sum(min(held, final.get(rid, held)) for rid, held, _ in record.live)
@@ -268,19 +270,22 @@ class LLMEngine:
         )
 
 
-def _unique_token_states(scheduler: Scheduler, clock: int) -> int:
-    """Slots holding written token states, counting a block shared by several requests once."""
+def _shared_block_states(scheduler: Scheduler, clock: int) -> tuple[int, int]:
+    """(token states stored, slots never to be written) over the pool's blocks, a shared block counted once.
+
+    A slot is written if any owner has written it; it is internal if no owner will reach it before its
+    expected end (prompt + max_tokens - 1: the run's length when EOS is ignored, as in benchmarks).
+    """
     block_size = scheduler.block_size
-    filled: dict[int, int] = {}
+    written: dict[int, int] = {}
+    reach: dict[int, int] = {}
     for request in scheduler.running.values():
-        kv_len = request.kv_len(clock)
+        kv_len, final = request.kv_len(clock), request.expected_kv_len
         for index, block in enumerate(scheduler.manager.block_table(request.request_id)):
-            count = min(block_size, kv_len - index * block_size)
-            if count <= 0:
-                break
-            if count > filled.get(block, 0):
-                filled[block] = count
-    return sum(filled.values())
+            start = index * block_size
+            written[block] = max(written.get(block, 0), min(block_size, max(0, kv_len - start)))
+            reach[block] = max(reach.get(block, 0), min(block_size, max(0, final - start)))
+    return sum(written.values()), sum(block_size - filled for filled in reach.values())
 
 
 def make_request(request_id: int, prompt_token_ids: list[int], params: SamplingParams, num_samples: int = 1) -> Request:
