@@ -19,8 +19,7 @@ import torch
 
 from kvbench.errors import KvbenchError
 from kvbench.kernels import copy_blocks
-from kvbench.kv.block_pool import BlockPool
-from kvbench.kv.contiguous import ContiguousManager
+from kvbench.kv.factory import build_manager
 from kvbench.kv.paged import PagedManager
 from kvbench.models.runner import ModelRunner
 
@@ -63,11 +62,9 @@ class BeamSearch:
             raise KvbenchError("beam width and max new tokens must be at least 1")
         if 2 * num_beams > self.runner.vocab_size:
             raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
-        pool = BlockPool(self.runner.num_blocks, self.runner.block_size, free_queue=self.mode != "contiguous")
-        if self.mode == "contiguous":
-            manager = ContiguousManager(pool, self.reserve, self.max_len)
-        else:
-            manager = PagedManager(pool)
+        kind = "contiguous" if self.mode == "contiguous" else "paged"
+        manager = build_manager(kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len)
+        pool = manager.pool
         final_len = len(prompt) + max_new_tokens - 1
         result = BeamSearchResult([], [], block_size=pool.block_size)
         try:

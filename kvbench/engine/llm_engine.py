@@ -21,9 +21,8 @@ from kvbench.engine.sampling import SamplingParams, make_generator, sample
 from kvbench.engine.scheduler import ENGINES, Scheduler, SchedulerConfig
 from kvbench.errors import KvbenchError
 from kvbench.kv.accounting import WasteAccountant
-from kvbench.kv.block_pool import BlockPool
-from kvbench.kv.contiguous import RESERVATION_POLICIES, ContiguousManager
-from kvbench.kv.paged import PagedManager
+from kvbench.kv.contiguous import RESERVATION_POLICIES
+from kvbench.kv.factory import build_manager
 from kvbench.models.runner import ModelRunner
 
 
@@ -83,11 +82,8 @@ class LLMEngine:
         return self.runner.bytes_per_block // self.config.block_size
 
     def _new_scheduler(self) -> Scheduler:
-        pool = BlockPool(self.config.num_blocks, self.config.block_size, free_queue=self.config.engine == "paged")
-        if self.config.engine == "paged":
-            manager = PagedManager(pool)
-        else:
-            manager = ContiguousManager(pool, self.config.reserve, self.config.max_len)
+        manager = build_manager(self.config.engine, self.config.num_blocks, self.config.block_size,
+                                self.config.reserve, self.config.max_len)
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.config.max_num_seqs,
             max_len=self.config.max_len,

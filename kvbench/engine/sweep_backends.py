@@ -14,9 +14,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
-from kvbench.kv.block_pool import BlockPool
-from kvbench.kv.contiguous import ContiguousManager
-from kvbench.kv.paged import PagedManager
+from kvbench.kv.factory import build_manager
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec
 from kvbench.models.shapes import ModelShape
@@ -73,11 +71,8 @@ class SimulatedBackend:
         """The simulator has no caches to warm."""
 
     def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
-        pool = BlockPool(self.base.num_blocks, self.base.block_size, free_queue=engine == "paged")
-        if engine == "paged":
-            manager = PagedManager(pool)
-        else:
-            manager = ContiguousManager(pool, self.base.reserve, self.base.max_len)
+        manager = build_manager(engine, self.base.num_blocks, self.base.block_size, self.base.reserve,
+                                self.base.max_len)
         config = SchedulerConfig(max_num_seqs=self.base.max_num_seqs, max_len=self.base.max_len,
                                  admission=self.base.admission, max_prefill_tokens=self.base.max_prefill_tokens)
         result = simulate(requests, manager, self.timing, concurrency, config)

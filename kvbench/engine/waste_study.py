@@ -10,9 +10,7 @@ from kvbench.engine.result import RunResult
 from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.errors import KvbenchError
-from kvbench.kv.block_pool import BlockPool
-from kvbench.kv.contiguous import ContiguousManager
-from kvbench.kv.paged import PagedManager
+from kvbench.kv.factory import build_manager
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
 MAX_SIMULATED_BLOCKS = 1 << 22  # the pool keeps per-block Python state: past ~4M blocks it costs GBs and minutes
@@ -35,10 +33,7 @@ class Strategy:
 
     def build_manager(self, pool_slots: int, max_len: int):
         block_size, num_blocks = self.validate(pool_slots)
-        pool = BlockPool(num_blocks, block_size, free_queue=self.kind == "paged")
-        if self.kind == "paged":
-            return PagedManager(pool)
-        return ContiguousManager(pool, self.policy or "max", max_len)
+        return build_manager(self.kind, num_blocks, block_size, self.policy or "max", max_len)
 
     def validate(self, pool_slots: int) -> tuple[int, int]:
         """(block size, block count) to simulate this pool with; a clear error if it cannot be simulated."""
