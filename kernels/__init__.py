@@ -8,8 +8,13 @@ from kvbench.kernels.dispatch import (
     copy_blocks,
     paged_decode_attention,
     paged_prefill_attention,
+    plan_decode,
+    plan_prefill,
     resolve_backend,
     write_kv,
 )
 
-__all__ = ["copy_blocks", "paged_decode_attention", "paged_prefill_attention", "resolve_backend", "write_kv"]
+__all__ = [
+    "copy_blocks", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
+    "resolve_backend", "write_kv",
+]

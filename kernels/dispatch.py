@@ -3,7 +3,9 @@
 ``backend`` ("torch" | "triton") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the whole
 process. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
 ``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
-which the torch reference ignores.
+which the torch reference ignores. The torch reference takes a per-step ``plan`` (the gathers and masks that
+every layer of a step shares, from ``plan_decode`` / ``plan_prefill``), which the Triton kernels do not need:
+the planners return None for them.
 """
 
 from __future__ import annotations
@@ -29,10 +31,26 @@ def _triton_ops():
     return triton_ops
 
 
-def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = None) -> None:
+def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = None, *, padded: bool = True) -> None:
+    """``padded=False`` promises no slot is -1 (the torch path then skips its filter)."""
     if resolve_backend(key.device, backend) == "triton":
         return _triton_ops().write_kv(key, value, k_cache, v_cache, slot_mapping)
-    return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    return reference.write_kv(key, value, k_cache, v_cache, slot_mapping, padded)
+
+
+def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None):
+    """What every layer's decode attention of one step shares (None when the backend plans nothing)."""
+    if resolve_backend(k_cache.device, backend) == "triton":
+        return None
+    return reference.plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3])
+
+
+def plan_prefill(block_tables, query_start_loc, context_lens, k_cache, num_heads: int, backend: str | None = None):
+    """What every layer's prefill attention of one step shares (None when the backend plans nothing)."""
+    if resolve_backend(k_cache.device, backend) == "triton":
+        return None
+    return reference.plan_prefill(block_tables, query_start_loc, context_lens, k_cache.shape[1],
+                                  k_cache.shape[2] * k_cache.shape[3], num_heads)
 
 
 def paged_decode_attention(
@@ -47,13 +65,14 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     max_context_len: int | None = None,
+    plan=None,
 ):
     if resolve_backend(query.device, backend) == "triton":
         return _triton_ops().paged_decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale, out,
             num_splits=num_splits, max_context_len=max_context_len,
         )  # fmt: skip
-    return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out)
+    return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out, plan)
 
 
 def paged_prefill_attention(
@@ -68,6 +87,7 @@ def paged_prefill_attention(
     *,
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
+    plan=None,
 ):
     if resolve_backend(query.device, backend) == "triton":
         return _triton_ops().paged_prefill_attention(
@@ -75,7 +95,7 @@ def paged_prefill_attention(
             max_query_len=max_query_len,
         )  # fmt: skip
     return reference.paged_prefill_attention(
-        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out
+        query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out, plan
     )
 
 

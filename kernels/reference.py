@@ -10,10 +10,15 @@ length 0 gets a zero output.
 
 The attention ops are vectorised over the batch (they are the CPU engine's hot path): the blocks of every
 request are gathered into one tensor padded to the longest context, and padding is masked out of the softmax.
+What that gather and mask need depends only on the block tables and lengths, which every layer of a step
+shares: :func:`plan_decode` / :func:`plan_prefill` build it once per step and each layer's call reuses it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,15 +37,21 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    padded: bool = True,
 ) -> None:
-    """Scatter ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping[T]``; slot ``-1`` is skipped."""
+    """Scatter ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping[T]``; slot ``-1`` is skipped.
+
+    ``padded=False`` promises that no slot is ``-1``, which saves filtering them out.
+    """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
     k_flat = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
     v_flat = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    k_flat[slots] = key[keep].to(k_cache.dtype)
-    v_flat[slots] = value[keep].to(v_cache.dtype)
+    slots = slot_mapping.long()
+    if padded:
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+    k_flat.index_copy_(0, slots, key.to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
 
 
 def gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, context_len: int) -> torch.Tensor:
@@ -72,20 +83,92 @@ def _gather(cache: torch.Tensor, index: torch.Tensor, batch: int) -> torch.Tenso
 def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float):
     """Fused attention in float32 over gathered blocks, without copying them into head-major order.
 
-    ``q [B, Hq, M, D]``, ``keys``/``values [B, L, Hkv, D]``, ``visible`` boolean, broadcastable to
-    ``[B, Hq, M, L]``; every row must see at least one key. Returns ``[B, Hq, M, D]`` float32.
+    ``q [B, Hq, M, D]``, ``keys``/``values [B, L, Hkv, D]``, ``visible`` a boolean mask or an additive float
+    bias, broadcastable to ``[B, Hq, M, L]``; every row must see at least one key. Returns ``[B, Hq, M, D]``
+    float32.
     """
     q = q.float()
     k = keys.transpose(1, 2).float()  # [B, Hkv, L, D]: a view when the cache is float32
     v = values.transpose(1, 2).float()
-    if q.shape[1] == k.shape[1]:
+    batch, num_heads, rows, head_dim = q.shape
+    group = num_heads // k.shape[1]
+    if group == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    if rows == 1:  # decode: a KV head's query heads become its rows, so each K/V head is read once
+        grouped = q.reshape(batch, k.shape[1], group, head_dim)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=visible, scale=scale)
+        return out.view(batch, num_heads, 1, head_dim)
     try:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=True)
     except TypeError:  # torch < 2.5 has no enable_gqa
-        group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    """Requests ``start:end`` of a decode step: which blocks to gather, and the softmax bias over them."""
+
+    start: int
+    end: int
+    block_index: torch.Tensor  # [n * W] int64
+    bias: torch.Tensor  # [n, 1, 1, W * block_size] float32: 0 where visible, -inf on padding
+    empty: torch.Tensor | None  # [n] bool, requests with no context (zero output); None if there are none
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """The batch of one decode step cut into chunks whose gathered K stays small (see ``_CHUNK_BYTES``)."""
+
+    batch: int
+    chunks: tuple[DecodeChunk, ...]
+
+
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, kv_row: int) -> DecodePlan:
+    """The gathers and masks of a decode step; ``kv_row`` is ``num_kv_heads * head_dim`` of the cache.
+
+    Host tensors are planned with numpy: a dozen tiny torch ops cost ~10x more than the same in numpy.
+    """
+    host = block_tables.device.type == "cpu" and context_lens.device.type == "cpu"
+    lens_list = context_lens.tolist()
+    batch = len(lens_list)
+    step = max(1, _CHUNK_BYTES // (max(max(lens_list, default=0), 1) * kv_row * 4))
+    chunks = []
+    for start in range(0, batch, step):
+        end = min(start + step, batch)
+        chunk_max = max(lens_list[start:end])
+        if host:
+            index, bias = _decode_masks_numpy(block_tables[start:end].numpy(), context_lens[start:end].numpy(),
+                                              block_size, chunk_max)
+        else:
+            index, bias = _decode_masks_torch(block_tables[start:end], context_lens[start:end].long(), block_size,
+                                              chunk_max)
+        empty = context_lens[start:end] == 0 if min(lens_list[start:end]) == 0 else None
+        chunks.append(DecodeChunk(start, end, index, bias[:, None, None, :], empty))
+    return DecodePlan(batch, tuple(chunks))
+
+
+def _decode_masks_torch(
+    block_tables: torch.Tensor, lens: torch.Tensor, block_size: int, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat block ids and the ``[n, L]`` softmax bias (0 visible, -inf padding) of a chunk, on its device."""
+    index = _block_index(block_tables, lens, block_size, max_len)
+    width = index.shape[0] // lens.shape[0] * block_size
+    visible = torch.arange(width, device=lens.device)[None, :] < lens.clamp(min=1)[:, None]
+    bias = torch.zeros(visible.shape, dtype=torch.float32, device=lens.device).masked_fill_(~visible, -torch.inf)
+    return index, bias
+
+
+def _decode_masks_numpy(
+    block_tables: np.ndarray, lens: np.ndarray, block_size: int, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_decode_masks_torch` computed with numpy on the host (same values)."""
+    width = max((max_len + block_size - 1) // block_size, 1)
+    needed = np.arange(width)[None, :] * block_size < lens[:, None]
+    index = np.where(needed, block_tables[:, :width], 0).astype(np.int64).reshape(-1)
+    visible = np.arange(width * block_size)[None, :] < np.maximum(lens, 1)[:, None]
+    bias = np.where(visible, np.float32(0.0), np.float32(-np.inf))
+    return torch.from_numpy(index), torch.from_numpy(bias)
 
 
 def paged_decode_attention(
@@ -96,30 +179,78 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """One query token per request: ``query [B, Hq, D]`` over its ``context_lens[b]`` cached tokens.
 
-    Returns ``out`` (a new ``[B, Hq, D]`` tensor unless one is passed).
+    Returns ``out`` (a new ``[B, Hq, D]`` tensor unless one is passed). ``plan`` is :func:`plan_decode` of
+    the same tables and lengths (built here when not given).
     """
-    batch, num_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[2]
+    if plan is None:
+        plan = plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3])
+    if plan.batch != query.shape[0]:
+        raise ValueError(f"the plan covers {plan.batch} requests, the query {query.shape[0]}")
     result = out if out is not None else torch.empty_like(query)
-    lens = context_lens.to(device=query.device, dtype=torch.long)
-    lens_list = lens.tolist()
-    max_len = max(lens_list, default=0)
-    step = max(1, _CHUNK_BYTES // (max(max_len, 1) * num_kv_heads * head_dim * 4))
-    for start in range(0, batch, step):
-        end = min(start + step, batch)
-        chunk_lens = lens[start:end]
-        index = _block_index(block_tables[start:end], chunk_lens, k_cache.shape[1], max(lens_list[start:end]))
-        keys = _gather(k_cache, index, end - start)
-        values = _gather(v_cache, index, end - start)
-        visible = torch.arange(keys.shape[1], device=query.device)[None, :] < chunk_lens.clamp(min=1)[:, None]
-        attended = _attention(query[start:end, :, None, :], keys, values, visible[:, None, None, :], scale)[:, :, 0]
-        if min(lens_list[start:end]) == 0:  # an empty context attends to nothing: zeros
-            attended.masked_fill_((chunk_lens == 0)[:, None, None], 0.0)
-        result[start:end] = attended
+    for chunk in plan.chunks:
+        count = chunk.end - chunk.start
+        keys = _gather(k_cache, chunk.block_index, count)
+        values = _gather(v_cache, chunk.block_index, count)
+        attended = _attention(query[chunk.start : chunk.end, :, None, :], keys, values, chunk.bias, scale)[:, :, 0]
+        if chunk.empty is not None:  # an empty context attends to nothing: zeros
+            attended.masked_fill_(chunk.empty[:, None, None], 0.0)
+        result[chunk.start : chunk.end] = attended
     return result
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Requests of a prefill step padded together to ``[n, Qmax]`` queries over ``[n, L]`` gathered keys."""
+
+    count: int
+    max_query_len: int
+    query_index: torch.Tensor  # [n * Qmax] int64, row of each padded query (padding reads row 0)
+    query_valid: torch.Tensor  # [n, Qmax] bool
+    output_index: torch.Tensor  # [real queries] int64, rows the valid queries are written to
+    block_index: torch.Tensor  # [n * W] int64
+    visible: torch.Tensor  # [n, 1, Qmax, L] bool, causal over cached context plus the chunk itself
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    num_tokens: int
+    chunks: tuple[PrefillChunk, ...]
+
+
+def plan_prefill(
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    kv_row: int,
+    num_heads: int,
+) -> PrefillPlan:
+    """The gathers and masks of a prefill step (see :func:`paged_prefill_attention` for the arguments)."""
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+    device = context_lens.device
+    chunks = []
+    for first, last in _prefill_chunks(q_lens, lens, num_heads, kv_row):
+        if sum(q_lens[first:last]) == 0:
+            continue
+        max_q, max_len = max(q_lens[first:last]), max(lens[first:last])
+        lens_t = torch.tensor(lens[first:last], device=device)
+        q_lens_t = torch.tensor(q_lens[first:last], device=device)
+        row = torch.arange(max_q, device=device)
+        q_valid = row[None, :] < q_lens_t[:, None]  # [n, Qmax]
+        q_index = (torch.tensor(starts[first:last], device=device)[:, None] + row[None, :]).masked_fill_(~q_valid, 0)
+        index = _block_index(block_tables[first:last], lens_t, block_size, max_len)
+        width = index.shape[0] // (last - first) * block_size
+        q_pos = (lens_t - q_lens_t)[:, None] + row[None, :]  # padding rows see every key: no NaN
+        visible = torch.arange(width, device=device)[None, None, :] <= q_pos[:, :, None]  # [n, Qmax, L]
+        chunks.append(PrefillChunk(last - first, max_q, q_index.view(-1), q_valid, q_index[q_valid], index,
+                                   visible[:, None]))
+    return PrefillPlan(starts[-1] if starts else 0, tuple(chunks))
 
 
 def paged_prefill_attention(
@@ -131,6 +262,7 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    plan: PrefillPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of new tokens over the cached context plus themselves.
 
@@ -141,14 +273,20 @@ def paged_prefill_attention(
 
     Returns ``out`` (a new ``[T, Hq, D]`` tensor unless one is passed). Requests are attended in chunks,
     each padded to its longest query and context; a chunk is cut where padding would waste much work.
+    ``plan`` is :func:`plan_prefill` of the same step (built here when not given).
     """
+    if plan is None:
+        plan = plan_prefill(block_tables, query_start_loc, context_lens, k_cache.shape[1],
+                            k_cache.shape[2] * k_cache.shape[3], query.shape[1])
+    if plan.num_tokens != query.shape[0]:
+        raise ValueError(f"the plan covers {plan.num_tokens} tokens, the query {query.shape[0]}")
     result = out if out is not None else torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lens = context_lens.tolist()
-    q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    for first, last in _prefill_chunks(q_lens, lens, query.shape[1], k_cache.shape[2] * k_cache.shape[3]):
-        if sum(q_lens[first:last]) > 0:
-            _prefill_chunk(query, k_cache, v_cache, block_tables, starts, q_lens, lens, first, last, scale, result)
+    for chunk in plan.chunks:
+        q = query[chunk.query_index].view(chunk.count, chunk.max_query_len, *query.shape[1:]).transpose(1, 2)
+        keys = _gather(k_cache, chunk.block_index, chunk.count)
+        values = _gather(v_cache, chunk.block_index, chunk.count)
+        attended = _attention(q, keys, values, chunk.visible, scale).transpose(1, 2)  # [n, Qmax, Hq, D]
+        result[chunk.output_index] = attended[chunk.query_valid].to(result.dtype)
     return result
 
 
@@ -170,38 +308,6 @@ def _prefill_chunks(q_lens: list[int], lens: list[int], num_heads: int, kv_row: 
     if first < len(lens):
         runs.append((first, len(lens)))
     return runs
-
-
-def _prefill_chunk(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    starts: list[int],
-    q_lens: list[int],
-    lens: list[int],
-    first: int,
-    last: int,
-    scale: float,
-    result: torch.Tensor,
-) -> None:
-    """Prefill of requests ``first:last`` padded to ``[n, Qmax]`` x ``[n, Lmax]`` under a causal mask."""
-    device = query.device
-    count, max_q, max_len = last - first, max(q_lens[first:last]), max(lens[first:last])
-    lens_t = torch.tensor(lens[first:last], device=device)
-    q_lens_t = torch.tensor(q_lens[first:last], device=device)
-    row = torch.arange(max_q, device=device)
-    q_valid = row[None, :] < q_lens_t[:, None]  # [n, Qmax]
-    q_index = torch.tensor(starts[first:last], device=device)[:, None] + row[None, :]
-    q_index = q_index.masked_fill_(~q_valid, 0)
-    q = query[q_index.view(-1)].view(count, max_q, *query.shape[1:]).transpose(1, 2)  # [n, Hq, Qmax, D]
-    index = _block_index(block_tables[first:last], lens_t, k_cache.shape[1], max_len)
-    keys = _gather(k_cache, index, count)
-    values = _gather(v_cache, index, count)
-    q_pos = (lens_t - q_lens_t)[:, None] + row[None, :]  # padding rows see every key: no NaN
-    visible = torch.arange(keys.shape[1], device=device)[None, None, :] <= q_pos[:, :, None]  # [n, Qmax, L]
-    attended = _attention(q, keys, values, visible[:, None], scale).transpose(1, 2)  # [n, Qmax, Hq, D]
-    result[q_index[q_valid]] = attended[q_valid].to(result.dtype)
 
 
 def copy_blocks(

@@ -110,3 +110,50 @@ def test_copy_blocks_copies_every_pair_in_every_layer() -> None:
         assert torch.equal(cache[dst], old[src])
         others = [b for b in range(8) if b not in dst.tolist()]
         assert torch.equal(cache[others], old[others])
+
+
+def test_write_kv_unpadded_fast_path_equals_the_filtered_one() -> None:
+    gen = torch.Generator().manual_seed(1)
+    caches = [torch.randn(6, 8, 2, 16, generator=gen) for _ in range(2)]
+    fast = [c.clone() for c in caches]
+    slots = torch.tensor([3, 17, 47, 8])
+    key, value = torch.randn(4, 2, 16, generator=gen), torch.randn(4, 2, 16, generator=gen)
+    reference.write_kv(key, value, *caches, slots)
+    reference.write_kv(key, value, *fast, slots, padded=False)
+    assert all(torch.equal(a, b) for a, b in zip(caches, fast, strict=True))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 10, 1 << 30])
+def test_one_plan_serves_every_layer(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+    """A plan built once per step gives each layer's caches the same result as planning inside the call."""
+    monkeypatch.setattr(reference, "_CHUNK_BYTES", chunk_bytes)
+    lens, q_lens = [40, 3, 64, 17], [40, 1, 8, 2]
+    first = make_case(lens, 8, num_kv_heads=2, head_dim=16, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    other_layer = (torch.randn(first.k_cache.shape, generator=gen), torch.randn(first.v_cache.shape, generator=gen))
+    decode_plan = reference.plan_decode(first.block_tables, first.context_lens, 8, 2 * 16)
+    assert len(decode_plan.chunks) == (1 if chunk_bytes > 1 << 20 else len(lens))
+    starts = query_start_loc(q_lens)
+    prefill_plan = reference.plan_prefill(first.block_tables, starts, first.context_lens, 8, 2 * 16, 8)
+    for k_cache, v_cache in ((first.k_cache, first.v_cache), other_layer):  # same tables, other contents
+        query = torch.randn(len(lens), 8, 16, generator=gen)
+        args = (k_cache, v_cache, first.block_tables, first.context_lens, SCALE)
+        planned = reference.paged_decode_attention(query, *args, plan=decode_plan)
+        assert torch.equal(planned, reference.paged_decode_attention(query, *args))
+        chunk = torch.randn(sum(q_lens), 8, 16, generator=gen)
+        prefill_args = (k_cache, v_cache, first.block_tables, starts, first.context_lens, SCALE)
+        filled = reference.paged_prefill_attention(chunk, *prefill_args, plan=prefill_plan)
+        assert torch.equal(filled, reference.paged_prefill_attention(chunk, *prefill_args))
+    assert rel_error(planned, decode_oracle(first, query, SCALE)) > 1e-3  # the other layer's contents were read
+    query = torch.randn(len(lens), 8, 16, generator=gen)
+    planned = reference.paged_decode_attention(query, first.k_cache, first.v_cache, first.block_tables,
+                                               first.context_lens, SCALE, plan=decode_plan)
+    assert rel_error(planned, decode_oracle(first, query, SCALE)) < 1e-5
+
+
+def test_a_plan_for_another_batch_is_refused() -> None:
+    case = make_case([9, 30], 8, 1, 16, seed=1)
+    plan = reference.plan_decode(case.block_tables[:1], case.context_lens[:1], 8, 16)
+    with pytest.raises(ValueError, match="plan covers 1 requests"):
+        reference.paged_decode_attention(torch.randn(2, 2, 16), case.k_cache, case.v_cache, case.block_tables,
+                                         case.context_lens, SCALE, plan=plan)
