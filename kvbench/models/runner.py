@@ -47,23 +47,22 @@ class StepInput:
 
 @dataclass
 class LayerWeights:
-    """References to one decoder layer's ``transformers`` parameters."""
+    """One decoder layer's weights, q/k/v and gate/up fused row-wise so that each is one matmul.
+
+    The fused matrices are the model's own storage: after fusing, the ``transformers`` parameters are
+    re-pointed at row slices of them (same values, no second copy of the weights), so ``generate()`` on the
+    same model keeps working and a second runner over that model finds the rows already adjacent.
+    """
 
     input_norm: torch.Tensor
-    q_proj: torch.Tensor
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
+    qkv_proj: torch.Tensor  # [(Hq + 2 Hkv) * D, hidden]
     o_proj: torch.Tensor
     post_norm: torch.Tensor
-    gate_proj: torch.Tensor
-    up_proj: torch.Tensor
+    gate_up_proj: torch.Tensor  # [2 * intermediate, hidden]
     down_proj: torch.Tensor
-    q_bias: torch.Tensor | None = None
-    k_bias: torch.Tensor | None = None
-    v_bias: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
-    gate_bias: torch.Tensor | None = None
-    up_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
     down_bias: torch.Tensor | None = None
 
     @classmethod
@@ -75,15 +74,56 @@ class LayerWeights:
 
         return cls(
             input_norm=layer.input_layernorm.weight.data,
-            q_proj=attn.q_proj.weight.data, k_proj=attn.k_proj.weight.data,
-            v_proj=attn.v_proj.weight.data, o_proj=attn.o_proj.weight.data,
+            qkv_proj=fuse_rows([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+            o_proj=attn.o_proj.weight.data,
             post_norm=layer.post_attention_layernorm.weight.data,
-            gate_proj=mlp.gate_proj.weight.data, up_proj=mlp.up_proj.weight.data,
+            gate_up_proj=fuse_rows([mlp.gate_proj.weight, mlp.up_proj.weight]),
             down_proj=mlp.down_proj.weight.data,
-            q_bias=bias(attn.q_proj), k_bias=bias(attn.k_proj), v_bias=bias(attn.v_proj),
-            o_bias=bias(attn.o_proj), gate_bias=bias(mlp.gate_proj), up_bias=bias(mlp.up_proj),
+            qkv_bias=_fused_bias([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o_bias=bias(attn.o_proj),
+            gate_up_bias=_fused_bias([mlp.gate_proj, mlp.up_proj]),
             down_bias=bias(mlp.down_proj),
         )
+
+
+def _adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """``tensors`` as one tensor without a copy when they already lie back to back in one storage."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for tensor in tensors:
+        if (not tensor.is_contiguous() or tensor.shape[1:] != first.shape[1:]
+                or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or tensor.storage_offset() != offset):
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def fuse_rows(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """One tensor holding ``params`` stacked along dim 0; each parameter becomes a view of its rows."""
+    tensors = [param.data for param in params]
+    fused = _adjacent_rows(tensors)
+    if fused is not None:
+        return fused
+    fused = torch.cat(tensors, dim=0)
+    start = 0
+    for param, tensor in zip(params, tensors, strict=True):
+        param.data = fused[start : start + tensor.shape[0]]
+        start += tensor.shape[0]
+    return fused
+
+
+def _fused_bias(modules: list[Any]) -> torch.Tensor | None:
+    """The modules' biases fused like their weights; zeros stand in for a missing one (None if all are)."""
+    if all(module.bias is None for module in modules):
+        return None
+    for module in modules:
+        if module.bias is None:
+            weight = module.weight
+            module.bias = torch.nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device),
+                                             requires_grad=False)
+    return fuse_rows([module.bias for module in modules])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -130,7 +170,7 @@ class ModelRunner:
         """Keep references to ``model``'s parameters; allocate ``num_blocks`` blocks of ``block_size`` slots.
 
         ``kv_dtype`` defaults to the model's dtype; ``kernel_backend`` ("torch" | "triton") overrides the
-        kernels' choice by device.
+        kernels' choice by device (and ``KVBENCH_KERNEL_BACKEND``, read here once rather than per kernel call).
         """
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
@@ -142,7 +182,7 @@ class ModelRunner:
         self.kv_dtype = kv_dtype or self.dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.kernel_backend = kernel_backend
+        self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -229,32 +269,35 @@ class ModelRunner:
     def build_decode_step(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> StepInput:
         """The common decode step: one new token per request at ``positions[b]`` (its cached length).
 
-        Same tensors as ``build_step``, packed into one host array and moved in one copy: building six small
-        tensors from Python lists cost more than the whole packing (measured 131 us vs 41 us at 50 requests).
+        Same tensors as ``build_step``, packed into two host arrays (int64 and int32) and moved in two copies:
+        building six small tensors from Python lists, or casting slices of one array, cost more than the
+        packing itself (measured at 50 requests: 131 us for six tensors, 31 us for three casts).
         """
         bs = self.block_size
         count = len(tokens)
         width = max(map(len, tables))
-        flat = list(tokens)
-        flat += positions
-        flat += [table[pos // bs] * bs + pos % bs for table, pos in zip(tables, positions, strict=True)]
-        flat += [pos + 1 for pos in positions]
-        flat += range(count + 1)
+        wide = list(tokens)
+        wide += positions
+        wide += [table[pos // bs] * bs + pos % bs for table, pos in zip(tables, positions, strict=True)]
+        narrow = [pos + 1 for pos in positions]
+        narrow += range(count + 1)
         for table in tables:
-            flat += table
+            narrow += table
             if len(table) < width:
-                flat += [0] * (width - len(table))
-        packed = torch.from_numpy(np.array(flat, dtype=np.int64))
+                narrow += [0] * (width - len(table))
+        longs = torch.from_numpy(np.array(wide, dtype=np.int64))
+        ints = torch.from_numpy(np.array(narrow, dtype=np.int32))
         if self.device.type != "cpu":
-            packed = packed.pin_memory().to(self.device, non_blocking=True)
+            longs = longs.pin_memory().to(self.device, non_blocking=True)
+            ints = ints.pin_memory().to(self.device, non_blocking=True)
         b = count
         return StepInput(
-            input_ids=packed[:b],
-            positions=packed[b : 2 * b],
-            slot_mapping=packed[2 * b : 3 * b],
-            context_lens=packed[3 * b : 4 * b].to(torch.int32),
-            query_start_loc=packed[4 * b : 5 * b + 1].to(torch.int32),
-            block_tables=packed[5 * b + 1 :].view(b, width).to(torch.int32),
+            input_ids=longs[:b],
+            positions=longs[b : 2 * b],
+            slot_mapping=longs[2 * b :],
+            context_lens=ints[:b],
+            query_start_loc=ints[b : 2 * b + 1],
+            block_tables=ints[2 * b + 1 :].view(b, width),
             is_decode=True,
             max_context_len=max(positions) + 1,
             max_query_len=1,
@@ -275,8 +318,9 @@ class ModelRunner:
             seq_lens = self._token_context_lens(step) if self.rope.cfg.rope_type == "dynamic" else None
             cos, sin = self.rope.rotation(step.positions, max_len - 1, seq_lens)
             hidden = F.embedding(step.input_ids, self.embed_tokens)
+            plan = self._attention_plan(step)
             for index, layer in enumerate(self.layers):
-                hidden = self._decoder_layer(index, layer, hidden, cos, sin, step)
+                hidden = self._decoder_layer(index, layer, hidden, cos, sin, step, plan)
             if not step.is_decode:
                 hidden = hidden[step.query_start_loc[1:].long() - 1]
             hidden = rms_norm(hidden, self.final_norm, self.eps)
@@ -284,49 +328,57 @@ class ModelRunner:
 
     __call__ = forward
 
+    def _attention_plan(self, step: StepInput) -> Any:
+        """What every layer's attention of this step shares (the torch kernels' gathers and masks)."""
+        if step.is_decode:
+            return kernels.plan_decode(step.block_tables, step.context_lens, self.k_caches[0],
+                                       backend=self.kernel_backend)
+        return kernels.plan_prefill(step.block_tables, step.query_start_loc, step.context_lens, self.k_caches[0],
+                                    self.num_heads, backend=self.kernel_backend)
+
     def _token_context_lens(self, step: StepInput) -> torch.Tensor:
         q_lens = (step.query_start_loc[1:] - step.query_start_loc[:-1]).long()
         return torch.repeat_interleave(step.context_lens.long(), q_lens, output_size=step.num_tokens)
 
     def _decoder_layer(
         self, index: int, w: LayerWeights, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        step: StepInput,
+        step: StepInput, plan: Any,
     ) -> torch.Tensor:
         x = rms_norm(hidden, w.input_norm, self.eps)
-        hidden = hidden + self._attention(index, w, x, cos, sin, step)
+        hidden = hidden + self._attention(index, w, x, cos, sin, step, plan)
         x = rms_norm(hidden, w.post_norm, self.eps)
         return hidden + self._mlp(w, x)
 
     def _attention(
         self, index: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        step: StepInput,
+        step: StepInput, plan: Any,
     ) -> torch.Tensor:
         q, k, v = self._qkv(w, x, cos, sin)
         k_cache, v_cache = self.k_caches[index], self.v_caches[index]
         backend = self.kernel_backend
-        kernels.write_kv(k, v, k_cache, v_cache, step.slot_mapping, backend=backend)
+        kernels.write_kv(k, v, k_cache, v_cache, step.slot_mapping, backend=backend, padded=False)
         if step.is_decode:
             out = kernels.paged_decode_attention(
                 q, k_cache, v_cache, step.block_tables, step.context_lens, self.scale, backend=backend,
-                max_context_len=_known(step.max_context_len),
+                max_context_len=_known(step.max_context_len), plan=plan,
             )
         else:
             out = kernels.paged_prefill_attention(
                 q, k_cache, v_cache, step.block_tables, step.query_start_loc, step.context_lens, self.scale,
-                backend=backend, max_query_len=_known(step.max_query_len),
+                backend=backend, max_query_len=_known(step.max_query_len), plan=plan,
             )
         return F.linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
 
     def _qkv(
         self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]``."""
-        tokens, d = x.shape[0], self.head_dim
-        q = apply_rotary(F.linear(x, w.q_proj, w.q_bias).view(tokens, self.num_heads, d), cos, sin)
-        k = apply_rotary(F.linear(x, w.k_proj, w.k_bias).view(tokens, self.num_kv_heads, d), cos, sin)
-        return q, k, F.linear(x, w.v_proj, w.v_bias).view(tokens, self.num_kv_heads, d)
+        """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (views of one fused projection)."""
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = F.linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one pass
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     @staticmethod
     def _mlp(w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate = F.silu(F.linear(x, w.gate_proj, w.gate_bias))
-        return F.linear(gate * F.linear(x, w.up_proj, w.up_bias), w.down_proj, w.down_bias)
+        gate, up = F.linear(x, w.gate_up_proj, w.gate_up_bias).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w.down_proj, w.down_bias)

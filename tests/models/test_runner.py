@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvbench.models.hf_model import build_random_model
-from kvbench.models.runner import ModelRunner, kv_bytes_per_block
+from kvbench.models.runner import ModelRunner, _fused_bias, fuse_rows, kv_bytes_per_block
 from kvbench.models.shapes import ModelShape
 
 GQA = ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
@@ -212,10 +212,30 @@ def test_pool_layout_and_bytes() -> None:
 
 
 def test_runner_uses_the_model_parameters() -> None:
+    """Fused q/k/v and gate/up share the model's storage: no second copy of the weights, values unchanged."""
     model = model_for(GQA)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    before = [p.detach().clone() for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)]
     runner = ModelRunner(model, num_blocks=4, block_size=4)
-    assert runner.layers[0].q_proj.data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    layer = runner.layers[0]
+    assert layer.qkv_proj.data_ptr() == attn.q_proj.weight.data_ptr()
+    assert torch.equal(layer.qkv_proj, torch.cat(before))
+    assert torch.equal(attn.k_proj.weight, before[1]) and torch.equal(attn.v_proj.weight, before[2])
+    assert layer.gate_up_proj.data_ptr() == mlp.gate_proj.weight.data_ptr()
     assert runner.embed_tokens.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    second = ModelRunner(model, num_blocks=4, block_size=4)  # the rows are adjacent now: fused without a copy
+    assert second.layers[0].qkv_proj.data_ptr() == layer.qkv_proj.data_ptr()
+    assert second.layers[0].gate_up_proj.data_ptr() == layer.gate_up_proj.data_ptr()
+
+
+def test_fuse_rows_with_biases_fills_missing_ones_with_zeros() -> None:
+    modules = [torch.nn.Linear(4, 3, bias=True), torch.nn.Linear(4, 2, bias=False)]
+    x = torch.randn(5, 4)
+    expected = torch.cat([m(x) for m in modules], dim=1)
+    weight = fuse_rows([m.weight for m in modules])
+    bias = _fused_bias(modules)
+    assert torch.allclose(torch.nn.functional.linear(x, weight, bias), expected)
+    assert torch.equal(modules[1].bias, torch.zeros(2))
 
 
 def test_build_step_tensors() -> None:
