@@ -137,7 +137,7 @@ class LLMEngine:
                     continue
                 table_of = scheduler.manager.block_table
                 step = self.runner.build_decode_step([r.output_token_ids[-1] for r in batch],
-                                                     [r.kv_len(clock) for r in batch],
+                                                     [r.kv_at_base + clock - r.clock_base for r in batch],  # kv_len
                                                      [table_of(r.request_id) for r in batch])
             logits = self.runner.forward(step)
             tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
@@ -155,6 +155,11 @@ class LLMEngine:
             peak_running = max(peak_running, len(scheduler.running))
             record = self._record(scheduler, clock, bool(children))  # before finishing: this step's state counts
             for request, token in emitted:
+                outputs = request.output_token_ids
+                if request.sampling.ignore_eos and 0 < len(outputs) < request.max_tokens - 1:
+                    outputs.append(token)  # the common benchmark case, inlined: not the first, not the last
+                    request.token_times.append(now)
+                    continue
                 if self._emit(scheduler, request, token, clock, now):
                     root = request.parent_id if request.parent_id is not None else request.request_id
                     group_left[root] -= 1
@@ -200,7 +205,11 @@ class LLMEngine:
     def _prepare_decode(self, scheduler: Scheduler, clock: int) -> list[Request]:
         """Room for every running request's next token (oldest first), preempting if the pool is dry."""
         needs_room = scheduler.needs_room
+        shared = scheduler.manager.pool.num_shared > 0
         for request in list(scheduler.running.values()):
+            # inlined needs_room for the common case: room left in the last block and nothing shared
+            if not shared and request.kv_at_base + clock - request.clock_base < request.held_slots:
+                continue
             if request.status is not RequestStatus.RUNNING or not needs_room(request, clock):
                 continue
             copies, _preempted = scheduler.make_room(request, clock)

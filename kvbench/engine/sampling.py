@@ -113,11 +113,12 @@ def sample(
     """One token per row of ``logits [B, V]``; ``generators[b]`` may be None for greedy rows."""
     if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(params)} params / {len(generators)} generators")
-    greedy = [b for b, p in enumerate(params) if p.is_greedy]
-    sampled = [b for b, p in enumerate(params) if not p.is_greedy]
-    tokens = [0] * len(params)
-    if len(greedy) == len(params):
+    greedy_rows = [p.is_greedy for p in params]
+    if all(greedy_rows):
         return logits.argmax(dim=-1).tolist()
+    greedy = [b for b, is_greedy in enumerate(greedy_rows) if is_greedy]
+    sampled = [b for b, is_greedy in enumerate(greedy_rows) if not is_greedy]
+    tokens = [0] * len(params)
     if greedy:
         rows = torch.tensor(greedy, device=logits.device)
         for b, token in zip(greedy, logits[rows].argmax(dim=-1).tolist(), strict=True):
