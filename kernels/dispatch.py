@@ -38,11 +38,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = N
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping, padded)
 
 
-def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None):
-    """What every layer's decode attention of one step shares (None when the backend plans nothing)."""
+def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None, *, valid_tables: bool = False):
+    """What every layer's decode attention of one step shares (None when the backend plans nothing).
+
+    ``valid_tables=True`` promises every table entry, padding included, is a real block id.
+    """
     if resolve_backend(k_cache.device, backend) == "triton":
         return None
-    return reference.plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3])
+    return reference.plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3],
+                                 valid_tables)
 
 
 def plan_prefill(block_tables, query_start_loc, context_lens, k_cache, num_heads: int, backend: str | None = None):

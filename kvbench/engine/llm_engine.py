@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from kvbench.engine.client import ClosedLoopClient
+from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.result import RunResult
 from kvbench.engine.sampling import SamplingParams, make_generator, sample
@@ -119,6 +120,8 @@ class LLMEngine:
         next_id = max((r.request_id for r in requests), default=-1) + 1
         records: list[_StepRecord] = []
         clock, peak_running = 0, 0
+        decode_batch = DecodeBatch(self.runner)
+        prefilled, room_due = True, 0  # the first clock at which a running request may need a new block
         start = time.perf_counter()
         client.top_up(0.0)
         while scheduler.has_work:
@@ -132,20 +135,25 @@ class LLMEngine:
                 chunks = [(self._prefill_tokens(r), 0, scheduler.manager.block_table(r.request_id)) for r in batch]
                 step = self.runner.build_step(chunks)
             else:
-                batch = self._prepare_decode(scheduler, clock)
+                if prefilled or clock >= room_due or scheduler.manager.pool.num_shared:
+                    batch, room_due = self._prepare_decode(scheduler, clock, decode_batch)
+                else:  # nobody reaches the end of its blocks before room_due: no request to look at
+                    batch = list(scheduler.running.values())
                 if not batch:
                     continue
-                table_of = scheduler.manager.block_table
-                step = self.runner.build_decode_step([r.output_token_ids[-1] for r in batch],
-                                                     [r.kv_at_base + clock - r.clock_base for r in batch],  # kv_len
-                                                     [table_of(r.request_id) for r in batch])
+                step = decode_batch.step(batch, clock, scheduler.manager.block_table, generators)
             logits = self.runner.forward(step)
-            tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
+            if admitted:
+                tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
+            else:
+                tokens = sample(logits, decode_batch.params, decode_batch.generators)
+            prefilled = bool(admitted)
             if not admitted:
                 clock += 1
             now = time.perf_counter() - start
-            emitted = list(zip(batch, tokens, strict=True))
+            emitted = zip(batch, tokens, strict=True)
             if admitted:
+                emitted = list(emitted)
                 for row, request in enumerate(batch):
                     if request.num_samples > 1 and not request.output_token_ids:
                         forks = self._fork_samples(scheduler, request, logits[row], next_id, generators)
@@ -202,8 +210,13 @@ class LLMEngine:
     def _prefill_tokens(request: Request) -> list[int]:
         return list(request.prompt_token_ids) + request.output_token_ids
 
-    def _prepare_decode(self, scheduler: Scheduler, clock: int) -> list[Request]:
-        """Room for every running request's next token (oldest first), preempting if the pool is dry."""
+    def _prepare_decode(self, scheduler: Scheduler, clock: int, decode_batch: DecodeBatch) -> tuple[list[Request], int]:
+        """Room for every running request's next token (oldest first), preempting if the pool is dry.
+
+        Every request given room may have a changed block table: ``decode_batch`` is told. Returns the
+        running requests and the first clock at which one of them fills its blocks (until then, with no
+        shared block and no new admission, no request needs looking at).
+        """
         needs_room = scheduler.needs_room
         shared = scheduler.manager.pool.num_shared > 0
         for request in list(scheduler.running.values()):
@@ -213,13 +226,16 @@ class LLMEngine:
             if request.status is not RequestStatus.RUNNING or not needs_room(request, clock):
                 continue
             copies, _preempted = scheduler.make_room(request, clock)
+            decode_batch.table_changed(request.request_id)
             if copies:
                 from kvbench.kernels import copy_blocks
 
                 src = torch.tensor([c.src for c in copies], device=self.device)
                 dst = torch.tensor([c.dst for c in copies], device=self.device)
                 copy_blocks(self.runner.k_caches, self.runner.v_caches, src, dst, backend=self.config.kernel_backend)
-        return list(scheduler.running.values())
+        running = list(scheduler.running.values())
+        room_due = min((r.clock_base + r.held_slots - r.kv_at_base for r in running), default=clock)
+        return running, room_due
 
     def _emit(self, scheduler: Scheduler, request: Request, token: int, clock: int, now: float) -> bool:
         """Record a sampled token; returns True when it ends the request."""

@@ -35,6 +35,7 @@ class StepInput:
     is_decode: bool  # every request has exactly one new token
     max_context_len: int = -1  # host copy of context_lens.max(); -1: unknown, read from the tensor
     max_query_len: int = -1  # host copy of the most new tokens of one request; -1: unknown
+    attention_plan: Any = None  # the torch kernels' plan when the caller keeps one up to date; None: planned here
 
     @property
     def num_requests(self) -> int:
@@ -285,26 +286,37 @@ class ModelRunner:
             narrow += table
             if len(table) < width:
                 narrow += [0] * (width - len(table))
-        longs = torch.from_numpy(np.array(wide, dtype=np.int64))
-        ints = torch.from_numpy(np.array(narrow, dtype=np.int32))
+        return self.decode_step_input(np.array(wide, dtype=np.int64), np.array(narrow, dtype=np.int32), count, width,
+                                      max(positions) + 1)
+
+    def decode_step_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
+                          max_context_len: int) -> StepInput:
+        """A decode step from its two packed host arrays (taken over, not copied).
+
+        ``longs`` (int64) holds tokens, positions and slots; ``ints`` (int32) holds context lengths, query
+        starts ``0..count`` and the block tables ``[count, width]`` padded with block 0.
+        """
+        wide = torch.from_numpy(longs)
+        narrow = torch.from_numpy(ints)
         if self.device.type != "cpu":
-            longs = longs.pin_memory().to(self.device, non_blocking=True)
-            ints = ints.pin_memory().to(self.device, non_blocking=True)
+            wide = wide.pin_memory().to(self.device, non_blocking=True)
+            narrow = narrow.pin_memory().to(self.device, non_blocking=True)
         b = count
         return StepInput(
-            input_ids=longs[:b],
-            positions=longs[b : 2 * b],
-            slot_mapping=longs[2 * b :],
-            context_lens=ints[:b],
-            query_start_loc=ints[b : 2 * b + 1],
-            block_tables=ints[2 * b + 1 :].view(b, width),
+            input_ids=wide[:b],
+            positions=wide[b : 2 * b],
+            slot_mapping=wide[2 * b :],
+            context_lens=narrow[:b],
+            query_start_loc=narrow[b : 2 * b + 1],
+            block_tables=narrow[2 * b + 1 :].view(b, width),
             is_decode=True,
-            max_context_len=max(positions) + 1,
+            max_context_len=max_context_len,
             max_query_len=1,
         )
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        tensor = torch.tensor(values, dtype=dtype)
+        numpy_dtype = np.int64 if dtype == torch.int64 else np.int32
+        tensor = torch.from_numpy(np.array(values, dtype=numpy_dtype))  # far faster than torch.tensor(list)
         if self.device.type == "cpu":
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
@@ -330,9 +342,11 @@ class ModelRunner:
 
     def _attention_plan(self, step: StepInput) -> Any:
         """What every layer's attention of this step shares (the torch kernels' gathers and masks)."""
+        if step.attention_plan is not None:
+            return step.attention_plan
         if step.is_decode:
             return kernels.plan_decode(step.block_tables, step.context_lens, self.k_caches[0],
-                                       backend=self.kernel_backend)
+                                       backend=self.kernel_backend, valid_tables=True)  # padded with block 0
         return kernels.plan_prefill(step.block_tables, step.query_start_loc, step.context_lens, self.k_caches[0],
                                     self.num_heads, backend=self.kernel_backend)
 

@@ -1,0 +1,152 @@
+"""The decode step's host arrays, kept from one step to the next (a persistent batch, as vLLM keeps one).
+
+Between two decode steps over the same running requests little changes: every request brings its newest
+token, positions and lengths advance by one, and a block table changes only for a request that was given a
+new block or a copy-on-write copy. So instead of packing every array again from Python lists, the batch is
+rebuilt only when the set of running requests changes and is otherwise advanced in place with a few numpy
+operations; the requests whose tables changed are patched one row each.
+
+On the CPU (torch kernels) the batch also keeps the attention plan up to date the same way: the softmax bias
+gains one visible position per request per step, and the gather index is rebuilt only when a table changed or
+the longest context entered a new block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from kvbench.engine.request import Request
+from kvbench.kernels import reference
+from kvbench.models.runner import ModelRunner, StepInput
+
+
+class DecodeBatch:
+    """Decode inputs of the running requests, for ``ModelRunner.decode_step_input``."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.block_size = runner.block_size
+        self.requests: list[Request] = []
+        self.params: list = []  # each request's sampling parameters, in batch order
+        self.generators: list[torch.Generator | None] = []
+        self._valid = False
+        self._changed_tables: list[int] = []
+        self._rows: dict[int, int] = {}
+        self._longs = np.zeros(0, dtype=np.int64)  # tokens | positions | slots
+        self._ints = np.zeros(0, dtype=np.int32)  # context lens | query starts | block tables [B, W]
+        self._width = 0
+        self._max_position = 0
+        self._table_rows = np.zeros((0, 0), dtype=np.int32)
+        self._row_index = np.zeros(0, dtype=np.int64)
+        self._shared_step: StepInput | None = None
+        self._bias = np.zeros((0, 0), dtype=np.float32)  # [B, W * block_size]: 0 visible, -inf not yet written
+        self._bias_tensor = torch.zeros(0)
+        self._index: torch.Tensor | None = None  # gather index of the current plan width; None: rebuild it
+        self._index_width = 0
+
+    def table_changed(self, request_id: int) -> None:
+        """``request_id`` was given a block or a copy-on-write copy: its table row is read again."""
+        self._changed_tables.append(request_id)
+
+    def step(
+        self,
+        batch: list[Request],
+        clock: int,
+        table_of: Callable[[int], list[int]],
+        generators: dict[int, torch.Generator | None],
+    ) -> StepInput:
+        """The step input of ``batch`` (the running requests, in order) at decode clock ``clock``.
+
+        On the CPU the returned tensors share memory with the batch's arrays: they hold this step's values
+        until the next call (the engine consumes a step before asking for the next one).
+        """
+        same = self._valid and batch == self.requests  # identity per element: same requests, same order
+        if same and (not self._changed_tables
+                     or all(len(table_of(rid)) <= self._width for rid in self._changed_tables)):
+            self._advance(batch, table_of)
+        else:
+            self._rebuild(batch, clock, table_of, generators)
+        self._changed_tables.clear()
+        if self._shared_step is not None:
+            self._shared_step.max_context_len = self._max_position + 1
+            self._shared_step.attention_plan = self._plan(len(batch))
+            return self._shared_step
+        return self.runner.decode_step_input(self._longs.copy(), self._ints.copy(), len(batch), self._width,
+                                             self._max_position + 1)
+
+    def _rebuild(self, batch: list[Request], clock: int, table_of, generators: dict) -> None:
+        count = len(batch)
+        tables = [table_of(r.request_id) for r in batch]
+        width = max(map(len, tables))
+        self._longs = np.empty(3 * count, dtype=np.int64)
+        self._ints = np.zeros(2 * count + 1 + count * width, dtype=np.int32)
+        self._width = width
+        self._ints[count : 2 * count + 1] = np.arange(count + 1)
+        rows = self._ints[2 * count + 1 :].reshape(count, width)
+        for row, table in enumerate(tables):
+            rows[row, : len(table)] = table
+        self._table_rows = rows
+        self._row_index = np.arange(count)
+        positions = self._longs[count : 2 * count]
+        positions[:] = [r.kv_len(clock) for r in batch]
+        self._max_position = int(positions.max())
+        self._write_tokens_and_slots(batch)
+        self.requests = list(batch)
+        self._rows = {r.request_id: row for row, r in enumerate(batch)}
+        self.params = [r.sampling for r in batch]
+        self.generators = [generators[r.request_id] for r in batch]
+        self._valid = True
+        # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
+        self._shared_step = None
+        if self.runner.device.type == "cpu":
+            self._shared_step = self.runner.decode_step_input(self._longs, self._ints, count, width,
+                                                              self._max_position + 1)
+            lens = self._ints[:count]
+            self._bias = np.where(np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0),
+                                  np.float32(-np.inf))
+            self._bias_tensor = torch.from_numpy(self._bias)
+            self._index = None
+
+    def _advance(self, batch: list[Request], table_of) -> None:
+        count = len(batch)
+        self._longs[count : 2 * count] += 1  # every position moves on by the token written last step
+        self._max_position += 1
+        rows = self._table_rows
+        for request_id in self._changed_tables:
+            table = table_of(request_id)
+            row = self._rows[request_id]
+            rows[row, : len(table)] = table
+            rows[row, len(table) :] = 0
+            self._index = None
+        self._write_tokens_and_slots(batch)
+        if self._shared_step is not None:
+            self._bias[self._row_index, self._longs[count : 2 * count]] = 0.0  # this step's token becomes visible
+
+    def _plan(self, count: int) -> reference.DecodePlan | None:
+        """The torch kernels' decode plan, or None to let the runner plan (Triton, or several chunks)."""
+        runner = self.runner
+        if runner.kernel_backend != "torch":
+            return None
+        kv_row = runner.num_kv_heads * runner.head_dim
+        max_len = self._max_position + 1
+        if reference.decode_chunk_rows(max_len, kv_row) < count:
+            return None
+        width = -(-max_len // self.block_size)
+        if self._index is None or width != self._index_width:
+            self._index = torch.from_numpy(np.ascontiguousarray(self._table_rows[:, :width]).reshape(-1))
+            self._index_width = width
+        bias = self._bias_tensor[:, : width * self.block_size]
+        return reference.DecodePlan(count, (reference.DecodeChunk(0, count, self._index, bias[:, None, None, :], None),))
+
+    def _write_tokens_and_slots(self, batch: list[Request]) -> None:
+        """Newest tokens, each position's slot through its block table, and the context lengths."""
+        count, bs = len(batch), self.block_size
+        longs = self._longs
+        longs[:count] = [r.output_token_ids[-1] for r in batch]
+        positions = longs[count : 2 * count]
+        blocks, offsets = np.divmod(positions, bs)
+        longs[2 * count :] = self._table_rows[self._row_index, blocks] * bs + offsets
+        np.add(positions, 1, out=self._ints[:count], casting="unsafe")  # context lengths

@@ -1,0 +1,106 @@
+"""The persistent decode batch against a fresh packing of every step (``ModelRunner.build_decode_step``).
+
+Each decode step the engine runs, the arrays the batch advanced in place must equal the arrays packed from
+scratch from the scheduler's state: through growth into new blocks, preemption and recompute, copy-on-write
+after forks, queued arrivals that change the running set, and contiguous reservations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.engine.decode_batch import DecodeBatch
+from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.sampling import SamplingParams
+from kvbench.models.hf_model import build_random_model
+from kvbench.models.shapes import ModelShape
+
+SHAPE = ModelShape("test-decode-batch", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
+                   intermediate_size=64, vocab_size=64, dtype="fp32")
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "query_start_loc", "context_lens")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random_model(SHAPE, seed=3)
+
+
+def _checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make every DecodeBatch.step also pack the step from scratch and compare; returns the batch sizes seen."""
+    original = DecodeBatch.step
+    sizes: list[int] = []
+
+    def step(self, batch, clock, table_of, generators):
+        got = original(self, batch, clock, table_of, generators)
+        expected = self.runner.build_decode_step([r.output_token_ids[-1] for r in batch],
+                                                 [r.kv_len(clock) for r in batch],
+                                                 [table_of(r.request_id) for r in batch])
+        for name in STEP_FIELDS:
+            assert torch.equal(getattr(got, name), getattr(expected, name)), (name, clock)
+        assert got.max_context_len == expected.max_context_len
+        assert self.params == [r.sampling for r in batch]
+        assert self.generators == [generators[r.request_id] for r in batch]
+        sizes.append(len(batch))
+        return got
+
+    monkeypatch.setattr(DecodeBatch, "step", step)
+    return sizes
+
+
+def _requests(count: int, params: SamplingParams, num_samples: int = 1) -> list:
+    generator = torch.Generator().manual_seed(count)
+    return [make_request(i, torch.randint(0, SHAPE.vocab_size, (3 + 5 * i % 23,), generator=generator).tolist(),
+                         params, num_samples) for i in range(count)]
+
+
+@pytest.mark.parametrize(("engine", "block_size", "num_blocks", "concurrency"), [
+    ("paged", 1, 400, 6),  # a new block every step
+    ("paged", 7, 60, 6),
+    ("paged", 4, 14, 6),  # tight: preemption and recompute
+    ("paged", 16, 40, 3),  # queued arrivals change the running set as requests finish
+    ("contiguous", 4, 120, 6),
+    ("contiguous", 8, 20, 6),  # the baseline queues for room
+])
+def test_advanced_batch_equals_fresh_packing(model, monkeypatch: pytest.MonkeyPatch, engine: str, block_size: int,
+                                             num_blocks: int, concurrency: int) -> None:
+    sizes = _checked_steps(monkeypatch)
+    config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64)
+    result = LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), concurrency)
+    assert len(sizes) > 14 and all(len(r.output_token_ids) == 14 for r in result.requests)
+    if num_blocks == 14:
+        assert result.num_preemptions > 0
+
+
+def test_forks_and_sampling_keep_the_batch_in_step(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parallel samples share prompt blocks; their first writes copy them (copy-on-write rows change)."""
+    sizes = _checked_steps(monkeypatch)
+    params = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True)
+    config = EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=64)
+    result = LLMEngine(model, config).run(_requests(3, params, num_samples=3), concurrency=3)
+    assert max(sizes) == 9 and len(result.requests) == 9
+
+
+def test_the_kept_attention_plan_equals_a_fresh_one(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bias and gather index advanced in place select exactly the keys a plan from scratch selects."""
+    from kvbench.kernels import reference
+
+    original = DecodeBatch.step
+    checked: list[int] = []
+
+    def step(self, batch, clock, table_of, generators):
+        got = original(self, batch, clock, table_of, generators)
+        fresh = reference.plan_decode(got.block_tables, got.context_lens, self.block_size, SHAPE.head_dim,
+                                      valid_tables=True)
+        kept = got.attention_plan
+        assert kept is not None and len(kept.chunks) == len(fresh.chunks) == 1
+        assert torch.equal(kept.chunks[0].block_index.long(), fresh.chunks[0].block_index.long())
+        assert torch.equal(kept.chunks[0].bias, fresh.chunks[0].bias)
+        checked.append(clock)
+        return got
+
+    monkeypatch.setattr(DecodeBatch, "step", step)
+    for engine, block_size, num_blocks in (("paged", 4, 14), ("paged", 1, 400), ("contiguous", 8, 30)):
+        config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64)
+        LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), 6)
+    assert len(checked) > 40
