@@ -3,8 +3,9 @@
 Between two decode steps over the same running requests little changes: every request brings its newest
 token, positions and lengths advance by one, and a block table changes only for a request that was given a
 new block or a copy-on-write copy. So instead of packing every array again from Python lists, the batch is
-rebuilt only when the set of running requests changes and is otherwise advanced in place with a few numpy
-operations; the requests whose tables changed are patched one row each.
+rebuilt only when the set of running requests changes or the longest context enters a new block, and is
+otherwise advanced in place with a few numpy operations; the requests whose tables changed are patched one
+row each.
 
 On the CPU (torch kernels) the batch also keeps the attention plan up to date the same way: the softmax bias
 gains one visible position per request per step, and the gather index is rebuilt only when a table changed or
@@ -64,8 +65,7 @@ class DecodeBatch:
         until the next call (the engine consumes a step before asking for the next one).
         """
         same = self._valid and batch == self.requests  # identity per element: same requests, same order
-        if same and (not self._changed_tables
-                     or all(len(table_of(rid)) <= self._width for rid in self._changed_tables)):
+        if same and (self._max_position + 1) // self.block_size < self._width:  # the longest stays in its blocks
             self._advance(batch, table_of)
         else:
             self._rebuild(batch, clock, table_of, generators)
@@ -80,18 +80,21 @@ class DecodeBatch:
     def _rebuild(self, batch: list[Request], clock: int, table_of, generators: dict) -> None:
         count = len(batch)
         tables = [table_of(r.request_id) for r in batch]
-        width = max(map(len, tables))
+        kv_lens = [r.kv_len(clock) for r in batch]
+        # tables are kept as wide as the longest context needs, not as wide as what is held: a contiguous
+        # request holds its whole reservation, and both engines should pay for the blocks they read
+        width = max(kv_lens) // self.block_size + 1
         self._longs = np.empty(3 * count, dtype=np.int64)
         self._ints = np.zeros(2 * count + 1 + count * width, dtype=np.int32)
         self._width = width
         self._ints[count : 2 * count + 1] = np.arange(count + 1)
         rows = self._ints[2 * count + 1 :].reshape(count, width)
         for row, table in enumerate(tables):
-            rows[row, : len(table)] = table
+            rows[row, : min(len(table), width)] = table[:width]
         self._table_rows = rows
         self._row_index = np.arange(count)
         positions = self._longs[count : 2 * count]
-        positions[:] = [r.kv_len(clock) for r in batch]
+        positions[:] = kv_lens
         self._max_position = int(positions.max())
         self._write_tokens_and_slots(batch)
         self.requests = list(batch)
@@ -115,8 +118,9 @@ class DecodeBatch:
         self._longs[count : 2 * count] += 1  # every position moves on by the token written last step
         self._max_position += 1
         rows = self._table_rows
+        width = self._width
         for request_id in self._changed_tables:
-            table = table_of(request_id)
+            table = table_of(request_id)[:width]
             row = self._rows[request_id]
             rows[row, : len(table)] = table
             rows[row, len(table) :] = 0
