@@ -44,9 +44,7 @@ class DecodeBatch:
         self._row_index = np.zeros(0, dtype=np.int64)
         self._shared_step: StepInput | None = None
         self._bias = np.zeros((0, 0), dtype=np.float32)  # [B, W * block_size]: 0 visible, -inf not yet written
-        self._bias_tensor = torch.zeros(0)
-        self._index: torch.Tensor | None = None  # gather index of the current plan width; None: rebuild it
-        self._index_width = 0
+        self._kept_plan: reference.DecodePlan | None = None  # viewing the arrays above (CPU, torch kernels)
 
     def table_changed(self, request_id: int) -> None:
         """``request_id`` was given a block or a copy-on-write copy: its table row is read again."""
@@ -104,14 +102,17 @@ class DecodeBatch:
         self._valid = True
         # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
         self._shared_step = None
+        self._kept_plan = None
         if self.runner.device.type == "cpu":
             self._shared_step = self.runner.decode_step_input(self._longs, self._ints, count, width,
                                                               self._max_position + 1)
             lens = self._ints[:count]
             self._bias = np.where(np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0),
                                   np.float32(-np.inf))
-            self._bias_tensor = torch.from_numpy(self._bias)
-            self._index = None
+            if self.runner.kernel_backend == "torch":
+                index = torch.from_numpy(rows.reshape(-1))  # a view: patched rows show through
+                bias = torch.from_numpy(self._bias)[:, None, None, :]
+                self._kept_plan = reference.DecodePlan(count, (reference.DecodeChunk(0, count, index, bias, None),))
 
     def _advance(self, batch: list[Request], table_of) -> None:
         count = len(batch)
@@ -124,26 +125,22 @@ class DecodeBatch:
             row = self._rows[request_id]
             rows[row, : len(table)] = table
             rows[row, len(table) :] = 0
-            self._index = None
         self._write_tokens_and_slots(batch)
         if self._shared_step is not None:
             self._bias[self._row_index, self._longs[count : 2 * count]] = 0.0  # this step's token becomes visible
 
     def _plan(self, count: int) -> reference.DecodePlan | None:
-        """The torch kernels' decode plan, or None to let the runner plan (Triton, or several chunks)."""
+        """The torch kernels' decode plan, or None to let the runner plan (Triton, or several chunks).
+
+        The plan views the batch's own arrays (the table rows are exactly as wide as the longest context
+        needs), so the plan made at the last rebuild stays current as they are advanced.
+        """
+        if self._kept_plan is None:
+            return None
         runner = self.runner
-        if runner.kernel_backend != "torch":
+        if reference.decode_chunk_rows(self._max_position + 1, runner.num_kv_heads * runner.head_dim) < count:
             return None
-        kv_row = runner.num_kv_heads * runner.head_dim
-        max_len = self._max_position + 1
-        if reference.decode_chunk_rows(max_len, kv_row) < count:
-            return None
-        width = -(-max_len // self.block_size)
-        if self._index is None or width != self._index_width:
-            self._index = torch.from_numpy(np.ascontiguousarray(self._table_rows[:, :width]).reshape(-1))
-            self._index_width = width
-        bias = self._bias_tensor[:, : width * self.block_size]
-        return reference.DecodePlan(count, (reference.DecodeChunk(0, count, self._index, bias[:, None, None, :], None),))
+        return self._kept_plan
 
     def _write_tokens_and_slots(self, batch: list[Request]) -> None:
         """Newest tokens, each position's slot through its block table, and the context lengths."""
