@@ -108,3 +108,16 @@ def test_the_kept_attention_plan_equals_a_fresh_one(model, monkeypatch: pytest.M
         config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64)
         LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), 6)
     assert len(checked) > 40
+
+
+def test_triton_kernels_read_the_kept_batch(model) -> None:
+    """With the Triton kernels (interpreted on CPU) the batch hands out no torch plan; tokens are unchanged."""
+    pytest.importorskip("triton")
+    params = SamplingParams(max_tokens=5, ignore_eos=True)  # crosses a block: a table patched mid-batch
+    outputs = {}
+    for backend in ("torch", "triton"):
+        config = EngineConfig(engine="paged", block_size=4, num_blocks=40, max_len=40, kernel_backend=backend)
+        engine = LLMEngine(model, config)
+        result = engine.run(_requests(2, params), concurrency=2)
+        outputs[backend] = [r.output_token_ids for r in result.requests]
+    assert outputs["triton"] == outputs["torch"]
