@@ -33,7 +33,6 @@ class DecodeBatch:
         self.requests: list[Request] = []
         self.params: list = []  # each request's sampling parameters, in batch order
         self.generators: list[torch.Generator | None] = []
-        self._valid = False
         self._changed_tables: list[int] = []
         self._rows: dict[int, int] = {}
         self._longs = np.zeros(0, dtype=np.int64)  # tokens | positions | slots
@@ -62,7 +61,7 @@ class DecodeBatch:
         On the CPU the returned tensors share memory with the batch's arrays: they hold this step's values
         until the next call (the engine consumes a step before asking for the next one).
         """
-        same = self._valid and batch == self.requests  # identity per element: same requests, same order
+        same = batch == self.requests  # identity per element: same requests, same order (never empty)
         if same and (self._max_position + 1) // self.block_size < self._width:  # the longest stays in its blocks
             self._advance(batch, table_of)
         else:
@@ -99,7 +98,6 @@ class DecodeBatch:
         self._rows = {r.request_id: row for row, r in enumerate(batch)}
         self.params = [r.sampling for r in batch]
         self.generators = [generators[r.request_id] for r in batch]
-        self._valid = True
         # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
         self._shared_step = None
         self._kept_plan = None

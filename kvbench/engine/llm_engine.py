@@ -121,7 +121,7 @@ class LLMEngine:
         records: list[_StepRecord] = []
         clock, peak_running = 0, 0
         decode_batch = DecodeBatch(self.runner)
-        prefilled, room_due = True, 0  # the first clock at which a running request may need a new block
+        room_due = 0  # the first clock at which a running request may need a new block
         start = time.perf_counter()
         client.top_up(0.0)
         while scheduler.has_work:
@@ -134,8 +134,9 @@ class LLMEngine:
                 batch = admitted
                 chunks = [(self._prefill_tokens(r), 0, scheduler.manager.block_table(r.request_id)) for r in batch]
                 step = self.runner.build_step(chunks)
+                room_due = clock  # the newcomers' room is checked at the next decode step
             else:
-                if prefilled or clock >= room_due or scheduler.manager.pool.num_shared:
+                if clock >= room_due or scheduler.manager.pool.num_shared:
                     batch, room_due = self._prepare_decode(scheduler, clock, decode_batch)
                 else:  # nobody reaches the end of its blocks before room_due: no request to look at
                     batch = list(scheduler.running.values())
@@ -147,7 +148,6 @@ class LLMEngine:
                 tokens = sample(logits, [r.sampling for r in batch], [generators[r.request_id] for r in batch])
             else:
                 tokens = sample(logits, decode_batch.params, decode_batch.generators)
-            prefilled = bool(admitted)
             if not admitted:
                 clock += 1
             now = time.perf_counter() - start
@@ -163,11 +163,6 @@ class LLMEngine:
             peak_running = max(peak_running, len(scheduler.running))
             record = self._record(scheduler, clock, bool(children))  # before finishing: this step's state counts
             for request, token in emitted:
-                outputs = request.output_token_ids
-                if request.sampling.ignore_eos and 0 < len(outputs) < request.max_tokens - 1:
-                    outputs.append(token)  # the common benchmark case, inlined: not the first, not the last
-                    request.token_times.append(now)
-                    continue
                 if self._emit(scheduler, request, token, clock, now):
                     root = request.parent_id if request.parent_id is not None else request.request_id
                     group_left[root] -= 1
@@ -218,11 +213,7 @@ class LLMEngine:
         shared block and no new admission, no request needs looking at).
         """
         needs_room = scheduler.needs_room
-        shared = scheduler.manager.pool.num_shared > 0
         for request in list(scheduler.running.values()):
-            # inlined needs_room for the common case: room left in the last block and nothing shared
-            if not shared and request.kv_at_base + clock - request.clock_base < request.held_slots:
-                continue
             if request.status is not RequestStatus.RUNNING or not needs_room(request, clock):
                 continue
             copies, _preempted = scheduler.make_room(request, clock)
@@ -234,8 +225,7 @@ class LLMEngine:
                 dst = torch.tensor([c.dst for c in copies], device=self.device)
                 copy_blocks(self.runner.k_caches, self.runner.v_caches, src, dst, backend=self.config.kernel_backend)
         running = list(scheduler.running.values())
-        room_due = min((r.clock_base + r.held_slots - r.kv_at_base for r in running), default=clock)
-        return running, room_due
+        return running, min(map(scheduler.next_room_clock, running), default=clock)
 
     def _emit(self, scheduler: Scheduler, request: Request, token: int, clock: int, now: float) -> bool:
         """Record a sampled token; returns True when it ends the request."""
