@@ -147,32 +147,19 @@ def plan_decode(
     chunks = []
     for start in range(0, batch, step):
         end = min(start + step, batch)
-        whole = start == 0 and end == batch  # the common case: no slicing (each op costs microseconds)
-        chunk_lens = context_lens if whole else context_lens[start:end]
-        chunk_tables = block_tables if whole else block_tables[start:end]
+        chunk_lens = context_lens[start:end]
+        chunk_tables = block_tables[start:end]
         chunk_max, empty = max(lens_list[start:end]), min(lens_list[start:end]) == 0
         width = max((chunk_max + block_size - 1) // block_size, 1)
         if valid_tables:
             index = chunk_tables[:, :width].reshape(-1)
         else:
             index = _block_index(chunk_tables, chunk_lens.long(), block_size, chunk_max)
-        positions = _positions(width * block_size, chunk_lens.device)
+        positions = torch.arange(width * block_size, device=chunk_lens.device)
         visible = positions[None, :] < (chunk_lens.clamp(min=1) if empty else chunk_lens)[:, None]
         bias = torch.where(visible, 0.0, -torch.inf)  # float32: an additive mask is cheaper in SDPA than a boolean
         chunks.append(DecodeChunk(start, end, index, bias[:, None, None, :], chunk_lens == 0 if empty else None))
     return DecodePlan(batch, tuple(chunks))
-
-
-_POSITIONS: dict[torch.device, torch.Tensor] = {}
-
-
-def _positions(length: int, device: torch.device) -> torch.Tensor:
-    """``arange(length)`` as a view of one cached, growing range per device."""
-    cached = _POSITIONS.get(device)
-    if cached is None or cached.shape[0] < length:
-        cached = _POSITIONS[device] = torch.arange(max(length, 2 * (0 if cached is None else cached.shape[0])),
-                                                   device=device)
-    return cached[:length]
 
 
 def paged_decode_attention(
