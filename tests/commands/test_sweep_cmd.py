@@ -10,31 +10,6 @@ from kvbench.cli import main
 from kvbench.engine import sweep_backends
 from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
 
-SCENARIO = """
-description = "test: tiny and quick"
-max_len = 64
-mean_len = 16
-distribution = "uniform"
-sigma = 0.5
-prompt_ratio = 0.5
-requests = 6
-warmup = 1
-concurrency = [2, 4]
-block_size = 4
-reserve = "max"
-admission = "queue"
-
-[budget]
-slots = 160
-"""
-
-
-@pytest.fixture()
-def scenario(tmp_path):
-    path = tmp_path / "quick.toml"
-    path.write_text(SCENARIO)
-    return str(path)
-
 
 def run(args: list[str]) -> int:
     return main(["sweep", "--device", "cpu", *args])
@@ -114,9 +89,9 @@ def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, 
     assert [(p["engine"], p["status"]) for p in kept] == [("paged", "ok"), ("contiguous", "error")]
 
 
-def test_reject_mode_reports_oom(tmp_path):
+def test_reject_mode_reports_oom(tmp_path, scenario_text):
     path = tmp_path / "tight.toml"
-    path.write_text(SCENARIO.replace('admission = "queue"', 'admission = "reject"'))
+    path.write_text(scenario_text.replace('admission = "queue"', 'admission = "reject"'))
     out = tmp_path / "run"
     assert run(["--scenario", str(path), "--out", str(out), "--concurrency", "4", "--engines", "contiguous"]) == 0
     point = json.loads((out / "summary.json").read_text())["points"][0]
@@ -149,12 +124,12 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
-def test_scenario_file_with_a_wrong_field(tmp_path, capsys):
+def test_scenario_file_with_a_wrong_field(tmp_path, capsys, scenario_text):
     path = tmp_path / "bad.toml"
-    path.write_text(SCENARIO + "\nbogus = 3\n")
+    path.write_text(scenario_text + "\nbogus = 3\n")
     assert run(["--scenario", str(path)]) == 2
     assert "unknown field 'bogus'" in capsys.readouterr().err
-    path.write_text(SCENARIO.replace("mean_len = 16", 'mean_len = "many"'))
+    path.write_text(scenario_text.replace("mean_len = 16", 'mean_len = "many"'))
     assert run(["--scenario", str(path)]) == 2
     assert "mean_len" in capsys.readouterr().err
 
@@ -205,9 +180,9 @@ def test_requests_file_is_replayed_exactly(scenario, tmp_path, capsys):
     assert "vocabulary" in capsys.readouterr().err
 
 
-def test_parallel_sampling_scenario_forks_for_paged_and_copies_for_the_baseline(tmp_path, capsys):
+def test_parallel_sampling_scenario_forks_for_paged_and_copies_for_the_baseline(tmp_path, capsys, scenario_text):
     path = tmp_path / "samples.toml"
-    path.write_text(SCENARIO.replace('admission = "queue"', 'admission = "queue"\nsamples = 3'))
+    path.write_text(scenario_text.replace('admission = "queue"', 'admission = "queue"\nsamples = 3'))
     out = tmp_path / "ps"
     assert run(["--scenario", str(path), "--out", str(out), "--concurrency", "2"]) == 0
     points = {p["engine"]: p for p in json.loads((out / "summary.json").read_text())["points"]}

@@ -12,30 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvbench.cli import main
 from kvbench.measure.metrics import KvMetrics
 
-SCENARIO = """
-description = "test: tiny and quick"
-max_len = 64
-mean_len = 16
-distribution = "uniform"
-sigma = 0.5
-prompt_ratio = 0.5
-requests = 6
-warmup = 1
-concurrency = [4]
-block_size = 4
-reserve = "max"
-admission = "queue"
-
-[budget]
-slots = 160
-"""
-
 
 @pytest.fixture()
-def scenario(tmp_path):
-    path = tmp_path / "quick.toml"
-    path.write_text(SCENARIO)
-    return str(path)
+def scenario_text(scenario_text: str) -> str:
+    return scenario_text.replace("concurrency = [2, 4]", "concurrency = [4]")  # one point per engine
 
 
 def samples_of(text: str) -> dict[str, dict[tuple, float]]:
