@@ -8,6 +8,14 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests: CI (HYPOTHESIS_PROFILE=ci, set by .ci/run) replays the same examples on every run, so a
+# green or red result never depends on luck; local runs ("dev", the default) keep exploring new ones.
+# A failure found while exploring is kept in the test as an explicit @example.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(autouse=True, scope="session")
