@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         return 130
+    except OSError as err:  # a full disk, a read-only or vanished folder: the system's words, on one line
+        where = f": {err.filename}" if getattr(err, "filename", None) else ""
+        typer.echo(f"error: {err.strerror or err}{where}", err=True)
+        return 2
+    except MemoryError:
+        typer.echo("error: out of memory; use a smaller model, fewer requests or a smaller KV pool", err=True)
+        return 2
     except Exception as err:  # usage errors from click (typer may vendor its own copy)
         if isinstance(err, _click_exception_types()):
             if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 from kvbench.errors import KvbenchError
 
@@ -22,6 +24,8 @@ def int_list(text: str, what: str, minimum: int = 1) -> list[int]:
         value = int(item)
         if value < minimum:
             raise KvbenchError(f"{what}: {value} is below the minimum of {minimum}")
+        if value in values:
+            raise KvbenchError(f"{what} lists {value} twice; give each value once")
         values.append(value)
     return values
 
@@ -31,10 +35,40 @@ def name_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
     if not names:
         raise KvbenchError(f"{what} is empty; choose from {', '.join(allowed)}")
     singular = what[:-3] + "y" if what.endswith("ies") else what.removesuffix("s")  # strategies -> strategy
-    for name in names:
+    for index, name in enumerate(names):
         if name not in allowed:
             raise KvbenchError(f"unknown {singular} {name!r}; choose from {', '.join(allowed)}")
+        if name in names[:index]:
+            raise KvbenchError(f"{what} lists {name!r} twice; give each {singular} once")
     return names
+
+
+def run_directory(out: str | None) -> Path | None:
+    """``--out``: None (a fresh directory under reports/) or a non-empty path (an empty one is not ".")."""
+    if out is None:
+        return None
+    if not out.strip():
+        raise KvbenchError("--out is empty; give a run directory, or leave --out out for reports/<command>-<time>")
+    return Path(out)
+
+
+def writable_file(path: Path | None, option: str) -> Path | None:
+    """Check now, before any work, that ``path`` can be written (its folder exists or can be made, and
+    accepts files), so a long run does not fail at its very end."""
+    if path is None:
+        return None
+    if not str(path).strip():
+        raise KvbenchError(f"{option} is empty; give a file path")
+    if path.is_dir():
+        raise KvbenchError(f"{option} {path} is a directory; give a file path")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe", delete=True)
+        probe.close()
+    except OSError as err:
+        raise KvbenchError(f"{option} {path}: cannot write in {folder} ({err.strerror or err})") from None
+    return path
 
 
 def parse_size(text: str, what: str = "size") -> int:

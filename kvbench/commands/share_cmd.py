@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes, make_console
+from kvbench.commands._options import human_bytes, make_console, run_directory
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.report.rundir import markdown_table, new_run_dir, run_meta, summary_document, write_summary
@@ -35,7 +34,7 @@ def share(
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
     """KV blocks with sharing vs without, peak and step-averaged, and the memory saved by sharing.
@@ -53,9 +52,16 @@ def share(
         raise KvbenchError(f"--length-penalty must be a finite number, got {length_penalty}")
     if output_len < 1 or block_size < 1 or num_blocks < 1:
         raise KvbenchError("--output-len, --block-size and --num-blocks must be at least 1")
+    out_dir = run_directory(out)
     from kvbench.engine.build import load_model  # torch loads only when the command runs
     from kvbench.engine.llm_engine import EngineConfig
-    from kvbench.engine.sharing_study import beam_search, make_prompts, parallel_sampling, savings
+    from kvbench.engine.sharing_study import (
+        beam_search,
+        check_pool_holds_copies,
+        make_prompts,
+        parallel_sampling,
+        savings,
+    )
     from kvbench.models.runner import ModelRunner
 
     loaded = load_model(model, device, None, seed)
@@ -64,25 +70,28 @@ def share(
     bpt = loaded.shape.bytes_per_token
     console = make_console(stderr=as_json)
     kind = "parallel" if n is not None else "beam"
+    check_pool_holds_copies(texts, width, output_len, config, kind)
     with console.status(f"measuring {kind} width {width} and width 1..."):
         if kind == "parallel":
             measured = parallel_sampling(loaded.model, config, texts, width, output_len, seed, bpt)
-            singles = parallel_sampling(loaded.model, config, texts, 1, output_len, seed, bpt)
+            singles = (measured if width == 1
+                       else parallel_sampling(loaded.model, config, texts, 1, output_len, seed, bpt))
         else:
             runner = ModelRunner(loaded.model, num_blocks, block_size)
             measured = beam_search(runner, config, texts, width, output_len, bpt, length_penalty)
-            singles = beam_search(runner, config, texts, 1, output_len, bpt, length_penalty)
+            singles = measured if width == 1 else beam_search(runner, config, texts, 1, output_len, bpt, length_penalty)
+    reported = measured if width == 1 else measured + singles  # width 1 is its own baseline: one point per mode
     ratios = savings(measured, singles)
     identical = measured[0].outputs == measured[1].outputs
     points = [{**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
-              for m in measured + singles]
+              for m in reported]
     meta = run_meta(kind=kind, width=width, prompts=prompts, prompt_len=prompt_len, output_len=output_len,
                     block_size=block_size, reserve=reserve, model_name=loaded.shape.name, device=str(loaded.device),
                     seed=seed, anchors=ANCHORS[kind], outputs_identical_with_and_without_sharing=identical)
     document = summary_document("share", meta, points, savings=ratios)
-    run_dir = new_run_dir("share", out)
-    _plot(run_dir, measured, singles, kind, width, loaded.shape.name)
-    rows = [[m.mode, m.width, m.mean_blocks, m.peak_blocks, human_bytes(m.as_dict()["mean_bytes"])] for m in measured + singles]
+    run_dir = new_run_dir("share", out_dir)
+    _plot(run_dir, reported, kind, width, loaded.shape.name)
+    rows = [[m.mode, m.width, m.mean_blocks, m.peak_blocks, human_bytes(m.as_dict()["mean_bytes"])] for m in reported]
     md = f"# kvbench share ({kind}, width {width})\n\n" + markdown_table(
         ["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows) + "\n" + json_text(ratios) + "\n"
     write_summary(run_dir, document, points, md)
@@ -93,7 +102,7 @@ def share(
                         f"output tokens, block {block_size}, {loaded.shape.name})")
     for column in ("mode", "width", "mean blocks", "peak blocks", "mean memory", "cost vs width 1"):
         table.add_column(column, justify="left" if column == "mode" else "right")
-    for m in measured + singles:
+    for m in reported:
         cost = ratios.get(f"{m.mode}_cost_vs_width1_mean") if m.width == width and width != 1 else None
         table.add_row(m.mode, str(m.width), f"{m.mean_blocks:,.1f}", str(m.peak_blocks),
                       human_bytes(m.as_dict()["mean_bytes"]), "-" if cost is None else f"{cost:.2f}x")
@@ -109,12 +118,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
-def _plot(run_dir, measured, singles, kind, width, model_name) -> None:
+def _plot(run_dir, reported, kind, width, model_name) -> None:
     from kvbench.report import plots
 
-    labels = [f"{m.mode}\nwidth {m.width}" for m in measured + singles]
-    plots.bars(labels, {"mean blocks": [m.mean_blocks for m in measured + singles],
-                        "peak blocks": [m.peak_blocks for m in measured + singles]},
+    labels = [f"{m.mode}\nwidth {m.width}" for m in reported]
+    plots.bars(labels, {"mean blocks": [m.mean_blocks for m in reported],
+                        "peak blocks": [m.peak_blocks for m in reported]},
                run_dir / "share.png", f"KV blocks with and without sharing: {kind}, width {width} ({model_name})",
                "KV blocks in use", "lower")
 

@@ -7,14 +7,22 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbench.commands._options import int_list, make_console, name_list, parse_size
+from kvbench.commands._options import (
+    int_list,
+    make_console,
+    name_list,
+    parse_size,
+    run_directory,
+    writable_file,
+)
 from kvbench.engine.request import Request
 from kvbench.engine.scheduler import ENGINES
-from kvbench.engine.sweep import PointFailed, SweepPlan, pin_run_config, run_sweep
-from kvbench.errors import KvbenchError
-from kvbench.fileio import json_text
+from kvbench.engine.sweep import PointFailed, SweepPlan, pin_run_config, recover_results, run_sweep
+from kvbench.errors import KvbenchError, RunFailed
+from kvbench.fileio import DirectoryLock, content_sha256, json_text
 from kvbench.report.rundir import new_run_dir, run_meta
 from kvbench.report.sweep_report import article_rows, article_table, detail_table, write_outputs
+from kvbench.workload.admissible import within_max_len
 from kvbench.workload.scenario import load_scenario
 
 
@@ -80,7 +88,7 @@ def sweep(
     requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths."),
     repeat: int = typer.Option(1, "--repeat", help="Run each point K times: mean, std and 95% CI."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on."),
     simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times."),
@@ -111,11 +119,16 @@ def sweep(
     bs = block_size if block_size is not None else spec.block_size
     if bs < 1:
         raise KvbenchError(f"--block-size must be at least 1, got {bs}")
-    replay = None
+    replay, skipped = None, None
+    out = run_directory(out)
+    metrics_file = writable_file(metrics_file, "--metrics-file")
     if requests_file is not None:  # replay exact prompts (token ids) and output lengths
         from kvbench.workload.requests_file import load_requests_jsonl
 
         replay = load_requests_jsonl(requests_file)
+        kept, skipped = within_max_len([(len(ids), output) for ids, output in replay], spec.lengths.max_len,
+                                       f"records of {requests_file}")
+        replay = [replay[index] for index in kept]
         num_requests = len(replay)
         pairs = [(len(ids), output) for ids, output in replay]
     else:
@@ -157,12 +170,23 @@ def sweep(
     if resume and out is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
     run_dir = new_run_dir("sweep", out)
+    lock = DirectoryLock(run_dir, "kvbench sweep")  # held until the process ends: one writer per directory
+    if resume:
+        torn = recover_results(run_dir / "results.jsonl")
+        if torn is not None:
+            console.print(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash while "
+                          f"writing); set aside in results.jsonl.torn and its point will run again[/yellow]")
     pin_run_config(run_dir, {
         "scenario": spec.name, "model": shape_name, "simulated": simulate, "requests": num_requests, "seed": seed,
         "block_size": bs, "kv_pool_slots": backend.base.num_blocks * bs, "reserve": backend.base.reserve,
         "admission": backend.base.admission, "max_len": spec.lengths.max_len, "repeat": repeat,
         "requests_file": str(requests_file) if requests_file else None, "samples": spec.samples,
         "dtype": str(getattr(backend, "loaded", None) and backend.loaded.dtype),
+        # contents, not names: an edited scenario or requests file must not mix with earlier points
+        "scenario_sha256": content_sha256(Path(spec.source)) if spec.source else None,
+        "requests_file_sha256": content_sha256(requests_file) if requests_file else None,
+        "model_config_sha256": _model_config_hash(model),
+        "gpu": gpu if simulate else None,
     }, resume)
     meta = run_meta(
         scenario=spec.name, scenario_description=spec.description, scenario_source=spec.source,
@@ -170,13 +194,16 @@ def sweep(
         concurrency=levels, engines=chosen, block_size=bs, kv_pool_slots=backend.base.num_blocks * bs,
         budget_source=budget_source, reserve=backend.base.reserve, admission=backend.base.admission,
         max_len=spec.lengths.max_len, repeat=repeat,
+        skipped_requests=skipped.as_dict() if skipped else None,
     )
+    metrics = _start_metrics(backend, chosen, simulate, metrics_port, metrics_host, metrics_file, metrics_optional,
+                             console)  # before any note: a port in use is an error line, alone
+    if skipped is not None:
+        console.print(f"[yellow]warning: {skipped.sentence(f'records of {requests_file}')}[/yellow]")
     if simulate:
         console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
                       f"{gpu}; no model runs.")
     console.print(f"KV pool: {budget_source}; block size {bs}; {num_requests} requests per point")
-    metrics = _start_metrics(backend, chosen, simulate, metrics_port, metrics_host, metrics_file, metrics_optional,
-                             console)
     failed = None
     points: list[dict] = []
     try:
@@ -185,17 +212,15 @@ def sweep(
             points = run_sweep(plan, backend, run_dir, resume, _Progress(progress, metrics))
     except PointFailed as err:
         failed = err
+        points = err.points
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
                       "rerun with --resume[/yellow]")
         raise typer.Exit(code=130) from None
     finally:
         _stop_metrics(metrics, metrics_file, console)
-    if failed is not None:
-        from kvbench.engine.sweep import load_finished
-
-        points = list(load_finished(run_dir / "results.jsonl").values()) + [failed.point]
     document = write_outputs(run_dir, meta, points)
+    lock.release()
     if as_json:
         typer.echo(json_text(document))
     else:
@@ -209,8 +234,20 @@ def sweep(
                     console.print(waterfall_table(point))
         console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, results.jsonl, *.png)")
     if failed is not None:
-        raise KvbenchError(f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
-                           f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)")
+        raise RunFailed(f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
+                        f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)")
+    errors = [p for p in points if p["status"] == "error"]
+    if errors:
+        first = errors[0]
+        raise RunFailed(f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
+                        f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}")
+
+
+def _model_config_hash(model: str) -> str | None:
+    """The content hash of a local model's config.json (a preset's shape is fixed by its name)."""
+    path = Path(model)
+    config = path / "config.json" if path.is_dir() else path
+    return content_sha256(config) if config.is_file() else None
 
 
 def _start_metrics(backend, engines, simulate, port, host, path, optional, console):

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes, int_list, make_console, name_list
+from kvbench.commands._options import human_bytes, int_list, make_console, name_list, run_directory
 from kvbench.engine.timing import RooflineTiming
 from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
 from kvbench.errors import KvbenchError
@@ -23,6 +23,7 @@ from kvbench.report.rundir import (
     summary_document,
     write_summary,
 )
+from kvbench.workload.admissible import within_max_len
 from kvbench.workload.lengths import DISTRIBUTIONS, LengthSpec, load_trace
 
 STRATEGY_NAMES = (*CONTIGUOUS_STRATEGIES, "paged")
@@ -48,7 +49,7 @@ def waste(
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
     strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the length sampler."),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
 ) -> None:
     """Measure token states vs reservation, internal and external waste for each KV strategy.
@@ -62,6 +63,7 @@ def waste(
         raise KvbenchError(f"--requests must be at least 1, got {requests}")
     if concurrency < 1:
         raise KvbenchError(f"--concurrency must be at least 1, got {concurrency}")
+    out_dir = run_directory(out)
     sizes = int_list(block_sizes, "--block-size")
     chosen = parse_strategies(name_list(strategies, "strategies", STRATEGY_NAMES), sizes)
     shape = resolve_model(model, dtype)
@@ -74,22 +76,23 @@ def waste(
             f"{human_bytes(budget.usable_bytes)}"
         )
     console = make_console(stderr=as_json)
+    skipped = None
     if trace is not None:
         pairs = load_trace(trace)
-        too_long = sum(1 for p, o in pairs if p + o > max_len)
+        kept, skipped = within_max_len(pairs, max_len, f"requests of trace {trace}")
+        pairs = [pairs[index] for index in kept]
         source = f"trace {trace}"
     else:
         pairs = LengthSpec(mean_len, max_len, distribution, prompt_ratio).sample(requests, seed)
-        too_long = 0
         source = f"{distribution} lengths, mean {mean_len}, prompt ratio {prompt_ratio}"
     pool_slots = budget.kv_bytes // shape.bytes_per_token
     timing = RooflineTiming.for_model(shape, device)
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
     if trace is not None:
-        mean_len = round(actual_mean)  # the article's estimate at the trace's own mean
-        if too_long:
-            console.print(f"[yellow]warning: {too_long} of {len(pairs)} trace requests exceed max-len {max_len}; "
-                          "they are rejected and left out of the shares[/yellow]")
+        mean_len = round(actual_mean)  # the article's estimate at the trace's own mean (of the runnable requests)
+        if skipped is not None:
+            console.print(f"[yellow]warning: {skipped.sentence('trace requests')}; left out of the shares and "
+                          "of the analytic estimate[/yellow]")
         if requests != 2000:
             console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
 
@@ -113,10 +116,10 @@ def waste(
         model=shape.to_dict(), gpu=device.name, gpu_memory_utilization=utilization, max_len=max_len,
         workload=source, requests=len(pairs), seed=seed, concurrency=concurrency, simulated=True,
         kv_budget_bytes=budget.kv_bytes, pool_slots=pool_slots, scenario="waste",
-        requests_over_max_len=too_long,
+        skipped_requests=skipped.as_dict() if skipped else None,
     )
     document = summary_document("waste", meta, points, analytic=analytic)
-    run_dir = new_run_dir("waste", out)
+    run_dir = new_run_dir("waste", out_dir)
     title = f"KV pool breakdown: {shape.name} {dtype} on {device.name}, max-len {max_len}"
     subtitle = f"{source}; {len(pairs)} requests, concurrency {concurrency}; simulated"
     from kvbench.report.plots import waste_breakdown  # matplotlib loads only when a plot is drawn

@@ -37,7 +37,9 @@ class RunResult:
 
     def throughput(self) -> dict[str, float]:
         done = self.completed
-        elapsed = self.elapsed_s or float("nan")
+        elapsed = self.elapsed_s
+        if not done or elapsed <= 0:  # nothing finished: no throughput, never a NaN
+            return {"output_throughput": 0.0, "total_token_throughput": 0.0, "request_throughput": 0.0}
         output = sum(r.num_outputs for r in done)
         prompt = sum(r.prompt_len for r in done)
         return {

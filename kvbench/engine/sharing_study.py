@@ -45,6 +45,29 @@ def make_prompts(count: int, mean_len: int, vocab_size: int, seed: int) -> list[
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
 
 
+def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len: int, base: EngineConfig,
+                            kind: str) -> None:
+    """Refuse, before any work, a study whose copies the pool cannot hold at once.
+
+    Without sharing, parallel sampling holds ``width`` private copies of every prompt (all at once), and beam
+    search up to ``2 x width`` beams of one prompt (the new beams are derived before the old are freed).
+    If they do not all fit, the unshared modes would queue or preempt and their memory would be capped by
+    the pool: no comparison left, and a large width would run for minutes.
+    """
+    from kvbench.kv.contiguous import reservation_tokens
+    from kvbench.kv.paged import blocks_for
+
+    copies = width if kind == "parallel" else 2 * width
+    lengths = [len(p) + output_len - 1 for p in prompts]
+    per_prompt = [max(blocks_for(n, base.block_size),
+                      blocks_for(reservation_tokens(base.reserve, n, base.max_len), base.block_size)) for n in lengths]
+    needed = copies * (sum(per_prompt) if kind == "parallel" else max(per_prompt))
+    if needed > base.num_blocks:
+        what = f"{len(prompts)} prompt(s) x {width} samples" if kind == "parallel" else f"{copies} beams"
+        raise KvbenchError(f"without sharing, {what} need {needed:,} KV blocks at once; the pool holds "
+                           f"{base.num_blocks:,}: raise --num-blocks, or lower the width, --prompts or the lengths")
+
+
 def _step_blocks(result) -> tuple[float, int]:
     blocks = [entry[1] for entry in result.accountant.timeline]
     return (float(np.mean(blocks)) if blocks else 0.0), (max(blocks) if blocks else 0)

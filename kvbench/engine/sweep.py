@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError
-from kvbench.fileio import append_jsonl, write_json_atomic
+from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
 from kvbench.report.points import aggregate_repeats, point_from_result, timeline_of
 
 
@@ -66,6 +66,15 @@ def pin_run_config(run_dir: Path, config: dict[str, Any], resume: bool) -> None:
     write_json_atomic(path, config)
 
 
+def recover_results(results_path: Path) -> str | None:
+    """Before resuming: set a torn last line of ``results.jsonl`` aside (a write cut short by a crash).
+
+    Returns the torn text (for a warning) or None. A broken line before the last one is not a torn write
+    but a damaged file: ``load_finished`` refuses it.
+    """
+    return set_aside_torn_tail(results_path)
+
+
 def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
     """Points already recorded (ok or oom) by key; error points are run again on resume."""
     finished: dict[tuple[str, int, str], dict[str, Any]] = {}
@@ -84,11 +93,17 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
 
 
 def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: bool, progress=None) -> list[dict]:
-    """All points of the plan in order; returns them (finished earlier ones included when resuming)."""
+    """All points of the plan in order; returns every point of the run directory.
+
+    When resuming, points finished earlier are skipped, and those outside this plan (a resume with fewer
+    concurrency levels or engines) are kept in the returned list, so the summary never loses them.
+    """
     results_path = run_dir / "results.jsonl"
     if results_path.exists() and not resume:
         raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
     finished = load_finished(results_path) if resume else {}
+    planned = {(engine, concurrency, plan.scenario) for engine, concurrency in plan.keys()}
+    earlier = [point for key, point in finished.items() if key not in planned]
     points: list[dict] = []
     warmed: set[str] = set()
     for engine, concurrency in plan.keys():
@@ -113,8 +128,13 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
         append_jsonl(results_path, point)
         points.append(point)
         if point["status"] == "error" and not plan.continue_on_error:
-            raise PointFailed(point)
-    return points
+            raise PointFailed(point, ordered_points([*earlier, *points]))
+    return ordered_points([*earlier, *points])
+
+
+def ordered_points(points: list[dict]) -> list[dict]:
+    """Points by concurrency, then engine name: the order of the tables."""
+    return sorted(points, key=lambda p: (p["concurrency"], p["engine"]))
 
 
 def parallel_samples(requests: list[Request], samples: int, engine: str) -> list[Request]:
@@ -137,9 +157,10 @@ def parallel_samples(requests: list[Request], samples: int, engine: str) -> list
 class PointFailed(Exception):
     """A point failed and --continue-on-error was not given; earlier points are already saved."""
 
-    def __init__(self, point: dict) -> None:
+    def __init__(self, point: dict, points: list[dict]) -> None:
         super().__init__(point["error"])
         self.point = point
+        self.points = points  # every point of the run directory, the failed one included
 
 
 def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path, progress) -> dict:

@@ -39,7 +39,7 @@ DEFAULT_HOST = "127.0.0.1"
 # DESIGN.md's Prometheus names (plus generated tokens and finished requests)
 BLOCKS_USED = "kvbench_kv_cache_blocks_used"
 BLOCKS_FREE = "kvbench_kv_cache_blocks_free"
-BLOCKS_TOTAL = "kvbench_kv_cache_blocks_total"
+BLOCKS_CAPACITY = "kvbench_kv_cache_blocks_capacity"  # a gauge: `_total` is for counters only
 FRAGMENTATION = "kvbench_kv_cache_fragmentation"
 ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
 PREEMPTIONS = "kvbench_num_preemptions_total"
@@ -95,7 +95,7 @@ class KvMetrics:
         r = self.registry
         self.blocks_used = Gauge(BLOCKS_USED, "KV cache blocks held by live requests.", LABELS, registry=r)
         self.blocks_free = Gauge(BLOCKS_FREE, "KV cache blocks in the free queue.", LABELS, registry=r)
-        self.blocks_total = Gauge(BLOCKS_TOTAL, "KV cache blocks in the pool.", LABELS, registry=r)
+        self.blocks_capacity = Gauge(BLOCKS_CAPACITY, "KV cache blocks in the pool.", LABELS, registry=r)
         self.fragmentation = Gauge(
             FRAGMENTATION, "Online KV fragmentation: 1 - used slots / allocated slots.", LABELS, registry=r)
         self.preemptions = Counter(PREEMPTIONS, "Requests preempted (recompute) so far.", LABELS, registry=r)
@@ -159,7 +159,7 @@ class KvMetrics:
         fragmentation = online_fragmentation(used, allocated)
         self.blocks_used.labels(*labels).set(used_blocks)
         self.blocks_free.labels(*labels).set(free_blocks)
-        self.blocks_total.labels(*labels).set(total_blocks)
+        self.blocks_capacity.labels(*labels).set(total_blocks)
         self.fragmentation.labels(*labels).set(fragmentation)
         self.running.labels(*labels).set(len(scheduler.running))
         self.waiting.labels(*labels).set(len(scheduler.waiting))

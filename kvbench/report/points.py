@@ -52,6 +52,10 @@ def point_from_result(
     }
     if oom:
         point["status_reason"] = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
+    elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"
+        point["status"] = "error"
+        reason = f"{len(rejected)} request(s) rejected: {rejected[0].reject_reason}" if rejected else "no request ran"
+        point["error"] = f"no request completed ({reason})"
     return point
 
 

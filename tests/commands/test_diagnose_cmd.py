@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import subprocess
 
 import pytest
 
@@ -130,10 +132,42 @@ def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
     assert main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25",
                  "--alert-for", "10m"]) == 0
     text = path.read_text()
-    assert "kvbench_kv_cache_fragmentation > 0.25" in text and 'for: "10m"' in text
+    assert "kvbench_kv_cache_fragmentation > 0.25" in text and "for: 10m" in text
     assert main(["diagnose", str(wasteful), "--emit-prometheus-rules", str(path), "--check"]) == 1  # both at once
-    yaml = pytest.importorskip("yaml")
+    import yaml
+
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} >= {"KvCacheFragmentationHigh", "KvCacheFreeBlocksLow",
                                            "KvBlockAllocLatencyHigh"}
     assert main(["diagnose", "--emit-prometheus-rules", str(path), "--alert-for", "soon"]) == 2
+
+
+def test_a_run_whose_points_all_failed_fails_the_check(tmp_path, capsys):
+    run = write_run(tmp_path, "failed", [point("paged", 10, status="error", error="RuntimeError: boom"),
+                                         point("contiguous", 10, status="error", error="RuntimeError: boom")])
+    assert main(["diagnose", str(run), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "CRITICAL point_failed" in out and "RuntimeError: boom" in out
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed")
+def test_promtool_accepts_the_exposition_and_the_rules(tmp_path):
+    """What kvbench writes passes Prometheus' own linters: metric names and types, and the alerting rules."""
+    manager = PagedManager(BlockPool(16, 4))
+    scheduler = Scheduler(manager)
+    scheduler.add(Request(0, 5, 3))
+    scheduler.admit(0)
+    metrics = KvMetrics(device="cpu")
+    metrics.begin_run("paged")
+    metrics.alloc_observer("paged")(0.001)
+    metrics.observe("paged", scheduler)
+    exposition = metrics.exposition()
+    checked = subprocess.run([PROMTOOL, "check", "metrics"], input=exposition, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rules = tmp_path / "kvbench.rules.yml"
+    assert main(["diagnose", "--emit-prometheus-rules", str(rules)]) == 0
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -50,3 +50,21 @@ def test_share_summary_points_have_unique_keys(tmp_path):
     assert main(args) == 0
     load_summary(tmp_path / "b")  # refuses duplicate (engine, concurrency, scenario) keys
     assert main(["compare", str(tmp_path / "b"), str(tmp_path / "b")]) == 0
+
+
+def test_width_one_is_its_own_baseline_and_every_reader_accepts_it(tmp_path):
+    for flag in ("--n", "--beam"):
+        out = tmp_path / flag.strip("-")
+        args = ["share", flag, "1", "--prompts", "1", "--prompt-len", "8", "--output-len", "4", "--block-size", "4",
+                "--num-blocks", "64", "--device", "cpu", "--out", str(out)]
+        assert main(args) == 0
+        points = json.loads((out / "summary.json").read_text())["points"]
+        assert len({(p["engine"], p["concurrency"]) for p in points}) == len(points) == 3
+        assert main(["compare", str(out), str(out)]) == 0
+        assert main(["diagnose", str(out)]) == 0
+
+
+def test_a_width_the_pool_cannot_hold_fails_before_any_work(capsys):
+    assert main(["share", "--n", "100000", "--device", "cpu", "--out", "/tmp/kvbench-share-n"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "without sharing" in err and "raise --num-blocks" in err and len(err.splitlines()) == 1

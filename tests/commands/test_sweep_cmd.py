@@ -75,7 +75,8 @@ def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, 
 
     monkeypatch.setattr(sweep_backends.TensorBackend, "run", flaky)
     out = tmp_path / "run"
-    assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 1  # ran on, but failed
+    assert "1 of 4 points failed" in capsys.readouterr().err
     points = json.loads((out / "summary.json").read_text())["points"]
     statuses = {(p["engine"], p["concurrency"]): p["status"] for p in points}
     assert statuses == {("paged", 2): "ok", ("contiguous", 2): "error", ("paged", 4): "ok", ("contiguous", 4): "ok"}
@@ -83,7 +84,7 @@ def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, 
     assert "injected failure" in failed["error"]
 
     out2 = tmp_path / "run2"
-    assert run(["--scenario", scenario, "--out", str(out2)]) == 2  # without the flag: stops, keeps what it measured
+    assert run(["--scenario", scenario, "--out", str(out2)]) == 1  # without the flag: stops, keeps what it measured
     assert "injected failure" in capsys.readouterr().err
     kept = [json.loads(line) for line in (out2 / "results.jsonl").read_text().splitlines()]
     assert [(p["engine"], p["status"]) for p in kept] == [("paged", "ok"), ("contiguous", "error")]
@@ -160,7 +161,7 @@ def test_a_pool_smaller_than_one_reservation_is_oom_not_a_crash(tmp_path):
                  "--engines", "contiguous", "--out", str(out)]) == 0
     point = json.loads((out / "summary.json").read_text())["points"][0]
     assert point["status"] == "oom" and point["completed"] == 0
-    assert point["output_throughput"] is None  # NaN is written as null: strict JSON
+    assert point["output_throughput"] == 0.0  # nothing finished: zero, never NaN
     assert "NaN" not in (out / "results.jsonl").read_text()
 
 
@@ -197,3 +198,130 @@ def test_usage_errors_are_one_line(args, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and "--help" in err
+
+
+def simulate(args: list[str]) -> int:
+    return main(["sweep", "--simulate", "--requests", "40", "--concurrency", "4,8", *args])
+
+
+def test_every_point_failing_is_a_failed_run(tmp_path, monkeypatch, capsys):
+    def broken(self, engine, requests, concurrency, on_step):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(sweep_backends.SimulatedBackend, "run", broken)
+    assert simulate(["--out", str(tmp_path / "run"), "--continue-on-error"]) == 1
+    assert "4 of 4 points failed" in capsys.readouterr().err
+    assert len(json.loads((tmp_path / "run" / "summary.json").read_text())["points"]) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "2,2"], "--concurrency lists 2 twice"),
+    (["--engines", "paged,paged"], "engines lists 'paged' twice"),
+    (["--out", ""], "--out is empty"),
+    (["--out", " "], "--out is empty"),
+])
+def test_duplicates_and_an_empty_out_are_refused(args, message, capsys):
+    assert main(["sweep", "--simulate", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_resume_with_fewer_levels_keeps_every_finished_point(tmp_path):
+    out = tmp_path / "run"
+    assert simulate(["--out", str(out)]) == 0
+    assert main(["sweep", "--simulate", "--requests", "40", "--concurrency", "8", "--out", str(out), "--resume"]) == 0
+    points = json.loads((out / "summary.json").read_text())["points"]
+    assert sorted((p["engine"], p["concurrency"]) for p in points) == [
+        ("contiguous", 4), ("contiguous", 8), ("paged", 4), ("paged", 8)]
+
+
+def test_resume_pins_the_contents_of_the_scenario_and_the_gpu(tmp_path, scenario_text, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(scenario_text)
+    out = tmp_path / "run"
+    args = ["sweep", "--simulate", "--scenario", str(path), "--concurrency", "2", "--out", str(out)]
+    assert main(args) == 0
+    path.write_text(scenario_text.replace("sigma = 0.5", "sigma = 0.4"))  # same name, other workload
+    assert main([*args, "--resume"]) == 2
+    assert "scenario_sha256" in capsys.readouterr().err
+    path.write_text(scenario_text)
+    assert main([*args, "--resume", "--gpu", "h100-80g"]) == 2
+    assert "gpu 'a100-80g' -> 'h100-80g'" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0
+
+
+def test_resume_pins_the_contents_of_the_requests_file(tmp_path, scenario, capsys):
+    from kvbench.workload.requests_file import write_requests_jsonl
+
+    requests = tmp_path / "req.jsonl"
+    write_requests_jsonl(requests, [([1, 2, 3], 4), ([5, 6], 3)])
+    out = tmp_path / "run"
+    args = ["sweep", "--simulate", "--scenario", scenario, "--concurrency", "2", "--requests-file", str(requests),
+            "--out", str(out)]
+    assert main(args) == 0
+    write_requests_jsonl(requests, [([1, 2, 3], 4), ([5, 6], 9)])
+    assert main([*args, "--resume"]) == 2
+    assert "requests_file_sha256" in capsys.readouterr().err
+
+
+def test_a_torn_last_line_is_set_aside_on_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert simulate(["--out", str(out), "--concurrency", "4"]) == 0
+    results = out / "results.jsonl"
+    whole = results.read_text()
+    results.write_text(whole + '{"engine": "paged", "concurrency": 8, "sta')  # a crash mid-write
+    assert simulate(["--out", str(out), "--resume"]) == 0
+    assert "cut short" in capsys.readouterr().out
+    assert (out / "results.jsonl.torn").read_text().startswith('{"engine": "paged", "concurrency": 8')
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted((p["engine"], p["concurrency"]) for p in lines) == [
+        ("contiguous", 4), ("contiguous", 8), ("paged", 4), ("paged", 8)]
+
+
+def test_a_last_line_without_its_newline_keeps_its_record(tmp_path):
+    out = tmp_path / "run"
+    assert simulate(["--out", str(out), "--concurrency", "4"]) == 0
+    results = out / "results.jsonl"
+    results.write_text(results.read_text().rstrip("\n"))
+    assert simulate(["--out", str(out), "--resume"]) == 0
+    assert len([json.loads(line) for line in results.read_text().splitlines()]) == 4
+
+
+def test_two_sweeps_into_one_directory_are_refused(tmp_path, capsys):
+    from kvbench.fileio import DirectoryLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with DirectoryLock(out, "kvbench sweep"):  # another sweep is writing here
+        assert simulate(["--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "in use by another kvbench sweep" in err and len(err.splitlines()) == 1
+    assert not (out / "results.jsonl").exists()
+    assert simulate(["--out", str(out)]) == 0  # the lock went with its holder
+
+
+def test_requests_longer_than_max_len_are_skipped_with_a_count(tmp_path, scenario, capsys):
+    from kvbench.workload.requests_file import write_requests_jsonl
+
+    requests = tmp_path / "req.jsonl"
+    write_requests_jsonl(requests, [([1, 2, 3], 4), ([5] * 60, 10)])  # the scenario's max-len is 64
+    out = tmp_path / "run"
+    args = ["sweep", "--simulate", "--scenario", scenario, "--concurrency", "2", "--requests-file", str(requests)]
+    assert main([*args, "--out", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "1 of 2 records" in captured.err and "exceeds max-len 64" in captured.err
+    summary = json.loads(captured.out)
+    assert summary["meta"]["skipped_requests"] == {"count": 1, "total": 2, "reason": "prompt + output exceeds max-len 64"}
+    assert all(p["status"] == "ok" and p["completed"] == 1 and p["rejected"] == 0 for p in summary["points"])
+    write_requests_jsonl(requests, [([5] * 60, 10)])
+    assert main([*args, "--out", str(tmp_path / "none")]) == 2
+    assert "longer than max-len 64" in capsys.readouterr().err
+
+
+def test_an_unwritable_metrics_file_fails_before_any_point(tmp_path, scenario, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert run(["--scenario", scenario, "--out", str(tmp_path / "run"), "--metrics-file",
+                str(blocker / "metrics.prom")]) == 2
+    assert "--metrics-file" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

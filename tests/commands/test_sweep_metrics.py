@@ -43,7 +43,7 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
             seen.append((engine, self.host, {
                 "used": (samples["kvbench_kv_cache_blocks_used"][labels(engine)], pool.num_used),
                 "free": (samples["kvbench_kv_cache_blocks_free"][labels(engine)], pool.num_free),
-                "total": (samples["kvbench_kv_cache_blocks_total"][labels(engine)], pool.num_blocks),
+                "total": (samples["kvbench_kv_cache_blocks_capacity"][labels(engine)], pool.num_blocks),
                 "running": (samples["kvbench_requests_running"][labels(engine)], len(scheduler.running)),
                 "waiting": (samples["kvbench_requests_waiting"][labels(engine)], len(scheduler.waiting)),
             }))

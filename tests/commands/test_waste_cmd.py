@@ -129,11 +129,30 @@ def test_waste_from_a_trace_and_a_config_dir(tmp_path, capsys):
     code, out, err = _run(capsys, "--model", str(model), "--gpu", "a10g-24g", "--gpu-memory-utilization", "0.01",
                           "--max-len", "1024", "--trace", str(trace), "--out", str(tmp_path / "r"), "--json")
     assert code == 0, err
+    assert "1 of 3 trace requests skipped: prompt + output exceeds max-len 1024" in err
     document = json.loads(out)
-    assert document["meta"]["requests"] == 3 and document["meta"]["requests_over_max_len"] == 1
+    assert document["meta"]["requests"] == 2
+    assert document["meta"]["skipped_requests"] == {"count": 1, "total": 3,
+                                                     "reason": "prompt + output exceeds max-len 1024"}
     assert document["meta"]["model"]["bytes_per_token"] == 2 * 4 * 2 * 32 * 2
     for point in document["points"]:
-        assert (point["completed"], point["rejected"]) == (2, 1)
+        assert (point["completed"], point["rejected"]) == (2, 0)
+    # the analytic estimate is that of the runnable requests: (1024 - 325) / 1024, never negative
+    assert document["analytic"]["mean_len"] == 325
+    assert document["analytic"]["at_mean_len_pct"] == pytest.approx(100 * (1024 - 325) / 1024)
+
+
+def test_an_empty_out_is_refused(capsys):
+    code, out, err = _run(capsys, "--out", "")
+    assert code == 2 and "--out is empty" in err
+
+
+def test_a_trace_with_nothing_runnable_is_refused(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("prompt_len,output_len\n2000,1000\n")
+    code, out, err = _run(capsys, "--max-len", "2048", "--trace", str(trace), "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert "longer than max-len 2048" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -151,6 +170,8 @@ def test_waste_from_a_trace_and_a_config_dir(tmp_path, capsys):
         (["--concurrency", "0"], "--concurrency"),
         (["--strategies", "paged,best"], "unknown strategy 'best'"),
         (["--strategies", ","], "strategies is empty"),
+        (["--strategies", "paged,paged"], "strategies lists 'paged' twice"),
+        (["--block-size", "16,16"], "--block-size lists 16 twice"),
         (["--model", "llama-9-1t"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, opt-13b"),
         (["--gpu", "tpu"], "unknown GPU 'tpu'"),
         (["--dtype", "int4"], "unknown dtype"),

@@ -81,7 +81,7 @@ def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatc
         # the engine's snapshot is taken before the step's finished requests leave; the live state after
         assert value(samples, "kvbench_kv_cache_blocks_used", engine) == pool.num_used <= record.held // 4
         assert value(samples, "kvbench_kv_cache_blocks_free", engine) == pool.num_free
-        assert value(samples, "kvbench_kv_cache_blocks_total", engine) == pool.num_blocks == num_blocks
+        assert value(samples, "kvbench_kv_cache_blocks_capacity", engine) == pool.num_blocks == num_blocks
         used = sum(written_slots(r) for r in scheduler.running.values())
         assert value(samples, "kvbench_kv_cache_fragmentation", engine) == pytest.approx(
             online_fragmentation(used, pool.num_used * 4))
@@ -145,7 +145,7 @@ def test_textfile_is_written_and_parseable_and_the_global_registry_is_untouched(
     metrics.observe("paged", scheduler)
     path = metrics.write_textfile(tmp_path / "sub" / "metrics.prom")
     families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
-    assert {"kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_total",
+    assert {"kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
             "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds", "kvbench_num_preemptions",
             "kvbench_requests_running", "kvbench_requests_waiting", "kvbench_generated_tokens"} <= set(families)
     used = families["kvbench_kv_cache_blocks_used"].samples[0]

@@ -25,7 +25,7 @@ from kvbench.report.diagnose import (
 )
 
 META = {"block_size": 16, "max_len": 2048, "reserve": "max"}
-DESIGN_METRICS = ("kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_total",
+DESIGN_METRICS = ("kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
                   "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds",
                   "kvbench_num_preemptions_total", "kvbench_requests_running", "kvbench_requests_waiting")
 
@@ -99,11 +99,13 @@ def test_suggestions_fit_the_engine_and_oom_is_critical():
     assert "--block-size" in paged.suggestion and "16" in paged.suggestion
 
 
-def test_fewer_requests_than_concurrency_is_not_a_cap_and_errors_are_skipped():
+def test_fewer_requests_than_concurrency_is_not_a_cap_and_a_failed_point_is_a_finding():
     assert not rules_fired([healthy(concurrency=50, completed=8, peak_running=8)])
     diagnosis = diagnose_points([{"engine": "paged", "concurrency": 2, "status": "error", "error": "boom"}],
                                 META, Thresholds())
-    assert not diagnosis.fired and diagnosis.checked == 0 and "boom" in diagnosis.notes[0]
+    assert diagnosis.fired and diagnosis.checked == 0
+    (finding,) = diagnosis.findings
+    assert finding.rule == "point_failed" and finding.severity == "critical" and "boom" in finding.evidence
     # a point without metrics or free_pct (older runs): free share from the other parts, no latency rule
     old = healthy()
     del old["metrics"], old["waste"]["free_pct"]
@@ -163,7 +165,7 @@ def test_live_rules_on_parsed_exposition():
     assert latency.severity == "critical" and latency.values["alloc_latency_p99_ms"] > 50
     loose = Thresholds(fragmentation=0.9, free_blocks=0.0, alloc_latency_p99_ms=200, reservation_waste=0.9)
     assert not diagnose_series(series, loose).fired
-    with pytest.raises(KvbenchError, match="no kvbench_kv_cache_blocks_total"):
+    with pytest.raises(KvbenchError, match="no kvbench_kv_cache_blocks_capacity"):
         diagnose_series(parse_exposition("# nothing\n"), Thresholds(), "http://x")
 
 
@@ -192,7 +194,7 @@ def test_alerting_rules_follow_the_prometheus_schema_and_thresholds():
     used = set(re.findall(r"kvbench_\w+", " ".join(exprs.values())))
     exported = {name.removesuffix("_total") for name in DESIGN_METRICS} | {"kvbench_requests_finished"}
     assert {name.removesuffix("_bucket").removesuffix("_total") for name in used} <= exported
-    assert {"kvbench_kv_cache_fragmentation", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_total",
+    assert {"kvbench_kv_cache_fragmentation", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
             "kvbench_num_preemptions_total", "kvbench_requests_waiting"} <= used
 
 
