@@ -42,12 +42,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-import kvbench.engine.llm_engine as llm_engine_module
 from kvbench import kernels
 from kvbench.engine.build import load_model
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
+from kvbench.engine.scheduler import Scheduler
+from kvbench.engine.step_log import StepLog
 from kvbench.fileio import write_json_atomic
 
 BLOCK_SIZE = 16
@@ -200,12 +203,12 @@ class StepProfile:
 # steps get theirs from DecodeBatch, timed with it) is taken out of the model's time and shown on its own.
 OVERHEAD_PARTS = {
     "admit": ("scheduler", "scheduler.admit (FCFS admission + allocation)"),
-    "prepare_decode": ("scheduler", "_prepare_decode (room for the next token, preemption, CoW)"),
+    "prepare_decode": ("scheduler", "_make_room (room for the next token, preemption, CoW)"),
     "build_step": ("block tables", "build_step / DecodeBatch.step (pack ids, positions, slots, tables)"),
     "plan": ("kernel plan", "torch attention plan made by the runner (prefill steps; decode plans are kept by DecodeBatch)"),
-    "record": ("accounting", "_record (kvbench's per-step memory snapshot)"),
+    "record": ("accounting", "StepLog.snapshot (kvbench's per-step memory snapshot)"),
     "result": ("accounting", "_result (kvbench's hindsight waste accounting, once per run)"),
-    "sample": ("sampling", "sample (argmax over the batch)"),
+    "sample": ("sampling", "runner.sample (argmax over the batch)"),
     "forward": ("model", "runner.forward (the model, its attention plan left out)"),
 }
 NESTED_PARTS = {
@@ -219,41 +222,36 @@ GOAL_CATEGORIES = ("scheduler", "block tables")
 def _instrument(llm: LLMEngine, prof: StepProfile) -> Callable[[], None]:
     """Install timing wrappers on ``llm`` (and the module functions it calls); returns the undo."""
     saved = {
-        "sample": llm_engine_module.sample,
         "decode": kernels.paged_decode_attention,
         "prefill": kernels.paged_prefill_attention,
         "write_kv": kernels.write_kv,
         "decode_batch": DecodeBatch.step,
+        "admit": Scheduler.admit,
+        "snapshot": StepLog.snapshot,
     }
-    new_scheduler = llm._new_scheduler
-
-    def instrumented_scheduler():
-        scheduler = new_scheduler()
-        scheduler.admit = prof.wrap("admit", scheduler.admit)
-        return scheduler
-
-    llm._new_scheduler = instrumented_scheduler
-    llm._prepare_decode = prof.wrap("prepare_decode", llm._prepare_decode)
-    llm._record = prof.wrap("record", llm._record)
+    Scheduler.admit = prof.wrap("admit", saved["admit"])
+    StepLog.snapshot = prof.wrap("record", saved["snapshot"])
+    llm._make_room = prof.wrap("prepare_decode", llm._make_room)
     llm._result = prof.wrap("result", llm._result)
     llm.runner._attention_plan = prof.wrap("plan", llm.runner._attention_plan)
     llm.runner.build_step = prof.wrap("build_step", llm.runner.build_step)
     DecodeBatch.step = prof.wrap("build_step", saved["decode_batch"])
     llm.runner.forward = prof.wrap("forward", llm.runner.forward)
-    llm_engine_module.sample = prof.wrap("sample", saved["sample"])
+    llm.runner.sample = prof.wrap("sample", llm.runner.sample)
     kernels.paged_decode_attention = prof.wrap("forward:attention", saved["decode"])
     kernels.paged_prefill_attention = prof.wrap("forward:attention", saved["prefill"])
     kernels.write_kv = prof.wrap("forward:write_kv", saved["write_kv"])
 
     def undo() -> None:
-        llm_engine_module.sample = saved["sample"]
         kernels.paged_decode_attention = saved["decode"]
         kernels.paged_prefill_attention = saved["prefill"]
         kernels.write_kv = saved["write_kv"]
         DecodeBatch.step = saved["decode_batch"]
-        for name in ("_new_scheduler", "_prepare_decode", "_record", "_result"):
+        Scheduler.admit = saved["admit"]
+        StepLog.snapshot = saved["snapshot"]
+        for name in ("_make_room", "_result"):
             vars(llm).pop(name, None)
-        for name in ("build_step", "forward", "_attention_plan"):
+        for name in ("build_step", "forward", "_attention_plan", "sample"):
             vars(llm.runner).pop(name, None)
 
     return undo

@@ -15,7 +15,8 @@ import statistics
 import time
 
 from kvbench.engine.build import load_model
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.sweep_backends import token_requests
 
 

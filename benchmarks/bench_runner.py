@@ -14,9 +14,10 @@ import time
 
 import torch
 
-from kvbench.engine.sampling import SamplingParams, sample
+from kvbench.engine.sampling import SamplingParams
 from kvbench.models.hf_model import build_random_model, resolve_torch_device, resolve_torch_dtype
 from kvbench.models.runner import ModelRunner
+from kvbench.models.sampler import sample
 from kvbench.models.shapes import resolve_model
 
 

@@ -6,6 +6,8 @@ environment variable ``KVBENCH_KERNEL_BACKEND`` overrides that for tests and ben
 
 from kvbench.kernels.dispatch import (
     copy_blocks,
+    decode_plan_fits,
+    kept_decode_plan,
     paged_decode_attention,
     paged_prefill_attention,
     plan_decode,
@@ -15,6 +17,6 @@ from kvbench.kernels.dispatch import (
 )
 
 __all__ = [
-    "copy_blocks", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
+    "copy_blocks", "decode_plan_fits", "kept_decode_plan", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
     "resolve_backend", "write_kv",
 ]

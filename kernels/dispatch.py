@@ -49,6 +49,18 @@ def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None,
                                  valid_tables)
 
 
+def kept_decode_plan(table_rows, bias, count: int):
+    """A one-chunk torch decode plan that views ``table_rows`` (``[count * W]`` block ids, every entry a real
+    block) and ``bias`` (``[count, W * block_size]``, 0 visible, -inf not), for a caller that advances them in
+    place between steps. Valid while :func:`decode_plan_fits`."""
+    return reference.DecodePlan(count, (reference.DecodeChunk(0, count, table_rows, bias[:, None, None, :], None),))
+
+
+def decode_plan_fits(plan, max_context_len: int, kv_row: int) -> bool:
+    """Whether a one-chunk plan still suits a step whose longest context is ``max_context_len``."""
+    return reference.decode_chunk_rows(max_context_len, kv_row) >= plan.batch
+
+
 def plan_prefill(block_tables, query_start_loc, context_lens, k_cache, num_heads: int, backend: str | None = None):
     """What every layer's prefill attention of one step shares (None when the backend plans nothing)."""
     if resolve_backend(k_cache.device, backend) == "triton":

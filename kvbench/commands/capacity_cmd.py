@@ -8,8 +8,8 @@ from rich.table import Table
 from kvbench.commands._options import human_bytes, int_list, make_console
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
+from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
-from kvbench.kv.paged import blocks_for
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
 

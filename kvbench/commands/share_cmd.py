@@ -54,7 +54,7 @@ def share(
         raise KvbenchError("--output-len, --block-size and --num-blocks must be at least 1")
     out_dir = run_directory(out)
     from kvbench.engine.build import load_model  # torch loads only when the command runs
-    from kvbench.engine.llm_engine import EngineConfig
+    from kvbench.engine.config import EngineConfig
     from kvbench.engine.sharing_study import (
         beam_search,
         check_pool_holds_copies,

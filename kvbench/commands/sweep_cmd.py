@@ -16,10 +16,10 @@ from kvbench.commands._options import (
     writable_file,
 )
 from kvbench.engine.request import Request
-from kvbench.engine.scheduler import ENGINES
 from kvbench.engine.sweep import PointFailed, SweepPlan, pin_run_config, recover_results, run_sweep
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, content_sha256, json_text
+from kvbench.kv.policies import MANAGERS
 from kvbench.report.rundir import new_run_dir, run_meta
 from kvbench.report.sweep_report import article_rows, article_table, detail_table, write_outputs
 from kvbench.workload.admissible import within_max_len
@@ -108,7 +108,7 @@ def sweep(
     spec = load_scenario(scenario)
     seed = spec.seed if seed is None else seed
     levels = int_list(concurrency, "--concurrency") if concurrency is not None else list(spec.concurrency)
-    chosen = name_list(engines, "engines", ENGINES)
+    chosen = name_list(engines, "engines", MANAGERS)
     if utilization is not None and not 0 < utilization <= 1:
         raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
     if repeat < 1:
@@ -155,7 +155,7 @@ def sweep(
 
     make_requests = make(pairs)
     if replay is not None and not simulate:
-        from kvbench.engine.llm_engine import make_request
+        from kvbench.engine.request import make_request
         from kvbench.engine.sampling import SamplingParams
 
         if any(token >= vocab for ids, _ in replay for token in ids):
@@ -284,7 +284,7 @@ def _stop_metrics(metrics, path, console) -> None:
 
 
 def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs):
-    from kvbench.engine.llm_engine import EngineConfig  # torch loads only when a sweep runs
+    from kvbench.engine.config import EngineConfig
 
     return EngineConfig(block_size=bs, num_blocks=num_blocks, reserve=reserve or spec.reserve,
                         admission=admission or spec.admission, max_num_seqs=max_num_seqs, max_len=spec.lengths.max_len)

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from kvbench.errors import KvbenchError
-from kvbench.kernels import copy_blocks
 from kvbench.kv.factory import build_manager
-from kvbench.kv.paged import PagedManager
+from kvbench.kv.manager import BlockCopy, KVManager, assert_drained
 from kvbench.models.runner import ModelRunner
+from kvbench.models.sampler import beam_candidates, rank_finished
 
 BEAM_MODES = ("paged-shared", "paged-copy", "contiguous")
 
@@ -46,15 +44,14 @@ class BeamSearchResult:
 class BeamSearch:
     """Beam search for one prompt at a time on a runner's KV pool; every block is freed afterwards."""
 
-    def __init__(self, runner: ModelRunner, mode: str = "paged-shared", reserve: str = "oracle", max_len: int = 2048,
-                 kernel_backend: str | None = None) -> None:
+    def __init__(self, runner: ModelRunner, mode: str = "paged-shared", reserve: str = "oracle",
+                 max_len: int = 2048) -> None:
         if mode not in BEAM_MODES:
             raise KvbenchError(f"unknown beam mode {mode!r}; choose one of {', '.join(BEAM_MODES)}")
         self.runner = runner
         self.mode = mode
         self.reserve = reserve
         self.max_len = max_len
-        self.kernel_backend = kernel_backend
         self._next_id = 0
 
     def run(self, prompt: list[int], num_beams: int, max_new_tokens: int, length_penalty: float = 1.0) -> BeamSearchResult:
@@ -64,44 +61,35 @@ class BeamSearch:
             raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
         kind = "contiguous" if self.mode == "contiguous" else "paged"
         manager = build_manager(kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len)
-        pool = manager.pool
         final_len = len(prompt) + max_new_tokens - 1
-        result = BeamSearchResult([], [], block_size=pool.block_size)
+        result = BeamSearchResult([], [], block_size=manager.block_size)
         try:
             beams = self._search(manager, prompt, num_beams, max_new_tokens, length_penalty, final_len, result)
         finally:
-            for seq_id in list(self._tables(manager)):
+            for seq_id in manager.live_ids():
                 manager.free(seq_id)
-        manager.check_invariants()
-        if pool.num_used:
-            raise RuntimeError(f"beam search leaked {pool.num_used} blocks")
+        assert_drained(manager, "beam search")
         result.sequences, result.scores = beams
         return result
 
     # -- search -----------------------------------------------------------------------------------------
-    def _search(self, manager, prompt, k, steps, length_penalty, final_len, result):
+    def _search(self, manager: KVManager, prompt, k, steps, length_penalty, final_len, result):
         root = self._new_id()
         manager.allocate(root, len(prompt), final_len)
         logits = self.runner.forward(self.runner.build_step([(list(prompt), 0, manager.block_table(root))]))
-        log_probs = torch.log_softmax(logits.float(), dim=-1)  # [1, V]: the k initial beams are identical
-        beam_ids, beam_tokens, beam_scores = [root], [[]], torch.zeros(1)
+        beam_ids, beam_tokens, beam_scores = [root], [[]], [0.0]  # the k initial beams are identical: one row
         result.blocks_per_step.append(manager.pool.num_used)
         for step in range(steps):
-            vocab = log_probs.shape[-1]
-            flat = (log_probs + beam_scores[:, None]).reshape(-1)
-            top_scores, top_index = torch.topk(flat, k=min(2 * k, flat.numel()))
-            parents = (top_index // vocab).tolist()
-            tokens = (top_index % vocab).tolist()
+            top_scores, parents, tokens = beam_candidates(logits, beam_scores, 2 * k)
             if step == steps - 1:  # last token: the best k continuations are the finished hypotheses
-                final = top_scores[:k] / (steps**length_penalty)
-                order = torch.topk(final, k=min(k, final.numel())).indices.tolist()
-                return ([beam_tokens[parents[i]] + [tokens[i]] for i in order], [float(final[i]) for i in order])
-            keep = list(range(k))  # topk returns its candidates best first: the first k continue
+                ranked = rank_finished(top_scores[:k], steps**length_penalty, k)
+                return ([beam_tokens[parents[i]] + [tokens[i]] for i, _ in ranked], [score for _, score in ranked])
+            keep = range(k)  # candidates come best first: the first k continue
             new_ids = [self._derive(manager, beam_ids[parents[i]], final_len, result) for i in keep]
             for old in beam_ids:
                 manager.free(old)
             beam_tokens = [beam_tokens[parents[i]] + [tokens[i]] for i in keep]
-            beam_scores = top_scores[keep]
+            beam_scores = [top_scores[i] for i in keep]
             beam_ids = new_ids
             length = len(prompt) + step  # tokens cached per beam before this step's write
             chunks = []
@@ -109,11 +97,10 @@ class BeamSearch:
                 self._copy(manager.ensure_capacity(seq_id, length + 1), result)
                 chunks.append(([generated[-1]], length, manager.block_table(seq_id)))
             logits = self.runner.forward(self.runner.build_step(chunks))
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
             result.blocks_per_step.append(manager.pool.num_used)
         raise AssertionError("unreachable")
 
-    def _derive(self, manager, parent: int, final_len: int, result: BeamSearchResult) -> int:
+    def _derive(self, manager: KVManager, parent: int, final_len: int, result: BeamSearchResult) -> int:
         """A new beam continuing ``parent``: shared blocks (paged-shared) or a full private copy."""
         child = self._new_id()
         if self.mode == "paged-shared":
@@ -123,23 +110,13 @@ class BeamSearch:
         manager.allocate(child, length, final_len)
         src = manager.block_table(parent)[: -(-length // manager.block_size)]
         dst = manager.block_table(child)[: len(src)]
-        self._copy_pairs(src, dst, result)
+        self._copy([BlockCopy(a, b) for a, b in zip(src, dst, strict=True)], result)
         return child
 
-    def _copy(self, copies, result: BeamSearchResult) -> None:
-        if copies:
-            self._copy_pairs([c.src for c in copies], [c.dst for c in copies], result)
-
-    def _copy_pairs(self, src: list[int], dst: list[int], result: BeamSearchResult) -> None:
-        device = self.runner.device
-        copy_blocks(self.runner.k_caches, self.runner.v_caches, torch.tensor(src, device=device),
-                    torch.tensor(dst, device=device), backend=self.kernel_backend)
-        result.copies += len(src)
+    def _copy(self, copies: list[BlockCopy], result: BeamSearchResult) -> None:
+        self.runner.copy_blocks(copies)
+        result.copies += len(copies)
 
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
-
-    @staticmethod
-    def _tables(manager) -> list[int]:
-        return list(manager.block_tables) if isinstance(manager, PagedManager) else list(manager.runs)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
 from kvbench.models.hf_model import (
     build_random_model,

@@ -7,9 +7,8 @@ rebuilt only when the set of running requests changes or the longest context ent
 otherwise advanced in place with a few numpy operations; the requests whose tables changed are patched one
 row each.
 
-On the CPU (torch kernels) the batch also keeps the attention plan up to date the same way: the softmax bias
-gains one visible position per request per step, and the gather index is rebuilt only when a table changed or
-the longest context entered a new block.
+When the runner can keep the attention plan by viewing these arrays (CPU, torch kernels), the batch also
+keeps the softmax bias the plan reads: each step makes one more position visible per request.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 from kvbench.engine.request import Request
-from kvbench.kernels import reference
 from kvbench.models.runner import ModelRunner, StepInput
 
 
@@ -32,7 +29,7 @@ class DecodeBatch:
         self.block_size = runner.block_size
         self.requests: list[Request] = []
         self.params: list = []  # each request's sampling parameters, in batch order
-        self.generators: list[torch.Generator | None] = []
+        self.generators: list = []  # each request's random generator (None for greedy), in batch order
         self._changed_tables: list[int] = []
         self._rows: dict[int, int] = {}
         self._longs = np.zeros(0, dtype=np.int64)  # tokens | positions | slots
@@ -41,9 +38,8 @@ class DecodeBatch:
         self._max_position = 0
         self._table_rows = np.zeros((0, 0), dtype=np.int32)
         self._row_index = np.zeros(0, dtype=np.int64)
-        self._shared_step: StepInput | None = None
-        self._bias = np.zeros((0, 0), dtype=np.float32)  # [B, W * block_size]: 0 visible, -inf not yet written
-        self._kept_plan: reference.DecodePlan | None = None  # viewing the arrays above (CPU, torch kernels)
+        self._step: StepInput | None = None  # the runner's view of the arrays above
+        self._bias: np.ndarray | None = None  # [B, W * block_size]: 0 visible, -inf not yet written
 
     def table_changed(self, request_id: int) -> None:
         """``request_id`` was given a block or a copy-on-write copy: its table row is read again."""
@@ -54,7 +50,7 @@ class DecodeBatch:
         batch: list[Request],
         clock: int,
         table_of: Callable[[int], list[int]],
-        generators: dict[int, torch.Generator | None],
+        generators: dict,
     ) -> StepInput:
         """The step input of ``batch`` (the running requests, in order) at decode clock ``clock``.
 
@@ -67,12 +63,7 @@ class DecodeBatch:
         else:
             self._rebuild(batch, clock, table_of, generators)
         self._changed_tables.clear()
-        if self._shared_step is not None:
-            self._shared_step.max_context_len = self._max_position + 1
-            self._shared_step.attention_plan = self._plan(len(batch))
-            return self._shared_step
-        return self.runner.decode_step_input(self._longs.copy(), self._ints.copy(), len(batch), self._width,
-                                             self._max_position + 1)
+        return self.runner.refresh_decode_input(self._step, self._max_position + 1)
 
     def _rebuild(self, batch: list[Request], clock: int, table_of, generators: dict) -> None:
         count = len(batch)
@@ -98,19 +89,14 @@ class DecodeBatch:
         self._rows = {r.request_id: row for row, r in enumerate(batch)}
         self.params = [r.sampling for r in batch]
         self.generators = [generators[r.request_id] for r in batch]
-        # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
-        self._shared_step = None
-        self._kept_plan = None
-        if self.runner.device.type == "cpu":
-            self._shared_step = self.runner.decode_step_input(self._longs, self._ints, count, width,
-                                                              self._max_position + 1)
+        self._bias = None
+        if self.runner.keeps_decode_plan:
             lens = self._ints[:count]
             self._bias = np.where(np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0),
                                   np.float32(-np.inf))
-            if self.runner.kernel_backend == "torch":
-                index = torch.from_numpy(rows.reshape(-1))  # a view: patched rows show through
-                bias = torch.from_numpy(self._bias)[:, None, None, :]
-                self._kept_plan = reference.DecodePlan(count, (reference.DecodeChunk(0, count, index, bias, None),))
+        # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
+        self._step = self.runner.persistent_decode_input(self._longs, self._ints, count, width,
+                                                         self._max_position + 1, self._bias)
 
     def _advance(self, batch: list[Request], table_of) -> None:
         count = len(batch)
@@ -124,21 +110,11 @@ class DecodeBatch:
             rows[row, : len(table)] = table
             rows[row, len(table) :] = 0
         self._write_tokens_and_slots(batch)
-        if self._shared_step is not None:
+        if self._bias is not None:
             self._bias[self._row_index, self._longs[count : 2 * count]] = 0.0  # this step's token becomes visible
-
-    def _plan(self, count: int) -> reference.DecodePlan | None:
-        """The torch kernels' decode plan, or None to let the runner plan (Triton, or several chunks).
-
-        The plan views the batch's own arrays (the table rows are exactly as wide as the longest context
-        needs), so the plan made at the last rebuild stays current as they are advanced.
-        """
-        if self._kept_plan is None:
-            return None
-        runner = self.runner
-        if reference.decode_chunk_rows(self._max_position + 1, runner.num_kv_heads * runner.head_dim) < count:
-            return None
-        return self._kept_plan
+        if self.runner.device.type != "cpu":  # the device tensors are copies: send this step's values
+            self._step = self.runner.persistent_decode_input(self._longs, self._ints, count, width,
+                                                             self._max_position + 1)
 
     def _write_tokens_and_slots(self, batch: list[Request]) -> None:
         """Newest tokens, each position's slot through its block table, and the context lengths."""

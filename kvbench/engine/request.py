@@ -75,3 +75,15 @@ class Request:
     def prefill_len(self) -> int:
         """Tokens to run through the model on (re)admission: the prompt plus outputs kept from before."""
         return self.prompt_len + self.num_outputs
+
+    def prefill_token_ids(self) -> list[int]:
+        """The token ids of ``prefill_len``: the prompt, then the outputs kept across a preemption."""
+        return [*self.prompt_token_ids, *self.output_token_ids]
+
+
+def make_request(request_id: int, prompt_token_ids: list[int], params: Any, num_samples: int = 1) -> Request:
+    """A request for the tensor engine; ``num_samples`` > 1 asks the paged engine for parallel samples."""
+    request = Request(request_id, len(prompt_token_ids), params.max_tokens, prompt_token_ids=list(prompt_token_ids),
+                      num_samples=num_samples)
+    request.sampling = params
+    return request

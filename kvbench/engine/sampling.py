@@ -1,8 +1,6 @@
-"""Sampling: greedy, temperature, top-k and top-p with a per-request seeded generator, and stop rules.
+"""How a request picks its tokens and when it stops: greedy, temperature, top-k and top-p, a seed, EOS.
 
-:func:`sample` handles a whole batch: greedy rows with one ``argmax``, sampled rows with one sort and one
-inverse-CDF lookup. Each sampled row draws exactly one uniform number from its own request's generator, so a
-request with a given seed gets the same tokens whatever other requests share its batch.
+The draws themselves are tensor work, done by the model side (``kvbench.models.sampler``).
 """
 
 from __future__ import annotations
@@ -10,8 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
-
-import torch
 
 from kvbench.errors import KvbenchError
 
@@ -90,70 +86,3 @@ def _check_number(name: str, value: object) -> None:
 def _check_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise KvbenchError(f"{name} must be an integer, got {value!r}")
-
-
-def make_generator(seed: int | None = None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A request's own random stream: seeded when ``seed`` is given, else from fresh entropy.
-
-    Keep it on the CPU (the default) even for CUDA logits: the draws are then the same on every device.
-    """
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
-def sample(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-) -> list[int]:
-    """One token per row of ``logits [B, V]``; ``generators[b]`` may be None for greedy rows."""
-    if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
-        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(params)} params / {len(generators)} generators")
-    greedy_rows = [p.is_greedy for p in params]
-    if all(greedy_rows):
-        return logits.argmax(dim=-1).tolist()
-    greedy = [b for b, is_greedy in enumerate(greedy_rows) if is_greedy]
-    sampled = [b for b, is_greedy in enumerate(greedy_rows) if not is_greedy]
-    tokens = [0] * len(params)
-    if greedy:
-        rows = torch.tensor(greedy, device=logits.device)
-        for b, token in zip(greedy, logits[rows].argmax(dim=-1).tolist(), strict=True):
-            tokens[b] = token
-    rows = torch.tensor(sampled, device=logits.device)
-    chosen = _sample_rows(
-        logits[rows].float(),
-        [params[b] for b in sampled],
-        [_generator_for(generators[b], params[b]) for b in sampled],
-    )
-    for b, token in zip(sampled, chosen, strict=True):
-        tokens[b] = token
-    return tokens
-
-
-def _generator_for(generator: torch.Generator | None, params: SamplingParams) -> torch.Generator:
-    if generator is None:
-        raise ValueError("a sampled request needs its generator (make_generator(params.seed))")
-    return generator
-
-
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
-    """Temperature, then top-k and top-p over the sorted distribution, then one inverse-CDF draw per row."""
-    device, vocab = logits.device, logits.shape[1]
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=torch.float32)
-    sorted_logits, order = torch.sort(logits / temps[:, None], dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=device)
-    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
-    probs = probs.masked_fill(before >= top_p[:, None], 0.0)  # the first token always stays
-    cdf = torch.cumsum(probs, dim=-1)
-    # one draw per row from its own generator (CPU generators are the portable choice), one copy to the device
-    uniforms = torch.tensor([float(torch.rand((), generator=g, device=g.device)) for g in generators], device=device)
-    picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
-    return order.gather(1, picks).squeeze(1).tolist()

@@ -11,36 +11,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.kv.block_pool import OutOfBlocks
-
-ADMISSION_MODES = ("queue", "reject")
-ENGINES = ("paged", "contiguous")  # the two KV managers an engine can run
-
-
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_len: int = 2048
-    admission: str = "queue"  # contiguous only: "reject" turns a reservation that does not fit into OOM
-    max_prefill_tokens: int = 8192  # prompt tokens one prefill step may take (at least one request)
-    watermark: float = 0.01  # paged: share of blocks kept free at admission so running requests can grow
-
-    def __post_init__(self) -> None:
-        if self.admission not in ADMISSION_MODES:
-            raise ValueError(f"unknown admission mode {self.admission!r}; choose one of {', '.join(ADMISSION_MODES)}")
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be at least 1")
+from kvbench.kv.manager import BlockCopy, KVManager
 
 
 class Scheduler:
     alloc_observer: Callable[[float], None] | None = None  # seconds per allocation call (metrics)
 
-    def __init__(self, manager, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, manager: KVManager, config: EngineConfig | None = None) -> None:
+        """Schedule onto ``manager`` with the scheduling settings of ``config`` (its KV fields describe the
+        manager, which the caller built: usually ``config.build_manager()``)."""
         self.manager = manager
-        self.config = config or SchedulerConfig()
+        self.config = config or EngineConfig()
         self.block_size = manager.block_size
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # insertion order = admission order
@@ -159,7 +144,7 @@ class Scheduler:
         """The first decode clock at which ``needs_room`` becomes true."""
         return request.clock_base + request.held_slots - request.kv_at_base
 
-    def make_room(self, request: Request, clock: int) -> tuple[list, list[Request]]:
+    def make_room(self, request: Request, clock: int) -> tuple[list[BlockCopy], list[Request]]:
         """Give ``request`` room for the step clock -> clock+1, preempting newest-first if the pool is dry.
 
         Returns the copy-on-write copies to run and the requests preempted (possibly ``request`` itself).
@@ -207,7 +192,7 @@ class Scheduler:
         self.sum_kv_base -= request.kv_at_base - request.clock_base
         self._set_held(request, 0)
         token_ids = None
-        if getattr(self.manager, "enable_prefix_caching", False) and request.prompt_token_ids is not None:
+        if self.manager.enable_prefix_caching and request.prompt_token_ids is not None:
             # only tokens whose KV was written (not the last sampled one) can be cached
             token_ids = (list(request.prompt_token_ids) + list(request.output_token_ids))[: request.kv_len(clock)]
         self.manager.free(request.request_id, token_ids)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.engine.beam import BeamSearch
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import OutOfBlocks
@@ -54,8 +56,8 @@ def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len
     If they do not all fit, the unshared modes would queue or preempt and their memory would be capped by
     the pool: no comparison left, and a large width would run for minutes.
     """
+    from kvbench.kv.block_pool import blocks_for
     from kvbench.kv.contiguous import reservation_tokens
-    from kvbench.kv.paged import blocks_for
 
     copies = width if kind == "parallel" else 2 * width
     lengths = [len(p) + output_len - 1 for p in prompts]
@@ -114,7 +116,7 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
         raise KvbenchError(f"--beam must be at least 1, got {width}")
     measurements = []
     for mode in ("paged-shared", "paged-copy", "contiguous"):
-        search = BeamSearch(runner, mode, reserve=base.reserve, max_len=base.max_len, kernel_backend=base.kernel_backend)
+        search = BeamSearch(runner, mode, reserve=base.reserve, max_len=base.max_len)
         steps: list[int] = []
         outputs: list[list[int]] = []
         for prompt in prompts:

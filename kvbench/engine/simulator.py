@@ -14,22 +14,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvbench.engine.client import ClosedLoopClient
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.result import RunResult
-from kvbench.engine.scheduler import Scheduler, SchedulerConfig
+from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.accounting import WasteAccountant
+from kvbench.kv.manager import KVManager
 
 _FINISH, _ROOM = 0, 1
 
 
 def simulate(
     requests: Sequence[Request],
-    manager,
+    manager: KVManager,
     timing,
     concurrency: int,
-    config: SchedulerConfig | None = None,
+    config: EngineConfig | None = None,
     keep_timeline: bool = True,
 ) -> RunResult:
+    """Serve ``requests`` closed-loop on ``manager``, scheduled by ``config``, with ``timing``'s step times."""
     scheduler = Scheduler(manager, config)
     block_size = manager.block_size
     pool_slots = manager.pool.num_blocks * block_size

@@ -141,7 +141,7 @@ def parallel_samples(requests: list[Request], samples: int, engine: str) -> list
     """n samples per request: forked by the paged engine, n full copies (seeds seed+i) for the baseline."""
     from dataclasses import replace
 
-    from kvbench.engine.llm_engine import make_request
+    from kvbench.engine.request import make_request
 
     out = []
     for request in requests:

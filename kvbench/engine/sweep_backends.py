@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from kvbench.engine.build import LoadedModel, build_engine
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
-from kvbench.engine.request import Request
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import Request, make_request
 from kvbench.engine.result import RunResult
 from kvbench.engine.sampling import SamplingParams
-from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
-from kvbench.kv.factory import build_manager
+from kvbench.kv.manager import assert_drained
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec
 from kvbench.models.shapes import ModelShape
@@ -71,12 +72,10 @@ class SimulatedBackend:
         """The simulator has no caches to warm."""
 
     def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
-        manager = build_manager(engine, self.base.num_blocks, self.base.block_size, self.base.reserve,
-                                self.base.max_len)
-        config = SchedulerConfig(max_num_seqs=self.base.max_num_seqs, max_len=self.base.max_len,
-                                 admission=self.base.admission, max_prefill_tokens=self.base.max_prefill_tokens)
+        config = replace(self.base, engine=engine)
+        manager = config.build_manager()
         result = simulate(requests, manager, self.timing, concurrency, config)
-        manager.check_invariants()
+        assert_drained(manager, f"the simulated {engine} run")
         if on_step is not None:
             on_step(engine, None, len(result.completed))
         return result, {}

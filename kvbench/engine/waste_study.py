@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
-from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.errors import KvbenchError
-from kvbench.kv.factory import build_manager
+from kvbench.kv.manager import KVManager, assert_drained
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
 MAX_SIMULATED_BLOCKS = 1 << 22  # the pool keeps per-block Python state: past ~4M blocks it costs GBs and minutes
@@ -31,9 +31,14 @@ class Strategy:
             return self.block_size
         return max(1, -(-pool_slots // MAX_SIMULATED_BLOCKS))
 
-    def build_manager(self, pool_slots: int, max_len: int):
+    def config(self, pool_slots: int, max_len: int, concurrency: int) -> EngineConfig:
+        """The engine configuration that simulates this strategy on a pool of ``pool_slots`` token slots."""
         block_size, num_blocks = self.validate(pool_slots)
-        return build_manager(self.kind, num_blocks, block_size, self.policy or "max", max_len)
+        return EngineConfig(engine=self.kind, block_size=block_size, num_blocks=num_blocks,
+                            reserve=self.policy or "max", max_num_seqs=concurrency, max_len=max_len)
+
+    def build_manager(self, pool_slots: int, max_len: int) -> KVManager:
+        return self.config(pool_slots, max_len, 1).build_manager()
 
     def validate(self, pool_slots: int) -> tuple[int, int]:
         """(block size, block count) to simulate this pool with; a clear error if it cannot be simulated."""
@@ -73,11 +78,9 @@ def run_strategy(
     timing,
     keep_timeline: bool = False,
 ) -> RunResult:
-    manager = strategy.build_manager(pool_slots, max_len)
+    config = strategy.config(pool_slots, max_len, concurrency)
+    manager = config.build_manager()
     requests = [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
-    config = SchedulerConfig(max_num_seqs=concurrency, max_len=max_len)
     result = simulate(requests, manager, timing, concurrency, config, keep_timeline=keep_timeline)
-    manager.check_invariants()
-    if manager.pool.num_used:
-        raise RuntimeError(f"{strategy.name}: {manager.pool.num_used} blocks leaked")
+    assert_drained(manager, strategy.name)
     return result

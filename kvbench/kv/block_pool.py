@@ -19,26 +19,24 @@ class OutOfBlocks(RuntimeError):
     """No free block is left."""
 
 
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` slots that ``tokens`` token states need."""
+    return -(-tokens // block_size)
+
+
 class BlockPool:
+    """Blocks handed out one at a time from the free queue (the paged manager's pool)."""
+
     _NIL = -1
 
-    def __init__(self, num_blocks: int, block_size: int, free_queue: bool = True) -> None:
-        """``free_queue=False``: runs only (take_run/release_run), for the contiguous manager, whose free
-        extents already say where free space is; runs are then marked with slice assignments, O(1) Python
-        calls per run instead of one per block."""
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        _check_size(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
-        self.has_free_queue = free_queue
         self.num_shared = 0  # blocks with more than one owner: none means no write needs copy-on-write
         self.num_free = num_blocks
         self.total_allocations = 0  # block allocations over the pool's life (metrics)
-        if not free_queue:
-            return
         self._prev = [i - 1 for i in range(num_blocks)]
         self._next = [i + 1 for i in range(num_blocks)]
         self._next[-1] = self._NIL
@@ -82,7 +80,6 @@ class BlockPool:
 
     def peek_free(self) -> int:
         """The block ``allocate`` would hand out next (the head of the free queue)."""
-        self._require_queue()
         if self._head == self._NIL:
             raise OutOfBlocks("no free KV block")
         return self._head
@@ -97,7 +94,6 @@ class BlockPool:
 
     def take(self, block: int) -> None:
         """Take a specific free block (a contiguous run, or a prefix-cache hit)."""
-        self._require_queue()
         if not self._in_free_queue[block]:
             raise BlockPoolError(f"block {block} is not free")
         self._unlink(block)
@@ -106,32 +102,15 @@ class BlockPool:
 
     def take_run(self, start: int, count: int) -> None:
         """Take the free blocks ``start .. start+count-1``."""
-        if not self.has_free_queue:
-            end = start + count
-            if start < 0 or end > self.num_blocks or any(self.ref_counts[start:end]):
-                raise BlockPoolError(f"run {start}+{count} is not free")
-            self.ref_counts[start:end] = [1] * count
-            self.num_free -= count
-            self.total_allocations += count
-            return
         for block in range(start, start + count):
             self.take(block)
 
     def release_run(self, start: int, count: int) -> None:
         """Free an unshared run taken with ``take_run``."""
-        end = start + count
-        if self.ref_counts[start:end] != [1] * count:
+        if self.ref_counts[start : start + count] != [1] * count:
             raise BlockPoolError(f"run {start}+{count} is not an allocated, unshared run (double free?)")
-        if not self.has_free_queue:
-            self.ref_counts[start:end] = [0] * count
-            self.num_free += count
-            return
-        for block in range(start, end):
+        for block in range(start, start + count):
             self.release(block)
-
-    def _require_queue(self) -> None:
-        if not self.has_free_queue:
-            raise BlockPoolError("this pool hands out runs only (take_run / release_run)")
 
     def share(self, block: int) -> None:
         """One more owner for an allocated block (fork, prefix sharing)."""
@@ -151,10 +130,7 @@ class BlockPool:
         if count == 2:
             self.num_shared -= 1
         if count == 1:
-            if self.has_free_queue:
-                self._append(block)
-            else:
-                self.num_free += 1
+            self._append(block)
             return True
         return False
 
@@ -168,8 +144,6 @@ class BlockPool:
 
     def free_blocks(self) -> list[int]:
         """Free block ids in queue order (for invariant checks and extent rebuilding)."""
-        if not self.has_free_queue:
-            return [block for block, count in enumerate(self.ref_counts) if count == 0]
         blocks, block = [], self._head
         while block != self._NIL:
             blocks.append(block)
@@ -178,12 +152,6 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Raise BlockPoolError if the pool is inconsistent. O(num_blocks): for tests and debugging."""
-        if not self.has_free_queue:
-            if any(count not in (0, 1) for count in self.ref_counts):
-                raise BlockPoolError("a run-only pool holds a shared or negative block")
-            if self.ref_counts.count(0) != self.num_free:
-                raise BlockPoolError("used + free != total")
-            return
         queue = self.free_blocks()
         if len(queue) != self.num_free or len(set(queue)) != len(queue):
             raise BlockPoolError("free queue length or uniqueness broken")
@@ -197,3 +165,10 @@ class BlockPool:
             raise BlockPoolError("used + free != total")
         if sum(1 for count in self.ref_counts if count > 1) != self.num_shared:
             raise BlockPoolError("shared-block count is off")
+
+
+def _check_size(num_blocks: int, block_size: int) -> None:
+    if num_blocks <= 0:
+        raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")

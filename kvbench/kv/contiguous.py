@@ -8,11 +8,12 @@ the same block pool the paged manager uses, so external fragmentation is real an
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
-from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks
-from kvbench.kv.paged import blocks_for
-
-RESERVATION_POLICIES = ("max", "pow2", "oracle")
+from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
+from kvbench.kv.manager import BlockCopy
+from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
+from kvbench.kv.run_pool import RunPool
 
 
 def next_pow2(value: int) -> int:
@@ -31,7 +32,8 @@ def reservation_tokens(policy: str, final_length: int, max_len: int) -> int:
         return min(next_pow2(final_length), max_len)
     if policy == "oracle":
         return final_length
-    raise ValueError(f"unknown reservation policy {policy!r}; choose one of {', '.join(RESERVATION_POLICIES)}")
+    check_choice(policy, RESERVATION_POLICIES, "reservation policy")
+    raise AssertionError("unreachable")
 
 
 class FreeExtents:
@@ -81,9 +83,10 @@ class FreeExtents:
 class ContiguousManager:
     kind = "contiguous"
 
-    def __init__(self, pool: BlockPool, policy: str = "max", max_len: int = 2048) -> None:
-        if policy not in RESERVATION_POLICIES:
-            raise ValueError(f"unknown reservation policy {policy!r}")
+    enable_prefix_caching = False  # a slab is private from start to end
+
+    def __init__(self, pool: RunPool | BlockPool, policy: str = "max", max_len: int = 2048) -> None:
+        check_choice(policy, RESERVATION_POLICIES, "reservation policy")
         self.pool = pool
         self.block_size = pool.block_size
         self.policy = policy
@@ -95,6 +98,9 @@ class ContiguousManager:
 
     def reservation_blocks(self, final_length: int) -> int:
         return blocks_for(reservation_tokens(self.policy, final_length, self.max_len), self.block_size)
+
+    def live_ids(self) -> list[int]:
+        return list(self.runs)
 
     def held_slots(self, request_id: int) -> int:
         return self.runs[request_id][1] * self.block_size
@@ -122,7 +128,8 @@ class ContiguousManager:
     def fits_empty_pool(self, final_length: int) -> bool:
         return self.reservation_blocks(final_length) <= self.pool.num_blocks
 
-    def allocate(self, request_id: int, total_tokens: int, final_length: int, token_ids=None) -> int:
+    def allocate(self, request_id: int, total_tokens: int, final_length: int,
+                 token_ids: Sequence[int] | None = None) -> int:
         """Reserve the request's whole slab now; ``total_tokens`` are written at once (the prompt)."""
         if request_id in self.runs:
             raise BlockPoolError(f"request {request_id} already holds a run")
@@ -140,14 +147,17 @@ class ContiguousManager:
         self.lengths[request_id] = total_tokens
         return 0
 
-    def ensure_capacity(self, request_id: int, total_tokens: int) -> list:
+    def ensure_capacity(self, request_id: int, total_tokens: int) -> list[BlockCopy]:
         """A run never grows in place: writing past the reservation is an error."""
         if total_tokens > self.held_slots(request_id):
             raise OutOfBlocks(f"request {request_id} outgrew its reservation of {self.held_slots(request_id)} slots")
         self.lengths[request_id] = max(self.lengths[request_id], total_tokens)
         return []
 
-    def free(self, request_id: int, token_ids=None) -> None:
+    def fork(self, parent_id: int, child_id: int) -> None:
+        raise BlockPoolError("the contiguous baseline never shares a slab: give the child its own copy")
+
+    def free(self, request_id: int, token_ids: Sequence[int] | None = None) -> None:
         start, count = self.runs.pop(request_id)
         del self.lengths[request_id]
         self.pool.release_run(start, count)

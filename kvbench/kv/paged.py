@@ -9,21 +9,9 @@ cached by a chained hash of their tokens, so a later request with the same prefi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks
-
-
-@dataclass(frozen=True)
-class BlockCopy:
-    """Copy block ``src`` onto ``dst`` before writing (copy-on-write)."""
-
-    src: int
-    dst: int
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
+from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
+from kvbench.kv.manager import BlockCopy
 
 
 class PagedManager:
@@ -41,6 +29,9 @@ class PagedManager:
         self.can_preempt = True
 
     # -- queries ----------------------------------------------------------------------------------------
+    def live_ids(self) -> list[int]:
+        return list(self.block_tables)
+
     def block_table(self, request_id: int) -> list[int]:
         return self.block_tables[request_id]
 

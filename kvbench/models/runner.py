@@ -9,6 +9,7 @@ also covers a chunk after cached context: recompute after preemption, shared pre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from kvbench import kernels
+from kvbench.kv.manager import BlockCopy
+from kvbench.models import sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
+from kvbench.models.sampler import SamplingSettings
 
 RequestChunk = tuple[list[int], int, list[int]]  # (new token ids, tokens already cached, block table)
 
@@ -36,6 +40,7 @@ class StepInput:
     max_context_len: int = -1  # host copy of context_lens.max(); -1: unknown, read from the tensor
     max_query_len: int = -1  # host copy of the most new tokens of one request; -1: unknown
     attention_plan: Any = None  # the torch kernels' plan when the caller keeps one up to date; None: planned here
+    kept_plan: Any = None  # a persistent decode input's plan, valid while the batch fits one chunk
 
     @property
     def num_requests(self) -> int:
@@ -267,28 +272,6 @@ class ModelRunner:
             max_query_len=max_query_len,
         )
 
-    def build_decode_step(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> StepInput:
-        """The common decode step: one new token per request at ``positions[b]`` (its cached length).
-
-        Same tensors as ``build_step``, packed into two host arrays (int64 and int32) and moved in two copies:
-        building six small tensors from Python lists, or casting slices of one array, cost more than the
-        packing itself (measured at 50 requests: 131 us for six tensors, 31 us for three casts).
-        """
-        bs = self.block_size
-        count = len(tokens)
-        width = max(map(len, tables))
-        wide = list(tokens)
-        wide += positions
-        wide += [table[pos // bs] * bs + pos % bs for table, pos in zip(tables, positions, strict=True)]
-        narrow = [pos + 1 for pos in positions]
-        narrow += range(count + 1)
-        for table in tables:
-            narrow += table
-            if len(table) < width:
-                narrow += [0] * (width - len(table))
-        return self.decode_step_input(np.array(wide, dtype=np.int64), np.array(narrow, dtype=np.int32), count, width,
-                                      max(positions) + 1)
-
     def decode_step_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
                           max_context_len: int) -> StepInput:
         """A decode step from its two packed host arrays (taken over, not copied).
@@ -313,6 +296,57 @@ class ModelRunner:
             max_context_len=max_context_len,
             max_query_len=1,
         )
+
+    @property
+    def keeps_decode_plan(self) -> bool:
+        """Whether a persistent decode input can keep the attention plan by viewing its host arrays (CPU,
+        torch kernels): the caller then maintains a softmax bias ``[B, W * block_size]`` (0 visible, -inf not)."""
+        return self.device.type == "cpu" and self.kernel_backend == "torch"
+
+    def persistent_decode_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
+                                max_context_len: int, bias: np.ndarray | None = None) -> StepInput:
+        """A decode step over host arrays the caller keeps and advances in place between steps.
+
+        On the CPU the tensors view the arrays (no copy per step), and with ``bias`` (see
+        ``keeps_decode_plan``) the torch kernels' plan views the table rows and the bias too, so advancing
+        the arrays keeps it current. Call :meth:`refresh_decode_input` before each step.
+        """
+        if self.device.type != "cpu":
+            return self.decode_step_input(longs.copy(), ints.copy(), count, width, max_context_len)
+        step = self.decode_step_input(longs, ints, count, width, max_context_len)
+        if bias is not None and self.keeps_decode_plan:
+            rows = torch.from_numpy(ints[2 * count + 1 :])  # the table rows, a view: patched rows show through
+            step.kept_plan = kernels.kept_decode_plan(rows, torch.from_numpy(bias), count)
+        return self.refresh_decode_input(step, max_context_len)
+
+    def refresh_decode_input(self, step: StepInput, max_context_len: int) -> StepInput:
+        """The persistent step for its next use: the longest context now, and the kept plan while the batch
+        fits in one chunk of the torch kernels (else the runner plans the step itself)."""
+        step.max_context_len = max_context_len
+        fits = step.kept_plan is not None and kernels.decode_plan_fits(
+            step.kept_plan, max_context_len, self.num_kv_heads * self.head_dim)
+        step.attention_plan = step.kept_plan if fits else None
+        return step
+
+    def copy_blocks(self, copies: Sequence[BlockCopy]) -> None:
+        """Copy whole blocks of every layer's K and V (copy-on-write, or a beam's private copy)."""
+        if not copies:
+            return
+        src = torch.tensor([c.src for c in copies], device=self.device)
+        dst = torch.tensor([c.dst for c in copies], device=self.device)
+        kernels.copy_blocks(self.k_caches, self.v_caches, src, dst, backend=self.kernel_backend)
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, logits: torch.Tensor, params: Sequence[SamplingSettings],
+               generators: Sequence[torch.Generator | None], rows: Sequence[int] | None = None) -> list[int]:
+        """Token ids chosen from ``logits`` (see :func:`kvbench.models.sampler.sample`)."""
+        return sampler.sample(logits, params, generators, rows)
+
+    @staticmethod
+    def new_generator(seed: int | None) -> torch.Generator:
+        """A request's own random stream (on the CPU, so draws are the same on every device)."""
+        return sampler.make_generator(seed)
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         numpy_dtype = np.int64 if dtype == torch.int64 else np.int32

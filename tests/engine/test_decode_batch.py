@@ -1,4 +1,4 @@
-"""The persistent decode batch against a fresh packing of every step (``ModelRunner.build_decode_step``).
+"""The persistent decode batch against a fresh packing of every step (``ModelRunner.build_step``).
 
 Each decode step the engine runs, the arrays the batch advanced in place must equal the arrays packed from
 scratch from the scheduler's state: through growth into new blocks, preemption and recompute, copy-on-write
@@ -10,8 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
@@ -33,9 +35,8 @@ def _checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def step(self, batch, clock, table_of, generators):
         got = original(self, batch, clock, table_of, generators)
-        expected = self.runner.build_decode_step([r.output_token_ids[-1] for r in batch],
-                                                 [r.kv_len(clock) for r in batch],
-                                                 [table_of(r.request_id) for r in batch])
+        expected = self.runner.build_step([([r.output_token_ids[-1]], r.kv_len(clock), table_of(r.request_id))
+                                           for r in batch])
         for name in STEP_FIELDS:
             if name != "block_tables":
                 assert torch.equal(getattr(got, name), getattr(expected, name)), (name, clock)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request
-from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.engine.sweep_backends import token_requests
 from kvbench.engine.timing import UniformTiming
-from kvbench.kv.block_pool import BlockPool
-from kvbench.kv.contiguous import ContiguousManager
-from kvbench.kv.paged import PagedManager
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
 
@@ -28,10 +25,8 @@ def test_engine_and_simulator_agree_step_by_step(model, engine, blocks):
     pairs = [(8, 1), (8, 3), (5, 7), (12, 4), (3, 9)]
     config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=32, reserve="pow2")
     result = LLMEngine(model, config).run(token_requests(pairs, 512, 0), concurrency=3)
-    pool = BlockPool(blocks, 4, free_queue=engine == "paged")
-    manager = PagedManager(pool) if engine == "paged" else ContiguousManager(pool, "pow2", 32)
-    simulated = simulate([Request(i, p, o) for i, (p, o) in enumerate(pairs)], manager, UniformTiming(1.0), 3,
-                         SchedulerConfig(max_len=32))
+    simulated = simulate([Request(i, p, o) for i, (p, o) in enumerate(pairs)], config.build_manager(),
+                         UniformTiming(1.0), 3, config)
     assert result.accountant.steps == simulated.accountant.steps
     assert result.accountant.peak == simulated.accountant.peak
     assert result.accountant.peak_allocated == simulated.accountant.peak_allocated

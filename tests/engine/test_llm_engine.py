@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from kvbench.engine.build import blocks_for_budget, load_model
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
-from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.engine.result import RunResult
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError

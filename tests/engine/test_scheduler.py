@@ -2,8 +2,10 @@
 
 import pytest
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.scheduler import Scheduler, SchedulerConfig
+from kvbench.engine.scheduler import Scheduler
+from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import BlockPool, OutOfBlocks
 from kvbench.kv.contiguous import ContiguousManager
 from kvbench.kv.paged import PagedManager
@@ -11,12 +13,12 @@ from kvbench.kv.paged import PagedManager
 
 def _paged(num_blocks, block_size, **config):
     manager = PagedManager(BlockPool(num_blocks, block_size))
-    return Scheduler(manager, SchedulerConfig(**config))
+    return Scheduler(manager, EngineConfig(**config))
 
 
 def _contiguous(num_blocks, policy="max", max_len=16, **config):
     manager = ContiguousManager(BlockPool(num_blocks, 1), policy, max_len)
-    return Scheduler(manager, SchedulerConfig(max_len=max_len, **config))
+    return Scheduler(manager, EngineConfig(max_len=max_len, **config))
 
 
 def _check_totals(scheduler, clock):
@@ -38,10 +40,14 @@ def test_request_lengths():
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="queue, reject"):
-        SchedulerConfig(admission="drop")
-    with pytest.raises(ValueError):
-        SchedulerConfig(max_num_seqs=0)
+    with pytest.raises(KvbenchError, match="queue, reject"):
+        EngineConfig(admission="drop")
+    with pytest.raises(KvbenchError, match="max num seqs"):
+        EngineConfig(max_num_seqs=0)
+    with pytest.raises(KvbenchError, match="paged, contiguous"):
+        EngineConfig(engine="turbo")
+    with pytest.raises(KvbenchError, match="max, pow2, oracle"):
+        EngineConfig(reserve="exact")
 
 
 def test_add_rejects_what_can_never_run_with_a_reason():
@@ -186,7 +192,7 @@ def test_prefix_cache_only_keeps_blocks_whose_token_states_were_written():
     """The last sampled token is returned but never written to the KV cache: a block it would complete
     must not be cached as full, or a later prompt reuses a slot that holds no token state."""
     manager = PagedManager(BlockPool(8, 4), enable_prefix_caching=True)
-    scheduler = Scheduler(manager, SchedulerConfig(max_len=32))
+    scheduler = Scheduler(manager, EngineConfig(max_len=32))
     first = Request(0, 3, 1, prompt_token_ids=[1, 2, 3])
     scheduler.add(first)
     scheduler.admit(0)
@@ -202,7 +208,7 @@ def test_prefix_cache_only_keeps_blocks_whose_token_states_were_written():
 
 def test_prefix_cache_hits_after_a_finished_request():
     manager = PagedManager(BlockPool(8, 4), enable_prefix_caching=True)
-    scheduler = Scheduler(manager, SchedulerConfig(max_len=32))
+    scheduler = Scheduler(manager, EngineConfig(max_len=32))
     first = Request(0, 4, 2, prompt_token_ids=[1, 2, 3, 4])
     scheduler.add(first)
     scheduler.admit(0)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from kvbench.engine.beam import BeamSearch
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.sharing_study import beam_search, make_prompts, parallel_sampling, savings
 from kvbench.kv.block_pool import BlockPool

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.scheduler import Scheduler, SchedulerConfig
+from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.kv.accounting import PARTS, WasteAccountant
@@ -194,7 +195,7 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     max_len = config["max_len"]
     manager = _build(kind, num_blocks, block_size, policy, max_len)
     requests = _requests(pairs)
-    result = simulate(requests, manager, timing, concurrency, SchedulerConfig(**config))
+    result = simulate(requests, manager, timing, concurrency, EngineConfig(**config))
 
     # nothing lost or duplicated: every request ends finished or rejected, exactly once
     assert len(result.completed) + len(result.rejected) == len(requests)
@@ -226,7 +227,7 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     # the same workload, one step at a time
     ref_manager = _build(kind, num_blocks, block_size, policy, max_len)
     ref_requests = _requests(pairs)
-    scheduler, ref = _reference(ref_requests, ref_manager, timing, concurrency, SchedulerConfig(**config))
+    scheduler, ref = _reference(ref_requests, ref_manager, timing, concurrency, EngineConfig(**config))
     assert result.num_preemptions == scheduler.num_preemptions
     assert acct.steps == ref.steps
     assert acct.elapsed_s == pytest.approx(ref.elapsed_s, rel=1e-9)
@@ -255,7 +256,7 @@ def _assert_same_time(got, want, name):
 def test_paged_preempts_when_the_pool_is_tiny_and_still_finishes_everything():
     manager = PagedManager(BlockPool(3, 2))  # 6 slots; each request grows to 5 token states (3 blocks)
     requests = _requests([(2, 4)] * 5)
-    result = simulate(requests, manager, UniformTiming(1.0), 4, SchedulerConfig(max_num_seqs=4, max_len=16))
+    result = simulate(requests, manager, UniformTiming(1.0), 4, EngineConfig(max_num_seqs=4, max_len=16))
     assert result.num_preemptions > 0
     assert any(r.num_preemptions for r in requests)
     assert all(r.status is RequestStatus.FINISHED for r in requests)
@@ -269,7 +270,7 @@ def test_contiguous_reject_mode_rejects_as_oom_and_queue_mode_never_does():
     for admission in ("queue", "reject"):
         manager = ContiguousManager(BlockPool(20, 1), "max", max_len=16)  # one 16-slot slab at a time
         requests = _requests(pairs)
-        config = SchedulerConfig(max_num_seqs=3, max_len=16, admission=admission)
+        config = EngineConfig(max_num_seqs=3, max_len=16, admission=admission)
         result = simulate(requests, manager, UniformTiming(1.0), 3, config)
         outcomes[admission] = result
         assert manager.pool.num_used == 0
@@ -283,7 +284,7 @@ def test_contiguous_reject_mode_rejects_as_oom_and_queue_mode_never_does():
 def test_requests_longer_than_max_len_are_rejected_with_a_reason():
     manager = PagedManager(BlockPool(16, 4))
     requests = _requests([(3, 3), (8, 5), (2, 2)])
-    result = simulate(requests, manager, UniformTiming(1.0), 2, SchedulerConfig(max_len=12))
+    result = simulate(requests, manager, UniformTiming(1.0), 2, EngineConfig(max_len=12))
     assert [r.status for r in requests] == [RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.FINISHED]
     assert "13 tokens exceeds max-len 12" in requests[1].reject_reason
     assert result.rejected == [requests[1]]
@@ -292,7 +293,7 @@ def test_requests_longer_than_max_len_are_rejected_with_a_reason():
 def test_requests_bigger_than_the_pool_are_rejected_not_stalled():
     manager = ContiguousManager(BlockPool(8, 1), "max", max_len=16)  # a max-len slab never fits
     requests = _requests([(2, 2), (3, 1)])
-    result = simulate(requests, manager, UniformTiming(1.0), 2, SchedulerConfig(max_len=16))
+    result = simulate(requests, manager, UniformTiming(1.0), 2, EngineConfig(max_len=16))
     assert len(result.rejected) == 2 and all("whole pool" in r.reject_reason for r in requests)
     assert result.elapsed_s == 0.0 and result.accountant.shares_pct()["used"] == 0.0
 
@@ -300,7 +301,7 @@ def test_requests_bigger_than_the_pool_are_rejected_not_stalled():
 def test_result_throughput_and_latency_fields():
     manager = PagedManager(BlockPool(16, 4))
     requests = _requests([(3, 4), (2, 3)])
-    result = simulate(requests, manager, UniformTiming(1.0), 2, SchedulerConfig(max_len=16))
+    result = simulate(requests, manager, UniformTiming(1.0), 2, EngineConfig(max_len=16))
     # prefill both (1 s), then 3 decode steps for the first request, 2 for the second: 4 s in all
     assert result.elapsed_s == 4.0
     tput = result.throughput()

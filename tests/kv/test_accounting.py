@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.scheduler import SchedulerConfig
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.kv.accounting import PARTS, WasteAccountant
@@ -121,7 +121,7 @@ def test_roofline_split_by_hand():
 
 
 def _run(requests, manager, concurrency, max_len):
-    config = SchedulerConfig(max_num_seqs=concurrency, max_len=max_len)
+    config = EngineConfig(max_num_seqs=concurrency, max_len=max_len)
     result = simulate(requests, manager, UniformTiming(1.0), concurrency, config)
     assert all(r.status is RequestStatus.FINISHED for r in requests)
     assert manager.pool.num_used == 0

@@ -5,11 +5,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.scheduler import Scheduler, SchedulerConfig
-from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks
+from kvbench.engine.scheduler import Scheduler
+from kvbench.errors import KvbenchError
+from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
 from kvbench.kv.contiguous import ContiguousManager, FreeExtents, next_pow2, reservation_tokens
-from kvbench.kv.paged import blocks_for
 
 
 @pytest.mark.parametrize("value, expected", [(0, 1), (1, 1), (2, 2), (3, 4), (500, 512), (512, 512), (513, 1024)])
@@ -36,9 +37,9 @@ def test_reservation_tokens(policy, final, max_len, expected):
 
 
 def test_unknown_policy_is_refused():
-    with pytest.raises(ValueError, match="max, pow2, oracle"):
+    with pytest.raises(KvbenchError, match="max, pow2, oracle"):
         reservation_tokens("exact", 10, 20)
-    with pytest.raises(ValueError):
+    with pytest.raises(KvbenchError):
         ContiguousManager(BlockPool(4, 1), "exact")
 
 
@@ -115,7 +116,7 @@ def test_external_fragmentation_appears_when_the_middle_run_is_freed():
 
 def test_scheduler_reports_external_slots_for_the_waiting_head():
     manager = ContiguousManager(BlockPool(12, 1), "oracle", max_len=12)
-    scheduler = Scheduler(manager, SchedulerConfig(max_num_seqs=8, max_len=12))
+    scheduler = Scheduler(manager, EngineConfig(max_num_seqs=8, max_len=12))
     a, b, c = Request(1, 1, 4), Request(2, 1, 4), Request(3, 1, 3)  # kv lengths 4, 4, 3
     head = Request(4, 2, 4)  # kv length 5
     for request in (a, b, c, head):

@@ -5,8 +5,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks
-from kvbench.kv.paged import BlockCopy, PagedManager, blocks_for
+from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
+from kvbench.kv.manager import BlockCopy
+from kvbench.kv.paged import PagedManager
 
 
 def _manager(num_blocks, block_size, prefix=False):

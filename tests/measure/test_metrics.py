@@ -10,10 +10,12 @@ import torch
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvbench.engine.llm_engine import EngineConfig, LLMEngine, make_request
-from kvbench.engine.request import Request
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import Request, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
+from kvbench.engine.step_log import StepLog
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
@@ -59,14 +61,14 @@ def _requests() -> list[Request]:
 def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatch, engine, num_blocks):
     llm = LLMEngine(model, EngineConfig(engine=engine, block_size=4, num_blocks=num_blocks, max_len=32))
     records = []
-    original = LLMEngine._record
+    original = StepLog.snapshot
 
-    def capture(*args, **kwargs):  # the engine's own per-step accounting
-        record = original(*args, **kwargs)
+    def capture(self, *args, **kwargs):  # the engine's own per-step accounting
+        record = original(self, *args, **kwargs)
         records.append(record)
         return record
 
-    monkeypatch.setattr(LLMEngine, "_record", staticmethod(capture))
+    monkeypatch.setattr(StepLog, "snapshot", capture)
     metrics = KvMetrics(device="cpu")
     port = metrics.serve("127.0.0.1", 0)
     assert port > 0 and metrics.url == f"http://127.0.0.1:{port}/metrics"
