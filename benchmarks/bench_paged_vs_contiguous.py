@@ -17,7 +17,7 @@ import time
 from kvbench.engine.build import load_model
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
-from kvbench.engine.sweep_backends import token_requests
+from kvbench.studies.backends import token_requests
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.engine.timing import RooflineTiming
-from kvbench.engine.waste_study import parse_strategies, run_strategy
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
+from kvbench.studies.waste import parse_strategies, run_strategy
 from kvbench.workload.lengths import LengthSpec
 
 

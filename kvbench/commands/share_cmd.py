@@ -55,14 +55,14 @@ def share(
     out_dir = run_directory(out)
     from kvbench.engine.build import load_model  # torch loads only when the command runs
     from kvbench.engine.config import EngineConfig
-    from kvbench.engine.sharing_study import (
+    from kvbench.models.runner import ModelRunner
+    from kvbench.studies.share import (
         beam_search,
         check_pool_holds_copies,
         make_prompts,
         parallel_sampling,
         savings,
     )
-    from kvbench.models.runner import ModelRunner
 
     loaded = load_model(model, device, None, seed)
     config = EngineConfig(block_size=block_size, num_blocks=num_blocks, reserve=reserve, max_len=max_len)

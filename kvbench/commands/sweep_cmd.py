@@ -16,12 +16,12 @@ from kvbench.commands._options import (
     writable_file,
 )
 from kvbench.engine.request import Request
-from kvbench.engine.sweep import PointFailed, SweepPlan, pin_run_config, recover_results, run_sweep
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, content_sha256, json_text
 from kvbench.kv.policies import MANAGERS
 from kvbench.report.rundir import new_run_dir, run_meta
 from kvbench.report.sweep_report import article_rows, article_table, detail_table, write_outputs
+from kvbench.studies.sweep import PointFailed, SweepPlan, pin_run_config, recover_results, run_sweep
 from kvbench.workload.admissible import within_max_len
 from kvbench.workload.scenario import load_scenario
 
@@ -149,7 +149,7 @@ def sweep(
     def make(pairs_list):
         if simulate:
             return lambda: [Request(i, p, o) for i, (p, o) in enumerate(pairs_list)]
-        from kvbench.engine.sweep_backends import token_requests
+        from kvbench.studies.backends import token_requests
 
         return lambda: token_requests(pairs_list, vocab, seed)
 
@@ -292,9 +292,9 @@ def _engine_config(spec, bs, num_blocks, reserve, admission, max_num_seqs):
 
 def _simulated_backend(model, gpu, dtype, bs, spec, reserve, admission, kv_memory, utilization, max_num_seqs):
     """The simulator's pool is the GPU preset's KV budget (vLLM's rule) unless --kv-memory sets it."""
-    from kvbench.engine.sweep_backends import SimulatedBackend
     from kvbench.models.gpus import kv_budget, resolve_gpu
     from kvbench.models.shapes import resolve_model
+    from kvbench.studies.backends import SimulatedBackend
 
     name = "llama-2-13b" if model == "tiny" else model  # tiny is for real runs on CPU; simulate the article's model
     shape = resolve_model(name, dtype or "fp16")
@@ -319,7 +319,7 @@ def _simulated_backend(model, gpu, dtype, bs, spec, reserve, admission, kv_memor
 def _tensor_backend(model, device, dtype, seed, slots, bs, spec, reserve, admission, kv_memory, utilization,
                     budget_source, console, max_num_seqs):
     from kvbench.engine.build import blocks_for_budget, cuda_kv_budget, load_model
-    from kvbench.engine.sweep_backends import TensorBackend
+    from kvbench.studies.backends import TensorBackend
 
     with console.status(f"building model {model}..."):
         loaded = load_model(model, device, dtype, seed)

@@ -9,7 +9,6 @@ from rich.table import Table
 
 from kvbench.commands._options import human_bytes, int_list, make_console, name_list, run_directory
 from kvbench.engine.timing import RooflineTiming
-from kvbench.engine.waste_study import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.models.gpus import kv_budget, resolve_gpu
@@ -23,6 +22,7 @@ from kvbench.report.rundir import (
     summary_document,
     write_summary,
 )
+from kvbench.studies.waste import CONTIGUOUS_STRATEGIES, parse_strategies, run_strategy
 from kvbench.workload.admissible import within_max_len
 from kvbench.workload.lengths import DISTRIBUTIONS, LengthSpec, load_trace
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kvbench.cli import main
-from kvbench.engine import sweep_backends
 from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
+from kvbench.studies import backends as sweep_backends
 
 
 def run(args: list[str]) -> int:

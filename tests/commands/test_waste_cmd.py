@@ -10,8 +10,8 @@ import pytest
 from kvbench.cli import main
 from kvbench.commands.waste_cmd import analytic_waste
 from kvbench.engine.timing import UniformTiming
-from kvbench.engine.waste_study import Strategy, parse_strategies, run_strategy
 from kvbench.errors import KvbenchError
+from kvbench.studies.waste import Strategy, parse_strategies, run_strategy
 
 SMALL_LLAMA = {
     "model_type": "llama",

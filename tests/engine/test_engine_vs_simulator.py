@@ -9,10 +9,10 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request
 from kvbench.engine.simulator import simulate
-from kvbench.engine.sweep_backends import token_requests
 from kvbench.engine.timing import UniformTiming
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
+from kvbench.studies.backends import token_requests
 
 
 @pytest.fixture(scope="module")

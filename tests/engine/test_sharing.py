@@ -11,12 +11,12 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
-from kvbench.engine.sharing_study import beam_search, make_prompts, parallel_sampling, savings
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.runner import ModelRunner
 from kvbench.models.shapes import ModelShape
+from kvbench.studies.share import beam_search, make_prompts, parallel_sampling, savings
 
 SHAPE = ModelShape("share-test", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                    vocab_size=256, dtype="fp32")

@@ -1,0 +1,189 @@
+"""One measured point of the results schema, typed, and how it is built from a run.
+
+A :class:`Point` is what a study produces for one (engine, concurrency, scenario); ``to_json`` gives the
+public schema (``summary.json``'s points, one line of ``results.jsonl``), in which the latency statistics
+are top-level fields (``p99_ttft_ms``) as in vLLM's benchmark output. Reports render that JSON form, so a
+point measured now and one read back from a run directory look the same to them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from scipy import stats
+
+from kvbench.engine.result import RunResult
+from kvbench.report.fields import is_number
+from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS
+
+# headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
+REPEATED_FIELDS = ("output_throughput", "total_token_throughput", "request_throughput", *LATENCY_FIELDS)
+_PEAK_FIELDS = ("peak_running", "kv_peak_allocated_bytes", "kv_peak_used_bytes")  # max over repeats
+_OPTIONAL = ("status_reason", "error", "traceback")  # written only when set
+
+
+@dataclass
+class Point:
+    engine: str
+    concurrency: int
+    scenario: str
+    status: str = "ok"  # ok | oom | error
+    completed: int = 0
+    rejected: int = 0
+    rejected_oom: int = 0
+    preemptions: int = 0
+    output_throughput: float = 0.0
+    total_token_throughput: float = 0.0
+    request_throughput: float = 0.0
+    latencies: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(LATENCY_FIELDS))
+    peak_running: int = 0
+    mean_running: float = 0.0
+    kv_pool_bytes: int = 0
+    kv_peak_allocated_bytes: int = 0
+    kv_mean_allocated_bytes: float = 0.0
+    kv_mean_used_bytes: float = 0.0
+    kv_peak_used_bytes: int = 0
+    waste: dict[str, float] = field(default_factory=dict)  # time-averaged shares of the pool, %
+    waste_peak_pct: dict[str, float | None] = field(default_factory=dict)  # each part's own peak, % of the pool
+    effective_usage_pct: float = 0.0
+    fragmentation_mean: float = 0.0
+    elapsed_s: float = 0.0
+    memory: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys((*MEMORY_FIELDS,
+                                                                                 "nvml_process_peak_bytes")))
+    status_reason: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # what a study adds (metrics, waterfall, repeats, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        """The results-schema form: latencies flattened into top-level fields, unset optional fields left out,
+        the study's extra fields last."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "latencies":
+                out.update(value)
+            elif f.name == "extra":
+                out.update(value)
+            elif f.name in _OPTIONAL and value is None:
+                continue
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def failed(cls, engine: str, concurrency: int, scenario: str, error: str, traceback: str | None = None) -> Point:
+        """A point that measured nothing: its figures stay at their empty values, the error says why."""
+        return cls(engine, concurrency, scenario, status="error", error=error, traceback=traceback)
+
+
+def point_from_result(result: RunResult, engine: str, concurrency: int, scenario: str, bytes_per_token: int,
+                      memory: dict[str, Any] | None = None) -> Point:
+    acct = result.accountant
+    rejected = result.rejected
+    oom = [r for r in rejected if r.reject_kind in ("oom", "pool")]  # no memory now, or never enough
+    point = Point(
+        engine=engine,
+        concurrency=concurrency,
+        scenario=scenario,
+        status="oom" if oom else "ok",
+        completed=len(result.completed),
+        rejected=len(rejected),
+        rejected_oom=len(oom),
+        preemptions=result.num_preemptions,
+        **result.throughput(),
+        latencies=result.latencies(),
+        peak_running=result.peak_running,
+        mean_running=acct.mean_running(),
+        kv_pool_bytes=result.pool_slots * bytes_per_token,
+        kv_peak_allocated_bytes=acct.peak_allocated * bytes_per_token,
+        kv_mean_allocated_bytes=sum(acct.mean_slots(p) for p in ("used", "reserved", "internal")) * bytes_per_token,
+        kv_mean_used_bytes=acct.mean_slots("used") * bytes_per_token,
+        kv_peak_used_bytes=acct.peak["used"] * bytes_per_token,
+        waste=acct.waste_pct(),
+        waste_peak_pct={part: 100.0 * slots / result.pool_slots if result.pool_slots else None
+                        for part, slots in acct.peak.items()},
+        effective_usage_pct=100 * acct.effective_usage(),
+        fragmentation_mean=acct.fragmentation_mean(),
+        elapsed_s=acct.elapsed_s,
+        memory={name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
+    )
+    if oom:
+        point.status_reason = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
+    elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"
+        point.status = "error"
+        reason = f"{len(rejected)} request(s) rejected: {rejected[0].reject_reason}" if rejected else "no request ran"
+        point.error = f"no request completed ({reason})"
+    return point
+
+
+def timeline_of(result: RunResult, max_points: int = 400) -> list[list[float]]:
+    """(time s, blocks in use) pairs, thinned to at most ``max_points``."""
+    line = result.accountant.timeline
+    stride = max(1, len(line) // max_points)
+    thinned = [[t, blocks] for t, blocks, _ in line[::stride]]
+    if line:
+        thinned.append([result.accountant.elapsed_s, line[-1][1]])
+    return thinned
+
+
+def aggregate_repeats(points: list[Point]) -> Point:
+    """One point from K repeats: means (with std, 95% CI and samples for the headline metrics), peaks as the
+    maximum, waste shares averaged, memory peaks maximised, and the worst status with its reason."""
+    if len(points) == 1:
+        return points[0]
+    runs = [p.to_json() for p in points]
+    last = points[-1]
+    merged = replace(last, latencies=dict(last.latencies), extra=dict(last.extra))
+    merged.extra["repeats"] = len(points)
+    samples: dict[str, list[float]] = {}
+    for status in ("error", "oom"):
+        worst = next((p for p in points if p.status == status), None)
+        if worst is not None:
+            merged.status, merged.status_reason, merged.error = status, worst.status_reason, worst.error
+            break
+    for name in ("completed", "rejected", "rejected_oom", "preemptions", "mean_running", "kv_pool_bytes",
+                 "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
+                 "elapsed_s"):
+        values = _numbers(runs, name)
+        if values:  # equal counts stay integers
+            setattr(merged, name, values[0] if len(set(values)) == 1 else statistics.fmean(values))
+    for name in _PEAK_FIELDS:
+        if _numbers(runs, name):
+            setattr(merged, name, max(_numbers(runs, name)))
+    merged.waste = _combine([p.waste for p in points], statistics.fmean)
+    merged.waste_peak_pct = _combine([p.waste_peak_pct for p in points], max)
+    merged.memory = _combine([p.memory for p in points], max)
+    for name in REPEATED_FIELDS:
+        values = _numbers(runs, name)
+        if not values:
+            continue
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        mean = statistics.fmean(values)
+        if name in LATENCY_FIELDS:
+            merged.latencies[name] = mean
+        else:
+            setattr(merged, name, mean)
+        merged.extra[f"{name}_std"] = std
+        merged.extra[f"{name}_ci95"] = t95(len(values)) * std / math.sqrt(len(values)) if len(values) > 1 else 0.0
+        samples[name] = values
+    merged.extra["samples"] = samples
+    return merged
+
+
+def t95(n: int) -> float:
+    """Two-sided 95% Student t quantile for n - 1 degrees of freedom (n samples)."""
+    return float(stats.t.ppf(0.975, n - 1))
+
+
+def _combine(groups: list[dict[str, Any]], combine) -> dict[str, Any]:
+    keys = list(groups[-1])
+    return {key: (combine(values) if (values := [g[key] for g in groups if is_number(g.get(key))]) else None)
+            for key in keys}
+
+
+def _numbers(points: list[dict[str, Any]], name: str) -> list[float]:
+    return [p[name] for p in points if is_number(p.get(name))]
