@@ -206,6 +206,14 @@ def check_model_memory_for_device(shape: ModelShape, device: Any, kv_pool: int =
     check_memory(model_memory_need(shape, kv_pool), free, device_label(device))
 
 
+def check_weights_for_host(shape: ModelShape, available: int | None = None) -> None:
+    """A checkpoint is read into host memory before it moves to a GPU, so its weights must fit there too."""
+    free = available_host_bytes() if available is None else available
+    check_memory(MemoryNeed(weights=shape.weight_bytes), free, "this host",
+                 advice="the checkpoint is read into host memory before it moves to the GPU: use a smaller model "
+                        "or a host with more memory")
+
+
 def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, block_size: int,
                              available: int | None = None, pools: int = 1) -> None:
     """``pools`` pools of ``num_blocks`` x ``block_size`` slots fit in what ``device`` has free now (weights loaded).

@@ -15,6 +15,7 @@ from kvbench.preflight import (
     GIB,
     LIMITS,
     MemoryNeed,
+    available_device_bytes,
     available_host_bytes,
     check_context_length,
     check_count,
@@ -24,6 +25,7 @@ from kvbench.preflight import (
     check_request_memory,
     check_requests_for_host,
     check_run_counts,
+    check_weights_for_host,
     kv_pool_bytes,
     parse_meminfo,
     request_list_bytes,
@@ -158,6 +160,28 @@ def test_available_host_bytes_reads_meminfo_or_falls_back(tmp_path: Path) -> Non
     meminfo.write_text("MemTotal: 2048 kB\nMemAvailable: 1024 kB\n")
     assert available_host_bytes(meminfo) == 1024 * 1024
     assert available_host_bytes(tmp_path / "absent") > 0  # os.sysconf's free pages
+
+
+def test_available_device_bytes_asks_the_driver_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    asked = []
+
+    def mem_get_info(device):
+        asked.append(device)
+        return 5 * GIB, 80 * GIB
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    assert available_device_bytes(torch.device("cuda", 1)) == 5 * GIB and asked == [torch.device("cuda", 1)]
+    monkeypatch.setattr(preflight, "available_host_bytes", lambda *args: 3 * GIB)
+    assert available_device_bytes(torch.device("cpu")) == available_device_bytes("cpu") == 3 * GIB
+
+
+def test_checkpoint_weights_must_fit_the_host_on_their_way_to_a_gpu() -> None:
+    shape = resolve_model("llama-2-7b", "fp16")
+    check_weights_for_host(shape, available=32 * GIB)
+    with pytest.raises(KvbenchError, match="read into host memory before it moves to the GPU"):
+        check_weights_for_host(shape, available=8 * GIB)
 
 
 # ---------------------------------------------------------------------------------------------- wired into the engine

@@ -16,7 +16,12 @@ from kvbench.models.hf_model import (
     resolve_torch_dtype,
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
-from kvbench.preflight import check_context_length, check_kv_pool_for_device, check_model_memory_for_device
+from kvbench.preflight import (
+    check_context_length,
+    check_kv_pool_for_device,
+    check_model_memory_for_device,
+    check_weights_for_host,
+)
 
 SMALL_MODEL_HIDDEN = 512
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -49,6 +54,8 @@ def load_model(
     if max_len is not None:
         check_context_length(shape, max_len)
     check_model_memory_for_device(shape, torch_device)
+    if spec not in MODEL_PRESETS and torch_device.type != "cpu":
+        check_weights_for_host(shape)  # a checkpoint is loaded on the host, then moved
     if torch_device.type == "cpu" and shape.hidden_size <= SMALL_MODEL_HIDDEN:
         # a small model's matmuls take microseconds: thread hand-offs cost more than they save, and on a
         # loaded machine a second intra-op thread slowed a tiny linear ~90x (measured 9.2 ms vs 0.1 ms)
