@@ -164,8 +164,8 @@ def build_random_model(
 # ---------------------------------------------------------------------------------------------- local checkpoints
 
 
-def _read_config(path: Path) -> tuple[dict[str, Any], ModelShape]:
-    """The checkpoint's config and its shape, every field checked by the shape reader."""
+def _read_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's config, its architecture checked and every field checked by the shape reader."""
     if not path.exists():
         raise KvbenchError(f"model directory not found: {path}")
     if not path.is_dir():
@@ -175,7 +175,8 @@ def _read_config(path: Path) -> tuple[dict[str, Any], ModelShape]:
         raise KvbenchError(f"no config.json in model directory {path}")
     config = read_config_json(config_path)
     _check_architecture(config, path)
-    return config, shape_from_config_dict(config, config_path)
+    shape_from_config_dict(config, config_path)
+    return config
 
 
 def _check_architecture(config: dict[str, Any], path: Path) -> None:
@@ -226,7 +227,7 @@ def load_local_model(
     from transformers import LlamaForCausalLM
 
     path = Path(path)
-    raw, _ = _read_config(path)
+    raw = _read_config(path)
     _check_safetensors(path)
     config = _llama_config_from_dict(raw)
     dtype = dtype or resolve_torch_dtype(None, device)
