@@ -9,14 +9,20 @@ import torch
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
-from kvbench.errors import KvbenchError
 from kvbench.models.hf_model import (
     build_random_model,
+    check_engine_shape,
     load_local_model,
     resolve_torch_device,
     resolve_torch_dtype,
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
+from kvbench.preflight import (
+    check_context_length,
+    check_kv_pool_for_device,
+    check_model_memory_for_device,
+    check_weights_for_host,
+)
 
 SMALL_MODEL_HIDDEN = 512
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -34,14 +40,23 @@ class LoadedModel:
         return self.shape.eos_token_id
 
 
-def load_model(spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0) -> LoadedModel:
-    """A preset with random weights from ``seed``, or a local checkpoint directory (safetensors only)."""
+def load_model(
+    spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0, max_len: int | None = None
+) -> LoadedModel:
+    """A preset with random weights from ``seed``, or a local checkpoint directory (safetensors only).
+
+    Refused before any weight is allocated: a shape the tensor engine does not run, a ``max_len`` past the
+    model's context, and weights plus activations that do not fit in what the device has free.
+    """
     torch_device = resolve_torch_device(device)
     torch_dtype = resolve_torch_dtype(dtype, torch_device)
     shape = resolve_model(spec).with_dtype(_DTYPE_NAMES[torch_dtype])
-    if shape.architecture != "llama":
-        raise KvbenchError(f"model {shape.name!r} is {shape.architecture}: the tensor engine runs Llama-family models "
-                           "only (use it with waste, capacity or --simulate)")
+    check_engine_shape(shape)
+    if max_len is not None:
+        check_context_length(shape, max_len)
+    check_model_memory_for_device(shape, torch_device)
+    if spec not in MODEL_PRESETS and torch_device.type != "cpu":
+        check_weights_for_host(shape)  # a checkpoint is loaded on the host, then moved
     if torch_device.type == "cpu" and shape.hidden_size <= SMALL_MODEL_HIDDEN:
         # a small model's matmuls take microseconds: thread hand-offs cost more than they save, and on a
         # loaded machine a second intra-op thread slowed a tiny linear ~90x (measured 9.2 ms vs 0.1 ms)
@@ -69,4 +84,6 @@ def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
 
 
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
+    """An engine over ``loaded``; its KV pool is checked against what the device has free before it is allocated."""
+    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size)
     return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id)

@@ -35,12 +35,21 @@ def resolve_gpu(name: str) -> GpuSpec:
         raise KvbenchError(f"unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}") from None
 
 
+def mlp_width_per_token(shape: ModelShape) -> int:
+    """The widest MLP intermediate one token computes: a dense MLP's, or its top-k experts' plus a shared one."""
+    moe = shape.moe
+    if moe is None:
+        return shape.intermediate_size
+    routed = moe.experts_per_token * moe.expert_intermediate_size + moe.shared_expert_intermediate_size
+    return routed if moe.num_moe_layers == shape.num_layers else max(routed, shape.intermediate_size)
+
+
 def activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens: int = 2048) -> int:
     """Peak activation memory of one forward over a batch of tokens (vLLM profiles this; we estimate it).
 
     Dominated by the MLP intermediate (gate, up and their product) and the logits of the batch.
     """
-    per_token = (3 * shape.intermediate_size + 4 * shape.hidden_size) * shape.dtype_bytes
+    per_token = (3 * mlp_width_per_token(shape) + 4 * shape.hidden_size) * shape.dtype_bytes
     logits = 4 * shape.vocab_size * min(max_num_batched_tokens, 256)
     return max_num_batched_tokens * per_token + logits
 

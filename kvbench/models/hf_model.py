@@ -14,15 +14,22 @@ from typing import Any
 import torch
 
 from kvbench.errors import KvbenchError
-from kvbench.models.shapes import ModelShape, read_config_json
+from kvbench.models.hf_config import (
+    SHAPE_ARCHITECTURES,
+    model_type_of,
+    read_config_json,
+    shape_from_config_dict,
+)
+from kvbench.models.shapes import ModelShape
 
 TORCH_DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
 }
-LLAMA_MODEL_TYPES = ("llama", "mistral")
-_REQUIRED_CONFIG_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# What the tensor engine runs: dense Llama-family models. The shape reader costs more (SHAPE_ARCHITECTURES)
+# for the waste, capacity and simulation commands.
+ENGINE_MODEL_TYPES = ("llama", "mistral")
 TIED_EMBED_STD = 0.02
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -64,15 +71,27 @@ def resolve_torch_dtype(spec: str | torch.dtype | None, device: torch.device | s
 # ---------------------------------------------------------------------------------------------- random models
 
 
+def _engine_refusal(what: str) -> str:
+    return (f"{what}: the tensor engine runs dense Llama-family models ({', '.join(ENGINE_MODEL_TYPES)}); "
+            f"waste, capacity and sweep --simulate read the shapes of {', '.join(SHAPE_ARCHITECTURES)}")
+
+
+def check_engine_shape(shape: ModelShape) -> None:
+    """Refuse a shape the tensor engine cannot run (OPT, mixture of experts, Qwen2's q/k/v-only biases)."""
+    model_type = shape.extra.get("model_type", shape.architecture)
+    if shape.architecture != "llama" or model_type not in ENGINE_MODEL_TYPES:
+        raise KvbenchError(_engine_refusal(f"model {shape.name!r} is {model_type}"))
+    if shape.moe is not None:
+        raise KvbenchError(_engine_refusal(f"model {shape.name!r} is a mixture of experts"))
+    if shape.qkv_bias != shape.o_bias:
+        raise KvbenchError(_engine_refusal(f"model {shape.name!r} has biases on q/k/v only"))
+
+
 def llama_config_from_shape(shape: ModelShape) -> Any:
     """A ``transformers.LlamaConfig`` with the numbers of ``shape`` (GQA, rope theta and scaling, tying)."""
     from transformers import LlamaConfig
 
-    if shape.architecture != "llama":
-        raise KvbenchError(
-            f"model {shape.name!r} is {shape.architecture}: OPT shapes are for the waste/simulation commands only;"
-            " the tensor engine runs Llama-family models"
-        )
+    check_engine_shape(shape)
     rope = dict(shape.rope_scaling or {})
     rope["rope_type"] = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
     rope["rope_theta"] = shape.rope_theta
@@ -88,6 +107,8 @@ def llama_config_from_shape(shape: ModelShape) -> Any:
         rms_norm_eps=shape.rms_norm_eps,
         rope_parameters=rope,
         tie_word_embeddings=shape.tie_word_embeddings,
+        attention_bias=shape.qkv_bias,
+        mlp_bias=shape.mlp_bias,
         bos_token_id=None,
         eos_token_id=shape.eos_token_id,
         pad_token_id=None,
@@ -144,6 +165,7 @@ def build_random_model(
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's config, its architecture checked and every field checked by the shape reader."""
     if not path.exists():
         raise KvbenchError(f"model directory not found: {path}")
     if not path.is_dir():
@@ -152,29 +174,27 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise KvbenchError(f"no config.json in model directory {path}")
     config = read_config_json(config_path)
-    missing = [name for name in _REQUIRED_CONFIG_FIELDS if name not in config]
-    if missing:
-        raise KvbenchError(f"malformed config {config_path}: missing {', '.join(missing)}")
+    _check_architecture(config, path)
+    shape_from_config_dict(config, config_path)
     return config
 
 
 def _check_architecture(config: dict[str, Any], path: Path) -> None:
-    model_type = config.get("model_type")
+    model_type = model_type_of(config)
     architectures = config.get("architectures") or []
-    if model_type == "opt" or any(str(a).startswith("OPT") for a in architectures):
-        raise KvbenchError(
-            f"{path} is an OPT checkpoint: OPT is shape-only in kvbench (waste and simulation commands);"
-            " the tensor engine runs Llama-family models"
-        )
-    if model_type not in LLAMA_MODEL_TYPES and "LlamaForCausalLM" not in architectures:
-        raise KvbenchError(
-            f"unsupported architecture in {path}: model_type {model_type!r} ({', '.join(map(str, architectures)) or '-'});"
-            f" the tensor engine runs Llama-family models ({', '.join(LLAMA_MODEL_TYPES)})"
-        )
+    if not isinstance(architectures, list):
+        architectures = [architectures]
+    if model_type not in ENGINE_MODEL_TYPES:
+        described = f"{model_type!r} ({', '.join(map(str, architectures)) or '-'})"
+        raise KvbenchError(_engine_refusal(f"unsupported architecture in {path}: model_type {described}"))
     window = config.get("sliding_window")
-    if window is not None and config.get("use_sliding_window", True) and window < config.get(
-        "max_position_embeddings", 0
-    ):
+    if window is None or not config.get("use_sliding_window", True):
+        return
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise KvbenchError(f"malformed config {path / 'config.json'}: sliding_window must be a positive integer"
+                           f" or null, got {window!r}")
+    max_positions = config.get("max_position_embeddings")
+    if isinstance(max_positions, int) and window < max_positions:
         raise KvbenchError(f"unsupported architecture in {path}: sliding-window attention ({window} tokens)")
 
 
@@ -208,7 +228,6 @@ def load_local_model(
 
     path = Path(path)
     raw = _read_config(path)
-    _check_architecture(raw, path)
     _check_safetensors(path)
     config = _llama_config_from_dict(raw)
     dtype = dtype or resolve_torch_dtype(None, device)

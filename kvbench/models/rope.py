@@ -18,16 +18,13 @@ from typing import Any
 import torch
 
 from kvbench.errors import KvbenchError
-
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
-
-_REQUIRED_PARAMS = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "yarn": (),
-}
+from kvbench.models.rope_params import (
+    REQUIRED_PARAMS,
+    ROPE_TYPES,
+    check_rope_theta,
+    check_rotary_head_dim,
+    split_rope_scaling,
+)
 
 
 @dataclass(frozen=True)
@@ -45,11 +42,13 @@ class RopeConfig:
             raise KvbenchError(
                 f"unsupported rope scaling type {self.rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
             )
-        missing = [name for name in _REQUIRED_PARAMS[self.rope_type] if self.params.get(name) is None]
+        missing = [name for name in REQUIRED_PARAMS[self.rope_type] if self.params.get(name) is None]
         if missing:
             raise KvbenchError(f"rope scaling {self.rope_type!r} needs {', '.join(missing)}")
-        if self.head_dim % 2:
-            raise KvbenchError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+        check_rotary_head_dim(self.head_dim)
+        check_rope_theta(self.theta)
+        if self.max_position_embeddings < 1:
+            raise KvbenchError(f"max_position_embeddings must be positive, got {self.max_position_embeddings}")
 
     @property
     def original_max_position_embeddings(self) -> int:
@@ -60,24 +59,21 @@ def rope_config(
     head_dim: int, theta: float, max_position_embeddings: int, scaling: dict[str, Any] | None
 ) -> RopeConfig:
     """Build a :class:`RopeConfig` from a Hugging Face style ``rope_scaling`` dict (``type`` or ``rope_type``)."""
-    params = dict(scaling or {})
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    params.pop("rope_theta", None)
+    rope_type, params = split_rope_scaling(scaling)
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise KvbenchError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
-    return RopeConfig(head_dim, float(theta), int(max_position_embeddings), str(rope_type), params)
+    return RopeConfig(head_dim, check_rope_theta(theta), int(max_position_embeddings), rope_type, params)
 
 
 def rope_config_from_hf(config: Any) -> RopeConfig:
     """Read the rotary settings of a ``transformers`` config (v5 ``rope_parameters`` or v4 ``rope_scaling``)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    params = getattr(config, "rope_parameters", None)
-    if params:
-        theta = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
-    else:
-        params = getattr(config, "rope_scaling", None)
-        theta = getattr(config, "rope_theta", None) or 10000.0
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    if theta is None:
+        theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = 10000.0
     return rope_config(head_dim, theta, config.max_position_embeddings, params)
 
 

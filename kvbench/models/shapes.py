@@ -1,15 +1,64 @@
-"""Model shapes: presets and local Hugging Face ``config.json`` files, and what they cost in bytes."""
+"""Model shapes: what a decoder-only transformer costs in parameters, weight bytes and KV bytes; presets."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KvbenchError
+from kvbench.models.rope_params import (
+    check_rope_theta,
+    check_rotary_head_dim,
+    scaled_context_length,
+    split_rope_scaling,
+)
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts MLP: a router picks ``experts_per_token`` of ``num_experts`` SwiGLU experts per token.
+
+    ``num_moe_layers`` layers have one (the others keep a dense MLP of the shape's ``intermediate_size``).
+    A shared expert (Qwen-MoE) runs for every token next to the routed ones, behind a one-output gate.
+    """
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    num_moe_layers: int
+    shared_expert_intermediate_size: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "experts_per_token", "expert_intermediate_size", "num_moe_layers"):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                raise KvbenchError(f"mixture of experts: {name} must be a positive integer, got {value!r}")
+        shared = self.shared_expert_intermediate_size
+        if not isinstance(shared, int) or isinstance(shared, bool) or shared < 0:
+            raise KvbenchError(f"mixture of experts: shared_expert_intermediate_size must be >= 0, got {shared!r}")
+        if self.experts_per_token > self.num_experts:
+            raise KvbenchError(
+                f"mixture of experts: {self.experts_per_token} experts per token but only {self.num_experts} experts"
+            )
+
+    def expert_parameters(self, hidden_size: int) -> int:
+        """One routed expert: gate, up and down projections."""
+        return 3 * hidden_size * self.expert_intermediate_size
+
+    def block_parameters(self, hidden_size: int, experts: int) -> int:
+        """One layer's MoE block with ``experts`` routed experts counted: router, experts, shared expert."""
+        router = hidden_size * self.num_experts
+        shared = 0
+        if self.shared_expert_intermediate_size:
+            shared = 3 * hidden_size * self.shared_expert_intermediate_size + hidden_size  # MLP + its gate
+        return router + experts * self.expert_parameters(hidden_size) + shared
 
 
 @dataclass(frozen=True)
@@ -32,12 +81,17 @@ class ModelShape:
     tie_word_embeddings: bool = False
     dtype: str = "fp16"
     eos_token_id: int | None = None
+    moe: MoeSpec | None = None  # None: a dense MLP in every layer
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # bias on the output projection (Llama's attention_bias)
+    mlp_bias: bool = False  # biases on the dense MLP's projections (Llama's mlp_bias)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+                     "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_positive_int(value):
                 raise KvbenchError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise KvbenchError(
@@ -51,6 +105,24 @@ class ModelShape:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.dtype not in DTYPE_BYTES:
             raise KvbenchError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+        if self.architecture not in ("llama", "opt"):
+            raise KvbenchError(f"model {self.name!r}: unknown architecture {self.architecture!r}; choose llama or opt")
+        if self.architecture == "llama":
+            self._check_rotary()
+        elif self.moe is not None:
+            raise KvbenchError(f"model {self.name!r}: mixture of experts is costed for the llama architecture only")
+        if self.moe is not None and self.moe.num_moe_layers > self.num_layers:
+            raise KvbenchError(
+                f"model {self.name!r}: {self.moe.num_moe_layers} MoE layers but only {self.num_layers} layers"
+            )
+
+    def _check_rotary(self) -> None:
+        try:
+            check_rotary_head_dim(self.head_dim)
+            check_rope_theta(self.rope_theta)
+            split_rope_scaling(self.rope_scaling)
+        except KvbenchError as err:
+            raise KvbenchError(f"model {self.name!r}: {err}") from None
 
     @property
     def dtype_bytes(self) -> int:
@@ -62,8 +134,35 @@ class ModelShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
+    def context_length(self) -> int:
+        """The longest context the model is meant for: ``max_position_embeddings``, stretched by rope scaling."""
+        if self.architecture != "llama":
+            return self.max_position_embeddings
+        rope_type, params = split_rope_scaling(self.rope_scaling)
+        return scaled_context_length(rope_type, params, self.max_position_embeddings)
+
+    @property
     def num_parameters(self) -> int:
-        """Parameter count from the shape (embeddings, attention, MLP, norms, LM head)."""
+        """Parameter count from the shape (embeddings, attention, MLP or every expert and router, norms, LM head)."""
+        return self._count_parameters(routed_experts=self.moe.num_experts if self.moe else 0)
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token runs through: all of a dense model; the dense part and its top-k experts of an MoE.
+
+        Like :attr:`num_parameters` it counts the embeddings, so ``2 x active_parameters`` FLOPs per token is
+        the usual (slightly high) estimate.
+        """
+        return self._count_parameters(routed_experts=self.moe.experts_per_token if self.moe else 0)
+
+    @property
+    def routed_expert_bytes(self) -> int:
+        """Bytes of one routed expert summed over the MoE layers (0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        return self.moe.num_moe_layers * self.moe.expert_parameters(self.hidden_size) * self.dtype_bytes
+
+    def _count_parameters(self, routed_experts: int) -> int:
         h, layers = self.hidden_size, self.num_layers
         q_out = self.num_heads * self.head_dim
         kv_out = self.num_kv_heads * self.head_dim
@@ -76,9 +175,14 @@ class ModelShape:
             positions = (self.max_position_embeddings + 2) * h
             return embed + positions + layers * (attn + mlp + norms) + 2 * h + lm_head
         attn = h * q_out + 2 * h * kv_out + q_out * h
-        mlp = 3 * h * self.intermediate_size
+        attn += (q_out + 2 * kv_out if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        dense_mlp = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h if self.mlp_bias else 0)
         norms = 2 * h
-        return embed + layers * (attn + mlp + norms) + h + lm_head
+        moe_layers = self.moe.num_moe_layers if self.moe else 0
+        mlps = (layers - moe_layers) * dense_mlp
+        if self.moe is not None:
+            mlps += moe_layers * self.moe.block_parameters(h, routed_experts)
+        return embed + layers * (attn + norms) + mlps + h + lm_head
 
     @property
     def weight_bytes(self) -> int:
@@ -90,13 +194,19 @@ class ModelShape:
         return replace(self, dtype=dtype)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields and derived bytes; MoE and bias fields appear only when set, so dense models keep their keys."""
         data = asdict(self)
         data.pop("extra")
+        for name in ("moe", "qkv_bias", "o_bias", "mlp_bias"):
+            if not data[name]:
+                data.pop(name)
         data.update(
             bytes_per_token=self.bytes_per_token,
             num_parameters=self.num_parameters,
             weight_bytes=self.weight_bytes,
         )
+        if self.moe is not None:
+            data["active_parameters"] = self.active_parameters
         return data
 
 
@@ -119,6 +229,8 @@ def preset_names() -> list[str]:
 
 def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
     """A preset name, or a path to a checkpoint directory / ``config.json`` file."""
+    from kvbench.models.hf_config import shape_from_config  # the config reader builds on this module
+
     if spec in MODEL_PRESETS:
         shape = MODEL_PRESETS[spec]
     else:
@@ -129,80 +241,3 @@ def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
             )
         shape = shape_from_config(path)
     return shape.with_dtype(dtype) if dtype else shape
-
-
-_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
-def read_config_json(config_path: Path) -> dict[str, Any]:
-    """The JSON object in a ``config.json``, or a one-line error saying what is wrong with the file."""
-    if not config_path.is_file():
-        raise KvbenchError(f"no config.json at {config_path}")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise KvbenchError(f"malformed config {config_path}: {err}") from None
-    if not isinstance(config, dict):
-        raise KvbenchError(f"malformed config {config_path}: expected a JSON object")
-    return config
-
-
-def shape_from_config(path: Path) -> ModelShape:
-    """Read a Hugging Face ``config.json`` (or a directory holding one) into a shape."""
-    config_path = path / "config.json" if path.is_dir() else path
-    config = read_config_json(config_path)
-    model_type = config.get("model_type", "llama")
-    try:
-        if model_type == "opt":
-            return ModelShape(
-                name=str(config.get("_name_or_path") or path.name),
-                num_layers=config["num_hidden_layers"],
-                hidden_size=config["hidden_size"],
-                num_heads=config["num_attention_heads"],
-                num_kv_heads=config["num_attention_heads"],
-                intermediate_size=config["ffn_dim"],
-                vocab_size=config["vocab_size"],
-                max_position_embeddings=config.get("max_position_embeddings", 2048),
-                architecture="opt",
-                tie_word_embeddings=config.get("tie_word_embeddings", True),
-                dtype=_DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype"), "fp16"),
-                eos_token_id=_first_int(config.get("eos_token_id")),
-            )
-        num_heads = config["num_attention_heads"]
-        rope = config.get("rope_parameters") or {}  # transformers >= 5 keeps rope settings here
-        return ModelShape(
-            name=str(config.get("_name_or_path") or path.name),
-            num_layers=config["num_hidden_layers"],
-            hidden_size=config["hidden_size"],
-            num_heads=num_heads,
-            num_kv_heads=config.get("num_key_value_heads") or num_heads,
-            intermediate_size=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            max_position_embeddings=config.get("max_position_embeddings", 4096),
-            head_dim=config.get("head_dim") or 0,
-            architecture="llama",
-            rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            rope_scaling=config.get("rope_scaling") or _declared_scaling(rope),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            dtype=_DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype"), "fp16"),
-            eos_token_id=_first_int(config.get("eos_token_id")),
-            extra={"model_type": model_type},
-        )
-    except KeyError as err:
-        raise KvbenchError(f"malformed config {config_path}: missing field {err.args[0]!r}") from None
-    except (TypeError, ValueError) as err:
-        raise KvbenchError(f"malformed config {config_path}: {err}") from None
-
-
-def _declared_scaling(rope: dict[str, Any]) -> dict[str, Any] | None:
-    """A rope_parameters block declares scaling unless its type is the plain default."""
-    if rope.get("rope_type", "default") == "default":
-        return None
-    return {k: v for k, v in rope.items() if k != "rope_theta"}
-
-
-def _first_int(value: Any) -> int | None:
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, int) else None

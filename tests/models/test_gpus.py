@@ -46,3 +46,15 @@ def test_llama_2_13b_fp16_does_not_fit_an_a10g():
 def test_utilization_out_of_range_is_refused(utilization):
     with pytest.raises(KvbenchError, match="gpu-memory-utilization"):
         kv_budget(resolve_model("tiny"), resolve_gpu("l4-24g"), utilization)
+
+
+def test_moe_activations_count_the_experts_a_token_runs():
+    from kvbench.models.gpus import mlp_width_per_token
+    from kvbench.models.shapes import ModelShape, MoeSpec
+
+    dense = resolve_model("tiny")
+    assert mlp_width_per_token(dense) == dense.intermediate_size
+    every_layer = ModelShape("m", 2, 64, 4, 2, 128, 100, moe=MoeSpec(8, 2, 96, 2, shared_expert_intermediate_size=32))
+    assert mlp_width_per_token(every_layer) == 2 * 96 + 32
+    some_layers = ModelShape("m", 2, 64, 4, 2, 512, 100, moe=MoeSpec(8, 2, 96, 1))
+    assert mlp_width_per_token(some_layers) == 512  # its dense layer is wider than two experts

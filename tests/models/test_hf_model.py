@@ -54,7 +54,7 @@ def test_preset_tiny_builds_with_its_shape() -> None:
 
 
 def test_opt_shape_is_refused() -> None:
-    with pytest.raises(KvbenchError, match="OPT"):
+    with pytest.raises(KvbenchError, match="'opt-13b' is opt: the tensor engine runs dense Llama-family models"):
         build_random_model(MODEL_PRESETS["opt-13b"])
 
 
@@ -118,7 +118,7 @@ def test_malformed_config(tmp_path: Path) -> None:
     with pytest.raises(KvbenchError, match="malformed config"):
         load_local_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
-    with pytest.raises(KvbenchError, match="missing num_hidden_layers"):
+    with pytest.raises(KvbenchError, match="malformed config .*config.json: missing field"):
         load_local_model(tmp_path)
 
 
@@ -137,7 +137,7 @@ def test_no_weights(tmp_path: Path) -> None:
 
 def test_opt_checkpoint_is_shape_only(tmp_path: Path) -> None:
     write_config(tmp_path, model_type="opt", architectures=["OPTForCausalLM"])
-    with pytest.raises(KvbenchError, match="OPT is shape-only"):
+    with pytest.raises(KvbenchError, match="model_type 'opt'.*tensor engine runs dense Llama-family"):
         load_local_model(tmp_path)
 
 
@@ -185,3 +185,41 @@ def test_devices_and_dtypes() -> None:
     assert resolve_torch_dtype(torch.float16, "cpu") == torch.float16
     with pytest.raises(KvbenchError, match="unknown dtype"):
         resolve_torch_dtype("int8", "cpu")
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2", "qwen2_moe"])
+def test_shapes_the_engine_does_not_run_name_both_lists(tmp_path: Path, model_type: str) -> None:
+    """The shape reader costs these; the tensor engine refuses them and says which it runs."""
+    write_config(tmp_path, model_type=model_type, architectures=[], num_local_experts=4, num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=16)
+    with pytest.raises(KvbenchError) as caught:
+        load_local_model(tmp_path)
+    message = str(caught.value)
+    assert f"model_type {model_type!r}" in message
+    assert "the tensor engine runs dense Llama-family models (llama, mistral)" in message
+    assert "waste, capacity and sweep --simulate read the shapes of llama, mistral, mixtral" in message
+
+
+def test_engine_refuses_moe_and_qkv_only_bias_shapes() -> None:
+    from kvbench.models.hf_model import check_engine_shape
+    from kvbench.models.shapes import MoeSpec
+
+    check_engine_shape(SMALL)
+    with pytest.raises(KvbenchError, match="is a mixture of experts"):
+        check_engine_shape(replace(SMALL, moe=MoeSpec(4, 2, 16, 1)))
+    with pytest.raises(KvbenchError, match="biases on q/k/v only"):
+        check_engine_shape(replace(SMALL, qkv_bias=True))
+
+
+def test_llama_attention_bias_round_trips(tmp_path: Path) -> None:
+    shape = replace(SMALL, qkv_bias=True, o_bias=True, mlp_bias=True)
+    model = build_random_model(shape)
+    assert sum(p.numel() for p in model.parameters()) == shape.num_parameters
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert load_local_model(tmp_path).model.layers[0].self_attn.o_proj.bias is not None
+
+
+def test_malformed_sliding_window_is_one_line(tmp_path: Path) -> None:
+    write_config(tmp_path, model_type="mistral", sliding_window="wide")
+    with pytest.raises(KvbenchError, match="sliding_window must be a positive integer"):
+        load_local_model(tmp_path)

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.models.shapes import MODEL_PRESETS, ModelShape, preset_names, resolve_model, shape_from_config
+from kvbench.models.hf_config import shape_from_config
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape, MoeSpec, preset_names, resolve_model
 
 
 def test_llama_2_13b_fp16_bytes_per_token():
@@ -125,7 +126,8 @@ def test_config_with_explicit_head_dim_and_no_kv_heads(tmp_path):
 
 def test_opt_config(tmp_path):
     config = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "ffn_dim": 128, "vocab_size": 100, "max_position_embeddings": 32, "torch_dtype": "float16"}
+              "ffn_dim": 128, "vocab_size": 100, "max_position_embeddings": 32, "torch_dtype": "float16",
+              "word_embed_proj_dim": 64}
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_config(tmp_path)
     assert shape.architecture == "opt" and shape.num_kv_heads == 4 and shape.num_parameters == 75_648
@@ -137,14 +139,14 @@ def test_opt_config(tmp_path):
         ("{not json", "malformed config"),
         ("[1, 2]", "expected a JSON object"),
         (json.dumps({k: v for k, v in LLAMA_CONFIG.items() if k != "vocab_size"}), "missing field 'vocab_size'"),
-        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=0)), "num_layers must be a positive integer"),
-        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=4.5)), "num_layers must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=0)), "num_hidden_layers must be a positive integer"),
+        (json.dumps(dict(LLAMA_CONFIG, num_hidden_layers=4.5)), "num_hidden_layers must be a positive integer"),
         (json.dumps(dict(LLAMA_CONFIG, hidden_size="big")), "hidden_size must be a positive integer"),
-        (json.dumps(dict(LLAMA_CONFIG, num_key_value_heads=3)), "not a multiple of num_kv_heads"),
+        (json.dumps(dict(LLAMA_CONFIG, num_key_value_heads=3)), "not a multiple of num_key_value_heads"),
         (json.dumps(dict(LLAMA_CONFIG, head_dim=-32)), "head_dim must be a positive integer"),
         (json.dumps(dict(LLAMA_CONFIG, head_dim="x")), "head_dim must be a positive integer"),
-        (json.dumps(dict(LLAMA_CONFIG, rope_theta="fast")), "malformed config"),
-        (json.dumps(dict(LLAMA_CONFIG, torch_dtype=["a"])), "malformed config"),
+        (json.dumps(dict(LLAMA_CONFIG, rope_theta="fast")), "rope_theta must be a positive number"),
+        (json.dumps(dict(LLAMA_CONFIG, torch_dtype=["a"])), "torch_dtype must be a string"),
     ],
 )
 def test_malformed_configs_give_one_line_errors(tmp_path, text, message):
@@ -164,21 +166,38 @@ def test_bad_shapes_are_refused():
         ModelShape("x", 2, 65, 4, 4, 128, 100)
     with pytest.raises(KvbenchError, match="unknown dtype"):
         ModelShape("x", 2, 64, 4, 4, 128, 100, dtype="fp8")
+    with pytest.raises(KvbenchError, match="max_position_embeddings must be a positive integer"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, max_position_embeddings=0)
+    with pytest.raises(KvbenchError, match="head_dim 7 is odd"):
+        ModelShape("x", 2, 28, 4, 4, 128, 100)
+    with pytest.raises(KvbenchError, match="rope_theta must be a positive number"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, rope_theta=float("nan"))
+    with pytest.raises(KvbenchError, match="unsupported rope scaling type 'ntk'"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, rope_scaling={"type": "ntk", "factor": 2.0})
+    with pytest.raises(KvbenchError, match="experts per token but only"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, moe=MoeSpec(4, 5, 32, 2))
+    with pytest.raises(KvbenchError, match="3 MoE layers but only 2"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, moe=MoeSpec(4, 2, 32, 3))
+    with pytest.raises(KvbenchError, match="llama architecture only"):
+        ModelShape("x", 2, 64, 4, 4, 128, 100, architecture="opt", moe=MoeSpec(4, 2, 32, 2))
+    opt = ModelShape("x", 2, 64, 4, 4, 128, 100, architecture="opt", head_dim=7)  # no rotary: any head_dim
+    assert opt.head_dim == 7
 
 
 def test_transformers_5_rope_parameters_are_read(tmp_path):
     """transformers >= 5 saves rope settings under rope_parameters, without rope_theta/rope_scaling."""
     import json
 
-    from kvbench.models.shapes import shape_from_config
+    from kvbench.models.hf_config import shape_from_config
 
     config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100,
-              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256,
+              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_config(tmp_path)
     assert shape.rope_theta == 500000.0
-    assert shape.rope_scaling == {"rope_type": "llama3", "factor": 8.0}
+    assert shape.rope_scaling == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert shape_from_config(tmp_path).rope_scaling is None
