@@ -96,6 +96,10 @@ class ConfigFields:
         return str(self.config.get("_name_or_path") or self.path.parent.name)
 
 
+# transformers' own default for Llama-family and OPT configs that do not say (present but bad is still an error)
+DEFAULT_CONTEXT = 2048
+
+
 def model_type_of(config: dict[str, Any]) -> str:
     """``model_type``, else the architecture class's model type, else ``llama``."""
     model_type = config.get("model_type")
@@ -151,7 +155,7 @@ def _read_opt(fields: ConfigFields) -> ModelShape:
         num_kv_heads=heads,
         intermediate_size=fields.positive_int("ffn_dim"),
         vocab_size=fields.positive_int("vocab_size"),
-        max_position_embeddings=fields.positive_int("max_position_embeddings"),
+        max_position_embeddings=fields.positive_int("max_position_embeddings", DEFAULT_CONTEXT),
         architecture="opt",
         tie_word_embeddings=fields.boolean("tie_word_embeddings", True),
         dtype=fields.dtype(),
@@ -209,7 +213,7 @@ def _read_llama_family(fields: ConfigFields, model_type: str) -> ModelShape:
         num_kv_heads=kv_heads,
         intermediate_size=fields.positive_int("intermediate_size"),
         vocab_size=fields.positive_int("vocab_size"),
-        max_position_embeddings=fields.positive_int("max_position_embeddings"),
+        max_position_embeddings=fields.positive_int("max_position_embeddings", DEFAULT_CONTEXT),
         head_dim=head_dim,
         architecture="llama",
         rope_theta=theta,

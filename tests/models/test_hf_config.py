@@ -170,7 +170,6 @@ MALFORMED = [
     ("rope_theta", True, "rope_theta must be a positive number, got True"),
     ("rms_norm_eps", -1e-6, "rms_norm_eps must be a positive number"),
     ("tie_word_embeddings", "yes", "tie_word_embeddings must be true or false"),
-    ("max_position_embeddings", DROP, "missing field 'max_position_embeddings'"),
     ("max_position_embeddings", 0, "max_position_embeddings must be a positive integer, got 0"),
     ("max_position_embeddings", -4096, "max_position_embeddings must be a positive integer"),
 ]
@@ -242,3 +241,9 @@ def test_the_valid_checkpoint_loads(tmp_path: Path, checkpoint) -> None:
         shutil.copy(weights, tmp_path / weights.name)
     write(tmp_path, config)
     assert load_model(str(tmp_path), device="cpu").shape.num_layers == 1
+
+
+def test_a_config_without_max_position_embeddings_gets_the_transformers_default(tmp_path: Path) -> None:
+    config = {k: v for k, v in SMALL.items() if k != "max_position_embeddings"}
+    write(tmp_path, dict(config, model_type="llama"))
+    assert resolve_model(str(tmp_path)).max_position_embeddings == 2048
