@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench import kernels
-from kvbench.engine.build import load_model
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.llm_engine import LLMEngine
@@ -52,6 +51,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.step_log import StepLog
 from kvbench.fileio import write_json_atomic
+from kvbench.studies.setup import load_model
 
 BLOCK_SIZE = 16
 

@@ -14,10 +14,10 @@ import argparse
 import statistics
 import time
 
-from kvbench.engine.build import load_model
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.studies.backends import token_requests
+from kvbench.studies.setup import load_model
 
 
 def main() -> None:

@@ -42,8 +42,8 @@ LIMITS = {
     # Block tables are int32 tensors (the attention kernels' block ids): no pool can have more blocks.
     "num_blocks": 2**31 - 1,
 }
-_OPTIONS = {"requests": "--requests", "prompts": "--prompts", "samples": "--n / --beam / samples",
-            "block_size": "--block-size", "num_blocks": "--num-blocks"}
+_NAMES = {"requests": "requests", "prompts": "prompts", "samples": "samples (or beams) per prompt",
+          "block_size": "block size", "num_blocks": "KV pool blocks"}
 
 
 def gib(num_bytes: float) -> str:
@@ -55,7 +55,7 @@ def gib(num_bytes: float) -> str:
 
 def check_count(name: str, value: int, limit: int | None = None, option: str | None = None) -> None:
     """``value`` is an integer in [1, limit] (``limit`` defaults to :data:`LIMITS`)."""
-    option = option or _OPTIONS.get(name, name)
+    option = option or _NAMES.get(name, name)
     limit = LIMITS[name] if limit is None else limit
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise KvbenchError(f"{option} must be a positive integer, got {value!r}")
@@ -78,7 +78,7 @@ def check_run_counts(
         if value is not None:
             check_count(name, value)
     if prompts is not None and samples is not None:
-        check_count("requests", prompts * samples, option="--prompts x samples per prompt")
+        check_count("requests", prompts * samples, option="prompts x samples per prompt")
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -113,7 +113,7 @@ def check_memory(need: MemoryNeed, available: int, device: str, fraction: float 
     usable = int(fraction * available)
     if need.total <= usable:
         return
-    advice = advice or "use a smaller model, fewer --num-blocks or a smaller --kv-memory, or another device"
+    advice = advice or "use a smaller model, a smaller KV pool (fewer blocks, less KV memory), or another device"
     raise KvbenchError(
         f"the run needs {gib(need.total)} on {device} ({need.breakdown()}) but {device} has {gib(available)} free "
         f"and kvbench plans with at most {fraction:.0%} of it ({gib(usable)}): {advice}"
@@ -140,11 +140,11 @@ def check_request_memory(num_requests: int, prompt_tokens: int, available: int, 
 
 def check_context_length(shape: ModelShape, max_len: int) -> None:
     """A run's max-len fits the model's context (``max_position_embeddings``, stretched by rope scaling)."""
-    check_count("max_len", max_len, limit=2**31 - 1, option="--max-len")
+    check_count("max_len", max_len, limit=2**31 - 1, option="max-len")
     if max_len > shape.context_length:
         raise KvbenchError(
-            f"--max-len {max_len:,} exceeds the context length of {shape.name} ({shape.context_length:,} tokens from"
-            f" max_position_embeddings {shape.max_position_embeddings:,}): lower --max-len or use a longer-context"
+            f"max-len {max_len:,} exceeds the context length of {shape.name} ({shape.context_length:,} tokens from"
+            f" max_position_embeddings {shape.max_position_embeddings:,}): lower max-len or use a longer-context"
             " model"
         )
 
@@ -225,7 +225,7 @@ def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, bl
     free = available_device_bytes(device) if available is None else available
     need = MemoryNeed(kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token))
     check_memory(need, free, device_label(device),
-                 advice="use fewer --num-blocks, a smaller --kv-memory or --block-size, or another device")
+                 advice="use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device")
 
 
 def check_requests_for_host(num_requests: int, prompt_tokens: int, output_tokens: int = 0,

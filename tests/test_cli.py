@@ -6,6 +6,7 @@ import errno
 
 from kvbench.cli import main
 from kvbench.commands import waste_cmd
+from kvbench.studies import waste as waste_study
 
 
 def test_a_full_disk_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
@@ -22,6 +23,6 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     def hungry(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(waste_cmd, "run_strategy", hungry)
+    monkeypatch.setattr(waste_study, "run_strategy", hungry)
     assert main(["waste", "--requests", "20", "--out", "/tmp/kvbench-oom-test"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: out of memory")

@@ -44,15 +44,15 @@ def one_line(caught: pytest.ExceptionInfo) -> str:
 @pytest.mark.parametrize(
     "given, message",
     [
-        ({"block_size": 100_000}, "--block-size 100,000 is above kvbench's limit of 4,096"),
-        ({"num_blocks": 99_999_999_999}, "--num-blocks 99,999,999,999 is above kvbench's limit of 2,147,483,647"),
-        ({"requests": 1_000_000_000}, "--requests 1,000,000,000 is above kvbench's limit of 10,000,000"),
-        ({"prompts": 2_000_000}, "--prompts 2,000,000 is above"),
-        ({"samples": 5000}, "--n / --beam / samples 5,000 is above"),
-        ({"prompts": 100_000, "samples": 1000}, "--prompts x samples per prompt 100,000,000 is above"),
-        ({"block_size": 0}, "--block-size must be a positive integer, got 0"),
-        ({"requests": -3}, "--requests must be a positive integer, got -3"),
-        ({"num_blocks": True}, "--num-blocks must be a positive integer, got True"),
+        ({"block_size": 100_000}, "block size 100,000 is above kvbench's limit of 4,096"),
+        ({"num_blocks": 99_999_999_999}, "KV pool blocks 99,999,999,999 is above kvbench's limit of 2,147,483,647"),
+        ({"requests": 1_000_000_000}, "requests 1,000,000,000 is above kvbench's limit of 10,000,000"),
+        ({"prompts": 2_000_000}, "prompts 2,000,000 is above"),
+        ({"samples": 5000}, "samples (or beams) per prompt 5,000 is above"),
+        ({"prompts": 100_000, "samples": 1000}, "prompts x samples per prompt 100,000,000 is above"),
+        ({"block_size": 0}, "block size must be a positive integer, got 0"),
+        ({"requests": -3}, "requests must be a positive integer, got -3"),
+        ({"num_blocks": True}, "KV pool blocks must be a positive integer, got True"),
     ],
 )
 def test_counts_out_of_range_are_refused(given: dict, message: str) -> None:
@@ -65,7 +65,7 @@ def test_counts_at_their_limits_pass() -> None:
     check_run_counts(requests=LIMITS["requests"], prompts=1000, samples=LIMITS["samples"],
                      block_size=LIMITS["block_size"], num_blocks=LIMITS["num_blocks"])
     check_run_counts()
-    check_count("max_len", 10, limit=10, option="--max-len")
+    check_count("max_len", 10, limit=10, option="max-len")
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -80,7 +80,7 @@ def test_memory_fits_up_to_the_margin() -> None:
     text = one_line(caught)
     assert "needs 9.00 GiB on cuda:0 (weights 6.00 GiB + KV pool 2.00 GiB + activations 1.00 GiB)" in text
     assert "10.00 GiB free" in text and "90%" in text
-    assert "smaller model" in text and "--num-blocks" in text and "--kv-memory" in text and "another device" in text
+    assert "smaller model" in text and "fewer blocks" in text and "less KV memory" in text and "another device" in text
 
 
 def test_breakdown_names_only_what_is_needed() -> None:
@@ -112,7 +112,7 @@ def test_a_pool_too_large_for_the_device_is_refused() -> None:
     with pytest.raises(KvbenchError) as caught:
         check_kv_pool_for_device(tiny, "cpu", num_blocks=100_000_000, block_size=16, available=GIB)
     assert "KV pool 762.94 GiB" in one_line(caught)
-    with pytest.raises(KvbenchError, match="--num-blocks 99,999,999,999 is above"):
+    with pytest.raises(KvbenchError, match="KV pool blocks 99,999,999,999 is above"):
         check_kv_pool_for_device(tiny, "cpu", num_blocks=99_999_999_999, block_size=16, available=GIB)
 
 
@@ -123,7 +123,7 @@ def test_request_list_memory() -> None:
         check_request_memory(5_000_000, 5_000_000 * 1000, available=8 * GIB)
     text = one_line(caught)
     assert "5,000,000 requests" in text and "host memory" in text and "fewer or shorter requests" in text
-    with pytest.raises(KvbenchError, match="--requests 1,000,000,000 is above"):
+    with pytest.raises(KvbenchError, match="requests 1,000,000,000 is above"):
         check_requests_for_host(1_000_000_000, 1_000_000_000, available=GIB)
     check_requests_for_host(100, 100 * 64, available=GIB)
 
@@ -137,11 +137,11 @@ def test_context_length() -> None:
     with pytest.raises(KvbenchError) as caught:
         check_context_length(llama, 4097)
     text = one_line(caught)
-    assert "--max-len 4,097" in text and "4,096 tokens" in text
+    assert "max-len 4,097" in text and "4,096 tokens" in text
     stretched = ModelShape("long", 2, 64, 4, 2, 128, 100, max_position_embeddings=1024,
                            rope_scaling={"rope_type": "dynamic", "factor": 4.0})
     check_context_length(stretched, 4096)
-    with pytest.raises(KvbenchError, match="--max-len must be a positive integer"):
+    with pytest.raises(KvbenchError, match="max-len must be a positive integer"):
         check_context_length(llama, 0)
 
 
@@ -206,7 +206,7 @@ def test_load_model_refuses_a_model_larger_than_the_host_before_allocating(small
 
 
 def test_load_model_refuses_a_max_len_past_the_context() -> None:
-    from kvbench.engine.build import load_model
+    from kvbench.studies.setup import load_model
 
     with pytest.raises(KvbenchError, match="--max-len 8,192 exceeds the context length of tiny .4,096 tokens"):
         load_model("tiny", device="cpu", max_len=8192)
@@ -214,7 +214,7 @@ def test_load_model_refuses_a_max_len_past_the_context() -> None:
 
 
 def test_load_model_refuses_a_mixture_of_experts_before_its_weights(tmp_path: Path) -> None:
-    from kvbench.engine.build import load_model
+    from kvbench.studies.setup import load_model
 
     config = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 128,
@@ -225,13 +225,13 @@ def test_load_model_refuses_a_mixture_of_experts_before_its_weights(tmp_path: Pa
 
 
 def test_build_engine_refuses_a_pool_larger_than_what_is_free(small_host) -> None:
-    from kvbench.engine.build import build_engine, load_model
     from kvbench.engine.llm_engine import EngineConfig
+    from kvbench.studies.setup import build_engine, load_model
 
     loaded = load_model("tiny", device="cpu")
     with pytest.raises(KvbenchError) as caught:
         build_engine(loaded, EngineConfig(num_blocks=10_000_000, block_size=16))
     assert "KV pool 76.29 GiB" in one_line(caught)
-    with pytest.raises(KvbenchError, match="--block-size 100,000 is above"):
+    with pytest.raises(KvbenchError, match="block size 100,000 is above"):
         build_engine(loaded, EngineConfig(num_blocks=4, block_size=100_000))
     assert build_engine(loaded, EngineConfig(num_blocks=64, block_size=16)).runner.num_blocks == 64

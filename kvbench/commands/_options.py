@@ -6,6 +6,8 @@ import re
 import tempfile
 from pathlib import Path
 
+import typer
+
 from kvbench.errors import KvbenchError
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
@@ -100,3 +102,10 @@ def make_console(stderr: bool = False):
     if not console.is_terminal:
         console = Console(stderr=stderr, width=max(console.width, 160))
     return console
+
+
+def positive_fraction(value: float | None) -> float | None:
+    """A Typer callback for shares such as --gpu-memory-utilization: in (0, 1]."""
+    if value is not None and not 0 < value <= 1:
+        raise typer.BadParameter(f"{value} is not in (0, 1]")
+    return value

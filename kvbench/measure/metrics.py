@@ -221,14 +221,12 @@ class KvMetrics:
         from prometheus_client import start_http_server
 
         if not 0 <= port <= 65535:
-            raise KvbenchError(f"--metrics-port must be between 0 and 65535, got {port}")
+            raise KvbenchError(f"a metrics port must be between 0 and 65535, got {port}")
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise KvbenchError(
-                    f"metrics port {port} on {host} is already in use; choose another --metrics-port "
-                    "(0 picks a free one) or pass --metrics-optional to run without the endpoint") from None
+                raise KvbenchError(f"metrics port {port} on {host} is already in use") from None
             raise KvbenchError(f"cannot serve metrics on {host}:{port}: {err.strerror or err}") from None
         self.host = host
         self.port = int(self._server.server_address[1])

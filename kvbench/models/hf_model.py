@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +222,24 @@ def _llama_config_from_dict(config: dict[str, Any]) -> Any:
         raise KvbenchError(f"malformed config: {err}") from None
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No transformers progress bars or notes while loading: kvbench prints its own lines (and an error
+    must be the only line)."""
+    from transformers.utils import logging as hf_logging
+
+    logger = logging.getLogger("transformers")
+    level, bars = logger.level, hf_logging.is_progress_bar_enabled()
+    logger.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_local_model(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> Any:
@@ -231,21 +251,17 @@ def load_local_model(
     _check_safetensors(path)
     config = _llama_config_from_dict(raw)
     dtype = dtype or resolve_torch_dtype(None, device)
-    hf_logger = logging.getLogger("transformers")
-    level = hf_logger.level
     try:
-        hf_logger.setLevel(logging.ERROR)
-        model, info = LlamaForCausalLM.from_pretrained(
-            path, config=config, dtype=dtype, use_safetensors=True, local_files_only=True,
-            output_loading_info=True,
-        )
+        with quiet_transformers():
+            model, info = LlamaForCausalLM.from_pretrained(
+                path, config=config, dtype=dtype, use_safetensors=True, local_files_only=True,
+                output_loading_info=True,
+            )
     except KvbenchError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise KvbenchError(f"cannot load weights from {path}: {message}") from None
-    finally:
-        hf_logger.setLevel(level)
     missing = [k for k in info.get("missing_keys", []) if "rotary_emb" not in k]
     if missing:
         raise KvbenchError(f"checkpoint {path} lacks {len(missing)} weight(s), e.g. {sorted(missing)[0]}")

@@ -98,6 +98,28 @@ def _pair(point: dict, kind: str) -> str:
     return "-" if a is None or b is None else f"{a:,.0f}/{b:,.0f}"
 
 
+def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, run_dir: Path) -> None:
+    """The article-shaped table, the detailed table and, when asked, every point's memory waterfall."""
+    console.print(article_table(article_rows(points), simulated))
+    console.print(detail_table(points))
+    if waterfall:
+        from kvbench.report.waterfall import waterfall_table
+
+        for point in points:
+            if point.get("waterfall"):
+                console.print(waterfall_table(point))
+    console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, results.jsonl, *.png)")
+
+
+def scenarios_table(scenarios: dict) -> Table:
+    table = Table(title="Built-in scenarios (kvbench sweep --scenario NAME, or a TOML file of your own)")
+    table.add_column("name")
+    table.add_column("description")
+    for name, scenario in scenarios.items():
+        table.add_row(name, scenario.description)
+    return table
+
+
 def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     for point in points:  # the memory waterfall of every measured point (additive field)
         if point.get("status") != "error":

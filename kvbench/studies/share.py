@@ -41,7 +41,7 @@ class ShareMeasurement:
 def make_prompts(count: int, mean_len: int, vocab_size: int, seed: int) -> list[list[int]]:
     """``count`` prompts of lengths around ``mean_len`` (uniform +-50%), seeded random token ids."""
     if count < 1 or mean_len < 1:
-        raise KvbenchError("--prompts and --prompt-len must be at least 1")
+        raise KvbenchError("the number of prompts and their mean length must be at least 1")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(max(1, mean_len // 2), mean_len + mean_len // 2 + 1, count)
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
@@ -67,7 +67,8 @@ def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len
     if needed > base.num_blocks:
         what = f"{len(prompts)} prompt(s) x {width} samples" if kind == "parallel" else f"{copies} beams"
         raise KvbenchError(f"without sharing, {what} need {needed:,} KV blocks at once; the pool holds "
-                           f"{base.num_blocks:,}: raise --num-blocks, or lower the width, --prompts or the lengths")
+                           f"{base.num_blocks:,}: give the pool more blocks, or lower the width, the number of "
+                           "prompts or their lengths")
 
 
 def _step_blocks(result) -> tuple[float, int]:
@@ -79,7 +80,7 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
                       bytes_per_token: int, eos_token_id: int | None = None) -> list[ShareMeasurement]:
     """n samples per prompt: paged with shared prompt blocks, paged with n private copies, contiguous copies."""
     if n < 1:
-        raise KvbenchError(f"--n must be at least 1, got {n}")
+        raise KvbenchError(f"samples per prompt must be at least 1, got {n}")
 
     def params(group: int, index: int) -> SamplingParams:
         return SamplingParams(temperature=1.0, top_p=0.95, seed=seed + 1000 * group + index, max_tokens=output_len,
@@ -99,8 +100,8 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
         result = engine.run(requests, concurrency=len(requests))
         if result.rejected:
             reason = result.rejected[0].reject_reason
-            raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); raise --num-blocks or "
-                               "--max-len, or use shorter prompts")
+            raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); give the pool more "
+                               "blocks or raise max-len, or use shorter prompts")
         mean, peak = _step_blocks(result)
         outputs = sorted(((group_of[r.parent_id if r.parent_id is not None else r.request_id], r.sample_index),
                           r.output_token_ids) for r in result.requests)
@@ -113,7 +114,7 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
                 bytes_per_token: int, length_penalty: float = 1.0) -> list[ShareMeasurement]:
     """Beam width ``width`` per prompt (one prompt at a time) with shared, copied and contiguous beams."""
     if width < 1:
-        raise KvbenchError(f"--beam must be at least 1, got {width}")
+        raise KvbenchError(f"beam width must be at least 1, got {width}")
     measurements = []
     for mode in ("paged-shared", "paged-copy", "contiguous"):
         search = BeamSearch(runner, mode, reserve=base.reserve, max_len=base.max_len)
@@ -124,7 +125,7 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
                 result = search.run(prompt, width, output_len, length_penalty)
             except OutOfBlocks:
                 raise KvbenchError(f"{mode}: {width} beams of {len(prompt) + output_len} tokens do not fit in the pool; "
-                                   "raise --num-blocks") from None
+                                   "give the pool more blocks") from None
             steps += result.blocks_per_step
             outputs.append(result.sequences[0])
         measurements.append(ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size,
@@ -158,3 +159,70 @@ def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement
             out[f"{mode}_cost_vs_width1_mean"] = m.mean_blocks / base.mean_blocks
             out[f"{mode}_cost_vs_width1_peak"] = m.peak_blocks / base.peak_blocks
     return out
+
+
+ANCHORS = {
+    "parallel": "article: n=5 costs +40% memory instead of +500%; paper: sharing saves 6.1-9.8% (Alpaca), "
+                "16.2-30.5% (ShareGPT)",
+    "beam": "article: beam width 4 costs 2.1x instead of 4x; paper: sharing saves 37.6-55.2% (Alpaca), "
+            "44.3-66.3% (ShareGPT)",
+}
+
+
+@dataclass(frozen=True)
+class ShareSettings:
+    kind: str  # "parallel" (n samples per prompt) | "beam" (beam width)
+    width: int
+    prompts: int = 8
+    prompt_len: int = 64
+    output_len: int = 64
+    block_size: int = 16
+    reserve: str = "oracle"
+    max_len: int = 2048
+    num_blocks: int = 4096
+    length_penalty: float = 1.0
+    model: str = "tiny"
+    device: str = "auto"
+    seed: int = 0
+
+
+def run_share_study(settings: ShareSettings, progress=None) -> dict:
+    """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
+    from kvbench.models.runner import ModelRunner
+    from kvbench.preflight import check_kv_pool_for_device, check_requests_for_host, check_run_counts
+    from kvbench.report.rundir import run_meta, summary_document
+    from kvbench.studies.setup import load_model
+
+    kind, width, seed = settings.kind, settings.width, settings.seed
+    check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
+                     num_blocks=settings.num_blocks)
+    config = EngineConfig(block_size=settings.block_size, num_blocks=settings.num_blocks, reserve=settings.reserve,
+                          max_len=settings.max_len)
+    loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len)
+    # parallel sampling builds each mode's engine before the last one is freed: two pools at once
+    check_kv_pool_for_device(loaded.shape, loaded.device, settings.num_blocks, settings.block_size,
+                             pools=2 if kind == "parallel" else 1)
+    texts = make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, seed)
+    check_requests_for_host(settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len)
+    check_pool_holds_copies(texts, width, settings.output_len, config, kind)
+    bpt = loaded.shape.bytes_per_token
+    if progress is not None:
+        progress(f"measuring {kind} width {width} and width 1...")
+    if kind == "parallel":
+        def measure(w: int) -> list[ShareMeasurement]:
+            return parallel_sampling(loaded.model, config, texts, w, settings.output_len, seed, bpt)
+    else:
+        runner = ModelRunner(loaded.model, settings.num_blocks, settings.block_size)
+
+        def measure(w: int) -> list[ShareMeasurement]:
+            return beam_search(runner, config, texts, w, settings.output_len, bpt, settings.length_penalty)
+    measured = measure(width)
+    singles = measured if width == 1 else measure(1)
+    reported = measured if width == 1 else measured + singles  # width 1 is its own baseline: one point per mode
+    points = [{**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
+              for m in reported]
+    meta = run_meta(kind=kind, width=width, prompts=settings.prompts, prompt_len=settings.prompt_len,
+                    output_len=settings.output_len, block_size=settings.block_size, reserve=settings.reserve,
+                    model_name=loaded.shape.name, device=str(loaded.device), seed=seed, anchors=ANCHORS[kind],
+                    outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs)
+    return summary_document("share", meta, points, savings=savings(measured, singles))

@@ -11,25 +11,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from kvbench.engine.request import Request
-from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
-from kvbench.report.points import aggregate_repeats, point_from_result, timeline_of
+from kvbench.report.point import Point, aggregate_repeats, point_from_result, timeline_of
 
-
-class PointBackend(Protocol):
-    """Runs one engine on a fresh copy of the request list; the tensor engine or the simulator."""
-
-    bytes_per_token: int
-
-    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
-        """Returns the run and its memory peaks (results-schema ``memory`` names)."""
-        ...
-
-    def warm_up(self, engine: str, requests: list[Request]) -> None: ...
+if TYPE_CHECKING:
+    from kvbench.studies.backends import PointBackend
 
 
 @dataclass
@@ -123,8 +113,8 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
         except KvbenchError:
             raise
         except Exception as err:
-            point = {"engine": engine, "concurrency": concurrency, "scenario": plan.scenario, "status": "error",
-                     "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=5)}
+            point = Point.failed(engine, concurrency, plan.scenario, f"{type(err).__name__}: {err}",
+                                 traceback.format_exc(limit=5)).to_json()
         append_jsonl(results_path, point)
         points.append(point)
         if point["status"] == "error" and not plan.continue_on_error:
@@ -163,14 +153,15 @@ class PointFailed(Exception):
         self.points = points  # every point of the run directory, the failed one included
 
 
-def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path, progress) -> dict:
-    runs = []
+def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path,
+               progress) -> dict[str, Any]:
+    runs: list[Point] = []
     for repeat in range(plan.repeat):
         requests = plan.make_requests()
         in_flight = concurrency
         if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
-            requests, in_flight = parallel_samples(requests, plan.samples, engine), concurrency * (
-                plan.samples if engine != "paged" else 1)
+            requests = parallel_samples(requests, plan.samples, engine)
+            in_flight = concurrency * (plan.samples if engine != "paged" else 1)
         on_step = progress.step_callback(engine, concurrency, repeat, len(requests)) if progress else None
         result, memory = backend.run(engine, requests, in_flight, on_step)
         point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
@@ -179,7 +170,7 @@ def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency:
             write_json_atomic(timeline_file, {"engine": engine, "concurrency": concurrency,
                                               "total_blocks": result.pool_slots // result.block_size,
                                               "time_s_blocks": timeline_of(result)})
-        runs.append(point)
         if progress is not None:
             progress.point_done(engine, concurrency, point)
-    return aggregate_repeats(runs)
+        runs.append(point)
+    return aggregate_repeats(runs).to_json()

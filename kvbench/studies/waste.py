@@ -1,18 +1,30 @@
-"""Run one workload through each KV strategy on the simulator, with the same pool bytes for all."""
+"""The waste study: one workload through each KV strategy on the simulator, with the same pool bytes for all,
+next to the seed article's analytic estimate."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.engine.simulator import simulate
+from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
+from kvbench.models.gpus import kv_budget, resolve_gpu
+from kvbench.models.shapes import resolve_model
+from kvbench.report.fields import human_bytes
+from kvbench.report.point import point_from_result
+from kvbench.report.rundir import run_meta, summary_document
+from kvbench.workload.admissible import Skipped, within_max_len
+from kvbench.workload.lengths import LengthSpec, load_trace
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
+STRATEGY_NAMES = (*CONTIGUOUS_STRATEGIES, "paged")
 MAX_SIMULATED_BLOCKS = 1 << 22  # the pool keeps per-block Python state: past ~4M blocks it costs GBs and minutes
 
 
@@ -49,8 +61,8 @@ class Strategy:
         if num_blocks > MAX_SIMULATED_BLOCKS:
             raise KvbenchError(
                 f"{self.name}: the KV budget holds {pool_slots:,} token slots = {num_blocks:,} blocks, more than the "
-                f"simulator's {MAX_SIMULATED_BLOCKS:,}; use a larger --block-size, a smaller --gpu or a lower "
-                "--gpu-memory-utilization (a small model on a big GPU)"
+                f"simulator's {MAX_SIMULATED_BLOCKS:,}; use a larger block size, a smaller GPU or a lower "
+                "memory utilization (a small model on a big GPU)"
             )
         return block_size, num_blocks
 
@@ -84,3 +96,87 @@ def run_strategy(
     result = simulate(requests, manager, timing, concurrency, config, keep_timeline=keep_timeline)
     assert_drained(manager, strategy.name)
     return result
+
+
+def analytic_waste(mean_len: float, max_len: int) -> float:
+    """The seed article's estimate for a max-length reservation: (max_len - actual) / max_len."""
+    return (max_len - mean_len) / max_len
+
+
+@dataclass(frozen=True)
+class WasteSettings:
+    max_len: int = 2048
+    model: str = "llama-2-13b"
+    gpu: str = "a100-80g"
+    utilization: float = 0.9
+    dtype: str = "fp16"
+    mean_len: int = 500
+    distribution: str = "lognormal"
+    prompt_ratio: float = 0.5
+    trace: Path | None = None
+    requests: int = 2000
+    concurrency: int = 256
+    strategies: tuple[Strategy, ...] = ()
+    seed: int = 0
+
+
+@dataclass
+class WasteWorkload:
+    pairs: list[tuple[int, int]]
+    source: str
+    skipped: Skipped | None
+
+
+def waste_workload(settings: WasteSettings) -> WasteWorkload:
+    """The requests: a trace (less those that can never run), else seeded lengths from a distribution."""
+    if settings.trace is not None:
+        pairs = load_trace(settings.trace)
+        kept, skipped = within_max_len(pairs, settings.max_len, f"requests of trace {settings.trace}")
+        return WasteWorkload([pairs[index] for index in kept], f"trace {settings.trace}", skipped)
+    lengths = LengthSpec(settings.mean_len, settings.max_len, settings.distribution, settings.prompt_ratio)
+    return WasteWorkload(lengths.sample(settings.requests, settings.seed),
+                         f"{settings.distribution} lengths, mean {settings.mean_len}, prompt ratio "
+                         f"{settings.prompt_ratio}", None)
+
+
+def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
+                    progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
+    shape = resolve_model(settings.model, settings.dtype)
+    device = resolve_gpu(settings.gpu)
+    budget = kv_budget(shape, device, settings.utilization)
+    if not budget.fits:
+        raise KvbenchError(
+            f"{shape.name} ({settings.dtype}) does not fit on {device.name} at utilization {settings.utilization}: "
+            f"weights {human_bytes(shape.weight_bytes)} + activations {human_bytes(budget.activation_bytes)} > "
+            f"{human_bytes(budget.usable_bytes)}")
+    pool_slots = budget.kv_bytes // shape.bytes_per_token
+    for strategy in settings.strategies:  # fail before simulating anything
+        strategy.validate(pool_slots)
+    timing = RooflineTiming.for_model(shape, device)
+    pairs = workload.pairs
+    points = []
+    for strategy in settings.strategies:
+        if progress is not None:
+            progress(f"simulating {strategy.name} ({len(pairs)} requests)")
+        result = run_strategy(strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing)
+        point = point_from_result(result, strategy.name, settings.concurrency, "waste", shape.bytes_per_token)
+        point.extra.update(max_concurrency=result.peak_running, bytes_per_token=shape.bytes_per_token,
+                           simulated_seconds=result.accountant.elapsed_s)
+        points.append(point.to_json())
+    actual_mean = sum(p + o for p, o in pairs) / len(pairs)
+    mean_len = round(actual_mean) if settings.trace is not None else settings.mean_len  # a trace's own mean
+    analytic = {
+        "formula": "(max_len - actual_len) / max_len",
+        "at_mean_len_pct": 100 * analytic_waste(mean_len, settings.max_len),
+        "at_sampled_mean_pct": 100 * analytic_waste(actual_mean, settings.max_len),
+        "mean_len": mean_len,
+        "sampled_mean_len": actual_mean,
+    }
+    meta = run_meta(
+        model=shape.to_dict(), gpu=device.name, gpu_memory_utilization=settings.utilization,
+        max_len=settings.max_len, workload=workload.source, requests=len(pairs), seed=settings.seed,
+        concurrency=settings.concurrency, simulated=True, kv_budget_bytes=budget.kv_bytes, pool_slots=pool_slots,
+        scenario="waste", skipped_requests=workload.skipped.as_dict() if workload.skipped else None,
+    )
+    return summary_document("waste", meta, points, analytic=analytic)

@@ -32,7 +32,7 @@ def test_share_needs_exactly_one_mode(capsys):
     assert main(["share", "--n", "2", "--beam", "2"]) == 2
     assert main(["share", "--n", "0"]) == 2
     err = capsys.readouterr().err
-    assert "exactly one of --n" in err and "at least 1" in err
+    assert "exactly one of --n" in err and "greater than or equal to 1" in err
 
 
 def test_share_budget_too_small_is_one_line(capsys):
@@ -67,4 +67,7 @@ def test_width_one_is_its_own_baseline_and_every_reader_accepts_it(tmp_path):
 def test_a_width_the_pool_cannot_hold_fails_before_any_work(capsys):
     assert main(["share", "--n", "100000", "--device", "cpu", "--out", "/tmp/kvbench-share-n"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "without sharing" in err and "raise --num-blocks" in err and len(err.splitlines()) == 1
+    assert "100,000 is above kvbench's limit" in err and len(err.splitlines()) == 1
+    assert main(["share", "--n", "600", "--device", "cpu", "--out", "/tmp/kvbench-share-n"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "without sharing" in err and "more blocks" in err and len(err.splitlines()) == 1

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvbench.engine.build import blocks_for_budget, load_model
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, RequestStatus, make_request
@@ -22,6 +21,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
+from kvbench.studies.setup import blocks_for_budget, load_model
 
 PROMPT_LENS = (5, 17, 33, 8, 1, 12)
 MAX_TOKENS = 12

@@ -223,3 +223,20 @@ def test_malformed_sliding_window_is_one_line(tmp_path: Path) -> None:
     write_config(tmp_path, model_type="mistral", sliding_window="wide")
     with pytest.raises(KvbenchError, match="sliding_window must be a positive integer"):
         load_local_model(tmp_path)
+
+
+def test_a_checkpoint_missing_weights_is_one_line_without_a_progress_bar(tmp_path, capfd):
+    """transformers draws a loading bar on stderr; the error must be the only thing the user sees."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kvbench.cli import main
+
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+              "vocab_size": 512, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": torch.zeros(512, 64)}, str(tmp_path / "model.safetensors"))
+    assert main(["sweep", "--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "run")]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: checkpoint") and "lacks" in err and len(err.splitlines()) == 1

@@ -1,4 +1,4 @@
-"""Turn user choices (model, device, dtype, KV budget) into a model and engine configurations."""
+"""Turn user choices (model, device, dtype, KV budget) into a loaded model and engines over it."""
 
 from __future__ import annotations
 

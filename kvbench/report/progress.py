@@ -1,0 +1,57 @@
+"""Live progress of a sweep on the terminal: one bar per point, requests done and output tokens/s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvbench.report.point import Point
+
+
+def sweep_progress_bars(console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[tps]}"), TimeElapsedColumn(), console=console, transient=True)
+
+
+class SweepProgress:
+    """The sweep's progress hooks; also feeds live metrics (a ``KvMetrics``) on every step when given."""
+
+    def __init__(self, progress: Progress, metrics=None) -> None:
+        self.progress = progress
+        self.task = None
+        self.metrics = metrics
+
+    def skip(self, engine: str, concurrency: int) -> None:
+        self.progress.console.print(f"[dim]skipping {engine} C={concurrency}: already in results.jsonl[/dim]")
+
+    def step_callback(self, engine: str, concurrency: int, repeat: int, total: int) -> Callable[..., None]:
+        label = f"{engine} C={concurrency}" + (f" #{repeat + 1}" if repeat else "")
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(label, total=total, tps="")
+        start = time.perf_counter()
+        tokens = {"n": 0}
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.begin_run(engine)
+
+        def on_step(engine_name: str, scheduler: Any, finished: int) -> None:
+            tokens["n"] += len(scheduler.running) if scheduler is not None else 0
+            elapsed = time.perf_counter() - start
+            tps = f"{tokens['n'] / elapsed:,.0f} tok/s" if elapsed > 0 and scheduler is not None else ""
+            self.progress.update(self.task, completed=finished, tps=tps)
+            if metrics is not None:
+                metrics.observe(engine_name, scheduler)
+
+        return on_step
+
+    def point_done(self, engine: str, concurrency: int, point: Point) -> None:
+        if self.metrics is not None:
+            point.extra["metrics"] = self.metrics.end_run(engine)
+        self.progress.console.print(
+            f"{engine:>10} C={concurrency:<4} {point.status:<4} {point.output_throughput:9.1f} output tok/s, "
+            f"{point.completed} done, {point.rejected} rejected, {point.preemptions} preemptions"
+        )

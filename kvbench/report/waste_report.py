@@ -1,0 +1,64 @@
+"""The waste study's table, Markdown summary and plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from kvbench.report.fields import human_bytes
+from kvbench.report.rundir import markdown_table
+
+
+def waste_markdown(document: dict) -> str:
+    analytic = document["analytic"]
+    meta = document["meta"]
+    head = (
+        f"# kvbench waste\n\nModel {meta['model']['name']} ({meta['model']['dtype']}), GPU {meta['gpu']}, "
+        f"max-len {meta['max_len']}, {meta['workload']}, {meta['requests']} requests, "
+        f"concurrency {meta['concurrency']} (simulated).\n\n"
+        f"Analytic estimate (max-len reservation): {analytic['at_mean_len_pct']:.1f}% wasted at mean length "
+        f"{analytic['mean_len']}; {analytic['at_sampled_mean_pct']:.1f}% at the sampled mean "
+        f"{analytic['sampled_mean_len']:.0f}.\n\n"
+    )
+    rows = [[p["engine"], p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
+             p["waste"]["external_pct"], p["waste"]["free_pct"], p["effective_usage_pct"], p["mean_running"],
+             p["peak_running"], p["output_throughput"]] for p in document["points"]]
+    return head + markdown_table(
+        ["strategy", "token states %", "reservation %", "internal %", "external %", "free %",
+         "effective usage %", "mean running", "peak running", "output tok/s (sim)"], rows)
+
+
+def print_waste(console, document: dict, run_dir: Path) -> None:
+    analytic = document["analytic"]
+    meta = document["meta"]
+    console.print(
+        f"[bold]Analytic estimate[/bold] (article: reserve max-len for everyone): "
+        f"waste = (max_len - actual) / max_len = ({meta['max_len']} - {analytic['mean_len']}) / {meta['max_len']} = "
+        f"[bold]{analytic['at_mean_len_pct']:.1f}%[/bold]  (at the sampled mean {analytic['sampled_mean_len']:.0f}: "
+        f"{analytic['at_sampled_mean_pct']:.1f}%)"
+    )
+    table = Table(title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
+                  f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
+                  f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)")
+    for column in ("strategy", "used", "reserv.", "internal", "external", "free", "effective",
+                   "running mean/peak", "out tok/s", "preempt"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for p in document["points"]:
+        w = p["waste"]
+        table.add_row(
+            p["engine"], f"{w['token_state_pct']:.1f}%", f"{w['reservation_pct']:.1f}%", f"{w['internal_pct']:.1f}%",
+            f"{w['external_pct']:.1f}%", f"{w['free_pct']:.1f}%", f"{p['effective_usage_pct']:.1f}%",
+            f"{p['mean_running']:.1f} / {p['peak_running']}", f"{p['output_throughput']:,.0f}", str(p["preemptions"]),
+        )
+    console.print(table)
+    console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, waste.png")
+
+
+def waste_plot(document: dict, path: Path) -> None:
+    from kvbench.report.plots import waste_breakdown  # matplotlib loads only when a plot is drawn
+
+    meta, points = document["meta"], document["points"]
+    title = f"KV pool breakdown: {meta['model']['name']} {meta['model']['dtype']} on {meta['gpu']}, max-len {meta['max_len']}"
+    subtitle = f"{meta['workload']}; {meta['requests']} requests, concurrency {meta['concurrency']}; simulated"
+    waste_breakdown([p["engine"] for p in points], [p["waste"] for p in points], path, title, subtitle)
