@@ -194,7 +194,7 @@ def small_host(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_load_model_refuses_a_model_larger_than_the_host_before_allocating(small_host, monkeypatch) -> None:
-    from kvbench.engine import build
+    from kvbench.studies import setup as build
 
     def never(*args, **kwargs):
         raise AssertionError("weights were allocated")
@@ -208,7 +208,7 @@ def test_load_model_refuses_a_model_larger_than_the_host_before_allocating(small
 def test_load_model_refuses_a_max_len_past_the_context() -> None:
     from kvbench.studies.setup import load_model
 
-    with pytest.raises(KvbenchError, match="--max-len 8,192 exceeds the context length of tiny .4,096 tokens"):
+    with pytest.raises(KvbenchError, match="max-len 8,192 exceeds the context length of tiny .4,096 tokens"):
         load_model("tiny", device="cpu", max_len=8192)
     assert load_model("tiny", device="cpu", max_len=4096).shape.name == "tiny"
 
