@@ -35,7 +35,7 @@ defaults have margin over identical CPU sweeps: time-weighted means within x1.6;
 within x2.5 from single runs; p99 latency ratios reported, not gated; absolute throughput and
 latency (--absolute) reported, not gated. With --repeat samples (4 vs 4 or more, so that a
 Mann-Whitney U test can reach --alpha) a ratio change must be significant and beyond x1.35 (p99
-ratios: x5). memory.* is judged (within 10%) only with --absolute. A --fail-on rule gates any metric.
+ratios: x8). memory.* is judged (within 10%) only with --absolute. A --fail-on rule gates any metric.
 
 A metric that is a string, a bool, NaN or infinite is unusable input (exit 2); one with a value on
 one side and null on the other fails. Rows that are reported but not gated have the verdict "info".

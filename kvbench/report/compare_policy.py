@@ -25,9 +25,9 @@ see the README's compare paragraph for the figures):
     - throughput ratios: within x2.5 from single runs; with repeats, a change must be significant
       (Mann-Whitney U at ``--alpha``: 4 vs 4 samples reach 0.05, 3 vs 3 cannot) *and* beyond x1.35
       (a 30% drop is x1.43);
-    - p99 latency ratios: reported, not gated, from single runs; with repeats, significant and beyond x5;
+    - p99 latency ratios: reported, not gated, from single runs; with repeats, significant and beyond x8;
     - absolute throughput and latency (``--absolute``): reported, never gated by default (identical
-      sweeps minutes apart differed x3 in throughput, "significantly"): gate them with ``--fail-on``.
+      sweeps minutes apart differed x3 in throughput with p=0.03): gate them with ``--fail-on``.
 - ``memory.*`` (process and device peaks) depends on the machine: judged within 10% only with
   ``--absolute`` or a ``--fail-on`` rule naming it.
 
@@ -132,10 +132,10 @@ def _factor_beyond(base: float, head: float, factor: float) -> bool:
 EXACT = Threshold(1e-9, Mode.RELATIVE, floor=1e-12, label="exact")
 MEMORY_THRESHOLD = Threshold(0.10, Mode.RELATIVE)
 # Measured runs: sized on identical CPU sweeps (README, "compare"), with margin. A time-weighted mean varied
-# up to x1.39 between single runs (x1.13 in points running over a second); a single run's paged/contiguous
-# throughput ratio up to x1.74. With 4 repeats a side, identical sweeps run minutes apart still differed
-# "significantly" (the machine's load shifts between runs): ratio means by up to x1.28, p99 ratios x3.8,
-# absolute throughput x3.1 and latencies x9 - these last are reported, never gated by default.
+# up to x1.39 between single runs; a single run's paged/contiguous throughput ratio up to x1.74. With 4
+# repeats a side, identical sweeps run minutes apart still differed "significantly" (the machine's load
+# shifts between runs, which no test on the repeats can tell from a change): throughput ratios by up to
+# x1.28, p99 ratios x4.2, absolute throughput x3.1 and latencies x9.2 (these last are never gated).
 TIME_WEIGHTED_THRESHOLDS = {
     "waste.": Threshold(1.6, Mode.FACTOR, floor=0.1),  # floor in percentage points of the pool
     "fragmentation_mean": Threshold(1.6, Mode.FACTOR, floor=0.001),
@@ -144,7 +144,7 @@ TIME_WEIGHTED_THRESHOLDS = {
 }
 RATIO_SINGLE = Threshold(2.5, Mode.FACTOR)
 RATIO_SAMPLED = Threshold(1.35, Mode.FACTOR)  # a 30% drop is x1.43
-TAIL_RATIO_SAMPLED = Threshold(5.0, Mode.FACTOR)
+TAIL_RATIO_SAMPLED = Threshold(8.0, Mode.FACTOR)
 SINGLE_RUN_NOTE = "single run: too noisy to gate (use --repeat 4+ or --fail-on)"
 ABSOLUTE_TIMING_NOTE = "absolute timing of a measured run: too noisy to gate (use --fail-on)"
 
