@@ -178,10 +178,10 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
         raise KvbenchError(f"{where}: 'samples' is {_shown(samples)}, not an object")
     metrics: dict[str, Observation] = {}
     for name in DIRECTIONS:
+        if judged(name) is None and name not in RATIO_METRICS:  # ratio inputs are always judged
+            continue
         found, value = _lookup(point, name, where)
         if not found:
-            continue
-        if judged(name) is None and name not in RATIO_METRICS:  # ratio inputs are always judged
             continue
         if value is not None and not _is_number(value):
             raise KvbenchError(f"{where}: metric {name} is {_shown(value)}, not a number")

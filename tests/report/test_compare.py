@@ -207,11 +207,17 @@ def test_malformed_samples_and_status_are_unusable_input(tmp_path):
 
 
 def test_a_corrupted_metric_that_is_not_judged_is_ignored(tmp_path):
-    head = base_sweep()
-    point_of(head, "paged", 10)["memory"]["rss_peak_bytes"] = "lots"  # memory.* only with --absolute
-    assert not run_compare(tmp_path, base_sweep(), head).failed
-    with pytest.raises(KvbenchError, match="memory.rss_peak_bytes is 'lots'"):
-        run_compare(tmp_path / "absolute", base_sweep(), head, absolute=True)
+    value, group = base_sweep(), base_sweep()
+    point_of(value, "paged", 10)["memory"]["rss_peak_bytes"] = "lots"  # memory.* only with --absolute
+    point_of(group, "paged", 30)["memory"] = "lots"
+    cases = (
+        ("value", value, "memory.rss_peak_bytes is 'lots', not a number"),
+        ("group", group, "'memory' is 'lots', not an object"),
+    )
+    for name, head, message in cases:
+        assert not run_compare(tmp_path / name, base_sweep(), head).failed
+        with pytest.raises(KvbenchError, match=message):
+            run_compare(tmp_path / f"{name}-absolute", base_sweep(), head, absolute=True)
 
 
 @pytest.mark.parametrize(("side", "note"), [("base", "base has no value"), ("head", "head has no value")])
