@@ -1,12 +1,12 @@
-"""Compare two runs point by point and give each compared metric a verdict (issue 8).
+"""Compare two runs point by point and give each compared metric a verdict.
 
 Points match by (engine, concurrency, scenario). Besides the points themselves, every
 (concurrency, scenario) holding a paged and a contiguous engine (both ``ok``) yields a ratio point,
 engine ``paged/contiguous``, whose metrics are ``paged_over_contiguous_<metric>``. Which metrics are
 judged, and with what tolerance, is ``compare_policy``'s business. A noisy metric with at least
-``MIN_SAMPLES`` repeat samples on both sides is only called changed when Mann-Whitney U finds the
-change significant at ``alpha`` *and* it passes the threshold; when the samples are too few for the
-test ever to reach ``alpha`` (3 vs 3 cannot: its smallest p is 0.1), the threshold alone decides.
+``MIN_SAMPLES`` repeat samples on both sides, enough for Mann-Whitney U to reach ``alpha`` (3 vs 3
+cannot: its smallest two-sided p is 0.1), is only called changed when the test finds the change
+significant *and* it passes the threshold; otherwise its single-run tolerance applies to the means.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from scipy.stats import mannwhitneyu
+
 from kvbench.errors import KvbenchError
 from kvbench.report.compare_policy import (
     DIRECTIONS,
@@ -25,20 +27,20 @@ from kvbench.report.compare_policy import (
     RATIO_NUMERATOR_PREFIX,
     MetricPolicy,
     Rule,
+    matching_rule,
     metric_policy,
     ratio_metric_name,
-    threshold_for,
 )
-from kvbench.report.mannwhitney import mann_whitney_u, min_two_sided_p
 from kvbench.report.summary_load import PointKey, Summary
 
 DEFAULT_ALPHA = 0.05
 MIN_SAMPLES = 3
+EXACT_TEST_MAX_SIZE = 20  # exact Mann-Whitney p-values for untied samples up to this size
 POINT_METRIC = "(point)"  # the metric name of a missing/new point's row
 STATUS_METRIC = "status"
 STATUS_RANK = {"ok": 2, "oom": 1, "error": 0}  # higher is better; unknown statuses rank as error
 META_FIELDS_TO_MATCH = (
-    "model", "model_name", "scenario", "device", "gpu", "simulated", "seed", "requests", "block_size",
+    "model", "model_name", "scenario", "device", "gpu", "seed", "requests", "block_size",
     "kv_pool_slots", "pool_slots", "max_len", "repeat", "reserve", "admission",
 )
 
@@ -48,6 +50,7 @@ class Verdict(str, Enum):
     MISSING = "missing"
     IMPROVED = "improved"
     NEW = "new"
+    INFO = "info"  # reported, not gated: too noisy to judge from these runs
     UNCHANGED = "unchanged"
 
     @property
@@ -57,7 +60,7 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class Observation:
-    value: float | None  # the headline value (the mean over repeats); None when not measurable
+    value: float | None  # the headline value (the mean over repeats); None when the run has no value
     samples: tuple[float, ...] = ()  # per-repeat values, when the run was repeated
 
 
@@ -100,6 +103,7 @@ class Comparison:
     head: Summary
     rows: tuple[Row, ...]
     alpha: float
+    simulated: bool = False  # both runs simulated: every metric judged as deterministic
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -126,13 +130,16 @@ def compare(
         raise KvbenchError(
             f"cannot compare a {base.kind!r} run ({base.path}) with a {head.kind!r} run ({head.path})"
         )
-    base_points, head_points = measured_points(base), measured_points(head)
+    simulated = _simulated(base, head)
+
+    def policy_of(metric: str) -> MetricPolicy | None:
+        policy = metric_policy(metric, simulated=simulated)
+        if policy is None or policy.by_default or absolute or any(r.matches(metric) for r in rules):
+            return policy
+        return None
+
+    base_points, head_points = measured_points(base, policy_of), measured_points(head, policy_of)
     _check_rules_match(rules, base_points, head_points)
-
-    def wanted(metric: str) -> bool:
-        policy = metric_policy(metric)
-        return policy is not None and (policy.by_default or absolute or any(r.matches(metric) for r in rules))
-
     rows: list[Row] = []
     for key in {**base_points, **head_points}:
         if key not in head_points:
@@ -140,25 +147,74 @@ def compare(
         elif key not in base_points:
             rows.append(Row(key, POINT_METRIC, Verdict.NEW, note="point absent from base"))
         else:
-            rows.extend(_compare_point(key, base_points[key], head_points[key], wanted, rules, alpha))
-    return Comparison(base, head, tuple(rows), alpha, _meta_notes(base, head))
+            rows.extend(_compare_point(key, base_points[key], head_points[key], policy_of, rules, alpha))
+    return Comparison(base, head, tuple(rows), alpha, simulated, _meta_notes(base, head))
 
 
-def measured_points(summary: Summary) -> dict[PointKey, Measured]:
-    """The summary's points, then its paged-over-contiguous ratio points."""
-    points = {key: _measure(point) for key, point in summary.points.items()}
+def _simulated(base: Summary, head: Summary) -> bool:
+    flags = [summary.meta.get("simulated") is True for summary in (base, head)]
+    if flags[0] != flags[1]:
+        simulated, measured = (base, head) if flags[0] else (head, base)
+        raise KvbenchError(f"cannot compare a simulated run ({simulated.path}) with a measured run ({measured.path})")
+    return flags[0]
+
+
+# --- reading points ---------------------------------------------------------------------------------
+
+
+Judged = Callable[[str], "MetricPolicy | None"]
+
+
+def measured_points(summary: Summary, judged: Judged) -> dict[PointKey, Measured]:
+    """The summary's points (their judged metrics, checked), then the paged-over-contiguous ratio points."""
+    points = {key: _measure(summary, key, point, judged) for key, point in summary.points.items()}
     return {**points, **_ratio_points(points)}
 
 
-def _measure(point: Mapping[str, Any]) -> Measured:
-    samples = point.get("samples") if isinstance(point.get("samples"), dict) else {}
+def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: Judged) -> Measured:
+    where = f"{summary.path}: point {key.label}"
+    samples = point.get("samples", {})
+    if not isinstance(samples, Mapping):
+        raise KvbenchError(f"{where}: 'samples' is {_shown(samples)}, not an object")
     metrics: dict[str, Observation] = {}
     for name in DIRECTIONS:
-        found, value = _lookup(point, name)
-        if found:
-            metrics[name] = Observation(value if _is_number(value) else None, _samples(samples.get(name)))
+        if judged(name) is None and name not in RATIO_METRICS:  # ratio inputs are always judged
+            continue
+        found, value = _lookup(point, name, where)
+        if not found:
+            continue
+        if value is not None and not _is_number(value):
+            raise KvbenchError(f"{where}: metric {name} is {_shown(value)}, not a number")
+        metrics[name] = Observation(value, _samples(samples.get(name), f"{where}: samples of {name}"))
     status = point.get("status")
-    return Measured(status if isinstance(status, str) else None, metrics)
+    if status is not None and not isinstance(status, str):
+        raise KvbenchError(f"{where}: status is {_shown(status)}, not a string")
+    return Measured(status, metrics)
+
+
+def _lookup(point: Mapping[str, Any], dotted: str, where: str) -> tuple[bool, Any]:
+    value: Any = point
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(value, Mapping):
+            raise KvbenchError(f"{where}: '{'.'.join(parts[:depth])}' is {_shown(value)}, not an object")
+        if part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _samples(raw: Any, where: str) -> tuple[float, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(_is_number(v) for v in raw):
+        raise KvbenchError(f"{where} are {_shown(raw)}, not a list of numbers")
+    return tuple(float(v) for v in raw)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measured]:
@@ -175,9 +231,9 @@ def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measure
             ):
                 continue
             metrics = {
-                ratio_metric_name(num_key.engine, den_key.engine, metric): ratio
+                ratio_metric_name(num_key.engine, den_key.engine, metric): _ratio(num.metrics[metric], den.metrics[metric])
                 for metric in RATIO_METRICS
-                if (ratio := _ratio(num.metrics.get(metric), den.metrics.get(metric))) is not None
+                if metric in num.metrics and metric in den.metrics
             }
             if metrics:
                 key = PointKey(f"{num_key.engine}/{den_key.engine}", num_key.concurrency, num_key.scenario)
@@ -185,19 +241,23 @@ def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measure
     return ratios
 
 
-def _ratio(num: Observation | None, den: Observation | None) -> Observation | None:
-    if num is None or den is None or num.value is None or den.value is None or den.value == 0:
-        return None
+def _ratio(num: Observation, den: Observation) -> Observation:
+    """num / den; no value (None) when either has none or den is 0, so a lost value cannot pass as new."""
+    if num.value is None or den.value is None or den.value == 0:
+        return Observation(None)
     paired = len(num.samples) == len(den.samples) and 0 not in den.samples
     samples = tuple(a / b for a, b in zip(num.samples, den.samples, strict=True)) if paired else ()
     return Observation(num.value / den.value, samples)
+
+
+# --- verdicts ---------------------------------------------------------------------------------------
 
 
 def _compare_point(
     key: PointKey,
     base: Measured,
     head: Measured,
-    wanted: Callable[[str], bool],
+    judged: Judged,
     rules: tuple[Rule, ...],
     alpha: float,
 ) -> list[Row]:
@@ -206,21 +266,28 @@ def _compare_point(
         rows.append(_status_row(key, base.status or "ok", head.status or "ok"))
         if not (_usable(base.status) and _usable(head.status)):
             return rows  # the metrics of a failed point mean nothing; its status row says it all
-    names = [name for name in {**base.metrics, **head.metrics} if wanted(name)]
-    names.sort(key=lambda name: not metric_policy(name).by_default)  # type: ignore[union-attr]
+    names = [name for name in {**base.metrics, **head.metrics} if judged(name) is not None]
+    names.sort(key=lambda name: not judged(name).by_default)  # type: ignore[union-attr]
     for name in names:
         old, new = base.metrics.get(name), head.metrics.get(name)
-        old_value = old.value if old else None
-        new_value = new.value if new else None
-        if old_value is None and new_value is None:
-            continue
-        if new_value is None:
-            rows.append(Row(key, name, Verdict.MISSING, base=old_value, note="metric absent from head"))
-        elif old_value is None:
-            rows.append(Row(key, name, Verdict.NEW, head=new_value, note="metric absent from base"))
-        else:
-            rows.append(_judge(key, name, old, new, rules, alpha))  # type: ignore[arg-type]
+        if (old is None or old.value is None) and (new is None or new.value is None):
+            continue  # no value on either side: nothing to judge
+        policy: MetricPolicy = judged(name)  # type: ignore[assignment]
+        rows.append(_unjudgeable_row(key, name, old, new) or _judge(key, name, policy, old, new, rules, alpha))  # type: ignore[arg-type]
     return rows
+
+
+def _unjudgeable_row(key: PointKey, name: str, old: Observation | None, new: Observation | None) -> Row | None:
+    """The row of a metric absent from a side or without a value there; None when both sides have values."""
+    if new is None:
+        return Row(key, name, Verdict.MISSING, base=old.value, note="metric absent from head")  # type: ignore[union-attr]
+    if old is None:
+        return Row(key, name, Verdict.NEW, head=new.value, note="metric absent from base")
+    if new.value is None:
+        return Row(key, name, Verdict.MISSING, base=old.value, note="head has no value (null)")
+    if old.value is None:
+        return Row(key, name, Verdict.MISSING, head=new.value, note="base has no value (null)")
+    return None
 
 
 def _status_row(key: PointKey, base: str, head: str) -> Row:
@@ -230,39 +297,51 @@ def _status_row(key: PointKey, base: str, head: str) -> Row:
 
 
 def _judge(
-    key: PointKey, name: str, base: Observation, head: Observation, rules: tuple[Rule, ...], alpha: float
+    key: PointKey,
+    name: str,
+    policy: MetricPolicy,
+    base: Observation,
+    head: Observation,
+    rules: tuple[Rule, ...],
+    alpha: float,
 ) -> Row:
-    policy: MetricPolicy = metric_policy(name)  # type: ignore[assignment]
-    threshold = threshold_for(name, policy, rules)
     old, new = float(base.value), float(head.value)  # type: ignore[arg-type]
-    worse = -policy.direction * (new - old)
-    significant, p_value, note = _significance(policy, base.samples, head.samples, alpha)
-    if significant is False:
-        verdict = Verdict.UNCHANGED
-    elif threshold.exceeded_by(worse, old):
-        verdict = Verdict.REGRESSED
-    elif threshold.exceeded_by(-worse, old):
-        verdict = Verdict.IMPROVED
-    else:
-        verdict = Verdict.UNCHANGED
-    return Row(key, name, verdict, base.value, head.value, str(threshold), p_value, note)
+    rule = matching_rule(name, rules)
+    p_value, note = _significance(policy, base.samples, head.samples, alpha)
+    threshold = rule or (policy.single if p_value is None else policy.sampled)
+    if threshold is None:
+        note = "; ".join(part for part in (policy.ungated_note, note) if part)
+        return Row(key, name, Verdict.INFO, old, new, "not gated", p_value, note)
+    if p_value is not None and p_value >= alpha:
+        return Row(key, name, Verdict.UNCHANGED, old, new, str(threshold), p_value, note)
+    outcome = threshold.judge(old, new, policy.direction)
+    verdict = {-1: Verdict.REGRESSED, 1: Verdict.IMPROVED}.get(outcome, Verdict.UNCHANGED)
+    return Row(key, name, verdict, old, new, str(threshold), p_value, note)
 
 
 def _significance(
     policy: MetricPolicy, base: tuple[float, ...], head: tuple[float, ...], alpha: float
-) -> tuple[bool | None, float | None, str]:
-    """(significant, p-value, note); significant is None when the threshold alone must decide."""
-    if not policy.noisy or len(base) < MIN_SAMPLES or len(head) < MIN_SAMPLES:
-        return None, None, ""
-    if min_two_sided_p(len(base), len(head)) >= alpha:
-        return None, None, f"{len(base)} vs {len(head)} samples cannot reach p<{alpha:g}; threshold rule"
-    p_value = mann_whitney_u(base, head).p_value
-    significant = p_value < alpha
-    return (
-        significant,
-        p_value,
-        f"Mann-Whitney p={p_value:.3g}" + ("" if significant else ", not significant"),
-    )
+) -> tuple[float | None, str]:
+    """(p-value, note); the p-value is None when no test applies and the single-run tolerance decides."""
+    if not policy.noisy or not base or not head:
+        return None, ""
+    if min(len(base), len(head)) < MIN_SAMPLES or min_two_sided_p(len(base), len(head)) >= alpha:
+        return None, f"{len(base)} vs {len(head)} samples cannot reach p<{alpha:g}"
+    p_value = mann_whitney_p(base, head)
+    return p_value, f"Mann-Whitney p={p_value:.3g}" + ("" if p_value < alpha else ", not significant")
+
+
+def mann_whitney_p(x: tuple[float, ...], y: tuple[float, ...]) -> float:
+    """Two-sided Mann-Whitney U p-value: exact for small untied samples, else the normal approximation."""
+    pooled = (*x, *y)
+    exact = len(set(pooled)) == len(pooled) and max(len(x), len(y)) <= EXACT_TEST_MAX_SIZE
+    p_value = float(mannwhitneyu(x, y, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue)
+    return 1.0 if math.isnan(p_value) else min(1.0, p_value)
+
+
+def min_two_sided_p(n: int, m: int) -> float:
+    """The smallest two-sided p-value n vs m samples can reach: every value of one above the other's."""
+    return min(1.0, 2 / math.comb(n + m, n))
 
 
 def _check_rules_match(
@@ -281,21 +360,6 @@ def _meta_notes(base: Summary, head: Summary) -> tuple[str, ...]:
         if name in base.meta and name in head.meta and base.meta[name] != head.meta[name]
     ]
     return (f"base and head differ in meta: {', '.join(differing)}",) if differing else ()
-
-
-def _lookup(point: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
-    value: Any = point
-    for part in dotted.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return False, None
-        value = value[part]
-    return True, value
-
-
-def _samples(raw: Any) -> tuple[float, ...]:
-    if isinstance(raw, list) and all(_is_number(v) for v in raw):
-        return tuple(float(v) for v in raw)
-    return ()
 
 
 def _is_number(value: Any) -> bool:

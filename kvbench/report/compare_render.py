@@ -13,12 +13,16 @@ from kvbench.fileio import json_text
 from kvbench.report.compare import STATUS_METRIC, Comparison, Row, Verdict
 
 COLUMNS = ("point", "metric", "base", "head", "change", "verdict", "rule")
-VERDICT_ORDER = (Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW, Verdict.UNCHANGED)
+VERDICT_ORDER = (
+    Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW, Verdict.INFO, Verdict.UNCHANGED
+)
+CHANGED = (Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW)
 VERDICT_STYLE = {
     Verdict.REGRESSED: "bold red",
     Verdict.MISSING: "bold red",
     Verdict.IMPROVED: "green",
     Verdict.NEW: "cyan",
+    Verdict.INFO: "yellow",
     Verdict.UNCHANGED: "dim",
 }
 
@@ -86,28 +90,30 @@ def cells(row: Row) -> tuple[str, ...]:
     )
 
 
+def policy_line(comparison: Comparison) -> str:
+    if comparison.simulated:
+        return "simulated runs: every metric is deterministic and judged exactly"
+    return "measured runs: counts and peak bytes judged exactly, timing-dependent metrics within noise tolerances"
+
+
 def to_markdown(comparison: Comparison) -> str:
     changed = sorted(
-        (row for row in comparison.rows if row.verdict is not Verdict.UNCHANGED),
+        (row for row in comparison.rows if row.verdict in CHANGED),
         key=lambda row: VERDICT_ORDER.index(row.verdict),
     )
-    unchanged = [row for row in comparison.rows if row.verdict is Verdict.UNCHANGED]
     lines = [
         f"**{summary_line(comparison)}**",
         "",
-        f"base `{comparison.base.path}` - head `{comparison.head.path}` - kind `{comparison.head.kind}`",
+        f"base `{comparison.base.path}` - head `{comparison.head.path}` - kind `{comparison.head.kind}`"
+        f" - {policy_line(comparison)}",
         *(f"> note: {note}" for note in comparison.notes),
         "",
     ]
     lines += _markdown_table(changed) if changed else ["No change beyond the thresholds.", ""]
-    if unchanged:
-        lines += [
-            f"<details><summary>{len(unchanged)} unchanged</summary>",
-            "",
-            *_markdown_table(unchanged),
-            "</details>",
-            "",
-        ]
+    for verdict, title in ((Verdict.INFO, "reported, not gated"), (Verdict.UNCHANGED, "unchanged")):
+        rows = [row for row in comparison.rows if row.verdict is verdict]
+        if rows:
+            lines += [f"<details><summary>{len(rows)} {title}</summary>", "", *_markdown_table(rows), "</details>", ""]
     return "\n".join(lines)
 
 
@@ -132,6 +138,7 @@ def to_json(comparison: Comparison) -> str:
         "kind": comparison.head.kind,
         "failed": comparison.failed,
         "alpha": comparison.alpha,
+        "simulated": comparison.simulated,
         "counts": comparison.counts,
         "notes": list(comparison.notes),
         "rows": [
@@ -184,7 +191,8 @@ def to_junit(comparison: Comparison) -> str:
 
 
 def to_rich_table(comparison: Comparison) -> Table:
-    table = Table(title=summary_line(comparison), caption="\n".join(comparison.notes) or None)
+    caption = "\n".join((policy_line(comparison), *comparison.notes))
+    table = Table(title=summary_line(comparison), caption=caption)
     for column in COLUMNS:
         table.add_column(column, justify="right" if column in ("base", "head", "change") else "left")
     for row in comparison.rows:

@@ -1,4 +1,8 @@
-"""Read a run's ``summary.json`` (DESIGN.md "Results") and check that kvbench can compare it."""
+"""Read a run's ``summary.json`` (the results schema of ``kvbench.report.schema``) and check its shape.
+
+Every run kind kvbench writes (sweep, waste, share) is a list of points keyed by (engine, concurrency,
+scenario); the values of the metrics are checked by ``compare``, which knows which ones it judges.
+"""
 
 from __future__ import annotations
 
