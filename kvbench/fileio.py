@@ -155,7 +155,7 @@ class DirectoryLock:
             holder = self._handle.read().strip() or "another process"
             self._handle.close()
             raise KvbenchError(f"{directory} is in use by another {what} ({holder}); wait for it to finish or "
-                               "choose another --out") from None
+                               "choose another run directory") from None
         self._handle.seek(0)
         self._handle.truncate()
         self._handle.write(f"pid {os.getpid()}")

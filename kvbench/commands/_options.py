@@ -84,16 +84,6 @@ def parse_size(text: str, what: str = "size") -> int:
     return size
 
 
-def human_bytes(count: float | None) -> str:
-    if count is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.2f} {unit}"
-        count /= 1024
-    return f"{count:.2f} TiB"
-
-
 def make_console(stderr: bool = False):
     """A rich console; when output goes to a pipe or a CI log, wide enough that tables are not truncated."""
     from rich.console import Console

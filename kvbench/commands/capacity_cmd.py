@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from kvbench.commands._options import human_bytes, int_list, make_console
+from kvbench.commands._options import int_list, make_console, positive_fraction
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
+from kvbench.report.fields import human_bytes
 
 
 def capacity_table(pool_slots: int, max_len: int, mean_len: int, block_sizes: list[int]) -> list[dict]:
@@ -33,7 +34,7 @@ def capacity_table(pool_slots: int, max_len: int, mean_len: int, block_sizes: li
 def capacity(
     model: str = typer.Option("llama-2-13b", "--model", help="Preset name or a local config.json / checkpoint dir."),
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset."),
-    utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="Share of GPU memory kvbench may use."),
+    utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
     dtype: str = typer.Option("fp16", "--dtype", help="fp32 | fp16 | bf16."),
     max_len: int = typer.Option(2048, "--max-len", help="Context limit (contiguous-max reserves this)."),
     mean_len: int = typer.Option(500, "--mean-len", help="Final length of a typical request, in tokens."),

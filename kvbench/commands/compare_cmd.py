@@ -91,7 +91,7 @@ def compare_command(
         False, "--update-baseline", help="After reporting, copy HEAD's summary.json onto BASE and exit 0."
     ),
 ) -> None:
-    rules = tuple(parse_rule(text) for text in fail_on or ())
+    rules = tuple(_rule(text) for text in fail_on or ())
     head_summary = load_summary(head)
     base_summary = _load_base(base, tolerate_unusable=refresh)
     comparison = None
@@ -103,6 +103,13 @@ def compare_command(
         typer.echo(f"baseline updated: {written}", err=True)
     elif comparison is not None and comparison.failed:
         raise typer.Exit(code=1)
+
+
+def _rule(text: str):
+    try:
+        return parse_rule(text)
+    except KvbenchError as err:
+        raise KvbenchError(f"--fail-on: {err}") from None
 
 
 def _load_base(base: Path, *, tolerate_unusable: bool) -> Summary | None:

@@ -78,6 +78,8 @@ def sweep(
         setup = SweepSetup.resolve(options, status.update)
     run_dir = new_run_dir("sweep", out_dir)
     lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
+    if not resume and (run_dir / "results.jsonl").exists():
+        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
     if resume and recover_results(run_dir / "results.jsonl") is not None:
         console.print(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash while "
                       "writing); set aside in results.jsonl.torn, its point runs again[/yellow]")

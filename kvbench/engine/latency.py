@@ -6,7 +6,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kvbench.report.schema import LATENCY_KINDS
+LATENCY_KINDS = ("ttft", "tpot", "itl", "e2el")
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:

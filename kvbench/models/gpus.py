@@ -77,5 +77,5 @@ class KvBudget:
 
 def kv_budget(shape: ModelShape, gpu: GpuSpec, utilization: float = 0.9) -> KvBudget:
     if not 0.0 < utilization <= 1.0:
-        raise KvbenchError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
+        raise KvbenchError(f"GPU memory utilization must be in (0, 1], got {utilization}")
     return KvBudget(gpu.memory_bytes, utilization, shape.weight_bytes, activation_reserve_bytes(shape))

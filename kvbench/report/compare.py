@@ -31,6 +31,7 @@ from kvbench.report.compare_policy import (
     metric_policy,
     ratio_metric_name,
 )
+from kvbench.report.fields import is_number, lookup
 from kvbench.report.summary_load import PointKey, Summary
 
 DEFAULT_ALPHA = 0.05
@@ -85,7 +86,7 @@ class Row:
 
     @property
     def delta(self) -> float | None:
-        if _is_number(self.base) and _is_number(self.head):
+        if is_number(self.base) and is_number(self.head):
             return self.head - self.base  # type: ignore[operator]
         return None
 
@@ -125,7 +126,7 @@ def compare(
 ) -> Comparison:
     """Judge ``head`` against ``base``. Raises KvbenchError when they cannot be compared."""
     if not 0 < alpha < 1:
-        raise KvbenchError(f"--alpha must be between 0 and 1, got {alpha}")
+        raise KvbenchError(f"the significance level alpha must be between 0 and 1, got {alpha}")
     if base.kind != head.kind:
         raise KvbenchError(
             f"cannot compare a {base.kind!r} run ({base.path}) with a {head.kind!r} run ({head.path})"
@@ -180,10 +181,10 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
     for name in DIRECTIONS:
         if judged(name) is None and name not in RATIO_METRICS:  # ratio inputs are always judged
             continue
-        found, value = _lookup(point, name, where)
+        found, value = lookup(point, name, where)
         if not found:
             continue
-        if value is not None and not _is_number(value):
+        if value is not None and not is_number(value):
             raise KvbenchError(f"{where}: metric {name} is {_shown(value)}, not a number")
         metrics[name] = Observation(value, _samples(samples.get(name), f"{where}: samples of {name}"))
     status = point.get("status")
@@ -192,22 +193,10 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
     return Measured(status, metrics)
 
 
-def _lookup(point: Mapping[str, Any], dotted: str, where: str) -> tuple[bool, Any]:
-    value: Any = point
-    parts = dotted.split(".")
-    for depth, part in enumerate(parts):
-        if not isinstance(value, Mapping):
-            raise KvbenchError(f"{where}: '{'.'.join(parts[:depth])}' is {_shown(value)}, not an object")
-        if part not in value:
-            return False, None
-        value = value[part]
-    return True, value
-
-
 def _samples(raw: Any, where: str) -> tuple[float, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, list) or not all(_is_number(v) for v in raw):
+    if not isinstance(raw, list) or not all(is_number(v) for v in raw):
         raise KvbenchError(f"{where} are {_shown(raw)}, not a list of numbers")
     return tuple(float(v) for v in raw)
 
@@ -350,7 +339,7 @@ def _check_rules_match(
     names = {name for points in (base, head) for point in points.values() for name in point.metrics}
     for rule in rules:
         if not any(rule.matches(name) for name in names):
-            raise KvbenchError(f"--fail-on {rule.pattern!r} matches no metric of these runs")
+            raise KvbenchError(f"the rule for {rule.pattern!r} matches no metric of these runs")
 
 
 def _meta_notes(base: Summary, head: Summary) -> tuple[str, ...]:
@@ -360,10 +349,6 @@ def _meta_notes(base: Summary, head: Summary) -> tuple[str, ...]:
         if name in base.meta and name in head.meta and base.meta[name] != head.meta[name]
     ]
     return (f"base and head differ in meta: {', '.join(differing)}",) if differing else ()
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _usable(status: str | None) -> bool:

@@ -208,7 +208,7 @@ def parse_rule(text: str) -> Rule:
     pattern, raw = pattern.strip(), raw.strip()
     if not sep or not pattern or not raw:
         raise KvbenchError(
-            f"--fail-on {text!r}: expected METRIC:THRESHOLD, e.g. paged_over_contiguous_output_throughput:5%"
+            f"rule {text!r}: expected METRIC:THRESHOLD, e.g. paged_over_contiguous_output_throughput:5%"
         )
     relative = raw.endswith("%")
     try:
@@ -216,7 +216,7 @@ def parse_rule(text: str) -> Rule:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise KvbenchError(f"--fail-on {text!r}: threshold must be a non-negative number or percentage")
+        raise KvbenchError(f"rule {text!r}: the threshold must be a non-negative number or percentage")
     return Rule(pattern, Threshold(value / 100, Mode.RELATIVE) if relative else Threshold(value, Mode.ABSOLUTE))
 
 

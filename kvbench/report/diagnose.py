@@ -267,7 +267,7 @@ def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
 # -- live metrics -------------------------------------------------------------------------------------------
 def scrape(url: str, timeout_s: float = 5.0) -> str:
     if not url.startswith(("http://", "https://")):
-        raise KvbenchError(f"--url {url!r}: expected http://HOST:PORT/metrics")
+        raise KvbenchError(f"metrics URL {url!r}: expected http://HOST:PORT/metrics")
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (user-given http URL)
             return response.read().decode("utf-8")

@@ -6,12 +6,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from kvbench.errors import KvbenchError
 
-def lookup(point: Mapping[str, Any], dotted: str) -> tuple[bool, Any]:
-    """``(found, value)`` of a dotted field such as ``waste.internal_pct``."""
+
+def lookup(point: Mapping[str, Any], dotted: str, where: str | None = None) -> tuple[bool, Any]:
+    """``(found, value)`` of a dotted field such as ``waste.internal_pct``.
+
+    With ``where`` (a file and point, for the message), a part of the path that is not an object is an error
+    rather than "not found": the reader is judging the file, and a corrupted one must not pass quietly.
+    """
     value: Any = point
-    for part in dotted.split("."):
-        if not isinstance(value, Mapping) or part not in value:
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(value, Mapping):
+            if where is None or depth == 0:
+                return False, None
+            raise KvbenchError(f"{where}: '{'.'.join(parts[:depth])}' is {value!r}, not an object")
+        if part not in value:
             return False, None
         value = value[part]
     return True, value

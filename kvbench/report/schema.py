@@ -1,11 +1,11 @@
-"""The public results schema (DESIGN.md). CI pipelines parse it: bump SCHEMA_VERSION when it changes."""
+"""The public results schema (docs/ARCHITECTURE.md). CI pipelines parse it: bump SCHEMA_VERSION when it changes."""
 
 from __future__ import annotations
 
+from kvbench.engine.latency import LATENCY_KINDS, LATENCY_STATS
+
 SCHEMA_VERSION = 1
 
-LATENCY_KINDS = ("ttft", "tpot", "itl", "e2el")
-LATENCY_STATS = ("mean", "p50", "p90", "p99")
 LATENCY_FIELDS = tuple(f"{stat}_{kind}_ms" for kind in LATENCY_KINDS for stat in LATENCY_STATS)
 
 WASTE_FIELDS = ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")

@@ -1,4 +1,4 @@
-"""The device-level memory waterfall of a sweep point (DESIGN.md), outermost level first.
+"""The device-level memory waterfall of a sweep point, outermost level first.
 
 CUDA: NVML device used -> NVML process used -> torch reserved -> torch allocated -> KV pool -> KV allocated
 -> token states. CPU: process RSS -> KV pool -> KV allocated -> token states. Each gap between two levels has
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+
+from kvbench.report.fields import human_bytes, value_at
 
 GAP_FREE = "free KV blocks (external fragmentation included)"
 GAP_RESERVATION = "reservation + internal"
@@ -50,15 +52,6 @@ def device_kind(point: dict[str, Any]) -> str:
     return "cuda" if any(memory.get(name) is not None for name in _CUDA_FIELDS) else "cpu"
 
 
-def _lookup(point: dict[str, Any], dotted: str) -> Any:
-    value: Any = point
-    for part in dotted.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
 def waterfall_levels(point: dict[str, Any], device: str | None = None) -> list[dict[str, Any]]:
     """The point's levels, outermost first: ``{level, bytes, source, reason, gap_name, gap_bytes, gap_note}``.
 
@@ -68,7 +61,7 @@ def waterfall_levels(point: dict[str, Any], device: str | None = None) -> list[d
     spec = CPU_LEVELS if kind == "cpu" else CUDA_LEVELS
     levels: list[dict[str, Any]] = []
     for name, source, gap in spec:
-        value = _lookup(point, source)
+        value = value_at(point, source)
         measured = isinstance(value, (int, float)) and not isinstance(value, bool)
         reason = None
         if not measured:
@@ -85,22 +78,11 @@ def waterfall_levels(point: dict[str, Any], device: str | None = None) -> list[d
         if outer["gap_bytes"] < 0:
             outer["gap_note"] = "inner level above outer: their peaks fell at different instants"
     slack = next((lv for lv in levels if lv["level"] == "torch reserved"), None)
-    inactive = _lookup(point, "memory.torch_inactive_split_peak_bytes")
+    inactive = value_at(point, "memory.torch_inactive_split_peak_bytes")
     if slack is not None and inactive is not None:
-        slack["gap_note"] = f"of which non-reusable (inactive_split): {_human(inactive)}"
+        slack["gap_note"] = f"of which non-reusable (inactive_split): {human_bytes(inactive)}"
         slack["inactive_split_bytes"] = int(inactive)
     return levels
-
-
-def _human(count: float | None) -> str:
-    if count is None:
-        return "-"
-    sign, value = ("-" if count < 0 else ""), abs(float(count))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{sign}{value:,.0f} B" if unit == "B" else f"{sign}{value:,.2f} {unit}"
-        value /= 1024
-    return f"{sign}{value:,.2f} GiB"
 
 
 def point_label(point: dict[str, Any]) -> str:
@@ -114,11 +96,11 @@ def waterfall_table(point: dict[str, Any], levels: list[dict[str, Any]] | None =
     for column in ("level", "bytes", "gap to the next level", "gap bytes"):
         table.add_column(column, justify="right" if "bytes" in column else "left")
     for level in levels:
-        size = _human(level["bytes"]) if level["bytes"] is not None else f"unavailable: {level['reason']}"
+        size = human_bytes(level["bytes"]) if level["bytes"] is not None else f"unavailable: {level['reason']}"
         gap = level["gap_name"] or "—"
         if level.get("gap_note"):
             gap += f" ({level['gap_note']})"
-        table.add_row(level["level"], size, gap, _human(level["gap_bytes"]) if level["gap_bytes"] is not None else "-")
+        table.add_row(level["level"], size, gap, human_bytes(level["gap_bytes"]) if level["gap_bytes"] is not None else "-")
     return table
 
 
@@ -147,9 +129,9 @@ def waterfall_plot(point: dict[str, Any], path: Path, subtitle: str = "",
         ax.barh(row, solid - floor, left=floor, color="#1565c0", height=0.5)
         if inner_size is not None and size > inner_size:
             ax.barh(row, size - inner_size, left=inner_size, color="#ffb74d", hatch="//", edgecolor="white", height=0.5)
-        ax.text(size, row, f" {_human(level['bytes'])}", va="center", fontsize=8, fontweight="bold")
+        ax.text(size, row, f" {human_bytes(level['bytes'])}", va="center", fontsize=8, fontweight="bold")
         if level["gap_name"] and level["gap_bytes"] is not None:
-            gap = f"gap to next: {level['gap_name']} = {_human(level['gap_bytes'])}"
+            gap = f"gap to next: {level['gap_name']} = {human_bytes(level['gap_bytes'])}"
             if level.get("gap_note"):
                 gap += f"; {level['gap_note']}"
             ax.text(floor, row - 0.4, f" {gap}", va="center", fontsize=7.5, color="#e65100")

@@ -47,11 +47,11 @@ def pin_run_config(run_dir: Path, config: dict[str, Any], resume: bool) -> None:
         try:
             recorded = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
-            raise KvbenchError(f"{path} is unreadable; cannot check that --resume uses the same settings") from None
+            raise KvbenchError(f"{path} is unreadable; cannot check that a resume uses the same settings") from None
         changed = sorted(key for key in set(recorded) | set(config) if recorded.get(key) != config.get(key))
         if changed:
             details = ", ".join(f"{key} {recorded.get(key)!r} -> {config.get(key)!r}" for key in changed)
-            raise KvbenchError(f"--resume with other settings than {run_dir} was measured with: {details}")
+            raise KvbenchError(f"cannot resume {run_dir} with other settings than it was measured with: {details}")
         return
     write_json_atomic(path, config)
 
@@ -90,7 +90,7 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
     """
     results_path = run_dir / "results.jsonl"
     if results_path.exists() and not resume:
-        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
+        raise KvbenchError(f"{run_dir} already holds results; resume it or choose another run directory")
     finished = load_finished(results_path) if resume else {}
     planned = {(engine, concurrency, plan.scenario) for engine, concurrency in plan.keys()}
     earlier = [point for key, point in finished.items() if key not in planned]

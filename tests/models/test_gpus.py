@@ -44,7 +44,7 @@ def test_llama_2_13b_fp16_does_not_fit_an_a10g():
 
 @pytest.mark.parametrize("utilization", [0.0, -0.1, 1.01])
 def test_utilization_out_of_range_is_refused(utilization):
-    with pytest.raises(KvbenchError, match="gpu-memory-utilization"):
+    with pytest.raises(KvbenchError, match="GPU memory utilization must be in"):
         kv_budget(resolve_model("tiny"), resolve_gpu("l4-24g"), utilization)
 
 

@@ -455,7 +455,7 @@ def test_rule_matching_nothing_and_bad_rules_are_refused(tmp_path):
     with pytest.raises(KvbenchError, match="matches no metric"):
         run_compare(tmp_path, base_sweep(), base_sweep(), "max_concurrency:1")
     for text in ("output_throughput", "output_throughput:fast", ":5%", "output_throughput:-1"):
-        with pytest.raises(KvbenchError, match="--fail-on"):
+        with pytest.raises(KvbenchError, match=f"rule {text!r}"):
             parse_rule(text)
     rule = parse_rule("waste.internal_pct:0.5")
     assert (rule.threshold.value, rule.threshold.mode) == (0.5, Mode.ABSOLUTE)

@@ -1,0 +1,52 @@
+"""Points of the results schema: the JSON form, failed points and the aggregation of repeats."""
+
+import pytest
+from scipy import stats
+
+from kvbench.report.point import Point, aggregate_repeats, t95
+from kvbench.report.schema import LATENCY_FIELDS, POINT_FIELDS
+
+
+def _point(**changes) -> Point:
+    point = Point("paged", 10, "s", completed=10, output_throughput=10.0, peak_running=3,
+                  waste={"token_state_pct": 50.0}, fragmentation_mean=0.1,
+                  memory={"rss_peak_bytes": 100, "nvml_used_peak_bytes": None})
+    point.latencies["p90_ttft_ms"] = 5.0
+    for name, value in changes.items():
+        if name in LATENCY_FIELDS:
+            point.latencies[name] = value
+        else:
+            setattr(point, name, value)
+    return point
+
+
+def test_the_json_form_flattens_latencies_and_leaves_out_unset_reasons():
+    data = _point().to_json()
+    assert set(POINT_FIELDS) <= set(data)
+    assert data["p90_ttft_ms"] == 5.0 and "latencies" not in data and "extra" not in data
+    assert "error" not in data and "status_reason" not in data
+    assert list(data)[:4] == ["engine", "concurrency", "scenario", "status"]
+    failed = Point.failed("contiguous", 2, "s", "RuntimeError: boom").to_json()
+    assert failed["status"] == "error" and failed["error"] == "RuntimeError: boom" and failed["completed"] == 0
+
+
+def test_repeats_average_metrics_keep_the_worst_status_and_maximise_peaks():
+    a = _point()
+    b = _point(status="oom", status_reason="2 request(s) rejected", output_throughput=20.0, p90_ttft_ms=7.0,
+               peak_running=5, waste={"token_state_pct": 60.0}, fragmentation_mean=0.3,
+               memory={"rss_peak_bytes": 300, "nvml_used_peak_bytes": None})
+    merged = aggregate_repeats([b, a]).to_json()
+    assert merged["status"] == "oom" and merged["status_reason"] == "2 request(s) rejected"
+    assert merged["output_throughput"] == 15.0 and merged["samples"]["output_throughput"] == [20.0, 10.0]
+    assert merged["p90_ttft_ms"] == 6.0 and "p90_ttft_ms_ci95" in merged  # every latency field, not only a few
+    assert merged["peak_running"] == 5 and merged["memory"]["rss_peak_bytes"] == 300
+    assert merged["memory"]["nvml_used_peak_bytes"] is None
+    assert merged["waste"]["token_state_pct"] == 55.0 and merged["fragmentation_mean"] == pytest.approx(0.2)
+    assert merged["completed"] == 10 and isinstance(merged["completed"], int) and merged["repeats"] == 2
+    assert aggregate_repeats([a]) is a
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 11, 30])
+def test_t_quantiles_are_students(n):
+    assert t95(n) == pytest.approx(stats.t.ppf(0.975, n - 1))
+    assert t95(2) == pytest.approx(12.706, abs=1e-3)

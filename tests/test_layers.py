@@ -1,0 +1,82 @@
+"""The package's layers (docs/ARCHITECTURE.md): imports only ever run downwards, and only the command layer
+speaks in command-line flags."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvbench"
+
+# Lowest first. A module may import its own layer and the layers below it, never one above.
+LAYERS: list[tuple[str, ...]] = [
+    ("kvbench.errors", "kvbench.fileio", "kvbench.kv"),
+    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.measure", "kvbench.preflight"),
+    ("kvbench.engine",),
+    ("kvbench.report",),
+    ("kvbench.studies",),
+    ("kvbench.commands", "kvbench.cli"),
+]
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
+
+
+def _module_files() -> list[tuple[str, Path]]:
+    files = [(".".join(path.relative_to(ROOT).with_suffix("").parts), path) for path in PACKAGE.rglob("*.py")]
+    files += [(f"kvbench.kernels.{path.stem}", path) for path in (ROOT / "kernels").glob("*.py")]
+    return [(name.removesuffix(".__init__"), path) for name, path in files]
+
+
+def _layer(module: str) -> int | None:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    return None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith("kvbench")]
+
+
+def test_every_module_has_a_layer():
+    assert [name for name, _ in _module_files() if name != "kvbench" and _layer(name) is None] == []
+
+
+@pytest.mark.parametrize("module, path", _module_files(), ids=lambda value: str(value))
+def test_imports_run_downwards(module, path):
+    own = _layer(module)
+    if own is None:
+        return
+    upward = [f"{path.name}:{line} imports {name}" for line, name in _imports(path)
+              if (target := _layer(name)) is not None and target > own]
+    assert upward == []
+
+
+def _error_texts(path: Path) -> list[tuple[int, str]]:
+    """The literal text of every ``raise KvbenchError(...)`` (f-string parts included)."""
+    texts = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            func = node.exc.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if name.endswith("Error") or name == "RunFailed":
+                parts = [n.value for arg in node.exc.args for n in ast.walk(arg)
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                texts.append((node.lineno, "".join(parts)))
+    return texts
+
+
+@pytest.mark.parametrize("module, path", [(m, p) for m, p in _module_files() if _layer(m) is not None
+                                          and _layer(m) < _layer("kvbench.commands")], ids=lambda value: str(value))
+def test_only_commands_name_flags_in_errors(module, path):
+    """Studies, reports and the engine say which setting is wrong; the command that owns a flag names it."""
+    assert [f"{path.name}:{line}: {text}" for line, text in _error_texts(path) if _FLAG.search(text)] == []
