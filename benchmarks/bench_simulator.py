@@ -2,7 +2,7 @@
 
     python benchmarks/bench_simulator.py [--requests 10000]
 
-Goal (issue: KV memory core): under 10 s per strategy on 2 CPU cores.
+Goal: under 10 s per strategy on 2 CPU cores.
 """
 
 from __future__ import annotations

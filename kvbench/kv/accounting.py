@@ -1,6 +1,6 @@
 """Waste accounting: how the KV pool divides into used / reserved / internal / external / free.
 
-Definitions (DESIGN.md), in token slots, for the live requests at a step:
+Definitions (docs/ARCHITECTURE.md), in token slots, for the live requests at a step:
   used      slots holding token states already written
   reserved  slots a live request holds and will still write before it finishes
   internal  slots a live request holds and will never write (beyond its final length)

@@ -1,7 +1,7 @@
 """Live Prometheus metrics of a running engine, on an HTTP endpoint and/or in a text file.
 
 ``KvMetrics`` owns its own ``CollectorRegistry`` (never the process-global one), labels every series by
-``engine`` and ``device`` (DESIGN.md names), and is fed from the engine's step hook::
+``engine`` and ``device`` (the names are listed in docs/ARCHITECTURE.md), and is fed from the engine's step hook::
 
     metrics = KvMetrics(device="cpu")
     metrics.serve("127.0.0.1", 9400)              # optional: http://127.0.0.1:9400/metrics
@@ -36,7 +36,7 @@ ALLOC_LATENCY_BUCKETS = (
 LABELS = ("engine", "device")
 DEFAULT_HOST = "127.0.0.1"
 
-# DESIGN.md's Prometheus names (plus generated tokens and finished requests)
+# kvbench's Prometheus names (docs/ARCHITECTURE.md)
 BLOCKS_USED = "kvbench_kv_cache_blocks_used"
 BLOCKS_FREE = "kvbench_kv_cache_blocks_free"
 BLOCKS_CAPACITY = "kvbench_kv_cache_blocks_capacity"  # a gauge: `_total` is for counters only
@@ -50,7 +50,7 @@ WAITING = "kvbench_requests_waiting"
 
 
 def online_fragmentation(used_slots: int, allocated_slots: int) -> float:
-    """DESIGN.md's live figure: 1 - used / allocated (0 when nothing is allocated), clamped to [0, 1]."""
+    """The live figure (docs/ARCHITECTURE.md): 1 - used / allocated (0 when nothing is allocated), clamped to [0, 1]."""
     if allocated_slots <= 0:
         return 0.0
     return min(1.0, max(0.0, 1.0 - used_slots / allocated_slots))

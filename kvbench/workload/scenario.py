@@ -10,6 +10,7 @@ from typing import Any
 import tomllib
 
 from kvbench.errors import KvbenchError
+from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.workload.lengths import LengthSpec
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -17,6 +18,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "prompt_ratio": (int, float), "requests": int, "warmup": int, "concurrency": list, "block_size": int,
     "reserve": str, "admission": str, "seed": int, "budget": dict, "samples": int,
 }
+_LENGTH_FIELDS = ("max_len", "mean_len", "distribution", "prompt_ratio", "sigma")  # the LengthSpec's
 _BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
     "model": str, "gpu": str, "utilization": (int, float), "slots": int,
 }
@@ -25,8 +27,8 @@ _BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    description: str
-    lengths: LengthSpec
+    description: str = ""
+    lengths: LengthSpec = field(default_factory=LengthSpec)
     requests: int = 60
     warmup: int = 4
     concurrency: tuple[int, ...] = (10, 30, 50)
@@ -77,40 +79,40 @@ def load_scenario(spec: str) -> Scenario:
 
 
 def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenario:
+    """A validated scenario; every field left out takes the default of ``Scenario`` or ``LengthSpec``."""
     where = f"scenario {source or name}"
     _check_fields(data, _FIELDS, where)
     budget = data.get("budget", {})
     _check_fields(budget, _BUDGET_FIELDS, f"{where} [budget]")
-    concurrency = data.get("concurrency", [10, 30, 50])
-    if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
-        raise KvbenchError(f"{where}: concurrency must be a non-empty list of positive integers")
-    for key in ("requests", "block_size", "max_len", "mean_len"):
+    if "concurrency" in data:
+        concurrency = data["concurrency"]
+        if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
+            raise KvbenchError(f"{where}: concurrency must be a non-empty list of positive integers")
+    for key in ("requests", "block_size", "max_len", "mean_len", "samples"):
         if key in data and data[key] < 1:
             raise KvbenchError(f"{where}: {key} must be positive, got {data[key]}")
-    if data.get("samples", 1) < 1:
-        raise KvbenchError(f"{where}: samples must be at least 1")
     if data.get("warmup", 0) < 0:
         raise KvbenchError(f"{where}: warmup must be >= 0")
-    if data.get("reserve", "max") not in ("max", "pow2", "oracle"):
-        raise KvbenchError(f"{where}: reserve must be max, pow2 or oracle, got {data['reserve']!r}")
-    if data.get("admission", "queue") not in ("queue", "reject"):
-        raise KvbenchError(f"{where}: admission must be queue or reject, got {data['admission']!r}")
-    if "slots" in budget and budget["slots"] < 1:
-        raise KvbenchError(f"{where}: budget.slots must be positive")
     try:
-        lengths = LengthSpec(
-            mean_len=data.get("mean_len", 500), max_len=data.get("max_len", 2048),
-            distribution=data.get("distribution", "lognormal"), prompt_ratio=float(data.get("prompt_ratio", 0.5)),
-            sigma=float(data.get("sigma", 0.6)),
-        )
+        for key, allowed, what in (("reserve", RESERVATION_POLICIES, "reserve"), ("admission", ADMISSION_MODES, "admission")):
+            if key in data:
+                check_choice(data[key], allowed, what)
     except KvbenchError as err:
         raise KvbenchError(f"{where}: {err}") from None
-    return Scenario(
-        name=name, description=data.get("description", ""), lengths=lengths, requests=data.get("requests", 60),
-        warmup=data.get("warmup", 4), concurrency=tuple(concurrency), block_size=data.get("block_size", 16),
-        reserve=data.get("reserve", "max"), admission=data.get("admission", "queue"), seed=data.get("seed", 0),
-        budget=dict(budget), source=source, samples=data.get("samples", 1),
-    )
+    if "slots" in budget and budget["slots"] < 1:
+        raise KvbenchError(f"{where}: budget.slots must be positive")
+    length_fields = {key: data[key] for key in _LENGTH_FIELDS if key in data}
+    for key in ("prompt_ratio", "sigma"):
+        if key in length_fields:
+            length_fields[key] = float(length_fields[key])
+    try:
+        lengths = LengthSpec(**length_fields)
+    except KvbenchError as err:
+        raise KvbenchError(f"{where}: {err}") from None
+    fields = {key: value for key, value in data.items() if key not in (*_LENGTH_FIELDS, "budget")}
+    if "concurrency" in fields:
+        fields["concurrency"] = tuple(fields["concurrency"])
+    return Scenario(name=name, lengths=lengths, budget=dict(budget), source=source, **fields)
 
 
 def _check_fields(data: dict, allowed: dict[str, type | tuple[type, ...]], where: str) -> None:

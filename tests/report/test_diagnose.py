@@ -25,7 +25,7 @@ from kvbench.report.diagnose import (
 )
 
 META = {"block_size": 16, "max_len": 2048, "reserve": "max"}
-DESIGN_METRICS = ("kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
+EXPORTED_METRICS = ("kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
                   "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds",
                   "kvbench_num_preemptions_total", "kvbench_requests_running", "kvbench_requests_waiting")
 
@@ -192,7 +192,7 @@ def test_alerting_rules_follow_the_prometheus_schema_and_thresholds():
     assert "kvbench_block_alloc_latency_seconds_bucket" in exprs["KvBlockAllocLatencyHigh"]
     assert exprs["KvBlockAllocLatencyHigh"].endswith("> 0.04")
     used = set(re.findall(r"kvbench_\w+", " ".join(exprs.values())))
-    exported = {name.removesuffix("_total") for name in DESIGN_METRICS} | {"kvbench_requests_finished"}
+    exported = {name.removesuffix("_total") for name in EXPORTED_METRICS} | {"kvbench_requests_finished"}
     assert {name.removesuffix("_bucket").removesuffix("_total") for name in used} <= exported
     assert {"kvbench_kv_cache_fragmentation", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
             "kvbench_num_preemptions_total", "kvbench_requests_waiting"} <= used

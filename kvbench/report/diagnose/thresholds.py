@@ -1,0 +1,66 @@
+"""Diagnosis thresholds: the seed article's defaults, a TOML file, then flags; validated in one place."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from kvbench.errors import KvbenchError
+
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    fragmentation: float = 0.3  # online fragmentation 1 - used / allocated
+    free_blocks: float = 0.10  # free blocks as a share of the pool (below: too little headroom)
+    alloc_latency_p99_ms: float = 50.0  # p99 of one block allocation call
+    preemptions_per_request: float = 0.5  # preemptions per completed request
+    reservation_waste: float = 0.5  # reservation + internal as a share of the pool
+    alert_for: str = "5m"  # Prometheus `for:` of the emitted alerts
+
+    FRACTIONS = ("fragmentation", "free_blocks", "reservation_waste")
+
+    def validate(self) -> Thresholds:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "alert_for":
+                if not isinstance(value, str) or not _DURATION.match(value):
+                    raise KvbenchError(f"threshold alert_for: {value!r} is not a Prometheus duration such as 5m")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise KvbenchError(f"threshold {f.name}: {value!r} must be a non-negative number")
+            if f.name in self.FRACTIONS and value > 1:
+                raise KvbenchError(f"threshold {f.name}: {value!r} is a fraction of the pool, between 0 and 1")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_thresholds(path: Path | None, **overrides: Any) -> Thresholds:
+    """Defaults, then a TOML file (top-level keys or a [thresholds] table), then non-None ``overrides``."""
+    thresholds = Thresholds()
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as err:
+            raise KvbenchError(f"cannot read thresholds file {path}: {err.strerror or err}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise KvbenchError(f"thresholds file {path} is not valid TOML: {err}") from None
+        table = data.get("thresholds", data) if isinstance(data.get("thresholds"), dict) else data
+        known = {f.name for f in fields(Thresholds)}
+        values = {}
+        for key, value in table.items():
+            name = "alert_for" if key == "for" else key
+            if name not in known:
+                raise KvbenchError(f"thresholds file {path}: unknown key {key!r}; known: {', '.join(sorted(known))}")
+            values[name] = float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        thresholds = replace(thresholds, **values)
+    thresholds = replace(thresholds, **{k: v for k, v in overrides.items() if v is not None})
+    return thresholds.validate()
