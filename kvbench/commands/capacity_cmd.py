@@ -12,6 +12,7 @@ from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
+from kvbench.preflight import check_context_length
 from kvbench.report.fields import human_bytes
 
 
@@ -48,6 +49,7 @@ def capacity(
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")
     sizes = int_list(block_sizes, "--block-size")
     shape = resolve_model(model, dtype)
+    check_context_length(shape, max_len)
     device = resolve_gpu(gpu)
     budget = kv_budget(shape, device, utilization)
     result = {

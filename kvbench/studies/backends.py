@@ -20,7 +20,7 @@ from kvbench.kv.manager import assert_drained
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec, kv_budget, resolve_gpu
 from kvbench.models.shapes import ModelShape, resolve_model
-from kvbench.preflight import check_run_counts
+from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.studies.setup import LoadedModel, blocks_for_budget, build_engine, cuda_kv_budget, load_model
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ def simulated_backend(options: SweepOptions, base: EngineConfig) -> BackendInfo:
 
     name = SIMULATED_STAND_IN if options.model == "tiny" else options.model
     shape = resolve_model(name, options.dtype or "fp16")
+    check_context_length(shape, base.max_len)
     device = resolve_gpu(options.gpu)
     share = 0.9 if options.utilization is None else options.utilization
     if options.kv_memory_bytes is not None:

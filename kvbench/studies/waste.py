@@ -17,6 +17,7 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
+from kvbench.preflight import check_context_length
 from kvbench.report.fields import human_bytes
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
@@ -143,6 +144,7 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
                     progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
     shape = resolve_model(settings.model, settings.dtype)
+    check_context_length(shape, settings.max_len)
     device = resolve_gpu(settings.gpu)
     budget = kv_budget(shape, device, settings.utilization)
     if not budget.fits:

@@ -198,3 +198,17 @@ def test_a_pool_too_large_to_simulate_is_a_clear_error(capsys):
     assert main(["waste", "--model", "tiny", "--requests", "10"]) == 2
     err = capsys.readouterr().err.strip()
     assert "more than the simulator's" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["waste", "--requests", "20"], ["capacity"], ["sweep", "--simulate", "--requests", "20"]])
+def test_a_max_len_past_the_models_context_is_refused(command, tmp_path, capsys):
+    args = [*command, "--model", "llama-2-13b", "--max-len", "100000"]
+    if command[0] == "sweep":  # the sweep's max-len comes from its scenario
+        scenario = tmp_path / "long.toml"
+        scenario.write_text('max_len = 100000\nmean_len = 500\n[budget]\nslots = 200000\n')
+        args = [*command, "--model", "llama-2-13b", "--scenario", str(scenario)]
+    if command[0] != "capacity":
+        args += ["--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "exceeds the context length of llama-2-13b (4,096 tokens" in err and len(err.splitlines()) == 1
