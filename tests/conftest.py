@@ -5,6 +5,7 @@ import os
 # Triton's interpreter must be chosen before any kernel is launched; harmless when triton is absent.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("KVBENCH_THREADS", "1")  # tiny test shapes: no thread measurement, no hand-offs
 
 
 import pytest  # noqa: E402

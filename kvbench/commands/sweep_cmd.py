@@ -18,6 +18,7 @@ from kvbench.commands._options import (
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.models.threads import parse_threads
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
@@ -41,6 +42,7 @@ def sweep(
     requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
+    threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."),
@@ -65,7 +67,7 @@ def sweep(
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
-        repeat=repeat, seed=seed, simulate=simulate, gpu=gpu)
+        repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=_threads(threads))
     out_dir = run_directory(out)
     if resume and out_dir is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
@@ -108,6 +110,13 @@ def sweep(
     _fail_on_errors(failed, points, run_dir)
 
 
+def _threads(text: str) -> int | None:
+    try:
+        return parse_threads(text)
+    except KvbenchError as err:
+        raise KvbenchError(f"--threads: {err}") from None
+
+
 def _print_intro(console, setup: SweepSetup) -> None:
     if setup.skipped is not None:
         console.print(f"[yellow]warning: {setup.skipped.sentence(f'records of {setup.options.requests_file}')}[/yellow]")
@@ -116,6 +125,9 @@ def _print_intro(console, setup: SweepSetup) -> None:
                       f"{setup.options.gpu}; no model runs.")
     console.print(f"KV pool: {setup.budget_source}; block size {setup.config.block_size}; {len(setup.pairs)} "
                   "requests per point")
+    threads = getattr(setup.backend, "threads", None)
+    if threads:
+        console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
 
 
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:

@@ -64,6 +64,10 @@ class TensorBackend:
     def dtype_name(self) -> str:
         return self.loaded.shape.dtype
 
+    @property
+    def threads(self) -> dict | None:
+        return self.loaded.threads.as_dict() if self.loaded.threads else None
+
     def engine(self, name: str) -> LLMEngine:
         if name not in self._engines:
             self._engines[name] = build_engine(self.loaded, replace(self.base, engine=name))
@@ -140,7 +144,8 @@ def tensor_backend(options: SweepOptions, base: EngineConfig, spec: Scenario, se
     """
     if status is not None:
         status(f"building model {options.model}...")
-    loaded = load_model(options.model, options.device, options.dtype, seed, max_len=base.max_len)
+    loaded = load_model(options.model, options.device, options.dtype, seed, max_len=base.max_len,
+                        threads=options.threads)
     if options.kv_memory_bytes is not None:
         num_blocks = blocks_for_budget(options.kv_memory_bytes, loaded.shape, base.block_size)
         source = f"KV memory {options.kv_memory_text}"

@@ -17,6 +17,7 @@ from kvbench.models.hf_model import (
     resolve_torch_dtype,
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
+from kvbench.models.threads import ThreadChoice, choose_threads
 from kvbench.preflight import (
     check_context_length,
     check_kv_pool_for_device,
@@ -24,7 +25,6 @@ from kvbench.preflight import (
     check_weights_for_host,
 )
 
-SMALL_MODEL_HIDDEN = 512
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -34,6 +34,7 @@ class LoadedModel:
     model: object
     device: torch.device
     dtype: torch.dtype
+    threads: ThreadChoice | None = None  # CPU only: the intra-op threads the matmuls use, and why
 
     @property
     def eos_token_id(self) -> int | None:
@@ -41,7 +42,8 @@ class LoadedModel:
 
 
 def load_model(
-    spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0, max_len: int | None = None
+    spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0, max_len: int | None = None,
+    threads: int | None = None,
 ) -> LoadedModel:
     """A preset with random weights from ``seed``, or a local checkpoint directory (safetensors only).
 
@@ -57,15 +59,14 @@ def load_model(
     check_model_memory_for_device(shape, torch_device)
     if spec not in MODEL_PRESETS and torch_device.type != "cpu":
         check_weights_for_host(shape)  # a checkpoint is loaded on the host, then moved
-    if torch_device.type == "cpu" and shape.hidden_size <= SMALL_MODEL_HIDDEN:
-        # a small model's matmuls take microseconds: thread hand-offs cost more than they save, and on a
-        # loaded machine a second intra-op thread slowed a tiny linear ~90x (measured 9.2 ms vs 0.1 ms)
-        torch.set_num_threads(1)
+    choice = None
+    if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
+        choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads)
     if spec in MODEL_PRESETS:
         model = build_random_model(shape, seed=seed, device=torch_device, dtype=torch_dtype)
     else:
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
-    return LoadedModel(shape, model, torch_device, torch_dtype)
+    return LoadedModel(shape, model, torch_device, torch_dtype, choice)
 
 
 def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:

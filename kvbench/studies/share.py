@@ -184,6 +184,7 @@ class ShareSettings:
     model: str = "tiny"
     device: str = "auto"
     seed: int = 0
+    threads: int | None = None  # CPU intra-op threads; None: measured
 
 
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
@@ -198,7 +199,8 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
                      num_blocks=settings.num_blocks)
     config = EngineConfig(block_size=settings.block_size, num_blocks=settings.num_blocks, reserve=settings.reserve,
                           max_len=settings.max_len)
-    loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len)
+    loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len,
+                        threads=settings.threads)
     # parallel sampling builds each mode's engine before the last one is freed: two pools at once
     check_kv_pool_for_device(loaded.shape, loaded.device, settings.num_blocks, settings.block_size,
                              pools=2 if kind == "parallel" else 1)
@@ -224,5 +226,6 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
     meta = run_meta(kind=kind, width=width, prompts=settings.prompts, prompt_len=settings.prompt_len,
                     output_len=settings.output_len, block_size=settings.block_size, reserve=settings.reserve,
                     model_name=loaded.shape.name, device=str(loaded.device), seed=seed, anchors=ANCHORS[kind],
-                    outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs)
+                    outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
+                    threads=loaded.threads.as_dict() if loaded.threads else None)
     return summary_document("share", meta, points, savings=savings(measured, singles))

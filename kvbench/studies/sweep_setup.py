@@ -48,6 +48,7 @@ class SweepOptions:
     seed: int | None = None
     simulate: bool = False
     gpu: str = "a100-80g"
+    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
 
 
 @dataclass
@@ -161,6 +162,7 @@ class SweepSetup:
             block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
+            threads=getattr(self.backend, "threads", None),
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
         )
 

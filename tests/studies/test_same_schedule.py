@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request
 from kvbench.engine.timing import UniformTiming
