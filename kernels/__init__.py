@@ -6,6 +6,7 @@ environment variable ``KVBENCH_KERNEL_BACKEND`` overrides that for tests and ben
 
 from kvbench.kernels.dispatch import (
     copy_blocks,
+    decode_padding_is_small,
     decode_plan_fits,
     kept_decode_plan,
     paged_decode_attention,
@@ -17,6 +18,6 @@ from kvbench.kernels.dispatch import (
 )
 
 __all__ = [
-    "copy_blocks", "decode_plan_fits", "kept_decode_plan", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
+    "copy_blocks", "decode_padding_is_small", "decode_plan_fits", "kept_decode_plan", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
     "resolve_backend", "write_kv",
 ]

@@ -56,6 +56,11 @@ def kept_decode_plan(table_rows, bias, count: int):
     return reference.DecodePlan(count, (reference.DecodeChunk(0, count, table_rows, bias[:, None, None, :], None),))
 
 
+def decode_padding_is_small(context_lens: list[int], block_size: int) -> bool:
+    """Whether one bucket (every request padded to the longest) suits these context lengths."""
+    return reference.decode_padding_is_small(context_lens, block_size)
+
+
 def decode_plan_fits(plan, max_context_len: int, kv_row: int) -> bool:
     """Whether a one-chunk plan still suits a step whose longest context is ``max_context_len``."""
     return reference.decode_chunk_rows(max_context_len, kv_row) >= plan.batch

@@ -28,6 +28,10 @@ _CHUNK_BYTES = 4 << 20
 # the real work by this factor (plus a little slack); otherwise the chunk is cut.
 _PREFILL_MAX_WASTE = 1.25
 _PREFILL_WASTE_SLACK = 1 << 14
+# Decode likewise: requests of very different context lengths are attended in length buckets, each gathered only
+# as wide as its longest, so the work follows the sum of the contexts (plus at most a quarter and a little slack).
+_DECODE_MAX_WASTE = 1.25
+_DECODE_WASTE_SLACK = 256
 
 
 def write_kv(
@@ -106,18 +110,25 @@ def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visibl
 
 @dataclass(frozen=True)
 class DecodeChunk:
-    """Requests ``start:end`` of a decode step: which blocks to gather, and the softmax bias over them."""
+    """Some requests of a decode step: which blocks to gather, and the softmax bias over them.
+
+    The requests are rows ``start:end`` of the batch, or, when ``rows`` is given, those rows (a length bucket:
+    requests of similar context length, gathered only as wide as their longest).
+    """
 
     start: int
     end: int
     block_index: torch.Tensor  # [n * W] block ids (int32 or int64)
     bias: torch.Tensor  # [n, 1, 1, W * block_size] float32: 0 where visible, -inf on padding
     empty: torch.Tensor | None  # [n] bool, requests with no context (zero output); None if there are none
+    rows: torch.Tensor | None = None  # [n] int64 batch rows of a bucket; None: rows start:end
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """The batch of one decode step cut into chunks whose gathered K stays small (see ``_CHUNK_BYTES``)."""
+    """The batch of one decode step cut into chunks whose gathered K stays small (see ``_CHUNK_BYTES``) and,
+    when lengths differ, into buckets of similar length, so the work follows the sum of the contexts rather
+    than the batch size times the longest one."""
 
     batch: int
     chunks: tuple[DecodeChunk, ...]
@@ -126,6 +137,41 @@ class DecodePlan:
 def decode_chunk_rows(max_len: int, kv_row: int) -> int:
     """Requests per decode chunk when the longest context is ``max_len`` (gathered K under ``_CHUNK_BYTES``)."""
     return max(1, _CHUNK_BYTES // (max(max_len, 1) * kv_row * 4))
+
+
+def decode_padding_is_small(lens: list[int], block_size: int) -> bool:
+    """Whether padding every request to the longest wastes little (one bucket is then the right plan)."""
+    if not lens:
+        return True
+    width = -(-max(lens) // block_size) * block_size
+    return len(lens) * width <= _DECODE_MAX_WASTE * sum(lens) + _DECODE_WASTE_SLACK
+
+
+def _decode_buckets(lens: list[int], block_size: int, kv_row: int) -> list[list[int]]:
+    """Rows grouped longest first: a bucket closes when padding to its longest would waste too much or its
+    gathered K would pass ``_CHUNK_BYTES``. When padding to the longest wastes little, rows keep their order
+    and are only cut by bytes (contiguous runs: no row index needed)."""
+    if decode_padding_is_small(lens, block_size):
+        step = decode_chunk_rows(max(lens, default=0), kv_row)
+        return [list(range(start, min(start + step, len(lens)))) for start in range(0, len(lens), step)]
+    order = sorted(range(len(lens)), key=lambda b: -lens[b])
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    width = real = 0
+    for b in order:
+        if not current:
+            width = max(-(-lens[b] // block_size) * block_size, block_size)
+        padded, grown_real = (len(current) + 1) * width, real + lens[b]
+        fits = (len(current) + 1) * width * kv_row * 4 <= _CHUNK_BYTES and (
+            padded <= _DECODE_MAX_WASTE * grown_real + _DECODE_WASTE_SLACK)
+        if current and not fits:
+            buckets.append(current)
+            current, width, grown_real = [], max(-(-lens[b] // block_size) * block_size, block_size), lens[b]
+        current.append(b)
+        real = grown_real
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def plan_decode(
@@ -143,13 +189,14 @@ def plan_decode(
     """
     lens_list = context_lens.tolist()
     batch = len(lens_list)
-    step = decode_chunk_rows(max(lens_list, default=0), kv_row)
     chunks = []
-    for start in range(0, batch, step):
-        end = min(start + step, batch)
-        chunk_lens = context_lens[start:end]
-        chunk_tables = block_tables[start:end]
-        chunk_max, empty = max(lens_list[start:end]), min(lens_list[start:end]) == 0
+    for bucket in _decode_buckets(lens_list, block_size, kv_row):
+        contiguous = bucket == list(range(bucket[0], bucket[0] + len(bucket)))
+        rows = None if contiguous else torch.tensor(bucket, device=context_lens.device)
+        chunk_lens = context_lens[bucket[0] : bucket[0] + len(bucket)] if contiguous else context_lens[rows]
+        chunk_tables = block_tables[bucket[0] : bucket[0] + len(bucket)] if contiguous else block_tables[rows]
+        chunk_lens_list = [lens_list[b] for b in bucket]
+        chunk_max, empty = max(chunk_lens_list), min(chunk_lens_list) == 0
         width = max((chunk_max + block_size - 1) // block_size, 1)
         if valid_tables:
             index = chunk_tables[:, :width].reshape(-1)
@@ -158,7 +205,9 @@ def plan_decode(
         positions = torch.arange(width * block_size, device=chunk_lens.device)
         visible = positions[None, :] < (chunk_lens.clamp(min=1) if empty else chunk_lens)[:, None]
         bias = torch.where(visible, 0.0, -torch.inf)  # float32: an additive mask is cheaper in SDPA than a boolean
-        chunks.append(DecodeChunk(start, end, index, bias[:, None, None, :], chunk_lens == 0 if empty else None))
+        start = bucket[0] if contiguous else 0
+        chunks.append(DecodeChunk(start, start + len(bucket), index, bias[:, None, None, :],
+                                  chunk_lens == 0 if empty else None, rows))
     return DecodePlan(batch, tuple(chunks))
 
 
@@ -186,10 +235,14 @@ def paged_decode_attention(
         count = chunk.end - chunk.start
         keys = _gather(k_cache, chunk.block_index, count)
         values = _gather(v_cache, chunk.block_index, count)
-        attended = _attention(query[chunk.start : chunk.end, :, None, :], keys, values, chunk.bias, scale)[:, :, 0]
+        rows = query[chunk.start : chunk.end] if chunk.rows is None else query[chunk.rows]
+        attended = _attention(rows[:, :, None, :], keys, values, chunk.bias, scale)[:, :, 0]
         if chunk.empty is not None:  # an empty context attends to nothing: zeros
             attended.masked_fill_(chunk.empty[:, None, None], 0.0)
-        result[chunk.start : chunk.end] = attended
+        if chunk.rows is None:
+            result[chunk.start : chunk.end] = attended
+        else:
+            result[chunk.rows] = attended.to(result.dtype)
     return result
 
 

@@ -90,7 +90,7 @@ class DecodeBatch:
         self.params = [r.sampling for r in batch]
         self.generators = [generators[r.request_id] for r in batch]
         self._bias = None
-        if self.runner.keeps_decode_plan:
+        if self.runner.keeps_plan_for(kv_lens):
             lens = self._ints[:count]
             self._bias = np.where(np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0),
                                   np.float32(-np.inf))

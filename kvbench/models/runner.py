@@ -303,6 +303,11 @@ class ModelRunner:
         torch kernels): the caller then maintains a softmax bias ``[B, W * block_size]`` (0 visible, -inf not)."""
         return self.device.type == "cpu" and self.kernel_backend == "torch"
 
+    def keeps_plan_for(self, context_lens: list[int]) -> bool:
+        """Whether a kept (one-bucket) plan suits a batch of these context lengths; when lengths differ
+        much, each step is planned in length buckets instead, so padding does not multiply the work."""
+        return self.keeps_decode_plan and kernels.decode_padding_is_small(context_lens, self.block_size)
+
     def persistent_decode_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
                                 max_context_len: int, bias: np.ndarray | None = None) -> StepInput:
         """A decode step over host arrays the caller keeps and advances in place between steps.

@@ -157,3 +157,36 @@ def test_a_plan_for_another_batch_is_refused() -> None:
     with pytest.raises(ValueError, match="plan covers 1 requests"):
         reference.paged_decode_attention(torch.randn(2, 2, 16), case.k_cache, case.v_cache, case.block_tables,
                                          case.context_lens, SCALE, plan=plan)
+
+
+def test_decode_buckets_follow_the_sum_of_the_contexts():
+    """Mixed lengths are attended in buckets of similar length: the gathered width follows each bucket's
+    longest, and the output equals dense attention over each request's own context."""
+    torch.manual_seed(0)
+    block_size, heads, kv_heads, dim = 4, 4, 2, 8
+    lens = [3, 200, 7, 190, 5, 1]
+    blocks = sum(-(-n // block_size) for n in lens) + 1
+    k_cache = torch.randn(blocks, block_size, kv_heads, dim)
+    v_cache = torch.randn(blocks, block_size, kv_heads, dim)
+    tables, start = [], 1
+    width = max(-(-n // block_size) for n in lens)
+    for n in lens:
+        used = -(-n // block_size)
+        tables.append(list(range(start, start + used)) + [0] * (width - used))
+        start += used
+    block_tables = torch.tensor(tables, dtype=torch.int32)
+    context_lens = torch.tensor(lens, dtype=torch.int32)
+    query = torch.randn(len(lens), heads, dim)
+    plan = reference.plan_decode(block_tables, context_lens, block_size, kv_heads * dim, valid_tables=True)
+    gathered = sum(chunk.block_index.numel() for chunk in plan.chunks) * block_size
+    assert gathered <= 1.25 * sum(lens) + 2 * 256  # not len(lens) x the longest (1,200 slots)
+    buckets = [set(c.rows.tolist()) if c.rows is not None else set(range(c.start, c.end)) for c in plan.chunks]
+    assert len(buckets) > 1 and any({1, 3} <= bucket for bucket in buckets)  # the two long ones together
+    bucketed = reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, 0.3, plan=plan)
+    for b, n in enumerate(lens):  # each row against dense attention over its own context
+        keys = reference.gather_context(k_cache, block_tables[b], n)
+        values = reference.gather_context(v_cache, block_tables[b], n)
+        q = query[b].view(kv_heads, heads // kv_heads, dim)
+        scores = torch.einsum("hgd,lhd->hgl", q, keys) * 0.3
+        expected = torch.einsum("hgl,lhd->hgd", torch.softmax(scores, -1), values).reshape(heads, dim)
+        torch.testing.assert_close(bucketed[b], expected, rtol=1e-5, atol=1e-5)
