@@ -1,0 +1,75 @@
+"""Every kind of bad input, across commands: one `error:` line on stderr, nothing on stdout, exit 2.
+
+Nothing before the error either: no progress bar, no note, no table (the user reads only the one line).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.cli import main
+
+CASES = [
+    "sweep --model /nonexistent --device cpu",
+    "sweep --kv-memory 1 --device cpu --concurrency 2",
+    "sweep --kv-memory abc --device cpu",
+    "sweep --requests-file /nonexistent --device cpu",
+    "sweep --simulate --gpu tpu",
+    "sweep --simulate --model llama-2-70b --gpu a10g-24g",
+    "sweep --dtype int8 --device cpu",
+    "sweep --reserve exact",
+    "sweep --admission drop",
+    "sweep --scenario /etc/hostname",
+    "sweep --gpu-memory-utilization 0.5 --device cpu",
+    "sweep --gpu-memory-utilization 0 --simulate",
+    "sweep --metrics-port 99999 --device cpu",
+    "sweep --threads zero --device cpu",
+    "sweep --requests 1000000000 --simulate",
+    "share --n 2 --model llama-2-13b --device cpu",
+    "share --n 2 --block-size 100000 --device cpu",
+    "share --n 2 --num-blocks 99999999999 --device cpu",
+    "share --n 2 --prompts 1000000000 --device cpu",
+    "share --n 2 --max-len 4097 --device cpu",
+    "share --n 100000 --device cpu",
+    "waste --model /nonexistent",
+    "waste --max-len 100000",
+    "waste --trace /etc/hostname",
+    "capacity --model gpt2-nope",
+    "capacity --mean-len 5000",
+    "kernels --batch 0",
+    "diagnose /nonexistent",
+    "compare /nonexistent /nonexistent",
+]
+
+
+@pytest.mark.parametrize("line", CASES)
+def test_bad_input_is_one_error_line_and_nothing_else(line, tmp_path, capfd):
+    args = line.split()
+    if args[0] in ("sweep", "share", "waste"):
+        args += ["--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and err.startswith("error: ") and len(err.splitlines()) == 1, (captured.out, err)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"rope_scaling": "linear"}, "rope_scaling"),
+    ({"head_dim": 7}, "head_dim"),
+    ({"rope_theta": float("nan")}, "rope_theta"),
+    ({"model_type": "gpt2"}, "unsupported architecture 'gpt2'"),
+])
+def test_malformed_configs_are_one_line_in_every_command(config, message, tmp_path, capfd):
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096}
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**base, **config}))
+    for args in (["capacity", "--model", str(model)], ["waste", "--model", str(model), "--out", str(tmp_path / "w")],
+                 ["sweep", "--model", str(model), "--device", "cpu", "--out", str(tmp_path / "s")]):
+        assert main(args) == 2
+        captured = capfd.readouterr()
+        err = captured.err.strip()
+        assert captured.out == "" and message in err and len(err.splitlines()) == 1, (args, err)
