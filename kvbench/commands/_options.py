@@ -99,3 +99,13 @@ def positive_fraction(value: float | None) -> float | None:
     if value is not None and not 0 < value <= 1:
         raise typer.BadParameter(f"{value} is not in (0, 1]")
     return value
+
+
+def thread_count(text: str) -> int | None:
+    """``--threads``: a positive number, or ``auto`` (None: measured when the model loads)."""
+    from kvbench.models.threads import parse_threads
+
+    try:
+        return parse_threads(text)
+    except KvbenchError as err:
+        raise KvbenchError(f"--threads: {err}") from None

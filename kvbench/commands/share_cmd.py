@@ -6,11 +6,10 @@ import math
 
 import typer
 
-from kvbench.commands._options import make_console, run_directory
+from kvbench.commands._options import make_console, run_directory, thread_count
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
-from kvbench.models.threads import parse_threads
 from kvbench.report.rundir import new_run_dir, write_summary
 from kvbench.report.share_report import print_share, share_markdown, share_plot
 from kvbench.studies.share import ShareSettings, run_share_study
@@ -49,7 +48,7 @@ def share(
                              prompts=prompts, prompt_len=prompt_len, output_len=output_len, block_size=block_size,
                              reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"), max_len=max_len,
                              num_blocks=num_blocks, length_penalty=length_penalty, model=model, device=device,
-                             seed=seed, threads=_threads(threads))
+                             seed=seed, threads=thread_count(threads))
     console = make_console(stderr=as_json)
     with console.status("loading the model...") as status:
         document = run_share_study(settings, status.update)
@@ -60,13 +59,6 @@ def share(
         typer.echo(json_text(document))
     else:
         print_share(console, document, run_dir)
-
-
-def _threads(text: str) -> int | None:
-    try:
-        return parse_threads(text)
-    except KvbenchError as err:
-        raise KvbenchError(f"--threads: {err}") from None
 
 
 def register(app: typer.Typer) -> None:

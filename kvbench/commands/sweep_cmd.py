@@ -13,12 +13,12 @@ from kvbench.commands._options import (
     parse_size,
     positive_fraction,
     run_directory,
+    thread_count,
     writable_file,
 )
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
-from kvbench.models.threads import parse_threads
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
@@ -67,7 +67,7 @@ def sweep(
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
-        repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=_threads(threads))
+        repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=thread_count(threads))
     out_dir = run_directory(out)
     if resume and out_dir is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
@@ -108,13 +108,6 @@ def sweep(
     else:
         print_sweep(console, points, simulate, waterfall, run_dir)
     _fail_on_errors(failed, points, run_dir)
-
-
-def _threads(text: str) -> int | None:
-    try:
-        return parse_threads(text)
-    except KvbenchError as err:
-        raise KvbenchError(f"--threads: {err}") from None
 
 
 def _print_intro(console, setup: SweepSetup) -> None:
