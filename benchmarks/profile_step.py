@@ -1,0 +1,112 @@
+"""Where a decode-heavy run's time goes on a real model shape: matmuls, lm_head, attention, sampling, the rest.
+
+Runs kvbench's paged engine on random weights with the shape of SmolLM2-135M (or TinyLlama-1.1B) and attributes
+wall time by wrapping the runner's pieces: the layer matmuls and the lm_head (told apart by their weight), the
+attention kernels with write_kv, sampling; "Python and glue" is what is left (scheduling, packing, norms, rotary,
+residual adds and the loop itself).
+
+    python benchmarks/profile_step.py                       # 135M shape, 16 and 50 running, 1 thread
+    python benchmarks/profile_step.py --shape tinyllama --running 16 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvbench import kernels
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.request import make_request
+from kvbench.engine.sampling import SamplingParams
+from kvbench.models import runner as runner_module
+from kvbench.models.hf_model import build_random_model
+from kvbench.models.shapes import ModelShape
+
+SHAPES = {
+    "smollm2": ModelShape("smollm2-135m-shape", 30, 576, 9, 3, 1536, 49152, 8192, tie_word_embeddings=True,
+                          rope_theta=100000.0, dtype="fp32"),
+    "tinyllama": ModelShape("tinyllama-1.1b-shape", 22, 2048, 32, 4, 5632, 32000, 2048, dtype="fp32"),
+}
+
+
+def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, dtype: torch.dtype) -> dict:
+    model = build_random_model(shape, seed=0, dtype=dtype)
+    length = prompt_len + output_len
+    config = EngineConfig(engine="paged", block_size=16, num_blocks=running * -(-length // 16) + 16,
+                          max_len=length, max_num_seqs=running)
+    engine = LLMEngine(model, config)
+    runner = engine.runner
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(0, shape.vocab_size, (running, prompt_len)).tolist()
+
+    def requests(out: int) -> list:
+        return [make_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True)) for i, p in enumerate(prompts)]
+
+    engine.run(requests(2), running)  # warm-up
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+        return wrapper
+
+    lm_head = runner.lm_head
+    linear = F.linear
+
+    class Linear:  # the runner's F.linear, timed by which weight it multiplies
+        @staticmethod
+        def linear(x, weight, bias=None):
+            name = "lm_head" if weight is lm_head else "layer matmuls (qkv, o, gate/up, down)"
+            return timed(name, linear)(x, weight, bias)
+
+        def __getattr__(self, item):
+            return getattr(F, item)
+
+    saved = (runner_module.F, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv)
+    runner_module.F = Linear()
+    kernels.paged_decode_attention = timed("attention (decode)", saved[1])
+    kernels.paged_prefill_attention = timed("attention (prefill)", saved[2])
+    kernels.write_kv = timed("write_kv", saved[3])
+    runner.sample = timed("sampling", runner.sample)
+    try:
+        start = time.perf_counter()
+        result = engine.run(requests(output_len), running)
+        total = time.perf_counter() - start
+    finally:
+        runner_module.F, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv = saved
+    spent["Python and glue (scheduling, packing, norms, rotary, adds)"] = total - sum(spent.values())
+    tokens = sum(r.num_outputs for r in result.requests)
+    return {"total_s": total, "tok_s": tokens / total, "parts": dict(spent)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="smollm2", choices=tuple(SHAPES))
+    parser.add_argument("--running", default="16,50", help="requests running at once (one run each)")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    for running in (int(n) for n in args.running.split(",")):
+        report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype)
+        print(f"{args.shape} {args.dtype}, {running} running x {args.prompt_len}+{args.output_len} tokens, "
+              f"{args.threads} thread(s): {report['total_s']:.2f} s, {report['tok_s']:.1f} output tok/s")
+        for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
+            print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
+
+
+if __name__ == "__main__":
+    main()
