@@ -265,7 +265,8 @@ class LLMEngine:
         each request its token; requests that stop are finished and their clients send the next."""
         now = run.now()
         run.peak_running = max(run.peak_running, len(run.scheduler.running))
-        snapshot = run.log.snapshot(run.scheduler, run.clock, run.forked)
+        shared = run.forked or bool(run.scheduler.manager.pool.num_shared)  # forks or prefix-cache hits
+        snapshot = run.log.snapshot(run.scheduler, run.clock, shared)
         for request, token in emitted:
             if self._append_token(run.scheduler, request, token, run.clock, now):
                 run.group_done(request, now)

@@ -37,6 +37,8 @@ class InstanceSlot:
     routed: int = 0
     routed_after_drain: int = 0  # must stay 0: the router never sends to a draining instance
     failure: str | None = None
+    last_end: float = 0.0  # when its latest request ended
+    drained_at: float | None = None  # when the router stopped sending to it
     final_stats: InstanceStats | None = None
 
     @property
@@ -87,7 +89,8 @@ class AutoscaleSettings:
 
 class Autoscaler:
     """Adds an instance when fleet block usage stays above ``scale_up`` for a window, drains one when it stays
-    below ``scale_down``; one change at a time (none while an instance is starting or draining)."""
+    below ``scale_down``; one change at a time: while an instance starts or drains nothing is decided, and the
+    window starts again once it has (no flapping on what the change itself did to usage)."""
 
     def __init__(self, settings: AutoscaleSettings) -> None:
         self.settings = settings
@@ -102,10 +105,11 @@ class Autoscaler:
         usage = fleet_usage(serving)
         if usage is None:
             return None
+        if busy:  # a change under way: the next decision needs a full window of the fleet it leaves behind
+            self._above_since = self._below_since = None
+            return None
         self._above_since = (self._above_since if self._above_since is not None else now) if usage > s.scale_up else None
         self._below_since = (self._below_since if self._below_since is not None else now) if usage < s.scale_down else None
-        if busy:
-            return None
         if self._above_since is not None and now - self._above_since >= s.window_s and len(serving) < s.max_instances:
             self._above_since = None
             return "up"

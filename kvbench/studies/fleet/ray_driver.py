@@ -219,7 +219,7 @@ class RayFleet:
             self.pending[slot.handle.ready.remote()] = (slot, "ready", None)
         elif action == "down":
             slot = drain_choice(self.slots)
-            slot.state = DRAINING
+            slot.state, slot.drained_at = DRAINING, t
             self.events.append((t, "down", slot.index))
             self.pending[slot.handle.drain.remote()] = (slot, "drain", None)
 

@@ -60,6 +60,7 @@ class FleetOptions:
     prefix_caching: bool = True  # the paged manager's prefix cache
     ray_address: str | None = None
     ray_cpus: int | None = None
+    cpus_per_instance: float = 1.0  # CPUs a CPU actor reserves in Ray (it runs one torch thread whatever this is)
     simulate_on_ray: bool = False  # --simulate: each policy a Ray task
 
 
@@ -223,8 +224,9 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
         file_times = [file_times[i] for i in kept] if file_times is not None else None
     else:
         pairs = spec.lengths.sample(options.requests or spec.requests, seed)
-    if options.requests is not None and options.requests_file is None and options.trace is not None:
-        pairs = pairs[: options.requests]
+    if options.requests is not None and (options.requests_file is not None or options.trace is not None):
+        pairs = pairs[: options.requests]  # the first N records of the file
+        prompts = prompts[: options.requests] if prompts is not None else None
         file_times = file_times[: options.requests] if file_times is not None else None
     if prompts is None and (options.prefix_groups > 0 or not options.simulate):
         prompts = prefix_prompts(pairs, vocab, seed, options.prefix_groups, options.prefix_len)

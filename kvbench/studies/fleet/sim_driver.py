@@ -66,11 +66,13 @@ class SimulatedFleet:
             if ended:
                 for request in ended:
                     slot.outstanding.pop(request.request_id, None)
+                    slot.last_end = max(slot.last_end, request.finish_time or request.arrival_time)
                 self.ended.extend(ended)
             slot.stats = instance.stats()
             if slot.state == DRAINING and not slot.outstanding and not slot.stats.has_work:
-                slot.state, slot.stopped_at, slot.final_stats = STOPPED, instance.now, slot.stats
-                self.events.append((instance.now, "stopped", slot.index))
+                stop = max(slot.last_end, slot.drained_at or 0.0)  # its last request ended (an idle clock moves on)
+                slot.state, slot.stopped_at, slot.final_stats = STOPPED, stop, slot.stats
+                self.events.append((stop, "stopped", slot.index))
 
     def tick(self, t: float) -> None:
         self.advance(t)
@@ -93,7 +95,7 @@ class SimulatedFleet:
             self.events.append((t, "up", index))
         elif action == "down":
             slot = drain_choice(self.slots)
-            slot.state = DRAINING
+            slot.state, slot.drained_at = DRAINING, t
             self.events.append((t, "down", slot.index))
 
     # -- the run ----------------------------------------------------------------------------------------
@@ -119,6 +121,7 @@ class SimulatedFleet:
             self.tick(next_tick)
             next_tick += self.tick_s
         end = max((r.finish_time or r.arrival_time for r in self.ended), default=0.0)
+        self.advance(end)  # an instance that was draining and has just emptied stops
         for slot in self.slots:
             if slot.state in (SERVING, DRAINING):
                 slot.final_stats = slot.stats

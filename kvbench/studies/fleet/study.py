@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvbench.errors import KvbenchError, RunFailed
+from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
 from kvbench.studies.fleet.core import FleetRun
 from kvbench.studies.fleet.policies import make_policy
@@ -23,8 +23,12 @@ Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests 
 
 
 def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None] | None = None,
-              faults: Sequence[tuple[float, int]] = (), metrics=None) -> list[dict[str, Any]]:
-    """Every policy's point, in the order asked; each also written to results.jsonl and its series file."""
+              faults: Sequence[tuple[float, int]] = (), metrics=None, pool=None) -> list[dict[str, Any]]:
+    """Every policy's point, in the order asked; each also written to results.jsonl and its series file.
+
+    ``faults``: (seconds, instance) actors killed during the first policy (tests); ``pool``: instances already
+    started (an :class:`~kvbench.studies.fleet.pool.InstancePool`), else the run starts and stops its own.
+    """
     results = run_dir / "results.jsonl"
     if results.exists():
         raise KvbenchError(f"{run_dir} already holds results; choose another run directory")
@@ -45,7 +49,7 @@ def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None]
     elif setup.options.simulate:
         _simulate_on_ray(setup, record)
     else:
-        _run_on_ray(setup, record, faults, metrics)
+        _run_on_ray(setup, record, faults, metrics, pool)
     return points
 
 
@@ -74,49 +78,29 @@ def _simulate_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None]) -> N
                 ray.cancel(ref, force=True)
 
 
-def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, metrics) -> None:
-    from kvbench.studies.fleet.actor import InstanceServer
+def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, metrics, pool=None) -> None:
+    from kvbench.studies.fleet.pool import InstancePool
     from kvbench.studies.fleet.ray_driver import RayFleet
-    from kvbench.studies.fleet.ray_runtime import gpus_available, ray_session
+    from kvbench.studies.fleet.ray_runtime import ray_session
 
     options = setup.options
-    spec = setup.instance_spec()
-    with ray_session(options.ray_address, options.ray_cpus) as ray:
-        resources = {"num_gpus": 1} if gpus_available(ray) else {"num_cpus": 1}
-        actor_class = ray.remote(**resources)(InstanceServer)
-        actors: list[Any] = []
-
-        def new_actor(epoch: float):
-            actor = actor_class.remote(spec, epoch)
-            actors.append(actor)
-            return actor
-
-        try:
-            base = [new_actor(0.0) for _ in range(options.instances)]
-            try:
-                startups = [s for s, _ in ray.get([actor.ready.remote() for actor in base])]
-            except Exception as err:
-                raise RunFailed(f"an instance failed to start: {type(err).__name__}: "
-                                f"{str(err).splitlines()[0] if str(err) else ''}") from None
-            for number, name in enumerate(options.policies):
-                policy = make_policy(name, setup.seed, setup.config.block_size)
-                fleet = RayFleet(ray, new_actor, list(zip(base, startups, strict=True)), policy, spec,
-                                 options.autoscale, setup.tick_s(), faults if number == 0 else (), metrics)
-                if metrics is not None:
-                    metrics.begin_policy(name)
-                run = fleet.run(setup.arrivals(), name)
-                record(run)
-                base, startups = _replace_dead(ray, base, startups, run, new_actor)
-        finally:
-            for actor in actors:
-                ray.kill(actor)
+    if pool is not None:
+        _run_policies(setup, record, faults, metrics, pool, RayFleet)
+        return
+    with ray_session(options.ray_address, options.ray_cpus) as ray, \
+            InstancePool(ray, setup.instance_spec(), options.cpus_per_instance) as own:
+        _run_policies(setup, record, faults, metrics, own, RayFleet)
 
 
-def _replace_dead(ray, base, startups, run: FleetRun, new_actor):
-    """A base instance that died (a fault) is replaced before the next policy, so every policy starts equal."""
-    base, startups = list(base), list(startups)
-    for slot in run.slots[: len(base)]:
-        if slot.failure is not None:
-            base[slot.index] = new_actor(0.0)
-            startups[slot.index] = ray.get(base[slot.index].ready.remote())[0]
-    return base, startups
+def _run_policies(setup: FleetSetup, record, faults, metrics, pool, fleet_class) -> None:
+    options = setup.options
+    for number, name in enumerate(options.policies):
+        base = pool.base(options.instances)  # a base instance that died under the last policy is replaced
+        policy = make_policy(name, setup.seed, setup.config.block_size)
+        fleet = fleet_class(pool.ray, pool.new_actor, base, policy, setup.instance_spec(), options.autoscale,
+                            setup.tick_s(), faults if number == 0 else (), metrics)
+        if metrics is not None:
+            metrics.begin_policy(name)
+        run = fleet.run(setup.arrivals(), name)
+        pool.forget_dead(run)
+        record(run)
