@@ -15,11 +15,9 @@ import pytest
 pytest.importorskip("ray")
 
 from kvbench.engine.request import RequestStatus  # noqa: E402
-from kvbench.errors import KvbenchError  # noqa: E402
 from kvbench.studies.fleet.core import AutoscaleSettings  # noqa: E402
 from kvbench.studies.fleet.policies import POLICIES  # noqa: E402
 from kvbench.studies.fleet.pool import InstancePool  # noqa: E402
-from kvbench.studies.fleet.ray_runtime import ray_session  # noqa: E402
 from kvbench.studies.fleet.setup import FleetOptions, FleetSetup  # noqa: E402
 from kvbench.studies.fleet.study import run_fleet  # noqa: E402
 
@@ -46,20 +44,12 @@ def scenario(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def pool(scenario):
-    """Ray with 2 CPUs and two tiny instances, each reserving half a CPU (room for one autoscaled more)."""
+def pool(scenario, ray_local):
+    """Two tiny instances on the session's Ray (2 CPUs), each reserving half a CPU: room for one autoscaled more."""
     setup = FleetSetup.resolve(FleetOptions(scenario=scenario, rate=1.0, instances=2))
-    try:
-        session = ray_session(None, num_cpus=2)
-        ray = session.__enter__()
-    except KvbenchError as err:
-        pytest.skip(f"Ray cannot start here: {err}")
-    try:
-        with InstancePool(ray, setup.instance_spec(), cpus_per_instance=0.5) as instances:
-            instances.base(2)
-            yield instances
-    finally:
-        session.__exit__(None, None, None)
+    with InstancePool(ray_local, setup.instance_spec(), cpus_per_instance=0.5) as instances:
+        instances.base(2)
+        yield instances
 
 
 def _run(scenario, tmp_path, pool, faults=(), **changes):
