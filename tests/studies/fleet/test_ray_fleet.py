@@ -115,3 +115,13 @@ def test_killing_an_instance_mid_run_reroutes_or_fails_its_requests_with_a_reaso
     kinds = [kind for _, kind, _ in series["events"]]
     assert "killed" in kinds and "died" in kinds
     assert RequestStatus.FINISHED.value == "finished"
+
+
+def test_simulated_policies_as_ray_tasks_equal_the_in_process_run(tmp_path, ray_local):
+    options = dict(simulate=True, instances=3, rate=30.0, requests=200, policies=("round-robin", "most-free-blocks"),
+                   tick_s=0.5)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    local = run_fleet(FleetSetup.resolve(FleetOptions(**options)), tmp_path / "a")
+    fanned = run_fleet(FleetSetup.resolve(FleetOptions(**options, simulate_on_ray=True)), tmp_path / "b")
+    assert fanned == local
