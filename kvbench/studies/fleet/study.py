@@ -73,9 +73,10 @@ def _simulate_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None]) -> N
         try:
             for ref in refs:
                 record(ray.get(ref))
-        finally:
-            for ref in refs:
-                ray.cancel(ref, force=True)
+        finally:  # interrupted: the policies still running are cancelled
+            _done, running = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            for ref in running:
+                ray.cancel(ref)
 
 
 def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, metrics, pool=None) -> None:
