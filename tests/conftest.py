@@ -31,3 +31,22 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole test session (2 CPUs, 127.0.0.1 only), started by the first test that asks,
+    shut down at the end; tests skip cleanly where Ray is missing or cannot start."""
+    pytest.importorskip("ray")
+    from kvbench.errors import KvbenchError
+    from kvbench.studies.fleet.ray_runtime import ray_session
+
+    session = ray_session(None, num_cpus=2)
+    try:
+        ray = session.__enter__()
+    except KvbenchError as err:
+        pytest.skip(f"Ray cannot start here: {err}")
+    try:
+        yield ray
+    finally:
+        session.__exit__(None, None, None)

@@ -54,6 +54,9 @@ def sweep(
     metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
     metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
+    on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
+    ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
 ) -> None:
     """Run the paged and the contiguous engine side by side at each concurrency; TPS, latency, memory.
 
@@ -71,6 +74,8 @@ def sweep(
     out_dir = run_directory(out)
     if resume and out_dir is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
+    if (ray_workers is not None or ray_address is not None) and not on_ray:
+        raise KvbenchError("--ray-workers and --ray-address go with --ray")
     if simulate and (metrics_port is not None or metrics_file is not None):
         raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
                            "so there is no live state to export")
@@ -89,10 +94,20 @@ def sweep(
     metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, console)
     _print_intro(console, setup)
     failed, points = None, []
+    if on_ray and metrics is not None:
+        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
     try:
-        with sweep_progress_bars(console) as bars:
-            points = run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume,
-                               SweepProgress(bars, metrics))
+        if on_ray:
+            from kvbench.studies.sweep_ray import run_sweep_on_ray
+
+            with console.status(f"running {len(setup.plan(continue_on_error).keys())} points on Ray..."):
+                points = run_sweep_on_ray(setup, continue_on_error, run_dir, resume, ray_workers, ray_address,
+                                          on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} "
+                                                                           f"{p['status']:<4} done"))
+        else:
+            with sweep_progress_bars(console) as bars:
+                points = run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume,
+                                   SweepProgress(bars, metrics))
     except PointFailed as err:
         failed, points = err, err.points
     except KeyboardInterrupt:

@@ -10,8 +10,9 @@ emit the sampled tokens. Tensor work (packing, forward, sampling, block copies) 
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
+from kvbench.engine.instance import InstanceStats, instance_stats
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.engine.result import RunResult
 from kvbench.engine.sampling import SamplingParams
@@ -29,18 +31,25 @@ from kvbench.kv.manager import assert_drained
 from kvbench.models.runner import ModelRunner
 
 
-class _Run:
-    """The state of one ``LLMEngine.run``: scheduler, load client, generators, decode batch and step log."""
+class EngineSession:
+    """One stream of work on an engine: scheduler, generators, decode batch and step log, stepped on demand.
 
-    def __init__(self, engine: LLMEngine, requests: Sequence[Request], concurrency: int) -> None:
+    ``LLMEngine.run`` drives a session closed-loop until its list is served; a fleet instance feeds one
+    request by request (``submit``) and steps it while it has work. ``clock`` gives the time stamps of tokens
+    (seconds; by default since the session started); ``on_done(now)`` is called when a request group ends
+    after admission (a closed-loop client sends its next one).
+    """
+
+    def __init__(self, engine: LLMEngine, next_id: int = 0, clock: Callable[[], float] | None = None,
+                 on_done: Callable[[float], None] | None = None) -> None:
         config = engine.config
+        self.engine = engine
         self.scheduler = Scheduler(config.build_manager(), config)
         self.scheduler.alloc_observer = engine.alloc_observer
-        self.client = ClosedLoopClient(requests, concurrency, self.scheduler)
-        self.requests = list(requests)
-        self.generators = {r.request_id: engine.generator_for(r.sampling) for r in requests}
-        self.group_left = {r.request_id: r.num_samples for r in requests}  # samples of each group still running
-        self.next_id = max((r.request_id for r in requests), default=-1) + 1
+        self.children: list[Request] = []  # samples forked from submitted requests
+        self.generators: dict[int, object] = {}
+        self.group_left: dict[int, int] = {}  # samples of each group still running
+        self.next_id = next_id  # ids of forked samples start here
         self.forked = False
         self.log = StepLog(config.pool_slots, config.block_size)
         self.decode_batch = DecodeBatch(engine.runner)
@@ -48,23 +57,69 @@ class _Run:
         self.room_due = 0  # the first clock at which a running request may need a new block
         self.peak_running = 0
         self.start = time.perf_counter()
-        self.client.top_up(0.0)
+        self._clock = clock
+        self.on_done = on_done
+        self.ended: list[Request] = []  # requests that ended since the last ``take_ended``
 
     def now(self) -> float:
-        return time.perf_counter() - self.start
+        return self._clock() if self._clock is not None else time.perf_counter() - self.start
+
+    # -- intake -----------------------------------------------------------------------------------------
+    def add(self, request: Request) -> bool:
+        """Queue a request (its ``arrival_time`` already set); False when it is rejected at once."""
+        self.generators[request.request_id] = self.engine.generator_for(request.sampling)
+        self.group_left[request.request_id] = request.num_samples
+        self.next_id = max(self.next_id, request.request_id + 1)
+        accepted = self.scheduler.add(request)
+        if not accepted:
+            self.ended.append(request)
+        return accepted
+
+    def submit(self, request: Request, arrival_time: float) -> bool:
+        """An open-loop arrival (``arrival_time`` on this session's clock)."""
+        request.arrival_time = arrival_time
+        return self.add(request)
+
+    # -- stepping ---------------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> bool:
+        """One engine step (admit -> prefill or decode -> emit); False when there was nothing to run."""
+        if not self.scheduler.has_work:
+            return False
+        self.engine.step(self)
+        return True
+
+    def step_until(self, t: float = math.inf) -> None:
+        """Run steps while there is work and the clock is before ``t``."""
+        while self.scheduler.has_work and self.now() < t:
+            self.engine.step(self)
+
+    def stats(self) -> InstanceStats:
+        return instance_stats(self.scheduler, self.now())
+
+    def take_ended(self) -> list[Request]:
+        """Requests that finished or were rejected since the last call (a group's samples included)."""
+        ended, self.ended = self.ended, []
+        return ended
 
     def admit(self) -> list[Request]:
         admitted = self.scheduler.admit(self.clock)
         for rejected in self.scheduler.drain_admission_rejections():  # an OOM answer frees the client's slot
             self.group_left[rejected.request_id] = 0
-            self.client.done(self.now())
+            self.ended.append(rejected)
+            if self.on_done is not None:
+                self.on_done(self.now())
         return admitted
 
     def group_done(self, request: Request, now: float) -> None:
+        self.ended.append(request)
         root = request.parent_id if request.parent_id is not None else request.request_id
         self.group_left[root] -= 1
-        if self.group_left[root] == 0:
-            self.client.done(now)
+        if self.group_left[root] == 0 and self.on_done is not None:
+            self.on_done(now)
 
 
 class LLMEngine:
@@ -108,27 +163,40 @@ class LLMEngine:
 
         ``on_step(engine_name, scheduler, finished_count)`` is called after every step (progress, metrics).
         """
-        run = _Run(self, requests, concurrency)
+        run = self.session(next_id=max((r.request_id for r in requests), default=-1) + 1)
+        client = ClosedLoopClient(requests, concurrency, run)
+        run.on_done = client.done
+        client.top_up(0.0)
         while run.scheduler.has_work:
-            step_start = time.perf_counter()
-            admitted = run.admit()
-            if admitted:
-                emitted = self._prefill_step(run, admitted)
-            else:
-                emitted = self._decode_step(run)
-                if not emitted:
-                    continue
-            self._emit(run, emitted, step_start)
-            if on_step is not None:
+            if self.step(run) and on_step is not None:
                 on_step(self.name, run.scheduler, len(run.scheduler.finished))
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
-        return self._result(run)
+        return self._result(run, [*requests, *run.children])
+
+    def session(self, next_id: int = 0, clock: Callable[[], float] | None = None) -> EngineSession:
+        """A fresh session on this engine (its own scheduler and KV manager over the runner's pool)."""
+        return EngineSession(self, next_id=next_id, clock=clock)
+
+    def step(self, run: EngineSession) -> bool:
+        """One step of ``run``; False when nothing was emitted (a decode step whose batch emptied)."""
+        step_start = time.perf_counter()
+        admitted = run.admit()
+        if admitted:
+            emitted = self._prefill_step(run, admitted)
+        else:
+            emitted = self._decode_step(run)
+            if not emitted:
+                return False
+        self._emit(run, emitted, step_start)
+        return True
 
     # -- steps ------------------------------------------------------------------------------------------
-    def _prefill_step(self, run: _Run, admitted: list[Request]) -> list[tuple[Request, int]]:
+    def _prefill_step(self, run: EngineSession, admitted: list[Request]) -> list[tuple[Request, int]]:
         """The admitted requests' prompts (and outputs kept across a preemption) through the model."""
         table = run.scheduler.manager.block_table
-        step = self.runner.build_step([(r.prefill_token_ids(), 0, table(r.request_id)) for r in admitted])
+        # a prefix-cache hit holds the KV of the first num_cached_tokens already: only the rest is computed
+        step = self.runner.build_step([(r.prefill_token_ids()[r.num_cached_tokens:], r.num_cached_tokens,
+                                        table(r.request_id)) for r in admitted])
         logits = self.runner.forward(step)
         tokens = self.runner.sample(logits, [r.sampling for r in admitted],
                                     [run.generators[r.request_id] for r in admitted])
@@ -139,7 +207,7 @@ class LLMEngine:
                 emitted += self._fork_samples(run, request, logits, row)
         return emitted
 
-    def _decode_step(self, run: _Run) -> list[tuple[Request, int]]:
+    def _decode_step(self, run: EngineSession) -> list[tuple[Request, int]]:
         """One token for every running request (room made first where a request fills its blocks)."""
         scheduler = run.scheduler
         if run.clock >= run.room_due or scheduler.manager.pool.num_shared:
@@ -153,7 +221,7 @@ class LLMEngine:
         run.clock += 1
         return list(zip(batch, tokens, strict=True))
 
-    def _make_room(self, run: _Run) -> None:
+    def _make_room(self, run: EngineSession) -> None:
         """Room for every running request's next token (oldest first), preempting if the pool is dry.
 
         Every request given room may have a changed block table: the decode batch is told. Afterwards no
@@ -169,7 +237,7 @@ class LLMEngine:
             self.runner.copy_blocks(copies)
         run.room_due = min(map(scheduler.next_room_clock, scheduler.running.values()), default=clock)
 
-    def _fork_samples(self, run: _Run, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
+    def _fork_samples(self, run: EngineSession, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
         """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
         if self.config.engine != "paged":
             raise KvbenchError("parallel sampling by forking needs the paged engine; expand requests for the baseline")
@@ -184,7 +252,7 @@ class LLMEngine:
             child.sampling = params
             run.generators[child.request_id] = self.generator_for(params)
             run.scheduler.fork(parent, child)
-            run.requests.append(child)
+            run.children.append(child)
             children.append(child)
         run.forked = run.forked or bool(children)
         tokens = self.runner.sample(logits, [c.sampling for c in children],
@@ -192,12 +260,13 @@ class LLMEngine:
         return list(zip(children, tokens, strict=True))
 
     # -- emitting and accounting ------------------------------------------------------------------------
-    def _emit(self, run: _Run, emitted: list[tuple[Request, int]], step_start: float) -> None:
+    def _emit(self, run: EngineSession, emitted: list[tuple[Request, int]], step_start: float) -> None:
         """Record the step's state (before finished requests leave: this step's memory counts), then hand
         each request its token; requests that stop are finished and their clients send the next."""
         now = run.now()
         run.peak_running = max(run.peak_running, len(run.scheduler.running))
-        snapshot = run.log.snapshot(run.scheduler, run.clock, run.forked)
+        shared = run.forked or bool(run.scheduler.manager.pool.num_shared)  # forks or prefix-cache hits
+        snapshot = run.log.snapshot(run.scheduler, run.clock, shared)
         for request, token in emitted:
             if self._append_token(run.scheduler, request, token, run.clock, now):
                 run.group_done(request, now)
@@ -220,8 +289,7 @@ class LLMEngine:
         request.stop_reason = stop
         return True
 
-    def _result(self, run: _Run) -> RunResult:
-        requests = run.requests
+    def _result(self, run: EngineSession, requests: list[Request]) -> RunResult:
         gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
         itl = np.concatenate(gaps) if gaps else np.zeros(0)
         return RunResult(

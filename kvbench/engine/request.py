@@ -41,6 +41,7 @@ class Request:
     held_slots: int = 0  # KV slots the manager gives it now (kept here for O(1) accounting)
     admit_seq: int = -1  # admission order; preemption takes the newest first
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # tokens of its last admission whose KV a prefix cache held (not recomputed)
     reject_reason: str | None = None
     reject_kind: str | None = None  # "too_long" (over max-len), "pool" (larger than the whole pool), "oom" (no room now)
     final_kv_len: int | None = None  # set when it finishes (hindsight)

@@ -34,6 +34,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._rejections_seen = 0
         self._admit_counter = 0
+        self.waiting_tokens = 0  # prefill tokens of the queued requests (what a router sees as queued demand)
+        self.prefill_tokens = 0  # prompt tokens of every admission (recomputes included)
+        self.cached_tokens = 0  # of which a prefix cache already held the KV
         self._watermark_blocks = int(self.config.watermark * manager.pool.num_blocks) if manager.can_preempt else 0
         # running totals over live requests, for O(1) accounting
         self.sum_kv_base = 0  # sum of kv_at_base - clock_base
@@ -51,6 +54,7 @@ class Scheduler:
             return self._reject(request, "needs more KV memory than the whole pool holds", "pool")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
+        self.waiting_tokens += request.prefill_len()
         return True
 
     def _reject(self, request: Request, reason: str, kind: str) -> bool:
@@ -84,16 +88,22 @@ class Scheduler:
             if not self.manager.can_admit(prefill, request.expected_kv_len, reserve):
                 if self.config.admission == "reject" and not self.manager.can_preempt:
                     self.waiting.popleft()
+                    self.waiting_tokens -= prefill
                     self._reject(request, "oom: its KV reservation does not fit in free memory", "oom")
                     continue
                 break
             self.waiting.popleft()
             start = time.perf_counter() if self.alloc_observer is not None else 0.0
             try:
-                self.manager.allocate(request.request_id, prefill, request.expected_kv_len, request.prompt_token_ids)
+                cached = self.manager.allocate(request.request_id, prefill, request.expected_kv_len,
+                                               request.prompt_token_ids)
             except OutOfBlocks:  # the estimate said yes but the pool disagrees: wait
                 self.waiting.appendleft(request)
                 break
+            self.waiting_tokens -= prefill
+            request.num_cached_tokens = cached
+            self.prefill_tokens += prefill
+            self.cached_tokens += cached
             if self.alloc_observer is not None:
                 self.alloc_observer(time.perf_counter() - start)
             self._start(request, clock, prefill)
@@ -179,6 +189,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+        self.waiting_tokens += request.prefill_len()
 
     def finish(self, request: Request, clock: int) -> None:
         request.final_kv_len = request.kv_len(clock)

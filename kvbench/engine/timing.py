@@ -71,10 +71,16 @@ class RooflineTiming:
         floor = 2.0 * self.active_parameters * num_running / self.peak_flops
         return base, per_used, floor
 
-    def prefill_seconds(self, prefill_lens: list[int]) -> float:
-        tokens = sum(prefill_lens)
-        flops = 2.0 * self.active_parameters * tokens
-        flops += self.attention_flops_per_pair * sum(n * (n + 1) / 2 for n in prefill_lens)
+    def prefill_seconds(self, prefill_lens: list[int], cached: list[int] | None = None) -> float:
+        """A prefill step over requests of ``prefill_lens`` tokens, of which ``cached`` (a prefix cache's
+        hit) need no compute: only the suffix runs, attending to the cached context as well."""
+        if cached is None:
+            tokens = sum(prefill_lens)
+            pairs = sum(n * (n + 1) / 2 for n in prefill_lens)
+        else:
+            tokens = sum(n - c for n, c in zip(prefill_lens, cached, strict=True))
+            pairs = sum((n - c) * c + (n - c) * (n - c + 1) / 2 for n, c in zip(prefill_lens, cached, strict=True))
+        flops = 2.0 * self.active_parameters * tokens + self.attention_flops_per_pair * pairs
         return max(flops / self.peak_flops, self.weight_bytes_read(tokens) / self.bandwidth)
 
 
@@ -87,5 +93,5 @@ class UniformTiming:
     def decode_coefficients(self, num_running: int) -> tuple[float, float, float]:
         return self.step_s, 0.0, 0.0
 
-    def prefill_seconds(self, prefill_lens: list[int]) -> float:
+    def prefill_seconds(self, prefill_lens: list[int], cached: list[int] | None = None) -> float:
         return self.step_s

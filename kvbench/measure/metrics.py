@@ -254,3 +254,61 @@ class KvMetrics:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+FLEET_LABELS = ("engine", "device", "instance")
+FLEET_INSTANCES = "kvbench_fleet_instances"
+
+
+class FleetMetrics:
+    """A fleet's live metrics: the engine series of :class:`KvMetrics` with an ``instance`` label, fed from
+    the instances' reports, and the number of instances serving and starting.
+
+    Prometheus attaches its own ``instance`` label (the scrape target) on ingestion; keep this one by setting
+    ``honor_labels: true`` on the scrape job, or Prometheus renames it ``exported_instance``.
+    """
+
+    def __init__(self, engine: str, device: str = "cpu") -> None:
+        self.engine = engine
+        self.device = device
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, labels = self.registry, FLEET_LABELS
+        self.blocks_used = Gauge(BLOCKS_USED, "KV cache blocks held by live requests.", labels, registry=r)
+        self.blocks_free = Gauge(BLOCKS_FREE, "KV cache blocks in the free queue.", labels, registry=r)
+        self.blocks_capacity = Gauge(BLOCKS_CAPACITY, "KV cache blocks in the pool.", labels, registry=r)
+        self.running = Gauge(RUNNING, "Requests running (holding KV blocks).", labels, registry=r)
+        self.waiting = Gauge(WAITING, "Requests waiting for admission.", labels, registry=r)
+        self.preemptions = Counter(PREEMPTIONS, "Requests preempted (recompute) so far.", labels, registry=r)
+        self.finished = Counter(FINISHED, "Requests finished so far.", labels, registry=r)
+        self.instances = Gauge(FLEET_INSTANCES, "Fleet instances by state.", ("engine", "state"), registry=r)
+        self._last: dict[int, tuple[int, int]] = {}  # instance -> (preemptions, finished) already counted
+        self._server = None
+        self._thread = None
+        self.host: str | None = None
+        self.port: int | None = None
+
+    def begin_policy(self, policy: str) -> None:
+        """Each policy's instances count from zero again (their sessions are fresh)."""
+        self._last.clear()
+
+    def observe_instance(self, index: int, stats) -> None:
+        labels = (self.engine, self.device, str(index))
+        self.blocks_used.labels(*labels).set(stats.used_blocks)
+        self.blocks_free.labels(*labels).set(stats.free_blocks)
+        self.blocks_capacity.labels(*labels).set(stats.total_blocks)
+        self.running.labels(*labels).set(stats.running)
+        self.waiting.labels(*labels).set(stats.waiting)
+        preempted, finished = self._last.get(index, (0, 0))
+        self.preemptions.labels(*labels).inc(max(0, stats.preemptions - preempted))
+        self.finished.labels(*labels).inc(max(0, stats.finished - finished))
+        self._last[index] = (max(preempted, stats.preemptions), max(finished, stats.finished))
+
+    def observe_fleet(self, serving: int, starting: int) -> None:
+        self.instances.labels(self.engine, "serving").set(serving)
+        self.instances.labels(self.engine, "starting").set(starting)
+
+    exposition = KvMetrics.exposition
+    write_textfile = KvMetrics.write_textfile
+    serve = KvMetrics.serve
+    url = KvMetrics.url
+    close = KvMetrics.close

@@ -57,12 +57,19 @@ def lines(
     better: str,
     markers: bool = True,
     hline: float | None = None,
+    logx: bool = False,
+    steps: bool = False,
 ) -> Path:
     """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (xs, ys) in series.items():
         style = "--" if "p99" in label else "-"
-        ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
+        if steps:
+            ax.step(list(xs), list(ys), style, where="post", label=label)
+        else:
+            ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
+    if logx:
+        ax.set_xscale("log")
     if hline is not None:
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
     ax.set_xlabel(xlabel)
@@ -112,4 +119,35 @@ def line_panels(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{title}\n({better} is better)", fontsize=10)
+    return _save(fig, path)
+
+
+def usage_panels(
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    threshold: float,
+    hint: str,
+) -> Path:
+    """One panel per policy, one line per instance, a dotted line at ``threshold`` (the scale-up usage)."""
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.6 * rows), squeeze=False, sharey=True)
+    many = max((len(series) for series in panels.values()), default=0) > 10
+    for ax, (panel, series) in zip(axes.flat, panels.items(), strict=False):
+        for label, (xs, ys) in series.items():
+            ax.plot(list(xs), list(ys), linewidth=0.8 if many else 1.2, alpha=0.7 if many else 1.0, label=label)
+        ax.axhline(threshold, color="#c62828", linewidth=1, linestyle=":", label=f"{threshold:.0f}% (scale-up)")
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_ylim(0, 105)
+        ax.grid(alpha=0.3)
+        if not many:
+            ax.legend(fontsize=7, loc="lower right")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title}\n({hint})", fontsize=10)
     return _save(fig, path)

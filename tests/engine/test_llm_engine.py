@@ -309,3 +309,47 @@ def test_missing_or_invalid_model_directory_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(KvbenchError, match="malformed config"):
         load_model(str(tmp_path), device="cpu")
+
+
+# ------------------------------------------------------------------------------------------ prefix caching
+
+
+def _shared_prefix_reference(ref: Reference) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts that share a 21-token prefix (a system prompt) and their greedy generate() tokens."""
+    generator = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, 256, (21,), generator=generator).tolist()
+    prompts = [prefix + torch.randint(0, 256, (n,), generator=generator).tolist() for n in (3, 9, 1, 14, 6)]
+    tokens = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = ref.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
+                                     min_new_tokens=MAX_TOKENS, do_sample=False)
+            tokens.append(out[0, len(prompt):].tolist())
+    return prompts, tokens
+
+
+@pytest.mark.parametrize(("block_size", "num_blocks", "concurrency"), [(4, 60, 1), (7, 40, 1), (4, 60, 2), (4, 14, 5)])
+def test_prefix_cache_hits_compute_only_the_suffix_and_tokens_equal_generate(refs, block_size, num_blocks, concurrency):
+    """A later request with the same prefix reuses the cached blocks (its prefill runs only the uncached suffix);
+    a preempted request recomputes on top of its own cached prompt blocks. Tokens are generate()'s all the same."""
+    ref = refs["gqa"]
+    prompts, tokens = _shared_prefix_reference(ref)
+    llm = LLMEngine(ref.model, _config("paged", block_size, num_blocks, enable_prefix_caching=True))
+    requests = _requests(prompts, GREEDY)
+    result, scheduler = _run(llm, requests, concurrency=concurrency)
+    assert [r.output_token_ids for r in requests] == tokens
+    assert scheduler.cached_tokens > 0 and scheduler.manager.prefix_hits > 0
+    assert scheduler.cached_tokens % block_size == 0 and scheduler.cached_tokens < scheduler.prefill_tokens
+    if num_blocks == 14:
+        assert result.num_preemptions > 0
+
+
+def test_without_prefix_caching_nothing_is_reused(refs):
+    ref = refs["gqa"]
+    prompts, tokens = _shared_prefix_reference(ref)
+    llm = LLMEngine(ref.model, _config("paged", 4, 60))
+    requests = _requests(prompts, GREEDY)
+    _result, scheduler = _run(llm, requests, concurrency=1)
+    assert [r.output_token_ids for r in requests] == tokens
+    assert scheduler.cached_tokens == 0 and scheduler.prefill_tokens == sum(len(p) for p in prompts)

@@ -181,3 +181,31 @@ def test_quantile_and_fragmentation_edges():
     assert quantile([1.0, 2.0, 3.0], 0.5) == 2.0 and quantile(list(range(1, 101)), 0.99) == 99
     assert online_fragmentation(0, 0) == 0.0 and online_fragmentation(5, 4) == 0.0
     assert online_fragmentation(1, 4) == pytest.approx(0.75)
+
+
+def test_fleet_metrics_label_each_instance_and_diagnose_reads_them_one_by_one():
+    from kvbench.engine.instance import InstanceStats
+    from kvbench.measure.metrics import FleetMetrics
+    from kvbench.report.diagnose import diagnose_series, load_thresholds, parse_exposition
+
+    def stats(free, preemptions=0, finished=0):
+        return InstanceStats(time=1.0, total_blocks=100, free_blocks=free, running=3, waiting=2, waiting_blocks=4,
+                             preemptions=preemptions, finished=finished, rejected=0, prompt_tokens=10, cached_tokens=0)
+
+    metrics = FleetMetrics("paged", "cpu")
+    metrics.begin_policy("round-robin")
+    metrics.observe_instance(0, stats(80, finished=4))
+    metrics.observe_instance(1, stats(5, preemptions=6, finished=2))
+    metrics.observe_instance(1, stats(4, preemptions=7, finished=5))
+    metrics.observe_fleet(2, 1)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition())}
+    free = {s.labels["instance"]: s.value for s in families["kvbench_kv_cache_blocks_free"].samples}
+    assert free == {"0": 80.0, "1": 4.0}
+    finished = {s.labels["instance"]: s.value for s in families["kvbench_requests_finished"].samples
+                if s.name.endswith("_total")}
+    assert finished == {"0": 4.0, "1": 5.0}
+    series = parse_exposition(metrics.exposition())
+    diagnosis = diagnose_series(series, load_thresholds(None))
+    assert diagnosis.checked == 2
+    flagged = {f.source for f in diagnosis.findings if f.rule == "free_blocks"}
+    assert flagged == {"device=cpu engine=paged instance=1"}

@@ -35,8 +35,12 @@ class Series:
         return " ".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
 
 
+_SERIES_LABELS = ("engine", "device", "instance", "exported_instance")
+
+
 def parse_exposition(text: str) -> list[Series]:
-    """kvbench series from Prometheus exposition text, grouped by their engine and device labels."""
+    """kvbench series from Prometheus exposition text, grouped by their engine and device labels (and a fleet
+    instance's, so that each instance is diagnosed on its own)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     grouped: dict[tuple, Series] = {}
@@ -48,7 +52,7 @@ def parse_exposition(text: str) -> list[Series]:
         for sample in family.samples:
             if not sample.name.startswith("kvbench_"):
                 continue
-            labels = {k: v for k, v in sample.labels.items() if k in ("engine", "device")}
+            labels = {k: v for k, v in sample.labels.items() if k in _SERIES_LABELS}
             series = grouped.setdefault(tuple(sorted(labels.items())), Series(labels, {}, []))
             if sample.name.endswith("_bucket") and "le" in sample.labels:
                 series.buckets.append((float(sample.labels["le"]), float(sample.value)))

@@ -17,7 +17,8 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
     notes: list[str] = []
     checked = 0
     for point in points:
-        label = f"{point.get('engine')} C={point.get('concurrency')}"
+        label = (f"fleet {point.get('engine')}" if "policy" in point
+                 else f"{point.get('engine')} C={point.get('concurrency')}")
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
             findings.append(Finding("point_failed", "critical", label,
                                     f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
@@ -29,6 +30,8 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
             finding = rule(point, meta, thresholds, label)
             if finding is not None:
                 findings.append(finding)
+        if "policy" in point:  # a fleet point: each instance, and the balance between them
+            findings += _fleet_findings(point, thresholds, label)
     return Diagnosis(source, thresholds, sorted_findings(findings), checked, notes)
 
 
@@ -147,6 +150,33 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     return Finding("concurrency_capped", "warning", label,
                    f"at most {peak:.0f} of {offered:.0f} requests ran at once: the KV budget caps concurrency",
                    hint, {"peak_running": peak, "concurrency": concurrency})
+
+
+IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool
+
+
+def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
+    """Free blocks per instance (the article's alert, one instance at a time) and the imbalance between them."""
+    findings = []
+    for instance in point.get("instances") or []:
+        free = _num(instance.get("free_share_mean"))
+        if free is not None and free < t.free_blocks:
+            findings.append(Finding(
+                "free_blocks", "warning", f"{label} instance {instance.get('index')}",
+                f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
+                f"it took {instance.get('routed')} requests and preempted {instance.get('preemptions')}",
+                "add capacity (kvbench fleet --autoscale adds an instance above --scale-up usage) or route by free "
+                "blocks (--policies most-free-blocks)", {"free_share_mean": free, "threshold": t.free_blocks}))
+    total = max((_num(i.get("total_blocks")) or 0 for i in point.get("instances") or []), default=0)
+    imbalance = _num(point.get("free_blocks_imbalance_mean"))
+    if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
+        findings.append(Finding(
+            "fleet_imbalance", "warning", label,
+            f"free blocks differed by {imbalance:,.0f} blocks between the emptiest and the fullest instance on "
+            f"average ({pct(imbalance / total)} of one pool > {pct(IMBALANCE_SHARE)})",
+            "route by free KV blocks (--policies most-free-blocks) so no instance fills while another idles",
+            {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total}))
+    return findings
 
 
 _POINT_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _rule_preemptions, _rule_reservation,

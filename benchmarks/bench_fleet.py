@@ -1,0 +1,119 @@
+"""The fleet study and the simulated fleet's speed.
+
+1. The seed article's budget (Llama-2-13B fp16 on an A100-80GB, max-len 2048, the article's lengths), 4
+   simulated instances, at the Poisson rate that loads the fleet to about 85% block usage (searched: the mean
+   usage of the fleet over the second half of the arrivals, under round-robin): most-free-blocks against round-robin (and the
+   other policies) on the same arrivals. Writes a run directory with the plots (look at fleet_usage.png).
+2. Speed: 64 simulated instances, 10,000 requests in all, rate scaled to the same load per instance (goal:
+   under 60 s on the project's 2-core machine).
+
+    python benchmarks/bench_fleet.py [--out reports/bench-fleet] [--requests 4000] [--skip-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.report.fleet_report import write_outputs
+from kvbench.studies.fleet.policies import POLICIES
+from kvbench.studies.fleet.results import fleet_point, fleet_series
+from kvbench.studies.fleet.setup import FleetOptions, FleetSetup
+from kvbench.studies.fleet.study import simulate_policy
+
+TARGET_USAGE = 0.85
+
+
+def setup_for(rate: float, instances: int, requests: int, policies=tuple(POLICIES)) -> FleetSetup:
+    return FleetSetup.resolve(FleetOptions(scenario="article", model="llama-2-13b", gpu="a100-80g", simulate=True,
+                                           instances=instances, rate=rate, requests=requests, policies=policies,
+                                           seed=0))
+
+
+def arrival_usage(run, last_arrival: float) -> float:
+    """Fleet block usage averaged over the second half of the arrivals: the steady state (the first half fills
+    the pools from empty, the tail after the last arrival drains them)."""
+    ticks: dict[float, list] = {}
+    for t, _, used, total, _, _ in run.samples:
+        if last_arrival / 2 <= t <= last_arrival:
+            ticks.setdefault(t, []).append((used, total))
+    return float(np.mean([sum(u for u, _ in rows) / sum(t for _, t in rows) for rows in ticks.values()]))
+
+
+def find_rate(requests: int) -> tuple[float, float]:
+    """Bisection on the rate for round-robin's mean steady usage ~ TARGET_USAGE."""
+    low, high = 10.0, 80.0
+    best = (low, 0.0)
+    for _ in range(9):
+        rate = (low + high) / 2
+        setup = setup_for(rate, 4, requests, ("round-robin",))
+        usage = arrival_usage(simulate_policy(setup, "round-robin"), setup.times[-1])
+        if abs(usage - TARGET_USAGE) < abs(best[1] - TARGET_USAGE):
+            best = (rate, usage)
+        if usage < TARGET_USAGE:
+            low = rate
+        else:
+            high = rate
+    return best
+
+
+def study(out: Path, requests: int) -> None:
+    rate, usage = find_rate(requests)
+    print(f"rate {rate:.2f} req/s loads 4 instances to {100 * usage:.1f}% block usage (round-robin, second half of the arrivals)")
+    setup = setup_for(rate, 4, requests)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*"):
+        stale.unlink()
+    points = []
+    for name in setup.options.policies:
+        run = simulate_policy(setup, name)
+        point = fleet_point(run, "paged", "article")
+        point["arrival_usage"] = arrival_usage(run, setup.times[-1])
+        from kvbench.fileio import write_json_atomic
+
+        write_json_atomic(out / f"fleet-{name}.json", fleet_series(run))
+        points.append(point)
+    write_outputs(out, setup.meta(), points)
+    print(f"{'policy':>17} {'p50 TTFT':>9} {'p99 TTFT':>9} {'preempt':>8} {'imbal mean':>10} {'imbal p99':>9} "
+          f"{'usage':>6} {'out tok/s':>9}")
+    for p in points:
+        print(f"{p['policy']:>17} {p['p50_ttft_ms']:8.0f}ms {p['p99_ttft_ms']:8.0f}ms {p['preemptions']:8d} "
+              f"{p['free_blocks_imbalance_mean']:10.0f} {p['free_blocks_imbalance_p99']:9.0f} "
+              f"{100 * p['arrival_usage']:5.1f}% {p['output_throughput']:9.1f}")
+    by = {p["policy"]: p for p in points}
+    rr, mfb = by["round-robin"], by["most-free-blocks"]
+    print(f"most-free-blocks / round-robin: p99 TTFT x{mfb['p99_ttft_ms'] / rr['p99_ttft_ms']:.2f}, "
+          f"preemptions {mfb['preemptions']} vs {rr['preemptions']}, mean imbalance "
+          f"{mfb['free_blocks_imbalance_mean']:.0f} vs {rr['free_blocks_imbalance_mean']:.0f} blocks "
+          f"(of {setup.config.num_blocks} per instance)")
+    print(f"plots: {out}/fleet_usage.png, fleet_ttft_cdf.png")
+    return rate
+
+
+def scale(rate_per_4: float, instances: int = 64, requests: int = 10_000) -> None:
+    rate = rate_per_4 * instances / 4
+    setup = setup_for(rate, instances, requests, ("most-free-blocks",))
+    start = time.perf_counter()
+    run = simulate_policy(setup, "most-free-blocks")
+    seconds = time.perf_counter() - start
+    run.check_complete(requests)
+    print(f"{instances} simulated instances, {requests:,} requests at {rate:.0f} req/s: {seconds:.1f} s wall "
+          f"({run.end_s:.0f} s simulated; goal < 60 s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("reports/bench-fleet"))
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--skip-scale", action="store_true")
+    args = parser.parse_args()
+    rate = study(args.out, args.requests)
+    if not args.skip_scale:
+        scale(rate)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""``kvbench fleet``: several engine instances behind a router, every routing policy on the same arrivals."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+
+from kvbench.commands._options import (
+    make_console,
+    name_list,
+    parse_size,
+    positive_fraction,
+    run_directory,
+    writable_file,
+)
+from kvbench.errors import KvbenchError, RunFailed
+from kvbench.fileio import DirectoryLock, json_text
+from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+
+HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
+req/s, or the arrival times of a --trace / --requests-file), and compare routing policies side by side on the
+same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
+queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
+
+Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
+joins one; one GPU per actor where there are GPUs, else one CPU thread each), or with --simulate the tensor-free
+simulator with a GPU preset on a virtual clock (8 to 256 instances in seconds). --autoscale adds an instance
+when fleet block usage stays above --scale-up for --scale-window seconds and drains one below --scale-down.
+
+Writes results.jsonl (a point per policy as it finishes), summary.json/csv/md, fleet-<policy>.json (series),
+and plots: block usage per instance over time, the TTFT CDF, instances over time. `kvbench diagnose` reads it.
+"""
+
+
+def _positive(value: float | None, option: str) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise KvbenchError(f"{option} must be a positive number, got {value:g}")
+    return value
+
+
+def fleet(
+    instances: int = typer.Option(2, "--instances", min=1, max=1024, help="Instances to start with."),
+    policies: str = typer.Option("round-robin,random,least-requests,most-free-blocks,prefix-affinity", "--policies", help="Routing policies to compare, comma-separated."),
+    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."),
+    requests: int | None = typer.Option(None, "--requests", min=1, help="Requests (default: the scenario's)."),
+    scenario: str = typer.Option("article", "--scenario", help="Scenario name or TOML file: lengths, max-len, KV budget, block size."),
+    model: str = typer.Option("tiny", "--model", help="Preset or local checkpoint dir; with --simulate the shape to simulate."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda (each actor's device)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16."),
+    engine: str = typer.Option("paged", "--engine", help="paged | contiguous: the KV manager of every instance."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool per instance, e.g. 64MiB (default: the scenario's budget)."),
+    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="--simulate: KV budget as vLLM sizes it."),
+    block_size: int | None = typer.Option(None, "--block-size", min=1, help="Tokens per KV block."),
+    reserve: str | None = typer.Option(None, "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
+    admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject."),
+    requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of prompt_token_ids + output_len (+ arrival_time)."),
+    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts, arrivals and the random policy."),
+    prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
+    prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching", help="The paged engine's prefix cache."),
+    autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
+    scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
+    scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),
+    scale_window: float = typer.Option(5.0, "--scale-window", help="Seconds usage must stay past a threshold."),
+    min_instances: int = typer.Option(1, "--min-instances", min=1, help="Autoscaling floor."),
+    max_instances: int | None = typer.Option(None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."),
+    startup: float = typer.Option(20.0, "--startup-s", help="--simulate: seconds an added instance takes to start (real ones are measured)."),
+    tick: float | None = typer.Option(None, "--tick", help="Seconds between usage samples and autoscaling decisions."),
+    simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator instances with a GPU preset, virtual clock."),
+    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
+    ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one."),
+    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all)."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/fleet-<time>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
+    metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition here at the end."),
+) -> None:
+    from kvbench.studies.fleet.core import AutoscaleSettings
+    from kvbench.studies.fleet.policies import POLICIES
+    from kvbench.studies.fleet.setup import FleetOptions
+
+    _positive(rate, "--rate")
+    _positive(scale_window, "--scale-window")
+    _positive(tick, "--tick")
+    if startup < 0 or not math.isfinite(startup):
+        raise KvbenchError(f"--startup-s must be a non-negative number, got {startup:g}")
+    for value, option in ((scale_up, "--scale-up"), (scale_down, "--scale-down")):
+        if not (math.isfinite(value) and 0 < value <= 1):
+            raise KvbenchError(f"{option} must be in (0, 1], got {value:g}")
+    if scale_down >= scale_up:
+        raise KvbenchError(f"--scale-down ({scale_down:g}) must be below --scale-up ({scale_up:g})")
+    max_instances = max_instances if max_instances is not None else max(2 * instances, min_instances)
+    if min_instances > max_instances:
+        raise KvbenchError(f"--min-instances ({min_instances}) is above --max-instances ({max_instances})")
+    if requests_file is not None and trace is not None:
+        raise KvbenchError("give --requests-file or --trace, not both")
+    if (prefix_groups > 0) != (prefix_len > 0):
+        raise KvbenchError("--prefix-groups and --prefix-len go together: give both, or neither")
+    if simulate and (metrics_port is not None or metrics_file is not None):
+        raise KvbenchError("--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock")
+    if ray_tasks and not simulate:
+        raise KvbenchError("--ray fans out simulated policies; real instances always run on Ray (--ray-address)")
+    options = FleetOptions(
+        scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
+        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
+        utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file, trace=trace,
+        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
+        admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
+        rate=rate, seed=seed, instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
+        simulate=simulate, gpu=gpu, startup_s=startup, tick_s=tick, prefix_groups=prefix_groups,
+        prefix_len=prefix_len, prefix_caching=prefix_caching, ray_address=ray_address, ray_cpus=ray_cpus,
+        simulate_on_ray=ray_tasks,
+        autoscale=AutoscaleSettings(scale_up, scale_down, scale_window, min_instances, max_instances) if autoscale else None)
+    _run(options, run_directory(out), as_json, metrics_port, writable_file(metrics_file, "--metrics-file"))
+
+
+def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None, metrics_file: Path | None) -> None:
+    from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
+    from kvbench.report.rundir import new_run_dir
+    from kvbench.studies.fleet.setup import FleetSetup
+    from kvbench.studies.fleet.study import run_fleet
+
+    console = make_console(stderr=as_json)
+    with console.status("preparing the fleet..."):
+        setup = FleetSetup.resolve(options)
+    run_dir = new_run_dir("fleet", out_dir)
+    lock = DirectoryLock(run_dir, "kvbench fleet")
+    if (run_dir / "results.jsonl").exists():
+        raise KvbenchError(f"{run_dir} already holds results; choose another --out")
+    _intro(console, setup)
+    metrics = _metrics(setup, metrics_port, console)
+    points: list[dict] = []
+    try:
+        with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
+            points = run_fleet(setup, run_dir, on_point=lambda p: console.print(_done_line(p)), metrics=metrics)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: the actors are shut down; finished policies are kept in "
+                      f"{run_dir}/results.jsonl[/yellow]")
+        raise typer.Exit(code=130) from None
+    finally:
+        if metrics is not None:
+            metrics.close()
+            if metrics_file is not None:
+                metrics.write_textfile(metrics_file)
+    document = write_outputs(run_dir, setup.meta(), points)
+    lock.release()
+    if as_json:
+        typer.echo(json_text(document))
+    else:
+        console.print(fleet_table(points, options.simulate))
+        for point in points:
+            if len(point["instances"]) <= 16:
+                console.print(instance_table(point))
+        console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, results.jsonl and plots "
+                      "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
+    failed = [p for p in points if p["status"] == "error"]
+    if failed:
+        raise RunFailed(f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
+                        f"{failed[0].get('error')}")
+
+
+def _intro(console, setup) -> None:
+    if setup.skipped is not None:
+        console.print(f"[yellow]warning: {setup.skipped.sentence('records')}[/yellow]")
+    if setup.options.simulate:
+        console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator instances, roofline step times of "
+                      f"{setup.options.gpu}, virtual clock; an added instance starts in {setup.options.startup_s:g} s "
+                      "(a setting: nothing to measure in a simulation)")
+    console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
+                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}")
+
+
+def _done_line(point: dict) -> str:
+    return (f"{point['policy']:>17}: {point['completed']} done, {point['rejected']} rejected, "
+            f"p99 TTFT {point['p99_ttft_ms'] or 0:,.0f} ms, {point['preemptions']} preemptions, "
+            f"{point['output_throughput']:,.1f} output tok/s")
+
+
+def _metrics(setup, port: int | None, console):
+    from kvbench.measure.metrics import FleetMetrics
+
+    if setup.options.simulate:
+        return None
+    metrics = FleetMetrics(setup.config.engine, setup.options.device)
+    if port is not None:
+        metrics.serve("127.0.0.1", port)
+        console.print(f"Prometheus metrics: {metrics.url}")
+    return metrics
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fleet", help=HELP)(fleet)

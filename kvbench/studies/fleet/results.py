@@ -1,0 +1,159 @@
+"""One policy's fleet run as a results point (``summary.json``), and the series its plots draw.
+
+Fleet points follow the sweep's names where they mean the same (``p99_ttft_ms``, ``output_throughput``,
+``preemptions``, ``rejected``) and add what a fleet has: per-instance block usage, the imbalance between
+instances (max - min free blocks), instance-seconds (cost), the prefix-cache hit rate, and requests
+re-routed after an instance failed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from kvbench.engine.latency import request_latencies, summarise
+from kvbench.engine.request import RequestStatus
+from kvbench.studies.fleet.core import FleetRun, InstanceSlot
+
+MAX_SERIES_POINTS = 600  # per instance, in the timeline file
+CDF_POINTS = 400
+
+
+def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
+    """The results-schema point of one policy's run."""
+    finished = [r for r in run.requests if r.status is RequestStatus.FINISHED]
+    rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
+    span = run.end_s
+    output = sum(r.num_outputs for r in finished)
+    prompt = sum(r.prompt_len for r in finished)
+    latencies: dict[str, Any] = {}
+    per_request = request_latencies(finished)
+    for kind in ("ttft", "tpot", "e2el"):
+        latencies.update(summarise(kind, per_request[kind]))
+    latencies.update(summarise("itl", []))
+    instances = [_instance_summary(slot, run) for slot in run.slots]
+    imbalance = _imbalance(run)
+    waiting = _fleet_totals(run, column=5)
+    usage = _fleet_usage(run)
+    prompt_tokens = sum(i["prompt_tokens"] for i in instances)
+    cached = sum(i["cached_tokens"] for i in instances)
+    point: dict[str, Any] = {
+        "engine": f"{engine}/{run.policy}",
+        "concurrency": 0,  # open loop: arrivals do not wait for completions
+        "scenario": scenario,
+        "policy": run.policy,
+        "kv_engine": engine,
+        "status": "ok" if finished else "error",
+        "completed": len(finished),
+        "rejected": len(rejected),
+        "rejected_by_reason": dict(Counter(r.reject_kind or "unknown" for r in rejected)),
+        "rerouted": run.rerouted,
+        "preemptions": sum(i["preemptions"] for i in instances),
+        "output_throughput": output / span if span > 0 and finished else 0.0,
+        "total_token_throughput": (output + prompt) / span if span > 0 and finished else 0.0,
+        "request_throughput": len(finished) / span if span > 0 and finished else 0.0,
+        **latencies,
+        "elapsed_s": span,
+        "kv_usage_mean": usage["mean"],
+        "kv_usage_p99": usage["p99"],
+        "free_blocks_imbalance_mean": imbalance["mean"],
+        "free_blocks_imbalance_p99": imbalance["p99"],
+        "free_blocks_imbalance_max": imbalance["max"],
+        "queued_mean": waiting["mean"],
+        "queued_peak": waiting["max"],
+        "instance_seconds": sum(slot.seconds(span) for slot in run.slots),
+        "instances_peak": max((serving + starting for _, serving, starting in run.fleet_samples), default=len(run.slots)),
+        "instances_mean": _mean([serving + starting for _, serving, starting in run.fleet_samples]),
+        "scale_ups": sum(1 for _, kind, _ in run.events if kind == "up"),
+        "scale_downs": sum(1 for _, kind, _ in run.events if kind == "down"),
+        "prefix_hit_rate": cached / prompt_tokens if prompt_tokens else 0.0,
+        "routed_after_drain": sum(slot.routed_after_drain for slot in run.slots),
+        "instances": instances,
+        "simulated": run.simulated,
+    }
+    if not finished:
+        reason = rejected[0].reject_reason if rejected else "no request ran"
+        point["error"] = f"no request completed ({len(rejected)} rejected, e.g. {reason})"
+    if run.notes:
+        point["notes"] = list(run.notes)
+    return point
+
+
+def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
+    stats = slot.final_stats or slot.stats
+    usage = [used / total for _, index, used, total, _, _ in run.samples if index == slot.index and total]
+    free = [total - used for _, index, used, total, _, _ in run.samples if index == slot.index]
+    prompt = stats.prompt_tokens if stats else 0
+    cached = stats.cached_tokens if stats else 0
+    return {
+        "index": slot.index, "state": slot.state, "routed": slot.routed,
+        "finished": stats.finished if stats else 0, "preemptions": stats.preemptions if stats else 0,
+        "total_blocks": stats.total_blocks if stats else None,
+        "usage_mean": _mean(usage), "usage_peak": max(usage, default=None),
+        "free_share_mean": (1.0 - _mean(usage)) if usage else None,
+        "free_blocks_min": min(free, default=None),
+        "prompt_tokens": prompt, "cached_tokens": cached, "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "started_at_s": slot.started_at, "ready_at_s": slot.ready_at, "stopped_at_s": slot.stopped_at,
+        "startup_s": slot.startup_s, "failure": slot.failure, "routed_after_drain": slot.routed_after_drain,
+    }
+
+
+def _by_tick(run: FleetRun) -> dict[float, list[tuple]]:
+    ticks: dict[float, list[tuple]] = defaultdict(list)
+    for sample in run.samples:
+        ticks[sample[0]].append(sample)
+    return ticks
+
+
+def _imbalance(run: FleetRun) -> dict[str, float | None]:
+    """Max - min free blocks across the instances serving at each sample (one instance: 0)."""
+    values = [max(t - u for _, _, u, t, _, _ in rows) - min(t - u for _, _, u, t, _, _ in rows)
+              for rows in _by_tick(run).values()]
+    return _stats(values)
+
+
+def _fleet_usage(run: FleetRun) -> dict[str, float | None]:
+    values = [sum(u for _, _, u, _, _, _ in rows) / sum(t for _, _, _, t, _, _ in rows)
+              for rows in _by_tick(run).values() if sum(t for _, _, _, t, _, _ in rows)]
+    return _stats(values)
+
+
+def _fleet_totals(run: FleetRun, column: int) -> dict[str, float | None]:
+    return _stats([sum(row[column] for row in rows) for rows in _by_tick(run).values()])
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p99": None, "max": None}
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), "p99": float(np.percentile(array, 99)), "max": float(array.max())}
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def fleet_series(run: FleetRun) -> dict[str, Any]:
+    """What the plots draw: block usage per instance over time, the TTFT distribution, instances over time."""
+    per_instance: dict[int, list[list[float]]] = defaultdict(list)
+    for t, index, used, total, _, _ in run.samples:
+        per_instance[index].append([t, used / total if total else 0.0])
+    for index, series in per_instance.items():
+        stride = max(1, len(series) // MAX_SERIES_POINTS)
+        per_instance[index] = series[::stride]
+    ttft = sorted(r.first_token_time - r.arrival_time for r in run.requests
+                  if r.status is RequestStatus.FINISHED and r.first_token_time is not None)
+    if len(ttft) > CDF_POINTS:
+        positions = np.linspace(0, len(ttft) - 1, CDF_POINTS).round().astype(int)
+        cdf = [[ttft[p], (p + 1) / len(ttft)] for p in positions]
+    else:
+        cdf = [[value, (p + 1) / len(ttft)] for p, value in enumerate(ttft)]
+    return {
+        "policy": run.policy,
+        "usage": {str(index): series for index, series in sorted(per_instance.items())},
+        "ttft_cdf": cdf,
+        "instances": [[t, serving, starting] for t, serving, starting in run.fleet_samples],
+        "events": [[t, kind, index] for t, kind, index in run.events],
+    }

@@ -1,0 +1,107 @@
+"""Run every routing policy on the same arrivals, one after the other, point by point.
+
+Simulated fleets run in this process (or, asked to, one Ray task per policy); real ones run their instances
+as Ray actors that load the model once and serve every policy in turn (a fresh pool and prefix cache per
+policy). Each policy's point is appended to ``results.jsonl`` as soon as it is done, so an interrupted run
+keeps what it measured; actors and Ray are shut down however the run ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import KvbenchError
+from kvbench.fileio import append_jsonl, write_json_atomic
+from kvbench.studies.fleet.core import FleetRun
+from kvbench.studies.fleet.policies import make_policy
+from kvbench.studies.fleet.results import fleet_point, fleet_series
+from kvbench.studies.fleet.setup import FleetSetup
+
+Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests in all)
+
+
+def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None] | None = None,
+              faults: Sequence[tuple[float, int]] = (), metrics=None, pool=None) -> list[dict[str, Any]]:
+    """Every policy's point, in the order asked; each also written to results.jsonl and its series file.
+
+    ``faults``: (seconds, instance) actors killed during the first policy (tests); ``pool``: instances already
+    started (an :class:`~kvbench.studies.fleet.pool.InstancePool`), else the run starts and stops its own.
+    """
+    results = run_dir / "results.jsonl"
+    if results.exists():
+        raise KvbenchError(f"{run_dir} already holds results; choose another run directory")
+    points: list[dict[str, Any]] = []
+
+    def record(run: FleetRun) -> None:
+        run.check_complete(len(setup.pairs))
+        point = fleet_point(run, setup.config.engine, setup.spec.name)
+        write_json_atomic(run_dir / f"fleet-{run.policy}.json", fleet_series(run))
+        append_jsonl(results, point)
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+
+    if setup.options.simulate and not setup.options.simulate_on_ray:
+        for name in setup.options.policies:
+            record(simulate_policy(setup, name))
+    elif setup.options.simulate:
+        _simulate_on_ray(setup, record)
+    else:
+        _run_on_ray(setup, record, faults, metrics, pool)
+    return points
+
+
+def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
+    from kvbench.studies.fleet.sim_driver import SimulatedFleet
+
+    options = setup.options
+    fleet = SimulatedFleet(setup.make_simulated_instance, make_policy(name, setup.seed, setup.config.block_size),
+                           options.instances, setup.config.block_size, options.autoscale, options.startup_s,
+                           setup.tick_s())
+    return fleet.run(setup.arrivals(), name)
+
+
+def _simulate_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None]) -> None:
+    """One Ray task per policy; points are recorded in the order asked, as they come."""
+    from kvbench.studies.fleet.ray_runtime import ray_session
+
+    with ray_session(setup.options.ray_address, setup.options.ray_cpus) as ray:
+        task = ray.remote(num_cpus=1)(simulate_policy)
+        refs = {task.remote(setup, name): name for name in setup.options.policies}
+        try:
+            for ref in refs:
+                record(ray.get(ref))
+        finally:  # interrupted: the policies still running are cancelled
+            _done, running = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            for ref in running:
+                ray.cancel(ref)
+
+
+def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, metrics, pool=None) -> None:
+    from kvbench.studies.fleet.pool import InstancePool
+    from kvbench.studies.fleet.ray_driver import RayFleet
+    from kvbench.studies.fleet.ray_runtime import ray_session
+
+    options = setup.options
+    if pool is not None:
+        _run_policies(setup, record, faults, metrics, pool, RayFleet)
+        return
+    with ray_session(options.ray_address, options.ray_cpus) as ray, \
+            InstancePool(ray, setup.instance_spec(), options.cpus_per_instance) as own:
+        _run_policies(setup, record, faults, metrics, own, RayFleet)
+
+
+def _run_policies(setup: FleetSetup, record, faults, metrics, pool, fleet_class) -> None:
+    options = setup.options
+    for number, name in enumerate(options.policies):
+        base = pool.base(options.instances)  # a base instance that died under the last policy is replaced
+        policy = make_policy(name, setup.seed, setup.config.block_size)
+        fleet = fleet_class(pool.ray, pool.new_actor, base, policy, setup.instance_spec(), options.autoscale,
+                            setup.tick_s(), faults if number == 0 else (), metrics)
+        if metrics is not None:
+            metrics.begin_policy(name)
+        run = fleet.run(setup.arrivals(), name)
+        pool.forget_dead(run)
+        record(run)

@@ -1,0 +1,67 @@
+"""``kvbench fleet`` end to end on simulated instances, diagnose on its run, and its bad-input handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.report.schema import SCHEMA_VERSION
+
+ARGS = ["fleet", "--simulate", "--instances", "3", "--rate", "30", "--requests", "300", "--tick", "0.5"]
+
+
+def test_simulated_fleet_writes_every_output_and_diagnose_reads_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*ARGS, "--policies", "round-robin,most-free-blocks", "--out", str(out)]) == 0
+    for name in ("summary.json", "summary.csv", "summary.md", "results.jsonl", "fleet_usage.png",
+                 "fleet_ttft_cdf.png", "fleet_instances.png", "fleet-round-robin.json", "fleet-most-free-blocks.json"):
+        assert (out / name).is_file(), name
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema_version"] == SCHEMA_VERSION and summary["kind"] == "fleet"
+    assert summary["meta"]["simulated"] is True and summary["meta"]["instances"] == 3
+    assert [p["policy"] for p in summary["points"]] == ["round-robin", "most-free-blocks"]
+    for point in summary["points"]:
+        assert point["completed"] + point["rejected"] == 300 and len(point["instances"]) == 3
+        for key in ("p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "output_throughput",
+                    "preemptions", "free_blocks_imbalance_mean", "instance_seconds", "prefix_hit_rate"):
+            assert point[key] is not None, key
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
+    assert main(["diagnose", str(out), "--json"]) == 0
+    diagnosis = json.loads(capsys.readouterr().out)
+    assert diagnosis["checked"] == 2
+
+
+def test_autoscaling_simulated_fleet_reports_instances_over_time(tmp_path):
+    out = tmp_path / "run"
+    assert main(["fleet", "--simulate", "--instances", "1", "--rate", "60", "--requests", "600", "--autoscale",
+                 "--scale-window", "1", "--startup-s", "2", "--max-instances", "3", "--policies", "least-requests",
+                 "--out", str(out), "--json"]) == 0
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    assert point["scale_ups"] >= 1 and point["instances_peak"] >= 2
+    assert point["instance_seconds"] < point["instances_peak"] * point["elapsed_s"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rate", "0"], "--rate must be a positive number"),
+    (["--rate", "-2"], "--rate must be a positive number"),
+    (["--rate", "fast"], "Invalid value for '--rate'"),
+    (["--rate", "5", "--instances", "-1"], "--instances"),
+    (["--rate", "5", "--policies", "round-robin,fastest"], "unknown policy 'fastest'"),
+    (["--rate", "5", "--autoscale", "--min-instances", "4", "--max-instances", "2"], "--min-instances (4) is above --max-instances (2)"),
+    (["--rate", "5", "--scale-up", "0.3", "--scale-down", "0.5"], "--scale-down (0.5) must be below --scale-up (0.3)"),
+    (["--rate", "5", "--scale-up", "1.5"], "--scale-up must be in (0, 1]"),
+    (["--rate", "5", "--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at 127.0.0.1:1"),
+    (["--rate", "5", "--ray-address", "no-port"], "is not HOST:PORT"),
+    (["--requests", "5"], "no arrival times: give an arrival rate"),
+    (["--rate", "5", "--prefix-groups", "3"], "--prefix-groups and --prefix-len go together"),
+])
+def test_bad_input_is_a_one_line_error_with_exit_2(tmp_path, capsys, args, message):
+    simulate = [] if "--ray-address" in args else ["--simulate"]
+    assert main(["fleet", *simulate, *args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
