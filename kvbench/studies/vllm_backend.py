@@ -152,9 +152,9 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     """Run ``requests`` through vLLM's ``LLMEngine`` with exactly ``concurrency`` in flight (closed loop).
 
     Times follow kvbench's engines: a request arrives when it is submitted, a token counts when ``step()``
-    returns it, a step lasts from one loop turn to the next. KV held = vLLM's usage x its usable blocks; token
-    states = what the running requests have written (prompt + outputs - 1); the rest of the held blocks is
-    their internal waste (vLLM reserves nothing ahead).
+    returns it, a step lasts from one loop turn to the next. KV held = vLLM's usage x its usable blocks, split
+    into kvbench's parts after the run (``_account``). A request vLLM ends otherwise than by its length or a stop
+    (aborted, an error) fails the run: its figures would be wrong, not merely slow.
     """
     accountant = WasteAccountant(pool_blocks * block_size, block_size)
     steps: list[tuple[float, int | None, int, list[tuple[Request, int]]]] = []  # accounted once lengths are final
@@ -191,6 +191,8 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
         while in_flight:
             outputs = engine.step()
             stamp = now()
+            if not outputs and not _has_unfinished(engine):
+                raise RuntimeError(f"vLLM reports no unfinished request while {len(in_flight)} are in flight")
             for output in outputs:
                 request = in_flight.get(output.request_id) or in_flight.get(aliases.get(output.request_id, ""))
                 if request is None or request.status is RequestStatus.FINISHED:
@@ -204,6 +206,9 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
                         request.first_token_time = stamp
                     request.num_outputs = produced
                 if output.finished:
+                    if completion.finish_reason not in ("length", "stop"):
+                        raise RuntimeError(f"vLLM ended request {request.request_id} with "
+                                           f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens")
                     request.output_token_ids = list(completion.token_ids)
                     request.finish_time = stamp
                     request.status = RequestStatus.FINISHED
@@ -232,7 +237,7 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     finally:
         tap.close()
     _account(accountant, steps, block_size)
-    preemptions = tap.preemptions if tap.active or tap.steps else sum(r.num_preemptions for r in requests)
+    preemptions = tap.preemptions if tap.steps else sum(r.num_preemptions for r in requests)
     gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
     source = "vLLM scheduler stats" if tap.steps else "kvbench's count of the blocks running requests need"
@@ -240,6 +245,11 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
                      peak_running=peak_running, itl_values_s=itl, itl_weights=np.ones_like(itl),
                      pool_slots=pool_blocks * block_size, block_size=block_size,
                      extras={"point": {"kv_usage_source": source}})
+
+
+def _has_unfinished(engine: Any) -> bool:
+    check = getattr(engine, "has_unfinished_requests", None)
+    return True if check is None else bool(check())
 
 
 def _account(accountant: WasteAccountant, steps, block_size: int) -> None:

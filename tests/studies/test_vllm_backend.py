@@ -188,3 +188,23 @@ def test_a_run_never_keeps_the_stats_hook(fake_vllm):
     original = engine.logger_manager.record
     drive(fake_vllm, engine, requests(), 2, 64, 16)
     assert engine.logger_manager.record == original
+
+
+def test_a_request_vllm_aborts_fails_the_run_instead_of_counting_as_done(fake_vllm):
+    engine = build(fake_vllm).llm_engine
+    step = engine.step
+
+    def aborting():
+        outputs = step()
+        for output in outputs:
+            if output.request_id == "kvbench-2" and output.finished:
+                output.outputs[0].finish_reason = "abort"
+        return outputs
+
+    engine.step = aborting
+    with pytest.raises(RuntimeError, match="vLLM ended request 2 with 'abort'"):
+        drive(fake_vllm, engine, requests(), 2, 64, 16)
+    lost = build(fake_vllm).llm_engine
+    lost.step, lost.has_unfinished_requests = (lambda: []), (lambda: False)  # the engine lost the requests
+    with pytest.raises(RuntimeError, match="no unfinished request"):
+        drive(fake_vllm, lost, requests()[:1], 1, 64, 16)
