@@ -10,19 +10,35 @@ from rich.markup import escape
 
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
-from kvbench.report.diagnose import Diagnosis, diagnose_run, diagnose_url, load_thresholds, rules_yaml
+from kvbench.report.diagnose import (
+    Diagnosis,
+    diagnose_run,
+    diagnose_timeline,
+    diagnose_url,
+    load_thresholds,
+    rules_yaml,
+    timeline_path,
+)
 
-HELP = """Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json) or a live
-Prometheus endpoint (--url http://127.0.0.1:PORT/metrics), each finding with its evidence and a suggestion.
+HELP = """Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json), a timeline
+recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prometheus endpoint (--url
+http://127.0.0.1:PORT/metrics) of kvbench, vLLM or SGLang; each finding with its evidence and a suggestion
+in the words of the engine diagnosed (kvbench flags for kvbench, vLLM's or SGLang's launch options for theirs).
 
 Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation > 0.3;
 free blocks < 10% of the pool; block allocation latency p99 > 50 ms; more than 0.5 preemptions per
-completed request; reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, or
-fewer requests running than offered). Thresholds come from --thresholds FILE (TOML keys: fragmentation,
-free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste, for), then the flags.
+completed request; reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, fewer
+requests running than offered, or requests waiting while few blocks are free); requests queueing while KV
+usage is below 50% (the scheduler's batch cap; a warning when a timeline shows the queue growing); a
+prefix-cache hit rate below --min-prefix-hit-rate (off by default). A rule the engine's metrics cannot decide
+(vLLM exposes no fragmentation) is listed as not evaluated, with kvbench's estimate of paging's internal
+waste (half a block per running request) marked as an estimate. Thresholds come from --thresholds FILE (TOML
+keys: fragmentation, free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste,
+low_kv_usage, min_prefix_hit_rate, for), then the flags.
 
---emit-prometheus-rules FILE writes the same rules as Prometheus alerting rules (YAML); alone, it needs no
-input. Exit codes: 0 (with --check: nothing fired), 1 with --check when a rule fired, 2 unusable input.
+--emit-prometheus-rules FILE writes the rules over kvbench's metrics as Prometheus alerting rules (YAML);
+alone, it needs no input. Exit codes: 0 (with --check: no warning or critical finding), 1 with --check when
+one fired (info findings never fail), 2 unusable input.
 """
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -33,8 +49,8 @@ def register(app: typer.Typer) -> None:
 
 
 def diagnose(
-    run: Path | None = typer.Argument(None, help="Run directory or summary.json to diagnose."),
-    url: str | None = typer.Option(None, "--url", help="Scrape a live endpoint instead, e.g. http://127.0.0.1:9400/metrics."),
+    run: Path | None = typer.Argument(None, help="Run directory, summary.json, or a kvbench watch timeline (.jsonl)."),
+    url: str | None = typer.Option(None, "--url", help="Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON on stdout."),
     thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
@@ -43,13 +59,16 @@ def diagnose(
     max_alloc_latency_ms: float | None = typer.Option(None, "--max-alloc-latency-ms", help="Block allocation p99 limit, ms (default 50)."),
     max_preemptions: float | None = typer.Option(None, "--max-preemptions-per-request", help="Preemptions per completed request (default 0.5)."),
     max_reservation_waste: float | None = typer.Option(None, "--max-reservation-waste", help="Reservation + internal, share of the pool (default 0.5)."),
+    low_kv_usage: float | None = typer.Option(None, "--low-kv-usage", help="Requests waiting below this KV usage: the batch cap limits (default 0.5)."),
+    min_prefix_hit_rate: float | None = typer.Option(None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."),
     alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
     emit_rules: Path | None = typer.Option(None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."),
 ) -> None:
     thresholds = load_thresholds(
         thresholds_file, fragmentation=max_fragmentation, free_blocks=min_free_blocks,
         alloc_latency_p99_ms=max_alloc_latency_ms, preemptions_per_request=max_preemptions,
-        reservation_waste=max_reservation_waste, alert_for=alert_for)
+        reservation_waste=max_reservation_waste, low_kv_usage=low_kv_usage, min_prefix_hit_rate=min_prefix_hit_rate,
+        alert_for=alert_for)
     if run is not None and url is not None:
         raise KvbenchError("give a run directory or --url, not both")
     if run is None and url is None and emit_rules is None:
@@ -61,7 +80,7 @@ def diagnose(
         console.print(f"wrote Prometheus alerting rules to {emit_rules}")
     if run is None and url is None:
         return
-    diagnosis = diagnose_url(url, thresholds) if url is not None else diagnose_run(run, thresholds)
+    diagnosis = diagnose_url(url, thresholds) if url is not None else _diagnose_path(run, thresholds)
     if as_json:
         typer.echo(json_text(diagnosis.as_dict()))
     else:
@@ -70,12 +89,25 @@ def diagnose(
         raise typer.Exit(code=1)
 
 
+def _diagnose_path(run: Path, thresholds) -> Diagnosis:
+    timeline = timeline_path(run)
+    return diagnose_timeline(timeline, thresholds) if timeline is not None else diagnose_run(run, thresholds)
+
+
 def _print(console: Console, diagnosis: Diagnosis) -> None:
     for note in diagnosis.notes:
         console.print(f"[dim]note: {escape(note)}[/dim]")
+    for m in diagnosis.measurements:
+        tag = "[magenta]estimate[/magenta]" if m.estimate else "[dim]measured[/dim]"
+        console.print(f"{tag} {escape(m.source)}: {escape(m.text)}", soft_wrap=True)
+    for skipped in diagnosis.not_evaluated:
+        console.print(f"[dim]not evaluated[/dim] {skipped.rule} [bold]{escape(skipped.source)}[/bold]: "
+                      f"{escape(skipped.reason)}", soft_wrap=True)
     if not diagnosis.findings:
         console.print(f"[green]no findings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}")
         return
+    if not diagnosis.fired:
+        console.print(f"[green]no warnings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}")
     console.print(f"[bold]kvbench diagnose[/bold]: {len(diagnosis.findings)} finding(s) in {diagnosis.checked} "
                   f"point(s)/series of {escape(diagnosis.source)}")
     for finding in diagnosis.findings:

@@ -24,11 +24,12 @@ from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.sweep import PointFailed, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
+from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
 
 
 def sweep(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
-    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both."),
+    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR)."),
     scenario: str = typer.Option("article", "--scenario", help="Built-in scenario name (see `kvbench scenarios`) or a TOML file."),
     model: str = typer.Option("tiny", "--model", help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
@@ -65,7 +66,7 @@ def sweep(
     """
     options = SweepOptions(
         scenario=scenario, concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
-        engines=tuple(name_list(engines, "engines", MANAGERS)), model=model, device=device, dtype=dtype,
+        engines=tuple(name_list(engines, "engines", (*MANAGERS, *EXTERNAL_ENGINES))), model=model, device=device, dtype=dtype,
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
@@ -116,6 +117,7 @@ def sweep(
         raise typer.Exit(code=130) from None
     finally:
         _stop_metrics(metrics, metrics_file, console)
+        getattr(setup.backend, "close", lambda: None)()  # an external engine's processes (vLLM)
     document = write_outputs(run_dir, setup.meta(), points)
     lock.release()
     if as_json:
@@ -136,6 +138,9 @@ def _print_intro(console, setup: SweepSetup) -> None:
     threads = getattr(setup.backend, "threads", None)
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
+    if VLLM_ENGINE in setup.options.engines:
+        console.print(f"[dim]{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching "
+                      "off[/dim]")
 
 
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:
@@ -157,7 +162,7 @@ def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
 
     backend = setup.backend
     metrics = KvMetrics(device=str(backend.loaded.device))
-    for name in setup.options.engines:  # time every block allocation of the measured runs
+    for name in own_engines(setup.options.engines):  # time every block allocation of the measured runs
         backend.engine(name).alloc_observer = metrics.alloc_observer(name)
     if port is not None:
         try:

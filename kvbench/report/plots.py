@@ -151,3 +151,28 @@ def usage_panels(
         ax.set_visible(False)
     fig.suptitle(f"{title}\n({hint})", fontsize=10)
     return _save(fig, path)
+
+
+def stacked_panels(
+    panels: Sequence[tuple[str, str, dict[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]],
+    path: Path,
+    title: str,
+    xlabel: str,
+) -> Path:
+    """Panels stacked over one shared x axis, each with its own unit and hint:
+    [(panel title with its 'better' hint, y label, {label: (xs, ys)}, optional (y, label) of a threshold line)]."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 0.8), sharex=True, squeeze=False)
+    for ax, (panel, ylabel, series, hline) in zip(axes[:, 0], panels, strict=True):
+        for label, (xs, ys) in series.items():
+            ax.plot(list(xs), list(ys), "--" if "waiting" in label else "-", marker="." if len(xs) < 60 else None,
+                    label=label)
+        if hline is not None:
+            ax.axhline(hline[0], color="#c62828", linewidth=1, linestyle=":", label=hline[1])
+        ax.set_title(panel, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        if series or hline is not None:
+            ax.legend(fontsize=7, loc="upper left")
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -111,6 +111,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         elapsed_s=acct.elapsed_s,
         memory={name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
     )
+    point.extra.update(result.extras.get("point", {}))  # fields a backend adds (an external engine's details)
     if oom:
         point.status_reason = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
     elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"

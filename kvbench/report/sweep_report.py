@@ -17,8 +17,14 @@ def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
     return {(p["engine"], p["concurrency"]): p for p in points}
 
 
+REFERENCE_ENGINES = {"vllm": "vLLM"}  # external engines shown as a reference column (their own kernels and scheduler)
+REFERENCE_CAPTION = ("vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
+                     "warm-up and KV budget: a reference, not a controlled A/B")
+
+
 def article_rows(points: list[dict]) -> list[dict[str, Any]]:
-    """Per concurrency: contiguous TPS (or OOM), paged TPS with gain %, KV memory reduction, TPS ratio."""
+    """Per concurrency: contiguous TPS (or OOM), paged TPS with gain %, KV memory reduction, TPS ratio; and the
+    TPS of a reference engine (vLLM) when the sweep ran one."""
     by_key = _by_key(points)
     rows = []
     for concurrency in sorted({p["concurrency"] for p in points}):
@@ -41,8 +47,18 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
             row["paged_over_contiguous_tps"] = ratio
             row["gain_pct"] = 100 * (ratio - 1)
             row["kv_memory_reduction_pct"] = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
+        for engine in REFERENCE_ENGINES:
+            reference = by_key.get((engine, concurrency))
+            if reference:
+                row[f"{engine}_status"] = reference["status"]
+                row[f"{engine}_tps"] = reference.get("output_throughput")
+                row[f"{engine}_tps_ci95"] = reference.get("output_throughput_ci95")
         rows.append(row)
     return rows
+
+
+def _references(rows: list[dict]) -> list[str]:
+    return [engine for engine in REFERENCE_ENGINES if any(row.get(f"{engine}_status") for row in rows)]
 
 
 def _positive(value) -> bool:
@@ -60,8 +76,11 @@ def _tps_cell(tps: float | None, status: str | None, ci95: float | None = None) 
 
 
 def article_table(rows: list[dict], simulated: bool) -> Table:
-    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI with --repeat)" + (" — SIMULATED" if simulated else ""))
-    for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction"):
+    references = _references(rows)
+    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI with --repeat)" + (" — SIMULATED" if simulated else ""),
+                  caption=REFERENCE_CAPTION if references else None)
+    for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction",
+                   *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)):
         table.add_column(column, justify="right")
     for row in rows:
         paged = _tps_cell(row["paged_tps"], row["paged_status"], row.get("paged_tps_ci95"))
@@ -69,7 +88,8 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
             paged += f" ({row['gain_pct']:+.0f}%)"
         reduction = "-" if row["kv_memory_reduction_pct"] is None else f"{row['kv_memory_reduction_pct']:.0f}%"
         contiguous = _tps_cell(row["contiguous_tps"], row["contiguous_status"], row.get("contiguous_tps_ci95"))
-        table.add_row(str(row["concurrency"]), contiguous, paged, reduction)
+        table.add_row(str(row["concurrency"]), contiguous, paged, reduction,
+                      *(_tps_cell(row.get(f"{e}_tps"), row.get(f"{e}_status"), row.get(f"{e}_tps_ci95")) for e in references))
     return table
 
 
@@ -128,14 +148,23 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     document = summary_document("sweep", meta, points, article_table=rows)
     simulated = " (simulated)" if meta.get("simulated") else ""
     md = [f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: {meta.get('budget_source', '')}\n\n"]
+    references = _references(rows)
     md.append(markdown_table(
-        ["concurrency", "contiguous TPS", "paged TPS", "gain %", "KV memory reduction %", "paged/contiguous"],
+        ["concurrency", "contiguous TPS", "paged TPS", "gain %", "KV memory reduction %", "paged/contiguous",
+         *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)],
         [[r["concurrency"], _tps_cell(r["contiguous_tps"], r["contiguous_status"]),
           _tps_cell(r["paged_tps"], r["paged_status"]), r["gain_pct"], r["kv_memory_reduction_pct"],
-          r["paged_over_contiguous_tps"]] for r in rows]))
+          r["paged_over_contiguous_tps"], *(_tps_cell(r.get(f"{e}_tps"), r.get(f"{e}_status")) for e in references)]
+         for r in rows]))
+    if references:
+        md.append(f"\n{REFERENCE_CAPTION}.\n")
     write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
     _plots(run_dir, meta, points)
     return document
+
+
+def _plot_label(engine: str) -> str:
+    return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
 
 def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
@@ -150,7 +179,7 @@ def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     series = {}
     for engine in engines:
         mine = sorted((p for p in ok if p["engine"] == engine and p["status"] == "ok"), key=lambda p: p["concurrency"])
-        series[engine] = ([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine])
+        series[_plot_label(engine)] = ([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine])
     plots.lines(series, run_dir / "throughput.png", f"Output throughput vs concurrency\n{tag}",
                 "concurrency (requests in flight)", "output tokens / s", "higher")
     panels: dict[str, dict] = {"time to first token (TTFT)": {}, "time per output token (TPOT)": {}}
@@ -159,8 +188,9 @@ def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
                       key=lambda p: p["concurrency"])
         xs = [p["concurrency"] for p in mine]
         for stat in ("p50", "p99"):
-            panels["time to first token (TTFT)"][f"{engine} {stat}"] = (xs, [p[f"{stat}_ttft_ms"] for p in mine])
-            panels["time per output token (TPOT)"][f"{engine} {stat}"] = (xs, [p[f"{stat}_tpot_ms"] for p in mine])
+            label = f"{_plot_label(engine)} {stat}"
+            panels["time to first token (TTFT)"][label] = (xs, [p[f"{stat}_ttft_ms"] for p in mine])
+            panels["time per output token (TPOT)"][label] = (xs, [p[f"{stat}_tpot_ms"] for p in mine])
     plots.line_panels(panels, run_dir / "latency.png", f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}",
                       "concurrency (requests in flight)", "latency (ms)", "lower")
     ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
@@ -172,10 +202,14 @@ def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     timelines, total_blocks = {}, None
     for engine in engines:
         path = run_dir / f"timeline-{engine}-c{top}.json"
+        reference = next((p.get("reference") or {} for p in ok if p["engine"] == engine), {})
+        if reference.get("block_size", meta.get("block_size")) != meta.get("block_size"):
+            continue  # blocks of another size are not comparable on one axis
         if path.exists():
             data = json.loads(path.read_text(encoding="utf-8"))
-            total_blocks = data["total_blocks"]
-            timelines[engine] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
+            if engine not in REFERENCE_ENGINES or total_blocks is None:  # the pool of kvbench's own engines
+                total_blocks = data["total_blocks"]
+            timelines[_plot_label(engine)] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
     if timelines:
         plots.lines(timelines, run_dir / "blocks_over_time.png",
                     f"KV blocks in use over time at concurrency {top} (pool: {total_blocks} blocks)\n{tag}",

@@ -20,6 +20,7 @@ from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends import PointBackend
 from kvbench.studies.sweep import SweepPlan
+from kvbench.studies.vllm_backend import VLLM_ENGINE, check_vllm, with_vllm
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.scenario import Scenario, load_scenario
 
@@ -71,6 +72,8 @@ class SweepSetup:
     @classmethod
     def resolve(cls, options: SweepOptions, status: Callable[[str], Any] | None = None) -> SweepSetup:
         """Everything the sweep needs, checked before any point runs."""
+        if VLLM_ENGINE in options.engines:
+            check_vllm(options)  # installed, not simulated, a checkpoint directory: before any model loads
         spec = load_scenario(options.scenario)
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
@@ -107,6 +110,8 @@ class SweepSetup:
 
             backend, model_name, device_name, vocab, source = tensor_backend(options, base, spec, seed,
                                                                              len(options.engines), status)
+            if VLLM_ENGINE in options.engines:  # vLLM's offline engine as a reference column
+                backend = with_vllm(backend, options, seed)
         if replay is not None and any(token >= vocab for ids, _ in replay for token in ids):
             raise KvbenchError(f"{options.requests_file}: a prompt token id is outside the model's vocabulary "
                                f"of {vocab}")

@@ -118,7 +118,7 @@ def test_live_endpoint(capsys):
         result = json.loads(capsys.readouterr().out)
         assert result["source"] == url and result["checked"] == 1
         assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
-        assert all(f["source"] == "device=cpu engine=paged" for f in result["findings"])
+        assert all(f["source"] == "kvbench device=cpu engine=paged" for f in result["findings"])
         assert main(["diagnose", "--url", url, "--min-free-blocks", "0", "--check"]) == 0
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -171,3 +171,42 @@ def test_promtool_accepts_the_exposition_and_the_rules(tmp_path):
     assert main(["diagnose", "--emit-prometheus-rules", str(rules)]) == 0
     checked = subprocess.run([PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_vllm_server(metrics_server, vllm_exposition, capsys):
+    """A vLLM endpoint (recorded text, served on 127.0.0.1) is diagnosed with vLLM's options in the advice."""
+    server = metrics_server.serve([vllm_exposition(usage=0.96, waiting=7, waiting_capacity=7)])
+    assert main(["diagnose", "--url", server.url, "--check", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
+    assert all(f["family"] == "vllm" and "--gpu-memory-utilization (now 0.92)" in f["suggestion"]
+               for f in result["findings"])
+    assert {n["rule"] for n in result["not_evaluated"]} == {"fragmentation", "alloc_latency", "reservation_waste"}
+    assert any(m["estimate"] for m in result["measurements"])
+    server.serve([vllm_exposition()])  # the recorded busy server: healthy
+    assert main(["diagnose", "--url", server.url, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "no findings" in out and "not evaluated fragmentation" in out and "estimate" in out
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "message"), [
+    ("<!doctype html><html><body>Welcome</body></html>", "text/html", 200, "returned an HTML page"),
+    ("<html><body>Not Found</body></html>", "text/html", 404, "HTTP 404"),
+    ('{"detail": "Not Found"}', "application/json", 200, "not Prometheus exposition text"),
+    ("# HELP python_info x\n# TYPE python_info gauge\npython_info 1\n", "text/plain", 200,
+     "none of the metric families kvbench reads"),
+])
+def test_a_url_that_is_not_an_engines_metrics_is_one_line_and_exit_2(metrics_server, body, content_type, status,
+                                                                       message, capsys):
+    server = metrics_server.serve([body], content_type, status)
+    assert main(["diagnose", "--url", server.url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_timeline_file_that_is_not_jsonl(tmp_path, capsys):
+    bad = tmp_path / "timeline.jsonl"
+    bad.write_text("kv usage went up\n")
+    assert main(["diagnose", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not valid JSON" in err and len(err.splitlines()) == 1

@@ -17,10 +17,10 @@ from kvbench.report.diagnose import (
     Thresholds,
     alerting_rules,
     diagnose_points,
-    diagnose_series,
+    diagnose_states,
     histogram_quantile,
     load_thresholds,
-    parse_exposition,
+    read_states,
     rules_yaml,
 )
 
@@ -155,18 +155,18 @@ def _live_contiguous() -> KvMetrics:
 
 
 def test_live_rules_on_parsed_exposition():
-    series = parse_exposition(_live_contiguous().exposition())
+    series = read_states(_live_contiguous().exposition())
     assert len(series) == 1 and series[0].labels == {"engine": "contiguous", "device": "cpu"}
-    diagnosis = diagnose_series(series, Thresholds(), "test")
+    diagnosis = diagnose_states(series, Thresholds(), "test")
     fired = {f.rule for f in diagnosis.findings}
     # 8 token states in 40 slots: fragmentation 0.8, 0 of 10 blocks free with a request waiting
     assert fired == {"fragmentation", "free_blocks", "alloc_latency", "reservation_waste", "concurrency_capped"}
     latency = next(f for f in diagnosis.findings if f.rule == "alloc_latency")
     assert latency.severity == "critical" and latency.values["alloc_latency_p99_ms"] > 50
     loose = Thresholds(fragmentation=0.9, free_blocks=0.0, alloc_latency_p99_ms=200, reservation_waste=0.9)
-    assert not diagnose_series(series, loose).fired
-    with pytest.raises(KvbenchError, match="no kvbench_kv_cache_blocks_capacity"):
-        diagnose_series(parse_exposition("# nothing\n"), Thresholds(), "http://x")
+    assert not diagnose_states(series, loose).fired
+    with pytest.raises(KvbenchError, match="none of the metric families kvbench reads"):
+        read_states("# nothing\n", "http://x")
 
 
 def test_alerting_rules_follow_the_prometheus_schema_and_thresholds():

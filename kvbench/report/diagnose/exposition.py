@@ -1,66 +1,70 @@
-"""Reading a live Prometheus endpoint: scraping, parsing the exposition into series, histogram quantiles."""
+"""Reading a live Prometheus endpoint: scraping, parsing the exposition into samples, histogram quantiles.
+
+What the samples mean for one engine family (kvbench, vLLM, SGLang) is ``servers.py``'s business.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
 from kvbench.errors import KvbenchError
 
+_HTML = re.compile(r"^\s*(<!doctype html|<html|<head|<body|<\?xml|<!--)", re.IGNORECASE)
+MAX_BODY_BYTES = 32 << 20  # a /metrics page is kilobytes; more is not an exposition
+
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
+    """The body of ``url`` as text; a one-line error when it cannot be read or is plainly not an exposition."""
     if not url.startswith(("http://", "https://")):
         raise KvbenchError(f"metrics URL {url!r}: expected http://HOST:PORT/metrics")
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (user-given http URL)
-            return response.read().decode("utf-8")
+            body = response.read(MAX_BODY_BYTES + 1)
+    except urllib.error.HTTPError as err:
+        raise KvbenchError(f"cannot scrape {url}: HTTP {err.code} {err.reason}") from None
     except urllib.error.URLError as err:
         raise KvbenchError(f"cannot scrape {url}: {getattr(err, 'reason', err)}") from None
-    except OSError as err:
+    except (OSError, ValueError) as err:  # timeouts, resets; ValueError: a malformed URL
         raise KvbenchError(f"cannot scrape {url}: {err}") from None
+    if len(body) > MAX_BODY_BYTES:
+        raise KvbenchError(f"{url} returned more than {MAX_BODY_BYTES >> 20} MiB: not a metrics page")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KvbenchError(f"{url} did not return UTF-8 text: not Prometheus exposition text") from None
+    if _HTML.match(text):
+        raise KvbenchError(f"{url} returned an HTML page, not Prometheus metrics; check the path (usually /metrics)")
+    return text
 
 
-@dataclass
-class Series:
-    """The kvbench samples of one (engine, device)."""
-
+@dataclass(frozen=True)
+class Sample:
+    name: str
     labels: dict[str, str]
-    values: dict[str, float]
-    buckets: list[tuple[float, float]]  # (le, cumulative count) of the allocation latency histogram
-
-    @property
-    def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+    value: float
 
 
-_SERIES_LABELS = ("engine", "device", "instance", "exported_instance")
-
-
-def parse_exposition(text: str) -> list[Series]:
-    """kvbench series from Prometheus exposition text, grouped by their engine and device labels (and a fleet
-    instance's, so that each instance is diagnosed on its own)."""
+def parse_samples(text: str, source: str = "the exposition") -> list[Sample]:
+    """Every sample of Prometheus exposition text; a one-line error when the text is not an exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    grouped: dict[tuple, Series] = {}
+    if _HTML.match(text):
+        raise KvbenchError(f"{source} is an HTML page, not Prometheus exposition text")
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as err:
-        raise KvbenchError(f"not Prometheus exposition text: {err}") from None
-    for family in families:
-        for sample in family.samples:
-            if not sample.name.startswith("kvbench_"):
-                continue
-            labels = {k: v for k, v in sample.labels.items() if k in _SERIES_LABELS}
-            series = grouped.setdefault(tuple(sorted(labels.items())), Series(labels, {}, []))
-            if sample.name.endswith("_bucket") and "le" in sample.labels:
-                series.buckets.append((float(sample.labels["le"]), float(sample.value)))
-            else:
-                series.values[sample.name] = float(sample.value)
-    for series in grouped.values():
-        series.buckets.sort()
-    return list(grouped.values())
+        raise KvbenchError(f"{source} is not Prometheus exposition text: {_first_line(str(err))}") from None
+    return [Sample(sample.name, dict(sample.labels), float(sample.value))
+            for family in families for sample in family.samples]
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "unreadable"
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

@@ -1,9 +1,10 @@
-"""What a diagnosis finds: findings with evidence and a suggestion, and the diagnosis that holds them."""
+"""What a diagnosis finds: findings with evidence and a suggestion, what it could not judge, what it measured
+(and estimated), and the diagnosis that holds them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvbench.report.diagnose.thresholds import Thresholds
@@ -17,11 +18,39 @@ class Finding:
     severity: str
     source: str  # the point ("contiguous C=10") or series ("engine=paged device=cpu") it came from
     evidence: str
-    suggestion: str
+    suggestion: str  # the remedies rendered for the engine family
     values: Mapping[str, Any]
+    remedies: tuple[str, ...] = ()  # remedy keys (report/diagnose/remedies.py)
+    family: str = "kvbench"  # engine family the suggestion speaks to: kvbench, vllm, sglang
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "values": dict(self.values)}
+        return {**asdict(self), "values": dict(self.values), "remedies": list(self.remedies)}
+
+
+@dataclass(frozen=True)
+class NotEvaluated:
+    """A rule the data cannot decide: said plainly instead of guessed."""
+
+    rule: str
+    source: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A figure read from (or, when ``estimate``, derived by kvbench from) what the engine exposes."""
+
+    source: str
+    name: str
+    value: float | None
+    text: str
+    estimate: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -31,14 +60,19 @@ class Diagnosis:
     findings: list[Finding]
     checked: int  # points or series examined
     notes: list[str]
+    not_evaluated: list[NotEvaluated] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
 
     @property
     def fired(self) -> bool:
-        return bool(self.findings)
+        """A warning or critical finding (info findings are reported, never fail a check)."""
+        return any(f.severity != "info" for f in self.findings)
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "thresholds": self.thresholds.as_dict(), "checked": self.checked,
-                "fired": self.fired, "findings": [f.as_dict() for f in self.findings], "notes": self.notes}
+                "fired": self.fired, "findings": [f.as_dict() for f in self.findings], "notes": self.notes,
+                "not_evaluated": [n.as_dict() for n in self.not_evaluated],
+                "measurements": [m.as_dict() for m in self.measurements]}
 
 
 def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:

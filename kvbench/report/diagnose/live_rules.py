@@ -1,72 +1,295 @@
-"""Rules over a live engine's metrics (one series per engine and device)."""
+"""Rules over a live engine's metrics: one scrape, or a timeline of scrapes (``kvbench watch``).
+
+The same rules as over recorded runs, where the engine exposes what they need: free blocks under the
+threshold, preemption storms, requests waiting (for memory, or at low KV usage for the scheduler's batch cap),
+plus the prefix-cache hit rate. A rule an engine's metrics cannot decide (vLLM has no fragmentation or
+allocation-latency metric) is listed as not evaluated, with kvbench's estimate of paging's internal waste
+(half a block per running request) marked as an estimate. Counters are judged over the watched window when
+there is one, else since the engine started; gauges at the last scrape, free blocks also over the window.
+"""
 
 from __future__ import annotations
 
-from kvbench.errors import KvbenchError
-from kvbench.report.diagnose.exposition import Series, histogram_quantile, parse_exposition, scrape
-from kvbench.report.diagnose.findings import Diagnosis, Finding, pct, sorted_findings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.report.diagnose.exposition import histogram_quantile, scrape
+from kvbench.report.diagnose.findings import (
+    Diagnosis,
+    Finding,
+    Measurement,
+    NotEvaluated,
+    pct,
+    sorted_findings,
+)
+from kvbench.report.diagnose.remedies import render
+from kvbench.report.diagnose.servers import ServerState, read_states
 from kvbench.report.diagnose.thresholds import Thresholds
 
+NO_FRAGMENTATION = {
+    "vllm": "vLLM exposes no fragmentation metric: kv_cache_usage_perc counts blocks in use, not how full they are",
+    "sglang": "SGLang exposes no fragmentation metric, only the share of its token pool in use",
+    "kvbench": "the exposition has no kvbench_kv_cache_fragmentation",
+}
+NO_RESERVATION = {
+    "vllm": "vLLM allocates blocks as tokens arrive and reserves none ahead, so there is no reservation to "
+            "measure; the empty tails of partly filled blocks are estimated below",
+    "sglang": "SGLang allocates its token pool as tokens arrive and exposes no reservation",
+    "kvbench": "the exposition has no kvbench_kv_cache_fragmentation",
+}
+NO_ALLOC_LATENCY = {
+    "vllm": "vLLM exposes no block-allocation latency",
+    "sglang": "SGLang exposes no allocation latency",
+    "kvbench": "no block allocation was observed (kvbench_block_alloc_latency_seconds is empty)",
+}
+NO_PREEMPTIONS = {
+    "sglang": "this SGLang exposes no cumulative retraction counter (num_retracted_requests_total) with its "
+              "finished requests",
+}
 
-def diagnose_series(all_series: list[Series], thresholds: Thresholds, source: str = "") -> Diagnosis:
-    t = thresholds
-    findings: list[Finding] = []
-    notes = ["reservation vs internal needs hindsight: live, reservation + internal is read from fragmentation"]
-    checked = 0
-    for series in all_series:
-        v = series.values
-        total, free, used = (v.get("kvbench_kv_cache_blocks_capacity"), v.get("kvbench_kv_cache_blocks_free"),
-                             v.get("kvbench_kv_cache_blocks_used"))
-        if total is None:
-            continue
-        checked += 1
-        label = series.label
-        frag = v.get("kvbench_kv_cache_fragmentation")
-        layout = ("use the paged engine instead of contiguous slabs, reserve less (--reserve pow2), or a lower "
-                  "max-len" if str(series.labels.get("engine", "")).startswith("contiguous") else "use a smaller --block-size")
-        if frag is not None and frag > t.fragmentation:
-            findings.append(Finding("fragmentation", "warning", label,
-                                    f"online fragmentation {frag:.3f} > {t.fragmentation}", layout,
-                                    {"fragmentation": frag, "threshold": t.fragmentation}))
-        free_share = free / total if free is not None and total > 0 else None
-        more_memory = ("give the KV cache more memory (--kv-memory, --gpu-memory-utilization) or route new "
-                       "requests to the instance with the most free blocks")
-        if free_share is not None and free_share < t.free_blocks:
-            findings.append(Finding("free_blocks", "warning", label,
-                                    f"{free:.0f} of {total:.0f} blocks free ({pct(free_share)} < "
-                                    f"{pct(t.free_blocks)})", more_memory,
-                                    {"free_share": free_share, "threshold": t.free_blocks}))
-        p99 = histogram_quantile(0.99, series.buckets)
-        if p99 is not None and p99 * 1000 > t.alloc_latency_p99_ms:
-            findings.append(Finding("alloc_latency", "critical", label,
-                                    f"block allocation latency p99 ~{p99 * 1000:.1f} ms (from histogram buckets) > "
-                                    f"{t.alloc_latency_p99_ms:g} ms",
-                                    "use a larger --block-size (fewer allocations); check the host for CPU contention",
-                                    {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms}))
-        preemptions, finished = v.get("kvbench_num_preemptions_total"), v.get("kvbench_requests_finished_total")
-        if preemptions and finished is not None and preemptions / max(finished, 1.0) > t.preemptions_per_request:
-            rate = preemptions / max(finished, 1.0)
-            findings.append(Finding("preemption_storm", "warning", label,
-                                    f"{preemptions:.0f} preemptions for {finished:.0f} finished requests "
-                                    f"({rate:.2f} per request > {t.preemptions_per_request:g})", more_memory,
-                                    {"preemptions_per_request": rate, "threshold": t.preemptions_per_request}))
-        if frag is not None and used is not None and total > 0:
-            share = frag * used / total
-            if share > t.reservation_waste:
-                findings.append(Finding("reservation_waste", "warning", label,
-                                        f"reservation + internal hold {pct(share)} of the pool "
-                                        f"(> {pct(t.reservation_waste)})", layout,
-                                        {"reservation_internal_share": share, "threshold": t.reservation_waste}))
-        waiting = v.get("kvbench_requests_waiting")
-        if waiting and free_share is not None and free_share < t.free_blocks:
-            findings.append(Finding("concurrency_capped", "warning", label,
-                                    f"{waiting:.0f} requests wait while only {pct(free_share)} of the blocks are "
-                                    f"free: the KV budget caps concurrency", more_memory,
-                                    {"waiting": waiting, "free_share": free_share}))
-    if not checked:
-        raise KvbenchError(f"{source or 'the endpoint'} exposes no kvbench_kv_cache_blocks_capacity series")
-    return Diagnosis(source, thresholds, sorted_findings(findings), checked, notes)
+
+def seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:,.0f} s"
+
+
+@dataclass
+class Window:
+    """The scrapes of one engine instance, oldest first: one for ``diagnose --url``, many from a watch."""
+
+    samples: list[tuple[float, ServerState]]  # (seconds since the first scrape, state)
+
+    @property
+    def last(self) -> ServerState:
+        return self.samples[-1][1]
+
+    @property
+    def span_s(self) -> float:
+        return self.samples[-1][0] - self.samples[0][0]
+
+    def counter(self, name: str) -> tuple[float | None, str]:
+        """A counter's increase over the window (since the engine started, for one scrape) and how it was
+        measured. A counter that went down (the engine restarted) counts from its last start."""
+        values = [(t, getattr(s, name)) for t, s in self.samples if getattr(s, name) is not None]
+        if not values:
+            return None, ""
+        if len(self.samples) < 2 or len(values) < 2:
+            return values[-1][1], "since the engine started"
+        first, last = values[0][1], values[-1][1]
+        return (last - first if last >= first else last), f"over the {seconds(self.span_s)} watched"
+
+    def gauge(self, name: str) -> list[float]:
+        return [value for _, s in self.samples if (value := getattr(s, name)) is not None]
+
+
+class _Out:
+    def __init__(self, window: Window) -> None:
+        self.state = window.last
+        self.findings: list[Finding] = []
+        self.skipped: list[NotEvaluated] = []
+        self.measured: list[Measurement] = []
+
+    def find(self, rule: str, severity: str, evidence: str, remedies: tuple[str, ...], values: dict) -> None:
+        s = self.state
+        self.findings.append(Finding(rule, severity, s.source, evidence, render(remedies, s.family, s.context()),
+                                     values, remedies, s.family))
+
+    def skip(self, rule: str, reasons: dict[str, str]) -> None:
+        self.skipped.append(NotEvaluated(rule, self.state.source, reasons.get(self.state.family, "not exposed")))
+
+    def measure(self, name: str, value: float | None, text: str, estimate: bool = False) -> None:
+        self.measured.append(Measurement(self.state.source, name, value, text, estimate))
+
+
+def _rule_fragmentation(w: Window, t: Thresholds, out: _Out) -> None:
+    values = w.gauge("fragmentation")
+    if not values:
+        out.skip("fragmentation", NO_FRAGMENTATION)
+        return
+    frag = sum(values) / len(values)
+    over = f" (mean of {len(values)} scrapes)" if len(values) > 1 else ""
+    if frag > t.fragmentation:
+        out.find("fragmentation", "warning", f"online fragmentation {frag:.3f}{over} > {t.fragmentation}",
+                 _layout(out.state), {"fragmentation": frag, "threshold": t.fragmentation})
+
+
+def _layout(state: ServerState) -> tuple[str, ...]:
+    return ("layout",) if str(state.labels.get("engine", "")).startswith("contiguous") else ("smaller_blocks",)
+
+
+def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
+    shares = w.gauge("free_share")
+    if not shares:
+        out.skip("free_blocks", {out.state.family: "the engine exposes no KV usage"})
+        return
+    last = shares[-1]
+    low = [share for share in shares if share < t.free_blocks]
+    if last >= t.free_blocks and len(low) * 2 < len(shares):
+        return
+    state = out.state
+    blocks = (f"{state.free_blocks:.0f} of {state.total_blocks:.0f} blocks free"
+              if state.free_blocks is not None else f"KV usage {pct(state.usage)}")
+    evidence = f"{blocks} ({pct(last)} < {pct(t.free_blocks)})"
+    if len(shares) > 1:
+        evidence = (f"free KV share below {pct(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
+                    f"{pct(min(shares))}); at the last: {blocks} ({pct(last)})")
+    out.find("free_blocks", "warning", evidence, ("more_kv_memory", "lower_concurrency", "route_to_free"),
+             {"free_share": last, "threshold": t.free_blocks})
+
+
+def _rule_alloc_latency(w: Window, t: Thresholds, out: _Out) -> None:
+    p99 = histogram_quantile(0.99, out.state.alloc_buckets)
+    if p99 is None:
+        out.skip("alloc_latency", NO_ALLOC_LATENCY)
+        return
+    if p99 * 1000 > t.alloc_latency_p99_ms:
+        out.find("alloc_latency", "critical", f"block allocation latency p99 ~{p99 * 1000:.1f} ms (from histogram "
+                 f"buckets) > {t.alloc_latency_p99_ms:g} ms", ("larger_blocks", "check_host"),
+                 {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms})
+
+
+def _rule_preemptions(w: Window, t: Thresholds, out: _Out) -> None:
+    preemptions, over = w.counter("preemptions")
+    finished, _ = w.counter("finished")
+    if preemptions is None or finished is None:
+        out.skip("preemption_storm", {**NO_PREEMPTIONS, out.state.family: NO_PREEMPTIONS.get(
+            out.state.family, "the engine exposes no preemption and finished-request counters")})
+        return
+    out.measure("preemptions", preemptions, f"{preemptions:.0f} preemptions for {finished:.0f} finished requests {over}")
+    if preemptions and preemptions / max(finished, 1.0) > t.preemptions_per_request:
+        rate = preemptions / max(finished, 1.0)
+        out.find("preemption_storm", "warning", f"{preemptions:.0f} preemptions for {finished:.0f} finished requests "
+                 f"{over} ({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
+                 ("more_kv_memory", "lower_concurrency"),
+                 {"preemptions_per_request": rate, "threshold": t.preemptions_per_request})
+
+
+def _rule_reservation(w: Window, t: Thresholds, out: _Out) -> None:
+    state = out.state
+    if state.fragmentation is None or state.used_blocks is None or not state.total_blocks:
+        out.skip("reservation_waste", NO_RESERVATION)
+        return
+    share = state.fragmentation * state.used_blocks / state.total_blocks
+    if share > t.reservation_waste:
+        out.find("reservation_waste", "warning", f"reservation + internal hold {pct(share)} of the pool "
+                 f"(> {pct(t.reservation_waste)})", _layout(state),
+                 {"reservation_internal_share": share, "threshold": t.reservation_waste})
+
+
+def _growing(points: Sequence[tuple[float, float]]) -> bool:
+    """More waiting at the end than at the start, with a rising least-squares line through the scrapes."""
+    if len(points) < 3 or points[-1][1] <= points[0][1]:
+        return False
+    n = len(points)
+    mean_t = sum(p[0] for p in points) / n
+    mean_v = sum(p[1] for p in points) / n
+    return sum((p[0] - mean_t) * (p[1] - mean_v) for p in points) > 0
+
+
+def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
+    state = out.state
+    name = "waiting_capacity" if state.waiting_capacity is not None else "waiting"
+    waiting = getattr(state, name)
+    free = state.free_share
+    if waiting is None or free is None:
+        out.skip("concurrency_capped", {state.family: "the engine exposes no waiting requests or KV usage"})
+        return
+    what = "requests wait for scheduling capacity" if name == "waiting_capacity" else "requests wait"
+    if waiting and free < t.free_blocks:
+        out.find("concurrency_capped", "warning", f"{waiting:.0f} {what} while only {pct(free)} of the KV blocks "
+                 "are free: the KV budget caps concurrency", ("more_kv_memory",),
+                 {"waiting": waiting, "free_share": free, "bound": "kv_memory"})
+        return
+    if state.family == "kvbench" or not waiting or state.usage >= t.low_kv_usage:
+        return
+    trend = [(ts, getattr(s, name)) for ts, s in w.samples if getattr(s, name) is not None]
+    if len(w.samples) > 1:
+        if not _growing(trend):
+            return
+        evidence = (f"the queue grew from {trend[0][1]:.0f} to {waiting:.0f} {what} over {seconds(w.span_s)} while "
+                    f"KV usage stayed low ({pct(state.usage)} at the last scrape, < {pct(t.low_kv_usage)})")
+        severity = "warning"
+    else:
+        evidence = (f"{waiting:.0f} {what} at KV usage {pct(state.usage)} (< {pct(t.low_kv_usage)}); one scrape "
+                    "cannot show whether the queue grows (kvbench watch records a timeline)")
+        severity = "info"
+    out.find("concurrency_capped", severity, evidence + ": the batch cap, not KV memory, limits concurrency",
+             ("raise_batch_cap",), {"waiting": waiting, "kv_usage": state.usage, "bound": "scheduler"})
+
+
+def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
+    state = out.state
+    queries, over = w.counter("prefix_queries")
+    hits, _ = w.counter("prefix_hits")
+    rate = (hits or 0.0) / queries if queries else (state.prefix_hit_rate if queries is None else None)
+    enabled = state.config.get("enable_prefix_caching")
+    if rate is None:
+        if state.family != "kvbench":
+            out.skip("prefix_cache_hit_rate", {state.family: f"no prompt token was looked up in the prefix cache {over}"
+                                               if queries == 0 else "the engine exposes no prefix-cache counters"})
+    else:
+        looked = f" of {queries:.0f} prompt tokens looked up {over}" if queries else " (the rate the engine reports)"
+        out.measure("prefix_cache_hit_rate", rate, f"prefix-cache hit rate {pct(rate)}{looked}")
+        if t.min_prefix_hit_rate > 0 and rate < t.min_prefix_hit_rate:
+            remedies = ("enable_prefix_caching", "shareable_prefixes") if enabled == "False" else ("shareable_prefixes",)
+            out.find("prefix_cache_hit_rate", "warning", f"prefix-cache hit rate {pct(rate)}{looked} "
+                     f"(< {pct(t.min_prefix_hit_rate)})", remedies, {"hit_rate": rate, "threshold": t.min_prefix_hit_rate})
+            return
+    if enabled == "False":
+        out.find("prefix_caching_off", "info", "prefix caching is off (cache_config_info enable_prefix_caching="
+                 "False): prompts sharing a prefix are prefilled and stored again", ("enable_prefix_caching",),
+                 {"enable_prefix_caching": False})
+
+
+def _measure_state(w: Window, out: _Out) -> None:
+    s = out.state
+    if s.usage is not None:
+        blocks = (f", {s.free_blocks:.0f} of {s.total_blocks:.0f} blocks free"
+                  + (f" ({s.block_size} tokens each)" if s.block_size else "")) if s.total_blocks else ""
+        out.measure("kv_usage", s.usage, f"KV usage {pct(s.usage)}{blocks}")
+    if s.running is not None:
+        out.measure("running", s.running, f"{s.running:.0f} running, {s.waiting or 0:.0f} waiting")
+    if s.prompt_tokens_mean is not None and s.generation_tokens_mean is not None:
+        out.measure("mean_request_tokens", s.prompt_tokens_mean + s.generation_tokens_mean,
+                    f"finished requests averaged {s.prompt_tokens_mean:.0f} prompt + {s.generation_tokens_mean:.0f} "
+                    "output tokens")
+    if s.fragmentation is None and s.block_size and s.running and s.total_blocks:
+        internal = s.running * s.block_size / 2  # the last block of a request is half full on average
+        share_pool = internal / (s.total_blocks * s.block_size)
+        held = (s.usage or 0.0) * s.total_blocks * s.block_size
+        of_held = f", ~{pct(min(1.0, internal / held))} of the blocks in use" if held > 0 else ""
+        out.measure("internal_waste_estimate", share_pool,
+                    f"estimate: paging's internal waste ~{internal:.0f} token slots = half a {s.block_size}-token "
+                    f"block per running request ({s.running:.0f}): ~{pct(share_pool)} of the pool{of_held}",
+                    estimate=True)
+
+
+_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _rule_preemptions, _rule_reservation,
+          _rule_capped, _rule_prefix_cache)
+
+
+def diagnose_windows(windows: Sequence[Window], thresholds: Thresholds, source: str = "",
+                     notes: Sequence[str] = ()) -> Diagnosis:
+    """The rules over each engine instance's scrapes."""
+    findings, skipped, measured = [], [], []
+    for window in windows:
+        out = _Out(window)
+        _measure_state(window, out)
+        for rule in _RULES:
+            rule(window, thresholds, out)
+        findings += out.findings
+        skipped += out.skipped
+        measured += out.measured
+    all_notes = list(notes)
+    if any(w.last.family == "kvbench" for w in windows):
+        all_notes.append("reservation vs internal needs hindsight: live, reservation + internal is read from "
+                         "fragmentation")
+    return Diagnosis(source, thresholds, sorted_findings(findings), len(windows), all_notes, skipped, measured)
+
+
+def diagnose_states(states: Sequence[ServerState], thresholds: Thresholds, source: str = "") -> Diagnosis:
+    """The rules over one scrape."""
+    return diagnose_windows([Window([(0.0, state)]) for state in states], thresholds, source)
 
 
 def diagnose_url(url: str, thresholds: Thresholds) -> Diagnosis:
-    return diagnose_series(parse_exposition(scrape(url)), thresholds, url)
+    return diagnose_states(read_states(scrape(url), url), thresholds, url)

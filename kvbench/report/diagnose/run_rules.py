@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.report.diagnose.findings import Diagnosis, Finding, pct, sorted_findings
+from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
+
+
+def _finding(rule: str, severity: str, label: str, evidence: str, remedies: tuple[str, ...], values: dict,
+             context: Mapping[str, Any] | None = None) -> Finding:
+    """A finding on a kvbench run: its remedies name kvbench's own settings (a sweep sizes every engine's
+    KV budget, vLLM's reference column included)."""
+    return Finding(rule, severity, label, evidence, render(remedies, "kvbench", context), values, remedies)
 
 
 def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any], thresholds: Thresholds,
@@ -20,10 +28,9 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
         label = (f"fleet {point.get('engine')}" if "policy" in point
                  else f"{point.get('engine')} C={point.get('concurrency')}")
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
-            findings.append(Finding("point_failed", "critical", label,
-                                    f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
-                                    "look at its traceback in results.jsonl, fix the cause and rerun it "
-                                    "(kvbench sweep --resume reruns failed points)", {"status": "error"}))
+            findings.append(_finding("point_failed", "critical", label,
+                                     f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
+                                     ("rerun_failed_point",), {"status": "error"}))
             continue
         checked += 1
         for rule in _POINT_RULES:
@@ -41,24 +48,24 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-def _layout_hint(point: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
-    if str(point.get("engine", "")).startswith("contiguous"):
-        reserve = meta.get("reserve", "max")
-        return (f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
-                f"--reserve {reserve} (pow2 or oracle); or a lower max-len (now {meta.get('max_len', '?')})")
+def _layout(point: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The remedy for KV slots held without token states: the contiguous slab layout, or the block size."""
     engine = str(point.get("engine", ""))
-    block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.get("block_size", "?")
-    return f"use a smaller --block-size (now {block_size}; 16-32 work best)"
+    if engine.startswith("contiguous"):
+        return ("layout",), {"reserve": meta.get("reserve", "max"), "max_len": meta.get("max_len")}
+    block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.get("block_size")
+    return ("smaller_blocks",), {"block_size": block_size}
 
 
 def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
     value = _num(point.get("fragmentation_mean"))
     if value is None or value <= t.fragmentation:
         return None
-    return Finding("fragmentation", "warning", label,
-                   f"mean online fragmentation {value:.3f} (1 - used / allocated) > {t.fragmentation}: "
-                   f"{pct(value)} of the allocated KV slots hold no token state",
-                   _layout_hint(point, meta), {"fragmentation_mean": value, "threshold": t.fragmentation})
+    remedies, context = _layout(point, meta)
+    return _finding("fragmentation", "warning", label,
+                    f"mean online fragmentation {value:.3f} (1 - used / allocated) > {t.fragmentation}: "
+                    f"{pct(value)} of the allocated KV slots hold no token state",
+                    remedies, {"fragmentation_mean": value, "threshold": t.fragmentation}, context)
 
 
 def _free_share(point) -> float | None:
@@ -78,11 +85,10 @@ def _rule_free_blocks(point, meta, t: Thresholds, label) -> Finding | None:
         return None
     pool, peak = _num(point.get("kv_pool_bytes")), _num(point.get("kv_peak_allocated_bytes"))
     at_peak = f"; at peak allocation {pct(1 - peak / pool)} were free" if pool and peak is not None else ""
-    return Finding("free_blocks", "warning", label,
-                   f"free KV blocks averaged {pct(free)} of the pool (< {pct(t.free_blocks)}){at_peak}",
-                   "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization), or lower "
-                   "the concurrency / route new requests to the instance with the most free blocks",
-                   {"free_share_mean": free, "threshold": t.free_blocks})
+    return _finding("free_blocks", "warning", label,
+                    f"free KV blocks averaged {pct(free)} of the pool (< {pct(t.free_blocks)}){at_peak}",
+                    ("more_kv_memory", "lower_concurrency", "route_to_free"),
+                    {"free_share_mean": free, "threshold": t.free_blocks})
 
 
 def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
@@ -90,12 +96,11 @@ def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
     p99 = _num(metrics.get("block_alloc_latency_p99_seconds"))
     if p99 is None or p99 * 1000 <= t.alloc_latency_p99_ms:
         return None
-    return Finding("alloc_latency", "critical", label,
-                   f"block allocation latency p99 {p99 * 1000:.1f} ms > {t.alloc_latency_p99_ms:g} ms over "
-                   f"{metrics.get('block_alloc_count', '?')} allocation calls",
-                   "allocation sits on the step's critical path: use a larger --block-size (fewer allocations), "
-                   "keep the pool off a contended host (CPU oversubscription stalls the allocator)",
-                   {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms})
+    return _finding("alloc_latency", "critical", label,
+                    f"block allocation latency p99 {p99 * 1000:.1f} ms > {t.alloc_latency_p99_ms:g} ms over "
+                    f"{metrics.get('block_alloc_count', '?')} allocation calls; allocation sits on the step's "
+                    "critical path", ("larger_blocks", "check_host"),
+                    {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms})
 
 
 def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
@@ -105,12 +110,11 @@ def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
     rate = preemptions / max(completed, 1.0)
     if rate <= t.preemptions_per_request:
         return None
-    return Finding("preemption_storm", "warning", label,
-                   f"{preemptions:.0f} preemptions for {completed:.0f} completed requests "
-                   f"({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
-                   "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization) or lower the "
-                   "concurrency so running requests can grow without evicting each other",
-                   {"preemptions_per_request": rate, "threshold": t.preemptions_per_request})
+    return _finding("preemption_storm", "warning", label,
+                    f"{preemptions:.0f} preemptions for {completed:.0f} completed requests "
+                    f"({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
+                    ("more_kv_memory", "lower_concurrency"),
+                    {"preemptions_per_request": rate, "threshold": t.preemptions_per_request})
 
 
 def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
@@ -121,24 +125,25 @@ def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
     share = (reservation + internal) / 100.0
     if share <= t.reservation_waste:
         return None
-    return Finding("reservation_waste", "warning", label,
-                   f"reservation + internal fragmentation took {pct(share)} of the pool on average "
-                   f"(> {pct(t.reservation_waste)}); token states only {waste.get('token_state_pct', 0):.1f}%",
-                   _layout_hint(point, meta), {"reservation_internal_share": share, "threshold": t.reservation_waste})
+    remedies, context = _layout(point, meta)
+    return _finding("reservation_waste", "warning", label,
+                    f"reservation + internal fragmentation took {pct(share)} of the pool on average "
+                    f"(> {pct(t.reservation_waste)}); token states only {waste.get('token_state_pct', 0):.1f}%",
+                    remedies, {"reservation_internal_share": share, "threshold": t.reservation_waste}, context)
 
 
 def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     concurrency = _num(point.get("concurrency"))
     peak = _num(point.get("peak_running"))
-    hint = ("give the KV cache more memory (--kv-memory, --gpu-memory-utilization)"
-            + ("; the paged engine fits more requests in the same budget; or a lower max-len or --reserve pow2"
-               if str(point.get("engine", "")).startswith("contiguous") else ""))
+    remedies, context = ("more_kv_memory",), {}
+    if str(point.get("engine", "")).startswith("contiguous"):  # the paged engine fits more in the same budget
+        remedies, context = ("more_kv_memory", "layout"), _layout(point, meta)[1]
     if point.get("status") == "oom":
         evidence = f"OOM: {point.get('status_reason') or 'requests rejected for lack of KV memory'}"
         if peak is not None and concurrency is not None:
             evidence += f" (peak running {peak:.0f} of concurrency {concurrency:.0f})"
-        return Finding("concurrency_capped", "critical", label, evidence, hint,
-                       {"peak_running": peak, "concurrency": concurrency, "status": "oom"})
+        return _finding("concurrency_capped", "critical", label, evidence, remedies,
+                        {"peak_running": peak, "concurrency": concurrency, "status": "oom"}, context)
     if concurrency is None or peak is None:
         return None
     offered = concurrency
@@ -147,9 +152,9 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
         offered = min(offered, total)
     if peak >= offered or peak >= meta.get("max_num_seqs", 256):
         return None
-    return Finding("concurrency_capped", "warning", label,
-                   f"at most {peak:.0f} of {offered:.0f} requests ran at once: the KV budget caps concurrency",
-                   hint, {"peak_running": peak, "concurrency": concurrency})
+    return _finding("concurrency_capped", "warning", label,
+                    f"at most {peak:.0f} of {offered:.0f} requests ran at once: the KV budget caps concurrency",
+                    remedies, {"peak_running": peak, "concurrency": concurrency}, context)
 
 
 IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool

@@ -22,9 +22,11 @@ class Thresholds:
     alloc_latency_p99_ms: float = 50.0  # p99 of one block allocation call
     preemptions_per_request: float = 0.5  # preemptions per completed request
     reservation_waste: float = 0.5  # reservation + internal as a share of the pool
+    low_kv_usage: float = 0.5  # requests waiting while KV usage is below this: the batch cap, not memory, limits
+    min_prefix_hit_rate: float = 0.0  # prefix-cache hits per queried token below this fire (0: off)
     alert_for: str = "5m"  # Prometheus `for:` of the emitted alerts
 
-    FRACTIONS = ("fragmentation", "free_blocks", "reservation_waste")
+    FRACTIONS = ("fragmentation", "free_blocks", "reservation_waste", "low_kv_usage", "min_prefix_hit_rate")
 
     def validate(self) -> Thresholds:
         for f in fields(self):
@@ -36,7 +38,7 @@ class Thresholds:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise KvbenchError(f"threshold {f.name}: {value!r} must be a non-negative number")
             if f.name in self.FRACTIONS and value > 1:
-                raise KvbenchError(f"threshold {f.name}: {value!r} is a fraction of the pool, between 0 and 1")
+                raise KvbenchError(f"threshold {f.name}: {value!r} is a share, between 0 and 1")
         return self
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,0 +1,58 @@
+"""``kvbench watch``: a live view of a serving engine's KV cache, recorded as a timeline and a plot."""
+
+from __future__ import annotations
+
+import typer
+from rich.live import Live
+
+from kvbench.commands._options import make_console, run_directory
+from kvbench.errors import KvbenchError
+from kvbench.fileio import DirectoryLock
+from kvbench.report.diagnose.timeline import TIMELINE_FILE, read_timeline
+from kvbench.report.rundir import new_run_dir
+from kvbench.report.watch_report import WatchView, watch_plot
+from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
+
+HELP = """Watch a live kvbench, vLLM or SGLang metrics endpoint: KV usage, free blocks, running and waiting
+requests, preemptions and the prefix-cache hit rate, scraped every --interval seconds and shown as a live
+table. Each scrape is appended to OUT/timeline.jsonl as it comes; when the watch ends (--duration, or Ctrl-C)
+OUT/watch.png plots the timeline. `kvbench diagnose OUT/timeline.jsonl` runs the diagnosis rules over it
+(a queue that grows while KV usage stays low is seen only over time).
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("watch", help=HELP)(watch_command)
+
+
+def watch_command(
+    url: str = typer.Option(..., "--url", help="Metrics endpoint, e.g. http://127.0.0.1:8000/metrics."),
+    interval: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between scrapes."),
+    duration: float | None = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds (default: at Ctrl-C)."),
+    out: str | None = typer.Option(None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
+) -> None:
+    first = read_endpoint(url)  # a URL that is down or not a metrics page fails here, before any file is made
+    out_dir = new_run_dir("watch", run_directory(out))
+    timeline = out_dir / TIMELINE_FILE
+    if timeline.exists():
+        raise KvbenchError(f"{out_dir} already holds a timeline; choose another --out")
+    lock = DirectoryLock(out_dir, "kvbench watch")
+    console = make_console()
+    view = WatchView(url, interval, duration)
+    interrupted = False
+    with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
+        def on_scrape(scrape: Scrape) -> None:
+            view.add(scrape.elapsed_s, scrape.states, scrape.error)
+            live.update(view.render())
+
+        try:
+            watch(WatchSettings(url, interval, duration, timeline), first, on_scrape)
+        except KeyboardInterrupt:
+            interrupted = True
+    console.line()
+    recorded = read_timeline(timeline)
+    plot = watch_plot(recorded, out_dir / "watch.png")
+    lock.release()
+    stopped = "stopped by Ctrl-C; " if interrupted else ""
+    console.print(f"{stopped}wrote {timeline} ({view.scrapes} scrape(s)) and {plot}")
+    console.print(f"diagnose it: kvbench diagnose {timeline}")

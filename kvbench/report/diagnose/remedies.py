@@ -1,0 +1,104 @@
+"""What to change, said in the words of the engine being diagnosed.
+
+A rule names its remedies by key (``more_kv_memory``, ``smaller_blocks`` ...); :func:`render` phrases them for
+one engine family, with the settings the engine reported (``now 128``). kvbench's own runs are told which
+kvbench flags to change; a vLLM or SGLang server is told which of *its* launch options to change. A remedy
+a family has no phrasing for is left out, never replaced by another engine's flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+Context = Mapping[str, Any]
+Phrase = Callable[[Context], str]
+
+
+def _now(context: Context, key: str, unit: str = "") -> str:
+    value = context.get(key)
+    return f" (now {value}{unit})" if value not in (None, "", "None", "?") else ""
+
+
+def _kvbench_layout(context: Context) -> str:
+    reserve = context.get("reserve") or "max"
+    return (f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
+            f"--reserve {reserve} (pow2 or oracle); or a lower max-len{_now(context, 'max_len')}")
+
+
+def _kvbench_smaller_blocks(context: Context) -> str:
+    size = context.get("block_size")
+    now = f"now {size}; " if size not in (None, "", "?") else ""
+    return f"use a smaller --block-size ({now}16-32 work best)"
+
+
+# remedy key -> engine family -> phrasing
+REMEDIES: dict[str, dict[str, Phrase]] = {
+    "more_kv_memory": {
+        "kvbench": lambda c: "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization)",
+        "vllm": lambda c: ("give the KV cache more memory: raise --gpu-memory-utilization"
+                           f"{_now(c, 'gpu_memory_utilization')} or set --kv-cache-memory-bytes"
+                           f"{_now(c, 'kv_cache_memory_bytes', ' B')}, or free memory with a lower --max-model-len"),
+        "sglang": lambda c: ("give the KV cache more memory: raise --mem-fraction-static, or free memory with a "
+                             "lower --context-length"),
+    },
+    "lower_concurrency": {
+        "kvbench": lambda c: "lower the concurrency so running requests can grow without evicting each other",
+        "vllm": lambda c: "lower --max-num-seqs so running requests can grow without evicting each other",
+        "sglang": lambda c: "lower --max-running-requests so running requests can grow without being retracted",
+    },
+    "raise_batch_cap": {
+        "vllm": lambda c: ("raise --max-num-seqs (and --max-num-batched-tokens if long prompts queue): the KV "
+                           "cache has room, the scheduler's cap keeps requests waiting"),
+        "sglang": lambda c: ("raise --max-running-requests (and --chunked-prefill-size if long prompts queue): "
+                             "the KV cache has room, the scheduler's cap keeps requests waiting"),
+    },
+    "route_to_free": {
+        family: (lambda c: "route new requests to the instance with the most free KV blocks")
+        for family in ("kvbench", "vllm", "sglang")
+    },
+    "layout": {
+        "kvbench": _kvbench_layout,
+    },
+    "smaller_blocks": {
+        "kvbench": _kvbench_smaller_blocks,
+        "vllm": lambda c: f"use a smaller --block-size{_now(c, 'block_size')}",
+        "sglang": lambda c: f"use a smaller --page-size{_now(c, 'block_size')}",
+    },
+    "larger_blocks": {
+        "kvbench": lambda c: "use a larger --block-size (fewer allocations)",
+    },
+    "check_host": {
+        "kvbench": lambda c: ("keep the pool off a contended host (CPU oversubscription stalls the allocator); "
+                              "check the host for CPU contention"),
+    },
+    "enable_prefix_caching": {
+        "vllm": lambda c: ("start vLLM with --enable-prefix-caching if prompts share a prefix (system prompt, "
+                           "few-shot examples, multi-turn chat)"),
+        "sglang": lambda c: "drop --disable-radix-cache if prompts share a prefix",
+    },
+    "shareable_prefixes": {
+        family: (lambda c: "put the shared part of prompts first and keep it byte-identical (system prompt, "
+                           "few-shot examples); send requests with the same prefix to the same instance")
+        for family in ("vllm", "sglang")
+    },
+    "rerun_failed_point": {
+        "kvbench": lambda c: ("look at its traceback in results.jsonl, fix the cause and rerun it "
+                              "(kvbench sweep --resume reruns failed points)"),
+    },
+}
+
+
+def phrase(key: str, family: str, context: Context | None = None) -> str | None:
+    """One remedy for one engine family; None when that family has no such knob."""
+    by_family = REMEDIES.get(key)
+    if by_family is None:
+        raise KeyError(f"unknown remedy {key!r}")
+    text = by_family.get(family)
+    return None if text is None else text(context or {})
+
+
+def render(keys: Iterable[str], family: str, context: Context | None = None) -> str:
+    """The remedies a family has, joined into one suggestion ("; or ...")."""
+    parts = [text for key in keys if (text := phrase(key, family, context))]
+    return "; or ".join(parts)

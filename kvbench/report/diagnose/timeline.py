@@ -1,0 +1,116 @@
+"""The timeline ``kvbench watch`` records: one JSON line per engine instance per scrape, appended as it goes.
+
+A line is ``{"elapsed_s", "time", "url", "state"}`` (``state``: a :class:`ServerState` record), or a scrape
+that failed, ``{"elapsed_s", "time", "url", "error"}``. The first line is a header (``"kind":
+"kvbench-watch"``). Lines are appended and flushed one by one, so a watch cut short keeps every finished
+scrape; a torn last line (a write cut short) is set aside when read, a broken line before it is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import KvbenchError
+from kvbench.fileio import append_jsonl
+from kvbench.report.diagnose.findings import Diagnosis
+from kvbench.report.diagnose.live_rules import Window, diagnose_windows, seconds
+from kvbench.report.diagnose.servers import ServerState
+from kvbench.report.diagnose.thresholds import Thresholds
+
+KIND = "kvbench-watch"
+VERSION = 1
+TIMELINE_FILE = "timeline.jsonl"
+
+
+def header_record(url: str, interval_s: float) -> dict[str, Any]:
+    return {"kind": KIND, "version": VERSION, "url": url, "interval_s": interval_s, "started": time.time()}
+
+
+def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:
+    now = time.time()
+    return [{"elapsed_s": elapsed_s, "time": now, "url": url, "state": state.record()} for state in states]
+
+
+def error_record(elapsed_s: float, url: str, error: str) -> dict[str, Any]:
+    return {"elapsed_s": elapsed_s, "time": time.time(), "url": url, "error": error}
+
+
+def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    for record in records:
+        append_jsonl(path, record)
+
+
+def timeline_path(location: str | Path) -> Path | None:
+    """The timeline ``location`` names: a ``.jsonl`` file, or a folder holding ``timeline.jsonl`` and no
+    ``summary.json``; None when it names something else (a run directory or summary)."""
+    path = Path(location)
+    if path.is_dir():
+        candidate = path / TIMELINE_FILE
+        return candidate if candidate.is_file() and not (path / "summary.json").exists() else None
+    return path if path.suffix == ".jsonl" else None
+
+
+class Timeline:
+    """The scrapes of a timeline file, grouped by engine instance (oldest first)."""
+
+    def __init__(self, path: Path, windows: dict[str, Window], errors: int, torn: bool, url: str) -> None:
+        self.path = path
+        self.windows = windows
+        self.errors = errors
+        self.torn = torn
+        self.url = url
+
+
+def read_timeline(location: str | Path) -> Timeline:
+    path = Path(location)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KvbenchError(f"{location}: no such timeline file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise KvbenchError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    windows: dict[str, Window] = {}
+    errors, torn, url = 0, False, ""
+    for index, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+            if record.get("kind") == KIND:
+                url = str(record.get("url", ""))
+                continue
+            if "error" in record:
+                errors += 1
+                continue
+            elapsed = record["elapsed_s"]
+            if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+                raise ValueError("elapsed_s is not a number")
+            state = ServerState.from_record(record["state"])
+        except (ValueError, KeyError, TypeError) as err:
+            if index == len(lines) - 1 and index > 0 and not text.endswith("\n"):
+                torn = True  # the last write was cut short
+                break
+            what = "not valid JSON" if isinstance(err, json.JSONDecodeError) else f"not a timeline record ({err})"
+            raise KvbenchError(f"{path}:{number}: {what}; a timeline is the JSONL file kvbench watch "
+                               "writes") from None
+        windows.setdefault(state.source, Window([])).samples.append((float(elapsed), state))
+    if not windows:
+        raise KvbenchError(f"{path} holds no scrapes: a timeline is the JSONL file kvbench watch writes")
+    return Timeline(path, windows, errors, torn, url)
+
+
+def diagnose_timeline(location: str | Path, thresholds: Thresholds) -> Diagnosis:
+    timeline = read_timeline(location)
+    scrapes = max(len(w.samples) for w in timeline.windows.values())
+    span = max(w.span_s for w in timeline.windows.values())
+    notes = [f"timeline of {scrapes} scrape(s) over {seconds(span)}" + (f" from {timeline.url}" if timeline.url else "")]
+    if timeline.errors:
+        notes.append(f"{timeline.errors} scrape(s) failed during the watch and are left out")
+    if timeline.torn:
+        notes.append("the last line was cut short (the watch was killed while writing) and is left out")
+    return diagnose_windows(list(timeline.windows.values()), thresholds, str(timeline.path), notes)

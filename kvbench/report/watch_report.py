@@ -1,0 +1,108 @@
+"""``kvbench watch`` on the terminal (a live table per engine instance) and as a PNG afterwards."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from kvbench.report.diagnose.findings import pct
+from kvbench.report.diagnose.servers import ServerState
+from kvbench.report.diagnose.timeline import Timeline
+
+
+def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+class WatchView:
+    """The last ``rows`` scrapes of each engine instance, newest last, redrawn after every scrape."""
+
+    def __init__(self, url: str, interval_s: float, duration_s: float | None, rows: int = 12) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.duration_s = duration_s
+        self.rows = rows
+        self.history: dict[str, deque[tuple[float, ServerState]]] = {}
+        self.previous: dict[str, ServerState] = {}
+        self.scrapes = 0
+        self.failed = 0
+        self.last_error: str | None = None
+
+    def add(self, elapsed_s: float, states: list[ServerState], error: str | None) -> None:
+        self.scrapes += 1
+        if error is not None:
+            self.failed += 1
+            self.last_error = error
+            return
+        self.last_error = None
+        for state in states:
+            self.history.setdefault(state.source, deque(maxlen=self.rows)).append((elapsed_s, state))
+
+    def render(self) -> Group:
+        until = f"for {self.duration_s:g} s" if self.duration_s is not None else "until Ctrl-C"
+        header = Text.from_markup(f"[bold]kvbench watch[/bold] {escape(self.url)}: every {self.interval_s:g} s "
+                                  f"{until}; {self.scrapes} scrape(s)"
+                                  + (f", [red]{self.failed} failed[/red]" if self.failed else ""))
+        parts: list = [header]
+        if self.last_error:
+            parts.append(Text(f"last scrape failed: {self.last_error}", style="red"))
+        parts += [self._table(source, rows) for source, rows in self.history.items()]
+        return Group(*parts)
+
+    def _table(self, source: str, rows: deque[tuple[float, ServerState]]) -> Table:
+        table = Table(title=source, title_justify="left")
+        for column in ("t (s)", "KV usage", "free blocks", "running", "waiting", "preemptions (+new)",
+                       "prefix hits"):
+            table.add_column(column, justify="right")
+        before: ServerState | None = None
+        for elapsed, state in rows:
+            usage = "-" if state.usage is None else pct(state.usage)
+            style = "red" if state.free_share is not None and state.free_share < 0.1 else None
+            new = ""
+            if before is not None and before.preemptions is not None and state.preemptions is not None:
+                new = f" (+{max(0.0, state.preemptions - before.preemptions):.0f})"
+            hit = state.hit_rate
+            table.add_row(f"{elapsed:,.1f}", Text(usage, style=style or ""), _num(state.free_blocks),
+                          _num(state.running), _num(state.waiting), _num(state.preemptions) + new,
+                          "-" if hit is None else pct(hit))
+            before = state
+        return table
+
+
+def watch_plot(timeline: Timeline, path: Path, free_blocks_threshold: float = 0.1) -> Path:
+    """KV usage, running/waiting requests and new preemptions per scrape over time, one line per instance."""
+    from kvbench.report import plots
+
+    usage, requests, preemptions = {}, {}, {}
+    many = len(timeline.windows) > 1
+    for source, window in timeline.windows.items():
+        tag = f"{source} " if many else ""
+        times = [t for t, _ in window.samples]
+        states = [s for _, s in window.samples]
+        if any(s.usage is not None for s in states):
+            usage[f"{tag}KV usage".strip()] = _series(times, [None if s.usage is None else 100 * s.usage
+                                                              for s in states])
+        requests[f"{tag}running"] = _series(times, [s.running for s in states])
+        requests[f"{tag}waiting"] = _series(times, [s.waiting for s in states])
+        new = [None] + [None if a.preemptions is None or b.preemptions is None else max(0.0, b.preemptions - a.preemptions)
+                        for a, b in zip(states, states[1:], strict=False)]
+        if any(v is not None for v in new):
+            preemptions[f"{tag}preemptions".strip()] = _series(times, new)
+    sources = "; ".join(timeline.windows)
+    return plots.stacked_panels(
+        [("KV cache usage: near 100% leaves no headroom for new requests (lower is safer)", "blocks in use (%)",
+          usage, (100 * (1 - free_blocks_threshold), f"free blocks < {100 * free_blocks_threshold:g}% above this")),
+         ("Requests: waiting (dashed) is lower-is-better; running higher is better while nothing waits",
+          "requests", requests, None),
+         ("New preemptions per scrape (lower is better)", "preemptions", preemptions, None)],
+        path, f"kvbench watch: {timeline.url or timeline.path}\n{sources}", "time since the first scrape (s)")
+
+
+def _series(times: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
+    kept = [(t, v) for t, v in zip(times, values, strict=True) if v is not None]
+    return [t for t, _ in kept], [v for _, v in kept]

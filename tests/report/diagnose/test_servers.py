@@ -1,0 +1,142 @@
+"""Reading kvbench, vLLM and SGLang metrics into one shape, from real (vLLM) and documented (SGLang) text."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.report.diagnose import servers
+from kvbench.report.diagnose.exposition import parse_samples
+from kvbench.report.diagnose.servers import ServerState, read_states
+
+DATA = Path(__file__).parent / "data"
+
+
+def vllm_text(name: str) -> str:
+    return (DATA / f"vllm_metrics_{name}.txt").read_text()
+
+
+def test_a_recorded_vllm_server_while_busy():
+    (state,) = read_states(vllm_text("busy"))
+    assert state.family == "vllm" and state.labels == {"engine": "0", "model_name": "smollm2-135m-instruct-hf"}
+    assert state.source == "vLLM engine=0 model_name=smollm2-135m-instruct-hf"
+    # cache_config_info: block_size 128, num_gpu_blocks 182, of which one is vLLM's null block
+    assert (state.block_size, state.total_blocks) == (128, 181)
+    assert state.usage == pytest.approx(8 / 181)  # 8 running requests hold one 128-token block each
+    assert state.free_blocks == pytest.approx(173)
+    assert (state.running, state.waiting, state.waiting_capacity, state.preemptions) == (8, 0, 0, 0)
+    assert state.finished == 1  # the chat request sent before the 8 concurrent ones
+    assert (state.prefix_queries, state.prefix_hits, state.hit_rate) == (149, 0, 0.0)
+    assert state.config["gpu_memory_utilization"] == "0.92" and state.config["enable_prefix_caching"] == "True"
+    assert state.context() == {"block_size": 128, "gpu_memory_utilization": "0.92",
+                               "kv_cache_memory_bytes": "1073741824", "enable_prefix_caching": "True"}
+
+
+def test_recorded_vllm_server_idle_and_after():
+    (idle,) = read_states(vllm_text("idle"))
+    assert (idle.usage, idle.running, idle.finished, idle.prefix_queries) == (0, 0, 0, 0)
+    assert idle.prompt_tokens_mean is None  # no request finished yet: no mean, not a 0/0
+    (after,) = read_states(vllm_text("after"))
+    assert (after.usage, after.running, after.finished) == (0, 0, 9)
+    assert after.prompt_tokens_mean == pytest.approx(149 / 9) and after.generation_tokens_mean == pytest.approx(520 / 9)
+
+
+def documented_vllm_names() -> set[str]:
+    names = set()
+    for line in (DATA / "vllm_docs_metric_names.tsv").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, kind, _ = line.split("\t")
+            names.add(name + "_total" if kind == "counter" else name)
+    return names
+
+
+def test_the_vllm_names_read_are_documented_and_in_the_recorded_text():
+    source = inspect.getsource(servers)
+    used = {name for name in re.findall(r'"(vllm:[a-z_]+)"', source)}
+    used |= {f"{name}{suffix}" for name in re.findall(r'_mean\(group, "(vllm:[a-z_]+)"\)', source)
+             for suffix in ("_sum", "_count")}
+    legacy = {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"}
+    documented = documented_vllm_names() | {f"{n}_sum" for n in documented_vllm_names()} | {
+        f"{n}_count" for n in documented_vllm_names()} | {"vllm:cache_config_info"}
+    current = used - legacy - {"vllm:request_prompt_tokens", "vllm:request_generation_tokens"}
+    assert current and current <= documented, current - documented
+    recorded = {s.name for s in parse_samples(vllm_text("busy"))}
+    assert current <= recorded, current - recorded
+
+
+def test_sglang_from_its_documented_example():
+    (state,) = read_states((DATA / "sglang_metrics_docs.txt").read_text())
+    assert state.family == "sglang" and state.labels == {"model_name": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert (state.usage, state.running, state.waiting) == (0.28, 162, 2826)
+    assert state.hit_rate == pytest.approx(0.0075075, rel=1e-4)  # SGLang reports the rate itself
+    assert state.preemptions is None and state.total_blocks is None  # not in the documented example
+
+
+def test_sglang_capacity_page_size_and_retractions_when_exposed():
+    text = """# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",tp_rank="0"} 0.5
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",tp_rank="0"} 3
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="m",tp_rank="0"} 4096
+# TYPE sglang:page_size gauge
+sglang:page_size{model_name="m",tp_rank="0"} 16
+# TYPE sglang:num_retracted_requests counter
+sglang:num_retracted_requests_total{model_name="m",tp_rank="0"} 7
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{model_name="m",tp_rank="0",pid="1"} 1
+"""
+    (state,) = read_states(text)
+    assert (state.total_blocks, state.block_size, state.free_blocks) == (256, 16, 128)
+    assert state.preemptions == 7  # the cumulative counter, not the per-batch gauge
+
+
+def test_one_endpoint_with_several_families_and_engines():
+    kvbench = """# TYPE kvbench_kv_cache_blocks_capacity gauge
+kvbench_kv_cache_blocks_capacity{engine="paged",device="cpu"} 100
+kvbench_kv_cache_blocks_free{engine="paged",device="cpu"} 25
+kvbench_kv_cache_blocks_capacity{engine="contiguous",device="cpu"} 100
+"""
+    states = read_states(kvbench + vllm_text("busy"))
+    assert [(s.family, s.labels.get("engine")) for s in states] == [("kvbench", "paged"), ("kvbench", "contiguous"),
+                                                                    ("vllm", "0")]
+    assert states[0].usage == 0.75 and states[1].usage is None
+    dp = vllm_text("busy") + "\n".join(line.replace('engine="0"', 'engine="1"') for line in vllm_text("busy")
+                                       .splitlines() if line.startswith("vllm:"))
+    assert [s.labels["engine"] for s in read_states(dp)] == ["0", "1"]  # data parallel: one state per engine
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "HTML page"),
+    ("<html>\n<head><title>404 Not Found</title></head></html>", "HTML page"),
+    ('{"error": "not found"}', "not Prometheus exposition text"),
+    ("hello world\n", "not Prometheus exposition text"),
+    ("", "none of the metric families"),
+    ("# TYPE python_info gauge\npython_info{version=\"3.11\"} 1\n", "none of the metric families"),
+])
+def test_bad_text_is_a_one_line_error(text, message):
+    with pytest.raises(KvbenchError, match=message) as err:
+        read_states(text, "http://127.0.0.1:1/metrics")
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_state_records_round_trip_and_refuse_garbage():
+    (state,) = read_states(vllm_text("busy"))
+    assert ServerState.from_record(state.record()) == state
+    record = state.record()
+    with pytest.raises(ValueError):
+        ServerState.from_record({**record, "family": "tgi"})
+    with pytest.raises(ValueError):
+        ServerState.from_record({**record, "usage": "high"})
+
+
+def test_readers_never_name_a_flag():
+    """servers.py reads metrics; what to change lives in remedies.py."""
+    tree = ast.parse(inspect.getsource(servers))
+    strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not [s for s in strings if re.search(r"(?<![\w-])--[a-z]", s)]

@@ -1,0 +1,72 @@
+"""The watch timeline: append-safe JSONL, read back into windows, diagnosed; bad files are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.report.diagnose import Thresholds, diagnose_timeline, read_states, read_timeline, timeline_path
+from kvbench.report.diagnose.timeline import append_records, error_record, header_record, sample_records
+
+
+def write(path, vllm_exposition, steps) -> None:
+    append_records(path, [header_record("http://127.0.0.1:8000/metrics", 1.0)])
+    for elapsed, values in steps:
+        append_records(path, sample_records(elapsed, "http://127.0.0.1:8000/metrics",
+                                            read_states(vllm_exposition(**values))))
+
+
+def test_a_timeline_reads_back_and_is_diagnosed(tmp_path, vllm_exposition):
+    path = tmp_path / "timeline.jsonl"
+    write(path, vllm_exposition, [(t, dict(usage=0.2, waiting=w, waiting_capacity=w)) for t, w in
+                                  ((0.0, 0), (1.0, 4), (2.0, 9))])
+    append_records(path, [error_record(3.0, "http://127.0.0.1:8000/metrics", "cannot scrape: timed out")])
+    timeline = read_timeline(path)
+    (window,) = timeline.windows.values()
+    assert len(window.samples) == 3 and timeline.errors == 1 and timeline.url.endswith(":8000/metrics")
+    diagnosis = diagnose_timeline(path, Thresholds())
+    assert diagnosis.fired and diagnosis.findings[0].rule == "concurrency_capped"
+    assert any("1 scrape(s) failed" in note for note in diagnosis.notes)
+    assert timeline_path(tmp_path) == path and timeline_path(path) == path
+    (tmp_path / "summary.json").write_text("{}")
+    assert timeline_path(tmp_path) is None  # a run directory is diagnosed as a run
+
+
+def test_a_torn_last_line_is_set_aside(tmp_path, vllm_exposition):
+    path = tmp_path / "timeline.jsonl"
+    write(path, vllm_exposition, [(0.0, {}), (1.0, {})])
+    path.write_text(path.read_text() + '{"elapsed_s": 2.0, "state": {"fam')  # killed while writing
+    diagnosis = diagnose_timeline(path, Thresholds())
+    assert any("cut short" in note for note in diagnosis.notes)
+    assert len(read_timeline(path).windows["vLLM engine=0 model_name=smollm2-135m-instruct-hf"].samples) == 2
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"schema_version": 1,\n "points": []}\n', "not valid JSON"),
+    ("not json at all\n", "not valid JSON"),
+    ('{"elapsed_s": 0, "state": {"family": "vllm"}}\n', "not a timeline record"),
+    ('{"elapsed_s": "soon", "state": {}}\n{"kind": "kvbench-watch"}\n', "not a timeline record"),
+    ("[1, 2]\n", "not a timeline record"),
+    ('{"kind": "kvbench-watch", "version": 1}\n', "holds no scrapes"),
+    ("", "holds no scrapes"),
+])
+def test_a_file_that_is_not_a_timeline_is_a_one_line_error(tmp_path, text, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(KvbenchError, match=message) as err:
+        read_timeline(path)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_broken_line_before_the_last_is_an_error(tmp_path, vllm_exposition):
+    path = tmp_path / "timeline.jsonl"
+    write(path, vllm_exposition, [(0.0, {})])
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{broken", lines[1]]) + "\n")
+    with pytest.raises(KvbenchError, match=r"timeline.jsonl:2: not valid JSON"):
+        read_timeline(path)
+    with pytest.raises(KvbenchError, match="no such timeline"):
+        read_timeline(tmp_path / "missing.jsonl")
+    assert json.loads(lines[1])["state"]["family"] == "vllm"
