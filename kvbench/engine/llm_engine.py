@@ -20,7 +20,7 @@ from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.request import Request, RequestStatus, make_request
-from kvbench.engine.result import RunResult
+from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.step_log import StepLog
@@ -43,6 +43,7 @@ class _Run:
         self.next_id = max((r.request_id for r in requests), default=-1) + 1
         self.forked = False
         self.log = StepLog(config.pool_slots, config.block_size)
+        self.curve = TokenCurve()
         self.decode_batch = DecodeBatch(engine.runner)
         self.clock = 0
         self.room_due = 0  # the first clock at which a running request may need a new block
@@ -72,11 +73,13 @@ class LLMEngine:
 
     alloc_observer = None  # called with the seconds of each block allocation call (metrics); None: untimed
 
-    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None) -> None:
+    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> None:
         self.config = config
         self.model = model
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, kernel_backend=config.kernel_backend)
         self.eos_token_id = eos_token_id
+        self.stop_token_ids = frozenset(stop_token_ids)  # the model's other end-of-answer tokens
         self.device = self.runner.device
 
     @property
@@ -198,6 +201,7 @@ class LLMEngine:
         now = run.now()
         run.peak_running = max(run.peak_running, len(run.scheduler.running))
         snapshot = run.log.snapshot(run.scheduler, run.clock, run.forked)
+        run.curve.add(now, len(emitted))
         for request, token in emitted:
             if self._append_token(run.scheduler, request, token, run.clock, now):
                 run.group_done(request, now)
@@ -212,7 +216,7 @@ class LLMEngine:
             request.first_token_time = now
         if len(outputs) < request.max_tokens and request.sampling.ignore_eos:
             return False  # the common benchmark case, decided without the general stop rule
-        stop = request.sampling.stop_reason(token, len(outputs), self.eos_token_id)
+        stop = request.sampling.stop_reason(token, len(outputs), self.eos_token_id, self.stop_token_ids)
         if stop is None:
             return False
         scheduler.finish(request, clock)
@@ -233,4 +237,5 @@ class LLMEngine:
             itl_weights=np.ones_like(itl),
             pool_slots=self.config.pool_slots,
             block_size=self.config.block_size,
+            steady=steady_of(run.curve, run.client),
         )

@@ -4,6 +4,7 @@ Each decode step gives every running request one token. Between two events (a re
 or finishes) nothing but token counts changes, so the simulator jumps from event to event and accounts the
 steps in between in closed form: 10,000 requests at max-len 2048 take seconds, not hours.
 Closed loop: exactly ``concurrency`` requests are in flight (running or queued) until the list runs out.
+A request with ``eos_after`` stops there (its EOS) while admission and reservations see only ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.result import RunResult
+from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.accounting import WasteAccountant
 from kvbench.kv.manager import KVManager
@@ -42,6 +43,7 @@ def simulate(
     by_id = {r.request_id: r for r in requests}
     itl_spans: list[tuple[float, float, int, int]] = []  # (t0, dt, k, running) decode spans
     clock, now, peak_running = 0, 0.0, 0
+    curve = TokenCurve()
     stall_s, stalled = 0.0, 0  # prefill time the running requests have waited through since their last token
 
     def schedule_events(request: Request) -> None:
@@ -60,6 +62,8 @@ def simulate(
     def finish(request: Request) -> None:
         scheduler.finish(request, clock)
         request.finish_time = now
+        eos = request.eos_after is not None and request.num_outputs >= request.eos_after  # EOS wins a tie, as in
+        request.stop_reason = "eos" if eos else "length"  # the tensor engine
         client.done(now)
 
     client.top_up(now)
@@ -77,13 +81,14 @@ def simulate(
             step_s = timing.prefill_seconds([r.prefill_len() for r in admitted])
             _account(accountant, scheduler, clock, 1, timing=None, fixed_s=step_s, grow=0)
             now += step_s
+            curve.add(now, len(admitted))
             stall_s += step_s
             stalled = max(stalled, running_before)
             peak_running = max(peak_running, len(scheduler.running))
             for request in admitted:
                 if request.first_token_time is None:
                     request.first_token_time = now
-                if request.outputs_at_base >= request.max_tokens:
+                if request.outputs_at_base >= request.target_outputs:
                     finish(request)
                 else:
                     schedule_events(request)
@@ -126,6 +131,7 @@ def simulate(
         peak_running = max(peak_running, running)
         clock += k
         now += span_s
+        curve.add(now, running * k)
 
     values, weights = _itl_arrays(itl_spans)
     return RunResult(
@@ -137,6 +143,7 @@ def simulate(
         itl_weights=weights,
         pool_slots=pool_slots,
         block_size=block_size,
+        steady=steady_of(curve, client),
     )
 
 
