@@ -265,9 +265,9 @@ def sample_dataset(
 ) -> DatasetSample:
     """Read, count, filter and draw ``count`` requests (all usable records, in file order, when None).
 
-    Dropped: prompts or answers under ``min_tokens``; prompt + answer over ``max_len`` (a prompt leaving fewer
-    than ``min_tokens`` of room when the answer is unknown); with ``need_output`` (the run replays answer
-    lengths), records without an answer length.
+    Dropped: prompts or answers under ``min_tokens``; prompt + answer over ``max_len``; records without an
+    answer length. Without ``need_output`` (a real model decides where answers end) the reference answers
+    play no part: only prompts under ``min_tokens``, or leaving fewer than ``min_tokens`` of room, are dropped.
     """
     dataset = read_dataset(path)
     records = dataset.records
@@ -282,11 +282,12 @@ def sample_dataset(
     for index, record in enumerate(records):
         prompt = prompt_lens[index]
         output = record.output_len if record.output_len is not None else answer_lens.get(index)
+        judged = output if need_output else None  # the length the filters see
         if output is None and need_output:
             dropped["without an answer length"] += 1
-        elif prompt < min_tokens or (output is not None and output < min_tokens):
+        elif prompt < min_tokens or (judged is not None and judged < min_tokens):
             dropped[f"shorter than {min_tokens} tokens"] += 1
-        elif prompt + (output if output is not None else min_tokens) > max_len:
+        elif prompt + (judged if judged is not None else min_tokens) > max_len:
             dropped[f"longer than max-len {max_len}"] += 1
         else:
             kept.append(index)

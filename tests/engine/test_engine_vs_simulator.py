@@ -43,8 +43,6 @@ def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, 
     reservations see max_tokens in both) take the same steps, hold the same memory and end at the same length."""
     from dataclasses import replace
 
-    from kvbench.engine.sampling import SamplingParams
-
     pairs = [(8, 20), (8, 20), (5, 23), (12, 16), (3, 25)]  # max_tokens fill max_len 28
     config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=28, reserve=reserve)
     probe = token_requests(pairs, 512, 0)
