@@ -158,3 +158,21 @@ def output_lengths_and_waste(points: dict[str, dict], path: Path, title: str, st
     right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def length_histograms(histograms: dict[str, dict], path: Path, title: str, max_len: int | None = None) -> Path:
+    """One histogram panel per length kind ({name: {"edges", "counts"}}); max-len marked on the total's."""
+    fig, axes = plt.subplots(1, len(histograms), figsize=(5 * len(histograms), 4.2), squeeze=False)
+    for ax, (name, hist) in zip(axes[0], histograms.items(), strict=True):
+        edges, counts = hist["edges"], hist["counts"]
+        widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        ax.bar(edges[:-1], counts, width=widths, align="edge", color="#1565c0", edgecolor="white")
+        if name == "total" and max_len:
+            ax.axvline(max_len, color="#c62828", linestyle=":", label=f"max-len {max_len:,} (a contiguous slab)")
+            ax.legend(fontsize=8)
+        ax.set_title(f"{name} length", fontsize=9)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("requests")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{title}\n(the gap between the bars and max-len is what a max-len reservation wastes)", fontsize=10)
+    return _save(fig, path)
