@@ -140,12 +140,12 @@ class SweepSetup:
     # -- what a run directory records -------------------------------------------------------------------
     def pinned_config(self) -> dict[str, Any]:
         """What a resume must match. Contents, not names: an edited scenario or requests file must not mix
-        with earlier points."""
+        with earlier points. Request lists are prefixes of one seeded list, so a resume may add levels."""
         options, config = self.options, self.config
         return {
             "scenario": self.spec.name, "model": self.model_name, "simulated": options.simulate,
-            "requests": len(self.pairs), "seed": self.seed, "block_size": config.block_size,
-            "requests_per_point": {str(c): n for c, n in self.counts.items()}, "stop": self.workload.stop,
+            "requests": options.requests or self.spec.requests, "seed": self.seed, "block_size": config.block_size,
+            "waves": 0 if options.requests else self.spec.waves, "stop": self.workload.stop,
             "dataset_sha256": content_sha256(self.workload.dataset.path) if self.workload.dataset else None,
             "kv_pool_slots": config.pool_slots, "reserve": config.reserve, "admission": config.admission,
             "max_len": config.max_len, "repeat": options.repeat,

@@ -308,10 +308,13 @@ def sample_dataset(
 
 
 def _draw(available: int, count: int | None, seed: int) -> tuple[list[int], bool]:
-    """Indices of ``count`` draws (without replacement while the records last), seeded."""
+    """Indices of ``count`` seeded draws: shuffled passes over the records, one after another, so each record
+    comes once before any comes twice, and the first n draws are the same whatever ``count`` is (the points of
+    a sweep use prefixes of one list)."""
     if count is None:
         return list(range(available)), False
     rng = np.random.default_rng(seed)
-    if count <= available:
-        return [int(i) for i in rng.permutation(available)[:count]], False
-    return [int(i) for i in rng.integers(0, available, count)], True
+    chosen: list[int] = []
+    while len(chosen) < count:
+        chosen += [int(i) for i in rng.permutation(available)]
+    return chosen[:count], count > available

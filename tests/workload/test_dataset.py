@@ -97,6 +97,8 @@ def test_seeded_sampling_with_and_without_replacement(tmp_path):
     assert len({p for p, _ in a.pairs}) == 5 and not a.with_replacement
     many = sample_dataset(path, TokenCounter(), 512, count=25, seed=1)
     assert len(many.requests) == 25 and many.with_replacement and "with replacement" in many.note()
+    assert many.pairs[:5] == a.pairs  # the points of a sweep take prefixes of one list
+    assert sorted(many.pairs[:10]) == sorted(sample_dataset(path, TokenCounter(), 512).pairs)  # each once first
     assert [p for p, _ in sample_dataset(path, TokenCounter(), 512).pairs] == [10 + i for i in range(10)]
 
 
