@@ -59,7 +59,7 @@ def main() -> None:
             counters.append((f"tokenizer of {Path(args.model).name}", tokenizer, time.perf_counter() - start))
         for label, tokenizer, load_s in counters:
             start = time.perf_counter()
-            sample = sample_dataset(path, TokenCounter(tokenizer), args.max_len, args.records, seed=0)
+            sample = sample_dataset(path, TokenCounter(tokenizer, args.model), args.max_len, args.records, seed=0)
             wall = time.perf_counter() - start
             prompts = np.mean([r.prompt_len for r in sample.requests])
             answers = np.mean([r.output_len for r in sample.requests])

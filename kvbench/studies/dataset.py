@@ -56,7 +56,7 @@ def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ..
 
 def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> dict[str, Any]:
     """The summary document (``kind: dataset``) of the requests a run of this dataset would draw."""
-    sample = sample_dataset(settings.path, TokenCounter(tokenizer), settings.max_len, settings.requests,
+    sample = sample_dataset(settings.path, TokenCounter(tokenizer, settings.model), settings.max_len, settings.requests,
                             settings.seed, need_output=True)
     prompts = np.array([r.prompt_len for r in sample.requests])
     outputs = np.array([r.output_len for r in sample.requests])

@@ -202,7 +202,7 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
     from kvbench.studies.workload import random_prompts
     from kvbench.workload.dataset import TokenCounter, sample_dataset
 
-    sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer), settings.max_len - settings.output_len,
+    sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
                             settings.prompts, settings.seed, need_output=False)
     ids = [r.prompt_token_ids for r in sample.requests]
     if loaded.tokenizer is None:

@@ -92,7 +92,9 @@ class SweepSetup:
                                "the tensor engine only, not in simulation")
         max_len = spec.lengths.max_len
         workload, skipped, tokenizer = _workload(options, spec, seed, max(counts.values()), stop, status)
-        if workload.dataset is not None:
+        if options.requests_file is not None:  # a requests file is replayed exactly, at every point
+            counts = dict.fromkeys(levels, len(workload.pairs))
+        else:
             counts = {c: min(n, len(workload.pairs)) for c, n in counts.items()}
         if not options.simulate:
             pairs = workload.pairs
@@ -200,7 +202,7 @@ def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop
     tokenizer = None if options.simulate and options.model == "tiny" else load_tokenizer(options.model)
     if status is not None:
         status(f"reading dataset {dataset}...")
-    return dataset_workload(Path(dataset), tokenizer, max_len, count, seed, stop), None, tokenizer
+    return dataset_workload(Path(dataset), tokenizer, max_len, count, seed, stop, options.model), None, tokenizer
 
 
 def _model_config_hash(model: str) -> str | None:

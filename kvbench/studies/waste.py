@@ -151,7 +151,7 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
         from kvbench.workload.dataset import TokenCounter, sample_dataset
 
         count = settings.requests if settings.requests_given else None
-        sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model)), settings.max_len,
+        sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model), settings.model), settings.max_len,
                                 count, settings.seed, need_output=True)
         return WasteWorkload(sample.pairs, f"dataset {sample.path.name}", None, sample)
     if settings.trace is not None:

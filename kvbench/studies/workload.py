@@ -40,9 +40,11 @@ def default_stop(model: str, simulate: bool) -> str:
 def stop_reason_text(stop: str, model: str, simulate: bool, chosen: bool) -> str:
     """Why this stop mode, in words (the run's intro and summary say it)."""
     if stop == "eos":
-        who = "the dataset's answer lengths (simulated: no model)" if simulate else "the model (EOS)"
-        return f"eos: answers end where {who} decide; max_tokens = max-len - prompt" + ("" if chosen else
-                                                                                           " (default for a real model)")
+        if simulate:
+            return ("eos: each answer ends at its reference length (simulated: no model) while reservations plan "
+                    "for max_tokens = max-len - prompt")
+        return ("eos: each answer ends where the model emits EOS, or at max_tokens = max-len - prompt"
+                + ("" if chosen else " (default for a model with real weights and a tokenizer)"))
     why = "" if chosen else (" (default: simulated)" if simulate else
                              f" (default: {model} has no tokenizer and real weights to decide)")
     return "length: every request runs to its drawn or reference output length, EOS ignored" + why
@@ -91,9 +93,10 @@ def random_prompts(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int)
     return [rng.integers(0, vocab_size, prompt_len).tolist() for prompt_len, _ in pairs]
 
 
-def dataset_workload(path: Path, tokenizer: Any | None, max_len: int, count: int, seed: int, stop: str) -> Workload:
+def dataset_workload(path: Path, tokenizer: Any | None, max_len: int, count: int, seed: int, stop: str,
+                     model: str | None = None) -> Workload:
     """``count`` requests drawn from a dataset; with ``eos`` on a real model the answers' lengths are not needed."""
-    counter = TokenCounter(tokenizer)
+    counter = TokenCounter(tokenizer, model)
     sample = sample_dataset(path, counter, max_len, count, seed, need_output=stop == "length" or tokenizer is None)
     pairs = [(r.prompt_len, r.output_len if r.output_len is not None else max_len - r.prompt_len)
              for r in sample.requests]

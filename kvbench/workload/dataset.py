@@ -172,15 +172,16 @@ class TokenCounter:
     """Token counts (and prompt ids) with a tokenizer, through its chat template when it has one; without
     one, counts of words and punctuation marks."""
 
-    def __init__(self, tokenizer: Any | None = None) -> None:
+    def __init__(self, tokenizer: Any | None = None, model: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.model = model  # the model spec whose tokenizer this is, for the description
         self.chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
     def describe(self) -> str:
         if self.tokenizer is None:
             return "words and punctuation marks (no tokenizer: the model has random weights)"
-        name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
-        return f"the model's tokenizer ({Path(str(name)).name}" + (", chat template)" if self.chat else ")")
+        name = self.model or getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+        return f"the tokenizer of {Path(str(name)).name}" + (" (chat template)" if self.chat else "")
 
     def prompt_texts(self, prompts: Sequence[str]) -> list[str]:
         """What the model reads: each prompt as a one-turn chat when the tokenizer has a chat template."""

@@ -144,3 +144,13 @@ def test_dataset_and_requests_file_exclude_each_other(tmp_path, scenario, capsys
     assert main(["sweep", "--simulate", "--scenario", scenario, "--dataset", data, "--requests-file", str(requests),
                  "--out", str(tmp_path / "r")]) == 2
     assert "choose one" in capsys.readouterr().err
+
+
+def test_a_requests_file_is_replayed_whole_whatever_the_scenario_count(tmp_path, scenario):
+    from kvbench.workload.requests_file import write_requests_jsonl
+
+    requests = write_requests_jsonl(tmp_path / "r.jsonl", [([1, 2, 3], 4)] * 9)  # the scenario asks for 6
+    out = tmp_path / "run"
+    assert main(["sweep", "--simulate", "--scenario", scenario, "--requests-file", str(requests),
+                 "--out", str(out)]) == 0
+    assert all(p["completed"] == 9 for p in _summary(out)["points"])
