@@ -65,7 +65,7 @@ def main() -> None:
             answers = np.mean([r.output_len for r in sample.requests])
             table.add_row(label, f"{load_s:.2f}", f"{wall:.2f}", f"{args.records / wall:,.0f}",
                           f"{prompts:.0f} / {answers:.0f}", "yes" if wall < 10 else "NO")
-    Console().print(table)
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":

@@ -193,21 +193,28 @@ class TokenCounter:
         except Exception as err:  # noqa: BLE001 - a broken template is the checkpoint's, explained in one line
             raise KvbenchError(f"the tokenizer's chat template failed: {err}") from None
 
+    def _encode(self, texts: Sequence[str], special: bool) -> list[Any]:
+        """Token ids per text, each a sequence: the fast backend's encodings when there is one (one pass in Rust,
+        no offsets), else the tokenizer's lists."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            return backend.encode_batch_fast(list(texts), add_special_tokens=special)
+        return self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]
+
     def lengths(self, texts: Sequence[str], prompts: bool) -> list[int]:
+        """Token counts; a prompt's include the special tokens the model reads (a chat template writes its own)."""
         if not texts:
             return []
         if self.tokenizer is None:
             return [len(_WORDS.findall(text)) for text in texts]
-        special = prompts and not self.chat  # a chat template writes its own special tokens
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and hasattr(backend, "encode_batch_fast"):
-            return [len(encoding) for encoding in backend.encode_batch_fast(list(texts), add_special_tokens=special)]
-        return [len(ids) for ids in self.tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+        return [len(encoding) for encoding in self._encode(texts, prompts and not self.chat)]
 
-    def prompt_ids(self, texts: Sequence[str]) -> list[list[int]] | None:
+    def prompts(self, texts: Sequence[str]) -> tuple[list[int], list[Any] | None]:
+        """Prompt token counts, and their encodings (None without a tokenizer), from one pass over the texts."""
         if self.tokenizer is None or not texts:
-            return None
-        return [list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=not self.chat)["input_ids"]]
+            return self.lengths(texts, prompts=True), None
+        encodings = self._encode(texts, not self.chat)
+        return [len(encoding) for encoding in encodings], encodings
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -273,7 +280,7 @@ def sample_dataset(
     dataset = read_dataset(path)
     records = dataset.records
     texts = counter.prompt_texts([r.prompt for r in records])
-    prompt_lens = counter.lengths(texts, prompts=True)
+    prompt_lens, encodings = counter.prompts(texts)
     answers = [(i, r.answer) for i, r in enumerate(records) if r.output_len is None and r.answer is not None]
     answer_lens = dict(zip([i for i, _ in answers], counter.lengths([a for _, a in answers], prompts=False),
                            strict=True))
@@ -299,13 +306,15 @@ def sample_dataset(
                            "use another dataset")
     chosen, replace = _draw(len(kept), count, seed)
     picked = [kept[i] for i in chosen]
-    ids = counter.prompt_ids([texts[i] for i in picked])
-    requests = [DatasetRequest(prompt_lens[i], outputs[j], ids[n] if ids is not None else None)
-                for n, (i, j) in enumerate(zip(picked, chosen, strict=True))]
-    if ids is not None:  # the batch encoding is the reference: the counts must agree with it
-        requests = [DatasetRequest(len(r.prompt_token_ids), r.output_len, r.prompt_token_ids) for r in requests]
+    requests = [DatasetRequest(prompt_lens[i], outputs[j], _ids(encodings[i]) if encodings is not None else None)
+                for i, j in zip(picked, chosen, strict=True)]
     return DatasetSample(requests, dataset.path, dataset.format, counter.describe(), dataset.total, len(kept),
                          dict(dataset.skipped), dict(dropped), replace)
+
+
+def _ids(encoding: Any) -> list[int]:
+    ids = getattr(encoding, "ids", encoding)
+    return list(ids)
 
 
 def _draw(available: int, count: int | None, seed: int) -> tuple[list[int], bool]:
