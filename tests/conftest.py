@@ -1,6 +1,9 @@
 """Shared test configuration."""
 
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))  # shared helpers (gguf_fixture), whatever pytest's import mode
 
 # Triton's interpreter must be chosen before any kernel is launched; harmless when triton is absent.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -228,3 +231,15 @@ def fake_vllm(monkeypatch):
     module.SamplingParams, module.TokensPrompt, module.LLM = SamplingParams, TokensPrompt, LLM
     monkeypatch.setitem(sys.modules, "vllm", module)
     return module
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """(path, source model) of a tiny random Llama written as a GGUF file with a tokenizer; skipped without the
+    optional packages (``pip install 'kvbench[gguf]'``)."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    from gguf_fixture import write_tiny_gguf
+
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return path, write_tiny_gguf(path, seed=3)

@@ -13,6 +13,7 @@ from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
 from kvbench.report.rundir import new_run_dir, write_summary
 from kvbench.report.share_report import print_share, share_markdown, share_plot
 from kvbench.studies.share import ShareSettings, run_share_study
+from kvbench.studies.workload import STOP_MODES
 
 
 def share(
@@ -30,6 +31,8 @@ def share(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids."),
+    stop: str | None = typer.Option(None, "--stop", help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model with a tokenizer); length: every sample runs --output-len tokens."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
@@ -48,7 +51,8 @@ def share(
                              prompts=prompts, prompt_len=prompt_len, output_len=output_len, block_size=block_size,
                              reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"), max_len=max_len,
                              num_blocks=num_blocks, length_penalty=length_penalty, model=model, device=device,
-                             seed=seed, threads=thread_count(threads))
+                             seed=seed, threads=thread_count(threads), dataset=dataset,
+                             stop=check_choice(stop, STOP_MODES, "--stop") if stop else None)
     console = make_console(stderr=as_json)
     with console.status("loading the model...") as status:
         document = run_share_study(settings, status.update)

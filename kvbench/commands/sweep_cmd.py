@@ -25,6 +25,7 @@ from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.sweep import PointFailed, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
 from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
+from kvbench.studies.workload import STOP_MODES
 
 
 def sweep(
@@ -41,6 +42,8 @@ def sweep(
     admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject (OOM)."),
     requests: int | None = typer.Option(None, "--requests", min=1, help="Requests per point (default: the scenario's)."),
     requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped), tokenized with the model's tokenizer."),
+    stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
@@ -69,6 +72,7 @@ def sweep(
         engines=tuple(name_list(engines, "engines", (*MANAGERS, *EXTERNAL_ENGINES))), model=model, device=device, dtype=dtype,
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
+        dataset=dataset, stop=check_choice(stop, STOP_MODES, "--stop") if stop else None,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
         repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=thread_count(threads))
@@ -123,7 +127,7 @@ def sweep(
     if as_json:
         typer.echo(json_text(document))
     else:
-        print_sweep(console, points, simulate, waterfall, run_dir)
+        print_sweep(console, points, simulate, waterfall, run_dir, document["meta"])
     _fail_on_errors(failed, points, run_dir)
 
 
@@ -133,8 +137,13 @@ def _print_intro(console, setup: SweepSetup) -> None:
     if setup.options.simulate:
         console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
                       f"{setup.options.gpu}; no model runs.")
-    console.print(f"KV pool: {setup.budget_source}; block size {setup.config.block_size}; {len(setup.pairs)} "
-                  "requests per point")
+    counts = sorted(set(setup.counts.values()))
+    per_point = (f"{counts[0]} requests per point" if len(counts) == 1 else "requests per point: " +
+                 ", ".join(f"{n} at C={c}" for c, n in setup.counts.items()))
+    console.print(f"KV pool: {setup.budget_source}; block size {setup.config.block_size}; {per_point}")
+    console.print(f"stop: {setup.stop_text}")
+    if setup.workload.dataset is not None:
+        console.print(f"dataset: {setup.workload.dataset.note()}")
     threads = getattr(setup.backend, "threads", None)
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")

@@ -7,7 +7,9 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._options import int_list, make_console, name_list, positive_fraction, run_directory
+from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
+from kvbench.kv.policies import check_choice
 from kvbench.report.rundir import flatten, new_run_dir, write_summary
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
 from kvbench.studies.waste import (
@@ -17,6 +19,7 @@ from kvbench.studies.waste import (
     run_waste_study,
     waste_workload,
 )
+from kvbench.studies.workload import STOP_MODES
 from kvbench.workload.lengths import DISTRIBUTIONS
 
 DEFAULT_REQUESTS = 2000
@@ -32,6 +35,8 @@ def waste(
     distribution: str = typer.Option("lognormal", "--distribution", help=f"Length distribution: {', '.join(DISTRIBUTIONS)}."),
     prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."),
+    dataset: str | None = typer.Option(None, "--dataset", help="ShareGPT JSON or {prompt, output_len} JSONL (or 'real-chat'): real prompts and answer lengths, tokenized with --model's tokenizer when it has one."),
+    stop: str = typer.Option("length", "--stop", help="length: reserve knowing each length (as before); eos: answers end at their length but reservations plan for max-len - prompt (the oracle becomes a hindsight bound)."),
     requests: int | None = typer.Option(None, "--requests", min=1, help=f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own)."),
     concurrency: int = typer.Option(256, "--concurrency", min=1, help="Requests in flight (closed loop) and batch cap."),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
@@ -46,16 +51,22 @@ def waste(
     from the model and GPU, and prints the article's analytic estimate next to the measured shares.
     """
     out_dir = run_directory(out)
+    if dataset is not None and trace is not None:
+        raise KvbenchError("--dataset and --trace both give the requests: choose one")
+    check_choice(stop, STOP_MODES, "--stop")
     chosen = parse_strategies(name_list(strategies, "strategies", STRATEGY_NAMES), int_list(block_sizes, "--block-size"))
     settings = WasteSettings(max_len=max_len, model=model, gpu=gpu, utilization=utilization, dtype=dtype,
                              mean_len=mean_len, distribution=distribution, prompt_ratio=prompt_ratio, trace=trace,
                              requests=requests or DEFAULT_REQUESTS, concurrency=concurrency,
-                             strategies=tuple(chosen), seed=seed)
+                             strategies=tuple(chosen), seed=seed, dataset=dataset, stop=stop,
+                             requests_given=requests is not None)
     console = make_console(stderr=as_json)
     workload = waste_workload(settings)
     if workload.skipped is not None:
         console.print(f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "
                       "and of the analytic estimate[/yellow]")
+    if workload.dataset is not None:
+        console.print(f"dataset: {workload.dataset.note()}")
     if trace is not None and requests is not None:
         console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
     with console.status("simulating...") as status:

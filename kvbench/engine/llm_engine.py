@@ -22,7 +22,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.instance import InstanceStats, instance_stats
 from kvbench.engine.request import Request, RequestStatus, make_request
-from kvbench.engine.result import RunResult
+from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.step_log import StepLog
@@ -52,6 +52,7 @@ class EngineSession:
         self.next_id = next_id  # ids of forked samples start here
         self.forked = False
         self.log = StepLog(config.pool_slots, config.block_size)
+        self.curve = TokenCurve()
         self.decode_batch = DecodeBatch(engine.runner)
         self.clock = 0
         self.room_due = 0  # the first clock at which a running request may need a new block
@@ -127,11 +128,13 @@ class LLMEngine:
 
     alloc_observer = None  # called with the seconds of each block allocation call (metrics); None: untimed
 
-    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None) -> None:
+    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None,
+                 stop_token_ids: Sequence[int] = ()) -> None:
         self.config = config
         self.model = model
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, kernel_backend=config.kernel_backend)
         self.eos_token_id = eos_token_id
+        self.stop_token_ids = frozenset(stop_token_ids)  # the model's other end-of-answer tokens
         self.device = self.runner.device
 
     @property
@@ -171,7 +174,7 @@ class LLMEngine:
             if self.step(run) and on_step is not None:
                 on_step(self.name, run.scheduler, len(run.scheduler.finished))
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
-        return self._result(run, [*requests, *run.children])
+        return self._result(run, [*requests, *run.children], client)
 
     def session(self, next_id: int = 0, clock: Callable[[], float] | None = None) -> EngineSession:
         """A fresh session on this engine (its own scheduler and KV manager over the runner's pool)."""
@@ -267,6 +270,7 @@ class LLMEngine:
         run.peak_running = max(run.peak_running, len(run.scheduler.running))
         shared = run.forked or bool(run.scheduler.manager.pool.num_shared)  # forks or prefix-cache hits
         snapshot = run.log.snapshot(run.scheduler, run.clock, shared)
+        run.curve.add(now, len(emitted))
         for request, token in emitted:
             if self._append_token(run.scheduler, request, token, run.clock, now):
                 run.group_done(request, now)
@@ -281,7 +285,7 @@ class LLMEngine:
             request.first_token_time = now
         if len(outputs) < request.max_tokens and request.sampling.ignore_eos:
             return False  # the common benchmark case, decided without the general stop rule
-        stop = request.sampling.stop_reason(token, len(outputs), self.eos_token_id)
+        stop = request.sampling.stop_reason(token, len(outputs), self.eos_token_id, self.stop_token_ids)
         if stop is None:
             return False
         scheduler.finish(request, clock)
@@ -289,7 +293,8 @@ class LLMEngine:
         request.stop_reason = stop
         return True
 
-    def _result(self, run: EngineSession, requests: list[Request]) -> RunResult:
+    def _result(self, run: EngineSession, requests: list[Request], client: ClosedLoopClient | None = None) -> RunResult:
+        """The run's result; with the closed-loop ``client``, its steady-state window too."""
         gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
         itl = np.concatenate(gaps) if gaps else np.zeros(0)
         return RunResult(
@@ -301,4 +306,5 @@ class LLMEngine:
             itl_weights=np.ones_like(itl),
             pool_slots=self.config.pool_slots,
             block_size=self.config.block_size,
+            steady=steady_of(run.curve, client) if client is not None else None,
         )

@@ -3,6 +3,11 @@
 Lengths are counted in KV token slots. A request with P prompt tokens and O output tokens writes
 ``P + O - 1`` token states: the last sampled token is returned but never fed back through the model.
 
+A request may end before ``max_tokens`` at an EOS token. The tensor engine learns that only when the model
+emits it; the simulator, having no model, is told in advance (``eos_after``, e.g. a dataset's real answer
+length). Either way KV managers and admission see only ``max_tokens``: nobody serving the request knows
+where it will end, which is why a contiguous engine must reserve for the worst case.
+
 While running, a request's progress is a function of the scheduler's decode clock (one tick per decode
 step in which every running request advances one token), so the simulator can skip many steps at once:
 ``kv_len(clock) = kv_at_base + clock - clock_base`` and ``outputs(clock) = outputs_at_base + clock - clock_base``.
@@ -51,17 +56,30 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     sampling: Any = None  # SamplingParams of the tensor engine; the simulator needs none
     stop_reason: str | None = None
+    eos_after: int | None = None  # simulator only: the output count at which the request emits EOS
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
             raise ValueError(f"request {self.request_id}: prompt length must be at least 1")
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request_id}: max_tokens must be at least 1")
+        if self.eos_after is not None and self.eos_after < 1:
+            raise ValueError(f"request {self.request_id}: eos_after must be at least 1")
 
     @property
     def expected_kv_len(self) -> int:
-        """KV slots the request writes if it runs to max_tokens (the simulator's and benchmarks' case)."""
+        """KV slots the request writes if it runs to max_tokens: what admission and reservations plan for."""
         return self.prompt_len + self.max_tokens - 1
+
+    @property
+    def target_outputs(self) -> int:
+        """Output tokens it will produce: ``eos_after`` when the simulator knows it, else ``max_tokens``."""
+        return self.max_tokens if self.eos_after is None else min(self.eos_after, self.max_tokens)
+
+    @property
+    def target_kv_len(self) -> int:
+        """KV slots it will have written when it ends (hindsight accounting; the simulator knows it in advance)."""
+        return self.prompt_len + self.target_outputs - 1
 
     def kv_len(self, clock: int) -> int:
         return self.kv_at_base + clock - self.clock_base
@@ -70,8 +88,9 @@ class Request:
         return self.outputs_at_base + clock - self.clock_base
 
     def finish_clock(self) -> int:
-        """The decode clock at which it has produced max_tokens outputs (if no EOS comes first)."""
-        return self.clock_base + self.max_tokens - self.outputs_at_base
+        """The decode clock at which it has produced its target outputs (the tensor engine: max_tokens, unless
+        an EOS comes first)."""
+        return self.clock_base + self.target_outputs - self.outputs_at_base
 
     def prefill_len(self) -> int:
         """Tokens to run through the model on (re)admission: the prompt plus outputs kept from before."""

@@ -12,7 +12,7 @@ from typing import Literal
 from kvbench.errors import KvbenchError
 
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (dividing by them would overflow)
-StopReason = Literal["length", "eos"]
+StopReason = Literal["length", "eos", "stop"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class SamplingParams:
     ``temperature`` 0 is greedy; ``top_k`` 0 (or -1) and ``top_p`` 1.0 disable those filters. ``seed`` fixes the
     request's own generator (None: a random seed). Generation stops after ``max_tokens`` tokens, or at the EOS
     token unless ``ignore_eos``; ``eos_token_id`` None means the model's EOS (or none if the model has none).
+    ``stop_token_ids`` end the request too (as in vLLM's API), unless ``ignore_eos``.
     """
 
     temperature: float = 0.0
@@ -31,6 +32,7 @@ class SamplingParams:
     max_tokens: int = 16
     ignore_eos: bool = False
     eos_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature)
@@ -55,6 +57,10 @@ class SamplingParams:
             _check_int("eos_token_id", self.eos_token_id)
             if self.eos_token_id < 0:
                 raise KvbenchError(f"eos_token_id must be >= 0, got {self.eos_token_id}")
+        if not isinstance(self.stop_token_ids, tuple):
+            raise KvbenchError(f"stop_token_ids must be a tuple of token ids, got {self.stop_token_ids!r}")
+        for token in self.stop_token_ids:
+            _check_int("stop_token_ids", token)
 
     @property
     def is_greedy(self) -> bool:
@@ -67,12 +73,20 @@ class SamplingParams:
         return self.eos_token_id if self.eos_token_id is not None else model_eos_token_id
 
     def stop_reason(
-        self, token_id: int, num_output_tokens: int, model_eos_token_id: int | None = None
+        self, token_id: int, num_output_tokens: int, model_eos_token_id: int | None = None,
+        model_stop_ids: frozenset[int] | tuple[int, ...] = (),
     ) -> StopReason | None:
-        """Why the request stops after emitting ``token_id`` as its ``num_output_tokens``-th token, if it does."""
-        eos = self.eos(model_eos_token_id)
-        if eos is not None and token_id == eos:
-            return "eos"
+        """Why the request stops after emitting ``token_id`` as its ``num_output_tokens``-th token, if it does.
+
+        ``model_stop_ids`` are the model's other end-of-answer tokens (a generation config's EOS list): they
+        count as EOS unless the request names its own ``eos_token_id``.
+        """
+        if not self.ignore_eos:
+            eos = self.eos(model_eos_token_id)
+            if token_id == eos or (self.eos_token_id is None and token_id in model_stop_ids):
+                return "eos"
+            if token_id in self.stop_token_ids:
+                return "stop"
         if num_output_tokens >= self.max_tokens:
             return "length"
         return None

@@ -38,7 +38,9 @@ class Scheduler:
         self.prefill_tokens = 0  # prompt tokens of every admission (recomputes included)
         self.cached_tokens = 0  # of which a prefix cache already held the KV
         self._watermark_blocks = int(self.config.watermark * manager.pool.num_blocks) if manager.can_preempt else 0
-        # running totals over live requests, for O(1) accounting
+        # running totals over live requests, for O(1) accounting (the simulator's). The final length is the
+        # request's target_kv_len: exact when it runs to max_tokens or the simulator knows its EOS; the tensor
+        # engine accounts with hindsight instead (step_log), once the real lengths are known.
         self.sum_kv_base = 0  # sum of kv_at_base - clock_base
         self.capped_held = 0  # sum of min(held, final length)
         self.internal = 0  # sum of max(held - final length, 0)
@@ -123,7 +125,7 @@ class Scheduler:
         self._set_held(request, self.manager.held_slots(request.request_id))
 
     def _set_held(self, request: Request, held: int) -> None:
-        final = request.expected_kv_len
+        final = request.target_kv_len
         self.capped_held += min(held, final) - min(request.held_slots, final)
         self.internal += max(held - final, 0) - max(request.held_slots - final, 0)
         request.held_slots = held
@@ -216,5 +218,6 @@ class Scheduler:
         return self.manager.pool.num_used * self.block_size
 
     def external_slots(self) -> int:
+        # what the head asks for is what its engine knows: max_tokens, not where it will really stop
         head = self.waiting[0].expected_kv_len if self.waiting else None
         return self.manager.external_slots(head)

@@ -7,7 +7,8 @@ steps in between in closed form: 10,000 requests at max-len 2048 take seconds, n
 :class:`SimulatedInstance` is that event loop as a steppable object with a virtual clock: requests can be
 submitted at any time and the instance advanced to a time (``step_until``), which is what a fleet of
 instances behind a router needs. :func:`simulate` drives one instance closed-loop: exactly ``concurrency``
-requests are in flight (running or queued) until the list runs out.
+requests are in flight (running or queued) until the list runs out. A request with ``eos_after`` stops there
+(its EOS) while admission and reservations see only ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.instance import InstanceStats, instance_stats
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.result import RunResult
+from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.accounting import WasteAccountant
 from kvbench.kv.manager import KVManager
@@ -55,6 +56,7 @@ class SimulatedInstance:
         self.stall_s, self.stalled = 0.0, 0  # prefill time the running requests waited through since their last token
         self.ended: list[Request] = []  # requests that ended since the last ``take_ended``
         self.busy_s = 0.0  # time spent in steps (the rest of ``now`` is idle)
+        self.curve = TokenCurve()  # output tokens emitted over time (the steady-state window)
 
     # -- intake -----------------------------------------------------------------------------------------
     def add(self, request: Request) -> bool:
@@ -107,6 +109,8 @@ class SimulatedInstance:
 
     def _finish(self, request: Request) -> None:
         self.scheduler.finish(request, self.clock)
+        eos = request.eos_after is not None and request.num_outputs >= request.eos_after  # EOS wins a tie, as in
+        request.stop_reason = "eos" if eos else "length"  # the tensor engine
         request.finish_time = self.now
         self.ended.append(request)
         if self.on_done is not None:
@@ -173,10 +177,11 @@ class SimulatedInstance:
         self.stall_s += step_s
         self.stalled = max(self.stalled, running_before)
         self.peak_running = max(self.peak_running, len(scheduler.running))
+        self.curve.add(self.now, len(admitted))
         for request in admitted:
             if request.first_token_time is None:
                 request.first_token_time = self.now
-            if request.outputs_at_base >= request.max_tokens:
+            if request.outputs_at_base >= request.target_outputs:
                 self._finish(request)
             else:
                 self._schedule_events(request)
@@ -214,9 +219,11 @@ class SimulatedInstance:
         self.clock += k
         self.now += span_s
         self.busy_s += span_s
+        self.curve.add(self.now, running * k)
 
     # -- results ----------------------------------------------------------------------------------------
-    def result(self, requests: Sequence[Request]) -> RunResult:
+    def result(self, requests: Sequence[Request], client: ClosedLoopClient | None = None) -> RunResult:
+        """The run's result; with the closed-loop ``client``, its steady-state window too."""
         values, weights = _itl_arrays(self.itl_spans)
         return RunResult(
             requests=list(requests),
@@ -227,6 +234,7 @@ class SimulatedInstance:
             itl_weights=weights,
             pool_slots=self.pool_slots,
             block_size=self.scheduler.block_size,
+            steady=steady_of(self.curve, client) if client is not None else None,
         )
 
 
@@ -244,7 +252,7 @@ def simulate(
     instance.on_done = client.done
     client.top_up(0.0)
     instance.run()
-    return instance.result(requests)
+    return instance.result(requests, client)
 
 
 def _span_seconds(k: int, used0: int, grow: int, base: float, per_used: float, floor: float) -> float:

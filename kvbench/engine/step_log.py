@@ -21,7 +21,7 @@ class StepSnapshot:
     held: int
     external: int
     unique_used: int | None = None  # token states stored, each shared slot once (runs with forks only)
-    unique_internal: int = 0  # slots of held blocks no owner will ever write (runs with forks only)
+    tables: list[tuple[int, tuple[int, ...]]] | None = None  # (request id, its blocks) of runs with forks
 
 
 class StepLog:
@@ -33,8 +33,8 @@ class StepLog:
     def snapshot(self, scheduler: Scheduler, clock: int, shared: bool) -> StepSnapshot:
         """The pool's state after this step's writes (before its finished requests leave)."""
         live = [(r.request_id, r.held_slots, r.kv_len(clock)) for r in scheduler.running.values()]
-        used, internal = _shared_block_states(scheduler, clock) if shared else (None, 0)
-        record = StepSnapshot(0.0, live, scheduler.held_slots(), scheduler.external_slots(), used, internal)
+        used, tables = _shared_block_states(scheduler, clock) if shared else (None, None)
+        record = StepSnapshot(0.0, live, scheduler.held_slots(), scheduler.external_slots(), used, tables)
         self.snapshots.append(record)
         return record
 
@@ -44,7 +44,8 @@ class StepLog:
         final = {r.request_id: r.final_kv_len for r in requests if r.final_kv_len is not None}
         for record in self.snapshots:
             if record.unique_used is not None:  # shared blocks: count each slot once, whoever owns it
-                used, internal = record.unique_used, record.unique_internal
+                used = record.unique_used
+                internal = _unreached_slots(record.tables, final, self.block_size)
                 capped = record.held - internal
             else:
                 used = sum(kv for _, _, kv in record.live)
@@ -56,19 +57,27 @@ class StepLog:
         return accountant
 
 
-def _shared_block_states(scheduler: Scheduler, clock: int) -> tuple[int, int]:
-    """(token states stored, slots never to be written) over the pool's blocks, a shared block counted once.
-
-    A slot is written if any owner has written it; it is internal if no owner will reach it before its
-    expected end (prompt + max_tokens - 1: the run's length when EOS is ignored, as in benchmarks).
-    """
+def _shared_block_states(scheduler: Scheduler, clock: int) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+    """Token states stored over the pool's blocks (a slot written by any owner counted once), and each live
+    request's blocks, from which the slots no owner will ever write are counted once the real lengths are known."""
     block_size = scheduler.block_size
     written: dict[int, int] = {}
-    reach: dict[int, int] = {}
+    tables = []
     for request in scheduler.running.values():
-        kv_len, final = request.kv_len(clock), request.expected_kv_len
-        for index, block in enumerate(scheduler.manager.block_table(request.request_id)):
-            start = index * block_size
-            written[block] = max(written.get(block, 0), min(block_size, max(0, kv_len - start)))
-            reach[block] = max(reach.get(block, 0), min(block_size, max(0, final - start)))
-    return sum(written.values()), sum(block_size - filled for filled in reach.values())
+        kv_len = request.kv_len(clock)
+        table = tuple(scheduler.manager.block_table(request.request_id))
+        tables.append((request.request_id, table))
+        for index, block in enumerate(table):
+            written[block] = max(written.get(block, 0), min(block_size, max(0, kv_len - index * block_size)))
+    return sum(written.values()), tables
+
+
+def _unreached_slots(tables, final: dict[int, int], block_size: int) -> int:
+    """Slots of the held blocks that no owner reaches before its real end (hindsight: EOS may come early)."""
+    reach: dict[int, int] = {}
+    for request_id, table in tables:
+        end = final.get(request_id)
+        for index, block in enumerate(table):
+            filled = block_size if end is None else min(block_size, max(0, end - index * block_size))
+            reach[block] = max(reach.get(block, 0), filled)
+    return sum(block_size - filled for filled in reach.values())

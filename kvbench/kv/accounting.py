@@ -41,6 +41,7 @@ class WasteAccountant:
     slot_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
     peak_allocated: int = 0
+    peak_needed: int = 0  # peak of used + reserved: what slabs of exactly each real length would hold (hindsight)
     fragmentation_seconds: float = 0.0
     allocated_seconds: float = 0.0
     running_seconds: float = 0.0
@@ -102,6 +103,7 @@ class WasteAccountant:
         self.peak["external"] = max(self.peak["external"], external)
         self.peak["free"] = max(self.peak["free"], free)
         self.peak_allocated = max(self.peak_allocated, held)
+        self.peak_needed = max(self.peak_needed, capped_held)
         if held > 0:  # the time integral of 1 - used/held, exact also when step times grow
             self.fragmentation_seconds += time - used_time / held
             self.allocated_seconds += time

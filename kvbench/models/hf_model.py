@@ -6,10 +6,12 @@ The model runner reads its weights from these models; ``transformers`` never run
 
 from __future__ import annotations
 
+import io
 import logging
 import math
+import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +226,9 @@ def _llama_config_from_dict(config: dict[str, Any]) -> Any:
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """No transformers progress bars or notes while loading: kvbench prints its own lines (and an error
-    must be the only line)."""
+    """No transformers progress bars, notes or warnings while loading: kvbench prints its own lines (and an
+    error must be the only line). Bars that transformers draws with plain tqdm (the GGUF dequantization) write
+    to stderr, which is held back for the duration."""
     from transformers.utils import logging as hf_logging
 
     logger = logging.getLogger("transformers")
@@ -233,11 +236,18 @@ def quiet_transformers() -> Iterator[None]:
     logger.setLevel(logging.ERROR)
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings(), redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logger.setLevel(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def load_local_model(
@@ -260,9 +270,47 @@ def load_local_model(
     except KvbenchError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise KvbenchError(f"cannot load weights from {path}: {message}") from None
+        raise KvbenchError(f"cannot load weights from {path}: {first_line(err)}") from None
     missing = [k for k in info.get("missing_keys", []) if "rotary_emb" not in k]
     if missing:
         raise KvbenchError(f"checkpoint {path} lacks {len(missing)} weight(s), e.g. {sorted(missing)[0]}")
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------- GGUF files
+
+GGUF_EXTRA = "pip install 'kvbench[gguf]'"
+
+
+def require_gguf_support(what: str = "loading a GGUF file") -> None:
+    """The optional packages transformers needs to read GGUF weights and tokenizers, or one line naming the extra."""
+    import importlib.util
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise KvbenchError(f"{what} needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: "
+                           f"{GGUF_EXTRA}")
+
+
+def load_gguf_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> Any:
+    """A Llama-family GGUF file as ``LlamaForCausalLM``, dequantized to ``dtype`` by transformers.
+
+    The header has been checked by the caller (architecture, shape, truncation); this reads the weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    require_gguf_support()
+    dtype = dtype or resolve_torch_dtype(None, device)
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                         local_files_only=True)
+    except KvbenchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user
+        raise KvbenchError(f"cannot load weights from {path}: {first_line(err)}") from None
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in ENGINE_MODEL_TYPES:
+        raise KvbenchError(_engine_refusal(f"GGUF file {path} loads as {model_type}"))
     return model.to(device).eval()

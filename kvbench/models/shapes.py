@@ -228,8 +228,9 @@ def preset_names() -> list[str]:
 
 
 def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
-    """A preset name, or a path to a checkpoint directory / ``config.json`` file."""
-    from kvbench.models.hf_config import shape_from_config  # the config reader builds on this module
+    """A preset name, or a path to a checkpoint directory, a ``config.json`` file or a GGUF file."""
+    from kvbench.models.gguf_file import is_gguf, shape_from_gguf  # the readers build on this module
+    from kvbench.models.hf_config import shape_from_config
 
     if spec in MODEL_PRESETS:
         shape = MODEL_PRESETS[spec]
@@ -239,5 +240,5 @@ def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
             raise KvbenchError(
                 f"unknown model {spec!r}: not a preset ({', '.join(MODEL_PRESETS)}) and no such path"
             )
-        shape = shape_from_config(path)
+        shape = shape_from_gguf(path) if is_gguf(path) else shape_from_config(path)
     return shape.with_dtype(dtype) if dtype else shape

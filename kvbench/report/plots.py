@@ -176,3 +176,66 @@ def stacked_panels(
     axes[-1, 0].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def output_lengths_and_waste(points: dict[str, dict], path: Path, title: str, stop: str,
+                             max_len: int | None, simulated: bool = False) -> Path:
+    """Left: the output lengths that occurred (histogram); right: each engine's KV pool shares at that point.
+
+    The two panels tell the article's story in the reader's own data: answers mostly end far below the
+    length a contiguous engine reserves, and that gap is the internal waste on the right.
+    """
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.4, 1]})
+    source = points.get("paged") or next(iter(points.values()))
+    hist = source.get("output_len_hist") or {"edges": [0, 1], "counts": [0]}
+    edges, counts = hist["edges"], hist["counts"]
+    widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    left.bar(edges[:-1], counts, width=widths, align="edge", color="#1565c0", edgecolor="white")
+    mean = source.get("output_len_mean")
+    if mean is not None:
+        left.axvline(mean, color="#2e7d32", linestyle="--", linewidth=1.2, label=f"mean {mean:,.0f}")
+    if max_len and stop == "eos":
+        left.axvline(max_len, color="#c62828", linestyle=":", linewidth=1.2,
+                     label=f"max-len {max_len:,}: what a contiguous slab must plan for")
+    if stop == "eos":
+        how = "EOS at each reference length (simulated)" if simulated else "decided by the model (EOS)"
+    else:
+        how = "drawn or reference (EOS ignored)"
+    left.set_title(f"output lengths that occurred, {how}", fontsize=9)
+    left.set_xlabel("output tokens per request")
+    left.set_ylabel("requests")
+    left.grid(axis="y", alpha=0.3)
+    left.legend(fontsize=8)
+    engines = sorted(points)
+    bottoms = [0.0] * len(engines)
+    for key, name, colour in WASTE_PARTS:
+        values = [float(points[e]["waste"].get(key) or 0.0) for e in engines]
+        right.bar(engines, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5)
+        for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
+            if value >= 6:
+                right.text(i, bottom + value / 2, f"{value:.0f}%", ha="center", va="center", fontsize=8)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    right.set_ylim(0, 100)
+    right.set_ylabel("share of KV pool, time-averaged (%)")
+    right.set_title("KV pool shares: token states higher is better, waste lower is better", fontsize=9)
+    right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def length_histograms(histograms: dict[str, dict], path: Path, title: str, max_len: int | None = None) -> Path:
+    """One histogram panel per length kind ({name: {"edges", "counts"}}); max-len marked on the total's."""
+    fig, axes = plt.subplots(1, len(histograms), figsize=(5 * len(histograms), 4.2), squeeze=False)
+    for ax, (name, hist) in zip(axes[0], histograms.items(), strict=True):
+        edges, counts = hist["edges"], hist["counts"]
+        widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        ax.bar(edges[:-1], counts, width=widths, align="edge", color="#1565c0", edgecolor="white")
+        if name == "total" and max_len:
+            ax.axvline(max_len, color="#c62828", linestyle=":", label=f"max-len {max_len:,} (a contiguous slab)")
+            ax.legend(fontsize=8)
+        ax.set_title(f"{name} length", fontsize=9)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("requests")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{title}\n(the gap between the bars and max-len is what a max-len reservation wastes)", fontsize=10)
+    return _save(fig, path)

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
 from scipy import stats
 
 from kvbench.engine.result import RunResult
@@ -21,7 +22,8 @@ from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS
 
 # headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
 REPEATED_FIELDS = ("output_throughput", "total_token_throughput", "request_throughput", *LATENCY_FIELDS)
-_PEAK_FIELDS = ("peak_running", "kv_peak_allocated_bytes", "kv_peak_used_bytes")  # max over repeats
+HISTOGRAM_BINS = 20
+_PEAK_FIELDS = ("peak_running", "kv_peak_allocated_bytes", "kv_peak_used_bytes", "output_len_max")  # max over repeats
 _OPTIONAL = ("status_reason", "error", "traceback")  # written only when set
 
 
@@ -51,6 +53,18 @@ class Point:
     effective_usage_pct: float = 0.0
     fragmentation_mean: float = 0.0
     elapsed_s: float = 0.0
+    # throughput while the closed loop held all its requests in flight (ramp-up and draining tail left out);
+    # None when it never did (fewer requests than the concurrency)
+    steady_output_throughput: float | None = None
+    steady_window_s: float | None = None
+    steady_window_pct: float | None = None  # the window's share of the run
+    # the output lengths that occurred (EOS-decided or drawn) over completed requests
+    output_len_mean: float | None = None
+    output_len_p50: float | None = None
+    output_len_p90: float | None = None
+    output_len_max: int | None = None
+    stopped_at_eos: int = 0
+    output_len_hist: dict[str, list] | None = None  # {"edges": [...], "counts": [...]}
     memory: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys((*MEMORY_FIELDS,
                                                                                  "nvml_process_peak_bytes")))
     status_reason: str | None = None
@@ -110,8 +124,14 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         fragmentation_mean=acct.fragmentation_mean(),
         elapsed_s=acct.elapsed_s,
         memory={name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
+        **_steady_fields(result),
+        **_output_length_fields(result),
     )
     point.extra.update(result.extras.get("point", {}))  # fields a backend adds (an external engine's details)
+    if engine.startswith("contiguous"):  # what slabs of exactly each real length would have held: a bound
+        point.extra["kv_hindsight_oracle_peak_bytes"] = acct.peak_needed * bytes_per_token
+        point.extra["kv_hindsight_oracle_mean_bytes"] = (acct.mean_slots("used") + acct.mean_slots("reserved")) \
+            * bytes_per_token
     if oom:
         point.status_reason = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
     elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"
@@ -119,6 +139,27 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         reason = f"{len(rejected)} request(s) rejected: {rejected[0].reject_reason}" if rejected else "no request ran"
         point.error = f"no request completed ({reason})"
     return point
+
+
+def _steady_fields(result: RunResult) -> dict[str, Any]:
+    steady = result.steady
+    if steady is None:
+        return {}
+    return {"steady_output_throughput": steady.output_throughput, "steady_window_s": steady.seconds,
+            "steady_window_pct": 100.0 * steady.share}
+
+
+def _output_length_fields(result: RunResult) -> dict[str, Any]:
+    lengths = np.asarray(result.output_lengths(), dtype=float)
+    if lengths.size == 0:
+        return {}
+    top = int(lengths.max())
+    edges = np.linspace(0, max(top, 1), HISTOGRAM_BINS + 1)
+    counts, _ = np.histogram(lengths, bins=edges)
+    return {"output_len_mean": float(lengths.mean()), "output_len_p50": float(np.percentile(lengths, 50)),
+            "output_len_p90": float(np.percentile(lengths, 90)), "output_len_max": top,
+            "stopped_at_eos": sum(1 for r in result.completed if r.stop_reason in ("eos", "stop")),
+            "output_len_hist": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}}
 
 
 def timeline_of(result: RunResult, max_points: int = 400) -> list[list[float]]:
@@ -148,7 +189,8 @@ def aggregate_repeats(points: list[Point]) -> Point:
             break
     for name in ("completed", "rejected", "rejected_oom", "preemptions", "mean_running", "kv_pool_bytes",
                  "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
-                 "elapsed_s"):
+                 "elapsed_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
+                 "output_len_p50", "output_len_p90", "stopped_at_eos"):
         values = _numbers(runs, name)
         if values:  # equal counts stay integers
             setattr(merged, name, values[0] if len(set(values)) == 1 else statistics.fmean(values))

@@ -51,7 +51,13 @@ class SweepProgress:
     def point_done(self, engine: str, concurrency: int, point: Point) -> None:
         if self.metrics is not None:
             point.extra["metrics"] = self.metrics.end_run(engine)
+        if point.status != "ok":
+            steady = "no steady figure"
+        elif point.steady_output_throughput is None:
+            steady = "no steady window"
+        else:
+            steady = f"steady {point.steady_output_throughput:,.1f} over {point.steady_window_pct:.0f}% of the run"
         self.progress.console.print(
-            f"{engine:>10} C={concurrency:<4} {point.status:<4} {point.output_throughput:9.1f} output tok/s, "
-            f"{point.completed} done, {point.rejected} rejected, {point.preemptions} preemptions"
+            f"{engine:>10} C={concurrency:<4} {point.status:<4} {point.output_throughput:9.1f} output tok/s "
+            f"({steady}), {point.completed} done, {point.rejected} rejected, {point.preemptions} preemptions"
         )

@@ -37,12 +37,18 @@ POINT_FIELDS = (
     "fragmentation_mean",
     "memory",  # {MEMORY_FIELDS}, null where not measurable
 )
+# Added without a version bump (new fields only): the full-load window of the closed loop, the output lengths
+# that occurred (decided by EOS or drawn), and for contiguous points the hindsight oracle bound.
+STEADY_FIELDS = ("steady_output_throughput", "steady_window_s", "steady_window_pct")
+OUTPUT_LENGTH_FIELDS = ("output_len_mean", "output_len_p50", "output_len_p90", "output_len_max", "stopped_at_eos")
+HINDSIGHT_FIELDS = ("kv_hindsight_oracle_peak_bytes", "kv_hindsight_oracle_mean_bytes")
 
 POINT_STATUSES = ("ok", "oom", "error")
 
 # Direction of each comparable metric: +1 higher is better, -1 lower is better.
 METRIC_DIRECTIONS: dict[str, int] = {
     "output_throughput": +1,
+    "steady_output_throughput": +1,
     "total_token_throughput": +1,
     "request_throughput": +1,
     "completed": +1,

@@ -35,6 +35,12 @@ def print_share(console, document: dict, run_dir: Path) -> None:
     console.print(f"memory saved by sharing (paper's definition): {_pct(ratios['saved_by_sharing_pct_mean'])} "
                   f"step-averaged, {_pct(ratios['saved_by_sharing_pct_peak'])} at peak")
     console.print(f"outputs identical with and without sharing: {meta['outputs_identical_with_and_without_sharing']}")
+    if meta.get("dataset"):
+        data = meta["dataset"]
+        console.print(f"prompts: {data['requests']} drawn from {Path(data['path']).name} ({data['counted_by']})")
+    if meta.get("stop") == "eos":
+        console.print(f"stop eos: samples end at the model's EOS (mean {meta.get('output_len_mean', 0):.0f} of at most "
+                      f"{meta['output_len']} tokens), the same samples in every mode")
     console.print(f"anchors — {meta['anchors']}")
     console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, share.png)")
 

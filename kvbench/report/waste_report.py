@@ -21,7 +21,7 @@ def waste_markdown(document: dict) -> str:
         f"{analytic['mean_len']}; {analytic['at_sampled_mean_pct']:.1f}% at the sampled mean "
         f"{analytic['sampled_mean_len']:.0f}.\n\n"
     )
-    rows = [[p["engine"], p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
+    rows = [[_strategy_label(p), p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
              p["waste"]["external_pct"], p["waste"]["free_pct"], p["effective_usage_pct"], p["mean_running"],
              p["peak_running"], p["output_throughput"]] for p in document["points"]]
     return head + markdown_table(
@@ -47,12 +47,19 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
     for p in document["points"]:
         w = p["waste"]
         table.add_row(
-            p["engine"], f"{w['token_state_pct']:.1f}%", f"{w['reservation_pct']:.1f}%", f"{w['internal_pct']:.1f}%",
+            _strategy_label(p), f"{w['token_state_pct']:.1f}%", f"{w['reservation_pct']:.1f}%", f"{w['internal_pct']:.1f}%",
             f"{w['external_pct']:.1f}%", f"{w['free_pct']:.1f}%", f"{p['effective_usage_pct']:.1f}%",
             f"{p['mean_running']:.1f} / {p['peak_running']}", f"{p['output_throughput']:,.0f}", str(p["preemptions"]),
         )
     console.print(table)
+    if meta.get("stop") == "eos":
+        console.print("stop eos: answers end at their real length while every reservation plans for max-len - prompt;"
+                      " the oracle is told the real lengths: a hindsight bound, not a runnable engine")
     console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, waste.png")
+
+
+def _strategy_label(point: dict) -> str:
+    return point["engine"] + (" (hindsight bound)" if point.get("hindsight_bound") else "")
 
 
 def waste_plot(document: dict, path: Path) -> None:
@@ -61,4 +68,7 @@ def waste_plot(document: dict, path: Path) -> None:
     meta, points = document["meta"], document["points"]
     title = f"KV pool breakdown: {meta['model']['name']} {meta['model']['dtype']} on {meta['gpu']}, max-len {meta['max_len']}"
     subtitle = f"{meta['workload']}; {meta['requests']} requests, concurrency {meta['concurrency']}; simulated"
-    waste_breakdown([p["engine"] for p in points], [p["waste"] for p in points], path, title, subtitle)
+    if meta.get("stop") == "eos":
+        subtitle += "; answers end at EOS, reservations plan for max-len"
+    waste_breakdown([_strategy_label(p).replace(" (", "\n(") for p in points], [p["waste"] for p in points], path,
+                    title, subtitle)

@@ -137,15 +137,16 @@ def simulated_backend(options: SweepOptions, base: EngineConfig) -> BackendInfo:
 
 
 def tensor_backend(options: SweepOptions, base: EngineConfig, spec: Scenario, seed: int, engines: int,
-                   status: Callable[[str], Any] | None = None) -> BackendInfo:
+                   status: Callable[[str], Any] | None = None, **load: Any) -> BackendInfo:
     """The real engines on this machine; the pool is the scenario's budget unless a size or a GPU share is given.
 
-    With a GPU share, the engines' pools live side by side, so each gets its part of the budget.
+    With a GPU share, the engines' pools live side by side, so each gets its part of the budget. ``load``
+    goes to ``load_model`` (a tokenizer already loaded).
     """
     if status is not None:
-        status(f"building model {options.model}...")
+        status(f"loading model {options.model}...")
     loaded = load_model(options.model, options.device, options.dtype, seed, max_len=base.max_len,
-                        threads=options.threads)
+                        threads=options.threads, **load)
     if options.kv_memory_bytes is not None:
         num_blocks = blocks_for_budget(options.kv_memory_bytes, loaded.shape, base.block_size)
         source = f"KV memory {options.kv_memory_text}"

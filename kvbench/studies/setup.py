@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
+from kvbench.models.gguf_file import is_gguf
 from kvbench.models.hf_model import (
     build_random_model,
     check_engine_shape,
+    load_gguf_model,
     load_local_model,
+    require_gguf_support,
     resolve_torch_device,
     resolve_torch_dtype,
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
 from kvbench.models.threads import ThreadChoice, choose_threads
+from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (
     check_context_length,
     check_kv_pool_for_device,
@@ -28,27 +33,41 @@ from kvbench.preflight import (
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
+_UNSET = object()
+
+
 @dataclass
 class LoadedModel:
     shape: ModelShape
     model: object
     device: torch.device
     dtype: torch.dtype
+    tokenizer: Any = None  # None for presets (random weights) and checkpoints without tokenizer files
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # EOS and other ids that end a request
+    real_weights: bool = False  # a checkpoint (not a preset's random weights)
     threads: ThreadChoice | None = None  # CPU only: the intra-op threads the matmuls use, and why
 
     @property
     def eos_token_id(self) -> int | None:
         return self.shape.eos_token_id
 
+    @property
+    def can_stop_at_eos(self) -> bool:
+        """Real weights and a tokenizer: the model decides when an answer ends."""
+        return self.real_weights and self.tokenizer is not None and bool(self.stop_token_ids)
+
 
 def load_model(
     spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0, max_len: int | None = None,
+    tokenizer: Any = _UNSET,
     threads: int | None = None,
 ) -> LoadedModel:
-    """A preset with random weights from ``seed``, or a local checkpoint directory (safetensors only).
+    """A preset with random weights from ``seed``, a local checkpoint directory (safetensors only) or a GGUF file
+    (dequantized to the run's dtype), with its tokenizer (pass ``tokenizer`` when it is already loaded).
 
-    Refused before any weight is allocated: a shape the tensor engine does not run, a ``max_len`` past the
-    model's context, and weights plus activations that do not fit in what the device has free.
+    Refused before any weight is allocated: a shape the tensor engine does not run (read from ``config.json``
+    or the GGUF header), a ``max_len`` past the model's context, and weights plus activations that do not fit
+    in what the device has free.
     """
     torch_device = resolve_torch_device(device)
     torch_dtype = resolve_torch_dtype(dtype, torch_device)
@@ -59,14 +78,23 @@ def load_model(
     check_model_memory_for_device(shape, torch_device)
     if spec not in MODEL_PRESETS and torch_device.type != "cpu":
         check_weights_for_host(shape)  # a checkpoint is loaded on the host, then moved
+    gguf = spec not in MODEL_PRESETS and is_gguf(Path(spec))
+    if gguf:
+        require_gguf_support()  # before the tokenizer and the weights: one line naming the extra
     choice = None
     if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
         choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads)
+    if tokenizer is _UNSET:
+        tokenizer = load_tokenizer(spec)
     if spec in MODEL_PRESETS:
         model = build_random_model(shape, seed=seed, device=torch_device, dtype=torch_dtype)
+    elif gguf:
+        model = load_gguf_model(Path(spec), device=torch_device, dtype=torch_dtype)
     else:
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
-    return LoadedModel(shape, model, torch_device, torch_dtype, choice)
+    extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
+    stops = stop_token_ids(model, tokenizer, extra)
+    return LoadedModel(shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice)
 
 
 def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:
@@ -87,4 +115,4 @@ def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
     """An engine over ``loaded``; its KV pool is checked against what the device has free before it is allocated."""
     check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size)
-    return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id)
+    return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id, stop_token_ids=loaded.stop_token_ids)

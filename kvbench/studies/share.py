@@ -77,18 +77,24 @@ def _step_blocks(result) -> tuple[float, int]:
 
 
 def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n: int, output_len: int, seed: int,
-                      bytes_per_token: int, eos_token_id: int | None = None) -> list[ShareMeasurement]:
-    """n samples per prompt: paged with shared prompt blocks, paged with n private copies, contiguous copies."""
+                      bytes_per_token: int, eos_token_id: int | None = None, stop_token_ids: Sequence[int] = (),
+                      stop_at_eos: bool = False) -> list[ShareMeasurement]:
+    """n samples per prompt: paged with shared prompt blocks, paged with n private copies, contiguous copies.
+
+    With ``stop_at_eos`` each sample ends at the model's EOS (at most ``output_len`` tokens); the seeded samples
+    are the same in every mode, so each mode serves the same answers.
+    """
     if n < 1:
         raise KvbenchError(f"samples per prompt must be at least 1, got {n}")
 
     def params(group: int, index: int) -> SamplingParams:
         return SamplingParams(temperature=1.0, top_p=0.95, seed=seed + 1000 * group + index, max_tokens=output_len,
-                              ignore_eos=True)
+                              ignore_eos=not stop_at_eos)
 
     measurements = []
     for mode in ("paged-shared", "paged-unshared", "contiguous"):
-        engine = LLMEngine(model, _config(base, "contiguous" if mode == "contiguous" else "paged"), eos_token_id)
+        engine = LLMEngine(model, _config(base, "contiguous" if mode == "contiguous" else "paged"), eos_token_id,
+                           stop_token_ids)
         if mode == "paged-shared":
             requests = [make_request(g, p, params(g, 0), num_samples=n) for g, p in enumerate(prompts)]
             group_of = {r.request_id: r.request_id for r in requests}
@@ -185,6 +191,35 @@ class ShareSettings:
     device: str = "auto"
     seed: int = 0
     threads: int | None = None  # CPU intra-op threads; None: measured
+    dataset: str | None = None  # prompts from a dataset instead of random token ids
+    stop: str | None = None  # eos | length; None: eos for parallel sampling on a real model with a tokenizer
+
+
+def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dict | None]:
+    """The prompts: drawn from a dataset (token ids with the model's tokenizer, random ids of its word counts
+    without one), or random ids around ``prompt_len``; and the dataset's record for the summary."""
+    if settings.dataset is None:
+        return make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, settings.seed), None
+    from kvbench.studies.workload import random_prompts
+    from kvbench.workload.dataset import TokenCounter, sample_dataset
+
+    sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
+                            settings.prompts, settings.seed, need_output=False)
+    ids = [r.prompt_token_ids for r in sample.requests]
+    if loaded.tokenizer is None:
+        ids = random_prompts(sample.pairs, loaded.shape.vocab_size, settings.seed)
+    return ids, sample.as_dict()
+
+
+def share_stop(settings: ShareSettings, loaded) -> str:
+    """eos only for parallel sampling (beams run to their length); by default when the model can decide."""
+    stop = settings.stop or ("eos" if settings.kind == "parallel" and loaded.can_stop_at_eos else "length")
+    if stop == "eos" and settings.kind == "beam":
+        raise KvbenchError("beam search runs every beam to its output length: stopping at EOS applies to parallel "
+                           "sampling")
+    if stop == "eos" and not loaded.stop_token_ids:
+        raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {loaded.shape.name} has none")
+    return stop
 
 
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
@@ -204,7 +239,8 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
     # parallel sampling builds each mode's engine before the last one is freed: two pools at once
     check_kv_pool_for_device(loaded.shape, loaded.device, settings.num_blocks, settings.block_size,
                              pools=2 if kind == "parallel" else 1)
-    texts = make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, seed)
+    texts, dataset = share_prompts(settings, loaded)
+    stop = share_stop(settings, loaded)
     check_requests_for_host(settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len)
     check_pool_holds_copies(texts, width, settings.output_len, config, kind)
     bpt = loaded.shape.bytes_per_token
@@ -212,7 +248,8 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
         progress(f"measuring {kind} width {width} and width 1...")
     if kind == "parallel":
         def measure(w: int) -> list[ShareMeasurement]:
-            return parallel_sampling(loaded.model, config, texts, w, settings.output_len, seed, bpt)
+            return parallel_sampling(loaded.model, config, texts, w, settings.output_len, seed, bpt,
+                                     loaded.eos_token_id, loaded.stop_token_ids, stop_at_eos=stop == "eos")
     else:
         runner = ModelRunner(loaded.model, settings.num_blocks, settings.block_size)
 
@@ -227,5 +264,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
                     output_len=settings.output_len, block_size=settings.block_size, reserve=settings.reserve,
                     model_name=loaded.shape.name, device=str(loaded.device), seed=seed, anchors=ANCHORS[kind],
                     outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
-                    threads=loaded.threads.as_dict() if loaded.threads else None)
+                    threads=loaded.threads.as_dict() if loaded.threads else None,
+                    stop=stop, dataset=dataset,
+                    output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])))
     return summary_document("share", meta, points, savings=savings(measured, singles))

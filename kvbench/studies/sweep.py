@@ -27,7 +27,7 @@ class SweepPlan:
     engines: Sequence[str]
     concurrencies: Sequence[int]
     scenario: str
-    make_requests: Callable[[], list[Request]]  # a fresh, identical request list per run
+    make_requests: Callable[[int], list[Request]]  # a fresh, identical request list per run, by concurrency
     make_warmup: Callable[[], list[Request]]
     repeat: int = 1
     continue_on_error: bool = False
@@ -157,7 +157,7 @@ def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency:
                progress) -> dict[str, Any]:
     runs: list[Point] = []
     for repeat in range(plan.repeat):
-        requests = plan.make_requests()
+        requests = plan.make_requests(concurrency)
         in_flight = concurrency
         if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
             requests = parallel_samples(requests, plan.samples, engine)

@@ -22,6 +22,7 @@ from kvbench.report.fields import human_bytes
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
 from kvbench.workload.admissible import Skipped, within_max_len
+from kvbench.workload.dataset import DatasetSample
 from kvbench.workload.lengths import LengthSpec, load_trace
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -90,13 +91,24 @@ def run_strategy(
     concurrency: int,
     timing,
     keep_timeline: bool = False,
+    stop: str = "length",
 ) -> RunResult:
+    """Simulate one strategy. With ``stop`` eos a request stops at its output length while its reservation
+    plans for max_tokens = max-len - prompt; the oracle alone is told the real lengths: a hindsight bound."""
     config = strategy.config(pool_slots, max_len, concurrency)
     manager = config.build_manager()
-    requests = [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
+    if stop == "eos" and not is_hindsight(strategy, stop):
+        requests = [Request(i, p, max_len - p, eos_after=o) for i, (p, o) in enumerate(pairs)]
+    else:
+        requests = [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
     result = simulate(requests, manager, timing, concurrency, config, keep_timeline=keep_timeline)
     assert_drained(manager, strategy.name)
     return result
+
+
+def is_hindsight(strategy: Strategy, stop: str) -> bool:
+    """The oracle reserves each real length: with answers ending at EOS only hindsight knows them."""
+    return stop == "eos" and strategy.policy == "oracle"
 
 
 def analytic_waste(mean_len: float, max_len: int) -> float:
@@ -119,6 +131,9 @@ class WasteSettings:
     concurrency: int = 256
     strategies: tuple[Strategy, ...] = ()
     seed: int = 0
+    dataset: str | None = None  # real prompts (their answers' lengths) instead of a distribution
+    stop: str = "length"  # eos: answers end at their real length, reservations plan for max_tokens
+    requests_given: bool = True  # False: a dataset gives all its usable records
 
 
 @dataclass
@@ -126,10 +141,20 @@ class WasteWorkload:
     pairs: list[tuple[int, int]]
     source: str
     skipped: Skipped | None
+    dataset: DatasetSample | None = None
 
 
 def waste_workload(settings: WasteSettings) -> WasteWorkload:
-    """The requests: a trace (less those that can never run), else seeded lengths from a distribution."""
+    """The requests: a dataset's prompts and answers, a trace (less those that can never run), else seeded
+    lengths from a distribution."""
+    if settings.dataset is not None:
+        from kvbench.models.tokenizers import load_tokenizer
+        from kvbench.workload.dataset import TokenCounter, sample_dataset
+
+        count = settings.requests if settings.requests_given else None
+        sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model), settings.model), settings.max_len,
+                                count, settings.seed, need_output=True)
+        return WasteWorkload(sample.pairs, f"dataset {sample.path.name}", None, sample)
     if settings.trace is not None:
         pairs = load_trace(settings.trace)
         kept, skipped = within_max_len(pairs, settings.max_len, f"requests of trace {settings.trace}")
@@ -161,13 +186,17 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
     for strategy in settings.strategies:
         if progress is not None:
             progress(f"simulating {strategy.name} ({len(pairs)} requests)")
-        result = run_strategy(strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing)
+        result = run_strategy(strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing,
+                              stop=settings.stop)
         point = point_from_result(result, strategy.name, settings.concurrency, "waste", shape.bytes_per_token)
         point.extra.update(max_concurrency=result.peak_running, bytes_per_token=shape.bytes_per_token,
                            simulated_seconds=result.accountant.elapsed_s)
+        if is_hindsight(strategy, settings.stop):
+            point.extra["hindsight_bound"] = True
         points.append(point.to_json())
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
-    mean_len = round(actual_mean) if settings.trace is not None else settings.mean_len  # a trace's own mean
+    measured = settings.trace is not None or settings.dataset is not None
+    mean_len = round(actual_mean) if measured else settings.mean_len  # a trace's or a dataset's own mean
     analytic = {
         "formula": "(max_len - actual_len) / max_len",
         "at_mean_len_pct": 100 * analytic_waste(mean_len, settings.max_len),
@@ -180,5 +209,6 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
         max_len=settings.max_len, workload=workload.source, requests=len(pairs), seed=settings.seed,
         concurrency=settings.concurrency, simulated=True, kv_budget_bytes=budget.kv_bytes, pool_slots=pool_slots,
         scenario="waste", skipped_requests=workload.skipped.as_dict() if workload.skipped else None,
+        stop=settings.stop, dataset=workload.dataset.as_dict() if workload.dataset else None,
     )
     return summary_document("waste", meta, points, analytic=analytic)

@@ -16,7 +16,7 @@ from kvbench.workload.lengths import LengthSpec
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "description": str, "max_len": int, "mean_len": int, "distribution": str, "sigma": (int, float),
     "prompt_ratio": (int, float), "requests": int, "warmup": int, "concurrency": list, "block_size": int,
-    "reserve": str, "admission": str, "seed": int, "budget": dict, "samples": int,
+    "reserve": str, "admission": str, "seed": int, "budget": dict, "samples": int, "waves": int, "dataset": str,
 }
 _LENGTH_FIELDS = ("max_len", "mean_len", "distribution", "prompt_ratio", "sigma")  # the LengthSpec's
 _BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -39,6 +39,28 @@ class Scenario:
     budget: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     samples: int = 1  # parallel samples per request (paged: forked, sharing the prompt's blocks)
+    waves: int = 0  # requests per point at least waves x concurrency, so the full load holds a while (0: off)
+    dataset: str = ""  # prompts from a dataset (a shipped name or a path relative to the scenario file)
+
+    def requests_for(self, concurrency: int) -> int:
+        """Requests of a point at ``concurrency``: ``requests``, or ``waves`` closed-loop waves if that is more."""
+        return max(self.requests, self.waves * concurrency)
+
+    def dataset_path(self) -> Path | None:
+        """The scenario's dataset: a name kvbench ships, else a path (relative to the scenario file)."""
+        if not self.dataset:
+            return None
+        from kvbench.workload.dataset import builtin_datasets
+
+        builtin = builtin_datasets().get(self.dataset)
+        if builtin is not None:
+            return builtin
+        path = Path(self.dataset)
+        if not path.is_absolute() and self.source:
+            path = Path(self.source).parent / path
+        if not path.is_file():
+            raise KvbenchError(f"scenario {self.name}: dataset {self.dataset} not found ({path})")
+        return path
 
     def budget_slots(self) -> tuple[int, str]:
         """Token slots of the KV pool and a sentence saying where the number comes from."""
@@ -91,8 +113,9 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
     for key in ("requests", "block_size", "max_len", "mean_len", "samples"):
         if key in data and data[key] < 1:
             raise KvbenchError(f"{where}: {key} must be positive, got {data[key]}")
-    if data.get("warmup", 0) < 0:
-        raise KvbenchError(f"{where}: warmup must be >= 0")
+    for key in ("warmup", "waves"):
+        if data.get(key, 0) < 0:
+            raise KvbenchError(f"{where}: {key} must be >= 0")
     try:
         for key, allowed, what in (("reserve", RESERVATION_POLICIES, "reserve"), ("admission", ADMISSION_MODES, "admission")):
             if key in data:

@@ -32,5 +32,40 @@ def test_engine_and_simulator_agree_step_by_step(model, engine, blocks):
     assert result.accountant.peak_allocated == simulated.accountant.peak_allocated
     assert result.num_preemptions == simulated.num_preemptions
     assert [r.final_kv_len for r in result.requests] == [r.final_kv_len for r in simulated.requests]
+    # the same steps: the full-load window holds the same tokens (its seconds differ: wall clock vs roofline)
+    assert result.steady.output_tokens == simulated.steady.output_tokens > 0
     if blocks == 7:
         assert result.num_preemptions > 0
+
+
+@pytest.mark.parametrize("engine, blocks, reserve", [("paged", 40, "max"), ("paged", 9, "max"),
+                                                      ("contiguous", 40, "max"), ("contiguous", 40, "pow2")])
+def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, reserve):
+    """A request that stops at EOS in the tensor engine and one told its EOS in advance by the simulator (while
+    reservations see max_tokens in both) take the same steps, hold the same memory and end at the same length."""
+    from dataclasses import replace
+
+    pairs = [(8, 20), (8, 20), (5, 23), (12, 16), (3, 25)]  # max_tokens fill max_len 28
+    config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=28, reserve=reserve)
+    probe = token_requests(pairs, 512, 0)
+    LLMEngine(model, config).run(probe, concurrency=5)
+    counts: dict[int, int] = {}
+    for request in probe:
+        for token in request.output_token_ids[1:-1]:
+            counts[token] = counts.get(token, 0) + 1
+    eos = max(counts, key=counts.get)  # a token the model emits mid-answer: some requests stop early
+    requests = token_requests(pairs, 512, 0)
+    for request in requests:
+        request.sampling = replace(request.sampling, ignore_eos=False, eos_token_id=eos)
+    result = LLMEngine(model, config).run(requests, concurrency=3)
+    assert any(r.stop_reason == "eos" and r.num_outputs < r.max_tokens for r in result.requests)
+    simulated = simulate([Request(i, p, o, eos_after=r.num_outputs if r.stop_reason == "eos" else None)
+                          for i, ((p, o), r)
+                          in enumerate(zip(pairs, result.requests, strict=True))],
+                         config.build_manager(), UniformTiming(1.0), 3, config)
+    assert [r.final_kv_len for r in result.requests] == [r.final_kv_len for r in simulated.requests]
+    assert [r.stop_reason for r in result.requests] == [r.stop_reason for r in simulated.requests]
+    assert result.accountant.steps == simulated.accountant.steps
+    assert result.accountant.peak == simulated.accountant.peak
+    assert result.accountant.peak_allocated == simulated.accountant.peak_allocated
+    assert result.num_preemptions == simulated.num_preemptions

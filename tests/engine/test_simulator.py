@@ -30,7 +30,9 @@ class SkewedTiming:
 
 
 def _requests(pairs):
-    return [Request(i, prompt, output) for i, (prompt, output) in enumerate(pairs)]
+    """(prompt, max_tokens) pairs, or (prompt, max_tokens, eos_after) triples: the request stops at its EOS."""
+    return [Request(i, item[0], item[1], eos_after=item[2] if len(item) > 2 else None)
+            for i, item in enumerate(pairs)]
 
 
 def _build(kind, num_blocks, block_size, policy, max_len):
@@ -66,13 +68,14 @@ def _reference(requests, manager, timing, concurrency, config):
     def account(clock, seconds, grow):
         running = list(scheduler.running.values())
         held = {r.request_id: manager.held_slots(r.request_id) for r in running}
-        head = scheduler.waiting[0].expected_kv_len if scheduler.waiting else None
+        head = scheduler.waiting[0].expected_kv_len if scheduler.waiting else None  # what its engine knows
+        final = {r.request_id: r.prompt_len + _stops_at(r) - 1 for r in running}  # where it really ends
         acct.add_span(
             1,
             used0=sum(r.kv_len(clock) for r in running) + grow,
             grow=0,
-            capped_held=sum(min(held[r.request_id], r.expected_kv_len) for r in running),
-            internal=sum(max(held[r.request_id] - r.expected_kv_len, 0) for r in running),
+            capped_held=sum(min(held[r.request_id], final[r.request_id]) for r in running),
+            internal=sum(max(held[r.request_id] - final[r.request_id], 0) for r in running),
             external=manager.external_slots(head),
             held=manager.pool.num_used * bs,
             running=len(running),
@@ -84,7 +87,7 @@ def _reference(requests, manager, timing, concurrency, config):
     top_up()
     while True:
         for request in sorted(scheduler.running.values(), key=lambda r: r.admit_seq):
-            if request.outputs(clock) >= request.max_tokens:
+            if request.outputs(clock) >= _stops_at(request):
                 finish(request, clock)
         admitted = scheduler.admit(clock)
         for _rejected in scheduler.drain_admission_rejections():  # the client hears "OOM" and sends the next
@@ -95,7 +98,7 @@ def _reference(requests, manager, timing, concurrency, config):
             for request in admitted:
                 if request.first_token_time is None:
                     request.first_token_time = state["now"]
-                if request.outputs_at_base >= request.max_tokens:
+                if request.outputs_at_base >= _stops_at(request):
                     finish(request, clock)
             continue
         if not scheduler.running:
@@ -114,6 +117,13 @@ def _reference(requests, manager, timing, concurrency, config):
     return scheduler, acct
 
 
+def _stops_at(request):
+    """The reference's own stop rule: the EOS output if it comes before max_tokens, else max_tokens."""
+    if request.eos_after is not None and request.eos_after < request.max_tokens:
+        return request.eos_after
+    return request.max_tokens
+
+
 @st.composite
 def _workloads(draw):
     kind = draw(st.sampled_from(["paged", "contiguous"]))
@@ -124,6 +134,8 @@ def _workloads(draw):
     policy = draw(st.sampled_from(["max", "pow2", "oracle"]))
     half = max_len // 2 + 1  # a few requests exceed max_len
     pairs = draw(st.lists(st.tuples(st.integers(1, half), st.integers(1, half)), min_size=2, max_size=12))
+    if draw(st.booleans()):  # some requests stop at an EOS before max_tokens (the reservations do not know)
+        pairs = [(p, o, draw(st.one_of(st.none(), st.integers(1, o + 1)))) for p, o in pairs]
     concurrency = draw(st.integers(1, 6))
     config = dict(
         max_num_seqs=draw(st.sampled_from([concurrency, 1 + concurrency // 2])),
@@ -201,8 +213,10 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     assert len(result.completed) + len(result.rejected) == len(requests)
     assert sorted(r.request_id for r in result.completed + result.rejected) == list(range(len(requests)))
     for request in result.completed:
-        assert request.num_outputs == request.max_tokens
-        assert request.final_kv_len == request.prompt_len + request.max_tokens - 1
+        assert request.num_outputs == _stops_at(request)
+        assert request.final_kv_len == request.prompt_len + _stops_at(request) - 1
+        eos = request.eos_after is not None and request.eos_after <= request.max_tokens
+        assert request.stop_reason == ("eos" if eos else "length")
         assert request.first_token_time is not None and request.finish_time >= request.first_token_time
     for request in result.rejected:
         assert request.reject_reason
@@ -313,3 +327,50 @@ def test_result_throughput_and_latency_fields():
     assert latencies["mean_e2el_ms"] == pytest.approx((4000.0 + 3000.0) / 2)
     assert latencies["mean_tpot_ms"] == pytest.approx(1000.0)
     assert result.peak_running == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_eos_before_max_tokens_against_the_reference(data):
+    """Requests that stop at EOS while the baseline reserves for max_tokens: shorter than planned, never longer."""
+    kind = data.draw(st.sampled_from(["paged", "contiguous"]))
+    block_size = data.draw(st.sampled_from([1, 2, 4] if kind == "paged" else [1, 2]))
+    max_len = 24
+    pairs = data.draw(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 16)), min_size=2, max_size=10))
+    pairs = [(p, max_len - p, eos) for p, eos in pairs]  # max_tokens fills the context, EOS decides
+    num_blocks = data.draw(st.integers(max_len // block_size, 3 * max_len // block_size))
+    policy = data.draw(st.sampled_from(["max", "pow2"]))
+    concurrency = data.draw(st.integers(1, 5))
+    config = dict(max_num_seqs=concurrency, max_len=max_len, admission=data.draw(st.sampled_from(["queue", "reject"])))
+    result = _check_against_reference(kind, num_blocks, block_size, policy, pairs, concurrency, config,
+                                      data.draw(st.sampled_from([UniformTiming(1.0), SkewedTiming()])))
+    for request in result.completed:
+        assert request.num_outputs == request.eos_after and request.stop_reason == "eos"
+
+
+def test_eos_lengths_leave_the_max_reservation_mostly_internal():
+    """The article's mechanism: slabs sized for max_tokens, answers that stop early -> internal waste."""
+    pairs = [(4, 28, 4)] * 6  # prompt 4, may run to 28 tokens, stops after 4: 7 of 32 slots written
+    results = {}
+    for kind in ("paged", "contiguous"):
+        manager = _build(kind, 64, 4 if kind == "paged" else 1, "max", 32)
+        results[kind] = simulate(_requests(pairs), manager, UniformTiming(1.0), 2, EngineConfig(max_len=32))
+    contiguous = results["contiguous"].accountant.shares_pct()
+    paged = results["paged"].accountant.shares_pct()
+    assert contiguous["internal"] > 3 * contiguous["used"]
+    assert paged["internal"] < paged["used"]
+    assert all(r.final_kv_len == 7 for r in results["contiguous"].requests)
+
+
+def test_steady_window_spans_the_full_load():
+    manager = PagedManager(BlockPool(64, 4))
+    requests = _requests([(2, 4)] * 5)  # a wave of 3 identical requests, then 2: the list runs out at 4 s
+    result = simulate(requests, manager, UniformTiming(1.0), 3, EngineConfig(max_len=16))
+    steady = result.steady
+    # prefill (1 s, first tokens), 3 decode steps, wave 1 ends at 4 s and only 2 requests are left to send
+    assert (steady.start_s, steady.end_s, steady.run_s) == (1.0, 4.0, 8.0)
+    assert steady.output_tokens == 3 * 3 and steady.output_throughput == 3.0
+    assert steady.share == pytest.approx(3 / 8)
+    few = simulate(_requests([(2, 4)] * 2), PagedManager(BlockPool(64, 4)), UniformTiming(1.0), 3,
+                   EngineConfig(max_len=16))
+    assert few.steady is None  # 2 requests never hold 3 in flight

@@ -50,3 +50,29 @@ def test_repeats_average_metrics_keep_the_worst_status_and_maximise_peaks():
 def test_t_quantiles_are_students(n):
     assert t95(n) == pytest.approx(stats.t.ppf(0.975, n - 1))
     assert t95(2) == pytest.approx(12.706, abs=1e-3)
+
+
+def test_points_carry_steady_figures_output_lengths_and_the_hindsight_bound():
+    from kvbench.engine.config import EngineConfig
+    from kvbench.engine.request import Request
+    from kvbench.engine.simulator import simulate
+    from kvbench.engine.timing import UniformTiming
+    from kvbench.report.point import point_from_result
+
+    config = EngineConfig(engine="contiguous", block_size=1, num_blocks=200, max_len=32)
+    requests = [Request(i, 4, 28, eos_after=e) for i, e in enumerate([2, 6, 3, 10, 5, 4])]
+    result = simulate(requests, config.build_manager(), UniformTiming(1.0), 3, config)
+    point = point_from_result(result, "contiguous", 3, "s", bytes_per_token=10).to_json()
+    assert point["output_len_max"] == 10 and point["output_len_mean"] == pytest.approx(30 / 6)
+    assert point["stopped_at_eos"] == 6 and sum(point["output_len_hist"]["counts"]) == 6
+    assert point["steady_output_throughput"] > 0 and 0 < point["steady_window_pct"] <= 100
+    # slabs of max-len 32 for requests that end at 5-13 tokens: the oracle bound is far below what was held
+    assert point["kv_hindsight_oracle_peak_bytes"] < point["kv_peak_allocated_bytes"] / 2
+    paged = point_from_result(result, "paged", 3, "s", bytes_per_token=10).to_json()
+    assert "kv_hindsight_oracle_peak_bytes" not in paged
+
+
+def test_repeats_average_the_steady_figures():
+    runs = [_point(steady_output_throughput=v, steady_window_s=1.0, steady_window_pct=50.0) for v in (10.0, 20.0)]
+    merged = aggregate_repeats(runs).to_json()
+    assert merged["steady_output_throughput"] == pytest.approx(15.0)

@@ -1,0 +1,46 @@
+"""``kvbench dataset FILE``: the prompt and answer lengths of a dataset and the waste they imply."""
+
+from __future__ import annotations
+
+import typer
+
+from kvbench.commands._options import int_list, make_console, run_directory
+from kvbench.fileio import json_text
+from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
+from kvbench.report.rundir import flatten, new_run_dir, write_summary
+from kvbench.studies.dataset import DatasetSettings, describe_dataset
+
+
+def dataset(
+    path: str = typer.Argument(..., help="ShareGPT JSON or {prompt, output_len} JSONL file, or 'real-chat' (shipped)."),
+    model: str = typer.Option("tiny", "--model", help="Whose tokenizer counts tokens: a GGUF file or a checkpoint dir (presets count words and punctuation)."),
+    max_len: int = typer.Option(2048, "--max-len", min=2, help="Context limit: longer records are dropped, and contiguous-max reserves this."),
+    requests: int | None = typer.Option(None, "--requests", min=1, help="Draw this many requests with --seed (default: every usable record)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the draw."),
+    block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s) for the estimate, e.g. 16 or 8,16,32."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/dataset-<time>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+) -> None:
+    """Prompt and answer length histograms (table and plot) and the analytic waste estimate for a max-len.
+
+    Records that cannot be read, or are too short or too long, are counted and left out, as in a run.
+    """
+    from kvbench.models.tokenizers import load_tokenizer
+
+    out_dir = run_directory(out)
+    settings = DatasetSettings(path=path, model=model, max_len=max_len, requests=requests, seed=seed,
+                               block_sizes=tuple(int_list(block_sizes, "--block-size")))
+    console = make_console(stderr=as_json)
+    with console.status("reading the dataset..."):
+        document = describe_dataset(settings, load_tokenizer(model))
+    run_dir = new_run_dir("dataset", out_dir)
+    dataset_plot(document, run_dir / "lengths.png")
+    write_summary(run_dir, document, [flatten(p) for p in document["points"]], dataset_markdown(document))
+    if as_json:
+        typer.echo(json_text(document))
+    else:
+        print_dataset(console, document, run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dataset")(dataset)

@@ -1,0 +1,75 @@
+"""Describe a dataset before running it: the lengths of its prompts and answers, and what they would waste.
+
+The analytic estimates are taken at each request's final length (prompt + answer), as ``capacity`` does:
+a slab of max-len (the article's ``(max_len - actual) / max_len``, averaged over the requests), of the next
+power of two, or blocks of a paged cache. They bound what a run can show; ``kvbench waste --dataset`` and
+``kvbench sweep --dataset`` measure it under load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvbench.kv.block_pool import blocks_for
+from kvbench.kv.contiguous import next_pow2
+from kvbench.report.rundir import run_meta, summary_document
+from kvbench.workload.dataset import TokenCounter, sample_dataset
+
+HISTOGRAM_BINS = 12
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    path: str
+    model: str = "tiny"  # whose tokenizer counts the tokens (presets: words and punctuation)
+    max_len: int = 2048
+    requests: int | None = None  # None: every usable record
+    seed: int = 0
+    block_sizes: tuple[int, ...] = (16,)
+
+
+def length_stats(values: np.ndarray) -> dict[str, float]:
+    return {"count": int(values.size), "mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
+            "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99)),
+            "min": int(values.min()), "max": int(values.max())}
+
+
+def histogram(values: np.ndarray, top: int) -> dict[str, list]:
+    edges = np.linspace(0, max(top, 1), HISTOGRAM_BINS + 1)
+    counts, _ = np.histogram(np.clip(values, 0, top), bins=edges)
+    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Share of what each strategy holds at a request's end that is never written, over all requests."""
+    written = float(totals.sum())
+    held = {"contiguous-max": float(max_len) * totals.size,
+            "contiguous-pow2": float(sum(min(next_pow2(int(t)), max_len) for t in totals))}
+    for block_size in block_sizes:
+        held[f"paged-{block_size}"] = float(sum(blocks_for(int(t), block_size) * block_size for t in totals))
+    return [{"engine": name, "concurrency": 1, "held_tokens": slots, "written_tokens": written,
+             "waste_pct": 100.0 * (1 - written / slots)} for name, slots in held.items()]
+
+
+def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> dict[str, Any]:
+    """The summary document (``kind: dataset``) of the requests a run of this dataset would draw."""
+    sample = sample_dataset(settings.path, TokenCounter(tokenizer, settings.model), settings.max_len, settings.requests,
+                            settings.seed, need_output=True)
+    prompts = np.array([r.prompt_len for r in sample.requests])
+    outputs = np.array([r.output_len for r in sample.requests])
+    totals = prompts + outputs
+    top = int(totals.max())
+    mean_total = float(totals.mean())
+    meta = run_meta(scenario="dataset", dataset=sample.as_dict(), model=settings.model, max_len=settings.max_len,
+                    seed=settings.seed, note=sample.note())
+    analytic = {"formula": "(max_len - actual_len) / max_len", "mean_len": mean_total,
+                "at_mean_len_pct": 100.0 * (settings.max_len - mean_total) / settings.max_len}
+    lengths = {"prompt": length_stats(prompts), "output": length_stats(outputs), "total": length_stats(totals)}
+    histograms = {"prompt": histogram(prompts, int(prompts.max())), "output": histogram(outputs, int(outputs.max())),
+                  "total": histogram(totals, max(top, settings.max_len))}
+    points = [{**row, "scenario": "dataset", "status": "ok"}
+              for row in waste_estimates(totals, settings.max_len, settings.block_sizes)]
+    return summary_document("dataset", meta, points, lengths=lengths, histograms=histograms, analytic=analytic)
