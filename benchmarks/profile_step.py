@@ -17,14 +17,13 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from kvbench import kernels
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
-from kvbench.models import runner as runner_module
+from kvbench.models import cpu_linear
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
@@ -61,19 +60,14 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
         return wrapper
 
     lm_head = runner.lm_head
-    linear = F.linear
+    linear = cpu_linear.linear
 
-    class Linear:  # the runner's F.linear, timed by which weight it multiplies
-        @staticmethod
-        def linear(x, weight, bias=None):
-            name = "lm_head" if weight is lm_head else "layer matmuls (qkv, o, gate/up, down)"
-            return timed(name, linear)(x, weight, bias)
+    def timed_linear(x, weight, bias=None):  # the runner's matmuls, told apart by which weight they multiply
+        name = "lm_head" if weight is lm_head else "layer matmuls (qkv, o, gate/up, down)"
+        return timed(name, linear)(x, weight, bias)
 
-        def __getattr__(self, item):
-            return getattr(F, item)
-
-    saved = (runner_module.F, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv)
-    runner_module.F = Linear()
+    saved = (cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv)
+    cpu_linear.linear = timed_linear
     kernels.paged_decode_attention = timed("attention (decode)", saved[1])
     kernels.paged_prefill_attention = timed("attention (prefill)", saved[2])
     kernels.write_kv = timed("write_kv", saved[3])
@@ -83,7 +77,7 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
         result = engine.run(requests(output_len), running)
         total = time.perf_counter() - start
     finally:
-        runner_module.F, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv = saved
+        cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv = saved
     spent["Python and glue (scheduling, packing, norms, rotary, adds)"] = total - sum(spent.values())
     tokens = sum(r.num_outputs for r in result.requests)
     return {"total_s": total, "tok_s": tokens / total, "parts": dict(spent)}

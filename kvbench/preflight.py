@@ -215,15 +215,17 @@ def check_weights_for_host(shape: ModelShape, available: int | None = None) -> N
 
 
 def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, block_size: int,
-                             available: int | None = None, pools: int = 1) -> None:
+                             available: int | None = None, pools: int = 1, extra_weights: int = 0) -> None:
     """``pools`` pools of ``num_blocks`` x ``block_size`` slots fit in what ``device`` has free now (weights loaded).
 
     ``pools`` counts the pools alive at once when none exists yet (a study that builds its next engine before
     dropping the last holds two); an engine built next to a live one sees that one in the free memory already.
+    ``extra_weights`` counts weight copies the engine makes before its pool (the CPU's packed matmul weights).
     """
     check_run_counts(block_size=block_size, num_blocks=num_blocks)
     free = available_device_bytes(device) if available is None else available
-    need = MemoryNeed(kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token))
+    need = MemoryNeed(weights=extra_weights,
+                      kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token))
     check_memory(need, free, device_label(device),
                  advice="use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device")
 

@@ -116,6 +116,16 @@ def test_a_pool_too_large_for_the_device_is_refused() -> None:
         check_kv_pool_for_device(tiny, "cpu", num_blocks=99_999_999_999, block_size=16, available=GIB)
 
 
+def test_packed_weights_count_against_the_pool() -> None:
+    """The CPU's packed weight copy is made before the pool: a pool that fits alone can fail beside it."""
+    tiny = resolve_model("tiny")
+    pool = kv_pool_bytes(4096, 16, tiny.bytes_per_token)
+    check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(pool / 0.9) + 1)
+    with pytest.raises(KvbenchError, match="weights 0.50 GiB"):
+        check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(pool / 0.9) + 1,
+                                 extra_weights=GIB // 2)
+
+
 def test_request_list_memory() -> None:
     assert request_list_bytes(10, 1000, 500) == 10 * 2048 + 1000 * 40 + 500 * 80
     check_request_memory(10_000, 10_000 * 500, available=GIB)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from kvbench import kernels
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import sampler
+from kvbench.models import cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -172,11 +172,14 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype | None = None,
         kernel_backend: str | None = None,
+        packed_weights: bool | None = None,
     ) -> None:
         """Keep references to ``model``'s parameters; allocate ``num_blocks`` blocks of ``block_size`` slots.
 
         ``kv_dtype`` defaults to the model's dtype; ``kernel_backend`` ("torch" | "triton") overrides the
         kernels' choice by device (and ``KVBENCH_KERNEL_BACKEND``, read here once rather than per kernel call).
+        ``packed_weights`` (None: wherever oneDNN can, see :mod:`kvbench.models.cpu_linear`) packs the layer and
+        lm_head weights once for the CPU's matmuls.
         """
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
@@ -196,6 +199,9 @@ class ModelRunner:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         self._read_weights(model)
+        self.packed_weights = False
+        if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
+            self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
         self.k_caches, self.v_caches = self._allocate_kv_pool()
 
@@ -207,6 +213,14 @@ class ModelRunner:
         self.final_norm = backbone.norm.weight.data
         self.lm_head = model.lm_head.weight.data
         self.layers = [LayerWeights.from_hf(layer) for layer in backbone.layers]
+
+    def _pack_weights(self, model: Any) -> None:
+        """The matmul weights in oneDNN's layout (the model's own tensors stay as they are)."""
+        for layer in self.layers:
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                setattr(layer, name, cpu_linear.pack_for(model, getattr(layer, name)))
+        self.lm_head = cpu_linear.pack_for(model, self.lm_head)
+        self.packed_weights = True
 
     def _allocate_kv_pool(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -375,7 +389,7 @@ class ModelRunner:
             if not step.is_decode:
                 hidden = hidden[step.query_start_loc[1:].long() - 1]
             hidden = rms_norm(hidden, self.final_norm, self.eps)
-            return F.linear(hidden, self.lm_head).float()
+            return cpu_linear.linear(hidden, self.lm_head).float()
 
     __call__ = forward
 
@@ -420,18 +434,18 @@ class ModelRunner:
                 q, k_cache, v_cache, step.block_tables, step.query_start_loc, step.context_lens, self.scale,
                 backend=backend, max_query_len=_known(step.max_query_len), plan=plan,
             )
-        return F.linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
+        return cpu_linear.linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
 
     def _qkv(
         self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (views of one fused projection)."""
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
+        qkv = cpu_linear.linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
         qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one pass
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     @staticmethod
     def _mlp(w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, w.gate_up_proj, w.gate_up_bias).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, w.down_proj, w.down_bias)
+        gate, up = cpu_linear.linear(x, w.gate_up_proj, w.gate_up_bias).chunk(2, dim=-1)
+        return cpu_linear.linear(F.silu(gate) * up, w.down_proj, w.down_bias)

@@ -112,7 +112,17 @@ def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
     return int(utilization * total) - used - activation_reserve_bytes(loaded.shape)
 
 
+def packed_weight_bytes(loaded: LoadedModel) -> int:
+    """What the first engine over ``loaded`` adds by packing its matmul weights for the CPU (0 where it will not)."""
+    from kvbench.models import cpu_linear
+
+    if not cpu_linear.packing_available(loaded.device, loaded.dtype):
+        return 0
+    return cpu_linear.packed_copy_bytes(loaded.model)
+
+
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
-    """An engine over ``loaded``; its KV pool is checked against what the device has free before it is allocated."""
-    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size)
+    """An engine over ``loaded``; its KV pool (and packed weights) are checked against what the device has free."""
+    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size,
+                             extra_weights=packed_weight_bytes(loaded))
     return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id, stop_token_ids=loaded.stop_token_ids)

@@ -227,7 +227,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
     from kvbench.models.runner import ModelRunner
     from kvbench.preflight import check_kv_pool_for_device, check_requests_for_host, check_run_counts
     from kvbench.report.rundir import run_meta, summary_document
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.setup import load_model, packed_weight_bytes
 
     kind, width, seed = settings.kind, settings.width, settings.seed
     check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
@@ -238,7 +238,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
                         threads=settings.threads)
     # parallel sampling builds each mode's engine before the last one is freed: two pools at once
     check_kv_pool_for_device(loaded.shape, loaded.device, settings.num_blocks, settings.block_size,
-                             pools=2 if kind == "parallel" else 1)
+                             pools=2 if kind == "parallel" else 1, extra_weights=packed_weight_bytes(loaded))
     texts, dataset = share_prompts(settings, loaded)
     stop = share_stop(settings, loaded)
     check_requests_for_host(settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len)

@@ -216,16 +216,38 @@ def test_runner_uses_the_model_parameters() -> None:
     model = model_for(GQA)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     before = [p.detach().clone() for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)]
-    runner = ModelRunner(model, num_blocks=4, block_size=4)
+    runner = ModelRunner(model, num_blocks=4, block_size=4, packed_weights=False)
     layer = runner.layers[0]
     assert layer.qkv_proj.data_ptr() == attn.q_proj.weight.data_ptr()
     assert torch.equal(layer.qkv_proj, torch.cat(before))
     assert torch.equal(attn.k_proj.weight, before[1]) and torch.equal(attn.v_proj.weight, before[2])
     assert layer.gate_up_proj.data_ptr() == mlp.gate_proj.weight.data_ptr()
     assert runner.embed_tokens.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    second = ModelRunner(model, num_blocks=4, block_size=4)  # the rows are adjacent now: fused without a copy
+    second = ModelRunner(model, num_blocks=4, block_size=4, packed_weights=False)  # adjacent rows: no copy
     assert second.layers[0].qkv_proj.data_ptr() == layer.qkv_proj.data_ptr()
     assert second.layers[0].gate_up_proj.data_ptr() == layer.gate_up_proj.data_ptr()
+
+
+def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None:
+    """oneDNN-packed matmul weights (the CPU default) match plain ones; the model's tensors are untouched."""
+    from kvbench.models import cpu_linear
+
+    if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN packing unavailable here")
+    model = build_random_model(GQA, seed=7)  # fresh: the shared one may be packed by an earlier test
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    expected = sum(w.numel() * w.element_size() for w in {id(w): w for w in linears}.values())
+    assert cpu_linear.packed_copy_bytes(model) == expected > 0
+    packed = ModelRunner(model, num_blocks=8, block_size=4)
+    assert cpu_linear.packed_copy_bytes(model) == 0  # packed once: later runners add nothing
+    again = ModelRunner(model, num_blocks=8, block_size=4)
+    assert again.layers[0].qkv_proj is packed.layers[0].qkv_proj and again.lm_head is packed.lm_head
+    plain = ModelRunner(model, num_blocks=8, block_size=4, packed_weights=False)
+    assert packed.packed_weights and packed.layers[0].qkv_proj.is_mkldnn and not plain.packed_weights
+    assert not model.model.layers[0].self_attn.q_proj.weight.is_mkldnn
+    chunk = [([3, 1, 4, 1, 5], 0, [0, 1])]
+    torch.testing.assert_close(packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_fuse_rows_with_biases_fills_missing_ones_with_zeros() -> None:
