@@ -122,7 +122,9 @@ def launch(engine: str, job: dict, args, scratch: Path) -> dict:
         command = [args.vllm_python, str(HERE / "vllm_worker.py"), str(job_file)]
     else:
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_file)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    # cwd outside the repository: vLLM inspects models in a `python -m` subprocess, which puts its cwd on sys.path,
+    # and this repository's top-level kernels/ folder would shadow the `kernels` package transformers probes for
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=scratch)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
