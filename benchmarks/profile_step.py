@@ -63,7 +63,8 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
     linear = cpu_linear.linear
 
     def timed_linear(x, weight, bias=None):  # the runner's matmuls, told apart by which weight they multiply
-        name = "lm_head" if weight is lm_head else "layer matmuls (qkv, o, gate/up, down)"
+        phase = "prefill" if x.shape[0] > running else "decode"
+        name = f"lm_head ({phase})" if weight is lm_head else f"layer matmuls ({phase}: qkv, o, gate/up, down)"
         return timed(name, linear)(x, weight, bias)
 
     saved = (cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv)

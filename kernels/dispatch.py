@@ -1,7 +1,9 @@
-"""Choose the implementation of each KV op: Triton on CUDA, the torch reference elsewhere.
+"""Choose the implementation of each KV op: Triton on CUDA; on a CPU the C kernels where they build, else the
+torch reference.
 
-``backend`` ("torch" | "triton") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the whole
-process. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
+``backend`` ("torch" | "triton" | "native") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the
+whole process. "native" is the CPU's C decode attention (``cpu_native``) with the torch reference for every other
+op; it applies to float32 pools and falls back to the reference for other dtypes. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
 ``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
 which the torch reference ignores. The torch reference takes a per-step ``plan`` (the gathers and masks that
 every layer of a step shares, from ``plan_decode`` / ``plan_prefill``), which the Triton kernels do not need:
@@ -13,13 +15,18 @@ from __future__ import annotations
 import os
 
 import torch
-from kvbench.kernels import reference
+from kvbench.kernels import cpu_native, reference
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "native")
 
 
 def resolve_backend(device: torch.device, backend: str | None = None) -> str:
-    chosen = backend or os.environ.get("KVBENCH_KERNEL_BACKEND") or ("triton" if device.type == "cuda" else "torch")
+    chosen = backend or os.environ.get("KVBENCH_KERNEL_BACKEND")
+    if chosen is None:
+        if device.type == "cuda":
+            chosen = "triton"
+        else:
+            chosen = "native" if device.type == "cpu" and cpu_native.available() else "torch"
     if chosen not in BACKENDS:
         raise ValueError(f"unknown kernel backend {chosen!r}; choose one of {', '.join(BACKENDS)}")
     return chosen
@@ -38,12 +45,18 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = N
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping, padded)
 
 
+def _native_decode(query, k_cache, backend: str | None) -> bool:
+    """Whether the C decode kernel runs this call (the native backend, on tensors it takes)."""
+    return (resolve_backend(query.device, backend) == "native" and cpu_native.supports(query, k_cache)
+            and cpu_native.available())
+
+
 def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None, *, valid_tables: bool = False):
     """What every layer's decode attention of one step shares (None when the backend plans nothing).
 
     ``valid_tables=True`` promises every table entry, padding included, is a real block id.
     """
-    if resolve_backend(k_cache.device, backend) == "triton":
+    if resolve_backend(k_cache.device, backend) == "triton" or _native_decode(k_cache, k_cache, backend):
         return None
     return reference.plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3],
                                  valid_tables)
@@ -93,6 +106,9 @@ def paged_decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale, out,
             num_splits=num_splits, max_context_len=max_context_len,
         )  # fmt: skip
+    if _native_decode(query, k_cache, backend):
+        return cpu_native.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out,
+                                                 max_context_len)
     return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out, plan)
 
 

@@ -192,6 +192,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
+        if self.kernel_backend == "native" and self.kv_dtype != torch.float32:
+            self.kernel_backend = "torch"  # the C decode kernel is float32 only: keep the reference's kept plans
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads

@@ -112,23 +112,33 @@ def test_the_kept_attention_plan_equals_a_fresh_one(model, monkeypatch: pytest.M
 
     monkeypatch.setattr(DecodeBatch, "step", step)
     for engine, block_size, num_blocks in (("paged", 4, 14), ("paged", 1, 400), ("contiguous", 8, 30)):
-        config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64)
+        config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64,
+                              kernel_backend="torch")  # the plan is the torch reference's
         LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), 6)
     generator = torch.Generator().manual_seed(7)  # very different lengths: planned in buckets, step by step
     mixed = [make_request(i, torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(),
                           SamplingParams(max_tokens=6, ignore_eos=True)) for i, n in enumerate((4, 300, 6, 280, 5))]
-    LLMEngine(model, EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=512)).run(mixed, 5)
+    LLMEngine(model, EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=512,
+                                  kernel_backend="torch")).run(mixed, 5)
     assert len(checked) > 10 and len(bucketed) >= 5  # both kinds of step were exercised
 
 
-def test_triton_kernels_read_the_kept_batch(model) -> None:
-    """With the Triton kernels (interpreted on CPU) the batch hands out no torch plan; tokens are unchanged."""
-    pytest.importorskip("triton")
+@pytest.mark.parametrize("other", ["triton", "native"])
+def test_plan_free_kernels_read_the_kept_batch(model, other: str) -> None:
+    """With the Triton kernels (interpreted on CPU) or the CPU's C kernel the batch hands out no torch plan;
+    tokens are unchanged."""
+    if other == "triton":
+        pytest.importorskip("triton")
+    else:
+        from kvbench.kernels import cpu_native
+
+        if not cpu_native.available():
+            pytest.skip(f"CPU kernels unavailable: {cpu_native.unavailable_reason()}")
     params = SamplingParams(max_tokens=5, ignore_eos=True)  # crosses a block: a table patched mid-batch
     outputs = {}
-    for backend in ("torch", "triton"):
+    for backend in ("torch", other):
         config = EngineConfig(engine="paged", block_size=4, num_blocks=40, max_len=40, kernel_backend=backend)
         engine = LLMEngine(model, config)
         result = engine.run(_requests(2, params), concurrency=2)
         outputs[backend] = [r.output_token_ids for r in result.requests]
-    assert outputs["triton"] == outputs["torch"]
+    assert outputs[other] == outputs["torch"]

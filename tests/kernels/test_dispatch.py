@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from kv_cases import make_case, poisoned_like
-from kvbench.kernels import reference
+from kvbench.kernels import cpu_native, reference
 
 from kvbench import kernels
 
 
 def test_device_decides_and_overrides_win(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KVBENCH_KERNEL_BACKEND", raising=False)
-    assert kernels.resolve_backend(torch.device("cpu")) == "torch"
+    assert kernels.resolve_backend(torch.device("cpu")) == ("native" if cpu_native.available() else "torch")
     assert kernels.resolve_backend(torch.device("cuda")) == "triton"
     assert kernels.resolve_backend(torch.device("cuda"), "torch") == "torch"
     monkeypatch.setenv("KVBENCH_KERNEL_BACKEND", "triton")

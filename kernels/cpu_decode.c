@@ -1,0 +1,101 @@
+/* Paged decode attention on a CPU, read straight from the block pool (no gathered copy of K and V).
+ *
+ * Built at first use by kernels/cpu_native.py with the machine's C compiler and called through ctypes; the
+ * torch reference (kernels/reference.py) defines the contract and the tests hold this to it.
+ *
+ * One query token per request. Query head h reads KV head h / (Hq / Hkv), in float32 throughout.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* exp(x) for x <= 0 (scores minus their maximum), vectorisable: 2^n * p(r) with r in [-ln2/2, ln2/2].
+ * Relative error about 2e-7 over the range used here; below -87 it returns 0. */
+static inline float exp_nonpositive(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * log2e + 0.5f);
+    float r = x - n * ln2_hi - n * ln2_lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+/* Returns 0, or -1 when scratch memory could not be allocated (nothing is written then).
+ * Each token's K row (all KV heads) and then its V row is read once, in order within its block: the pool is
+ * streamed from memory, which is what bounds this kernel. */
+int kvbench_paged_decode_f32(
+    const float *q, int64_t q_stride_b, int64_t q_stride_h,   /* q[b][h][d], d contiguous */
+    const float *k_cache, const float *v_cache,               /* [blocks][block_size][Hkv][D], contiguous */
+    const int32_t *tables, int64_t table_stride,              /* tables[b][i]: block id of the i-th block */
+    const int32_t *lens,                                      /* context length of each request */
+    float *out,                                               /* [B][Hq][D], contiguous */
+    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
+{
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim; /* floats per token slot */
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; b++)
+        longest = lens[b] > longest ? lens[b] : longest;
+    float *scores = malloc(sizeof(float) * (size_t)(num_heads * (longest > 0 ? longest : 1)));
+    if (!scores)
+        return -1;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t len = lens[b];
+        const int32_t *table = tables + b * table_stride;
+        const float *qb = q + b * q_stride_b;
+        float *o = out + b * num_heads * head_dim;
+        memset(o, 0, sizeof(float) * (size_t)(num_heads * head_dim));
+        if (len <= 0)
+            continue;
+        for (int64_t t = 0; t < len; t++) {
+            const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
+            for (int64_t h = 0; h < num_heads; h++) {
+                const float *qh = qb + h * q_stride_h;
+                const float *kh = k + (h / group) * head_dim;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t d = 0; d < head_dim; d++)
+                    dot += qh[d] * kh[d];
+                scores[h * len + t] = dot * scale;
+            }
+        }
+        for (int64_t h = 0; h < num_heads; h++) {
+            float *s = scores + h * len;
+            float top = s[0];
+            for (int64_t t = 1; t < len; t++)
+                top = s[t] > top ? s[t] : top;
+            float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+            for (int64_t t = 0; t < len; t++) {
+                s[t] = exp_nonpositive(s[t] - top);
+                total += s[t];
+            }
+            const float inv = 1.0f / total;
+#pragma omp simd
+            for (int64_t t = 0; t < len; t++)
+                s[t] *= inv;
+        }
+        for (int64_t t = 0; t < len; t++) {
+            const float *v = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
+            for (int64_t h = 0; h < num_heads; h++) {
+                const float p = scores[h * len + t];
+                const float *vh = v + (h / group) * head_dim;
+                float *a = o + h * head_dim;
+#pragma omp simd
+                for (int64_t d = 0; d < head_dim; d++)
+                    a[d] += p * vh[d];
+            }
+        }
+    }
+    free(scores);
+    return 0;
+}

@@ -1,0 +1,103 @@
+"""The CPU's C decode kernel against contiguous SDPA and the torch reference; building, caching and fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kv_cases import decode_oracle, make_case, poisoned_like, rel_error
+from kvbench.kernels import cpu_native, reference
+
+from kvbench import kernels
+
+LENS = [1, 15, 16, 17, 300]
+SCALE = 0.17
+
+
+@pytest.fixture
+def native() -> None:
+    if not cpu_native.available():
+        pytest.skip(f"CPU kernels unavailable here: {cpu_native.unavailable_reason()}")
+
+
+@pytest.fixture
+def fresh_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A process that has not loaded the kernels yet, with its own build cache."""
+    monkeypatch.setattr(cpu_native, "_state", {})
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_decode_matches_sdpa(native, block_size: int, group: int) -> None:
+    case = make_case(LENS, block_size, num_kv_heads=2, head_dim=16, seed=block_size * 10 + group)
+    query = torch.randn(len(LENS), 2 * group, 16, generator=torch.Generator().manual_seed(1))
+    out = poisoned_like(query)
+    result = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
+                                               case.context_lens, SCALE, out=out)
+    assert result is out
+    assert rel_error(out, decode_oracle(case, query, SCALE)) < 1e-5
+
+
+def test_strided_query_empty_context_and_head_dim_64(native) -> None:
+    """The runner hands over q as a view of the fused q/k/v projection; a request may have no context."""
+    lens = [0, 40, 129]
+    case = make_case(lens, 16, num_kv_heads=3, head_dim=64, seed=4)
+    fused = torch.randn(len(lens), 9 + 2 * 3, 64, generator=torch.Generator().manual_seed(5))
+    query = fused[:, :9]
+    assert not query.is_contiguous()
+    got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
+                                            case.context_lens, SCALE)
+    torch.testing.assert_close(got, reference.paged_decode_attention(
+        query.contiguous(), case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE),
+        rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+def test_tables_too_narrow_for_the_context_are_refused(native) -> None:
+    case = make_case([20, 40], 8, num_kv_heads=1, head_dim=16, seed=6)
+    query = torch.randn(2, 2, 16)
+    with pytest.raises(ValueError, match="covering 40 tokens"):
+        cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables[:, :2],
+                                          case.context_lens, SCALE)
+
+
+def test_dispatch_runs_it_for_float32_and_the_reference_otherwise(native) -> None:
+    case = make_case([9, 30], 8, 1, 16, seed=2)
+    query = torch.randn(2, 2, 16)
+    args = (query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25)
+    torch.testing.assert_close(kernels.paged_decode_attention(*args, backend="native", max_context_len=30),
+                               kernels.paged_decode_attention(*args, backend="torch"), rtol=1e-5, atol=1e-6)
+    assert kernels.plan_decode(case.block_tables, case.context_lens, case.k_cache, "native") is None
+    half = case.k_cache.to(torch.bfloat16)  # not a dtype the C kernel takes: the reference plans and runs
+    assert isinstance(kernels.plan_decode(case.block_tables, case.context_lens, half, "native"),
+                      reference.DecodePlan)
+
+
+def test_builds_once_into_the_cache_and_reuses_it(fresh_state, tmp_path) -> None:
+    if cpu_native._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    assert cpu_native.available() and cpu_native.unavailable_reason() is None
+    built = list((tmp_path / "cache").glob("cpu_decode-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    cpu_native._state.clear()  # a second process: finds the library, compiles nothing
+    assert cpu_native.available() and built[0].stat().st_mtime_ns == stamp
+
+
+def test_turned_off_or_unbuildable_means_the_torch_reference(fresh_state, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVBENCH_KERNEL_BACKEND", raising=False)
+    monkeypatch.setenv(cpu_native.ENV, "0")
+    assert not cpu_native.available() and "KVBENCH_NATIVE_KERNELS=0" in cpu_native.unavailable_reason()
+    assert kernels.resolve_backend(torch.device("cpu")) == "torch"
+    monkeypatch.delenv(cpu_native.ENV)
+    cpu_native._state.clear()
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    assert not cpu_native.available() and "could not build" in cpu_native.unavailable_reason()
+    case = make_case([9, 30], 8, 1, 16, seed=2)
+    query = torch.randn(2, 2, 16)
+    args = (query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25)
+    assert torch.equal(kernels.paged_decode_attention(*args, backend="native"),
+                       reference.paged_decode_attention(*args))
+    cpu_native._state.clear()
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    assert not cpu_native.available() and "no C compiler" in cpu_native.unavailable_reason()
