@@ -2,8 +2,11 @@
 
 Why: on a CPU the torch reference's decode attention gathers every request's blocks into one padded copy before
 SDPA reads them again; on a 135M-class model that copy was most of the attention's time. The C kernel reads the
-block pool in place (``cpu_decode.c``). Plain C, no torch headers: it builds in well under a second, and the
-shared library is cached per source, compiler and CPU (``$KVBENCH_CACHE_DIR``, else ``~/.cache/kvbench``).
+block pool in place. The runner's RMSNorm (with its residual add), SiLU-and-multiply and rotary embedding are
+each one pass here instead of several torch ops with a temporary each (``cpu_ops.c``). Plain C, no torch
+headers: it builds in well under a second, and the shared library is cached per source, compiler and CPU
+(``$KVBENCH_CACHE_DIR``, else ``~/.cache/kvbench``). The kernels are single-threaded: the runner uses them when
+torch runs on one thread (see :func:`use_for_model_ops`).
 
 Where no compiler is found, the build fails or ``KVBENCH_NATIVE_KERNELS=0`` is set, :func:`available` is False
 (and :func:`unavailable_reason` says why): the CPU then runs the torch reference, which gives the same results.
@@ -24,8 +27,8 @@ from pathlib import Path
 import torch
 
 ENV = "KVBENCH_NATIVE_KERNELS"
-SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared")
+SOURCE = Path(__file__).with_name("cpu_ops.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": the loaded library, or "reason": why there is none
 
@@ -58,7 +61,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
                                      platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:16]
     folder = cache_dir()
-    library = folder / f"cpu_decode-{key}.so"
+    library = folder / f"cpu_ops-{key}.so"
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
@@ -89,11 +92,17 @@ def _load() -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             _state["reason"] = f"could not build the CPU kernels: {error}"
             return None
-        fn = lib.kvbench_paged_decode_f32
-        fn.restype = ctypes.c_int
-        pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [pointer, i64, i64, pointer, pointer, pointer, i64, pointer, pointer,
-                       i64, i64, i64, i64, i64, ctypes.c_float]
+        pointer, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        signatures = {
+            "kvbench_paged_decode_f32": (ctypes.c_int, [pointer, i64, i64, pointer, pointer, pointer, i64, pointer,
+                                                        pointer, i64, i64, i64, i64, i64, f32]),
+            "kvbench_rms_norm_f32": (None, [pointer, pointer, pointer, pointer, i64, i64, f32]),
+            "kvbench_silu_and_mul_f32": (None, [pointer, pointer, i64, i64]),
+            "kvbench_rotary_f32": (None, [pointer, i64, pointer, pointer, i64, i64, i64]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
         _state["lib"] = lib
         return lib
 
@@ -157,3 +166,67 @@ def paged_decode_attention(
         out.copy_(result)
         return out
     return result
+
+
+# -- the runner's element-wise ops ---------------------------------------------------------------------------------
+MAX_ROTARY_HEAD_DIM = 1024  # the C rotary's per-head scratch
+
+
+def use_for_model_ops(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the runner should use the C norm, SiLU-and-multiply and rotary ops: float32 on a CPU, torch on one
+    thread (the C ops run on one core; with more threads torch's own ops use them all), and the kernels built."""
+    return (device.type == "cpu" and dtype == torch.float32 and head_dim <= MAX_ROTARY_HEAD_DIM
+            and torch.get_num_threads() == 1 and available())
+
+
+def _library() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(unavailable_reason() or "the CPU kernels are not available")
+    return lib
+
+
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    if x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        raise ValueError(f"the CPU kernels take contiguous float32 CPU tensors, got {x.dtype} {tuple(x.shape)}")
+    return x.numel() // x.shape[-1], x.shape[-1]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` over the last dimension of a contiguous float32 ``x``."""
+    rows, width = _rows(x)
+    out = torch.empty_like(x)
+    _library().kvbench_rms_norm_f32(x.data_ptr(), None, weight.contiguous().data_ptr(), out.data_ptr(), rows,
+                                    width, eps)
+    return out
+
+
+def add_rms_norm_(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``hidden += delta`` in place, then the RMSNorm of the new ``hidden`` (a decoder layer's residual step)."""
+    rows, width = _rows(hidden)
+    if delta.shape != hidden.shape or not delta.is_contiguous() or delta.dtype != torch.float32:
+        raise ValueError(f"delta {tuple(delta.shape)} must match hidden {tuple(hidden.shape)}, contiguous float32")
+    out = torch.empty_like(hidden)
+    _library().kvbench_rms_norm_f32(hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(),
+                                    out.data_ptr(), rows, width, eps)
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate_up [rows, 2 * I]`` holds gate then up, as ``[rows, I]``."""
+    rows, width = _rows(gate_up)
+    out = torch.empty((*gate_up.shape[:-1], width // 2), dtype=torch.float32)
+    _library().kvbench_silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+    return out
+
+
+def rotary_(qkv: torch.Tensor, heads: int, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+    """Rotate the first ``heads`` heads of ``qkv [T, H, D]`` in place (``apply_rotary``'s formula and tables)."""
+    tokens, _, head_dim = qkv.shape
+    _rows(qkv)
+    if head_dim > MAX_ROTARY_HEAD_DIM or head_dim % 2 or cos.shape != (tokens, head_dim) or (
+            signed_sin.shape != cos.shape):
+        raise ValueError(f"rotary tables {tuple(cos.shape)} do not fit q/k/v {tuple(qkv.shape)}")
+    cos, signed_sin = cos.contiguous(), signed_sin.contiguous()
+    _library().kvbench_rotary_f32(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), tokens,
+                                  heads, head_dim)

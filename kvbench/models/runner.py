@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench import kernels
+from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
 from kvbench.models import cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
@@ -205,6 +206,10 @@ class ModelRunner:
         if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
             self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
+        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 on one CPU
+        # thread); otherwise torch's
+        self.native_ops = self.kernel_backend == "native" and cpu_native.use_for_model_ops(
+            self.device, self.dtype, self.head_dim)
         self.k_caches, self.v_caches = self._allocate_kv_pool()
 
     # ------------------------------------------------------------------ setup
@@ -386,12 +391,16 @@ class ModelRunner:
             cos, sin = self.rope.rotation(step.positions, max_len - 1, seq_lens)
             hidden = F.embedding(step.input_ids, self.embed_tokens)
             plan = self._attention_plan(step)
+            x = self._norm(hidden, self.layers[0].input_norm)
             for index, layer in enumerate(self.layers):
-                hidden = self._decoder_layer(index, layer, hidden, cos, sin, step, plan)
+                # the residual stream: each block's output is added to hidden, whose norm feeds the next block
+                hidden, x = self._add_norm(hidden, self._attention(index, layer, x, cos, sin, step, plan),
+                                           layer.post_norm)
+                following = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+                hidden, x = self._add_norm(hidden, self._mlp(layer, x), following)
             if not step.is_decode:
-                hidden = hidden[step.query_start_loc[1:].long() - 1]
-            hidden = rms_norm(hidden, self.final_norm, self.eps)
-            return cpu_linear.linear(hidden, self.lm_head).float()
+                x = x[step.query_start_loc[1:].long() - 1]  # only the last token of each request samples
+            return cpu_linear.linear(x, self.lm_head).float()
 
     __call__ = forward
 
@@ -409,14 +418,18 @@ class ModelRunner:
         q_lens = (step.query_start_loc[1:] - step.query_start_loc[:-1]).long()
         return torch.repeat_interleave(step.context_lens.long(), q_lens, output_size=step.num_tokens)
 
-    def _decoder_layer(
-        self, index: int, w: LayerWeights, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        step: StepInput, plan: Any,
-    ) -> torch.Tensor:
-        x = rms_norm(hidden, w.input_norm, self.eps)
-        hidden = hidden + self._attention(index, w, x, cos, sin, step, plan)
-        x = rms_norm(hidden, w.post_norm, self.eps)
-        return hidden + self._mlp(w, x)
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.native_ops:
+            return cpu_native.rms_norm(x, weight, self.eps)
+        return rms_norm(x, weight, self.eps)
+
+    def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden + delta`` and its RMSNorm (with the C ops: one pass, ``hidden`` updated in place)."""
+        if self.native_ops:
+            return hidden, cpu_native.add_rms_norm_(hidden, delta.contiguous(), weight, self.eps)
+        hidden = hidden + delta
+        return hidden, rms_norm(hidden, weight, self.eps)
 
     def _attention(
         self, index: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -444,10 +457,16 @@ class ModelRunner:
         """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (views of one fused projection)."""
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = cpu_linear.linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
+        if self.native_ops:
+            qkv = qkv.contiguous()
+            cpu_native.rotary_(qkv, heads + kv_heads, cos, sin)  # q and k rotated in place
+            return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one pass
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
-    @staticmethod
-    def _mlp(w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate, up = cpu_linear.linear(x, w.gate_up_proj, w.gate_up_bias).chunk(2, dim=-1)
+    def _mlp(self, w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        gate_up = cpu_linear.linear(x, w.gate_up_proj, w.gate_up_bias)
+        if self.native_ops:
+            return cpu_linear.linear(cpu_native.silu_and_mul(gate_up.contiguous()), w.down_proj, w.down_bias)
+        gate, up = gate_up.chunk(2, dim=-1)
         return cpu_linear.linear(F.silu(gate) * up, w.down_proj, w.down_bias)

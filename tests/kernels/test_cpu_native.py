@@ -77,7 +77,7 @@ def test_builds_once_into_the_cache_and_reuses_it(fresh_state, tmp_path) -> None
     if cpu_native._compiler() is None:
         pytest.skip("no C compiler on this machine")
     assert cpu_native.available() and cpu_native.unavailable_reason() is None
-    built = list((tmp_path / "cache").glob("cpu_decode-*.so"))
+    built = list((tmp_path / "cache").glob("cpu_ops-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     cpu_native._state.clear()  # a second process: finds the library, compiles nothing
@@ -101,3 +101,50 @@ def test_turned_off_or_unbuildable_means_the_torch_reference(fresh_state, monkey
     cpu_native._state.clear()
     monkeypatch.setenv("CC", "no-such-compiler-here")
     assert not cpu_native.available() and "no C compiler" in cpu_native.unavailable_reason()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_norm_silu_and_rotary_match_the_torch_ops(native, rows: int) -> None:
+    import torch.nn.functional as F
+
+    from kvbench.models.rope import apply_rotary
+
+    gen = torch.Generator().manual_seed(rows)
+    hidden, delta, weight = (torch.randn(rows, 72, generator=gen) * 3 for _ in range(3))
+    weight = weight[0]
+    torch.testing.assert_close(cpu_native.rms_norm(hidden, weight, 1e-5),
+                               F.rms_norm(hidden, (72,), weight, 1e-5), rtol=1e-5, atol=1e-5)
+    updated = hidden.clone()
+    normed = cpu_native.add_rms_norm_(updated, delta, weight, 1e-6)
+    torch.testing.assert_close(updated, hidden + delta, rtol=0, atol=0)
+    torch.testing.assert_close(normed, F.rms_norm(hidden + delta, (72,), weight, 1e-6), rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(rows, 2 * 40, generator=gen) * 6  # large |x| too: exp(-|x|) must not overflow
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_native.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    qkv = torch.randn(rows, 4 + 2 * 2, 16, generator=gen)
+    cos, signed_sin = torch.randn(rows, 16, generator=gen), torch.randn(rows, 16, generator=gen)
+    rotated = qkv.clone()
+    cpu_native.rotary_(rotated, 6, cos, signed_sin)
+    torch.testing.assert_close(rotated[:, :6], apply_rotary(qkv[:, :6], cos, signed_sin), rtol=1e-5, atol=1e-6)
+    assert torch.equal(rotated[:, 6:], qkv[:, 6:])  # v is left as it was
+
+
+def test_model_ops_refuse_what_they_cannot_take(native) -> None:
+    with pytest.raises(ValueError, match="contiguous float32"):
+        cpu_native.silu_and_mul(torch.randn(4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        cpu_native.rms_norm(torch.randn(8, 4).t(), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_native.rotary_(torch.randn(3, 4, 16), 2, torch.randn(2, 16), torch.randn(2, 16))
+
+
+def test_the_runner_uses_them_on_one_thread_only(native) -> None:
+    assert cpu_native.use_for_model_ops(torch.device("cpu"), torch.float32, 64)
+    assert not cpu_native.use_for_model_ops(torch.device("cpu"), torch.bfloat16, 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert not cpu_native.use_for_model_ops(torch.device("cpu"), torch.float32, 64)
+    finally:
+        torch.set_num_threads(threads)

@@ -82,11 +82,14 @@ def runner_greedy(runner: ModelRunner, prompts: list[list[int]], num_new: int, b
     return outputs
 
 
+@pytest.mark.parametrize("backend", [None, "torch"])  # the CPU default (C kernels where they build) and torch
 @pytest.mark.parametrize("block_size", [1, 7, 16])
 @pytest.mark.parametrize("kind", ["gqa", "mha"])
-def test_greedy_matches_transformers_generate(kind: str, block_size: int) -> None:
+def test_greedy_matches_transformers_generate(kind: str, block_size: int, backend: str | None) -> None:
     shape = SHAPES[kind]
-    runner = ModelRunner(model_for(shape), num_blocks=NUM_BLOCKS * 2 // block_size + 16, block_size=block_size)
+    runner = ModelRunner(model_for(shape), num_blocks=NUM_BLOCKS * 2 // block_size + 16, block_size=block_size,
+                         kernel_backend=backend)
+    assert runner.native_ops == (runner.kernel_backend == "native")  # one switch for the C attention and ops
     outputs = runner_greedy(runner, make_prompts(shape.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
     expected = hf_greedy(shape)
     assert outputs == expected

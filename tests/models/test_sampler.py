@@ -26,6 +26,18 @@ def test_greedy_is_argmax() -> None:
     assert sample(logits, params, [None] * 6) == logits.argmax(-1).tolist()
 
 
+def test_greedy_ties_take_the_first_index_as_argmax_does() -> None:
+    logits = torch.zeros(3, 49152)
+    logits[0, [7, 40000]] = 1.0
+    logits[1, [49000, 3]] = 2.0
+    logits[2] = -torch.inf
+    logits[2, [100, 200]] = 0.0
+    params = [SamplingParams()] * 3
+    assert sample(logits, params, [None] * 3) == [7, 3, 100] == logits.argmax(-1).tolist()
+    mixed = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingParams()]
+    assert sample(logits, mixed, [None, make_generator(1), None])[::2] == [7, 100]
+
+
 def test_top_k_one_is_greedy() -> None:
     logits = random_logits(4, seed=1)
     params = [SamplingParams(temperature=1.5, top_k=1, seed=s) for s in range(4)]

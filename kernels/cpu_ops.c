@@ -1,9 +1,12 @@
-/* Paged decode attention on a CPU, read straight from the block pool (no gathered copy of K and V).
+/* float32 kernels for the model runner on a CPU, built at first use by kernels/cpu_native.py with the machine's
+ * C compiler and called through ctypes. The torch ops they replace define the contract; the tests hold them to it.
  *
- * Built at first use by kernels/cpu_native.py with the machine's C compiler and called through ctypes; the
- * torch reference (kernels/reference.py) defines the contract and the tests hold this to it.
- *
- * One query token per request. Query head h reads KV head h / (Hq / Hkv), in float32 throughout.
+ * - paged decode attention, read straight from the block pool (no gathered copy of K and V);
+ * - RMSNorm, optionally after adding a residual in place (one pass instead of six torch ops);
+ * - SiLU(gate) * up over the fused gate/up projection;
+ * - rotary embedding applied in place to the q and k heads of the fused q/k/v projection.
+ * Each does in one pass over memory what takes the torch path several ops, each with its own temporary: on a
+ * small model most of a step's non-matmul time was these passes and the ops' fixed costs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -98,4 +101,75 @@ int kvbench_paged_decode_f32(
     }
     free(scores);
     return 0;
+}
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r of x [rows][width]. With residual != NULL, x is
+ * first replaced by x + residual (in place), the residual stream of a decoder layer. */
+void kvbench_rms_norm_f32(float *x, const float *residual, const float *weight, float *out, int64_t rows,
+                          int64_t width, float eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * width;
+        float *o = out + r * width;
+        float squares = 0.0f;
+        if (residual) {
+            const float *res = residual + r * width;
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; i++) {
+                xr[i] += res[i];
+                squares += xr[i] * xr[i];
+            }
+        } else {
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; i++)
+                squares += xr[i] * xr[i];
+        }
+        const float inv = 1.0f / sqrtf(squares / (float)width + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++)
+            o[i] = xr[i] * inv * weight[i];
+    }
+}
+
+/* out[r][i] = silu(gate_up[r][i]) * gate_up[r][half + i], silu(g) = g / (1 + exp(-g)). */
+void kvbench_silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t half)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gate_up + r * 2 * half;
+        float *o = out + r * half;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+            const float x = g[i];
+            /* exp(-|x|) never overflows; sigmoid(x) = 1 / (1 + e) for x > 0, e / (1 + e) otherwise */
+            const float e = exp_nonpositive(-fabsf(x));
+            const float numerator = x > 0.0f ? 1.0f : e;
+            o[i] = x * (numerator / (1.0f + e));
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++)
+            o[i] *= g[half + i];
+    }
+}
+
+/* Rotate heads [0, rotated) of x [tokens][x_heads][head_dim] in place: x * cos + swap_halves(x) * signed_sin,
+ * with cos and signed_sin [tokens][head_dim] (the runner's tables). */
+void kvbench_rotary_f32(float *x, int64_t token_stride, const float *cos, const float *signed_sin, int64_t tokens,
+                        int64_t rotated, int64_t head_dim)
+{
+    const int64_t half = head_dim / 2;
+    float swapped[1024];
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + t * head_dim;
+        const float *s = signed_sin + t * head_dim;
+        for (int64_t h = 0; h < rotated; h++) {
+            float *v = x + t * token_stride + h * head_dim;
+            for (int64_t d = 0; d < half; d++) {
+                swapped[d] = v[d + half];
+                swapped[d + half] = v[d];
+            }
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; d++)
+                v[d] = v[d] * c[d] + swapped[d] * s[d];
+        }
+    }
 }
