@@ -20,8 +20,8 @@ from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
 
 HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
-req/s, or the arrival times of a --trace / --requests-file), and compare routing policies side by side on the
-same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
+req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
+prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
 queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
 
 Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
@@ -57,6 +57,7 @@ def fleet(
     admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject."),
     requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of prompt_token_ids + output_len (+ arrival_time)."),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: the scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts, arrivals and the random policy."),
     prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
@@ -108,6 +109,7 @@ def fleet(
         scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file, trace=trace,
+        dataset=dataset,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
         rate=rate, seed=seed, instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
@@ -170,6 +172,8 @@ def _intro(console, setup) -> None:
         console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator instances, roofline step times of "
                       f"{setup.options.gpu}, virtual clock; an added instance starts in {setup.options.startup_s:g} s "
                       "(a setting: nothing to measure in a simulation)")
+    if setup.dataset is not None:
+        console.print(f"dataset: {setup.dataset.note()}")
     console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
                   f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}")
 

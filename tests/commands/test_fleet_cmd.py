@@ -46,6 +46,29 @@ def test_autoscaling_simulated_fleet_reports_instances_over_time(tmp_path):
     assert point["instance_seconds"] < point["instances_peak"] * point["elapsed_s"]
 
 
+def test_fleet_runs_the_shipped_dataset_sample_and_says_so(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["fleet", "--simulate", "--scenario", "ci-smoke", "--dataset", "real-chat", "--rate", "5",
+                 "--requests", "10", "--policies", "round-robin", "--out", str(out)]) == 0
+    assert "dataset: 10 requests from" in capsys.readouterr().out
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["dataset"]["path"].endswith("real-chat.json") and meta["dataset"]["requests"] == 10
+    assert meta["arrivals"].startswith("Poisson at 5 req/s")
+
+
+def test_fleet_reads_a_jsonl_dataset_and_honours_a_scenarios_dataset(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"question number {i} about the cache", "output_len": 8 + i})
+                            + "\n" for i in range(6)))
+    assert main(["fleet", "--simulate", "--dataset", str(data), "--rate", "5", "--policies", "random",
+                 "--out", str(tmp_path / "a"), "--json"]) == 0
+    meta = json.loads((tmp_path / "a" / "summary.json").read_text())["meta"]
+    assert meta["dataset"]["format"] == "jsonl" and meta["dataset"]["records"] == 6
+    assert main(["fleet", "--simulate", "--scenario", "real-chat", "--rate", "5", "--policies", "random",
+                 "--out", str(tmp_path / "b"), "--json"]) == 0
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["meta"]["dataset"]["records"] == 52
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--rate", "0"], "--rate must be a positive number"),
     (["--rate", "-2"], "--rate must be a positive number"),
@@ -59,6 +82,8 @@ def test_autoscaling_simulated_fleet_reports_instances_over_time(tmp_path):
     (["--rate", "5", "--ray-address", "no-port"], "is not HOST:PORT"),
     (["--requests", "5"], "no arrival times: give an arrival rate"),
     (["--rate", "5", "--prefix-groups", "3"], "--prefix-groups and --prefix-len go together"),
+    (["--rate", "5", "--dataset", "no-such-file.json"], "dataset not found: no-such-file.json"),
+    (["--rate", "5", "--dataset", "real-chat", "--prefix-groups", "2", "--prefix-len", "8"], "brings its own prompts"),
 ])
 def test_bad_input_is_a_one_line_error_with_exit_2(tmp_path, capsys, args, message):
     simulate = [] if "--ray-address" in args else ["--simulate"]
