@@ -25,7 +25,7 @@ prompts and arrives at --rate), and compare routing policies side by side on the
 queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
 
 Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
-joins one; one GPU per actor where there are GPUs, else one CPU thread each), or with --simulate the tensor-free
+joins one; one GPU per actor with --device cuda, else one CPU thread each), or with --simulate the tensor-free
 simulator with a GPU preset on a virtual clock (8 to 256 instances in seconds). --autoscale adds an instance
 when fleet block usage stays above --scale-up for --scale-window seconds and drains one below --scale-down.
 
