@@ -73,8 +73,8 @@ def fleet(
     simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator instances with a GPU preset, virtual clock."),
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
     ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one."),
-    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray (refused without it). Checked before anything runs."),
+    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/fleet-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
@@ -105,6 +105,15 @@ def fleet(
         raise KvbenchError("--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock")
     if ray_tasks and not simulate:
         raise KvbenchError("--ray fans out simulated policies; real instances always run on Ray (--ray-address)")
+    if simulate and not ray_tasks and (ray_address is not None or ray_cpus is not None):
+        given = "--ray-address" if ray_address is not None else "--ray-cpus"
+        raise KvbenchError(f"{given} goes with --ray: without it a simulated fleet runs in this process")
+    if not simulate or ray_tasks:  # Ray will run: is it there, and is the cluster reachable? (before any output)
+        from kvbench.studies.fleet.ray_runtime import check_address, import_ray
+
+        import_ray()
+        if ray_address is not None:
+            check_address(ray_address)
     options = FleetOptions(
         scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
@@ -129,20 +138,38 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     console = make_console(stderr=as_json)
     with console.status("preparing the fleet..."):
         setup = FleetSetup.resolve(options)
+    created = out_dir is None or not out_dir.exists()
     run_dir = new_run_dir("fleet", out_dir)
     lock = DirectoryLock(run_dir, "kvbench fleet")
-    if (run_dir / "results.jsonl").exists():
-        raise KvbenchError(f"{run_dir} already holds results; choose another --out")
-    _intro(console, setup)
-    metrics = _metrics(setup, metrics_port, console)
-    points: list[dict] = []
+    points: list[dict] = []  # each policy's point as it finishes (results.jsonl has them too)
+
+    def on_point(point: dict) -> None:
+        points.append(point)
+        console.print(_done_line(point))
+
+    metrics = None
     try:
+        if (run_dir / "results.jsonl").exists():
+            raise KvbenchError(f"{run_dir} already holds results; choose another --out")
+        _intro(console, setup)
+        metrics = _metrics(setup, metrics_port, console)
         with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
-            points = run_fleet(setup, run_dir, on_point=lambda p: console.print(_done_line(p)), metrics=metrics)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: the actors are shut down; finished policies are kept in "
-                      f"{run_dir}/results.jsonl[/yellow]")
+            run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)
+    except KeyboardInterrupt:  # the actors and Ray are shut down by now; keep what finished
+        if points:
+            write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
+            note = (f"interrupted: {len(points)} of {len(options.policies)} policies finished; their summary is in "
+                    f"{run_dir}/summary.json")
+        else:
+            _discard(run_dir, lock, created)
+            note = "interrupted before any policy finished; nothing was written"
+        lock.release()
+        typer.echo(note, err=True)
         raise typer.Exit(code=130) from None
+    except KvbenchError:
+        if not points:  # nothing measured: leave no empty run directory or stale lock behind
+            _discard(run_dir, lock, created)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
@@ -163,6 +190,18 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     if failed:
         raise RunFailed(f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
                         f"{failed[0].get('error')}")
+
+
+def _discard(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
+    """Undo what a run that measured nothing left: its lock file, and the directory if this run made it and
+    it is empty."""
+    lock.release()
+    (run_dir / DirectoryLock.FILE).unlink(missing_ok=True)
+    if created:
+        try:
+            run_dir.rmdir()
+        except OSError:  # not empty: something else is in it
+            pass
 
 
 def _intro(console, setup) -> None:
