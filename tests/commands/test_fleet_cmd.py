@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -162,3 +163,15 @@ def test_ctrl_c_before_any_policy_writes_nothing(tmp_path, capsys, monkeypatch):
     assert main([*ARGS, "--out", str(out)]) == 130
     assert capsys.readouterr().err.strip() == "interrupted before any policy finished; nothing was written"
     assert not out.exists()
+
+
+def test_a_fleet_of_identical_requests_plots_without_runtime_warnings(tmp_path):
+    """Equal requests have TTFTs a rounding error apart: the CDF's log axis must still get a real range."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"prompt_token_ids": [1, 2, 3, 4, 5], "output_len": 4}) + "\n"
+                                for _ in range(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(["fleet", "--simulate", "--scenario", "ci-smoke", "--requests-file", str(requests), "--rate", "5",
+                     "--policies", "round-robin", "--out", str(tmp_path / "run"), "--json"]) == 0
+    assert (tmp_path / "run" / "fleet_ttft_cdf.png").is_file()
