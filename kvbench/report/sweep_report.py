@@ -90,7 +90,7 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
     references = _references(rows)
     steady_note = ("TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
                    "(ramp-up and draining tail left out)")
-    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI with --repeat)" + (" — SIMULATED" if simulated else ""),
+    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI over repeats)" + (" — SIMULATED" if simulated else ""),
                   caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""))
     for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction", "steady TPS contiguous",
                    "steady TPS paged", *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)):
@@ -219,7 +219,7 @@ def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, r
 
 
 def scenarios_table(scenarios: dict) -> Table:
-    table = Table(title="Built-in scenarios (kvbench sweep --scenario NAME, or a TOML file of your own)")
+    table = Table(title="Built-in scenarios (by name, or a TOML file of your own)")
     table.add_column("name")
     table.add_column("description")
     for name, scenario in scenarios.items():
