@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.fields import human_bytes
 from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
+from kvbench.values import human_bytes
 
 
 def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:

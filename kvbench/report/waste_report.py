@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.report.fields import human_bytes
 from kvbench.report.rundir import markdown_table
+from kvbench.values import human_bytes
 
 
 def waste_markdown(document: dict) -> str:
