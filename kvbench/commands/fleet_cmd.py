@@ -109,11 +109,9 @@ def fleet(
         given = "--ray-address" if ray_address is not None else "--ray-cpus"
         raise KvbenchError(f"{given} goes with --ray: without it a simulated fleet runs in this process")
     if not simulate or ray_tasks:  # Ray will run: is it there, and is the cluster reachable? (before any output)
-        from kvbench.studies.fleet.ray_runtime import check_address, import_ray
+        from kvbench.studies.fleet.ray_runtime import prepare_ray
 
-        import_ray()
-        if ray_address is not None:
-            check_address(ray_address)
+        prepare_ray(ray_address)
     options = FleetOptions(
         scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,

@@ -44,14 +44,20 @@ def check_address(address: str) -> None:
         raise KvbenchError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from None
 
 
-@contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[object]:
-    """Ray, started (or joined) for the block and shut down after it, however it ends."""
+def prepare_ray(address: str | None = None):
+    """Ray, imported, once ``address`` (if any) is known to be reachable: a command calls this before it prints
+    or creates anything, so a missing Ray or an unreachable cluster is its first and only line."""
     if address is not None:
         check_address(address)
     else:
         os.environ.setdefault(_LOCAL_ONLY, "0")  # read when ray is imported: before the import
-    ray = import_ray()
+    return import_ray()
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[object]:
+    """Ray, started (or joined) for the block and shut down after it, however it ends."""
+    ray = prepare_ray(address)
     if ray.is_initialized():
         yield ray
         return
