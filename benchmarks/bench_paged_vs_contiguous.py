@@ -2,7 +2,7 @@
 
     python benchmarks/bench_paged_vs_contiguous.py [--runs 10]
 
-Goal (tensor-engine issue): within 5%. CPU time, one warm-up each, then runs interleaved with the order
+Goal: the paged engine within 5% of the contiguous one. CPU time, one warm-up each, then runs interleaved with the order
 alternating. Reported: the ratio of the minimums, and the median of the per-round ratios (each round's two
 runs sit next to each other in time, so load that drifts over the minutes cancels out of it). Wall clock on
 a shared machine swings far more than the difference being measured.

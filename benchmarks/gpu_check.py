@@ -2,8 +2,9 @@
 
 1. Triton vs torch reference on CUDA in fp32, fp16 and bf16: decode (plain, split-KV forced and automatic),
    prefill, write_kv and copy_blocks over block sizes 1/8/16/32, GQA ratios 1/4/8 and ragged contexts.
-2. The decode benchmark at the issue's shapes (Llama-2-13B heads, batch 1/8/64, context 512/2048/4096,
-   fp16) with the measured copy bandwidth and the two goals at batch 64, context 2048.
+2. The decode benchmark on Llama-2-13B's attention shape (its heads, batch 1/8/64, context 512/2048/4096,
+   fp16) with the measured copy bandwidth, and the two goals at batch 64, context 2048: paged decode at
+   >= 70% of copy bandwidth, and at most 1.15x the time of contiguous decode.
 3. A small tile sweep (BLOCK_N x num_warps) at the goal point and at a split-KV point, to guide tuning.
 
 Prints tables and writes ``gpu_check.json`` into ``--out``. Meant to finish in well under 5 minutes.
@@ -128,7 +129,7 @@ def _copy_blocks_error(dtype: torch.dtype) -> float:
 
 
 def benchmark(copy_gbps: float) -> list[dict]:
-    """The issue's table (fp16, block 16), then the goal point in bf16 and with blocks of 8 and 32."""
+    """The benchmark grid (fp16, block 16), then the goal point in bf16 and with blocks of 8 and 32."""
     heads, kv_heads, head_dim = HEAD_SHAPES[BENCH_MODEL]
     cases = [(torch.float16, 16, b, c) for b in BATCHES for c in CONTEXTS]
     cases += [(torch.bfloat16, 16, *GOAL), (torch.float16, 32, *GOAL), (torch.float16, 8, *GOAL)]

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the KV kernels, for a session lent a CUDA machine (under 5 minutes on an H200):
-# Triton vs torch reference in fp16 (full grid), bf16 and fp32, the decode benchmark at the shapes
-# with the two goals, a small tile sweep, and `kvbench kernels` on CUDA. Results land in $OUT (default
-# /tmp/kvbench-gpu-check): gpu_check.json, gpu_check.log, kernels_cli.json (+ pytest.log when
-# KVBENCH_GPU_PYTEST=1 also runs tests/kernels compiled for the GPU; allow 4 more minutes).
+# One-shot GPU check of the KV kernels on a CUDA machine (under 5 minutes on an H200): Triton vs torch
+# reference in fp16 (full grid), bf16 and fp32, the decode benchmark on Llama-2-13B's attention shape with
+# its two goals (>= 70% of copy bandwidth, paged/contiguous <= 1.15), a small tile sweep, and `kvbench
+# kernels` on CUDA. Results land in $OUT (default /tmp/kvbench-gpu-check): gpu_check.json, gpu_check.log,
+# kernels_cli.json (+ pytest.log when KVBENCH_GPU_PYTEST=1 also runs tests/kernels compiled for the GPU;
+# allow 4 more minutes).
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root
 set -uo pipefail

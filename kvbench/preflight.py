@@ -16,6 +16,7 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.shapes import ModelShape
+from kvbench.values import human_bytes
 
 GIB = 1024**3
 # Share of the free memory a run may plan to use: the rest absorbs what is not estimated (allocator
@@ -44,10 +45,6 @@ LIMITS = {
 }
 _NAMES = {"requests": "requests", "prompts": "prompts", "samples": "samples (or beams) per prompt",
           "block_size": "block size", "num_blocks": "KV pool blocks"}
-
-
-def gib(num_bytes: float) -> str:
-    return f"{num_bytes / GIB:.2f} GiB"
 
 
 # ---------------------------------------------------------------------------------------------- counts
@@ -99,7 +96,7 @@ class MemoryNeed:
     def breakdown(self) -> str:
         parts = [(name, value) for name, value in
                  (("weights", self.weights), ("KV pool", self.kv_pool), ("activations", self.activations)) if value]
-        return " + ".join(f"{name} {gib(value)}" for name, value in parts) or "nothing"
+        return " + ".join(f"{name} {human_bytes(value, 'GiB')}" for name, value in parts) or "nothing"
 
 
 def kv_pool_bytes(num_blocks: int, block_size: int, bytes_per_token: int) -> int:
@@ -115,8 +112,9 @@ def check_memory(need: MemoryNeed, available: int, device: str, fraction: float 
         return
     advice = advice or "use a smaller model, a smaller KV pool (fewer blocks, less KV memory), or another device"
     raise KvbenchError(
-        f"the run needs {gib(need.total)} on {device} ({need.breakdown()}) but {device} has {gib(available)} free "
-        f"and kvbench plans with at most {fraction:.0%} of it ({gib(usable)}): {advice}"
+        f"the run needs {human_bytes(need.total, 'GiB')} on {device} ({need.breakdown()}) but {device} has "
+        f"{human_bytes(available, 'GiB')} free and kvbench plans with at most {fraction:.0%} of it "
+        f"({human_bytes(usable, 'GiB')}): {advice}"
     )
 
 
@@ -133,7 +131,8 @@ def check_request_memory(num_requests: int, prompt_tokens: int, available: int, 
     if need > usable:
         raise KvbenchError(
             f"{num_requests:,} requests with {prompt_tokens:,} prompt and {output_tokens:,} output tokens need about "
-            f"{gib(need)} of host memory for their bookkeeping; {gib(usable)} of the {gib(available)} free is usable:"
+            f"{human_bytes(need, 'GiB')} of host memory for their bookkeeping; {human_bytes(usable, 'GiB')} of the "
+            f"{human_bytes(available, 'GiB')} free is usable:"
             " ask for fewer or shorter requests"
         )
 

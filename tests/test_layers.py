@@ -15,7 +15,7 @@ PACKAGE = ROOT / "kvbench"
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
     ("kvbench.errors", "kvbench.fileio", "kvbench.kv"),
-    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.measure", "kvbench.preflight"),
+    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
     ("kvbench.engine",),
     ("kvbench.report",),
     ("kvbench.studies",),
@@ -80,3 +80,35 @@ def _error_texts(path: Path) -> list[tuple[int, str]]:
 def test_only_commands_name_flags_in_errors(module, path):
     """Studies, reports and the engine say which setting is wrong; the command that owns a flag names it."""
     assert [f"{path.name}:{line}: {text}" for line, text in _error_texts(path) if _FLAG.search(text)] == []
+
+
+# Where text below the command layer may name flags: the remedies a diagnosis renders are suggestions in the
+# words of each engine (kvbench's, vLLM's, SGLang's options), by design.
+SUGGESTIONS = {PACKAGE / "report" / "diagnose" / "remedies.py"}
+
+
+def _message_texts(path: Path) -> list[tuple[int, str]]:
+    """Every string literal that can reach a user (messages, titles, notes built anywhere, not only in
+    ``raise``): all but docstrings and argument vectors (``["git", "rev-parse", "--short"]``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            skip.add(id(body[0].value))  # a docstring speaks to developers
+        if isinstance(node, (ast.List, ast.Tuple)):
+            skip.update(id(item) for item in node.elts
+                        if isinstance(item, ast.Constant) and isinstance(item.value, str)
+                        and re.fullmatch(r"--[a-z][a-z-]*", item.value))  # an argument of a subprocess
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+
+
+@pytest.mark.parametrize("module, path", [(m, p) for m, p in _module_files() if _layer(m) is not None
+                                          and _layer(m) < _layer("kvbench.commands") and p not in SUGGESTIONS],
+                         ids=lambda value: str(value))
+def test_only_commands_name_flags_in_any_message(module, path):
+    """A message built below the command layer (a finding's remedy, a table title, a note) names no flag:
+    the same code serves several commands, and only the command knows its flags."""
+    assert [f"{path.name}:{line}: {text}" for line, text in _message_texts(path) if _FLAG.search(text)] == []

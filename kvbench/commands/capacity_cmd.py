@@ -13,7 +13,7 @@ from kvbench.kv.contiguous import next_pow2
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
 from kvbench.preflight import check_context_length
-from kvbench.report.fields import human_bytes
+from kvbench.values import human_bytes
 
 
 def capacity_table(pool_slots: int, max_len: int, mean_len: int, block_sizes: list[int]) -> list[dict]:

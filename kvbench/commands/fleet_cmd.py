@@ -20,12 +20,12 @@ from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
 
 HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
-req/s, or the arrival times of a --trace / --requests-file), and compare routing policies side by side on the
-same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
+req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
+prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
 queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
 
 Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
-joins one; one GPU per actor where there are GPUs, else one CPU thread each), or with --simulate the tensor-free
+joins one; one GPU per actor with --device cuda, else one CPU thread each), or with --simulate the tensor-free
 simulator with a GPU preset on a virtual clock (8 to 256 instances in seconds). --autoscale adds an instance
 when fleet block usage stays above --scale-up for --scale-window seconds and drains one below --scale-down.
 
@@ -57,6 +57,7 @@ def fleet(
     admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject."),
     requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of prompt_token_ids + output_len (+ arrival_time)."),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
+    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: the scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate."),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts, arrivals and the random policy."),
     prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
@@ -72,8 +73,8 @@ def fleet(
     simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator instances with a GPU preset, virtual clock."),
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
     ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one."),
-    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray (refused without it). Checked before anything runs."),
+    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/fleet-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
@@ -104,10 +105,18 @@ def fleet(
         raise KvbenchError("--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock")
     if ray_tasks and not simulate:
         raise KvbenchError("--ray fans out simulated policies; real instances always run on Ray (--ray-address)")
+    if simulate and not ray_tasks and (ray_address is not None or ray_cpus is not None):
+        given = "--ray-address" if ray_address is not None else "--ray-cpus"
+        raise KvbenchError(f"{given} goes with --ray: without it a simulated fleet runs in this process")
+    if not simulate or ray_tasks:  # Ray will run: is it there, and is the cluster reachable? (before any output)
+        from kvbench.studies.fleet.ray_runtime import prepare_ray
+
+        prepare_ray(ray_address)
     options = FleetOptions(
         scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file, trace=trace,
+        dataset=dataset,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
         rate=rate, seed=seed, instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
@@ -127,20 +136,38 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     console = make_console(stderr=as_json)
     with console.status("preparing the fleet..."):
         setup = FleetSetup.resolve(options)
+    created = out_dir is None or not out_dir.exists()
     run_dir = new_run_dir("fleet", out_dir)
     lock = DirectoryLock(run_dir, "kvbench fleet")
-    if (run_dir / "results.jsonl").exists():
-        raise KvbenchError(f"{run_dir} already holds results; choose another --out")
-    _intro(console, setup)
-    metrics = _metrics(setup, metrics_port, console)
-    points: list[dict] = []
+    points: list[dict] = []  # each policy's point as it finishes (results.jsonl has them too)
+
+    def on_point(point: dict) -> None:
+        points.append(point)
+        console.print(_done_line(point))
+
+    metrics = None
     try:
+        if (run_dir / "results.jsonl").exists():
+            raise KvbenchError(f"{run_dir} already holds results; choose another --out")
+        _intro(console, setup)
+        metrics = _metrics(setup, metrics_port, console)
         with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
-            points = run_fleet(setup, run_dir, on_point=lambda p: console.print(_done_line(p)), metrics=metrics)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: the actors are shut down; finished policies are kept in "
-                      f"{run_dir}/results.jsonl[/yellow]")
+            run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)
+    except KeyboardInterrupt:  # the actors and Ray are shut down by now; keep what finished
+        if points:
+            write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
+            note = (f"interrupted: {len(points)} of {len(options.policies)} policies finished; their summary is in "
+                    f"{run_dir}/summary.json")
+        else:
+            _discard(run_dir, lock, created)
+            note = "interrupted before any policy finished; nothing was written"
+        lock.release()
+        typer.echo(note, err=True)
         raise typer.Exit(code=130) from None
+    except KvbenchError:
+        if not points:  # nothing measured: leave no empty run directory or stale lock behind
+            _discard(run_dir, lock, created)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
@@ -163,6 +190,18 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
                         f"{failed[0].get('error')}")
 
 
+def _discard(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
+    """Undo what a run that measured nothing left: its lock file, and the directory if this run made it and
+    it is empty."""
+    lock.release()
+    (run_dir / DirectoryLock.FILE).unlink(missing_ok=True)
+    if created:
+        try:
+            run_dir.rmdir()
+        except OSError:  # not empty: something else is in it
+            pass
+
+
 def _intro(console, setup) -> None:
     if setup.skipped is not None:
         console.print(f"[yellow]warning: {setup.skipped.sentence('records')}[/yellow]")
@@ -170,6 +209,8 @@ def _intro(console, setup) -> None:
         console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator instances, roofline step times of "
                       f"{setup.options.gpu}, virtual clock; an added instance starts in {setup.options.startup_s:g} s "
                       "(a setting: nothing to measure in a simulation)")
+    if setup.dataset is not None:
+        console.print(f"dataset: {setup.dataset.note()}")
     console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
                   f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}")
 

@@ -7,7 +7,6 @@ costed as a dense Llama. Every bad value ends in one line that names the file an
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ from kvbench.errors import KvbenchError
 from kvbench.models.rope_params import (
     check_rope_theta,
     check_rotary_head_dim,
-    is_number,
     is_positive_int,
     split_rope_scaling,
 )
 from kvbench.models.shapes import ModelShape, MoeSpec
+from kvbench.values import is_number
 
 _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # A config without model_type is named by its class in "architectures"; with neither it is read as Llama.
@@ -75,7 +74,7 @@ class ConfigFields:
 
     def positive_number(self, name: str, default: float) -> float:
         value = self.get(name, default)
-        if not is_number(value) or not math.isfinite(value) or value <= 0:
+        if not is_number(value, finite=True) or value <= 0:
             raise self.error(f"{name} must be a positive number, got {value!r}")
         return float(value)
 

@@ -77,7 +77,7 @@ def resolve_torch_dtype(spec: str | torch.dtype | None, device: torch.device | s
 
 def _engine_refusal(what: str) -> str:
     return (f"{what}: the tensor engine runs dense Llama-family models ({', '.join(ENGINE_MODEL_TYPES)}); "
-            f"waste, capacity and sweep --simulate read the shapes of {', '.join(SHAPE_ARCHITECTURES)}")
+            f"the simulator (waste, capacity, a simulated sweep) reads the shapes of {', '.join(SHAPE_ARCHITECTURES)}")
 
 
 def check_engine_shape(shape: ModelShape) -> None:

@@ -6,10 +6,10 @@ A check returns nothing or raises :class:`KvbenchError` with a message that name
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from kvbench.errors import KvbenchError
+from kvbench.values import is_number
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -27,18 +27,13 @@ _POSITIVE_PARAMS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast"
 _NON_NEGATIVE_PARAMS = ("mscale", "mscale_all_dim")
 
 
-def is_number(value: Any) -> bool:
-    """A JSON number (bool is not one, although Python counts it as an int)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def check_positive_number(value: Any, field: str) -> float:
     """``value`` as a float when it is a finite number > 0."""
-    if not is_number(value) or not math.isfinite(value) or value <= 0:
+    if not is_number(value, finite=True) or value <= 0:
         raise KvbenchError(f"{field} must be a positive number, got {value!r}")
     return float(value)
 
@@ -74,13 +69,13 @@ def _check_params(rope_type: str, params: dict[str, Any], field: str) -> None:
             check_positive_number(params[name], f"{field}.{name}")
     for name in _NON_NEGATIVE_PARAMS:
         value = params.get(name)
-        if value is not None and (not is_number(value) or not math.isfinite(value) or value < 0):
+        if value is not None and (not is_number(value, finite=True) or value < 0):
             raise KvbenchError(f"{field}.{name} must be a number >= 0, got {value!r}")
     original = params.get("original_max_position_embeddings")
     if original is not None and not is_positive_int(original):
         raise KvbenchError(f"{field}.original_max_position_embeddings must be a positive integer, got {original!r}")
     partial = params.get("partial_rotary_factor", 1.0)
-    if not is_number(partial) or not 0 < partial <= 1:
+    if not is_number(partial, finite=True) or not 0 < partial <= 1:
         raise KvbenchError(f"{field}.partial_rotary_factor must be in (0, 1], got {partial!r}")
     if rope_type == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
         # the smoothing ramp divides by (high - low)

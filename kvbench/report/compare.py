@@ -31,8 +31,9 @@ from kvbench.report.compare_policy import (
     metric_policy,
     ratio_metric_name,
 )
-from kvbench.report.fields import is_number, lookup
+from kvbench.report.fields import lookup
 from kvbench.report.summary_load import PointKey, Summary
+from kvbench.values import is_number
 
 DEFAULT_ALPHA = 0.05
 MIN_SAMPLES = 3
@@ -86,7 +87,7 @@ class Row:
 
     @property
     def delta(self) -> float | None:
-        if is_number(self.base) and is_number(self.head):
+        if is_number(self.base, finite=True) and is_number(self.head, finite=True):
             return self.head - self.base  # type: ignore[operator]
         return None
 
@@ -184,7 +185,7 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
         found, value = lookup(point, name, where)
         if not found:
             continue
-        if value is not None and not is_number(value):
+        if value is not None and not is_number(value, finite=True):
             raise KvbenchError(f"{where}: metric {name} is {_shown(value)}, not a number")
         metrics[name] = Observation(value, _samples(samples.get(name), f"{where}: samples of {name}"))
     status = point.get("status")
@@ -196,7 +197,7 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
 def _samples(raw: Any, where: str) -> tuple[float, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, list) or not all(is_number(v) for v in raw):
+    if not isinstance(raw, list) or not all(is_number(v, finite=True) for v in raw):
         raise KvbenchError(f"{where} are {_shown(raw)}, not a list of numbers")
     return tuple(float(v) for v in raw)
 

@@ -145,8 +145,8 @@ TIME_WEIGHTED_THRESHOLDS = {
 RATIO_SINGLE = Threshold(2.5, Mode.FACTOR)
 RATIO_SAMPLED = Threshold(1.35, Mode.FACTOR)  # a 30% drop is x1.43
 TAIL_RATIO_SAMPLED = Threshold(8.0, Mode.FACTOR)
-SINGLE_RUN_NOTE = "single run: too noisy to gate (use --repeat 4+ or --fail-on)"
-ABSOLUTE_TIMING_NOTE = "absolute timing of a measured run: too noisy to gate (use --fail-on)"
+SINGLE_RUN_NOTE = "single run: too noisy to gate (repeat each point 4+ times, or gate it with an explicit rule)"
+ABSOLUTE_TIMING_NOTE = "absolute timing of a measured run: too noisy to gate (only an explicit rule gates it)"
 
 
 @dataclass(frozen=True)

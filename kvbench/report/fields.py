@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,19 +30,3 @@ def lookup(point: Mapping[str, Any], dotted: str, where: str | None = None) -> t
 def value_at(point: Mapping[str, Any], dotted: str) -> Any:
     """The value of a dotted field, or None when it is absent."""
     return lookup(point, dotted)[1]
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool, NaN or infinity)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def human_bytes(count: float | None) -> str:
-    """``1536`` -> ``1.50 KiB``; None -> ``-``."""
-    if count is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.2f} {unit}"
-        count /= 1024
-    return f"{count:.2f} TiB"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +20,31 @@ WASTE_PARTS = (
     ("external_pct", "external fragmentation", "#c62828"),
     ("free_pct", "free", "#b0bec5"),
 )
+
+
+def _open_flat_range(ax, axis: str, values: Iterable[float], log: bool = False) -> None:
+    """Give an axis whose values all (nearly) coincide a range of its own: a single point in time, or equal
+    TTFTs a rounding error apart, would leave matplotlib a view one float wide, and it warns dividing by it."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
+    if not finite:
+        return
+    low, high = min(finite), max(finite)
+    if high - low > 1e-9 * max(abs(low), abs(high)):
+        return  # a real range: matplotlib's own margins
+    if log:
+        limits = (low / 2, high * 2)
+    else:
+        pad = 0.05 * abs(low) or 1.0
+        limits = (low - pad, high + pad)
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(*limits)
+
+
+def _open_flat_ranges(ax, series: Iterable[tuple[Sequence[float], Sequence[float]]], logx: bool = False,
+                      y: bool = True) -> None:
+    series = list(series)
+    _open_flat_range(ax, "x", (v for xs, _ in series for v in xs), logx)
+    if y:
+        _open_flat_range(ax, "y", (v for _, ys in series for v in ys))
 
 
 def _save(fig, path: Path) -> Path:
@@ -70,6 +96,7 @@ def lines(
             ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
     if logx:
         ax.set_xscale("log")
+    _open_flat_ranges(ax, series.values(), logx, y=hline is None)
     if hline is not None:
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
     ax.set_xlabel(xlabel)
@@ -113,6 +140,7 @@ def line_panels(
         for label, (xs, ys) in series.items():
             ax.plot(list(xs), list(ys), "--" if "p99" in label else "-", marker="o", label=label,
                     color=colours[label.split()[0]])
+        _open_flat_ranges(ax, series.values())
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -139,6 +167,7 @@ def usage_panels(
     for ax, (panel, series) in zip(axes.flat, panels.items(), strict=False):
         for label, (xs, ys) in series.items():
             ax.plot(list(xs), list(ys), linewidth=0.8 if many else 1.2, alpha=0.7 if many else 1.0, label=label)
+        _open_flat_ranges(ax, series.values(), y=False)  # y: 0-105 %
         ax.axhline(threshold, color="#c62828", linewidth=1, linestyle=":", label=f"{threshold:.0f}% (scale-up)")
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)

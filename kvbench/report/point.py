@@ -17,8 +17,8 @@ import numpy as np
 from scipy import stats
 
 from kvbench.engine.result import RunResult
-from kvbench.report.fields import is_number
 from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS
+from kvbench.values import is_number
 
 # headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
 REPEATED_FIELDS = ("output_throughput", "total_token_throughput", "request_throughput", *LATENCY_FIELDS)
@@ -224,9 +224,9 @@ def t95(n: int) -> float:
 
 def _combine(groups: list[dict[str, Any]], combine) -> dict[str, Any]:
     keys = list(groups[-1])
-    return {key: (combine(values) if (values := [g[key] for g in groups if is_number(g.get(key))]) else None)
-            for key in keys}
+    return {key: (combine(values) if (values := [g[key] for g in groups if is_number(g.get(key), finite=True)])
+                  else None) for key in keys}
 
 
 def _numbers(points: list[dict[str, Any]], name: str) -> list[float]:
-    return [p[name] for p in points if is_number(p.get(name))]
+    return [p[name] for p in points if is_number(p.get(name), finite=True)]

@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.table import Table
 
 from kvbench.fileio import json_text
-from kvbench.report.fields import human_bytes
 from kvbench.report.rundir import markdown_table
+from kvbench.values import human_bytes
 
 
 def share_markdown(document: dict) -> str:

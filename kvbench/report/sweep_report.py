@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.fields import human_bytes
 from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
+from kvbench.values import human_bytes
 
 
 def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
@@ -90,7 +90,7 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
     references = _references(rows)
     steady_note = ("TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
                    "(ramp-up and draining tail left out)")
-    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI with --repeat)" + (" — SIMULATED" if simulated else ""),
+    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI over repeats)" + (" — SIMULATED" if simulated else ""),
                   caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""))
     for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction", "steady TPS contiguous",
                    "steady TPS paged", *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)):
@@ -154,28 +154,42 @@ def steady_warnings(points: list[dict]) -> list[str]:
     return lines
 
 
-def output_length_table(points: list[dict], meta: dict) -> Table:
-    """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused."""
-    stop = meta.get("stop", "length")
-    if stop == "eos":
+OUTPUT_LENGTH_COLUMNS = ("engine", "C", "output len mean/p50/p90/max", "ended at EOS", "internal %", "KV peak",
+                         "hindsight oracle KV peak")
+
+
+def output_length_title(meta: dict) -> str:
+    if meta.get("stop", "length") == "eos":
         how = ("ending at EOS at each reference length (simulated)" if meta.get("simulated")
                else "decided by the model (EOS)")
     else:
         how = "drawn or reference, EOS ignored"
-    title = f"Output lengths {how}, and the KV memory they left unused"
-    table = Table(title=title, caption=_reservation_caption(meta))
-    for column in ("engine", "C", "output len mean/p50/p90/max", "ended at EOS", "internal %", "KV peak",
-                   "hindsight oracle KV peak"):
-        table.add_column(column, justify="left" if column == "engine" else "right")
+    return f"Output lengths {how}, and the KV memory they left unused"
+
+
+def output_length_rows(points: list[dict]) -> list[list[str]]:
+    """One row per measured point, in :data:`OUTPUT_LENGTH_COLUMNS` (the console table and Markdown alike)."""
+    rows = []
     for p in points:
-        if p["status"] == "error" or p.get("output_len_mean") is None:
+        if p.get("status") == "error" or p.get("output_len_mean") is None:
             continue
         lengths = (f"{p['output_len_mean']:,.0f} / {p['output_len_p50']:,.0f} / {p['output_len_p90']:,.0f} / "
                    f"{p['output_len_max']:,}")
         oracle = p.get("kv_hindsight_oracle_peak_bytes")
-        table.add_row(p["engine"], str(p["concurrency"]), lengths, f"{p.get('stopped_at_eos', 0)}/{p['completed']}",
-                      f"{p['waste']['internal_pct']:.1f}", human_bytes(p["kv_peak_allocated_bytes"]),
-                      "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)")
+        rows.append([p["engine"], str(p["concurrency"]), lengths, f"{p.get('stopped_at_eos', 0)}/{p['completed']}",
+                     f"{p['waste']['internal_pct']:.1f}", human_bytes(p["kv_peak_allocated_bytes"]),
+                     "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)"])
+    return rows
+
+
+def output_length_table(points: list[dict], meta: dict, caption: str | None = None) -> Table:
+    """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused;
+    ``caption`` replaces the sweep's note on how the contiguous baseline reserves."""
+    table = Table(title=output_length_title(meta), caption=caption or _reservation_caption(meta))
+    for column in OUTPUT_LENGTH_COLUMNS:
+        table.add_column(column, justify="left" if column == "engine" else "right")
+    for row in output_length_rows(points):
+        table.add_row(*row)
     return table
 
 
@@ -219,7 +233,7 @@ def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, r
 
 
 def scenarios_table(scenarios: dict) -> Table:
-    table = Table(title="Built-in scenarios (kvbench sweep --scenario NAME, or a TOML file of your own)")
+    table = Table(title="Built-in scenarios (by name, or a TOML file of your own)")
     table.add_column("name")
     table.add_column("description")
     for name, scenario in scenarios.items():

@@ -6,8 +6,37 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.report.fields import human_bytes
 from kvbench.report.rundir import markdown_table
+from kvbench.report.sweep_report import (
+    OUTPUT_LENGTH_COLUMNS,
+    output_length_rows,
+    output_length_table,
+    output_length_title,
+    shows_output_lengths,
+)
+from kvbench.values import human_bytes
+from kvbench.workload.dataset import left_out, sample_note
+
+EOS_NOTE = ("answers end at their real length while every reservation plans for max-len - prompt; the oracle is "
+            "told the real lengths: a hindsight bound, not a runnable engine")
+LENGTH_NOTE = "every request runs to its drawn or reference output length, and each strategy reserves knowing it"
+
+
+def stop_text(meta: dict) -> str:
+    """The stop mode and what it means for the strategies' reservations."""
+    stop = meta.get("stop", "length")
+    return f"{stop}: {EOS_NOTE if stop == 'eos' else LENGTH_NOTE}"
+
+
+def _caption(meta: dict) -> str:
+    """Under the table: the stop mode, and what a dataset's filter left out."""
+    parts = [f"stop {meta.get('stop', 'length')}"]
+    dataset = meta.get("dataset")
+    if dataset:
+        lost = left_out(dataset)
+        parts.append(f"{Path(str(dataset.get('path'))).name}: {dataset.get('requests')} of "
+                     f"{dataset.get('records')} records" + (f", left out {lost}" if lost else ""))
+    return "; ".join(parts)
 
 
 def waste_markdown(document: dict) -> str:
@@ -21,12 +50,19 @@ def waste_markdown(document: dict) -> str:
         f"{analytic['mean_len']}; {analytic['at_sampled_mean_pct']:.1f}% at the sampled mean "
         f"{analytic['sampled_mean_len']:.0f}.\n\n"
     )
+    head += f"Stop: {stop_text(meta)}.\n\n"
+    if meta.get("dataset"):
+        head += f"Dataset: {sample_note(meta['dataset'])}.\n\n"
     rows = [[_strategy_label(p), p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
              p["waste"]["external_pct"], p["waste"]["free_pct"], p["effective_usage_pct"], p["mean_running"],
              p["peak_running"], p["output_throughput"]] for p in document["points"]]
-    return head + markdown_table(
+    text = head + markdown_table(
         ["strategy", "token states %", "reservation %", "internal %", "external %", "free %",
          "effective usage %", "mean running", "peak running", "output tok/s (sim)"], rows)
+    if shows_output_lengths(meta):
+        text += (f"\n## {output_length_title(meta)}\n\n"
+                 + markdown_table(list(OUTPUT_LENGTH_COLUMNS), output_length_rows(document["points"])))
+    return text
 
 
 def print_waste(console, document: dict, run_dir: Path) -> None:
@@ -40,7 +76,8 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
     )
     table = Table(title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
                   f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
-                  f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)")
+                  f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)",
+                  caption=_caption(meta))
     for column in ("strategy", "used", "reserv.", "internal", "external", "free", "effective",
                    "running mean/peak", "out tok/s", "preempt"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
@@ -52,9 +89,10 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
             f"{p['mean_running']:.1f} / {p['peak_running']}", f"{p['output_throughput']:,.0f}", str(p["preemptions"]),
         )
     console.print(table)
-    if meta.get("stop") == "eos":
-        console.print("stop eos: answers end at their real length while every reservation plans for max-len - prompt;"
-                      " the oracle is told the real lengths: a hindsight bound, not a runnable engine")
+    if shows_output_lengths(meta):
+        console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
+    elif meta.get("stop") == "eos":
+        console.print(f"stop {stop_text(meta)}")
     console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, waste.png")
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.fields import human_bytes, value_at
+from kvbench.report.fields import value_at
+from kvbench.values import human_bytes
 
 GAP_FREE = "free KV blocks (external fragmentation included)"
 GAP_RESERVATION = "reservation + internal"

@@ -1,7 +1,7 @@
 """``sweep --ray``: the points of a sweep fanned out to Ray workers, with the same results as a local sweep.
 
 Each worker is a Ray actor that resolves the sweep's setup once (its own model and pools: one GPU per worker
-where there are GPUs, else one CPU) and runs the points it is given exactly as the local sweep runs them:
+when the tensor engines run on CUDA, else one CPU) and runs the points it is given exactly as the local sweep runs them:
 the same request lists, an uncounted warm-up before an engine's first point, the same point code. The driver
 appends each point to ``results.jsonl`` as it comes and writes its timeline file, so an interrupted sweep
 keeps what finished and ``--resume`` skips it.
@@ -56,7 +56,7 @@ def timeline_name(engine: str, concurrency: int) -> str:
 def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, resume: bool,
                      workers: int | None = None, address: str | None = None, on_point=None) -> list[dict]:
     """Every point of the plan on Ray workers; returns every point of the run directory, in table order."""
-    from kvbench.studies.fleet.ray_runtime import gpus_available, ray_session
+    from kvbench.studies.fleet.ray_runtime import actor_resources, gpus_available, ray_session, uses_gpu
 
     plan = setup.plan(continue_on_error)
     results = run_dir / "results.jsonl"
@@ -69,8 +69,9 @@ def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, 
         return ordered_points(points)
     with ray_session(address) as ray:
         gpus = gpus_available(ray)
-        count = max(1, min(len(todo), workers if workers is not None else (gpus or 1)))
-        resources = {"num_gpus": 1} if gpus else {"num_cpus": 1}
+        on_gpus = uses_gpu(setup.options.device, setup.options.simulate, gpus)
+        count = max(1, min(len(todo), workers if workers is not None else (gpus if on_gpus else 1)))
+        resources = actor_resources(setup.options.device, setup.options.simulate, gpus, count)
         worker_class = ray.remote(**resources)(SweepWorker)
         actors = [worker_class.remote(setup.options, continue_on_error) for _ in range(count)]
         try:

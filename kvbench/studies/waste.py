@@ -18,9 +18,9 @@ from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
 from kvbench.preflight import check_context_length
-from kvbench.report.fields import human_bytes
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
+from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample
 from kvbench.workload.lengths import LengthSpec, load_trace

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -247,19 +247,32 @@ class DatasetSample:
 
     def note(self) -> str:
         """One sentence: what was kept, skipped and dropped."""
-        parts = [f"{len(self.requests)} requests from {self.usable} of the {self.total} records of {self.path.name}"]
-        if self.with_replacement:
-            parts.append("drawn with replacement")
-        lost = {**{f"unreadable ({k})": v for k, v in self.skipped.items()}, **self.dropped}
-        if lost:
-            parts.append("left out: " + ", ".join(f"{count} {reason}" for reason, count in lost.items()))
-        return "; ".join(parts) + f"; lengths counted in {self.counted_by}"
+        return sample_note(self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "format": self.format, "records": self.total, "usable": self.usable,
                 "requests": len(self.requests), "with_replacement": self.with_replacement,
                 "skipped_records": dict(self.skipped), "dropped_records": dict(self.dropped),
                 "counted_by": self.counted_by}
+
+
+def left_out(record: Mapping[str, Any]) -> str:
+    """What a draw left out, from :meth:`DatasetSample.as_dict` (a run's ``meta.dataset``): "" when nothing."""
+    lost = {**{f"unreadable ({k})": v for k, v in (record.get("skipped_records") or {}).items()},
+            **(record.get("dropped_records") or {})}
+    return ", ".join(f"{count} {reason}" for reason, count in lost.items())
+
+
+def sample_note(record: Mapping[str, Any]) -> str:
+    """One sentence from :meth:`DatasetSample.as_dict` (a run's ``meta.dataset``): what was kept, skipped and
+    dropped, and how lengths were counted."""
+    parts = [f"{record.get('requests')} requests from {record.get('usable')} of the {record.get('records')} records "
+             f"of {Path(str(record.get('path'))).name}"]
+    if record.get("with_replacement"):
+        parts.append("drawn with replacement")
+    if lost := left_out(record):
+        parts.append(f"left out: {lost}")
+    return "; ".join(parts) + f"; lengths counted in {record.get('counted_by')}"
 
 
 def sample_dataset(

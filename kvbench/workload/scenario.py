@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
 
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice

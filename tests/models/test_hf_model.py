@@ -197,7 +197,7 @@ def test_shapes_the_engine_does_not_run_name_both_lists(tmp_path: Path, model_ty
     message = str(caught.value)
     assert f"model_type {model_type!r}" in message
     assert "the tensor engine runs dense Llama-family models (llama, mistral)" in message
-    assert "waste, capacity and sweep --simulate read the shapes of llama, mistral, mixtral" in message
+    assert "the simulator (waste, capacity, a simulated sweep) reads the shapes of llama, mistral, mixtral" in message
 
 
 def test_engine_refuses_moe_and_qkv_only_bias_shapes() -> None:

@@ -337,7 +337,7 @@ def test_single_run_tail_ratios_are_reported_not_gated_unless_a_rule_asks(tmp_pa
     point_of(head, "paged", 30)["p99_ttft_ms"] = 1200.0  # x10
     comparison = run_compare(tmp_path, base_sweep(), head)
     tail = row(comparison, "paged/contiguous", 30, "paged_over_contiguous_p99_ttft_ms")
-    assert tail.verdict is Verdict.INFO and "--repeat" in tail.note and not comparison.failed
+    assert tail.verdict is Verdict.INFO and "repeat each point 4+ times" in tail.note and not comparison.failed
     asked = run_compare(tmp_path / "rule", base_sweep(), head, "*p99_ttft_ms:50%")
     assert row(asked, "paged/contiguous", 30, "paged_over_contiguous_p99_ttft_ms").verdict is Verdict.REGRESSED
 

@@ -135,3 +135,12 @@ def test_the_shipped_sample_has_a_spread_of_lengths():
     assert outputs[0] < 10 and outputs[-1] > 300  # one-word answers and essays
     assert max(p for p, _ in sample.pairs) > 100  # and prompts that paste text
     assert read_dataset("real-chat").path == path
+
+
+def test_the_note_reads_the_same_from_a_runs_recorded_dataset():
+    """Reports rebuild the note from ``meta.dataset`` (the sample is gone by then): the same sentence."""
+    from kvbench.workload.dataset import left_out, sample_note
+
+    sample = sample_dataset("real-chat", TokenCounter(), 1024, 10, 0)
+    assert sample_note(sample.as_dict()) == sample.note()
+    assert left_out(sample.as_dict()) == "4 shorter than 4 tokens" and left_out({"dropped_records": {}}) == ""

@@ -57,6 +57,16 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         family: (lambda c: "route new requests to the instance with the most free KV blocks")
         for family in ("kvbench", "vllm", "sglang")
     },
+    "add_instance": {
+        "kvbench": lambda c: "add capacity (kvbench fleet --autoscale adds an instance above --scale-up usage)",
+        **{family: (lambda c: "add an instance behind the router") for family in ("vllm", "sglang")},
+    },
+    "route_by_free_blocks": {
+        "kvbench": lambda c: ("route by free KV blocks (kvbench fleet --policies most-free-blocks) so no instance "
+                              "fills while another idles"),
+        **{family: (lambda c: "route new requests to the instance with the most free KV blocks, so no instance "
+                              "fills while another idles") for family in ("vllm", "sglang")},
+    },
     "layout": {
         "kvbench": _kvbench_layout,
     },

@@ -166,21 +166,19 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
     for instance in point.get("instances") or []:
         free = _num(instance.get("free_share_mean"))
         if free is not None and free < t.free_blocks:
-            findings.append(Finding(
+            findings.append(_finding(
                 "free_blocks", "warning", f"{label} instance {instance.get('index')}",
                 f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
                 f"it took {instance.get('routed')} requests and preempted {instance.get('preemptions')}",
-                "add capacity (kvbench fleet --autoscale adds an instance above --scale-up usage) or route by free "
-                "blocks (--policies most-free-blocks)", {"free_share_mean": free, "threshold": t.free_blocks}))
+                ("add_instance", "route_by_free_blocks"), {"free_share_mean": free, "threshold": t.free_blocks}))
     total = max((_num(i.get("total_blocks")) or 0 for i in point.get("instances") or []), default=0)
     imbalance = _num(point.get("free_blocks_imbalance_mean"))
     if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
-        findings.append(Finding(
+        findings.append(_finding(
             "fleet_imbalance", "warning", label,
             f"free blocks differed by {imbalance:,.0f} blocks between the emptiest and the fullest instance on "
             f"average ({pct(imbalance / total)} of one pool > {pct(IMBALANCE_SHARE)})",
-            "route by free KV blocks (--policies most-free-blocks) so no instance fills while another idles",
-            {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total}))
+            ("route_by_free_blocks",), {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total}))
     return findings
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
 
 from kvbench.errors import KvbenchError
 

@@ -12,13 +12,14 @@ from typing import Any
 
 from kvbench.errors import RunFailed
 from kvbench.studies.fleet.actor import InstanceServer, InstanceSpec
-from kvbench.studies.fleet.ray_runtime import gpus_available
+from kvbench.studies.fleet.ray_runtime import actor_resources, gpus_available
 
 
 class InstancePool:
-    def __init__(self, ray, spec: InstanceSpec, cpus_per_instance: float = 1.0) -> None:
+    def __init__(self, ray, spec: InstanceSpec, cpus_per_instance: float = 1.0, instances: int = 1) -> None:
         self.ray = ray
-        resources = {"num_gpus": 1} if gpus_available(ray) else {"num_cpus": cpus_per_instance}
+        # a GPU per actor only for a CUDA fleet, with a GPU for each of the ``instances`` it starts with
+        resources = actor_resources(spec.device, False, gpus_available(ray), instances, cpus_per_instance)
         self.actor_class = ray.remote(**resources)(InstanceServer)
         self.spec = spec
         self.actors: list[Any] = []  # every actor started, to kill at the end

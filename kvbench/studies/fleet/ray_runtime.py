@@ -44,14 +44,20 @@ def check_address(address: str) -> None:
         raise KvbenchError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from None
 
 
-@contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[object]:
-    """Ray, started (or joined) for the block and shut down after it, however it ends."""
+def prepare_ray(address: str | None = None):
+    """Ray, imported, once ``address`` (if any) is known to be reachable: a command calls this before it prints
+    or creates anything, so a missing Ray or an unreachable cluster is its first and only line."""
     if address is not None:
         check_address(address)
     else:
         os.environ.setdefault(_LOCAL_ONLY, "0")  # read when ray is imported: before the import
-    ray = import_ray()
+    return import_ray()
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[object]:
+    """Ray, started (or joined) for the block and shut down after it, however it ends."""
+    ray = prepare_ray(address)
     if ray.is_initialized():
         yield ray
         return
@@ -68,6 +74,27 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
     finally:
         ray.shutdown()
+
+
+def uses_gpu(device: str, simulate: bool, gpus: int) -> bool:
+    """Whether a run's Ray workers each reserve a GPU: only tensor engines whose device is CUDA (``auto``
+    becomes CUDA on a worker only where the cluster has GPUs). A CPU run or a simulation never holds one, so
+    it is never left waiting for GPUs that other workers hold."""
+    if simulate:
+        return False
+    device = (device or "auto").strip().lower()
+    return device == "cuda" or device.startswith("cuda:") or (device == "auto" and gpus > 0)
+
+
+def actor_resources(device: str, simulate: bool, gpus: int, workers: int, cpus: float = 1.0) -> dict[str, float]:
+    """What each of ``workers`` Ray workers reserves: one GPU for a CUDA run (refused where the cluster has too
+    few for all of them, which would otherwise wait for ever), else ``cpus`` CPUs."""
+    if not uses_gpu(device, simulate, gpus):
+        return {"num_cpus": cpus}
+    if gpus < workers:
+        raise KvbenchError(f"{workers} CUDA workers need a GPU each, and the Ray cluster has {gpus}: run on fewer "
+                           "instances or workers, or on the CPU")
+    return {"num_gpus": 1}
 
 
 def gpus_available(ray) -> int:

@@ -25,6 +25,7 @@ from kvbench.studies.fleet.policies import POLICIES
 from kvbench.studies.setup import blocks_for_budget
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
+from kvbench.workload.dataset import DatasetSample
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
@@ -46,6 +47,7 @@ class FleetOptions:
     requests: int | None = None
     requests_file: Path | None = None
     trace: Path | None = None
+    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
     rate: float | None = None
     seed: int | None = None
     instances: int = 2
@@ -81,6 +83,7 @@ class FleetSetup:
     arrival_source: str
     skipped: Skipped | None = None
     timing: Any = None  # simulated: the roofline of the GPU preset
+    dataset: DatasetSample | None = None  # the prompts' dataset, and what it dropped
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -100,7 +103,7 @@ class FleetSetup:
                             max_len=spec.lengths.max_len,
                             enable_prefix_caching=options.prefix_caching and options.engine == "paged")
         config, model_name, device_name, source, bytes_per_token, vocab, timing = _budget(options, spec, base)
-        pairs, prompts, skipped, file_times = _workload(options, spec, seed, vocab)
+        pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
         if options.rate is not None:
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
             arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
@@ -113,7 +116,7 @@ class FleetSetup:
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(options, spec, seed, config, model_name, device_name, source, bytes_per_token, vocab, pairs,
-                   prompts, times, arrival_source, skipped, timing)
+                   prompts, times, arrival_source, skipped, timing, dataset)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -160,6 +163,7 @@ class FleetSetup:
                 "min_instances": autoscale.min_instances, "max_instances": autoscale.max_instances,
                 "startup_s": options.startup_s if options.simulate else "measured"},
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
+            dataset=self.dataset.as_dict() if self.dataset else None, stop="length",
             ray_address=options.ray_address,
         )
 
@@ -197,11 +201,22 @@ def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig):
 
 
 def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
-    """(pairs, prompt token ids or None, skipped, arrival times recorded in the file or None)."""
+    """(pairs, prompt token ids or None, skipped, arrival times recorded in the file or None, dataset sample).
+
+    The requests come from a requests file, a trace, a dataset (asked for, else the scenario's when no file is
+    given) or lengths drawn from the scenario. Every request runs to its reference output length.
+    """
     max_len = spec.lengths.max_len
     file_times = None
     prompts = None
     skipped = None
+    sample = None
+    from_file = options.requests_file is not None or options.trace is not None
+    dataset = options.dataset or (spec.dataset_path() if spec.dataset and not from_file else None)
+    if dataset is not None and from_file:
+        raise KvbenchError("a dataset and a requests file or trace both give the requests: choose one")
+    if dataset is not None and options.prefix_groups > 0:
+        raise KvbenchError("shared prefixes are drawn for random prompts; a dataset brings its own prompts")
     if options.requests_file is not None:
         from kvbench.workload.requests_file import load_requests_jsonl
 
@@ -222,15 +237,24 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
         kept, skipped = within_max_len(lengths, max_len, f"records of {options.trace}")
         pairs = [lengths[i] for i in kept]
         file_times = [file_times[i] for i in kept] if file_times is not None else None
+    elif dataset is not None:  # the sweep's dataset loading: tokenized, filtered, a seeded draw
+        from kvbench.models.tokenizers import load_tokenizer
+        from kvbench.studies.workload import dataset_workload
+
+        workload = dataset_workload(Path(dataset), load_tokenizer(options.model), max_len,
+                                    options.requests or spec.requests, seed, "length", options.model)
+        pairs, prompts, sample = workload.pairs, workload.prompt_ids, workload.dataset
+        if prompts is not None and any(token >= vocab for ids in prompts for token in ids):
+            raise KvbenchError(f"{sample.path}: a prompt token id is outside the model's vocabulary of {vocab}")
     else:
         pairs = spec.lengths.sample(options.requests or spec.requests, seed)
-    if options.requests is not None and (options.requests_file is not None or options.trace is not None):
+    if options.requests is not None and from_file:
         pairs = pairs[: options.requests]  # the first N records of the file
         prompts = prompts[: options.requests] if prompts is not None else None
         file_times = file_times[: options.requests] if file_times is not None else None
     if prompts is None and (options.prefix_groups > 0 or not options.simulate):
         prompts = prefix_prompts(pairs, vocab, seed, options.prefix_groups, options.prefix_len)
-    return pairs, prompts, skipped, file_times
+    return pairs, prompts, skipped, file_times, sample
 
 
 def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int) -> list[list[int]]:

@@ -89,7 +89,8 @@ def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, m
         _run_policies(setup, record, faults, metrics, pool, RayFleet)
         return
     with ray_session(options.ray_address, options.ray_cpus) as ray, \
-            InstancePool(ray, setup.instance_spec(), options.cpus_per_instance) as own:
+            InstancePool(ray, setup.instance_spec(), options.cpus_per_instance,
+                         options.instances) as own:
         _run_policies(setup, record, faults, metrics, own, RayFleet)
 
 

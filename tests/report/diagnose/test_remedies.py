@@ -9,7 +9,8 @@ import pytest
 from kvbench.report.diagnose.remedies import REMEDIES, phrase, render
 
 FAMILY_FLAGS = {
-    "kvbench": {"--kv-memory", "--engines", "--reserve", "--block-size", "--gpu-memory-utilization", "--resume"},
+    "kvbench": {"--kv-memory", "--engines", "--reserve", "--block-size", "--gpu-memory-utilization", "--resume",
+                "--autoscale", "--scale-up", "--policies"},
     "vllm": {"--gpu-memory-utilization", "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs",
              "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching"},
     "sglang": {"--mem-fraction-static", "--context-length", "--max-running-requests", "--chunked-prefill-size",

@@ -1,0 +1,32 @@
+"""Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, and byte
+counts as people read them. One copy of each, below everything that uses them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def is_number(value: Any, *, finite: bool) -> bool:
+    """An int or float, never a bool (which Python counts as an int); with ``finite`` not NaN or infinity
+    either. Every caller says which it needs: JSON has no NaN, but Python's json module reads one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return math.isfinite(value) or not finite
+
+
+def human_bytes(count: float | None, unit: str | None = None) -> str:
+    """``1536`` -> ``1.50 KiB``; None -> ``-``; ``unit`` fixes the unit (``"GiB"``: figures a message adds up
+    read in one unit)."""
+    if count is None:
+        return "-"
+    if unit is not None:
+        scaled = count / 1024 ** _BYTE_UNITS.index(unit)
+        return f"{scaled:,.0f} B" if unit == "B" else f"{scaled:,.2f} {unit}"
+    for name in _BYTE_UNITS:
+        if abs(count) < 1024 or name == "TiB":
+            return f"{count:,.0f} {name}" if name == "B" else f"{count:,.2f} {name}"
+        count /= 1024
+    return f"{count:.2f} TiB"

@@ -1,0 +1,21 @@
+"""Rules over a fleet's points: a starved instance and an imbalance are found, and their remedies are keys
+rendered in kvbench's words (the rules themselves name no flag)."""
+
+from __future__ import annotations
+
+from kvbench.report.diagnose.run_rules import diagnose_points
+from kvbench.report.diagnose.thresholds import Thresholds
+
+POINT = {"engine": "paged/round-robin", "policy": "round-robin", "concurrency": 0, "status": "ok",
+         "free_blocks_imbalance_mean": 600.0,
+         "instances": [{"index": 0, "free_share_mean": 0.02, "routed": 90, "preemptions": 7, "total_blocks": 1000},
+                       {"index": 1, "free_share_mean": 0.80, "routed": 10, "preemptions": 0, "total_blocks": 1000}]}
+
+
+def test_fleet_findings_render_their_remedies_for_kvbench():
+    findings = {f.rule: f for f in diagnose_points([POINT], {}, Thresholds()).findings}
+    starved, imbalance = findings["free_blocks"], findings["fleet_imbalance"]
+    assert starved.source == "fleet paged/round-robin instance 0"
+    assert starved.remedies == ("add_instance", "route_by_free_blocks")
+    assert "kvbench fleet --autoscale" in starved.suggestion and "--policies most-free-blocks" in starved.suggestion
+    assert imbalance.remedies == ("route_by_free_blocks",) and "most-free-blocks" in imbalance.suggestion
