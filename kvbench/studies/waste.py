@@ -17,7 +17,7 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
-from kvbench.preflight import check_context_length
+from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.report.fields import human_bytes
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
@@ -147,6 +147,7 @@ class WasteWorkload:
 def waste_workload(settings: WasteSettings) -> WasteWorkload:
     """The requests: a dataset's prompts and answers, a trace (less those that can never run), else seeded
     lengths from a distribution."""
+    check_run_counts(requests=settings.requests)  # the limit sweep and fleet apply: before drawing a single length
     if settings.dataset is not None:
         from kvbench.models.tokenizers import load_tokenizer
         from kvbench.workload.dataset import TokenCounter, sample_dataset

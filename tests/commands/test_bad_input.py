@@ -36,6 +36,7 @@ CASES = [
     "waste --model /nonexistent",
     "waste --max-len 100000",
     "waste --trace /etc/hostname",
+    "waste --requests 1000000000",
     "capacity --model gpt2-nope",
     "capacity --mean-len 5000",
     "kernels --batch 0",
