@@ -135,6 +135,18 @@ def test_scenario_file_with_a_wrong_field(tmp_path, capsys, scenario_text):
     assert "mean_len" in capsys.readouterr().err
 
 
+def test_a_scenario_listing_a_concurrency_twice_is_refused_like_the_option(tmp_path, capfd, scenario_text):
+    path = tmp_path / "dup.toml"
+    path.write_text(scenario_text.replace("concurrency = [2, 4]", "concurrency = [2, 2]"))
+    out = tmp_path / "run"
+    assert main(["sweep", "--simulate", "--scenario", str(path), "--out", str(out)]) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1, (captured.out, err)
+    assert str(path) in err and "concurrency lists 2 twice" in err
+    assert not (out / "results.jsonl").exists()
+
+
 def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
     out = tmp_path / "rep"
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--repeat", "2"]) == 0
