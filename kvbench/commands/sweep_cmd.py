@@ -161,6 +161,11 @@ def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Pat
         first = errors[0]
         raise RunFailed(f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
                         f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}")
+    if points and not any(p.get("completed") for p in points):  # an OOM beside completed points is a result
+        rejected = sum(p.get("rejected") or 0 for p in points)
+        raise RunFailed(f"no point completed a single request ({len(points)} point(s), {rejected:,} request(s) "
+                        f"rejected, recorded in {run_dir}): the sweep measured nothing; give the KV pool more "
+                        "memory (--kv-memory) or lower the concurrency")
 
 
 def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
