@@ -22,7 +22,7 @@ from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES,
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
-from kvbench.studies.sweep import PointFailed, pin_run_config, recover_results, run_sweep
+from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
 from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
 from kvbench.studies.workload import STOP_MODES
@@ -88,20 +88,27 @@ def sweep(
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
         setup = SweepSetup.resolve(options, status.update)
-    run_dir = new_run_dir("sweep", out_dir)
-    lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
-    if not resume and (run_dir / "results.jsonl").exists():
-        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
-    if resume and recover_results(run_dir / "results.jsonl") is not None:
-        console.print(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash while "
-                      "writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
-    pin_run_config(run_dir, setup.pinned_config(), resume)
-    metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, console)
-    _print_intro(console, setup)
-    failed, points = None, []
-    if on_ray and metrics is not None:
-        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
-    try:
+    run_dir, metrics, failed, points = None, None, None, []
+    try:  # from here on the backend holds processes (vLLM) and the metrics a port: both are let go at the end
+        run_dir = new_run_dir("sweep", out_dir)
+        lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
+        if not resume and (run_dir / "results.jsonl").exists():
+            raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another "
+                               "--out")
+        notes: list[str] = []  # printed once the setup has succeeded: an error comes alone
+        if resume:
+            if recover_results(run_dir / "results.jsonl") is not None:
+                notes.append(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
+                             "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
+            load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
+        pin_run_config(run_dir, setup.pinned_config(), resume)
+        metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, notes)
+        if on_ray and metrics is not None:
+            raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in "
+                               "workers")
+        for note in notes:
+            console.print(note)
+        _print_intro(console, setup)
         if on_ray:
             from kvbench.studies.sweep_ray import run_sweep_on_ray
 
@@ -116,8 +123,9 @@ def sweep(
     except PointFailed as err:
         failed, points = err, err.points
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
-                      "rerun with --resume[/yellow]")
+        if run_dir is not None:
+            console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
+                          "rerun with --resume[/yellow]")
         raise typer.Exit(code=130) from None
     finally:
         _stop_metrics(metrics, metrics_file, console)
@@ -168,8 +176,9 @@ def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Pat
                         "memory (--kv-memory) or lower the concurrency")
 
 
-def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
-    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for)."""
+def _start_metrics(setup: SweepSetup, port, host, path, optional, notes: list[str]):
+    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for); its lines for the
+    user go to ``notes``."""
     if port is None and path is None:
         return None
     from kvbench.measure.metrics import KvMetrics
@@ -185,9 +194,9 @@ def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
             if not optional:
                 raise KvbenchError(f"{err}; choose another --metrics-port (0 picks a free one) or pass "
                                    "--metrics-optional to run without the endpoint") from None
-            console.print(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
+            notes.append(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
         else:
-            console.print(f"Prometheus metrics: {metrics.url}")
+            notes.append(f"Prometheus metrics: {metrics.url}")
     return metrics
 
 
