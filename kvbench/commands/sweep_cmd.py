@@ -84,6 +84,12 @@ def sweep(
     if simulate and (metrics_port is not None or metrics_file is not None):
         raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
                            "so there is no live state to export")
+    if on_ray and (metrics_port is not None or metrics_file is not None):  # before the model loads
+        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
+    if on_ray:
+        from kvbench.studies.fleet.ray_runtime import import_ray
+
+        import_ray()  # installed, or one line saying how, before any work
     metrics_file = writable_file(metrics_file, "--metrics-file")
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
@@ -103,9 +109,6 @@ def sweep(
             load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
         pin_run_config(run_dir, setup.pinned_config(), resume)
         metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, notes)
-        if on_ray and metrics is not None:
-            raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in "
-                               "workers")
         for note in notes:
             console.print(note)
         _print_intro(console, setup)

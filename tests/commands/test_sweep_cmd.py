@@ -395,3 +395,22 @@ def test_an_unwritable_metrics_file_fails_before_any_point(tmp_path, scenario, c
                 str(blocker / "metrics.prom")]) == 2
     assert "--metrics-file" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, capfd):
+    from kvbench.errors import KvbenchError
+    from kvbench.studies.fleet import ray_runtime
+    from kvbench.studies.sweep_setup import SweepSetup
+
+    def no_ray():
+        raise KvbenchError("this needs Ray, which is not installed: pip install 'kvbench[fleet]'")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the setup started before Ray was found missing")
+
+    monkeypatch.setattr(ray_runtime, "import_ray", no_ray)
+    monkeypatch.setattr(SweepSetup, "resolve", no_work)
+    assert run(["--ray", "--out", str(tmp_path / "run")]) == 2
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err.strip().splitlines() == [
+        "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"]
