@@ -10,11 +10,11 @@ from kvbench.commands._options import (
     int_list,
     make_console,
     name_list,
+    output_file,
     parse_size,
     positive_fraction,
     run_directory,
     thread_count,
-    writable_file,
 )
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
@@ -55,7 +55,7 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
-    metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
+    metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
     metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
     on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
@@ -90,7 +90,7 @@ def sweep(
         from kvbench.studies.fleet.ray_runtime import import_ray
 
         import_ray()  # installed, or one line saying how, before any work
-    metrics_file = writable_file(metrics_file, "--metrics-file")
+    metrics_path = output_file(metrics_file, "--metrics-file")
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
         setup = SweepSetup.resolve(options, status.update)
@@ -108,7 +108,7 @@ def sweep(
                              "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
             load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
         pin_run_config(run_dir, setup.pinned_config(), resume)
-        metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, notes)
+        metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_path, metrics_optional, notes)
         for note in notes:
             console.print(note)
         _print_intro(console, setup)
@@ -131,7 +131,7 @@ def sweep(
                           "rerun with --resume[/yellow]")
         raise typer.Exit(code=130) from None
     finally:
-        _stop_metrics(metrics, metrics_file, console)
+        _stop_metrics(metrics, metrics_path, console)
         getattr(setup.backend, "close", lambda: None)()  # an external engine's processes (vLLM)
     document = write_outputs(run_dir, setup.meta(), points)
     lock.release()

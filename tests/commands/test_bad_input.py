@@ -119,3 +119,15 @@ def test_a_resume_with_a_torn_tail_and_other_settings_gives_the_error_alone(tmp_
         results.write('{"engine": "paged", "conc')  # a write cut short
     assert main([*args, "--resume", "--seed", "7"]) == 2
     assert "other settings" in _one_error_line_alone(capfd)  # the torn-line warning is not printed before it
+
+
+@pytest.mark.parametrize("args, option", [
+    (["compare", "/nonexistent", "/nonexistent", "-o", ""], "--output"),
+    (["compare", "/nonexistent", "/nonexistent", "--output", " "], "--output"),
+    (["kernels", "--batch", "1", "--context", "16", "--out", ""], "--out"),
+    (["diagnose", "--emit-prometheus-rules", ""], "--emit-prometheus-rules"),
+    (["sweep", "--device", "cpu", "--metrics-file", ""], "--metrics-file"),
+])
+def test_an_empty_file_option_is_named_not_written_as_the_current_folder(args, option, capfd):
+    assert main(args) == 2
+    assert _one_error_line_alone(capfd) == f"error: {option} is empty; give a file path"  # not "cannot write ."
