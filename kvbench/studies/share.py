@@ -62,14 +62,14 @@ def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_
     dataset's prompts are cut to max-len - output-len when they are read, so only the output is checked.
     """
     if context_length is not None and max_len < context_length:
-        raise_max_len = f"or raise --max-len (the model's context is {context_length:,} tokens)"
+        raise_max_len = f"or raise max-len (the model's context is {context_length:,} tokens)"
     elif context_length is not None:
         raise_max_len = f"(max-len is already the model's context of {context_length:,} tokens)"
     else:
-        raise_max_len = "or raise --max-len"
+        raise_max_len = "or raise max-len"
     if output_len >= max_len:
-        raise KvbenchError(f"--output-len {output_len:,} leaves no room for a prompt within max-len {max_len:,}: "
-                           f"lower --output-len {raise_max_len}")
+        raise KvbenchError(f"an output length of {output_len:,} leaves no room for a prompt within max-len "
+                           f"{max_len:,}: lower the output length {raise_max_len}")
     if not random_prompts:
         return
     longest = longest_prompt(prompt_len)
@@ -78,19 +78,19 @@ def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_
         fit = 2 * room // 3 + 1
         while fit > 1 and longest_prompt(fit) > room:
             fit -= 1
-        raise KvbenchError(f"--prompt-len {prompt_len:,} draws prompts of up to {longest:,} tokens (+-50%), so a "
-                           f"request needs up to {longest + output_len:,} tokens with --output-len {output_len:,}, "
-                           f"above max-len {max_len:,}: use --prompt-len {fit:,} or less, a shorter --output-len "
-                           f"{raise_max_len}")
+        raise KvbenchError(f"a mean prompt length of {prompt_len:,} draws prompts of up to {longest:,} tokens "
+                           f"(+-50%), so a request needs up to {longest + output_len:,} tokens with an output length "
+                           f"of {output_len:,}, above max-len {max_len:,}: use a prompt length of {fit:,} or less, "
+                           f"a shorter output {raise_max_len}")
 
 
 def check_prompts_fit(prompts: Sequence[list[int]], output_len: int, max_len: int) -> None:
     """Every prompt plus its output fits max-len (beam search has no scheduler to refuse one)."""
     longest = max(map(len, prompts), default=0)
     if longest + output_len > max_len:
-        raise KvbenchError(f"a prompt of {longest:,} tokens with --output-len {output_len:,} needs "
+        raise KvbenchError(f"a prompt of {longest:,} tokens with an output length of {output_len:,} needs "
                            f"{longest + output_len:,} tokens, above max-len {max_len:,}: use shorter prompts or "
-                           "outputs, or raise --max-len")
+                           "outputs, or raise max-len")
 
 
 def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len: int, base: EngineConfig,

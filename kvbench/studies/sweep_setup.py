@@ -215,10 +215,10 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
                     size, unit = size // 1024, bigger
             slots = f"{config.pool_slots:,} token slots"
             where = source.removeprefix(f"{slots} = ")  # the simulator's source starts with its slots
-            other = ("another --reserve (pow2, oracle)" if engine == "contiguous" and config.reserve == "max"
+            other = ("another reservation policy (pow2, oracle)" if engine == "contiguous" and config.reserve == "max"
                      else "shorter requests")
             raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
-                               f"run; give the pool at least --kv-memory {size}{unit}, or use {other}")
+                               f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
 
 
 def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop: str,

@@ -112,7 +112,7 @@ def test_a_pool_that_cannot_hold_one_request_is_refused_before_any_point(engine,
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1 and message in err, (captured.out, err)
     assert "could never run" in err and not (out / "results.jsonl").exists()
-    suggested = err.split("--kv-memory ")[1].split(",")[0]
+    suggested = err.split("at least ")[1].split(" of KV memory")[0]
     from kvbench.commands._options import parse_size
     from kvbench.models.shapes import resolve_model
 

@@ -12,7 +12,7 @@ from kvbench.studies.share import check_prompts_fit, check_share_lengths, longes
 def test_the_suggested_prompt_len_fits_and_one_more_does_not(max_len, output_len):
     with pytest.raises(KvbenchError) as refused:
         check_share_lengths(max_len, output_len, max_len)
-    suggested = int(str(refused.value).split("use --prompt-len ")[1].split(" ")[0].replace(",", ""))
+    suggested = int(str(refused.value).split("use a prompt length of ")[1].split(" ")[0].replace(",", ""))
     check_share_lengths(suggested, output_len, max_len)  # accepted
     assert longest_prompt(suggested) + output_len <= max_len
     with pytest.raises(KvbenchError):
