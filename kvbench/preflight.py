@@ -225,8 +225,10 @@ def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, bl
     free = available_device_bytes(device) if available is None else available
     need = MemoryNeed(weights=extra_weights,
                       kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token))
+    one = kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token)
+    alive = f"{pools} pools of {human_bytes(one, 'GiB')} are alive at once; " if pools > 1 else ""
     check_memory(need, free, device_label(device),
-                 advice="use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device")
+                 advice=f"{alive}use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device")
 
 
 def check_requests_for_host(num_requests: int, prompt_tokens: int, output_tokens: int = 0,

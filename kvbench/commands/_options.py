@@ -54,6 +54,16 @@ def run_directory(out: str | None) -> Path | None:
     return Path(out)
 
 
+def output_file(text: str | None, option: str) -> Path | None:
+    """A file option taken as text: an empty one is refused by name (as a ``Path`` it would become "." and fail
+    later as "cannot write ."), the rest is checked as :func:`writable_file`."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise KvbenchError(f"{option} is empty; give a file path")
+    return writable_file(Path(text), option)
+
+
 def writable_file(path: Path | None, option: str) -> Path | None:
     """Check now, before any work, that ``path`` can be written (its folder exists or can be made, and
     accepts files), so a long run does not fail at its very end."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from kvbench.commands._options import output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
 from kvbench.report.baseline import update_baseline
@@ -72,7 +73,7 @@ def compare_command(
     fmt: ReportFormat = typer.Option(
         ReportFormat.markdown, "--format", help="Report format: markdown, json, junit, or a rich table."
     ),
-    output: Path | None = typer.Option(
+    output: str | None = typer.Option(
         None,
         "--output",
         "-o",
@@ -92,12 +93,13 @@ def compare_command(
     ),
 ) -> None:
     rules = tuple(_rule(text) for text in fail_on or ())
+    output_path = output_file(output, "--output")  # before reading anything: an empty or unwritable path
     head_summary = load_summary(head)
     base_summary = _load_base(base, tolerate_unusable=refresh)
     comparison = None
     if base_summary is not None:
         comparison = compare(base_summary, head_summary, rules, absolute=absolute, alpha=alpha)
-        _emit(comparison, fmt, output)
+        _emit(comparison, fmt, output_path)
     if refresh:
         written = update_baseline(head_summary, base)
         typer.echo(f"baseline updated: {written}", err=True)

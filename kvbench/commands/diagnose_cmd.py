@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kvbench.commands._options import output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
 from kvbench.report.diagnose import (
@@ -62,7 +63,7 @@ def diagnose(
     low_kv_usage: float | None = typer.Option(None, "--low-kv-usage", help="Requests waiting below this KV usage: the batch cap limits (default 0.5)."),
     min_prefix_hit_rate: float | None = typer.Option(None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."),
     alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
-    emit_rules: Path | None = typer.Option(None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."),
+    emit_rules: str | None = typer.Option(None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."),
 ) -> None:
     thresholds = load_thresholds(
         thresholds_file, fragmentation=max_fragmentation, free_blocks=min_free_blocks,
@@ -74,10 +75,11 @@ def diagnose(
     if run is None and url is None and emit_rules is None:
         raise KvbenchError("nothing to diagnose: give a run directory, --url http://HOST:PORT/metrics, "
                            "or --emit-prometheus-rules FILE")
+    rules_path = output_file(emit_rules, "--emit-prometheus-rules")
     console = Console(stderr=as_json)
-    if emit_rules is not None:
-        write_text_atomic(emit_rules, rules_yaml(thresholds))
-        console.print(f"wrote Prometheus alerting rules to {emit_rules}")
+    if rules_path is not None:
+        write_text_atomic(rules_path, rules_yaml(thresholds))
+        console.print(f"wrote Prometheus alerting rules to {rules_path}")
     if run is None and url is None:
         return
     diagnosis = diagnose_url(url, thresholds) if url is not None else _diagnose_path(run, thresholds)

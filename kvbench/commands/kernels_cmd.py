@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import int_list
+from kvbench.commands._options import int_list, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
 
@@ -122,7 +121,7 @@ def kernels(
     reps: int = typer.Option(10, "--reps", help="Timed calls; the median is reported."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
-    out: Path | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
 ) -> None:
     """Benchmark paged decode attention: time, achieved GB/s and ratio to contiguous SDPA.
 
@@ -148,6 +147,7 @@ def kernels(
     if warmup < 0 or reps < 1:
         raise KvbenchError("--warmup must be >= 0 and --reps >= 1")
     num_splits = _splits(splits)
+    out_path = output_file(out, "--out")  # empty or unwritable: refused before the benchmark, not after it
 
     copy_gbps = copy_bandwidth_gbps(device)
     points = []
@@ -174,9 +174,8 @@ def kernels(
         "torch_version": torch.__version__,
         "points": points,
     }
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out, json_text(result) + "\n")
+    if out_path is not None:
+        write_text_atomic(out_path, json_text(result) + "\n")
     if as_json:
         typer.echo(json_text(result))
     else:

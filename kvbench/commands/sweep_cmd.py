@@ -10,11 +10,11 @@ from kvbench.commands._options import (
     int_list,
     make_console,
     name_list,
+    output_file,
     parse_size,
     positive_fraction,
     run_directory,
     thread_count,
-    writable_file,
 )
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
@@ -22,7 +22,7 @@ from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES,
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
-from kvbench.studies.sweep import PointFailed, pin_run_config, recover_results, run_sweep
+from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
 from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
 from kvbench.studies.workload import STOP_MODES
@@ -55,7 +55,7 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
-    metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
+    metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
     metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
     on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
@@ -84,24 +84,34 @@ def sweep(
     if simulate and (metrics_port is not None or metrics_file is not None):
         raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
                            "so there is no live state to export")
-    metrics_file = writable_file(metrics_file, "--metrics-file")
+    if on_ray and (metrics_port is not None or metrics_file is not None):  # before the model loads
+        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
+    if on_ray:
+        from kvbench.studies.fleet.ray_runtime import import_ray
+
+        import_ray()  # installed, or one line saying how, before any work
+    metrics_path = output_file(metrics_file, "--metrics-file")
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
         setup = SweepSetup.resolve(options, status.update)
-    run_dir = new_run_dir("sweep", out_dir)
-    lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
-    if not resume and (run_dir / "results.jsonl").exists():
-        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
-    if resume and recover_results(run_dir / "results.jsonl") is not None:
-        console.print(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash while "
-                      "writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
-    pin_run_config(run_dir, setup.pinned_config(), resume)
-    metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_file, metrics_optional, console)
-    _print_intro(console, setup)
-    failed, points = None, []
-    if on_ray and metrics is not None:
-        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
-    try:
+    run_dir, metrics, failed, points = None, None, None, []
+    try:  # from here on the backend holds processes (vLLM) and the metrics a port: both are let go at the end
+        run_dir = new_run_dir("sweep", out_dir)
+        lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
+        if not resume and (run_dir / "results.jsonl").exists():
+            raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another "
+                               "--out")
+        notes: list[str] = []  # printed once the setup has succeeded: an error comes alone
+        if resume:
+            if recover_results(run_dir / "results.jsonl") is not None:
+                notes.append(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
+                             "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
+            load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
+        pin_run_config(run_dir, setup.pinned_config(), resume)
+        metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_path, metrics_optional, notes)
+        for note in notes:
+            console.print(note)
+        _print_intro(console, setup)
         if on_ray:
             from kvbench.studies.sweep_ray import run_sweep_on_ray
 
@@ -116,11 +126,12 @@ def sweep(
     except PointFailed as err:
         failed, points = err, err.points
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
-                      "rerun with --resume[/yellow]")
+        if run_dir is not None:
+            console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
+                          "rerun with --resume[/yellow]")
         raise typer.Exit(code=130) from None
     finally:
-        _stop_metrics(metrics, metrics_file, console)
+        _stop_metrics(metrics, metrics_path, console)
         getattr(setup.backend, "close", lambda: None)()  # an external engine's processes (vLLM)
     document = write_outputs(run_dir, setup.meta(), points)
     lock.release()
@@ -161,10 +172,16 @@ def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Pat
         first = errors[0]
         raise RunFailed(f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
                         f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}")
+    if points and not any(p.get("completed") for p in points):  # an OOM beside completed points is a result
+        rejected = sum(p.get("rejected") or 0 for p in points)
+        raise RunFailed(f"no point completed a single request ({len(points)} point(s), {rejected:,} request(s) "
+                        f"rejected, recorded in {run_dir}): the sweep measured nothing; give the KV pool more "
+                        "memory (--kv-memory) or lower the concurrency")
 
 
-def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
-    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for)."""
+def _start_metrics(setup: SweepSetup, port, host, path, optional, notes: list[str]):
+    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for); its lines for the
+    user go to ``notes``."""
     if port is None and path is None:
         return None
     from kvbench.measure.metrics import KvMetrics
@@ -180,9 +197,9 @@ def _start_metrics(setup: SweepSetup, port, host, path, optional, console):
             if not optional:
                 raise KvbenchError(f"{err}; choose another --metrics-port (0 picks a free one) or pass "
                                    "--metrics-optional to run without the endpoint") from None
-            console.print(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
+            notes.append(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
         else:
-            console.print(f"Prometheus metrics: {metrics.url}")
+            notes.append(f"Prometheus metrics: {metrics.url}")
     return metrics
 
 

@@ -17,6 +17,7 @@ from kvbench.studies.waste import (
     WasteSettings,
     parse_strategies,
     run_waste_study,
+    waste_budget,
     waste_workload,
 )
 from kvbench.studies.workload import STOP_MODES
@@ -61,6 +62,7 @@ def waste(
                              strategies=tuple(chosen), seed=seed, dataset=dataset, stop=stop,
                              requests_given=requests is not None)
     console = make_console(stderr=as_json)
+    waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work or note
     workload = waste_workload(settings)
     if workload.skipped is not None:
         console.print(f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "

@@ -20,8 +20,16 @@ from kvbench.kv.manager import assert_drained
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec, kv_budget, resolve_gpu
 from kvbench.models.shapes import ModelShape, resolve_model
-from kvbench.preflight import check_context_length, check_run_counts
-from kvbench.studies.setup import LoadedModel, blocks_for_budget, build_engine, cuda_kv_budget, load_model
+from kvbench.preflight import check_context_length, check_kv_pool_for_device, check_run_counts
+from kvbench.studies.setup import (
+    LoadedModel,
+    blocks_for_budget,
+    build_engine,
+    cuda_kv_budget,
+    load_model,
+    packed_weight_bytes,
+)
+from kvbench.studies.vllm_backend import own_engines
 
 if TYPE_CHECKING:
     from kvbench.studies.sweep_setup import SweepOptions
@@ -162,6 +170,10 @@ def tensor_backend(options: SweepOptions, base: EngineConfig, spec: Scenario, se
         num_blocks = slots // base.block_size
     check_run_counts(num_blocks=max(num_blocks, 1))
     config = replace(base, num_blocks=num_blocks)  # refuses a budget below one block
+    # each engine of this process keeps its pool across points: all of them must fit now, before any note or
+    # point (build_engine checks each again as it is built)
+    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size,
+                             pools=max(1, len(own_engines(options.engines))), extra_weights=packed_weight_bytes(loaded))
     device_name = str(loaded.device)
     if loaded.device.type == "cuda":
         import torch

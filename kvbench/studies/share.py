@@ -38,13 +38,59 @@ class ShareMeasurement:
                 "peak_bytes": self.peak_blocks * per_block}
 
 
+def longest_prompt(mean_len: int) -> int:
+    """The longest prompt :func:`make_prompts` can draw around ``mean_len`` (uniform +-50%)."""
+    return mean_len + mean_len // 2
+
+
 def make_prompts(count: int, mean_len: int, vocab_size: int, seed: int) -> list[list[int]]:
     """``count`` prompts of lengths around ``mean_len`` (uniform +-50%), seeded random token ids."""
     if count < 1 or mean_len < 1:
         raise KvbenchError("the number of prompts and their mean length must be at least 1")
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(max(1, mean_len // 2), mean_len + mean_len // 2 + 1, count)
+    lengths = rng.integers(max(1, mean_len // 2), longest_prompt(mean_len) + 1, count)
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
+
+
+def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_length: int | None = None,
+                        random_prompts: bool = True) -> None:
+    """Refuse, before the model loads or a prompt is drawn, requests longer than max-len.
+
+    Every engine refuses a request whose prompt plus output exceeds max-len (itself held to the model's
+    ``context_length``, max_position_embeddings); a prompt of a billion tokens would fill the host's memory before that. With
+    ``random_prompts`` the prompts are drawn up to 1.5 x ``prompt_len``, so that longest one must fit; a
+    dataset's prompts are cut to max-len - output-len when they are read, so only the output is checked.
+    """
+    if context_length is not None and max_len < context_length:
+        raise_max_len = f"or raise max-len (the model's context is {context_length:,} tokens)"
+    elif context_length is not None:
+        raise_max_len = f"(max-len is already the model's context of {context_length:,} tokens)"
+    else:
+        raise_max_len = "or raise max-len"
+    if output_len >= max_len:
+        raise KvbenchError(f"an output length of {output_len:,} leaves no room for a prompt within max-len "
+                           f"{max_len:,}: lower the output length {raise_max_len}")
+    if not random_prompts:
+        return
+    longest = longest_prompt(prompt_len)
+    if longest + output_len > max_len:
+        room = max_len - output_len
+        fit = 2 * room // 3 + 1
+        while fit > 1 and longest_prompt(fit) > room:
+            fit -= 1
+        raise KvbenchError(f"a mean prompt length of {prompt_len:,} draws prompts of up to {longest:,} tokens "
+                           f"(+-50%), so a request needs up to {longest + output_len:,} tokens with an output length "
+                           f"of {output_len:,}, above max-len {max_len:,}: use a prompt length of {fit:,} or less, "
+                           f"a shorter output {raise_max_len}")
+
+
+def check_prompts_fit(prompts: Sequence[list[int]], output_len: int, max_len: int) -> None:
+    """Every prompt plus its output fits max-len (beam search has no scheduler to refuse one)."""
+    longest = max(map(len, prompts), default=0)
+    if longest + output_len > max_len:
+        raise KvbenchError(f"a prompt of {longest:,} tokens with an output length of {output_len:,} needs "
+                           f"{longest + output_len:,} tokens, above max-len {max_len:,}: use shorter prompts or "
+                           "outputs, or raise max-len")
 
 
 def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len: int, base: EngineConfig,
@@ -225,13 +271,23 @@ def share_stop(settings: ShareSettings, loaded) -> str:
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
     from kvbench.models.runner import ModelRunner
-    from kvbench.preflight import check_kv_pool_for_device, check_requests_for_host, check_run_counts
+    from kvbench.models.shapes import resolve_model
+    from kvbench.preflight import (
+        check_context_length,
+        check_kv_pool_for_device,
+        check_requests_for_host,
+        check_run_counts,
+    )
     from kvbench.report.rundir import run_meta, summary_document
     from kvbench.studies.setup import load_model, packed_weight_bytes
 
     kind, width, seed = settings.kind, settings.width, settings.seed
     check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
                      num_blocks=settings.num_blocks)
+    shape = resolve_model(settings.model)  # its config only: the lengths are refused before any weight loads
+    check_context_length(shape, settings.max_len)
+    check_share_lengths(settings.prompt_len, settings.output_len, settings.max_len, shape.context_length,
+                        random_prompts=settings.dataset is None)
     config = EngineConfig(block_size=settings.block_size, num_blocks=settings.num_blocks, reserve=settings.reserve,
                           max_len=settings.max_len)
     loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len,
@@ -241,6 +297,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
                              pools=2 if kind == "parallel" else 1, extra_weights=packed_weight_bytes(loaded))
     texts, dataset = share_prompts(settings, loaded)
     stop = share_stop(settings, loaded)
+    check_prompts_fit(texts, settings.output_len, settings.max_len)
     check_requests_for_host(settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len)
     check_pool_holds_copies(texts, width, settings.output_len, config, kind)
     bpt = loaded.shape.bytes_per_token

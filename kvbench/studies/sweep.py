@@ -77,6 +77,9 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
             point = json.loads(line)
         except json.JSONDecodeError:
             raise KvbenchError(f"{results_path}:{number}: not valid JSON; cannot resume from it") from None
+        if not isinstance(point, dict) or not {"engine", "concurrency", "status"} <= point.keys():
+            raise KvbenchError(f"{results_path}:{number}: not a sweep point (engine, concurrency, status); cannot "
+                               "resume from it")
         if point.get("status") in ("ok", "oom"):
             finished[(point["engine"], point["concurrency"], point.get("scenario", ""))] = point
     return finished

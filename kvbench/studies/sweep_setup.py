@@ -7,7 +7,7 @@ resume must match) and the run metadata of ``summary.json``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends import PointBackend
 from kvbench.studies.sweep import SweepPlan
-from kvbench.studies.vllm_backend import VLLM_ENGINE, check_vllm, with_vllm
+from kvbench.studies.vllm_backend import VLLM_ENGINE, check_vllm, own_engines, with_vllm
 from kvbench.studies.workload import Workload, check_stop, dataset_workload, default_stop, stop_reason_text
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.scenario import Scenario, load_scenario
@@ -123,6 +123,8 @@ class SweepSetup:
                                    "(random-weight presets never end an answer): use the length stop mode")
             if VLLM_ENGINE in options.engines:  # vLLM's offline engine as a reference column
                 backend = with_vllm(backend, options, seed)
+        check_pool_holds_a_request(backend.base, own_engines(options.engines), workload.pairs[:max(counts.values())],
+                                   stop, backend.bytes_per_token, source)
         ids = workload.prompt_ids
         if ids is not None and any(token >= vocab for prompt in ids for token in prompt):
             where = options.requests_file or workload.dataset.path
@@ -181,6 +183,42 @@ class SweepSetup:
             stop_description=self.stop_text,
             dataset=self.workload.dataset.as_dict() if self.workload.dataset else None,
         )
+
+
+def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pairs: Sequence[tuple[int, int]],
+                               stop: str, bytes_per_token: int, source: str) -> None:
+    """Refuse, before any point runs, a KV pool that cannot hold the run's longest request even when empty.
+
+    The contiguous baseline needs that request's reservation (max-len under ``reserve max``), the paged engine
+    the blocks of its planned length (max-len - 1 when answers stop at EOS: the engines plan for max_tokens).
+    Such a request is rejected at every point: a sweep that serves none, or a part, is no measurement.
+    """
+    from kvbench.kv.block_pool import blocks_for
+    from kvbench.kv.contiguous import reservation_tokens
+
+    if not pairs:
+        return
+    longest = max(p + (o if stop == "length" else config.max_len - p) - 1 for p, o in pairs)  # KV slots written
+    for engine in engines:
+        if engine == "contiguous":
+            tokens = reservation_tokens(config.reserve, longest, config.max_len)
+            what = (f"the contiguous baseline reserves {tokens:,} token slots for its longest request (reserve "
+                    f"{config.reserve}{', that is max-len' if config.reserve == 'max' else ''})")
+        else:
+            tokens = longest
+            what = f"the {engine} engine needs {tokens:,} token slots for its longest request"
+        need = blocks_for(tokens, config.block_size)
+        if need > config.num_blocks:
+            size, unit = -(-need * config.block_size * bytes_per_token // 1024), "KiB"  # rounded up: enough
+            for bigger in ("MiB", "GiB"):
+                if size % 1024 == 0:
+                    size, unit = size // 1024, bigger
+            slots = f"{config.pool_slots:,} token slots"
+            where = source.removeprefix(f"{slots} = ")  # the simulator's source starts with its slots
+            other = ("another reservation policy (pow2, oracle)" if engine == "contiguous" and config.reserve == "max"
+                     else "shorter requests")
+            raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
+                               f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
 
 
 def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop: str,

@@ -17,7 +17,7 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
-from kvbench.preflight import check_context_length
+from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
 from kvbench.values import human_bytes
@@ -147,6 +147,7 @@ class WasteWorkload:
 def waste_workload(settings: WasteSettings) -> WasteWorkload:
     """The requests: a dataset's prompts and answers, a trace (less those that can never run), else seeded
     lengths from a distribution."""
+    check_run_counts(requests=settings.requests)  # the limit sweep and fleet apply: before drawing a single length
     if settings.dataset is not None:
         from kvbench.models.tokenizers import load_tokenizer
         from kvbench.workload.dataset import TokenCounter, sample_dataset
@@ -165,9 +166,19 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
                          f"{settings.prompt_ratio}", None)
 
 
-def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
-                    progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
+@dataclass(frozen=True)
+class WasteBudget:
+    """The model, the GPU and the KV pool every strategy simulates, checked."""
+
+    shape: Any
+    device: Any
+    budget: Any
+    pool_slots: int
+
+
+def waste_budget(settings: WasteSettings) -> WasteBudget:
+    """The KV budget of the model on the GPU, refused (one line) when it cannot be simulated by every strategy:
+    cheap arithmetic, so a command checks it before it prints a note."""
     shape = resolve_model(settings.model, settings.dtype)
     check_context_length(shape, settings.max_len)
     device = resolve_gpu(settings.gpu)
@@ -180,6 +191,14 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
     pool_slots = budget.kv_bytes // shape.bytes_per_token
     for strategy in settings.strategies:  # fail before simulating anything
         strategy.validate(pool_slots)
+    return WasteBudget(shape, device, budget, pool_slots)
+
+
+def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
+                    progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
+    checked = waste_budget(settings)
+    shape, device, budget, pool_slots = checked.shape, checked.device, checked.budget, checked.pool_slots
     timing = RooflineTiming.for_model(shape, device)
     pairs = workload.pairs
     points = []

@@ -114,6 +114,9 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
         concurrency = data["concurrency"]
         if not concurrency or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in concurrency):
             raise KvbenchError(f"{where}: concurrency must be a non-empty list of positive integers")
+        twice = next((c for index, c in enumerate(concurrency) if c in concurrency[:index]), None)
+        if twice is not None:  # like --concurrency 2,2: a point measured twice would be written twice
+            raise KvbenchError(f"{where}: concurrency lists {twice} twice; give each value once")
     for key in ("requests", "block_size", "max_len", "mean_len", "samples"):
         if key in data and data[key] < 1:
             raise KvbenchError(f"{where}: {key} must be positive, got {data[key]}")

@@ -27,15 +27,21 @@ CASES = [
     "sweep --metrics-port 99999 --device cpu",
     "sweep --threads zero --device cpu",
     "sweep --requests 1000000000 --simulate",
+    "sweep --kv-memory 1TiB --device cpu",
     "share --n 2 --model llama-2-13b --device cpu",
     "share --n 2 --block-size 100000 --device cpu",
     "share --n 2 --num-blocks 99999999999 --device cpu",
     "share --n 2 --prompts 1000000000 --device cpu",
     "share --n 2 --max-len 4097 --device cpu",
     "share --n 100000 --device cpu",
+    "share --n 2 --prompt-len 1000000000 --device cpu",
+    "share --n 2 --output-len 5000 --device cpu",
+    "share --beam 2 --output-len 1000000000 --device cpu",
+    "share --beam 2 --prompts 1 --prompt-len 5000 --output-len 4 --num-blocks 100000 --device cpu",
     "waste --model /nonexistent",
     "waste --max-len 100000",
     "waste --trace /etc/hostname",
+    "waste --requests 1000000000",
     "capacity --model gpt2-nope",
     "capacity --mean-len 5000",
     "kernels --batch 0",
@@ -73,3 +79,55 @@ def test_malformed_configs_are_one_line_in_every_command(config, message, tmp_pa
         captured = capfd.readouterr()
         err = captured.err.strip()
         assert captured.out == "" and message in err and len(err.splitlines()) == 1, (args, err)
+
+
+def _one_error_line_alone(capfd) -> str:
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and err.startswith("error: ") and len(err.splitlines()) == 1, (captured.out, err)
+    return err
+
+
+def test_a_trace_with_skipped_rows_and_a_pool_too_big_gives_the_error_alone(tmp_path, capfd):
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt_len,output_len\n10,10\n5000,10\n6000,1\n")  # 2 of 3 past max-len 2048
+    assert main(["waste", "--model", "tiny", "--trace", str(trace), "--out", str(tmp_path / "w")]) == 2
+    assert "more than the simulator's" in _one_error_line_alone(capfd)  # no "warning: 2 of 3 ... skipped" first
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda lines: [lines[0], "{broken", *lines[1:]], "not valid JSON"),
+    (lambda lines: [lines[0], "[1, 2]", *lines[1:]], "not a sweep point"),
+])
+def test_a_resume_of_results_damaged_in_the_middle_gives_the_error_alone(damage, message, tmp_path, capfd):
+    out = tmp_path / "run"
+    args = ["sweep", "--simulate", "--scenario", "ci-smoke", "--out", str(out)]
+    assert main(args) == 0
+    capfd.readouterr()
+    results = out / "results.jsonl"
+    results.write_text("\n".join(damage(results.read_text().splitlines())) + "\n")
+    assert main([*args, "--resume"]) == 2
+    assert message in _one_error_line_alone(capfd)  # no SIMULATED:, KV pool: or stop: note first
+
+
+def test_a_resume_with_a_torn_tail_and_other_settings_gives_the_error_alone(tmp_path, capfd):
+    out = tmp_path / "run"
+    args = ["sweep", "--simulate", "--scenario", "ci-smoke", "--out", str(out)]
+    assert main(args) == 0
+    capfd.readouterr()
+    with (out / "results.jsonl").open("a") as results:
+        results.write('{"engine": "paged", "conc')  # a write cut short
+    assert main([*args, "--resume", "--seed", "7"]) == 2
+    assert "other settings" in _one_error_line_alone(capfd)  # the torn-line warning is not printed before it
+
+
+@pytest.mark.parametrize("args, option", [
+    (["compare", "/nonexistent", "/nonexistent", "-o", ""], "--output"),
+    (["compare", "/nonexistent", "/nonexistent", "--output", " "], "--output"),
+    (["kernels", "--batch", "1", "--context", "16", "--out", ""], "--out"),
+    (["diagnose", "--emit-prometheus-rules", ""], "--emit-prometheus-rules"),
+    (["sweep", "--device", "cpu", "--metrics-file", ""], "--metrics-file"),
+])
+def test_an_empty_file_option_is_named_not_written_as_the_current_folder(args, option, capfd):
+    assert main(args) == 2
+    assert _one_error_line_alone(capfd) == f"error: {option} is empty; give a file path"  # not "cannot write ."

@@ -142,7 +142,7 @@ def test_unwritable_output_is_one_line_error(tmp_path, capsys):
     path.write_text(_json.dumps(summary))
     assert main(["compare", str(path), str(path), "-o", "/proc/no/such/file"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: cannot write") and len(err.splitlines()) == 1
+    assert err.startswith("error: --output /proc/no/such/file: cannot write") and len(err.splitlines()) == 1
 
 
 SHARE = ["--prompts", "2", "--prompt-len", "8", "--output-len", "8", "--device", "cpu"]

@@ -71,3 +71,18 @@ def test_a_width_the_pool_cannot_hold_fails_before_any_work(capsys):
     assert main(["share", "--n", "600", "--device", "cpu", "--out", "/tmp/kvbench-share-n"]) == 2
     err = capsys.readouterr().err.strip()
     assert "without sharing" in err and "more blocks" in err and len(err.splitlines()) == 1
+
+
+def test_requests_longer_than_max_len_are_refused_before_the_model_loads(capsys, monkeypatch):
+    import kvbench.studies.setup as setup
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the lengths were checked")
+
+    monkeypatch.setattr(setup, "load_model", no_load)
+    for flag in ("--n", "--beam"):  # beam search has no scheduler that would refuse the request later
+        args = ["share", flag, "2", "--prompts", "1", "--prompt-len", "5000", "--output-len", "4",
+                "--num-blocks", "100000", "--device", "cpu", "--out", "/tmp/kvbench-share-long"]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "above max-len 2,048" in err and "context is 4,096" in err, err

@@ -99,6 +99,48 @@ def test_reject_mode_reports_oom(tmp_path, scenario_text):
     assert point["status"] == "oom" and point["rejected"] > 0  # 160 slots hold only 2 slabs of 64
 
 
+@pytest.mark.parametrize("engine, kv_memory, message", [
+    ("contiguous", "64KiB", "reserves 256 token slots"),  # ci-smoke: max-len 256 of 512 B, 128 slots
+    ("paged", "16KiB", "paged engine needs"),
+])
+def test_a_pool_that_cannot_hold_one_request_is_refused_before_any_point(engine, kv_memory, message, tmp_path,
+                                                                            capfd):
+    out = tmp_path / "run"
+    assert run(["--scenario", "ci-smoke", "--engines", engine, "--kv-memory", kv_memory, "--concurrency", "6",
+                "--out", str(out)]) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1 and message in err, (captured.out, err)
+    assert "could never run" in err and not (out / "results.jsonl").exists()
+    suggested = err.split("at least ")[1].split(" of KV memory")[0]
+    from kvbench.commands._options import parse_size
+    from kvbench.models.shapes import resolve_model
+
+    slots = parse_size(suggested) // resolve_model("tiny").with_dtype("fp32").bytes_per_token
+    assert slots >= (256 if engine == "contiguous" else 64)  # what the message asks for is enough
+
+
+def test_the_simulator_is_held_to_the_same_pre_flight(tmp_path, capfd):
+    # llama-2-13b fp16: 100 MiB are 128 slots, the longest ci-smoke request fits, a max-len slab of 256 does not
+    args = ["sweep", "--simulate", "--scenario", "ci-smoke", "--kv-memory", "100MiB", "--json"]
+    assert main([*args, "--engines", "contiguous", "--out", str(tmp_path / "c")]) == 2
+    err = capfd.readouterr().err.strip()
+    assert "reserves 256 token slots" in err and len(err.splitlines()) == 1, err
+    assert main([*args, "--engines", "paged", "--out", str(tmp_path / "p")]) == 0
+
+
+def test_a_sweep_that_completed_no_request_fails(tmp_path, capfd, monkeypatch):
+    from kvbench.studies import sweep_setup
+
+    monkeypatch.setattr(sweep_setup, "check_pool_holds_a_request", lambda *args: None)  # as before the pre-flight
+    out = tmp_path / "run"
+    assert run(["--scenario", "ci-smoke", "--engines", "contiguous", "--kv-memory", "64KiB", "--concurrency", "6",
+                "--out", str(out)]) == 1
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: no point completed a single request") and len(err.splitlines()) == 1, err
+    assert (out / "results.jsonl").exists()  # what it measured is kept
+
+
 def test_simulated_sweep_says_so(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["sweep", "--simulate", "--requests", "200", "--out", str(out), "--json"]) == 0
@@ -135,6 +177,18 @@ def test_scenario_file_with_a_wrong_field(tmp_path, capsys, scenario_text):
     assert "mean_len" in capsys.readouterr().err
 
 
+def test_a_scenario_listing_a_concurrency_twice_is_refused_like_the_option(tmp_path, capfd, scenario_text):
+    path = tmp_path / "dup.toml"
+    path.write_text(scenario_text.replace("concurrency = [2, 4]", "concurrency = [2, 2]"))
+    out = tmp_path / "run"
+    assert main(["sweep", "--simulate", "--scenario", str(path), "--out", str(out)]) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1, (captured.out, err)
+    assert str(path) in err and "concurrency lists 2 twice" in err
+    assert not (out / "results.jsonl").exists()
+
+
 def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
     out = tmp_path / "rep"
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--repeat", "2"]) == 0
@@ -155,10 +209,26 @@ def test_resume_refuses_other_settings_and_needs_out(scenario, tmp_path, capsys)
     assert "--out" in capsys.readouterr().err
 
 
-def test_a_pool_smaller_than_one_reservation_is_oom_not_a_crash(tmp_path):
+TINY_POOL = ["sweep", "--simulate", "--kv-memory", "1GiB", "--concurrency", "10", "--requests", "20",
+             "--engines", "contiguous"]
+
+
+def test_a_pool_smaller_than_one_reservation_is_refused_not_a_crash(tmp_path, capfd):
     out = tmp_path / "tiny-pool"
-    assert main(["sweep", "--simulate", "--kv-memory", "1GiB", "--concurrency", "10", "--requests", "20",
-                 "--engines", "contiguous", "--out", str(out)]) == 0
+    assert main([*TINY_POOL, "--out", str(out)]) == 2  # 1,296 slots, a max-len slab of 2,048: no request runs
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1 and "could never run" in err, (captured.out, err)
+    assert not (out / "results.jsonl").exists()
+
+
+def test_a_point_that_finished_nothing_is_zero_not_nan_and_the_run_fails(tmp_path, capfd, monkeypatch):
+    from kvbench.studies import sweep_setup
+
+    monkeypatch.setattr(sweep_setup, "check_pool_holds_a_request", lambda *args: None)  # as before the pre-flight
+    out = tmp_path / "tiny-pool"
+    assert main([*TINY_POOL, "--out", str(out)]) == 1
+    assert "no point completed a single request" in capfd.readouterr().err
     point = json.loads((out / "summary.json").read_text())["points"][0]
     assert point["status"] == "oom" and point["completed"] == 0
     assert point["output_throughput"] == 0.0  # nothing finished: zero, never NaN
@@ -325,3 +395,22 @@ def test_an_unwritable_metrics_file_fails_before_any_point(tmp_path, scenario, c
                 str(blocker / "metrics.prom")]) == 2
     assert "--metrics-file" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, capfd):
+    from kvbench.errors import KvbenchError
+    from kvbench.studies.fleet import ray_runtime
+    from kvbench.studies.sweep_setup import SweepSetup
+
+    def no_ray():
+        raise KvbenchError("this needs Ray, which is not installed: pip install 'kvbench[fleet]'")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the setup started before Ray was found missing")
+
+    monkeypatch.setattr(ray_runtime, "import_ray", no_ray)
+    monkeypatch.setattr(SweepSetup, "resolve", no_work)
+    assert run(["--ray", "--out", str(tmp_path / "run")]) == 2
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err.strip().splitlines() == [
+        "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"]

@@ -109,3 +109,23 @@ def test_metrics_need_the_tensor_engine(tmp_path, capsys):
     assert main(["sweep", "--simulate", "--requests", "20", "--out", str(tmp_path / "s"), "--metrics-file",
                  str(tmp_path / "m.prom")]) == 2
     assert "need the tensor engine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--metrics-port", "0"], ["--metrics-file", "m.prom"]])
+def test_ray_with_metrics_is_refused_before_any_work(flags, tmp_path, monkeypatch, capfd):
+    from kvbench.measure import metrics as metrics_module
+    from kvbench.studies.sweep_setup import SweepSetup
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before --ray with metrics was refused")
+
+    monkeypatch.setattr(SweepSetup, "resolve", no_work)  # the model would load here
+    monkeypatch.setattr(metrics_module.KvMetrics, "serve", no_work)
+    out = tmp_path / "run"
+    args = ["sweep", "--ray", "--device", "cpu", "--out", str(out)]
+    args += [flags[0], str(tmp_path / flags[1]) if flags[0] == "--metrics-file" else flags[1]]
+    assert main(args) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1 and "with --ray they run in workers" in err, err
+    assert not out.exists()  # no run directory, no pinned config
