@@ -42,12 +42,17 @@ def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
 
 
 def _backend(name: str, device: torch.device) -> str:
+    from kvbench.kernels import cpu_native, resolve_backend
+
     if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if name not in ("torch", "triton"):
-        raise KvbenchError(f"--backend: unknown backend {name!r}; choose auto, torch or triton")
+        return resolve_backend(device, None)
+    if name not in ("torch", "triton", "native"):
+        raise KvbenchError(f"--backend: unknown backend {name!r}; choose auto, torch, triton or native")
     if name == "triton" and device.type != "cuda":
         raise KvbenchError("--backend triton needs --device cuda (on CPU Triton only runs interpreted, in tests)")
+    if name == "native" and (device.type != "cpu" or not cpu_native.available()):
+        why = "it runs on the CPU" if device.type != "cpu" else cpu_native.unavailable_reason()
+        raise KvbenchError(f"--backend native is not available: {why}")
     return name
 
 
@@ -115,7 +120,7 @@ def kernels(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
     block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
-    backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton (auto: triton on cuda)."),
+    backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton | native (auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch)."),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", help="Timed calls; the median is reported."),

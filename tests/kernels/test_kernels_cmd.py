@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from kvbench.kernels import cpu_native
 from kvbench.kernels.benchmark import DecodeShape
 
 from kvbench.cli import main
@@ -16,7 +17,9 @@ def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) 
     target = tmp_path / "bench" / "kernels.json"
     assert main([*TINY, "--json", "--out", str(target)]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["backend"], result["dtype"], result["num_heads"], result["num_kv_heads"]) == ("torch", "fp32", 4, 2)
+    expected_backend = "native" if cpu_native.available() else "torch"  # auto on a CPU: the C kernel where it builds
+    assert (result["backend"], result["dtype"], result["num_heads"], result["num_kv_heads"]) == (
+        expected_backend, "fp32", 4, 2)
     assert [(p["batch"], p["context"]) for p in result["points"]] == [(1, 16), (1, 33), (3, 16), (3, 33)]
     for point in result["points"]:
         assert point["status"] == "ok"
@@ -50,6 +53,22 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: 
     assert main([*TINY, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_each_cpu_backend_can_be_chosen(capsys: pytest.CaptureFixture[str], backend: str) -> None:
+    if backend == "native" and not cpu_native.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_native.unavailable_reason()}")
+    assert main([*TINY, "--backend", backend, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == backend
+
+
+def test_native_backend_refused_where_the_kernels_cannot_build(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_native, "_state", {"reason": "no C compiler found (cc, gcc, clang or $CC)"})
+    assert main([*TINY, "--backend", "native"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--backend native is not available: no C compiler" in err and len(err.splitlines()) == 1
 
 
 def test_bytes_moved_counts_kv_once_plus_query_and_output() -> None:
