@@ -32,10 +32,9 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
-/* Returns 0, or -1 when scratch memory could not be allocated (nothing is written then).
- * Each token's K row (all KV heads) and then its V row is read once, in order within its block: the pool is
- * streamed from memory, which is what bounds this kernel. */
-int kvbench_paged_decode_f32(
+/* Decode attention for any head_dim and group size (see kvbench_paged_decode_f32). Each token's K row (all KV
+ * heads) and then its V row is read once, in order within its block. */
+static int paged_decode_generic(
     const float *q, int64_t q_stride_b, int64_t q_stride_h,   /* q[b][h][d], d contiguous */
     const float *k_cache, const float *v_cache,               /* [blocks][block_size][Hkv][D], contiguous */
     const int32_t *tables, int64_t table_stride,              /* tables[b][i]: block id of the i-th block */
@@ -98,6 +97,165 @@ int kvbench_paged_decode_f32(
                     a[d] += p * vh[d];
             }
         }
+    }
+    free(scores);
+    return 0;
+}
+
+/* The decode attention of one request when head_dim is NV * 16 and each KV head serves G query heads, both known
+ * at compile time (so the accumulators live in registers): one pass over the context's K rows (each row, all KV
+ * heads, read once and in order) for the scores, the softmax, then per KV head one pass over its V rows for the
+ * weighted sums. Measured against the generic loops on a 135M-class shape (50 requests of 192 tokens): 1.5x. */
+typedef float v16 __attribute__((vector_size(64)));
+/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
+ * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache). */
+#define PF 16
+#ifdef __clang__
+#define SWAP_HALVES(x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
+    __builtin_shufflevector(x, x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)
+#else
+typedef int32_t v16i __attribute__((vector_size(64)));
+#define SWAP_HALVES(x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
+    __builtin_shuffle(x, (v16i){a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p})
+#endif
+
+static inline float hsum16(v16 x) {
+    x += SWAP_HALVES(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x += SWAP_HALVES(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    x += SWAP_HALVES(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    x += SWAP_HALVES(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return x[0];
+}
+
+static inline v16 load16(const float *p) {
+    v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
+
+static void softmax_rows(float *scores, int64_t rows, int64_t len) {
+    for (int64_t g = 0; g < rows; g++) {
+        float *s = scores + g * len;
+        float top = s[0];
+        for (int64_t t = 1; t < len; t++)
+            top = s[t] > top ? s[t] : top;
+        float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < len; t++) {
+            s[t] = exp_nonpositive(s[t] - top);
+            total += s[t];
+        }
+        const float inv = 1.0f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < len; t++)
+            s[t] *= inv;
+    }
+}
+
+#define DEFINE_REQUEST_DECODE(NV, G)                                                                                   \
+    static void decode_##NV##_##G(const float *q, int64_t q_stride_h, const float *k_cache,                    \
+                                   const float *v_cache, const int32_t *table, int64_t len, int64_t block_size,  \
+                                   int64_t row, float *scores, float *out, float scale, int64_t num_kv_heads) { \
+        for (int64_t t = 0; t < len; t++) {                                                                     \
+            const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;    \
+            if (t + PF < len) {                                                                                  \
+                const int64_t u = t + PF;                                                                        \
+                const float *next = k_cache + ((int64_t)table[u / block_size] * block_size + u % block_size) * row; \
+                for (int64_t f = 0; f < row; f += 16)                                                            \
+                    __builtin_prefetch(next + f, 0, 3);                                                          \
+            }                                                                                                   \
+            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                  \
+                v16 kv[NV];                                                                                     \
+                for (int j = 0; j < NV; j++)                                                                    \
+                    kv[j] = load16(k + kvh * NV * 16 + 16 * j);                                                 \
+                for (int g = 0; g < G; g++) {                                                                   \
+                    const float *qg = q + (kvh * G + g) * q_stride_h;                                           \
+                    v16 acc = load16(qg) * kv[0];                                                               \
+                    for (int j = 1; j < NV; j++)                                                                \
+                        acc += load16(qg + 16 * j) * kv[j];                                                     \
+                    scores[(kvh * G + g) * len + t] = hsum16(acc) * scale;                                      \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        softmax_rows(scores, G * num_kv_heads, len);                                                            \
+        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                      \
+            const float *vh = v_cache + kvh * NV * 16;                                                          \
+            const float *sh = scores + kvh * G * len;                                                           \
+            v16 acc[G][NV];                                                                                     \
+            for (int g = 0; g < G; g++)                                                                         \
+                for (int j = 0; j < NV; j++)                                                                    \
+                    acc[g][j] = (v16){0};                                                                       \
+            for (int64_t t = 0; t < len; t++) {                                                                 \
+                const float *v = vh + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;     \
+                if (t + PF < len) {                                                                              \
+                    const int64_t u = t + PF;                                                                    \
+                    const float *next = vh + ((int64_t)table[u / block_size] * block_size + u % block_size) * row; \
+                    for (int j = 0; j < NV; j++)                                                                 \
+                        __builtin_prefetch(next + 16 * j, 0, 3);                                                 \
+                }                                                                                               \
+                v16 vv[NV];                                                                                     \
+                for (int j = 0; j < NV; j++)                                                                    \
+                    vv[j] = load16(v + 16 * j);                                                                 \
+                for (int g = 0; g < G; g++) {                                                                   \
+                    const float p = sh[g * len + t];                                                            \
+                    for (int j = 0; j < NV; j++)                                                                \
+                        acc[g][j] += p * vv[j];                                                                 \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int g = 0; g < G; g++)                                                                         \
+                for (int j = 0; j < NV; j++)                                                                    \
+                    store16(out + (kvh * G + g) * NV * 16 + 16 * j, acc[g][j]);                                 \
+        }                                                                                                       \
+    }
+
+#define DEFINE_GROUPS(NV) \
+    DEFINE_REQUEST_DECODE(NV, 1) DEFINE_REQUEST_DECODE(NV, 2) DEFINE_REQUEST_DECODE(NV, 3) DEFINE_REQUEST_DECODE(NV, 4) \
+    DEFINE_REQUEST_DECODE(NV, 5) DEFINE_REQUEST_DECODE(NV, 6) DEFINE_REQUEST_DECODE(NV, 7) DEFINE_REQUEST_DECODE(NV, 8)
+DEFINE_GROUPS(4) /* head_dim 64 */
+DEFINE_GROUPS(8) /* head_dim 128 */
+
+typedef void (*request_decode_fn)(const float *, int64_t, const float *, const float *, const int32_t *, int64_t, int64_t,
+                           int64_t, float *, float *, float, int64_t);
+static const request_decode_fn DECODE_64[8] = {decode_4_1, decode_4_2, decode_4_3, decode_4_4,
+                                         decode_4_5, decode_4_6, decode_4_7, decode_4_8};
+static const request_decode_fn DECODE_128[8] = {decode_8_1, decode_8_2, decode_8_3, decode_8_4,
+                                          decode_8_5, decode_8_6, decode_8_7, decode_8_8};
+
+/* Paged decode attention, float32. Returns 0, or -1 when scratch memory could not be allocated (nothing is
+ * written then). Head dims 64 and 128 with up to 8 query heads per KV head take the register-blocked path above;
+ * any other shape the generic loops. */
+int kvbench_paged_decode_f32(
+    const float *q, int64_t q_stride_b, int64_t q_stride_h,   /* q[b][h][d], d contiguous */
+    const float *k_cache, const float *v_cache,               /* [blocks][block_size][Hkv][D], contiguous */
+    const int32_t *tables, int64_t table_stride,              /* tables[b][i]: block id of the i-th block */
+    const int32_t *lens,                                      /* context length of each request */
+    float *out,                                               /* [B][Hq][D], contiguous */
+    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
+{
+    const int64_t group = num_heads / num_kv_heads;
+    const request_decode_fn *family = head_dim == 64 ? DECODE_64 : head_dim == 128 ? DECODE_128 : NULL;
+    if (!family || group < 1 || group > 8)
+        return paged_decode_generic(q, q_stride_b, q_stride_h, k_cache, v_cache, tables, table_stride, lens, out,
+                                    batch, num_heads, num_kv_heads, head_dim, block_size, scale);
+    const request_decode_fn decode = family[group - 1];
+    const int64_t row = num_kv_heads * head_dim;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; b++)
+        longest = lens[b] > longest ? lens[b] : longest;
+    float *scores = malloc(sizeof(float) * (size_t)(num_heads * (longest > 0 ? longest : 1)));
+    if (!scores)
+        return -1;
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t len = lens[b];
+        float *o = out + b * num_heads * head_dim;
+        if (len <= 0) {
+            memset(o, 0, sizeof(float) * (size_t)(num_heads * head_dim));
+            continue;
+        }
+        decode(q + b * q_stride_b, q_stride_h, k_cache, v_cache, tables + b * table_stride, len, block_size, row,
+                scores, o, scale, num_kv_heads);
     }
     free(scores);
     return 0;

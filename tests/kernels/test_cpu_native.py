@@ -148,3 +148,15 @@ def test_the_runner_uses_them_on_one_thread_only(native) -> None:
         assert not cpu_native.use_for_model_ops(torch.device("cpu"), torch.float32, 64)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 96])  # the register-blocked shapes, and one the generic loops take
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8, 9])  # up to 8 register-blocked, 9 generic
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_every_decode_path_matches_sdpa(native, head_dim: int, group: int, block_size: int) -> None:
+    lens = [0, 1, 15, 16, 17, 130]
+    case = make_case(lens, block_size, num_kv_heads=2, head_dim=head_dim, seed=head_dim + group + block_size)
+    query = torch.randn(len(lens), 2 * group, head_dim, generator=torch.Generator().manual_seed(group))
+    got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
+                                            case.context_lens, SCALE)
+    assert rel_error(got, decode_oracle(case, query, SCALE)) < 1e-5
