@@ -99,6 +99,7 @@ def _load() -> ctypes.CDLL | None:
             "kvbench_rms_norm_f32": (None, [pointer, pointer, pointer, pointer, i64, i64, f32]),
             "kvbench_silu_and_mul_f32": (None, [pointer, pointer, i64, i64]),
             "kvbench_rotary_f32": (None, [pointer, i64, pointer, pointer, i64, i64, i64]),
+            "kvbench_write_kv_f32": (None, [pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64]),
         }
         for name, (restype, argtypes) in signatures.items():
             fn = getattr(lib, name)
@@ -166,6 +167,28 @@ def paged_decode_attention(
         out.copy_(result)
         return out
     return result
+
+
+def takes_write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """Whether :func:`write_kv` takes these tensors: float32 on the CPU, each token's heads contiguous."""
+    return (key.dtype == value.dtype == k_cache.dtype == torch.float32 and key.device.type == "cpu"
+            and k_cache.is_contiguous() and slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
+            and key.stride(-1) == 1 and key.stride(-2) == key.shape[-1]
+            and value.stride(-1) == 1 and value.stride(-2) == value.shape[-1])
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """``reference.write_kv``: ``key``/``value [T, Hkv, D]`` into the pools at ``slot_mapping[T]`` (-1 skipped).
+
+    Slots must lie inside the pool (the runner's do); their count is checked here."""
+    tokens = key.shape[0]
+    row = k_cache.shape[2] * k_cache.shape[3]
+    if slot_mapping.shape[0] != tokens or value.shape != key.shape or key.shape[1] * key.shape[2] != row:
+        raise ValueError(f"write_kv: {tuple(key.shape)} keys, {tuple(value.shape)} values and "
+                         f"{tuple(slot_mapping.shape)} slots do not fit a pool of rows of {row}")
+    _library().kvbench_write_kv_f32(key.data_ptr(), value.data_ptr(), key.stride(0), value.stride(0),
+                                    k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), tokens, row)
 
 
 # -- the runner's element-wise ops ---------------------------------------------------------------------------------

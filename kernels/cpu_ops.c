@@ -331,3 +331,17 @@ void kvbench_rotary_f32(float *x, int64_t token_stride, const float *cos, const 
         }
     }
 }
+
+/* Copy each token's K and V rows ([kv_heads * head_dim] floats, contiguous within the token) into its slot of the
+ * pools ([slots][kv_heads * head_dim]); a slot of -1 is skipped. */
+void kvbench_write_kv_f32(const float *key, const float *value, int64_t key_stride, int64_t value_stride,
+                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row)
+{
+    for (int64_t t = 0; t < tokens; t++) {
+        const int64_t slot = slots[t];
+        if (slot < 0)
+            continue;
+        memcpy(k_cache + slot * row, key + t * key_stride, sizeof(float) * (size_t)row);
+        memcpy(v_cache + slot * row, value + t * value_stride, sizeof(float) * (size_t)row);
+    }
+}

@@ -2,8 +2,8 @@
 torch reference.
 
 ``backend`` ("torch" | "triton" | "native") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the
-whole process. "native" is the CPU's C decode attention (``cpu_native``) with the torch reference for every other
-op; it applies to float32 pools and falls back to the reference for other dtypes. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
+whole process. "native" is the CPU's C decode attention and K/V write (``cpu_native``) with the torch reference for
+the other ops; it applies to float32 pools and falls back to the reference for other dtypes. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
 ``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
 which the torch reference ignores. The torch reference takes a per-step ``plan`` (the gathers and masks that
 every layer of a step shares, from ``plan_decode`` / ``plan_prefill``), which the Triton kernels do not need:
@@ -40,8 +40,11 @@ def _triton_ops():
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = None, *, padded: bool = True) -> None:
     """``padded=False`` promises no slot is -1 (the torch path then skips its filter)."""
-    if resolve_backend(key.device, backend) == "triton":
+    chosen = resolve_backend(key.device, backend)
+    if chosen == "triton":
         return _triton_ops().write_kv(key, value, k_cache, v_cache, slot_mapping)
+    if chosen == "native" and cpu_native.takes_write(key, value, k_cache, slot_mapping) and cpu_native.available():
+        return cpu_native.write_kv(key, value, k_cache, v_cache, slot_mapping)
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping, padded)
 
 

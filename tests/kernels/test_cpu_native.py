@@ -160,3 +160,19 @@ def test_every_decode_path_matches_sdpa(native, head_dim: int, group: int, block
     got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
                                             case.context_lens, SCALE)
     assert rel_error(got, decode_oracle(case, query, SCALE)) < 1e-5
+
+
+def test_write_kv_matches_the_reference_and_skips_padding(native) -> None:
+    from kvbench import kernels
+
+    gen = torch.Generator().manual_seed(8)
+    fused = torch.randn(5, 4 + 2 * 2, 16, generator=gen)  # [T, Hq + 2 Hkv, D]: k and v are strided views
+    key, value = fused[:, 4:6], fused[:, 6:]
+    slots = torch.tensor([3, 17, -1, 40, 0])
+    pools = [torch.zeros(6, 8, 2, 16) for _ in range(4)]
+    kernels.write_kv(key, value, pools[0], pools[1], slots, backend="native")
+    reference.write_kv(key, value, pools[2], pools[3], slots)
+    assert torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
+    assert pools[0].view(-1, 2, 16)[17].equal(key[1]) and pools[0].abs().sum() > 0
+    with pytest.raises(ValueError, match="do not fit"):
+        cpu_native.write_kv(key, value, pools[0], pools[1], slots[:3])
