@@ -37,14 +37,12 @@ def capacity(
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
     dtype: str = typer.Option("fp16", "--dtype", help="fp32 | fp16 | bf16."),
-    max_len: int = typer.Option(2048, "--max-len", help="Context limit (contiguous-max reserves this)."),
-    mean_len: int = typer.Option(500, "--mean-len", help="Final length of a typical request, in tokens."),
+    max_len: int = typer.Option(2048, "--max-len", min=1, help="Context limit (contiguous-max reserves this)."),
+    mean_len: int = typer.Option(500, "--mean-len", min=1, help="Final length of a typical request, in tokens."),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Weights, KV budget and the maximum number of concurrent requests per strategy (at their final length)."""
-    if max_len < 1 or mean_len < 1:
-        raise KvbenchError("--max-len and --mean-len must be positive")
     if mean_len > max_len:
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")
     sizes = int_list(block_sizes, "--block-size")

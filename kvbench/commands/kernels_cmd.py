@@ -119,11 +119,11 @@ def kernels(
     contexts: str | None = typer.Option(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
-    block_size: int = typer.Option(16, "--block-size", help="Tokens per KV block."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
     backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton | native (auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch)."),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
-    warmup: int = typer.Option(3, "--warmup", help="Untimed calls before timing."),
-    reps: int = typer.Option(10, "--reps", help="Timed calls; the median is reported."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
+    reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
     out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
@@ -147,10 +147,6 @@ def kernels(
     on_gpu = device.type == "cuda"
     batch_list = int_list(batches if batches is not None else (GPU_BATCHES if on_gpu else CPU_BATCHES), "--batch")
     context_list = int_list(contexts if contexts is not None else (GPU_CONTEXTS if on_gpu else CPU_CONTEXTS), "--context")
-    if block_size < 1:
-        raise KvbenchError(f"--block-size must be at least 1, got {block_size}")
-    if warmup < 0 or reps < 1:
-        raise KvbenchError("--warmup must be >= 0 and --reps >= 1")
     num_splits = _splits(splits)
     out_path = output_file(out, "--out")  # empty or unwritable: refused before the benchmark, not after it
 

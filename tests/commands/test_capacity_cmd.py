@@ -80,8 +80,8 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--mean-len", "0"], "must be positive"),
-        (["--max-len", "-5"], "must be positive"),
+        (["--mean-len", "0"], "'--mean-len': Input should be greater than or equal to 1"),
+        (["--max-len", "-5"], "'--max-len': Input should be greater than or equal to 1"),
         (["--mean-len", "3000"], "exceeds --max-len"),
         (["--block-size", "0"], "--block-size"),
         (["--block-size", "abc"], "--block-size"),
