@@ -77,19 +77,8 @@ def sweep(
         admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
         repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=thread_count(threads))
     out_dir = run_directory(out)
-    if resume and out_dir is None:
-        raise KvbenchError("--resume continues a run directory: give it with --out")
-    if (ray_workers is not None or ray_address is not None) and not on_ray:
-        raise KvbenchError("--ray-workers and --ray-address go with --ray")
-    if simulate and (metrics_port is not None or metrics_file is not None):
-        raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
-                           "so there is no live state to export")
-    if on_ray and (metrics_port is not None or metrics_file is not None):  # before the model loads
-        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
-    if on_ray:
-        from kvbench.studies.fleet.ray_runtime import import_ray
-
-        import_ray()  # installed, or one line saying how, before any work
+    _check_run_options(out_dir, resume, simulate, on_ray, ray_workers, ray_address,
+                       metrics_port is not None or metrics_file is not None)
     metrics_path = output_file(metrics_file, "--metrics-file")
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
@@ -98,15 +87,7 @@ def sweep(
     try:  # from here on the backend holds processes (vLLM) and the metrics a port: both are let go at the end
         run_dir = new_run_dir("sweep", out_dir)
         lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
-        if not resume and (run_dir / "results.jsonl").exists():
-            raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another "
-                               "--out")
-        notes: list[str] = []  # printed once the setup has succeeded: an error comes alone
-        if resume:
-            if recover_results(run_dir / "results.jsonl") is not None:
-                notes.append(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
-                             "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
-            load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
+        notes = _prepare_results(run_dir, resume)  # printed once the setup has succeeded: an error comes alone
         pin_run_config(run_dir, setup.pinned_config(), resume)
         metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_path, metrics_optional, notes)
         for note in notes:
@@ -140,6 +121,37 @@ def sweep(
     else:
         print_sweep(console, points, simulate, waterfall, run_dir, document["meta"])
     _fail_on_errors(failed, points, run_dir)
+
+
+def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_workers, ray_address,
+                       metrics: bool) -> None:
+    """Combinations of options that cannot run, refused before the model loads or anything is written."""
+    if resume and out_dir is None:
+        raise KvbenchError("--resume continues a run directory: give it with --out")
+    if (ray_workers is not None or ray_address is not None) and not on_ray:
+        raise KvbenchError("--ray-workers and --ray-address go with --ray")
+    if simulate and metrics:
+        raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
+                           "so there is no live state to export")
+    if on_ray and metrics:
+        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
+    if on_ray:
+        from kvbench.studies.fleet.ray_runtime import import_ray
+
+        import_ray()  # installed, or one line saying how, before any work
+
+
+def _prepare_results(run_dir, resume: bool) -> list[str]:
+    """Check what ``run_dir`` already holds against ``resume``; the notes to print once the setup succeeds."""
+    if not resume and (run_dir / "results.jsonl").exists():
+        raise KvbenchError(f"{run_dir} already holds results; pass --resume to continue it or choose another --out")
+    notes: list[str] = []
+    if resume:
+        if recover_results(run_dir / "results.jsonl") is not None:
+            notes.append(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
+                         "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
+        load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
+    return notes
 
 
 def _print_intro(console, setup: SweepSetup) -> None:
