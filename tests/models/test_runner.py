@@ -246,10 +246,16 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
     again = ModelRunner(model, num_blocks=8, block_size=4)
     assert again.layers[0].qkv_proj is packed.layers[0].qkv_proj and again.lm_head is packed.lm_head
     plain = ModelRunner(model, num_blocks=8, block_size=4, packed_weights=False)
-    assert packed.packed_weights and packed.layers[0].qkv_proj.is_mkldnn and not plain.packed_weights
+    assert packed.packed_weights and packed.layers[0].qkv_proj.packed.is_mkldnn and not plain.packed_weights
+    assert packed.layers[0].qkv_proj.plain.data_ptr() == plain.layers[0].qkv_proj.data_ptr()  # not a third copy
     assert not model.model.layers[0].self_attn.q_proj.weight.is_mkldnn
     chunk = [([3, 1, 4, 1, 5], 0, [0, 1])]
     torch.testing.assert_close(packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)),
+                               rtol=1e-4, atol=1e-4)
+    rows = torch.randn(cpu_linear.PLAIN_FROM_ROWS, GQA.hidden_size)  # a long prefill multiplies by the plain weight
+    weight = packed.layers[0].gate_up_proj
+    assert torch.equal(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain))
+    torch.testing.assert_close(cpu_linear.linear(rows[:8], weight), torch.nn.functional.linear(rows[:8], weight.plain),
                                rtol=1e-4, atol=1e-4)
 
 
