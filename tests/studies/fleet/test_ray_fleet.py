@@ -79,7 +79,7 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after(scen
     """A burst keeps one instance's blocks above 80%; a trickle of short requests after it lasts long
     enough for the added instance to start (its start-up measured on this machine) and be drained."""
     startup = max(s for _, s in pool.base(2))
-    burst = [(0.004 * i, 12, 12) for i in range(300)]
+    burst = [(0.003 * i, 12, 24) for i in range(300)]  # far more than one instance serves: its blocks stay full
     trickle_s = 2.5 * startup + 6.0  # margin: a start-up on a loaded machine was seen to take twice the first
     trickle = [(1.2 + 0.25 * i, 4, 2) for i in range(int(trickle_s / 0.25))]
     path = tmp_path / "arrivals.jsonl"
