@@ -27,7 +27,7 @@ import numpy as np
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.result import RunResult
+from kvbench.engine.result import RunResult, TokenCurve
 from kvbench.errors import KvbenchError
 from kvbench.kv.accounting import WasteAccountant
 from kvbench.kv.policies import MANAGERS
@@ -185,14 +185,18 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
             if isinstance(returned, str) and returned != name:
                 aliases[returned] = name
 
+    curve = TokenCurve()  # output tokens over time, for the full-load window as kvbench's engines report it
+    full_until: float | None = None
     try:
         submit()
+        held_full = len(in_flight) >= concurrency  # False: fewer requests than the concurrency, no window
         step_start = clock()
         while in_flight:
             outputs = engine.step()
             stamp = now()
             if not outputs and not _has_unfinished(engine):
                 raise RuntimeError(f"vLLM reports no unfinished request while {len(in_flight)} are in flight")
+            emitted = 0
             for output in outputs:
                 request = in_flight.get(output.request_id) or in_flight.get(aliases.get(output.request_id, ""))
                 if request is None or request.status is RequestStatus.FINISHED:
@@ -201,6 +205,7 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
                 produced = len(completion.token_ids)
                 new = produced - request.num_outputs
                 if new > 0:
+                    emitted += new
                     request.token_times += [stamp] * new
                     if request.first_token_time is None:
                         request.first_token_time = stamp
@@ -217,9 +222,12 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
                     request.num_preemptions = int(getattr(metrics, "num_preemptions", 0) or 0)
                     request.final_kv_len = request.prompt_len + request.num_outputs - 1
                     done += 1
+            curve.add(stamp, emitted)
             for name in [n for n, r in in_flight.items() if r.status is RequestStatus.FINISHED]:
                 del in_flight[name]
             submit()
+            if held_full and full_until is None and len(in_flight) < concurrency:
+                full_until = stamp  # the list ran out: from here the loop drains
             live = [(request, request.prompt_len + request.num_outputs - 1)
                     for request in in_flight.values() if request.num_outputs]
             stats = tap.scheduler_stats
@@ -244,7 +252,7 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     return RunResult(requests=list(requests), accountant=accountant, num_preemptions=preemptions,
                      peak_running=peak_running, itl_values_s=itl, itl_weights=np.ones_like(itl),
                      pool_slots=pool_blocks * block_size, block_size=block_size,
-                     extras={"point": {"kv_usage_source": source}})
+                     extras={"point": {"kv_usage_source": source}}, steady=curve.steady_window(held_full, full_until))
 
 
 def _has_unfinished(engine: Any) -> bool:

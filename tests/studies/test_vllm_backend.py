@@ -76,6 +76,15 @@ def test_timing_follows_kvbenchs_rules(fake_vllm):
     assert latencies["p50_ttft_ms"] > 0 and latencies["p99_e2el_ms"] >= latencies["p50_e2el_ms"]
     throughput = result.throughput()
     assert throughput["output_throughput"] == pytest.approx(sum(o for _, o in PAIRS) / result.elapsed_s)
+    # the full-load window, as kvbench's engines report it: from the first token to when the list ran out
+    steady = result.steady
+    assert steady is not None and steady.start_s == min(r.first_token_time for r in reqs)
+    assert steady.end_s in {r.finish_time for r in reqs} and reqs[-1].arrival_time < steady.end_s
+    assert 0 < steady.output_tokens < sum(o for _, o in PAIRS)
+
+
+def test_fewer_requests_than_the_concurrency_have_no_window(fake_vllm):
+    assert drive(fake_vllm, build(fake_vllm).llm_engine, requests(), 8, 64, 16, clock=Clock()).steady is None
 
 
 def test_kv_usage_comes_from_vllms_stats(fake_vllm):
