@@ -128,7 +128,7 @@ def fleet(
 
 
 def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None, metrics_file: Path | None) -> None:
-    from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
+    from kvbench.report.fleet_report import write_outputs
     from kvbench.report.rundir import new_run_dir
     from kvbench.studies.fleet.setup import FleetSetup
     from kvbench.studies.fleet.study import run_fleet
@@ -154,16 +154,7 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
         with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
             run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)
     except KeyboardInterrupt:  # the actors and Ray are shut down by now; keep what finished
-        if points:
-            write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
-            note = (f"interrupted: {len(points)} of {len(options.policies)} policies finished; their summary is in "
-                    f"{run_dir}/summary.json")
-        else:
-            _discard(run_dir, lock, created)
-            note = "interrupted before any policy finished; nothing was written"
-        lock.release()
-        typer.echo(note, err=True)
-        raise typer.Exit(code=130) from None
+        _keep_interrupted(run_dir, lock, created, setup, points, len(options.policies))
     except KvbenchError:
         if not points:  # nothing measured: leave no empty run directory or stale lock behind
             _discard(run_dir, lock, created)
@@ -175,19 +166,41 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
                 metrics.write_textfile(metrics_file)
     document = write_outputs(run_dir, setup.meta(), points)
     lock.release()
-    if as_json:
-        typer.echo(json_text(document))
-    else:
-        console.print(fleet_table(points, options.simulate))
-        for point in points:
-            if len(point["instances"]) <= 16:
-                console.print(instance_table(point))
-        console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, results.jsonl and plots "
-                      "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
+    _show(console, document, points, run_dir, as_json, options.simulate)
     failed = [p for p in points if p["status"] == "error"]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
                         f"{failed[0].get('error')}")
+
+
+def _keep_interrupted(run_dir: Path, lock: DirectoryLock, created: bool, setup, points: list[dict],
+                      policies: int) -> None:
+    """Ctrl-C: write the summary of the policies that finished (or discard an empty run) and exit 130."""
+    from kvbench.report.fleet_report import write_outputs
+
+    if points:
+        write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
+        note = f"interrupted: {len(points)} of {policies} policies finished; their summary is in {run_dir}/summary.json"
+    else:
+        _discard(run_dir, lock, created)
+        note = "interrupted before any policy finished; nothing was written"
+    lock.release()
+    typer.echo(note, err=True)
+    raise typer.Exit(code=130) from None
+
+
+def _show(console, document: dict, points: list[dict], run_dir: Path, as_json: bool, simulated: bool) -> None:
+    from kvbench.report.fleet_report import fleet_table, instance_table
+
+    if as_json:
+        typer.echo(json_text(document))
+        return
+    console.print(fleet_table(points, simulated))
+    for point in points:
+        if len(point["instances"]) <= 16:
+            console.print(instance_table(point))
+    console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, results.jsonl and plots "
+                  "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
 
 
 def _discard(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
