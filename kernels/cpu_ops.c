@@ -32,6 +32,26 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
+/* Each of the rows (len scores each) replaced by its softmax, in place. */
+static void softmax_rows(float *scores, int64_t rows, int64_t len) {
+    for (int64_t g = 0; g < rows; g++) {
+        float *s = scores + g * len;
+        float top = s[0];
+        for (int64_t t = 1; t < len; t++)
+            top = s[t] > top ? s[t] : top;
+        float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < len; t++) {
+            s[t] = exp_nonpositive(s[t] - top);
+            total += s[t];
+        }
+        const float inv = 1.0f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < len; t++)
+            s[t] *= inv;
+    }
+}
+
 /* Decode attention for any head_dim and group size (see kvbench_paged_decode_f32). Each token's K row (all KV
  * heads) and then its V row is read once, in order within its block. */
 static int paged_decode_generic(
@@ -70,22 +90,7 @@ static int paged_decode_generic(
                 scores[h * len + t] = dot * scale;
             }
         }
-        for (int64_t h = 0; h < num_heads; h++) {
-            float *s = scores + h * len;
-            float top = s[0];
-            for (int64_t t = 1; t < len; t++)
-                top = s[t] > top ? s[t] : top;
-            float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-            for (int64_t t = 0; t < len; t++) {
-                s[t] = exp_nonpositive(s[t] - top);
-                total += s[t];
-            }
-            const float inv = 1.0f / total;
-#pragma omp simd
-            for (int64_t t = 0; t < len; t++)
-                s[t] *= inv;
-        }
+        softmax_rows(scores, num_heads, len);
         for (int64_t t = 0; t < len; t++) {
             const float *v = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
             for (int64_t h = 0; h < num_heads; h++) {
@@ -134,25 +139,6 @@ static inline v16 load16(const float *p) {
 }
 
 static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
-
-static void softmax_rows(float *scores, int64_t rows, int64_t len) {
-    for (int64_t g = 0; g < rows; g++) {
-        float *s = scores + g * len;
-        float top = s[0];
-        for (int64_t t = 1; t < len; t++)
-            top = s[t] > top ? s[t] : top;
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < len; t++) {
-            s[t] = exp_nonpositive(s[t] - top);
-            total += s[t];
-        }
-        const float inv = 1.0f / total;
-#pragma omp simd
-        for (int64_t t = 0; t < len; t++)
-            s[t] *= inv;
-    }
-}
 
 #define DEFINE_REQUEST_DECODE(NV, G)                                                                                   \
     static void decode_##NV##_##G(const float *q, int64_t q_stride_h, const float *k_cache,                    \
