@@ -62,7 +62,7 @@ def run_kvbench(job: dict) -> dict:
 
     # warm-up on a batch of the measured shape (2 tokens): oneDNN builds its matmul kernels per row count, so the
     # prefill and decode shapes of the timed run must have been seen once
-    warm = [make_request(i, p, SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True))
+    warm = [make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
             for i, p in enumerate(job["warmup_prompts"])]
     engine.run(warm, concurrency=len(warm))
     start = time.perf_counter()
@@ -88,7 +88,7 @@ def run_hf_static(job: dict) -> dict:
             return model.generate(batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
                                   cache_implementation="static", pad_token_id=0, eos_token_id=None)
 
-    generate(warm, WARMUP_TOKENS)  # the measured batch's shapes, as for every engine
+    generate(warm, job["warmup_tokens"])  # the measured batch's shapes, as for every engine
     start = time.perf_counter()
     out = generate(ids, output_len)
     seconds = time.perf_counter() - start
@@ -157,7 +157,7 @@ def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threa
     prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()
     warmup_prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()  # other tokens: no cache hit
     job = {"checkpoint": str(checkpoint), "prompts": prompts, "warmup_prompts": warmup_prompts,
-           "output_len": output_len, "dtype": args.dtype, "threads": threads}
+           "warmup_tokens": WARMUP_TOKENS, "output_len": output_len, "dtype": args.dtype, "threads": threads}
     rates: dict[str, list[float]] = {e: [] for e in engines}
     reference = None
     agreements: dict[str, float] = {}

