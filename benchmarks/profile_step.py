@@ -24,7 +24,7 @@ from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.models import cpu_linear
-from kvbench.models.hf_model import build_random_model
+from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.shapes import ModelShape
 
 SHAPES = {
@@ -34,8 +34,11 @@ SHAPES = {
 }
 
 
-def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, dtype: torch.dtype) -> dict:
+def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, dtype: torch.dtype,
+            weights: str) -> dict:
     model = build_random_model(shape, seed=0, dtype=dtype)
+    if weights == "bf16" and dtype == torch.float32:
+        round_weights_to_bf16_(model)
     length = prompt_len + output_len
     config = EngineConfig(engine="paged", block_size=16, num_blocks=running * -(-length // 16) + 16,
                           max_len=length, max_num_seqs=running)
@@ -92,12 +95,15 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
+                        help="the values the weights hold: bf16 numbers (as published checkpoints store them, where "
+                             "the AMX path applies) or any float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     for running in (int(n) for n in args.running.split(",")):
-        report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype)
-        print(f"{args.shape} {args.dtype}, {running} running x {args.prompt_len}+{args.output_len} tokens, "
+        report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype, args.weights)
+        print(f"{args.shape} {args.dtype} ({args.weights} weights), {running} running x {args.prompt_len}+{args.output_len} tokens, "
               f"{args.threads} thread(s): {report['total_s']:.2f} s, {report['tok_s']:.1f} output tok/s")
         for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
             print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 ENV = "KVBENCH_NATIVE_KERNELS"
-SOURCE = Path(__file__).with_name("cpu_ops.c")
+SOURCES = (Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_amx.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": the loaded library, or "reason": why there is none
@@ -57,8 +57,8 @@ def cache_dir() -> Path:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+    sources = [path.read_bytes() for path in SOURCES]
+    key = hashlib.sha256(b"\0".join([*sources, compiler.encode(), " ".join(FLAGS).encode(),
                                      platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:16]
     folder = cache_dir()
     library = folder / f"cpu_ops-{key}.so"
@@ -67,7 +67,7 @@ def _build(compiler: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as scratch:
         partial = Path(scratch) / library.name
-        done = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True,
                               timeout=120)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -100,6 +100,9 @@ def _load() -> ctypes.CDLL | None:
             "kvbench_silu_and_mul_f32": (None, [pointer, pointer, i64, i64]),
             "kvbench_rotary_f32": (None, [pointer, i64, pointer, pointer, i64, i64, i64]),
             "kvbench_write_kv_f32": (None, [pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64]),
+            "kvbench_amx_init": (ctypes.c_int, []),
+            "kvbench_split3_bf16": (None, [pointer, i64, i64, i64, pointer, i64, i64]),
+            "kvbench_amx_linear_f32": (None, [pointer, i64, i64, pointer, i64, pointer, i64, i64, i64, i64, i64]),
         }
         for name, (restype, argtypes) in signatures.items():
             fn = getattr(lib, name)

@@ -11,6 +11,10 @@ The packing pays off for the few rows of decode steps; for the thousands of rows
 choice on the plain weight was as fast or faster (measured, 1 thread: equal at 512 rows, 3-8% faster at 1,024
 and 5-17% at 2,048 on the 135M and 1.1B shapes). Since both copies are kept anyway, a step of
 :data:`PLAIN_FROM_ROWS` rows or more multiplies by the plain weight.
+
+A weight that holds only bfloat16 values (a published checkpoint's, loaded as float32) on a CPU with AMX gets a
+bfloat16 copy for :mod:`kvbench.kernels.cpu_amx` instead, a float32-accurate product that is faster at every row
+count; the model's float32 weight stays as it is.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvbench.kernels import cpu_amx
+
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
 PLAIN_FROM_ROWS = 1024  # steps of at least this many rows use the plain weight (see the module's docstring)
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape): packed tensor}
+_AMX_ATTR = "_kvbench_amx_weights"  # on the model: {(data_ptr, shape): whether the AMX kernel takes it}
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -53,15 +60,33 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight:
-    """``weight`` of ``model`` packed, once per model: a second runner over the same model reuses the copy."""
-    cache = getattr(model, _CACHE_ATTR, None)
+def _model_cache(model: Any, attr: str) -> dict:
+    cache = getattr(model, attr, None)
     if cache is None:
         cache = {}
-        setattr(model, _CACHE_ATTR, cache)
-    key = (weight.data_ptr(), tuple(weight.shape))
+        setattr(model, attr, cache)
+    return cache
+
+
+def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    return weight.data_ptr(), tuple(weight.shape)
+
+
+def uses_amx(model: Any, weight: torch.Tensor) -> bool:
+    """Whether ``weight`` of ``model`` goes to the AMX kernel (its bfloat16 check runs once per weight)."""
+    verdicts = _model_cache(model, _AMX_ATTR)
+    key = _key(weight)
+    if key not in verdicts:
+        verdicts[key] = cpu_amx.takes(weight)
+    return verdicts[key]
+
+
+def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
+    """``weight`` of ``model`` packed, once per model: a second runner over the same model reuses the copy."""
+    cache = _model_cache(model, _CACHE_ATTR)
+    key = _key(weight)
     if key not in cache:
-        cache[key] = pack(weight)
+        cache[key] = cpu_amx.pack(weight) if uses_amx(model, weight) else pack(weight)
     return cache[key]
 
 
@@ -70,11 +95,15 @@ def packed_copy_bytes(model: Any) -> int:
     if getattr(model, _CACHE_ATTR, None):
         return 0
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(w.numel() * w.element_size() for w in weights.values())
+    return sum(cpu_amx.packed_bytes(w) if uses_amx(model, w) else w.numel() * w.element_size()
+               for w in weights.values())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | PackedWeight | cpu_amx.AmxWeight,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for a plain or a packed weight (``x`` is ``[rows, in]``)."""
+    if isinstance(weight, cpu_amx.AmxWeight):
+        return cpu_amx.linear(x, weight, bias)
     if isinstance(weight, PackedWeight):
         if x.shape[0] < PLAIN_FROM_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")

@@ -165,6 +165,17 @@ def build_random_model(
     return model.eval()
 
 
+def round_weights_to_bf16_(model: Any) -> Any:
+    """Every parameter of a float32 ``model`` rounded, in place, to the nearest bfloat16 value (still float32).
+
+    Published checkpoints store bfloat16: a random model rounded so holds the same kind of numbers as a real
+    one loaded in float32 (what the CPU's AMX path needs, see ``kvbench.kernels.cpu_amx``)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.bfloat16())
+    return model
+
+
 # ---------------------------------------------------------------------------------------------- local checkpoints
 
 

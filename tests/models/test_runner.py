@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvbench.models.hf_model import build_random_model
+from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.runner import ModelRunner, _fused_bias, fuse_rows, kv_bytes_per_block
 from kvbench.models.shapes import ModelShape
 
@@ -257,6 +257,34 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
     assert torch.equal(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain))
     torch.testing.assert_close(cpu_linear.linear(rows[:8], weight), torch.nn.functional.linear(rows[:8], weight.plain),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights holding bfloat16 values (a published checkpoint's) run on the AMX kernel, tokens unchanged."""
+    from kvbench.kernels import cpu_amx
+
+    from kvbench.models import cpu_linear
+
+    if not cpu_amx.available():
+        pytest.skip(f"AMX kernel unavailable here: {cpu_amx.unavailable_reason()}")
+    monkeypatch.setattr(cpu_amx, "MIN_WEIGHT_ELEMENTS", 0)  # the test shape's weights are small
+    model = round_weights_to_bf16_(build_random_model(GQA, seed=7))
+    linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values()
+    assert cpu_linear.packed_copy_bytes(model) == sum(cpu_amx.packed_bytes(w) for w in linears)
+    runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=16)
+    weights = [runner.lm_head, *(getattr(layer, name) for layer in runner.layers
+                                 for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))]
+    assert all(isinstance(w, cpu_amx.AmxWeight) for w in weights)
+    expected = []
+    for prompt in make_prompts(GQA.vocab_size):
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
+                             min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+        expected.append(out[0, len(prompt):].tolist())
+    outputs = runner_greedy(runner, make_prompts(GQA.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
+    assert outputs == expected
+    unrounded = ModelRunner(build_random_model(GQA, seed=7), num_blocks=8, block_size=16)
+    assert not isinstance(unrounded.layers[0].qkv_proj, cpu_amx.AmxWeight)  # any float32 value: oneDNN's path
 
 
 def test_fuse_rows_with_biases_fills_missing_ones_with_zeros() -> None:
