@@ -16,6 +16,7 @@ threads (the kernel runs outside Python's lock).
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,8 +26,11 @@ from kvbench.kernels import cpu_native
 ENV = "KVBENCH_AMX"
 TILE = 32  # rows, columns and k of the packed blocks
 ACTIVATION_CACHE_BYTES = 768 * 1024  # one block of the three activation terms, sized to stay in a core's L2
+MAX_ROWS_PER_PASS = 1024  # a longer step goes through in passes of this many rows (scratch <= 3 x 1024 x k)
+M_CHUNK = 64  # rows per block (with k up to 2,048 per block): the fastest of 64-512 rows x 256-2,048 k, measured
 MIN_WEIGHT_ELEMENTS = 1 << 18  # smaller weights: the fixed costs outweigh the gain (measured on the tiny preset)
 _state: dict[str, object] = {}
+_local = threading.local()
 
 
 def available() -> bool:
@@ -95,6 +99,16 @@ def packed_bytes(weight: torch.Tensor) -> int:
     return _round_up(n, TILE) * _round_up(k, TILE) * 2
 
 
+def _scratch(elements: int) -> torch.Tensor:
+    """This thread's buffer for the activation terms, grown as needed and kept: a fresh one for every call of a
+    prefill-sized step cost more in page faults than its matmul (measured)."""
+    buffer: torch.Tensor | None = getattr(_local, "terms", None)
+    if buffer is None or buffer.numel() < elements:
+        buffer = torch.empty(elements, dtype=torch.bfloat16)
+        _local.terms = buffer
+    return buffer[:elements]
+
+
 def _pool(workers: int) -> ThreadPoolExecutor:
     if _state.get("pool_workers") != workers:
         _state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvbench-amx")
@@ -102,39 +116,47 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _state["pool"]  # type: ignore[return-value]
 
 
+def _multiply(x: torch.Tensor, weight: AmxWeight, out: torch.Tensor) -> None:
+    """``out = x . weight^T`` for rows of a contiguous ``out``: split ``x`` into its terms, then the kernel, its
+    column strips shared among torch's thread count."""
+    lib = cpu_native._library()
+    (m, k), n = x.shape, weight.shape[0]
+    m_pad = _round_up(m, TILE)
+    m_chunk = min(m_pad, M_CHUNK)
+    k_chunk = max(TILE, min(weight.k_pad, ACTIVATION_CACHE_BYTES // (6 * m_chunk) // TILE * TILE))
+    terms = _scratch(3 * m_pad * weight.k_pad)
+    lib.kvbench_split3_bf16(x.data_ptr(), m, k, x.stride(0), terms.data_ptr(), m_pad, weight.k_pad)
+    strips = weight.n_pad // TILE
+    parts = max(1, min(torch.get_num_threads(), strips))
+    bounds = [strips * i // parts for i in range(parts + 1)]
+    strip_bytes = (weight.k_pad // TILE) * TILE * TILE * 2
+
+    def run(first: int, last: int) -> None:
+        lib.kvbench_amx_linear_f32(
+            terms.data_ptr(), m_pad, weight.k_pad, weight.packed.data_ptr() + first * strip_bytes,
+            (last - first) * TILE, out.data_ptr() + first * TILE * 4, m, min(n, last * TILE) - first * TILE, n,
+            m_chunk, k_chunk)
+
+    helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []
+    run(bounds[0], bounds[1])
+    for helper in helpers:
+        helper.result()
+
+
 def linear(x: torch.Tensor, weight: AmxWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight.plain, bias)`` for a float32 ``x [rows, in]``, computed on the AMX tiles."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"the AMX linear takes float32 [rows, {weight.shape[1]}], got {x.dtype} {tuple(x.shape)}")
+    reason = unavailable_reason()  # also what asks Linux for the tiles: without that, their first use kills us
+    if reason is not None:
+        raise RuntimeError(f"the AMX kernel cannot run here: {reason}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    lib = cpu_native._library()
-    m, k = x.shape
-    n = weight.shape[0]
-    m_pad = _round_up(max(m, 1), TILE)
-    m_chunk = min(m_pad, 64 if m_pad <= 64 else 128)
-    k_chunk = max(TILE, min(weight.k_pad, ACTIVATION_CACHE_BYTES // (6 * m_chunk) // TILE * TILE))
-    terms = torch.empty((3, m_pad, weight.k_pad), dtype=torch.bfloat16)
-    lib.kvbench_split3_bf16(x.data_ptr(), m, k, x.stride(0), terms.data_ptr(), m_pad, weight.k_pad)
+    m, n = x.shape[0], weight.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
-    strips = weight.n_pad // TILE
-    parts = max(1, min(torch.get_num_threads(), strips))
-    bounds = [strips * i // parts for i in range(parts + 1)]
-    strip_elements = (weight.k_pad // TILE) * TILE * TILE
-
-    def run(first: int, last: int) -> None:
-        cols = min(n, last * TILE) - first * TILE
-        lib.kvbench_amx_linear_f32(
-            terms.data_ptr(), m_pad, weight.k_pad, weight.packed.data_ptr() + first * strip_elements * 2,
-            (last - first) * TILE, out.data_ptr() + first * TILE * 4, m, cols, n, m_chunk, k_chunk)
-
-    if parts == 1:
-        run(0, strips)
-    else:
-        helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-        run(bounds[0], bounds[1])
-        for helper in helpers:
-            helper.result()
+    for first in range(0, m, MAX_ROWS_PER_PASS):  # bounded scratch memory, whatever the step's size
+        rows = min(MAX_ROWS_PER_PASS, m - first)
+        _multiply(x[first:first + rows], weight, out[first:first + rows])
     if bias is not None:
         out += bias
     return out

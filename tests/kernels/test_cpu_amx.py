@@ -51,6 +51,17 @@ def test_linear_is_a_float32_product(amx, rows: int, n: int, k: int) -> None:
     assert_within_float32_bound(result, x, weight)
 
 
+def test_long_steps_go_through_in_passes_and_empty_ones_work(amx, monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = bf16_weight(100, 70, seed=5)
+    packed = cpu_amx.pack(weight)
+    x = torch.randn(130, 70)
+    whole = cpu_amx.linear(x, packed)
+    monkeypatch.setattr(cpu_amx, "MAX_ROWS_PER_PASS", 32)  # 130 rows: four passes of 32 and one of 2
+    assert torch.equal(cpu_amx.linear(x, packed), whole)
+    assert_within_float32_bound(whole, x, weight)
+    assert cpu_amx.linear(torch.empty(0, 70), packed).shape == (0, 100)
+
+
 def test_threads_share_the_columns_without_changing_a_bit(amx) -> None:
     weight = cpu_amx.pack(bf16_weight(1000, 256, seed=3))
     x = torch.randn(40, 256)
