@@ -20,6 +20,7 @@ count; the model's float32 weight stays as it is.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,18 @@ def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeig
     if key not in cache:
         cache[key] = cpu_amx.pack(weight) if uses_amx(model, weight) else pack(weight)
     return cache[key]
+
+
+def probe_linear(weight: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
+    """``weight`` multiplied as a runner would (AMX, oneDNN-packed or plain), through a throwaway copy, and the
+    name of that path: what the thread choice times."""
+    if not packing_available(weight.device, weight.dtype):
+        return (lambda x: F.linear(x, weight)), "plain"
+    if cpu_amx.takes(weight):
+        amx_copy = cpu_amx.pack(weight)
+        return (lambda x: cpu_amx.linear(x, amx_copy)), "AMX"
+    onednn_copy = pack(weight)
+    return (lambda x: linear(x, onednn_copy)), "oneDNN-packed"
 
 
 def packed_copy_bytes(model: Any) -> int:

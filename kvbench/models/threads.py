@@ -4,12 +4,15 @@ Measured on a shared 2-core VM: a 135M-class model (hidden 576) decoded 16 reque
 thread and 26 tok/s with two, because each intra-op thread hand-off can wait for a time slice the other core's
 load holds. On a quiet machine with larger matrices two threads may win. So ``auto`` times the model's own
 decode-sized matmul with each candidate thread count, interleaved, and keeps the fastest (fewer threads on a tie).
+Given the model's matmul as the engine will run it (``cpu_linear.probe_linear``: oneDNN-packed, or the AMX
+kernel, whose threads share the columns their own way), that is what is timed.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +56,13 @@ def parse_threads(text: str | int | None) -> int | None:
 ENV = "KVBENCH_THREADS"  # a default for ``auto`` (the tests pin one thread with it)
 
 
-def choose_threads(hidden: int, intermediate: int, requested: int | None = None, batch: int = 16) -> ThreadChoice:
-    """The thread count for a CPU model of this width; ``requested`` wins when given, then ``KVBENCH_THREADS``."""
+def choose_threads(hidden: int, intermediate: int, requested: int | None = None, batch: int = 16,
+                   linear: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                   path: str = "float32") -> ThreadChoice:
+    """The thread count for a CPU model of this width; ``requested`` wins when given, then ``KVBENCH_THREADS``.
+
+    ``linear`` is the model's own gate/up-sized matmul as the engine runs it (named by ``path`` in the reason);
+    without it a random ``[2 x intermediate, hidden]`` weight goes through ``F.linear``."""
     if requested is None and os.environ.get(ENV):
         requested = parse_threads(os.environ[ENV])
         if requested is not None:
@@ -69,14 +77,16 @@ def choose_threads(hidden: int, intermediate: int, requested: int | None = None,
         torch.set_num_threads(1)
         return ThreadChoice(1, "one core available")
     x = torch.randn(batch, hidden)
-    weight = torch.randn(2 * intermediate, hidden)
+    if linear is None:
+        weight = torch.randn(2 * intermediate, hidden)
+        linear = lambda rows: F.linear(rows, weight)  # noqa: E731
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(ROUNDS):
         for threads in candidates:
             torch.set_num_threads(threads)
-            F.linear(x, weight)  # one untimed call: the pool of threads is up
+            linear(x)  # one untimed call: the pool of threads is up
             start = time.perf_counter()
-            F.linear(x, weight)
+            linear(x)
             best[threads] = min(best[threads], time.perf_counter() - start)
     chosen = min(candidates)
     for threads in candidates:
@@ -84,4 +94,4 @@ def choose_threads(hidden: int, intermediate: int, requested: int | None = None,
             chosen = threads
     torch.set_num_threads(chosen)
     timings = ", ".join(f"{t} thread(s) {best[t] * 1e6:.0f} us" for t in candidates)
-    return ThreadChoice(chosen, f"measured a [{batch} x {hidden}] x [{hidden} x {2 * intermediate}] matmul: {timings}")
+    return ThreadChoice(chosen, f"measured the model's {path} [{batch} x {hidden}] decode matmul: {timings}")

@@ -40,3 +40,31 @@ def test_auto_measures_and_keeps_the_faster(monkeypatch):
     assert torch.get_num_threads() == choice.threads
     monkeypatch.setattr(threads_module, "available_cores", lambda: 1)
     assert choose_threads(64, 128).threads == 1
+
+
+def test_auto_times_the_engines_own_matmul(monkeypatch):
+    """The thread choice times the weight as the runner multiplies it: AMX for bfloat16 values, else oneDNN."""
+    from kvbench.kernels import cpu_amx
+
+    from kvbench.models import cpu_linear
+
+    monkeypatch.delenv(threads_module.ENV, raising=False)
+    monkeypatch.setattr(threads_module, "available_cores", lambda: 2)
+    weight = torch.randn(1024, 256) / 16
+    x = torch.randn(16, 256)
+    for values, expected in ((weight, "oneDNN-packed"), (weight.bfloat16().float(), "AMX")):
+        linear, path = cpu_linear.probe_linear(values)
+        if expected == "AMX" and not cpu_amx.available():
+            assert path == "oneDNN-packed"
+            continue
+        assert path == expected
+        torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, values), rtol=1e-5, atol=1e-5)
+        calls: list = []
+
+        def counted(rows, calls=calls, linear=linear):
+            calls.append(rows.shape)
+            return linear(rows)
+
+        choice = choose_threads(256, 512, linear=counted, path=path)
+        assert f"the model's {path} [16 x 256] decode matmul" in choice.reason
+        assert len(calls) == 2 * 2 * threads_module.ROUNDS  # every candidate, every round, untimed call and timed
