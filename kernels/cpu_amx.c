@@ -29,6 +29,19 @@ static inline float bf16_widen(uint16_t half) {
     return value;
 }
 
+/* 1 when each of the n float32 values (as bits) is a bfloat16 number: its low 16 bits are zero. Stops at the
+ * first that is not, so a float32 model is turned down at once. */
+int kvbench_all_bf16(const uint32_t *bits, int64_t n) {
+    const int64_t block = 4096;
+    for (int64_t start = 0; start < n; start += block) {
+        const int64_t end = start + block < n ? start + block : n;
+        uint32_t low = 0;
+        for (int64_t i = start; i < end; i++) low |= bits[i] & 0xFFFFu;
+        if (low) return 0;
+    }
+    return 1;
+}
+
 /* x [m, k] (row stride ld_x) as three bfloat16 terms, out [3][m_pad][k_pad], zero where padded. */
 void kvbench_split3_bf16(const float *x, int64_t m, int64_t k, int64_t ld_x, uint16_t *out, int64_t m_pad,
                          int64_t k_pad) {

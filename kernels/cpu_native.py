@@ -101,6 +101,7 @@ def _load() -> ctypes.CDLL | None:
             "kvbench_rotary_f32": (None, [pointer, i64, pointer, pointer, i64, i64, i64]),
             "kvbench_write_kv_f32": (None, [pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64]),
             "kvbench_amx_init": (ctypes.c_int, []),
+            "kvbench_all_bf16": (ctypes.c_int, [pointer, i64]),
             "kvbench_split3_bf16": (None, [pointer, i64, i64, i64, pointer, i64, i64]),
             "kvbench_amx_linear_f32": (None, [pointer, i64, i64, pointer, i64, pointer, i64, i64, i64, i64, i64]),
         }

@@ -33,7 +33,6 @@ ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
 PLAIN_FROM_ROWS = 1024  # steps of at least this many rows use the plain weight (see the module's docstring)
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape): packed tensor}
-_AMX_ATTR = "_kvbench_amx_weights"  # on the model: {(data_ptr, shape): whether the AMX kernel takes it}
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -61,11 +60,11 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def _model_cache(model: Any, attr: str) -> dict:
-    cache = getattr(model, attr, None)
+def _model_cache(model: Any) -> dict:
+    cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
-        setattr(model, attr, cache)
+        setattr(model, _CACHE_ATTR, cache)
     return cache
 
 
@@ -73,21 +72,12 @@ def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     return weight.data_ptr(), tuple(weight.shape)
 
 
-def uses_amx(model: Any, weight: torch.Tensor) -> bool:
-    """Whether ``weight`` of ``model`` goes to the AMX kernel (its bfloat16 check runs once per weight)."""
-    verdicts = _model_cache(model, _AMX_ATTR)
-    key = _key(weight)
-    if key not in verdicts:
-        verdicts[key] = cpu_amx.takes(weight)
-    return verdicts[key]
-
-
 def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
     """``weight`` of ``model`` packed, once per model: a second runner over the same model reuses the copy."""
-    cache = _model_cache(model, _CACHE_ATTR)
+    cache = _model_cache(model)
     key = _key(weight)
     if key not in cache:
-        cache[key] = cpu_amx.pack(weight) if uses_amx(model, weight) else pack(weight)
+        cache[key] = cpu_amx.pack(weight) if cpu_amx.takes(weight) else pack(weight)
     return cache[key]
 
 
@@ -108,7 +98,7 @@ def packed_copy_bytes(model: Any) -> int:
     if getattr(model, _CACHE_ATTR, None):
         return 0
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(cpu_amx.packed_bytes(w) if uses_amx(model, w) else w.numel() * w.element_size()
+    return sum(cpu_amx.packed_bytes(w) if cpu_amx.takes(w) else w.numel() * w.element_size()
                for w in weights.values())
 
 

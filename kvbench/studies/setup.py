@@ -23,7 +23,7 @@ from kvbench.models.hf_model import (
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
 from kvbench.models.threads import ENV as THREADS_ENV
-from kvbench.models.threads import ThreadChoice, choose_threads
+from kvbench.models.threads import ThreadChoice, choose_threads, parse_threads
 from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (
     check_context_length,
@@ -103,7 +103,7 @@ def _choose_threads(model: Any, shape: ModelShape, threads: int | None) -> Threa
     """The thread count, timing the model's own gate projection as the runner will multiply it."""
     from kvbench.models import cpu_linear
 
-    if threads is not None or os.environ.get(THREADS_ENV):
+    if threads is not None or parse_threads(os.environ.get(THREADS_ENV)) is not None:
         return choose_threads(shape.hidden_size, shape.intermediate_size, threads)  # no measurement to prepare
     mlp = model.model.layers[0].mlp
     gate_up = torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])  # the runner's fused projection

@@ -93,7 +93,10 @@ def test_bias_strided_input_and_wrong_shapes(amx) -> None:
 def test_takes_only_large_weights_that_are_exactly_bf16(amx, monkeypatch: pytest.MonkeyPatch) -> None:
     exact = bf16_weight(512, 512, seed=0)
     assert cpu_amx.exactly_bf16(exact) and cpu_amx.takes(exact)
-    assert not cpu_amx.takes(exact + 1e-6)  # one float32 value off the bfloat16 grid is enough to refuse
+    assert not cpu_amx.takes(exact + 1e-6)  # float32 values off the bfloat16 grid: refused
+    last_off = exact.clone()
+    last_off[-1, -1] = 1.0 + 2.0**-20  # one value, the very last one, is enough
+    assert not cpu_amx.exactly_bf16(last_off) and cpu_amx.exactly_bf16(exact.t())  # .t(): the torch check
     assert not cpu_amx.takes(exact[:8, :8].clone())  # too small to pay off
     assert not cpu_amx.takes(exact.bfloat16())  # a bfloat16 model keeps oneDNN's bfloat16 path
     assert cpu_amx.packed_bytes(torch.empty(100, 70)) == 128 * 96 * 2
