@@ -60,22 +60,14 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def _model_cache(model: Any) -> dict:
+def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
+    """``weight`` of ``model`` packed (for AMX where it takes the weight, else for oneDNN), once per model: a second
+    runner over the same model reuses the copy."""
     cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
         setattr(model, _CACHE_ATTR, cache)
-    return cache
-
-
-def _key(weight: torch.Tensor) -> tuple[int, tuple[int, ...]]:
-    return weight.data_ptr(), tuple(weight.shape)
-
-
-def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
-    """``weight`` of ``model`` packed, once per model: a second runner over the same model reuses the copy."""
-    cache = _model_cache(model)
-    key = _key(weight)
+    key = (weight.data_ptr(), tuple(weight.shape))
     if key not in cache:
         cache[key] = cpu_amx.pack(weight) if cpu_amx.takes(weight) else pack(weight)
     return cache[key]

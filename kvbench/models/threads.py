@@ -56,13 +56,16 @@ def parse_threads(text: str | int | None) -> int | None:
 ENV = "KVBENCH_THREADS"  # a default for ``auto`` (the tests pin one thread with it)
 
 
+Probe = Callable[[], tuple[Callable[[torch.Tensor], torch.Tensor], str]]
+
+
 def choose_threads(hidden: int, intermediate: int, requested: int | None = None, batch: int = 16,
-                   linear: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                   path: str = "float32") -> ThreadChoice:
+                   probe: Probe | None = None) -> ThreadChoice:
     """The thread count for a CPU model of this width; ``requested`` wins when given, then ``KVBENCH_THREADS``.
 
-    ``linear`` is the model's own gate/up-sized matmul as the engine runs it (named by ``path`` in the reason);
-    without it a random ``[2 x intermediate, hidden]`` weight goes through ``F.linear``."""
+    ``probe``, called only when there is something to measure, returns the model's own gate/up-sized matmul as
+    the engine runs it and that path's name (for the reason); without it a random ``[2 x intermediate, hidden]``
+    weight goes through ``F.linear``."""
     if requested is None and os.environ.get(ENV):
         requested = parse_threads(os.environ[ENV])
         if requested is not None:
@@ -77,9 +80,11 @@ def choose_threads(hidden: int, intermediate: int, requested: int | None = None,
         torch.set_num_threads(1)
         return ThreadChoice(1, "one core available")
     x = torch.randn(batch, hidden)
-    if linear is None:
+    if probe is not None:
+        linear, path = probe()
+    else:
         weight = torch.randn(2 * intermediate, hidden)
-        linear = lambda rows: F.linear(rows, weight)  # noqa: E731
+        linear, path = (lambda rows: F.linear(rows, weight)), "float32"
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(ROUNDS):
         for threads in candidates:

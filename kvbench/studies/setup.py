@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,7 @@ from kvbench.models.hf_model import (
     resolve_torch_dtype,
 )
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
-from kvbench.models.threads import ENV as THREADS_ENV
-from kvbench.models.threads import ThreadChoice, choose_threads, parse_threads
+from kvbench.models.threads import ThreadChoice, choose_threads
 from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (
     check_context_length,
@@ -93,22 +91,21 @@ def load_model(
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
     choice = None
     if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
-        choice = _choose_threads(model, shape, threads)
+        choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads, probe=_gate_up_probe(model))
     extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
     stops = stop_token_ids(model, tokenizer, extra)
     return LoadedModel(shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice)
 
 
-def _choose_threads(model: Any, shape: ModelShape, threads: int | None) -> ThreadChoice:
-    """The thread count, timing the model's own gate projection as the runner will multiply it."""
+def _gate_up_probe(model: Any):
+    """The thread choice's probe: the model's fused gate/up projection as the runner will multiply it."""
     from kvbench.models import cpu_linear
 
-    if threads is not None or parse_threads(os.environ.get(THREADS_ENV)) is not None:
-        return choose_threads(shape.hidden_size, shape.intermediate_size, threads)  # no measurement to prepare
-    mlp = model.model.layers[0].mlp
-    gate_up = torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])  # the runner's fused projection
-    linear, path = cpu_linear.probe_linear(gate_up)
-    return choose_threads(shape.hidden_size, shape.intermediate_size, threads, linear=linear, path=path)
+    def probe():
+        mlp = model.model.layers[0].mlp
+        return cpu_linear.probe_linear(torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data]))
+
+    return probe
 
 
 def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:

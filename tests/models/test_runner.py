@@ -55,9 +55,10 @@ def hf_greedy(shape: ModelShape) -> list[list[int]]:
     return _GREEDY[shape.name]
 
 
-def _generate(shape: ModelShape, num_new: int) -> list[list[int]]:
-    """Reference tokens: ``generate()`` one prompt at a time (no padding), no EOS stopping."""
-    model = model_for(shape)
+def _generate(shape: ModelShape, num_new: int, model=None) -> list[list[int]]:
+    """Reference tokens: ``generate()`` one prompt at a time (no padding), no EOS stopping; ``model`` defaults to
+    the shape's shared one."""
+    model = model or model_for(shape)
     outputs = []
     for prompt in make_prompts(shape.vocab_size):
         ids = torch.tensor([prompt])
@@ -275,12 +276,7 @@ def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(mo
     weights = [runner.lm_head, *(getattr(layer, name) for layer in runner.layers
                                  for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))]
     assert all(isinstance(w, cpu_amx.AmxWeight) for w in weights)
-    expected = []
-    for prompt in make_prompts(GQA.vocab_size):
-        ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
-                             min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, len(prompt):].tolist())
+    expected = _generate(GQA, NEW_TOKENS, model)
     outputs = runner_greedy(runner, make_prompts(GQA.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
     assert outputs == expected
     unrounded = ModelRunner(build_random_model(GQA, seed=7), num_blocks=8, block_size=16)

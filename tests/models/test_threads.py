@@ -65,6 +65,6 @@ def test_auto_times_the_engines_own_matmul(monkeypatch):
             calls.append(rows.shape)
             return linear(rows)
 
-        choice = choose_threads(256, 512, linear=counted, path=path)
+        choice = choose_threads(256, 512, probe=lambda counted=counted, path=path: (counted, path))
         assert f"the model's {path} [16 x 256] decode matmul" in choice.reason
         assert len(calls) == 2 * 2 * threads_module.ROUNDS  # every candidate, every round, untimed call and timed
