@@ -139,7 +139,7 @@ def launch(engine: str, job: dict, args, scratch: Path) -> dict:
     else:
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(job_file)]
     # cwd outside the repository: vLLM inspects models in a `python -m` subprocess, which puts its cwd on sys.path,
-    # and this repository's top-level kernels/ folder would shadow the `kernels` package transformers probes for
+    # and nothing of this checkout should shadow what vLLM imports
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout, cwd=scratch)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:

@@ -15,7 +15,7 @@ PACKAGE = ROOT / "kvbench"
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
     ("kvbench.errors", "kvbench.fileio", "kvbench.kv"),
-    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
+    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.scenarios", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
     ("kvbench.engine",),
     ("kvbench.report",),
     ("kvbench.studies",),
@@ -26,7 +26,6 @@ _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
 
 def _module_files() -> list[tuple[str, Path]]:
     files = [(".".join(path.relative_to(ROOT).with_suffix("").parts), path) for path in PACKAGE.rglob("*.py")]
-    files += [(f"kvbench.kernels.{path.stem}", path) for path in (ROOT / "kernels").glob("*.py")]
     return [(name.removesuffix(".__init__"), path) for name, path in files]
 
 

@@ -56,8 +56,8 @@ def vllm_server(tmp_path_factory):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
-    with open(log, "wb") as out:  # cwd outside the repository: `python -m` puts the cwd on sys.path, and this
-        # repository's top-level kernels/ folder would shadow the `kernels` package transformers probes for
+    with open(log, "wb") as out:  # cwd outside the repository: `python -m` puts the cwd on sys.path, and nothing
+        # of this checkout should shadow what vLLM imports
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                   cwd=log.parent)
     base = f"http://127.0.0.1:{port}"
