@@ -11,7 +11,7 @@ from kvbench.fileio import json_text
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
 from kvbench.models.gpus import kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length
 from kvbench.values import human_bytes
 

@@ -20,7 +20,8 @@ from kvbench.models.hf_model import (
     resolve_torch_device,
     resolve_torch_dtype,
 )
-from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
+from kvbench.models.resolve import resolve_model
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape
 from kvbench.models.threads import ThreadChoice, choose_threads
 from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (

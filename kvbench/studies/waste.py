@@ -16,7 +16,7 @@ from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document

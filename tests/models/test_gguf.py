@@ -13,7 +13,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.models.gguf_file import gguf_fingerprint, is_gguf, read_gguf_header, shape_from_gguf
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")

@@ -4,7 +4,7 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GIB, GPU_PRESETS, activation_reserve_bytes, kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 
 def test_presets_and_their_memory():

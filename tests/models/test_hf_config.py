@@ -12,7 +12,7 @@ import pytest
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.hf_config import SHAPE_ARCHITECTURES, shape_from_config
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 # Mixtral-8x7B as published (config.json of mistralai/Mixtral-8x7B-v0.1).
 MIXTRAL_8X7B = {
@@ -110,7 +110,8 @@ def test_unsupported_architecture_names_what_the_reader_understands(tmp_path: Pa
     assert message.startswith("unsupported architecture 'gpt2' in ") and str(tmp_path) in message
     assert message.endswith("the shape reader understands: " + ", ".join(SHAPE_ARCHITECTURES))
     assert "num_attention_heads" not in message
-    assert SHAPE_ARCHITECTURES == ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "opt")
+    assert SHAPE_ARCHITECTURES == ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                                   "gemma2", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3", "kimi_k2", "opt")
 
 
 def test_opt_with_a_projected_embedding_is_refused(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.models.hf_config import shape_from_config
-from kvbench.models.shapes import MODEL_PRESETS, ModelShape, MoeSpec, preset_names, resolve_model
+from kvbench.models.resolve import resolve_model
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape, MoeSpec, preset_names
 
 
 def test_llama_2_13b_fp16_bytes_per_token():
