@@ -349,6 +349,8 @@ def _read_windows(fields: ConfigFields, model_type: str, layers: int) -> tuple[i
         raise fields.error("layer_types has sliding_attention layers but sliding_window is not set")
     if not is_positive_int(raw):
         raise fields.error(f"sliding_window must be a positive integer, got {raw!r}")
+    if raw >= fields.config.get("max_position_embeddings", raw + 1):  # never reached: every layer sees it all
+        return None, ()
     return raw, windowed
 
 
