@@ -106,7 +106,8 @@ class ConfigFields:
         return _DTYPE_NAMES.get(value, "fp16")
 
     def name(self) -> str:
-        return self._name or str(self.config.get("_name_or_path") or self.path.parent.name)
+        folder = self.path.parent.name if self.path.name == "config.json" else self.path.stem
+        return self._name or str(self.config.get("_name_or_path") or folder)
 
     def non_negative_int(self, name: str, default: int = 0) -> int:
         value = self.get(name, default)

@@ -333,12 +333,13 @@ class ModelShape:
         moe_layers = len(self.moe_layer_indices())
         dense_layers = self.num_layers - moe_layers
         groups = [group for group, _ in self.outer_weights()]
-        for index, count in ((self._first_layer(False), dense_layers), (self._first_layer(True), moe_layers)):
+        for index, count in ((self.representative_layer(False), dense_layers), (self.representative_layer(True), moe_layers)):
             if count and index is not None:
                 groups += [replace(g, count=g.count * count) for g in self.layer_weights(index, routed_experts)]
         return groups
 
-    def _first_layer(self, moe: bool) -> int | None:
+    def representative_layer(self, moe: bool) -> int | None:
+        """The first layer with (``moe``) or without experts; None when there is none."""
         moe_set = self._moe_set()
         return next((i for i in range(self.num_layers) if (i in moe_set) == moe), None)
 
@@ -372,7 +373,7 @@ class ModelShape:
         """Bytes of one routed expert summed over the MoE layers (0 for a dense model)."""
         if self.moe is None:
             return 0
-        index = self._first_layer(True)
+        index = self.representative_layer(True)
         experts = [g for g in self.layer_weights(index) if g.role == "expert"]
         per_layer = sum(self.group_bytes(g) for g in experts) / self.moe.num_experts
         return round(per_layer * self.moe.num_moe_layers)

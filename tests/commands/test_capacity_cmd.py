@@ -5,7 +5,6 @@ import json
 import pytest
 
 from kvbench.cli import main
-from kvbench.commands.capacity_cmd import capacity_table
 from kvbench.models.gpus import GIB
 
 
@@ -13,19 +12,6 @@ def _run(capsys, *argv):
     code = main(["capacity", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def test_capacity_table_by_hand():
-    rows = {row["strategy"]: row for row in capacity_table(10_000, 2048, 500, [16, 32])}
-    assert list(rows) == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16", "paged-32"]
-    assert {name: row["slots_per_request"] for name, row in rows.items()} == {
-        "contiguous-max": 2048, "contiguous-pow2": 512, "contiguous-oracle": 500, "paged-16": 512, "paged-32": 512}
-    assert {name: row["max_concurrency"] for name, row in rows.items()} == {
-        "contiguous-max": 4, "contiguous-pow2": 19, "contiguous-oracle": 20, "paged-16": 19, "paged-32": 19}
-    assert rows["contiguous-max"]["token_state_pct_at_capacity"] == pytest.approx(100 * 4 * 500 / 10_000)
-    assert rows["contiguous-oracle"]["token_state_pct_at_capacity"] == 100.0
-    odd = {row["strategy"]: row["slots_per_request"] for row in capacity_table(10_000, 2048, 100, [16])}
-    assert odd["paged-16"] == 112 and odd["contiguous-pow2"] == 128
 
 
 def test_llama_2_13b_fp16_does_not_fit_on_an_a10g(capsys):
@@ -81,7 +67,21 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
     "argv, message",
     [
         (["--mean-len", "0"], "'--mean-len': Input should be greater than or equal to 1"),
-        (["--max-len", "-5"], "'--max-len': Input should be greater than or equal to 1"),
+        (["--max-len", "-5"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
+        (["--max-model-len", "0"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
+        (["--tensor-parallel-size", "0"], "Input should be greater than or equal to 1"),
+        (["--tensor-parallel-size", "3"], "tensor parallel size 3 does not divide the 40 attention heads of llama-2-13b: "
+                                          "choose one of 1, 2, 4, 5, 8, 10, 20, 40"),
+        (["--pipeline-parallel-size", "41"], "pipeline parallel size 41 exceeds the 40 layers"),
+        (["--kv-cache-dtype", "fp4"], "unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, "
+                                      "fp8_e4m3, fp8_e5m2, int8"),
+        (["--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
+        (["--gpu-memory", "0GiB"], "--gpu-memory must be positive"),
+        (["--kv-cache-memory", "-1GiB"], "--kv-cache-memory: cannot read"),
+        (["--max-num-seqs", "0"], "Input should be greater than or equal to 1"),
+        (["--concurrency", "0"], "Input should be greater than or equal to 1"),
+        (["--model", "./no/such/dir"], "no such path"),
+        (["--model", "x.gguf"], "no such path"),
         (["--mean-len", "3000"], "exceeds --max-len"),
         (["--block-size", "0"], "--block-size"),
         (["--block-size", "abc"], "--block-size"),
@@ -109,3 +109,12 @@ def test_malformed_config_file(capsys, tmp_path):
 def test_click_usage_errors_exit_2(capsys, argv):
     code, _, err = _run(capsys, *argv)
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_kv_heads_that_tensor_parallelism_can_neither_split_nor_replicate(capsys, tmp_path):
+    config = {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
+              "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = _run(capsys, "--model", str(tmp_path), "--tensor-parallel-size", "6")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "tensor parallel size 6 and the 4 KV heads" in err
