@@ -60,6 +60,9 @@ def test_qwen_moe_counts_routed_and_shared_experts(tmp_path: Path) -> None:
     assert shape.qkv_bias and not shape.o_bias
 
 
+MLA_SMALL = {"kv_lora_rank": 32, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+             "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
+             "first_k_dense_replace": 1, "num_key_value_heads": 4}
 SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 
@@ -67,7 +70,7 @@ SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hid
 def _transformers_model(model_type: str, **overrides):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **SMALL, **overrides)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **overrides})
     return config, AutoModelForCausalLM.from_config(config)
 
 
@@ -83,12 +86,25 @@ def _transformers_model(model_type: str, **overrides):
                        "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
         ("qwen2_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2}),
+        ("qwen3", {"head_dim": 32}),
+        ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+        ("gemma", {"head_dim": 16}),
+        ("gemma2", {"head_dim": 16}),
+        ("gemma3_text", {"head_dim": 16}),
+        ("gpt_oss", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2}),
+        ("deepseek_v2", {**MLA_SMALL, "q_lora_rank": None, "n_shared_experts": 2}),
+        ("deepseek_v2", MLA_SMALL),
+        ("deepseek_v3", {**MLA_SMALL, "n_group": 1, "topk_group": 1}),
     ],
 )
 def test_parameter_counts_equal_transformers(tmp_path: Path, model_type: str, overrides: dict) -> None:
+    """The independent count: what transformers builds from the same config (its state dict, which holds
+    DeepSeek-V3's router bias as a buffer; tied embeddings counted once)."""
     config, model = _transformers_model(model_type, **overrides)
     shape = shape_from_config(write(tmp_path, json.loads(config.to_json_string())))
-    assert shape.num_parameters == sum(p.numel() for p in model.parameters())
+    stored = {name: tensor for name, tensor in model.state_dict().items()
+              if not (config.tie_word_embeddings and name == "lm_head.weight")}
+    assert shape.num_parameters == sum(t.numel() for t in stored.values())
 
 
 def test_model_type_from_the_architecture_class(tmp_path: Path) -> None:
