@@ -50,8 +50,8 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
     failure is the one line of the error.
     """
     try:
-        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
         from huggingface_hub import errors as hub_errors
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
     except ImportError:  # pragma: no cover - a dependency of transformers, so normally present
         raise KvbenchError(f"{repo_id} looks like a Hugging Face model id, but huggingface_hub is not installed: "
                            "pip install huggingface_hub, or pass a local checkpoint directory") from None

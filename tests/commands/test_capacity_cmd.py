@@ -118,3 +118,47 @@ def test_kv_heads_that_tensor_parallelism_can_neither_split_nor_replicate(capsys
     code, out, err = _run(capsys, "--model", str(tmp_path), "--tensor-parallel-size", "6")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "tensor parallel size 6 and the 4 KV heads" in err
+
+
+def test_capacity_and_waste_run_without_torch(tmp_path):
+    """Neither command needs a model's weights: their modules and what they run import no torch (a fresh
+    interpreter, with only these two commands registered)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, typer\n"
+        "from typer.testing import CliRunner\n"
+        "from kvbench.commands import capacity_cmd, waste_cmd\n"
+        "app = typer.Typer()\n"
+        "capacity_cmd.register(app)\n"
+        "waste_cmd.register(app)\n"
+        "runner = CliRunner()\n"
+        "assert runner.invoke(app, ['capacity', '--model', 'llama-2-70b', '-tp', '4', '--json']).exit_code == 0\n"
+        f"assert runner.invoke(app, ['waste', '--requests', '40', '--out', {str(tmp_path / 'w')!r}]).exit_code == 0\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_deployment_in_json(capsys):
+    code, out, err = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g", "-tp", "16", "-pp", "2",
+                          "--kv-cache-dtype", "fp8", "--max-model-len", "4096", "--max-num-seqs", "64", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["tensor_parallel_size"], result["pipeline_parallel_size"], result["gpus"]) == (16, 2, 32)
+    assert result["kv_heads_per_gpu"] == 1 and result["kv_head_replication"] == 2
+    assert result["kv_bytes_per_token_per_gpu"] == 40 * 2 * 1 * 128 * 1  # 40 layers per stage, 1 head, fp8
+    assert [s["layers"] for s in result["stages"]] == [[0, 40], [40, 80]]
+    assert all(row["max_concurrency"] <= 64 for row in result["strategies"])
+
+
+def test_the_terminal_says_when_kv_heads_are_replicated_and_what_to_try(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g", "-tp", "16")
+    assert code == 0 and "every KV head is stored 2 times" in out
+    code, out, _ = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g")
+    assert code == 1
+    assert "does not fit: weights 128.48 GiB" in out and "try --tensor-parallel-size 2" in out
