@@ -37,6 +37,6 @@ def resolve_model(spec: str, dtype: str | None = None) -> ModelShape:
     return shape.with_dtype(dtype) if dtype and dtype != "auto" else shape
 
 
-def is_local_model(spec: str) -> bool:
-    """A preset or an existing path: what the tensor engine can load (a Hub id gives a shape only)."""
-    return spec in MODEL_PRESETS or Path(spec).expanduser().exists()
+def is_hub_only(spec: str) -> bool:
+    """A Hub id with no preset or local path of that name: it gives a shape, but no weights to run."""
+    return spec not in MODEL_PRESETS and not Path(spec).expanduser().exists() and looks_like_hub_id(spec)
