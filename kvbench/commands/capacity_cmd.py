@@ -7,6 +7,7 @@ import typer
 from kvbench.commands._options import int_list, make_console, parse_size, positive_fraction
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
+from kvbench.models.gpus import CUSTOM
 from kvbench.report.capacity_report import print_capacity
 from kvbench.studies.capacity import KV_CACHE_DTYPES, CapacitySettings, run_capacity_study
 
@@ -15,8 +16,8 @@ DEFAULT_GPU = "a100-80g"
 
 def capacity(
     model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; HF_HUB_OFFLINE=1: the local cache only)."),
-    gpu: str | None = typer.Option(None, "--gpu", help=f"GPU preset (default {DEFAULT_GPU})."),
-    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows."),
+    gpu: str | None = typer.Option(None, "--gpu", help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory)."),
+    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use, in (0, 1]."),
     kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 1GiB."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (the checkpoint's) | fp32 | fp16 | bf16: the model's dtype."),
@@ -35,7 +36,7 @@ def capacity(
     if mean_len > max_len:
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")
     settings = CapacitySettings(
-        model=model, gpu=gpu or DEFAULT_GPU, utilization=utilization, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+        model=model, gpu=gpu or (CUSTOM if gpu_memory is not None else DEFAULT_GPU), utilization=utilization, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
         gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
         kv_cache_memory=parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory is not None else None,
         tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, max_len=max_len, mean_len=mean_len,
@@ -61,10 +62,11 @@ def _suggestions(reason: dict, settings: CapacitySettings) -> list[str]:
     tensor = reason.get("smallest_fitting_tensor_parallel_size")
     if tensor:
         lines.append(f"--tensor-parallel-size {tensor}")
-    if reason["kind"] == "max_len" and reason["longest_context"]:
-        lines.append(f"--max-model-len {reason['longest_context']}")
-    if settings.kv_cache_dtype == "auto":
-        lines.append("--kv-cache-dtype fp8 (halves a 16-bit KV cache)")
+    if reason["kind"] == "max_len":
+        if reason["longest_context"]:
+            lines.append(f"--max-model-len {reason['longest_context']}")
+        if settings.kv_cache_dtype == "auto":
+            lines.append("--kv-cache-dtype fp8 (halves a 16-bit KV cache)")
     lines.append(f"a GPU with at least {reason['gpu_memory_needed_bytes'] / 1024**3:,.1f} GiB (--gpu-memory)")
     return lines
 

@@ -45,17 +45,24 @@ GPU_PRESETS: dict[str, GpuSpec] = {
 }
 
 
+CUSTOM = "custom"  # a GPU known by its memory alone (its step times borrow the A100-80GB's speeds)
+
+
 def resolve_gpu(name: str, memory_bytes: int | None = None) -> GpuSpec:
-    """A preset by name; ``memory_bytes`` replaces its memory (a GPU not listed, or what ``nvidia-smi`` shows),
-    keeping its bandwidth and FLOP/s for step times."""
+    """A preset by name; ``memory_bytes`` replaces its memory (what ``nvidia-smi`` shows), keeping its bandwidth
+    and FLOP/s for step times. ``custom`` with a memory size is a GPU not listed."""
+    if memory_bytes is not None and (not isinstance(memory_bytes, int) or memory_bytes <= 0):
+        raise KvbenchError(f"GPU memory must be a positive number of bytes, got {memory_bytes!r}")
+    if name == CUSTOM:
+        if memory_bytes is None:
+            raise KvbenchError("a custom GPU needs its memory size")
+        return replace(GPU_PRESETS["a100-80g"], name=f"GPU of {memory_bytes / GIB:g} GiB", memory_bytes=memory_bytes)
     try:
         gpu = GPU_PRESETS[name]
     except KeyError:
         raise KvbenchError(f"unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}") from None
     if memory_bytes is None:
         return gpu
-    if not isinstance(memory_bytes, int) or memory_bytes <= 0:
-        raise KvbenchError(f"GPU memory must be a positive number of bytes, got {memory_bytes!r}")
     return replace(gpu, name=f"{name}, {memory_bytes / GIB:g} GiB", memory_bytes=memory_bytes)
 
 

@@ -162,3 +162,21 @@ def test_the_terminal_says_when_kv_heads_are_replicated_and_what_to_try(capsys, 
     code, out, _ = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g")
     assert code == 1
     assert "does not fit: weights 128.48 GiB" in out and "try --tensor-parallel-size 2" in out
+
+
+def test_gpu_memory_alone_is_a_gpu_of_that_memory(capsys):
+    code, out, err = _run(capsys, "--model", "llama-2-70b", "--gpu-memory", "192GiB", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["gpu"] == "GPU of 192 GiB" and result["gpu_memory_bytes"] == 192 * GIB
+    assert result["usable_bytes"] == int(0.9 * 192 * GIB)
+    code, out, _ = _run(capsys, "--model", "llama-2-7b", "--gpu", "h100-80g", "--gpu-memory", "79.6GiB", "--json")
+    assert json.loads(out)["gpu_memory_bytes"] == int(79.6 * GIB)
+
+
+def test_a_max_len_past_the_kv_budget_suggests_a_shorter_one(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = _run(capsys, "--model", "llama-3-8b", "--gpu", "l4-24g", "--max-len", "8192", "--gpu-memory-utilization",
+                        "0.66")
+    assert code == 1 and "cannot hold one request of max-len 8,192 tokens" in out
+    assert "try --max-model-len" in out and "try --kv-cache-dtype fp8" in out

@@ -23,6 +23,10 @@ def test_gpu_memory_replaces_the_preset_memory():
     assert gpu.bandwidth_bytes_per_s == GPU_PRESETS["h100-80g"].bandwidth_bytes_per_s
     with pytest.raises(KvbenchError, match="GPU memory must be a positive number of bytes"):
         resolve_gpu("h100-80g", 0)
+    custom = resolve_gpu("custom", 141 * GIB)
+    assert custom.memory_bytes == 141 * GIB and custom.name == "GPU of 141 GiB"
+    with pytest.raises(KvbenchError, match="a custom GPU needs its memory size"):
+        resolve_gpu("custom")
 
 
 def test_tensor_parallelism_splits_the_activation_reserve():

@@ -313,3 +313,17 @@ def test_moe_weights_count_every_expert():
     assert moe.num_parameters - dense.num_parameters == 2 * (4 * 6_144 + 4 * 64 - dense_mlp)
     assert moe.num_parameters - moe.active_parameters == 2 * 3 * 6_144
     assert moe.weight_bytes == 2 * moe.num_parameters
+
+
+def test_kimi_k2_is_latent_attention_with_one_dense_layer(tmp_path):
+    # moonshotai/Kimi-K2-Instruct: DeepSeek-V3's attention with 64 heads, 384 experts, the first layer dense
+    shape = _config(tmp_path, model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], hidden_size=7168,
+                    intermediate_size=18432, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
+                    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                    n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
+                    first_k_dense_replace=1, vocab_size=163840, max_position_embeddings=131072)
+    assert shape.bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # the heads do not enter the cache
+    assert shape.moe_layer_indices() == tuple(range(1, 61)) and shape.moe.num_experts == 384
+    # published: "1 trillion total parameters, 32 billion activated" (without the input embedding)
+    assert round(shape.num_parameters / 1e12, 2) == 1.03
+    assert round((shape.active_parameters - 163840 * 7168) / 1e9) == 32
