@@ -98,9 +98,12 @@ class ConfigFields:
             raise self.error(f"{name} must be true or false, got {value!r}")
         return value
 
-    def dtype(self) -> str:
-        """The checkpoint's dtype in kvbench's names; fp16 when absent or not one kvbench runs."""
+    def dtype(self, default: Any = None) -> str:
+        """The checkpoint's dtype in kvbench's names; ``default`` (a torch dtype name) or fp16 when absent, fp16
+        when not one kvbench runs."""
         value = self.config.get("torch_dtype") or self.config.get("dtype")
+        if value is None and isinstance(default, str):
+            value = default
         if value is not None and not isinstance(value, str):
             raise self.error(f"torch_dtype must be a string such as 'bfloat16', got {value!r}")
         return _DTYPE_NAMES.get(value, "fp16")
@@ -247,7 +250,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                     "max_position_embeddings": 131_072, "sliding_window": 4096, "vocab_size": 262_208,
                     "num_key_value_heads": 4},
     "gpt_oss": {"head_dim": 64, "sliding_window": 128, "attention_bias": True, "max_position_embeddings": 131_072,
-                "vocab_size": 201_088, "num_key_value_heads": 8},
+                "vocab_size": 201_088, "num_key_value_heads": 8,
+                "torch_dtype": "bfloat16"},  # the published config names none; its unquantized weights are bf16
 }
 
 
@@ -295,7 +299,7 @@ def _read_llama_family(fields: ConfigFields, model_type: str) -> ModelShape:
         rms_norm_eps=fields.positive_number("rms_norm_eps", 1e-6 if model_type.startswith(("qwen", "gemma"))
                                             else 1e-5),
         tie_word_embeddings=bool_field("tie_word_embeddings", False),
-        dtype=fields.dtype(),
+        dtype=fields.dtype(_default(fields, model_type, "torch_dtype")),
         eos_token_id=_first_int(fields.config.get("eos_token_id")),
         moe=_read_moe(fields, model_type, layers),
         qkv_bias=_qkv_bias(fields, model_type, attention_bias),

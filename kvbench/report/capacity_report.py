@@ -72,7 +72,9 @@ def print_capacity(console, document: dict[str, Any]) -> None:
             f"layers {s['layers'][0]}-{s['layers'][1] - 1}: weights {human_bytes(s['weight_bytes'])}, "
             f"KV budget {human_bytes(max(s['kv_budget_bytes'], 0))}" for s in document["stages"]))
     if document["strategies"]:
-        console.print(f"KV budget holds {document['kv_token_slots']:,} token slots per GPU "
+        growing = " if every layer grew (the windowed ones stop at their window)" if document["model"].get(
+            "sliding_window") else ""
+        console.print(f"KV budget holds {document['kv_token_slots']:,} token slots per GPU{growing} "
                       f"({document['kv_bytes_per_token_per_gpu']:,} B per token on a GPU)")
         console.print(strategy_table(document))
     for reason in document["reasons"]:
