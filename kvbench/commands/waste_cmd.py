@@ -77,7 +77,11 @@ def waste(
                              pipeline_parallel=pipeline_parallel, kv_cache_dtype=kv_cache_dtype,
                              gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None)
     console = make_console(stderr=as_json)
-    waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work or note
+    checked = waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work
+    if checked.shape.sliding_layers:
+        console.print(f"[yellow]note: {len(checked.shape.sliding_layers)} of {checked.shape.num_layers} layers keep "
+                      f"a window of {checked.shape.sliding_window:,} tokens; the simulated pool counts every layer "
+                      "growing, so its slots are a lower bound (kvbench capacity costs each layer)[/yellow]")
     workload = waste_workload(settings)
     if workload.skipped is not None:
         console.print(f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "
