@@ -16,9 +16,9 @@ import torch
 
 from kvbench.engine.sampling import SamplingParams
 from kvbench.models.hf_model import build_random_model, resolve_torch_device, resolve_torch_dtype
+from kvbench.models.resolve import resolve_model
 from kvbench.models.runner import ModelRunner
 from kvbench.models.sampler import sample
-from kvbench.models.shapes import resolve_model
 
 
 def _sync(device: torch.device) -> None:

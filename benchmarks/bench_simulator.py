@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kvbench.engine.timing import RooflineTiming
 from kvbench.models.gpus import kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 from kvbench.studies.waste import parse_strategies, run_strategy
 from kvbench.workload.lengths import LengthSpec
 

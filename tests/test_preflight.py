@@ -10,7 +10,8 @@ import pytest
 
 from kvbench import preflight
 from kvbench.errors import KvbenchError
-from kvbench.models.shapes import ModelShape, resolve_model
+from kvbench.models.resolve import resolve_model
+from kvbench.models.shapes import ModelShape
 from kvbench.preflight import (
     GIB,
     LIMITS,

@@ -6,12 +6,20 @@ from pathlib import Path
 
 import typer
 
-from kvbench.commands._options import int_list, make_console, name_list, positive_fraction, run_directory
+from kvbench.commands._options import (
+    int_list,
+    make_console,
+    name_list,
+    parse_size,
+    positive_fraction,
+    run_directory,
+)
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.kv.policies import check_choice
 from kvbench.report.rundir import flatten, new_run_dir, write_summary
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
+from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.waste import (
     STRATEGY_NAMES,
     WasteSettings,
@@ -28,10 +36,14 @@ DEFAULT_REQUESTS = 2000
 
 def waste(
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Model context limit; contiguous-max reserves this."),
-    model: str = typer.Option("llama-2-13b", "--model", help="Preset name or a local config.json / checkpoint dir."),
+    model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name)."),
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget."),
+    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
-    dtype: str = typer.Option("fp16", "--dtype", help="fp32 | fp16 | bf16 (KV and weights)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (the checkpoint's) | fp32 | fp16 | bf16."),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=f"{' | '.join(KV_CACHE_DTYPES)} (auto: the model's dtype)."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."),
+    pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."),
     mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
     distribution: str = typer.Option("lognormal", "--distribution", help=f"Length distribution: {', '.join(DISTRIBUTIONS)}."),
     prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
@@ -55,14 +67,21 @@ def waste(
     if dataset is not None and trace is not None:
         raise KvbenchError("--dataset and --trace both give the requests: choose one")
     check_choice(stop, STOP_MODES, "--stop")
+    check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
     chosen = parse_strategies(name_list(strategies, "strategies", STRATEGY_NAMES), int_list(block_sizes, "--block-size"))
     settings = WasteSettings(max_len=max_len, model=model, gpu=gpu, utilization=utilization, dtype=dtype,
                              mean_len=mean_len, distribution=distribution, prompt_ratio=prompt_ratio, trace=trace,
                              requests=requests or DEFAULT_REQUESTS, concurrency=concurrency,
                              strategies=tuple(chosen), seed=seed, dataset=dataset, stop=stop,
-                             requests_given=requests is not None)
+                             requests_given=requests is not None, tensor_parallel=tensor_parallel,
+                             pipeline_parallel=pipeline_parallel, kv_cache_dtype=kv_cache_dtype,
+                             gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None)
     console = make_console(stderr=as_json)
-    waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work or note
+    checked = waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work
+    if checked.shape.sliding_layers:
+        console.print(f"[yellow]note: {len(checked.shape.sliding_layers)} of {checked.shape.num_layers} layers keep "
+                      f"a window of {checked.shape.sliding_window:,} tokens; the simulated pool counts every layer "
+                      "growing, so its slots are a lower bound (kvbench capacity costs each layer)[/yellow]")
     workload = waste_workload(settings)
     if workload.skipped is not None:
         console.print(f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KvbenchError
+from kvbench.models.quantization import GgufStorage
 from kvbench.models.shapes import ModelShape, MoeSpec
 
 MAGIC = b"GGUF"
@@ -28,6 +29,24 @@ _STRING, _ARRAY = 8, 9
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
 # `general.file_type` values with unquantized weights
 _FILE_TYPES = {0: "fp32", 1: "fp16", 32: "bf16"}
+# ggml tensor types: id -> (name, elements per block, bytes per block), as ggml defines its block layouts
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+}
+# llama.cpp tensor names -> weight roles (kvbench.models.weights): the last name part before ".weight"/".bias"
+_GGUF_ROLES = {
+    "token_embd": "embed", "output": "lm_head", "attn_q": "attn_q", "attn_k": "attn_kv", "attn_v": "attn_kv",
+    "attn_qkv": "attn_q", "attn_output": "attn_o", "ffn_gate": "mlp", "ffn_up": "mlp", "ffn_down": "mlp",
+    "ffn_gate_exps": "expert", "ffn_up_exps": "expert", "ffn_down_exps": "expert", "ffn_gate_inp": "router",
+    "ffn_gate_shexp": "shared_expert", "ffn_up_shexp": "shared_expert", "ffn_down_shexp": "shared_expert",
+}
 
 
 @dataclass(frozen=True)
@@ -184,20 +203,40 @@ def _parse(buffer, path: Path, size: int) -> GgufHeader:
     return header
 
 
-def tensor_nbytes(tensor: GgufTensor) -> int | None:
-    """Bytes of a tensor's data, from the gguf package's table of block sizes; None when it is not installed."""
-    try:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    except ImportError:
-        return None
-    try:
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
-    except (KeyError, ValueError):
-        return None
+def tensor_numel(tensor: GgufTensor) -> int:
     elements = 1
     for dim in tensor.dims:
         elements *= dim
-    return elements // block * block_bytes
+    return elements
+
+
+def tensor_nbytes(tensor: GgufTensor) -> int | None:
+    """Bytes of a tensor's data from its ggml type's block layout; None for a type kvbench does not know."""
+    known = GGML_TYPES.get(tensor.ggml_type)
+    if known is None:
+        return None
+    _, block, block_bytes = known
+    return -(-tensor_numel(tensor) // block) * block_bytes
+
+
+def gguf_storage(header: GgufHeader) -> GgufStorage:
+    """The bytes each weight role takes in the file, from every tensor's own type (K-quant mixes included)."""
+    role_bytes: dict[str, int] = {}
+    role_numel: dict[str, int] = {}
+    type_bytes: dict[str, int] = {}
+    for tensor in header.tensors:
+        nbytes = tensor_nbytes(tensor)
+        if nbytes is None:
+            raise KvbenchError(f"GGUF file {header.path}: tensor {tensor.name!r} has ggml type {tensor.ggml_type}, "
+                               "which kvbench cannot size")
+        parts = tensor.name.split(".")
+        base = parts[-2] if len(parts) >= 2 and parts[-1] in ("weight", "bias") else parts[-1]
+        role = _GGUF_ROLES.get(base, "norm" if "norm" in base else "bias")
+        role_bytes[role] = role_bytes.get(role, 0) + nbytes
+        role_numel[role] = role_numel.get(role, 0) + tensor_numel(tensor)
+        name = GGML_TYPES[tensor.ggml_type][0]
+        type_bytes[name] = type_bytes.get(name, 0) + nbytes
+    return GgufStorage(tuple(role_bytes.items()), tuple(role_numel.items()), tuple(type_bytes.items()))
 
 
 def _check_data_fits(header: GgufHeader) -> None:
@@ -296,6 +335,7 @@ def shape_from_gguf_header(header: GgufHeader) -> ModelShape:
             eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) else None,
             moe=moe,
             qkv_bias=model_type == "qwen2",
+            weight_format=gguf_storage(header) if header.tensors else None,
             extra={"model_type": model_type, "gguf": True},
         )
     except KvbenchError as err:

@@ -89,6 +89,10 @@ def check_engine_shape(shape: ModelShape) -> None:
         raise KvbenchError(_engine_refusal(f"model {shape.name!r} is a mixture of experts"))
     if shape.qkv_bias != shape.o_bias:
         raise KvbenchError(_engine_refusal(f"model {shape.name!r} has biases on q/k/v only"))
+    if shape.sliding_layers:
+        raise KvbenchError(_engine_refusal(f"model {shape.name!r} has sliding-window layers"))
+    if shape.weight_format is not None and not shape.extra.get("gguf"):
+        raise KvbenchError(_engine_refusal(f"model {shape.name!r} has {shape.weight_format.describe()} weights"))
 
 
 def llama_config_from_shape(shape: ModelShape) -> Any:

@@ -11,7 +11,6 @@ from typing import Any
 
 from kvbench.errors import KvbenchError
 from kvbench.models.gguf_file import is_gguf
-from kvbench.models.hf_model import first_line, quiet_transformers, require_gguf_support
 from kvbench.models.shapes import MODEL_PRESETS
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -32,6 +31,8 @@ def load_tokenizer(spec: str) -> Any | None:
     if not has_tokenizer(spec):
         return None
     from transformers import AutoTokenizer
+
+    from kvbench.models.hf_model import first_line, quiet_transformers, require_gguf_support  # noqa: I001 (torch)
 
     path = Path(spec)
     gguf = is_gguf(path)

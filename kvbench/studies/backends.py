@@ -19,7 +19,8 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.manager import assert_drained
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec, kv_budget, resolve_gpu
-from kvbench.models.shapes import ModelShape, resolve_model
+from kvbench.models.resolve import resolve_model
+from kvbench.models.shapes import ModelShape
 from kvbench.preflight import check_context_length, check_kv_pool_for_device, check_run_counts
 from kvbench.studies.setup import (
     LoadedModel,

@@ -10,6 +10,7 @@ import torch
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
+from kvbench.errors import KvbenchError
 from kvbench.models.gguf_file import is_gguf
 from kvbench.models.hf_model import (
     build_random_model,
@@ -20,7 +21,8 @@ from kvbench.models.hf_model import (
     resolve_torch_device,
     resolve_torch_dtype,
 )
-from kvbench.models.shapes import MODEL_PRESETS, ModelShape, resolve_model
+from kvbench.models.resolve import is_hub_only, resolve_model
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape
 from kvbench.models.threads import ThreadChoice, choose_threads
 from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (
@@ -69,6 +71,9 @@ def load_model(
     or the GGUF header), a ``max_len`` past the model's context, and weights plus activations that do not fit
     in what the device has free.
     """
+    if is_hub_only(spec):
+        raise KvbenchError(f"model {spec!r} is a Hugging Face id with no local copy: it gives the shape that capacity "
+                           "and waste cost, but a run needs the checkpoint's files on disk (download it, pass its path)")
     torch_device = resolve_torch_device(device)
     torch_dtype = resolve_torch_dtype(dtype, torch_device)
     shape = resolve_model(spec).with_dtype(_DTYPE_NAMES[torch_dtype])

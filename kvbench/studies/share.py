@@ -270,8 +270,8 @@ def share_stop(settings: ShareSettings, loaded) -> str:
 
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
+    from kvbench.models.resolve import resolve_model
     from kvbench.models.runner import ModelRunner
-    from kvbench.models.shapes import resolve_model
     from kvbench.preflight import (
         check_context_length,
         check_kv_pool_for_device,

@@ -4,7 +4,7 @@ next to the seed article's analytic estimate."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,9 @@ from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVManager, assert_drained
-from kvbench.models.gpus import kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.deployment import Parallelism, deployment_budget
+from kvbench.models.gpus import resolve_gpu
+from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
@@ -134,6 +135,10 @@ class WasteSettings:
     dataset: str | None = None  # real prompts (their answers' lengths) instead of a distribution
     stop: str = "length"  # eos: answers end at their real length, reservations plan for max_tokens
     requests_given: bool = True  # False: a dataset gives all its usable records
+    tensor_parallel: int = 1  # the pool is one GPU's (every GPU holds its share of every token's KV)
+    pipeline_parallel: int = 1
+    kv_cache_dtype: str = "auto"
+    gpu_memory: int | None = None  # bytes; replaces the GPU preset's memory
 
 
 @dataclass
@@ -172,34 +177,49 @@ class WasteBudget:
 
     shape: Any
     device: Any
-    budget: Any
+    budget: Any  # models.deployment.DeploymentBudget
     pool_slots: int
+    timing: RooflineTiming
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.budget.binding.kv_bytes
 
 
 def waste_budget(settings: WasteSettings) -> WasteBudget:
-    """The KV budget of the model on the GPU, refused (one line) when it cannot be simulated by every strategy:
-    cheap arithmetic, so a command checks it before it prints a note."""
-    shape = resolve_model(settings.model, settings.dtype)
+    """The KV budget of the model on the GPU(s), refused (one line) when it cannot be simulated by every strategy:
+    cheap arithmetic, so a command checks it before it prints a note. With tensor or pipeline parallelism the
+    pool is one GPU's (the stage with the fewest token slots) and step times use one GPU's share of the bytes."""
+    shape = resolve_model(settings.model, settings.dtype).with_kv_dtype(settings.kv_cache_dtype)
     check_context_length(shape, settings.max_len)
-    device = resolve_gpu(settings.gpu)
-    budget = kv_budget(shape, device, settings.utilization)
-    if not budget.fits:
+    device = resolve_gpu(settings.gpu, settings.gpu_memory)
+    parallel = Parallelism(settings.tensor_parallel, settings.pipeline_parallel)
+    budget = deployment_budget(shape, device, parallel, settings.utilization)
+    if not budget.weights_fit:
+        stage = budget.binding
         raise KvbenchError(
-            f"{shape.name} ({settings.dtype}) does not fit on {device.name} at utilization {settings.utilization}: "
-            f"weights {human_bytes(shape.weight_bytes)} + activations {human_bytes(budget.activation_bytes)} > "
-            f"{human_bytes(budget.usable_bytes)}")
-    pool_slots = budget.kv_bytes // shape.bytes_per_token
+            f"{shape.name} ({shape.dtype}) does not fit on {device.name} at utilization {settings.utilization}"
+            f"{f' with {parallel.gpus} GPUs' if parallel.gpus > 1 else ''}: weights "
+            f"{human_bytes(stage.share.weight_bytes)} + activations {human_bytes(stage.share.activation_bytes)} > "
+            f"{human_bytes(stage.usable_bytes)}")
+    pool_slots = budget.token_slots
     for strategy in settings.strategies:  # fail before simulating anything
         strategy.validate(pool_slots)
-    return WasteBudget(shape, device, budget, pool_slots)
+    timing = RooflineTiming.for_model(shape, device)
+    if parallel.gpus > 1:
+        share = budget.binding.share
+        timing = replace(timing, weight_bytes=share.weight_bytes, bytes_per_token=share.bytes_per_token,
+                         active_parameters=timing.active_parameters // parallel.gpus,
+                         attention_flops_per_pair=timing.attention_flops_per_pair / parallel.gpus,
+                         expert_bytes=timing.expert_bytes // parallel.gpus)
+    return WasteBudget(shape, device, budget, pool_slots, timing)
 
 
 def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
                     progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
     checked = waste_budget(settings)
-    shape, device, budget, pool_slots = checked.shape, checked.device, checked.budget, checked.pool_slots
-    timing = RooflineTiming.for_model(shape, device)
+    shape, device, pool_slots, timing = checked.shape, checked.device, checked.pool_slots, checked.timing
     pairs = workload.pairs
     points = []
     for strategy in settings.strategies:
@@ -224,10 +244,30 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
         "sampled_mean_len": actual_mean,
     }
     meta = run_meta(
-        model=shape.to_dict(), gpu=device.name, gpu_memory_utilization=settings.utilization,
+        model=shape.to_dict(), gpu=_gpus(settings, device.name), gpu_memory_utilization=settings.utilization,
         max_len=settings.max_len, workload=workload.source, requests=len(pairs), seed=settings.seed,
-        concurrency=settings.concurrency, simulated=True, kv_budget_bytes=budget.kv_bytes, pool_slots=pool_slots,
+        concurrency=settings.concurrency, simulated=True, kv_budget_bytes=checked.kv_bytes, pool_slots=pool_slots,
         scenario="waste", skipped_requests=workload.skipped.as_dict() if workload.skipped else None,
         stop=settings.stop, dataset=workload.dataset.as_dict() if workload.dataset else None,
+        **_deployment_meta(settings, shape),
     )
     return summary_document("waste", meta, points, analytic=analytic)
+
+
+def _gpus(settings: WasteSettings, name: str) -> str:
+    count = settings.tensor_parallel * settings.pipeline_parallel
+    return f"{count} x {name}" if count > 1 else name
+
+
+def _deployment_meta(settings: WasteSettings, shape: Any) -> dict[str, Any]:
+    """What a deployment adds to the meta, only when set (a single-GPU run keeps its keys)."""
+    meta: dict[str, Any] = {}
+    if settings.tensor_parallel > 1 or settings.pipeline_parallel > 1:
+        meta.update(tensor_parallel_size=settings.tensor_parallel, pipeline_parallel_size=settings.pipeline_parallel)
+    if settings.kv_cache_dtype != "auto":
+        meta["kv_cache_dtype"] = settings.kv_cache_dtype
+    if shape.sliding_layers:
+        meta["sliding_window_note"] = (f"{len(shape.sliding_layers)} of {shape.num_layers} layers keep a window of "
+                                       f"{shape.sliding_window} tokens; the simulator's pool counts every layer "
+                                       "growing, so its slots are a lower bound")
+    return meta

@@ -71,7 +71,7 @@ class Scenario:
         if "slots" in self.budget:
             return self.budget["slots"], f"{self.budget['slots']:,} token slots (set by the scenario)"
         from kvbench.models.gpus import kv_budget, resolve_gpu
-        from kvbench.models.shapes import resolve_model
+        from kvbench.models.resolve import resolve_model
 
         shape = resolve_model(self.budget.get("model", "llama-2-13b"))
         gpu = resolve_gpu(self.budget.get("gpu", "a100-80g"))

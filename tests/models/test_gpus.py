@@ -4,13 +4,36 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GIB, GPU_PRESETS, activation_reserve_bytes, kv_budget, resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 
 def test_presets_and_their_memory():
-    expected = {"a10g-24g": 24, "l4-24g": 24, "a100-40g": 40, "a100-80g": 80, "h100-80g": 80, "h200-141g": 141}
+    expected = {"a10g-24g": 24, "l4-24g": 24, "a100-40g": 40, "a100-80g": 80, "h100-80g": 80, "h200-141g": 141,
+                "h100-sxm-80g": 80, "h100-pcie-80g": 80, "b200-180g": 180, "gb200-186g": 186, "l40s-48g": 48,
+                "rtx4090-24g": 24, "rtx5090-32g": 32, "mi300x-192g": 192, "mi325x-256g": 256, "gaudi3-128g": 128}
     assert {name: spec.memory_bytes // GIB for name, spec in GPU_PRESETS.items()} == expected
+    assert all(spec.memory_bytes % GIB == 0 for spec in GPU_PRESETS.values())
     assert all(spec.bandwidth_bytes_per_s > 0 and spec.peak_flops > 0 for spec in GPU_PRESETS.values())
+    assert all(name.endswith(f"-{spec.memory_bytes // GIB}g") for name, spec in GPU_PRESETS.items())
+
+
+def test_gpu_memory_replaces_the_preset_memory():
+    gpu = resolve_gpu("h100-80g", 141 * GIB)
+    assert gpu.memory_bytes == 141 * GIB and gpu.name == "h100-80g, 141 GiB"
+    assert gpu.bandwidth_bytes_per_s == GPU_PRESETS["h100-80g"].bandwidth_bytes_per_s
+    with pytest.raises(KvbenchError, match="GPU memory must be a positive number of bytes"):
+        resolve_gpu("h100-80g", 0)
+    custom = resolve_gpu("custom", 141 * GIB)
+    assert custom.memory_bytes == 141 * GIB and custom.name == "GPU of 141 GiB"
+    with pytest.raises(KvbenchError, match="a custom GPU needs its memory size"):
+        resolve_gpu("custom")
+
+
+def test_tensor_parallelism_splits_the_activation_reserve():
+    shape = resolve_model("llama-2-13b")  # MLP 13,824, hidden 5,120, vocab 32,000, fp16
+    per_token = (3 * 13824 // 4 + 4 * 5120) * 2
+    assert activation_reserve_bytes(shape, 2048, 4) == 2048 * per_token + 4 * 8000 * 256
+    assert activation_reserve_bytes(shape, 2048, 4, logits=False) == 2048 * per_token
 
 
 def test_unknown_gpu_lists_the_known_ones():

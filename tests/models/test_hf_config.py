@@ -12,7 +12,7 @@ import pytest
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.hf_config import SHAPE_ARCHITECTURES, shape_from_config
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 
 # Mixtral-8x7B as published (config.json of mistralai/Mixtral-8x7B-v0.1).
 MIXTRAL_8X7B = {
@@ -60,6 +60,9 @@ def test_qwen_moe_counts_routed_and_shared_experts(tmp_path: Path) -> None:
     assert shape.qkv_bias and not shape.o_bias
 
 
+MLA_SMALL = {"kv_lora_rank": 32, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+             "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
+             "first_k_dense_replace": 1, "num_key_value_heads": 4}
 SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
 
@@ -67,7 +70,7 @@ SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hid
 def _transformers_model(model_type: str, **overrides):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **SMALL, **overrides)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **overrides})
     return config, AutoModelForCausalLM.from_config(config)
 
 
@@ -83,12 +86,25 @@ def _transformers_model(model_type: str, **overrides):
                        "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
         ("qwen2_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2}),
+        ("qwen3", {"head_dim": 32}),
+        ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+        ("gemma", {"head_dim": 16}),
+        ("gemma2", {"head_dim": 16}),
+        ("gemma3_text", {"head_dim": 16}),
+        ("gpt_oss", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2}),
+        ("deepseek_v2", {**MLA_SMALL, "q_lora_rank": None, "n_shared_experts": 2}),
+        ("deepseek_v2", MLA_SMALL),
+        ("deepseek_v3", {**MLA_SMALL, "n_group": 1, "topk_group": 1}),
     ],
 )
 def test_parameter_counts_equal_transformers(tmp_path: Path, model_type: str, overrides: dict) -> None:
+    """The independent count: what transformers builds from the same config (its state dict, which holds
+    DeepSeek-V3's router bias as a buffer; tied embeddings counted once)."""
     config, model = _transformers_model(model_type, **overrides)
     shape = shape_from_config(write(tmp_path, json.loads(config.to_json_string())))
-    assert shape.num_parameters == sum(p.numel() for p in model.parameters())
+    stored = {name: tensor for name, tensor in model.state_dict().items()
+              if not (config.tie_word_embeddings and name == "lm_head.weight")}
+    assert shape.num_parameters == sum(t.numel() for t in stored.values())
 
 
 def test_model_type_from_the_architecture_class(tmp_path: Path) -> None:
@@ -110,7 +126,8 @@ def test_unsupported_architecture_names_what_the_reader_understands(tmp_path: Pa
     assert message.startswith("unsupported architecture 'gpt2' in ") and str(tmp_path) in message
     assert message.endswith("the shape reader understands: " + ", ".join(SHAPE_ARCHITECTURES))
     assert "num_attention_heads" not in message
-    assert SHAPE_ARCHITECTURES == ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "opt")
+    assert SHAPE_ARCHITECTURES == ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                                   "gemma2", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3", "kimi_k2", "opt")
 
 
 def test_opt_with_a_projected_embedding_is_refused(tmp_path: Path) -> None:

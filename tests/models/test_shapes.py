@@ -6,7 +6,8 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.models.hf_config import shape_from_config
-from kvbench.models.shapes import MODEL_PRESETS, ModelShape, MoeSpec, preset_names, resolve_model
+from kvbench.models.resolve import resolve_model
+from kvbench.models.shapes import MODEL_PRESETS, ModelShape, MoeSpec, preset_names
 
 
 def test_llama_2_13b_fp16_bytes_per_token():
@@ -201,3 +202,128 @@ def test_transformers_5_rope_parameters_are_read(tmp_path):
     config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert shape_from_config(tmp_path).rope_scaling is None
+
+
+# ------------------------------------------------------------------------------------------------ KV arithmetic
+# Each figure below is written out by hand: values per token and layer x layers x bytes.
+
+def _config(tmp_path, **fields):
+    base = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+            "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
+    return shape_from_config(tmp_path)
+
+
+def test_explicit_head_dim_sets_the_kv_width(tmp_path):
+    # Mistral-Nemo: hidden 5120 over 32 heads would be 160, but head_dim is 128
+    shape = _config(tmp_path, model_type="mistral", hidden_size=5120, num_hidden_layers=40, head_dim=128,
+                    sliding_window=None)
+    assert shape.head_dim == 128
+    assert shape.bytes_per_token == 2 * 40 * 8 * 128 * 2 == 163_840
+
+
+def test_multi_query_attention_caches_one_head(tmp_path):
+    shape = _config(tmp_path, num_key_value_heads=1)
+    assert shape.bytes_per_token == 2 * 32 * 1 * 128 * 2 == 16_384
+    assert shape.kv_bytes(1000) == 1000 * 16_384
+
+
+def test_mistral_sliding_window_stops_growing_at_the_window(tmp_path):
+    # Mistral-7B-v0.1: every layer attends to the last 4,096 tokens
+    shape = _config(tmp_path, model_type="mistral", sliding_window=4096)
+    per_token_layer = 2 * 8 * 128 * 2
+    assert shape.sliding_layers == tuple(range(32)) and shape.sliding_window == 4096
+    assert shape.kv_bytes(1000) == 32 * 1000 * per_token_layer
+    assert shape.kv_bytes(10_000) == shape.kv_bytes(4096) == 32 * 4096 * per_token_layer
+    assert shape.bytes_per_token == 32 * per_token_layer  # the growing figure counts every layer
+
+
+def test_gemma_2_alternates_windowed_and_global_layers(tmp_path):
+    # Gemma-2-9B: 42 layers, the even ones (from layer 0) windowed at 4,096 tokens; 8 KV heads of 256
+    shape = _config(tmp_path, model_type="gemma2", hidden_size=3584, num_hidden_layers=42, num_attention_heads=16,
+                    num_key_value_heads=8, head_dim=256, sliding_window=4096, max_position_embeddings=8192)
+    per_token_layer = 2 * 8 * 256 * 2
+    assert shape.sliding_layers == tuple(range(0, 42, 2))
+    assert shape.kv_bytes(8192) == (21 * 8192 + 21 * 4096) * per_token_layer
+
+
+def test_gemma_3_keeps_one_global_layer_in_six(tmp_path):
+    # Gemma-3-27B: 62 layers, sliding_window_pattern 6 (transformers' default): layers 5, 11, ..., 59 global
+    shape = _config(tmp_path, model_type="gemma3_text", hidden_size=5376, num_hidden_layers=62,
+                    num_attention_heads=32, num_key_value_heads=16, head_dim=128, sliding_window=1024,
+                    max_position_embeddings=131072)
+    global_layers = [i for i in range(62) if i not in shape.sliding_layers]
+    assert global_layers == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+    assert shape.kv_bytes(32768) == (10 * 32768 + 52 * 1024) * (2 * 16 * 128 * 2)
+    assert shape.tie_word_embeddings and shape.qk_norm and shape.norms_per_layer == 4
+
+
+def test_layer_types_name_the_windowed_layers(tmp_path):
+    # gpt-oss: layer_types alternates sliding_attention (window 128) and full_attention
+    shape = _config(tmp_path, model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
+                    num_attention_heads=64, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2)
+    assert shape.sliding_layers == (0, 2) and shape.attention_sinks and shape.o_bias and shape.qkv_bias
+    assert shape.kv_bytes(1000) == (2 * 1000 + 2 * 128) * (2 * 8 * 64 * 2)
+    with pytest.raises(KvbenchError, match="layer_types: unsupported attention type 'linear_attention'"):
+        _config(tmp_path, layer_types=["linear_attention"] * 32)
+    with pytest.raises(KvbenchError, match="layer_types must list one entry for each of the 32 layers"):
+        _config(tmp_path, layer_types=["full_attention"])
+
+
+def test_qwen_windows_only_with_use_sliding_window(tmp_path):
+    assert _config(tmp_path, model_type="qwen2", sliding_window=4096).sliding_layers == ()
+    shape = _config(tmp_path, model_type="qwen2", sliding_window=4096, use_sliding_window=True, max_window_layers=28)
+    assert shape.sliding_layers == (28, 29, 30, 31)
+
+
+def test_a_window_past_the_context_is_no_window(tmp_path):
+    assert _config(tmp_path, model_type="mistral", sliding_window=32768).sliding_layers == ()
+
+
+def test_multi_head_latent_attention_caches_the_latent_and_the_rotary_key(tmp_path):
+    # DeepSeek-V3: per token and layer kv_lora_rank 512 + qk_rope_head_dim 64 values, not 2 x 128 heads x 192
+    shape = _config(tmp_path, model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=61,
+                    num_attention_heads=128, num_key_value_heads=128, kv_lora_rank=512, qk_rope_head_dim=64,
+                    qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536, intermediate_size=18432,
+                    n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
+                    first_k_dense_replace=3, vocab_size=129280)
+    assert shape.bytes_per_token == 61 * (512 + 64) * 2 == 70_272
+    assert shape.with_kv_dtype("fp8").bytes_per_token == 61 * 576 * 1
+    assert shape.kv_bytes(1000) == 1000 * 70_272
+    assert shape.moe.num_moe_layers == 58 and shape.moe_layer_indices() == tuple(range(3, 61))
+
+
+def test_kv_cache_dtype_sets_the_value_bytes():
+    shape = resolve_model("llama-2-70b")
+    assert shape.with_kv_dtype("fp8").bytes_per_token == 2 * 80 * 8 * 128 * 1
+    assert shape.with_kv_dtype("fp8_e5m2").bytes_per_token == shape.with_kv_dtype("int8").bytes_per_token
+    assert shape.with_kv_dtype("auto").bytes_per_token == 327_680
+    assert shape.with_kv_dtype("fp8").weight_bytes == shape.weight_bytes  # weights keep their dtype
+    with pytest.raises(KvbenchError, match="unknown KV cache dtype 'fp4'"):
+        shape.with_kv_dtype("fp4")
+
+
+def test_moe_weights_count_every_expert():
+    # 2 layers of 4 experts (top-1) of width 32 on hidden 64: each expert 3 x 64 x 32 = 6,144
+    moe = ModelShape("m", 2, 64, 4, 2, 96, 100, moe=MoeSpec(4, 1, 32, 2))
+    dense = ModelShape("d", 2, 64, 4, 2, 96, 100)
+    dense_mlp = 3 * 64 * 96
+    assert moe.num_parameters - dense.num_parameters == 2 * (4 * 6_144 + 4 * 64 - dense_mlp)
+    assert moe.num_parameters - moe.active_parameters == 2 * 3 * 6_144
+    assert moe.weight_bytes == 2 * moe.num_parameters
+
+
+def test_kimi_k2_is_latent_attention_with_one_dense_layer(tmp_path):
+    # moonshotai/Kimi-K2-Instruct: DeepSeek-V3's attention with 64 heads, 384 experts, the first layer dense
+    shape = _config(tmp_path, model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], hidden_size=7168,
+                    intermediate_size=18432, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
+                    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                    n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
+                    first_k_dense_replace=1, vocab_size=163840, max_position_embeddings=131072)
+    assert shape.bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # the heads do not enter the cache
+    assert shape.moe_layer_indices() == tuple(range(1, 61)) and shape.moe.num_experts == 384
+    # published: "1 trillion total parameters, 32 billion activated" (without the input embedding)
+    assert round(shape.num_parameters / 1e12, 2) == 1.03
+    assert round((shape.active_parameters - 163840 * 7168) / 1e9) == 32

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_a_real_vllm_engine_under_kvbenchs_closed_loop():
-    from kvbench.models.shapes import resolve_model
+    from kvbench.models.resolve import resolve_model
 
     shape = resolve_model(MODEL).with_dtype("fp32")
     base = EngineConfig(block_size=32, num_blocks=64, max_len=512, max_num_seqs=16)

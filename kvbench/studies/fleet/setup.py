@@ -16,7 +16,7 @@ from kvbench.engine.request import Request, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.fleet.actor import InstanceSpec

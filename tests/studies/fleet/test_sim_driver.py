@@ -9,7 +9,7 @@ from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.engine.timing import RooflineTiming
 from kvbench.models.gpus import resolve_gpu
-from kvbench.models.shapes import resolve_model
+from kvbench.models.resolve import resolve_model
 from kvbench.studies.fleet.core import DRAINING, AutoscaleSettings
 from kvbench.studies.fleet.policies import POLICIES, make_policy
 from kvbench.studies.fleet.results import fleet_point, fleet_series
