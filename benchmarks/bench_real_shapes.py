@@ -65,9 +65,9 @@ def run_kvbench(job: dict) -> dict:
     # prefill and decode shapes of the timed run must have been seen once
     warm = [make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
             for i, p in enumerate(job["warmup_prompts"])]
-    engine.run(warm, concurrency=len(warm))
+    engine.run(warm, len(warm))
     start = time.perf_counter()
-    result = engine.run(requests(len(prompts), output_len), concurrency=len(prompts))
+    result = engine.run(requests(len(prompts), output_len), len(prompts))
     seconds = time.perf_counter() - start
     tokens = [r.output_token_ids for r in sorted(result.requests, key=lambda r: r.request_id)]
     return {"seconds": seconds, "tokens": tokens, "threads": torch.get_num_threads()}

@@ -83,7 +83,7 @@ class TensorBackend:
 
     def warm_up(self, engine: str, requests: list[Request]) -> None:
         if requests:
-            self.engine(engine).run(requests, concurrency=len(requests))
+            self.engine(engine).run(requests, len(requests))
 
     def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
         runner = self.engine(engine)

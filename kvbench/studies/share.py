@@ -149,7 +149,7 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
             for request in requests:
                 request.sample_index = request.request_id % n
             group_of = {r.request_id: r.request_id // n for r in requests}
-        result = engine.run(requests, concurrency=len(requests))
+        result = engine.run(requests, len(requests))
         if result.rejected:
             reason = result.rejected[0].reject_reason
             raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); give the pool more "

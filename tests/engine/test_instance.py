@@ -101,7 +101,7 @@ def model():
 def test_engine_session_open_loop_matches_a_closed_loop_run(model):
     config = EngineConfig(engine="paged", block_size=4, num_blocks=40, max_len=32)
     engine = LLMEngine(model, config)
-    closed = engine.run(token_requests(PAIRS, 512, 0), concurrency=len(PAIRS))
+    closed = engine.run(token_requests(PAIRS, 512, 0), len(PAIRS))
     start = time.perf_counter()
     session = engine.session(clock=lambda: time.perf_counter() - start)
     requests = token_requests(PAIRS, 512, 0)
