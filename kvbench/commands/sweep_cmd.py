@@ -18,13 +18,14 @@ from kvbench.commands._options import (
 )
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
-from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, write_outputs
+from kvbench.studies.backends.base import Offer
+from kvbench.studies.backends.registry import engine_names
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
-from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
 from kvbench.studies.workload import STOP_MODES
 
 
@@ -69,7 +70,7 @@ def sweep(
     """
     options = SweepOptions(
         scenario=scenario, concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
-        engines=tuple(name_list(engines, "engines", (*MANAGERS, *EXTERNAL_ENGINES))), model=model, device=device, dtype=dtype,
+        engines=tuple(name_list(engines, "engines", engine_names())), model=model, device=device, dtype=dtype,
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
         utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
         dataset=dataset, stop=check_choice(stop, STOP_MODES, "--stop") if stop else None,
@@ -113,7 +114,7 @@ def sweep(
         raise typer.Exit(code=130) from None
     finally:
         _stop_metrics(metrics, metrics_path, console)
-        getattr(setup.backend, "close", lambda: None)()  # an external engine's processes (vLLM)
+        setup.backend.close()  # an external engine's processes (vLLM)
     document = write_outputs(run_dir, setup.meta(), points)
     lock.release()
     if as_json:
@@ -167,12 +168,11 @@ def _print_intro(console, setup: SweepSetup) -> None:
     console.print(f"stop: {setup.stop_text}")
     if setup.workload.dataset is not None:
         console.print(f"dataset: {setup.workload.dataset.note()}")
-    threads = getattr(setup.backend, "threads", None)
+    threads = setup.backend.threads
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
-    if VLLM_ENGINE in setup.options.engines:
-        console.print(f"[dim]{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching "
-                      "off[/dim]")
+    for note in setup.backends.notes():  # a reference column says what it is
+        console.print(f"[dim]{note}[/dim]")
 
 
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:
@@ -199,9 +199,9 @@ def _start_metrics(setup: SweepSetup, port, host, path, optional, notes: list[st
     from kvbench.measure.metrics import KvMetrics
 
     backend = setup.backend
-    metrics = KvMetrics(device=str(backend.loaded.device))
-    for name in own_engines(setup.options.engines):  # time every block allocation of the measured runs
-        backend.engine(name).alloc_observer = metrics.alloc_observer(name)
+    metrics = KvMetrics(device=backend.device_label)
+    for name in setup.backends.engines_offering(Offer.LIVE_KV):  # time every block allocation of the measured runs
+        backend.observe_allocations(name, metrics.alloc_observer(name))
     if port is not None:
         try:
             metrics.serve(host, port)

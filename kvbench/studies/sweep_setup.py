@@ -1,6 +1,6 @@
 """A sweep's settings resolved once: the scenario, the request list, the KV budget and the backend.
 
-:class:`SweepOptions` is what the user asked for; :meth:`SweepSetup.resolve` turns it into everything a
+:class:`SweepOptions` (``run_options``) is what the user asked for; :meth:`SweepSetup.resolve` turns it into everything a
 sweep needs, and the setup writes both records a run directory keeps: the pinned configuration (what a
 resume must match) and the run metadata of ``summary.json``.
 """
@@ -18,41 +18,13 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import content_sha256
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
-from kvbench.studies.backends import PointBackend
+from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
+from kvbench.studies.backends.registry import RunBackends, choose_backends
+from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.sweep import SweepPlan
-from kvbench.studies.vllm_backend import VLLM_ENGINE, check_vllm, own_engines, with_vllm
 from kvbench.studies.workload import Workload, check_stop, dataset_workload, default_stop, stop_reason_text
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.scenario import Scenario, load_scenario
-
-SIMULATED_STAND_IN = "llama-2-13b"  # the tiny CPU model is simulated as the article's model
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """A sweep as asked for; None means "the scenario's"."""
-
-    scenario: str = "article"
-    concurrency: tuple[int, ...] | None = None
-    engines: tuple[str, ...] = ("paged", "contiguous")
-    model: str = "tiny"
-    device: str = "auto"
-    dtype: str | None = None
-    kv_memory_bytes: int | None = None
-    kv_memory_text: str | None = None  # as typed, for the budget's description
-    utilization: float | None = None
-    block_size: int | None = None
-    reserve: str | None = None
-    admission: str | None = None
-    requests: int | None = None
-    requests_file: Path | None = None
-    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
-    stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
-    repeat: int = 1
-    seed: int | None = None
-    simulate: bool = False
-    gpu: str = "a100-80g"
-    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
 
 
 @dataclass
@@ -65,6 +37,7 @@ class SweepSetup:
     counts: dict[int, int]  # requests per point, by concurrency (a prefix of the workload's list)
     skipped: Skipped | None
     backend: PointBackend
+    backends: RunBackends  # which backend runs each engine, and what each offers
     config: EngineConfig
     model_name: str
     device_name: str
@@ -80,8 +53,7 @@ class SweepSetup:
     @classmethod
     def resolve(cls, options: SweepOptions, status: Callable[[str], Any] | None = None) -> SweepSetup:
         """Everything the sweep needs, checked before any point runs."""
-        if VLLM_ENGINE in options.engines:
-            check_vllm(options)  # installed, not simulated, a checkpoint directory: before any model loads
+        backends = choose_backends(options)  # installed, simulated or not, a checkpoint: before any model loads
         spec = load_scenario(options.scenario)
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
@@ -100,7 +72,7 @@ class SweepSetup:
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
             counts = {c: min(n, len(workload.pairs)) for c, n in counts.items()}
-        if not options.simulate:
+        if backends.needs_prompt_tokens:  # token lists in memory, and answers up to max-len when they stop at EOS
             pairs = workload.pairs
             outputs = [o if stop == "length" else max_len - p for p, o in pairs]
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(outputs))
@@ -108,30 +80,23 @@ class SweepSetup:
         base = EngineConfig(block_size=block_size, reserve=reserve, admission=options.admission or spec.admission,
                             max_num_seqs=max(256, *levels),  # the batch cap must not lower the concurrency asked for
                             max_len=max_len)
-        if options.simulate:
-            from kvbench.studies.backends import simulated_backend
-
-            backend, model_name, device_name, vocab, source = simulated_backend(options, base)
-        else:
-            from kvbench.studies.backends import tensor_backend
-
-            load = {"tokenizer": tokenizer} if tokenizer is not None else {}
-            backend, model_name, device_name, vocab, source = tensor_backend(options, base, spec, seed,
-                                                                             len(options.engines), status, **load)
-            if stop == "eos" and not backend.loaded.stop_token_ids:
-                raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {model_name} has none "
-                                   "(random-weight presets never end an answer): use the length stop mode")
-            if VLLM_ENGINE in options.engines:  # vLLM's offline engine as a reference column
-                backend = with_vllm(backend, options, seed)
-        check_pool_holds_a_request(backend.base, own_engines(options.engines), workload.pairs[:max(counts.values())],
-                                   stop, backend.bytes_per_token, source)
+        built = backends.build(BuildContext(options, base, spec, seed, status, tokenizer))
+        backend = built.backend
+        if stop == "eos" and not backend.stops_at_eos:
+            raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {built.model_name} has none "
+                               "(random-weight presets never end an answer): use the length stop mode")
+        check_pool_holds_a_request(backend.base, backends.engines_offering(Offer.KV_MANAGER),
+                                   workload.pairs[:max(counts.values())], stop, backend.bytes_per_token,
+                                   built.budget_source)
         ids = workload.prompt_ids
-        if ids is not None and any(token >= vocab for prompt in ids for token in prompt):
+        if ids is not None and any(token >= built.vocab_size for prompt in ids for token in prompt):
             where = options.requests_file or workload.dataset.path
-            raise KvbenchError(f"{where}: a prompt token id is outside the model's vocabulary of {vocab}")
+            raise KvbenchError(f"{where}: a prompt token id is outside the model's vocabulary of {built.vocab_size}")
         text = stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
-        return cls(options, spec, seed, tuple(levels), workload, counts, skipped, backend, backend.base, model_name,
-                   device_name, vocab, source, warm, text)
+        return cls(options=options, spec=spec, seed=seed, levels=tuple(levels), workload=workload, counts=counts,
+                   skipped=skipped, backend=backend, backends=backends, config=backend.base,
+                   model_name=built.model_name, device_name=built.device_name, vocab_size=built.vocab_size,
+                   budget_source=built.budget_source, warm_pairs=warm, stop_text=text)
 
     # -- the plan ---------------------------------------------------------------------------------------
     def plan(self, continue_on_error: bool) -> SweepPlan:
@@ -141,11 +106,12 @@ class SweepSetup:
     def make_requests(self, concurrency: int | None = None) -> list[Request]:
         """A fresh, identical request list for a point at ``concurrency`` (each run mutates its requests)."""
         count = self.counts.get(concurrency, len(self.workload.pairs)) if concurrency else len(self.workload.pairs)
-        return self.workload.requests(count, self.vocab_size, self.seed, self.options.simulate)
+        return self.workload.requests(count, self.vocab_size, self.seed, not self.backends.needs_prompt_tokens)
 
     def _warm_maker(self) -> Callable[[], list[Request]]:
         warm = Workload(self.warm_pairs, None, "length", self.config.max_len)  # short, EOS ignored: just warming up
-        return lambda: warm.requests(len(self.warm_pairs), self.vocab_size, self.seed, self.options.simulate)
+        return lambda: warm.requests(len(self.warm_pairs), self.vocab_size, self.seed,
+                                     not self.backends.needs_prompt_tokens)
 
     # -- what a run directory records -------------------------------------------------------------------
     def pinned_config(self) -> dict[str, Any]:
@@ -160,7 +126,7 @@ class SweepSetup:
             "kv_pool_slots": config.pool_slots, "reserve": config.reserve, "admission": config.admission,
             "max_len": config.max_len, "repeat": options.repeat,
             "requests_file": str(options.requests_file) if options.requests_file else None,
-            "samples": self.spec.samples, "dtype": getattr(self.backend, "dtype_name", None),
+            "samples": self.spec.samples, "dtype": self.backend.dtype_name,
             "scenario_sha256": content_sha256(Path(self.spec.source)) if self.spec.source else None,
             "requests_file_sha256": content_sha256(options.requests_file) if options.requests_file else None,
             "model_config_sha256": _model_config_hash(options.model),
@@ -177,7 +143,7 @@ class SweepSetup:
             block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
-            threads=getattr(self.backend, "threads", None),
+            threads=self.backend.threads,
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             requests_per_point={str(c): n for c, n in self.counts.items()}, stop=self.workload.stop,
             stop_description=self.stop_text,

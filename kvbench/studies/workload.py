@@ -69,10 +69,13 @@ class Workload:
     max_len: int
     dataset: DatasetSample | None = None
 
-    def requests(self, count: int, vocab_size: int, seed: int, simulate: bool) -> list[Request]:
-        """The first ``count`` requests, fresh (every run mutates its requests); the same list for every engine."""
+    def requests(self, count: int, vocab_size: int, seed: int, lengths_only: bool) -> list[Request]:
+        """The first ``count`` requests, fresh (every run mutates its requests); the same list for every engine.
+
+        ``lengths_only``: no prompt token ids (the simulator), each request told where its answer ends.
+        """
         pairs = self.pairs[:count]
-        if simulate:
+        if lengths_only:
             if self.stop == "length":
                 return [Request(i, p, o) for i, (p, o) in enumerate(pairs)]
             return [Request(i, p, self.max_len - p, eos_after=o) for i, (p, o) in enumerate(pairs)]
@@ -85,6 +88,13 @@ class Workload:
                 params = SamplingParams(max_tokens=self.max_len - len(prompt))
             out.append(make_request(index, prompt, params))
         return out
+
+
+def token_requests(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int) -> list[Request]:
+    """Greedy, EOS-ignoring requests with seeded random prompt tokens: the same list for every engine."""
+    prompts = random_prompts(pairs, vocab_size, seed)
+    return [make_request(index, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True))
+            for index, (prompt, (_, output_len)) in enumerate(zip(prompts, pairs, strict=True))]
 
 
 def random_prompts(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int) -> list[list[int]]:

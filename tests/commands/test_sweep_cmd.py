@@ -8,7 +8,8 @@ import pytest
 
 from kvbench.cli import main
 from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
-from kvbench.studies import backends as sweep_backends
+from kvbench.studies.backends.simulated import SimulatedBackend
+from kvbench.studies.backends.tensor import TensorBackend
 
 
 def run(args: list[str]) -> int:
@@ -53,27 +54,27 @@ def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 0
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 2  # refuses to overwrite
     calls = []
-    original = sweep_backends.TensorBackend.run
+    original = TensorBackend.run
 
-    def counting(self, engine, requests, concurrency, on_step):
-        calls.append((engine, concurrency))
-        return original(self, engine, requests, concurrency, on_step)
+    def counting(self, engine, requests, load, on_step):
+        calls.append((engine, load.concurrency))
+        return original(self, engine, requests, load, on_step)
 
-    monkeypatch.setattr(sweep_backends.TensorBackend, "run", counting)
+    monkeypatch.setattr(TensorBackend, "run", counting)
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2,4", "--resume"]) == 0
     assert sorted(calls) == [("contiguous", 4), ("paged", 4)]
     assert len(json.loads((out / "summary.json").read_text())["points"]) == 4
 
 
 def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, monkeypatch, capsys):
-    original = sweep_backends.TensorBackend.run
+    original = TensorBackend.run
 
-    def flaky(self, engine, requests, concurrency, on_step):
-        if engine == "contiguous" and concurrency == 2:
+    def flaky(self, engine, requests, load, on_step):
+        if engine == "contiguous" and load.concurrency == 2:
             raise RuntimeError("injected failure")
-        return original(self, engine, requests, concurrency, on_step)
+        return original(self, engine, requests, load, on_step)
 
-    monkeypatch.setattr(sweep_backends.TensorBackend, "run", flaky)
+    monkeypatch.setattr(TensorBackend, "run", flaky)
     out = tmp_path / "run"
     assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 1  # ran on, but failed
     assert "1 of 4 points failed" in capsys.readouterr().err
@@ -275,10 +276,10 @@ def simulate(args: list[str]) -> int:
 
 
 def test_every_point_failing_is_a_failed_run(tmp_path, monkeypatch, capsys):
-    def broken(self, engine, requests, concurrency, on_step):
+    def broken(self, engine, requests, load, on_step):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(sweep_backends.SimulatedBackend, "run", broken)
+    monkeypatch.setattr(SimulatedBackend, "run", broken)
     assert simulate(["--out", str(tmp_path / "run"), "--continue-on-error"]) == 1
     assert "4 of 4 points failed" in capsys.readouterr().err
     assert len(json.loads((tmp_path / "run" / "summary.json").read_text())["points"]) == 4

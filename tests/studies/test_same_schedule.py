@@ -11,8 +11,9 @@ from kvbench.engine.timing import UniformTiming
 from kvbench.models.gpus import resolve_gpu
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
-from kvbench.studies.backends import SimulatedBackend, token_requests
+from kvbench.studies.backends.simulated import SimulatedBackend
 from kvbench.studies.waste import Strategy, run_strategy
+from kvbench.studies.workload import token_requests
 from kvbench.workload.lengths import LengthSpec
 
 MAX_LEN = 48

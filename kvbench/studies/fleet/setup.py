@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,12 @@ from kvbench.errors import KvbenchError
 from kvbench.models.shapes import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
+from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.policies import POLICIES
-from kvbench.studies.setup import blocks_for_budget
+from kvbench.studies.kv_budget import scenario_budget, size_pool
+from kvbench.studies.run_options import RunOptions
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
 from kvbench.workload.dataset import DatasetSample
@@ -30,30 +32,15 @@ from kvbench.workload.scenario import Scenario, load_scenario
 
 
 @dataclass(frozen=True)
-class FleetOptions:
+class FleetOptions(RunOptions):
     """A fleet as asked for; None means "the scenario's" (or, for the rate, "the file's arrival times")."""
 
-    scenario: str = "article"
-    model: str = "tiny"
-    device: str = "cpu"
-    dtype: str | None = None
+    device: str = "cpu"  # each actor's device
     engine: str = "paged"
-    kv_memory_bytes: int | None = None
-    kv_memory_text: str | None = None
-    utilization: float | None = None
-    block_size: int | None = None
-    reserve: str | None = None
-    admission: str | None = None
-    requests: int | None = None
-    requests_file: Path | None = None
     trace: Path | None = None
-    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
     rate: float | None = None
-    seed: int | None = None
     instances: int = 2
     policies: tuple[str, ...] = tuple(POLICIES)
-    simulate: bool = False
-    gpu: str = "a100-80g"
     autoscale: AutoscaleSettings | None = None
     startup_s: float = 0.0  # simulated instances: the start-up time of an added one
     tick_s: float | None = None  # samples and autoscaling decisions; None: by the run's length
@@ -102,7 +89,8 @@ class FleetSetup:
                             admission=options.admission or spec.admission, max_num_seqs=256,
                             max_len=spec.lengths.max_len,
                             enable_prefix_caching=options.prefix_caching and options.engine == "paged")
-        config, model_name, device_name, source, bytes_per_token, vocab, timing = _budget(options, spec, base)
+        budget = _budget(options, spec, base)
+        vocab = budget.vocab_size
         pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
         if options.rate is not None:
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
@@ -115,8 +103,8 @@ class FleetSetup:
                                "carry arrival_time")
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
-        return cls(options, spec, seed, config, model_name, device_name, source, bytes_per_token, vocab, pairs,
-                   prompts, times, arrival_source, skipped, timing, dataset)
+        return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
+                   budget.bytes_per_token, vocab, pairs, prompts, times, arrival_source, skipped, budget.timing, dataset)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -173,31 +161,35 @@ def _derived_seed(seed: int, what: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{what}".encode(), digest_size=4).digest(), "little")
 
 
-def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig):
-    """(config, model name, device name, budget source, bytes per token, vocabulary, timing)."""
-    if options.simulate:
-        from kvbench.studies.backends import simulated_backend
-        from kvbench.studies.sweep_setup import SweepOptions
+@dataclass(frozen=True)
+class FleetBudget:
+    """What every instance is: its engine configuration (the pool sized), the model, the device, the budget."""
 
-        sweep_options = SweepOptions(model=options.model, dtype=options.dtype, gpu=options.gpu,
-                                     utilization=options.utilization, kv_memory_bytes=options.kv_memory_bytes,
-                                     kv_memory_text=options.kv_memory_text, simulate=True)
-        backend, model_name, device_name, vocab, source = simulated_backend(sweep_options, base)
-        return (backend.base, model_name, device_name, source, backend.bytes_per_token, vocab, backend.timing)
+    config: EngineConfig
+    model_name: str
+    device_name: str
+    budget_source: str
+    bytes_per_token: int
+    vocab_size: int
+    timing: Any  # simulated: the roofline of the GPU preset; None for real instances
+
+
+def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig) -> FleetBudget:
+    """Each instance's KV pool: the GPU preset's budget when simulated, else the size asked for or the scenario's."""
+    if options.simulate:
+        machine = simulated_machine(options, base)
+        return FleetBudget(machine.budget.config, machine.shape.name, f"{machine.gpu.name} (simulated)",
+                           machine.budget.source, machine.shape.bytes_per_token, machine.shape.vocab_size,
+                           machine.timing)
     if options.utilization is not None:
         raise KvbenchError("a KV budget from GPU memory utilization is for simulated fleets; give each instance's "
                            "KV memory size instead")
     shape = resolve_model(options.model)
-    if options.kv_memory_bytes is not None:
-        num_blocks = blocks_for_budget(options.kv_memory_bytes, shape, base.block_size)
-        source = f"KV memory {options.kv_memory_text} per instance"
-    else:
-        slots, source = spec.budget_slots()
-        num_blocks = slots // base.block_size
-    check_run_counts(num_blocks=max(num_blocks, 1))
-    config = replace(base, num_blocks=num_blocks)
-    source = f"{config.pool_slots:,} token slots per instance = {source}"
-    return config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size, None
+    budget = size_pool(base, shape.bytes_per_token, options.kv_memory,
+                       lambda: scenario_budget(spec, shape.bytes_per_token), per=" per instance")
+    source = f"{budget.config.pool_slots:,} token slots per instance = {budget.source}"
+    return FleetBudget(budget.config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size,
+                       None)
 
 
 def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
