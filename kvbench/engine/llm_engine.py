@@ -249,7 +249,7 @@ class LLMEngine:
 
     def _fork_samples(self, run: EngineSession, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
         """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
-        if self.config.engine != "paged":
+        if not run.scheduler.manager.can_fork:
             raise KvbenchError("parallel sampling by forking needs the paged engine; expand requests for the baseline")
         children = []
         for index in range(1, parent.num_samples):

@@ -8,11 +8,11 @@ weights on a noisy machine). "Memory saved by sharing" follows the PagedAttentio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.engine.beam import BeamSearch
+from kvbench.engine.beam import SHARING_MODES, BeamSearch
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
@@ -139,9 +139,9 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
 
     measurements = []
     for mode in ("paged-shared", "paged-unshared", "contiguous"):
-        engine = LLMEngine(model, _config(base, "contiguous" if mode == "contiguous" else "paged"), eos_token_id,
-                           stop_token_ids)
-        if mode == "paged-shared":
+        manager, shared = SHARING_MODES[mode]
+        engine = LLMEngine(model, replace(base, engine=manager), eos_token_id, stop_token_ids)
+        if shared:  # one request forked into n samples
             requests = [make_request(g, p, params(g, 0), num_samples=n) for g, p in enumerate(prompts)]
             group_of = {r.request_id: r.request_id for r in requests}
         else:
@@ -183,12 +183,6 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
         measurements.append(ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size,
                                              bytes_per_token, outputs))
     return measurements
-
-
-def _config(base: EngineConfig, engine: str) -> EngineConfig:
-    from dataclasses import replace
-
-    return replace(base, engine=engine)
 
 
 def _saved(without: float, with_sharing: float) -> float | None:

@@ -16,6 +16,8 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import content_sha256
+from kvbench.kv.block_pool import blocks_for
+from kvbench.kv.factory import manager_class
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
@@ -159,19 +161,16 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
     the blocks of its planned length (max-len - 1 when answers stop at EOS: the engines plan for max_tokens).
     Such a request is rejected at every point: a sweep that serves none, or a part, is no measurement.
     """
-    from kvbench.kv.block_pool import blocks_for
-    from kvbench.kv.contiguous import reservation_tokens
-
     if not pairs:
         return
     longest = max(p + (o if stop == "length" else config.max_len - p) - 1 for p, o in pairs)  # KV slots written
     for engine in engines:
-        if engine == "contiguous":
-            tokens = reservation_tokens(config.reserve, longest, config.max_len)
-            what = (f"the contiguous baseline reserves {tokens:,} token slots for its longest request (reserve "
+        manager = manager_class(engine)
+        tokens = manager.slots_for(longest, config.reserve, config.max_len)
+        if manager.reserves_up_front:
+            what = (f"the {engine} baseline reserves {tokens:,} token slots for its longest request (reserve "
                     f"{config.reserve}{', that is max-len' if config.reserve == 'max' else ''})")
         else:
-            tokens = longest
             what = f"the {engine} engine needs {tokens:,} token slots for its longest request"
         need = blocks_for(tokens, config.block_size)
         if need > config.num_blocks:
@@ -181,8 +180,8 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
                     size, unit = size // 1024, bigger
             slots = f"{config.pool_slots:,} token slots"
             where = source.removeprefix(f"{slots} = ")  # the simulator's source starts with its slots
-            other = ("another reservation policy (pow2, oracle)" if engine == "contiguous" and config.reserve == "max"
-                     else "shorter requests")
+            reservation_bound = manager.reserves_up_front and config.reserve == "max"
+            other = "another reservation policy (pow2, oracle)" if reservation_bound else "shorter requests"
             raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
                                f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
 

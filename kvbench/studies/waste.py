@@ -14,6 +14,7 @@ from kvbench.engine.result import RunResult
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
+from kvbench.kv.factory import manager_class
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.gpus import kv_budget, resolve_gpu
 from kvbench.models.shapes import resolve_model
@@ -40,8 +41,8 @@ class Strategy:
     policy: str | None = None
 
     def granularity(self, pool_slots: int) -> int:
-        """Block size used to simulate: a contiguous slab is token-granular unless the pool is huge."""
-        if self.kind == "paged":
+        """Block size used to simulate: a slab reserved up front is token-granular unless the pool is huge."""
+        if not manager_class(self.kind).reserves_up_front:
             return self.block_size
         return max(1, -(-pool_slots // MAX_SIMULATED_BLOCKS))
 

@@ -16,6 +16,7 @@ from kvbench.engine.request import Request, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
+from kvbench.kv.factory import manager_class
 from kvbench.models.shapes import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
@@ -88,7 +89,8 @@ class FleetSetup:
         base = EngineConfig(engine=options.engine, block_size=block_size, reserve=options.reserve or spec.reserve,
                             admission=options.admission or spec.admission, max_num_seqs=256,
                             max_len=spec.lengths.max_len,
-                            enable_prefix_caching=options.prefix_caching and options.engine == "paged")
+                            enable_prefix_caching=options.prefix_caching
+                            and manager_class(options.engine).supports_prefix_caching)
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
         pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
