@@ -25,7 +25,7 @@ def dataset(
 
     Records that cannot be read, or are too short or too long, are counted and left out, as in a run.
     """
-    from kvbench.models.tokenizers import load_tokenizer
+    from kvbench.models.tokenizers import load_tokenizer  # transformers and torch load only when run
 
     out_dir = run_directory(out)
     settings = DatasetSettings(path=path, model=model, max_len=max_len, requests=requests, seed=seed,

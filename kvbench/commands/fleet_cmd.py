@@ -18,6 +18,12 @@ from kvbench.commands._options import (
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.measure.metrics import FleetMetrics
+from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
+from kvbench.report.rundir import new_run_dir
+from kvbench.studies.fleet.core import AutoscaleSettings
+from kvbench.studies.fleet.policies import POLICIES
+from kvbench.studies.fleet.ray_runtime import prepare_ray
 
 HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
 req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
@@ -80,9 +86,7 @@ def fleet(
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
     metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition here at the end."),
 ) -> None:
-    from kvbench.studies.fleet.core import AutoscaleSettings
-    from kvbench.studies.fleet.policies import POLICIES
-    from kvbench.studies.fleet.setup import FleetOptions
+    from kvbench.studies.fleet.setup import FleetOptions  # torch loads only when a fleet runs
 
     _positive(rate, "--rate")
     _positive(scale_window, "--scale-window")
@@ -109,8 +113,6 @@ def fleet(
         given = "--ray-address" if ray_address is not None else "--ray-cpus"
         raise KvbenchError(f"{given} goes with --ray: without it a simulated fleet runs in this process")
     if not simulate or ray_tasks:  # Ray will run: is it there, and is the cluster reachable? (before any output)
-        from kvbench.studies.fleet.ray_runtime import prepare_ray
-
         prepare_ray(ray_address)
     options = FleetOptions(
         scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
@@ -128,10 +130,8 @@ def fleet(
 
 
 def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None, metrics_file: Path | None) -> None:
-    from kvbench.report.fleet_report import write_outputs
-    from kvbench.report.rundir import new_run_dir
-    from kvbench.studies.fleet.setup import FleetSetup
-    from kvbench.studies.fleet.study import run_fleet
+    from kvbench.studies.fleet.setup import FleetSetup  # torch loads only when a fleet runs
+    from kvbench.studies.fleet.study import run_fleet  # (and Ray, when asked for)
 
     console = make_console(stderr=as_json)
     with console.status("preparing the fleet..."):
@@ -176,8 +176,6 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
 def _keep_interrupted(run_dir: Path, lock: DirectoryLock, created: bool, setup, points: list[dict],
                       policies: int) -> None:
     """Ctrl-C: write the summary of the policies that finished (or discard an empty run) and exit 130."""
-    from kvbench.report.fleet_report import write_outputs
-
     if points:
         write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
         lock.release()
@@ -190,8 +188,6 @@ def _keep_interrupted(run_dir: Path, lock: DirectoryLock, created: bool, setup, 
 
 
 def _show(console, document: dict, points: list[dict], run_dir: Path, as_json: bool, simulated: bool) -> None:
-    from kvbench.report.fleet_report import fleet_table, instance_table
-
     if as_json:
         typer.echo(json_text(document))
         return
@@ -235,8 +231,6 @@ def _done_line(point: dict) -> str:
 
 
 def _metrics(setup, port: int | None, console):
-    from kvbench.measure.metrics import FleetMetrics
-
     if setup.options.simulate:
         return None
     metrics = FleetMetrics(setup.config.engine, setup.options.device)

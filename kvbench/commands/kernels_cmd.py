@@ -32,7 +32,7 @@ def _device(name: str) -> torch.device:
 
 
 def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
-    from kvbench.kernels.benchmark import DTYPES
+    from kvbench.kernels.benchmark import DTYPES  # torch loads only when run
 
     if name == "auto":
         name = "fp16" if device.type == "cuda" else "fp32"
@@ -42,7 +42,7 @@ def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
 
 
 def _backend(name: str, device: torch.device) -> str:
-    from kvbench.kernels import cpu_native, resolve_backend
+    from kvbench.kernels import cpu_native, resolve_backend  # torch loads only when run
 
     if name == "auto":
         return resolve_backend(device, None)
@@ -57,7 +57,7 @@ def _backend(name: str, device: torch.device) -> str:
 
 
 def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
-    from kvbench.kernels.benchmark import HEAD_SHAPES
+    from kvbench.kernels.benchmark import HEAD_SHAPES  # torch loads only when run
 
     if model not in HEAD_SHAPES:
         raise KvbenchError(f"--model: unknown model {model!r}; choose {', '.join(HEAD_SHAPES)} or give --heads")
@@ -138,7 +138,11 @@ def kernels(
     """
     import torch  # loaded only when the command runs: keeps `kvbench --help` fast
 
-    from kvbench.kernels.benchmark import DecodeShape, copy_bandwidth_gbps, run_decode_point
+    from kvbench.kernels.benchmark import (  # torch loads only when run
+        DecodeShape,
+        copy_bandwidth_gbps,
+        run_decode_point,
+    )
 
     device = _device(device_name)
     dtype_label, dtype = _dtype(dtype_name, device)

@@ -19,14 +19,18 @@ from kvbench.commands._options import (
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import DirectoryLock, json_text
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
+from kvbench.measure.metrics import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.rundir import new_run_dir
-from kvbench.report.sweep_report import print_sweep, write_outputs
+from kvbench.report.sweep_report import print_sweep, scenarios_table, write_outputs
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
+from kvbench.studies.fleet.ray_runtime import import_ray
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
+from kvbench.studies.sweep_ray import run_sweep_on_ray
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
 from kvbench.studies.workload import STOP_MODES
+from kvbench.workload.scenario import builtin_scenarios, load_scenario
 
 
 def sweep(
@@ -95,8 +99,6 @@ def sweep(
             console.print(note)
         _print_intro(console, setup)
         if on_ray:
-            from kvbench.studies.sweep_ray import run_sweep_on_ray
-
             with console.status(f"running {len(setup.plan(continue_on_error).keys())} points on Ray..."):
                 points = run_sweep_on_ray(setup, continue_on_error, run_dir, resume, ray_workers, ray_address,
                                           on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} "
@@ -137,8 +139,6 @@ def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_
     if on_ray and metrics:
         raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
     if on_ray:
-        from kvbench.studies.fleet.ray_runtime import import_ray
-
         import_ray()  # installed, or one line saying how, before any work
 
 
@@ -196,8 +196,6 @@ def _start_metrics(setup: SweepSetup, port, host, path, optional, notes: list[st
     user go to ``notes``."""
     if port is None and path is None:
         return None
-    from kvbench.measure.metrics import KvMetrics
-
     backend = setup.backend
     metrics = KvMetrics(device=backend.device_label)
     for name in setup.backends.engines_offering(Offer.LIVE_KV):  # time every block allocation of the measured runs
@@ -226,9 +224,6 @@ def _stop_metrics(metrics, path, console) -> None:
 
 def scenarios() -> None:
     """List the built-in scenarios with a one-line description."""
-    from kvbench.report.sweep_report import scenarios_table
-    from kvbench.workload.scenario import builtin_scenarios, load_scenario
-
     make_console().print(scenarios_table({name: load_scenario(name) for name in sorted(builtin_scenarios())}))
 
 

@@ -18,7 +18,20 @@ from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
-from kvbench.kv.block_pool import OutOfBlocks
+from kvbench.kv.block_pool import OutOfBlocks, blocks_for
+from kvbench.kv.contiguous import reservation_tokens
+from kvbench.models.runner import ModelRunner
+from kvbench.models.shapes import resolve_model
+from kvbench.preflight import (
+    check_context_length,
+    check_kv_pool_for_device,
+    check_requests_for_host,
+    check_run_counts,
+)
+from kvbench.report.rundir import run_meta, summary_document
+from kvbench.studies.setup import load_model, packed_weight_bytes
+from kvbench.studies.workload import random_prompts
+from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 
 @dataclass
@@ -102,9 +115,6 @@ def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len
     If they do not all fit, the unshared modes would queue or preempt and their memory would be capped by
     the pool: no comparison left, and a large width would run for minutes.
     """
-    from kvbench.kv.block_pool import blocks_for
-    from kvbench.kv.contiguous import reservation_tokens
-
     copies = width if kind == "parallel" else 2 * width
     lengths = [len(p) + output_len - 1 for p in prompts]
     per_prompt = [max(blocks_for(n, base.block_size),
@@ -240,9 +250,6 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
     without one), or random ids around ``prompt_len``; and the dataset's record for the summary."""
     if settings.dataset is None:
         return make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, settings.seed), None
-    from kvbench.studies.workload import random_prompts
-    from kvbench.workload.dataset import TokenCounter, sample_dataset
-
     sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
                             settings.prompts, settings.seed, need_output=False)
     ids = [r.prompt_token_ids for r in sample.requests]
@@ -264,17 +271,6 @@ def share_stop(settings: ShareSettings, loaded) -> str:
 
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
-    from kvbench.models.runner import ModelRunner
-    from kvbench.models.shapes import resolve_model
-    from kvbench.preflight import (
-        check_context_length,
-        check_kv_pool_for_device,
-        check_requests_for_host,
-        check_run_counts,
-    )
-    from kvbench.report.rundir import run_meta, summary_document
-    from kvbench.studies.setup import load_model, packed_weight_bytes
-
     kind, width, seed = settings.kind, settings.width, settings.seed
     check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
                      num_blocks=settings.num_blocks)

@@ -18,6 +18,8 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import content_sha256
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.factory import manager_class
+from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
+from kvbench.models.tokenizers import load_tokenizer
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
@@ -26,6 +28,7 @@ from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.sweep import SweepPlan
 from kvbench.studies.workload import Workload, check_stop, dataset_workload, default_stop, stop_reason_text
 from kvbench.workload.admissible import Skipped, within_max_len
+from kvbench.workload.requests_file import load_requests_jsonl
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
@@ -195,8 +198,6 @@ def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop
     if dataset is not None and options.requests_file is not None:
         raise KvbenchError("a dataset and a requests file both give the prompts: choose one")
     if options.requests_file is not None:  # replay exact prompts (token ids) and output lengths
-        from kvbench.workload.requests_file import load_requests_jsonl
-
         replay = load_requests_jsonl(options.requests_file)
         kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
                                        f"records of {options.requests_file}")
@@ -205,8 +206,6 @@ def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop
             skipped, None
     if dataset is None:
         return Workload(spec.lengths.sample(count, seed), None, stop, max_len), None, None
-    from kvbench.models.tokenizers import load_tokenizer
-
     if status is not None:
         status(f"reading the tokenizer of {options.model}...")
     tokenizer = None if options.simulate and options.model == "tiny" else load_tokenizer(options.model)
@@ -217,8 +216,6 @@ def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop
 
 def _model_config_hash(model: str) -> str | None:
     """The content hash of a local model's config.json or GGUF header (a preset's shape is fixed by its name)."""
-    from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
-
     path = Path(model)
     if is_gguf(path):
         return gguf_fingerprint(path)

@@ -23,7 +23,7 @@ from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
-from kvbench.workload.dataset import DatasetSample
+from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
 from kvbench.workload.lengths import LengthSpec, load_trace
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -150,9 +150,7 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
     lengths from a distribution."""
     check_run_counts(requests=settings.requests)  # the limit sweep and fleet apply: before drawing a single length
     if settings.dataset is not None:
-        from kvbench.models.tokenizers import load_tokenizer
-        from kvbench.workload.dataset import TokenCounter, sample_dataset
-
+        from kvbench.models.tokenizers import load_tokenizer  # transformers and torch: only for a dataset
         count = settings.requests if settings.requests_given else None
         sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model), settings.model), settings.max_len,
                                 count, settings.seed, need_output=True)

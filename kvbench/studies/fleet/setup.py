@@ -18,6 +18,7 @@ from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.models.shapes import resolve_model
+from kvbench.models.tokenizers import load_tokenizer
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.simulated import simulated_machine
@@ -26,9 +27,12 @@ from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.policies import POLICIES
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
+from kvbench.studies.workload import dataset_workload
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
 from kvbench.workload.dataset import DatasetSample
+from kvbench.workload.lengths import load_trace
+from kvbench.workload.requests_file import load_requests_jsonl
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
@@ -212,8 +216,6 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
     if dataset is not None and options.prefix_groups > 0:
         raise KvbenchError("shared prefixes are drawn for random prompts; a dataset brings its own prompts")
     if options.requests_file is not None:
-        from kvbench.workload.requests_file import load_requests_jsonl
-
         replay = load_requests_jsonl(options.requests_file)
         file_times = recorded_arrivals(options.requests_file)
         kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
@@ -224,17 +226,12 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
         pairs = [(len(replay[i][0]), replay[i][1]) for i in kept]
         file_times = [file_times[i] for i in kept] if file_times is not None else None
     elif options.trace is not None:
-        from kvbench.workload.lengths import load_trace
-
         lengths = load_trace(options.trace)
         file_times = recorded_arrivals(options.trace)
         kept, skipped = within_max_len(lengths, max_len, f"records of {options.trace}")
         pairs = [lengths[i] for i in kept]
         file_times = [file_times[i] for i in kept] if file_times is not None else None
     elif dataset is not None:  # the sweep's dataset loading: tokenized, filtered, a seeded draw
-        from kvbench.models.tokenizers import load_tokenizer
-        from kvbench.studies.workload import dataset_workload
-
         workload = dataset_workload(Path(dataset), load_tokenizer(options.model), max_len,
                                     options.requests or spec.requests, seed, "length", options.model)
         pairs, prompts, sample = workload.pairs, workload.prompt_ids, workload.dataset
