@@ -12,8 +12,8 @@ from kvbench.fileio import json_text
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
 from kvbench.report.rundir import new_run_dir, write_summary
 from kvbench.report.share_report import print_share, share_markdown, share_plot
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.share import ShareSettings, run_share_study
-from kvbench.studies.workload import STOP_MODES
 
 
 def share(

@@ -25,11 +25,11 @@ from kvbench.report.rundir import new_run_dir
 from kvbench.report.sweep_report import print_sweep, scenarios_table, write_outputs
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
-from kvbench.studies.fleet.ray_runtime import import_ray
+from kvbench.studies.fleet import ray_runtime
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_ray import run_sweep_on_ray
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
-from kvbench.studies.workload import STOP_MODES
 from kvbench.workload.scenario import builtin_scenarios, load_scenario
 
 
@@ -139,7 +139,7 @@ def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_
     if on_ray and metrics:
         raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
     if on_ray:
-        import_ray()  # installed, or one line saying how, before any work
+        ray_runtime.import_ray()  # installed, or one line saying how, before any work
 
 
 def _prepare_results(run_dir, resume: bool) -> list[str]:

@@ -12,6 +12,7 @@ from kvbench.fileio import json_text
 from kvbench.kv.policies import check_choice
 from kvbench.report.rundir import flatten, new_run_dir, write_summary
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.waste import (
     STRATEGY_NAMES,
     WasteSettings,
@@ -20,7 +21,6 @@ from kvbench.studies.waste import (
     waste_budget,
     waste_workload,
 )
-from kvbench.studies.workload import STOP_MODES
 from kvbench.workload.lengths import DISTRIBUTIONS
 
 DEFAULT_REQUESTS = 2000

@@ -19,16 +19,21 @@ from kvbench.fileio import content_sha256
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.factory import manager_class
 from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
-from kvbench.models.tokenizers import load_tokenizer
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
 from kvbench.studies.backends.registry import RunBackends, choose_backends
 from kvbench.studies.run_options import SweepOptions
+from kvbench.studies.run_requests import (
+    RequestChoice,
+    Workload,
+    check_stop,
+    default_stop,
+    resolve_requests,
+    stop_reason_text,
+)
 from kvbench.studies.sweep import SweepPlan
-from kvbench.studies.workload import Workload, check_stop, dataset_workload, default_stop, stop_reason_text
-from kvbench.workload.admissible import Skipped, within_max_len
-from kvbench.workload.requests_file import load_requests_jsonl
+from kvbench.workload.admissible import Skipped
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
@@ -72,7 +77,8 @@ class SweepSetup:
             raise KvbenchError(f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on "
                                "the tensor engine only, not in simulation")
         max_len = spec.lengths.max_len
-        workload, skipped, tokenizer = _workload(options, spec, seed, max(counts.values()), stop, status)
+        choice = RequestChoice(requests_file=options.requests_file, dataset=options.dataset)
+        workload, tokenizer = resolve_requests(choice, spec, options.model, max(counts.values()), seed, stop, status)
         if options.requests_file is not None:  # a requests file is replayed exactly, at every point
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
@@ -93,13 +99,10 @@ class SweepSetup:
         check_pool_holds_a_request(backend.base, backends.engines_offering(Offer.KV_MANAGER),
                                    workload.pairs[:max(counts.values())], stop, backend.bytes_per_token,
                                    built.budget_source)
-        ids = workload.prompt_ids
-        if ids is not None and any(token >= built.vocab_size for prompt in ids for token in prompt):
-            where = options.requests_file or workload.dataset.path
-            raise KvbenchError(f"{where}: a prompt token id is outside the model's vocabulary of {built.vocab_size}")
+        workload.check_vocabulary(built.vocab_size)
         text = stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
         return cls(options=options, spec=spec, seed=seed, levels=tuple(levels), workload=workload, counts=counts,
-                   skipped=skipped, backend=backend, backends=backends, config=backend.base,
+                   skipped=workload.skipped, backend=backend, backends=backends, config=backend.base,
                    model_name=built.model_name, device_name=built.device_name, vocab_size=built.vocab_size,
                    budget_source=built.budget_source, warm_pairs=warm, stop_text=text)
 
@@ -187,31 +190,6 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
             other = "another reservation policy (pow2, oracle)" if reservation_bound else "shorter requests"
             raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
                                f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
-
-
-def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop: str,
-              status: Callable[[str], Any] | None) -> tuple[Workload, Skipped | None, Any]:
-    """The requests: a requests file's exact prompts, a dataset's, or lengths drawn from the scenario; and the
-    tokenizer loaded to count a dataset (handed on to the model loader)."""
-    max_len = spec.lengths.max_len
-    dataset = options.dataset or (spec.dataset_path() if spec.dataset and options.requests_file is None else None)
-    if dataset is not None and options.requests_file is not None:
-        raise KvbenchError("a dataset and a requests file both give the prompts: choose one")
-    if options.requests_file is not None:  # replay exact prompts (token ids) and output lengths
-        replay = load_requests_jsonl(options.requests_file)
-        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
-                                       f"records of {options.requests_file}")
-        replay = [replay[index] for index in kept]
-        return Workload([(len(ids), out) for ids, out in replay], [ids for ids, _ in replay], stop, max_len), \
-            skipped, None
-    if dataset is None:
-        return Workload(spec.lengths.sample(count, seed), None, stop, max_len), None, None
-    if status is not None:
-        status(f"reading the tokenizer of {options.model}...")
-    tokenizer = None if options.simulate and options.model == "tiny" else load_tokenizer(options.model)
-    if status is not None:
-        status(f"reading dataset {dataset}...")
-    return dataset_workload(Path(dataset), tokenizer, max_len, count, seed, stop, options.model), None, tokenizer
 
 
 def _model_config_hash(model: str) -> str | None:

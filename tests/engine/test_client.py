@@ -18,7 +18,7 @@ from kvbench.engine.simulator import SimulatedInstance, simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import resolve_model
-from kvbench.studies.workload import random_prompts
+from kvbench.studies.run_requests import random_prompts
 
 
 class Recorder:

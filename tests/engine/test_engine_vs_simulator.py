@@ -12,7 +12,7 @@ from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
-from kvbench.studies.workload import token_requests
+from kvbench.studies.run_requests import token_requests
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from kvbench.engine.timing import RooflineTiming, UniformTiming
 from kvbench.models.gpus import resolve_gpu
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS, resolve_model
-from kvbench.studies.workload import token_requests
+from kvbench.studies.run_requests import token_requests
 
 PAIRS = [(8, 1), (8, 3), (5, 7), (12, 4), (3, 9), (20, 6), (7, 7), (9, 2)]
 CONFIG = EngineConfig(block_size=4, num_blocks=12, max_len=32)

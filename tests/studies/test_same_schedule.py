@@ -12,8 +12,8 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
 from kvbench.studies.backends.simulated import SimulatedBackend
+from kvbench.studies.run_requests import token_requests
 from kvbench.studies.waste import Strategy, run_strategy
-from kvbench.studies.workload import token_requests
 from kvbench.workload.lengths import LengthSpec
 
 MAX_LEN = 48

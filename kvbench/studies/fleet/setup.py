@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.models.shapes import resolve_model
-from kvbench.models.tokenizers import load_tokenizer
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.simulated import simulated_machine
@@ -27,12 +26,10 @@ from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.policies import POLICIES
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
-from kvbench.studies.workload import dataset_workload
-from kvbench.workload.admissible import Skipped, within_max_len
-from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
+from kvbench.studies.run_requests import RequestChoice, Workload, resolve_requests
+from kvbench.workload.admissible import Skipped
+from kvbench.workload.arrivals import poisson_arrivals
 from kvbench.workload.dataset import DatasetSample
-from kvbench.workload.lengths import load_trace
-from kvbench.workload.requests_file import load_requests_jsonl
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
@@ -97,7 +94,8 @@ class FleetSetup:
                             and manager_class(options.engine).supports_prefix_caching)
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
-        pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
+        workload = _workload(options, spec, seed, vocab)
+        pairs, file_times = workload.pairs, workload.arrival_times
         if options.rate is not None:
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
             arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
@@ -110,7 +108,8 @@ class FleetSetup:
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
-                   budget.bytes_per_token, vocab, pairs, prompts, times, arrival_source, skipped, budget.timing, dataset)
+                   budget.bytes_per_token, vocab, pairs, workload.prompt_ids, times, arrival_source, workload.skipped,
+                   budget.timing, workload.dataset)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -198,54 +197,22 @@ def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig) -> FleetB
                        None)
 
 
-def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
-    """(pairs, prompt token ids or None, skipped, arrival times recorded in the file or None, dataset sample).
-
-    The requests come from a requests file, a trace, a dataset (asked for, else the scenario's when no file is
-    given) or lengths drawn from the scenario. Every request runs to its reference output length.
-    """
-    max_len = spec.lengths.max_len
-    file_times = None
-    prompts = None
-    skipped = None
-    sample = None
-    from_file = options.requests_file is not None or options.trace is not None
-    dataset = options.dataset or (spec.dataset_path() if spec.dataset and not from_file else None)
-    if dataset is not None and from_file:
-        raise KvbenchError("a dataset and a requests file or trace both give the requests: choose one")
-    if dataset is not None and options.prefix_groups > 0:
+def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int) -> Workload:
+    """The requests (``run_requests.resolve_requests``: a requests file, a trace, a dataset or lengths drawn from
+    the scenario), each run to its reference output length, with the arrival times a file records; ``--requests``
+    takes a file's first N records. Prompts without token ids of their own get seeded ones (shared prefixes)."""
+    choice = RequestChoice(options.requests_file, options.trace, options.dataset)
+    if options.prefix_groups > 0 and choice.file is None and choice.dataset_of(spec) is not None:
         raise KvbenchError("shared prefixes are drawn for random prompts; a dataset brings its own prompts")
-    if options.requests_file is not None:
-        replay = load_requests_jsonl(options.requests_file)
-        file_times = recorded_arrivals(options.requests_file)
-        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
-                                       f"records of {options.requests_file}")
-        if any(token >= vocab for ids, _ in replay for token in ids):
-            raise KvbenchError(f"{options.requests_file}: a prompt token id is outside the model's vocabulary of {vocab}")
-        prompts = [replay[i][0] for i in kept]
-        pairs = [(len(replay[i][0]), replay[i][1]) for i in kept]
-        file_times = [file_times[i] for i in kept] if file_times is not None else None
-    elif options.trace is not None:
-        lengths = load_trace(options.trace)
-        file_times = recorded_arrivals(options.trace)
-        kept, skipped = within_max_len(lengths, max_len, f"records of {options.trace}")
-        pairs = [lengths[i] for i in kept]
-        file_times = [file_times[i] for i in kept] if file_times is not None else None
-    elif dataset is not None:  # the sweep's dataset loading: tokenized, filtered, a seeded draw
-        workload = dataset_workload(Path(dataset), load_tokenizer(options.model), max_len,
-                                    options.requests or spec.requests, seed, "length", options.model)
-        pairs, prompts, sample = workload.pairs, workload.prompt_ids, workload.dataset
-        if prompts is not None and any(token >= vocab for ids in prompts for token in ids):
-            raise KvbenchError(f"{sample.path}: a prompt token id is outside the model's vocabulary of {vocab}")
-    else:
-        pairs = spec.lengths.sample(options.requests or spec.requests, seed)
-    if options.requests is not None and from_file:
-        pairs = pairs[: options.requests]  # the first N records of the file
-        prompts = prompts[: options.requests] if prompts is not None else None
-        file_times = file_times[: options.requests] if file_times is not None else None
-    if prompts is None and (options.prefix_groups > 0 or not options.simulate):
-        prompts = prefix_prompts(pairs, vocab, seed, options.prefix_groups, options.prefix_len)
-    return pairs, prompts, skipped, file_times, sample
+    workload, _ = resolve_requests(choice, spec, options.model, options.requests or spec.requests, seed, "length",
+                                   arrivals=True)
+    if options.requests is not None and choice.file is not None:
+        workload = workload.first(options.requests)  # the first N records of the file
+    workload.check_vocabulary(vocab)
+    if workload.prompt_ids is None and (options.prefix_groups > 0 or not options.simulate):
+        workload = replace(workload, prompt_ids=prefix_prompts(workload.pairs, vocab, seed, options.prefix_groups,
+                                                               options.prefix_len))
+    return workload
 
 
 def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int) -> list[list[int]]:

@@ -21,7 +21,7 @@ from kvbench.studies.backends.vllm_offline import (
     vllm_settings,
 )
 from kvbench.studies.run_options import SweepOptions
-from kvbench.studies.workload import token_requests
+from kvbench.studies.run_requests import token_requests
 
 PAIRS = [(20, 6), (35, 3), (9, 10), (50, 4), (12, 7), (28, 5)]
 

@@ -18,7 +18,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import RequestStatus
 from kvbench.report.point import point_from_result
 from kvbench.studies.backends.vllm_offline import VllmBackend, vllm_settings
-from kvbench.studies.workload import token_requests
+from kvbench.studies.run_requests import token_requests
 
 MODEL = os.environ.get("KVBENCH_VLLM_MODEL")
 

@@ -1,4 +1,5 @@
-"""What a run serves: its prompts (drawn lengths, a dataset, or a requests file) and how each request ends.
+"""What a run serves: its requests (drawn from the scenario, a dataset, a trace or a requests file, resolved once
+by :func:`resolve_requests` for every study) and how each request ends.
 
 Two stop modes:
 
@@ -16,8 +17,8 @@ The default is ``eos`` for a model with real weights and a tokenizer, ``length``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,13 @@ import numpy as np
 from kvbench.engine.request import Request, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
-from kvbench.models.tokenizers import has_tokenizer
+from kvbench.models.tokenizers import has_tokenizer, load_tokenizer
+from kvbench.workload.admissible import Skipped, within_max_len
+from kvbench.workload.arrivals import recorded_arrivals
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
+from kvbench.workload.lengths import load_trace
+from kvbench.workload.requests_file import load_requests_jsonl
+from kvbench.workload.scenario import Scenario
 
 STOP_MODES = ("eos", "length")
 
@@ -68,6 +74,20 @@ class Workload:
     stop: str
     max_len: int
     dataset: DatasetSample | None = None
+    skipped: Skipped | None = None  # records of a file left out (longer than max-len)
+    arrival_times: list[float] | None = None  # recorded in the file, from 0; None: none recorded
+    source: Path | None = None  # the file the requests come from (a requests file, a trace or a dataset)
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse a prompt token id the model does not have (a requests file's or a tokenized dataset's)."""
+        if self.prompt_ids is not None and any(token >= vocab_size for ids in self.prompt_ids for token in ids):
+            raise KvbenchError(f"{self.source}: a prompt token id is outside the model's vocabulary of {vocab_size}")
+
+    def first(self, count: int) -> Workload:
+        """The first ``count`` requests (of a file, in its order)."""
+        return replace(self, pairs=self.pairs[:count],
+                       prompt_ids=self.prompt_ids[:count] if self.prompt_ids is not None else None,
+                       arrival_times=self.arrival_times[:count] if self.arrival_times is not None else None)
 
     def requests(self, count: int, vocab_size: int, seed: int, lengths_only: bool) -> list[Request]:
         """The first ``count`` requests, fresh (every run mutates its requests); the same list for every engine.
@@ -111,4 +131,58 @@ def dataset_workload(path: Path, tokenizer: Any | None, max_len: int, count: int
     pairs = [(r.prompt_len, r.output_len if r.output_len is not None else max_len - r.prompt_len)
              for r in sample.requests]
     ids = [r.prompt_token_ids for r in sample.requests] if tokenizer is not None else None
-    return Workload(pairs, ids, stop, max_len, sample)
+    return Workload(pairs, ids, stop, max_len, sample, source=sample.path)
+
+
+@dataclass(frozen=True)
+class RequestChoice:
+    """Where a run's requests come from, as asked: at most one file; else the dataset asked for, else the
+    scenario's dataset, else lengths drawn from the scenario."""
+
+    requests_file: Path | None = None  # exact prompt token ids and output lengths (and arrival times)
+    trace: Path | None = None  # lengths (and arrival times)
+    dataset: str | None = None  # a dataset file or a shipped name
+
+    @property
+    def file(self) -> Path | None:
+        return self.requests_file or self.trace
+
+    def dataset_of(self, spec: Scenario) -> str | None:
+        """The dataset the prompts come from: the one asked for, else the scenario's when no file is given."""
+        return self.dataset or (spec.dataset_path() if spec.dataset and self.file is None else None)
+
+
+def resolve_requests(choice: RequestChoice, spec: Scenario, model: str, count: int, seed: int, stop: str,
+                     status: Callable[[str], Any] | None = None, arrivals: bool = False) -> tuple[Workload, Any]:
+    """The run's requests, and the tokenizer loaded to count a dataset (None otherwise), handed on to the model
+    loader. ``count`` is how many to draw from the scenario or the dataset; a file gives all its records that
+    fit max-len, in its order, with the arrival times it records when ``arrivals`` (an open loop) asks."""
+    max_len = spec.lengths.max_len
+    if choice.requests_file is not None and choice.trace is not None:
+        raise KvbenchError("a requests file and a trace both give the requests: choose one")
+    dataset = choice.dataset_of(spec)
+    if dataset is not None and choice.file is not None:
+        what = "requests file" if choice.requests_file is not None else "trace"
+        raise KvbenchError(f"a dataset and a {what} both give the requests: choose one")
+    if choice.requests_file is not None:  # exact prompts (token ids) and output lengths
+        replay = load_requests_jsonl(choice.requests_file)
+        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
+                                       f"records of {choice.requests_file}")
+        times = recorded_arrivals(choice.requests_file) if arrivals else None
+        return Workload([(len(replay[i][0]), replay[i][1]) for i in kept], [replay[i][0] for i in kept], stop,
+                        max_len, None, skipped, [times[i] for i in kept] if times is not None else None,
+                        choice.requests_file), None
+    if choice.trace is not None:  # lengths only
+        lengths = load_trace(choice.trace)
+        kept, skipped = within_max_len(lengths, max_len, f"records of {choice.trace}")
+        times = recorded_arrivals(choice.trace) if arrivals else None
+        return Workload([lengths[i] for i in kept], None, stop, max_len, None, skipped,
+                        [times[i] for i in kept] if times is not None else None, choice.trace), None
+    if dataset is None:
+        return Workload(spec.lengths.sample(count, seed), None, stop, max_len), None
+    if status is not None:
+        status(f"reading the tokenizer of {model}...")
+    tokenizer = load_tokenizer(model)
+    if status is not None:
+        status(f"reading dataset {dataset}...")
+    return dataset_workload(Path(dataset), tokenizer, max_len, count, seed, stop, model), tokenizer
