@@ -6,8 +6,9 @@ extend it); None means "the scenario's".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,3 +52,8 @@ class SweepOptions(RunOptions):
     stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
     repeat: int = 1
     threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
+
+
+def run_fields(options: RunOptions) -> dict[str, Any]:
+    """The shared settings of ``options`` by name, to build a study's own options from (``SweepOptions(**...)``)."""
+    return {f.name: getattr(options, f.name) for f in fields(RunOptions)}
