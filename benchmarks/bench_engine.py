@@ -51,7 +51,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.step_log import StepLog
 from kvbench.fileio import write_json_atomic
-from kvbench.studies.setup import load_model
+from kvbench.studies.local_model import load_model
 
 BLOCK_SIZE = 16
 

@@ -49,7 +49,7 @@ def run_kvbench(job: dict) -> dict:
     from kvbench.engine.config import EngineConfig
     from kvbench.engine.request import make_request
     from kvbench.engine.sampling import SamplingParams
-    from kvbench.studies.setup import build_engine, load_model
+    from kvbench.studies.local_model import build_engine, load_model
 
     loaded = load_model(job["checkpoint"], device="cpu", dtype=job["dtype"], threads=job["threads"])
     prompts, output_len = job["prompts"], job["output_len"]

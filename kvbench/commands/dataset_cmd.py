@@ -7,7 +7,7 @@ import typer
 from kvbench.commands._options import int_list, make_console, run_directory
 from kvbench.commands._run import write_study
 from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
-from kvbench.studies.dataset import DatasetSettings, describe_dataset
+from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
 
 
 def dataset(

@@ -15,8 +15,8 @@ from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.metrics import FleetMetrics
 from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
 from kvbench.studies.fleet.core import AutoscaleSettings
-from kvbench.studies.fleet.policies import POLICIES
 from kvbench.studies.fleet.ray_runtime import prepare_ray
+from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.run_options import RunOptions, run_fields
 
 HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
@@ -77,7 +77,7 @@ def fleet(
     *,
     run: RunOptions,
 ) -> None:
-    from kvbench.studies.fleet.setup import FleetOptions  # torch loads only when a fleet runs
+    from kvbench.studies.fleet.fleet_setup import FleetOptions  # torch loads only when a fleet runs
 
     _positive(rate, "--rate")
     _positive(tick, "--tick")
@@ -129,7 +129,7 @@ def _check_where(simulate: bool, ray_tasks: bool, ray_address: str | None, ray_c
 
 
 def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None, metrics_file: Path | None) -> None:
-    from kvbench.studies.fleet.setup import FleetSetup  # torch loads only when a fleet runs
+    from kvbench.studies.fleet.fleet_setup import FleetSetup  # torch loads only when a fleet runs
     from kvbench.studies.fleet.study import run_fleet  # (and Ray, when asked for)
 
     console = make_console(stderr=as_json)

@@ -23,8 +23,8 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError
+from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
-from kvbench.studies.setup import LoadedModel
 from kvbench.workload.scenario import Scenario
 
 OnStep = Callable[[str, Any, int], None]  # (engine, its scheduler or None, requests finished so far)

@@ -25,8 +25,8 @@ from kvbench.studies.backends.base import (
     PointBackend,
     checkpoint_dir,
 )
+from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
-from kvbench.studies.setup import LoadedModel
 
 BACKENDS: tuple[BackendSpec, ...] = (
     tensor.SPEC,  # paged, contiguous on this machine

@@ -19,7 +19,13 @@ from kvbench.measure.probes import MemorySampler
 from kvbench.preflight import check_kv_pool_for_device
 from kvbench.studies.backends.base import BackendSetup, BackendSpec, BuildContext, Need, Offer, OnStep
 from kvbench.studies.kv_budget import Budget, scenario_budget, size_pool
-from kvbench.studies.setup import LoadedModel, build_engine, cuda_kv_budget, load_model, packed_weight_bytes
+from kvbench.studies.local_model import (
+    LoadedModel,
+    build_engine,
+    cuda_kv_budget,
+    load_model,
+    packed_weight_bytes,
+)
 
 
 class TensorBackend:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request
-from kvbench.studies.setup import build_engine, load_model
+from kvbench.studies.local_model import build_engine, load_model
 
 
 @dataclass(frozen=True)

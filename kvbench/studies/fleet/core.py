@@ -14,7 +14,7 @@ from typing import Any
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.kv.block_pool import blocks_for
-from kvbench.studies.fleet.policies import InstanceView, RoutingPolicy
+from kvbench.studies.fleet.routing import InstanceView, RoutingPolicy
 
 STARTING, SERVING, DRAINING, STOPPED, DEAD = "starting", "serving", "draining", "stopped", "dead"
 

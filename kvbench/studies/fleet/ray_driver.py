@@ -30,7 +30,7 @@ from kvbench.studies.fleet.core import (
     drain_choice,
     reject,
 )
-from kvbench.studies.fleet.policies import RoutingPolicy
+from kvbench.studies.fleet.routing import RoutingPolicy
 
 MAX_REROUTES = 1
 

@@ -26,7 +26,7 @@ from kvbench.studies.fleet.core import (
     drain_choice,
     reject,
 )
-from kvbench.studies.fleet.policies import RoutingPolicy
+from kvbench.studies.fleet.routing import RoutingPolicy
 
 
 class SimulatedFleet:

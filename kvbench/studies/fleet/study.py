@@ -15,12 +15,12 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
 from kvbench.studies.fleet.core import FleetRun
-from kvbench.studies.fleet.policies import make_policy
+from kvbench.studies.fleet.fleet_setup import FleetSetup
 from kvbench.studies.fleet.pool import InstancePool
 from kvbench.studies.fleet.ray_driver import RayFleet
 from kvbench.studies.fleet.ray_runtime import ray_session
 from kvbench.studies.fleet.results import fleet_point, fleet_series
-from kvbench.studies.fleet.setup import FleetSetup
+from kvbench.studies.fleet.routing import make_policy
 from kvbench.studies.fleet.sim_driver import SimulatedFleet
 
 Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests in all)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.studies.fleet.setup import FleetOptions, FleetSetup
+from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 

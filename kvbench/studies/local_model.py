@@ -108,12 +108,6 @@ def _gate_up_probe(model: Any):
     return probe
 
 
-def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:
-    """How many blocks of ``block_size`` tokens fit in ``kv_bytes``."""
-    per_block = shape.bytes_per_token * block_size
-    return kv_bytes // per_block
-
-
 def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
     """vLLM's rule on a real GPU: utilization x total memory, minus what is already used, minus activations."""
     free, total = torch.cuda.mem_get_info(loaded.device)

@@ -23,7 +23,7 @@ from kvbench.report.rundir import run_meta
 from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
-from kvbench.studies.fleet.policies import POLICIES
+from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
 from kvbench.studies.run_requests import RequestChoice, Workload, resolve_requests
