@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -197,8 +198,13 @@ def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
     for point in points:
         samples = point["samples"]["output_throughput"]
         assert point["repeats"] == 2 and len(samples) == 2
-        assert point["output_throughput"] == pytest.approx(sum(samples) / 2)
-        assert point["output_throughput_std"] >= 0 and point["output_throughput_ci95"] >= 0
+        a, b = samples
+        assert point["output_throughput"] == pytest.approx((a + b) / 2)
+        # by hand for two samples: the sample std is |a - b| / sqrt(2); the 95% CI half-width is t(0.975, df=1)
+        # x std / sqrt(2), with Student's t = 12.706 from the table
+        std = abs(a - b) / math.sqrt(2)
+        assert point["output_throughput_std"] == pytest.approx(std, rel=1e-9, abs=1e-12)
+        assert point["output_throughput_ci95"] == pytest.approx(12.706 * std / math.sqrt(2), rel=1e-3, abs=1e-12)
 
 
 def test_resume_refuses_other_settings_and_needs_out(scenario, tmp_path, capsys):
