@@ -134,6 +134,9 @@ class BackendSpec:
     build: Callable[[BuildContext], BackendSetup]
     simulated: bool = False  # it runs under a simulation (else on real hardware)
     provides_run: bool = False  # it resolves the run's model, vocabulary, device and KV budget
+    # a provider: whether it provides a run with these options (the first in BACKENDS that does, among those of
+    # the run's kind, simulated or not); e.g. an endpoint target's provider, when a target URL is given
+    selected_by: Callable[[SweepOptions], bool] = lambda options: True
     package: str | None = None  # the package ``Need.PACKAGE`` names
     install_hint: str = ""  # how to install that package, in one line
     check: Callable[[SweepOptions], None] | None = None  # its own pre-flight, after the checks of its needs

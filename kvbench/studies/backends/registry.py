@@ -75,10 +75,11 @@ class RunBackends:
 def choose_backends(options: SweepOptions) -> RunBackends:
     """Each engine's backend for this run, with every need checked: before any model loads or file is read."""
     simulated_run = options.simulate
-    providers = [spec for spec in BACKENDS if spec.provides_run and spec.simulated == simulated_run]
-    if len(providers) != 1:
-        raise AssertionError(f"BACKENDS must hold one provider per kind of run, not {len(providers)}")
-    provider = providers[0]
+    providers = [spec for spec in BACKENDS if spec.provides_run and spec.simulated == simulated_run
+                 and spec.selected_by(options)]
+    if not providers:
+        raise AssertionError("BACKENDS holds no provider for this kind of run")
+    provider = providers[0]  # the first registered wins: a specific provider goes before the general one
     by_engine: dict[str, BackendSpec] = {}
     for engine in options.engines:
         candidates = [spec for spec in BACKENDS if engine in spec.engines]

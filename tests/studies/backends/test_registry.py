@@ -25,6 +25,16 @@ def test_every_engine_has_one_backend_per_kind_of_run():
     assert len({spec.name for spec in registry.BACKENDS}) == len(registry.BACKENDS)
 
 
+def test_a_provider_registered_first_takes_the_runs_it_selects(monkeypatch):
+    """How an endpoint target will come in: a provider that selects the runs given a target, ahead of kvbench's."""
+    remote = BackendSpec(name="remote", engines=("remote",), title="the remote column", build=lambda context: None,
+                         needs=frozenset(), offers=frozenset(), provides_run=True,
+                         selected_by=lambda options: options.model.startswith("http://"))
+    monkeypatch.setattr(registry, "BACKENDS", (remote, *registry.BACKENDS))
+    assert registry.choose_backends(SweepOptions(engines=("remote",), model="http://127.0.0.1:1")).provider is remote
+    assert registry.choose_backends(SweepOptions(engines=("paged",))).provider.name == "kvbench"
+
+
 def test_a_simulated_run_offers_no_live_state_and_needs_no_prompt_tokens():
     simulated = registry.choose_backends(SweepOptions(simulate=True))
     assert simulated.provider.name == "simulator" and simulated.engines_offering(Offer.LIVE_KV) == []
