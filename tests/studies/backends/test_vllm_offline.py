@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvbench.engine.client import ClosedLoop
+from kvbench.engine.client import ClosedLoop, OpenLoop
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import RequestStatus
 from kvbench.errors import KvbenchError
@@ -226,3 +226,17 @@ def test_a_request_vllm_aborts_fails_the_run_instead_of_counting_as_done(fake_vl
     lost.step, lost.has_unfinished_requests = (lambda: []), (lambda: False)  # the engine lost the requests
     with pytest.raises(RuntimeError, match="no unfinished request"):
         drive(fake_vllm, lost, requests()[:1], 1, 64, 16)
+
+
+def test_an_open_loop_sends_each_request_at_its_arrival_time(fake_vllm):
+    """The same client loop runs an open loop: requests sent on schedule, idle gaps waited out, no window."""
+    reqs = requests()
+    times = (0.0, 0.0, 0.05, 0.3, 0.31, 0.6)
+    result = drive(fake_vllm, build(fake_vllm).llm_engine, reqs, OpenLoop(times), 64, 16, clock=Clock())
+    assert [r.arrival_time for r in reqs] == list(times)
+    assert all(r.status is RequestStatus.FINISHED and r.first_token_time >= r.arrival_time for r in reqs)
+    assert len(result.completed) == len(PAIRS) and result.steady is None
+    capped = requests()
+    drive(fake_vllm, build(fake_vllm).llm_engine, capped, OpenLoop(times, max_concurrency=1), 64, 16, clock=Clock())
+    for before, after in zip(capped, capped[1:], strict=False):  # one in flight: each sent once the last one ended
+        assert after.arrival_time >= before.finish_time
