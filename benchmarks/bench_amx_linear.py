@@ -18,8 +18,8 @@ import statistics
 import time
 
 import torch
-from kvbench.kernels import cpu_amx
 
+from kvbench.kernels import cpu_amx
 from kvbench.models import cpu_linear
 
 MATRICES = {  # name: (out, in)

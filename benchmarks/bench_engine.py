@@ -51,7 +51,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.step_log import StepLog
 from kvbench.fileio import write_json_atomic
-from kvbench.studies.setup import load_model
+from kvbench.studies.local_model import load_model
 
 BLOCK_SIZE = 16
 
@@ -98,7 +98,7 @@ class EngineRun:
     def __call__(self) -> tuple[float, list[list[int]]]:
         requests = [make_request(i, p, self.params) for i, p in enumerate(self.prompts)]
         start = time.perf_counter()
-        result = self.llm.run(requests, concurrency=len(requests))
+        result = self.llm.run(requests, len(requests))
         seconds = time.perf_counter() - start
         if result.rejected or result.num_preemptions:
             raise RuntimeError(f"{self.engine}: {len(result.rejected)} rejected, {result.num_preemptions} preemptions")

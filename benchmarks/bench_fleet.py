@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.report.fleet_report import write_outputs
-from kvbench.studies.fleet.policies import POLICIES
+from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
 from kvbench.studies.fleet.results import fleet_point, fleet_series
-from kvbench.studies.fleet.setup import FleetOptions, FleetSetup
+from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.fleet.study import simulate_policy
 
 TARGET_USAGE = 0.85

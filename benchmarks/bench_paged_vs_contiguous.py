@@ -16,8 +16,8 @@ import time
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
-from kvbench.studies.backends import token_requests
-from kvbench.studies.setup import load_model
+from kvbench.studies.local_model import load_model
+from kvbench.studies.run_requests import token_requests
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def run_kvbench(job: dict) -> dict:
     from kvbench.engine.config import EngineConfig
     from kvbench.engine.request import make_request
     from kvbench.engine.sampling import SamplingParams
-    from kvbench.studies.setup import build_engine, load_model
+    from kvbench.studies.local_model import build_engine, load_model
 
     loaded = load_model(job["checkpoint"], device="cpu", dtype=job["dtype"], threads=job["threads"])
     prompts, output_len = job["prompts"], job["output_len"]
@@ -65,9 +65,9 @@ def run_kvbench(job: dict) -> dict:
     # prefill and decode shapes of the timed run must have been seen once
     warm = [make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
             for i, p in enumerate(job["warmup_prompts"])]
-    engine.run(warm, concurrency=len(warm))
+    engine.run(warm, len(warm))
     start = time.perf_counter()
-    result = engine.run(requests(len(prompts), output_len), concurrency=len(prompts))
+    result = engine.run(requests(len(prompts), output_len), len(prompts))
     seconds = time.perf_counter() - start
     tokens = [r.output_token_ids for r in sorted(result.requests, key=lambda r: r.request_id)]
     return {"seconds": seconds, "tokens": tokens, "threads": torch.get_num_threads()}

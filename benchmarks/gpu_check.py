@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "kernels"))  # kv_cases: the test suite'
 
 import torch  # noqa: E402
 from kv_cases import make_case, query_start_loc, rel_error  # noqa: E402
+
 from kvbench.kernels import reference, triton_ops  # noqa: E402
 from kvbench.kernels.benchmark import (  # noqa: E402
     HEAD_SHAPES,

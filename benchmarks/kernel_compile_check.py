@@ -18,9 +18,10 @@ import tempfile
 os.environ.pop("TRITON_INTERPRET", None)  # compile for real
 
 import triton  # noqa: E402
-from kvbench.kernels import triton_ops  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+from kvbench.kernels import triton_ops  # noqa: E402
 
 # Arguments that are multiples of 16 for real shapes (head_dim 64/128, block sizes 16/32, contiguous caches).
 ALIGNED = {

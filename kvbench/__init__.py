@@ -1,8 +1,12 @@
 """kvbench: measure where KV-cache memory goes, and what paging buys."""
 
 import os
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("kvbench")  # pyproject.toml's, as installed: the one place the version is written
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 # Transparent huge pages for torch's large CPU allocations (weights, the KV pool): a decode step streams every
 # weight from memory, and with 4 KiB pages the TLB misses cost about a tenth of it (measured on the 1.1B shape's

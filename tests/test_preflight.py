@@ -206,7 +206,7 @@ def small_host(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_load_model_refuses_a_model_larger_than_the_host_before_allocating(small_host, monkeypatch) -> None:
-    from kvbench.studies import setup as build
+    from kvbench.studies import local_model as build
 
     def never(*args, **kwargs):
         raise AssertionError("weights were allocated")
@@ -218,7 +218,7 @@ def test_load_model_refuses_a_model_larger_than_the_host_before_allocating(small
 
 
 def test_load_model_refuses_a_max_len_past_the_context() -> None:
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     with pytest.raises(KvbenchError, match="max-len 8,192 exceeds the context length of tiny .4,096 tokens"):
         load_model("tiny", device="cpu", max_len=8192)
@@ -226,7 +226,7 @@ def test_load_model_refuses_a_max_len_past_the_context() -> None:
 
 
 def test_load_model_refuses_a_mixture_of_experts_before_its_weights(tmp_path: Path) -> None:
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     config = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 128,
@@ -238,7 +238,7 @@ def test_load_model_refuses_a_mixture_of_experts_before_its_weights(tmp_path: Pa
 
 def test_build_engine_refuses_a_pool_larger_than_what_is_free(small_host) -> None:
     from kvbench.engine.llm_engine import EngineConfig
-    from kvbench.studies.setup import build_engine, load_model
+    from kvbench.studies.local_model import build_engine, load_model
 
     loaded = load_model("tiny", device="cpu")
     with pytest.raises(KvbenchError) as caught:

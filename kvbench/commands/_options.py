@@ -113,7 +113,7 @@ def positive_fraction(value: float | None) -> float | None:
 
 def thread_count(text: str) -> int | None:
     """``--threads``: a positive number, or ``auto`` (None: measured when the model loads)."""
-    from kvbench.models.threads import parse_threads
+    from kvbench.models.threads import parse_threads  # torch loads only when --threads is read
 
     try:
         return parse_threads(text)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import typer
 
 from kvbench.commands._options import int_list, make_console, run_directory
-from kvbench.fileio import json_text
+from kvbench.commands._run import write_study
 from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
-from kvbench.report.rundir import flatten, new_run_dir, write_summary
-from kvbench.studies.dataset import DatasetSettings, describe_dataset
+from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
 
 
 def dataset(
@@ -25,7 +24,7 @@ def dataset(
 
     Records that cannot be read, or are too short or too long, are counted and left out, as in a run.
     """
-    from kvbench.models.tokenizers import load_tokenizer
+    from kvbench.models.tokenizers import load_tokenizer  # transformers and torch load only when run
 
     out_dir = run_directory(out)
     settings = DatasetSettings(path=path, model=model, max_len=max_len, requests=requests, seed=seed,
@@ -33,13 +32,8 @@ def dataset(
     console = make_console(stderr=as_json)
     with console.status("reading the dataset..."):
         document = describe_dataset(settings, load_tokenizer(model))
-    run_dir = new_run_dir("dataset", out_dir)
-    dataset_plot(document, run_dir / "lengths.png")
-    write_summary(run_dir, document, [flatten(p) for p in document["points"]], dataset_markdown(document))
-    if as_json:
-        typer.echo(json_text(document))
-    else:
-        print_dataset(console, document, run_dir)
+    write_study("dataset", out_dir, document, as_json, plot=dataset_plot, plot_file="lengths.png",
+                markdown=dataset_markdown, tables=lambda run_dir: print_dataset(console, document, run_dir))
 
 
 def register(app: typer.Typer) -> None:

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import typer
 
-from kvbench.commands._options import (
-    make_console,
-    name_list,
-    parse_size,
-    positive_fraction,
-    run_directory,
-    writable_file,
-)
+from kvbench.commands._options import make_console, name_list, run_directory, writable_file
+from kvbench.commands._run import Run, show
+from kvbench.commands._run_options import with_run_options
 from kvbench.errors import KvbenchError, RunFailed
-from kvbench.fileio import DirectoryLock, json_text
-from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.kv.policies import MANAGERS, check_choice
+from kvbench.measure.metrics import FleetMetrics
+from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
+from kvbench.studies.fleet.core import AutoscaleSettings
+from kvbench.studies.fleet.ray_runtime import prepare_ray
+from kvbench.studies.fleet.routing import POLICIES
+from kvbench.studies.run_options import RunOptions, run_fields
 
 HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
 req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
@@ -40,25 +40,22 @@ def _positive(value: float | None, option: str) -> float | None:
     return value
 
 
+@with_run_options(defaults={"device": "cpu"}, helps={
+    "device": "cpu | cuda (each actor's device).",
+    "seed": "Seed of lengths, prompts, arrivals and the random policy.",
+    "kv_memory": "KV pool per instance, e.g. 64MiB (default: the scenario's budget).",
+    "utilization": "--simulate: KV budget as vLLM sizes it.",
+    "requests_file": "JSONL of prompt_token_ids + output_len (+ arrival_time).",
+    "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: the "
+               "scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate.",
+    "simulate": "Tensor-free simulator instances with a GPU preset, virtual clock.",
+})
 def fleet(
     instances: int = typer.Option(2, "--instances", min=1, max=1024, help="Instances to start with."),
     policies: str = typer.Option("round-robin,random,least-requests,most-free-blocks,prefix-affinity", "--policies", help="Routing policies to compare, comma-separated."),
     rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."),
-    requests: int | None = typer.Option(None, "--requests", min=1, help="Requests (default: the scenario's)."),
-    scenario: str = typer.Option("article", "--scenario", help="Scenario name or TOML file: lengths, max-len, KV budget, block size."),
-    model: str = typer.Option("tiny", "--model", help="Preset or local checkpoint dir; with --simulate the shape to simulate."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda (each actor's device)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16."),
     engine: str = typer.Option("paged", "--engine", help="paged | contiguous: the KV manager of every instance."),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool per instance, e.g. 64MiB (default: the scenario's budget)."),
-    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="--simulate: KV budget as vLLM sizes it."),
-    block_size: int | None = typer.Option(None, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str | None = typer.Option(None, "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
-    admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject."),
-    requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of prompt_token_ids + output_len (+ arrival_time)."),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
-    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: the scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate."),
-    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts, arrivals and the random policy."),
     prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
     prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching", help="The paged engine's prefix cache."),
@@ -70,8 +67,6 @@ def fleet(
     max_instances: int | None = typer.Option(None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."),
     startup: float = typer.Option(20.0, "--startup-s", help="--simulate: seconds an added instance takes to start (real ones are measured)."),
     tick: float | None = typer.Option(None, "--tick", help="Seconds between usage samples and autoscaling decisions."),
-    simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator instances with a GPU preset, virtual clock."),
-    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
     ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray (refused without it). Checked before anything runs."),
     ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray."),
@@ -79,16 +74,34 @@ def fleet(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
     metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition here at the end."),
+    *,
+    run: RunOptions,
 ) -> None:
-    from kvbench.studies.fleet.core import AutoscaleSettings
-    from kvbench.studies.fleet.policies import POLICIES
-    from kvbench.studies.fleet.setup import FleetOptions
+    from kvbench.studies.fleet.fleet_setup import FleetOptions  # torch loads only when a fleet runs
 
     _positive(rate, "--rate")
-    _positive(scale_window, "--scale-window")
     _positive(tick, "--tick")
     if startup < 0 or not math.isfinite(startup):
         raise KvbenchError(f"--startup-s must be a non-negative number, got {startup:g}")
+    scaling = _autoscale(instances, scale_up, scale_down, scale_window, min_instances, max_instances)
+    if run.requests_file is not None and trace is not None:
+        raise KvbenchError("give --requests-file or --trace, not both")
+    if (prefix_groups > 0) != (prefix_len > 0):
+        raise KvbenchError("--prefix-groups and --prefix-len go together: give both, or neither")
+    _check_where(run.simulate, ray_tasks, ray_address, ray_cpus, metrics_port is not None or metrics_file is not None)
+    options = FleetOptions(
+        **run_fields(run), engine=check_choice(engine, MANAGERS, "--engine"), trace=trace, rate=rate,
+        instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))), startup_s=startup,
+        tick_s=tick, prefix_groups=prefix_groups, prefix_len=prefix_len, prefix_caching=prefix_caching,
+        ray_address=ray_address, ray_cpus=ray_cpus, simulate_on_ray=ray_tasks,
+        autoscale=scaling if autoscale else None)
+    _run(options, run_directory(out), as_json, metrics_port, writable_file(metrics_file, "--metrics-file"))
+
+
+def _autoscale(instances: int, scale_up: float, scale_down: float, window: float, min_instances: int,
+               max_instances: int | None) -> AutoscaleSettings:
+    """The autoscaler's settings, checked (whether or not --autoscale is on: a bad value is refused either way)."""
+    _positive(window, "--scale-window")
     for value, option in ((scale_up, "--scale-up"), (scale_down, "--scale-down")):
         if not (math.isfinite(value) and 0 < value <= 1):
             raise KvbenchError(f"{option} must be in (0, 1], got {value:g}")
@@ -97,11 +110,14 @@ def fleet(
     max_instances = max_instances if max_instances is not None else max(2 * instances, min_instances)
     if min_instances > max_instances:
         raise KvbenchError(f"--min-instances ({min_instances}) is above --max-instances ({max_instances})")
-    if requests_file is not None and trace is not None:
-        raise KvbenchError("give --requests-file or --trace, not both")
-    if (prefix_groups > 0) != (prefix_len > 0):
-        raise KvbenchError("--prefix-groups and --prefix-len go together: give both, or neither")
-    if simulate and (metrics_port is not None or metrics_file is not None):
+    return AutoscaleSettings(scale_up, scale_down, window, min_instances, max_instances)
+
+
+def _check_where(simulate: bool, ray_tasks: bool, ray_address: str | None, ray_cpus: int | None,
+                 metrics: bool) -> None:
+    """Where the fleet runs (this process, Ray tasks, Ray actors), checked before any output; Ray found and its
+    cluster reached when it will run."""
+    if simulate and metrics:
         raise KvbenchError("--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock")
     if ray_tasks and not simulate:
         raise KvbenchError("--ray fans out simulated policies; real instances always run on Ray (--ray-address)")
@@ -109,92 +125,57 @@ def fleet(
         given = "--ray-address" if ray_address is not None else "--ray-cpus"
         raise KvbenchError(f"{given} goes with --ray: without it a simulated fleet runs in this process")
     if not simulate or ray_tasks:  # Ray will run: is it there, and is the cluster reachable? (before any output)
-        from kvbench.studies.fleet.ray_runtime import prepare_ray
-
         prepare_ray(ray_address)
-    options = FleetOptions(
-        scenario=scenario, model=model, device=device, dtype=dtype, engine=check_choice(engine, MANAGERS, "--engine"),
-        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
-        utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file, trace=trace,
-        dataset=dataset,
-        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
-        admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
-        rate=rate, seed=seed, instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
-        simulate=simulate, gpu=gpu, startup_s=startup, tick_s=tick, prefix_groups=prefix_groups,
-        prefix_len=prefix_len, prefix_caching=prefix_caching, ray_address=ray_address, ray_cpus=ray_cpus,
-        simulate_on_ray=ray_tasks,
-        autoscale=AutoscaleSettings(scale_up, scale_down, scale_window, min_instances, max_instances) if autoscale else None)
-    _run(options, run_directory(out), as_json, metrics_port, writable_file(metrics_file, "--metrics-file"))
 
 
 def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None, metrics_file: Path | None) -> None:
-    from kvbench.report.fleet_report import write_outputs
-    from kvbench.report.rundir import new_run_dir
-    from kvbench.studies.fleet.setup import FleetSetup
-    from kvbench.studies.fleet.study import run_fleet
+    from kvbench.studies.fleet.fleet_setup import FleetSetup  # torch loads only when a fleet runs
+    from kvbench.studies.fleet.study import run_fleet  # (and Ray, when asked for)
 
     console = make_console(stderr=as_json)
     with console.status("preparing the fleet..."):
         setup = FleetSetup.resolve(options)
-    created = out_dir is None or not out_dir.exists()
-    run_dir = new_run_dir("fleet", out_dir)
-    lock = DirectoryLock(run_dir, "kvbench fleet")
-    points: list[dict] = []  # each policy's point as it finishes (results.jsonl has them too)
+    fleet_run = Run("fleet")
 
-    def on_point(point: dict) -> None:
-        points.append(point)
+    def on_point(point: dict) -> None:  # each policy's point as it finishes (results.jsonl has them too)
+        fleet_run.points.append(point)
         console.print(_done_line(point))
 
-    metrics = None
-    try:
+    with fleet_run.guarded(lambda: _keep_interrupted(fleet_run, setup, len(options.policies))):
+        run_dir = fleet_run.open(out_dir)
         if (run_dir / "results.jsonl").exists():
             raise KvbenchError(f"{run_dir} already holds results; choose another --out")
         _intro(console, setup)
         metrics = _metrics(setup, metrics_port, console)
+        fleet_run.hold(lambda: _stop_metrics(metrics, metrics_file))
         with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
-            run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)
-    except KeyboardInterrupt:  # the actors and Ray are shut down by now; keep what finished
-        _keep_interrupted(run_dir, lock, created, setup, points, len(options.policies))
-    except KvbenchError:
-        if not points:  # nothing measured: leave no empty run directory or stale lock behind
-            _discard(run_dir, lock, created)
-        raise
-    finally:
-        if metrics is not None:
-            metrics.close()
-            if metrics_file is not None:
-                metrics.write_textfile(metrics_file)
+            run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)  # the actors and Ray shut down however it ends
+    points = fleet_run.points
     document = write_outputs(run_dir, setup.meta(), points)
-    lock.release()
-    _show(console, document, points, run_dir, as_json, options.simulate)
+    fleet_run.dir.release()
+    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate))
     failed = [p for p in points if p["status"] == "error"]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
                         f"{failed[0].get('error')}")
 
 
-def _keep_interrupted(run_dir: Path, lock: DirectoryLock, created: bool, setup, points: list[dict],
-                      policies: int) -> None:
-    """Ctrl-C: write the summary of the policies that finished (or discard an empty run) and exit 130."""
-    from kvbench.report.fleet_report import write_outputs
-
-    if points:
-        write_outputs(run_dir, {**setup.meta(), "interrupted": True}, points)
-        lock.release()
-        note = f"interrupted: {len(points)} of {policies} policies finished; their summary is in {run_dir}/summary.json"
+def _keep_interrupted(run: Run, setup, policies: int) -> None:
+    """Ctrl-C: write the summary of the policies that finished (or discard an empty run)."""
+    if run.dir is None:
+        note = "interrupted before any policy finished; nothing was written"
+    elif run.points:
+        write_outputs(run.dir.path, {**setup.meta(), "interrupted": True}, run.points)
+        run.dir.release()
+        note = (f"interrupted: {len(run.points)} of {policies} policies finished; their summary is in "
+                f"{run.dir.path}/summary.json")
     else:
-        _discard(run_dir, lock, created)  # releases the lock too
+        run.dir.discard()  # releases the lock too
         note = "interrupted before any policy finished; nothing was written"
     typer.echo(note, err=True)
-    raise typer.Exit(code=130) from None
 
 
-def _show(console, document: dict, points: list[dict], run_dir: Path, as_json: bool, simulated: bool) -> None:
-    from kvbench.report.fleet_report import fleet_table, instance_table
-
-    if as_json:
-        typer.echo(json_text(document))
-        return
+def _tables(console, points: list[dict], run_dir: Path, simulated: bool) -> None:
     console.print(fleet_table(points, simulated))
     for point in points:
         if len(point["instances"]) <= 16:
@@ -203,16 +184,11 @@ def _show(console, document: dict, points: list[dict], run_dir: Path, as_json: b
                   "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
 
 
-def _discard(run_dir: Path, lock: DirectoryLock, created: bool) -> None:
-    """Undo what a run that measured nothing left: its lock file, and the directory if this run made it and
-    it is empty."""
-    lock.release()
-    (run_dir / DirectoryLock.FILE).unlink(missing_ok=True)
-    if created:
-        try:
-            run_dir.rmdir()
-        except OSError:  # not empty: something else is in it
-            pass
+def _stop_metrics(metrics, path: Path | None) -> None:
+    if metrics is not None:
+        metrics.close()
+        if path is not None:
+            metrics.write_textfile(path)
 
 
 def _intro(console, setup) -> None:
@@ -235,8 +211,6 @@ def _done_line(point: dict) -> str:
 
 
 def _metrics(setup, port: int | None, console):
-    from kvbench.measure.metrics import FleetMetrics
-
     if setup.options.simulate:
         return None
     metrics = FleetMetrics(setup.config.engine, setup.options.device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -32,7 +32,7 @@ def _device(name: str) -> torch.device:
 
 
 def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
-    from kvbench.kernels.benchmark import DTYPES
+    from kvbench.kernels.benchmark import DTYPES  # torch loads only when run
 
     if name == "auto":
         name = "fp16" if device.type == "cuda" else "fp32"
@@ -42,7 +42,7 @@ def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
 
 
 def _backend(name: str, device: torch.device) -> str:
-    from kvbench.kernels import cpu_native, resolve_backend
+    from kvbench.kernels import cpu_native, resolve_backend  # torch loads only when run
 
     if name == "auto":
         return resolve_backend(device, None)
@@ -57,7 +57,7 @@ def _backend(name: str, device: torch.device) -> str:
 
 
 def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
-    from kvbench.kernels.benchmark import HEAD_SHAPES
+    from kvbench.kernels.benchmark import HEAD_SHAPES  # torch loads only when run
 
     if model not in HEAD_SHAPES:
         raise KvbenchError(f"--model: unknown model {model!r}; choose {', '.join(HEAD_SHAPES)} or give --heads")
@@ -136,10 +136,6 @@ def kernels(
 
     CUDA: times the Triton kernel after an L2 flush with CUDA events, next to the measured copy bandwidth.
     """
-    import torch  # loaded only when the command runs: keeps `kvbench --help` fast
-
-    from kvbench.kernels.benchmark import DecodeShape, copy_bandwidth_gbps, run_decode_point
-
     device = _device(device_name)
     dtype_label, dtype = _dtype(dtype_name, device)
     backend = _backend(backend_name, device)
@@ -149,31 +145,14 @@ def kernels(
     context_list = int_list(contexts if contexts is not None else (GPU_CONTEXTS if on_gpu else CPU_CONTEXTS), "--context")
     num_splits = _splits(splits)
     out_path = output_file(out, "--out")  # empty or unwritable: refused before the benchmark, not after it
-
-    copy_gbps = copy_bandwidth_gbps(device)
-    points = []
-    for batch in batch_list:
-        for context in context_list:
-            shape = DecodeShape(batch, context, num_heads, num_kv_heads, dim, block_size)
-            point = run_decode_point(
-                shape, dtype, device, backend, warmup=warmup, reps=reps, copy_gbps=copy_gbps,
-                num_splits=num_splits, seed=seed,
-            )  # fmt: skip
-            points.append(point.to_dict())
+    measured = _measure(device, dtype, backend, [(batch, context) for batch in batch_list for context in context_list],
+                        (num_heads, num_kv_heads, dim, block_size), num_splits, warmup, reps, seed)
     result = {
-        "benchmark": "paged_decode_attention",
-        "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-        "backend": backend,
-        "dtype": dtype_label,
-        "model": model if heads is None and head_dim is None else "custom",
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "head_dim": dim,
-        "block_size": block_size,
-        "copy_bandwidth_gbps": copy_gbps,
-        "torch_version": torch.__version__,
-        "points": points,
+        "benchmark": "paged_decode_attention", "device": device.type, "device_name": measured["device_name"],
+        "backend": backend, "dtype": dtype_label, "model": model if heads is None and head_dim is None else "custom",
+        "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": dim, "block_size": block_size,
+        "copy_bandwidth_gbps": measured["copy_bandwidth_gbps"], "torch_version": measured["torch_version"],
+        "points": measured["points"],
     }
     if out_path is not None:
         write_text_atomic(out_path, json_text(result) + "\n")
@@ -181,6 +160,26 @@ def kernels(
         typer.echo(json_text(result))
     else:
         _render(result, Console())
+
+
+def _measure(device: torch.device, dtype: torch.dtype, backend: str, sizes: list[tuple[int, int]],
+             heads: tuple[int, int, int, int], num_splits: int | None, warmup: int, reps: int,
+             seed: int) -> dict[str, Any]:
+    """The decode points at each (batch, context), next to the device's copy bandwidth."""
+    import torch  # loaded only when the command runs: keeps `kvbench --help` fast
+
+    from kvbench.kernels.benchmark import (  # torch loads only when run
+        DecodeShape,
+        copy_bandwidth_gbps,
+        run_decode_point,
+    )
+
+    copy_gbps = copy_bandwidth_gbps(device)
+    points = [run_decode_point(DecodeShape(batch, context, *heads), dtype, device, backend, warmup=warmup, reps=reps,
+                               copy_gbps=copy_gbps, num_splits=num_splits, seed=seed).to_dict()
+              for batch, context in sizes]
+    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "copy_bandwidth_gbps": copy_gbps, "torch_version": torch.__version__, "points": points}
 
 
 def register(app: typer.Typer) -> None:

@@ -7,13 +7,12 @@ import math
 import typer
 
 from kvbench.commands._options import make_console, run_directory, thread_count
+from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
-from kvbench.fileio import json_text
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
-from kvbench.report.rundir import new_run_dir, write_summary
 from kvbench.report.share_report import print_share, share_markdown, share_plot
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.share import ShareSettings, run_share_study
-from kvbench.studies.workload import STOP_MODES
 
 
 def share(
@@ -56,13 +55,8 @@ def share(
     console = make_console(stderr=as_json)
     with console.status("loading the model...") as status:
         document = run_share_study(settings, status.update)
-    run_dir = new_run_dir("share", out_dir)
-    share_plot(document, run_dir / "share.png")
-    write_summary(run_dir, document, document["points"], share_markdown(document))
-    if as_json:
-        typer.echo(json_text(document))
-    else:
-        print_share(console, document, run_dir)
+    write_study("share", out_dir, document, as_json, plot=share_plot, plot_file="share.png", markdown=share_markdown,
+                tables=lambda run_dir: print_share(console, document, run_dir), flat_rows=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -11,47 +12,39 @@ from kvbench.commands._options import (
     make_console,
     name_list,
     output_file,
-    parse_size,
-    positive_fraction,
     run_directory,
     thread_count,
 )
+from kvbench.commands._run import Run, show
+from kvbench.commands._run_options import with_run_options
 from kvbench.errors import KvbenchError, RunFailed
-from kvbench.fileio import DirectoryLock, json_text
-from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.kv.policies import check_choice
+from kvbench.measure.metrics import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
-from kvbench.report.rundir import new_run_dir
-from kvbench.report.sweep_report import print_sweep, write_outputs
+from kvbench.report.sweep_report import print_sweep, scenarios_table, write_outputs
+from kvbench.studies.backends.base import Offer
+from kvbench.studies.backends.registry import engine_names
+from kvbench.studies.fleet import ray_runtime
+from kvbench.studies.run_options import RunOptions, SweepOptions, run_fields
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
-from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
-from kvbench.studies.vllm_backend import EXTERNAL_ENGINES, REFERENCE_NOTE, VLLM_ENGINE, own_engines
-from kvbench.studies.workload import STOP_MODES
+from kvbench.studies.sweep_ray import run_sweep_on_ray
+from kvbench.studies.sweep_setup import SweepSetup
+from kvbench.workload.scenario import builtin_scenarios, load_scenario
 
 
+@with_run_options(helps={"requests": "Requests per point (default: the scenario's).",
+                          "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
+                                     "shipped), tokenized with the model's tokenizer."})
 def sweep(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
     engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR)."),
-    scenario: str = typer.Option("article", "--scenario", help="Built-in scenario name (see `kvbench scenarios`) or a TOML file."),
-    model: str = typer.Option("tiny", "--model", help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA)."),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the scenario's budget)."),
-    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="On CUDA: size the pools like vLLM from real free memory."),
-    block_size: int | None = typer.Option(None, "--block-size", min=1, help="Tokens per KV block (default: the scenario's)."),
-    reserve: str | None = typer.Option(None, "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
-    admission: str | None = typer.Option(None, "--admission", help="Contiguous when memory is short: queue | reject (OOM)."),
-    requests: int | None = typer.Option(None, "--requests", min=1, help="Requests per point (default: the scenario's)."),
-    requests_file: Path | None = typer.Option(None, "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths."),
-    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped), tokenized with the model's tokenizer."),
     stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored."),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
-    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0)."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."),
-    simulate: bool = typer.Option(False, "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times."),
-    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset for --simulate."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
@@ -61,6 +54,8 @@ def sweep(
     on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
+    *,
+    run: RunOptions,
 ) -> None:
     """Run the paged and the contiguous engine side by side at each concurrency; TPS, latency, memory.
 
@@ -68,59 +63,82 @@ def sweep(
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
     """
     options = SweepOptions(
-        scenario=scenario, concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
-        engines=tuple(name_list(engines, "engines", (*MANAGERS, *EXTERNAL_ENGINES))), model=model, device=device, dtype=dtype,
-        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
-        utilization=utilization, block_size=block_size, requests=requests, requests_file=requests_file,
-        dataset=dataset, stop=check_choice(stop, STOP_MODES, "--stop") if stop else None,
-        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
-        admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
-        repeat=repeat, seed=seed, simulate=simulate, gpu=gpu, threads=thread_count(threads))
+        **run_fields(run), engines=tuple(name_list(engines, "engines", engine_names())), repeat=repeat,
+        concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
+        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None, threads=thread_count(threads))
     out_dir = run_directory(out)
-    _check_run_options(out_dir, resume, simulate, on_ray, ray_workers, ray_address,
+    _check_run_options(out_dir, resume, options.simulate, on_ray, ray_workers, ray_address,
                        metrics_port is not None or metrics_file is not None)
-    metrics_path = output_file(metrics_file, "--metrics-file")
+    metrics = LiveMetrics(metrics_port, metrics_host, output_file(metrics_file, "--metrics-file"), metrics_optional)
+    ray = RayFanOut(on_ray, ray_workers, ray_address)
     console = make_console(stderr=as_json)
     with console.status("preparing the sweep...") as status:
         setup = SweepSetup.resolve(options, status.update)
-    run_dir, metrics, failed, points = None, None, None, []
-    try:  # from here on the backend holds processes (vLLM) and the metrics a port: both are let go at the end
-        run_dir = new_run_dir("sweep", out_dir)
-        lock = DirectoryLock(run_dir, "kvbench sweep")  # one writer per run directory
+    sweep_run = Run("sweep")
+    failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console)
+    run_dir, points = sweep_run.dir.path, sweep_run.points
+    document = write_outputs(run_dir, setup.meta(), points)
+    sweep_run.dir.release()
+    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"]))
+    _fail_on_errors(failed, points, run_dir)
+
+
+@dataclass(frozen=True)
+class LiveMetrics:
+    """Where the live Prometheus metrics go: a port (None: none), its host, a file written at the end."""
+
+    port: int | None
+    host: str
+    path: Path | None
+    optional: bool  # a port taken: run without the endpoint instead of failing
+
+
+@dataclass(frozen=True)
+class RayFanOut:
+    """``--ray``: the points on Ray workers (how many, and a cluster to join)."""
+
+    on: bool
+    workers: int | None
+    address: str | None
+
+
+def _measure(run: Run, setup: SweepSetup, out_dir: Path | None, resume: bool, continue_on_error: bool,
+             live: LiveMetrics, ray: RayFanOut, console) -> PointFailed | None:
+    """Every point into ``run`` (its directory, its points); the point that stopped the sweep, if one did.
+    From the first line the backend holds processes (vLLM) and the metrics a port: both are let go at the end."""
+    run.hold(setup.backend.close)
+
+    def interrupted() -> None:
+        if run.dir is not None:
+            console.print(f"[yellow]interrupted: finished points are kept in {run.dir.path}/results.jsonl; "
+                          "rerun with --resume[/yellow]")
+
+    with run.guarded(interrupted):
+        run_dir = run.open(out_dir)
         notes = _prepare_results(run_dir, resume)  # printed once the setup has succeeded: an error comes alone
         pin_run_config(run_dir, setup.pinned_config(), resume)
-        metrics = _start_metrics(setup, metrics_port, metrics_host, metrics_path, metrics_optional, notes)
+        metrics = _start_metrics(setup, live, notes)
+        run.hold(lambda: _stop_metrics(metrics, live.path, console))
         for note in notes:
             console.print(note)
         _print_intro(console, setup)
-        if on_ray:
-            from kvbench.studies.sweep_ray import run_sweep_on_ray
+        try:
+            run.points = _points(setup, run_dir, resume, continue_on_error, metrics, ray, console)
+        except PointFailed as err:
+            run.points = err.points
+            return err
+    return None
 
-            with console.status(f"running {len(setup.plan(continue_on_error).keys())} points on Ray..."):
-                points = run_sweep_on_ray(setup, continue_on_error, run_dir, resume, ray_workers, ray_address,
-                                          on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} "
-                                                                           f"{p['status']:<4} done"))
-        else:
-            with sweep_progress_bars(console) as bars:
-                points = run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume,
-                                   SweepProgress(bars, metrics))
-    except PointFailed as err:
-        failed, points = err, err.points
-    except KeyboardInterrupt:
-        if run_dir is not None:
-            console.print(f"[yellow]interrupted: finished points are kept in {run_dir}/results.jsonl; "
-                          "rerun with --resume[/yellow]")
-        raise typer.Exit(code=130) from None
-    finally:
-        _stop_metrics(metrics, metrics_path, console)
-        getattr(setup.backend, "close", lambda: None)()  # an external engine's processes (vLLM)
-    document = write_outputs(run_dir, setup.meta(), points)
-    lock.release()
-    if as_json:
-        typer.echo(json_text(document))
-    else:
-        print_sweep(console, points, simulate, waterfall, run_dir, document["meta"])
-    _fail_on_errors(failed, points, run_dir)
+
+def _points(setup: SweepSetup, run_dir: Path, resume: bool, continue_on_error: bool, metrics, ray: RayFanOut,
+            console) -> list[dict]:
+    if ray.on:
+        with console.status(f"running {len(setup.plan(continue_on_error).keys())} points on Ray..."):
+            return run_sweep_on_ray(setup, continue_on_error, run_dir, resume, ray.workers, ray.address,
+                                    on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} "
+                                                                     f"{p['status']:<4} done"))
+    with sweep_progress_bars(console) as bars:
+        return run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume, SweepProgress(bars, metrics))
 
 
 def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_workers, ray_address,
@@ -136,9 +154,7 @@ def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_
     if on_ray and metrics:
         raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
     if on_ray:
-        from kvbench.studies.fleet.ray_runtime import import_ray
-
-        import_ray()  # installed, or one line saying how, before any work
+        ray_runtime.import_ray()  # installed, or one line saying how, before any work
 
 
 def _prepare_results(run_dir, resume: bool) -> list[str]:
@@ -167,12 +183,11 @@ def _print_intro(console, setup: SweepSetup) -> None:
     console.print(f"stop: {setup.stop_text}")
     if setup.workload.dataset is not None:
         console.print(f"dataset: {setup.workload.dataset.note()}")
-    threads = getattr(setup.backend, "threads", None)
+    threads = setup.backend.threads
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
-    if VLLM_ENGINE in setup.options.engines:
-        console.print(f"[dim]{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching "
-                      "off[/dim]")
+    for note in setup.backends.notes():  # a reference column says what it is
+        console.print(f"[dim]{note}[/dim]")
 
 
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:
@@ -191,22 +206,21 @@ def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Pat
                         "memory (--kv-memory) or lower the concurrency")
 
 
-def _start_metrics(setup: SweepSetup, port, host, path, optional, notes: list[str]):
-    """A KvMetrics exporter fed by the tensor engines (None when no metrics were asked for); its lines for the
-    user go to ``notes``."""
-    if port is None and path is None:
+def _start_metrics(setup: SweepSetup, live: LiveMetrics, notes: list[str]):
+    """A KvMetrics exporter fed by the engines offering live state (None when no metrics were asked for); its
+    lines for the user go to ``notes``."""
+    port = live.port
+    if port is None and live.path is None:
         return None
-    from kvbench.measure.metrics import KvMetrics
-
     backend = setup.backend
-    metrics = KvMetrics(device=str(backend.loaded.device))
-    for name in own_engines(setup.options.engines):  # time every block allocation of the measured runs
-        backend.engine(name).alloc_observer = metrics.alloc_observer(name)
+    metrics = KvMetrics(device=backend.device_label)
+    for name in setup.backends.engines_offering(Offer.LIVE_KV):  # time every block allocation of the measured runs
+        backend.observe_allocations(name, metrics.alloc_observer(name))
     if port is not None:
         try:
-            metrics.serve(host, port)
+            metrics.serve(live.host, port)
         except KvbenchError as err:
-            if not optional:
+            if not live.optional:
                 raise KvbenchError(f"{err}; choose another --metrics-port (0 picks a free one) or pass "
                                    "--metrics-optional to run without the endpoint") from None
             notes.append(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
@@ -226,9 +240,6 @@ def _stop_metrics(metrics, path, console) -> None:
 
 def scenarios() -> None:
     """List the built-in scenarios with a one-line description."""
-    from kvbench.report.sweep_report import scenarios_table
-    from kvbench.workload.scenario import builtin_scenarios, load_scenario
-
     make_console().print(scenarios_table({name: load_scenario(name) for name in sorted(builtin_scenarios())}))
 
 

@@ -14,12 +14,12 @@ from kvbench.commands._options import (
     positive_fraction,
     run_directory,
 )
+from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
-from kvbench.fileio import json_text
 from kvbench.kv.policies import check_choice
-from kvbench.report.rundir import flatten, new_run_dir, write_summary
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
 from kvbench.studies.capacity import KV_CACHE_DTYPES
+from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.waste import (
     STRATEGY_NAMES,
     WasteSettings,
@@ -28,7 +28,6 @@ from kvbench.studies.waste import (
     waste_budget,
     waste_workload,
 )
-from kvbench.studies.workload import STOP_MODES
 from kvbench.workload.lengths import DISTRIBUTIONS
 
 DEFAULT_REQUESTS = 2000
@@ -92,13 +91,8 @@ def waste(
         console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
     with console.status("simulating...") as status:
         document = run_waste_study(settings, workload, status.update)
-    run_dir = new_run_dir("waste", out_dir)
-    waste_plot(document, run_dir / "waste.png")
-    write_summary(run_dir, document, [flatten(p) for p in document["points"]], waste_markdown(document))
-    if as_json:
-        typer.echo(json_text(document))
-    else:
-        print_waste(console, document, run_dir)
+    write_study("waste", out_dir, document, as_json, plot=waste_plot, plot_file="waste.png", markdown=waste_markdown,
+                tables=lambda run_dir: print_waste(console, document, run_dir))
 
 
 def register(app: typer.Typer) -> None:

@@ -16,12 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench.errors import KvbenchError
-from kvbench.kv.factory import build_manager
+from kvbench.kv.factory import build_manager, manager_class
 from kvbench.kv.manager import BlockCopy, KVManager, assert_drained
 from kvbench.models.runner import ModelRunner
 from kvbench.models.sampler import beam_candidates, rank_finished
 
 BEAM_MODES = ("paged-shared", "paged-copy", "contiguous")
+# the KV manager each sharing mode runs on (beam search here, parallel sampling in studies.share), and whether
+# its children share their parent's blocks (forked) or get their own copies
+SHARING_MODES: dict[str, tuple[str, bool]] = {
+    "paged-shared": ("paged", True),
+    "paged-copy": ("paged", False),
+    "paged-unshared": ("paged", False),
+    "contiguous": ("contiguous", False),
+}
 
 
 @dataclass
@@ -50,6 +58,9 @@ class BeamSearch:
             raise KvbenchError(f"unknown beam mode {mode!r}; choose one of {', '.join(BEAM_MODES)}")
         self.runner = runner
         self.mode = mode
+        self.manager_kind, self.shared = SHARING_MODES[mode]
+        if self.shared and not manager_class(self.manager_kind).can_fork:
+            raise KvbenchError(f"beam mode {mode!r} shares blocks, which the {self.manager_kind} manager cannot")
         self.reserve = reserve
         self.max_len = max_len
         self._next_id = 0
@@ -59,8 +70,7 @@ class BeamSearch:
             raise KvbenchError("beam width and max new tokens must be at least 1")
         if 2 * num_beams > self.runner.vocab_size:
             raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
-        kind = "contiguous" if self.mode == "contiguous" else "paged"
-        manager = build_manager(kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len)
+        manager = build_manager(self.manager_kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len)
         final_len = len(prompt) + max_new_tokens - 1
         result = BeamSearchResult([], [], block_size=manager.block_size)
         try:
@@ -103,7 +113,7 @@ class BeamSearch:
     def _derive(self, manager: KVManager, parent: int, final_len: int, result: BeamSearchResult) -> int:
         """A new beam continuing ``parent``: shared blocks (paged-shared) or a full private copy."""
         child = self._new_id()
-        if self.mode == "paged-shared":
+        if self.shared:
             manager.fork(parent, child)
             return child
         length = manager.lengths[parent]

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvbench.engine.client import ClosedLoopClient
+from kvbench.engine.client import Load, LoadClient, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.instance import InstanceStats, instance_stats
@@ -155,24 +155,31 @@ class LLMEngine:
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         requests = [make_request(i, list(p), sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
-        self.run(requests, concurrency=len(requests))
+        self.run(requests, len(requests))
         for request in requests:
             if request.status is RequestStatus.REJECTED:
                 raise KvbenchError(f"request {request.request_id} rejected: {request.reject_reason}")
         return [r.output_token_ids for r in requests]
 
-    def run(self, requests: Sequence[Request], concurrency: int, on_step=None) -> RunResult:
-        """Serve ``requests`` with ``concurrency`` in flight; every block is back in the pool afterwards.
+    def run(self, requests: Sequence[Request], load: Load | int, on_step=None) -> RunResult:
+        """Serve ``requests`` under ``load`` (an integer: that many in flight, closed loop); every block is back in
+        the pool afterwards. An open loop waits (on the wall clock) for arrivals while the engine is idle.
 
         ``on_step(engine_name, scheduler, finished_count)`` is called after every step (progress, metrics).
         """
         run = self.session(next_id=max((r.request_id for r in requests), default=-1) + 1)
-        client = ClosedLoopClient(requests, concurrency, run)
+        client = as_load(load).client(requests, run)
         run.on_done = client.done
-        client.top_up(0.0)
-        while run.scheduler.has_work:
-            if self.step(run) and on_step is not None:
-                on_step(self.name, run.scheduler, len(run.scheduler.finished))
+        client.release(0.0)
+        while True:
+            if run.scheduler.has_work:
+                if self.step(run) and on_step is not None:
+                    on_step(self.name, run.scheduler, len(run.scheduler.finished))
+            elif (due := client.next_time()) is not None:
+                time.sleep(max(0.0, due - run.now()))
+            else:
+                break
+            client.release(run.now())
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
         return self._result(run, [*requests, *run.children], client)
 
@@ -242,7 +249,7 @@ class LLMEngine:
 
     def _fork_samples(self, run: EngineSession, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
         """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
-        if self.config.engine != "paged":
+        if not run.scheduler.manager.can_fork:
             raise KvbenchError("parallel sampling by forking needs the paged engine; expand requests for the baseline")
         children = []
         for index in range(1, parent.num_samples):
@@ -293,8 +300,8 @@ class LLMEngine:
         request.stop_reason = stop
         return True
 
-    def _result(self, run: EngineSession, requests: list[Request], client: ClosedLoopClient | None = None) -> RunResult:
-        """The run's result; with the closed-loop ``client``, its steady-state window too."""
+    def _result(self, run: EngineSession, requests: list[Request], client: LoadClient | None = None) -> RunResult:
+        """The run's result; with a closed-loop ``client``, its steady-state window too."""
         gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
         itl = np.concatenate(gaps) if gaps else np.zeros(0)
         return RunResult(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvbench.engine.client import ClosedLoopClient
+from kvbench.engine.client import Load, LoadClient, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.instance import InstanceStats, instance_stats
 from kvbench.engine.request import Request, RequestStatus
@@ -222,8 +222,8 @@ class SimulatedInstance:
         self.curve.add(self.now, running * k)
 
     # -- results ----------------------------------------------------------------------------------------
-    def result(self, requests: Sequence[Request], client: ClosedLoopClient | None = None) -> RunResult:
-        """The run's result; with the closed-loop ``client``, its steady-state window too."""
+    def result(self, requests: Sequence[Request], client: LoadClient | None = None) -> RunResult:
+        """The run's result; with a closed-loop ``client``, its steady-state window too."""
         values, weights = _itl_arrays(self.itl_spans)
         return RunResult(
             requests=list(requests),
@@ -242,15 +242,19 @@ def simulate(
     requests: Sequence[Request],
     manager: KVManager,
     timing,
-    concurrency: int,
+    load: Load | int,
     config: EngineConfig | None = None,
     keep_timeline: bool = True,
 ) -> RunResult:
-    """Serve ``requests`` closed-loop on ``manager``, scheduled by ``config``, with ``timing``'s step times."""
+    """Serve ``requests`` under ``load`` (an integer: that many in flight, closed loop) on ``manager``, scheduled
+    by ``config``, with ``timing``'s step times. An open loop's arrivals join at the next step boundary."""
     instance = SimulatedInstance(manager, timing, config, keep_timeline)
-    client = ClosedLoopClient(requests, concurrency, instance)
+    client = as_load(load).client(requests, instance)
     instance.on_done = client.done
-    client.top_up(0.0)
+    client.release(0.0)
+    while (due := client.next_time()) is not None:
+        instance.step_until(due)
+        client.release(due)
     instance.run()
     return instance.result(requests, client)
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+
 from kvbench.kernels import dispatch
 
 # (query heads, KV heads, head_dim) of models people benchmark paged attention with.
@@ -201,16 +202,3 @@ def run_decode_point(
         pct_of_copy_bandwidth=100 * paged_gbps / copy_gbps if copy_gbps else None,
         num_splits=splits,
     )
-
-
-def check_against_reference(shape: DecodeShape, dtype: torch.dtype, device: torch.device, seed: int = 0) -> float:
-    """Relative error of the Triton decode (plain and split-KV) against the torch reference at ``shape``."""
-    inputs = build_inputs(shape, dtype, device, seed)
-    scale = shape.head_dim**-0.5
-    args = (inputs.query, inputs.k_cache, inputs.v_cache, inputs.block_tables, inputs.context_lens, scale)
-    expected = dispatch.paged_decode_attention(*args, backend="torch").float()
-    worst = 0.0
-    for splits in (1, 4):
-        got = dispatch.paged_decode_attention(*args, backend="triton", num_splits=splits).float()
-        worst = max(worst, float((got - expected).abs().max() / expected.abs().max()))
-    return worst

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from kvbench.kernels import cpu_native, reference
 
 BACKENDS = ("torch", "triton", "native")

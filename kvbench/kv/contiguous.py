@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import ClassVar
 
 from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
 from kvbench.kv.manager import BlockCopy
@@ -82,8 +83,22 @@ class FreeExtents:
 
 class ContiguousManager:
     kind = "contiguous"
+    can_preempt: ClassVar[bool] = False  # a slab is never evicted
+    can_fork: ClassVar[bool] = False  # a child gets a copy of its own
+    supports_prefix_caching: ClassVar[bool] = False  # a slab is private from start to end
+    reserves_up_front: ClassVar[bool] = True  # the slab is sized by the reservation policy at admission
+    enable_prefix_caching = False
 
-    enable_prefix_caching = False  # a slab is private from start to end
+    @classmethod
+    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
+               enable_prefix_caching: bool = False) -> ContiguousManager:
+        """A manager over a fresh pool that hands out runs only (its free extents already say where space is)."""
+        return cls(RunPool(num_blocks, block_size), reserve, max_len)
+
+    @staticmethod
+    def slots_for(final_length: int, reserve: str, max_len: int) -> int:
+        """Token slots a request of ``final_length`` holds at most: its reservation (before rounding to blocks)."""
+        return reservation_tokens(reserve, final_length, max_len)
 
     def __init__(self, pool: RunPool | BlockPool, policy: str = "max", max_len: int = 2048) -> None:
         check_choice(policy, RESERVATION_POLICIES, "reservation policy")
@@ -94,7 +109,6 @@ class ContiguousManager:
         self.extents = FreeExtents(pool.num_blocks)
         self.runs: dict[int, tuple[int, int]] = {}  # request id -> (first block, block count)
         self.lengths: dict[int, int] = {}
-        self.can_preempt = False
 
     def reservation_blocks(self, final_length: int) -> int:
         return blocks_for(reservation_tokens(self.policy, final_length, self.max_len), self.block_size)

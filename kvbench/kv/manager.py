@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,29 @@ class BlockSource(Protocol):
 
 
 class KVManager(Protocol):
-    kind: str  # "paged" | "contiguous"
+    """A KV manager. What callers may ask of its kind, without naming it, are class-level capabilities
+    (``can_fork``, ``supports_prefix_caching``, ...: ``kv.factory.manager_class(name)`` gives the class)."""
+
+    kind: str  # its name in kv.policies.MANAGERS
+    can_preempt: ClassVar[bool]  # a request can be evicted and recomputed (paged); never (contiguous)
+    can_fork: ClassVar[bool]  # a child request can share its parent's blocks (parallel sampling, beams)
+    supports_prefix_caching: ClassVar[bool]  # full blocks can be reused by a later request with the same prefix
+    reserves_up_front: ClassVar[bool]  # a request's memory is sized at admission (a slab), not as it grows
     pool: BlockSource
     block_size: int
-    can_preempt: bool  # paged: a request can be evicted and recomputed; contiguous: never
     enable_prefix_caching: bool
     lengths: dict[int, int]  # tokens written or being written, per live request
+
+    @classmethod
+    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
+               enable_prefix_caching: bool = False) -> KVManager:
+        """A manager over a fresh pool of ``num_blocks`` blocks."""
+        ...
+
+    @staticmethod
+    def slots_for(final_length: int, reserve: str, max_len: int) -> int:
+        """Token slots a request whose KV reaches ``final_length`` holds at most (before rounding to blocks)."""
+        ...
 
     def live_ids(self) -> list[int]:
         """Requests holding KV memory now."""

@@ -9,6 +9,7 @@ cached by a chained hash of their tokens, so a later request with the same prefi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
 from kvbench.kv.manager import BlockCopy
@@ -16,6 +17,21 @@ from kvbench.kv.manager import BlockCopy
 
 class PagedManager:
     kind = "paged"
+    can_preempt: ClassVar[bool] = True  # a request can be evicted and recomputed
+    can_fork: ClassVar[bool] = True  # a child shares every block of its parent
+    supports_prefix_caching: ClassVar[bool] = True
+    reserves_up_front: ClassVar[bool] = False  # blocks come as the request grows
+
+    @classmethod
+    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
+               enable_prefix_caching: bool = False) -> PagedManager:
+        """A manager over a fresh pool (``reserve`` and ``max_len`` do not apply: nothing is reserved)."""
+        return cls(BlockPool(num_blocks, block_size), enable_prefix_caching=enable_prefix_caching)
+
+    @staticmethod
+    def slots_for(final_length: int, reserve: str, max_len: int) -> int:
+        """Token slots a request of ``final_length`` holds at most (before rounding to whole blocks)."""
+        return final_length
 
     def __init__(self, pool: BlockPool, enable_prefix_caching: bool = False) -> None:
         self.pool = pool
@@ -26,7 +42,6 @@ class PagedManager:
         self._hash_to_block: dict[int, int] = {}
         self._block_to_hash: dict[int, int] = {}
         self.prefix_hits = 0  # blocks reused from the prefix cache
-        self.can_preempt = True
 
     # -- queries ----------------------------------------------------------------------------------------
     def live_ids(self) -> list[int]:

@@ -27,6 +27,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
+from kvbench.measure.metric_names import (
+    ALLOC_LATENCY,
+    BLOCKS_CAPACITY,
+    BLOCKS_FREE,
+    BLOCKS_USED,
+    FINISHED,
+    FLEET_INSTANCES,
+    FRAGMENTATION,
+    GENERATED_TOKENS,
+    PREEMPTIONS,
+    RUNNING,
+    WAITING,
+)
 
 # seconds: 1 µs .. 100 ms, with 50 ms (the article's alert threshold) on a bucket edge
 ALLOC_LATENCY_BUCKETS = (
@@ -36,17 +49,6 @@ ALLOC_LATENCY_BUCKETS = (
 LABELS = ("engine", "device")
 DEFAULT_HOST = "127.0.0.1"
 
-# kvbench's Prometheus names (docs/ARCHITECTURE.md)
-BLOCKS_USED = "kvbench_kv_cache_blocks_used"
-BLOCKS_FREE = "kvbench_kv_cache_blocks_free"
-BLOCKS_CAPACITY = "kvbench_kv_cache_blocks_capacity"  # a gauge: `_total` is for counters only
-FRAGMENTATION = "kvbench_kv_cache_fragmentation"
-ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
-PREEMPTIONS = "kvbench_num_preemptions_total"
-GENERATED_TOKENS = "kvbench_generated_tokens_total"
-FINISHED = "kvbench_requests_finished_total"
-RUNNING = "kvbench_requests_running"
-WAITING = "kvbench_requests_waiting"
 
 
 def online_fragmentation(used_slots: int, allocated_slots: int) -> float:
@@ -257,7 +259,6 @@ class KvMetrics:
 
 
 FLEET_LABELS = ("engine", "device", "instance")
-FLEET_INSTANCES = "kvbench_fleet_instances"
 
 
 class FleetMetrics:

@@ -246,10 +246,6 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         return self.kv_pool_bytes // self.num_blocks
 
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
     # ------------------------------------------------------------------ step tensors
 
     def build_step(self, requests: list[RequestChunk]) -> StepInput:

@@ -93,7 +93,7 @@ def _read_series(run_dir: Path, policy: str) -> dict | None:
 
 
 def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: dict | None) -> list[Path]:
-    from kvbench.report import plots
+    from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
     tag = " (SIMULATED)" if simulated else ""
     up = (autoscale or {}).get("scale_up", 0.8)

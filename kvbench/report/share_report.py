@@ -46,7 +46,7 @@ def print_share(console, document: dict, run_dir: Path) -> None:
 
 
 def share_plot(document: dict, path: Path) -> None:
-    from kvbench.report import plots
+    from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
     meta, points = document["meta"], document["points"]
     labels = [f"{p['engine']}\nwidth {p['width']}" for p in points]

@@ -76,7 +76,7 @@ class WatchView:
 
 def watch_plot(timeline: Timeline, path: Path, free_blocks_threshold: float = 0.1) -> Path:
     """KV usage, running/waiting requests and new preemptions per scrape over time, one line per instance."""
-    from kvbench.report import plots
+    from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
     usage, requests, preemptions = {}, {}, {}
     many = len(timeline.windows) > 1

@@ -108,7 +108,7 @@ def waterfall_table(point: dict[str, Any], levels: list[dict[str, Any]] | None =
 def waterfall_plot(point: dict[str, Any], path: Path, subtitle: str = "",
                    levels: list[dict[str, Any]] | None = None) -> Path:
     """Horizontal bars, outermost level on top; each bar's tail up to the next level is its named gap."""
-    from kvbench.report import plots
+    from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
     plt = plots.plt
     levels = levels if levels is not None else point.get("waterfall") or waterfall_levels(point)

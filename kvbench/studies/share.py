@@ -8,17 +8,30 @@ weights on a noisy machine). "Memory saved by sharing" follows the PagedAttentio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvbench.engine.beam import BeamSearch
+from kvbench.engine.beam import SHARING_MODES, BeamSearch
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
-from kvbench.kv.block_pool import OutOfBlocks
+from kvbench.kv.block_pool import OutOfBlocks, blocks_for
+from kvbench.kv.contiguous import reservation_tokens
+from kvbench.models.resolve import resolve_model
+from kvbench.models.runner import ModelRunner
+from kvbench.preflight import (
+    check_context_length,
+    check_kv_pool_for_device,
+    check_requests_for_host,
+    check_run_counts,
+)
+from kvbench.report.rundir import run_meta, summary_document
+from kvbench.studies.local_model import load_model, packed_weight_bytes
+from kvbench.studies.run_requests import random_prompts
+from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 
 @dataclass
@@ -102,9 +115,6 @@ def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len
     If they do not all fit, the unshared modes would queue or preempt and their memory would be capped by
     the pool: no comparison left, and a large width would run for minutes.
     """
-    from kvbench.kv.block_pool import blocks_for
-    from kvbench.kv.contiguous import reservation_tokens
-
     copies = width if kind == "parallel" else 2 * width
     lengths = [len(p) + output_len - 1 for p in prompts]
     per_prompt = [max(blocks_for(n, base.block_size),
@@ -139,9 +149,9 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
 
     measurements = []
     for mode in ("paged-shared", "paged-unshared", "contiguous"):
-        engine = LLMEngine(model, _config(base, "contiguous" if mode == "contiguous" else "paged"), eos_token_id,
-                           stop_token_ids)
-        if mode == "paged-shared":
+        manager, shared = SHARING_MODES[mode]
+        engine = LLMEngine(model, replace(base, engine=manager), eos_token_id, stop_token_ids)
+        if shared:  # one request forked into n samples
             requests = [make_request(g, p, params(g, 0), num_samples=n) for g, p in enumerate(prompts)]
             group_of = {r.request_id: r.request_id for r in requests}
         else:
@@ -149,7 +159,7 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
             for request in requests:
                 request.sample_index = request.request_id % n
             group_of = {r.request_id: r.request_id // n for r in requests}
-        result = engine.run(requests, concurrency=len(requests))
+        result = engine.run(requests, len(requests))
         if result.rejected:
             reason = result.rejected[0].reject_reason
             raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); give the pool more "
@@ -183,12 +193,6 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
         measurements.append(ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size,
                                              bytes_per_token, outputs))
     return measurements
-
-
-def _config(base: EngineConfig, engine: str) -> EngineConfig:
-    from dataclasses import replace
-
-    return replace(base, engine=engine)
 
 
 def _saved(without: float, with_sharing: float) -> float | None:
@@ -246,9 +250,6 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
     without one), or random ids around ``prompt_len``; and the dataset's record for the summary."""
     if settings.dataset is None:
         return make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, settings.seed), None
-    from kvbench.studies.workload import random_prompts
-    from kvbench.workload.dataset import TokenCounter, sample_dataset
-
     sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
                             settings.prompts, settings.seed, need_output=False)
     ids = [r.prompt_token_ids for r in sample.requests]
@@ -270,17 +271,6 @@ def share_stop(settings: ShareSettings, loaded) -> str:
 
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
-    from kvbench.models.resolve import resolve_model
-    from kvbench.models.runner import ModelRunner
-    from kvbench.preflight import (
-        check_context_length,
-        check_kv_pool_for_device,
-        check_requests_for_host,
-        check_run_counts,
-    )
-    from kvbench.report.rundir import run_meta, summary_document
-    from kvbench.studies.setup import load_model, packed_weight_bytes
-
     kind, width, seed = settings.kind, settings.width, settings.seed
     check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
                      num_blocks=settings.num_blocks)

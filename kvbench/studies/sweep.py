@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvbench.engine.request import Request
+from kvbench.engine.client import ClosedLoop
+from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
 from kvbench.report.point import Point, aggregate_repeats, point_from_result, timeline_of
-
-if TYPE_CHECKING:
-    from kvbench.studies.backends import PointBackend
+from kvbench.studies.backends.base import PointBackend
 
 
 @dataclass
@@ -130,16 +129,13 @@ def ordered_points(points: list[dict]) -> list[dict]:
     return sorted(points, key=lambda p: (p["concurrency"], p["engine"]))
 
 
-def parallel_samples(requests: list[Request], samples: int, engine: str) -> list[Request]:
-    """n samples per request: forked by the paged engine, n full copies (seeds seed+i) for the baseline."""
-    from dataclasses import replace
-
-    from kvbench.engine.request import make_request
-
+def parallel_samples(requests: list[Request], samples: int, forked: bool) -> list[Request]:
+    """n samples per request: one request forked into n by an engine that can fork (paged), else n full copies
+    (seeds seed+i, the baseline)."""
     out = []
     for request in requests:
         base = replace(request.sampling, temperature=1.0, top_p=0.95, seed=1000 * request.request_id)
-        if engine == "paged":
+        if forked:
             out.append(make_request(request.request_id, request.prompt_token_ids, base, num_samples=samples))
         else:
             out += [make_request(request.request_id * samples + i, request.prompt_token_ids,
@@ -163,10 +159,11 @@ def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency:
         requests = plan.make_requests(concurrency)
         in_flight = concurrency
         if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
-            requests = parallel_samples(requests, plan.samples, engine)
-            in_flight = concurrency * (plan.samples if engine != "paged" else 1)
+            forked = backend.can_fork(engine)
+            requests = parallel_samples(requests, plan.samples, forked)
+            in_flight = concurrency * (1 if forked else plan.samples)
         on_step = progress.step_callback(engine, concurrency, repeat, len(requests)) if progress else None
-        result, memory = backend.run(engine, requests, in_flight, on_step)
+        result, memory = backend.run(engine, requests, ClosedLoop(in_flight), on_step)
         point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
         if repeat == plan.repeat - 1:
             timeline_file = run_dir / f"timeline-{engine}-c{concurrency}.json"

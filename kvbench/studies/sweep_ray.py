@@ -18,7 +18,8 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
 from kvbench.report.point import Point
-from kvbench.studies.sweep import PointFailed, load_finished, ordered_points
+from kvbench.studies.fleet.ray_runtime import actor_resources, gpus_available, ray_session, uses_gpu
+from kvbench.studies.sweep import PointFailed, _run_point, load_finished, ordered_points
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup
 
 
@@ -32,8 +33,6 @@ class SweepWorker:
 
     def run_point(self, engine: str, concurrency: int) -> tuple[dict[str, Any], dict | None]:
         """The point's JSON and its timeline file's content (None when it failed before writing one)."""
-        from kvbench.studies.sweep import _run_point
-
         with tempfile.TemporaryDirectory() as scratch:
             try:
                 if engine not in self.warmed:
@@ -56,8 +55,6 @@ def timeline_name(engine: str, concurrency: int) -> str:
 def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, resume: bool,
                      workers: int | None = None, address: str | None = None, on_point=None) -> list[dict]:
     """Every point of the plan on Ray workers; returns every point of the run directory, in table order."""
-    from kvbench.studies.fleet.ray_runtime import actor_resources, gpus_available, ray_session, uses_gpu
-
     plan = setup.plan(continue_on_error)
     results = run_dir / "results.jsonl"
     if results.exists() and not resume:

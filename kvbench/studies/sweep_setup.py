@@ -1,6 +1,6 @@
 """A sweep's settings resolved once: the scenario, the request list, the KV budget and the backend.
 
-:class:`SweepOptions` is what the user asked for; :meth:`SweepSetup.resolve` turns it into everything a
+:class:`SweepOptions` (``run_options``) is what the user asked for; :meth:`SweepSetup.resolve` turns it into everything a
 sweep needs, and the setup writes both records a run directory keeps: the pinned configuration (what a
 resume must match) and the run metadata of ``summary.json``.
 """
@@ -16,43 +16,25 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import content_sha256
+from kvbench.kv.block_pool import blocks_for
+from kvbench.kv.factory import manager_class
+from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
-from kvbench.studies.backends import PointBackend
+from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
+from kvbench.studies.backends.registry import RunBackends, choose_backends
+from kvbench.studies.run_options import SweepOptions
+from kvbench.studies.run_requests import (
+    RequestChoice,
+    Workload,
+    check_stop,
+    default_stop,
+    resolve_requests,
+    stop_reason_text,
+)
 from kvbench.studies.sweep import SweepPlan
-from kvbench.studies.vllm_backend import VLLM_ENGINE, check_vllm, own_engines, with_vllm
-from kvbench.studies.workload import Workload, check_stop, dataset_workload, default_stop, stop_reason_text
-from kvbench.workload.admissible import Skipped, within_max_len
+from kvbench.workload.admissible import Skipped
 from kvbench.workload.scenario import Scenario, load_scenario
-
-SIMULATED_STAND_IN = "llama-2-13b"  # the tiny CPU model is simulated as the article's model
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """A sweep as asked for; None means "the scenario's"."""
-
-    scenario: str = "article"
-    concurrency: tuple[int, ...] | None = None
-    engines: tuple[str, ...] = ("paged", "contiguous")
-    model: str = "tiny"
-    device: str = "auto"
-    dtype: str | None = None
-    kv_memory_bytes: int | None = None
-    kv_memory_text: str | None = None  # as typed, for the budget's description
-    utilization: float | None = None
-    block_size: int | None = None
-    reserve: str | None = None
-    admission: str | None = None
-    requests: int | None = None
-    requests_file: Path | None = None
-    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
-    stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
-    repeat: int = 1
-    seed: int | None = None
-    simulate: bool = False
-    gpu: str = "a100-80g"
-    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
 
 
 @dataclass
@@ -65,6 +47,7 @@ class SweepSetup:
     counts: dict[int, int]  # requests per point, by concurrency (a prefix of the workload's list)
     skipped: Skipped | None
     backend: PointBackend
+    backends: RunBackends  # which backend runs each engine, and what each offers
     config: EngineConfig
     model_name: str
     device_name: str
@@ -80,8 +63,7 @@ class SweepSetup:
     @classmethod
     def resolve(cls, options: SweepOptions, status: Callable[[str], Any] | None = None) -> SweepSetup:
         """Everything the sweep needs, checked before any point runs."""
-        if VLLM_ENGINE in options.engines:
-            check_vllm(options)  # installed, not simulated, a checkpoint directory: before any model loads
+        backends = choose_backends(options)  # installed, simulated or not, a checkpoint: before any model loads
         spec = load_scenario(options.scenario)
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
@@ -95,12 +77,13 @@ class SweepSetup:
             raise KvbenchError(f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on "
                                "the tensor engine only, not in simulation")
         max_len = spec.lengths.max_len
-        workload, skipped, tokenizer = _workload(options, spec, seed, max(counts.values()), stop, status)
+        choice = RequestChoice(requests_file=options.requests_file, dataset=options.dataset)
+        workload, tokenizer = resolve_requests(choice, spec, options.model, max(counts.values()), seed, stop, status)
         if options.requests_file is not None:  # a requests file is replayed exactly, at every point
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
             counts = {c: min(n, len(workload.pairs)) for c, n in counts.items()}
-        if not options.simulate:
+        if backends.needs_prompt_tokens:  # token lists in memory, and answers up to max-len when they stop at EOS
             pairs = workload.pairs
             outputs = [o if stop == "length" else max_len - p for p, o in pairs]
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(outputs))
@@ -108,30 +91,20 @@ class SweepSetup:
         base = EngineConfig(block_size=block_size, reserve=reserve, admission=options.admission or spec.admission,
                             max_num_seqs=max(256, *levels),  # the batch cap must not lower the concurrency asked for
                             max_len=max_len)
-        if options.simulate:
-            from kvbench.studies.backends import simulated_backend
-
-            backend, model_name, device_name, vocab, source = simulated_backend(options, base)
-        else:
-            from kvbench.studies.backends import tensor_backend
-
-            load = {"tokenizer": tokenizer} if tokenizer is not None else {}
-            backend, model_name, device_name, vocab, source = tensor_backend(options, base, spec, seed,
-                                                                             len(options.engines), status, **load)
-            if stop == "eos" and not backend.loaded.stop_token_ids:
-                raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {model_name} has none "
-                                   "(random-weight presets never end an answer): use the length stop mode")
-            if VLLM_ENGINE in options.engines:  # vLLM's offline engine as a reference column
-                backend = with_vllm(backend, options, seed)
-        check_pool_holds_a_request(backend.base, own_engines(options.engines), workload.pairs[:max(counts.values())],
-                                   stop, backend.bytes_per_token, source)
-        ids = workload.prompt_ids
-        if ids is not None and any(token >= vocab for prompt in ids for token in prompt):
-            where = options.requests_file or workload.dataset.path
-            raise KvbenchError(f"{where}: a prompt token id is outside the model's vocabulary of {vocab}")
+        built = backends.build(BuildContext(options, base, spec, seed, status, tokenizer))
+        backend = built.backend
+        if stop == "eos" and not backend.stops_at_eos:
+            raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {built.model_name} has none "
+                               "(random-weight presets never end an answer): use the length stop mode")
+        check_pool_holds_a_request(backend.base, backends.engines_offering(Offer.KV_MANAGER),
+                                   workload.pairs[:max(counts.values())], stop, backend.bytes_per_token,
+                                   built.budget_source)
+        workload.check_vocabulary(built.vocab_size)
         text = stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
-        return cls(options, spec, seed, tuple(levels), workload, counts, skipped, backend, backend.base, model_name,
-                   device_name, vocab, source, warm, text)
+        return cls(options=options, spec=spec, seed=seed, levels=tuple(levels), workload=workload, counts=counts,
+                   skipped=workload.skipped, backend=backend, backends=backends, config=backend.base,
+                   model_name=built.model_name, device_name=built.device_name, vocab_size=built.vocab_size,
+                   budget_source=built.budget_source, warm_pairs=warm, stop_text=text)
 
     # -- the plan ---------------------------------------------------------------------------------------
     def plan(self, continue_on_error: bool) -> SweepPlan:
@@ -141,11 +114,12 @@ class SweepSetup:
     def make_requests(self, concurrency: int | None = None) -> list[Request]:
         """A fresh, identical request list for a point at ``concurrency`` (each run mutates its requests)."""
         count = self.counts.get(concurrency, len(self.workload.pairs)) if concurrency else len(self.workload.pairs)
-        return self.workload.requests(count, self.vocab_size, self.seed, self.options.simulate)
+        return self.workload.requests(count, self.vocab_size, self.seed, not self.backends.needs_prompt_tokens)
 
     def _warm_maker(self) -> Callable[[], list[Request]]:
         warm = Workload(self.warm_pairs, None, "length", self.config.max_len)  # short, EOS ignored: just warming up
-        return lambda: warm.requests(len(self.warm_pairs), self.vocab_size, self.seed, self.options.simulate)
+        return lambda: warm.requests(len(self.warm_pairs), self.vocab_size, self.seed,
+                                     not self.backends.needs_prompt_tokens)
 
     # -- what a run directory records -------------------------------------------------------------------
     def pinned_config(self) -> dict[str, Any]:
@@ -160,7 +134,7 @@ class SweepSetup:
             "kv_pool_slots": config.pool_slots, "reserve": config.reserve, "admission": config.admission,
             "max_len": config.max_len, "repeat": options.repeat,
             "requests_file": str(options.requests_file) if options.requests_file else None,
-            "samples": self.spec.samples, "dtype": getattr(self.backend, "dtype_name", None),
+            "samples": self.spec.samples, "dtype": self.backend.dtype_name,
             "scenario_sha256": content_sha256(Path(self.spec.source)) if self.spec.source else None,
             "requests_file_sha256": content_sha256(options.requests_file) if options.requests_file else None,
             "model_config_sha256": _model_config_hash(options.model),
@@ -177,7 +151,7 @@ class SweepSetup:
             block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
-            threads=getattr(self.backend, "threads", None),
+            threads=self.backend.threads,
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             requests_per_point={str(c): n for c, n in self.counts.items()}, stop=self.workload.stop,
             stop_description=self.stop_text,
@@ -193,19 +167,16 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
     the blocks of its planned length (max-len - 1 when answers stop at EOS: the engines plan for max_tokens).
     Such a request is rejected at every point: a sweep that serves none, or a part, is no measurement.
     """
-    from kvbench.kv.block_pool import blocks_for
-    from kvbench.kv.contiguous import reservation_tokens
-
     if not pairs:
         return
     longest = max(p + (o if stop == "length" else config.max_len - p) - 1 for p, o in pairs)  # KV slots written
     for engine in engines:
-        if engine == "contiguous":
-            tokens = reservation_tokens(config.reserve, longest, config.max_len)
-            what = (f"the contiguous baseline reserves {tokens:,} token slots for its longest request (reserve "
+        manager = manager_class(engine)
+        tokens = manager.slots_for(longest, config.reserve, config.max_len)
+        if manager.reserves_up_front:
+            what = (f"the {engine} baseline reserves {tokens:,} token slots for its longest request (reserve "
                     f"{config.reserve}{', that is max-len' if config.reserve == 'max' else ''})")
         else:
-            tokens = longest
             what = f"the {engine} engine needs {tokens:,} token slots for its longest request"
         need = blocks_for(tokens, config.block_size)
         if need > config.num_blocks:
@@ -215,45 +186,14 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
                     size, unit = size // 1024, bigger
             slots = f"{config.pool_slots:,} token slots"
             where = source.removeprefix(f"{slots} = ")  # the simulator's source starts with its slots
-            other = ("another reservation policy (pow2, oracle)" if engine == "contiguous" and config.reserve == "max"
-                     else "shorter requests")
+            reservation_bound = manager.reserves_up_front and config.reserve == "max"
+            other = "another reservation policy (pow2, oracle)" if reservation_bound else "shorter requests"
             raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
                                f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
 
 
-def _workload(options: SweepOptions, spec: Scenario, seed: int, count: int, stop: str,
-              status: Callable[[str], Any] | None) -> tuple[Workload, Skipped | None, Any]:
-    """The requests: a requests file's exact prompts, a dataset's, or lengths drawn from the scenario; and the
-    tokenizer loaded to count a dataset (handed on to the model loader)."""
-    max_len = spec.lengths.max_len
-    dataset = options.dataset or (spec.dataset_path() if spec.dataset and options.requests_file is None else None)
-    if dataset is not None and options.requests_file is not None:
-        raise KvbenchError("a dataset and a requests file both give the prompts: choose one")
-    if options.requests_file is not None:  # replay exact prompts (token ids) and output lengths
-        from kvbench.workload.requests_file import load_requests_jsonl
-
-        replay = load_requests_jsonl(options.requests_file)
-        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
-                                       f"records of {options.requests_file}")
-        replay = [replay[index] for index in kept]
-        return Workload([(len(ids), out) for ids, out in replay], [ids for ids, _ in replay], stop, max_len), \
-            skipped, None
-    if dataset is None:
-        return Workload(spec.lengths.sample(count, seed), None, stop, max_len), None, None
-    from kvbench.models.tokenizers import load_tokenizer
-
-    if status is not None:
-        status(f"reading the tokenizer of {options.model}...")
-    tokenizer = None if options.simulate and options.model == "tiny" else load_tokenizer(options.model)
-    if status is not None:
-        status(f"reading dataset {dataset}...")
-    return dataset_workload(Path(dataset), tokenizer, max_len, count, seed, stop, options.model), None, tokenizer
-
-
 def _model_config_hash(model: str) -> str | None:
     """The content hash of a local model's config.json or GGUF header (a preset's shape is fixed by its name)."""
-    from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
-
     path = Path(model)
     if is_gguf(path):
         return gguf_fingerprint(path)

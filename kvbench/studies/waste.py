@@ -14,6 +14,7 @@ from kvbench.engine.result import RunResult
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
+from kvbench.kv.factory import manager_class
 from kvbench.kv.manager import KVManager, assert_drained
 from kvbench.models.deployment import Parallelism, deployment_budget
 from kvbench.models.gpus import resolve_gpu
@@ -23,7 +24,7 @@ from kvbench.report.point import point_from_result
 from kvbench.report.rundir import run_meta, summary_document
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
-from kvbench.workload.dataset import DatasetSample
+from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
 from kvbench.workload.lengths import LengthSpec, load_trace
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -41,8 +42,8 @@ class Strategy:
     policy: str | None = None
 
     def granularity(self, pool_slots: int) -> int:
-        """Block size used to simulate: a contiguous slab is token-granular unless the pool is huge."""
-        if self.kind == "paged":
+        """Block size used to simulate: a slab reserved up front is token-granular unless the pool is huge."""
+        if not manager_class(self.kind).reserves_up_front:
             return self.block_size
         return max(1, -(-pool_slots // MAX_SIMULATED_BLOCKS))
 
@@ -154,9 +155,7 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
     lengths from a distribution."""
     check_run_counts(requests=settings.requests)  # the limit sweep and fleet apply: before drawing a single length
     if settings.dataset is not None:
-        from kvbench.models.tokenizers import load_tokenizer
-        from kvbench.workload.dataset import TokenCounter, sample_dataset
-
+        from kvbench.models.tokenizers import load_tokenizer  # transformers and torch: only for a dataset
         count = settings.requests if settings.requests_given else None
         sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model), settings.model), settings.max_len,
                                 count, settings.seed, need_output=True)

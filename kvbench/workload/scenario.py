@@ -15,6 +15,9 @@ else:  # Python 3.10: the same parser, published as tomli
 
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
+from kvbench.models.gpus import kv_budget, resolve_gpu
+from kvbench.models.resolve import resolve_model
+from kvbench.workload.dataset import builtin_datasets
 from kvbench.workload.lengths import LengthSpec
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -54,8 +57,6 @@ class Scenario:
         """The scenario's dataset: a name kvbench ships, else a path (relative to the scenario file)."""
         if not self.dataset:
             return None
-        from kvbench.workload.dataset import builtin_datasets
-
         builtin = builtin_datasets().get(self.dataset)
         if builtin is not None:
             return builtin
@@ -70,9 +71,6 @@ class Scenario:
         """Token slots of the KV pool and a sentence saying where the number comes from."""
         if "slots" in self.budget:
             return self.budget["slots"], f"{self.budget['slots']:,} token slots (set by the scenario)"
-        from kvbench.models.gpus import kv_budget, resolve_gpu
-        from kvbench.models.resolve import resolve_model
-
         shape = resolve_model(self.budget.get("model", "llama-2-13b"))
         gpu = resolve_gpu(self.budget.get("gpu", "a100-80g"))
         utilization = float(self.budget.get("utilization", 0.9))

@@ -74,7 +74,7 @@ def test_a_width_the_pool_cannot_hold_fails_before_any_work(capsys):
 
 
 def test_requests_longer_than_max_len_are_refused_before_the_model_loads(capsys, monkeypatch):
-    import kvbench.studies.setup as setup
+    import kvbench.studies.local_model as setup
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model loaded before the lengths were checked")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from kvbench.cli import main
 from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
-from kvbench.studies import backends as sweep_backends
+from kvbench.studies.backends.simulated import SimulatedBackend
+from kvbench.studies.backends.tensor import TensorBackend
 
 
 def run(args: list[str]) -> int:
@@ -53,27 +55,27 @@ def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 0
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 2  # refuses to overwrite
     calls = []
-    original = sweep_backends.TensorBackend.run
+    original = TensorBackend.run
 
-    def counting(self, engine, requests, concurrency, on_step):
-        calls.append((engine, concurrency))
-        return original(self, engine, requests, concurrency, on_step)
+    def counting(self, engine, requests, load, on_step):
+        calls.append((engine, load.concurrency))
+        return original(self, engine, requests, load, on_step)
 
-    monkeypatch.setattr(sweep_backends.TensorBackend, "run", counting)
+    monkeypatch.setattr(TensorBackend, "run", counting)
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2,4", "--resume"]) == 0
     assert sorted(calls) == [("contiguous", 4), ("paged", 4)]
     assert len(json.loads((out / "summary.json").read_text())["points"]) == 4
 
 
 def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, monkeypatch, capsys):
-    original = sweep_backends.TensorBackend.run
+    original = TensorBackend.run
 
-    def flaky(self, engine, requests, concurrency, on_step):
-        if engine == "contiguous" and concurrency == 2:
+    def flaky(self, engine, requests, load, on_step):
+        if engine == "contiguous" and load.concurrency == 2:
             raise RuntimeError("injected failure")
-        return original(self, engine, requests, concurrency, on_step)
+        return original(self, engine, requests, load, on_step)
 
-    monkeypatch.setattr(sweep_backends.TensorBackend, "run", flaky)
+    monkeypatch.setattr(TensorBackend, "run", flaky)
     out = tmp_path / "run"
     assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 1  # ran on, but failed
     assert "1 of 4 points failed" in capsys.readouterr().err
@@ -196,8 +198,13 @@ def test_repeat_reports_mean_std_and_confidence_interval(scenario, tmp_path):
     for point in points:
         samples = point["samples"]["output_throughput"]
         assert point["repeats"] == 2 and len(samples) == 2
-        assert point["output_throughput"] == pytest.approx(sum(samples) / 2)
-        assert point["output_throughput_std"] >= 0 and point["output_throughput_ci95"] >= 0
+        a, b = samples
+        assert point["output_throughput"] == pytest.approx((a + b) / 2)
+        # by hand for two samples: the sample std is |a - b| / sqrt(2); the 95% CI half-width is t(0.975, df=1)
+        # x std / sqrt(2), with Student's t = 12.706 from the table
+        std = abs(a - b) / math.sqrt(2)
+        assert point["output_throughput_std"] == pytest.approx(std, rel=1e-9, abs=1e-12)
+        assert point["output_throughput_ci95"] == pytest.approx(12.706 * std / math.sqrt(2), rel=1e-3, abs=1e-12)
 
 
 def test_resume_refuses_other_settings_and_needs_out(scenario, tmp_path, capsys):
@@ -275,10 +282,10 @@ def simulate(args: list[str]) -> int:
 
 
 def test_every_point_failing_is_a_failed_run(tmp_path, monkeypatch, capsys):
-    def broken(self, engine, requests, concurrency, on_step):
+    def broken(self, engine, requests, load, on_step):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(sweep_backends.SimulatedBackend, "run", broken)
+    monkeypatch.setattr(SimulatedBackend, "run", broken)
     assert simulate(["--out", str(tmp_path / "run"), "--continue-on-error"]) == 1
     assert "4 of 4 points failed" in capsys.readouterr().err
     assert len(json.loads((tmp_path / "run" / "summary.json").read_text())["points"]) == 4

@@ -82,7 +82,7 @@ def test_forks_and_sampling_keep_the_batch_in_step(model, monkeypatch: pytest.Mo
     sizes = _checked_steps(monkeypatch)
     params = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True)
     config = EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=64)
-    result = LLMEngine(model, config).run(_requests(3, params, num_samples=3), concurrency=3)
+    result = LLMEngine(model, config).run(_requests(3, params, num_samples=3), 3)
     assert max(sizes) == 9 and len(result.requests) == 9
 
 
@@ -139,6 +139,6 @@ def test_plan_free_kernels_read_the_kept_batch(model, other: str) -> None:
     for backend in ("torch", other):
         config = EngineConfig(engine="paged", block_size=4, num_blocks=40, max_len=40, kernel_backend=backend)
         engine = LLMEngine(model, config)
-        result = engine.run(_requests(2, params), concurrency=2)
+        result = engine.run(_requests(2, params), 2)
         outputs[backend] = [r.output_token_ids for r in result.requests]
     assert outputs[other] == outputs["torch"]

@@ -12,7 +12,7 @@ from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
-from kvbench.studies.backends import token_requests
+from kvbench.studies.run_requests import token_requests
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def model():
 def test_engine_and_simulator_agree_step_by_step(model, engine, blocks):
     pairs = [(8, 1), (8, 3), (5, 7), (12, 4), (3, 9)]
     config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=32, reserve="pow2")
-    result = LLMEngine(model, config).run(token_requests(pairs, 512, 0), concurrency=3)
+    result = LLMEngine(model, config).run(token_requests(pairs, 512, 0), 3)
     simulated = simulate([Request(i, p, o) for i, (p, o) in enumerate(pairs)], config.build_manager(),
                          UniformTiming(1.0), 3, config)
     assert result.accountant.steps == simulated.accountant.steps
@@ -48,7 +48,7 @@ def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, 
     pairs = [(8, 20), (8, 20), (5, 23), (12, 16), (3, 25)]  # max_tokens fill max_len 28
     config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=28, reserve=reserve)
     probe = token_requests(pairs, 512, 0)
-    LLMEngine(model, config).run(probe, concurrency=5)
+    LLMEngine(model, config).run(probe, 5)
     counts: dict[int, int] = {}
     for request in probe:
         for token in request.output_token_ids[1:-1]:
@@ -57,7 +57,7 @@ def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, 
     requests = token_requests(pairs, 512, 0)
     for request in requests:
         request.sampling = replace(request.sampling, ignore_eos=False, eos_token_id=eos)
-    result = LLMEngine(model, config).run(requests, concurrency=3)
+    result = LLMEngine(model, config).run(requests, 3)
     assert any(r.stop_reason == "eos" and r.num_outputs < r.max_tokens for r in result.requests)
     simulated = simulate([Request(i, p, o, eos_after=r.num_outputs if r.stop_reason == "eos" else None)
                           for i, ((p, o), r)

@@ -19,7 +19,7 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import MODEL_PRESETS
-from kvbench.studies.backends import token_requests
+from kvbench.studies.run_requests import token_requests
 
 PAIRS = [(8, 1), (8, 3), (5, 7), (12, 4), (3, 9), (20, 6), (7, 7), (9, 2)]
 CONFIG = EngineConfig(block_size=4, num_blocks=12, max_len=32)
@@ -102,7 +102,7 @@ def model():
 def test_engine_session_open_loop_matches_a_closed_loop_run(model):
     config = EngineConfig(engine="paged", block_size=4, num_blocks=40, max_len=32)
     engine = LLMEngine(model, config)
-    closed = engine.run(token_requests(PAIRS, 512, 0), concurrency=len(PAIRS))
+    closed = engine.run(token_requests(PAIRS, 512, 0), len(PAIRS))
     start = time.perf_counter()
     session = engine.session(clock=lambda: time.perf_counter() - start)
     requests = token_requests(PAIRS, 512, 0)

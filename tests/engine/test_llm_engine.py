@@ -21,7 +21,8 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
-from kvbench.studies.setup import blocks_for_budget, load_model
+from kvbench.studies.kv_budget import size_pool
+from kvbench.studies.local_model import load_model
 
 PROMPT_LENS = (5, 17, 33, 8, 1, 12)
 MAX_TOKENS = 12
@@ -283,7 +284,9 @@ def test_request_bigger_than_the_whole_pool_is_rejected(refs):
 
 def test_budget_without_a_single_block_is_a_clear_error():
     shape = SHAPES["gqa"]
-    assert blocks_for_budget(shape.bytes_per_token * 15, shape, 16) == 0
+    with pytest.raises(KvbenchError, match="no block"):  # 15 token slots of KV memory: not one block of 16
+        size_pool(EngineConfig(block_size=16), shape.bytes_per_token, (shape.bytes_per_token * 15, "15 slots"),
+                  lambda: (0, "unused"))
     with pytest.raises(KvbenchError, match="no block"):
         EngineConfig(num_blocks=0)
     with pytest.raises(KvbenchError, match="block size"):

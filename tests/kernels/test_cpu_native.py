@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from kv_cases import decode_oracle, make_case, poisoned_like, rel_error
-from kvbench.kernels import cpu_native, reference
 
 from kvbench import kernels
+from kvbench.kernels import cpu_native, reference
 
 LENS = [1, 15, 16, 17, 300]
 SCALE = 0.17

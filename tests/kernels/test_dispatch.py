@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from kv_cases import make_case, poisoned_like
-from kvbench.kernels import cpu_native, reference
 
 from kvbench import kernels
+from kvbench.kernels import cpu_native, reference
 
 
 def test_device_decides_and_overrides_win(monkeypatch: pytest.MonkeyPatch) -> None:

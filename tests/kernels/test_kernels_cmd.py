@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvbench.kernels import cpu_native
-from kvbench.kernels.benchmark import DecodeShape
 
 from kvbench.cli import main
+from kvbench.kernels import cpu_native
+from kvbench.kernels.benchmark import DecodeShape
 
 TINY = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1,3", "--context", "16,33", "--warmup", "0", "--reps", "2"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kv_cases import decode_oracle, make_case, poisoned_like, prefill_oracle, query_start_loc, rel_error
+
 from kvbench.kernels import reference
 
 LENS = [1, 15, 16, 17, 300]

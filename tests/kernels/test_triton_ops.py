@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from kv_cases import make_case, poisoned_like, query_start_loc, rel_error  # noqa: E402
+
 from kvbench.kernels import reference, triton_ops  # noqa: E402
 
 LENS = [1, 15, 16, 17, 300]  # one batch; lengths around a block edge and one long context

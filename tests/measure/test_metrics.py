@@ -100,7 +100,7 @@ def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatc
     requests = _requests()
     try:
         metrics.begin_run(engine)
-        result = llm.run(requests, concurrency=4, on_step=on_step)
+        result = llm.run(requests, 4, on_step=on_step)
         final = metrics.end_run(engine)
     finally:
         metrics.close()

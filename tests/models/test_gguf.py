@@ -78,7 +78,7 @@ def test_missing_packages_name_the_extra(tiny_gguf, monkeypatch, capsys):
 
 
 def test_weights_and_tokenizer_load_as_written(tiny_gguf):
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     path, source = tiny_gguf
     loaded = load_model(str(path), "cpu")
@@ -94,7 +94,7 @@ def test_weights_and_tokenizer_load_as_written(tiny_gguf):
 def test_engines_emit_the_greedy_tokens_of_transformers_on_the_same_file(tiny_gguf, engine):
     from transformers import AutoModelForCausalLM
 
-    from kvbench.studies.setup import build_engine, load_model
+    from kvbench.studies.local_model import build_engine, load_model
 
     path, _ = tiny_gguf
     reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()

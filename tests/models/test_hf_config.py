@@ -236,7 +236,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def test_malformed_config_through_the_engine_loader(tmp_path: Path, checkpoint, field: str, value,
                                                     message: str) -> None:
     from kvbench.models.hf_model import load_local_model
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     folder, config = checkpoint
     for weights in folder.glob("*.safetensors"):
@@ -251,7 +251,7 @@ def test_malformed_config_through_the_engine_loader(tmp_path: Path, checkpoint, 
 
 
 def test_the_valid_checkpoint_loads(tmp_path: Path, checkpoint) -> None:
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     folder, config = checkpoint
     for weights in folder.glob("*.safetensors"):

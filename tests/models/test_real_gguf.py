@@ -23,13 +23,13 @@ pytestmark = pytest.mark.skipif(not REAL or not Path(REAL).is_file(),
 @pytest.fixture(scope="module")
 def loaded():
     pytest.importorskip("gguf")
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     return load_model(REAL, "cpu", max_len=1024)
 
 
 def test_the_real_checkpoint_answers_like_transformers_and_stops_at_eos(loaded):
-    from kvbench.studies.setup import build_engine
+    from kvbench.studies.local_model import build_engine
 
     assert loaded.can_stop_at_eos and loaded.tokenizer.chat_template
     prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],

@@ -11,7 +11,8 @@ from kvbench.engine.timing import UniformTiming
 from kvbench.models.gpus import resolve_gpu
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import MODEL_PRESETS
-from kvbench.studies.backends import SimulatedBackend, token_requests
+from kvbench.studies.backends.simulated import SimulatedBackend
+from kvbench.studies.run_requests import token_requests
 from kvbench.studies.waste import Strategy, run_strategy
 from kvbench.workload.lengths import LengthSpec
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbench.measure import metric_names as names
 from kvbench.report.diagnose.findings import pct
 from kvbench.report.diagnose.thresholds import Thresholds
 
 
 def alerting_rules(t: Thresholds) -> dict[str, Any]:
     """Prometheus alerting rules (groups -> rules) with the same thresholds and kvbench's metric names."""
-    free_share = "kvbench_kv_cache_blocks_free / kvbench_kv_cache_blocks_capacity"
+    free_share = f"{names.BLOCKS_FREE} / {names.BLOCKS_CAPACITY}"
     where = "{{ $labels.engine }} on {{ $labels.device }} ({{ $labels.instance }})"
 
     def rule(alert, expr, severity, summary, description):
@@ -18,7 +19,7 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
                 "annotations": {"summary": summary, "description": description}}
 
     rules = [
-        rule("KvCacheFragmentationHigh", f"kvbench_kv_cache_fragmentation > {t.fragmentation:g}", "warning",
+        rule("KvCacheFragmentationHigh", f"{names.FRAGMENTATION} > {t.fragmentation:g}", "warning",
              f"KV cache fragmentation above {t.fragmentation:g}",
              f"{where}: online fragmentation is {{{{ $value | humanizePercentage }}}}. Use the paged engine, "
              "a smaller block size, or a lower max-len."),
@@ -28,23 +29,23 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
              "more memory or route new requests to the instance with the most free blocks."),
         rule("KvBlockAllocLatencyHigh",
              "histogram_quantile(0.99, sum by (le, engine, device, instance) "
-             f"(rate(kvbench_block_alloc_latency_seconds_bucket[5m]))) > {t.alloc_latency_p99_ms / 1000:g}",
+             f"(rate({names.ALLOC_LATENCY}_bucket[5m]))) > {t.alloc_latency_p99_ms / 1000:g}",
              "critical", f"KV block allocation p99 latency above {t.alloc_latency_p99_ms:g} ms",
              f"{where}: p99 block allocation latency is {{{{ $value | humanizeDuration }}}}. Use a larger block "
              "size or check the host for CPU contention."),
         rule("KvPreemptionStorm",
-             "increase(kvbench_num_preemptions_total[10m]) / clamp_min(increase(kvbench_requests_finished_total[10m]), 1)"
+             f"increase({names.PREEMPTIONS}[10m]) / clamp_min(increase({names.FINISHED}[10m]), 1)"
              f" > {t.preemptions_per_request:g}", "warning",
              f"More than {t.preemptions_per_request:g} preemptions per finished request",
              f"{where}: {{{{ $value }}}} preemptions per finished request over 10m. Give the KV cache more "
              "memory or lower the concurrency."),
         rule("KvCacheReservationWaste",
-             "kvbench_kv_cache_fragmentation * kvbench_kv_cache_blocks_used / kvbench_kv_cache_blocks_capacity"
+             f"{names.FRAGMENTATION} * {names.BLOCKS_USED} / {names.BLOCKS_CAPACITY}"
              f" > {t.reservation_waste:g}", "warning",
              f"Reservation + internal fragmentation above {pct(t.reservation_waste)} of the KV pool",
              f"{where}: {{{{ $value | humanizePercentage }}}} of the pool is reserved but holds no token state. "
              "Use the paged engine or reserve less."),
-        rule("KvBudgetCapsConcurrency", f"kvbench_requests_waiting > 0 and {free_share} < {t.free_blocks:g}",
+        rule("KvBudgetCapsConcurrency", f"{names.WAITING} > 0 and {free_share} < {t.free_blocks:g}",
              "warning", "Requests wait for KV memory",
              f"{where}: requests are queued while fewer than {pct(t.free_blocks)} of the blocks are free: the KV "
              "budget caps concurrency. Give the KV cache more memory."),

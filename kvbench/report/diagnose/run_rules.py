@@ -10,6 +10,7 @@ from typing import Any
 from kvbench.report.diagnose.findings import Diagnosis, Finding, pct, sorted_findings
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.report.summary_load import load_summary
 
 
 def _finding(rule: str, severity: str, label: str, evidence: str, remedies: tuple[str, ...], values: dict,
@@ -187,7 +188,5 @@ _POINT_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _ru
 
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
-    from kvbench.report.summary_load import load_summary
-
     summary = load_summary(location)
     return diagnose_points(summary.points.values(), summary.meta, thresholds, str(summary.path))

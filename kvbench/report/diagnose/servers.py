@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from kvbench.errors import KvbenchError
+from kvbench.measure import metric_names as names
 from kvbench.report.diagnose.exposition import Sample, parse_samples
 
 FAMILIES = ("kvbench", "vllm", "sglang")
 FAMILY_NAMES = {"kvbench": "kvbench", "vllm": "vLLM", "sglang": "SGLang"}
-PREFIXES = {"kvbench": "kvbench_", "vllm": "vllm:", "sglang": "sglang:"}
+PREFIXES = {"kvbench": names.PREFIX, "vllm": "vllm:", "sglang": "sglang:"}
 
 
 @dataclass
@@ -159,20 +160,20 @@ def _number(text: str | None) -> float | None:
 def _kvbench(samples: list[Sample]) -> list[ServerState]:
     states = []
     for key, group in _group(samples, ("engine", "device", "instance", "exported_instance")).items():
-        total = _value(group, "kvbench_kv_cache_blocks_capacity")
+        total = _value(group, names.BLOCKS_CAPACITY)
         if total is None:
             continue
-        free = _value(group, "kvbench_kv_cache_blocks_free")
+        free = _value(group, names.BLOCKS_FREE)
         buckets = sorted((float(s.labels["le"]), s.value) for s in group
-                         if s.name == "kvbench_block_alloc_latency_seconds_bucket" and "le" in s.labels)
+                         if s.name == f"{names.ALLOC_LATENCY}_bucket" and "le" in s.labels)
         states.append(ServerState(
             "kvbench", dict(key), total_blocks=total,
             usage=1.0 - free / total if free is not None and total > 0 else None,
-            used_blocks=_value(group, "kvbench_kv_cache_blocks_used"),
-            fragmentation=_value(group, "kvbench_kv_cache_fragmentation"),
-            running=_value(group, "kvbench_requests_running"), waiting=_value(group, "kvbench_requests_waiting"),
-            preemptions=_value(group, "kvbench_num_preemptions_total"),
-            finished=_value(group, "kvbench_requests_finished_total"), alloc_buckets=buckets))
+            used_blocks=_value(group, names.BLOCKS_USED),
+            fragmentation=_value(group, names.FRAGMENTATION),
+            running=_value(group, names.RUNNING), waiting=_value(group, names.WAITING),
+            preemptions=_value(group, names.PREEMPTIONS),
+            finished=_value(group, names.FINISHED), alloc_buckets=buckets))
     return states
 
 

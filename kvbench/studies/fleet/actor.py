@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request
+from kvbench.studies.local_model import build_engine, load_model
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,6 @@ class InstanceServer:
     def __init__(self, spec: InstanceSpec, epoch: float) -> None:
         start = time.perf_counter()
         import torch
-
-        from kvbench.studies.setup import build_engine, load_model
 
         if spec.device == "cpu" or not torch.cuda.is_available():
             torch.set_num_threads(1)  # one CPU per actor: its matmuls stay on its own core

@@ -8,14 +8,13 @@ instance through what it last reported (:class:`~kvbench.engine.instance.Instanc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.kv.block_pool import blocks_for
-from kvbench.studies.fleet.policies import InstanceView, RoutingPolicy
+from kvbench.studies.fleet.routing import InstanceView, RoutingPolicy
 
 STARTING, SERVING, DRAINING, STOPPED, DEAD = "starting", "serving", "draining", "stopped", "dead"
 
@@ -169,9 +168,3 @@ def reject(request: Request, reason: str, kind: str) -> Request:
     request.reject_reason = reason
     request.reject_kind = kind
     return request
-
-
-def tick_times(start: float, end: float, tick_s: float) -> list[float]:
-    if end <= start:
-        return []
-    return [start + tick_s * i for i in range(1, math.floor((end - start) / tick_s) + 1)]

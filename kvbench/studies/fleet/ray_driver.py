@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvbench.engine.client import OpenLoopClient
 from kvbench.engine.request import Request
 from kvbench.studies.fleet.actor import InstanceSpec, Report
 from kvbench.studies.fleet.core import (
@@ -29,7 +30,7 @@ from kvbench.studies.fleet.core import (
     drain_choice,
     reject,
 )
-from kvbench.studies.fleet.policies import RoutingPolicy
+from kvbench.studies.fleet.routing import RoutingPolicy
 
 MAX_REROUTES = 1
 
@@ -58,6 +59,7 @@ class RayFleet:
         self.fleet_samples: list[tuple[float, int, int]] = []
         self.events: list[tuple[float, str, int]] = []
         self.epoch = 0.0
+        self.client: OpenLoopClient | None = None
 
     def now(self) -> float:
         return time.time() - self.epoch
@@ -70,23 +72,20 @@ class RayFleet:
         for index, ((actor, startup), report) in enumerate(zip(self.base, reports, strict=True)):
             self.slots.append(InstanceSlot(index, actor, SERVING, 0.0, ready_at=0.0, startup_s=startup,
                                            stats=report.stats))
-        position, next_tick, faults = 0, 0.0, list(self.faults)
+        client = self.client = OpenLoopClient(arrivals, self)  # each request routed (``add``) when it is due
+        next_tick, faults = 0.0, list(self.faults)
         while True:
             now = self.now()
             while faults and faults[0][0] <= now:
                 self._kill(faults.pop(0)[1], now)
-            while position < len(arrivals) and arrivals[position][0] <= now:
-                t, request = arrivals[position]
-                position += 1
-                request.arrival_time = t
-                self._route(request)
+            client.release(now)
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + self.tick_s
-            if position == len(arrivals) and len(self.ended) == len(arrivals):
+            if client.exhausted and len(self.ended) == len(arrivals):
                 break
-            horizon = min(next_tick, arrivals[position][0] if position < len(arrivals) else next_tick,
-                          faults[0][0] if faults else next_tick)
+            due = client.next_time()
+            horizon = min(next_tick, due if due is not None else next_tick, faults[0][0] if faults else next_tick)
             self._wait(max(0.0, horizon - self.now()))
         end = max((r.finish_time or r.arrival_time for r in self.ended.values()), default=0.0)
         self._stop_extra_actors(end)
@@ -106,15 +105,18 @@ class RayFleet:
             self._answer(ref)
 
     # -- requests ---------------------------------------------------------------------------------------
-    def _route(self, request: Request) -> None:
+    def add(self, request: Request) -> bool:
+        """A request due (its ``arrival_time`` set by the client) goes to the instance the router chooses; False
+        when none is serving (the request is rejected)."""
         slot = self.router.choose(request, self.slots)
         if slot is None:
             self._end(reject(request, "no instance was serving when it arrived", "no_instance"))
-            return
+            return False
         if slot.state == DRAINING:
             slot.routed_after_drain += 1
         self.placement[request.request_id] = slot.index
         self._call(slot, "submit", request, slot.handle.submit.remote(request, request.arrival_time))
+        return True
 
     def _call(self, slot: InstanceSlot, kind: str, request: Request | None, ref) -> None:
         self.pending[ref] = (slot, kind, request)
@@ -164,6 +166,8 @@ class RayFleet:
 
     def _end(self, request: Request) -> None:
         self.ended[request.request_id] = request
+        if self.client is not None and request.request_id in self.placement:  # it held a slot of the client's
+            self.client.done(self.now())
 
     # -- failures ---------------------------------------------------------------------------------------
     def _kill(self, index: int, now: float) -> None:

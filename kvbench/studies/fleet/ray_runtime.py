@@ -99,7 +99,3 @@ def actor_resources(device: str, simulate: bool, gpus: int, workers: int, cpus: 
 
 def gpus_available(ray) -> int:
     return int(ray.cluster_resources().get("GPU", 0))
-
-
-def cpus_available(ray) -> int:
-    return int(ray.cluster_resources().get("CPU", 0))

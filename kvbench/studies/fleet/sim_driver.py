@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from kvbench.engine.client import OpenLoopClient
 from kvbench.engine.request import Request
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.studies.fleet.core import (
@@ -25,7 +26,7 @@ from kvbench.studies.fleet.core import (
     drain_choice,
     reject,
 )
-from kvbench.studies.fleet.policies import RoutingPolicy
+from kvbench.studies.fleet.routing import RoutingPolicy
 
 
 class SimulatedFleet:
@@ -44,6 +45,8 @@ class SimulatedFleet:
         self.samples: list[tuple[float, int, int, int, int, int]] = []
         self.fleet_samples: list[tuple[float, int, int]] = []
         self.events: list[tuple[float, str, int]] = []
+        self.next_tick = 0.0  # when the next usage sample and autoscaling decision is due
+        self.client: OpenLoopClient | None = None
 
     def _serving_slot(self, index: int, t: float) -> InstanceSlot:
         instance = self.make_instance(t)
@@ -67,6 +70,8 @@ class SimulatedFleet:
                 for request in ended:
                     slot.outstanding.pop(request.request_id, None)
                     slot.last_end = max(slot.last_end, request.finish_time or request.arrival_time)
+                    if self.client is not None:  # its slot in the client frees (a capped open loop)
+                        self.client.done(request.finish_time or request.arrival_time)
                 self.ended.extend(ended)
             slot.stats = instance.stats()
             if slot.state == DRAINING and not slot.outstanding and not slot.stats.has_work:
@@ -98,28 +103,36 @@ class SimulatedFleet:
             slot.state, slot.drained_at = DRAINING, t
             self.events.append((t, "down", slot.index))
 
+    def add(self, request: Request) -> bool:
+        """An arrival at ``request.arrival_time``: samples and decisions up to then, every instance run up to
+        it, then the router's choice; False when no instance was serving (the request is rejected)."""
+        t = request.arrival_time
+        while self.next_tick <= t:
+            self.tick(self.next_tick)
+            self.next_tick += self.tick_s
+        self.advance(t)
+        slot = self.router.choose(request, self.slots)
+        if slot is None:
+            self.ended.append(reject(request, "no instance was serving when it arrived", "no_instance"))
+            return False
+        if slot.state == DRAINING:
+            slot.routed_after_drain += 1
+        self.placement[request.request_id] = slot.index
+        slot.handle.submit(request, t)
+        slot.stats = slot.handle.stats()
+        slot.transit_blocks = 0  # a simulated instance reports at once
+        return True
+
     # -- the run ----------------------------------------------------------------------------------------
     def run(self, arrivals: Sequence[tuple[float, Request]], policy_name: str) -> FleetRun:
-        next_tick = 0.0
-        for t, request in arrivals:
-            while next_tick <= t:
-                self.tick(next_tick)
-                next_tick += self.tick_s
-            self.advance(t)
-            slot = self.router.choose(request, self.slots)
-            if slot is None:
-                request.arrival_time = t
-                self.ended.append(reject(request, "no instance was serving when it arrived", "no_instance"))
-                continue
-            if slot.state == DRAINING:
-                slot.routed_after_drain += 1
-            self.placement[request.request_id] = slot.index
-            slot.handle.submit(request, t)
-            slot.stats = slot.handle.stats()
-            slot.transit_blocks = 0  # a simulated instance reports at once
+        """Serve ``arrivals`` open loop (``engine.client.OpenLoopClient``): each arrival, in order, runs the fleet
+        up to its instant and is routed (``add``); then the fleet runs until every request has ended."""
+        self.client = OpenLoopClient(arrivals, self)
+        while (due := self.client.next_time()) is not None:
+            self.client.release(due)
         while len(self.ended) < len(arrivals):
-            self.tick(next_tick)
-            next_tick += self.tick_s
+            self.tick(self.next_tick)
+            self.next_tick += self.tick_s
         end = max((r.finish_time or r.arrival_time for r in self.ended), default=0.0)
         self.advance(end)  # an instance that was draining and has just emptied stops
         for slot in self.slots:

@@ -15,9 +15,13 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
 from kvbench.studies.fleet.core import FleetRun
-from kvbench.studies.fleet.policies import make_policy
+from kvbench.studies.fleet.fleet_setup import FleetSetup
+from kvbench.studies.fleet.pool import InstancePool
+from kvbench.studies.fleet.ray_driver import RayFleet
+from kvbench.studies.fleet.ray_runtime import ray_session
 from kvbench.studies.fleet.results import fleet_point, fleet_series
-from kvbench.studies.fleet.setup import FleetSetup
+from kvbench.studies.fleet.routing import make_policy
+from kvbench.studies.fleet.sim_driver import SimulatedFleet
 
 Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests in all)
 
@@ -54,8 +58,6 @@ def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None]
 
 
 def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
-    from kvbench.studies.fleet.sim_driver import SimulatedFleet
-
     options = setup.options
     fleet = SimulatedFleet(setup.make_simulated_instance, make_policy(name, setup.seed, setup.config.block_size),
                            options.instances, setup.config.block_size, options.autoscale, options.startup_s,
@@ -65,8 +67,6 @@ def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
 
 def _simulate_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None]) -> None:
     """One Ray task per policy; points are recorded in the order asked, as they come."""
-    from kvbench.studies.fleet.ray_runtime import ray_session
-
     with ray_session(setup.options.ray_address, setup.options.ray_cpus) as ray:
         task = ray.remote(num_cpus=1)(simulate_policy)
         refs = {task.remote(setup, name): name for name in setup.options.policies}
@@ -80,10 +80,6 @@ def _simulate_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None]) -> N
 
 
 def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, metrics, pool=None) -> None:
-    from kvbench.studies.fleet.pool import InstancePool
-    from kvbench.studies.fleet.ray_driver import RayFleet
-    from kvbench.studies.fleet.ray_runtime import ray_session
-
     options = setup.options
     if pool is not None:
         _run_policies(setup, record, faults, metrics, pool, RayFleet)

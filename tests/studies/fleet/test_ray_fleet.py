@@ -16,9 +16,9 @@ pytest.importorskip("ray")
 
 from kvbench.engine.request import RequestStatus  # noqa: E402
 from kvbench.studies.fleet.core import AutoscaleSettings  # noqa: E402
-from kvbench.studies.fleet.policies import POLICIES  # noqa: E402
+from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup  # noqa: E402
 from kvbench.studies.fleet.pool import InstancePool  # noqa: E402
-from kvbench.studies.fleet.setup import FleetOptions, FleetSetup  # noqa: E402
+from kvbench.studies.fleet.routing import POLICIES  # noqa: E402
 from kvbench.studies.fleet.study import run_fleet  # noqa: E402
 
 SCENARIO = """

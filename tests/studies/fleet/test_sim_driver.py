@@ -11,9 +11,9 @@ from kvbench.engine.timing import RooflineTiming
 from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.studies.fleet.core import DRAINING, AutoscaleSettings
-from kvbench.studies.fleet.policies import POLICIES, make_policy
+from kvbench.studies.fleet.fleet_setup import prefix_prompts
 from kvbench.studies.fleet.results import fleet_point, fleet_series
-from kvbench.studies.fleet.setup import prefix_prompts
+from kvbench.studies.fleet.routing import POLICIES, make_policy
 from kvbench.studies.fleet.sim_driver import SimulatedFleet
 from kvbench.workload.arrivals import poisson_arrivals
 from kvbench.workload.lengths import LengthSpec

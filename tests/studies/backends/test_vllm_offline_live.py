@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.engine.client import ClosedLoop
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import RequestStatus
 from kvbench.report.point import point_from_result
-from kvbench.studies.backends import token_requests
-from kvbench.studies.vllm_backend import VllmBackend, vllm_settings
+from kvbench.studies.backends.vllm_offline import VllmBackend, vllm_settings
+from kvbench.studies.run_requests import token_requests
 
 MODEL = os.environ.get("KVBENCH_VLLM_MODEL")
 
@@ -37,7 +38,7 @@ def test_a_real_vllm_engine_under_kvbenchs_closed_loop():
         backend.warm_up("vllm", token_requests([(8, 4), (8, 4)], shape.vocab_size, 1))
         pairs = [(40, 12), (90, 6), (25, 16), (60, 9), (33, 11)]
         requests = token_requests(pairs, shape.vocab_size, 0)
-        result, _ = backend.run("vllm", requests, 2, None)
+        result, _ = backend.run("vllm", requests, ClosedLoop(2), None)
     finally:
         backend.close()
     assert all(r.status is RequestStatus.FINISHED for r in requests)

@@ -6,7 +6,7 @@ import pytest
 
 from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
-from kvbench.studies.fleet.policies import POLICIES, InstanceView, PrefixAffinity, make_policy
+from kvbench.studies.fleet.routing import POLICIES, InstanceView, PrefixAffinity, make_policy
 
 
 def view(index, free=100, queued=0, in_flight=0, total=100):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.studies.fleet.setup import FleetOptions, FleetSetup
+from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 
@@ -42,7 +42,7 @@ def test_a_requests_file_replaces_the_scenarios_dataset(tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"trace": "trace.csv"}, "a dataset and a requests file or trace both give the requests"),
+    ({"trace": "trace.csv"}, "a dataset and a trace both give the requests: choose one"),
     ({"prefix_groups": 2, "prefix_len": 8}, "a dataset brings its own prompts"),
 ])
 def test_a_dataset_excludes_other_request_sources(tmp_path, changes, message):

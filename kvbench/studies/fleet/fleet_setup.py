@@ -16,44 +16,33 @@ from kvbench.engine.request import Request, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
+from kvbench.kv.factory import manager_class
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
+from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
-from kvbench.studies.fleet.policies import POLICIES
-from kvbench.studies.setup import blocks_for_budget
-from kvbench.workload.admissible import Skipped, within_max_len
-from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
+from kvbench.studies.fleet.routing import POLICIES
+from kvbench.studies.kv_budget import scenario_budget, size_pool
+from kvbench.studies.run_options import RunOptions
+from kvbench.studies.run_requests import RequestChoice, Workload, resolve_requests
+from kvbench.workload.admissible import Skipped
+from kvbench.workload.arrivals import poisson_arrivals
 from kvbench.workload.dataset import DatasetSample
 from kvbench.workload.scenario import Scenario, load_scenario
 
 
 @dataclass(frozen=True)
-class FleetOptions:
+class FleetOptions(RunOptions):
     """A fleet as asked for; None means "the scenario's" (or, for the rate, "the file's arrival times")."""
 
-    scenario: str = "article"
-    model: str = "tiny"
-    device: str = "cpu"
-    dtype: str | None = None
+    device: str = "cpu"  # each actor's device
     engine: str = "paged"
-    kv_memory_bytes: int | None = None
-    kv_memory_text: str | None = None
-    utilization: float | None = None
-    block_size: int | None = None
-    reserve: str | None = None
-    admission: str | None = None
-    requests: int | None = None
-    requests_file: Path | None = None
     trace: Path | None = None
-    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
     rate: float | None = None
-    seed: int | None = None
     instances: int = 2
     policies: tuple[str, ...] = tuple(POLICIES)
-    simulate: bool = False
-    gpu: str = "a100-80g"
     autoscale: AutoscaleSettings | None = None
     startup_s: float = 0.0  # simulated instances: the start-up time of an added one
     tick_s: float | None = None  # samples and autoscaling decisions; None: by the run's length
@@ -101,9 +90,12 @@ class FleetSetup:
         base = EngineConfig(engine=options.engine, block_size=block_size, reserve=options.reserve or spec.reserve,
                             admission=options.admission or spec.admission, max_num_seqs=256,
                             max_len=spec.lengths.max_len,
-                            enable_prefix_caching=options.prefix_caching and options.engine == "paged")
-        config, model_name, device_name, source, bytes_per_token, vocab, timing = _budget(options, spec, base)
-        pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
+                            enable_prefix_caching=options.prefix_caching
+                            and manager_class(options.engine).supports_prefix_caching)
+        budget = _budget(options, spec, base)
+        vocab = budget.vocab_size
+        workload = _workload(options, spec, seed, vocab)
+        pairs, file_times = workload.pairs, workload.arrival_times
         if options.rate is not None:
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
             arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
@@ -115,8 +107,9 @@ class FleetSetup:
                                "carry arrival_time")
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
-        return cls(options, spec, seed, config, model_name, device_name, source, bytes_per_token, vocab, pairs,
-                   prompts, times, arrival_source, skipped, timing, dataset)
+        return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
+                   budget.bytes_per_token, vocab, pairs, workload.prompt_ids, times, arrival_source, workload.skipped,
+                   budget.timing, workload.dataset)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -173,88 +166,53 @@ def _derived_seed(seed: int, what: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{what}".encode(), digest_size=4).digest(), "little")
 
 
-def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig):
-    """(config, model name, device name, budget source, bytes per token, vocabulary, timing)."""
-    if options.simulate:
-        from kvbench.studies.backends import simulated_backend
-        from kvbench.studies.sweep_setup import SweepOptions
+@dataclass(frozen=True)
+class FleetBudget:
+    """What every instance is: its engine configuration (the pool sized), the model, the device, the budget."""
 
-        sweep_options = SweepOptions(model=options.model, dtype=options.dtype, gpu=options.gpu,
-                                     utilization=options.utilization, kv_memory_bytes=options.kv_memory_bytes,
-                                     kv_memory_text=options.kv_memory_text, simulate=True)
-        backend, model_name, device_name, vocab, source = simulated_backend(sweep_options, base)
-        return (backend.base, model_name, device_name, source, backend.bytes_per_token, vocab, backend.timing)
+    config: EngineConfig
+    model_name: str
+    device_name: str
+    budget_source: str
+    bytes_per_token: int
+    vocab_size: int
+    timing: Any  # simulated: the roofline of the GPU preset; None for real instances
+
+
+def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig) -> FleetBudget:
+    """Each instance's KV pool: the GPU preset's budget when simulated, else the size asked for or the scenario's."""
+    if options.simulate:
+        machine = simulated_machine(options, base)
+        return FleetBudget(machine.budget.config, machine.shape.name, f"{machine.gpu.name} (simulated)",
+                           machine.budget.source, machine.shape.bytes_per_token, machine.shape.vocab_size,
+                           machine.timing)
     if options.utilization is not None:
         raise KvbenchError("a KV budget from GPU memory utilization is for simulated fleets; give each instance's "
                            "KV memory size instead")
     shape = resolve_model(options.model)
-    if options.kv_memory_bytes is not None:
-        num_blocks = blocks_for_budget(options.kv_memory_bytes, shape, base.block_size)
-        source = f"KV memory {options.kv_memory_text} per instance"
-    else:
-        slots, source = spec.budget_slots()
-        num_blocks = slots // base.block_size
-    check_run_counts(num_blocks=max(num_blocks, 1))
-    config = replace(base, num_blocks=num_blocks)
-    source = f"{config.pool_slots:,} token slots per instance = {source}"
-    return config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size, None
+    budget = size_pool(base, shape.bytes_per_token, options.kv_memory,
+                       lambda: scenario_budget(spec, shape.bytes_per_token), per=" per instance")
+    source = f"{budget.config.pool_slots:,} token slots per instance = {budget.source}"
+    return FleetBudget(budget.config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size,
+                       None)
 
 
-def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int):
-    """(pairs, prompt token ids or None, skipped, arrival times recorded in the file or None, dataset sample).
-
-    The requests come from a requests file, a trace, a dataset (asked for, else the scenario's when no file is
-    given) or lengths drawn from the scenario. Every request runs to its reference output length.
-    """
-    max_len = spec.lengths.max_len
-    file_times = None
-    prompts = None
-    skipped = None
-    sample = None
-    from_file = options.requests_file is not None or options.trace is not None
-    dataset = options.dataset or (spec.dataset_path() if spec.dataset and not from_file else None)
-    if dataset is not None and from_file:
-        raise KvbenchError("a dataset and a requests file or trace both give the requests: choose one")
-    if dataset is not None and options.prefix_groups > 0:
+def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int) -> Workload:
+    """The requests (``run_requests.resolve_requests``: a requests file, a trace, a dataset or lengths drawn from
+    the scenario), each run to its reference output length, with the arrival times a file records; ``--requests``
+    takes a file's first N records. Prompts without token ids of their own get seeded ones (shared prefixes)."""
+    choice = RequestChoice(options.requests_file, options.trace, options.dataset)
+    if options.prefix_groups > 0 and choice.file is None and choice.dataset_of(spec) is not None:
         raise KvbenchError("shared prefixes are drawn for random prompts; a dataset brings its own prompts")
-    if options.requests_file is not None:
-        from kvbench.workload.requests_file import load_requests_jsonl
-
-        replay = load_requests_jsonl(options.requests_file)
-        file_times = recorded_arrivals(options.requests_file)
-        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
-                                       f"records of {options.requests_file}")
-        if any(token >= vocab for ids, _ in replay for token in ids):
-            raise KvbenchError(f"{options.requests_file}: a prompt token id is outside the model's vocabulary of {vocab}")
-        prompts = [replay[i][0] for i in kept]
-        pairs = [(len(replay[i][0]), replay[i][1]) for i in kept]
-        file_times = [file_times[i] for i in kept] if file_times is not None else None
-    elif options.trace is not None:
-        from kvbench.workload.lengths import load_trace
-
-        lengths = load_trace(options.trace)
-        file_times = recorded_arrivals(options.trace)
-        kept, skipped = within_max_len(lengths, max_len, f"records of {options.trace}")
-        pairs = [lengths[i] for i in kept]
-        file_times = [file_times[i] for i in kept] if file_times is not None else None
-    elif dataset is not None:  # the sweep's dataset loading: tokenized, filtered, a seeded draw
-        from kvbench.models.tokenizers import load_tokenizer
-        from kvbench.studies.workload import dataset_workload
-
-        workload = dataset_workload(Path(dataset), load_tokenizer(options.model), max_len,
-                                    options.requests or spec.requests, seed, "length", options.model)
-        pairs, prompts, sample = workload.pairs, workload.prompt_ids, workload.dataset
-        if prompts is not None and any(token >= vocab for ids in prompts for token in ids):
-            raise KvbenchError(f"{sample.path}: a prompt token id is outside the model's vocabulary of {vocab}")
-    else:
-        pairs = spec.lengths.sample(options.requests or spec.requests, seed)
-    if options.requests is not None and from_file:
-        pairs = pairs[: options.requests]  # the first N records of the file
-        prompts = prompts[: options.requests] if prompts is not None else None
-        file_times = file_times[: options.requests] if file_times is not None else None
-    if prompts is None and (options.prefix_groups > 0 or not options.simulate):
-        prompts = prefix_prompts(pairs, vocab, seed, options.prefix_groups, options.prefix_len)
-    return pairs, prompts, skipped, file_times, sample
+    workload, _ = resolve_requests(choice, spec, options.model, options.requests or spec.requests, seed, "length",
+                                   arrivals=True)
+    if options.requests is not None and choice.file is not None:
+        workload = workload.first(options.requests)  # the first N records of the file
+    workload.check_vocabulary(vocab)
+    if workload.prompt_ids is None and (options.prefix_groups > 0 or not options.simulate):
+        workload = replace(workload, prompt_ids=prefix_prompts(workload.pairs, vocab, seed, options.prefix_groups,
+                                                               options.prefix_len))
+    return workload
 
 
 def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int) -> list[list[int]]:

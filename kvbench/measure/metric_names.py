@@ -1,0 +1,29 @@
+"""kvbench's Prometheus metric names, written once (docs/ARCHITECTURE.md lists them with their labels).
+
+The exporter (``measure.metrics``), the reader of a scrape (``report.diagnose.servers``) and the alerting
+rules (``report.diagnose.alerts``) all name a series through these constants.
+"""
+
+from __future__ import annotations
+
+PREFIX = "kvbench_"  # every kvbench series starts with it
+
+# gauges, labelled by engine and device (a fleet's also by instance)
+BLOCKS_USED = "kvbench_kv_cache_blocks_used"
+BLOCKS_FREE = "kvbench_kv_cache_blocks_free"
+BLOCKS_CAPACITY = "kvbench_kv_cache_blocks_capacity"  # a gauge: `_total` is for counters only
+FRAGMENTATION = "kvbench_kv_cache_fragmentation"
+RUNNING = "kvbench_requests_running"
+WAITING = "kvbench_requests_waiting"
+# counters
+PREEMPTIONS = "kvbench_num_preemptions_total"
+GENERATED_TOKENS = "kvbench_generated_tokens_total"
+FINISHED = "kvbench_requests_finished_total"
+# histogram (its series: ``_bucket`` with ``le``, ``_sum``, ``_count``)
+ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
+# a fleet's instances, labelled by engine and state (serving | starting)
+FLEET_INSTANCES = "kvbench_fleet_instances"
+
+assert all(name.startswith(PREFIX) for name in (BLOCKS_USED, BLOCKS_FREE, BLOCKS_CAPACITY, FRAGMENTATION, RUNNING,
+                                                 WAITING, PREEMPTIONS, GENERATED_TOKENS, FINISHED, ALLOC_LATENCY,
+                                                 FLEET_INSTANCES))

@@ -1,0 +1,59 @@
+"""What every run asks for, whatever it measures: the requests, the model and where it runs, the KV pool.
+
+:class:`RunOptions` holds the settings a sweep and a fleet share (``SweepOptions`` and ``FleetOptions``
+extend it); None means "the scenario's".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The settings shared by the studies that run engines on a scenario; None means "the scenario's"."""
+
+    # the requests
+    scenario: str = "article"
+    requests: int | None = None
+    requests_file: Path | None = None
+    dataset: str | None = None  # a dataset file or shipped name (default: the scenario's, if any)
+    seed: int | None = None
+    # the model and where it runs
+    model: str = "tiny"
+    device: str = "auto"
+    dtype: str | None = None
+    simulate: bool = False
+    gpu: str = "a100-80g"  # the GPU preset a simulation runs on
+    # the KV pool
+    kv_memory_bytes: int | None = None
+    kv_memory_text: str | None = None  # as typed, for the budget's description
+    utilization: float | None = None
+    block_size: int | None = None
+    reserve: str | None = None
+    admission: str | None = None
+
+    @property
+    def kv_memory(self) -> tuple[int, str] | None:
+        """The KV memory size asked for: (bytes, as typed), or None for the run's default budget."""
+        if self.kv_memory_bytes is None:
+            return None
+        return self.kv_memory_bytes, self.kv_memory_text or f"{self.kv_memory_bytes} B"
+
+
+@dataclass(frozen=True)
+class SweepOptions(RunOptions):
+    """A sweep as asked for; None means "the scenario's"."""
+
+    concurrency: tuple[int, ...] | None = None
+    engines: tuple[str, ...] = ("paged", "contiguous")
+    stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
+    repeat: int = 1
+    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
+
+
+def run_fields(options: RunOptions) -> dict[str, Any]:
+    """The shared settings of ``options`` by name, to build a study's own options from (``SweepOptions(**...)``)."""
+    return {f.name: getattr(options, f.name) for f in fields(RunOptions)}

@@ -1,0 +1,81 @@
+"""The options sweep and fleet share, declared once, and the run lifecycle both go through."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kvbench.commands._run import Run
+from kvbench.commands._run_options import SHARED_OPTIONS, with_run_options
+from kvbench.errors import KvbenchError
+from kvbench.fileio import DirectoryLock
+from kvbench.studies.run_options import RunOptions
+
+
+def _app(**overrides) -> tuple[typer.Typer, list]:
+    seen: list = []
+
+    @with_run_options(**overrides)
+    def command(width: int = typer.Option(3, "--width"), *, run: RunOptions) -> None:
+        seen.append((width, run))
+
+    app = typer.Typer()
+    app.command()(command)
+    return app, seen
+
+
+def test_the_shared_options_arrive_parsed_as_one_run_options():
+    app, seen = _app()
+    result = CliRunner().invoke(app, ["--width", "5", "--kv-memory", "2MiB", "--reserve", "pow2", "--seed", "7",
+                                      "--simulate"])
+    assert result.exit_code == 0, result.output
+    width, run = seen[0]
+    assert width == 5 and run.kv_memory == (2 * 1024 * 1024, "2MiB") and run.reserve == "pow2"
+    assert (run.seed, run.simulate, run.device, run.scenario) == (7, True, "auto", "article")
+    assert {option.name for option in SHARED_OPTIONS} == {"kv_memory", *RunOptions.__dataclass_fields__} - {
+        "kv_memory_bytes", "kv_memory_text"}
+
+
+def test_a_command_changes_a_default_or_a_help_text_but_not_the_flag():
+    app, seen = _app(defaults={"device": "cpu"}, helps={"seed": "Seed of everything here."})
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert "Seed of everything here." in result.output and "--kv-memory" in result.output
+    CliRunner().invoke(app, [])
+    assert seen[0][1].device == "cpu"
+    with pytest.raises(ValueError, match="no shared option named colour"):
+        with_run_options(defaults={"colour": "red"})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-memory", "lots"], "--kv-memory: cannot read 'lots'"),
+    (["--reserve", "some"], "unknown --reserve 'some'"),
+    (["--admission", "maybe"], "unknown --admission 'maybe'"),
+])
+def test_bad_shared_values_name_their_flag(args, message):
+    app, _ = _app()
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, KvbenchError) and message in str(result.exception)
+
+
+def test_a_run_that_measured_nothing_leaves_no_directory_and_lets_go_in_reverse(tmp_path):
+    released: list[str] = []
+    run = Run("sweep")
+    run.hold(lambda: released.append("backend"))
+    run.hold(lambda: released.append("metrics"))
+    with pytest.raises(KvbenchError), run.guarded(lambda: released.append("interrupted")):
+        run.open(tmp_path / "new")
+        raise KvbenchError("bad input found late")
+    assert not (tmp_path / "new").exists() and released == ["metrics", "backend"]
+
+
+def test_a_run_keeps_a_directory_with_points_and_exits_130_on_ctrl_c(tmp_path):
+    notes: list[str] = []
+    run = Run("fleet")
+    with pytest.raises(typer.Exit) as stopped, run.guarded(lambda: notes.append("kept")):
+        path = run.open(tmp_path / "kept")
+        run.points.append({"engine": "paged"})
+        (path / "results.jsonl").write_text("{}\n")
+        raise KeyboardInterrupt
+    assert stopped.value.exit_code == 130 and notes == ["kept"]
+    assert (tmp_path / "kept" / "results.jsonl").exists() and (tmp_path / "kept" / DirectoryLock.FILE).exists()
