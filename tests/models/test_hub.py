@@ -107,7 +107,7 @@ def test_the_command_takes_a_hub_id(hub_cache, monkeypatch, capsys):
 
 
 def test_a_run_refuses_a_hub_id_before_asking_the_hub(hub_cache):
-    from kvbench.studies.setup import load_model
+    from kvbench.studies.local_model import load_model
 
     with pytest.raises(KvbenchError, match="a run needs the checkpoint's files on disk"):
         load_model("acme/missing")
