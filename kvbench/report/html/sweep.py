@@ -191,7 +191,7 @@ def _why(rows: list[dict], by_key: dict, meta: dict, contiguous_oom: list[int]) 
             f"{cw.get('token_state_pct', 0):.1f}%), against {held_p:.1f}% for paged, which allocates blocks of "
             f"{meta.get('block_size', '?')} tokens as they fill (token states {pw.get('token_state_pct', 0):.1f}%).")
     if (paged.get("peak_running") or 0) > (cont.get("peak_running") or 0):
-        text += (f" The memory paging leaves free lets more requests run at once: at most "
+        text += (f" The memory that paging leaves free lets more requests run at once: at most "
                  f"{paged['peak_running']} against {cont['peak_running']}.")
     return text
 
