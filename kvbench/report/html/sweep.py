@@ -267,12 +267,12 @@ def headline_section(rows: list[dict], points: list[dict], meta: dict) -> Sectio
 # -- per point ------------------------------------------------------------------------------------------
 
 POINT_COLUMNS = [
-    Column("engine", False), Column("concurrency"), Column("status", False), Column("completed"),
-    Column("rejected"), Column("output throughput (tok/s)"), Column("steady throughput (tok/s)"),
-    Column("steady window (s, % of run)"), Column("TTFT p50 (ms)"), Column("TTFT p99 (ms)"), Column("TPOT p50 (ms)"),
-    Column("TPOT p99 (ms)"), Column("end-to-end p99 (ms)"), Column("peak running"), Column("preemptions"),
-    Column("token states (% of pool)"), Column("reservation (%)"), Column("internal (%)"), Column("external (%)"),
-    Column("fragmentation (mean, 0-1)"), Column("KV peak allocated"),
+    Column("engine", False), Column("C"), Column("status", False), Column("done / rejected"),
+    Column("output throughput (tok/s)"), Column("steady throughput (tok/s, share of run)"),
+    Column("TTFT p50 / p99 (ms)"), Column("TPOT p50 / p99 (ms)"), Column("end-to-end p99 (ms)"),
+    Column("peak running"), Column("preempt\u00adions"),
+    Column("KV pool: token states / reservation / internal / external (%)"), Column("fragment\u00adation (0-1)"),
+    Column("KV peak allocated"),
 ]
 
 
@@ -280,7 +280,15 @@ def _engine_label(engine: str) -> str:
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
 
+def _pair(p: dict, kind: str) -> Cell:
+    """"p50 / p99" of a latency, sorted by its p99."""
+    low, high = p.get(f"p50_{kind}_ms"), p.get(f"p99_{kind}_ms")
+    text = units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
+    return Cell(text, units.sort_key(high), field=f"{kind}_ms")
+
+
 def point_row(p: dict) -> list[Cell]:
+    """One point in :data:`POINT_COLUMNS`; a failed point says why instead."""
     status_tone = {"ok": "", "oom": "bad", "error": "bad"}.get(p["status"], "warn")
     head = [Cell(_engine_label(p["engine"]), p["engine"], field="engine"),
             Cell(str(p["concurrency"]), p["concurrency"], field="concurrency"),
@@ -289,32 +297,25 @@ def point_row(p: dict) -> list[Cell]:
         reason = Cell(f"failed: {p.get('error', 'no reason recorded')}", None, "bad", "error")
         return head + [reason] + [Cell("", None) for _ in POINT_COLUMNS[4:]]
     waste = p.get("waste") or {}
-    window = p.get("steady_window_s")
-    window_text = (units.MISSING if window is None
-                   else f"{units.num(window, 2)} ({units.pct(p.get('steady_window_pct'), 0)})")
+    steady = p.get("steady_output_throughput")
+    steady_text = (units.MISSING if steady is None
+                   else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})")
+    shares = " / ".join(units.num(waste.get(key), 0) for key in
+                        ("token_state_pct", "reservation_pct", "internal_pct", "external_pct"))
 
     def number(field: str, text: str) -> Cell:
         return Cell(text, units.sort_key(p.get(field)), field=field)
 
     return head + [
-        number("completed", units.count(p.get("completed"))),
-        number("rejected", units.count(p.get("rejected"))),
+        Cell(f"{units.count(p.get('completed'))} / {units.count(p.get('rejected'))}", units.sort_key(p.get("completed")),
+             field="completed"),
         number("output_throughput", units.num(p.get("output_throughput"))),
-        number("steady_output_throughput", units.num(p.get("steady_output_throughput"))),
-        Cell(window_text, units.sort_key(window), field="steady_window_s"),
-        number("p50_ttft_ms", units.ms_number(p.get("p50_ttft_ms"))),
-        number("p99_ttft_ms", units.ms_number(p.get("p99_ttft_ms"))),
-        number("p50_tpot_ms", units.ms_number(p.get("p50_tpot_ms"))),
-        number("p99_tpot_ms", units.ms_number(p.get("p99_tpot_ms"))),
+        Cell(steady_text, units.sort_key(steady), field="steady_output_throughput"),
+        _pair(p, "ttft"), _pair(p, "tpot"),
         number("p99_e2el_ms", units.ms_number(p.get("p99_e2el_ms"))),
         number("peak_running", units.count(p.get("peak_running"))),
         number("preemptions", units.count(p.get("preemptions"))),
-        Cell(units.num(waste.get("token_state_pct")), units.sort_key(waste.get("token_state_pct")),
-             field="waste.token_state_pct"),
-        Cell(units.num(waste.get("reservation_pct")), units.sort_key(waste.get("reservation_pct")),
-             field="waste.reservation_pct"),
-        Cell(units.num(waste.get("internal_pct")), units.sort_key(waste.get("internal_pct")), field="waste.internal_pct"),
-        Cell(units.num(waste.get("external_pct")), units.sort_key(waste.get("external_pct")), field="waste.external_pct"),
+        Cell(shares, units.sort_key(waste.get("token_state_pct")), field="waste"),
         number("fragmentation_mean", units.num(p.get("fragmentation_mean"), 2)),
         number("kv_peak_allocated_bytes", units.nbytes(p.get("kv_peak_allocated_bytes"))),
     ]
@@ -327,8 +328,10 @@ def points_section(points: list[dict], meta: dict) -> Section:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
     blocks.append(Table("Every point (select a column heading to sort)", POINT_COLUMNS,
                         [point_row(p) for p in points], id="points-table",
-                        note="Latencies: TTFT time to first token, TPOT time per output token after the first; "
-                             "shares of the KV pool are time-averaged over the run."))
+                        note="C: requests in flight. Steady throughput: while all C were in flight, with that "
+                             "window's share of the run. TTFT: time to first token; TPOT: time per output token "
+                             "after the first. Shares of the KV pool are time-averaged over the run; fragmentation "
+                             "is 1 - used / allocated."))
     if shows_output_lengths(meta):
         rows = [[Cell(text, None) for text in row] for row in output_length_rows(points)]
         blocks.append(Table(output_length_title(meta), [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],

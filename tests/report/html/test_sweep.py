@@ -101,7 +101,7 @@ def test_the_page_of_a_sweep_holds_what_a_reader_asks_in_order(sweep_run):
     for shown, point in zip(points, summary["points"], strict=True):
         assert shown["engine"] == point["engine"] and int(shown["concurrency"]) == point["concurrency"]
         assert shown["output_throughput"] == f"{point['output_throughput']:,.1f}"
-        assert shown["completed"] == f"{point['completed']:,}"
+        assert shown["completed"] == f"{point['completed']:,} / {point['rejected']:,}"
     plots = [f.attrs["data-plot"] for f in page.find_all("figure")]
     assert {"throughput.png", "latency.png", "memory.png", "blocks_over_time.png"} <= set(plots)
     assert sorted(p for p in plots if p.startswith("waterfall-")) == sorted(
