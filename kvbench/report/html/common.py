@@ -178,7 +178,7 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def provenance_facts(meta: Mapping[str, Any], *, kind: str) -> list[Fact]:
+def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     """How the run was made: command line, date, kvbench version and commit, model and shape, device, host,
     threads, packages; then every other setting the run recorded."""
     facts: list[Fact] = []
@@ -227,11 +227,10 @@ def provenance_facts(meta: Mapping[str, Any], *, kind: str) -> list[Fact]:
     return facts
 
 
-def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], *, kind: str,
-                       extra: Iterable[Fact] = ()) -> Section:
+def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()) -> Section:
     from kvbench import __version__
 
-    facts = provenance_facts(meta, kind=kind)
+    facts = provenance_facts(meta)
     facts.extend(extra)
     listed = []
     for path in run_files:
@@ -241,8 +240,3 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], *, ki
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
     return Section("provenance", "Provenance", [Facts(facts)])
-
-
-def table_cells(values: Iterable[tuple[str, Any]]) -> list[Cell]:
-    """(text, sort value) pairs as cells."""
-    return [Cell(text, sort) for text, sort in values]

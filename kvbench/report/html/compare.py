@@ -126,7 +126,7 @@ def metrics_section(comparison: Comparison) -> Section:
 def provenance(comparison: Comparison) -> Section:
     subsections = []
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
-        facts = provenance_facts(summary.meta, kind=summary.kind)
+        facts = provenance_facts(summary.meta)
         subsections.append(Section(f"provenance-{name}", f"{name.capitalize()}: {summary.path}", [Facts(facts)]))
     return Section("provenance", "Provenance", [], subsections)
 
@@ -138,12 +138,13 @@ def _ok_points(summary) -> list[dict]:
 
 
 def _plot(comparison: Comparison) -> None:
-    plotter: Callable[[Comparison, Path], Any] | None = _PLOTTERS.get(comparison.head.kind)
+    """The plots of the compared kind, base next to head (drawn in memory: the names are only labels)."""
+    plotter: Callable[[Comparison], Any] | None = _PLOTTERS.get(comparison.head.kind)
     if plotter is not None and comparison.base.kind == comparison.head.kind:
-        plotter(comparison, Path("compare.png"))
+        plotter(comparison)
 
 
-def _sweep_plot(comparison: Comparison, path: Path) -> None:
+def _sweep_plot(comparison: Comparison) -> None:
     from kvbench.report import plots
 
     series = {}
@@ -156,7 +157,7 @@ def _sweep_plot(comparison: Comparison, path: Path) -> None:
                 series[f"{engine} ({name})"] = ([p["concurrency"] for p in mine],
                                                 [p["output_throughput"] for p in mine])
     if series:
-        plots.lines(series, path.with_name("compare_throughput.png"), "Output throughput vs concurrency, base and head",
+        plots.lines(series, Path("compare_throughput.png"), "Output throughput vs concurrency, base and head",
                     "concurrency (requests in flight)", "output tokens / s", "higher")
     ratios = {}
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
@@ -168,12 +169,12 @@ def _sweep_plot(comparison: Comparison, path: Path) -> None:
         if pairs:
             ratios[name] = ([c for c, _ in pairs], [r for _, r in pairs])
     if ratios:
-        plots.lines(ratios, path.with_name("compare_ratio.png"),
+        plots.lines(ratios, Path("compare_ratio.png"),
                     "Paged / contiguous output throughput (the in-run ratio compare judges), base and head",
                     "concurrency (requests in flight)", "paged TPS / contiguous TPS", "higher")
 
 
-def _waste_plot(comparison: Comparison, path: Path) -> None:
+def _waste_plot(comparison: Comparison) -> None:
     from kvbench.report import plots
 
     labels, wastes = [], []
@@ -185,12 +186,12 @@ def _waste_plot(comparison: Comparison, path: Path) -> None:
                 labels.append(f"{p['engine']}\n{name}")
                 wastes.append(p["waste"])
     if labels:
-        plots.waste_breakdown(labels, wastes, path.with_name("compare_waste.png"),
+        plots.waste_breakdown(labels, wastes, Path("compare_waste.png"),
                               "KV pool breakdown per strategy, base and head")
 
 
 def _bars_plot(metric: str, title: str, ylabel: str, label: Callable[[dict], str]):
-    def draw_bars(comparison: Comparison, path: Path) -> None:
+    def draw_bars(comparison: Comparison) -> None:
         from kvbench.report import plots
 
         base = {label(p): p.get(metric) for p in _ok_points(comparison.base)}
@@ -198,11 +199,11 @@ def _bars_plot(metric: str, title: str, ylabel: str, label: Callable[[dict], str
         names = [n for n in base if is_number(base[n], finite=True) and is_number(head.get(n), finite=True)]
         if names:
             plots.bars(names, {"base": [base[n] for n in names], "head": [head[n] for n in names]},
-                       path.with_name(f"compare_{metric}.png"), title, ylabel, "lower")
+                       Path(f"compare_{metric}.png"), title, ylabel, "lower")
     return draw_bars
 
 
-_PLOTTERS: dict[str, Callable[[Comparison, Path], Any]] = {
+_PLOTTERS: dict[str, Callable[[Comparison], Any]] = {
     "sweep": _sweep_plot,
     "waste": _waste_plot,
     "fleet": _bars_plot("p99_ttft_ms", "p99 time to first token per routing policy, base and head", "TTFT p99 (ms)",

@@ -13,13 +13,13 @@ def build(run: RunFiles) -> Page:
     document = run.document
     meta = document["meta"]
     title = f"kvbench dataset: token lengths of {len_label(document)}"
-    subtitle = f"max-len {meta.get('max_len', '?'):,}; tokens counted with {meta.get('model', '?')}"
+    subtitle = f"max-len {units.count(meta.get('max_len'))}; tokens counted with {meta.get('model', '?')}"
     figures = draw(lambda: dataset_plot(document, run.directory / "lengths.png"))
     sections = [headline_section(document)]
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     sections.append(Section("points", "Lengths", [lengths_table(document)]))
-    sections.append(provenance_section(meta, run.files(), kind="dataset"))
+    sections.append(provenance_section(meta, run.files()))
     return Page("dataset", title, subtitle, [], sections)
 
 

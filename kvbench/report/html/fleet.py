@@ -32,7 +32,7 @@ def build(run: RunFiles) -> Page:
         figures = draw(lambda: write_plots(run.directory, series, simulated, meta.get("autoscale")))
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     sections.append(points_section(points))
-    sections.append(provenance_section(meta, run.files(), kind="fleet"))
+    sections.append(provenance_section(meta, run.files()))
     return Page("fleet", title, subtitle, badges, sections)
 
 

@@ -9,8 +9,6 @@ from typing import Any
 
 from kvbench.report.figure_capture import CapturedFigure
 
-TONES = ("good", "bad", "warn", "neutral", "muted", "")
-
 
 @dataclass
 class Text:
@@ -107,14 +105,11 @@ class Facts:
     kind: str = "facts"
 
 
-Block = Text | Verdict | Table | Figure | Figures | Findings | Facts
-
-
 @dataclass
 class Section:
     id: str
     title: str
-    blocks: list[Any] = field(default_factory=list)
+    blocks: list[Any] = field(default_factory=list)  # Text, Verdict, Table, Figure, Figures, Findings, Facts
     subsections: list[Section] = field(default_factory=list)
     layout: str = ""  # "pair": its blocks side by side on a wide page (a table beside its plot)
 

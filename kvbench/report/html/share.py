@@ -23,7 +23,7 @@ def build(run: RunFiles) -> Page:
     sections = [headline_section(document)]
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
-    sections.append(provenance_section(meta, run.files(), kind="share"))
+    sections.append(provenance_section(meta, run.files()))
     return Page("share", title, subtitle, [], sections)
 
 

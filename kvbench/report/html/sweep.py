@@ -25,6 +25,7 @@ from kvbench.report.sweep_report import (
     output_length_title,
     shows_output_lengths,
     steady_warnings,
+    write_plots,
 )
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
@@ -43,8 +44,6 @@ def build(run: RunFiles) -> Page:
     if meta.get("scenario_description"):
         subtitle += f": {meta['scenario_description']}"
 
-    from kvbench.report.sweep_report import write_plots
-
     figures = draw(lambda: write_plots(run.directory, meta, points))
     waterfalls = {f.name: f for f in figures if f.name.startswith("waterfall-")}
     plots = [f for f in figures if f.name not in waterfalls]
@@ -57,7 +56,7 @@ def build(run: RunFiles) -> Page:
     waterfall = waterfall_section(points, waterfalls)
     if waterfall is not None:
         sections.append(waterfall)
-    sections.append(provenance_section(meta, run.files(), kind="sweep"))
+    sections.append(provenance_section(meta, run.files()))
     return Page("sweep", title, subtitle, badges, sections)
 
 

@@ -43,7 +43,7 @@ def build(run: RunFiles) -> Page:
                                [[Cell(text) for text in row] for row in output_length_rows(points)],
                                id="output-lengths-table", note=f"Stop {stop_text(meta)}."))
     sections.append(Section("points", "Per strategy", per_point))
-    sections.append(provenance_section(meta, run.files(), kind="waste"))
+    sections.append(provenance_section(meta, run.files()))
     return Page("waste", title, subtitle, ["SIMULATED"], sections)
 
 

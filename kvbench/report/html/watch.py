@@ -33,7 +33,7 @@ def build(run: RunFiles) -> Page:
     extra = [Fact("endpoint", timeline.url, code=True)] if timeline.url else []
     if header.get("interval_s"):
         extra.append(Fact("scrape interval", f"{header['interval_s']:g} s"))
-    sections.append(provenance_section(meta, run.files(), kind="watch", extra=extra))
+    sections.append(provenance_section(meta, run.files(), extra))
     return Page("watch", title, subtitle, [], sections)
 
 
