@@ -62,8 +62,8 @@ def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
     block = Findings(summary, items,
                      not_evaluated=[f"{n.rule} ({n.source}): {n.reason}" for n in diagnosis.not_evaluated],
                      notes=notes,
-                     measurements=[("estimate: " if m.estimate else "") + f"{m.source}: {m.text}"
-                                   for m in diagnosis.measurements])
+                     measurements=[("estimate, " if m.estimate and not m.text.startswith("estimate") else "")
+                                   + f"{m.source}: {m.text}" for m in diagnosis.measurements])
     return Section("findings", "Findings", [block])
 
 
