@@ -10,6 +10,7 @@ memory), the per-point tables, the memory waterfall and the provenance. ``compar
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -64,9 +65,26 @@ def write_report(location: str | Path, out: str | Path | None = None) -> Written
     return Written(path, len(text.encode("utf-8")), time.perf_counter() - start)
 
 
+REPORT_ENV = "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
+_OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
+
+
+def report_after_runs() -> bool:
+    """Whether runs end by writing report.html (``KVBENCH_REPORT``, on unless "0")."""
+    value = os.environ.get(REPORT_ENV, "1").strip().lower()
+    if value in _OFF:
+        return False
+    if value not in _ON:
+        print(f"warning: {REPORT_ENV}={value!r} is neither 0 nor 1; writing report.html", file=sys.stderr)
+    return True
+
+
 def write_report_after_run(run_dir: Path) -> Written | None:
     """At the end of a run, right after its summary is written: the report, or a one-line warning on stderr if
-    it cannot be built (the run's results are already safe; ``kvbench report`` can build it later)."""
+    it cannot be built (the run's results are already safe; ``kvbench report`` can build it later). None when
+    it was not written (``KVBENCH_REPORT=0``, or it failed)."""
+    if not report_after_runs():
+        return None
     try:
         return write_report(run_dir)
     except Exception as err:  # a report must never cost a run its results, its plots or its exit code

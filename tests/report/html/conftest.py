@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -35,7 +37,9 @@ def runs_root(tmp_path_factory) -> Path:
 
 
 def _run(argv: list[str]) -> None:
-    code = main(argv)
+    """A run as a user makes it: report.html written at its end (tests/conftest.py turns that off elsewhere)."""
+    with mock.patch.dict(os.environ, {"KVBENCH_REPORT": "1"}):
+        code = main(argv)
     assert code == 0, f"kvbench {' '.join(argv)} exited {code}"
 
 
