@@ -39,7 +39,9 @@ def _timed(function) -> tuple[float, float, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir", nargs="?", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -49,8 +51,21 @@ def main() -> None:
         run_dir = Path(tempfile.mkdtemp(prefix="kvbench-bench-report-")) / "sweep"
         console.print(f"running the main job into {run_dir} ...")
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kvbench.cli", "sweep", "--concurrency", "10,30,50", "--out",
-                        str(run_dir), "--json"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvbench.cli",
+                "sweep",
+                "--concurrency",
+                "10,30,50",
+                "--out",
+                str(run_dir),
+                "--json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         console.print(f"main job: {time.perf_counter() - start:.1f} s wall (report included)")
 
     from kvbench.report.html import build_page
@@ -72,18 +87,27 @@ def main() -> None:
         wall, cpu, _ = _timed(lambda: _draw_only(run_dir, kind, capture))
         figure_rounds.append((wall, cpu))
     load = os.getloadavg()
-    table = Table(title=f"report.html of {run_dir} ({kind}, {len(page.figures())} plots): medians of {args.rounds} "
-                        f"rounds on {_cpu_model()}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    table = Table(
+        title=f"report.html of {run_dir} ({kind}, {len(page.figures())} plots): medians of {args.rounds} "
+        f"rounds on {_cpu_model()}, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     for column in ("", "wall s", "CPU s"):
         table.add_column(column, justify="right")
     whole_wall, whole_cpu = statistics.median(w for w, _ in whole), statistics.median(c for _, c in whole)
-    fig_wall, fig_cpu = statistics.median(w for w, _ in figure_rounds), statistics.median(c for _, c in figure_rounds)
+    fig_wall, fig_cpu = (
+        statistics.median(w for w, _ in figure_rounds),
+        statistics.median(c for _, c in figure_rounds),
+    )
     table.add_row("whole page", f"{whole_wall:.2f}", f"{whole_cpu:.2f}")
     table.add_row("plots (drawn to SVG)", f"{fig_wall:.2f}", f"{fig_cpu:.2f}")
-    table.add_row("the rest (diagnosis, tables, template)", f"{whole_wall - fig_wall:.2f}", f"{whole_cpu - fig_cpu:.2f}")
+    table.add_row(
+        "the rest (diagnosis, tables, template)", f"{whole_wall - fig_wall:.2f}", f"{whole_cpu - fig_cpu:.2f}"
+    )
     console.print(table)
-    console.print(f"size: {size:,} bytes ({size / 2**10:,.1f} KiB), of which plots {plots[-1]:,} bytes; "
-                  f"goal < 2 MB: {'met' if size < 2 * 10**6 else 'MISSED'}")
+    console.print(
+        f"size: {size:,} bytes ({size / 2**10:,.1f} KiB), of which plots {plots[-1]:,} bytes; "
+        f"goal < 2 MB: {'met' if size < 2 * 10**6 else 'MISSED'}"
+    )
 
 
 def _build_and_render(run_dir: Path, build_page, render_page):

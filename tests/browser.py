@@ -20,9 +20,20 @@ from pathlib import Path
 from typing import Any
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
-         "--disable-extensions", "--mute-audio", "--hide-scrollbars", "--remote-debugging-pipe")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+)
 
 
 def find_chromium() -> str | None:
@@ -63,8 +74,12 @@ class Chromium:
         self.stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
-            preexec_fn=wire_pipes, close_fds=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self.stderr)
+            preexec_fn=wire_pipes,
+            close_fds=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buffer = b""
@@ -192,24 +207,31 @@ class Page:
                 log.console.append(f"console.{params['type']}: {text}")
             elif method == "Runtime.exceptionThrown":
                 details = params.get("exceptionDetails", {})
-                log.console.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
+                log.console.append(
+                    f"exception: {details.get('exception', {}).get('description') or details.get('text')}"
+                )
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") in ("error", "warning"):
                 entry = params["entry"]
-                log.console.append(f"{entry.get('source')} {entry['level']}: {entry.get('text')} {entry.get('url', '')}")
+                log.console.append(
+                    f"{entry.get('source')} {entry['level']}: {entry.get('text')} {entry.get('url', '')}"
+                )
             elif method == "Network.requestWillBeSent":
                 log.requests.append(params.get("request", {}).get("url", ""))
         return log
 
     def evaluate(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+        result = self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}
+        )
         if "exceptionDetails" in result:
             raise BrowserError(f"script failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
     def resize(self, width: int, height: int, mobile: bool = False) -> None:
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile})
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+        )
 
     def media(self, media: str) -> None:
         self.call("Emulation.setEmulatedMedia", {"media": media})
@@ -219,7 +241,9 @@ class Page:
         if clip is not None:
             params["clip"] = {**clip, "scale": 1}
         elif full_page:
-            width, height = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            width, height = self.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+            )
             params["clip"] = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
         data = self.call("Page.captureScreenshot", params)["data"]
         Path(path).write_bytes(base64.b64decode(data))

@@ -6,8 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
-VOID = {"meta", "link", "br", "img", "hr", "input", "col", "source", "wbr", "area", "base", "embed", "param",
-        "track"}
+VOID = {
+    "meta",
+    "link",
+    "br",
+    "img",
+    "hr",
+    "input",
+    "col",
+    "source",
+    "wbr",
+    "area",
+    "base",
+    "embed",
+    "param",
+    "track",
+}
 
 
 @dataclass
@@ -30,8 +44,12 @@ class Node:
                 yield from child.walk()
 
     def find_all(self, tag: str | None = None, **attrs: str) -> list[Node]:
-        return [n for n in self.walk() if (tag is None or n.tag == tag)
-                and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+        return [
+            n
+            for n in self.walk()
+            if (tag is None or n.tag == tag)
+            and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
 
     def find(self, tag: str | None = None, **attrs: str) -> Node | None:
         found = self.find_all(tag, **attrs)
@@ -98,8 +116,10 @@ def table_rows(root: Node, table_id: str) -> list[dict[str, str]]:
     """Each body row as {data-field: text} (cells without a field are left out)."""
     table = by_id(root, table_id)
     body = table.find("tbody")
-    return [{cell.attrs["data-field"]: cell.text() for cell in row.find_all("td") if "data-field" in cell.attrs}
-            for row in body.find_all("tr")]
+    return [
+        {cell.attrs["data-field"]: cell.text() for cell in row.find_all("td") if "data-field" in cell.attrs}
+        for row in body.find_all("tr")
+    ]
 
 
 def table_headers(root: Node, table_id: str) -> list[str]:

@@ -10,8 +10,25 @@ import sys
 from typing import Any
 
 # The packages whose versions decide a figure (kernels, numerics, plots, the report), and optional engines.
-PACKAGES = ("torch", "transformers", "triton", "numpy", "scipy", "pandas", "matplotlib", "jinja2", "safetensors",
-            "gguf", "accelerate", "ray", "vllm", "nvidia-ml-py", "prometheus-client", "typer", "rich")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "triton",
+    "numpy",
+    "scipy",
+    "pandas",
+    "matplotlib",
+    "jinja2",
+    "safetensors",
+    "gguf",
+    "accelerate",
+    "ray",
+    "vllm",
+    "nvidia-ml-py",
+    "prometheus-client",
+    "typer",
+    "rich",
+)
 
 
 def package_versions() -> dict[str, str]:
@@ -65,8 +82,12 @@ def gpu_info() -> dict[str, Any] | None:
             return None
         index = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
-        info: dict[str, Any] = {"name": props.name, "memory_bytes": int(props.total_memory),
-                                "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
+        info: dict[str, Any] = {
+            "name": props.name,
+            "memory_bytes": int(props.total_memory),
+            "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda,
+        }
     except Exception:
         return None
     try:
@@ -81,5 +102,10 @@ def gpu_info() -> dict[str, Any] | None:
 
 
 def host_info() -> dict[str, Any]:
-    return {"cpu": cpu_model(), "cores": usable_cores(), "memory_bytes": memory_bytes(), "machine": platform.machine(),
-            "gpu": gpu_info()}
+    return {
+        "cpu": cpu_model(),
+        "cores": usable_cores(),
+        "memory_bytes": memory_bytes(),
+        "machine": platform.machine(),
+        "gpu": gpu_info(),
+    }

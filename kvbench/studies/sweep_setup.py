@@ -172,8 +172,9 @@ class SweepSetup:
         config = self.config
         return run_meta(
             scenario=self.spec.name, scenario_description=self.spec.description, scenario_source=self.spec.source,
-            model_name=self.model_name, model_shape=_shape_of(self.backend), device=self.device_name,
-            simulated=self.options.simulate, seed=self.seed, requests=len(self.pairs), concurrency=list(self.levels), engines=list(self.options.engines),
+            model_name=self.model_name, device=self.device_name, simulated=self.options.simulate, seed=self.seed,
+            requests=len(self.pairs), concurrency=list(self.levels), engines=list(self.options.engines),
+            model_shape=_shape_of(self.backend),
             block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,

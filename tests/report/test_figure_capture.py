@@ -10,8 +10,14 @@ from kvbench.report import figure_capture, plots
 
 
 def _draw(tmp_path, name="a.png", n=5):
-    return plots.lines({"paged": (list(range(n)), [float(i * i) for i in range(n)])}, tmp_path / name,
-                       "Throughput <vs> concurrency & more", "concurrency", "tok/s", "higher")
+    return plots.lines(
+        {"paged": (list(range(n)), [float(i * i) for i in range(n)])},
+        tmp_path / name,
+        "Throughput <vs> concurrency & more",
+        "concurrency",
+        "tok/s",
+        "higher",
+    )
 
 
 def test_outside_a_capture_the_png_is_written(tmp_path):

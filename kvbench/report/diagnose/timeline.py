@@ -2,8 +2,9 @@
 
 A line is ``{"elapsed_s", "time", "url", "state"}`` (``state``: a :class:`ServerState` record), or a scrape
 that failed, ``{"elapsed_s", "time", "url", "error"}``. The first line is a header (``"kind":
-"kvbench-watch"``, with the run's ``meta``). Lines are appended and flushed one by one, so a watch cut short keeps every finished
-scrape; a torn last line (a write cut short) is set aside when read, a broken line before it is an error.
+"kvbench-watch"``, with the run's ``meta``). Lines are appended and flushed one by one, so a watch cut short
+keeps every finished scrape; a torn last line (a write cut short) is set aside when read, a broken line before
+it is an error.
 """
 
 from __future__ import annotations

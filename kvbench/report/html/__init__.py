@@ -22,8 +22,9 @@ from kvbench.fileio import write_text_atomic
 REPORT_FILE = "report.html"
 
 # Run kind -> the module whose build(RunFiles) -> Page draws it.
-BUILDERS = {kind: f"kvbench.report.html.{kind}"
-            for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch")}
+BUILDERS = {
+    kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch")
+}
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,18 @@ def build_page(location: str | Path):
     run = load_run(location)
     module = BUILDERS.get(run.kind)
     if module is None:
-        raise KvbenchError(f"{run.directory}: this kvbench has no report for runs of kind {run.kind!r} "
-                           f"(known: {', '.join(BUILDERS)})")
+        raise KvbenchError(
+            f"{run.directory}: this kvbench has no report for runs of kind {run.kind!r} "
+            f"(known: {', '.join(BUILDERS)})"
+        )
     try:
         return importlib.import_module(module).build(run)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
         # a summary edited by hand, or written by another version: say what is wrong, in one line
-        raise KvbenchError(f"{run.directory}: cannot build its report, its files lack or mistype a field "
-                           f"({type(err).__name__}: {err})") from None
+        raise KvbenchError(
+            f"{run.directory}: cannot build its report, its files lack or mistype a field "
+            f"({type(err).__name__}: {err})"
+        ) from None
 
 
 def render_run(location: str | Path) -> str:
@@ -65,7 +70,9 @@ def write_report(location: str | Path, out: str | Path | None = None) -> Written
     return Written(path, len(text.encode("utf-8")), time.perf_counter() - start)
 
 
-REPORT_ENV = "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
+REPORT_ENV = (
+    "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
+)
 _OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
 
 
@@ -88,8 +95,11 @@ def write_report_after_run(run_dir: Path) -> Written | None:
     try:
         return write_report(run_dir)
     except Exception as err:  # a report must never cost a run its results, its plots or its exit code
-        print(f"warning: {run_dir}/{REPORT_FILE} not written ({type(err).__name__}: {err}); "
-              f"build it later with: kvbench report {run_dir}", file=sys.stderr)
+        print(
+            f"warning: {run_dir}/{REPORT_FILE} not written ({type(err).__name__}: {err}); "
+            f"build it later with: kvbench report {run_dir}",
+            file=sys.stderr,
+        )
         return None
 
 

@@ -29,6 +29,7 @@ SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
 
 # -- plots ------------------------------------------------------------------------------------------------
 
+
 def draw(plotter: Callable[[], Any]) -> list[CapturedFigure]:
     """The figures ``plotter`` draws with the run's own plot functions, kept in memory (no file is written)."""
     with capture() as figures:
@@ -43,31 +44,43 @@ def figures_block(figures: Iterable[CapturedFigure], captions: Mapping[str, str]
 
 # -- diagnosis --------------------------------------------------------------------------------------------
 
+
 def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
     """``kvbench diagnose``'s findings on this run, worst first, each with its evidence and a suggestion."""
     items = [FindingItem(f.severity, f.rule, f.source, f.evidence, f.suggestion) for f in diagnosis.findings]
-    counts = {severity: sum(f.severity == severity for f in diagnosis.findings)
-              for severity in ("critical", "warning", "info")}
+    counts = {
+        severity: sum(f.severity == severity for f in diagnosis.findings)
+        for severity in ("critical", "warning", "info")
+    }
     if not items:
         summary = f"No finding in {diagnosis.checked} {what}: every rule passed."
     else:
         found = ", ".join(f"{n} {SEVERITY_WORDS[s]}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
         summary = f"{found} in {diagnosis.checked} {what}."
     t = diagnosis.thresholds
-    notes = [*diagnosis.notes,
-             f"Thresholds: fragmentation > {t.fragmentation:g}, free blocks < {units.share(t.free_blocks, 0)} of "
-             f"the pool, block allocation p99 > {t.alloc_latency_p99_ms:g} ms, more than "
-             f"{t.preemptions_per_request:g} preemptions per completed request, reservation + internal > "
-             f"{units.share(t.reservation_waste, 0)} of the pool (the defaults of kvbench diagnose)."]
-    block = Findings(summary, items,
-                     not_evaluated=[f"{n.rule} ({n.source}): {n.reason}" for n in diagnosis.not_evaluated],
-                     notes=notes,
-                     measurements=[("estimate, " if m.estimate and not m.text.startswith("estimate") else "")
-                                   + f"{m.source}: {m.text}" for m in diagnosis.measurements])
+    notes = [
+        *diagnosis.notes,
+        f"Thresholds: fragmentation > {t.fragmentation:g}, free blocks < {units.share(t.free_blocks, 0)} of "
+        f"the pool, block allocation p99 > {t.alloc_latency_p99_ms:g} ms, more than "
+        f"{t.preemptions_per_request:g} preemptions per completed request, reservation + internal > "
+        f"{units.share(t.reservation_waste, 0)} of the pool (the defaults of kvbench diagnose).",
+    ]
+    block = Findings(
+        summary,
+        items,
+        not_evaluated=[f"{n.rule} ({n.source}): {n.reason}" for n in diagnosis.not_evaluated],
+        notes=notes,
+        measurements=[
+            ("estimate, " if m.estimate and not m.text.startswith("estimate") else "")
+            + f"{m.source}: {m.text}"
+            for m in diagnosis.measurements
+        ],
+    )
     return Section("findings", "Findings", [block])
 
 
 # -- memory waterfall -------------------------------------------------------------------------------------
+
 
 def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, CapturedFigure]) -> Section | None:
     """Every measured point's memory waterfall: the levels from the process (or device) down to token states,
@@ -85,13 +98,25 @@ def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, Captur
             gap = level.get("gap_name") or "—"
             if level.get("gap_note"):
                 gap += f" ({level['gap_note']})"
-            rows.append([Cell(level["level"]), Cell(size, level.get("bytes"), "" if level.get("bytes") is not None
-                                                    else "muted"),
-                         Cell(gap if level.get("bytes") is not None else (level.get("reason") or gap)),
-                         Cell(units.nbytes(level.get("gap_bytes")), level.get("gap_bytes"))])
-        table = Table(f"Memory waterfall, {point_label(point)} ({TITLE_BASIS}, outermost level first)",
-                      [Column("level", False), Column("peak size"), Column("gap to the next level", False),
-                       Column("gap size")], rows, sortable=False)
+            rows.append(
+                [
+                    Cell(level["level"]),
+                    Cell(size, level.get("bytes"), "" if level.get("bytes") is not None else "muted"),
+                    Cell(gap if level.get("bytes") is not None else (level.get("reason") or gap)),
+                    Cell(units.nbytes(level.get("gap_bytes")), level.get("gap_bytes")),
+                ]
+            )
+        table = Table(
+            f"Memory waterfall, {point_label(point)} ({TITLE_BASIS}, outermost level first)",
+            [
+                Column("level", False),
+                Column("peak size"),
+                Column("gap to the next level", False),
+                Column("gap size"),
+            ],
+            rows,
+            sortable=False,
+        )
         blocks: list[Any] = [table]
         figure = figures.get(waterfall_plot_name(point))
         if figure is not None:
@@ -100,8 +125,12 @@ def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, Captur
         subsections.append(Section(f"waterfall-{_slug(label)}", label, blocks, layout="pair"))
     if not subsections:
         return None
-    intro = Text(["Each level is the peak during the point's run; the gap below a level is what it holds beyond the "
-                  "next one (hatched in the plots). Levels that could not be measured say why."])
+    intro = Text(
+        [
+            "Each level is the peak during the point's run; the gap below a level is what it holds beyond the "
+            "next one (hatched in the plots). Levels that could not be measured say why."
+        ]
+    )
     return Section("waterfall", "Memory waterfall", [intro], subsections)
 
 
@@ -112,13 +141,32 @@ def _slug(text: str) -> str:
 # -- provenance -------------------------------------------------------------------------------------------
 
 # Meta fields drawn elsewhere in provenance (or not meant for readers); the rest are listed as settings.
-_SHOWN = {"command", "created_utc", "kvbench_version", "git_revision", "python_version", "torch_version",
-          "transformers_version", "triton_version", "platform", "host", "packages", "model", "model_name",
-          "model_shape", "device", "gpu", "threads", "simulated", "scenario_source", "bytes_per_token"}
+_SHOWN = {
+    "command",
+    "created_utc",
+    "kvbench_version",
+    "git_revision",
+    "python_version",
+    "torch_version",
+    "transformers_version",
+    "triton_version",
+    "platform",
+    "host",
+    "packages",
+    "model",
+    "model_name",
+    "model_shape",
+    "device",
+    "gpu",
+    "threads",
+    "simulated",
+    "scenario_source",
+    "bytes_per_token",
+}
 
 
 def shape_text(shape: Mapping[str, Any]) -> str:
-    """"40 layers, hidden 5,120, 40 heads (40 KV heads) x 128, fp16: 800.00 KiB of KV per token"."""
+    """ "40 layers, hidden 5,120, 40 heads (40 KV heads) x 128, fp16: 800.00 KiB of KV per token"."""
     parts = []
     if shape.get("architecture"):
         parts.append(str(shape["architecture"]))
@@ -187,7 +235,9 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if meta.get("created_utc"):
         facts.append(Fact("date (UTC)", str(meta["created_utc"])))
     facts.append(Fact("kvbench version", str(meta.get("kvbench_version") or "unknown")))
-    facts.append(Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True))
+    facts.append(
+        Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True)
+    )
     model = meta.get("model") if isinstance(meta.get("model"), dict) else None
     name = meta.get("model_name") or (model or {}).get("name") or meta.get("model")
     if name:
@@ -213,8 +263,12 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
         facts.append(Fact("CPU threads", f"{threads['threads']} ({threads.get('reason', '')})"))
     if meta.get("platform"):
         facts.append(Fact("platform", str(meta["platform"])))
-    versions = {"python": meta.get("python_version"), "torch": meta.get("torch_version"),
-                "transformers": meta.get("transformers_version"), "triton": meta.get("triton_version")}
+    versions = {
+        "python": meta.get("python_version"),
+        "torch": meta.get("torch_version"),
+        "transformers": meta.get("transformers_version"),
+        "triton": meta.get("triton_version"),
+    }
     packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
     versions.update(packages)
     listed = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
@@ -227,7 +281,9 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     return facts
 
 
-def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()) -> Section:
+def provenance_section(
+    meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()
+) -> Section:
     from kvbench import __version__
 
     facts = provenance_facts(meta)

@@ -22,8 +22,14 @@ TEMPLATE = "report.html.j2"
 def _environment():
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
-    env = Environment(loader=PackageLoader("kvbench.report.html", "templates"), autoescape=True,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env = Environment(
+        loader=PackageLoader("kvbench.report.html", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     env.filters["figure_markup"] = figure_markup
     env.filters["slug"] = slug
     return env
@@ -40,10 +46,15 @@ def _csp_hash(script: str) -> str:
 
 def render_page(page: Page) -> str:
     script = _asset("report.js")
-    csp = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-           f"script-src '{_csp_hash(script)}'; base-uri 'none'; form-action 'none'")
-    return _environment().get_template(TEMPLATE).render(page=page, css=Markup(_asset("report.css")),
-                                                        script=Markup(script), csp=csp)
+    csp = (
+        "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+        f"script-src '{_csp_hash(script)}'; base-uri 'none'; form-action 'none'"
+    )
+    return (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(page=page, css=Markup(_asset("report.css")), script=Markup(script), csp=csp)
+    )
 
 
 _SVG_OPEN = re.compile(r"<svg\b")
@@ -53,10 +64,14 @@ def figure_markup(figure: CapturedFigure, label_id: str) -> Markup:
     """The plot as an element named by its caption (``aria-labelledby``) and described by its titles."""
     title = html.escape(figure.title or figure.name, quote=True)
     if figure.is_svg:
-        svg = _SVG_OPEN.sub(f'<svg role="img" aria-labelledby="{label_id}" class="plot"', figure.data, count=1)
+        svg = _SVG_OPEN.sub(
+            f'<svg role="img" aria-labelledby="{label_id}" class="plot"', figure.data, count=1
+        )
         return Markup(svg)
-    return Markup(f'<img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" '
-                  f'aria-describedby="{label_id}">')
+    return Markup(
+        f'<img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" '
+        f'aria-describedby="{label_id}">'
+    )
 
 
 def slug(text: str) -> str:

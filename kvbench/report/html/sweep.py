@@ -48,8 +48,10 @@ def build(run: RunFiles) -> Page:
     waterfalls = {f.name: f for f in figures if f.name.startswith("waterfall-")}
     plots = [f for f in figures if f.name not in waterfalls]
 
-    sections = [headline_section(rows, points, meta),
-                findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory)))]
+    sections = [
+        headline_section(rows, points, meta),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory))),
+    ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
     sections.append(points_section(points, meta))
@@ -61,6 +63,7 @@ def build(run: RunFiles) -> Page:
 
 
 # -- the headline ---------------------------------------------------------------------------------------
+
 
 def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
     return {(p["engine"], p["concurrency"]): p for p in points}
@@ -78,7 +81,9 @@ def _span(values: list[float], fmt) -> str:
 def _reservation_words(meta: dict) -> str:
     reserve, max_len = meta.get("reserve", "max"), meta.get("max_len")
     if reserve == "max":
-        return f"max-len ({max_len:,} token slots) for every request" if max_len else "max-len for every request"
+        return (
+            f"max-len ({max_len:,} token slots) for every request" if max_len else "max-len for every request"
+        )
     if reserve == "pow2":
         return "the next power of two of each request's length"
     return "exactly each request's length (an oracle no real engine has)"
@@ -99,27 +104,44 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
     """Where paging wins and why, in words, from the article-shaped rows and the points."""
     by_key = _by_key(points)
     compared = [r for r in rows if r.get("gain_pct") is not None]
-    contiguous_oom = [r["concurrency"] for r in rows if r.get("contiguous_status") == "oom" and r.get("paged_status") == "ok"]
-    paged_oom = [r["concurrency"] for r in rows if r.get("paged_status") == "oom" and r.get("contiguous_status") == "ok"]
-    reductions = [r["kv_memory_reduction_pct"] for r in compared if r.get("kv_memory_reduction_pct") is not None]
+    contiguous_oom = [
+        r["concurrency"]
+        for r in rows
+        if r.get("contiguous_status") == "oom" and r.get("paged_status") == "ok"
+    ]
+    paged_oom = [
+        r["concurrency"]
+        for r in rows
+        if r.get("paged_status") == "oom" and r.get("contiguous_status") == "ok"
+    ]
+    reductions = [
+        r["kv_memory_reduction_pct"] for r in compared if r.get("kv_memory_reduction_pct") is not None
+    ]
     sentences: list[str] = []
 
     if not compared and not contiguous_oom and not paged_oom:
         engines = sorted({p["engine"] for p in points})
         ok = [p for p in points if p["status"] == "ok"]
-        headline = (f"A sweep of {', '.join(engines) or 'no engine'}: no paged/contiguous pair to compare"
-                    if points else "The sweep recorded no point")
+        headline = (
+            f"A sweep of {', '.join(engines) or 'no engine'}: no paged/contiguous pair to compare"
+            if points
+            else "The sweep recorded no point"
+        )
         for p in ok:
-            sentences.append(f"{p['engine']} at C={p['concurrency']}: {units.tok_s(p.get('output_throughput'))}.")
+            sentences.append(
+                f"{p['engine']} at C={p['concurrency']}: {units.tok_s(p.get('output_throughput'))}."
+            )
         return Verdict(headline, "neutral", sentences)
 
     if contiguous_oom:
         top = contiguous_oom[0]
         paged = by_key.get(("paged", top), {})
         served = paged.get("completed") or 0
-        headline = (f"Paging held the load the contiguous baseline could not: at {_levels(contiguous_oom)} "
-                    f"contiguous ran out of KV memory, paged served {'all ' if not paged.get('rejected') else ''}"
-                    f"{served:,} request{'s' if served != 1 else ''}")
+        headline = (
+            f"Paging held the load the contiguous baseline could not: at {_levels(contiguous_oom)} "
+            f"contiguous ran out of KV memory, paged served {'all ' if not paged.get('rejected') else ''}"
+            f"{served:,} request{'s' if served != 1 else ''}"
+        )
         tone = "good"
     elif paged_oom:
         headline = f"The paged engine ran out of KV memory at {_levels(paged_oom)} where the contiguous baseline did not"
@@ -134,8 +156,10 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
         tone = "warn"
 
     if reductions and not headline.startswith("Paging served"):
-        sentences.append(f"KV memory at peak: paged needed {_span(reductions, lambda v: f'{v:.0f}%')} less than "
-                         f"contiguous where both completed ({_levels([r['concurrency'] for r in compared])}).")
+        sentences.append(
+            f"KV memory at peak: paged needed {_span(reductions, lambda v: f'{v:.0f}%')} less than "
+            f"contiguous where both completed ({_levels([r['concurrency'] for r in compared])})."
+        )
     for c in contiguous_oom:
         cont, paged = by_key.get(("contiguous", c), {}), by_key.get(("paged", c), {})
         sentences.append(
@@ -143,15 +167,20 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
             f"{units.count((cont.get('completed') or 0) + (cont.get('rejected') or 0))} requests for lack of KV "
             f"memory (at most {units.count(cont.get('peak_running'))} ran at once); paged completed "
             f"{units.count(paged.get('completed'))} at {units.tok_s(paged.get('output_throughput'))} with at most "
-            f"{units.count(paged.get('peak_running'))} running.")
+            f"{units.count(paged.get('peak_running'))} running."
+        )
     sentences += _throughput_sentences(compared, meta)
     why = _why(rows, by_key, meta, contiguous_oom)
     if why:
         sentences.append(why)
     references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
     for engine in references:
-        cells = [f"{units.tok_s(r.get(f'{engine}_tps')) if r.get(f'{engine}_status') == 'ok' else r.get(f'{engine}_status')} "
-                 f"at C={r['concurrency']}" for r in rows if r.get(f"{engine}_status")]
+        cells = [
+            f"{units.tok_s(r.get(f'{engine}_tps')) if r.get(f'{engine}_status') == 'ok' else r.get(f'{engine}_status')} "
+            f"at C={r['concurrency']}"
+            for r in rows
+            if r.get(f"{engine}_status")
+        ]
         sentences.append(f"{REFERENCE_ENGINES[engine]} (reference): {', '.join(cells)}. {REFERENCE_CAPTION}.")
     return Verdict(headline, tone, sentences)
 
@@ -163,8 +192,10 @@ def _throughput_sentences(compared: list[dict], meta: dict) -> list[str]:
     text = f"Output throughput, paged vs contiguous: {', '.join(parts)}."
     judged = [_distinguishable(r, meta) for r in compared]
     if all(j is None for j in judged):
-        text += (" One measured run per point: a throughput difference this size may be the machine's noise; "
-                 "repeat the points for confidence intervals, or compare runs with kvbench compare.")
+        text += (
+            " One measured run per point: a throughput difference this size may be the machine's noise; "
+            "repeat the points for confidence intervals, or compare runs with kvbench compare."
+        )
     else:
         same = [r["concurrency"] for r, j in zip(compared, judged, strict=True) if j is False]
         if same:
@@ -185,37 +216,59 @@ def _why(rows: list[dict], by_key: dict, meta: dict, contiguous_oom: list[int]) 
     cw, pw = cont["waste"], paged["waste"]
     held_c = (cw.get("reservation_pct") or 0) + (cw.get("internal_pct") or 0)
     held_p = (pw.get("reservation_pct") or 0) + (pw.get("internal_pct") or 0)
-    text = (f"Why: the contiguous baseline reserves {_reservation_words(meta)} when it admits it; at C={c}, "
-            f"reservation and internal fragmentation held {held_c:.1f}% of its KV pool on average (token states "
-            f"{cw.get('token_state_pct', 0):.1f}%), against {held_p:.1f}% for paged, which allocates blocks of "
-            f"{meta.get('block_size', '?')} tokens as they fill (token states {pw.get('token_state_pct', 0):.1f}%).")
+    text = (
+        f"Why: the contiguous baseline reserves {_reservation_words(meta)} when it admits it; at C={c}, "
+        f"reservation and internal fragmentation held {held_c:.1f}% of its KV pool on average (token states "
+        f"{cw.get('token_state_pct', 0):.1f}%), against {held_p:.1f}% for paged, which allocates blocks of "
+        f"{meta.get('block_size', '?')} tokens as they fill (token states {pw.get('token_state_pct', 0):.1f}%)."
+    )
     if (paged.get("peak_running") or 0) > (cont.get("peak_running") or 0):
-        text += (f" The memory that paging leaves free lets more requests run at once: at most "
-                 f"{paged['peak_running']} against {cont['peak_running']}.")
+        text += (
+            f" The memory that paging leaves free lets more requests run at once: at most "
+            f"{paged['peak_running']} against {cont['peak_running']}."
+        )
     return text
 
 
 def headline_table(rows: list[dict]) -> Table:
     references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
-    columns = [Column("concurrency (requests in flight)"), Column("contiguous output throughput"),
-               Column("paged output throughput"), Column("paged vs contiguous"),
-               Column("KV memory reduction at peak"), Column("steady throughput, contiguous"),
-               Column("steady throughput, paged"),
-               *(Column(f"{REFERENCE_ENGINES[e]} output throughput (reference)") for e in references)]
+    columns = [
+        Column("concurrency (requests in flight)"),
+        Column("contiguous output throughput"),
+        Column("paged output throughput"),
+        Column("paged vs contiguous"),
+        Column("KV memory reduction at peak"),
+        Column("steady throughput, contiguous"),
+        Column("steady throughput, paged"),
+        *(Column(f"{REFERENCE_ENGINES[e]} output throughput (reference)") for e in references),
+    ]
     body = []
     for r in rows:
-        cells = [Cell(str(r["concurrency"]), r["concurrency"], field="concurrency"),
-                 _tps_cell(r, "contiguous"), _tps_cell(r, "paged"),
-                 Cell(units.signed_pct(r.get("gain_pct")), units.sort_key(r.get("gain_pct")), _gain_tone(r),
-                      field="gain_pct"),
-                 Cell(units.pct(r.get("kv_memory_reduction_pct"), 0), units.sort_key(r.get("kv_memory_reduction_pct")),
-                      field="kv_memory_reduction_pct"),
-                 _steady_cell(r, "contiguous"), _steady_cell(r, "paged")]
+        cells = [
+            Cell(str(r["concurrency"]), r["concurrency"], field="concurrency"),
+            _tps_cell(r, "contiguous"),
+            _tps_cell(r, "paged"),
+            Cell(
+                units.signed_pct(r.get("gain_pct")),
+                units.sort_key(r.get("gain_pct")),
+                _gain_tone(r),
+                field="gain_pct",
+            ),
+            Cell(
+                units.pct(r.get("kv_memory_reduction_pct"), 0),
+                units.sort_key(r.get("kv_memory_reduction_pct")),
+                field="kv_memory_reduction_pct",
+            ),
+            _steady_cell(r, "contiguous"),
+            _steady_cell(r, "paged"),
+        ]
         cells += [_tps_cell(r, e) for e in references]
         body.append(cells)
-    note = ("Output throughput: output tokens per second over the whole point; steady: while all C requests were in "
-            "flight (ramp-up and draining tail left out); ± is the 95% confidence interval over repeats. OOM: the "
-            "engine rejected requests for lack of KV memory.")
+    note = (
+        "Output throughput: output tokens per second over the whole point; steady: while all C requests were in "
+        "flight (ramp-up and draining tail left out); ± is the 95% confidence interval over repeats. OOM: the "
+        "engine rejected requests for lack of KV memory."
+    )
     if references:
         note += f" {REFERENCE_CAPTION}."
     return Table("Paged vs contiguous at each concurrency", columns, body, note=note, id="headline-table")
@@ -250,27 +303,45 @@ def _steady_cell(row: dict, engine: str) -> Cell:
     if status == "oom":
         return Cell("OOM", -1, "bad", field)
     value = row.get(field)
-    return Cell("no full-load window" if value is None else units.tok_s(value), units.sort_key(value),
-                "muted" if value is None else "", field)
+    return Cell(
+        "no full-load window" if value is None else units.tok_s(value),
+        units.sort_key(value),
+        "muted" if value is None else "",
+        field,
+    )
 
 
 def headline_section(rows: list[dict], points: list[dict], meta: dict) -> Section:
     blocks: list[Any] = [verdict(rows, points, meta), headline_table(rows)]
     if meta.get("stop_description") or meta.get("budget_source"):
-        blocks.append(Text([f"KV budget: {meta['budget_source']}." if meta.get("budget_source") else "",
-                            f"Stop: {meta['stop_description']}." if meta.get("stop_description") else ""],
-                           tone="note"))
+        blocks.append(
+            Text(
+                [
+                    f"KV budget: {meta['budget_source']}." if meta.get("budget_source") else "",
+                    f"Stop: {meta['stop_description']}." if meta.get("stop_description") else "",
+                ],
+                tone="note",
+            )
+        )
     return Section("headline", "Verdict", blocks)
 
 
 # -- per point ------------------------------------------------------------------------------------------
 
 POINT_COLUMNS = [
-    Column("engine", False), Column("C"), Column("status", False), Column("done / rejected"),
-    Column("output throughput (tok/s)"), Column("steady throughput (tok/s, share of run)"),
-    Column("TTFT p50 / p99 (ms)"), Column("TPOT p50 / p99 (ms)"), Column("end-to-end p99 (ms)"),
-    Column("peak running"), Column("preempt\u00adions"),
-    Column("KV pool: token states / reservation / internal / external (%)"), Column("fragment\u00adation (0-1)"),
+    Column("engine", False),
+    Column("C"),
+    Column("status", False),
+    Column("done / rejected"),
+    Column("output throughput (tok/s)"),
+    Column("steady throughput (tok/s, share of run)"),
+    Column("TTFT p50 / p99 (ms)"),
+    Column("TPOT p50 / p99 (ms)"),
+    Column("end-to-end p99 (ms)"),
+    Column("peak running"),
+    Column("preempt\u00adions"),
+    Column("KV pool: token states / reservation / internal / external (%)"),
+    Column("fragment\u00adation (0-1)"),
     Column("KV peak allocated"),
 ]
 
@@ -280,37 +351,50 @@ def _engine_label(engine: str) -> str:
 
 
 def _pair(p: dict, kind: str) -> Cell:
-    """"p50 / p99" of a latency, sorted by its p99."""
+    """ "p50 / p99" of a latency, sorted by its p99."""
     low, high = p.get(f"p50_{kind}_ms"), p.get(f"p99_{kind}_ms")
-    text = units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
+    text = (
+        units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
+    )
     return Cell(text, units.sort_key(high), field=f"{kind}_ms")
 
 
 def point_row(p: dict) -> list[Cell]:
     """One point in :data:`POINT_COLUMNS`; a failed point says why instead."""
     status_tone = {"ok": "", "oom": "bad", "error": "bad"}.get(p["status"], "warn")
-    head = [Cell(_engine_label(p["engine"]), p["engine"], field="engine"),
-            Cell(str(p["concurrency"]), p["concurrency"], field="concurrency"),
-            Cell(p["status"].upper() if p["status"] != "ok" else "ok", p["status"], status_tone, "status")]
+    head = [
+        Cell(_engine_label(p["engine"]), p["engine"], field="engine"),
+        Cell(str(p["concurrency"]), p["concurrency"], field="concurrency"),
+        Cell(p["status"].upper() if p["status"] != "ok" else "ok", p["status"], status_tone, "status"),
+    ]
     if p["status"] == "error":
         reason = Cell(f"failed: {p.get('error', 'no reason recorded')}", None, "bad", "error")
         return head + [reason] + [Cell("", None) for _ in POINT_COLUMNS[4:]]
     waste = p.get("waste") or {}
     steady = p.get("steady_output_throughput")
-    steady_text = (units.MISSING if steady is None
-                   else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})")
-    shares = " / ".join(units.num(waste.get(key), 0) for key in
-                        ("token_state_pct", "reservation_pct", "internal_pct", "external_pct"))
+    steady_text = (
+        units.MISSING
+        if steady is None
+        else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})"
+    )
+    shares = " / ".join(
+        units.num(waste.get(key), 0)
+        for key in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")
+    )
 
     def number(field: str, text: str) -> Cell:
         return Cell(text, units.sort_key(p.get(field)), field=field)
 
     return head + [
-        Cell(f"{units.count(p.get('completed'))} / {units.count(p.get('rejected'))}", units.sort_key(p.get("completed")),
-             field="completed"),
+        Cell(
+            f"{units.count(p.get('completed'))} / {units.count(p.get('rejected'))}",
+            units.sort_key(p.get("completed")),
+            field="completed",
+        ),
         number("output_throughput", units.num(p.get("output_throughput"))),
         Cell(steady_text, units.sort_key(steady), field="steady_output_throughput"),
-        _pair(p, "ttft"), _pair(p, "tpot"),
+        _pair(p, "ttft"),
+        _pair(p, "tpot"),
         number("p99_e2el_ms", units.ms_number(p.get("p99_e2el_ms"))),
         number("peak_running", units.count(p.get("peak_running"))),
         number("preemptions", units.count(p.get("preemptions"))),
@@ -325,15 +409,27 @@ def points_section(points: list[dict], meta: dict) -> Section:
     warnings = steady_warnings(points)
     if warnings:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
-    blocks.append(Table("Every point (select a column heading to sort)", POINT_COLUMNS,
-                        [point_row(p) for p in points], id="points-table",
-                        note="C: requests in flight. Steady throughput: while all C were in flight, with that "
-                             "window's share of the run. TTFT: time to first token; TPOT: time per output token "
-                             "after the first. Shares of the KV pool are time-averaged over the run; fragmentation "
-                             "is 1 - used / allocated."))
+    blocks.append(
+        Table(
+            "Every point (select a column heading to sort)",
+            POINT_COLUMNS,
+            [point_row(p) for p in points],
+            id="points-table",
+            note="C: requests in flight. Steady throughput: while all C were in flight, with that "
+            "window's share of the run. TTFT: time to first token; TPOT: time per output token "
+            "after the first. Shares of the KV pool are time-averaged over the run; fragmentation "
+            "is 1 - used / allocated.",
+        )
+    )
     if shows_output_lengths(meta):
         rows = [[Cell(text, None) for text in row] for row in output_length_rows(points)]
-        blocks.append(Table(output_length_title(meta), [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],
-                            rows, id="output-lengths-table",
-                            note="Output lengths in tokens; internal: % of the KV pool, time-averaged."))
+        blocks.append(
+            Table(
+                output_length_title(meta),
+                [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],
+                rows,
+                id="output-lengths-table",
+                note="Output lengths in tokens; internal: % of the KV pool, time-averaged.",
+            )
+        )
     return Section("points", "Per point", blocks)

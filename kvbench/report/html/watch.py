@@ -53,11 +53,16 @@ def _summary(samples) -> dict[str, Any]:
     waiting = [s.waiting for s in states if s.waiting is not None]
     running = [s.running for s in states if s.running is not None]
     preempted = [s.preemptions for s in states if s.preemptions is not None]
-    return {"scrapes": len(states), "span_s": samples[-1][0] - samples[0][0] if samples else 0.0,
-            "usage_mean": sum(usage) / len(usage) if usage else None, "usage_peak": max(usage) if usage else None,
-            "running_peak": max(running) if running else None, "waiting_peak": max(waiting) if waiting else None,
-            "preemptions": (preempted[-1] - preempted[0]) if len(preempted) > 1 else None,
-            "family": states[-1].family_name if states else ""}
+    return {
+        "scrapes": len(states),
+        "span_s": samples[-1][0] - samples[0][0] if samples else 0.0,
+        "usage_mean": sum(usage) / len(usage) if usage else None,
+        "usage_peak": max(usage) if usage else None,
+        "running_peak": max(running) if running else None,
+        "waiting_peak": max(waiting) if waiting else None,
+        "preemptions": (preempted[-1] - preempted[0]) if len(preempted) > 1 else None,
+        "family": states[-1].family_name if states else "",
+    }
 
 
 def verdict(timeline: Timeline) -> Verdict:
@@ -74,10 +79,12 @@ def verdict(timeline: Timeline) -> Verdict:
         tone = "neutral"
     sentences = []
     for source, s in summaries.items():
-        parts = [f"mean KV usage {units.share(s['usage_mean'])}" if s["usage_mean"] is not None else None,
-                 f"at most {units.count(s['running_peak'])} running" if s["running_peak"] is not None else None,
-                 f"at most {units.count(s['waiting_peak'])} waiting" if s["waiting_peak"] is not None else None,
-                 f"{units.count(s['preemptions'])} new preemptions" if s["preemptions"] is not None else None]
+        parts = [
+            f"mean KV usage {units.share(s['usage_mean'])}" if s["usage_mean"] is not None else None,
+            f"at most {units.count(s['running_peak'])} running" if s["running_peak"] is not None else None,
+            f"at most {units.count(s['waiting_peak'])} waiting" if s["waiting_peak"] is not None else None,
+            f"{units.count(s['preemptions'])} new preemptions" if s["preemptions"] is not None else None,
+        ]
         sentences.append(f"{source}: {', '.join(p for p in parts if p)}.")
     if timeline.errors:
         sentences.append(f"{timeline.errors} scrape(s) failed and are left out.")
@@ -85,35 +92,70 @@ def verdict(timeline: Timeline) -> Verdict:
     return Verdict(headline, tone, sentences)
 
 
-SUMMARY_COLUMNS = [Column("instance", False), Column("engine", False), Column("scrapes"), Column("span (s)"),
-                   Column("KV usage, mean (%)"), Column("KV usage, peak (%)"), Column("running, peak"),
-                   Column("waiting, peak"), Column("new preemptions")]
+SUMMARY_COLUMNS = [
+    Column("instance", False),
+    Column("engine", False),
+    Column("scrapes"),
+    Column("span (s)"),
+    Column("KV usage, mean (%)"),
+    Column("KV usage, peak (%)"),
+    Column("running, peak"),
+    Column("waiting, peak"),
+    Column("new preemptions"),
+]
 
 
 def headline_section(timeline: Timeline) -> Section:
     rows = []
     for source, window in timeline.windows.items():
         s = _summary(window.samples)
-        rows.append([Cell(source, field="instance"), Cell(s["family"], field="engine"),
-                     Cell(units.count(s["scrapes"]), s["scrapes"], field="scrapes"),
-                     Cell(units.num(s["span_s"]), s["span_s"], field="span_s"),
-                     Cell(units.num(100 * s["usage_mean"]) if s["usage_mean"] is not None else units.MISSING,
-                          units.sort_key(s["usage_mean"]), field="usage_mean"),
-                     Cell(units.num(100 * s["usage_peak"]) if s["usage_peak"] is not None else units.MISSING,
-                          units.sort_key(s["usage_peak"]), field="usage_peak"),
-                     Cell(units.count(s["running_peak"]), units.sort_key(s["running_peak"]), field="running_peak"),
-                     Cell(units.count(s["waiting_peak"]), units.sort_key(s["waiting_peak"]), field="waiting_peak"),
-                     Cell(units.count(s["preemptions"]), units.sort_key(s["preemptions"]), field="preemptions")])
-    blocks: list[Any] = [verdict(timeline), Table("Each engine instance over the watch", SUMMARY_COLUMNS, rows,
-                                                  id="headline-table")]
+        rows.append(
+            [
+                Cell(source, field="instance"),
+                Cell(s["family"], field="engine"),
+                Cell(units.count(s["scrapes"]), s["scrapes"], field="scrapes"),
+                Cell(units.num(s["span_s"]), s["span_s"], field="span_s"),
+                Cell(
+                    units.num(100 * s["usage_mean"]) if s["usage_mean"] is not None else units.MISSING,
+                    units.sort_key(s["usage_mean"]),
+                    field="usage_mean",
+                ),
+                Cell(
+                    units.num(100 * s["usage_peak"]) if s["usage_peak"] is not None else units.MISSING,
+                    units.sort_key(s["usage_peak"]),
+                    field="usage_peak",
+                ),
+                Cell(units.count(s["running_peak"]), units.sort_key(s["running_peak"]), field="running_peak"),
+                Cell(units.count(s["waiting_peak"]), units.sort_key(s["waiting_peak"]), field="waiting_peak"),
+                Cell(units.count(s["preemptions"]), units.sort_key(s["preemptions"]), field="preemptions"),
+            ]
+        )
+    blocks: list[Any] = [
+        verdict(timeline),
+        Table("Each engine instance over the watch", SUMMARY_COLUMNS, rows, id="headline-table"),
+    ]
     if timeline.torn:
-        blocks.append(Text(["The timeline's last line was cut short (the watch was stopped while writing) and is "
-                            "left out."], tone="warn"))
+        blocks.append(
+            Text(
+                [
+                    "The timeline's last line was cut short (the watch was stopped while writing) and is "
+                    "left out."
+                ],
+                tone="warn",
+            )
+        )
     return Section("headline", "Verdict", blocks)
 
 
-SCRAPE_COLUMNS = [Column("time (s)"), Column("KV usage (%)"), Column("free blocks"), Column("running"),
-                  Column("waiting"), Column("preemptions (total)"), Column("prefix hit rate (%)")]
+SCRAPE_COLUMNS = [
+    Column("time (s)"),
+    Column("KV usage (%)"),
+    Column("free blocks"),
+    Column("running"),
+    Column("waiting"),
+    Column("preemptions (total)"),
+    Column("prefix hit rate (%)"),
+]
 
 
 def scrapes_section(timeline: Timeline) -> Section:
@@ -123,15 +165,29 @@ def scrapes_section(timeline: Timeline) -> Section:
         rows = []
         for elapsed, s in samples:
             hit = s.hit_rate
-            rows.append([Cell(units.num(elapsed), elapsed),
-                         Cell(units.num(100 * s.usage) if s.usage is not None else units.MISSING,
-                              units.sort_key(s.usage), "bad" if s.free_share is not None and s.free_share < 0.1 else ""),
-                         Cell(units.count(s.free_blocks), units.sort_key(s.free_blocks)),
-                         Cell(units.count(s.running), units.sort_key(s.running)),
-                         Cell(units.count(s.waiting), units.sort_key(s.waiting)),
-                         Cell(units.count(s.preemptions), units.sort_key(s.preemptions)),
-                         Cell(units.num(100 * hit) if hit is not None else units.MISSING, units.sort_key(hit))])
-        note = (f"The last {MAX_ROWS} of {len(window.samples)} scrapes." if len(window.samples) > MAX_ROWS else "")
-        subsections.append(Section(f"scrapes-{index + 1}", source,
-                                   [Table(f"Scrapes of {source}", SCRAPE_COLUMNS, rows, note=note)]))
+            rows.append(
+                [
+                    Cell(units.num(elapsed), elapsed),
+                    Cell(
+                        units.num(100 * s.usage) if s.usage is not None else units.MISSING,
+                        units.sort_key(s.usage),
+                        "bad" if s.free_share is not None and s.free_share < 0.1 else "",
+                    ),
+                    Cell(units.count(s.free_blocks), units.sort_key(s.free_blocks)),
+                    Cell(units.count(s.running), units.sort_key(s.running)),
+                    Cell(units.count(s.waiting), units.sort_key(s.waiting)),
+                    Cell(units.count(s.preemptions), units.sort_key(s.preemptions)),
+                    Cell(units.num(100 * hit) if hit is not None else units.MISSING, units.sort_key(hit)),
+                ]
+            )
+        note = (
+            f"The last {MAX_ROWS} of {len(window.samples)} scrapes." if len(window.samples) > MAX_ROWS else ""
+        )
+        subsections.append(
+            Section(
+                f"scrapes-{index + 1}",
+                source,
+                [Table(f"Scrapes of {source}", SCRAPE_COLUMNS, rows, note=note)],
+            )
+        )
     return Section("points", "Per scrape", [], subsections)

@@ -71,16 +71,47 @@ def waste_run(runs_root) -> Path:
 @pytest.fixture(scope="session")
 def fleet_run(runs_root) -> Path:
     out = runs_root / "fleet"
-    _run(["fleet", "--simulate", "--instances", "2", "--rate", "20", "--requests", "120", "--tick", "0.5",
-          "--policies", "round-robin,most-free-blocks", "--out", str(out), "--json"])
+    _run(
+        [
+            "fleet",
+            "--simulate",
+            "--instances",
+            "2",
+            "--rate",
+            "20",
+            "--requests",
+            "120",
+            "--tick",
+            "0.5",
+            "--policies",
+            "round-robin,most-free-blocks",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def share_run(runs_root) -> Path:
     out = runs_root / "share"
-    _run(["share", "--n", "2", "--prompts", "2", "--prompt-len", "16", "--output-len", "8", "--out", str(out),
-          "--json"])
+    _run(
+        [
+            "share",
+            "--n",
+            "2",
+            "--prompts",
+            "2",
+            "--prompt-len",
+            "16",
+            "--output-len",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     return out
 
 

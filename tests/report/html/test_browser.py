@@ -18,8 +18,10 @@ from kvbench.report.html import REPORT_FILE
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium found (chromium, chromium-browser, google-chrome or KVBENCH_CHROMIUM): "
-                             "install Debian's chromium (apt-get install -y chromium) to open the reports in a browser")
+    CHROMIUM is None,
+    reason="no Chromium found (chromium, chromium-browser, google-chrome or KVBENCH_CHROMIUM): "
+    "install Debian's chromium (apt-get install -y chromium) to open the reports in a browser",
+)
 
 CASES = ["sweep_run", "waste_run", "fleet_run", "compare_report"]
 PHONE_WIDTH = 390
@@ -65,22 +67,32 @@ def _check_headline(request, name, page) -> None:
             assert int(row["concurrency"]) == expected["concurrency"]
             for engine in ("contiguous", "paged"):
                 status = expected[f"{engine}_status"]
-                assert row[f"{engine}_tps"] == (f"{expected[f'{engine}_tps']:,.1f} tok/s" if status == "ok"
-                                                else status.upper())
-        reductions = [r["kv_memory_reduction_pct"] for r in summary["article_table"]
-                      if r["kv_memory_reduction_pct"] is not None]
+                assert row[f"{engine}_tps"] == (
+                    f"{expected[f'{engine}_tps']:,.1f} tok/s" if status == "ok" else status.upper()
+                )
+        reductions = [
+            r["kv_memory_reduction_pct"]
+            for r in summary["article_table"]
+            if r["kv_memory_reduction_pct"] is not None
+        ]
         assert f"{min(reductions):.0f}%" in shown and f"{max(reductions):.0f}%" in shown
     elif name == "waste_run":
         points = summary["points"]
-        best = max((p for p in points if p["engine"].startswith("paged")), key=lambda p: p["effective_usage_pct"])
+        best = max(
+            (p for p in points if p["engine"].startswith("paged")), key=lambda p: p["effective_usage_pct"]
+        )
         worst = next(p for p in points if p["engine"] == "contiguous-max")
-        assert shown == (f"Effective KV memory usage: {best['engine']} {best['effective_usage_pct']:.1f}%, "
-                         f"contiguous-max {worst['effective_usage_pct']:.1f}%")
+        assert shown == (
+            f"Effective KV memory usage: {best['engine']} {best['effective_usage_pct']:.1f}%, "
+            f"contiguous-max {worst['effective_usage_pct']:.1f}%"
+        )
     elif name == "fleet_run":
         points = summary["points"]
         best, worst = min(points, key=lambda p: p["p99_ttft_ms"]), max(points, key=lambda p: p["p99_ttft_ms"])
-        assert shown == (f"{best['policy']} had the lowest p99 time to first token: {_ms(best['p99_ttft_ms'])}, "
-                         f"against {_ms(worst['p99_ttft_ms'])} for {worst['policy']}")
+        assert shown == (
+            f"{best['policy']} had the lowest p99 time to first token: {_ms(best['p99_ttft_ms'])}, "
+            f"against {_ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+        )
 
 
 def _compare_json(base, head) -> dict:
@@ -118,8 +130,10 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
     assert len(boxes) == figures > 0
     for index, box in enumerate(boxes):
         assert box["visible"] and box["width"] > 250 and box["height"] > 120, box
-        shot = page.screenshot(tmp_path / f"plot-{index}.png", clip={
-            "x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"]})
+        shot = page.screenshot(
+            tmp_path / f"plot-{index}.png",
+            clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"]},
+        )
         inked, colours = _not_blank(shot)
         assert inked > 0.02 and colours > 8, (box["name"], inked, colours)
 
@@ -140,7 +154,9 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
     page.resize(PHONE_WIDTH, 800, mobile=True)
     page.settle(0.3)
     width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1] == PHONE_WIDTH, width  # tables scroll inside their box, the page never sideways
+    assert width[0] <= width[1] == PHONE_WIDTH, (
+        width
+    )  # tables scroll inside their box, the page never sideways
     assert all(b["width"] <= PHONE_WIDTH for b in page.evaluate(PLOT_BOXES))
     print(f"phone-width screenshot: {page.screenshot(tmp_path / f'{name}-phone.png')}")
 
@@ -149,7 +165,9 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
     page.settle(0.3)
     printed = page.evaluate(PLOT_BOXES)
     assert len(printed) == figures
-    assert all(b["visible"] and 0 < b["width"] <= A4_CONTENT_PX and b["height"] > 50 for b in printed), printed
+    assert all(b["visible"] and 0 < b["width"] <= A4_CONTENT_PX and b["height"] > 50 for b in printed), (
+        printed
+    )
     assert page.evaluate("getComputedStyle(document.querySelector('nav.toc')).display") == "none"
     pdf = page.pdf(tmp_path / f"{name}.pdf")
     assert pdf.read_bytes().startswith(b"%PDF")

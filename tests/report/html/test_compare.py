@@ -13,14 +13,31 @@ KEY = PointKey("paged", 4, "quick")
 
 def test_why_says_how_each_metric_was_judged():
     assert why(Row(KEY, "completed", Verdict.REGRESSED, 6, 5, "exact")) == (
-        "judged exactly: deterministic for the same seed and settings")
+        "judged exactly: deterministic for the same seed and settings"
+    )
     assert why(Row(KEY, "fragmentation_mean", Verdict.UNCHANGED, 0.1, 0.11, "x1.6 (min 0.001)")) == (
-        "timing-dependent: judged within ×1.6 (min 0.001) of base")
-    assert why(Row(KEY, "paged_over_contiguous_output_throughput", Verdict.INFO, 1.0, 1.2, "not gated",
-                   note="single run: too noisy to gate")) == "reported, not gated; single run: too noisy to gate"
+        "timing-dependent: judged within ×1.6 (min 0.001) of base"
+    )
+    assert (
+        why(
+            Row(
+                KEY,
+                "paged_over_contiguous_output_throughput",
+                Verdict.INFO,
+                1.0,
+                1.2,
+                "not gated",
+                note="single run: too noisy to gate",
+            )
+        )
+        == "reported, not gated; single run: too noisy to gate"
+    )
     assert why(Row(KEY, "output_throughput", Verdict.REGRESSED, 100, 60, "x1.35", p_value=0.0286)) == (
-        "timing-dependent: judged within ×1.35 of base; Mann-Whitney U p = 0.0286")
-    assert why(Row(KEY, "status", Verdict.REGRESSED, "ok", "oom", "ok > oom > error")).startswith("a point's status")
+        "timing-dependent: judged within ×1.35 of base; Mann-Whitney U p = 0.0286"
+    )
+    assert why(Row(KEY, "status", Verdict.REGRESSED, "ok", "oom", "ok > oom > error")).startswith(
+        "a point's status"
+    )
     assert ratio(Row(KEY, "completed", Verdict.REGRESSED, 6, 5, "exact")) == 5 / 6
     assert ratio(Row(KEY, "rejected", Verdict.UNCHANGED, 0, 0, "exact")) is None
     assert ratio(Row(KEY, "status", Verdict.UNCHANGED, "ok", "ok")) is None
@@ -37,12 +54,16 @@ def test_the_compare_page_leads_with_the_verdict(compare_report, sweep_run, regr
     judged = json.loads(capsys.readouterr().out)
     regressed = [r for r in judged["rows"] if r["verdict"] == "regressed"]
     assert by_id(page, "verdict-headline").text() == (
-        f"FAIL: {len(regressed)} regressed of {len(judged['rows'])} compared metrics")
+        f"FAIL: {len(regressed)} regressed of {len(judged['rows'])} compared metrics"
+    )
     changed = table_rows(page, "headline-table")
     completed = next(r for r in changed if r["metric"] == "completed")
     assert completed["point"] == "paged c=4 quick" and completed["verdict"] == "regressed"
     assert completed["base"] == "6" and completed["head"] == "5" and completed["ratio"] == "×0.83"
     assert completed["why"] == "judged exactly: deterministic for the same seed and settings"
     assert len(table_rows(page, "metrics-table")) == len(judged["rows"])
-    assert [f.attrs["data-plot"] for f in page.find_all("figure")] == ["compare_throughput.png", "compare_ratio.png"]
+    assert [f.attrs["data-plot"] for f in page.find_all("figure")] == [
+        "compare_throughput.png",
+        "compare_ratio.png",
+    ]
     assert by_id(page, "provenance-base") and by_id(page, "provenance-head")

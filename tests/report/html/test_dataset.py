@@ -15,10 +15,12 @@ def test_the_headline_is_the_max_len_waste_of_summary_json(dataset_run):
     contiguous = next(p for p in summary["points"] if p["engine"] == "contiguous-max")
     assert by_id(page, "verdict-headline").text() == (
         f"A max-len reservation (2,048 tokens) would leave {contiguous['waste_pct']:.1f}% of its slots unwritten "
-        "on these requests")
+        "on these requests"
+    )
     rows = table_rows(page, "headline-table")
-    assert [(r["engine"], r["waste_pct"]) for r in rows] == [(p["engine"], f"{p['waste_pct']:.1f}%")
-                                                             for p in summary["points"]]
+    assert [(r["engine"], r["waste_pct"]) for r in rows] == [
+        (p["engine"], f"{p['waste_pct']:.1f}%") for p in summary["points"]
+    ]
     lengths = by_id(page, "lengths-table").find("tbody").find_all("tr")
     assert [row.find("td").text() for row in lengths] == ["prompt", "output", "total"]
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == ["lengths.png"]

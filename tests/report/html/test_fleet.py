@@ -22,7 +22,8 @@ def test_the_headline_names_the_best_policy_from_summary_json(fleet_run):
 
     assert by_id(page, "verdict-headline").text() == (
         f"{best['policy']} had the lowest p99 time to first token: {ms(best['p99_ttft_ms'])}, against "
-        f"{ms(worst['p99_ttft_ms'])} for {worst['policy']}")
+        f"{ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+    )
     rows = table_rows(page, "headline-table")
     assert [r["policy"] for r in rows] == [p["policy"] for p in points]
     for row, point in zip(rows, points, strict=True):
@@ -31,7 +32,10 @@ def test_the_headline_names_the_best_policy_from_summary_json(fleet_run):
         assert row["preemptions"] == f"{point['preemptions']:,}"
         assert row["free_blocks_imbalance_mean"] == f"{point['free_blocks_imbalance_mean']:,.0f}"
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == [
-        "fleet_usage.png", "fleet_ttft_cdf.png", "fleet_instances.png"]
+        "fleet_usage.png",
+        "fleet_ttft_cdf.png",
+        "fleet_instances.png",
+    ]
     for point in points:
         instances = by_id(page, f"instances-{point['policy']}").find("tbody").find_all("tr")
         assert len(instances) == len(point["instances"]) == 2

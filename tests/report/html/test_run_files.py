@@ -20,17 +20,42 @@ def test_a_run_directory_its_summary_or_a_timeline(waste_run, tmp_path):
     assert load_run(tmp_path).kind == "watch"
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda d: None, "is not a run directory: it holds neither summary.json nor timeline.jsonl"),
-    (lambda d: (d / "results.jsonl").write_text("{}\n"), "has results.jsonl but no summary.json: the run did not finish"),
-    (lambda d: (d / "summary.json").write_text("{"), "is not valid JSON"),
-    (lambda d: (d / "summary.json").write_text(json.dumps({"schema_version": 1, "kind": "sweep", "meta": {},
-                                                           "points": "x"})), "'points' must be a list"),
-    (lambda d: (d / "summary.json").write_text(json.dumps({"schema_version": 1, "kind": "mystery", "meta": {},
-                                                           "points": []})), "no report for runs of kind 'mystery'"),
-    (lambda d: (d / "summary.json").write_text(json.dumps({"schema_version": 1, "kind": "dataset", "meta": {
-        "dataset": {"path": "x.json", "counted_by": "words"}}, "points": []})), "cannot build its report"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: None, "is not a run directory: it holds neither summary.json nor timeline.jsonl"),
+        (
+            lambda d: (d / "results.jsonl").write_text("{}\n"),
+            "has results.jsonl but no summary.json: the run did not finish",
+        ),
+        (lambda d: (d / "summary.json").write_text("{"), "is not valid JSON"),
+        (
+            lambda d: (d / "summary.json").write_text(
+                json.dumps({"schema_version": 1, "kind": "sweep", "meta": {}, "points": "x"})
+            ),
+            "'points' must be a list",
+        ),
+        (
+            lambda d: (d / "summary.json").write_text(
+                json.dumps({"schema_version": 1, "kind": "mystery", "meta": {}, "points": []})
+            ),
+            "no report for runs of kind 'mystery'",
+        ),
+        (
+            lambda d: (d / "summary.json").write_text(
+                json.dumps(
+                    {
+                        "schema_version": 1,
+                        "kind": "dataset",
+                        "meta": {"dataset": {"path": "x.json", "counted_by": "words"}},
+                        "points": [],
+                    }
+                )
+            ),
+            "cannot build its report",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, capsys, setup, message):
     setup(tmp_path)
     with pytest.raises(KvbenchError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -15,10 +15,12 @@ def test_the_headline_is_the_saving_of_summary_json(share_run):
     saved = summary["savings"]
     assert by_id(page, "verdict-headline").text() == (
         f"Block sharing saved {saved['saved_by_sharing_pct_mean']:.1f}% of KV memory (step-averaged; "
-        f"{saved['saved_by_sharing_pct_peak']:.1f}% at peak) for parallel sampling of width 2")
+        f"{saved['saved_by_sharing_pct_peak']:.1f}% at peak) for parallel sampling of width 2"
+    )
     assert "The samples were identical with and without sharing." in by_id(page, "verdict").text()
     rows = table_rows(page, "headline-table")
-    assert [(r["engine"], r["peak_blocks"]) for r in rows] == [(p["engine"], f"{p['peak_blocks']:,}")
-                                                               for p in summary["points"]]
+    assert [(r["engine"], r["peak_blocks"]) for r in rows] == [
+        (p["engine"], f"{p['peak_blocks']:,}") for p in summary["points"]
+    ]
     assert section_ids(page) == ["headline", "plots", "provenance"]  # no diagnosis rule reads a share run
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == ["share.png"]

@@ -14,16 +14,37 @@ from kvbench.report.html.sweep import verdict
 
 def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
     gain = None if cont_status != "ok" or paged_status != "ok" else 100 * (paged_tps / cont_tps - 1)
-    return {"concurrency": c, "contiguous_tps": cont_tps, "contiguous_status": cont_status, "paged_tps": paged_tps,
-            "paged_status": paged_status, "gain_pct": gain, "kv_memory_reduction_pct": reduction if gain is not None
-            else None, **extra}
+    return {
+        "concurrency": c,
+        "contiguous_tps": cont_tps,
+        "contiguous_status": cont_status,
+        "paged_tps": paged_tps,
+        "paged_status": paged_status,
+        "gain_pct": gain,
+        "kv_memory_reduction_pct": reduction if gain is not None else None,
+        **extra,
+    }
 
 
-def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0):
-    return {"engine": engine, "concurrency": c, "status": status, "completed": completed, "rejected": rejected,
-            "peak_running": peak if peak is not None else c, "output_throughput": tps,
-            "waste": {"token_state_pct": 10.0, "reservation_pct": reservation, "internal_pct": internal,
-                      "external_pct": 0.0, "free_pct": 50.0}}
+def _point(
+    engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0
+):
+    return {
+        "engine": engine,
+        "concurrency": c,
+        "status": status,
+        "completed": completed,
+        "rejected": rejected,
+        "peak_running": peak if peak is not None else c,
+        "output_throughput": tps,
+        "waste": {
+            "token_state_pct": 10.0,
+            "reservation_pct": reservation,
+            "internal_pct": internal,
+            "external_pct": 0.0,
+            "free_pct": 50.0,
+        },
+    }
 
 
 META = {"simulated": True, "reserve": "max", "max_len": 2048, "block_size": 16}
@@ -31,17 +52,24 @@ META = {"simulated": True, "reserve": "max", "max_len": 2048, "block_size": 16}
 
 def test_verdict_names_the_oom_the_memory_and_why():
     rows = [_row(10, 600.0, 600.0, reduction=62.7), _row(50, 854.7, 1173.8, cont_status="oom")]
-    points = [_point("contiguous", 10, reservation=2.5, internal=20.8), _point("paged", 10),
-              _point("contiguous", 50, "oom", completed=30, rejected=30, peak=30, reservation=3.0, internal=38.9),
-              _point("paged", 50, internal=0.3, tps=1173.8)]
+    points = [
+        _point("contiguous", 10, reservation=2.5, internal=20.8),
+        _point("paged", 10),
+        _point("contiguous", 50, "oom", completed=30, rejected=30, peak=30, reservation=3.0, internal=38.9),
+        _point("paged", 50, internal=0.3, tps=1173.8),
+    ]
     v = verdict(rows, points, META)
     assert v.tone == "good"
-    assert v.headline == ("Paging held the load the contiguous baseline could not: at C=50 contiguous ran out of KV "
-                          "memory, paged served all 60 requests")
+    assert v.headline == (
+        "Paging held the load the contiguous baseline could not: at C=50 contiguous ran out of KV "
+        "memory, paged served all 60 requests"
+    )
     text = " ".join(v.sentences)
     assert "paged needed 63% less than contiguous where both completed (C=10)" in text
-    assert "At C=50 the contiguous baseline rejected 30 of 60 requests for lack of KV memory (at most 30 ran at " \
-           "once); paged completed 60 at 1,173.8 tok/s with at most 50 running." in text
+    assert (
+        "At C=50 the contiguous baseline rejected 30 of 60 requests for lack of KV memory (at most 30 ran at "
+        "once); paged completed 60 at 1,173.8 tok/s with at most 50 running." in text
+    )
     assert "0% at C=10" in text and "On par at C=10 (simulated: exact)" in text
     assert "reserves max-len (2,048 token slots) for every request" in text
     assert "held 41.9% of its KV pool on average" in text and "against 0.3% for paged" in text
@@ -64,11 +92,23 @@ def test_verdict_with_confidence_intervals_calls_an_overlap_on_par():
 
 
 def test_verdict_flags_a_paged_oom_and_a_one_engine_sweep():
-    v = verdict([_row(10, 100.0, 0.0, paged_status="oom")], [_point("contiguous", 10), _point("paged", 10, "oom")],
-                META)
+    v = verdict(
+        [_row(10, 100.0, 0.0, paged_status="oom")],
+        [_point("contiguous", 10), _point("paged", 10, "oom")],
+        META,
+    )
     assert v.tone == "bad" and "paged engine ran out of KV memory at C=10" in v.headline
-    rows = [{"concurrency": 4, "contiguous_tps": None, "contiguous_status": None, "paged_tps": 50.0,
-             "paged_status": "ok", "gain_pct": None, "kv_memory_reduction_pct": None}]
+    rows = [
+        {
+            "concurrency": 4,
+            "contiguous_tps": None,
+            "contiguous_status": None,
+            "paged_tps": 50.0,
+            "paged_status": "ok",
+            "gain_pct": None,
+            "kv_memory_reduction_pct": None,
+        }
+    ]
     v = verdict(rows, [_point("paged", 4, tps=50.0)], META)
     assert v.tone == "neutral" and "no paged/contiguous pair" in v.headline
     assert v.sentences == ["paged at C=4: 50.0 tok/s."]
@@ -105,7 +145,8 @@ def test_the_page_of_a_sweep_holds_what_a_reader_asks_in_order(sweep_run):
     plots = [f.attrs["data-plot"] for f in page.find_all("figure")]
     assert {"throughput.png", "latency.png", "memory.png", "blocks_over_time.png"} <= set(plots)
     assert sorted(p for p in plots if p.startswith("waterfall-")) == sorted(
-        f"waterfall-{p['engine']}-c{p['concurrency']}.png" for p in summary["points"])
+        f"waterfall-{p['engine']}-c{p['concurrency']}.png" for p in summary["points"]
+    )
     for figure in page.find_all("figure"):  # every plot inline, named by its caption
         svg = figure.find("svg")
         assert svg is not None and svg.attrs["role"] == "img"
@@ -151,8 +192,10 @@ def test_a_reference_engine_gets_its_column_and_its_caveat(sweep_run, copy_run):
 def test_the_oom_sweep_reads_as_the_article(oom_sweep_run):
     page = parse((oom_sweep_run / REPORT_FILE).read_text())
     assert "SIMULATED" in [b.text() for b in page.find_all("span")]
-    assert by_id(page, "verdict-headline").text() == ("Paging held the load the contiguous baseline could not: at C=50 "
-                                              "contiguous ran out of KV memory, paged served all 60 requests")
+    assert by_id(page, "verdict-headline").text() == (
+        "Paging held the load the contiguous baseline could not: at C=50 "
+        "contiguous ran out of KV memory, paged served all 60 requests"
+    )
     row = table_rows(page, "headline-table")[-1]
     assert row["contiguous_tps"] == "OOM" and row["gain_pct"] == "–"
     finding = page.find("li", **{"class": "finding severity-critical"})

@@ -13,11 +13,15 @@ def test_the_headline_is_summary_json_in_words(waste_run):
     summary = json.loads((waste_run / "summary.json").read_text())
     page = parse((waste_run / REPORT_FILE).read_text())
     points = {p["engine"]: p for p in summary["points"]}
-    best = max((p for p in summary["points"] if p["engine"].startswith("paged")), key=lambda p: p["effective_usage_pct"])
+    best = max(
+        (p for p in summary["points"] if p["engine"].startswith("paged")),
+        key=lambda p: p["effective_usage_pct"],
+    )
     worst = points["contiguous-max"]
     assert by_id(page, "verdict-headline").text() == (
         f"Effective KV memory usage: {best['engine']} {best['effective_usage_pct']:.1f}%, contiguous-max "
-        f"{worst['effective_usage_pct']:.1f}%")
+        f"{worst['effective_usage_pct']:.1f}%"
+    )
     analytic = summary["analytic"]
     assert f"= {analytic['at_mean_len_pct']:.1f}% of its slots wasted" in by_id(page, "verdict").text()
     rows = table_rows(page, "headline-table")
@@ -30,6 +34,8 @@ def test_the_headline_is_summary_json_in_words(waste_run):
         assert row["peak_running"] == f"{point['peak_running']:,}"
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == ["waste.png"]
     facts = {dt.text(): dd.text() for dt, dd in zip(page.find_all("dt"), page.find_all("dd"), strict=True)}
-    assert facts["model shape"] == ("llama, 40 layers, hidden 5,120, 40 heads (40 KV heads) × 128, 13.02 B parameters, "
-                                    "fp16: 800.00 KiB of KV per token")
+    assert facts["model shape"] == (
+        "llama, 40 layers, hidden 5,120, 40 heads (40 KV heads) × 128, 13.02 B parameters, "
+        "fp16: 800.00 KiB of KV per token"
+    )
     assert facts["gpu memory utilization"] == "0.9"
