@@ -9,6 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))  # shared helpers (gguf_fixture), 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KVBENCH_THREADS", "1")  # tiny test shapes: no thread measurement, no hand-offs
+# report.html costs about as much as the run's own plots again: the tests that check it turn it on for their runs
+# (tests/report/html/), the others leave it to `kvbench report`.
+os.environ.setdefault("KVBENCH_REPORT", "0")
 
 
 import pytest  # noqa: E402

@@ -91,15 +91,27 @@ def compare_command(
     refresh: bool = typer.Option(
         False, "--update-baseline", help="After reporting, copy HEAD's summary.json onto BASE and exit 0."
     ),
+    html: str | None = typer.Option(
+        None,
+        "--html",
+        help="Also write the report as one self-contained HTML page here: the verdict, each judged metric with "
+        "base, head, ratio and why, both runs' plots and provenance.",
+    ),
 ) -> None:
     rules = tuple(_rule(text) for text in fail_on or ())
     output_path = output_file(output, "--output")  # before reading anything: an empty or unwritable path
+    html_path = output_file(html, "--html")
     head_summary = load_summary(head)
     base_summary = _load_base(base, tolerate_unusable=refresh)
     comparison = None
     if base_summary is not None:
         comparison = compare(base_summary, head_summary, rules, absolute=absolute, alpha=alpha)
         _emit(comparison, fmt, output_path)
+        if html_path is not None:
+            from kvbench.report.html import write_compare_report
+
+            written = write_compare_report(comparison, html_path)
+            typer.echo(f"HTML report: {written.path}", err=True)
     if refresh:
         written = update_baseline(head_summary, base)
         typer.echo(f"baseline updated: {written}", err=True)

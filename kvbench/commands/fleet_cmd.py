@@ -180,7 +180,7 @@ def _tables(console, points: list[dict], run_dir: Path, simulated: bool) -> None
     for point in points:
         if len(point["instances"]) <= 16:
             console.print(instance_table(point))
-    console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, results.jsonl and plots "
+    console.print(f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
                   "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
 
 

@@ -9,6 +9,7 @@ from kvbench.commands._options import make_console, run_directory
 from kvbench.errors import KvbenchError
 from kvbench.fileio import DirectoryLock
 from kvbench.report.diagnose.timeline import TIMELINE_FILE, read_timeline
+from kvbench.report.html import write_report_after_run
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.watch_report import WatchView, watch_plot
 from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
@@ -16,8 +17,9 @@ from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
 HELP = """Watch a live kvbench, vLLM or SGLang metrics endpoint: KV usage, free blocks, running and waiting
 requests, preemptions and the prefix-cache hit rate, scraped every --interval seconds and shown as a live
 table. Each scrape is appended to OUT/timeline.jsonl as it comes; when the watch ends (--duration, or Ctrl-C)
-OUT/watch.png plots the timeline. `kvbench diagnose OUT/timeline.jsonl` runs the diagnosis rules over it
-(a queue that grows while KV usage stays low is seen only over time).
+OUT/watch.png plots the timeline and OUT/report.html shows it with its diagnosis. `kvbench diagnose
+OUT/timeline.jsonl` runs the diagnosis rules over it (a queue that grows while KV usage stays low is seen only
+over time).
 """
 
 
@@ -52,7 +54,9 @@ def watch_command(
     console.line()
     recorded = read_timeline(timeline)
     plot = watch_plot(recorded, out_dir / "watch.png")
+    report = write_report_after_run(out_dir)
     lock.release()
     stopped = "stopped by Ctrl-C; " if interrupted else ""
-    console.print(f"{stopped}wrote {timeline} ({view.scrapes} scrape(s)) and {plot}")
+    console.print(f"{stopped}wrote {timeline} ({view.scrapes} scrape(s)), {plot}"
+                  + (f" and {report.path}" if report is not None else ""))
     console.print(f"diagnose it: kvbench diagnose {timeline}")

@@ -57,7 +57,7 @@ def print_dataset(console, document: dict, run_dir: Path) -> None:
     for which in ("prompt", "output"):
         console.print(histogram_table(document, which))
     console.print(waste_table(document))
-    console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, lengths.png)")
+    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, lengths.png)")
 
 
 def dataset_markdown(document: dict) -> str:

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvbench.fileio import write_atomic  # noqa: E402
+from kvbench.report import figure_capture  # noqa: E402
 
 WASTE_PARTS = (
     ("token_state_pct", "token states (used)", "#2e7d32"),
@@ -48,8 +49,10 @@ def _open_flat_ranges(ax, series: Iterable[tuple[Sequence[float], Sequence[float
 
 
 def _save(fig, path: Path) -> Path:
+    """Write the PNG, or hand the figure to the HTML report when it is capturing (``figure_capture``)."""
     fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    if not figure_capture.take(fig, path):
+        write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
     return path
 

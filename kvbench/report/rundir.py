@@ -52,7 +52,10 @@ def _version(module: str) -> str | None:
 
 
 def run_meta(**fields: Any) -> dict[str, Any]:
-    """What a reader needs to reproduce the run: command line, versions, device, revision, plus ``fields``."""
+    """What a reader needs to reproduce the run: command line, versions, device, revision, the host and the
+    package versions (``report/environment.py``), plus ``fields``."""
+    from kvbench.report.environment import host_info, package_versions
+
     meta = {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -63,6 +66,8 @@ def run_meta(**fields: Any) -> dict[str, Any]:
         "triton_version": _version("triton"),
         "platform": platform.platform(),
         "git_revision": git_revision(),
+        "host": host_info(),
+        "packages": package_versions(),
     }
     meta.update(fields)
     return meta
@@ -73,12 +78,15 @@ def summary_document(kind: str, meta: dict[str, Any], points: list[dict[str, Any
 
 
 def write_summary(run_dir: Path, document: dict[str, Any], csv_rows: list[dict[str, Any]], markdown: str) -> None:
-    """summary.json, summary.csv and summary.md, each written atomically."""
+    """summary.json, summary.csv and summary.md, each written atomically; then report.html, built from them."""
     import pandas as pd
+
+    from kvbench.report.html import write_report_after_run
 
     write_json_atomic(run_dir / "summary.json", document)
     write_text_atomic(run_dir / "summary.csv", pd.DataFrame(csv_rows).to_csv(index=False))
     write_text_atomic(run_dir / "summary.md", markdown)
+    write_report_after_run(run_dir)
 
 
 def flatten(point: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -42,7 +42,7 @@ def print_share(console, document: dict, run_dir: Path) -> None:
         console.print(f"stop eos: samples end at the model's EOS (mean {meta.get('output_len_mean', 0):.0f} of at most "
                       f"{meta['output_len']} tokens), the same samples in every mode")
     console.print(f"anchors — {meta['anchors']}")
-    console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, share.png)")
+    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, share.png)")
 
 
 def share_plot(document: dict, path: Path) -> None:

@@ -229,7 +229,7 @@ def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, r
         for point in points:
             if point.get("waterfall"):
                 console.print(waterfall_table(point))
-    console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, results.jsonl, *.png)")
+    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, *.png)")
 
 
 def scenarios_table(scenarios: dict) -> Table:
@@ -265,7 +265,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     if references:
         md.append(f"\n{REFERENCE_CAPTION}.\n")
     write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
-    _plots(run_dir, meta, points)
+    write_plots(run_dir, meta, points)
     return document
 
 
@@ -273,7 +273,9 @@ def _plot_label(engine: str) -> str:
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
 
-def _plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
+def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
+    """The sweep's PNG plots, from its points and the timeline files in ``run_dir`` (the HTML report draws the
+    same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
 
     ok = [p for p in points if p["status"] != "error"]

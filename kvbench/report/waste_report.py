@@ -93,7 +93,7 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
         console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
     elif meta.get("stop") == "eos":
         console.print(f"stop {stop_text(meta)}")
-    console.print(f"wrote {run_dir}/summary.json, summary.csv, summary.md, waste.png")
+    console.print(f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, waste.png")
 
 
 def _strategy_label(point: dict) -> str:

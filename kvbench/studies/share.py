@@ -310,6 +310,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
     meta = run_meta(kind=kind, width=width, prompts=settings.prompts, prompt_len=settings.prompt_len,
                     output_len=settings.output_len, block_size=settings.block_size, reserve=settings.reserve,
                     model_name=loaded.shape.name, device=str(loaded.device), seed=seed, anchors=ANCHORS[kind],
+                    model_shape=loaded.shape.to_dict(),
                     outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
                     threads=loaded.threads.as_dict() if loaded.threads else None,
                     stop=stop, dataset=dataset,

@@ -148,6 +148,7 @@ class SweepSetup:
             scenario=self.spec.name, scenario_description=self.spec.description, scenario_source=self.spec.source,
             model_name=self.model_name, device=self.device_name, simulated=self.options.simulate, seed=self.seed,
             requests=len(self.pairs), concurrency=list(self.levels), engines=list(self.options.engines),
+            model_shape=_shape_of(self.backend),
             block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
@@ -157,6 +158,12 @@ class SweepSetup:
             stop_description=self.stop_text,
             dataset=self.workload.dataset.as_dict() if self.workload.dataset else None,
         )
+
+
+def _shape_of(backend) -> dict[str, Any] | None:
+    """The model's shape (layers, heads, dtype, bytes per token) for the run's provenance."""
+    shape = getattr(backend, "shape", None) or getattr(getattr(backend, "loaded", None), "shape", None)
+    return shape.to_dict() if shape is not None else None
 
 
 def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pairs: Sequence[tuple[int, int]],

@@ -2,8 +2,9 @@
 
 A line is ``{"elapsed_s", "time", "url", "state"}`` (``state``: a :class:`ServerState` record), or a scrape
 that failed, ``{"elapsed_s", "time", "url", "error"}``. The first line is a header (``"kind":
-"kvbench-watch"``). Lines are appended and flushed one by one, so a watch cut short keeps every finished
-scrape; a torn last line (a write cut short) is set aside when read, a broken line before it is an error.
+"kvbench-watch"``, with the run's ``meta``). Lines are appended and flushed one by one, so a watch cut short
+keeps every finished scrape; a torn last line (a write cut short) is set aside when read, a broken line before
+it is an error.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ TIMELINE_FILE = "timeline.jsonl"
 
 
 def header_record(url: str, interval_s: float) -> dict[str, Any]:
-    return {"kind": KIND, "version": VERSION, "url": url, "interval_s": interval_s, "started": time.time()}
+    """The first line: what was watched, how often, and the run's provenance (command, versions, host)."""
+    from kvbench.report.rundir import run_meta
+
+    return {"kind": KIND, "version": VERSION, "url": url, "interval_s": interval_s, "started": time.time(),
+            "meta": run_meta()}
 
 
 def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:

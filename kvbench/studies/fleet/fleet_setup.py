@@ -144,6 +144,7 @@ class FleetSetup:
         return run_meta(
             scenario=self.spec.name, scenario_description=self.spec.description, scenario_source=self.spec.source,
             model_name=self.model_name, device=self.device_name, simulated=options.simulate, seed=self.seed,
+            bytes_per_token=self.bytes_per_token,
             requests=len(self.pairs), engines=[options.engine], policies=list(options.policies),
             instances=options.instances, arrivals=self.arrival_source, rate=options.rate,
             block_size=config.block_size, kv_pool_slots=config.pool_slots, kv_blocks_per_instance=config.num_blocks,

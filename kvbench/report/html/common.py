@@ -1,0 +1,298 @@
+"""Sections every run kind shares: the diagnosis, the plots, the memory waterfall and the provenance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from kvbench.report.diagnose.findings import Diagnosis
+from kvbench.report.figure_capture import CapturedFigure, capture
+from kvbench.report.html import units
+from kvbench.report.html.page import (
+    Cell,
+    Column,
+    Fact,
+    Facts,
+    Figure,
+    Figures,
+    FindingItem,
+    Findings,
+    Section,
+    Table,
+    Text,
+)
+
+SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
+
+
+# -- plots ------------------------------------------------------------------------------------------------
+
+
+def draw(plotter: Callable[[], Any]) -> list[CapturedFigure]:
+    """The figures ``plotter`` draws with the run's own plot functions, kept in memory (no file is written)."""
+    with capture() as figures:
+        plotter()
+    return figures
+
+
+def figures_block(figures: Iterable[CapturedFigure], captions: Mapping[str, str] | None = None) -> Figures:
+    captions = captions or {}
+    return Figures([Figure(f, captions.get(f.name, "")) for f in figures])
+
+
+# -- diagnosis --------------------------------------------------------------------------------------------
+
+
+def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
+    """``kvbench diagnose``'s findings on this run, worst first, each with its evidence and a suggestion."""
+    items = [FindingItem(f.severity, f.rule, f.source, f.evidence, f.suggestion) for f in diagnosis.findings]
+    counts = {
+        severity: sum(f.severity == severity for f in diagnosis.findings)
+        for severity in ("critical", "warning", "info")
+    }
+    if not items:
+        summary = f"No finding in {diagnosis.checked} {what}: every rule passed."
+    else:
+        found = ", ".join(f"{n} {SEVERITY_WORDS[s]}{'s' if n != 1 else ''}" for s, n in counts.items() if n)
+        summary = f"{found} in {diagnosis.checked} {what}."
+    t = diagnosis.thresholds
+    notes = [
+        *diagnosis.notes,
+        f"Thresholds: fragmentation > {t.fragmentation:g}, free blocks < {units.share(t.free_blocks, 0)} of "
+        f"the pool, block allocation p99 > {t.alloc_latency_p99_ms:g} ms, more than "
+        f"{t.preemptions_per_request:g} preemptions per completed request, reservation + internal > "
+        f"{units.share(t.reservation_waste, 0)} of the pool (the defaults of kvbench diagnose).",
+    ]
+    block = Findings(
+        summary,
+        items,
+        not_evaluated=[f"{n.rule} ({n.source}): {n.reason}" for n in diagnosis.not_evaluated],
+        notes=notes,
+        measurements=[
+            ("estimate, " if m.estimate and not m.text.startswith("estimate") else "")
+            + f"{m.source}: {m.text}"
+            for m in diagnosis.measurements
+        ],
+    )
+    return Section("findings", "Findings", [block])
+
+
+# -- memory waterfall -------------------------------------------------------------------------------------
+
+
+def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, CapturedFigure]) -> Section | None:
+    """Every measured point's memory waterfall: the levels from the process (or device) down to token states,
+    each gap named, as a table beside its plot."""
+    from kvbench.report.waterfall import TITLE_BASIS, point_label, waterfall_plot_name
+
+    subsections = []
+    for point in points:
+        levels = point.get("waterfall")
+        if not levels:
+            continue
+        rows = []
+        for level in levels:
+            size = units.nbytes(level.get("bytes")) if level.get("bytes") is not None else "not measured"
+            gap = level.get("gap_name") or "—"
+            if level.get("gap_note"):
+                gap += f" ({level['gap_note']})"
+            rows.append(
+                [
+                    Cell(level["level"]),
+                    Cell(size, level.get("bytes"), "" if level.get("bytes") is not None else "muted"),
+                    Cell(gap if level.get("bytes") is not None else (level.get("reason") or gap)),
+                    Cell(units.nbytes(level.get("gap_bytes")), level.get("gap_bytes")),
+                ]
+            )
+        table = Table(
+            f"Memory waterfall, {point_label(point)} ({TITLE_BASIS}, outermost level first)",
+            [
+                Column("level", False),
+                Column("peak size"),
+                Column("gap to the next level", False),
+                Column("gap size"),
+            ],
+            rows,
+            sortable=False,
+        )
+        blocks: list[Any] = [table]
+        figure = figures.get(waterfall_plot_name(point))
+        if figure is not None:
+            blocks.append(Figure(figure))
+        label = point_label(point)
+        subsections.append(Section(f"waterfall-{_slug(label)}", label, blocks, layout="pair"))
+    if not subsections:
+        return None
+    intro = Text(
+        [
+            "Each level is the peak during the point's run; the gap below a level is what it holds beyond the "
+            "next one (hatched in the plots). Levels that could not be measured say why."
+        ]
+    )
+    return Section("waterfall", "Memory waterfall", [intro], subsections)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
+
+
+# -- provenance -------------------------------------------------------------------------------------------
+
+# Meta fields drawn elsewhere in provenance (or not meant for readers); the rest are listed as settings.
+_SHOWN = {
+    "command",
+    "created_utc",
+    "kvbench_version",
+    "git_revision",
+    "python_version",
+    "torch_version",
+    "transformers_version",
+    "triton_version",
+    "platform",
+    "host",
+    "packages",
+    "model",
+    "model_name",
+    "model_shape",
+    "device",
+    "gpu",
+    "threads",
+    "simulated",
+    "scenario_source",
+    "bytes_per_token",
+}
+
+
+def shape_text(shape: Mapping[str, Any]) -> str:
+    """ "40 layers, hidden 5,120, 40 heads (40 KV heads) x 128, fp16: 800.00 KiB of KV per token"."""
+    parts = []
+    if shape.get("architecture"):
+        parts.append(str(shape["architecture"]))
+    if shape.get("num_layers"):
+        parts.append(f"{shape['num_layers']} layers")
+    if shape.get("hidden_size"):
+        parts.append(f"hidden {shape['hidden_size']:,}")
+    if shape.get("num_heads"):
+        heads = f"{shape['num_heads']} heads ({shape.get('num_kv_heads', shape['num_heads'])} KV heads)"
+        if shape.get("head_dim"):
+            heads += f" × {shape['head_dim']}"
+        parts.append(heads)
+    if shape.get("num_parameters"):
+        parts.append(f"{shape['num_parameters'] / 1e9:,.2f} B parameters")
+    text = ", ".join(parts)
+    if shape.get("dtype"):
+        text += f", {shape['dtype']}"
+    if shape.get("bytes_per_token"):
+        text += f": {units.nbytes(shape['bytes_per_token'])} of KV per token"
+    return text
+
+
+def _host_text(host: Mapping[str, Any]) -> str:
+    parts = [str(host["cpu"])] if host.get("cpu") else []
+    if host.get("cores"):
+        parts.append(f"{host['cores']} usable cores")
+    if host.get("memory_bytes"):
+        parts.append(f"{units.nbytes(host['memory_bytes'])} memory")
+    if host.get("machine"):
+        parts.append(str(host["machine"]))
+    return ", ".join(parts)
+
+
+def _gpu_text(gpu: Mapping[str, Any]) -> str:
+    text = f"{gpu.get('name')}"
+    if gpu.get("count", 1) > 1:
+        text += f" (×{gpu['count']})"
+    if gpu.get("memory_bytes"):
+        text += f", {units.nbytes(gpu['memory_bytes'])}"
+    text += f"; NVIDIA driver {gpu.get('driver') or 'unknown'}"
+    if gpu.get("cuda"):
+        text += f", CUDA {gpu['cuda']} (torch build)"
+    return text
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value_text(v) for v in value)
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_value_text(v)}" for k, v in value.items() if v is not None)
+    return str(value)
+
+
+def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
+    """How the run was made: command line, date, kvbench version and commit, model and shape, device, host,
+    threads, packages; then every other setting the run recorded."""
+    facts: list[Fact] = []
+    if meta.get("command"):
+        facts.append(Fact("command line", str(meta["command"]), code=True))
+    if meta.get("created_utc"):
+        facts.append(Fact("date (UTC)", str(meta["created_utc"])))
+    facts.append(Fact("kvbench version", str(meta.get("kvbench_version") or "unknown")))
+    facts.append(
+        Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True)
+    )
+    model = meta.get("model") if isinstance(meta.get("model"), dict) else None
+    name = meta.get("model_name") or (model or {}).get("name") or meta.get("model")
+    if name:
+        facts.append(Fact("model", str(name)))
+    shape = meta.get("model_shape") if isinstance(meta.get("model_shape"), dict) else model
+    if shape:
+        facts.append(Fact("model shape", shape_text(shape)))
+    elif meta.get("bytes_per_token"):
+        facts.append(Fact("model shape", f"{units.nbytes(meta['bytes_per_token'])} of KV per token"))
+    device = meta.get("device") or meta.get("gpu")
+    if device:
+        simulated = meta.get("simulated") and "simulated" not in str(device)
+        facts.append(Fact("device", f"{device}{' (simulated)' if simulated else ''}"))
+    host = meta.get("host") if isinstance(meta.get("host"), dict) else {}
+    if host.get("gpu"):
+        facts.append(Fact("GPU and driver", _gpu_text(host["gpu"])))
+    elif host:
+        facts.append(Fact("GPU and driver", "none used by this run"))
+    if host:
+        facts.append(Fact("host", _host_text(host)))
+    threads = meta.get("threads")
+    if isinstance(threads, dict) and threads.get("threads"):
+        facts.append(Fact("CPU threads", f"{threads['threads']} ({threads.get('reason', '')})"))
+    if meta.get("platform"):
+        facts.append(Fact("platform", str(meta["platform"])))
+    versions = {
+        "python": meta.get("python_version"),
+        "torch": meta.get("torch_version"),
+        "transformers": meta.get("transformers_version"),
+        "triton": meta.get("triton_version"),
+    }
+    packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+    versions.update(packages)
+    listed = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    if listed:
+        facts.append(Fact("packages", listed))
+    for key, value in meta.items():
+        if key in _SHOWN or value is None or value == "" or value == [] or value == {}:
+            continue
+        facts.append(Fact(key.replace("_", " "), _value_text(value)))
+    return facts
+
+
+def provenance_section(
+    meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()
+) -> Section:
+    from kvbench import __version__
+
+    facts = provenance_facts(meta)
+    facts.extend(extra)
+    listed = []
+    for path in run_files:
+        with suppress(OSError):
+            listed.append(f"{path.name} ({units.nbytes(path.stat().st_size)})")
+    if listed:
+        facts.append(Fact("built from", ", ".join(listed)))
+    facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
+    return Section("provenance", "Provenance", [Facts(facts)])

@@ -1,0 +1,51 @@
+"""The fleet run's report: the policy with the lowest p99 TTFT named, every policy's row equal to summary.json,
+the fleet plots from the series files, and each policy's instances."""
+
+from __future__ import annotations
+
+import json
+
+from report_page import by_id, parse, table_rows
+
+from kvbench.report.html import REPORT_FILE
+
+
+def test_the_headline_names_the_best_policy_from_summary_json(fleet_run):
+    summary = json.loads((fleet_run / "summary.json").read_text())
+    page = parse((fleet_run / REPORT_FILE).read_text())
+    points = summary["points"]
+    best = min(points, key=lambda p: p["p99_ttft_ms"])
+    worst = max(points, key=lambda p: p["p99_ttft_ms"])
+
+    def ms(v):
+        return f"{v:,.0f} ms" if v >= 100 else f"{v:,.1f} ms"
+
+    assert by_id(page, "verdict-headline").text() == (
+        f"{best['policy']} had the lowest p99 time to first token: {ms(best['p99_ttft_ms'])}, against "
+        f"{ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+    )
+    rows = table_rows(page, "headline-table")
+    assert [r["policy"] for r in rows] == [p["policy"] for p in points]
+    for row, point in zip(rows, points, strict=True):
+        assert row["completed"] == f"{point['completed']:,}"
+        assert row["output_throughput"] == f"{point['output_throughput']:,.1f}"
+        assert row["preemptions"] == f"{point['preemptions']:,}"
+        assert row["free_blocks_imbalance_mean"] == f"{point['free_blocks_imbalance_mean']:,.0f}"
+    assert [f.attrs["data-plot"] for f in page.find_all("figure")] == [
+        "fleet_usage.png",
+        "fleet_ttft_cdf.png",
+        "fleet_instances.png",
+    ]
+    for point in points:
+        instances = by_id(page, f"instances-{point['policy']}").find("tbody").find_all("tr")
+        assert len(instances) == len(point["instances"]) == 2
+
+
+def test_a_missing_series_file_leaves_its_policy_out_of_the_plots(fleet_run, copy_run):
+    from kvbench.report.html import render_run
+
+    run = copy_run(fleet_run)
+    (run / "fleet-round-robin.json").unlink()
+    page = parse(render_run(run))
+    usage = page.find("figure", data_plot="fleet_usage.png")
+    assert "most-free-blocks" in usage.text() and "round-robin" not in usage.find("figcaption").text()

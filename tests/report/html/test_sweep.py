@@ -1,0 +1,209 @@
+"""The sweep's report: the verdict in words from the article-shaped rows, the headline table equal to
+summary.json, the sections in the reader's order, the plots and waterfalls inline, a reference engine's column."""
+
+from __future__ import annotations
+
+import json
+
+from report_page import by_id, headings, parse, section_ids, table_headers, table_rows
+
+from kvbench.cli import main
+from kvbench.report.html import REPORT_FILE, render_run
+from kvbench.report.html.sweep import verdict
+
+
+def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
+    gain = None if cont_status != "ok" or paged_status != "ok" else 100 * (paged_tps / cont_tps - 1)
+    return {
+        "concurrency": c,
+        "contiguous_tps": cont_tps,
+        "contiguous_status": cont_status,
+        "paged_tps": paged_tps,
+        "paged_status": paged_status,
+        "gain_pct": gain,
+        "kv_memory_reduction_pct": reduction if gain is not None else None,
+        **extra,
+    }
+
+
+def _point(
+    engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0
+):
+    return {
+        "engine": engine,
+        "concurrency": c,
+        "status": status,
+        "completed": completed,
+        "rejected": rejected,
+        "peak_running": peak if peak is not None else c,
+        "output_throughput": tps,
+        "waste": {
+            "token_state_pct": 10.0,
+            "reservation_pct": reservation,
+            "internal_pct": internal,
+            "external_pct": 0.0,
+            "free_pct": 50.0,
+        },
+    }
+
+
+META = {"simulated": True, "reserve": "max", "max_len": 2048, "block_size": 16}
+
+
+def test_verdict_names_the_oom_the_memory_and_why():
+    rows = [_row(10, 600.0, 600.0, reduction=62.7), _row(50, 854.7, 1173.8, cont_status="oom")]
+    points = [
+        _point("contiguous", 10, reservation=2.5, internal=20.8),
+        _point("paged", 10),
+        _point("contiguous", 50, "oom", completed=30, rejected=30, peak=30, reservation=3.0, internal=38.9),
+        _point("paged", 50, internal=0.3, tps=1173.8),
+    ]
+    v = verdict(rows, points, META)
+    assert v.tone == "good"
+    assert v.headline == (
+        "Paging held the load the contiguous baseline could not: at C=50 contiguous ran out of KV "
+        "memory, paged served all 60 requests"
+    )
+    text = " ".join(v.sentences)
+    assert "paged needed 63% less than contiguous where both completed (C=10)" in text
+    assert (
+        "At C=50 the contiguous baseline rejected 30 of 60 requests for lack of KV memory (at most 30 ran at "
+        "once); paged completed 60 at 1,173.8 tok/s with at most 50 running." in text
+    )
+    assert "0% at C=10" in text and "On par at C=10 (simulated: exact)" in text
+    assert "reserves max-len (2,048 token slots) for every request" in text
+    assert "held 41.9% of its KV pool on average" in text and "against 0.3% for paged" in text
+    assert "at most 50 against 30" in text
+
+
+def test_verdict_of_a_measured_single_run_warns_that_throughput_may_be_noise():
+    rows = [_row(10, 100.0, 130.0, reduction=70.0)]
+    points = [_point("contiguous", 10, reservation=5, internal=50), _point("paged", 10)]
+    v = verdict(rows, points, {**META, "simulated": False})
+    assert v.headline == "Paging served the same requests with 70% less KV memory at peak"
+    text = " ".join(v.sentences)
+    assert "+30% at C=10" in text and "may be the machine's noise" in text
+
+
+def test_verdict_with_confidence_intervals_calls_an_overlap_on_par():
+    rows = [_row(10, 100.0, 104.0, contiguous_tps_ci95=5.0, paged_tps_ci95=5.0)]
+    v = verdict(rows, [_point("contiguous", 10), _point("paged", 10)], {**META, "simulated": False})
+    assert "On par at C=10 (within the 95% confidence intervals)" in " ".join(v.sentences)
+
+
+def test_verdict_flags_a_paged_oom_and_a_one_engine_sweep():
+    v = verdict(
+        [_row(10, 100.0, 0.0, paged_status="oom")],
+        [_point("contiguous", 10), _point("paged", 10, "oom")],
+        META,
+    )
+    assert v.tone == "bad" and "paged engine ran out of KV memory at C=10" in v.headline
+    rows = [
+        {
+            "concurrency": 4,
+            "contiguous_tps": None,
+            "contiguous_status": None,
+            "paged_tps": 50.0,
+            "paged_status": "ok",
+            "gain_pct": None,
+            "kv_memory_reduction_pct": None,
+        }
+    ]
+    v = verdict(rows, [_point("paged", 4, tps=50.0)], META)
+    assert v.tone == "neutral" and "no paged/contiguous pair" in v.headline
+    assert v.sentences == ["paged at C=4: 50.0 tok/s."]
+
+
+def _expected_tps(row, engine):
+    status = row.get(f"{engine}_status")
+    if status != "ok":
+        return status.upper()
+    return f"{row[f'{engine}_tps']:,.1f} tok/s"
+
+
+def test_the_page_of_a_sweep_holds_what_a_reader_asks_in_order(sweep_run):
+    page = parse((sweep_run / REPORT_FILE).read_text())
+    assert section_ids(page) == ["headline", "findings", "plots", "points", "waterfall", "provenance"]
+    levels = headings(page)
+    assert levels[0][0] == 1 and [lv for lv, _ in levels].count(1) == 1  # one h1, then h2 sections
+    assert all(b - a <= 1 for (a, _), (b, _) in zip(levels, levels[1:], strict=False))  # no skipped level
+    summary = json.loads((sweep_run / "summary.json").read_text())
+    rows = table_rows(page, "headline-table")
+    assert [int(r["concurrency"]) for r in rows] == [r["concurrency"] for r in summary["article_table"]]
+    for shown, row in zip(rows, summary["article_table"], strict=True):
+        assert shown["contiguous_tps"] == _expected_tps(row, "contiguous")
+        assert shown["paged_tps"] == _expected_tps(row, "paged")
+        gain = row["gain_pct"]
+        assert shown["gain_pct"] == ("0%" if round(gain) == 0 else f"{gain:+.0f}%")
+        assert shown["kv_memory_reduction_pct"] == f"{row['kv_memory_reduction_pct']:.0f}%"
+    points = table_rows(page, "points-table")
+    assert len(points) == len(summary["points"])
+    for shown, point in zip(points, summary["points"], strict=True):
+        assert shown["engine"] == point["engine"] and int(shown["concurrency"]) == point["concurrency"]
+        assert shown["output_throughput"] == f"{point['output_throughput']:,.1f}"
+        assert shown["completed"] == f"{point['completed']:,} / {point['rejected']:,}"
+    plots = [f.attrs["data-plot"] for f in page.find_all("figure")]
+    assert {"throughput.png", "latency.png", "memory.png", "blocks_over_time.png"} <= set(plots)
+    assert sorted(p for p in plots if p.startswith("waterfall-")) == sorted(
+        f"waterfall-{p['engine']}-c{p['concurrency']}.png" for p in summary["points"]
+    )
+    for figure in page.find_all("figure"):  # every plot inline, named by its caption
+        svg = figure.find("svg")
+        assert svg is not None and svg.attrs["role"] == "img"
+        assert by_id(page, svg.attrs["aria-labelledby"]).text()
+    headline = by_id(page, "verdict-headline").text()
+    assert headline.startswith("Paging") or headline.startswith("The paged engine")
+
+
+def test_provenance_says_how_the_run_was_made(sweep_run):
+    page = parse((sweep_run / REPORT_FILE).read_text())
+    facts = {dt.text(): dd.text() for dt, dd in zip(page.find_all("dt"), page.find_all("dd"), strict=True)}
+    meta = json.loads((sweep_run / "summary.json").read_text())["meta"]
+    assert facts["command line"] == meta["command"]
+    assert facts["date (UTC)"] == meta["created_utc"]
+    assert facts["kvbench version"] == meta["kvbench_version"]
+    assert facts["git commit"] == (meta["git_revision"] or "not recorded (not a git checkout)")
+    assert facts["model"] == "tiny"
+    assert facts["model shape"].startswith("llama, 2 layers, hidden 64, 4 heads (2 KV heads) × 16")
+    assert facts["model shape"].endswith("fp32: 512 B of KV per token")
+    assert facts["device"] == "cpu"
+    assert facts["CPU threads"].startswith("1 (")
+    assert f"torch {meta['torch_version']}" in facts["packages"] and "jinja2 " in facts["packages"]
+    assert facts["host"].startswith(meta["host"]["cpu"] or "")
+    assert "summary.json" in facts["built from"] and "timeline-paged-c4.json" in facts["built from"]
+
+
+def test_a_reference_engine_gets_its_column_and_its_caveat(sweep_run, copy_run):
+    run = copy_run(sweep_run)
+    summary = json.loads((run / "summary.json").read_text())
+    for c in (2, 4):
+        paged = next(p for p in summary["points"] if p["engine"] == "paged" and p["concurrency"] == c)
+        summary["points"].append({**paged, "engine": "vllm", "output_throughput": 999.5 + c})
+    del summary["article_table"]  # rebuilt from the points
+    (run / "summary.json").write_text(json.dumps(summary))
+    page = parse(render_run(run))
+    assert table_headers(page, "headline-table")[-1] == "vLLM output throughput (reference)"
+    assert [r["vllm_tps"] for r in table_rows(page, "headline-table")] == ["1,001.5 tok/s", "1,003.5 tok/s"]
+    assert "vLLM (reference): 1,001.5 tok/s at C=2, 1,003.5 tok/s at C=4" in by_id(page, "verdict").text()
+    engines = [r["engine"] for r in table_rows(page, "points-table")]
+    assert engines.count("vllm (reference)") == 2
+
+
+def test_the_oom_sweep_reads_as_the_article(oom_sweep_run):
+    page = parse((oom_sweep_run / REPORT_FILE).read_text())
+    assert "SIMULATED" in [b.text() for b in page.find_all("span")]
+    assert by_id(page, "verdict-headline").text() == (
+        "Paging held the load the contiguous baseline could not: at C=50 "
+        "contiguous ran out of KV memory, paged served all 60 requests"
+    )
+    row = table_rows(page, "headline-table")[-1]
+    assert row["contiguous_tps"] == "OOM" and row["gain_pct"] == "–"
+    finding = page.find("li", **{"class": "finding severity-critical"})
+    assert finding is not None and "contiguous C=50" in finding.text()
+
+
+def test_kvbench_report_rebuilds_the_same_page(tmp_path, sweep_run, capsys):
+    rebuilt = tmp_path / "again.html"
+    assert main(["report", str(sweep_run), "--out", str(rebuilt)]) == 0
+    assert rebuilt.read_bytes() == (sweep_run / REPORT_FILE).read_bytes()
+    assert f"wrote {rebuilt}" in capsys.readouterr().out
