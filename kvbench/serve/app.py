@@ -132,9 +132,8 @@ class _ChoiceReader:
     def __init__(self, generation: Generation, job: Job, tokenizer: Any) -> None:
         self.generation = generation
         self.job = job
-        streaming = generation.stream
         self.texts = [TextStream(tokenizer, generation.prompt_of(i), generation.stop_strings,
-                                 generation.include_stop_str_in_output, generation.skip_special_tokens, streaming)
+                                 generation.include_stop_str_in_output, generation.skip_special_tokens)
                       for i in range(generation.num_choices)]
         self.counted = [0] * generation.num_choices  # tokens of each choice that count (the answer's)
         self.started = [False] * generation.num_choices

@@ -49,6 +49,7 @@ class Server:
         self.port = port
         self.state: ServerState | None = None
         self._runner: web.AppRunner | None = None
+        self._stopped: ShutdownReport | None = None
 
     @property
     def engine_loop(self) -> EngineLoop:
@@ -84,6 +85,8 @@ class Server:
         the rest with a 503, close the site and the engine thread, and check that every KV block is back."""
         start = time.perf_counter()
         state, engine_loop = self.state, self.state.engine_loop
+        if self._stopped is not None:  # stopped already: the same report
+            return self._stopped
         state.draining = True
         before = len(engine_loop.jobs)
         deadline = start + grace_s
@@ -102,7 +105,8 @@ class Server:
             raise KvbenchError("the engine thread did not stop")
         if engine_loop.error is None:
             engine_loop.check_drained()
-        return ShutdownReport(before - aborted, aborted, time.perf_counter() - start)
+        self._stopped = ShutdownReport(before - aborted, aborted, time.perf_counter() - start)
+        return self._stopped
 
 
 async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callable[[Server], None] | None = None,

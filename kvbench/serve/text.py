@@ -23,7 +23,7 @@ class TextStream:
     """The text of one choice; ``add`` takes its new tokens and returns how many of them count."""
 
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], stop_strings: Sequence[str] = (),
-                 include_stop: bool = False, skip_special_tokens: bool = True, streaming: bool = False) -> None:
+                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT:])
         self._prefix = 0  # ids[prefix:read] were decoded already; their text is the base of the next delta
@@ -31,7 +31,7 @@ class TextStream:
         self.stop_strings = tuple(stop_strings)
         self.include_stop = include_stop
         self.skip_special = skip_special_tokens
-        self._holdback = max((len(s) for s in self.stop_strings), default=1) - 1 if streaming else 0
+        self._holdback = max((len(s) for s in self.stop_strings), default=1) - 1  # what may begin a stop
         self.text = ""  # the output text so far (cut at a stop string once one is found)
         self.sent = 0  # characters of ``text`` already handed out by ``take``
         self.stopped: str | None = None  # the stop string that ended the choice
