@@ -76,8 +76,8 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
     if host not in LOOPBACK:
         console.print(f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
                       "authentication[/yellow]")
-    with console.status("loading the model and the KV pool..."):
-        served = load_served_engine(options, console.print)
+    with console.status("loading the model and the KV pool...") as status:
+        served = load_served_engine(options, status.update)
     metrics = KvMetrics(device=served.device_name) if with_metrics else None
     server = Server(served.engine, served.info, metrics, host, port)
     config = served.config

@@ -122,6 +122,8 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
         if generation.stream:
             return await _stream(request, state, generation, job, reader)
         return await _complete(state, generation, job, reader)
+    except ConnectionResetError:  # the client left while its answer was being written: nobody to tell
+        raise asyncio.CancelledError() from None
     finally:
         state.engine_loop.release(job)  # withdraws what still runs: a client gone, a handler failed
 

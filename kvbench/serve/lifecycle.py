@@ -111,7 +111,8 @@ class Server:
 
 async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callable[[Server], None] | None = None,
                                 log_interval_s: float = 10.0) -> ShutdownReport:
-    """Run ``server`` until SIGTERM or SIGINT, then shut it down gracefully (a second signal hurries it)."""
+    """Run ``server`` until SIGTERM or SIGINT, then shut it down gracefully (a second signal hurries it). For the
+    command line: the process is about to exit, so both signals are ignored once the server has stopped."""
     await server.start()
     loop = asyncio.get_running_loop()
     stop, hurry = asyncio.Event(), asyncio.Event()
@@ -135,8 +136,9 @@ async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callab
     finally:
         if reporter is not None:
             reporter.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stopped: one more signal changes nothing, the process exits
             loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
 
 async def _report_periodically(server: Server, every_s: float) -> None:
