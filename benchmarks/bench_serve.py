@@ -55,7 +55,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 async def one_request(session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int,
                       stream: bool) -> list[int]:
-    payload = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+    payload = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream,
+               "return_token_ids": True}
     if stream:
         payload["stream_options"] = {"include_usage": True}
     async with session.post(url + "/v1/completions", json=payload) as response:

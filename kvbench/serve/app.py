@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -55,7 +55,6 @@ class ServerState:
     engine_loop: EngineLoop
     metrics: KvMetrics | None = None
     draining: bool = False
-    counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "errors": 0})
 
 
 STATE = web.AppKey("state", ServerState)
@@ -76,7 +75,6 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as err:
-        request.app[STATE].counts["errors"] += 1
         retry = {"Retry-After": "1"} if err.status == 503 else None
         return error_response(err, retry)
     except web.HTTPException as err:
@@ -88,7 +86,6 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
         raise
     except Exception as err:  # noqa: BLE001 - a bug answers 500 with its reason; the traceback goes to the log
         log.exception("internal error on %s %s", request.method, request.path)
-        request.app[STATE].counts["errors"] += 1
         return error_response(ApiError(500, f"internal error: {err!r}"))
 
 
@@ -113,7 +110,6 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if state.draining:
         raise ApiError(503, "the server is shutting down and admits no new request")
     generation = parse_generation(await _body(request), kind, state.model)
-    state.counts["requests"] += 1
     job = Job(generation.prompts, generation.params, generation.n, fork=state.model.parallel_sampling,
               wake_per_token=generation.stream or bool(generation.stop_strings))
     reader = _ChoiceReader(generation, job, state.model.tokenizer)

@@ -56,7 +56,6 @@ class Job:
         self.error: ApiError | None = None
         self.changed = asyncio.Event()
         self.open = len(self.choices)  # choices not ended yet (event loop side)
-        self.submitted_at = time.perf_counter()
         # engine-thread side: the engine request serving each live choice
         self._live: dict[int, Request] = {}
 
@@ -129,8 +128,7 @@ class EngineLoop:
         self._step_tokens = 0
         self._observed_at = 0.0
         self.error: BaseException | None = None  # what ended the thread, if not a stop
-        self.steps = 0
-        self.tokens = 0
+        self.tokens = 0  # emitted so far
         self._thread = threading.Thread(target=self._run, name="kvbench-engine", daemon=True)
 
     # -- event loop side --------------------------------------------------------------------------------
@@ -160,7 +158,8 @@ class EngineLoop:
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """End the thread once the inbox is handled (abort what is still running first)."""
+        """End the thread once its inbox is handled and it has no work left (the caller withdraws what still
+        runs first: a stop never cuts a step short)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout)
@@ -223,7 +222,6 @@ class EngineLoop:
                 before = self.tokens
                 session.step()
                 self._handle_ended(session.take_ended())
-                self.steps += 1
                 self._step_tokens += self.tokens - before
                 self._observe()
         except BaseException as err:  # noqa: BLE001 - a crashed engine fails every job with the reason

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import signal
 import threading
 import time
@@ -78,7 +77,7 @@ class Server:
                 raise KvbenchError(f"port {self.port} on {self.host} is already in use") from None
             raise KvbenchError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
         self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]  # the one picked for port 0
+        self.port = runner.addresses[0][1]  # the one picked for port 0
 
     async def shutdown(self, grace_s: float, hurry: asyncio.Event | None = None) -> ShutdownReport:
         """Stop admitting, let requests in flight finish for ``grace_s`` (or until ``hurry`` is set), withdraw
@@ -188,7 +187,3 @@ class ServerThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
             self.loop.close()
-
-
-def quiet_access_log() -> None:
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
