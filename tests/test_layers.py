@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.scenarios", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
     ("kvbench.engine",),
     ("kvbench.report",),
-    ("kvbench.studies",),
+    ("kvbench.studies", "kvbench.serve"),
     ("kvbench.commands", "kvbench.cli"),
 ]
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")

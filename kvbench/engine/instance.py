@@ -55,7 +55,7 @@ def instance_stats(scheduler, now: float) -> InstanceStats:
     return InstanceStats(
         time=now, total_blocks=pool.num_blocks, free_blocks=pool.num_free, running=len(scheduler.running),
         waiting=len(scheduler.waiting), waiting_blocks=blocks_for(scheduler.waiting_tokens, pool.block_size),
-        preemptions=scheduler.num_preemptions, finished=len(scheduler.finished), rejected=len(scheduler.rejected),
+        preemptions=scheduler.num_preemptions, finished=scheduler.num_finished, rejected=scheduler.num_rejected,
         prompt_tokens=scheduler.prefill_tokens, cached_tokens=scheduler.cached_tokens,
     )
 

@@ -38,10 +38,15 @@ class EngineSession:
     request by request (``submit``) and steps it while it has work. ``clock`` gives the time stamps of tokens
     (seconds; by default since the session started); ``on_done(now)`` is called when a request group ends
     after admission (a closed-loop client sends its next one).
+
+    A server's session lives as long as the server: with ``keep_history=False`` it keeps no step log or token
+    curve, and ``take_ended`` forgets what it hands out, so memory follows the requests in flight. Its
+    ``on_tokens(emitted)`` hook sees each step's ``(request, token)`` pairs once they are recorded (a
+    request that ended has its ``stop_reason``), and ``abort`` withdraws a request and frees its blocks.
     """
 
     def __init__(self, engine: LLMEngine, next_id: int = 0, clock: Callable[[], float] | None = None,
-                 on_done: Callable[[float], None] | None = None) -> None:
+                 on_done: Callable[[float], None] | None = None, keep_history: bool = True) -> None:
         config = engine.config
         self.engine = engine
         self.scheduler = Scheduler(config.build_manager(), config)
@@ -60,6 +65,8 @@ class EngineSession:
         self.start = time.perf_counter()
         self._clock = clock
         self.on_done = on_done
+        self.keep_history = keep_history
+        self.on_tokens: Callable[[list[tuple[Request, int]]], None] | None = None
         self.ended: list[Request] = []  # requests that ended since the last ``take_ended``
 
     def now(self) -> float:
@@ -102,9 +109,33 @@ class EngineSession:
         return instance_stats(self.scheduler, self.now())
 
     def take_ended(self) -> list[Request]:
-        """Requests that finished or were rejected since the last call (a group's samples included)."""
+        """Requests that finished or were rejected since the last call (a group's samples included); without
+        history the session forgets them (and the scheduler its lists) once handed out."""
         ended, self.ended = self.ended, []
+        if not self.keep_history:
+            self.scheduler.forget_ended()
+            self.children.clear()
+            for request in ended:
+                self._forget(request)
         return ended
+
+    def abort(self, request: Request) -> bool:
+        """Withdraw a queued or running request (one sample of a group): a running one returns its KV blocks
+        at once. False when it had already ended or was never added."""
+        if not self.scheduler.abort(request, self.clock):
+            return False
+        root = request.parent_id if request.parent_id is not None else request.request_id
+        if root in self.group_left:
+            self.group_left[root] -= 1
+        if not self.keep_history:
+            self._forget(request)
+        return True
+
+    def _forget(self, request: Request) -> None:
+        self.generators.pop(request.request_id, None)
+        root = request.parent_id if request.parent_id is not None else request.request_id
+        if request.status is RequestStatus.REJECTED or self.group_left.get(root, 1) <= 0:
+            self.group_left.pop(root, None)
 
     def admit(self) -> list[Request]:
         admitted = self.scheduler.admit(self.clock)
@@ -183,9 +214,10 @@ class LLMEngine:
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
         return self._result(run, [*requests, *run.children], client)
 
-    def session(self, next_id: int = 0, clock: Callable[[], float] | None = None) -> EngineSession:
+    def session(self, next_id: int = 0, clock: Callable[[], float] | None = None,
+                keep_history: bool = True) -> EngineSession:
         """A fresh session on this engine (its own scheduler and KV manager over the runner's pool)."""
-        return EngineSession(self, next_id=next_id, clock=clock)
+        return EngineSession(self, next_id=next_id, clock=clock, keep_history=keep_history)
 
     def step(self, run: EngineSession) -> bool:
         """One step of ``run``; False when nothing was emitted (a decode step whose batch emptied)."""
@@ -275,13 +307,18 @@ class LLMEngine:
         each request its token; requests that stop are finished and their clients send the next."""
         now = run.now()
         run.peak_running = max(run.peak_running, len(run.scheduler.running))
-        shared = run.forked or bool(run.scheduler.manager.pool.num_shared)  # forks or prefix-cache hits
-        snapshot = run.log.snapshot(run.scheduler, run.clock, shared)
-        run.curve.add(now, len(emitted))
+        snapshot = None
+        if run.keep_history:
+            shared = run.forked or bool(run.scheduler.manager.pool.num_shared)  # forks or prefix-cache hits
+            snapshot = run.log.snapshot(run.scheduler, run.clock, shared)
+            run.curve.add(now, len(emitted))
         for request, token in emitted:
             if self._append_token(run.scheduler, request, token, run.clock, now):
                 run.group_done(request, now)
-        snapshot.seconds = time.perf_counter() - step_start
+        if run.on_tokens is not None:
+            run.on_tokens(emitted)
+        if snapshot is not None:
+            snapshot.seconds = time.perf_counter() - step_start
 
     def _append_token(self, scheduler: Scheduler, request: Request, token: int, clock: int, now: float) -> bool:
         """Record a sampled token; returns True when it ends the request."""

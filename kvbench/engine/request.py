@@ -25,6 +25,7 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     REJECTED = "rejected"
+    ABORTED = "aborted"  # withdrawn by its client (a server's disconnect or stop string): its KV is freed
 
 
 @dataclass(eq=False)

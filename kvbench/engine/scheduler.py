@@ -32,6 +32,9 @@ class Scheduler:
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
         self.num_preemptions = 0
+        self.num_finished = 0  # counts kept even where ``forget_ended`` drops the lists (a long-lived server)
+        self.num_rejected = 0
+        self.num_aborted = 0
         self._rejections_seen = 0
         self._admit_counter = 0
         self.waiting_tokens = 0  # prefill tokens of the queued requests (what a router sees as queued demand)
@@ -64,6 +67,7 @@ class Scheduler:
         request.reject_reason = reason
         request.reject_kind = kind
         self.rejected.append(request)
+        self.num_rejected += 1
         return False
 
     def drain_admission_rejections(self) -> list[Request]:
@@ -199,6 +203,31 @@ class Scheduler:
         self._stop(request, clock)
         request.status = RequestStatus.FINISHED
         self.finished.append(request)
+        self.num_finished += 1
+
+    def abort(self, request: Request, clock: int) -> bool:
+        """Withdraw a waiting or running request: a running one frees its KV now. False when it had ended."""
+        if request.status is RequestStatus.RUNNING:
+            request.num_outputs = request.outputs(clock)
+            self._stop(request, clock)
+        elif request.status is RequestStatus.WAITING:
+            try:
+                self.waiting.remove(request)
+            except ValueError:  # not queued yet (a session that has not added it)
+                return False
+            self.waiting_tokens -= request.prefill_len()
+        else:
+            return False
+        request.status = RequestStatus.ABORTED
+        self.num_aborted += 1
+        return True
+
+    def forget_ended(self) -> None:
+        """Drop the finished and rejected requests kept so far (their counts stay): a long-lived session
+        keeps no history. Call after ``drain_admission_rejections``."""
+        self.finished.clear()
+        self.rejected.clear()
+        self._rejections_seen = 0
 
     def _stop(self, request: Request, clock: int) -> None:
         del self.running[request.request_id]

@@ -126,14 +126,16 @@ class KvMetrics:
         self._recording.discard(engine)
         return self.run_values(engine)
 
-    def alloc_observer(self, engine: str) -> Callable[[float], None]:
-        """A callable for ``Scheduler.alloc_observer`` / ``LLMEngine.alloc_observer``."""
+    def alloc_observer(self, engine: str, keep_samples: bool = True) -> Callable[[float], None]:
+        """A callable for ``Scheduler.alloc_observer`` / ``LLMEngine.alloc_observer``; without
+        ``keep_samples`` (a server) only the histogram counts, so memory does not grow with the run."""
         child = self.alloc_latency.labels(engine, self.device)
 
         def observe(seconds: float) -> None:
             if engine in self._recording:
                 child.observe(seconds)
-                self._runs[engine].alloc_seconds.append(seconds)
+                if keep_samples:
+                    self._runs[engine].alloc_seconds.append(seconds)
 
         return observe
 
@@ -151,22 +153,11 @@ class KvMetrics:
         if run.scheduler is not scheduler:  # a new run of the engine: its scheduler counts from zero
             run.scheduler, run.preemptions, run.tokens, run.finished, run.finished_tokens = scheduler, 0, 0, 0, 0
         labels = (engine, self.device)
-        pool = scheduler.manager.pool
-        used_blocks, free_blocks, total_blocks = pool.num_used, pool.num_free, pool.num_blocks
-        allocated = scheduler.held_slots()
         if clock is not None:
             used = scheduler.used_slots(clock)
         else:
             used = sum(written_slots(r) for r in scheduler.running.values())
-        fragmentation = online_fragmentation(used, allocated)
-        self.blocks_used.labels(*labels).set(used_blocks)
-        self.blocks_free.labels(*labels).set(free_blocks)
-        self.blocks_capacity.labels(*labels).set(total_blocks)
-        self.fragmentation.labels(*labels).set(fragmentation)
-        self.running.labels(*labels).set(len(scheduler.running))
-        self.waiting.labels(*labels).set(len(scheduler.waiting))
-        self.preemptions.labels(*labels).inc(max(0, scheduler.num_preemptions - run.preemptions))
-        run.preemptions = max(run.preemptions, scheduler.num_preemptions)
+        self._set_state(run, labels, scheduler, used)
         finished = scheduler.finished
         for request in finished[run.finished:]:
             run.finished_tokens += len(request.output_token_ids)
@@ -176,6 +167,38 @@ class KvMetrics:
         tokens = run.finished_tokens + sum(len(r.output_token_ids) for r in live)
         self.generated.labels(*labels).inc(max(0, tokens - run.tokens))
         run.tokens = max(run.tokens, tokens)
+
+    def observe_counts(self, engine: str, scheduler, clock: int, finished: int, tokens: int) -> None:
+        """A long-lived session (a server) that keeps no finished requests: the gauges from the scheduler and
+        its pool (O(1)), the counters from what the caller counted since its last call (``finished``
+        requests, ``tokens`` emitted)."""
+        run = self._runs.get(engine)
+        if run is None:
+            run = self._runs[engine] = _Run()
+        if run.scheduler is not scheduler:
+            run.scheduler, run.preemptions = scheduler, 0
+        labels = (engine, self.device)
+        self._set_state(run, labels, scheduler, scheduler.used_slots(clock))
+        if finished:
+            self.finished.labels(*labels).inc(finished)
+            run.finished += finished
+        if tokens:
+            self.generated.labels(*labels).inc(tokens)
+            run.tokens += tokens
+
+    def _set_state(self, run: _Run, labels: tuple[str, str], scheduler, used: int) -> None:
+        """The gauges, the preemption counter and the run's peaks, from the scheduler and its pool."""
+        pool = scheduler.manager.pool
+        used_blocks, free_blocks, total_blocks = pool.num_used, pool.num_free, pool.num_blocks
+        fragmentation = online_fragmentation(used, scheduler.held_slots())
+        self.blocks_used.labels(*labels).set(used_blocks)
+        self.blocks_free.labels(*labels).set(free_blocks)
+        self.blocks_capacity.labels(*labels).set(total_blocks)
+        self.fragmentation.labels(*labels).set(fragmentation)
+        self.running.labels(*labels).set(len(scheduler.running))
+        self.waiting.labels(*labels).set(len(scheduler.waiting))
+        self.preemptions.labels(*labels).inc(max(0, scheduler.num_preemptions - run.preemptions))
+        run.preemptions = max(run.preemptions, scheduler.num_preemptions)
         run.steps += 1
         run.blocks_used_peak = max(run.blocks_used_peak, used_blocks)
         run.blocks_free_min = free_blocks if run.blocks_free_min is None else min(run.blocks_free_min, free_blocks)

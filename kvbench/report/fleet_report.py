@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
+from kvbench.report.run_meta import summary_document
+from kvbench.report.rundir import flatten, markdown_table, write_summary
 
 _COLUMNS = ("policy", "done/rej", "out tok/s", "p50/p99 TTFT ms", "p50/p99 TPOT ms", "preempt", "KV use mean",
             "imbalance mean/p99 (blocks)", "queued peak", "inst-s", "prefix hit")

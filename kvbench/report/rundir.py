@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import platform
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from kvbench import __version__
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_json_atomic, write_text_atomic
-from kvbench.report.schema import SCHEMA_VERSION
 
 DEFAULT_REPORTS = Path("reports")
 
@@ -29,52 +24,6 @@ def new_run_dir(command: str, out: Path | None) -> Path:
     if not out.is_dir():
         raise KvbenchError(f"run directory {out} is not a directory")
     return out
-
-
-def git_revision() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
-
-
-def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(module)
-    except Exception:
-        return None
-
-
-def run_meta(**fields: Any) -> dict[str, Any]:
-    """What a reader needs to reproduce the run: command line, versions, device, revision, the host and the
-    package versions (``report/environment.py``), plus ``fields``."""
-    from kvbench.report.environment import host_info, package_versions
-
-    meta = {
-        "command": " ".join(["kvbench", *sys.argv[1:]]),
-        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "kvbench_version": __version__,
-        "python_version": platform.python_version(),
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "triton_version": _version("triton"),
-        "platform": platform.platform(),
-        "git_revision": git_revision(),
-        "host": host_info(),
-        "packages": package_versions(),
-    }
-    meta.update(fields)
-    return meta
-
-
-def summary_document(kind: str, meta: dict[str, Any], points: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "kind": kind, "meta": meta, **extra, "points": points}
 
 
 def write_summary(run_dir: Path, document: dict[str, Any], csv_rows: list[dict[str, Any]], markdown: str) -> None:

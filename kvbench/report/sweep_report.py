@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.rundir import flatten, markdown_table, summary_document, write_summary
+from kvbench.report.run_meta import summary_document
+from kvbench.report.rundir import flatten, markdown_table, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.values import human_bytes
 

@@ -21,7 +21,7 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.report.point import point_from_result
-from kvbench.report.rundir import run_meta, summary_document
+from kvbench.report.run_meta import run_meta, summary_document
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset

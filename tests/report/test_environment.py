@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import version
 
 from kvbench.report import environment
-from kvbench.report.rundir import run_meta
+from kvbench.report.run_meta import run_meta
 
 
 def test_the_host_and_packages_are_recorded():

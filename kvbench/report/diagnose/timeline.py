@@ -21,6 +21,7 @@ from kvbench.report.diagnose.findings import Diagnosis
 from kvbench.report.diagnose.live_rules import Window, diagnose_windows, seconds
 from kvbench.report.diagnose.servers import ServerState
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.report.run_meta import run_meta
 
 KIND = "kvbench-watch"
 VERSION = 1
@@ -29,8 +30,6 @@ TIMELINE_FILE = "timeline.jsonl"
 
 def header_record(url: str, interval_s: float) -> dict[str, Any]:
     """The first line: what was watched, how often, and the run's provenance (command, versions, host)."""
-    from kvbench.report.rundir import run_meta
-
     return {"kind": KIND, "version": VERSION, "url": url, "interval_s": interval_s, "started": time.time(),
             "meta": run_meta()}
 

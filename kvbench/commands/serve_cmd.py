@@ -1,0 +1,105 @@
+"""``kvbench serve``: one engine behind an OpenAI-compatible HTTP server with live Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import typer
+
+from kvbench.commands._options import make_console, parse_size, positive_fraction, thread_count
+from kvbench.errors import KvbenchError
+from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(
+    engine: str = typer.Option("paged", "--engine", help="paged | contiguous: the KV manager of the served engine."),
+    model: str = typer.Option("tiny", "--model", help="Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send and /v1/models lists (default: --model as given)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA)."),
+    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."),
+    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="On CUDA: size the pool like vLLM from real free memory."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
+    reserve: str = typer.Option("max", "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
+    admission: str = typer.Option("queue", "--admission", help="Contiguous when the pool is full: queue (requests wait) | reject (503 at once)."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Requests running at once."),
+    max_len: int | None = typer.Option(None, "--max-len", min=2, help="Prompt + output tokens of one request (default 2048, or the model's context if shorter)."),
+    threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of a preset's random weights."),
+    grace_period: float = typer.Option(30.0, "--grace-period", help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503."),
+    metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."),
+    log_interval: float = typer.Option(10.0, "--log-interval", help="Seconds between progress lines while busy (0: none)."),
+) -> None:
+    """Serve one engine (paged or contiguous) over the OpenAI API: /v1/completions, /v1/chat/completions
+    (streaming too), /v1/models, /health and /metrics (the series of `sweep --metrics-port`).
+
+    Continuous batching: a request joins the running batch at the next engine step; a client that disconnects
+    frees its KV blocks at once. When the pool is full requests wait, or with the contiguous engine and
+    --admission reject are refused with 503. SIGTERM or Ctrl-C stops admitting, lets requests in flight finish
+    for --grace-period seconds, answers the rest with 503 and exits 0 once every KV block is back in the pool.
+    """
+    from kvbench.serve.settings import ServeOptions
+
+    if not (math.isfinite(grace_period) and grace_period >= 0):
+        raise KvbenchError(f"--grace-period must be a non-negative number of seconds, got {grace_period:g}")
+    if not (math.isfinite(log_interval) and log_interval >= 0):
+        raise KvbenchError(f"--log-interval must be a non-negative number of seconds, got {log_interval:g}")
+    if not host.strip():
+        raise KvbenchError("--host is empty; give an address such as 127.0.0.1")
+    if served_model_name is not None and not served_model_name.strip():
+        raise KvbenchError("--served-model-name is empty")
+    if engine == "paged" and (admission != "queue" or reserve != "max"):
+        raise KvbenchError("--admission and --reserve set the contiguous engine's reservation; the paged engine "
+                           "always queues (it preempts instead of reserving)")
+    options = ServeOptions(
+        model=model, engine=check_choice(engine, MANAGERS, "--engine"), device=device, dtype=dtype,
+        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
+        utilization=utilization, block_size=block_size,
+        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"),
+        admission=check_choice(admission, ADMISSION_MODES, "--admission"), max_num_seqs=max_num_seqs,
+        max_len=max_len, threads=thread_count(threads), seed=seed, served_model_name=served_model_name)
+    _serve(options, host, port, grace_period, metrics, log_interval)
+
+
+def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, log_interval: float) -> None:
+    from kvbench.measure.metrics import KvMetrics
+    from kvbench.serve.app import log_to_stderr
+    from kvbench.serve.lifecycle import Server, serve_until_signalled
+    from kvbench.serve.settings import load_served_engine
+
+    console = make_console(stderr=True)
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
+                      "authentication[/yellow]")
+    with console.status("loading the model and the KV pool...") as status:
+        served = load_served_engine(options, status.update)
+    metrics = KvMetrics(device=served.device_name) if with_metrics else None
+    server = Server(served.engine, served.info, metrics, host, port)
+    config = served.config
+
+    def ready(running: Server) -> None:
+        tokenizer = "text, chat and token-id prompts" if served.info.has_chat_template else (
+            "text and token-id prompts" if served.info.tokenizer is not None else
+            "token-id prompts only (a preset has no tokenizer)")
+        console.print(f"engine {config.engine} on {served.device_name}; model {served.info.name} ({tokenizer}); "
+                      f"max-len {config.max_len}")
+        console.print(f"KV pool: {served.budget_source}; {config.num_blocks:,} blocks of {config.block_size}"
+                      + (f"; reserve {config.reserve}, admission {config.admission}" if config.engine == "contiguous" else ""))
+        if served.threads:
+            console.print(f"CPU threads: {served.threads['threads']} ({served.threads['reason']})")
+        console.print(f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
+                      + ("; /metrics" if metrics is not None else "") + "); Ctrl-C to stop")
+
+    log_to_stderr()
+    report = asyncio.run(serve_until_signalled(server, grace_s, ready, log_interval))
+    console.print(f"stopped: {report.finished_in_grace} request(s) finished in the grace period, "
+                  f"{report.aborted} withdrawn with a 503; every KV block is back in the pool")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

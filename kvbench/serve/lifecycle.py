@@ -1,0 +1,189 @@
+"""A server's life: start (engine thread, HTTP site), serve until told to stop, and stop gracefully.
+
+Stopping (SIGTERM, Ctrl-C, or ``ServerThread.stop``): new requests are refused with 503 and ``/health`` turns
+503 at once; requests in flight run on for up to the grace period; what is left then is withdrawn from the
+engine and answered with a 503 error (a streamed one gets an error event and ``[DONE]``), so no request ends
+without an answer. Then the HTTP site closes, the engine thread ends, and the KV manager's drained check runs:
+a leaked block is an error, never silence. A second signal skips what is left of the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kvbench.engine.llm_engine import LLMEngine
+from kvbench.errors import KvbenchError
+from kvbench.measure.metrics import KvMetrics
+from kvbench.serve.app import ServerState, build_app, log
+from kvbench.serve.engine_loop import EngineLoop
+from kvbench.serve.protocol import ApiError, ModelInfo
+
+
+@dataclass
+class ShutdownReport:
+    """How a stop went: requests that finished in the grace period, and those withdrawn after it."""
+
+    finished_in_grace: int
+    aborted: int
+    seconds: float
+
+
+class Server:
+    """The engine loop and the HTTP site on one event loop."""
+
+    def __init__(self, engine: LLMEngine, model: ModelInfo, metrics: KvMetrics | None = None,
+                 host: str = "127.0.0.1", port: int = 8000) -> None:
+        self.engine = engine
+        self.model = model
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self.state: ServerState | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopped: ShutdownReport | None = None
+
+    @property
+    def engine_loop(self) -> EngineLoop:
+        return self.state.engine_loop
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Start the engine thread and bind the HTTP site (``port`` 0 picks a free one)."""
+        engine_loop = EngineLoop(self.engine, asyncio.get_running_loop(), self.metrics)
+        self.state = ServerState(self.model, engine_loop, self.metrics)
+        engine_loop.start()
+        runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as err:
+            await runner.cleanup()
+            engine_loop.stop()
+            if err.errno == errno.EADDRINUSE:
+                raise KvbenchError(f"port {self.port} on {self.host} is already in use") from None
+            raise KvbenchError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
+        self._runner = runner
+        self.port = runner.addresses[0][1]  # the one picked for port 0
+
+    async def shutdown(self, grace_s: float, hurry: asyncio.Event | None = None) -> ShutdownReport:
+        """Stop admitting, let requests in flight finish for ``grace_s`` (or until ``hurry`` is set), withdraw
+        the rest with a 503, close the site and the engine thread, and check that every KV block is back."""
+        start = time.perf_counter()
+        state, engine_loop = self.state, self.state.engine_loop
+        if self._stopped is not None:  # stopped already: the same report
+            return self._stopped
+        state.draining = True
+        before = len(engine_loop.jobs)
+        deadline = start + grace_s
+        while engine_loop.jobs and time.perf_counter() < deadline and not (hurry and hurry.is_set()):
+            await asyncio.sleep(0.02)
+        aborted = len(engine_loop.jobs)
+        if aborted:
+            engine_loop.abort_all(ApiError(503, "the server shut down before this request finished"))
+            until = time.perf_counter() + 5.0  # the handlers write their error answers
+            while engine_loop.jobs and time.perf_counter() < until:
+                await asyncio.sleep(0.01)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await asyncio.get_running_loop().run_in_executor(None, engine_loop.stop)
+        if engine_loop.alive:
+            raise KvbenchError("the engine thread did not stop")
+        if engine_loop.error is None:
+            engine_loop.check_drained()
+        self._stopped = ShutdownReport(before - aborted, aborted, time.perf_counter() - start)
+        return self._stopped
+
+
+async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callable[[Server], None] | None = None,
+                                log_interval_s: float = 10.0) -> ShutdownReport:
+    """Run ``server`` until SIGTERM or SIGINT, then shut it down gracefully (a second signal hurries it). For the
+    command line: the process is about to exit, so both signals are ignored once the server has stopped."""
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            log.warning("%s again: withdrawing the requests still running", name)
+            hurry.set()
+        else:
+            log.info("%s: no new requests; finishing those in flight (up to %gs)", name, grace_s)
+            stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    if on_ready is not None:
+        on_ready(server)
+    reporter = asyncio.create_task(_report_periodically(server, log_interval_s)) if log_interval_s > 0 else None
+    try:
+        await stop.wait()
+        return await server.shutdown(grace_s, hurry)
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # stopped: one more signal changes nothing, the process exits
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+
+
+async def _report_periodically(server: Server, every_s: float) -> None:
+    """A line of what the engine did, every ``every_s`` seconds in which it did something."""
+    engine_loop = server.engine_loop
+    last_tokens, last_time = engine_loop.tokens, time.perf_counter()
+    while True:
+        await asyncio.sleep(every_s)
+        now, tokens = time.perf_counter(), engine_loop.tokens
+        if tokens == last_tokens and not engine_loop.jobs:
+            continue
+        stats = engine_loop.session.stats()
+        log.info("generation %.1f tok/s; requests running %d, waiting %d; KV blocks used %d of %d (%.0f%%)",
+                 (tokens - last_tokens) / (now - last_time), stats.running, stats.waiting, stats.used_blocks,
+                 stats.total_blocks, 100 * stats.usage)
+        last_tokens, last_time = tokens, now
+
+
+class ServerThread:
+    """A server on an event loop of its own thread (tests, benchmarks): ``start()``, ``url``, ``stop()``."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="kvbench-serve-loop", daemon=True)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout=60)
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def call(self, function: Callable, *args):
+        """Run ``function(*args)`` on the server's event loop and return its result."""
+        async def run():
+            return function(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+
+    def stop(self, grace_s: float = 5.0) -> ShutdownReport:
+        try:
+            return asyncio.run_coroutine_threadsafe(self.server.shutdown(grace_s), self.loop).result(grace_s + 60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()

@@ -1,0 +1,177 @@
+"""Faults: clients that vanish, a crowd on a small pool, a shutdown under load. No KV block may leak, no request may
+end without an answer (a completion or an error), and the server must still answer afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import aiohttp
+import pytest
+
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.sampling import SamplingParams
+from kvbench.studies.local_model import build_engine
+
+from .conftest import assert_idle_and_drained, running_server
+
+
+@pytest.fixture(scope="module")
+def long_server(tiny_model):
+    """Requests long enough (2,000 tokens) that a client can leave while they run."""
+    with running_server(tiny_model, num_blocks=512, max_len=2048) as server:
+        yield server
+
+
+def _aborted(server) -> int:
+    return server.server.engine_loop.session.scheduler.num_aborted
+
+
+async def _wait_for(predicate, seconds: float = 30.0) -> bool:
+    for _ in range(int(seconds / 0.02)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return predicate()
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_blocks_at_once(long_server):
+    before = _aborted(long_server)
+    finished = long_server.server.engine_loop.session.scheduler.num_finished
+
+    async def leave_after_first_event():
+        async with aiohttp.ClientSession() as session:
+            body = {"prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            response = await session.post(long_server.url + "/v1/completions", json=body)
+            first = await response.content.readuntil(b"\n\n")
+            assert json.loads(first.removeprefix(b"data: "))["choices"][0]["token_ids"]
+            response.close()  # the connection goes away mid-stream
+        assert await _wait_for(lambda: _aborted(long_server) == before + 1)
+
+    asyncio.run(leave_after_first_event())
+    assert_idle_and_drained(long_server)
+    assert long_server.server.engine_loop.session.scheduler.num_finished == finished  # withdrawn, not run out
+    _still_answers(long_server)
+
+
+def test_a_client_that_leaves_a_non_streamed_request_frees_its_blocks(long_server):
+    before = _aborted(long_server)
+    body = json.dumps({"prompt": [4, 5, 6], "max_tokens": 2000, "ignore_eos": True}).encode()
+    host, port = "127.0.0.1", int(long_server.url.rsplit(":", 1)[1])
+    with socket.create_connection((host, port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert asyncio.run(_wait_for(lambda: _aborted(long_server) == before + 1))
+    assert_idle_and_drained(long_server)
+    _still_answers(long_server)
+
+
+def _still_answers(server) -> None:
+    async def ask():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.url + "/v1/completions",
+                                    json={"prompt": [7, 8], "max_tokens": 3, "ignore_eos": True}) as response:
+                return response.status, await response.json()
+
+    status, body = asyncio.run(ask())
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == 3
+
+
+async def _crowd(url: str, prompts: list[list[int]], max_tokens: int, stream: bool) -> list[tuple[int, dict]]:
+    """All requests at once; each answer as (status, final body or the error body)."""
+    async def one(session, prompt):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+        async with session.post(url + "/v1/completions", json=body) as response:
+            if not stream or response.status != 200:
+                return response.status, await response.json()
+            tokens, events = [], (await response.read()).decode().split("\n\n")
+            assert events[-2:] == ["data: [DONE]", ""]
+            for event in events[:-2]:
+                data = json.loads(event.removeprefix("data: "))
+                if "error" in data:
+                    return data["error"]["code"], data
+                tokens += data["choices"][0]["token_ids"]
+            return 200, {"choices": [{"token_ids": tokens, "finish_reason": data["choices"][0]["finish_reason"]}]}
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        return await asyncio.gather(*(one(session, p) for p in prompts))
+
+
+PROMPT, OUTPUT = 8, 40  # 48 token slots: 3 blocks of 16, so a pool of 30 blocks holds 10 such requests
+
+
+def _prompts(count: int) -> list[list[int]]:
+    return [[(7 * i + j) % 500 + 1 for j in range(PROMPT)] for i in range(count)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+def test_100_concurrent_requests_on_a_paged_pool_that_holds_10_all_finish(tiny_model, stream):
+    prompts = _prompts(100)
+    engine = build_engine(tiny_model, EngineConfig(block_size=16, num_blocks=512, max_len=64))
+    expected = engine.generate(prompts[:5], SamplingParams(max_tokens=OUTPUT, ignore_eos=True))
+    with running_server(tiny_model, num_blocks=30, max_len=64) as server:
+        answers = asyncio.run(_crowd(server.url, prompts, OUTPUT, stream))
+        assert [status for status, _ in answers] == [200] * 100
+        tokens = [body["choices"][0]["token_ids"] for _, body in answers]
+        assert all(len(t) == OUTPUT for t in tokens) and tokens[:5] == expected
+        session = server.server.engine_loop.session
+        assert session.scheduler.num_preemptions > 0  # the pool ran dry: requests were preempted and recomputed
+        assert_idle_and_drained(server)
+        _still_answers(server)
+
+
+def test_100_concurrent_requests_on_a_contiguous_pool_that_holds_10_wait_their_turn(tiny_model):
+    with running_server(tiny_model, engine="contiguous", num_blocks=30, max_len=48) as server:
+        answers = asyncio.run(_crowd(server.url, _prompts(100), OUTPUT, stream=True))
+        assert [status for status, _ in answers] == [200] * 100
+        session = server.server.engine_loop.session
+        assert session.peak_running == 10  # ten max-len reservations, never more
+        assert_idle_and_drained(server)
+
+
+def test_contiguous_reject_admission_refuses_with_503_and_answers_everyone(tiny_model):
+    with running_server(tiny_model, engine="contiguous", num_blocks=30, max_len=48, admission="reject") as server:
+        for stream in (False, True):
+            answers = asyncio.run(_crowd(server.url, _prompts(100), OUTPUT, stream))
+            statuses = [status for status, _ in answers]
+            assert set(statuses) == {200, 503} and statuses.count(200) >= 10
+            for status, body in answers:
+                if status == 503:
+                    error = body["error"]
+                    assert error["code"] == 503 and "cannot hold this request now" in error["message"]
+                else:
+                    assert len(body["choices"][0]["token_ids"]) == OUTPUT
+            assert_idle_and_drained(server)
+        _still_answers(server)
+
+
+def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
+    """Past the grace period every request still running is withdrawn and answered with a 503."""
+    with running_server(tiny_model, num_blocks=512, max_len=2048) as server:
+        async def load_then_stop():
+            async def one(session, index, stream):
+                body = {"prompt": [index + 1, 2, 3], "max_tokens": 1500, "ignore_eos": True, "stream": stream}
+                async with session.post(server.url + "/v1/completions", json=body) as response:
+                    return response.status, await response.read()
+
+            async with aiohttp.ClientSession() as session:
+                tasks = [asyncio.create_task(one(session, i, i % 2 == 0)) for i in range(6)]
+                await _wait_for(lambda: server.server.engine_loop.session.stats().running == 6)
+                stop = asyncio.run_coroutine_threadsafe(server.server.shutdown(0.2), server.loop)
+                report = await asyncio.wrap_future(stop)
+                return report, await asyncio.gather(*tasks)
+
+        report, answers = asyncio.run(load_then_stop())
+        assert report.aborted == 6 and report.finished_in_grace == 0
+        for index, (status, raw) in enumerate(answers):
+            if index % 2 == 0:  # streamed: headers went out with the first token, the error comes as an event
+                events = raw.decode().split("\n\n")
+                assert status == 200 and events[-2] == "data: [DONE]"
+                error = json.loads(events[-3].removeprefix("data: "))["error"]
+            else:
+                assert status == 503
+                error = json.loads(raw)["error"]
+            assert error["code"] == 503 and "shut down before this request finished" in error["message"]
+
