@@ -1,13 +1,16 @@
 """Every kind of bad input, across commands: one `error:` line on stderr, nothing on stdout, exit 2.
 
 Nothing before the error either: no progress bar, no note, no table (the user reads only the one line).
+Values a source reports outside their meaning are flagged and set aside, never reported as measured.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from bad_servers import RawServer, raw, redirects, respond, trickle
 
 from kvbench.cli import main
 
@@ -131,3 +134,85 @@ def test_a_resume_with_a_torn_tail_and_other_settings_gives_the_error_alone(tmp_
 def test_an_empty_file_option_is_named_not_written_as_the_current_folder(args, option, capfd):
     assert main(args) == 2
     assert _one_error_line_alone(capfd) == f"error: {option} is empty; give a file path"  # not "cannot write ."
+
+
+# -- hostile /metrics endpoints (real servers on 127.0.0.1 that misbehave on purpose) -----------------------
+@pytest.mark.parametrize("handler, said", [
+    (trickle(every_s=1.0), "did not answer within 5 s"),  # each read is quick; the scrape's deadline ends it
+    (raw(b"HTTPX/9 banana\r\n\r\n"), "did not answer in HTTP: Bad status line"),
+    (redirects({"/metrics": "/a", "/a": "/metrics"}), "redirects in a loop"),
+    (redirects({"/metrics": "ftp://127.0.0.1/metrics"}), "redirects to ftp:// (ftp://127.0.0.1/metrics): only"),
+    (respond("# TYPE x gauge\nx 1\n", content_length=500), "the body was cut short"),
+], ids=["trickle", "bad status line", "redirect loop", "redirect to ftp", "short body"])
+@pytest.mark.parametrize("command", ["diagnose", "watch"])
+def test_a_hostile_metrics_endpoint_is_one_error_line_within_the_deadline(command, handler, said, tmp_path, capfd):
+    out = tmp_path / "w"
+    with RawServer(handler) as server:
+        start = time.monotonic()
+        args = ["diagnose", "--url", server.url()] if command == "diagnose" else \
+            ["watch", "--url", server.url(), "--duration", "1", "--out", str(out)]
+        assert main(args) == 2
+        took = time.monotonic() - start
+    err = _one_error_line_alone(capfd)
+    assert err.startswith("error: cannot scrape: ") and said in err, err
+    assert took < 9, took  # 5 s for the whole scrape, not per socket read
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("values, invalid, not_shown", [
+    ({"usage": 37.5}, "vllm:kv_cache_usage_perc is 37.5: outside 0-1 (a share, not a percentage)", "3750"),
+    ({"running": -3}, "vllm:num_requests_running is -3: negative (a count)", "-3 running"),
+    ({"waiting": float("nan")}, "vllm:num_requests_waiting is nan: not a number (NaN)", "nan waiting"),
+    ({"prefix_hits": 1e12}, "vllm:prefix_cache_hits_total is 1e+12: more than the", "prefix-cache hit rate"),
+])
+def test_vllm_values_outside_their_meaning_are_flagged_never_reported(values, invalid, not_shown, metrics_server,
+                                                                        vllm_exposition, capfd):
+    server = metrics_server.serve([vllm_exposition(**values)])
+    assert main(["diagnose", "--url", server.url]) == 0
+    out = capfd.readouterr().out
+    text = " ".join(out.split())  # rich wraps long lines
+    assert "note: invalid value set aside, not used: vLLM engine=0 model_name=" in text
+    assert invalid in text, text
+    assert not_shown not in text
+
+
+def test_kvbench_values_outside_their_meaning_are_flagged_never_reported(metrics_server, capfd):
+    exposition = "\n".join([
+        '# TYPE kvbench_kv_cache_blocks_capacity gauge', 'kvbench_kv_cache_blocks_capacity{engine="paged",device="cpu"} 100',
+        '# TYPE kvbench_kv_cache_blocks_free gauge', 'kvbench_kv_cache_blocks_free{engine="paged",device="cpu"} 50',
+        '# TYPE kvbench_kv_cache_blocks_used gauge', 'kvbench_kv_cache_blocks_used{engine="paged",device="cpu"} 50',
+        '# TYPE kvbench_kv_cache_fragmentation gauge', 'kvbench_kv_cache_fragmentation{engine="paged",device="cpu"} 5',
+        '# TYPE kvbench_requests_running gauge', 'kvbench_requests_running{engine="paged",device="cpu"} 3',
+        '# TYPE kvbench_block_alloc_latency_seconds histogram',
+        'kvbench_block_alloc_latency_seconds_bucket{engine="paged",device="cpu",le="0.001"} NaN',
+        'kvbench_block_alloc_latency_seconds_bucket{engine="paged",device="cpu",le="+Inf"} 4',
+        'kvbench_block_alloc_latency_seconds_count{engine="paged",device="cpu"} 4',
+        'kvbench_block_alloc_latency_seconds_sum{engine="paged",device="cpu"} 0.001', ""])
+    server = metrics_server.serve([exposition])
+    assert main(["diagnose", "--url", server.url, "--json"]) == 0
+    result = json.loads(capfd.readouterr().out)
+    assert [f["rule"] for f in result["findings"]] == []  # no "fragmentation 5.000 > 0.3", no "p99 ~inf ms"
+    reasons = {n["rule"]: n["reason"] for n in result["not_evaluated"]}
+    assert reasons["fragmentation"] == "invalid value: kvbench_kv_cache_fragmentation is 5: outside 0-1 (a share, " \
+        "not a percentage)"
+    assert reasons["alloc_latency"] == "invalid value: kvbench_block_alloc_latency_seconds_bucket: the bucket " \
+        "le=0.001 counts nan"
+    assert sum("invalid value set aside" in note for note in result["notes"]) == 2
+
+
+def test_label_values_with_terminal_escapes_are_printed_escaped(metrics_server, vllm_exposition, tmp_path,
+                                                                 monkeypatch, capfd):
+    import kvbench.studies.watch as watch_study
+
+    hostile = vllm_exposition(usage=0.5).replace('engine="0"', 'engine="0\\u001b]0;pwned\\u0007\\u001b[2J"')
+    hostile = hostile.replace("\\u001b", "\x1b").replace("\\u0007", "\x07")
+    server = metrics_server.serve([hostile])
+    assert main(["diagnose", "--url", server.url]) == 0
+    out = capfd.readouterr().out
+    assert "\x1b]" not in out and "\x07" not in out and "\x1b[2J" not in out
+    assert "engine=0\\x1b]0;pwned\\x07\\x1b[2J" in out.replace("\n", "")
+    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)
+    assert main(["watch", "--url", server.url, "--interval", "0.05", "--duration", "0.05",
+                 "--out", str(tmp_path / "w")]) == 0
+    out = capfd.readouterr().out
+    assert "pwned" in out and "\x1b]0;pwned" not in out and "\x07" not in out

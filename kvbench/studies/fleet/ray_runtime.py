@@ -77,12 +77,12 @@ def check_address(address: str) -> None:
     except OSError as err:
         if isinstance(err, TimeoutError):
             raise KvbenchError(f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT_S:g} s: "
-                               "is it a Ray head's GCS port (ray start --head prints it)?") from None
+                               "is it the GCS port of a Ray head node?") from None
         raise KvbenchError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from None
     if len(head) < 9 or head[3] != _SETTINGS_FRAME:
         seen = head.split(b"\r\n")[0][:40].decode("ascii", "backslashreplace") if head else "closed the connection"
         raise KvbenchError(f"{address} does not answer as a Ray cluster (Ray speaks gRPC; it answered {seen!r}): "
-                           "is it a Ray head's GCS port (ray start --head prints it)?")
+                           "is it the GCS port of a Ray head node?")
 
 
 def _read_up_to(connection: socket.socket, size: int, deadline: float) -> bytes:
