@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 
@@ -117,7 +118,7 @@ def set_aside_torn_tail(path: Path) -> str | None:
     start = body.rfind(b"\n") + 1
     tail = body[start:]
     try:
-        json.loads(tail.decode("utf-8"))
+        json_input.loads(tail.decode("utf-8"))
         return None
     except (UnicodeDecodeError, json.JSONDecodeError):
         pass

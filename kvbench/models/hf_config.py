@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.models.rope_params import (
     check_rope_theta,
@@ -32,6 +33,7 @@ _ARCHITECTURE_CLASSES = {
     "OPTForCausalLM": "opt",
 }
 _MISSING = object()
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes
 
 
 def read_config_json(config_path: Path) -> dict[str, Any]:
@@ -39,7 +41,7 @@ def read_config_json(config_path: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise KvbenchError(f"no config.json at {config_path}")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = json_input.loads(json_input.read_text(config_path, MAX_CONFIG_BYTES))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise KvbenchError(f"malformed config {config_path}: {err}") from None
     if not isinstance(config, dict):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.workload.jsonl import json_objects, read_text
 
@@ -82,7 +83,7 @@ def _trace_row(trace: Path, number: int, row: dict) -> tuple[int, int]:
         ids = row["prompt_token_ids"]
         if isinstance(ids, str):
             try:
-                ids = json.loads(ids)
+                ids = json_input.loads(ids)
             except json.JSONDecodeError:
                 raise KvbenchError(f"{where}: prompt_token_ids is not a list") from None
         if not isinstance(ids, list):

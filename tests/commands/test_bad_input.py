@@ -216,3 +216,56 @@ def test_label_values_with_terminal_escapes_are_printed_escaped(metrics_server, 
                  "--out", str(tmp_path / "w")]) == 0
     out = capfd.readouterr().out
     assert "pwned" in out and "\x1b]0;pwned" not in out and "\x07" not in out
+
+
+# -- JSON and TOML nested past any sense: one line, never a RecursionError traceback ------------------------
+_DEEP = {"very deep": "[" * 100_000 + "]" * 100_000, "past the limit": "[" * 65 + "]" * 65}
+
+
+def _deep_cases(tmp_path, deep: str) -> list[list[str]]:
+    files = {
+        "data.json": deep, "data.jsonl": '{"prompt": "hi", "x": ' + deep + "}\n",
+        "requests.jsonl": '{"prompt_token_ids": ' + deep + ', "output_len": 4}\n',
+        "trace.jsonl": '{"prompt_len": 4, "output_len": 4, "x": ' + deep + "}\n",
+        "model/config.json": '{"model_type": "llama", "x": ' + deep + "}",
+        "run/summary.json": '{"schema_version": 1, "points": ' + deep + "}",
+        "w/timeline.jsonl": '{"kind": "kvbench-watch", "version": 1, "url": ' + deep + "}\n",
+        "scenario.toml": "x = " + deep.replace("]", "]") + "\n", "thresholds.toml": "x = " + deep + "\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    t = lambda name: str(tmp_path / name)  # noqa: E731
+    return [["dataset", t("data.json")], ["dataset", t("data.jsonl")],
+            ["waste", "--dataset", t("data.json"), "--out", t("o1")],
+            ["sweep", "--simulate", "--requests-file", t("requests.jsonl"), "--out", t("o2")],
+            ["waste", "--trace", t("trace.jsonl"), "--out", t("o3")],
+            ["capacity", "--model", t("model")], ["waste", "--model", t("model"), "--out", t("o4")],
+            ["compare", t("run"), t("run")], ["diagnose", t("run")], ["diagnose", t("w/timeline.jsonl")],
+            ["sweep", "--simulate", "--scenario", t("scenario.toml"), "--out", t("o5")],
+            ["diagnose", t("run"), "--thresholds", t("thresholds.toml")]]
+
+
+@pytest.mark.parametrize("depth", list(_DEEP))
+def test_deeply_nested_input_is_one_error_line(depth, tmp_path, capfd):
+    for args in _deep_cases(tmp_path, _DEEP[depth]):
+        assert main(args) == 2, args
+        err = _one_error_line_alone(capfd)
+        assert "Recursion" not in err and ("nested" in err or "not valid" in err or "invalid" in err), (args, err)
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path, capfd):
+    """Windows editors start UTF-8 files with a byte-order mark: not a reason to call a file "not JSON"."""
+    bom = "\ufeff"
+    prompt = "tell me, in a few words, how a paged KV cache differs from a contiguous one"
+    (tmp_path / "data.jsonl").write_text(bom + json.dumps({"prompt": prompt, "output_len": 5}) + "\n" * 1 +
+                                         (json.dumps({"prompt": prompt, "output_len": 5}) + "\n") * 2, encoding="utf-8")
+    (tmp_path / "trace.csv").write_text(bom + "prompt_len,output_len\n10,10\n20,5\n", encoding="utf-8")
+    (tmp_path / "share.json").write_text(bom + json.dumps([{"conversations": [
+        {"from": "human", "value": prompt}, {"from": "gpt", "value": prompt}]}] * 2), encoding="utf-8")
+    assert main(["dataset", str(tmp_path / "data.jsonl"), "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["meta"]["dataset"]["records"] == 3
+    assert main(["dataset", str(tmp_path / "share.json"), "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["meta"]["dataset"]["records"] == 2
+    assert main(["waste", "--trace", str(tmp_path / "trace.csv"), "--out", str(tmp_path / "w"), "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["meta"]["requests"] == 2
