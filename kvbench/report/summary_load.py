@@ -100,6 +100,8 @@ def _point_key(point: Any, default_scenario: str, where: str) -> PointKey:
         raise KvbenchError(f"{where} has no engine name")
     if type(concurrency) is not int:
         raise KvbenchError(f"{where} has no integer concurrency")
+    if concurrency < 0:
+        raise KvbenchError(f"{where} has concurrency {concurrency}, below 0 (0 is an open-loop point)")
     if not isinstance(scenario, str):
         raise KvbenchError(f"{where} has a non-string scenario")
     return PointKey(engine, concurrency, scenario)

@@ -95,6 +95,30 @@ def test_a_corrupted_base_metric_is_unusable_input(tmp_path, capsys, value, show
     assert captured.err.startswith(f"error: {base / 'summary.json'}: point paged c=10 article: metric completed is {shown}")
 
 
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("concurrency", -2, "has concurrency -2, below 0 (0 is an open-loop point)"),
+    ("output_throughput", -5.0, "metric output_throughput is -5.0, negative"),
+    ("completed", 1.5, "metric completed is 1.5, not a whole number of at least 0"),
+    ("completed", -1, "metric completed is -1, not a whole number of at least 0"),
+    ("status", "exploded", "status is 'exploded', not one of ok, oom, error"),
+    ("waste", {"internal_pct": 150.0}, "metric waste.internal_pct is 150.0, outside 0-100 (a percentage)"),
+    ("fragmentation_mean", 3.0, "metric fragmentation_mean is 3.0, outside 0-1 (a fraction)"),
+    ("p99_ttft_ms", -1.0, "metric p99_ttft_ms is -1.0, negative"),
+])
+@pytest.mark.parametrize("side", ["base", "head"])
+def test_a_point_field_outside_its_meaning_is_unusable_input(tmp_path, capsys, field, value, said, side):
+    """Not data to judge (a FAIL, exit 1): a summary no kvbench writes (exit 2), whichever side holds it."""
+    runs = {"base": write_run(tmp_path, "base", 41.0), "head": write_run(tmp_path, "head", 41.0)}
+    summary = json.loads((runs[side] / "summary.json").read_text())
+    summary["points"][0][field] = value
+    (runs[side] / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(runs["base"]), str(runs["head"]), "--absolute"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"error: {runs[side] / 'summary.json'}: point ") and said in captured.err, \
+        captured.err
+
+
 def test_a_null_base_metric_fails_with_a_note(tmp_path, capsys):
     base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 41.0)
     text = (base / "summary.json").read_text().replace('"completed": 40', '"completed": null', 1)
