@@ -16,7 +16,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import content_sha256
-from kvbench.preflight import check_requests_for_host, check_run_counts
+from kvbench.preflight import check_concurrency, check_requests_for_host, check_run_counts
 from kvbench.report.rundir import run_meta
 from kvbench.studies.backends import PointBackend
 from kvbench.studies.sweep import SweepPlan
@@ -86,6 +86,7 @@ class SweepSetup:
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
         block_size = options.block_size or spec.block_size
+        check_concurrency(dict.fromkeys(levels))  # a level past any request count, before the counts it implies
         counts = {c: options.requests or spec.requests_for(c) for c in levels}
         check_run_counts(requests=max(counts.values()), block_size=block_size, samples=spec.samples)
         stop = options.stop or default_stop(options.model, options.simulate)
@@ -100,6 +101,7 @@ class SweepSetup:
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
             counts = {c: min(n, len(workload.pairs)) for c, n in counts.items()}
+        check_concurrency(counts)
         if not options.simulate:
             pairs = workload.pairs
             outputs = [o if stop == "length" else max_len - p for p, o in pairs]

@@ -100,6 +100,8 @@ def _trace_row(trace: Path, number: int, row: dict) -> tuple[int, int]:
 def _positive_int(value, what: str) -> int:
     if value is None or value == "":
         raise KvbenchError(f"{what} is missing")
+    if isinstance(value, bool):  # JSON true is no length (Python would count it as 1)
+        raise KvbenchError(f"{what} must be a positive integer, got {str(value).lower()}")
     try:
         number = float(value)
     except (TypeError, ValueError):

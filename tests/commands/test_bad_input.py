@@ -269,3 +269,17 @@ def test_a_byte_order_mark_is_read_past(tmp_path, capfd):
     assert json.loads(capfd.readouterr().out)["meta"]["dataset"]["records"] == 2
     assert main(["waste", "--trace", str(tmp_path / "trace.csv"), "--out", str(tmp_path / "w"), "--json"]) == 0
     assert json.loads(capfd.readouterr().out)["meta"]["requests"] == 2
+
+
+@pytest.mark.parametrize("row, said", [
+    ('{"prompt_len": true, "output_len": 4}', "request 1: prompt_len must be a positive integer, got true"),
+    ('{"prompt_len": 4, "output_len": false}', "request 1: output_len must be a positive integer, got false"),
+])
+@pytest.mark.parametrize("command", ["waste", "fleet"])
+def test_a_trace_length_given_as_a_boolean_is_refused_not_counted_as_1(command, row, said, tmp_path, capfd):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(row + "\n")
+    args = ["waste", "--trace", str(trace)] if command == "waste" else \
+        ["fleet", "--simulate", "--rate", "5", "--trace", str(trace)]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
+    assert said in _one_error_line_alone(capfd)
