@@ -283,3 +283,43 @@ def test_a_trace_length_given_as_a_boolean_is_refused_not_counted_as_1(command, 
         ["fleet", "--simulate", "--rate", "5", "--trace", str(trace)]
     assert main([*args, "--out", str(tmp_path / "run")]) == 2
     assert said in _one_error_line_alone(capfd)
+
+
+# -- simulated fleets that would never end or would eat the machine: refused up front, with the reason -------
+@pytest.mark.parametrize("args, said", [
+    (["--rate", "1e-300"], "at 1e-300 req/s, 300 requests take about 2.99e+302 s to arrive; a simulated clock covers "
+                           "1e+09 s (about 31 years): raise the rate to at least 2.99e-07 req/s"),
+    (["--rate", "5", "--tick", "1e-9"], "a tick of 1e-09 s is finer than an engine step"),
+    (["--rate", "5", "--prefix-groups", "1000000", "--prefix-len", "100000"],
+     "a shared prefix of 100,000 tokens does not fit a prompt: at max-len 2,048"),
+    (["--rate", "5", "--prefix-groups", "99999999999", "--prefix-len", "8"], "prefix groups is above kvbench's limit"),
+    (["--rate", "5", "--autoscale", "--startup-s", "1e300"], "an instance start-up of 1e+300 s is past"),
+    (["--trace", "FAR"], "span 1e+300 s; a simulated clock covers 1e+09 s"),
+])
+def test_a_simulated_fleet_that_could_not_end_is_refused_up_front(args, said, tmp_path, capfd):
+    far = tmp_path / "far.jsonl"
+    far.write_text("".join(json.dumps({"prompt_len": 10, "output_len": 5, "arrival_time": t}) + "\n"
+                           for t in (0, 1, 1e300)))
+    args = [str(far) if a == "FAR" else a for a in args]
+    start = time.monotonic()
+    assert main(["fleet", "--simulate", "--requests", "300", *args, "--out", str(tmp_path / "run")]) == 2
+    assert said in _one_error_line_alone(capfd)
+    assert time.monotonic() - start < 60 and not (tmp_path / "run").exists()
+
+
+def test_a_fleet_with_a_one_year_gap_and_a_million_prefix_groups_runs_at_the_cost_of_its_requests(tmp_path, capfd):
+    """A gap costs nothing (the idle fleet's clock jumps), and prefixes are drawn only as prompts use them."""
+    trace = tmp_path / "year.jsonl"
+    year = 365 * 86400
+    trace.write_text("".join(json.dumps({"prompt_len": 100 + i, "output_len": 20, "arrival_time": i if i < 10
+                                         else year + i}) + "\n" for i in range(20)))
+    start = time.monotonic()
+    assert main(["fleet", "--simulate", "--instances", "64", "--trace", str(trace), "--tick", "0.5", "--policies",
+                 "round-robin", "--out", str(tmp_path / "year"), "--json"]) == 0
+    (point,) = json.loads(capfd.readouterr().out)["points"]
+    assert point["completed"] == 20 and point["elapsed_s"] > year
+    assert main(["fleet", "--simulate", "--rate", "20", "--requests", "50", "--prefix-groups", "1000000",
+                 "--prefix-len", "1000", "--policies", "prefix-affinity", "--out", str(tmp_path / "prefix"),
+                 "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["points"][0]["completed"] == 50
+    assert time.monotonic() - start < 120
