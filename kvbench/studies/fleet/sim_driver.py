@@ -58,6 +58,7 @@ class SimulatedFleet:
         self._busy: list[tuple[float, int]] = []  # (clock, slot index) of the instances with work, earliest first
         self._queued: set[int] = set()  # slot indices in _busy
         self._touched: set[int] = set()  # slots given a request since the last advance
+        self._changing: list[InstanceSlot] = []  # slots starting or draining (few, and only with autoscaling)
 
     def _serving_slot(self, index: int, t: float) -> InstanceSlot:
         instance = self.make_instance(t)
@@ -75,7 +76,7 @@ class SimulatedFleet:
             index = heapq.heappop(self._busy)[1]
             self._queued.discard(index)
             due.add(index)
-        for slot in self.slots:  # few: only while an instance starts or drains
+        for slot in self._changing:
             if slot.state == STARTING and slot.ready_at <= t:
                 slot.handle = self.make_instance(slot.ready_at)
                 slot.state = SERVING
@@ -85,6 +86,7 @@ class SimulatedFleet:
                 due.add(slot.index)
         for index in sorted(due):
             self._step(self.slots[index], t)
+        self._changing = [slot for slot in self._changing if slot.state in (STARTING, DRAINING)]
 
     def _step(self, slot: InstanceSlot, t: float) -> None:
         """One instance run up to ``t``: what ended is collected, its report refreshed, a drained one stopped."""
@@ -130,16 +132,18 @@ class SimulatedFleet:
             index = len(self.slots)
             self.slots.append(InstanceSlot(index, None, STARTING, started_at=t, ready_at=t + self.startup_s,
                                            startup_s=self.startup_s))
+            self._changing.append(self.slots[-1])
             self.events.append((t, "up", index))
         elif action == "down":
             slot = drain_choice(self.slots)
             slot.state, slot.drained_at = DRAINING, t
+            self._changing.append(slot)
             self.events.append((t, "down", slot.index))
 
     def _idle(self) -> bool:
         """Nothing can change until a request arrives: no instance has work or a request in flight, none
         starts or drains, and the autoscaler has nothing left to remove."""
-        if self._busy or self._touched:
+        if self._busy or self._touched or self._changing:
             return False
         serving = 0
         for slot in self.slots:
@@ -163,6 +167,7 @@ class SimulatedFleet:
     # -- the run ----------------------------------------------------------------------------------------
     def run(self, arrivals: Sequence[tuple[float, Request]], policy_name: str) -> FleetRun:
         ticks = 0  # ticks taken; tick k is at k * tick_s
+        self._changing = [slot for slot in self.slots if slot.state in (STARTING, DRAINING)]
         for t, request in arrivals:
             while ticks * self.tick_s <= t:
                 self.tick(ticks * self.tick_s)
