@@ -6,13 +6,22 @@
    other policies) on the same arrivals. Writes a run directory with the plots (look at fleet_usage.png).
 2. Speed: 64 simulated instances, 10,000 requests in all, rate scaled to the same load per instance (goal:
    under 60 s on the project's 2-core machine).
+3. How the cost grows (``--growth``): wall time and peak memory of one policy's simulated run as the instances
+   grow at a fixed request count and rate (16 to 1,024 instances, 3,000 requests at 1,000 req/s), and as the
+   requests grow at a fixed fleet (64 instances, 1,000 to 30,000 requests at 85% load). Each run in a process
+   of its own (its peak RSS is its own), with the engine steps it simulated: the cost should follow the
+   steps and arrivals, not the instances or the simulated time.
 
-    python benchmarks/bench_fleet.py [--out reports/bench-fleet] [--requests 4000] [--skip-scale]
+    python benchmarks/bench_fleet.py [--out reports/bench-fleet] [--requests 4000] [--skip-scale] [--growth]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,12 +113,52 @@ def scale(rate_per_4: float, instances: int = 64, requests: int = 10_000) -> Non
           f"({run.end_s:.0f} s simulated; goal < 60 s)")
 
 
+def one_run(instances: int, rate: float, requests: int, policy: str) -> dict:
+    """One policy's simulated run, timed (setup excluded), in this process: what ``--one`` prints."""
+    setup = setup_for(rate, instances, requests, (policy,))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    run = simulate_policy(setup, policy)
+    seconds = time.perf_counter() - start
+    run.check_complete(requests)
+    steps = sum(slot.handle.clock for slot in run.slots if slot.handle is not None)
+    return {"instances": instances, "rate": rate, "requests": requests, "wall_s": seconds, "steps": steps,
+            "simulated_s": run.end_s, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_before_mib": rss_before / 1024, "samples": len(run.samples)}
+
+
+def growth(rate_per_4: float, policy: str = "most-free-blocks") -> None:
+    """The cost against the instances (fixed requests and rate) and against the requests (fixed fleet)."""
+    configs = [(n, 1000.0, 3000) for n in (16, 64, 256, 1024)]
+    configs += [(64, rate_per_4 * 16, n) for n in (1000, 3000, 10_000, 30_000)]
+    print(f"{'instances':>9} {'req/s':>7} {'requests':>8} {'wall s':>7} {'steps':>9} {'us/(step+req)':>13} "
+          f"{'sim s':>7} {'peak RSS MiB':>12}")
+    for instances, rate, requests in configs:
+        out = subprocess.run([sys.executable, __file__, "--one", str(instances), str(rate), str(requests), policy],
+                             capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        per = 1e6 * r["wall_s"] / (r["steps"] + r["requests"])
+        print(f"{instances:>9} {rate:>7.0f} {requests:>8,} {r['wall_s']:>7.1f} {r['steps']:>9,} {per:>13.1f} "
+              f"{r['simulated_s']:>7.0f} {r['peak_rss_mib']:>12.0f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("reports/bench-fleet"))
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--growth", action="store_true", help="Only the cost-growth tables (rate per 4 instances: "
+                        "--rate-per-4, default the 85%% rate found before, 38.7 req/s).")
+    parser.add_argument("--rate-per-4", type=float, default=38.7)
+    parser.add_argument("--one", nargs=4, metavar=("INSTANCES", "RATE", "REQUESTS", "POLICY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        instances, rate, requests, policy = args.one
+        print(json.dumps(one_run(int(instances), float(rate), int(requests), policy)))
+        return
+    if args.growth:
+        growth(args.rate_per_4)
+        return
     rate = study(args.out, args.requests)
     if not args.skip_scale:
         scale(rate)

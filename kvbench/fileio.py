@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 
@@ -117,7 +120,7 @@ def set_aside_torn_tail(path: Path) -> str | None:
     start = body.rfind(b"\n") + 1
     tail = body[start:]
     try:
-        json.loads(tail.decode("utf-8"))
+        json_input.loads(tail.decode("utf-8"))
         return None
     except (UnicodeDecodeError, json.JSONDecodeError):
         pass
@@ -134,42 +137,99 @@ def set_aside_torn_tail(path: Path) -> str | None:
 class DirectoryLock:
     """An exclusive advisory lock on a run directory, so two commands never write into it at once.
 
-    The lock is held on ``<dir>/.kvbench.lock`` (which names the holder's pid) until ``release`` or the
-    end of the process; a second taker gets a one-line error at once instead of waiting.
+    The lock is held on ``<dir>/.kvbench.lock`` (which names the holder's pid) until ``release``, the end of
+    the block, or the end of the process; a second taker gets a one-line error at once instead of waiting.
+    Released, the file is removed (a finished run leaves none behind). The file is created exclusively and
+    opened without following links: a symbolic link, a hard link, a file another user owns or anything but a
+    regular file at that name is refused, so a planted link cannot make kvbench write through it.
     """
 
     FILE = ".kvbench.lock"
+    _ATTEMPTS = 5  # a lock file removed by its releaser between our open and our lock: take the new one
 
     def __init__(self, directory: Path, what: str = "kvbench") -> None:
         import fcntl
+        import weakref
 
-        self.path = directory / self.FILE
+        self.directory = Path(directory)
+        self.path = self.directory / self.FILE
+        for _ in range(self._ATTEMPTS):
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = ascii(os.pread(fd, 80, 0).decode("utf-8", "replace").strip())[1:-1] or "another process"
+                os.close(fd)
+                raise KvbenchError(f"{directory} is in use by another {what} ({holder}); wait for it "
+                                   "to finish or choose another run directory") from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # released (and removed) by its holder meanwhile: lock the file now at that name
+        else:
+            raise KvbenchError(f"cannot lock {directory}: its lock file keeps being replaced")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}".encode())
+        self._fd: int | None = fd
+        self._finalizer = weakref.finalize(self, _unlock, fd, self.path, os.getpid())  # also at exit, on errors
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         try:
-            self._handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release()
+            try:
+                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:  # left by a run that crashed, or held now: check it, then try its lock
+                fd = os.open(self.path, flags)
         except OSError as err:
-            raise KvbenchError(f"cannot lock {directory}: {err.strerror or err}") from None
-        try:
-            fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._handle.seek(0)
-            holder = self._handle.read().strip() or "another process"
-            self._handle.close()
-            raise KvbenchError(f"{directory} is in use by another {what} ({holder}); wait for it to finish or "
-                               "choose another run directory") from None
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(f"pid {os.getpid()}")
-        self._handle.flush()
+            if err.errno == errno.ELOOP:
+                raise KvbenchError(f"{self.path} is a symbolic link: kvbench does not follow links for its lock "
+                                   "file; remove it") from None
+            if err.errno == errno.EISDIR:
+                raise KvbenchError(f"{self.path} is not a regular file: kvbench will not use it as its lock file; "
+                                   "remove it") from None
+            raise KvbenchError(f"cannot lock {self.directory}: {err.strerror or err}") from None
+        info = os.fstat(fd)
+        problem = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else
+                   "belongs to another user" if info.st_uid != os.geteuid() else
+                   "has other hard links" if info.st_nlink != 1 else None)
+        if problem:
+            os.close(fd)
+            raise KvbenchError(f"{self.path} {problem}: kvbench will not use it as its lock file; remove it")
+        return fd
 
     def release(self) -> None:
-        if not self._handle.closed:
-            self._handle.close()
+        """Remove the lock file and let the lock go (safe to call twice)."""
+        self._finalizer()
 
     def __enter__(self) -> DirectoryLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open at ``fd``."""
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
+def _unlock(fd: int, path: Path, owner_pid: int) -> None:
+    """Remove the lock file while still holding its lock (a waiter that opened it then finds it gone and
+    takes the new one), then close it. Only in the process that took it (a forked child inherits the
+    finalizer, not the lock's ownership)."""
+    if os.getpid() != owner_pid:
+        return
+    try:
+        if _same_file(fd, path):
+            path.unlink()
+    except OSError:
+        pass  # a read-only folder: the file stays, unlocked, and the next taker reuses it
+    finally:
+        os.close(fd)
 
 
 def _json_default(value: Any) -> Any:

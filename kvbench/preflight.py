@@ -9,6 +9,7 @@ change; the ``*_for_*`` and ``available_*`` helpers read the machine (free memor
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,18 @@ def check_run_counts(
             check_count(name, value)
     if prompts is not None and samples is not None:
         check_count("requests", prompts * samples, option="prompts x samples per prompt")
+
+
+def check_concurrency(counts: Mapping[int, int | None]) -> None:
+    """Each closed-loop concurrency can be met: within the request limit (no point holds more requests) and,
+    where its point's request count is known, no more than that count; else the point would record a
+    concurrency it never ran."""
+    for concurrency, requests in sorted(counts.items()):
+        check_count("requests", concurrency, option="concurrency")
+        if requests is not None and concurrency > requests:
+            raise KvbenchError(f"concurrency {concurrency:,} is more than the {requests:,} requests of its point: at "
+                               f"most {requests:,} can be in flight, so the point would not measure concurrency "
+                               f"{concurrency:,}; lower it or send at least {concurrency:,} requests")
 
 
 # ---------------------------------------------------------------------------------------------- memory

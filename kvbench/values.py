@@ -1,9 +1,11 @@
-"""Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, and byte
-counts as people read them. One copy of each, below everything that uses them."""
+"""Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, byte
+counts as people read them, and text from outside made safe to print. One copy of each, below everything
+that uses them."""
 
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -30,3 +32,12 @@ def human_bytes(count: float | None, unit: str | None = None) -> str:
             return f"{count:,.0f} {name}" if name == "B" else f"{count:,.2f} {name}"
         count /= 1024
     return f"{count:.2f} TiB"
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """Text from outside (a server's label value, a file's field) as it may be shown on a terminal: control
+    and format characters (an escape sequence's ESC, a carriage return, a bidirectional override) written as
+    ``\\x1b``-style escapes, never sent to the terminal; cut to ``limit`` characters with ``...``."""
+    out = "".join(char if unicodedata.category(char)[0] != "C" else
+                  char.encode("unicode_escape").decode("ascii") for char in str(text))
+    return out if limit is None or len(out) <= limit else out[:limit] + "..."

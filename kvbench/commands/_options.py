@@ -65,8 +65,12 @@ def output_file(text: str | None, option: str) -> Path | None:
 
 
 def writable_file(path: Path | None, option: str) -> Path | None:
-    """Check now, before any work, that ``path`` can be written (its folder exists or can be made, and
-    accepts files), so a long run does not fail at its very end."""
+    """Check now, before any work, that ``path`` can be written (its folder exists and accepts files), so a
+    long run does not fail at its very end.
+
+    A single file goes into a folder that exists: kvbench never makes folders for it (a mistyped path would
+    leave a tree behind). Run directories are kvbench's own and are created, with their parents
+    (``report/rundir.py``)."""
     if path is None:
         return None
     if not str(path).strip():
@@ -74,8 +78,10 @@ def writable_file(path: Path | None, option: str) -> Path | None:
     if path.is_dir():
         raise KvbenchError(f"{option} {path} is a directory; give a file path")
     folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise KvbenchError(f"{option} {path}: the folder {folder} {what}; create it first or choose another path")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe", delete=True)
         probe.close()
     except OSError as err:

@@ -154,7 +154,7 @@ def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_
     if on_ray and metrics:
         raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
     if on_ray:
-        ray_runtime.import_ray()  # installed, or one line saying how, before any work
+        ray_runtime.prepare_ray(ray_address)  # installed and the cluster answering, or one line saying why, before any work
 
 
 def _prepare_results(run_dir, resume: bool) -> list[str]:

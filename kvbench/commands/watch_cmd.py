@@ -23,14 +23,18 @@ over time).
 """
 
 
+MAX_INTERVAL_S = 3600.0  # an hour between scrapes: past that, a watch sees nothing happen
+MAX_DURATION_S = 30 * 86400.0  # a month, bounded (an infinite one is the default: until Ctrl-C)
+
+
 def register(app: typer.Typer) -> None:
     app.command("watch", help=HELP)(watch_command)
 
 
 def watch_command(
     url: str = typer.Option(..., "--url", help="Metrics endpoint, e.g. http://127.0.0.1:8000/metrics."),
-    interval: float = typer.Option(1.0, "--interval", min=0.05, help="Seconds between scrapes."),
-    duration: float | None = typer.Option(None, "--duration", min=0.0, help="Stop after this many seconds (default: at Ctrl-C)."),
+    interval: float = typer.Option(1.0, "--interval", min=0.05, max=MAX_INTERVAL_S, help="Seconds between scrapes (0.05 to 3600)."),
+    duration: float | None = typer.Option(None, "--duration", min=0.0, max=MAX_DURATION_S, help="Stop after this many seconds, at most 30 days (default: at Ctrl-C)."),
     out: str | None = typer.Option(None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
 ) -> None:
     first = read_endpoint(url)  # a URL that is down or not a metrics page fails here, before any file is made

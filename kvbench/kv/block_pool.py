@@ -1,9 +1,11 @@
 """A pool of fixed-size KV blocks with ref counts and an O(1) free queue.
 
-The free queue is a doubly linked list over block ids kept in two arrays, so that taking the head,
-appending at the tail and removing any given free block (a prefix-cache hit, or a contiguous run) are all
-O(1). Freed blocks go to the tail, so the least recently freed block is reused first; this keeps
-prefix-cached blocks alive as long as possible.
+The free queue is the blocks never handed out, in id order, followed by a doubly linked list of the blocks
+freed after use (over block ids, in two arrays), so that taking the head, appending at the tail and removing
+any given free block (a prefix-cache hit) are all O(1). Freed blocks go to the tail, so the least recently
+freed block is reused first; this keeps prefix-cached blocks alive as long as possible. The never-used
+blocks are a range, not list nodes: a pool costs little until its blocks are used (a simulated fleet holds a
+thousand pools of thousands of blocks, most of them never touched).
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ class BlockPool:
         self.num_shared = 0  # blocks with more than one owner: none means no write needs copy-on-write
         self.num_free = num_blocks
         self.total_allocations = 0  # block allocations over the pool's life (metrics)
-        self._prev = [i - 1 for i in range(num_blocks)]
-        self._next = [i + 1 for i in range(num_blocks)]
-        self._next[-1] = self._NIL
-        self._head = 0
-        self._tail = num_blocks - 1
+        self._fresh = 0  # blocks _fresh .. num_blocks - 1 were never handed out: the head of the queue, in order
+        self._prev = [self._NIL] * num_blocks  # the linked part: blocks freed after use, oldest first
+        self._next = [self._NIL] * num_blocks
+        self._head = self._NIL
+        self._tail = self._NIL
         self._in_free_queue = [True] * num_blocks
 
     # -- free queue -------------------------------------------------------------------------------------
@@ -80,6 +82,8 @@ class BlockPool:
 
     def peek_free(self) -> int:
         """The block ``allocate`` would hand out next (the head of the free queue)."""
+        if self._fresh < self.num_blocks:
+            return self._fresh
         if self._head == self._NIL:
             raise OutOfBlocks("no free KV block")
         return self._head
@@ -87,7 +91,7 @@ class BlockPool:
     def allocate(self) -> int:
         """Take the least recently freed block; its ref count becomes 1."""
         block = self.peek_free()
-        self._unlink(block)
+        self._take_free(block)
         self.ref_counts[block] = 1
         self.total_allocations += 1
         return block
@@ -96,9 +100,31 @@ class BlockPool:
         """Take a specific free block (a contiguous run, or a prefix-cache hit)."""
         if not self._in_free_queue[block]:
             raise BlockPoolError(f"block {block} is not free")
-        self._unlink(block)
+        self._take_free(block)
         self.ref_counts[block] = 1
         self.total_allocations += 1
+
+    def _take_free(self, block: int) -> None:
+        if block == self._fresh:  # the next never-used block
+            self._fresh += 1
+            self._in_free_queue[block] = False
+            self.num_free -= 1
+            return
+        if block > self._fresh:  # a never-used block out of order: the rest of the range becomes list nodes
+            self._link_fresh()
+        self._unlink(block)
+
+    def _link_fresh(self) -> None:
+        """Turn the never-used range into list nodes ahead of the freed ones (same queue order)."""
+        for block in range(self.num_blocks - 1, self._fresh - 1, -1):
+            self._next[block] = self._head
+            self._prev[block] = self._NIL
+            if self._head == self._NIL:
+                self._tail = block
+            else:
+                self._prev[self._head] = block
+            self._head = block
+        self._fresh = self.num_blocks
 
     def take_run(self, start: int, count: int) -> None:
         """Take the free blocks ``start .. start+count-1``."""
@@ -144,7 +170,7 @@ class BlockPool:
 
     def free_blocks(self) -> list[int]:
         """Free block ids in queue order (for invariant checks and extent rebuilding)."""
-        blocks, block = [], self._head
+        blocks, block = list(range(self._fresh, self.num_blocks)), self._head
         while block != self._NIL:
             blocks.append(block)
             block = self._next[block]

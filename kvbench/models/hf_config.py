@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.models.quantization import format_from_config
 from kvbench.models.rope_params import (
@@ -45,6 +46,7 @@ _ARCHITECTURE_CLASSES = {
     "OPTForCausalLM": "opt",
 }
 _MISSING = object()
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes
 
 
 def read_config_json(config_path: Path) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def read_config_json(config_path: Path) -> dict[str, Any]:
     if not config_path.is_file():
         raise KvbenchError(f"no config.json at {config_path}")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = json_input.loads(json_input.read_text(config_path, MAX_CONFIG_BYTES))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise KvbenchError(f"malformed config {config_path}: {err}") from None
     if not isinstance(config, dict):

@@ -32,6 +32,7 @@ from kvbench.report.compare_policy import (
     ratio_metric_name,
 )
 from kvbench.report.fields import lookup
+from kvbench.report.point_check import metric_problem, status_problem
 from kvbench.report.summary_load import PointKey, Summary
 from kvbench.values import is_number
 
@@ -40,7 +41,7 @@ MIN_SAMPLES = 3
 EXACT_TEST_MAX_SIZE = 20  # exact Mann-Whitney p-values for untied samples up to this size
 POINT_METRIC = "(point)"  # the metric name of a missing/new point's row
 STATUS_METRIC = "status"
-STATUS_RANK = {"ok": 2, "oom": 1, "error": 0}  # higher is better; unknown statuses rank as error
+STATUS_RANK = {"ok": 2, "oom": 1, "error": 0}  # higher is better (another status is refused on reading)
 META_FIELDS_TO_MATCH = (
     "model", "model_name", "scenario", "device", "gpu", "seed", "requests", "block_size",
     "kv_pool_slots", "pool_slots", "max_len", "repeat", "reserve", "admission",
@@ -187,10 +188,14 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
             continue
         if value is not None and not is_number(value, finite=True):
             raise KvbenchError(f"{where}: metric {name} is {_shown(value)}, not a number")
-        metrics[name] = Observation(value, _samples(samples.get(name), f"{where}: samples of {name}"))
+        observed = Observation(value, _samples(samples.get(name), f"{where}: samples of {name}"))
+        for number in (value, *observed.samples):
+            if number is not None and (problem := metric_problem(name, number)):
+                raise KvbenchError(f"{where}: metric {name} is {_shown(number)}, {problem}")
+        metrics[name] = observed
     status = point.get("status")
-    if status is not None and not isinstance(status, str):
-        raise KvbenchError(f"{where}: status is {_shown(status)}, not a string")
+    if status is not None and (problem := status_problem(status)):
+        raise KvbenchError(f"{where}: status is {_shown(status)}, {problem}")
     return Measured(status, metrics)
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from kvbench import json_input
 from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, markdown_table, write_summary
 
@@ -88,8 +88,8 @@ def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> di
 def _read_series(run_dir: Path, policy: str) -> dict | None:
     path = run_dir / f"fleet-{policy}.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return json_input.loads(json_input.read_text(path))
+    except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
         return None
 
 

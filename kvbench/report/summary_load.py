@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.report.schema import SCHEMA_VERSION
 
@@ -39,6 +40,9 @@ class Summary:
     points: Mapping[PointKey, Mapping[str, Any]]  # in file order
 
 
+MAX_SUMMARY_BYTES = 256 << 20  # a summary of thousands of points is megabytes
+
+
 def summary_path(location: str | os.PathLike) -> Path:
     """``location`` itself when it is a file, else ``location/summary.json``."""
     path = Path(location)
@@ -54,11 +58,11 @@ def summary_path(location: str | os.PathLike) -> Path:
 def load_summary(location: str | os.PathLike) -> Summary:
     path = summary_path(location)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = json_input.read_text(path, MAX_SUMMARY_BYTES)
     except (OSError, UnicodeDecodeError) as err:
         raise KvbenchError(f"cannot read {path}: {err}") from err
     try:
-        data = json.loads(text)
+        data = json_input.loads(text)
     except json.JSONDecodeError as err:
         raise KvbenchError(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from err
     return parse_summary(data, path)
@@ -96,6 +100,8 @@ def _point_key(point: Any, default_scenario: str, where: str) -> PointKey:
         raise KvbenchError(f"{where} has no engine name")
     if type(concurrency) is not int:
         raise KvbenchError(f"{where} has no integer concurrency")
+    if concurrency < 0:
+        raise KvbenchError(f"{where} has concurrency {concurrency}, below 0 (0 is an open-loop point)")
     if not isinstance(scenario, str):
         raise KvbenchError(f"{where} has a non-string scenario")
     return PointKey(engine, concurrency, scenario)

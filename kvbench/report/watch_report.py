@@ -19,6 +19,11 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _flagged(state: ServerState, fields: tuple[str, ...], cell: str | Text) -> str | Text:
+    """The cell, or "invalid" where the engine reported one of ``fields`` outside its meaning."""
+    return Text("invalid", style="magenta") if any(f in state.invalid for f in fields) else cell
+
+
 class WatchView:
     """The last ``rows`` scrapes of each engine instance, newest last, redrawn after every scrape."""
 
@@ -55,7 +60,7 @@ class WatchView:
         return Group(*parts)
 
     def _table(self, source: str, rows: deque[tuple[float, ServerState]]) -> Table:
-        table = Table(title=source, title_justify="left")
+        table = Table(title=Text(source), title_justify="left")  # a Text: label values are not markup
         for column in ("t (s)", "KV usage", "free blocks", "running", "waiting", "preemptions (+new)",
                        "prefix hits"):
             table.add_column(column, justify="right")
@@ -67,10 +72,16 @@ class WatchView:
             if before is not None and before.preemptions is not None and state.preemptions is not None:
                 new = f" (+{max(0.0, state.preemptions - before.preemptions):.0f})"
             hit = state.hit_rate
-            table.add_row(f"{elapsed:,.1f}", Text(usage, style=style or ""), _num(state.free_blocks),
-                          _num(state.running), _num(state.waiting), _num(state.preemptions) + new,
-                          "-" if hit is None else pct(hit))
+            table.add_row(f"{elapsed:,.1f}", _flagged(state, ("usage",), Text(usage, style=style or "")),
+                          _flagged(state, ("usage", "total_blocks"), _num(state.free_blocks)),
+                          _flagged(state, ("running",), _num(state.running)),
+                          _flagged(state, ("waiting",), _num(state.waiting)),
+                          _flagged(state, ("preemptions",), _num(state.preemptions) + new),
+                          _flagged(state, ("prefix_queries", "prefix_hits", "prefix_hit_rate"),
+                                   "-" if hit is None else pct(hit)))
             before = state
+        if any(state.invalid for _, state in rows):
+            table.caption = "invalid: the engine reported a value outside its meaning (kvbench diagnose names it)"
         return table
 
 

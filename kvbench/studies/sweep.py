@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.engine.client import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
@@ -44,8 +45,8 @@ def pin_run_config(run_dir: Path, config: dict[str, Any], resume: bool) -> None:
     path = run_dir / RUN_CONFIG
     if resume and path.exists():
         try:
-            recorded = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            recorded = json_input.loads(json_input.read_text(path))
+        except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
             raise KvbenchError(f"{path} is unreadable; cannot check that a resume uses the same settings") from None
         changed = sorted(key for key in set(recorded) | set(config) if recorded.get(key) != config.get(key))
         if changed:
@@ -69,11 +70,15 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
     finished: dict[tuple[str, int, str], dict[str, Any]] = {}
     if not results_path.exists():
         return finished
-    for number, line in enumerate(results_path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = json_input.read_text(results_path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise KvbenchError(f"cannot read {results_path}: {getattr(err, 'strerror', None) or err}") from None
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            point = json.loads(line)
+            point = json_input.loads(line)
         except json.JSONDecodeError:
             raise KvbenchError(f"{results_path}:{number}: not valid JSON; cannot resume from it") from None
         if not isinstance(point, dict) or not {"engine", "concurrency", "status"} <= point.keys():

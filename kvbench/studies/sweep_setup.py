@@ -19,7 +19,7 @@ from kvbench.fileio import content_sha256
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.factory import manager_class
 from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
-from kvbench.preflight import check_requests_for_host, check_run_counts
+from kvbench.preflight import check_concurrency, check_requests_for_host, check_run_counts
 from kvbench.report.run_meta import run_meta
 from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
 from kvbench.studies.backends.registry import RunBackends, choose_backends
@@ -68,6 +68,7 @@ class SweepSetup:
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
         block_size = options.block_size or spec.block_size
+        check_concurrency(dict.fromkeys(levels))  # a level past any request count, before the counts it implies
         counts = {c: options.requests or spec.requests_for(c) for c in levels}
         check_run_counts(requests=max(counts.values()), block_size=block_size, samples=spec.samples)
         stop = options.stop or default_stop(options.model, options.simulate)
@@ -83,6 +84,7 @@ class SweepSetup:
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
             counts = {c: min(n, len(workload.pairs)) for c, n in counts.items()}
+        check_concurrency(counts)
         if backends.needs_prompt_tokens:  # token lists in memory, and answers up to max-len when they stop at EOS
             pairs = workload.pairs
             outputs = [o if stop == "length" else max_len - p for p, o in pairs]

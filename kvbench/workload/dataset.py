@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.workload.jsonl import read_text
 
@@ -93,7 +94,7 @@ def read_dataset(path: str | Path) -> DatasetFile:
 
 def _read_sharegpt(source: Path, text: str) -> DatasetFile:
     try:
-        data = json.loads(text)
+        data = json_input.loads(text)
     except json.JSONDecodeError as err:
         raise KvbenchError(f"dataset {source} is not valid JSON (line {err.lineno}: {err.msg})") from None
     if not isinstance(data, list):
@@ -145,7 +146,7 @@ def _read_jsonl(source: Path, text: str) -> DatasetFile:
             continue
         dataset.total += 1
         try:
-            row = json.loads(line)
+            row = json_input.loads(line)
         except json.JSONDecodeError:
             dataset.skipped["not valid JSON"] += 1
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 
@@ -15,7 +16,7 @@ def read_text(source: Path, label: str) -> str:
     if not source.is_file():
         raise KvbenchError(f"{label} is not a file: {source}")
     try:
-        return source.read_text(encoding="utf-8")
+        return json_input.read_text(source)
     except (OSError, UnicodeDecodeError) as err:
         raise KvbenchError(f"cannot read {label} {source}: {err}") from None
 
@@ -28,7 +29,7 @@ def json_objects(source: Path, text: str) -> list[tuple[str, dict]]:
             continue
         where = f"{source}:{number}"
         try:
-            row = json.loads(line)
+            row = json_input.loads(line)
         except json.JSONDecodeError as err:
             raise KvbenchError(f"{where}: not valid JSON ({err.msg})") from None
         if not isinstance(row, dict):

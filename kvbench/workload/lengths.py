@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.workload.jsonl import json_objects, read_text
 
@@ -82,7 +83,7 @@ def _trace_row(trace: Path, number: int, row: dict) -> tuple[int, int]:
         ids = row["prompt_token_ids"]
         if isinstance(ids, str):
             try:
-                ids = json.loads(ids)
+                ids = json_input.loads(ids)
             except json.JSONDecodeError:
                 raise KvbenchError(f"{where}: prompt_token_ids is not a list") from None
         if not isinstance(ids, list):
@@ -99,6 +100,8 @@ def _trace_row(trace: Path, number: int, row: dict) -> tuple[int, int]:
 def _positive_int(value, what: str) -> int:
     if value is None or value == "":
         raise KvbenchError(f"{what} is missing")
+    if isinstance(value, bool):  # JSON true is no length (Python would count it as 1)
+        raise KvbenchError(f"{what} must be a positive integer, got {str(value).lower()}")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -94,11 +94,13 @@ def load_scenario(spec: str) -> Scenario:
     if not path.is_file():
         raise KvbenchError(f"unknown scenario {spec!r}: not built in ({', '.join(sorted(builtins))}) and no such file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not TOML: dropped
     except (OSError, UnicodeDecodeError) as err:
         raise KvbenchError(f"cannot read scenario {path}: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise KvbenchError(f"scenario {path}: invalid TOML ({err})") from None
+    except RecursionError:  # tomllib parses nested arrays and tables by recursion
+        raise KvbenchError(f"scenario {path}: invalid TOML (nested too deep)") from None
     return parse_scenario(data, name=path.stem, source=str(path))
 
 

@@ -128,7 +128,7 @@ def test_live_endpoint(capsys):
 
 
 def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
-    path = tmp_path / "rules" / "kvbench.rules.yml"
+    path = tmp_path / "kvbench.rules.yml"
     assert main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25",
                  "--alert-for", "10m"]) == 0
     text = path.read_text()

@@ -113,6 +113,32 @@ def test_an_unreachable_ray_address_is_refused_before_any_output_or_run_director
     assert not out.exists()
 
 
+def test_a_ray_address_where_an_http_server_listens_is_refused_at_once(tmp_path, capsys):
+    """Ray's ray.init waits for ever on such a port; the address is probed first, within seconds."""
+    import http.server
+    import threading
+    import time
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out, start = tmp_path / "run", time.monotonic()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        assert main(["fleet", "--rate", "5", "--ray-address", address, "--out", str(out)]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1, err
+    assert err[0].startswith(f"error: {address} does not answer as a Ray cluster (Ray speaks gRPC; it answered "), err
+    assert time.monotonic() - start < 10 and not out.exists()
+
+
 def test_a_run_that_fails_before_any_policy_leaves_no_directory_or_lock(tmp_path, capsys, monkeypatch):
     from kvbench.errors import KvbenchError
     from kvbench.studies.fleet import study

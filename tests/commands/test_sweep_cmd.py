@@ -254,7 +254,8 @@ def test_requests_file_is_replayed_exactly(scenario, tmp_path, capsys):
     assert {p["engine"]: p["total_token_throughput"] / p["output_throughput"] for p in points} == pytest.approx(
         {"paged": (19 + 13) / 13, "contiguous": (19 + 13) / 13})  # prompts 5+12+2 tokens, outputs 6+4+3
     write_requests_jsonl(path, [([100000], 2)])
-    assert run(["--scenario", scenario, "--out", str(tmp_path / "bad"), "--requests-file", str(path)]) == 2
+    assert run(["--scenario", scenario, "--out", str(tmp_path / "bad"), "--concurrency", "1", "--requests-file",
+                str(path)]) == 2
     assert "vocabulary" in capsys.readouterr().err
 
 
@@ -383,7 +384,7 @@ def test_requests_longer_than_max_len_are_skipped_with_a_count(tmp_path, scenari
     requests = tmp_path / "req.jsonl"
     write_requests_jsonl(requests, [([1, 2, 3], 4), ([5] * 60, 10)])  # the scenario's max-len is 64
     out = tmp_path / "run"
-    args = ["sweep", "--simulate", "--scenario", scenario, "--concurrency", "2", "--requests-file", str(requests)]
+    args = ["sweep", "--simulate", "--scenario", scenario, "--concurrency", "1", "--requests-file", str(requests)]
     assert main([*args, "--out", str(out), "--json"]) == 0
     captured = capsys.readouterr()
     assert "1 of 2 records" in captured.err and "exceeds max-len 64" in captured.err

@@ -49,7 +49,7 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
             }))
 
     monkeypatch.setattr(KvMetrics, "observe", observe_and_scrape)
-    out, prom = tmp_path / "run", tmp_path / "metrics" / "kvbench.prom"
+    out, prom = tmp_path / "run", tmp_path / "kvbench.prom"
     assert main(["sweep", "--device", "cpu", "--scenario", scenario, "--out", str(out), "--metrics-port", "0",
                  "--metrics-file", str(prom), "--waterfall"]) == 0
     printed = capsys.readouterr().out

@@ -98,12 +98,27 @@ def test_request_counts_follow_the_concurrency(tmp_path, scenario_text):
     assert all(p["steady_window_pct"] > 0 and p["steady_output_throughput"] > 0 for p in summary["points"])
 
 
-def test_a_point_without_a_steady_window_is_warned_about(tmp_path, scenario, capsys):
+@pytest.mark.parametrize("concurrency, requests, said", [
+    ("4", "3", "concurrency 4 is more than the 3 requests of its point: at most 3 can be in flight"),
+    ("2,99999999999999999999999", "4", "concurrency 99,999,999,999,999,999,999,999 is above kvbench's limit"),
+])
+def test_a_concurrency_its_point_cannot_hold_is_refused_not_recorded(tmp_path, scenario, capsys, concurrency,
+                                                                       requests, said):
+    """Fewer requests than the concurrency never put C in flight: such a point would record a C it never ran."""
     out = tmp_path / "run"
-    assert main(["sweep", "--simulate", "--scenario", scenario, "--requests", "3", "--concurrency", "4",
-                 "--out", str(out)]) == 0
-    assert "no steady window at contiguous C=4" in capsys.readouterr().out.replace("\n", " ")
-    assert all(p["steady_output_throughput"] is None for p in _summary(out)["points"])
+    assert main(["sweep", "--simulate", "--scenario", scenario, "--requests", requests, "--concurrency",
+                 concurrency, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"error: {said}") and captured.err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_requests_file_shorter_than_a_concurrency_is_refused(tmp_path, scenario, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"prompt_token_ids": [1, 2, 3], "output_len": 4}) + "\n" for _ in range(3)))
+    assert main(["sweep", "--simulate", "--scenario", scenario, "--requests-file", str(path), "--concurrency", "2,4",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "concurrency 4 is more than the 3 requests of its point" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -200,7 +200,8 @@ def test_a_pool_too_large_to_simulate_is_a_clear_error(capsys):
     assert "more than the simulator's" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [["waste", "--requests", "20"], ["capacity"], ["sweep", "--simulate", "--requests", "20"]])
+@pytest.mark.parametrize("command", [["waste", "--requests", "20"], ["capacity"],
+                                     ["sweep", "--simulate", "--requests", "20", "--concurrency", "10"]])
 def test_a_max_len_past_the_models_context_is_refused(command, tmp_path, capsys):
     args = [*command, "--model", "llama-2-13b", "--max-len", "100000"]
     if command[0] == "sweep":  # the sweep's max-len comes from its scenario

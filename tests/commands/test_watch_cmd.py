@@ -90,6 +90,12 @@ def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, caps
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args", [["--interval", "0"], ["--duration", "-1"]])
+@pytest.mark.parametrize("args", [["--interval", "0"], ["--duration", "-1"], ["--interval", "inf"],
+                                  ["--interval", "nan"], ["--interval", "1e300"], ["--duration", "inf"],
+                                  ["--duration", "nan"], ["--duration", "1e20"]])
 def test_bad_interval_or_duration(args, capsys):
+    """Refused before any scrape (an infinite interval overflowed the pause between scrapes)."""
     assert main(["watch", "--url", "http://127.0.0.1:1/metrics", *args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and err.startswith(f"error: Invalid value for '{args[0]}'") and len(err.splitlines()) == 1

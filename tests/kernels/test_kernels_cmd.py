@@ -13,8 +13,22 @@ from kvbench.kernels.benchmark import DecodeShape
 TINY = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1,3", "--context", "16,33", "--warmup", "0", "--reps", "2"]
 
 
+@pytest.mark.parametrize("option", [["kernels", *TINY[1:], "--out"], ["compare", "/x", "/y", "--output"],
+                                    ["sweep", "--device", "cpu", "--metrics-file"],
+                                    ["diagnose", "--emit-prometheus-rules"]])
+def test_a_file_option_in_a_missing_folder_is_refused_and_no_folder_is_made(option, tmp_path, capfd) -> None:
+    """A single file goes into a folder that exists (kvbench makes only its own run directories)."""
+    target = tmp_path / "missing" / "dir" / "x.json"
+    assert main([*option, str(target)]) == 2
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err.strip() == (
+        f"error: {option[-1]} {target}: the folder {target.parent} does not exist; create it first or choose another "
+        "path")
+    assert not (tmp_path / "missing").exists()
+
+
 def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
-    target = tmp_path / "bench" / "kernels.json"
+    target = tmp_path / "kernels.json"
     assert main([*TINY, "--json", "--out", str(target)]) == 0
     result = json.loads(capsys.readouterr().out)
     expected_backend = "native" if cpu_native.available() else "torch"  # auto on a CPU: the C kernel where it builds

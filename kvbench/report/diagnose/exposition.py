@@ -7,33 +7,31 @@ from __future__ import annotations
 
 import math
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from kvbench.errors import KvbenchError
+from kvbench.measure.http_fetch import FetchError, check_url, fetch_sync
+from kvbench.values import printable
 
 _HTML = re.compile(r"^\s*(<!doctype html|<html|<head|<body|<\?xml|<!--)", re.IGNORECASE)
 MAX_BODY_BYTES = 32 << 20  # a /metrics page is kilobytes; more is not an exposition
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
-    """The body of ``url`` as text; a one-line error when it cannot be read or is plainly not an exposition."""
-    if not url.startswith(("http://", "https://")):
-        raise KvbenchError(f"metrics URL {url!r}: expected http://HOST:PORT/metrics")
+    """The body of ``url`` as text, read within ``timeout_s`` in all (redirects and body included); a
+    one-line error when it cannot be read or is plainly not an exposition."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (user-given http URL)
-            body = response.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as err:
-        raise KvbenchError(f"cannot scrape {url}: HTTP {err.code} {err.reason}") from None
-    except urllib.error.URLError as err:
-        raise KvbenchError(f"cannot scrape {url}: {getattr(err, 'reason', err)}") from None
-    except (OSError, ValueError) as err:  # timeouts, resets; ValueError: a malformed URL
-        raise KvbenchError(f"cannot scrape {url}: {err}") from None
-    if len(body) > MAX_BODY_BYTES:
-        raise KvbenchError(f"{url} returned more than {MAX_BODY_BYTES >> 20} MiB: not a metrics page")
+        check_url(url)
+    except FetchError:
+        raise KvbenchError(f"metrics URL {printable(url, 120)!r}: expected http://HOST:PORT/metrics") from None
     try:
-        text = body.decode("utf-8")
+        result = fetch_sync(url, timeout_s=timeout_s, max_bytes=MAX_BODY_BYTES)
+    except FetchError as err:
+        raise KvbenchError(f"cannot scrape: {err}") from None
+    if not result.ok:
+        raise KvbenchError(f"cannot scrape {url}: HTTP {result.status} {printable(result.reason, 80)}")
+    try:
+        text = result.body.decode("utf-8")
     except UnicodeDecodeError:
         raise KvbenchError(f"{url} did not return UTF-8 text: not Prometheus exposition text") from None
     if _HTML.match(text):

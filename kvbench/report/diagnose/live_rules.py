@@ -93,8 +93,13 @@ class _Out:
         self.findings.append(Finding(rule, severity, s.source, evidence, render(remedies, s.family, s.context()),
                                      values, remedies, s.family))
 
-    def skip(self, rule: str, reasons: dict[str, str]) -> None:
-        self.skipped.append(NotEvaluated(rule, self.state.source, reasons.get(self.state.family, "not exposed")))
+    def skip(self, rule: str, reasons: dict[str, str], fields: tuple[str, ...] = ()) -> None:
+        """``rule`` not evaluated: for a value the engine reported outside its meaning if that is why (the
+        field is None then too), else for the family's reason."""
+        invalid = [self.state.invalid[f] for f in fields if f in self.state.invalid]
+        reason = ("invalid value: " + "; ".join(invalid) if invalid
+                  else reasons.get(self.state.family, "not exposed"))
+        self.skipped.append(NotEvaluated(rule, self.state.source, reason))
 
     def measure(self, name: str, value: float | None, text: str, estimate: bool = False) -> None:
         self.measured.append(Measurement(self.state.source, name, value, text, estimate))
@@ -103,7 +108,7 @@ class _Out:
 def _rule_fragmentation(w: Window, t: Thresholds, out: _Out) -> None:
     values = w.gauge("fragmentation")
     if not values:
-        out.skip("fragmentation", NO_FRAGMENTATION)
+        out.skip("fragmentation", NO_FRAGMENTATION, ("fragmentation",))
         return
     frag = sum(values) / len(values)
     over = f" (mean of {len(values)} scrapes)" if len(values) > 1 else ""
@@ -119,7 +124,7 @@ def _layout(state: ServerState) -> tuple[str, ...]:
 def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
     shares = w.gauge("free_share")
     if not shares:
-        out.skip("free_blocks", {out.state.family: "the engine exposes no KV usage"})
+        out.skip("free_blocks", {out.state.family: "the engine exposes no KV usage"}, ("usage",))
         return
     last = shares[-1]
     low = [share for share in shares if share < t.free_blocks]
@@ -139,7 +144,7 @@ def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
 def _rule_alloc_latency(w: Window, t: Thresholds, out: _Out) -> None:
     p99 = histogram_quantile(0.99, out.state.alloc_buckets)
     if p99 is None:
-        out.skip("alloc_latency", NO_ALLOC_LATENCY)
+        out.skip("alloc_latency", NO_ALLOC_LATENCY, ("alloc_buckets",))
         return
     if p99 * 1000 > t.alloc_latency_p99_ms:
         out.find("alloc_latency", "critical", f"block allocation latency p99 ~{p99 * 1000:.1f} ms (from histogram "
@@ -152,7 +157,8 @@ def _rule_preemptions(w: Window, t: Thresholds, out: _Out) -> None:
     finished, _ = w.counter("finished")
     if preemptions is None or finished is None:
         out.skip("preemption_storm", {**NO_PREEMPTIONS, out.state.family: NO_PREEMPTIONS.get(
-            out.state.family, "the engine exposes no preemption and finished-request counters")})
+            out.state.family, "the engine exposes no preemption and finished-request counters")},
+            ("preemptions", "finished"))
         return
     out.measure("preemptions", preemptions, f"{preemptions:.0f} preemptions for {finished:.0f} finished requests {over}")
     if preemptions and preemptions / max(finished, 1.0) > t.preemptions_per_request:
@@ -166,7 +172,7 @@ def _rule_preemptions(w: Window, t: Thresholds, out: _Out) -> None:
 def _rule_reservation(w: Window, t: Thresholds, out: _Out) -> None:
     state = out.state
     if state.fragmentation is None or state.used_blocks is None or not state.total_blocks:
-        out.skip("reservation_waste", NO_RESERVATION)
+        out.skip("reservation_waste", NO_RESERVATION, ("fragmentation", "used_blocks", "total_blocks"))
         return
     share = state.fragmentation * state.used_blocks / state.total_blocks
     if share > t.reservation_waste:
@@ -191,7 +197,8 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
     waiting = getattr(state, name)
     free = state.free_share
     if waiting is None or free is None:
-        out.skip("concurrency_capped", {state.family: "the engine exposes no waiting requests or KV usage"})
+        out.skip("concurrency_capped", {state.family: "the engine exposes no waiting requests or KV usage"},
+                 (name, "usage"))
         return
     what = "requests wait for scheduling capacity" if name == "waiting_capacity" else "requests wait"
     if waiting and free < t.free_blocks:
@@ -218,6 +225,10 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
 
 def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
     state = out.state
+    fields = ("prefix_queries", "prefix_hits", "prefix_hit_rate")
+    if any(f in state.invalid for f in fields):  # hits without queries would read as a 0% rate
+        out.skip("prefix_cache_hit_rate", {}, fields)
+        return
     queries, over = w.counter("prefix_queries")
     hits, _ = w.counter("prefix_hits")
     rate = (hits or 0.0) / queries if queries else (state.prefix_hit_rate if queries is None else None)
@@ -225,7 +236,8 @@ def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
     if rate is None:
         if state.family != "kvbench":
             out.skip("prefix_cache_hit_rate", {state.family: f"no prompt token was looked up in the prefix cache {over}"
-                                               if queries == 0 else "the engine exposes no prefix-cache counters"})
+                                               if queries == 0 else "the engine exposes no prefix-cache counters"},
+                     fields)
     else:
         looked = f" of {queries:.0f} prompt tokens looked up {over}" if queries else " (the rate the engine reports)"
         out.measure("prefix_cache_hit_rate", rate, f"prefix-cache hit rate {pct(rate)}{looked}")
@@ -247,7 +259,8 @@ def _measure_state(w: Window, out: _Out) -> None:
                   + (f" ({s.block_size} tokens each)" if s.block_size else "")) if s.total_blocks else ""
         out.measure("kv_usage", s.usage, f"KV usage {pct(s.usage)}{blocks}")
     if s.running is not None:
-        out.measure("running", s.running, f"{s.running:.0f} running, {s.waiting or 0:.0f} waiting")
+        waiting = "" if s.waiting is None else f", {s.waiting:.0f} waiting"
+        out.measure("running", s.running, f"{s.running:.0f} running{waiting}")
     if s.prompt_tokens_mean is not None and s.generation_tokens_mean is not None:
         out.measure("mean_request_tokens", s.prompt_tokens_mean + s.generation_tokens_mean,
                     f"finished requests averaged {s.prompt_tokens_mean:.0f} prompt + {s.generation_tokens_mean:.0f} "
@@ -279,11 +292,26 @@ def diagnose_windows(windows: Sequence[Window], thresholds: Thresholds, source: 
         findings += out.findings
         skipped += out.skipped
         measured += out.measured
-    all_notes = list(notes)
+    all_notes = list(notes) + invalid_notes(windows)
     if any(w.last.family == "kvbench" for w in windows):
         all_notes.append("reservation vs internal needs hindsight: live, reservation + internal is read from "
                          "fragmentation")
     return Diagnosis(source, thresholds, sorted_findings(findings), len(windows), all_notes, skipped, measured)
+
+
+def invalid_notes(windows: Sequence[Window]) -> list[str]:
+    """One note per engine instance and quantity it reported outside its meaning: set aside, never judged."""
+    notes = []
+    for window in windows:
+        seen: dict[str, tuple[str, int]] = {}
+        for _, state in window.samples:
+            for field, why in state.invalid.items():
+                first, count = seen.get(field, (why, 0))
+                seen[field] = (first, count + 1)
+        for first, count in seen.values():
+            times = f" (in {count} of {len(window.samples)} scrapes; the first shown)" if len(window.samples) > 1 else ""
+            notes.append(f"invalid value set aside, not used: {window.last.source}: {first}{times}")
+    return notes
 
 
 def diagnose_states(states: Sequence[ServerState], thresholds: Thresholds, source: str = "") -> Diagnosis:

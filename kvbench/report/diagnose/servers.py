@@ -28,6 +28,8 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.measure import metric_names as names
 from kvbench.report.diagnose.exposition import Sample, parse_samples
+from kvbench.report.diagnose.validity import set_aside_invalid
+from kvbench.values import printable
 
 FAMILIES = ("kvbench", "vllm", "sglang")
 FAMILY_NAMES = {"kvbench": "kvbench", "vllm": "vLLM", "sglang": "SGLang"}
@@ -57,6 +59,7 @@ class ServerState:
     generation_tokens_mean: float | None = None
     alloc_buckets: list[tuple[float, float]] = field(default_factory=list)  # kvbench allocation latency (le, count)
     config: dict[str, str] = field(default_factory=dict)  # settings the engine reports (vLLM cache_config_info)
+    invalid: dict[str, str] = field(default_factory=dict)  # field -> why its value was set aside (validity.py)
 
     @property
     def family_name(self) -> str:
@@ -64,7 +67,8 @@ class ServerState:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        """The labels as text safe to print (a label value's escape sequences written out, never sent)."""
+        return printable(" ".join(f"{k}={v}" for k, v in sorted(self.labels.items())), limit=200)
 
     @property
     def source(self) -> str:
@@ -92,7 +96,7 @@ class ServerState:
         context: dict[str, Any] = {"block_size": self.block_size}
         for key in ("gpu_memory_utilization", "kv_cache_memory_bytes", "enable_prefix_caching"):
             if self.config.get(key) not in (None, "", "None"):
-                context[key] = self.config[key]
+                context[key] = printable(self.config[key], limit=40)
         return context
 
     def record(self) -> dict[str, Any]:
@@ -107,19 +111,21 @@ class ServerState:
         values = {k: v for k, v in data.items() if k in known}
         if values.get("family") not in FAMILIES or not isinstance(values.get("labels"), dict):
             raise ValueError("not a server state: it needs a known family and labels")
-        for name in known - {"family", "labels", "config", "alloc_buckets", "block_size"}:
+        if not isinstance(values.get("invalid", {}), dict):
+            raise ValueError("invalid is not a mapping")
+        for name in known - {"family", "labels", "config", "alloc_buckets", "block_size", "invalid"}:
             value = values.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name} is not a number")
         values["alloc_buckets"] = [(math.inf if le == "+Inf" else float(le), float(count))
                                    for le, count in values.get("alloc_buckets") or []]
-        return cls(**values)
+        return set_aside_invalid(cls(**values))
 
 
 def read_states(text: str, source: str = "the exposition") -> list[ServerState]:
     """Every engine instance the exposition describes, of any known family; an error when there is none."""
     samples = parse_samples(text, source)
-    states = [state for family in FAMILIES for state in _READERS[family](
+    states = [set_aside_invalid(state) for family in FAMILIES for state in _READERS[family](
         [s for s in samples if s.name.startswith(PREFIXES[family])])]
     if not states:
         names = ", ".join(f"{PREFIXES[f]}*" for f in FAMILIES)
@@ -137,10 +143,10 @@ def _group(samples: Iterable[Sample], key_labels: tuple[str, ...]) -> dict[tuple
 
 
 def _value(samples: list[Sample], name: str, where: Callable[[dict], bool] | None = None) -> float | None:
-    """The sum of the samples called ``name`` (over the labels that split it); None when there is none."""
+    """The sum of the samples called ``name`` (over the labels that split it); None when there is none. A NaN
+    or an infinity is kept, for :func:`set_aside_invalid` to name."""
     found = [s.value for s in samples if s.name == name and (where is None or where(s.labels))]
-    values = [v for v in found if math.isfinite(v)]
-    return sum(values) if values else None
+    return sum(found) if found else None
 
 
 def _mean(samples: list[Sample], histogram: str) -> float | None:

@@ -54,11 +54,15 @@ def load_thresholds(path: Path | None, **overrides: Any) -> Thresholds:
     thresholds = Thresholds()
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a byte-order mark dropped
         except OSError as err:
             raise KvbenchError(f"cannot read thresholds file {path}: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise KvbenchError(f"thresholds file {path} is not UTF-8 text") from None
         except tomllib.TOMLDecodeError as err:
             raise KvbenchError(f"thresholds file {path} is not valid TOML: {err}") from None
+        except RecursionError:  # tomllib parses nested arrays and tables by recursion
+            raise KvbenchError(f"thresholds file {path} is not valid TOML: nested too deep") from None
         table = data.get("thresholds", data) if isinstance(data.get("thresholds"), dict) else data
         known = {f.name for f in fields(Thresholds)}
         values = {}

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl
 from kvbench.report.diagnose.findings import Diagnosis
@@ -82,7 +83,7 @@ def read_timeline(location: str | Path) -> Timeline:
     errors, torn, url = 0, False, ""
     for index, (number, line) in enumerate(lines):
         try:
-            record = json.loads(line)
+            record = json_input.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
             if record.get("kind") == KIND:

@@ -39,16 +39,26 @@ class InstanceSlot:
     last_end: float = 0.0  # when its latest request ended
     drained_at: float | None = None  # when the router stopped sending to it
     final_stats: InstanceStats | None = None
+    _view: InstanceView | None = field(default=None, repr=False, compare=False)
+    _view_of: InstanceStats | None = field(default=None, repr=False, compare=False)
 
     @property
     def live(self) -> bool:
         return self.state in (STARTING, SERVING, DRAINING)
 
     def view(self) -> InstanceView:
-        stats = self.stats
-        return InstanceView(index=self.index, total_blocks=stats.total_blocks, free_blocks=stats.free_blocks,
-                            queued_blocks=stats.waiting_blocks + self.transit_blocks, running=stats.running,
-                            waiting=stats.waiting, in_flight=len(self.outstanding))
+        """What the router sees; made again only when the report, the requests in flight or the blocks in
+        transit changed (a router reads every instance at every arrival, most unchanged since the last)."""
+        stats, in_flight = self.stats, len(self.outstanding)
+        cached = self._view
+        if cached is not None and self._view_of is stats and cached.in_flight == in_flight and \
+                cached.queued_blocks == stats.waiting_blocks + self.transit_blocks:
+            return cached
+        self._view = InstanceView(index=self.index, total_blocks=stats.total_blocks, free_blocks=stats.free_blocks,
+                                  queued_blocks=stats.waiting_blocks + self.transit_blocks, running=stats.running,
+                                  waiting=stats.waiting, in_flight=in_flight)
+        self._view_of = stats
+        return self._view
 
     def seconds(self, end: float) -> float:
         """Instance-seconds: from the request for it to its stop (or the end of the run)."""
@@ -147,6 +157,11 @@ class FleetRun:
     rerouted: int = 0
     simulated: bool = True
     notes: list[str] = field(default_factory=list)
+    tick_repeats: dict[float, int] = field(default_factory=dict)  # a tick's time -> ticks its samples stand for
+
+    def tick_weight(self, t: float) -> int:
+        """How many ticks the samples taken at ``t`` stand for (more than one across a skipped idle gap)."""
+        return self.tick_repeats.get(t, 1)
 
     def check_complete(self, count: int) -> None:
         """Every request ended exactly once: finished, or rejected with a reason (else a bug: never reported)."""

@@ -23,6 +23,7 @@ from kvbench.report.run_meta import run_meta
 from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
+from kvbench.studies.fleet.limits import check_arrival_span, check_rate, check_settings
 from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
@@ -92,11 +93,13 @@ class FleetSetup:
                             max_len=spec.lengths.max_len,
                             enable_prefix_caching=options.prefix_caching
                             and manager_class(options.engine).supports_prefix_caching)
+        check_settings(options.tick_s, options.startup_s, options.prefix_groups, options.prefix_len, base.max_len)
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
         workload = _workload(options, spec, seed, vocab)
         pairs, file_times = workload.pairs, workload.arrival_times
         if options.rate is not None:
+            check_rate(options.rate, len(pairs), options.simulate)  # before drawing arrivals that never end
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
             arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
         elif file_times is not None:
@@ -105,6 +108,7 @@ class FleetSetup:
         else:
             raise KvbenchError("no arrival times: give an arrival rate, or a trace / requests file whose rows "
                                "carry arrival_time")
+        check_arrival_span(times, options.simulate, arrival_source)
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
@@ -218,12 +222,22 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int) -> W
 
 def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int) -> list[list[int]]:
     """Seeded prompt token ids; with ``groups`` > 0 each prompt starts with one of ``groups`` shared prefixes
-    of ``prefix_len`` tokens (a system prompt, a few-shot header), never its whole prompt."""
+    of ``prefix_len`` tokens (a system prompt, a few-shot header), never its whole prompt.
+
+    A prefix is drawn (from a seed of its own) only when a prompt uses it, and only as long as the longest
+    prompt can hold: memory follows the requests, not ``groups`` x ``prefix_len``."""
     rng = np.random.default_rng(_derived_seed(seed, "prompts"))
-    prefixes = [rng.integers(0, vocab, prefix_len).tolist() for _ in range(groups)] if groups else []
     choice = rng.integers(0, groups, len(pairs)) if groups else None
+    longest = min(prefix_len, max((p - 1 for p, _ in pairs), default=0))
+    prefixes: dict[int, list[int]] = {}
     prompts = []
     for index, (prompt_len, _) in enumerate(pairs):
-        shared = prefixes[int(choice[index])][: min(prefix_len, prompt_len - 1)] if groups else []
+        shared: list[int] = []
+        if groups:
+            group = int(choice[index])
+            if group not in prefixes:
+                draw = np.random.default_rng(_derived_seed(seed, f"prefix {group}"))
+                prefixes[group] = draw.integers(0, vocab, longest).tolist()
+            shared = prefixes[group][: min(prefix_len, prompt_len - 1)]
         prompts.append(shared + rng.integers(0, vocab, prompt_len - len(shared)).tolist())
     return prompts

@@ -8,6 +8,7 @@ re-routed after an instance failed.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -65,7 +66,8 @@ def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
         "queued_peak": waiting["max"],
         "instance_seconds": sum(slot.seconds(span) for slot in run.slots),
         "instances_peak": max((serving + starting for _, serving, starting in run.fleet_samples), default=len(run.slots)),
-        "instances_mean": _mean([serving + starting for _, serving, starting in run.fleet_samples]),
+        "instances_mean": _mean([serving + starting for _, serving, starting in run.fleet_samples],
+                                [run.tick_weight(t) for t, _, _ in run.fleet_samples]),
         "scale_ups": sum(1 for _, kind, _ in run.events if kind == "up"),
         "scale_downs": sum(1 for _, kind, _ in run.events if kind == "down"),
         "prefix_hit_rate": cached / prompt_tokens if prompt_tokens else 0.0,
@@ -83,16 +85,18 @@ def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
 
 def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
     stats = slot.final_stats or slot.stats
-    usage = [used / total for _, index, used, total, _, _ in run.samples if index == slot.index and total]
-    free = [total - used for _, index, used, total, _, _ in run.samples if index == slot.index]
+    mine = [(t, used, total) for t, index, used, total, _, _ in run.samples if index == slot.index]
+    usage = [used / total for _, used, total in mine if total]
+    weights = [run.tick_weight(t) for t, _, total in mine if total]
+    free = [total - used for _, used, total in mine]
     prompt = stats.prompt_tokens if stats else 0
     cached = stats.cached_tokens if stats else 0
     return {
         "index": slot.index, "state": slot.state, "routed": slot.routed,
         "finished": stats.finished if stats else 0, "preemptions": stats.preemptions if stats else 0,
         "total_blocks": stats.total_blocks if stats else None,
-        "usage_mean": _mean(usage), "usage_peak": max(usage, default=None),
-        "free_share_mean": (1.0 - _mean(usage)) if usage else None,
+        "usage_mean": _mean(usage, weights), "usage_peak": max(usage, default=None),
+        "free_share_mean": (1.0 - _mean(usage, weights)) if usage else None,
         "free_blocks_min": min(free, default=None),
         "prompt_tokens": prompt, "cached_tokens": cached, "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "started_at_s": slot.started_at, "ready_at_s": slot.ready_at, "stopped_at_s": slot.stopped_at,
@@ -109,30 +113,47 @@ def _by_tick(run: FleetRun) -> dict[float, list[tuple]]:
 
 def _imbalance(run: FleetRun) -> dict[str, float | None]:
     """Max - min free blocks across the instances serving at each sample (one instance: 0)."""
+    ticks = _by_tick(run)
     values = [max(t - u for _, _, u, t, _, _ in rows) - min(t - u for _, _, u, t, _, _ in rows)
-              for rows in _by_tick(run).values()]
-    return _stats(values)
+              for rows in ticks.values()]
+    return _stats(values, [run.tick_weight(t) for t in ticks])
 
 
 def _fleet_usage(run: FleetRun) -> dict[str, float | None]:
-    values = [sum(u for _, _, u, _, _, _ in rows) / sum(t for _, _, _, t, _, _ in rows)
-              for rows in _by_tick(run).values() if sum(t for _, _, _, t, _, _ in rows)]
-    return _stats(values)
+    ticks = {t: rows for t, rows in _by_tick(run).items() if sum(total for _, _, _, total, _, _ in rows)}
+    values = [sum(u for _, _, u, _, _, _ in rows) / sum(t for _, _, _, t, _, _ in rows) for rows in ticks.values()]
+    return _stats(values, [run.tick_weight(t) for t in ticks])
 
 
 def _fleet_totals(run: FleetRun, column: int) -> dict[str, float | None]:
-    return _stats([sum(row[column] for row in rows) for rows in _by_tick(run).values()])
+    ticks = _by_tick(run)
+    return _stats([sum(row[column] for row in rows) for rows in ticks.values()], [run.tick_weight(t) for t in ticks])
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
+def _stats(values: list[float], weights: list[int] | None = None) -> dict[str, float | None]:
+    """Mean, p99 (linear, as numpy's) and max of ``values``, each standing for ``weights`` ticks: the same
+    figures as over the values repeated, without repeating them."""
     if not values:
         return {"mean": None, "p99": None, "max": None}
     array = np.asarray(values, dtype=float)
-    return {"mean": float(array.mean()), "p99": float(np.percentile(array, 99)), "max": float(array.max())}
+    counts = np.ones(len(array), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
+    return {"mean": float(np.average(array, weights=counts)), "p99": _repeated_percentile(array, counts, 99.0),
+            "max": float(array.max())}
 
 
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
+def _repeated_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.percentile(np.repeat(values, counts), q)`` (linear interpolation), with no repeated array."""
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])  # sorted value i fills positions ends[i-1] .. ends[i]-1
+    position = q / 100.0 * (int(ends[-1]) - 1)
+    low = int(math.floor(position))
+    below = values[np.searchsorted(ends, low, side="right")]
+    above = values[np.searchsorted(ends, min(low + 1, int(ends[-1]) - 1), side="right")]
+    return float(below + (above - below) * (position - low))
+
+
+def _mean(values: list[float], weights: list[int] | None = None) -> float | None:
+    return float(np.average(values, weights=weights)) if values else None
 
 
 def fleet_series(run: FleetRun) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from kvbench.errors import KvbenchError
 from kvbench.report.diagnose import servers
 from kvbench.report.diagnose.exposition import parse_samples
 from kvbench.report.diagnose.servers import ServerState, read_states
+from kvbench.report.diagnose.validity import set_aside_invalid
 
 DATA = Path(__file__).parent / "data"
 
@@ -140,3 +141,58 @@ def test_readers_never_name_a_flag():
     tree = ast.parse(inspect.getsource(servers))
     strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
     assert not [s for s in strings if re.search(r"(?<![\w-])--[a-z]", s)]
+
+
+# -- values outside their meaning ---------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value, why", [
+    ("usage", 37.5, "outside 0-1 (a share, not a percentage)"),
+    ("usage", -0.1, "outside 0-1 (a share, not a percentage)"),
+    ("fragmentation", 5.0, "outside 0-1 (a share, not a percentage)"),
+    ("running", -3.0, "negative (a count)"),
+    ("preemptions", float("inf"), "infinite"),
+    ("waiting", float("nan"), "not a number (NaN)"),
+])
+def test_a_value_outside_its_meaning_is_set_aside_and_named(field, value, why):
+    state = set_aside_invalid(ServerState("kvbench", {"engine": "paged"}, total_blocks=100.0, **{field: value}))
+    assert getattr(state, field) is None and state.total_blocks == 100
+    assert state.invalid[field].endswith(f" is {value:g}: {why}")
+
+
+def test_values_that_contradict_each_other_are_set_aside():
+    state = set_aside_invalid(ServerState("vllm", {}, total_blocks=10.0, used_blocks=11.0, prefix_queries=5.0,
+                                          prefix_hits=6.0, block_size=0))
+    assert (state.used_blocks, state.prefix_hits, state.block_size) == (None, None, None)
+    assert state.invalid["prefix_hits"] == "vllm:prefix_cache_hits_total is 6: more than the 5 tokens looked up"
+    assert state.invalid["block_size"] == "cache_config_info block_size is 0: not a whole number of tokens"
+
+
+@pytest.mark.parametrize("buckets, why", [
+    ([(0.001, float("nan")), (float("inf"), 4.0)], "the bucket le=0.001 counts nan"),
+    ([(0.001, 5.0), (float("inf"), 4.0)], "the bucket le=inf counts 4, fewer than the bucket below it (5)"),
+    ([(float("nan"), 1.0)], "a bucket bound is NaN"),
+])
+def test_histogram_buckets_that_are_not_cumulative_are_set_aside(buckets, why):
+    state = set_aside_invalid(ServerState("kvbench", {}, alloc_buckets=buckets))
+    assert state.alloc_buckets == [] and state.invalid["alloc_buckets"].endswith(why)
+
+
+def test_a_vllm_usage_given_as_a_percentage_is_not_read_as_one(vllm_exposition):
+    (state,) = read_states(vllm_exposition(usage=37.5))
+    assert state.usage is None and state.free_blocks is None
+    assert state.invalid == {"usage": "vllm:kv_cache_usage_perc is 37.5: outside 0-1 (a share, not a percentage)"}
+    assert state.running == 8  # the rest of the scrape is kept
+
+
+def test_a_timeline_record_edited_out_of_range_is_set_aside_on_reading():
+    record = ServerState("vllm", {"engine": "0"}, usage=0.5, running=2.0).record()
+    assert ServerState.from_record(record).invalid == {}
+    record["usage"] = 37.5
+    again = ServerState.from_record(record)
+    assert again.usage is None and "kv_cache_usage_perc is 37.5" in again.invalid["usage"]
+    assert ServerState.from_record(again.record()).invalid == again.invalid  # kept through a timeline
+
+
+def test_label_values_are_printed_escaped():
+    state = ServerState("vllm", {"engine": "0\x1b[2J\x07", "model_name": "m\r\nfake line"})
+    assert state.label == "engine=0\\x1b[2J\\x07 model_name=m\\r\\nfake line"
+    assert "\x1b" not in state.source and "\n" not in state.source

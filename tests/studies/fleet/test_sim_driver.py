@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvbench.engine.config import EngineConfig
@@ -114,3 +116,90 @@ def test_a_draining_instance_is_never_chosen():
     run = fleet.run(arrivals(60, 20.0), "round-robin")
     assert fleet.slots[1].routed == 0 and run.slots[1].state == "stopped"
     assert {run.placement[r.request_id] for r in run.requests} == {0, 2}
+
+
+# -- the cost follows the work: idle instances and idle time cost nothing --------------------------------------
+def _gapped(gap_s: float, count: int = 60, rate: float = 20.0) -> list:
+    """Two bursts of arrivals with an idle gap of ``gap_s`` between them."""
+    load = arrivals(count, rate)
+    half = count // 2
+    return [(t + (gap_s if i >= half else 0.0), request) for i, (t, request) in enumerate(load)]
+
+
+@pytest.mark.parametrize("autoscale", [None, AutoscaleSettings(0.5, 0.2, 2.0, 1, 4)])
+@pytest.mark.parametrize("policy", ["round-robin", "most-free-blocks"])
+def test_an_idle_gap_skipped_gives_the_figures_of_every_tick_taken(policy, autoscale, monkeypatch):
+    """The ticks of an idle gap are not taken one by one, and every figure is the same as when they are."""
+    def run(skip: bool):
+        if not skip:
+            monkeypatch.setattr(SimulatedFleet, "_idle", lambda self: False)
+        fleet = SimulatedFleet(make_instance, make_policy(policy, 0, 16), 3, 16, autoscale, startup_s=1.0, tick_s=0.25)
+        result = fleet.run(_gapped(400.0), policy)
+        monkeypatch.undo()
+        return result
+
+    skipped, every = run(True), run(False)
+    assert len(skipped.fleet_samples) < len(every.fleet_samples) / 5  # ~1,600 ticks for the gap alone
+    assert sum(skipped.tick_weight(t) for t, _, _ in skipped.fleet_samples) == len(every.fleet_samples)
+    point, reference = fleet_point(skipped, "paged", "t"), fleet_point(every, "paged", "t")
+    assert _differences(point, reference) == []
+    assert point["scale_downs"] == (2 if autoscale else 0)  # the autoscaler still drains idle instances in the gap
+
+
+def _differences(mine, theirs, where: str = "") -> list[str]:
+    """Where two JSON-like values differ (floats to 1e-12 relative)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return [d for key in mine.keys() | theirs.keys() for d in _differences(mine.get(key), theirs.get(key),
+                                                                               f"{where}.{key}")]
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        return [d for i, (a, b) in enumerate(zip(mine, theirs, strict=True))
+                for d in _differences(a, b, f"{where}[{i}]")]
+    if isinstance(mine, float) and isinstance(theirs, float):
+        return [] if math.isclose(mine, theirs, rel_tol=1e-12, abs_tol=1e-12) else [f"{where}: {mine} != {theirs}"]
+    return [] if mine == theirs else [f"{where}: {mine!r} != {theirs!r}"]
+
+
+def test_a_one_year_gap_costs_what_its_requests_cost(monkeypatch):
+    """The clock of an idle fleet jumps to the next arrival: a year costs nothing, per instance or per tick."""
+    steps = {"n": 0}
+    step = SimulatedInstance.step
+
+    def counted(self, horizon=float("inf")):
+        steps["n"] += 1
+        return step(self, horizon)
+
+    monkeypatch.setattr(SimulatedInstance, "step", counted)
+    year = 365 * 86400.0
+    run = SimulatedFleet(make_instance, make_policy("round-robin", 0, 16), 256, 16, tick_s=1.0).run(
+        _gapped(year, count=20, rate=5.0), "round-robin")
+    run.check_complete(20)
+    assert run.end_s > year and len(run.fleet_samples) < 200
+    assert steps["n"] < 2_000  # 20 requests' prefills and decode spans; every instance x tick would be 8e9
+    point = fleet_point(run, "paged", "t")
+    assert point["instances_mean"] == 256 and 0 < point["kv_usage_mean"] < 1e-5  # a time average over a year
+
+
+def test_idle_instances_are_not_stepped(monkeypatch):
+    """1,024 instances and a handful of requests: only the instances holding one are ever stepped."""
+    stepped: set[int] = set()
+    step_until = SimulatedInstance.step_until
+
+    def tracked(self, t):
+        if self.scheduler.running or self.scheduler.waiting:
+            stepped.add(id(self))
+        return step_until(self, t)
+
+    monkeypatch.setattr(SimulatedInstance, "step_until", tracked)
+    calls = {"stats": 0}
+    stats = SimulatedInstance.stats
+
+    def counted(self):
+        calls["stats"] += 1
+        return stats(self)
+
+    monkeypatch.setattr(SimulatedInstance, "stats", counted)
+    run = SimulatedFleet(make_instance, make_policy("least-requests", 0, 16), 1024, 16, tick_s=0.5).run(
+        arrivals(8, 4.0), "least-requests")
+    run.check_complete(8)
+    assert len(stepped) == len(set(run.placement.values())) < 8  # the few instances that held a request
+    assert calls["stats"] < 1024 + 200  # one report each at the start, then only the instances that changed

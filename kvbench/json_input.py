@@ -1,0 +1,66 @@
+"""Reading JSON that comes from outside (datasets, requests files, traces, ``config.json``, run summaries,
+timelines): the one reader every such file goes through.
+
+Python's ``json`` parses nesting by recursion: ten thousand ``[`` end in a ``RecursionError`` traceback, and a
+document just under that depth breaks whatever walks it next. :func:`loads` refuses nesting deeper than
+:data:`MAX_DEPTH` (no kvbench file needs more than a handful of levels) as a ``json.JSONDecodeError``, so every
+caller's existing "not valid JSON" path reports it in one line. :func:`read_text` reads a file as UTF-8 with or
+without a byte-order mark (Windows editors write one), refusing one larger than the caller allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kvbench.errors import KvbenchError
+
+MAX_DEPTH = 64
+MAX_BYTES = 2 << 30  # the default cap of read_text: large datasets (ShareGPT is ~0.7 GB), not unbounded
+_BOM = "\ufeff"
+
+
+def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` with a leading byte-order mark ignored and nesting deeper than ``max_depth`` refused
+    (a ``json.JSONDecodeError``, like any other malformed JSON)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8-sig")
+    elif text.startswith(_BOM):
+        text = text[1:]
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0) from None
+    if _deeper_than(data, max_depth):
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
+    return data
+
+
+def _deeper_than(data: Any, max_depth: int) -> bool:
+    """Whether lists and objects nest more than ``max_depth`` levels (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def read_text(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> str:
+    """A file's text as UTF-8, a byte-order mark dropped; a file over ``max_bytes`` is refused in one line.
+    ``OSError`` and ``UnicodeDecodeError`` reach the caller, who names the file's role."""
+    source = Path(path)
+    size = source.stat().st_size
+    if size > max_bytes:
+        raise KvbenchError(f"{source} is {size:,} bytes, more than the {max_bytes:,} this file may hold")
+    with source.open("rb") as handle:
+        data = handle.read(max_bytes + 1)  # a file that grew since stat() is cut at the cap, then refused
+    if len(data) > max_bytes:
+        raise KvbenchError(f"{source} is more than the {max_bytes:,} bytes this file may hold")
+    return data.decode("utf-8-sig")
