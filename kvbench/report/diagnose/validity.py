@@ -8,12 +8,12 @@ not 37.5%), a negative count, NaN, a histogram whose buckets are not cumulative.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 from kvbench.values import is_number
 
-if TYPE_CHECKING:
-    from kvbench.report.diagnose.servers import ServerState
+# a servers.ServerState; not imported by name, since servers imports this module
+ServerState = TypeVar("ServerState")
 
 _SHARE, _COUNT = "share", "count"
 KINDS: dict[str, str] = {
@@ -86,7 +86,7 @@ def _out_of_range(value: object, kind: str) -> str | None:
     return None
 
 
-def _set_aside(state: ServerState, field: str, value: object, why: str) -> None:
+def _set_aside(state: Any, field: str, value: object, why: str) -> None:
     shown = f"{value:g}" if is_number(value, finite=False) else repr(value)
     state.invalid[field] = f"{metric_name(state.family, field)} is {shown}: {why}"
     setattr(state, field, None)

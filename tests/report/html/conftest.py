@@ -138,6 +138,7 @@ def regressed_head(runs_root, sweep_run) -> Path:
 @pytest.fixture(scope="session")
 def compare_report(runs_root, sweep_run, regressed_head) -> Path:
     path = runs_root / "compare" / "report.html"
+    path.parent.mkdir()  # a single output file's folder must exist
     assert main(["compare", str(sweep_run), str(regressed_head), "--html", str(path)]) == 1  # a regression
     return path
 
