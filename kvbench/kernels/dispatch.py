@@ -3,7 +3,8 @@ torch reference.
 
 ``backend`` ("torch" | "triton" | "native") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the
 whole process. "native" is the CPU's C decode attention and K/V write (``cpu_native``) with the torch reference for
-the other ops; it applies to float32 pools and falls back to the reference for other dtypes. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
+the other ops; it applies to float32 and bfloat16 pools and falls back to the reference for other dtypes. The
+attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
 ``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
 which the torch reference ignores. The torch reference takes a per-step ``plan`` (the gathers and masks that
 every layer of a step shares, from ``plan_decode`` / ``plan_prefill``), which the Triton kernels do not need:
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from kvbench.kernels import cpu_native, reference
 
 BACKENDS = ("torch", "triton", "native")

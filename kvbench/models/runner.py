@@ -193,8 +193,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
-        if self.kernel_backend == "native" and self.kv_dtype != torch.float32:
-            self.kernel_backend = "torch"  # the C decode kernel is float32 only: keep the reference's kept plans
+        if self.kernel_backend == "native" and (self.kv_dtype not in cpu_native.KERNEL_DTYPES
+                                                or self.kv_dtype != self.dtype):
+            self.kernel_backend = "torch"  # not a pool the C decode kernel takes: keep the reference's kept plans
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -206,8 +207,8 @@ class ModelRunner:
         if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
             self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
-        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 on one CPU
-        # thread); otherwise torch's
+        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 or bfloat16
+        # on one CPU thread); otherwise torch's
         self.native_ops = self.kernel_backend == "native" and cpu_native.use_for_model_ops(
             self.device, self.dtype, self.head_dim)
         self.k_caches, self.v_caches = self._allocate_kv_pool()
