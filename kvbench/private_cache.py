@@ -106,3 +106,10 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def note(text: str) -> None:
+    """One line on stderr for something the user should know about the cache that stops nothing."""
+    import sys
+
+    print(f"kvbench: note: {text}", file=sys.stderr, flush=True)

@@ -9,6 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))  # shared helpers (gguf_fixture), 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KVBENCH_THREADS", "1")  # tiny test shapes: no thread measurement, no hand-offs
+# the packed copy of every weight (AMX where it takes one, else oneDNN), not a measured plan: the same paths on every
+# run; the measurement is tested on its own (tests/models/test_cpu_choices.py)
+os.environ.setdefault("KVBENCH_MATMUL", "packed")
 
 
 import pytest  # noqa: E402

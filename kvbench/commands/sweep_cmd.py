@@ -170,6 +170,10 @@ def _print_intro(console, setup: SweepSetup) -> None:
     threads = getattr(setup.backend, "threads", None)
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
+    plan = getattr(setup.backend, "matmul_plan", None)
+    if plan is not None:
+        for line in plan.lines():
+            console.print(line, markup=False, highlight=False)
     if VLLM_ENGINE in setup.options.engines:
         console.print(f"[dim]{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching "
                       "off[/dim]")

@@ -28,7 +28,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -192,11 +191,6 @@ def _load_verified(library: Path, digest: Path) -> tuple[ctypes.CDLL | None, str
     return lib, None
 
 
-def _note(text: str) -> None:
-    """One line on stderr for something the user should know but that stops nothing."""
-    print(f"kvbench: note: {text}", file=sys.stderr, flush=True)
-
-
 def _load() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state or "reason" in _state:
@@ -224,7 +218,7 @@ def _load() -> ctypes.CDLL | None:
         lib, why_not = _load_verified(library, digest)
         if lib is None:
             if why_not is not None:
-                _note(f"rebuilding the CPU kernels: {why_not}")
+                private_cache.note(f"rebuilding the CPU kernels: {why_not}")
             try:
                 _build(compiler, flags, library, digest)
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:

@@ -1,26 +1,23 @@
-"""Linear layers on a CPU with their weights packed once for oneDNN, instead of repacked at every call.
+"""Linear layers on a CPU: each weight multiplied by the path this machine runs fastest at the step's row count.
 
-A plain ``F.linear`` re-lays out (packs) its weight on every call. For the small batches of decode steps (16 or
-50 rows against a [1728 x 576] matrix) that packing is a large share of the call: measured on this project's
-2-core VM, a pre-packed weight ran the 135M shape's decode matmuls 1.3-2x faster, and vLLM's CPU engine packs
-its weights the same way. The packed copy is kept beside the model's own weights (the ``transformers`` model
-keeps working for reference runs), so a CPU run holds its linear weights twice (one packed copy per model, shared
-by every runner over it); ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
+Three paths: the plain weight through ``F.linear`` (torch's BLAS), a copy packed once in oneDNN's layout (a plain
+``F.linear`` re-lays out its weight at every call, a large part of a small decode matmul; vLLM's CPU engine packs
+its weights the same way), and for a float32 weight that holds only bfloat16 values (a published checkpoint's)
+on a CPU with AMX a bfloat16 copy for :mod:`kvbench.kernels.cpu_amx` (a float32-accurate product).
 
-The packing pays off for the few rows of decode steps; for the thousands of rows of a prefill step oneDNN's own
-choice on the plain weight was as fast or faster (measured, 1 thread: equal at 512 rows, 3-8% faster at 1,024
-and 5-17% at 2,048 on the 135M and 1.1B shapes). Since both copies are kept anyway, a step of
-:data:`PLAIN_FROM_ROWS` rows or more multiplies by the plain weight.
-
-A weight that holds only bfloat16 values (a published checkpoint's, loaded as float32) on a CPU with AMX gets a
-bfloat16 copy for :mod:`kvbench.kernels.cpu_amx` instead, a float32-accurate product that is faster at every row
-count; the model's float32 weight stays as it is.
+Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
+faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
+2.2-2.5x faster at every row count. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths
+on the model's own weights at start-up and each weight carries its choice, the row ranges at which its plain
+weight wins (``plain_for``). The packed copy is kept beside the model's own weights (the ``transformers`` model
+keeps working for reference runs), one per model, shared by every runner over it; a weight whose plain path won at
+every row count gets no copy. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +28,9 @@ from kvbench.kernels import cpu_amx
 
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
-PLAIN_FROM_ROWS = 1024  # steps of at least this many rows use the plain weight (see the module's docstring)
-_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape): packed tensor}
+PLAIN, ONEDNN, AMX = "plain", "oneDNN-packed", "AMX"
+RowRanges = tuple[tuple[int, int], ...]  # half-open [lo, hi) ranges of row counts
+_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape, path, plain_for): packed weight}
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -43,16 +41,28 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
+    """The paths ``weight`` can take on this machine: plain always, then oneDNN where packing is available, then
+    AMX where its kernel takes the weight."""
+    if not packing_available(weight.device, weight.dtype):
+        return (PLAIN,)
+    return (PLAIN, ONEDNN, AMX) if cpu_amx.takes(weight) else (PLAIN, ONEDNN)
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A linear weight ``[out, in]`` with its copy in oneDNN's layout (opaque: use it only through :func:`linear`)."""
 
     plain: torch.Tensor
     packed: torch.Tensor
+    plain_for: RowRanges = ()  # the row counts at which the plain weight is faster (measured)
 
     @property
     def shape(self) -> torch.Size:
         return self.plain.shape
+
+
+CpuWeight = torch.Tensor | PackedWeight | cpu_amx.AmxWeight
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
@@ -60,47 +70,78 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
-    """``weight`` of ``model`` packed (for AMX where it takes the weight, else for oneDNN), once per model: a second
-    runner over the same model reuses the copy."""
+def packed_copy(weight: torch.Tensor, path: str) -> PackedWeight | cpu_amx.AmxWeight:
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN` or :data:`AMX`)."""
+    if path == AMX:
+        return cpu_amx.pack(weight)
+    if path == ONEDNN:
+        return pack(weight)
+    raise ValueError(f"no packed copy for the {path!r} path")
+
+
+def pack_for(model: Any, weight: torch.Tensor, path: str | None, plain_for: RowRanges = ()) -> CpuWeight:
+    """``weight`` of ``model`` as the runner multiplies it: with its packed copy for ``path`` (None: the plain
+    weight alone) and the row ranges that use the plain weight instead. Once per model: a second runner over the
+    same model reuses the copy."""
+    if path is None or path == PLAIN:
+        return weight
+    if path == AMX and not cpu_amx.takes(weight):
+        path = ONEDNN  # the AMX kernel is exact only for bfloat16 values: this layer's weight holds others
     cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
         setattr(model, _CACHE_ATTR, cache)
-    key = (weight.data_ptr(), tuple(weight.shape))
+    key = (weight.data_ptr(), tuple(weight.shape), path, plain_for)
     if key not in cache:
-        cache[key] = cpu_amx.pack(weight) if cpu_amx.takes(weight) else pack(weight)
+        bare = next((copy for (ptr, shape, kind, _), copy in cache.items()
+                     if (ptr, shape, kind) == key[:3]), None) or packed_copy(weight, path)
+        cache[key] = dataclasses.replace(bare, plain_for=plain_for)
     return cache[key]
 
 
-def probe_linear(weight: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
-    """``weight`` multiplied as a runner would (AMX, oneDNN-packed or plain), through a throwaway copy, and the
-    name of that path: what the thread choice times."""
-    if not packing_available(weight.device, weight.dtype):
-        return (lambda x: F.linear(x, weight)), "plain"
-    if cpu_amx.takes(weight):
-        amx_copy = cpu_amx.pack(weight)
-        return (lambda x: cpu_amx.linear(x, amx_copy)), "AMX"
-    onednn_copy = pack(weight)
-    return (lambda x: linear(x, onednn_copy)), "oneDNN-packed"
-
-
-def packed_copy_bytes(model: Any) -> int:
-    """Bytes a first runner's packing will add: every linear weight once (0 if the model is packed already)."""
+def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str | None, int]] | None = None) -> int:
+    """Bytes a first runner's packing will add (0 if the model is packed already). ``copies`` lists the measured
+    plan's copies as (shape, path or None for no copy, how many weights); without it, each linear weight of the
+    model is counted with the largest copy it could get."""
     if getattr(model, _CACHE_ATTR, None):
         return 0
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(cpu_amx.packed_bytes(w) if cpu_amx.takes(w) else w.numel() * w.element_size()
-               for w in weights.values())
+    if copies is None:
+        weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        copies = [(tuple(w.shape), AMX if cpu_amx.takes(w) else ONEDNN, 1) for w in weights.values()]
+    element = next(model.parameters()).element_size()
+    total = 0
+    for (rows, columns), path, count in copies:
+        if path == AMX:
+            total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
+        elif path == ONEDNN:
+            total += count * rows * columns * element
+    return total
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedWeight | cpu_amx.AmxWeight,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a plain or a packed weight (``x`` is ``[rows, in]``)."""
+def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for a plain or a packed weight (``x`` is ``[rows, in]``), on the path chosen for its rows."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    rows = x.shape[0]
+    for low, high in weight.plain_for:
+        if low <= rows < high:
+            return F.linear(x, weight.plain, bias)
     if isinstance(weight, cpu_amx.AmxWeight):
         return cpu_amx.linear(x, weight, bias)
-    if isinstance(weight, PackedWeight):
-        if x.shape[0] < PLAIN_FROM_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
-        weight = weight.plain
-    return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+
+
+def path_function(weight: torch.Tensor, path: str):
+    """``x -> weight x`` on one path, through a throwaway copy: what the start-up measurements time."""
+    if path == PLAIN:
+        return lambda x: F.linear(x, weight)
+    copy = packed_copy(weight, path)
+    return lambda x: linear(x, copy)
+
+
+def probe_linear(weight: torch.Tensor):
+    """``weight`` multiplied through a throwaway copy on the path it would take before anything else is measured
+    (AMX where it takes the weight, else oneDNN, plain without packing), and that path's name: what the thread
+    choice times."""
+    path = candidate_paths(weight)[-1]
+    return path_function(weight, path), path

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_linear, sampler
+from kvbench.models import cpu_choices, cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -133,6 +133,16 @@ def _fused_bias(modules: list[Any]) -> torch.Tensor | None:
     return fuse_rows([module.bias for module in modules])
 
 
+LAYER_MATMULS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def matmul_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The tensors a runner multiplies, by role: the first layer's (q/k/v and gate/up fused, as the runner fuses
+    them: the model's own storage) and the lm_head; what :mod:`kvbench.models.cpu_choices` measures."""
+    layer = LayerWeights.from_hf(model.model.layers[0])
+    return {**{role: getattr(layer, role) for role in LAYER_MATMULS}, "lm_head": model.lm_head.weight.data}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm ``x / sqrt(mean(x^2) + eps) * weight`` (one fused op, fp32 accumulation)."""
     return F.rms_norm(x, weight.shape, weight, eps)
@@ -204,6 +214,7 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self._read_weights(model)
         self.packed_weights = False
+        self.matmul_plan: cpu_choices.MatmulPlan | None = None
         if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
             self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
@@ -223,11 +234,18 @@ class ModelRunner:
         self.layers = [LayerWeights.from_hf(layer) for layer in backbone.layers]
 
     def _pack_weights(self, model: Any) -> None:
-        """The matmul weights in oneDNN's layout (the model's own tensors stay as they are)."""
+        """Each matmul weight with the packed copy and the row ranges this CPU's measured plan chose for its role
+        (:mod:`kvbench.models.cpu_choices`; the model's own tensors stay as they are)."""
+        plan = cpu_choices.plan_for(model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS},
+                                            "lm_head": self.lm_head})
         for layer in self.layers:
-            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-                setattr(layer, name, cpu_linear.pack_for(model, getattr(layer, name)))
-        self.lm_head = cpu_linear.pack_for(model, self.lm_head)
+            for role in LAYER_MATMULS:
+                choice = plan.choice(role)
+                setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), choice.packed,
+                                                         choice.plain_for()))
+        choice = plan.choice("lm_head")
+        self.lm_head = cpu_linear.pack_for(model, self.lm_head, choice.packed, choice.plain_for())
+        self.matmul_plan = plan
         self.packed_weights = True
 
     def _allocate_kv_pool(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

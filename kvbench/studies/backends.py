@@ -76,6 +76,11 @@ class TensorBackend:
     def threads(self) -> dict | None:
         return self.loaded.threads.as_dict() if self.loaded.threads else None
 
+    @property
+    def matmul_plan(self):
+        """The CPU's measured matmul paths (``kvbench.models.cpu_choices.MatmulPlan``), or None."""
+        return self.loaded.matmul_plan
+
     def engine(self, name: str) -> LLMEngine:
         if name not in self._engines:
             self._engines[name] = build_engine(self.loaded, replace(self.base, engine=name))

@@ -253,11 +253,10 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
     chunk = [([3, 1, 4, 1, 5], 0, [0, 1])]
     torch.testing.assert_close(packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)),
                                rtol=1e-4, atol=1e-4)
-    rows = torch.randn(cpu_linear.PLAIN_FROM_ROWS, GQA.hidden_size)  # a long prefill multiplies by the plain weight
     weight = packed.layers[0].gate_up_proj
-    assert torch.equal(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain))
-    torch.testing.assert_close(cpu_linear.linear(rows[:8], weight), torch.nn.functional.linear(rows[:8], weight.plain),
-                               rtol=1e-4, atol=1e-4)
+    rows = torch.randn(300, GQA.hidden_size)
+    torch.testing.assert_close(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain),
+                               rtol=1e-4, atol=1e-4)  # (which path takes which row count: test_cpu_choices.py)
 
 
 def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:

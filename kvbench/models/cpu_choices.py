@@ -1,0 +1,246 @@
+"""Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
+
+The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, the AMX
+kernel) differ by machine, by 2-3x and in either direction, so none is chosen by a rule. For each weight the
+runner multiplies (the model's first layer stands for all: q/k/v, o, gate/up, down; and the lm_head) every
+candidate path is timed at a few row counts, from a decode step's one row to a long prefill's thousand, with
+interleaved rounds (the minimum of each counts, so a busy neighbour hurts every path alike). Each weight keeps the
+packed copy that was faster overall (none when the plain weight won everywhere), and at each row count the plain
+weight where it was at least :data:`TIE` faster than that copy. A step's row count takes the choice of the
+nearest row count measured (on a log scale).
+
+The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
+timings. ``KVBENCH_MATMUL=plain|oneDNN|AMX|packed`` forces one path everywhere for tests and A/B benchmarks (AMX
+only where its kernel takes the weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.kernels import cpu_native
+from kvbench.models import cpu_linear, measured_cache
+from kvbench.models.cpu_linear import AMX, ONEDNN, PLAIN
+
+ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
+LM_HEAD_ROWS = (1, 16, 64)  # the lm_head multiplies one row per request
+MIN_ROUNDS, MAX_ROUNDS = 3, 25  # interleaved rounds per row count; the minimum of each path counts
+BUDGET_S = 0.03  # rounds go on (up to MAX_ROUNDS) until this much was spent per row count: short calls get many
+SLOW_CALL_S = 0.05  # a call slower than this is timed once more after its warm-up
+TIE = 1.05  # the plain weight must be at least this much faster than the packed copy to be chosen
+FORCE_ENV = "KVBENCH_MATMUL"
+FORCED = {"plain": PLAIN, "onednn": ONEDNN, "amx": AMX, "packed": "packed"}  # packed: AMX where it takes, else oneDNN
+_PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    """One weight's choice: its packed copy (or none), and the path at each row count measured."""
+
+    role: str
+    shape: tuple[int, int]
+    packed: str | None  # ONEDNN, AMX, or None: the plain weight at every row count
+    rows: tuple[int, ...]
+    paths: tuple[str, ...]  # the path at each of ``rows``
+    timings_us: dict[int, dict[str, float]] = field(default_factory=dict)  # rows -> path -> microseconds
+
+    def path_at(self, rows: int) -> str:
+        """The path a step of ``rows`` rows takes: that of the nearest row count measured (on a log scale: the
+        boundaries lie at the geometric means of neighbouring row counts)."""
+        return self.paths[sum(rows >= bound for bound in self._bounds()[1:-1])]
+
+    def _bounds(self) -> list[int]:
+        middles = (math.ceil(math.sqrt(a * b)) for a, b in zip(self.rows, self.rows[1:], strict=False))
+        return [0, *middles, 1 << 62]
+
+    def plain_for(self) -> cpu_linear.RowRanges:
+        """The row ranges ``[lo, hi)`` at which the plain weight is used instead of the packed copy."""
+        if self.packed is None:
+            return ()
+        bounds = self._bounds()
+        ranges: list[tuple[int, int]] = []
+        for index, path in enumerate(self.paths):
+            if path != PLAIN:
+                continue
+            low, high = bounds[index], bounds[index + 1]
+            if ranges and ranges[-1][1] == low:
+                low = ranges.pop()[0]
+            ranges.append((low, high))
+        return tuple(ranges)
+
+    def describe(self) -> str:
+        """``qkv_proj [960 x 576]: oneDNN-packed at 1-1024 rows; us plain/oneDNN-packed: 1 row 45/58, 16: 256/116``."""
+        spans: list[str] = []
+        start = 0
+        for index in range(1, len(self.rows) + 1):
+            if index == len(self.rows) or self.paths[index] != self.paths[start]:
+                span = (f"{self.rows[start]}" if index - 1 == start else f"{self.rows[start]}-{self.rows[index - 1]}")
+                spans.append(f"{self.paths[start]} at {span} rows")
+                start = index
+        text = f"{self.role} [{self.shape[0]} x {self.shape[1]}]: {', '.join(spans)}"
+        if self.timings_us:
+            names = list(next(iter(self.timings_us.values())))
+            cells = [f"{rows}{' row' if index == 0 else ''} " + "/".join(f"{timings[name]:.0f}" for name in names)
+                     for index, (rows, timings) in enumerate(self.timings_us.items())]
+            text += f"; us {'/'.join(names)}: {', '.join(cells)}"
+        return text
+
+    def as_dict(self) -> dict:
+        return {"shape": list(self.shape), "packed": self.packed, "rows": list(self.rows), "paths": list(self.paths),
+                "timings_us": {str(rows): timings for rows, timings in self.timings_us.items()}}
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """Every weight role's choice, for one model at one thread count."""
+
+    threads: int
+    dtype: torch.dtype
+    choices: dict[str, MatmulChoice]
+    source: str  # how it came to be: measured now / cached / forced
+
+    def choice(self, role: str) -> MatmulChoice:
+        return self.choices[role]
+
+    def copies(self, num_layers: int) -> list[tuple[tuple[int, int], str | None, int]]:
+        """The packed copies a runner will make, as (shape, path or None, count): what pre-flight counts."""
+        return [(choice.shape, choice.packed, 1 if role == "lm_head" else num_layers)
+                for role, choice in self.choices.items()]
+
+    def lines(self) -> list[str]:
+        """The plan as printed: a heading with its provenance, then one line per weight."""
+        return [f"CPU matmul paths, {self.threads} thread(s), {_dtype_name(self.dtype)} ({self.source}):",
+                *(f"  {choice.describe()}" for choice in self.choices.values())]
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "dtype": _dtype_name(self.dtype), "source": self.source,
+                "weights": {role: choice.as_dict() for role, choice in self.choices.items()}}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    """Microseconds per call of each path at each row count: a warm-up call each (oneDNN builds its kernel for a
+    row count on first use), then interleaved rounds until each path has :data:`MIN_ROUNDS` samples and
+    :data:`BUDGET_S` was spent (at most :data:`MAX_ROUNDS`), the minimum of each. On one thread the clock is the
+    thread's CPU time, which a busy neighbour taking the core away does not inflate; with more it is wall time."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    functions = {path: cpu_linear.path_function(weight, path) for path in paths}
+    generator = torch.Generator().manual_seed(0)
+    timings: dict[int, dict[str, float]] = {}
+    with torch.inference_mode():
+        for rows in rows_list:
+            x = torch.randn(rows, weight.shape[1], generator=generator).to(weight.dtype)
+            best = {}
+            for path, fn in functions.items():
+                start = clock()
+                fn(x)
+                best[path] = clock() - start
+            slow = max(best.values()) >= SLOW_CALL_S
+            spent, rounds = 0.0, 0
+            while rounds < (1 if slow else MIN_ROUNDS) or (not slow and spent < BUDGET_S and rounds < MAX_ROUNDS):
+                for path in paths[rounds % len(paths):] + paths[:rounds % len(paths)]:
+                    start = clock()
+                    functions[path](x)
+                    elapsed = clock() - start
+                    best[path] = min(best[path], elapsed)
+                    spent += elapsed
+                rounds += 1
+            timings[rows] = {path: round(best[path] * 1e6, 1) for path in paths}
+    return timings
+
+
+def _decide(role: str, weight: torch.Tensor, timings: dict[int, dict[str, float]]) -> MatmulChoice:
+    rows = tuple(timings)
+    paths = tuple(next(iter(timings.values())))
+    packed_paths = [path for path in paths if path != PLAIN]
+    if not packed_paths:
+        return MatmulChoice(role, tuple(weight.shape), None, rows, (PLAIN,) * len(rows), timings)
+
+    def overall(path: str) -> float:  # geometric mean over the row counts: each row count weighs alike
+        return math.fsum(math.log(timings[r][path]) for r in rows)
+
+    packed = min(packed_paths, key=overall)
+    chosen = tuple(PLAIN if timings[r][PLAIN] * TIE < timings[r][packed] else packed for r in rows)
+    return MatmulChoice(role, tuple(weight.shape), None if set(chosen) == {PLAIN} else packed, rows, chosen, timings)
+
+
+def _check(record: dict, weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]]) -> None:
+    for role, weight in weights.items():
+        entry = record[role]
+        rows = tuple(int(r) for r in entry["rows"])
+        if list(entry["shape"]) != list(weight.shape) or len(entry["paths"]) != len(rows) or not rows:
+            raise ValueError(f"{role}: shape or rows do not match")
+        if entry["packed"] not in (*candidates[role][1:], None) or not set(entry["paths"]) <= set(candidates[role]):
+            raise ValueError(f"{role}: a path this machine does not offer")
+
+
+def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, MatmulChoice]:
+    choices = {}
+    for role in weights:
+        entry = record[role]
+        timings = {int(rows): {path: float(us) for path, us in cell.items()}
+                   for rows, cell in entry["timings_us"].items()}
+        choices[role] = MatmulChoice(role, tuple(entry["shape"]), entry["packed"], tuple(int(r) for r in entry["rows"]),
+                                     tuple(entry["paths"]), timings)
+    return choices
+
+
+def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]], name: str) -> MatmulPlan:
+    path = FORCED.get(name.lower())
+    if path is None:
+        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, AMX or packed")
+    choices = {}
+    for role, weight in weights.items():
+        offered = candidates[role]
+        taken = offered[-1] if path == "packed" else path if path in offered else offered[min(1, len(offered) - 1)]
+        choices[role] = MatmulChoice(role, tuple(weight.shape), None if taken == PLAIN else taken, (1,), (taken,))
+    return MatmulPlan(torch.get_num_threads(), next(iter(weights.values())).dtype, choices,
+                      f"forced by {FORCE_ENV}={name}")
+
+
+def measure_plan(weights: dict[str, torch.Tensor]) -> MatmulPlan:
+    """The plan for these weights (role -> the tensor the runner multiplies) at torch's current thread count:
+    forced, cached or measured now."""
+    candidates = {role: cpu_linear.candidate_paths(weight) for role, weight in weights.items()}
+    forced = os.environ.get(FORCE_ENV)
+    if forced:
+        return _forced(weights, candidates, forced)
+    dtype = next(iter(weights.values())).dtype
+    threads = torch.get_num_threads()
+    rows = {role: LM_HEAD_ROWS if role == "lm_head" else ROWS for role in weights}
+    descriptor = {"cpu": cpu_native.cpu_signature(), "torch": torch.__version__, "threads": threads,
+                  "dtype": _dtype_name(dtype), "tie": TIE,
+                  "weights": {role: [list(weight.shape), list(candidates[role]), list(rows[role])]
+                              for role, weight in weights.items()}}
+
+    def measure() -> dict:
+        return {role: _decide(role, weight, _time_paths(weight, rows[role], candidates[role])).as_dict()
+                for role, weight in weights.items()}
+
+    result = measured_cache.measured("cpu-matmuls", descriptor, measure,
+                                     lambda record: _check(record, weights, candidates))
+    return MatmulPlan(threads, dtype, _from_record(result.record, weights), result.provenance())
+
+
+def plan_for(model: object, weights: dict[str, torch.Tensor]) -> MatmulPlan:
+    """The plan ``model``'s runners follow: the one made for it at torch's current thread count, else made now (and
+    kept on the model, so every runner over it and the pre-flight count agree)."""
+    plan = getattr(model, _PLAN_ATTR, None)
+    if plan is None or plan.threads != torch.get_num_threads() or set(plan.choices) != set(weights):
+        plan = measure_plan(weights)
+        setattr(model, _PLAN_ATTR, plan)
+    return plan
+
+
+def plan_of(model: object) -> MatmulPlan | None:
+    """The plan already made for ``model``, if any."""
+    return getattr(model, _PLAN_ATTR, None)

@@ -1,0 +1,132 @@
+"""The matmul plan: each weight's path by row count, measured on this CPU, cached, forced for tests, followed by
+the runner; and its rules (ties keep the packed copy, row ranges between measured row counts)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvbench.models import cpu_choices, cpu_linear
+from kvbench.models.cpu_choices import MatmulChoice
+from kvbench.models.cpu_linear import ONEDNN, PLAIN
+
+ROWS = cpu_choices.ROWS
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+    """No forced path, a fresh cache: the plan is measured."""
+    monkeypatch.delenv(cpu_choices.FORCE_ENV, raising=False)
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVBENCH_REMEASURE", raising=False)
+    if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN packing unavailable here")
+
+
+def choice(paths: tuple[str, ...], rows: tuple[int, ...] = ROWS) -> MatmulChoice:
+    packed = None if set(paths) == {PLAIN} else ONEDNN
+    return MatmulChoice("o_proj", (8, 8), packed, rows, paths)
+
+
+def test_row_counts_take_the_nearest_measured_on_a_log_scale() -> None:
+    c = choice((ONEDNN, ONEDNN, PLAIN, ONEDNN, PLAIN))
+    # boundaries at the geometric means of 1, 16, 64, 256, 1024: 4, 32, 128, 512
+    assert [c.path_at(r) for r in (1, 3, 4, 31, 32, 127, 128, 511, 512, 10**6)] == [
+        ONEDNN, ONEDNN, ONEDNN, ONEDNN, PLAIN, PLAIN, ONEDNN, ONEDNN, PLAIN, PLAIN]
+    assert c.plain_for() == ((32, 128), (512, 1 << 62))
+    assert choice((PLAIN, PLAIN, ONEDNN, ONEDNN, ONEDNN)).plain_for() == ((0, 32),)  # neighbours merge
+    assert choice((PLAIN,) * 5).plain_for() == ()  # no packed copy: the plain weight anyway
+    assert all(c.path_at(r) == PLAIN for r in range(20)
+               for c in [choice((PLAIN,) * 5)])
+
+
+def test_the_decision_keeps_the_packed_copy_on_a_near_tie() -> None:
+    weight = torch.zeros(8, 8)
+    timings = {1: {PLAIN: 10.0, ONEDNN: 10.3},  # plain 3% faster: a tie, packed kept
+               16: {PLAIN: 50.0, ONEDNN: 100.0},  # plain twice as fast
+               64: {PLAIN: 300.0, ONEDNN: 100.0}}
+    c = cpu_choices._decide("o_proj", weight, timings)
+    assert (c.packed, c.paths) == (ONEDNN, (ONEDNN, PLAIN, ONEDNN))
+    everywhere = cpu_choices._decide("o_proj", weight, {r: {PLAIN: 1.0, ONEDNN: 2.0} for r in (1, 16)})
+    assert everywhere.packed is None and everywhere.paths == (PLAIN, PLAIN)
+    amx = cpu_choices._decide("o_proj", weight, {1: {PLAIN: 9.0, ONEDNN: 8.0, "AMX": 8.5},
+                                                 64: {PLAIN: 90.0, ONEDNN: 80.0, "AMX": 20.0}})
+    assert amx.packed == "AMX" and amx.paths == ("AMX", "AMX")  # faster overall (geometric mean)
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {"o_proj": torch.randn(96, 64, generator=generator), "lm_head": torch.randn(200, 64, generator=generator)}
+
+
+def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
+    weights = _weights()
+    plan = cpu_choices.measure_plan(weights)
+    assert plan.source.startswith("measured now at load ") and plan.threads == torch.get_num_threads()
+    o_proj, lm_head = plan.choice("o_proj"), plan.choice("lm_head")
+    assert o_proj.rows == ROWS and lm_head.rows == cpu_choices.LM_HEAD_ROWS
+    for c in (o_proj, lm_head):
+        assert set(c.timings_us) == set(c.rows) and all(set(t) == {PLAIN, ONEDNN} for t in c.timings_us.values())
+        assert all(us > 0 for t in c.timings_us.values() for us in t.values())
+        for rows, path in zip(c.rows, c.paths, strict=True):  # each choice follows its own timings
+            t = c.timings_us[rows]
+            assert path == (PLAIN if t[PLAIN] * cpu_choices.TIE < t[c.packed or PLAIN] else c.packed or PLAIN)
+    assert len(list((tmp_path / "cache").glob("cpu-matmuls-*.json"))) == 1
+    again = cpu_choices.measure_plan(weights)
+    assert again.source.startswith("cached, measured ") and again.choices == plan.choices
+    lines = plan.lines()
+    assert lines[0].startswith(f"CPU matmul paths, {plan.threads} thread(s), fp32 (measured now")
+    assert lines[1].startswith("  o_proj [96 x 64]: ") and "us plain/oneDNN-packed: 1 row " in lines[1]
+    assert plan.as_dict()["weights"]["o_proj"]["timings_us"]["1"][PLAIN] == o_proj.timings_us[1][PLAIN]
+
+
+@pytest.mark.parametrize(("forced", "expected"), [("plain", None), ("oneDNN", ONEDNN), ("packed", ONEDNN)])
+def test_a_forced_path_measures_nothing(monkeypatch, forced: str, expected) -> None:
+    monkeypatch.setenv(cpu_choices.FORCE_ENV, forced)
+    plan = cpu_choices.measure_plan(_weights())
+    assert plan.source == f"forced by {cpu_choices.FORCE_ENV}={forced}"
+    assert all(c.packed == expected and not c.timings_us for c in plan.choices.values())
+    monkeypatch.setenv(cpu_choices.FORCE_ENV, "fastest")
+    with pytest.raises(ValueError, match="unknown KVBENCH_MATMUL='fastest'"):
+        cpu_choices.measure_plan(_weights())
+
+
+def test_the_runner_follows_the_plan_row_count_by_row_count(monkeypatch) -> None:
+    from kvbench.models.hf_model import build_random_model
+    from kvbench.models.runner import LAYER_MATMULS, ModelRunner
+    from kvbench.models.shapes import ModelShape
+
+    if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN packing unavailable here")
+    shape = ModelShape("plan", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96,
+                       vocab_size=128, max_position_embeddings=64, dtype="fp32")
+    model = build_random_model(shape, seed=3)
+    shapes = {"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (192, 64), "down_proj": (64, 96),
+              "lm_head": (128, 64)}
+    plan = cpu_choices.MatmulPlan(torch.get_num_threads(), torch.float32, {
+        **{role: MatmulChoice(role, shapes[role], ONEDNN, ROWS, (ONEDNN, ONEDNN, ONEDNN, PLAIN, PLAIN))
+           for role in (*LAYER_MATMULS, "lm_head")},
+        "o_proj": MatmulChoice("o_proj", shapes["o_proj"], None, ROWS, (PLAIN,) * 5)}, "given")
+    setattr(model, cpu_choices._PLAN_ATTR, plan)
+    runner = ModelRunner(model, num_blocks=8, block_size=4)
+    assert runner.matmul_plan is plan
+    layer = runner.layers[0]
+    assert isinstance(layer.o_proj, torch.Tensor)  # plain at every row count: no packed copy at all
+    weight = layer.gate_up_proj
+    assert isinstance(weight, cpu_linear.PackedWeight) and weight.plain_for == ((128, 1 << 62),)
+    long, short = torch.randn(200, 64), torch.randn(8, 64)
+    assert torch.equal(cpu_linear.linear(long, weight), F.linear(long, weight.plain))  # the plain path: exact
+    torch.testing.assert_close(cpu_linear.linear(short, weight), F.linear(short, weight.plain), rtol=1e-4, atol=1e-4)
+    every = cpu_linear.packed_copy_bytes(build_random_model(shape, seed=3))
+    assert every == 4 * (2 * (128 * 64 + 64 * 64 + 192 * 64 + 64 * 96) + 128 * 64)  # fp32, every weight copied
+    assert cpu_linear.packed_copy_bytes(build_random_model(shape, seed=3), plan.copies(2)) == every - 4 * 2 * 64 * 64
+    assert cpu_linear.packed_copy_bytes(model, plan.copies(2)) == 0  # packed already
+
+
+def test_amx_is_never_given_a_weight_it_cannot_multiply_exactly(monkeypatch) -> None:
+    weight = torch.randn(64, 64)  # float32 values off the bfloat16 grid
+    from kvbench.kernels.cpu_amx import AmxWeight
+
+    packed = cpu_linear.pack_for(torch.nn.Module(), weight, "AMX")
+    assert isinstance(packed, cpu_linear.PackedWeight) and not isinstance(packed, AmxWeight)
