@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+
 from kvbench.kernels import dispatch
 
 # (query heads, KV heads, head_dim) of models people benchmark paged attention with.

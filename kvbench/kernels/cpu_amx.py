@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+
 from kvbench.kernels import cpu_native
 
 ENV = "KVBENCH_AMX"

@@ -1,17 +1,19 @@
 """Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
 
-The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, the AMX
-kernel) differ by machine, by 2-3x and in either direction, so none is chosen by a rule. For each weight the
-runner multiplies (the model's first layer stands for all: q/k/v, o, gate/up, down; and the lm_head) every
-candidate path is timed at a few row counts, from a decode step's one row to a long prefill's thousand, with
-interleaved rounds (the minimum of each counts, so a busy neighbour hurts every path alike). Each weight keeps the
-packed copy that was faster overall (none when the plain weight won everywhere), and at each row count the plain
-weight where it was at least :data:`TIE` faster than that copy. A step's row count takes the choice of the
-nearest row count measured (on a log scale).
+The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, and for
+bfloat16-valued weights the bfloat16-weight kernel or AMX) differ by machine, by 2-3x and in either direction, so
+none is chosen by a rule. For each weight the runner multiplies (the model's first layer stands for all: q/k/v, o,
+gate/up, down; and the lm_head) every candidate path is timed at a few row counts, from a decode step's one row to
+a long prefill's thousand, with interleaved rounds (the minimum of each counts, so a busy neighbour hurts every path
+alike), and for a model larger than the CPU's last-level cache with the cache emptied before each call, as the run
+will find it. Each weight keeps the packed copy that was faster overall (none when the plain weight won
+everywhere), and at each row count the plain weight where it was at least :data:`TIE` faster than that copy. A
+step's row count takes the choice of the nearest row count measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
-timings. ``KVBENCH_MATMUL=plain|oneDNN|AMX|packed`` forces one path everywhere for tests and A/B benchmarks (AMX
-only where its kernel takes the weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
+timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|packed`` forces one path everywhere for tests and A/B
+benchmarks (bf16-weights and AMX only where their kernel takes the weight, else oneDNN; ``packed``: AMX where it
+takes the weight, else oneDNN).
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ import torch
 
 from kvbench.kernels import cpu_native
 from kvbench.models import cpu_linear, measured_cache
-from kvbench.models.cpu_linear import AMX, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import AMX, BF16W, ONEDNN, PLAIN
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
 LM_HEAD_ROWS = (1, 16, 64)  # the lm_head multiplies one row per request
 MIN_ROUNDS, MAX_ROUNDS = 3, 25  # interleaved rounds per row count; the minimum of each path counts
+MAX_ROUNDS_COLD = 6  # with the cache emptied before each call (which costs a few milliseconds)
 BUDGET_S = 0.03  # rounds go on (up to MAX_ROUNDS) until this much was spent per row count: short calls get many
 SLOW_CALL_S = 0.05  # a call slower than this is timed once more after its warm-up
 TIE = 1.05  # the plain weight must be at least this much faster than the packed copy to be chosen
 FORCE_ENV = "KVBENCH_MATMUL"
-FORCED = {"plain": PLAIN, "onednn": ONEDNN, "amx": AMX, "packed": "packed"}  # packed: AMX where it takes, else oneDNN
+FORCED = {"plain": PLAIN, "onednn": ONEDNN, "bf16-weights": BF16W, "amx": AMX,
+          "packed": "packed"}  # packed: AMX where it takes the weight, else oneDNN
 _PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
 
 
@@ -127,12 +131,36 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
-def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[str, ...]) -> dict[int, dict[str, float]]:
+def last_level_cache_bytes() -> int:
+    """The CPU's last-level cache (L3) in bytes, from sysfs; 32 MiB where it cannot be read."""
+    try:
+        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()  # noqa: SIM115
+        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[text[-1]] if text[-1] in "KMG" else int(text)
+    except (OSError, ValueError, KeyError, IndexError):
+        return 32 << 20
+
+
+class _Evictor:
+    """Reads a buffer twice the size of the last-level cache, so the next call finds its weights in memory, as
+    a run over a model larger than the cache does (each layer's weights are long gone when it comes round again)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.ones(min(2 * last_level_cache_bytes(), 512 << 20) // 4)
+
+    def __call__(self) -> None:
+        self.buffer.sum()
+
+
+def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[str, ...],
+                cold: bool = False) -> dict[int, dict[str, float]]:
     """Microseconds per call of each path at each row count: a warm-up call each (oneDNN builds its kernel for a
     row count on first use), then interleaved rounds until each path has :data:`MIN_ROUNDS` samples and
     :data:`BUDGET_S` was spent (at most :data:`MAX_ROUNDS`), the minimum of each. On one thread the clock is the
-    thread's CPU time, which a busy neighbour taking the core away does not inflate; with more it is wall time."""
+    thread's CPU time, which a busy neighbour taking the core away does not inflate; with more it is wall time.
+    ``cold``: the cache is emptied before every timed call (a model larger than the cache)."""
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    evict = _Evictor() if cold else (lambda: None)
+    max_rounds = MAX_ROUNDS_COLD if cold else MAX_ROUNDS
     functions = {path: cpu_linear.path_function(weight, path) for path in paths}
     generator = torch.Generator().manual_seed(0)
     timings: dict[int, dict[str, float]] = {}
@@ -146,8 +174,9 @@ def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[s
                 best[path] = clock() - start
             slow = max(best.values()) >= SLOW_CALL_S
             spent, rounds = 0.0, 0
-            while rounds < (1 if slow else MIN_ROUNDS) or (not slow and spent < BUDGET_S and rounds < MAX_ROUNDS):
+            while rounds < (1 if slow else MIN_ROUNDS) or (not slow and spent < BUDGET_S and rounds < max_rounds):
                 for path in paths[rounds % len(paths):] + paths[:rounds % len(paths)]:
+                    evict()
                     start = clock()
                     functions[path](x)
                     elapsed = clock() - start
@@ -197,19 +226,21 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
 def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]], name: str) -> MatmulPlan:
     path = FORCED.get(name.lower())
     if path is None:
-        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, AMX or packed")
+        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX or packed")
     choices = {}
     for role, weight in weights.items():
         offered = candidates[role]
-        taken = offered[-1] if path == "packed" else path if path in offered else offered[min(1, len(offered) - 1)]
+        taken = cpu_linear.default_path(weight) if path == "packed" else path if path in offered else (
+            offered[min(1, len(offered) - 1)])
         choices[role] = MatmulChoice(role, tuple(weight.shape), None if taken == PLAIN else taken, (1,), (taken,))
     return MatmulPlan(torch.get_num_threads(), next(iter(weights.values())).dtype, choices,
                       f"forced by {FORCE_ENV}={name}")
 
 
-def measure_plan(weights: dict[str, torch.Tensor]) -> MatmulPlan:
+def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> MatmulPlan:
     """The plan for these weights (role -> the tensor the runner multiplies) at torch's current thread count:
-    forced, cached or measured now."""
+    forced, cached or measured now. A model of ``model_bytes`` larger than the last-level cache is timed with its
+    weights out of the cache, as its run reads them."""
     candidates = {role: cpu_linear.candidate_paths(weight) for role, weight in weights.items()}
     forced = os.environ.get(FORCE_ENV)
     if forced:
@@ -217,13 +248,14 @@ def measure_plan(weights: dict[str, torch.Tensor]) -> MatmulPlan:
     dtype = next(iter(weights.values())).dtype
     threads = torch.get_num_threads()
     rows = {role: LM_HEAD_ROWS if role == "lm_head" else ROWS for role in weights}
+    cold = model_bytes > last_level_cache_bytes()
     descriptor = {"cpu": cpu_native.cpu_signature(), "torch": torch.__version__, "threads": threads,
-                  "dtype": _dtype_name(dtype), "tie": TIE,
+                  "dtype": _dtype_name(dtype), "tie": TIE, "cold": cold,
                   "weights": {role: [list(weight.shape), list(candidates[role]), list(rows[role])]
                               for role, weight in weights.items()}}
 
     def measure() -> dict:
-        return {role: _decide(role, weight, _time_paths(weight, rows[role], candidates[role])).as_dict()
+        return {role: _decide(role, weight, _time_paths(weight, rows[role], candidates[role], cold)).as_dict()
                 for role, weight in weights.items()}
 
     result = measured_cache.measured("cpu-matmuls", descriptor, measure,
@@ -236,7 +268,9 @@ def plan_for(model: object, weights: dict[str, torch.Tensor]) -> MatmulPlan:
     kept on the model, so every runner over it and the pre-flight count agree)."""
     plan = getattr(model, _PLAN_ATTR, None)
     if plan is None or plan.threads != torch.get_num_threads() or set(plan.choices) != set(weights):
-        plan = measure_plan(weights)
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) if hasattr(
+            model, "parameters") else 0
+        plan = measure_plan(weights, model_bytes)
         setattr(model, _PLAN_ATTR, plan)
     return plan
 

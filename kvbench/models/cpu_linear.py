@@ -1,9 +1,10 @@
 """Linear layers on a CPU: each weight multiplied by the path this machine runs fastest at the step's row count.
 
-Three paths: the plain weight through ``F.linear`` (torch's BLAS), a copy packed once in oneDNN's layout (a plain
+The paths: the plain weight through ``F.linear`` (torch's BLAS), a copy packed once in oneDNN's layout (a plain
 ``F.linear`` re-lays out its weight at every call, a large part of a small decode matmul; vLLM's CPU engine packs
-its weights the same way), and for a float32 weight that holds only bfloat16 values (a published checkpoint's)
-on a CPU with AMX a bfloat16 copy for :mod:`kvbench.kernels.cpu_amx` (a float32-accurate product).
+its weights the same way), and for a float32 weight that holds only bfloat16 values (a published checkpoint's) a
+bfloat16 copy, half the bytes, multiplied at float32 accuracy: by AVX-512/AVX2 multiply-adds that widen it as they
+read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the tiles (:mod:`kvbench.kernels.cpu_amx`).
 
 Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
 faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
@@ -24,11 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvbench.kernels import cpu_amx
+from kvbench.kernels import cpu_amx, cpu_bf16_weights
 
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
-PLAIN, ONEDNN, AMX = "plain", "oneDNN-packed", "AMX"
+PLAIN, ONEDNN, BF16W, AMX = "plain", "oneDNN-packed", "bf16-weights", "AMX"
 RowRanges = tuple[tuple[int, int], ...]  # half-open [lo, hi) ranges of row counts
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape, path, plain_for): packed weight}
 
@@ -42,11 +43,23 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
-    """The paths ``weight`` can take on this machine: plain always, then oneDNN where packing is available, then
-    AMX where its kernel takes the weight."""
+    """The paths ``weight`` can take on this machine: plain always; oneDNN where packing is available; for a float32
+    weight holding only bfloat16 values, the bfloat16-weight kernel and, where the CPU has it, AMX."""
     if not packing_available(weight.device, weight.dtype):
         return (PLAIN,)
-    return (PLAIN, ONEDNN, AMX) if cpu_amx.takes(weight) else (PLAIN, ONEDNN)
+    paths = [PLAIN, ONEDNN]
+    if cpu_bf16_weights.takes(weight):
+        paths.append(BF16W)
+    if cpu_amx.takes(weight):
+        paths.append(AMX)
+    return tuple(paths)
+
+
+def default_path(weight: torch.Tensor) -> str:
+    """The path a weight takes when nothing was measured: AMX where it takes the weight, else oneDNN's packed copy
+    (plain without packing)."""
+    paths = candidate_paths(weight)
+    return AMX if AMX in paths else ONEDNN if ONEDNN in paths else PLAIN
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,8 @@ class PackedWeight:
         return self.plain.shape
 
 
-CpuWeight = torch.Tensor | PackedWeight | cpu_amx.AmxWeight
+CpuWeight = torch.Tensor | PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
+PackedCopy = PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
@@ -70,10 +84,12 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def packed_copy(weight: torch.Tensor, path: str) -> PackedWeight | cpu_amx.AmxWeight:
-    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN` or :data:`AMX`)."""
+def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W` or :data:`AMX`)."""
     if path == AMX:
         return cpu_amx.pack(weight)
+    if path == BF16W:
+        return cpu_bf16_weights.pack(weight)
     if path == ONEDNN:
         return pack(weight)
     raise ValueError(f"no packed copy for the {path!r} path")
@@ -85,8 +101,8 @@ def pack_for(model: Any, weight: torch.Tensor, path: str | None, plain_for: RowR
     same model reuses the copy."""
     if path is None or path == PLAIN:
         return weight
-    if path == AMX and not cpu_amx.takes(weight):
-        path = ONEDNN  # the AMX kernel is exact only for bfloat16 values: this layer's weight holds others
+    if (path == AMX and not cpu_amx.takes(weight)) or (path == BF16W and not cpu_bf16_weights.takes(weight)):
+        path = ONEDNN  # these kernels are exact only for bfloat16 values: this layer's weight holds others
     cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
@@ -107,12 +123,14 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str | None
         return 0
     if copies is None:
         weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-        copies = [(tuple(w.shape), AMX if cpu_amx.takes(w) else ONEDNN, 1) for w in weights.values()]
+        copies = [(tuple(w.shape), default_path(w), 1) for w in weights.values()]
     element = next(model.parameters()).element_size()
     total = 0
     for (rows, columns), path, count in copies:
         if path == AMX:
             total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
+        elif path == BF16W:
+            total += count * cpu_bf16_weights.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif path == ONEDNN:
             total += count * rows * columns * element
     return total
@@ -128,6 +146,8 @@ def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None)
             return F.linear(x, weight.plain, bias)
     if isinstance(weight, cpu_amx.AmxWeight):
         return cpu_amx.linear(x, weight, bias)
+    if isinstance(weight, cpu_bf16_weights.Bf16Weight):
+        return cpu_bf16_weights.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
 
 
@@ -141,7 +161,6 @@ def path_function(weight: torch.Tensor, path: str):
 
 def probe_linear(weight: torch.Tensor):
     """``weight`` multiplied through a throwaway copy on the path it would take before anything else is measured
-    (AMX where it takes the weight, else oneDNN, plain without packing), and that path's name: what the thread
-    choice times."""
-    path = candidate_paths(weight)[-1]
+    (:func:`default_path`), and that path's name: what the thread choice times."""
+    path = default_path(weight)
     return path_function(weight, path), path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvbench.kernels import cpu_amx
 
 UNIT = 2.0**-24  # float32's unit roundoff

@@ -262,7 +262,6 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
 def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights holding bfloat16 values (a published checkpoint's) run on the AMX kernel, tokens unchanged."""
     from kvbench.kernels import cpu_amx
-
     from kvbench.models import cpu_linear
 
     if not cpu_amx.available():

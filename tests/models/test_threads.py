@@ -45,7 +45,6 @@ def test_auto_measures_and_keeps_the_faster(monkeypatch):
 def test_auto_times_the_engines_own_matmul(monkeypatch):
     """The thread choice times the weight as the runner multiplies it: AMX for bfloat16 values, else oneDNN."""
     from kvbench.kernels import cpu_amx
-
     from kvbench.models import cpu_linear
 
     monkeypatch.delenv(threads_module.ENV, raising=False)
