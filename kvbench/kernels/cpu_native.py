@@ -350,6 +350,9 @@ def use_for_model_ops(device: torch.device, dtype: torch.dtype, head_dim: int) -
 
 
 def _library() -> ctypes.CDLL:
+    lib = _state.get("lib")  # loaded: no lock (the per-call path of every op)
+    if lib is not None:
+        return lib  # type: ignore[return-value]
     lib = _load()
     if lib is None:
         raise RuntimeError(unavailable_reason() or "the CPU kernels are not available")
@@ -369,8 +372,14 @@ def _same_dtype(x: torch.Tensor, *others: torch.Tensor) -> None:
                          f"{', '.join(str(other.dtype) for other in others)}")
 
 
-def _suffix(x: torch.Tensor) -> str:
-    return "f32" if x.dtype == torch.float32 else "bf16"
+def _kernel(name: str, x: torch.Tensor):
+    """The library's ``kvbench_<name>_f32`` or ``_bf16`` for ``x``'s dtype (looked up once per name and dtype)."""
+    lib = _library()
+    table = _state.setdefault("kernels", {})
+    key = (name, x.dtype)
+    if key not in table:  # type: ignore[operator]
+        table[key] = getattr(lib, f"kvbench_{name}_{'f32' if x.dtype == torch.float32 else 'bf16'}")  # type: ignore[index]
+    return table[key]  # type: ignore[index]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -378,8 +387,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows, width = _rows(x)
     _same_dtype(x, weight)
     out = torch.empty_like(x)
-    getattr(_library(), f"kvbench_rms_norm_{_suffix(x)}")(x.data_ptr(), None, weight.contiguous().data_ptr(),
-                                                           out.data_ptr(), rows, width, eps)
+    _kernel("rms_norm", x)(x.data_ptr(), None, weight.contiguous().data_ptr(), out.data_ptr(), rows, width, eps)
     return out
 
 
@@ -390,8 +398,8 @@ def add_rms_norm_(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tenso
         raise ValueError(f"delta {tuple(delta.shape)} must match hidden {tuple(hidden.shape)}, contiguous")
     _same_dtype(hidden, delta, weight)
     out = torch.empty_like(hidden)
-    getattr(_library(), f"kvbench_rms_norm_{_suffix(hidden)}")(
-        hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(), rows, width, eps)
+    _kernel("rms_norm", hidden)(hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
+                                rows, width, eps)
     return out
 
 
@@ -399,8 +407,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` where ``gate_up [rows, 2 * I]`` holds gate then up, as ``[rows, I]``."""
     rows, width = _rows(gate_up)
     out = torch.empty((*gate_up.shape[:-1], width // 2), dtype=gate_up.dtype)
-    getattr(_library(), f"kvbench_silu_and_mul_{_suffix(gate_up)}")(gate_up.data_ptr(), out.data_ptr(), rows,
-                                                                     width // 2)
+    _kernel("silu_and_mul", gate_up)(gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
     return out
 
 
@@ -412,5 +419,5 @@ def rotary_(qkv: torch.Tensor, heads: int, cos: torch.Tensor, signed_sin: torch.
             signed_sin.shape != cos.shape):
         raise ValueError(f"rotary tables {tuple(cos.shape)} do not fit q/k/v {tuple(qkv.shape)}")
     cos, signed_sin = cos.to(qkv.dtype).contiguous(), signed_sin.to(qkv.dtype).contiguous()
-    getattr(_library(), f"kvbench_rotary_{_suffix(qkv)}")(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(),
-                                                          signed_sin.data_ptr(), tokens, heads, head_dim)
+    _kernel("rotary", qkv)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), tokens, heads,
+                           head_dim)

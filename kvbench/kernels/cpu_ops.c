@@ -501,11 +501,12 @@ void kvbench_silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, in
 void kvbench_silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t half)
 {
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *g = gate_up + r * 2 * half;
-        uint16_t *o = out + r * half;
+        const uint16_t *restrict g = gate_up + r * 2 * half;
+        const uint16_t *restrict up = g + half;
+        uint16_t *restrict o = out + r * half;
 #pragma omp simd
         for (int64_t i = 0; i < half; i++)
-            o[i] = f32_to_bf16(silu(bf16_to_f32(g[i])) * bf16_to_f32(g[half + i]));
+            o[i] = f32_to_bf16(silu(bf16_to_f32(g[i])) * bf16_to_f32(up[i]));
     }
 }
 
