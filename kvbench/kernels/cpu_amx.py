@@ -83,7 +83,6 @@ class AmxWeight:
     packed: torch.Tensor  # [n_pad/32, k_pad/32, 2, 16, 16, 2] bfloat16
     n_pad: int
     k_pad: int
-    plain_for: tuple[tuple[int, int], ...] = ()  # row ranges [lo, hi) the caller multiplies by ``plain`` instead
 
     @property
     def shape(self) -> torch.Size:

@@ -58,7 +58,6 @@ class Bf16Weight:
 
     plain: torch.Tensor
     packed: torch.Tensor  # [n_pad / 32, k, 32] bfloat16
-    plain_for: tuple[tuple[int, int], ...] = ()  # row ranges [lo, hi) the caller multiplies by ``plain`` instead
 
     @property
     def shape(self) -> torch.Size:

@@ -6,9 +6,10 @@ none is chosen by a rule. For each weight the runner multiplies (the model's fir
 gate/up, down; and the lm_head) every candidate path is timed at a few row counts, from a decode step's one row to
 a long prefill's thousand, with interleaved rounds (the minimum of each counts, so a busy neighbour hurts every path
 alike), and for a model larger than the CPU's last-level cache with the cache emptied before each call, as the run
-will find it. Each weight keeps the packed copy that was faster overall (none when the plain weight won
-everywhere), and at each row count the plain weight where it was at least :data:`TIE` faster than that copy. A
-step's row count takes the choice of the nearest row count measured (on a log scale).
+will find it. Each row count takes its fastest path, held to few copies: the path fastest at the most row counts is
+the weight's main one, and another takes a row count only where it is at least :data:`TIE` faster (a weight may
+so keep two packed copies, counted by pre-flight, or none when the plain weight won everywhere). A step's row count
+takes the choice of the nearest row count measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
 timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|packed`` forces one path everywhere for tests and A/B
@@ -36,7 +37,8 @@ MIN_ROUNDS, MAX_ROUNDS = 3, 25  # interleaved rounds per row count; the minimum 
 MAX_ROUNDS_COLD = 6  # with the cache emptied before each call (which costs a few milliseconds)
 BUDGET_S = 0.03  # rounds go on (up to MAX_ROUNDS) until this much was spent per row count: short calls get many
 SLOW_CALL_S = 0.05  # a call slower than this is timed once more after its warm-up
-TIE = 1.05  # the plain weight must be at least this much faster than the packed copy to be chosen
+TIE = 1.05  # a path other than the weight's main one must be at least this much faster at a row count to take it
+DECISION_RULE = 2  # bumped when _decide changes: a plan cached under another rule is measured again
 FORCE_ENV = "KVBENCH_MATMUL"
 FORCED = {"plain": PLAIN, "onednn": ONEDNN, "bf16-weights": BF16W, "amx": AMX,
           "packed": "packed"}  # packed: AMX where it takes the weight, else oneDNN
@@ -45,14 +47,18 @@ _PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
 
 @dataclass(frozen=True)
 class MatmulChoice:
-    """One weight's choice: its packed copy (or none), and the path at each row count measured."""
+    """One weight's choice: the path at each row count measured (and so the packed copies it needs)."""
 
     role: str
     shape: tuple[int, int]
-    packed: str | None  # ONEDNN, AMX, or None: the plain weight at every row count
     rows: tuple[int, ...]
     paths: tuple[str, ...]  # the path at each of ``rows``
     timings_us: dict[int, dict[str, float]] = field(default_factory=dict)  # rows -> path -> microseconds
+
+    @property
+    def copies(self) -> tuple[str, ...]:
+        """The packed copies the chosen paths need (none when the plain weight won everywhere)."""
+        return tuple(dict.fromkeys(path for path in self.paths if path != PLAIN))
 
     def path_at(self, rows: int) -> str:
         """The path a step of ``rows`` rows takes: that of the nearest row count measured (on a log scale: the
@@ -63,20 +69,16 @@ class MatmulChoice:
         middles = (math.ceil(math.sqrt(a * b)) for a, b in zip(self.rows, self.rows[1:], strict=False))
         return [0, *middles, 1 << 62]
 
-    def plain_for(self) -> cpu_linear.RowRanges:
-        """The row ranges ``[lo, hi)`` at which the plain weight is used instead of the packed copy."""
-        if self.packed is None:
-            return ()
+    def routes(self) -> cpu_linear.Routes:
+        """Which path each row count takes: ``(lo, hi, path)``, neighbouring row counts of one path merged."""
         bounds = self._bounds()
-        ranges: list[tuple[int, int]] = []
+        routes: list[tuple[int, int, str]] = []
         for index, path in enumerate(self.paths):
-            if path != PLAIN:
-                continue
             low, high = bounds[index], bounds[index + 1]
-            if ranges and ranges[-1][1] == low:
-                low = ranges.pop()[0]
-            ranges.append((low, high))
-        return tuple(ranges)
+            if routes and routes[-1][2] == path:
+                low = routes.pop()[0]
+            routes.append((low, high, path))
+        return tuple(routes)
 
     def describe(self) -> str:
         """``qkv_proj [960 x 576]: oneDNN-packed at 1-1024 rows; us plain/oneDNN-packed: 1 row 45/58, 16: 256/116``."""
@@ -96,7 +98,7 @@ class MatmulChoice:
         return text
 
     def as_dict(self) -> dict:
-        return {"shape": list(self.shape), "packed": self.packed, "rows": list(self.rows), "paths": list(self.paths),
+        return {"shape": list(self.shape), "rows": list(self.rows), "paths": list(self.paths),
                 "timings_us": {str(rows): timings for rows, timings in self.timings_us.items()}}
 
 
@@ -112,10 +114,10 @@ class MatmulPlan:
     def choice(self, role: str) -> MatmulChoice:
         return self.choices[role]
 
-    def copies(self, num_layers: int) -> list[tuple[tuple[int, int], str | None, int]]:
-        """The packed copies a runner will make, as (shape, path or None, count): what pre-flight counts."""
-        return [(choice.shape, choice.packed, 1 if role == "lm_head" else num_layers)
-                for role, choice in self.choices.items()]
+    def copies(self, num_layers: int) -> list[tuple[tuple[int, int], str, int]]:
+        """The packed copies a runner will make, as (shape, path, count): what pre-flight counts."""
+        return [(choice.shape, path, 1 if role == "lm_head" else num_layers)
+                for role, choice in self.choices.items() for path in choice.copies]
 
     def lines(self) -> list[str]:
         """The plan as printed: a heading with its provenance, then one line per weight."""
@@ -188,18 +190,19 @@ def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[s
 
 
 def _decide(role: str, weight: torch.Tensor, timings: dict[int, dict[str, float]]) -> MatmulChoice:
+    """Each row count's fastest path, kept to as few copies as the timings allow: the path fastest at the most row
+    counts (on a tie, the faster overall) is the weight's main one, and another path takes a row count only where
+    it is at least :data:`TIE` faster than the main one there."""
     rows = tuple(timings)
     paths = tuple(next(iter(timings.values())))
-    packed_paths = [path for path in paths if path != PLAIN]
-    if not packed_paths:
-        return MatmulChoice(role, tuple(weight.shape), None, rows, (PLAIN,) * len(rows), timings)
 
     def overall(path: str) -> float:  # geometric mean over the row counts: each row count weighs alike
         return math.fsum(math.log(timings[r][path]) for r in rows)
 
-    packed = min(packed_paths, key=overall)
-    chosen = tuple(PLAIN if timings[r][PLAIN] * TIE < timings[r][packed] else packed for r in rows)
-    return MatmulChoice(role, tuple(weight.shape), None if set(chosen) == {PLAIN} else packed, rows, chosen, timings)
+    fastest = {r: min(paths, key=lambda path, r=r: timings[r][path]) for r in rows}
+    main = min(paths, key=lambda path: (-sum(fastest[r] == path for r in rows), overall(path)))
+    chosen = tuple(fastest[r] if timings[r][fastest[r]] * TIE < timings[r][main] else main for r in rows)
+    return MatmulChoice(role, tuple(weight.shape), rows, chosen, timings)
 
 
 def _check(record: dict, weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]]) -> None:
@@ -208,7 +211,7 @@ def _check(record: dict, weights: dict[str, torch.Tensor], candidates: dict[str,
         rows = tuple(int(r) for r in entry["rows"])
         if list(entry["shape"]) != list(weight.shape) or len(entry["paths"]) != len(rows) or not rows:
             raise ValueError(f"{role}: shape or rows do not match")
-        if entry["packed"] not in (*candidates[role][1:], None) or not set(entry["paths"]) <= set(candidates[role]):
+        if not set(entry["paths"]) <= set(candidates[role]):
             raise ValueError(f"{role}: a path this machine does not offer")
 
 
@@ -218,7 +221,7 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
         entry = record[role]
         timings = {int(rows): {path: float(us) for path, us in cell.items()}
                    for rows, cell in entry["timings_us"].items()}
-        choices[role] = MatmulChoice(role, tuple(entry["shape"]), entry["packed"], tuple(int(r) for r in entry["rows"]),
+        choices[role] = MatmulChoice(role, tuple(entry["shape"]), tuple(int(r) for r in entry["rows"]),
                                      tuple(entry["paths"]), timings)
     return choices
 
@@ -232,7 +235,7 @@ def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, .
         offered = candidates[role]
         taken = cpu_linear.default_path(weight) if path == "packed" else path if path in offered else (
             offered[min(1, len(offered) - 1)])
-        choices[role] = MatmulChoice(role, tuple(weight.shape), None if taken == PLAIN else taken, (1,), (taken,))
+        choices[role] = MatmulChoice(role, tuple(weight.shape), (1,), (taken,))
     return MatmulPlan(torch.get_num_threads(), next(iter(weights.values())).dtype, choices,
                       f"forced by {FORCE_ENV}={name}")
 
@@ -250,7 +253,7 @@ def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> Matm
     rows = {role: LM_HEAD_ROWS if role == "lm_head" else ROWS for role in weights}
     cold = model_bytes > last_level_cache_bytes()
     descriptor = {"cpu": cpu_native.cpu_signature(), "torch": torch.__version__, "threads": threads,
-                  "dtype": _dtype_name(dtype), "tie": TIE, "cold": cold,
+                  "dtype": _dtype_name(dtype), "tie": TIE, "cold": cold, "rule": DECISION_RULE,
                   "weights": {role: [list(weight.shape), list(candidates[role]), list(rows[role])]
                               for role, weight in weights.items()}}
 

@@ -8,16 +8,16 @@ read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the 
 
 Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
 faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
-2.2-2.5x faster at every row count. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths
-on the model's own weights at start-up and each weight carries its choice, the row ranges at which its plain
-weight wins (``plain_for``). The packed copy is kept beside the model's own weights (the ``transformers`` model
-keeps working for reference runs), one per model, shared by every runner over it; a weight whose plain path won at
-every row count gets no copy. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
+2.2-2.5x faster at every row count, and the bfloat16 copy 1.3-2x faster than oneDNN's at one row but slower from a
+few dozen. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths on the model's own weights
+at start-up and each weight carries its routes, the path each row count takes (:class:`RoutedWeight`). The packed
+copies a weight's routes use are kept beside the model's own weights (the ``transformers`` model keeps working for
+reference runs), once per model, shared by every runner over it; a weight whose plain path won at every row count
+gets none. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +30,7 @@ from kvbench.kernels import cpu_amx, cpu_bf16_weights
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
 PLAIN, ONEDNN, BF16W, AMX = "plain", "oneDNN-packed", "bf16-weights", "AMX"
-RowRanges = tuple[tuple[int, int], ...]  # half-open [lo, hi) ranges of row counts
-_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape, path, plain_for): packed weight}
+_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_ptr, shape, path), routed weights
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -68,15 +67,34 @@ class PackedWeight:
 
     plain: torch.Tensor
     packed: torch.Tensor
-    plain_for: RowRanges = ()  # the row counts at which the plain weight is faster (measured)
 
     @property
     def shape(self) -> torch.Size:
         return self.plain.shape
 
 
-CpuWeight = torch.Tensor | PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
 PackedCopy = PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
+Routes = tuple[tuple[int, int, str], ...]  # (lo, hi, path): steps of lo <= rows < hi take that path
+
+
+@dataclass(frozen=True)
+class RoutedWeight:
+    """A linear weight as the runner multiplies it: the packed copies it keeps and which path each row count takes
+    (measured on this machine: :mod:`kvbench.models.cpu_choices`)."""
+
+    plain: torch.Tensor
+    copies: dict[str, PackedCopy]  # path -> copy
+    routes: Routes  # cover every row count; a path is PLAIN or one of ``copies``
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.plain.shape
+
+    def path_at(self, rows: int) -> str:
+        return next(path for low, high, path in self.routes if low <= rows < high)
+
+
+CpuWeight = torch.Tensor | PackedCopy | RoutedWeight
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
@@ -95,30 +113,40 @@ def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
     raise ValueError(f"no packed copy for the {path!r} path")
 
 
-def pack_for(model: Any, weight: torch.Tensor, path: str | None, plain_for: RowRanges = ()) -> CpuWeight:
-    """``weight`` of ``model`` as the runner multiplies it: with its packed copy for ``path`` (None: the plain
-    weight alone) and the row ranges that use the plain weight instead. Once per model: a second runner over the
-    same model reuses the copy."""
-    if path is None or path == PLAIN:
+EVERY_ROW_COUNT = 1 << 62
+
+
+def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
+    """``weight`` of ``model`` as the runner multiplies it, by ``routes`` (which path each row count takes): the
+    plain weight itself when every route is plain, else a :class:`RoutedWeight` with the packed copies its routes
+    name. Each copy is made once per model: a second runner over the same model reuses it."""
+    fixed = []
+    for low, high, path in routes:  # these kernels are exact only for bfloat16 values: a weight holding others
+        if (path == AMX and not cpu_amx.takes(weight)) or (path == BF16W and not cpu_bf16_weights.takes(weight)):
+            path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
+        fixed.append((low, high, path))
+    if all(path == PLAIN for _, _, path in fixed):
         return weight
-    if (path == AMX and not cpu_amx.takes(weight)) or (path == BF16W and not cpu_bf16_weights.takes(weight)):
-        path = ONEDNN  # these kernels are exact only for bfloat16 values: this layer's weight holds others
     cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
         setattr(model, _CACHE_ATTR, cache)
-    key = (weight.data_ptr(), tuple(weight.shape), path, plain_for)
+    key = (weight.data_ptr(), tuple(weight.shape), tuple(fixed))
     if key not in cache:
-        bare = next((copy for (ptr, shape, kind, _), copy in cache.items()
-                     if (ptr, shape, kind) == key[:3]), None) or packed_copy(weight, path)
-        cache[key] = dataclasses.replace(bare, plain_for=plain_for)
+        copies = {}
+        for path in dict.fromkeys(path for _, _, path in fixed if path != PLAIN):
+            copy_key = (weight.data_ptr(), tuple(weight.shape), path)
+            if copy_key not in cache:
+                cache[copy_key] = packed_copy(weight, path)
+            copies[path] = cache[copy_key]
+        cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
 
-def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str | None, int]] | None = None) -> int:
+def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]] | None = None) -> int:
     """Bytes a first runner's packing will add (0 if the model is packed already). ``copies`` lists the measured
-    plan's copies as (shape, path or None for no copy, how many weights); without it, each linear weight of the
-    model is counted with the largest copy it could get."""
+    plan's copies as (shape, path, how many weights); without it, each linear weight of the model is counted with
+    the copy it would get before anything is measured."""
     if getattr(model, _CACHE_ATTR, None):
         return 0
     if copies is None:
@@ -136,19 +164,26 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str | None
     return total
 
 
+def _multiply(x: torch.Tensor, copy: PackedCopy, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(copy, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x, copy.packed, bias, "none", [], "")
+    if isinstance(copy, cpu_bf16_weights.Bf16Weight):
+        return cpu_bf16_weights.linear(x, copy, bias)
+    return cpu_amx.linear(x, copy, bias)
+
+
 def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a plain or a packed weight (``x`` is ``[rows, in]``), on the path chosen for its rows."""
+    """``F.linear`` for a plain, packed or routed weight (``x`` is ``[rows, in]``), on the path chosen for its
+    row count."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
-    rows = x.shape[0]
-    for low, high in weight.plain_for:
-        if low <= rows < high:
-            return F.linear(x, weight.plain, bias)
-    if isinstance(weight, cpu_amx.AmxWeight):
-        return cpu_amx.linear(x, weight, bias)
-    if isinstance(weight, cpu_bf16_weights.Bf16Weight):
-        return cpu_bf16_weights.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+    if isinstance(weight, RoutedWeight):
+        rows = x.shape[0]
+        for low, high, path in weight.routes:
+            if low <= rows < high:
+                return F.linear(x, weight.plain, bias) if path == PLAIN else _multiply(x, weight.copies[path], bias)
+        raise ValueError(f"no route for {rows} rows")
+    return _multiply(x, weight, bias)
 
 
 def path_function(weight: torch.Tensor, path: str):

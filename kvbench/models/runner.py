@@ -240,11 +240,8 @@ class ModelRunner:
                                             "lm_head": self.lm_head})
         for layer in self.layers:
             for role in LAYER_MATMULS:
-                choice = plan.choice(role)
-                setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), choice.packed,
-                                                         choice.plain_for()))
-        choice = plan.choice("lm_head")
-        self.lm_head = cpu_linear.pack_for(model, self.lm_head, choice.packed, choice.plain_for())
+                setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), plan.choice(role).routes()))
+        self.lm_head = cpu_linear.pack_for(model, self.lm_head, plan.choice("lm_head").routes())
         self.matmul_plan = plan
         self.packed_weights = True
 
