@@ -132,6 +132,10 @@ SIGNATURES = {
                                                 "f"]),
     "kvbench_paged_decode_bf16": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i",
                                                  "f"]),
+    "kvbench_paged_prefill_f32": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i", "i",
+                                                 "i", "f"]),
+    "kvbench_paged_prefill_bf16": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i",
+                                                  "i", "i", "f"]),
     "kvbench_rms_norm_f32": (None, ["p", "p", "p", "p", "i", "i", "f"]),
     "kvbench_rms_norm_bf16": (None, ["p", "p", "p", "p", "i", "i", "f"]),
     "kvbench_silu_and_mul_f32": (None, ["p", "p", "i", "i"]),
@@ -308,6 +312,61 @@ def paged_decode_attention(
                         batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale)
         if status != 0:
             raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
+    if out is not None and result is not out:
+        out.copy_(result)
+        return out
+    return result
+
+
+MAX_PREFILL_HEAD_DIM = 256  # the C prefill keeps a head's output row in 16 vectors
+
+
+def takes_prefill(k_cache: torch.Tensor) -> bool:
+    """Whether the C prefill kernel takes a pool like this: float32 or bfloat16 on the CPU, contiguous, a head_dim
+    that is a multiple of 16 up to 256."""
+    head_dim = k_cache.shape[-1]
+    return (k_cache.device.type == "cpu" and k_cache.dtype in KERNEL_DTYPES and k_cache.is_contiguous()
+            and head_dim % 16 == 0 and head_dim <= MAX_PREFILL_HEAD_DIM)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The contract of ``reference.paged_prefill_attention`` (the new tokens of each request attend causally to its
+    cached context and themselves, whose K/V are already written), computed over the pool in place."""
+    lib = _library()
+    if not (takes_prefill(k_cache) and query.dtype == k_cache.dtype == v_cache.dtype and v_cache.is_contiguous()):
+        raise ValueError(f"the C prefill kernel takes float32 or bfloat16 q, K and V of one dtype and a head_dim that "
+                         f"is a multiple of 16 up to {MAX_PREFILL_HEAD_DIM}, got {query.dtype} {tuple(k_cache.shape)}")
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    starts = query_start_loc.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    tokens, num_heads, head_dim = query.shape
+    batch = lens.shape[0]
+    longest = int(lens.max()) if batch else 0
+    if (starts.shape[0] != batch + 1 or tables.shape[0] < batch or tables.shape[1] * k_cache.shape[1] < longest
+            or (batch and int(starts[-1]) != tokens)):
+        raise ValueError(f"{tokens} new tokens of {batch} requests need {batch + 1} query starts ending at {tokens} and "
+                         f"tables covering {longest} tokens; got {tuple(starts.shape)} starts, tables "
+                         f"{tuple(tables.shape)}")
+    result = out if out is not None and out.is_contiguous() and out.dtype == query.dtype else torch.empty(
+        (tokens, num_heads, head_dim), dtype=query.dtype)
+    kernel = lib.kvbench_paged_prefill_f32 if query.dtype == torch.float32 else lib.kvbench_paged_prefill_bf16
+    if batch and tokens:
+        status = kernel(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                        tables.data_ptr(), tables.stride(0), starts.data_ptr(), lens.data_ptr(), result.data_ptr(),
+                        batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale)
+        if status != 0:
+            raise MemoryError("the CPU prefill kernel could not allocate its scratch memory")
     if out is not None and result is not out:
         out.copy_(result)
         return out

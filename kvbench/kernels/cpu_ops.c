@@ -415,6 +415,99 @@ int kvbench_paged_decode_bf16(
     return 0;
 }
 
+/* Causal prefill attention over the pool: the new tokens of each request attend to its cached context and to
+ * themselves, reading K and V in place through the block table. Per request and KV head, K is first laid out
+ * transposed ([d][position], float32) and V gathered ([position][d], float32) in scratch, once for every query
+ * head and new token that reads them: a block of PQ queries scores 16 positions per multiply-add with no
+ * horizontal sums; each query's scores row then takes its softmax and its weighted sum of the gathered V rows.
+ * head_dim must be a multiple of 16 (at most 256): the caller checks. */
+#define PQ 8 /* queries scored together */
+#define DEFINE_PREFILL(NAME, T, TO_F32, STORE_ROW)                                                           \
+    int NAME(const T *q, int64_t q_stride_t, int64_t q_stride_h, const T *k_cache, const T *v_cache,              \
+             const int32_t *tables, int64_t table_stride, const int32_t *query_start, const int32_t *lens, T *out, \
+             int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,       \
+             float scale) {                                                                                        \
+        const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim, nv = head_dim / 16;        \
+        int64_t longest = 16;                                                                                      \
+        for (int64_t b = 0; b < batch; b++)                                                                        \
+            longest = lens[b] > longest ? lens[b] : longest;                                                       \
+        const int64_t width = (longest + 15) / 16 * 16;                                                            \
+        float *kt = malloc(sizeof(float) * (size_t)(2 * head_dim * width + PQ * width + PQ * head_dim));           \
+        if (!kt)                                                                                                   \
+            return -1;                                                                                             \
+        float *vg = kt + head_dim * width, *scores = vg + head_dim * width, *qf = scores + PQ * width;             \
+        for (int64_t b = 0; b < batch; b++) {                                                                      \
+            const int64_t first = query_start[b], q_len = query_start[b + 1] - first, len = lens[b];               \
+            const int64_t start = len - q_len, padded = (len + 15) / 16 * 16;                                      \
+            const int32_t *table = tables + b * table_stride;                                                      \
+            if (q_len <= 0)                                                                                        \
+                continue;                                                                                          \
+            for (int64_t g = 0; g < num_kv_heads; g++) {                                                           \
+                for (int64_t j = 0; j < padded; j++) { /* K transposed, V gathered; zeros past the context */     \
+                    const int64_t slot = j < len ? SLOT(table, j, block_size) * row + g * head_dim : -1;           \
+                    for (int64_t d = 0; d < head_dim; d++) {                                                       \
+                        kt[d * padded + j] = slot >= 0 ? TO_F32(k_cache[slot + d]) : 0.0f;                         \
+                        vg[j * head_dim + d] = slot >= 0 ? TO_F32(v_cache[slot + d]) : 0.0f;                       \
+                    }                                                                                              \
+                }                                                                                                  \
+                for (int64_t h = g * group; h < (g + 1) * group; h++) {                                            \
+                    for (int64_t i0 = 0; i0 < q_len; i0 += PQ) {                                                   \
+                        const int64_t count = q_len - i0 < PQ ? q_len - i0 : PQ;                                   \
+                        const int64_t seen = start + i0 + count; /* positions the block's last query sees */       \
+                        for (int64_t i = 0; i < PQ; i++)                                                           \
+                            for (int64_t d = 0; d < head_dim; d++)                                                 \
+                                qf[i * head_dim + d] =                                                             \
+                                    i < count ? TO_F32(q[(first + i0 + i) * q_stride_t + h * q_stride_h + d]) : 0; \
+                        for (int64_t j = 0; j < seen; j += 16) {                                                   \
+                            v16 acc[PQ];                                                                           \
+                            for (int i = 0; i < PQ; i++)                                                           \
+                                acc[i] = (v16){0};                                                                 \
+                            for (int64_t d = 0; d < head_dim; d++) {                                               \
+                                const v16 column = load16(kt + d * padded + j);                                    \
+                                for (int i = 0; i < PQ; i++)                                                       \
+                                    acc[i] += qf[i * head_dim + d] * column;                                       \
+                            }                                                                                      \
+                            for (int i = 0; i < PQ; i++)                                                           \
+                                store16(scores + i * width + j, acc[i] * scale);                                   \
+                        }                                                                                          \
+                        for (int64_t i = 0; i < count; i++) {                                                      \
+                            const int64_t visible = start + i0 + i + 1;                                            \
+                            float *s = scores + i * width;                                                         \
+                            softmax_rows(s, 1, visible);                                                           \
+                            v16 acc[16];                                                                           \
+                            for (int64_t v = 0; v < nv; v++)                                                       \
+                                acc[v] = (v16){0};                                                                 \
+                            for (int64_t j = 0; j < visible; j++) {                                                \
+                                const float p = s[j], *vr = vg + j * head_dim;                                     \
+                                for (int64_t v = 0; v < nv; v++)                                                   \
+                                    acc[v] += p * load16(vr + 16 * v);                                             \
+                            }                                                                                      \
+                            STORE_ROW(out + ((first + i0 + i) * num_heads + h) * head_dim, acc, nv);               \
+                        }                                                                                          \
+                    }                                                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        free(kt);                                                                                                  \
+        return 0;                                                                                                  \
+    }
+
+static inline void store_row_f32(float *o, const v16 *acc, int64_t nv) {
+    for (int64_t v = 0; v < nv; v++)
+        store16(o + 16 * v, acc[v]);
+}
+
+static inline void store_row_bf16(uint16_t *o, const v16 *acc, int64_t nv) {
+    for (int64_t v = 0; v < nv; v++)
+        for (int e = 0; e < 16; e++)
+            o[16 * v + e] = f32_to_bf16(acc[v][e]);
+}
+
+/* Causal prefill attention, float32 (see above). Returns 0, or -1 when scratch memory could not be allocated. */
+DEFINE_PREFILL(kvbench_paged_prefill_f32, float, f32_identity, store_row_f32)
+/* The same for bfloat16 q, K, V and output, float32 inside, the output rounded once. */
+DEFINE_PREFILL(kvbench_paged_prefill_bf16, uint16_t, bf16_to_f32, store_row_bf16)
+
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r of x [rows][width]. With residual != NULL, x is
  * first replaced by x + residual (in place), the residual stream of a decoder layer. */
 void kvbench_rms_norm_f32(float *x, const float *residual, const float *weight, float *out, int64_t rows,

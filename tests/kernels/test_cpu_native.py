@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kv_cases import decode_oracle, make_case, poisoned_like, rel_error
+from kv_cases import decode_oracle, make_case, poisoned_like, prefill_oracle, query_start_loc, rel_error
 
 from kvbench import kernels
 from kvbench.kernels import cpu_native, reference
@@ -252,6 +252,51 @@ def test_bf16_decode_is_the_exact_attention_rounded_once(variant, head_dim: int,
     assert rel_error(got, exact) < 2 * BF16_UNIT
     assert (got == exact.bfloat16()).float().mean() > 0.97  # rounded once, not twice: almost all equal
     assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+PREFILL_LENS, PREFILL_Q_LENS = [40, 3, 64, 17, 9, 130], [40, 1, 8, 2, 9, 37]  # whole prompts, chunks after a prefix
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 80])
+@pytest.mark.parametrize("group", [1, 3, 8])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_matches_sdpa(variant, head_dim: int, group: int, block_size: int, dtype: torch.dtype) -> None:
+    """New tokens attend causally to the cached context and themselves, K/V read in place through the table; in
+    bfloat16, float32 inside with each output rounded once."""
+    case = make_case(PREFILL_LENS, block_size, num_kv_heads=2, head_dim=head_dim, seed=head_dim + group, dtype=dtype)
+    tokens = sum(PREFILL_Q_LENS)
+    fused = torch.randn(tokens, 2 * group + 4, head_dim, generator=torch.Generator().manual_seed(group)).to(dtype)
+    query = fused[:, : 2 * group]  # a strided view, as the runner's q is
+    out = poisoned_like(torch.empty(tokens, 2 * group, head_dim, dtype=dtype))
+    got = cpu_native.paged_prefill_attention(query, case.k_cache, case.v_cache, case.block_tables,
+                                             query_start_loc(PREFILL_Q_LENS), case.context_lens, SCALE, out=out)
+    assert got is out and got.dtype == dtype
+    exact = prefill_oracle(case, query, PREFILL_Q_LENS, SCALE)
+    if dtype == torch.float32:
+        assert rel_error(got, exact) < 1e-5
+    else:
+        assert rel_error(got, exact) < 2 * BF16_UNIT
+        assert (got == exact.bfloat16()).float().mean() > 0.97
+
+
+def test_prefill_dispatch_plans_nothing_and_refuses_what_it_cannot_take(variant) -> None:
+    case = make_case(PREFILL_LENS, 16, num_kv_heads=2, head_dim=64, seed=1)
+    query = torch.randn(sum(PREFILL_Q_LENS), 4, 64)
+    starts = query_start_loc(PREFILL_Q_LENS)
+    assert kernels.plan_prefill(case.block_tables, starts, case.context_lens, case.k_cache, 4, "native") is None
+    args = (query, case.k_cache, case.v_cache, case.block_tables, starts, case.context_lens, SCALE)
+    torch.testing.assert_close(kernels.paged_prefill_attention(*args, backend="native"),
+                               kernels.paged_prefill_attention(*args, backend="torch"), rtol=1e-5, atol=1e-6)
+    odd = make_case([5], 4, num_kv_heads=1, head_dim=24, seed=2)  # head_dim 24: not a multiple of 16
+    assert not cpu_native.takes_prefill(odd.k_cache)
+    assert kernels.plan_prefill(odd.block_tables, query_start_loc([5]), odd.context_lens, odd.k_cache, 2,
+                                "native") is not None  # the reference plans and runs it
+    with pytest.raises(ValueError, match="multiple of 16"):
+        cpu_native.paged_prefill_attention(torch.randn(5, 2, 24), odd.k_cache, odd.v_cache, odd.block_tables,
+                                           query_start_loc([5]), odd.context_lens, SCALE)
+    with pytest.raises(ValueError, match="query starts"):
+        cpu_native.paged_prefill_attention(query[:-1], *args[1:])
 
 
 def test_bf16_dispatch_and_write_kv(variant) -> None:
