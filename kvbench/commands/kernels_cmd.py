@@ -56,6 +56,12 @@ def _backend(name: str, device: torch.device) -> str:
     return name
 
 
+def _native_build() -> str:
+    from kvbench.kernels import cpu_native
+
+    return cpu_native.build_description()
+
+
 def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
     from kvbench.kernels.benchmark import HEAD_SHAPES
 
@@ -107,6 +113,8 @@ def _render(result: dict, console: Console) -> None:
             "-" if point["num_splits"] is None else str(point["num_splits"]),
         )  # fmt: skip
     console.print(table)
+    if result.get("native_build"):
+        console.print(result["native_build"])
     console.print("ratio = paged time / contiguous SDPA time")
     if on_cpu:
         console.print("% read = paged GB/s / GB/s of torch reading the same bytes, timed the same way (on a CPU the "
@@ -180,6 +188,7 @@ def kernels(
         "head_dim": dim,
         "block_size": block_size,
         "copy_bandwidth_gbps": copy_gbps,
+        "native_build": _native_build() if backend == "native" else None,
         "torch_version": torch.__version__,
         "points": points,
     }

@@ -29,6 +29,8 @@ def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) 
         assert point["reference_gbps"] > 0 and point["pct_of_copy_bandwidth"] is None
         assert point["pct_of_read_bandwidth"] == pytest.approx(100 * point["paged_gbps"] / point["reference_gbps"])
     assert result["copy_bandwidth_gbps"] is None
+    if expected_backend == "native":  # which instruction-set build ran
+        assert result["native_build"].startswith("C kernels built for ")
     assert json.loads(target.read_text()) == result
 
 
