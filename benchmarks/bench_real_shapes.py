@@ -191,6 +191,8 @@ class Outcome:
     rates: dict[str, list[float]]
     tokens: dict[str, list[list[int]]]  # each engine's greedy tokens (first round)
     loads: list[str] = field(default_factory=list)  # the load average after each round
+    cores: dict[str, list[float]] = field(default_factory=dict)  # CPU time / wall time of each run
+    other_rates: dict[str, list[float]] = field(default_factory=dict)  # the rates by the other clock
 
     def median(self, engine: str) -> float:
         return statistics.median(self.rates[engine])
@@ -214,8 +216,12 @@ def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threa
         order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]  # rotate the order
         for engine in order:
             result = launch(engine, job, args, scratch)
-            seconds = result["cpu_seconds"] if args.clock == "cpu" else result["seconds"]
+            seconds, other = result["seconds"], result["cpu_seconds"]
+            if args.clock == "cpu":
+                seconds, other = other, seconds
             outcome.rates[engine].append(count * output_len / seconds)
+            outcome.other_rates.setdefault(engine, []).append(count * output_len / other)
+            outcome.cores.setdefault(engine, []).append(result["cpu_seconds"] / result["seconds"])
             outcome.tokens.setdefault(engine, result["tokens"])
         outcome.loads.append(load_average())
         print(f"  {label} {workload} threads={threads or 'auto'} {args.dtype} round {round_index + 1}: "
@@ -230,9 +236,14 @@ def spread(values: list[float]) -> str:
 
 def report(outcome: Outcome, engines: list[str], args) -> list[str]:
     """The outcome's lines: medians, per-round ratios with their spread, the goals, token agreement per prompt."""
+    other_clock = "wall" if args.clock == "cpu" else "cpu"
     lines = [f"{outcome.label} {outcome.workload} threads={outcome.threads or 'auto'} {args.dtype}, {args.clock} time: "
              + ", ".join(f"{e} {outcome.median(e):.1f} tok/s" for e in engines)
-             + f" (medians of {args.rounds} rounds; load after each: {' | '.join(outcome.loads)})"]
+             + f" (medians of {args.rounds} rounds; load after each: {' | '.join(outcome.loads)})",
+             f"   by {other_clock} time: " + ", ".join(f"{e} {statistics.median(outcome.other_rates[e]):.1f}"
+                                                    for e in engines)
+             + "; cores busy (CPU time / wall time): " + ", ".join(f"{e} {statistics.median(outcome.cores[e]):.2f}"
+                                                                  for e in engines)]
     for other in engines[1:]:
         ratios = outcome.ratios("paged", other)
         goal = GOALS.get(other)
