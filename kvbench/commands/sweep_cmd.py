@@ -186,6 +186,10 @@ def _print_intro(console, setup: SweepSetup) -> None:
     threads = setup.backend.threads
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
+    plan = setup.backend.loaded.matmul_plan if setup.backend.loaded is not None else None
+    if plan is not None:  # the CPU's measured matmul paths, with their timings
+        for line in plan.lines():
+            console.print(line, markup=False, highlight=False)
     for note in setup.backends.notes():  # a reference column says what it is
         console.print(f"[dim]{note}[/dim]")
 

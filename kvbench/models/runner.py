@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_linear, sampler
+from kvbench.models import cpu_choices, cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -133,6 +133,16 @@ def _fused_bias(modules: list[Any]) -> torch.Tensor | None:
     return fuse_rows([module.bias for module in modules])
 
 
+LAYER_MATMULS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def matmul_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The tensors a runner multiplies, by role: the first layer's (q/k/v and gate/up fused, as the runner fuses
+    them: the model's own storage) and the lm_head; what :mod:`kvbench.models.cpu_choices` measures."""
+    layer = LayerWeights.from_hf(model.model.layers[0])
+    return {**{role: getattr(layer, role) for role in LAYER_MATMULS}, "lm_head": model.lm_head.weight.data}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm ``x / sqrt(mean(x^2) + eps) * weight`` (one fused op, fp32 accumulation)."""
     return F.rms_norm(x, weight.shape, weight, eps)
@@ -193,8 +203,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
-        if self.kernel_backend == "native" and self.kv_dtype != torch.float32:
-            self.kernel_backend = "torch"  # the C decode kernel is float32 only: keep the reference's kept plans
+        if self.kernel_backend == "native" and (self.kv_dtype not in cpu_native.KERNEL_DTYPES
+                                                or self.kv_dtype != self.dtype):
+            self.kernel_backend = "torch"  # not a pool the C decode kernel takes: keep the reference's kept plans
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -203,11 +214,12 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self._read_weights(model)
         self.packed_weights = False
+        self.matmul_plan: cpu_choices.MatmulPlan | None = None
         if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
             self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
-        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 on one CPU
-        # thread); otherwise torch's
+        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 or bfloat16
+        # on one CPU thread); otherwise torch's
         self.native_ops = self.kernel_backend == "native" and cpu_native.use_for_model_ops(
             self.device, self.dtype, self.head_dim)
         self.k_caches, self.v_caches = self._allocate_kv_pool()
@@ -222,11 +234,15 @@ class ModelRunner:
         self.layers = [LayerWeights.from_hf(layer) for layer in backbone.layers]
 
     def _pack_weights(self, model: Any) -> None:
-        """The matmul weights in oneDNN's layout (the model's own tensors stay as they are)."""
+        """Each matmul weight with the packed copy and the row ranges this CPU's measured plan chose for its role
+        (:mod:`kvbench.models.cpu_choices`; the model's own tensors stay as they are)."""
+        plan = cpu_choices.plan_for(model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS},
+                                            "lm_head": self.lm_head})
         for layer in self.layers:
-            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-                setattr(layer, name, cpu_linear.pack_for(model, getattr(layer, name)))
-        self.lm_head = cpu_linear.pack_for(model, self.lm_head)
+            for role in LAYER_MATMULS:
+                setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), plan.choice(role).routes()))
+        self.lm_head = cpu_linear.pack_for(model, self.lm_head, plan.choice("lm_head").routes())
+        self.matmul_plan = plan
         self.packed_weights = True
 
     def _allocate_kv_pool(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

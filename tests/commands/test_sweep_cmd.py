@@ -422,3 +422,32 @@ def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, ca
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [
         "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_path, monkeypatch, capsys, dtype):
+    """``--dtype bf16`` and ``fp16`` on a CPU, with the start-up measurements on (they once crashed the thread probe:
+    float32 activations against a half-precision weight): threads and matmul paths measured at the run's dtype,
+    printed, kept in the metadata and cached for the next run."""
+    from kvbench.models import threads
+
+    monkeypatch.delenv("KVBENCH_THREADS", raising=False)
+    monkeypatch.delenv("KVBENCH_MATMUL", raising=False)
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    for attempt in ("first", "second"):
+        out = tmp_path / f"run-{attempt}"
+        assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--dtype", dtype]) == 0
+        meta = json.loads((out / "summary.json").read_text())["meta"]
+        printed = capsys.readouterr().out
+        assert "measured the model's" in meta["threads"]["reason"]
+        assert ("cached, measured" in meta["threads"]["reason"]) == (attempt == "second")
+        assert f"CPU threads: {meta['threads']['threads']} (measured" in printed
+        if dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
+            plan = meta["cpu_matmuls"]
+            assert plan["dtype"] == "bf16" and set(plan["weights"]) == {"qkv_proj", "o_proj", "gate_up_proj",
+                                                                         "down_proj", "lm_head"}
+            assert plan["source"].startswith("cached" if attempt == "second" else "measured now")
+            assert "CPU matmul paths, " in printed and "lm_head [512 x 64]" in printed
+        else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured
+            assert meta["cpu_matmuls"] is None
