@@ -52,8 +52,21 @@ static void softmax_rows(float *scores, int64_t rows, int64_t len) {
     }
 }
 
+/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
+ * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache). */
+#define PF 16
+
+/* The row of token u of a context (all KV heads) into the cache, ahead of its use. */
+static inline void prefetch_row(const float *cache, const int32_t *table, int64_t u, int64_t block_size, int64_t row) {
+    const float *p = cache + ((int64_t)table[u / block_size] * block_size + u % block_size) * row;
+    for (int64_t f = 0; f < row; f += 16)
+        __builtin_prefetch(p + f, 0, 3);
+}
+
 /* Decode attention for any head_dim and group size (see kvbench_paged_decode_f32). Each token's K row (all KV
- * heads) and then its V row is read once, in order within its block. */
+ * heads) and then its V row is read once, in order within its block, and
+ * prefetched PF tokens ahead (measured on the tiny shape, 30 contexts of ~570 tokens in 16-token blocks spread over
+ * the pool: 1.2x, as fast as over consecutive blocks). */
 static int paged_decode_generic(
     const float *q, int64_t q_stride_b, int64_t q_stride_h,   /* q[b][h][d], d contiguous */
     const float *k_cache, const float *v_cache,               /* [blocks][block_size][Hkv][D], contiguous */
@@ -80,6 +93,8 @@ static int paged_decode_generic(
             continue;
         for (int64_t t = 0; t < len; t++) {
             const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
+            if (t + PF < len)
+                prefetch_row(k_cache, table, t + PF, block_size, row);
             for (int64_t h = 0; h < num_heads; h++) {
                 const float *qh = qb + h * q_stride_h;
                 const float *kh = k + (h / group) * head_dim;
@@ -93,6 +108,8 @@ static int paged_decode_generic(
         softmax_rows(scores, num_heads, len);
         for (int64_t t = 0; t < len; t++) {
             const float *v = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
+            if (t + PF < len)
+                prefetch_row(v_cache, table, t + PF, block_size, row);
             for (int64_t h = 0; h < num_heads; h++) {
                 const float p = scores[h * len + t];
                 const float *vh = v + (h / group) * head_dim;
@@ -112,9 +129,6 @@ static int paged_decode_generic(
  * heads, read once and in order) for the scores, the softmax, then per KV head one pass over its V rows for the
  * weighted sums. Measured against the generic loops on a 135M-class shape (50 requests of 192 tokens): 1.5x. */
 typedef float v16 __attribute__((vector_size(64)));
-/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
- * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache). */
-#define PF 16
 #ifdef __clang__
 #define SWAP_HALVES(x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
     __builtin_shufflevector(x, x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)
