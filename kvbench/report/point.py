@@ -40,6 +40,9 @@ class Point:
     output_throughput: float = 0.0
     total_token_throughput: float = 0.0
     request_throughput: float = 0.0
+    duration: float = 0.0  # seconds, as vLLM's benchmark names it (the same as elapsed_s)
+    total_input_tokens: int = 0  # prompt tokens of the completed requests
+    total_output_tokens: int = 0  # output tokens of the completed requests
     latencies: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(LATENCY_FIELDS))
     peak_running: int = 0
     mean_running: float = 0.0
@@ -109,6 +112,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         rejected_oom=len(oom),
         preemptions=result.num_preemptions,
         **result.throughput(),
+        **result.totals(),
         latencies=result.latencies(),
         peak_running=result.peak_running,
         mean_running=acct.mean_running(),
@@ -187,7 +191,8 @@ def aggregate_repeats(points: list[Point]) -> Point:
         if worst is not None:
             merged.status, merged.status_reason, merged.error = status, worst.status_reason, worst.error
             break
-    for name in ("completed", "rejected", "rejected_oom", "preemptions", "mean_running", "kv_pool_bytes",
+    for name in ("completed", "rejected", "rejected_oom", "preemptions", "duration", "total_input_tokens",
+                 "total_output_tokens", "mean_running", "kv_pool_bytes",
                  "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
                  "elapsed_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
                  "output_len_p50", "output_len_p90", "stopped_at_eos"):

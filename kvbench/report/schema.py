@@ -28,6 +28,9 @@ POINT_FIELDS = (
     "output_throughput",
     "total_token_throughput",
     "request_throughput",
+    "duration",  # seconds (vLLM's name)
+    "total_input_tokens",
+    "total_output_tokens",
     *LATENCY_FIELDS,
     "peak_running",
     "kv_pool_bytes",
