@@ -97,6 +97,22 @@ class Point:
         return cls(engine, concurrency, scenario, status="error", error=error, traceback=traceback)
 
 
+def shows_figures(point: dict[str, Any]) -> bool:
+    """Whether a point's throughput, latency and steady figures are shown as figures: only an ok point's.
+
+    An OOM point served only the requests its KV memory admitted and rejected the rest, so its figures describe
+    another, lighter workload (a few requests, fast). Every table, plot and console line therefore marks it
+    (:func:`oom_text`) instead of printing or drawing those figures as a normal point; its memory is shown, marked.
+    """
+    return point.get("status") == "ok"
+
+
+def oom_text(point: dict[str, Any]) -> str:
+    """The mark of an OOM point: how many of its requests were turned away."""
+    rejected, completed = point.get("rejected") or 0, point.get("completed") or 0
+    return f"OOM: {rejected:,} of {rejected + completed:,} requests rejected"
+
+
 def point_from_result(result: RunResult, engine: str, concurrency: int, scenario: str, bytes_per_token: int,
                       memory: dict[str, Any] | None = None) -> Point:
     acct = result.accountant
