@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.interleave import run_interleaved
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, make_request
 from kvbench.engine.result import RunResult
@@ -17,6 +18,7 @@ from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import RooflineTiming
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import assert_drained
+from kvbench.kv.policies import MANAGERS
 from kvbench.measure.probes import MemorySampler
 from kvbench.models.gpus import GpuSpec, kv_budget, resolve_gpu
 from kvbench.models.shapes import ModelShape, resolve_model
@@ -90,6 +92,17 @@ class TensorBackend:
         with MemorySampler(self.loaded.device) as sampler:
             result = runner.run(requests, concurrency, on_step=on_step)
         return result, sampler.peaks.as_dict()
+
+    interleaved_engines = MANAGERS  # kvbench's own engines: run_together steps them in turn
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step) -> list[tuple[RunResult, dict]]:
+        """The engines' points at one concurrency, stepped in turn so that the machine's load falls on each
+        alike (see :mod:`kvbench.engine.interleave`); the memory peaks are the process's over the pair."""
+        with MemorySampler(self.loaded.device) as sampler:
+            results = run_interleaved([(self.engine(name), requests) for name, requests in runs], concurrency,
+                                      on_step)
+        return [(result, sampler.peaks.as_dict()) for result in results]
 
 
 class SimulatedBackend:

@@ -53,27 +53,40 @@ def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 0
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 2  # refuses to overwrite
     calls = []
-    original = sweep_backends.TensorBackend.run
+    original, together = sweep_backends.TensorBackend.run, sweep_backends.TensorBackend.run_together
 
     def counting(self, engine, requests, concurrency, on_step):
         calls.append((engine, concurrency))
         return original(self, engine, requests, concurrency, on_step)
 
+    def counting_together(self, runs, concurrency, on_step):
+        calls.extend((engine, concurrency) for engine, _ in runs)
+        return together(self, runs, concurrency, on_step)
+
     monkeypatch.setattr(sweep_backends.TensorBackend, "run", counting)
+    monkeypatch.setattr(sweep_backends.TensorBackend, "run_together", counting_together)
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2,4", "--resume"]) == 0
     assert sorted(calls) == [("contiguous", 4), ("paged", 4)]
     assert len(json.loads((out / "summary.json").read_text())["points"]) == 4
 
 
 def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, monkeypatch, capsys):
-    original = sweep_backends.TensorBackend.run
+    """The engines of a point run interleaved; when one fails, each runs again alone: the error is the failing
+    engine's, the other's point survives."""
+    original, together = sweep_backends.TensorBackend.run, sweep_backends.TensorBackend.run_together
 
     def flaky(self, engine, requests, concurrency, on_step):
         if engine == "contiguous" and concurrency == 2:
             raise RuntimeError("injected failure")
         return original(self, engine, requests, concurrency, on_step)
 
+    def flaky_together(self, runs, concurrency, on_step):
+        if concurrency == 2:
+            raise RuntimeError("injected failure of the pair")
+        return together(self, runs, concurrency, on_step)
+
     monkeypatch.setattr(sweep_backends.TensorBackend, "run", flaky)
+    monkeypatch.setattr(sweep_backends.TensorBackend, "run_together", flaky_together)
     out = tmp_path / "run"
     assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 1  # ran on, but failed
     assert "1 of 4 points failed" in capsys.readouterr().err
