@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -104,19 +105,28 @@ class FleetSetup:
                             enable_prefix_caching=options.prefix_caching and options.engine == "paged")
         config, model_name, device_name, source, bytes_per_token, vocab, timing = _budget(options, spec, base)
         pairs, prompts, skipped, file_times, dataset = _workload(options, spec, seed, vocab)
+        extra: dict[str, Any] = {}
+        load = None
+        if options.rate is None and file_times is None and options.simulate:  # the rate from the fleet's capacity
+            options, pairs, prompts, skipped, dataset, load = _loaded(options, spec, seed, vocab, config, timing,
+                                                                      (pairs, prompts, skipped, dataset))
+            extra["rate_chosen"] = {"usage": load.usage, "running_per_instance": load.running_per_instance}
         if options.rate is not None:
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
-            arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
+            arrival_source = f"Poisson at {options.rate:.3g} req/s (seed {seed})"
+            if load is not None:
+                arrival_source += f", {load.sentence(options.instances)}"
         elif file_times is not None:
             times = file_times
             arrival_source = f"arrival times recorded in {options.requests_file or options.trace}"
         else:
-            raise KvbenchError("no arrival times: give an arrival rate, or a trace / requests file whose rows "
-                               "carry arrival_time")
+            raise KvbenchError("no arrival times: give an arrival rate (--rate; a real fleet's step times are not "
+                               "known before it runs, a --simulate one gets a rate from its capacity), or a trace / "
+                               "requests file whose rows carry arrival_time")
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(options, spec, seed, config, model_name, device_name, source, bytes_per_token, vocab, pairs,
-                   prompts, times, arrival_source, skipped, timing, dataset)
+                   prompts, times, arrival_source, skipped, timing, dataset, extra)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -164,8 +174,25 @@ class FleetSetup:
                 "startup_s": options.startup_s if options.simulate else "measured"},
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             dataset=self.dataset.as_dict() if self.dataset else None, stop="length",
-            ray_address=options.ray_address,
+            ray_address=options.ray_address, rate_chosen=self.extra.get("rate_chosen"),
         )
+
+
+def _loaded(options: FleetOptions, spec: Scenario, seed: int, vocab: int, config: EngineConfig, timing, workload):
+    """Options with the rate that loads the simulated fleet to :data:`load.TARGET_USAGE` of its blocks, and (unless
+    ``--requests`` was given, or a file fixes the rows) enough requests for :data:`load.WAVES` fleets-full of them,
+    so that the load holds a while rather than being mostly ramp-up and tail."""
+    from kvbench.studies.fleet.load import WAVES, rate_for_usage
+
+    pairs, prompts, skipped, dataset = workload
+    load = rate_for_usage(pairs, timing, config.block_size, config.num_blocks, options.instances)
+    wanted = WAVES * math.ceil(load.running_per_instance * options.instances)
+    fixed = options.requests is not None or options.requests_file is not None or options.trace is not None
+    if not fixed and wanted > len(pairs):
+        check_run_counts(requests=wanted, block_size=config.block_size)
+        pairs, prompts, skipped, _, dataset = _workload(replace(options, requests=wanted), spec, seed, vocab)
+        load = rate_for_usage(pairs, timing, config.block_size, config.num_blocks, options.instances)
+    return replace(options, rate=load.rate), pairs, prompts, skipped, dataset, load
 
 
 def _derived_seed(seed: int, what: str) -> int:
