@@ -156,21 +156,25 @@ def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]
     return slots
 
 
-EXACT_ROWS = 64  # steps of up to this many rows (decode batches, short prefills) multiply at their own row count
+EXACT_ROWS = 16  # steps of up to this many rows multiply at their own row count
+DECODE_ROWS = 64  # up to here (decode batches), 4 row counts per power of two; above (prefills), 8
 
 
 def matmul_rows(rows: int) -> int:
     """The row count a step of ``rows`` tokens multiplies a oneDNN-packed weight at: ``rows`` up to
-    :data:`EXACT_ROWS`, above that rounded up to one of eight steps per power of two (at most 12.5% padding).
+    :data:`EXACT_ROWS`; up to :data:`DECODE_ROWS` rounded up to one of four steps per power of two (at most 25%
+    padding, nearly free where a decode matmul waits on reading its weights); above, to one of eight (12.5%).
 
-    oneDNN builds a primitive for every row count it meets (0.4-0.9 ms on a small weight, measured, against
-    about 50 us for a cached one), and the token count of a prefill step is nearly always new. Rounded, a run
-    meets a few dozen row counts per weight, built once; unrounded, every prefill step paid for new ones, and
-    which engine met a row count first decided which one paid.
+    oneDNN (and torch's ideep layer over it) builds and caches a primitive for every row count it meets: 0.4-0.9
+    ms to build on a small weight, against about 50 us for a cached call, and about 430 KiB of memory each
+    (measured: 200 row counts x 5 weights grew the process by 535 MiB). Unrounded, nearly every prefill step
+    met new ones (the engine that ran a point first paid for them, and the caches held up to 1,024 of them);
+    rounded, the main job meets about 50 row counts per weight.
     """
     if rows <= EXACT_ROWS:
         return rows
-    step = 1 << (rows.bit_length() - 4)  # 65-127 rows: steps of 8; 512-1023: steps of 64
+    per_octave_log2 = 2 if rows <= DECODE_ROWS else 3
+    step = 1 << (rows.bit_length() - 1 - per_octave_log2)  # 17-31 rows: steps of 4; 65-127: steps of 8
     return -(-rows // step) * step
 
 
