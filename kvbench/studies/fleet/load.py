@@ -38,7 +38,7 @@ class LoadEstimate:
         fleet = "the instance" if instances == 1 else f"the {instances} instances"
         return (f"the rate that keeps about {100 * self.usage:.0f}% of the KV blocks of {fleet} in use while "
                 f"arrivals last (about {self.running_per_instance:,.0f} requests in flight on each), estimated from "
-                "the workload and the roofline step times; --rate sets another")
+                "the workload and the roofline step times")
 
 
 def blocks_held_sum(prompt: np.ndarray, output: np.ndarray, block_size: int) -> np.ndarray:

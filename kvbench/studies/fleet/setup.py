@@ -120,8 +120,8 @@ class FleetSetup:
             times = file_times
             arrival_source = f"arrival times recorded in {options.requests_file or options.trace}"
         else:
-            raise KvbenchError("no arrival times: give an arrival rate (--rate; a real fleet's step times are not "
-                               "known before it runs, a --simulate one gets a rate from its capacity), or a trace / "
+            raise KvbenchError("no arrival times: give an arrival rate (a real fleet's step times are not known "
+                               "before it runs; a simulated one gets a rate from its capacity), or a trace / "
                                "requests file whose rows carry arrival_time")
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
