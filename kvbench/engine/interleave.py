@@ -6,6 +6,9 @@ VM. Stepped in turn, both meet the same moments: each engine's clock (:class:`St
 of its own steps runs, so its throughput, latencies and time-weighted shares are what it would show alone, and a
 slow stretch of the machine falls on both. Every engine still serves its own request list in its own closed loop:
 the schedules (steps, admissions, peaks) are those of a run alone.
+
+On a CPU each result also carries the process CPU seconds of its engine's steps: on a busy machine the wall
+clock counts the time the process waited for a core, the CPU time only the engine's work.
 """
 
 from __future__ import annotations
@@ -54,19 +57,24 @@ def run_interleaved(runs: Sequence[tuple[LLMEngine, Sequence[Request]]], concurr
         client.top_up(0.0)
         sessions.append((engine, session, client, clock, requests))
     turn = 0
+    cpu_s = [0.0] * len(sessions)  # each engine's process CPU seconds inside its steps
     while any(session.scheduler.has_work for _, session, _, _, _ in sessions):
-        order = sessions if turn % 2 == 0 else sessions[::-1]  # neither engine always steps first
-        for engine, session, _, clock, _ in order:
+        order = list(enumerate(sessions)) if turn % 2 == 0 else list(enumerate(sessions))[::-1]
+        for index, (engine, session, _, clock, _) in order:  # neither engine always steps first
             if not session.scheduler.has_work:
                 continue
+            cpu_start = time.process_time()
             clock.start()
             stepped = engine.step(session)
             clock.stop()
+            cpu_s[index] += time.process_time() - cpu_start
             if stepped and on_step is not None:
                 on_step(engine.name, session.scheduler, len(session.scheduler.finished))
         turn += 1
     results = []
-    for engine, session, client, _, requests in sessions:
+    for (engine, session, client, _, requests), cpu in zip(sessions, cpu_s, strict=True):
         assert_drained(session.scheduler.manager, f"the {engine.name} engine's run")
-        results.append(engine.result_of(session, [*requests, *session.children], client))
+        result = engine.result_of(session, [*requests, *session.children], client)
+        result.cpu_time_s = cpu if engine.device.type == "cpu" else None
+        results.append(result)
     return results

@@ -173,11 +173,15 @@ class LLMEngine:
         client = ClosedLoopClient(requests, concurrency, run)
         run.on_done = client.done
         client.top_up(0.0)
+        cpu_start = time.process_time()
         while run.scheduler.has_work:
             if self.step(run) and on_step is not None:
                 on_step(self.name, run.scheduler, len(run.scheduler.finished))
+        cpu_s = time.process_time() - cpu_start
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
-        return self.result_of(run, [*requests, *run.children], client)
+        result = self.result_of(run, [*requests, *run.children], client)
+        result.cpu_time_s = cpu_s if self.device.type == "cpu" else None
+        return result
 
     def session(self, next_id: int = 0, clock: Callable[[], float] | None = None) -> EngineSession:
         """A fresh session on this engine (its own scheduler and KV manager over the runner's pool)."""

@@ -80,6 +80,7 @@ class RunResult:
     block_size: int
     extras: dict = field(default_factory=dict)
     steady: SteadyWindow | None = None  # the full-load window of a closed-loop run
+    cpu_time_s: float | None = None  # process CPU seconds of the run's steps (CPU devices; None elsewhere)
 
     def output_lengths(self) -> Sequence[int]:
         """Output tokens of each completed request: what the model (or the drawn lengths) decided."""

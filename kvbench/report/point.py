@@ -56,6 +56,7 @@ class Point:
     effective_usage_pct: float = 0.0
     fragmentation_mean: float = 0.0
     elapsed_s: float = 0.0
+    cpu_time_s: float | None = None  # process CPU seconds of the run's steps (CPU devices): the engine's work alone
     # throughput while the closed loop held all its requests in flight (ramp-up and draining tail left out);
     # None when it never did (fewer requests than the concurrency)
     steady_output_throughput: float | None = None
@@ -143,6 +144,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         effective_usage_pct=100 * acct.effective_usage(),
         fragmentation_mean=acct.fragmentation_mean(),
         elapsed_s=acct.elapsed_s,
+        cpu_time_s=result.cpu_time_s,
         memory={name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
         **_steady_fields(result),
         **_output_length_fields(result),
@@ -210,7 +212,7 @@ def aggregate_repeats(points: list[Point]) -> Point:
     for name in ("completed", "rejected", "rejected_oom", "preemptions", "duration", "total_input_tokens",
                  "total_output_tokens", "mean_running", "kv_pool_bytes",
                  "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
-                 "elapsed_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
+                 "elapsed_s", "cpu_time_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
                  "output_len_p50", "output_len_p90", "stopped_at_eos"):
         values = _numbers(runs, name)
         if values:  # equal counts stay integers

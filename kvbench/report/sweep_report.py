@@ -82,7 +82,8 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
             (fewer if held_fewer else equal).append((concurrency, paged, contiguous))
     lines = []
     if equal:
-        lines.append(_equal_batch_finding(equal, bool(meta.get("simulated"))))
+        threads = (meta.get("threads") or {}).get("threads") or 1
+        lines.append(_equal_batch_finding(equal, bool(meta.get("simulated")), threads))
     for concurrency, paged, contiguous in fewer:
         ratio = paged["output_throughput"] / contiguous["output_throughput"]
         lines.append(f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at "
@@ -104,12 +105,21 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
     return lines
 
 
-def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool) -> str:
+BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time than this: the machine was busy
+
+
+def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, threads: int = 1) -> str:
     where = ", ".join(f"C={c}" for c, _, _ in equal)
     ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
     figures = ", ".join(f"{r:.2f}x" for r in ratios)
     repeated = all(p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None
                    for _, p, c in equal)
+    cpu = [_per_cpu_second(p) / _per_cpu_second(c) for _, p, c in equal] if all(
+        _per_cpu_second(p) and _per_cpu_second(c) for _, p, c in equal) else None
+    shares = [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] \
+        if cpu else []
+    busy = bool(shares) and min(shares) < BUSY_SHARE
+    note = ""
     if simulated:
         verdict = ("equal by construction: the simulator gives both the same steps and roofline step times"
                    if all(abs(r - 1) < 1e-9 for r in ratios) else "as the simulator's step times give them")
@@ -119,12 +129,18 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool) -
         verdict = ("equal: the 95% confidence intervals overlap" if not any(apart) else
                    "different where the 95% confidence intervals do not overlap: "
                    + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a))
-    elif all(abs(r - 1) <= EQUAL_WITHIN for r in ratios):
-        verdict = (f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
-                   "(--repeat K gives confidence intervals)")
     else:
-        verdict = (f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (--repeat K tells a real "
-                   "difference from noise)")
+        judged = cpu if busy else ratios
+        if busy:
+            note = (f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
+                    "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
+                    f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}")
+        if all(abs(r - 1) <= EQUAL_WITHIN for r in judged):
+            verdict = (f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
+                       "(repeated points give confidence intervals)")
+        else:
+            verdict = (f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (repeated points tell a "
+                       "real difference from noise)")
     reductions = [100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"]) for _, p, c in equal
                   if _positive(c.get("kv_peak_allocated_bytes"))]
     memory = ""
@@ -132,8 +148,14 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool) -
         low, high = min(reductions), max(reductions)
         span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
         memory = f", while paging allocated {span} less KV memory at peak"
-    return (f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's: "
-            f"{verdict}{memory}.")
+    return (f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's"
+            f"{note}: {verdict}{memory}.")
+
+
+def _per_cpu_second(point: dict) -> float | None:
+    """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
+    cpu, tokens = point.get("cpu_time_s"), point.get("total_output_tokens")
+    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.get("duration")) else None
 
 
 def _memory_phrase(paged: dict, contiguous: dict) -> str:
@@ -202,11 +224,11 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
 DETAIL_TITLE = "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)"
 DETAIL_COLUMNS = ("engine", "C", "done/rej", "out TPS", "steady TPS", "TTFT p50/p99", "TPOT p50/p99", "peak run",
                   "used/res/int/ext %")  # an OOM or failed point says so where its TPS would be
-WIDE_COLUMNS = ("steady window", "TTFT mean/std", "TPOT mean/std", "ITL p50/p99", "E2EL p50/p99", "preempt",
-                "KV peak", "frag")
+WIDE_COLUMNS = ("steady window", "tok/CPU-s", "TTFT mean/std", "TPOT mean/std", "ITL p50/p99", "E2EL p50/p99",
+                "preempt", "KV peak", "frag")
 _HEADERS = {"out TPS": "out\nTPS", "steady TPS": "steady\nTPS", "TTFT p50/p99": "TTFT\np50/p99",
             "TPOT p50/p99": "TPOT\np50/p99", "peak run": "peak\nrun", "used/res/int/ext %": "used/res/\nint/ext %",
-            "steady window": "steady\nwindow", "TTFT mean/std": "TTFT\nmean/std", "TPOT mean/std": "TPOT\nmean/std",
+            "steady window": "steady\nwindow", "tok/CPU-s": "out tok/\nCPU-s", "TTFT mean/std": "TTFT\nmean/std", "TPOT mean/std": "TPOT\nmean/std",
             "ITL p50/p99": "ITL\np50/p99", "E2EL p50/p99": "E2EL\np50/p99", "KV peak": "KV\npeak"}
 
 
@@ -234,6 +256,7 @@ def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
             window = p.get("steady_window_s")
             row += [
                 f"{window:,.2f} s, {p['steady_window_pct']:.0f}%" if figures and window is not None else "-",
+                f"{_per_cpu_second(p):,.0f}" if figures and _per_cpu_second(p) else "-",
                 _pair(p, "mean", "std", "ttft") if figures else "-", _pair(p, "mean", "std", "tpot") if figures else "-",
                 _pair(p, "p50", "p99", "itl") if figures else "-", _pair(p, "p50", "p99", "e2el") if figures else "-",
                 str(p["preemptions"]), human_bytes(p["kv_peak_allocated_bytes"]), f"{p['fragmentation_mean']:.2f}",
@@ -245,7 +268,7 @@ def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
 def detail_table(points: list[dict], wide: bool = False) -> Table:
     """The per-point table; its default columns fit a 100-column terminal, ``wide`` adds the rest."""
     columns = (*DETAIL_COLUMNS, *WIDE_COLUMNS) if wide else DETAIL_COLUMNS
-    caption = None if wide else "more columns (mean/std, ITL, E2EL, preemptions, KV peak): --wide, summary.md"
+    caption = None if wide else "more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table"
     table = Table(title=DETAIL_TITLE, caption=caption, show_edge=False)
     for column in columns:
         table.add_column(_HEADERS.get(column, column), justify="left" if column == "engine" else "right",

@@ -61,6 +61,8 @@ def test_an_engine_is_timed_on_its_own_steps_only(engines, monkeypatch):
     assert paged.elapsed_s < 0.02 * steps / 2  # none of the other engine's sleeps
     last_token = max(r.token_times[-1] for r in paged.completed)
     assert last_token <= paged.elapsed_s + 0.02  # token times on the paged engine's own clock
+    # CPU time counts the work, not the waiting: the sleeps are in the wall clock only
+    assert 0 < slow.cpu_time_s < slow.elapsed_s - 0.02 * steps * 0.9 and 0 < paged.cpu_time_s
 
 
 def test_the_step_clock_runs_only_between_start_and_stop():

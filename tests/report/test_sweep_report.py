@@ -165,3 +165,17 @@ def test_blocks_over_time_is_titled_in_a_plain_sentence_and_marks_the_oom_line(t
     assert title.splitlines()[-1] == "(the same work in fewer blocks is better)"
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert "contiguous (OOM: 170 of 200 requests rejected)" in labels and "paged" in labels
+
+
+def test_on_a_busy_machine_the_verdict_is_judged_per_cpu_second():
+    """Wall-clock TPS 0.80x while the engines had a core 40% of the time: per CPU-second both did the same
+    work, and the finding says so (and why the wall figure is off)."""
+    paged = _point("paged", 30, output_throughput=8_000.0, total_output_tokens=30_000, duration=3.75, cpu_time_s=1.5)
+    contiguous = _point("contiguous", 30, total_output_tokens=30_000, duration=3.0, cpu_time_s=1.52)
+    (line,) = report.headline_findings([paged, contiguous], {"threads": {"threads": 1}})
+    assert "paged TPS was 0.80x contiguous's, but the machine was busy" in line
+    assert "a core for 40% of their steps' wall time" in line and "paged did 1.01x" in line
+    assert "equal within the ±10%" in line
+    quiet = [dict(paged, cpu_time_s=3.7, output_throughput=8_000.0), dict(contiguous, cpu_time_s=2.95)]
+    assert "busy" not in report.headline_findings(quiet)[0]  # a quiet machine: the wall clock is judged
+    assert "not equal within ±10%" in report.headline_findings(quiet)[0]
