@@ -17,6 +17,7 @@ from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
 from kvbench.report.point import Point, aggregate_repeats, point_from_result, timeline_of
+from kvbench.report.schema import INTERLEAVED_FIELD
 
 if TYPE_CHECKING:
     from kvbench.studies.backends import PointBackend
@@ -206,7 +207,7 @@ def _run_points_together(plan: SweepPlan, backend: PointBackend, engines: list[s
                                            _on_step(progress, engines, concurrency, repeat, every))
         for engine, (result, memory) in zip(engines, results, strict=True):
             point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
-            point.extra["interleaved_with"] = [other for other in engines if other != engine]
+            point.extra[INTERLEAVED_FIELD] = [other for other in engines if other != engine]
             if repeat == plan.repeat - 1:
                 _write_timeline(run_dir, engine, concurrency, result)
             if progress is not None:
