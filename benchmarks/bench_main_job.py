@@ -40,10 +40,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--concurrency", default="10,30")
     parser.add_argument("--modes", default="interleaved,sequential,cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: what a busy 2-core machine picks, "
+                        "and process CPU time then counts the engine's work only)")
     args = parser.parse_args()
     modes = set(args.modes.split(","))
     levels = tuple(int(c) for c in args.concurrency.split(","))
-    setup = SweepSetup.resolve(SweepOptions(concurrency=levels))
+    setup = SweepSetup.resolve(SweepOptions(concurrency=levels, threads=args.threads))
     backend = setup.backend
     for engine in ENGINES:
         backend.warm_up(engine, setup.plan(False).make_warmup())
