@@ -15,9 +15,11 @@ def run(args: list[str]) -> int:
     return main(["sweep", "--device", "cpu", *args])
 
 
-def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path):
+def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path, capsys):
     out = tmp_path / "run"
-    assert run(["--scenario", scenario, "--out", str(out)]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--wide"]) == 0
+    printed = capsys.readouterr().out
+    assert "E2EL" in printed and "At equal batch" in printed  # the wide per-point table, the finding in words
     for name in ("summary.json", "summary.csv", "summary.md", "results.jsonl", "throughput.png", "latency.png",
                  "memory.png", "blocks_over_time.png"):
         assert (out / name).is_file(), name
@@ -46,6 +48,11 @@ def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path):
         assert row["kv_memory_reduction_pct"] > 0  # max-len slabs hold far more than paged blocks
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4
+    assert summary["findings"] and summary["findings"][0].startswith("At equal batch")
+    for point in summary["points"]:  # each engine ran beside the other, on its own clock and CPU time
+        assert point["interleaved_with"] == [{"paged": "contiguous", "contiguous": "paged"}[point["engine"]]]
+        assert 0 < point["cpu_time_s"] and point["duration"] == point["elapsed_s"]
+        assert point["total_output_tokens"] == pytest.approx(point["output_throughput"] * point["duration"])
 
 
 def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
