@@ -47,7 +47,8 @@ OUTPUT_LENGTH_FIELDS = ("output_len_mean", "output_len_p50", "output_len_p90", "
 HINDSIGHT_FIELDS = ("kv_hindsight_oracle_peak_bytes", "kv_hindsight_oracle_mean_bytes")
 # Also added without a bump: vllm bench serve's duration, total_input_tokens, total_output_tokens and the median_
 # and std_ latency statistics (percentiles interpolate linearly, as numpy and vLLM do; earlier runs took the lower
-# rank); the engines a point ran interleaved with; a sweep summary's "findings" (its article table in words).
+# rank); the engines a point ran interleaved with and the CPU seconds of its steps (cpu_time_s, CPU devices); a
+# sweep summary's "findings" (its article table in words).
 INTERLEAVED_FIELD = "interleaved_with"
 
 POINT_STATUSES = ("ok", "oom", "error")
