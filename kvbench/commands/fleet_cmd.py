@@ -201,7 +201,8 @@ def _intro(console, setup) -> None:
     if setup.dataset is not None:
         console.print(f"dataset: {setup.dataset.note()}")
     console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
-                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}")
+                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
+                  + ("; --rate sets another" if setup.extra.get("rate_chosen") else ""))
 
 
 def _done_line(point: dict) -> str:

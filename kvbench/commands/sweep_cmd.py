@@ -51,6 +51,7 @@ def sweep(
     metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
     metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
+    wide: bool = typer.Option(False, "--wide", help="Print every column of the per-point table (summary.md always has them)."),
     on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
@@ -79,7 +80,7 @@ def sweep(
     run_dir, points = sweep_run.dir.path, sweep_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     sweep_run.dir.release()
-    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"]))
+    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide))
     _fail_on_errors(failed, points, run_dir)
 
 

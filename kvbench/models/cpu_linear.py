@@ -172,6 +172,17 @@ def _multiply(x: torch.Tensor, copy: PackedCopy, bias: torch.Tensor | None) -> t
     return cpu_amx.linear(x, copy, bias)
 
 
+def path_at(weight: CpuWeight, rows: int) -> str:
+    """The path a step of ``rows`` rows multiplies ``weight`` by."""
+    if isinstance(weight, torch.Tensor):
+        return PLAIN
+    if isinstance(weight, RoutedWeight):
+        return next(path for low, high, path in weight.routes if low <= rows < high)
+    if isinstance(weight, PackedWeight):
+        return ONEDNN
+    return BF16W if isinstance(weight, cpu_bf16_weights.Bf16Weight) else AMX
+
+
 def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for a plain, packed or routed weight (``x`` is ``[rows, in]``), on the path chosen for its
     row count."""
