@@ -61,6 +61,29 @@ def api_key_from_env(name: str | None) -> str | None:
     return value or None
 
 
+def check_key_transport(url: str, api_key: str | None) -> None:
+    """An API key travels only over https, or to this machine (loopback): over plain http to another host anyone
+    on the path could read it."""
+    if not api_key:
+        return
+    parts = urlsplit(url)
+    if parts.scheme == "https" or is_loopback(parts.hostname or ""):
+        return
+    raise KvbenchError(f"refusing to send the API key in clear text to {parts.hostname}: use an https URL, or unset "
+                       "the key's environment variable")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def headers(api_key: str | None) -> dict[str, str]:
     out = {"Accept": "text/event-stream"}
     if api_key:

@@ -30,7 +30,7 @@ from kvbench.endpoint.client import EndpointClient, RequestLimits, Target, list_
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OnRecord, OpenLoop, run_load
 from kvbench.endpoint.metrics import DEFAULT_PERCENTILES, client_metrics
-from kvbench.endpoint.openai import api_key_from_env
+from kvbench.endpoint.openai import api_key_from_env, check_key_transport
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.scraper import DEFAULT_INTERVAL_S, MetricsScraper, Scrape
 from kvbench.endpoint.server_metrics import point_server_metrics
@@ -112,6 +112,7 @@ async def run_point(target: Target, conversations: Sequence[Conversation], setti
         raise KvbenchError("the chat API takes text, and these prompts are token ids: use the completions API, "
                            "or text prompts")
     api_key = api_key_from_env(target.api_key_env)
+    check_key_transport(target.url, api_key)
     async with open_session(settings.limits) as session:
         model = target.model or await _first_model(session, target, api_key)
         client = EndpointClient(target, model, session, settings.limits, api_key, settings.temperature)

@@ -10,6 +10,7 @@ from kvbench.endpoint.openai import (
     DONE,
     api_key_from_env,
     check_base_url,
+    check_key_transport,
     error_message,
     headers,
     parse_event,
@@ -105,3 +106,11 @@ def test_error_messages_of_error_responses():
     assert error_message(b"Too Many Requests") == "Too Many Requests"
     assert error_message(b"") == ""
     assert len(error_message(b"x" * 5000)) < 210
+
+
+def test_a_key_never_travels_in_clear_text_off_this_machine():
+    for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000", "https://api.example.com"):
+        check_key_transport(url, "sk-test")
+    check_key_transport("http://10.0.0.5:8000", None)  # no key, nothing to leak
+    with pytest.raises(KvbenchError, match="refusing to send the API key in clear text to 10.0.0.5"):
+        check_key_transport("http://10.0.0.5:8000", "sk-test")

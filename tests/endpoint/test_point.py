@@ -182,3 +182,14 @@ def test_a_point_timeline_in_watch_format_is_judged_by_diagnose(tmp_path):
     path = write_watch_timeline(tmp_path / "timeline.jsonl", point.target["metrics_url"], 0.05, point.scrapes)
     diagnosis = diagnose_timeline(path, Thresholds())
     assert diagnosis.findings is not None and f"timeline of {len(point.scrapes)} scrape(s)" in diagnosis.notes[0]
+
+
+def test_the_api_key_reaches_the_server_and_no_result(monkeypatch):
+    monkeypatch.setenv("KVBENCH_TEST_KEY", "sk-never-in-results")
+    workload = shared_prefix(groups=1, per_group=2, prefix_len=4, suffix_len=4, output_len=2, vocab_size=500, seed=0)
+    with serve_in_thread(api_key="sk-never-in-results") as server:
+        point = run_point_sync(Target(server.url, api_key_env="KVBENCH_TEST_KEY"), workload, settings(ClosedLoop(1)))
+        unkeyed = run_point_sync(Target(server.url, api_key_env=None), workload, settings(ClosedLoop(1)))
+    assert point.metrics["completed"] == 2 and unkeyed.metrics["failed_by_kind"] == {"http": 2}
+    text = json.dumps([point.as_json(), point.timeline(), [r.as_json(with_text=True) for r in point.records]])
+    assert "sk-never-in-results" not in text and '"api_key_env": "KVBENCH_TEST_KEY"' in text
