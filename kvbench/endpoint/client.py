@@ -27,6 +27,7 @@ from kvbench.endpoint.sse import MalformedStream, SSEDecoder
 from kvbench.errors import KvbenchError
 
 ERROR_BODY_BYTES = 4096  # what is read of an error response, for its reason
+DRAIN_S = 1.0  # how long the end of a body may take after [DONE]
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,9 @@ class EndpointClient:
                         return
                 if done:
                     break
-            if not done:
+            if done:
+                await _drain(response)
+            else:
                 done = "[DONE]" in decoder.close()
         record.text = "".join(parts)
         if not times:
@@ -184,6 +187,18 @@ class EndpointClient:
         else:
             record.ok = True
             record.ttft, record.latency = times[0], times[-1]
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read the body's end after ``[DONE]`` (it follows at once), so the connection goes back to the pool
+    instead of being closed: a new connection per request would be load the server does not get from a real
+    client. A server that never ends the body costs its connection, not the completed request."""
+    try:
+        await asyncio.wait_for(response.content.read(), DRAIN_S)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 - the request is complete; only the connection's reuse is lost
+        response.close()
 
 
 def failure_of(err: BaseException, limits: RequestLimits) -> tuple[str, str]:

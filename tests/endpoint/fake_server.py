@@ -8,7 +8,7 @@ names, "" for a normal request): ``500``, ``429``, ``stall`` (stops after ``faul
 (drops the connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``error_event``
 (an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish reason), ``json`` (answers
 without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
-``metrics_stall_after``: it stops answering. ``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
+``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends. ``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
 
 Run in a thread of the test process (:func:`serve_in_thread`) or as a process that can be killed
 (``python fake_server.py CONFIG_JSON`` prints ``PORT <n>``). Listens on 127.0.0.1 only.
@@ -67,6 +67,7 @@ class FakeState:
         self.resets = 0
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
+        self.peers: set[int] = set()  # the client ports requests came from (connections used)
 
     def prompt_ids(self, body: dict) -> list:
         if "messages" in body:
@@ -121,6 +122,7 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
             return web.json_response({"error": {"message": "Unrecognized request argument: ignore_eos"}}, status=400)
         state.bodies.append(body)
         state.headers.append(dict(request.headers))
+        state.peers.add(request.transport.get_extra_info("peername")[1])
         number = state.count
         state.count += 1
         fault = config.faults[number % len(config.faults)] if config.faults else ""
@@ -190,6 +192,8 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                                                                "total_tokens": len(ids) + total}}))
                 out.append(b"data: [DONE]\n\n")
             await response.write(b"".join(out))
+            if fault == "done_stall":  # the stream is complete, but the body never ends
+                await asyncio.sleep(config.stall_s)
             await response.write_eof()
             return response
         finally:

@@ -41,8 +41,9 @@ def test_a_streamed_completion_is_timed_token_by_token():
     assert (record.output_tokens, record.output_tokens_from) == (5, "usage")
     assert (record.prompt_tokens, record.prompt_tokens_from) == (4, "usage")
     assert record.text == " w0_0 w0_1 w0_2 w0_3 w0_4" and len(record.token_times) == 5
-    assert 0.045 <= record.ttft < 0.5 and record.latency == record.token_times[-1]
-    assert all(0.015 <= gap < 0.3 for gap in record.itl) and len(record.itl) == 4
+    # lower bounds only: the server waits 50 ms, then 20 ms between tokens; a busy machine only adds
+    assert record.ttft >= 0.045 and record.latency == record.token_times[-1]
+    assert len(record.itl) == 4 and record.latency - record.ttft >= 4 * 0.02 - 0.005
     assert record.tpot == pytest.approx((record.latency - record.ttft) / 4)
     assert record.end >= record.start + record.latency
 
@@ -84,12 +85,12 @@ def test_without_usage_the_counts_are_left_for_later():
     ("json", "malformed", None, "not an event stream"),
 ])
 def test_each_fault_is_a_failed_record_with_its_reason(fault, kind, status, message):
-    with serve_in_thread(faults=[fault], itl_s=0.01, stall_s=5.0) as server:
+    with serve_in_thread(faults=[fault], itl_s=0.01, stall_s=30.0) as server:
         began = time.perf_counter()
         record = send(server.url, ids_request(6))
         took = time.perf_counter() - began
     assert not record.ok and record.error_kind == kind and record.status == status
-    assert message in record.error and took < 3.0
+    assert message in record.error and took < 10.0  # a hang would wait for the server's 30 s stall
     assert record.reason().startswith(kind)
 
 
@@ -133,3 +134,11 @@ def test_a_target_refuses_an_unknown_api_and_a_bad_metrics_url():
     with pytest.raises(KvbenchError, match="metrics URL"):
         Target("http://127.0.0.1:8000", metrics_url="127.0.0.1:9/metrics")
     assert Target("http://127.0.0.1:8000/v1/completions").scrape_url == "http://127.0.0.1:8000/metrics"
+
+
+def test_a_complete_stream_whose_body_never_ends_still_completes():
+    with serve_in_thread(faults=["done_stall"], stall_s=30.0) as server:
+        began = time.perf_counter()
+        record = send(server.url, ids_request(3))
+        took = time.perf_counter() - began
+    assert record.ok and len(record.token_times) == 3 and took < 10.0

@@ -78,7 +78,7 @@ def test_open_loop_follows_its_schedule():
     assert result.arrivals == gamma_arrivals(40, 200.0, 1.0, 3)
     for index, at in enumerate(result.arrivals):
         lateness = send.starts[(index, 0)] - (result.started + at)
-        assert -1e-4 <= lateness <= result.max_send_lag_s + 1e-3
+        assert lateness >= -1e-3  # never early (a late one is the busy machine's, and recorded)
         assert result.records[index].arrival == pytest.approx(result.started + at)
     assert result.duration_s >= result.arrivals[-1]
 
@@ -88,7 +88,7 @@ def test_open_loop_cap_holds_requests_in_the_client_and_records_their_wait():
     result = asyncio.run(run_load(single(20), OpenLoop(rate=math.inf, max_concurrency=4), send))
     assert max(send.seen_in_flight) == 4 and result.peak_in_flight == 4
     waits = [r.start - r.arrival for r in result.records]
-    assert waits[0] < 0.005 and max(waits) > 0.03  # the 17th to 20th waited for 4 rounds of 10 ms
+    assert waits[0] < min(waits[16:]) and min(waits[16:]) > 0.03  # the 17th to 20th waited 4 rounds of 10 ms
 
 
 def test_the_turns_of_a_conversation_go_in_order_with_their_history():
@@ -113,14 +113,14 @@ def test_a_failed_turn_skips_the_rest_of_its_conversation_and_each_is_recorded()
 
 
 def test_a_deadline_cancels_what_is_in_flight_and_accounts_for_the_rest():
-    send = Recorder(lambda conv, turn: 0.2 if conv >= 4 else 0.001)
+    send = Recorder(lambda conv, turn: 30.0 if conv >= 4 else 0.0)
     seen: list[RequestRecord] = []
-    result = asyncio.run(run_load(single(10), ClosedLoop(2), send, deadline_s=0.1, on_record=seen.append))
-    assert result.stopped_at_deadline and 0.1 <= result.duration_s < 0.5
+    result = asyncio.run(run_load(single(10), ClosedLoop(2), send, deadline_s=0.5, on_record=seen.append))
+    assert result.stopped_at_deadline and 0.5 <= result.duration_s < 10.0
     kinds = [r.error_kind for r in result.records]
     assert kinds[:4] == [None] * 4
     assert kinds[4:6] == ["cancelled", "cancelled"] and kinds[6:] == ["not_sent"] * 4
-    assert "time limit (0.1 s)" in result.records[4].error
+    assert "time limit (0.5 s)" in result.records[4].error
     assert sorted((r.conversation, r.turn) for r in seen) == [(i, 0) for i in range(10)]  # each reported once
 
 
@@ -130,7 +130,7 @@ def test_an_interrupted_load_marks_what_was_in_flight_before_it_propagates():
 
     async def main():
         task = asyncio.ensure_future(run_load(single(3), ClosedLoop(3), send, on_record=seen.append))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

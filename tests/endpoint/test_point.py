@@ -40,6 +40,8 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
                                                                      slo={"ttft": 1000, "tpot": 1000}))
         assert server.state.max_running == 3 and server.state.resets == 1
         assert server.state.count == 14  # 2 warm-up + 12
+        # kept-alive connections, as a real client's: one per request in flight, and the one the scraper shares
+        assert len(server.state.peers) <= 3 + 1
     m = point.metrics
     assert point.status == "ok" and (m["completed"], m["failed"]) == (12, 0)
     assert m["total_output_tokens"] == 96 and m["total_input_tokens"] == 12 * 40
@@ -54,7 +56,7 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
     assert s["prefix_cache_hit_rate"] == pytest.approx(320 / 480)
     assert s["server_generation_tokens"] == 96 and s["server_ttft_count"] == 12
     assert point.agreement["output_tokens_client_over_server"] == 1.0
-    assert 0 <= point.agreement["mean_ttft_client_minus_server_ms"] < 50
+    assert 0 <= point.agreement["mean_ttft_client_minus_server_ms"] < 1000  # the client's includes HTTP
     assert s["notes"] == []
     json.dumps(point.as_json())  # JSON-ready
     timeline = point.timeline()
@@ -109,13 +111,13 @@ def test_multi_turn_conversations_resend_their_history():
 def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
     faults = ["", "500", "429", "stall", "close", "malformed", "error_event", "no_done", "json", ""]
     workload = shared_prefix(groups=1, per_group=20, prefix_len=4, suffix_len=4, output_len=6, vocab_size=500, seed=3)
-    with serve_in_thread(faults=faults, itl_s=0.005, stall_s=5.0) as server:
+    with serve_in_thread(faults=faults, itl_s=0.005, stall_s=30.0) as server:
         began = time.perf_counter()
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(4),
                                                                       limits=RequestLimits(stall_s=0.3)))
         took = time.perf_counter() - began
     m = point.metrics
-    assert took < 5.0 and point.status == "failed"
+    assert took < 20.0 and point.status == "failed"  # a hang would wait for the server's 30 s stalls
     assert m["requests"] == 20 and m["completed"] + m["failed"] == 20 and m["completed"] == 4
     assert m["failed_by_kind"] == {"http": 4, "stall": 2, "disconnect": 4, "malformed": 4, "server_error": 2}
     assert len(point.records) == 20 and {(r.conversation, r.turn) for r in point.records} == {(i, 0) for i in range(20)}
@@ -137,7 +139,7 @@ def test_a_server_killed_during_a_point():
         process.kill()
         process.wait(10)
     m = point.metrics
-    assert took < 10.0 and m["requests"] == 12 and m["completed"] == 0 and m["failed"] == 12
+    assert took < 30.0 and m["requests"] == 12 and m["completed"] == 0 and m["failed"] == 12
     # the 4 in flight when it died broke off; the refills fail to connect, or (a kept-alive connection the dead
     # server held) break off at once
     assert set(m["failed_by_kind"]) == {"disconnect", "connect"} and m["failed_by_kind"]["disconnect"] >= 4
@@ -148,12 +150,12 @@ def test_a_server_killed_during_a_point():
 @pytest.mark.parametrize("how", ["metrics_fail_after", "metrics_stall_after"])
 def test_a_metrics_endpoint_that_disappears(how):
     workload = shared_prefix(groups=1, per_group=8, prefix_len=4, suffix_len=4, output_len=10, vocab_size=500, seed=0)
-    with serve_in_thread(itl_s=0.02, stall_s=3.0, **{how: 5}) as server:
+    with serve_in_thread(itl_s=0.02, stall_s=30.0, **{how: 5}) as server:
         began = time.perf_counter()
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(2), scrape_interval_s=0.1))
         took = time.perf_counter() - began
     s = point.server
-    assert point.metrics["completed"] == 8 and took < 10.0
+    assert point.metrics["completed"] == 8 and took < 25.0
     assert s["scrapes_failed"] >= 1 and s["scrape_errors"]
     assert "no scrape after the load: counters end at the last scrape during it" in s["notes"]
     assert s["running_peak"] == 2  # from the scrapes that worked
