@@ -11,6 +11,9 @@ asks for exactly the same lengths), each run to its reference answer length clip
 [``--min-output``, ``--max-output``] with ``ignore_eos``; closed loop of ``--concurrency`` (vLLM:
 ``--max-concurrency`` at an infinite rate), ``--warmups`` uncounted copies of the first request before each run.
 
+After the first round, vLLM's own ``calculate_metrics`` is run on kvbench's request records
+(``kvbench/endpoint/vllm_oracle.py``): the definitions must give the same figures to 1e-9.
+
 Reported: the medians over rounds of mean TTFT, mean TPOT and output throughput for each client and their
 ratio (goal: within 5%), and each client's mean TTFT against the server's own TTFT histogram over the same run
 (``vllm:time_to_first_token_seconds``, scraped before and after: the client's includes HTTP and detokenizing,
@@ -39,6 +42,7 @@ from kvbench.endpoint.conversation import Conversation, Turn
 from kvbench.endpoint.load import ClosedLoop
 from kvbench.endpoint.point import PointSettings, run_point_sync
 from kvbench.endpoint.scraper import fetch_metrics
+from kvbench.endpoint.vllm_oracle import differences, vllm_metrics
 from kvbench.report.diagnose.servers import read_states
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
@@ -101,7 +105,7 @@ def run_vllm(args, model: str, requests: list[tuple[str, int]], work: Path, roun
             "server_ttft_requests": after[1] - before[1]}
 
 
-def run_ours(args, model: str, requests: list[tuple[str, int]]) -> dict:
+def run_ours(args, model: str, requests: list[tuple[str, int]], check_definitions: bool = False) -> dict:
     conversations = [Conversation(i, (Turn(text, out, ignore_eos=True),)) for i, (text, out) in enumerate(requests)]
     first = requests[0]
     warmup = [Conversation(i, (Turn(first[0], first[1], ignore_eos=True),)) for i in range(args.warmups + 1)]
@@ -110,6 +114,10 @@ def run_ours(args, model: str, requests: list[tuple[str, int]]) -> dict:
                            PointSettings(ClosedLoop(args.concurrency), warmup=warmup, scrape=scrape,
                                          scrape_interval_s=args.scrape_interval if scrape else 0.5))
     m, s = point.metrics, point.server or {}
+    if check_definitions:
+        found = differences(m, vllm_metrics(args.vllm_python, point.records, point.duration_s))
+        print("vLLM's calculate_metrics on kvbench's records: " + ("the same figures" if not found else
+              f"DIFFERENT {found}"), file=sys.stderr)
     return {"mean_ttft_ms": m["mean_ttft_ms"], "mean_tpot_ms": m["mean_tpot_ms"],
             "output_throughput": m["output_throughput"], "completed": m["completed"], "failed": m["failed"],
             "total_output_tokens": m["total_output_tokens"], "server_ttft_ms": s.get("server_mean_ttft_ms"),
@@ -148,7 +156,8 @@ def main() -> None:
                 if reset["reset"] is not True:
                     print(f"warning: prefix cache not reset ({reset['detail']})", file=sys.stderr)
                 began = time.perf_counter()
-                row = run_vllm(args, model, requests, work, round_) if who == "vllm" else run_ours(args, model, requests)
+                row = (run_vllm(args, model, requests, work, round_) if who == "vllm"
+                       else run_ours(args, model, requests, check_definitions=round_ == 0))
                 row["wall_s"] = time.perf_counter() - began
                 rows[who].append(row)
                 print(f"round {round_ + 1} {who}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
