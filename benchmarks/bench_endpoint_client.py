@@ -36,6 +36,10 @@ from kvbench.endpoint.point import PointSettings, run_point_sync
 from kvbench.endpoint.sse import SSEDecoder
 
 HERE = Path(__file__).parent
+# `vllm bench serve` without the `vllm` script (a vLLM CPU install may lack the distribution metadata it reads)
+VLLM_BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 SHORT, LONG = 16, 256
 
 
@@ -86,8 +90,7 @@ def event_path_us(tokens: int = LONG, repeat: int = 200) -> float:
 
 def vllm_round(python: str, url: str, tokenizer: str, tokens: int, requests: int, concurrency: int,
                cpu: int | None) -> float | None:
-    command = [python, "-c", "from vllm.entrypoints.cli.main import main; main()", "bench", "serve",
-               "--base-url", url, "--endpoint", "/v1/completions", "--model", "instant", "--tokenizer", tokenizer,
+    command = [python, "-c", VLLM_BENCH, "--base-url", url, "--endpoint", "/v1/completions", "--model", "instant", "--tokenizer", tokenizer,
                "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", str(tokens),
                "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
                "--num-warmups", str(concurrency), "--disable-tqdm", "--ignore-eos"]
