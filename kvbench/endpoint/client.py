@@ -193,11 +193,21 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
     """Read the body's end after ``[DONE]`` (it follows at once), so the connection goes back to the pool
     instead of being closed: a new connection per request would be load the server does not get from a real
     client. A server that never ends the body costs its connection, not the completed request."""
+    content = response.content
+
+    async def rest() -> None:
+        seen = 0
+        while not content.at_eof() and seen <= ERROR_BODY_BYTES:
+            seen += len(await content.readany())
+
     try:
-        await asyncio.wait_for(response.content.read(), DRAIN_S)
+        await asyncio.wait_for(rest(), DRAIN_S)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - the request is complete; only the connection's reuse is lost
+        response.close()
+        return
+    if not content.at_eof():  # more than an end follows [DONE]: not worth reading
         response.close()
 
 
