@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from kvbench.endpoint.http_body import read_body
 from kvbench.endpoint.openai import error_message, headers
 
 ROUTES = {"vllm": ("/reset_prefix_cache",), "sglang": ("/flush_cache",),
@@ -37,7 +38,7 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, base_url: str, fami
             try:
                 async with session.post(url, headers=headers(api_key), allow_redirects=False,
                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                    body = await response.content.read(4096)
+                    body, _ = await read_body(response, 4096)
                     status = response.status
             except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as err:
                 return {"asked": True, "reset": None, "route": route,

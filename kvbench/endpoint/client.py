@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from kvbench.endpoint.conversation import Conversation
+from kvbench.endpoint.http_body import read_body
 from kvbench.endpoint.openai import APIS, DONE, check_base_url, error_message, headers, parse_event, payload
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.sse import MalformedStream, SSEDecoder
@@ -146,7 +147,7 @@ class EndpointClient:
         async with self.session.post(self._url, json=body, headers=self._headers, timeout=self._timeout,
                                      allow_redirects=False) as response:
             if response.status != 200:
-                text = await response.content.read(ERROR_BODY_BYTES)
+                text, _ = await read_body(response, ERROR_BODY_BYTES)
                 record.fail("http", error_message(text) or (response.reason or "error"), response.status)
                 return
             if response.content_type != "text/event-stream":
@@ -246,7 +247,9 @@ async def list_models(session: aiohttp.ClientSession, target: Target, api_key: s
     try:
         async with session.get(url, headers=headers(api_key), allow_redirects=False,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-            text = await response.content.read(1 << 20)
+            text, cut = await read_body(response, 1 << 20)
+            if cut:
+                raise KvbenchError(f"{url} answered more than 1 MiB: not an OpenAI model list")
             if response.status != 200:
                 raise KvbenchError(f"{url}: HTTP {response.status} {error_message(text) or response.reason or ''}"
                                    .strip())

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from kvbench.endpoint.http_body import read_body
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.exposition import MAX_BODY_BYTES
 from kvbench.report.diagnose.servers import ServerState, read_states
@@ -43,14 +44,14 @@ async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout_s: flo
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False,
                                headers={"Accept": "text/plain"}) as response:
-            body = await response.content.read(MAX_BODY_BYTES + 1)
+            body, cut = await read_body(response, MAX_BODY_BYTES)
             if response.status != 200:
                 raise KvbenchError(f"cannot scrape {url}: HTTP {response.status} {response.reason or ''}".strip())
     except (asyncio.TimeoutError, TimeoutError):
         raise KvbenchError(f"cannot scrape {url}: no answer within {timeout_s:g} s") from None
     except aiohttp.ClientError as err:
         raise KvbenchError(f"cannot scrape {url}: {' '.join(str(err).split()) or type(err).__name__}") from None
-    if len(body) > MAX_BODY_BYTES:
+    if cut:
         raise KvbenchError(f"{url} returned more than {MAX_BODY_BYTES >> 20} MiB: not a metrics page")
     try:
         return body.decode("utf-8")

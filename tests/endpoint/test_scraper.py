@@ -121,3 +121,47 @@ def test_reset_where_offered_refused_or_absent():
     assert out["absent"]["reset"] is False and "not offered" in out["absent"]["detail"]
     assert "VLLM_SERVER_DEV_MODE=1" in out["absent"]["detail"]
     assert out["down"]["reset"] is None and "could not ask" in out["down"]["detail"]
+
+
+async def _in_pieces(request, text: str, content_type: str, piece: int = 100):
+    """A body written in small pieces with pauses, as a busy server's arrives: a reader that takes what has
+    arrived so far for the whole body gets a torn one."""
+    response = web.StreamResponse(headers={"Content-Type": content_type})
+    await response.prepare(request)
+    data = text.encode()
+    for start in range(0, len(data), piece):
+        await response.write(data[start:start + piece])
+        await asyncio.sleep(0.002)
+    await response.write_eof()
+    return response
+
+
+def test_bodies_that_arrive_in_pieces_are_read_whole():
+    from fake_server import FakeConfig, FakeState, metrics_text
+
+    from kvbench.endpoint.client import Target, list_models
+
+    text = metrics_text(FakeState(FakeConfig()))  # about 2 KB of exposition
+
+    async def metrics(request):
+        return await _in_pieces(request, text, "text/plain")
+
+    async def refuse(request):
+        return await _in_pieces(request, '{"success": false}', "application/json", 5)
+
+    async def models(request):
+        return await _in_pieces(request, '{"data": [{"id": "m1"}, {"id": "m2"}]}', "application/json", 7)
+
+    routes = [("GET", "/metrics", metrics), ("POST", "/reset_prefix_cache", refuse), ("GET", "/v1/models", models)]
+
+    async def main():
+        async with Pages(routes) as url, open_session() as session:
+            body = await fetch_metrics(session, url + "/metrics", 5.0)
+            reset = await reset_prefix_cache(session, url, "vllm", attempts=1)
+            models = await list_models(session, Target(url), None)
+            return body, reset, models
+
+    body, reset, models = asyncio.run(main())
+    assert body == text
+    assert reset["reset"] is False and "refused" in reset["detail"]  # a torn {"success": false} is no yes
+    assert models == ["m1", "m2"]
