@@ -102,7 +102,7 @@ def run_vllm(args, model: str, requests: list[tuple[str, int]], work: Path, roun
             "output_throughput": data["output_throughput"], "completed": data["completed"],
             "failed": data.get("failed", 0), "total_output_tokens": data["total_output_tokens"],
             "server_ttft_ms_incl_warmup": server_mean_ttft_ms(before, after),
-            "server_ttft_requests": after[1] - before[1]}
+            "server_ttft_requests": after[1] - before[1], "ttfts_ms": [t * 1000 for t in data["ttfts"]]}
 
 
 def run_ours(args, model: str, requests: list[tuple[str, int]], check_definitions: bool = False) -> dict:
@@ -122,7 +122,8 @@ def run_ours(args, model: str, requests: list[tuple[str, int]], check_definition
             "output_throughput": m["output_throughput"], "completed": m["completed"], "failed": m["failed"],
             "total_output_tokens": m["total_output_tokens"], "server_ttft_ms": s.get("server_mean_ttft_ms"),
             "server_ttft_requests": s.get("server_ttft_count"), "kv_usage_peak": s.get("kv_usage_peak"),
-            "running_peak": s.get("running_peak"), "prefix_cache_hit_rate": s.get("prefix_cache_hit_rate")}
+            "running_peak": s.get("running_peak"), "prefix_cache_hit_rate": s.get("prefix_cache_hit_rate"),
+            "ttfts_ms": [r.ttft * 1000 if r.ttft is not None else None for r in point.records]}
 
 
 def main() -> None:
@@ -161,7 +162,8 @@ def main() -> None:
                 row["wall_s"] = time.perf_counter() - began
                 rows[who].append(row)
                 print(f"round {round_ + 1} {who}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                                                  for k, v in row.items()}), file=sys.stderr)
+                                                                  for k, v in row.items() if k != "ttfts_ms"}),
+                      file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rounds": rows}, indent=2))
     print(f"{len(requests)} requests ({sum(o for _, o in requests)} output tokens), concurrency {args.concurrency}, "

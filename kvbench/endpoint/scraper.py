@@ -93,16 +93,19 @@ class MetricsScraper:
         self._task = asyncio.ensure_future(self._loop())
 
     async def _loop(self) -> None:
+        """The first tick is one interval after ``start()``: the scrape before the load was just taken, and a
+        scrape at the load's first instant would compete with the server's admission of its first requests."""
         began = self.clock()
         ticks = 0
-        while not self._stop.is_set():
-            await self.scrape()
+        while True:
             ticks = max(ticks + 1, int((self.clock() - began) / self.interval_s) + 1)  # a slow scrape skips ticks
             delay = began + ticks * self.interval_s - self.clock()
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, delay))
+                return
             except asyncio.TimeoutError:
                 pass
+            await self.scrape()
 
     async def stop(self) -> list[Scrape]:
         """Stop the ticks, take the closing scrape (the counters' end), and return every scrape."""
