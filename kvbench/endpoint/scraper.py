@@ -7,12 +7,17 @@ a server under load may miss a scrape, and the load must never wait for one.
 
 Times are seconds from the point's start (``time.perf_counter()`` based), the clock of the request records, so
 the timeline and the client's throughput share one axis. A scrape is stamped at the middle of its round trip.
+
+While the load runs, scrapes are only fetched (and kept compressed); they are parsed when the scraper stops.
+Parsing a vLLM server's page (60 KB) takes milliseconds of the event loop that timestamps tokens, and of a CPU
+the server may be short of: the client does as little as it can while it measures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +37,7 @@ class Scrape:
     elapsed_s: float  # seconds from the point's start (negative: before the load began)
     states: list[ServerState] = field(default_factory=list)
     error: str | None = None
+    raw: bytes | None = field(default=None, repr=False)  # the page, compressed, until it is parsed
 
     def as_json(self) -> dict[str, Any]:
         if self.error is not None:
@@ -77,17 +83,31 @@ class MetricsScraper:
         self._task: asyncio.Task | None = None
         self._stop = asyncio.Event()
 
-    async def scrape(self) -> Scrape:
+    async def scrape(self, parse: bool = True) -> Scrape:
+        """One scrape, recorded; parsed now, or (``parse=False``) kept for :meth:`parse_pending`."""
         sent = self.clock()
         try:
             text = await fetch_metrics(self.session, self.url, self.timeout_s)
-            states = read_states(text, self.url)
-            error = None
+            scrape = Scrape((sent + self.clock()) / 2 - self.origin, raw=zlib.compress(text.encode(), 1))
         except KvbenchError as err:
-            states, error = [], str(err)
-        scrape = Scrape((sent + self.clock()) / 2 - self.origin, states, error)
+            scrape = Scrape((sent + self.clock()) / 2 - self.origin, error=str(err))
         self.scrapes.append(scrape)
+        if parse:
+            self._parse(scrape)
         return scrape
+
+    def _parse(self, scrape: Scrape) -> None:
+        if scrape.raw is None:
+            return
+        try:
+            scrape.states = read_states(zlib.decompress(scrape.raw).decode(), self.url)
+        except KvbenchError as err:
+            scrape.error = str(err)
+        scrape.raw = None
+
+    def parse_pending(self) -> None:
+        for scrape in self.scrapes:
+            self._parse(scrape)
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -105,15 +125,17 @@ class MetricsScraper:
                 return
             except asyncio.TimeoutError:
                 pass
-            await self.scrape()
+            await self.scrape(parse=False)
 
     async def stop(self) -> list[Scrape]:
-        """Stop the ticks, take the closing scrape (the counters' end), and return every scrape."""
+        """Stop the ticks, take the closing scrape (the counters' end), parse what the load left unparsed, and
+        return every scrape."""
         self._stop.set()
         if self._task is not None:
             await self._task
             self._task = None
-        await self.scrape()
+        await self.scrape(parse=False)
+        self.parse_pending()
         return self.scrapes
 
     def restart_clock(self, origin: float) -> None:

@@ -46,6 +46,7 @@ class FakeConfig:
     chunk_all: bool = False  # write the whole stream at once (the benchmark's instant server)
     refuse_ignore_eos: bool = False  # answer 400 to a request with ignore_eos, as a strict server does
     metrics_stall_after: int | None = None  # /metrics stops answering after that many scrapes
+    announce: bool = False  # print "REQUEST <n>" as each completion request arrives (a process's stdout)
 
 
 class FakeState:
@@ -125,6 +126,8 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
         state.peers.add(request.transport.get_extra_info("peername")[1])
         number = state.count
         state.count += 1
+        if config.announce:
+            print(f"REQUEST {number}", flush=True)
         fault = config.faults[number % len(config.faults)] if config.faults else ""
         if fault in ("500", "429"):
             return web.json_response({"error": {"message": f"planned {fault}", "code": int(fault)}},

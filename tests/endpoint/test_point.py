@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
     with serve_in_thread(faults=faults, itl_s=0.005, stall_s=30.0) as server:
         began = time.perf_counter()
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(4),
-                                                                      limits=RequestLimits(stall_s=0.3)))
+                                                                      limits=RequestLimits(stall_s=1.0)))
         took = time.perf_counter() - began
     m = point.metrics
     assert took < 20.0 and point.status == "failed"  # a hang would wait for the server's 30 s stalls
@@ -125,12 +126,20 @@ def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
 
 def test_a_server_killed_during_a_point():
     process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_server.py")),
-                                config_json(itl_s=0.02)], stdout=subprocess.PIPE, text=True)
+                                config_json(itl_s=0.05, announce=True)], stdout=subprocess.PIPE, text=True)
+
+    def kill_once_four_stream():  # the server says when each request arrives; 40 tokens take it 2 s
+        for line in process.stdout:
+            if line.startswith("REQUEST 3"):
+                time.sleep(0.2)
+                process.kill()
+                return
+
     try:
         port = int(process.stdout.readline().split()[1])
         workload = shared_prefix(groups=1, per_group=12, prefix_len=4, suffix_len=4, output_len=40, vocab_size=500,
                                  seed=0)
-        killer = __import__("threading").Timer(0.4, process.kill)
+        killer = threading.Thread(target=kill_once_four_stream, daemon=True)
         killer.start()
         began = time.perf_counter()
         point = run_point_sync(Target(f"http://127.0.0.1:{port}"), workload, settings(ClosedLoop(4)))
@@ -143,7 +152,7 @@ def test_a_server_killed_during_a_point():
     # the 4 in flight when it died broke off; the refills fail to connect, or (a kept-alive connection the dead
     # server held) break off at once
     assert set(m["failed_by_kind"]) == {"disconnect", "connect"} and m["failed_by_kind"]["disconnect"] >= 4
-    assert all(r.end - r.start < 1.0 for r in point.records if r.error_kind == "connect")
+    assert all(r.end - r.start < 3.0 for r in point.records if r.error_kind == "connect")  # refused at once
     assert point.server["scrapes_failed"] >= 1 and point.server["scrapes"] > point.server["scrapes_failed"]
 
 
