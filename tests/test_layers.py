@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.scenarios", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
     ("kvbench.engine",),
     ("kvbench.report",),
+    ("kvbench.endpoint",),
     ("kvbench.studies", "kvbench.serve"),
     ("kvbench.commands", "kvbench.cli"),
 ]
