@@ -31,7 +31,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "sweep": CommandEntry("kvbench.commands.sweep_cmd",
                           "Paged and contiguous engines side by side per concurrency: TPS, latency, memory."),
     "waste": CommandEntry("kvbench.commands.waste_cmd",
-                          "Where KV memory goes per strategy: token states, reservation, internal, external."),
+                          "Where KV memory goes per strategy: token states, reservation and fragmentation."),
     "capacity": CommandEntry("kvbench.commands.capacity_cmd",
                              "Weights, KV budget and the requests each KV strategy holds, per GPU."),
     "share": CommandEntry("kvbench.commands.share_cmd",
@@ -55,6 +55,12 @@ COMMANDS: dict[str, CommandEntry] = {
     "scenarios": CommandEntry("kvbench.commands.scenarios_cmd",
                               "List the built-in scenarios with a one-line description."),
 }
+
+# What `pip install kvbench` brings that a light install (the README's) may lack: module -> package to install.
+FULL_INSTALL = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors",
+                "prometheus_client": "prometheus-client", "aiohttp": "aiohttp", "pynvml": "nvidia-ml-py",
+                "huggingface_hub": "huggingface_hub", "scipy": "scipy", "pandas": "pandas",
+                "matplotlib": "matplotlib", "jinja2": "jinja2", "yaml": "pyyaml", "numpy": "numpy"}
 
 _SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False}  # what the app and every command's app share
 
@@ -208,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except typer.Exit as done:
         return done.exit_code
+    except SystemExit as done:  # --show-completion, --install-completion and completion itself end this way
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except typer.Abort:
         typer.echo("aborted", err=True)
         return 130
@@ -217,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a full disk, a read-only or vanished folder: the system's words, on one line
         where = f": {err.filename}" if getattr(err, "filename", None) else ""
         typer.echo(f"error: {err.strerror or err}{where}", err=True)
+        return 2
+    except ModuleNotFoundError as err:  # a light install running a command that needs the full one
+        package = FULL_INSTALL.get((err.name or "").partition(".")[0])
+        if package is None:
+            raise
+        typer.echo(f"error: this command needs {package}, which is not installed (pip install {package}; "
+                   "`pip install kvbench` installs what every command needs)", err=True)
         return 2
     except MemoryError:
         typer.echo("error: out of memory; use a smaller model, fewer requests or a smaller KV pool", err=True)

@@ -62,7 +62,7 @@ def waste(
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
 ) -> None:
-    """Where KV memory goes per strategy: token states, reservation, internal, external.
+    """Where KV memory goes per strategy: token states, reservation and fragmentation.
 
     Runs the same seeded workload through the tensor-free simulator once per strategy, on a KV budget
     from the model and GPU, and prints the article's analytic estimate next to the measured shares.
