@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from kvbench.errors import KvbenchError
+from kvbench.models.shapes import DTYPE_BYTES
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
                "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
@@ -126,6 +127,7 @@ def thread_count(text: str) -> int | None:
 
 
 DEVICES = ("auto", "cpu", "cuda")  # what --device names (the engines also take cuda:N)
+COMPUTE_DTYPES = tuple(DTYPE_BYTES)  # what --dtype names where a model runs
 
 
 def choice(values: Sequence[str], what: str | None = None, *, case_sensitive: bool = True,
@@ -147,6 +149,16 @@ def choice(values: Sequence[str], what: str | None = None, *, case_sensitive: bo
         return [value for value in values if value.startswith(incomplete if case_sensitive else incomplete.lower())]
 
     return {"metavar": _metavar(values), "callback": check, "autocompletion": complete}
+
+
+def device_choice() -> dict[str, Any]:
+    """:func:`choice` of a device where a model runs: auto, cpu, cuda or cuda:N, in any case, as the engines read it."""
+    return choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+")
+
+
+def compute_dtype_choice() -> dict[str, Any]:
+    """:func:`choice` of the dtype a model computes in, in any case, as the engines read it."""
+    return choice(COMPUTE_DTYPES, "dtype", case_sensitive=False)
 
 
 def choice_list(values: Sequence[str], what: str) -> dict[str, Any]:

@@ -23,10 +23,16 @@ from typing import Annotated, Any
 
 import typer
 
-from kvbench.commands._options import DEVICES, choice, completes, parse_size, positive_fraction
+from kvbench.commands._options import (
+    choice,
+    completes,
+    compute_dtype_choice,
+    device_choice,
+    parse_size,
+    positive_fraction,
+)
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.models.gpus import GPU_PRESETS
-from kvbench.models.shapes import DTYPE_BYTES
 from kvbench.studies.run_options import RunOptions
 
 
@@ -61,10 +67,10 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.")),
     SharedOption("device", str, "auto", typer.Option(
         "--device", rich_help_panel=MODEL_PANEL, help="auto: CUDA when available, else the CPU (also cuda:N).",
-        **choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+"))),
+        **device_choice())),
     SharedOption("dtype", str | None, None, typer.Option(
         "--dtype", rich_help_panel=MODEL_PANEL, help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).",
-        **choice(tuple(DTYPE_BYTES), "dtype", case_sensitive=False))),
+        **compute_dtype_choice())),
     SharedOption("simulate", bool, False, typer.Option(
         "--simulate", rich_help_panel=MODEL_PANEL,
         help="Tensor-free simulator with a GPU preset and roofline step times.")),

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from kvbench.commands._options import choice, completes, int_list, make_console, parse_size, positive_fraction
+from kvbench.commands._options import (
+    COMPUTE_DTYPES,
+    choice,
+    completes,
+    int_list,
+    make_console,
+    parse_size,
+    positive_fraction,
+)
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.models.gpus import CUSTOM, GPU_PRESETS
-from kvbench.models.shapes import DTYPE_BYTES
 from kvbench.report.capacity_report import print_capacity
 from kvbench.studies.capacity import KV_CACHE_DTYPES, CapacitySettings, run_capacity_study
 
@@ -21,7 +28,7 @@ def capacity(
     gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use, in (0, 1]."),
     kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 1GiB."),
-    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *DTYPE_BYTES), "dtype")),
+    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES, "KV cache dtype")),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."),
     pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (runs of layers)."),

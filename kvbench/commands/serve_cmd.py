@@ -8,8 +8,9 @@ import math
 import typer
 
 from kvbench.commands._options import (
-    DEVICES,
     choice,
+    compute_dtype_choice,
+    device_choice,
     make_console,
     parse_size,
     positive_fraction,
@@ -17,7 +18,6 @@ from kvbench.commands._options import (
 )
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
-from kvbench.models.shapes import DTYPE_BYTES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -28,8 +28,8 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send and /v1/models lists (default: --model as given)."),
-    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+")),
-    dtype: str | None = typer.Option(None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **choice(tuple(DTYPE_BYTES), "dtype", case_sensitive=False)),
+    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
+    dtype: str | None = typer.Option(None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."),
     utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="On CUDA: size the pool like vLLM from real free memory."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),

@@ -6,7 +6,7 @@ import math
 
 import typer
 
-from kvbench.commands._options import DEVICES, choice, make_console, run_directory, thread_count
+from kvbench.commands._options import choice, device_choice, make_console, run_directory, thread_count
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
@@ -27,7 +27,7 @@ def share(
     num_blocks: int = typer.Option(4096, "--num-blocks", min=1, help="KV pool size in blocks."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
-    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+")),
+    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
     dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids."),

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._options import (
+    COMPUTE_DTYPES,
     choice,
     choice_list,
     completes,
@@ -21,7 +22,6 @@ from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import check_choice
 from kvbench.models.gpus import GPU_PRESETS
-from kvbench.models.shapes import DTYPE_BYTES
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.run_requests import STOP_MODES
@@ -44,7 +44,7 @@ def waste(
     gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget.", **completes(GPU_PRESETS)),
     gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
-    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *DTYPE_BYTES), "dtype")),
+    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."),
     pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."),
