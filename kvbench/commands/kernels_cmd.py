@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import int_list, output_file
+from kvbench.commands._options import DEVICES, choice, int_list, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
 
@@ -124,8 +124,8 @@ def _render(result: dict, console: Console) -> None:
 
 
 def kernels(
-    device_name: str = typer.Option("auto", "--device", help="auto | cpu | cuda (auto: cuda when available)."),
-    dtype_name: str = typer.Option("auto", "--dtype", help="auto | fp32 | fp16 | bf16 (auto: fp16 on cuda, fp32 on cpu)."),
+    device_name: str = typer.Option("auto", "--device", help="auto: cuda when available.", **choice(DEVICES, "device")),
+    dtype_name: str = typer.Option("auto", "--dtype", help="auto: fp16 on cuda, fp32 on cpu.", **choice(("auto", "fp32", "fp16", "bf16"), "dtype")),
     model: str = typer.Option("llama-2-13b", "--model", help="Head shapes: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
     heads: int | None = typer.Option(None, "--heads", help="Query heads (overrides --model)."),
     kv_heads: int | None = typer.Option(None, "--kv-heads", help="KV heads (default: --heads, or the model's)."),
@@ -135,7 +135,7 @@ def kernels(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton | native (auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch)."),
+    backend_name: str = typer.Option("auto", "--backend", help="auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch.", **choice(("auto", "torch", "triton", "native"), "backend")),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
@@ -143,7 +143,7 @@ def kernels(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
     out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
 ) -> None:
-    """Benchmark paged decode attention: time, achieved GB/s and ratio to contiguous SDPA.
+    """Time paged decode attention: GB/s achieved and ratio to contiguous SDPA.
 
     Bytes counted: K and V read once, plus the query and the output.
 
