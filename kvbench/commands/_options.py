@@ -167,23 +167,24 @@ def compute_dtype_choice() -> dict[str, Any]:
     return choice(COMPUTE_DTYPES, "dtype", case_sensitive=False)
 
 
-def choice_list(values: Sequence[str], what: str) -> dict[str, Any]:
+def choice_list(values: Sequence[str] | Callable[[], Sequence[str]], what: str) -> dict[str, Any]:
     """``typer.Option`` keywords for a comma-separated list drawn from a fixed set (``--engines paged,vllm``):
-    shown as ``<a|b|c>,...``, completed item by item, checked as :func:`name_list` checks it."""
-    values = tuple(values)
+    shown as ``<a|b|c>,...``, completed item by item, checked as :func:`name_list` checks it. A callable is asked
+    for the set at each check (a registry that may gain entries after the command is defined)."""
+    current = values if callable(values) else (lambda: tuple(values))
 
     def check(ctx, param, value):
         if value is not None:
-            name_list(value, what, values)
+            name_list(value, what, tuple(current()))
         return value
 
     def complete(incomplete: str) -> list[str]:
         head, _, last = incomplete.rpartition(",")
         given = {item.strip() for item in head.split(",")} if head else set()
         prefix = f"{head}," if head else ""
-        return [prefix + value for value in values if value.startswith(last) and value not in given]
+        return [prefix + value for value in current() if value.startswith(last) and value not in given]
 
-    return {"metavar": _metavar(values) + ",...", "callback": check, "autocompletion": complete}
+    return {"metavar": _metavar(tuple(current())) + ",...", "callback": check, "autocompletion": complete}
 
 
 def completes(values: Sequence[str]) -> dict[str, Any]:

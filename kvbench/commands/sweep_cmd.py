@@ -43,7 +43,7 @@ from kvbench.studies.sweep_setup import SweepSetup
               "Ray": ("on_ray", "ray_workers", "ray_address")})
 def sweep(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
-    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR).", **choice_list(engine_names(), "engines")),
+    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR).", **choice_list(engine_names, "engines")),
     stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored.", **choice(STOP_MODES)),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
