@@ -264,10 +264,12 @@ def headline_table(rows: list[dict]) -> Table:
         ]
         cells += [_tps_cell(r, e) for e in references]
         body.append(cells)
+    repeated = any(r.get(f"{engine}_tps_ci95") for r in rows for engine in ("contiguous", "paged", *references))
+    spread = "; ± is the 95% confidence interval over repeats" if repeated else ""
     note = (
         "Output throughput: output tokens per second over the whole point; steady: while all C requests were in "
-        "flight (ramp-up and draining tail left out); ± is the 95% confidence interval over repeats. OOM: the "
-        "engine rejected requests for lack of KV memory."
+        f"flight (ramp-up and draining tail left out){spread}. OOM: the engine rejected requests for lack of KV "
+        "memory."
     )
     if references:
         note += f" {REFERENCE_CAPTION}."

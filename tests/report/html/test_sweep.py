@@ -207,3 +207,13 @@ def test_kvbench_report_rebuilds_the_same_page(tmp_path, sweep_run, capsys):
     assert main(["report", str(sweep_run), "--out", str(rebuilt)]) == 0
     assert rebuilt.read_bytes() == (sweep_run / REPORT_FILE).read_bytes()
     assert f"wrote {rebuilt}" in capsys.readouterr().out
+
+
+def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
+    from kvbench.report.html.sweep import headline_table
+
+    single = [{"concurrency": 10, "contiguous_tps": 100.0, "paged_tps": 101.0, "contiguous_status": "ok",
+               "paged_status": "ok"}]
+    repeated = [{**single[0], "contiguous_tps_ci95": 3.0, "paged_tps_ci95": 2.5}]
+    assert "±" not in headline_table(single).note
+    assert "± is the 95% confidence interval over repeats" in headline_table(repeated).note
