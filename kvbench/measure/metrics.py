@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -40,6 +40,10 @@ from kvbench.measure.metric_names import (
     RUNNING,
     WAITING,
 )
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
 
 # seconds: 1 µs .. 100 ms, with 50 ms (the article's alert threshold) on a bucket edge
 ALLOC_LATENCY_BUCKETS = (
@@ -110,8 +114,8 @@ class KvMetrics:
             buckets=ALLOC_LATENCY_BUCKETS, registry=r)
         self._runs: dict[str, _Run] = {}
         self._recording: set[str] = set()
-        self._server = None
-        self._thread = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
         self.host: str | None = None
         self.port: int | None = None
 
