@@ -167,7 +167,7 @@ def _open(library: Path, data: bytes) -> ctypes.CDLL:
         try:
             os.write(fd, data)
             lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            _state.setdefault("fds", []).append(fd)  # type: ignore[union-attr]  # kept open: a unique name
+            _state.setdefault("fds", []).append(fd)  # type: ignore[attr-defined]  # _state's values differ in type; kept open: a unique name
             return lib
         except OSError:
             os.close(fd)  # e.g. executable memfds forbidden: the checked path below
