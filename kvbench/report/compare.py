@@ -89,7 +89,7 @@ class Row:
     @property
     def delta(self) -> float | None:
         if is_number(self.base, finite=True) and is_number(self.head, finite=True):
-            return self.head - self.base  # type: ignore[operator]
+            return self.head - self.base
         return None
 
     @property
