@@ -164,7 +164,8 @@ class EngineSession:
 class LLMEngine:
     """Build with a transformers Llama-family model; ``run`` a request list under closed-loop load."""
 
-    alloc_observer: Callable[[float], None] | None = None  # called with the seconds of each block allocation call (metrics); None: untimed
+    # called with the seconds of each block allocation call (metrics); None: untimed
+    alloc_observer: Callable[[float], None] | None = None
 
     def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None,
                  stop_token_ids: Sequence[int] = ()) -> None:

@@ -167,7 +167,8 @@ def _open(library: Path, data: bytes) -> ctypes.CDLL:
         try:
             os.write(fd, data)
             lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            _state.setdefault("fds", []).append(fd)  # type: ignore[attr-defined]  # _state's values differ in type; kept open: a unique name
+            # kept open: a unique name (the ignore: _state's values differ in type)
+            _state.setdefault("fds", []).append(fd)  # type: ignore[attr-defined]
             return lib
         except OSError:
             os.close(fd)  # e.g. executable memfds forbidden: the checked path below

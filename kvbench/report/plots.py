@@ -268,7 +268,9 @@ def usage_panels(
 
 
 def stacked_panels(
-    panels: Sequence[tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]],
+    panels: Sequence[
+        tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]
+    ],
     path: Path,
     title: str,
     xlabel: str,

@@ -280,7 +280,8 @@ class EngineLoop:
 
     def _on_tokens(self, emitted: list[tuple[Request, int]]) -> None:
         """The session's hook after each step: route every token to its job's choice."""
-        events: list[tuple[Job, int, list[int], str | None, int | None]] = []  # (job, choice, tokens, finish, stop)
+        # (job, choice, tokens, finish reason, stop token)
+        events: list[tuple[Job, int, list[int], str | None, int | None]] = []
         owners = self._owners
         for request, token in emitted:
             owner = owners.get(request.request_id)

@@ -134,7 +134,7 @@ class FleetSetup:
             if self.options.simulate:
                 requests.append(Request(index, prompt_len, output_len, prompt_token_ids=ids))
             else:
-                assert ids is not None, "a real engine's requests carry token ids (drawn when none were given)"
+                assert ids is not None, "a real engine's requests carry token ids (drawn if none were given)"
                 requests.append(make_request(index, ids, SamplingParams(max_tokens=output_len, ignore_eos=True)))
         return list(zip(self.times, requests, strict=True))
 

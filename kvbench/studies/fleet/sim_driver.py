@@ -80,7 +80,8 @@ class SimulatedFleet:
             self._queued.discard(index)
             due.add(index)
         for slot in self._changing:
-            if slot.state == STARTING and slot.ready_at is not None and slot.ready_at <= t:  # set when it starts
+            # a starting slot has its ready time
+            if slot.state == STARTING and slot.ready_at is not None and slot.ready_at <= t:
                 slot.handle = self.make_instance(slot.ready_at)
                 slot.state = SERVING
                 slot.stats = slot.handle.stats()
