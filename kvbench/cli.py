@@ -136,6 +136,7 @@ class KvbenchGroup(TyperGroup):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # click declares a dict of commands; this Mapping answers the same reads without importing them
         self.commands = _LazyCommands()  # type: ignore[assignment]
         self._listing = False
 
