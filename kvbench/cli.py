@@ -96,7 +96,7 @@ class KvbenchCommand(TyperCommand):
 class _CommandApp(typer.Typer):
     """What a command module's ``register(app)`` registers on: its commands built as :class:`KvbenchCommand`."""
 
-    def command(self, name: str | None = None, *, cls: type | None = None, **kwargs: Any):  # type: ignore[override]
+    def command(self, name: str | None = None, *, cls: type | None = None, **kwargs: Any):
         return super().command(name, cls=cls or KvbenchCommand, **kwargs)
 
 
@@ -136,6 +136,7 @@ class KvbenchGroup(TyperGroup):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # click declares a dict of commands; this Mapping answers the same reads without importing them
         self.commands = _LazyCommands()  # type: ignore[assignment]
         self._listing = False
 
@@ -238,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:  # usage errors from click (typer may vendor its own copy)
         if isinstance(err, _click_exception_types()):
+            usage: Any = err  # click's ClickException or typer's vendored copy: two classes, one interface
             if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
-                err.show()  # `kvbench` alone, or a group without a command: the help text is the answer
+                usage.show()  # `kvbench` alone, or a group without a command: the help text is the answer
             else:
                 command = getattr(getattr(err, "ctx", None), "command_path", "kvbench")
                 typer.echo(f"error: {err.format_message()} (see `{command} --help`)", err=True)
-            return err.exit_code
+            return usage.exit_code
         raise
     return result if isinstance(result, int) else 0
 

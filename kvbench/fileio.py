@@ -16,7 +16,7 @@ from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 
-def write_atomic(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+def write_atomic(path: str | os.PathLike, writer: Callable[[Path], object]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``."""
     target = Path(path)
     try:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Any
+from typing import Any, TypeGuard
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
-def is_number(value: Any, *, finite: bool) -> bool:
+def is_number(value: Any, *, finite: bool) -> TypeGuard[float]:
     """An int or float, never a bool (which Python counts as an int); with ``finite`` not NaN or infinity
     either. Every caller says which it needs: JSON has no NaN, but Python's json module reads one."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):

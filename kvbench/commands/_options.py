@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +187,7 @@ def choice_list(values: Sequence[str] | Callable[[], Sequence[str]], what: str) 
     return {"metavar": _metavar(tuple(current())) + ",...", "callback": check, "autocompletion": complete}
 
 
-def completes(values: Sequence[str]) -> dict[str, Any]:
+def completes(values: Iterable[str]) -> dict[str, Any]:
     """``typer.Option`` keywords that complete an option from a long list of known values (GPU presets) and
     leave its help and its checks as they are."""
     values = tuple(values)

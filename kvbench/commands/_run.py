@@ -60,6 +60,12 @@ class Run:
         self.dir = RunDirectory(self.kind, out_dir)
         return self.dir.path
 
+    @property
+    def opened(self) -> RunDirectory:
+        """Its directory, made by :meth:`open` (which a command calls before it measures)."""
+        assert self.dir is not None, "Run.open comes first"
+        return self.dir
+
     def hold(self, let_go: Callable[[], None]) -> None:
         """Call ``let_go`` when the run ends, however it ends (the last held first)."""
         self._let_go.append(let_go)

@@ -131,6 +131,7 @@ def with_run_options(defaults: dict[str, Any] | None = None,
             return command(**values, run=run)
 
         parameters = [*own, *shared]
+        # inspect (and so typer) reads __signature__, which a function's declared type does not name
         command_with_run_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command_with_run_options.__annotations__ = {p.name: p.annotation for p in parameters}
         return command_with_run_options

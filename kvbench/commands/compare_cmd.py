@@ -113,8 +113,8 @@ def compare_command(
             written = write_compare_report(comparison, html_path)
             typer.echo(f"HTML report: {written.path}", err=True)
     if refresh:
-        written = update_baseline(head_summary, base)
-        typer.echo(f"baseline updated: {written}", err=True)
+        updated = update_baseline(head_summary, base)
+        typer.echo(f"baseline updated: {updated}", err=True)
     elif comparison is not None and comparison.failed:
         raise typer.Exit(code=1)
 

@@ -82,9 +82,12 @@ def diagnose(
     if rules_path is not None:
         write_text_atomic(rules_path, rules_yaml(thresholds))
         console.print(f"wrote Prometheus alerting rules to {rules_path}")
-    if run is None and url is None:
+    if url is not None:
+        diagnosis = diagnose_url(url, thresholds)
+    elif run is not None:
+        diagnosis = _diagnose_path(run, thresholds)
+    else:
         return
-    diagnosis = diagnose_url(url, thresholds) if url is not None else _diagnose_path(run, thresholds)
     if as_json:
         typer.echo(json_text(diagnosis.as_dict()))
     else:

@@ -167,7 +167,7 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
             run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)  # the actors and Ray shut down however it ends
     points = fleet_run.points
     document = write_outputs(run_dir, setup.meta(), points)
-    fleet_run.dir.release()
+    fleet_run.opened.release()
     show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate))
     failed = [p for p in points if p["status"] == "error"]
     if failed:

@@ -43,12 +43,13 @@ def share(
     into a shared block); --beam K: beam search (beams fork and free block tables). Compared with the same
     work done by private copies (paged) and by per-copy reservations (contiguous).
     """
-    if (n is None) == (beam is None):
+    width = n if n is not None else beam
+    if width is None or (n is not None and beam is not None):
         raise KvbenchError("give exactly one of --n (parallel sampling) or --beam (beam search)")
     if not math.isfinite(length_penalty):
         raise KvbenchError(f"--length-penalty must be a finite number, got {length_penalty}")
     out_dir = run_directory(out)
-    settings = ShareSettings(kind="parallel" if n is not None else "beam", width=n if n is not None else beam,
+    settings = ShareSettings(kind="parallel" if n is not None else "beam", width=width,
                              prompts=prompts, prompt_len=prompt_len, output_len=output_len, block_size=block_size,
                              reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"), max_len=max_len,
                              num_blocks=num_blocks, length_penalty=length_penalty, model=model, device=device,

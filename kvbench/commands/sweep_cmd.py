@@ -82,9 +82,9 @@ def sweep(
         setup = SweepSetup.resolve(options, status.update)
     sweep_run = Run("sweep")
     failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console)
-    run_dir, points = sweep_run.dir.path, sweep_run.points
+    run_dir, points = sweep_run.opened.path, sweep_run.points
     document = write_outputs(run_dir, setup.meta(), points)
-    sweep_run.dir.release()
+    sweep_run.opened.release()
     show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide))
     _fail_on_errors(failed, points, run_dir)
 

@@ -158,7 +158,7 @@ async def run_load(conversations: Sequence[Conversation], pattern: LoadPattern, 
     result = LoadResult([], time.perf_counter(), 0.0)
     tasks: list[asyncio.Task] = []
 
-    async def closed() -> None:
+    async def closed(pattern: ClosedLoop) -> None:
         queue = list(reversed(conversations))
 
         async def worker() -> None:
@@ -169,7 +169,7 @@ async def run_load(conversations: Sequence[Conversation], pattern: LoadPattern, 
         tasks.extend(workers)
         await asyncio.gather(*workers)
 
-    async def open_() -> None:
+    async def open_(pattern: OpenLoop) -> None:
         result.arrivals = gamma_arrivals(len(conversations), pattern.rate, pattern.burstiness, pattern.seed)
         clock = time.perf_counter
         for conversation, at in zip(conversations, result.arrivals, strict=True):
@@ -181,7 +181,7 @@ async def run_load(conversations: Sequence[Conversation], pattern: LoadPattern, 
             tasks.append(asyncio.ensure_future(run.conversation(conversation, due)))
         await asyncio.gather(*tasks)
 
-    driver = asyncio.ensure_future(closed() if isinstance(pattern, ClosedLoop) else open_())
+    driver = asyncio.ensure_future(closed(pattern) if isinstance(pattern, ClosedLoop) else open_(pattern))
     try:
         finished, _ = await asyncio.wait({driver}, timeout=deadline_s)
     except asyncio.CancelledError:

@@ -86,13 +86,13 @@ def client_metrics(records: Sequence[RequestRecord], duration_s: float, slo: Map
     failed = [r for r in records if not r.ok]
     if any(r.output_tokens is None for r in done):
         raise ValueError("output token counts are missing: fill them in first (tokens.fill_token_counts)")
-    ttfts = [r.ttft for r in done]
-    e2els = [r.latency for r in done]
+    ttfts = [t for r in done if (t := r.ttft) is not None]  # both set on every completed request
+    e2els = [t for r in done if (t := r.latency) is not None]
     tpots = [t for r in done if (t := r.tpot) is not None]
     itls = [gap for r in done for gap in r.itl]
-    total_output = sum(r.output_tokens for r in done)
-    inputs = [r.prompt_tokens for r in done]
-    total_input = sum(inputs) if all(n is not None for n in inputs) else None
+    total_output = sum(r.output_tokens or 0 for r in done)  # none is None, checked above
+    inputs = [n for r in done if (n := r.prompt_tokens) is not None]
+    total_input = sum(inputs) if len(inputs) == len(done) else None
     out: dict[str, Any] = {
         "requests": len(records), "completed": len(done), "failed": len(failed),
         "failed_by_kind": dict(Counter(r.error_kind for r in failed)),
@@ -115,6 +115,7 @@ def client_metrics(records: Sequence[RequestRecord], duration_s: float, slo: Map
 
 
 def _meets(record: RequestRecord, slo: Mapping[str, float]) -> bool:
+    assert record.ttft is not None and record.latency is not None  # set on every completed request
     observed = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.latency}
     return all(observed[key] * 1000.0 <= limit for key, limit in slo.items())
 

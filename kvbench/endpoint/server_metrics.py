@@ -30,12 +30,13 @@ def _total(states: Sequence[ServerState], name: str) -> float | None:
 
 def kv_usage(states: Sequence[ServerState]) -> float | None:
     """The share of the endpoint's KV blocks in use at one scrape."""
-    known = [s for s in states if s.usage is not None]
+    known = [(s.usage, s.total_blocks) for s in states if s.usage is not None]
     if not known:
         return None
-    if all(s.total_blocks for s in known):
-        return sum(s.usage * s.total_blocks for s in known) / sum(s.total_blocks for s in known)
-    return sum(s.usage for s in known) / len(known)
+    sized = [(usage, blocks) for usage, blocks in known if blocks]
+    if len(sized) == len(known):  # every instance says how many blocks it has: weigh by them
+        return sum(usage * blocks for usage, blocks in sized) / sum(blocks for _, blocks in sized)
+    return sum(usage for usage, _ in known) / len(known)
 
 
 def _series(scrapes: Sequence[Scrape], value: Callable[[list[ServerState]], float | None]) -> list[float]:

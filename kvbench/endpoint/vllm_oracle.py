@@ -62,7 +62,7 @@ def vllm_metrics(python: str, records: Sequence[RequestRecord], duration_s: floa
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def differences(ours: Mapping[str, Any], theirs: Mapping[str, float]) -> dict[str, tuple[Any, float]]:
+def differences(ours: Mapping[str, Any], theirs: Mapping[str, float]) -> dict[str, tuple[Any, float | None]]:
     """The figures that differ (relative 1e-9), by our name: ``(ours, vLLM's)``."""
     out = {}
     for name in COMPARED:

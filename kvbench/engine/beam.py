@@ -87,7 +87,8 @@ class BeamSearch:
         root = self._new_id()
         manager.allocate(root, len(prompt), final_len)
         logits = self.runner.forward(self.runner.build_step([(list(prompt), 0, manager.block_table(root))]))
-        beam_ids, beam_tokens, beam_scores = [root], [[]], [0.0]  # the k initial beams are identical: one row
+        beam_tokens: list[list[int]] = [[]]
+        beam_ids, beam_scores = [root], [0.0]  # the k initial beams are identical: one row
         result.blocks_per_step.append(manager.pool.num_used)
         for step in range(steps):
             top_scores, parents, tokens = beam_candidates(logits, beam_scores, 2 * k)

@@ -63,6 +63,7 @@ class DecodeBatch:
         else:
             self._rebuild(batch, clock, table_of, generators)
         self._changed_tables.clear()
+        assert self._step is not None  # set by the first _rebuild (an empty batch never reaches _advance)
         return self.runner.refresh_decode_input(self._step, self._max_position + 1)
 
     def _rebuild(self, batch: list[Request], clock: int, table_of, generators: dict) -> None:

@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from kvbench.engine.step_log import StepLog
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import assert_drained
 from kvbench.models.runner import ModelRunner
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EngineSession:
@@ -53,7 +57,7 @@ class EngineSession:
         self.scheduler = Scheduler(config.build_manager(), config)
         self.scheduler.alloc_observer = engine.alloc_observer
         self.children: list[Request] = []  # samples forked from submitted requests
-        self.generators: dict[int, object] = {}
+        self.generators: dict[int, torch.Generator | None] = {}
         self.group_left: dict[int, int] = {}  # samples of each group still running
         self.next_id = next_id  # ids of forked samples start here
         self.forked = False
@@ -160,7 +164,8 @@ class EngineSession:
 class LLMEngine:
     """Build with a transformers Llama-family model; ``run`` a request list under closed-loop load."""
 
-    alloc_observer = None  # called with the seconds of each block allocation call (metrics); None: untimed
+    # called with the seconds of each block allocation call (metrics); None: untimed
+    alloc_observer: Callable[[float], None] | None = None
 
     def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None,
                  stop_token_ids: Sequence[int] = ()) -> None:
@@ -179,7 +184,7 @@ class LLMEngine:
     def bytes_per_token(self) -> int:
         return self.runner.bytes_per_block // self.config.block_size
 
-    def generator_for(self, params: SamplingParams):
+    def generator_for(self, params: SamplingParams) -> torch.Generator | None:
         """A request's random generator, or None when it samples greedily."""
         return None if params.is_greedy else self.runner.new_generator(params.seed)
 

@@ -99,6 +99,7 @@ class Request:
 
     def prefill_token_ids(self) -> list[int]:
         """The token ids of ``prefill_len``: the prompt, then the outputs kept across a preemption."""
+        assert self.prompt_token_ids is not None, "a request run through a model carries its token ids"
         return [*self.prompt_token_ids, *self.output_token_ids]
 
 

@@ -126,9 +126,9 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: i
     if device.type != "cuda":
         samples = []
         for _ in range(reps):
-            start = time.perf_counter()
+            began = time.perf_counter()
             fn()
-            samples.append((time.perf_counter() - start) * 1e3)
+            samples.append((time.perf_counter() - began) * 1e3)
         return statistics.median(samples)
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]

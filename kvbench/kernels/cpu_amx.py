@@ -16,10 +16,12 @@ threads (the kernel runs outside Python's lock).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -31,7 +33,16 @@ ACTIVATION_CACHE_BYTES = 768 * 1024  # one block of the three activation terms, 
 MAX_ROWS_PER_PASS = 1024  # a longer step goes through in passes of this many rows (scratch <= 3 x 1024 x k)
 M_CHUNK = 64  # rows per block (with k up to 2,048 per block): the fastest of 64-512 rows x 256-2,048 k, measured
 MIN_WEIGHT_ELEMENTS = 1 << 18  # smaller weights: the fixed costs outweigh the gain (measured on the tiny preset)
-_state: dict[str, object] = {}
+
+
+class _State(TypedDict, total=False):
+    library: ctypes.CDLL  # the loaded library the AMX grant was asked of
+    granted: bool  # whether the kernel got the AMX tiles
+    pool: ThreadPoolExecutor
+    pool_workers: int  # the pool's size
+
+
+_state: _State = {}
 _local = threading.local()
 
 
@@ -121,7 +132,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     if _state.get("pool_workers") != workers:
         _state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvbench-amx")
         _state["pool_workers"] = workers
-    return _state["pool"]  # type: ignore[return-value]
+    return _state["pool"]
 
 
 def _multiply(x: torch.Tensor, weight: AmxWeight, out: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -28,7 +29,14 @@ from kvbench.kernels import cpu_amx, cpu_native
 ENV = "KVBENCH_BF16_WEIGHTS"
 STRIP = 32  # output columns per packed strip
 MIN_WEIGHT_ELEMENTS = 1 << 16  # smaller weights: the fixed costs outweigh the gain
-_pool_state: dict[str, object] = {}
+
+
+class _PoolState(TypedDict, total=False):
+    pool: ThreadPoolExecutor
+    workers: int  # the pool's size
+
+
+_pool_state: _PoolState = {}
 _lock = threading.Lock()
 
 
@@ -85,7 +93,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         if _pool_state.get("workers") != workers:
             _pool_state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvbench-bf16w")
             _pool_state["workers"] = workers
-        return _pool_state["pool"]  # type: ignore[return-value]
+        return _pool_state["pool"]
 
 
 def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

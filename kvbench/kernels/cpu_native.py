@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 
@@ -51,7 +52,17 @@ ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 ISA_BITS = {1: "AVX2", 2: "AVX-512", 4: "AVX-512 BF16 (vdpbf16ps)", 8: "AMX"}  # kvbench_isa()'s answer
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": the loaded library, or "reason": why there is none; "isa": the variant
+
+
+class _State(TypedDict, total=False):
+    lib: ctypes.CDLL  # the loaded library
+    reason: str  # why there is none
+    isa: str  # the variant built
+    fds: list[int]  # the in-memory copies loaded, kept open: a unique name each
+    kernels: dict[tuple[str, torch.dtype], Any]  # the library's functions, by name and dtype
+
+
+_state: _State = {}
 
 
 def _compiler() -> str | None:
@@ -167,7 +178,7 @@ def _open(library: Path, data: bytes) -> ctypes.CDLL:
         try:
             os.write(fd, data)
             lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            _state.setdefault("fds", []).append(fd)  # type: ignore[union-attr]  # kept open: a unique name
+            _state.setdefault("fds", []).append(fd)  # kept open: a unique name
             return lib
         except OSError:
             os.close(fd)  # e.g. executable memfds forbidden: the checked path below
@@ -199,7 +210,7 @@ def _load_verified(library: Path, digest: Path) -> tuple[ctypes.CDLL | None, str
 def _load() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state or "reason" in _state:
-            return _state.get("lib")  # type: ignore[return-value]
+            return _state.get("lib")
         if os.environ.get(ENV, "1") == "0":
             _state["reason"] = f"turned off by {ENV}=0"
             return None
@@ -245,7 +256,7 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True)."""
     _load()
-    return _state.get("reason")  # type: ignore[return-value]
+    return _state.get("reason")
 
 
 def instruction_sets() -> list[str]:
@@ -411,7 +422,7 @@ def use_for_model_ops(device: torch.device, dtype: torch.dtype, head_dim: int) -
 def _library() -> ctypes.CDLL:
     lib = _state.get("lib")  # loaded: no lock (the per-call path of every op)
     if lib is not None:
-        return lib  # type: ignore[return-value]
+        return lib
     lib = _load()
     if lib is None:
         raise RuntimeError(unavailable_reason() or "the CPU kernels are not available")
@@ -436,9 +447,9 @@ def _kernel(name: str, x: torch.Tensor):
     lib = _library()
     table = _state.setdefault("kernels", {})
     key = (name, x.dtype)
-    if key not in table:  # type: ignore[operator]
-        table[key] = getattr(lib, f"kvbench_{name}_{'f32' if x.dtype == torch.float32 else 'bf16'}")  # type: ignore[index]
-    return table[key]  # type: ignore[index]
+    if key not in table:
+        table[key] = getattr(lib, f"kvbench_{name}_{'f32' if x.dtype == torch.float32 else 'bf16'}")
+    return table[key]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

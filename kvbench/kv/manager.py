@@ -48,10 +48,14 @@ class KVManager(Protocol):
     can_fork: ClassVar[bool]  # a child request can share its parent's blocks (parallel sampling, beams)
     supports_prefix_caching: ClassVar[bool]  # full blocks can be reused by a later request with the same prefix
     reserves_up_front: ClassVar[bool]  # a request's memory is sized at admission (a slab), not as it grows
-    pool: BlockSource
     block_size: int
     enable_prefix_caching: bool
     lengths: dict[int, int]  # tokens written or being written, per live request
+
+    @property
+    def pool(self) -> BlockSource:
+        """The pool it draws from (read-only here, so a manager may hold a narrower pool type)."""
+        ...
 
     @classmethod
     def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,

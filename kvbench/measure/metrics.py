@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -40,6 +40,10 @@ from kvbench.measure.metric_names import (
     RUNNING,
     WAITING,
 )
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
 
 # seconds: 1 µs .. 100 ms, with 50 ms (the article's alert threshold) on a bucket edge
 ALLOC_LATENCY_BUCKETS = (
@@ -88,7 +92,59 @@ class _Run:
     alloc_seconds: list[float] = field(default_factory=list)
 
 
-class KvMetrics:
+class MetricsEndpoint:
+    """What :class:`KvMetrics` and :class:`FleetMetrics` share: their registry exposed as text, in a file or
+    served on ``/metrics``."""
+
+    registry: CollectorRegistry
+    _server: WSGIServer | None
+    _thread: threading.Thread | None
+    host: str | None
+    port: int | None
+
+    # -- exposing ---------------------------------------------------------------------------------------
+    def exposition(self) -> str:
+        """The Prometheus text exposition format of every series now."""
+        return generate_latest(self.registry).decode("utf-8")
+
+    def write_textfile(self, path: str | Path) -> Path:
+        """Write the exposition text atomically (node_exporter textfile collector, CI artefacts)."""
+        return write_text_atomic(path, self.exposition())
+
+    def serve(self, host: str = DEFAULT_HOST, port: int = 0) -> int:
+        """Serve ``/metrics`` on a daemon thread; returns the bound port (``port=0`` picks a free one)."""
+        from prometheus_client import start_http_server
+
+        if not 0 <= port <= 65535:
+            raise KvbenchError(f"a metrics port must be between 0 and 65535, got {port}")
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise KvbenchError(f"metrics port {port} on {host} is already in use") from None
+            raise KvbenchError(f"cannot serve metrics on {host}:{port}: {err.strerror or err}") from None
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        return self.port
+
+    @property
+    def url(self) -> str | None:
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop the endpoint (if serving) and free its port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=2.0)
+        self._server = self._thread = None
+
+
+class KvMetrics(MetricsEndpoint):
     """Prometheus gauges, counters and a histogram for one or more engines on one device."""
 
     def __init__(self, device: str = "cpu") -> None:
@@ -112,8 +168,8 @@ class KvMetrics:
         self._recording: set[str] = set()
         self._server = None
         self._thread = None
-        self.host: str | None = None
-        self.port: int | None = None
+        self.host = None
+        self.port = None
 
     # -- feeding ----------------------------------------------------------------------------------------
     def begin_run(self, engine: str) -> None:
@@ -232,47 +288,6 @@ class KvMetrics:
             "steps_observed": run.steps,
         }
 
-    # -- exposing ---------------------------------------------------------------------------------------
-    def exposition(self) -> str:
-        """The Prometheus text exposition format of every series now."""
-        return generate_latest(self.registry).decode("utf-8")
-
-    def write_textfile(self, path: str | Path) -> Path:
-        """Write the exposition text atomically (node_exporter textfile collector, CI artefacts)."""
-        return write_text_atomic(path, self.exposition())
-
-    def serve(self, host: str = DEFAULT_HOST, port: int = 0) -> int:
-        """Serve ``/metrics`` on a daemon thread; returns the bound port (``port=0`` picks a free one)."""
-        from prometheus_client import start_http_server
-
-        if not 0 <= port <= 65535:
-            raise KvbenchError(f"a metrics port must be between 0 and 65535, got {port}")
-        try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as err:
-            if err.errno == errno.EADDRINUSE:
-                raise KvbenchError(f"metrics port {port} on {host} is already in use") from None
-            raise KvbenchError(f"cannot serve metrics on {host}:{port}: {err.strerror or err}") from None
-        self.host = host
-        self.port = int(self._server.server_address[1])
-        return self.port
-
-    @property
-    def url(self) -> str | None:
-        if self.port is None:
-            return None
-        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def close(self) -> None:
-        """Stop the endpoint (if serving) and free its port."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            if self._thread is not None:
-                self._thread.join(timeout=2.0)
-        self._server = self._thread = None
-
     def __enter__(self) -> KvMetrics:
         return self
 
@@ -284,7 +299,7 @@ class KvMetrics:
 FLEET_LABELS = ("engine", "device", "instance")
 
 
-class FleetMetrics:
+class FleetMetrics(MetricsEndpoint):
     """A fleet's live metrics: the engine series of :class:`KvMetrics` with an ``instance`` label, fed from
     the instances' reports, and the number of instances serving and starting.
 
@@ -308,8 +323,8 @@ class FleetMetrics:
         self._last: dict[int, tuple[int, int]] = {}  # instance -> (preemptions, finished) already counted
         self._server = None
         self._thread = None
-        self.host: str | None = None
-        self.port: int | None = None
+        self.host = None
+        self.port = None
 
     def begin_policy(self, policy: str) -> None:
         """Each policy's instances count from zero again (their sessions are fresh)."""
@@ -330,9 +345,3 @@ class FleetMetrics:
     def observe_fleet(self, serving: int, starting: int) -> None:
         self.instances.labels(self.engine, "serving").set(serving)
         self.instances.labels(self.engine, "starting").set(starting)
-
-    exposition = KvMetrics.exposition
-    write_textfile = KvMetrics.write_textfile
-    serve = KvMetrics.serve
-    url = KvMetrics.url
-    close = KvMetrics.close

@@ -199,10 +199,10 @@ def _decide(role: str, weight: torch.Tensor, timings: dict[int, dict[str, float]
     def overall(path: str) -> float:  # geometric mean over the row counts: each row count weighs alike
         return math.fsum(math.log(timings[r][path]) for r in rows)
 
-    fastest = {r: min(paths, key=lambda path, r=r: timings[r][path]) for r in rows}
+    fastest = {r: min(paths, key=timings[r].__getitem__) for r in rows}
     main = min(paths, key=lambda path: (-sum(fastest[r] == path for r in rows), overall(path)))
     chosen = tuple(fastest[r] if timings[r][fastest[r]] * TIE < timings[r][main] else main for r in rows)
-    return MatmulChoice(role, tuple(weight.shape), rows, chosen, timings)
+    return MatmulChoice(role, (weight.shape[0], weight.shape[1]), rows, chosen, timings)
 
 
 def _check(record: dict, weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]]) -> None:
@@ -235,7 +235,7 @@ def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, .
         offered = candidates[role]
         taken = cpu_linear.default_path(weight) if path == "packed" else path if path in offered else (
             offered[min(1, len(offered) - 1)])
-        choices[role] = MatmulChoice(role, tuple(weight.shape), (1,), (taken,))
+        choices[role] = MatmulChoice(role, (weight.shape[0], weight.shape[1]), (1,), (taken,))
     return MatmulPlan(torch.get_num_threads(), next(iter(weights.values())).dtype, choices,
                       f"forced by {FORCE_ENV}={name}")
 

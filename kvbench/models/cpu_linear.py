@@ -151,7 +151,7 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]]
         return 0
     if copies is None:
         weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-        copies = [(tuple(w.shape), default_path(w), 1) for w in weights.values()]
+        copies = [((w.shape[0], w.shape[1]), default_path(w), 1) for w in weights.values()]
     element = next(model.parameters()).element_size()
     total = 0
     for (rows, columns), path, count in copies:

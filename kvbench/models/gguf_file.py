@@ -331,7 +331,7 @@ def shape_from_gguf_header(header: GgufHeader) -> ModelShape:
             rope_scaling=_rope_scaling(header, arch),
             rms_norm_eps=_number(header, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
             tie_word_embeddings=header.tensor("output.weight") is None,
-            dtype=_FILE_TYPES.get(header.metadata.get("general.file_type"), "fp16"),
+            dtype=_FILE_TYPES.get(header.metadata.get("general.file_type", -1), "fp16"),
             eos_token_id=eos if isinstance(eos, int) and not isinstance(eos, bool) else None,
             moe=moe,
             qkv_bias=model_type == "qwen2",

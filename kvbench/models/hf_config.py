@@ -108,7 +108,7 @@ class ConfigFields:
             value = default
         if value is not None and not isinstance(value, str):
             raise self.error(f"torch_dtype must be a string such as 'bfloat16', got {value!r}")
-        return _DTYPE_NAMES.get(value, "fp16")
+        return "fp16" if value is None else _DTYPE_NAMES.get(value, "fp16")
 
     def name(self) -> str:
         folder = self.path.parent.name if self.path.name == "config.json" else self.path.stem

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from kvbench.models.hf_config import (
     shape_from_config_dict,
 )
 from kvbench.models.shapes import ModelShape
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 TORCH_DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -124,7 +127,7 @@ def llama_config_from_shape(shape: ModelShape) -> Any:
 
 
 @torch.no_grad()
-def init_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
+def init_random_weights(model: PreTrainedModel, seed: int = 0) -> None:
     """Deterministic weights from ``seed``, scaled so that greedy decoding is not degenerate.
 
     Matrices get ``N(0, 1/fan_in)`` (activations keep unit scale through the layers), embeddings ``N(0, 1)``,
@@ -278,10 +281,12 @@ def load_local_model(
     dtype = dtype or resolve_torch_dtype(None, device)
     try:
         with quiet_transformers():
-            model, info = LlamaForCausalLM.from_pretrained(
+            # (model, loading info): transformers annotates only the model, also with output_loading_info
+            loaded: Any = LlamaForCausalLM.from_pretrained(
                 path, config=config, dtype=dtype, use_safetensors=True, local_files_only=True,
                 output_loading_info=True,
             )
+            model, info = loaded
     except KvbenchError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user
@@ -328,4 +333,5 @@ def load_gguf_model(path: str | Path, device: torch.device | str = "cpu", dtype:
     model_type = getattr(model.config, "model_type", None)
     if model_type not in ENGINE_MODEL_TYPES:
         raise KvbenchError(_engine_refusal(f"GGUF file {path} loads as {model_type}"))
-    return model.to(device).eval()
+    # transformers declares .to with functools.wraps(nn.Module.to), which mypy reads as an unbound function
+    return model.to(device).eval()  # type: ignore[arg-type]

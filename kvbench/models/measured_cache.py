@@ -70,7 +70,7 @@ def measured(kind: str, descriptor: dict, measure: Callable[[], dict], check: Ca
     except private_cache.UnsafeCache as error:
         private_cache.note(f"measuring the CPU choices without caching them: {error}")
         path, data = None, None
-    if data is not None:
+    if data is not None and path is not None:  # data is only ever read from a path
         try:
             stored = json.loads(data.decode("utf-8"))
             if stored["descriptor"] != descriptor:

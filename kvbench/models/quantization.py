@@ -279,8 +279,9 @@ def _compressed_tensors(config: dict[str, Any], where: str) -> WeightFormat:
     skipped = roles_of_modules(config.get("ignore"))
     scale_bytes = 1 if (kind == "float" and bits == 4) else 2  # NVFP4's fp8 group scales; else the model's dtype
     label = f"compressed-tensors {kind}{bits}, a scale per {strategy.replace('_', ' ')}"
-    common = dict(scale_bytes=scale_bytes, zero_points=weights.get("symmetric", True) is False, skipped_roles=skipped,
-                  label=label)
+    zero_points = weights.get("symmetric", True) is False
+    common: dict[str, Any] = dict(scale_bytes=scale_bytes, zero_points=zero_points, skipped_roles=skipped,
+                                  label=label)
     if strategy == "tensor":
         return WeightFormat("compressed-tensors", bits, scales="tensor", **common)
     if strategy == "channel":

@@ -6,7 +6,7 @@ A check returns nothing or raises :class:`KvbenchError` with a message that name
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvbench.errors import KvbenchError
 from kvbench.values import is_number
@@ -27,7 +27,7 @@ _POSITIVE_PARAMS = ("factor", "low_freq_factor", "high_freq_factor", "beta_fast"
 _NON_NEGATIVE_PARAMS = ("mscale", "mscale_all_dim")
 
 
-def is_positive_int(value: Any) -> bool:
+def is_positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

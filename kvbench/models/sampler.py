@@ -59,12 +59,12 @@ def sample(
     sampled = [b for b, is_greedy in enumerate(greedy_rows) if not is_greedy]
     tokens = [0] * len(params)
     if greedy:
-        rows = torch.tensor(greedy, device=logits.device)
-        for b, token in zip(greedy, _argmax(logits[rows]), strict=True):
+        greedy_index = torch.tensor(greedy, device=logits.device)
+        for b, token in zip(greedy, _argmax(logits[greedy_index]), strict=True):
             tokens[b] = token
-    rows = torch.tensor(sampled, device=logits.device)
+    sampled_index = torch.tensor(sampled, device=logits.device)
     chosen = _sample_rows(
-        logits[rows].float(),
+        logits[sampled_index].float(),
         [params[b] for b in sampled],
         [_generator_for(generators[b], params[b]) for b in sampled],
     )

@@ -243,7 +243,10 @@ class ModelShape:
 
     def kv_bytes(self, tokens: int) -> int:
         """KV bytes of one context of ``tokens`` tokens: windowed layers keep at most ``sliding_window``."""
-        windowed = min(tokens, self.sliding_window) if self.sliding_layers else 0
+        windowed = 0
+        if self.sliding_layers:
+            assert self.sliding_window is not None  # __post_init__ refuses windowed layers without a window
+            windowed = min(tokens, self.sliding_window)
         cached = self.full_attention_layers * tokens + len(self.sliding_layers) * windowed
         return cached * self.kv_values_per_layer * self.kv_dtype_bytes
 
@@ -374,6 +377,7 @@ class ModelShape:
         if self.moe is None:
             return 0
         index = self.representative_layer(True)
+        assert index is not None  # an MoE spec names at least one MoE layer (MoeSpec checks)
         experts = [g for g in self.layer_weights(index) if g.role == "expert"]
         per_layer = sum(self.group_bytes(g) for g in experts) / self.moe.num_experts
         return round(per_layer * self.moe.num_moe_layers)

@@ -89,15 +89,16 @@ class Row:
     @property
     def delta(self) -> float | None:
         if is_number(self.base, finite=True) and is_number(self.head, finite=True):
-            return self.head - self.base  # type: ignore[operator]
+            return self.head - self.base
         return None
 
     @property
     def relative_change(self) -> float | None:
         delta = self.delta
-        if delta is None or self.base == 0:
+        # a delta comes with a number base
+        if delta is None or not is_number(self.base, finite=True) or self.base == 0:
             return None
-        return delta / abs(self.base)  # type: ignore[arg-type]
+        return delta / abs(self.base)
 
 
 @dataclass(frozen=True)
@@ -261,21 +262,26 @@ def _compare_point(
         rows.append(_status_row(key, base.status or "ok", head.status or "ok"))
         if not (_usable(base.status) and _usable(head.status)):
             return rows  # the metrics of a failed point mean nothing; its status row says it all
-    names = [name for name in {**base.metrics, **head.metrics} if judged(name) is not None]
-    names.sort(key=lambda name: not judged(name).by_default)  # type: ignore[union-attr]
+    policies = {name: policy for name in {**base.metrics, **head.metrics}
+                if (policy := judged(name)) is not None}
+    names = sorted(policies, key=lambda name: not policies[name].by_default)
     for name in names:
         old, new = base.metrics.get(name), head.metrics.get(name)
         if (old is None or old.value is None) and (new is None or new.value is None):
             continue  # no value on either side: nothing to judge
-        policy: MetricPolicy = judged(name)  # type: ignore[assignment]
-        rows.append(_unjudgeable_row(key, name, old, new) or _judge(key, name, policy, old, new, rules, alpha))  # type: ignore[arg-type]
+        row = _unjudgeable_row(key, name, old, new)
+        if row is None:
+            assert old is not None and new is not None  # else _unjudgeable_row has a row for it
+            row = _judge(key, name, policies[name], old, new, rules, alpha)
+        rows.append(row)
     return rows
 
 
 def _unjudgeable_row(key: PointKey, name: str, old: Observation | None, new: Observation | None) -> Row | None:
     """The row of a metric absent from a side or without a value there; None when both sides have values."""
     if new is None:
-        return Row(key, name, Verdict.MISSING, base=old.value, note="metric absent from head")  # type: ignore[union-attr]
+        assert old is not None  # the caller skips a metric absent from both sides
+        return Row(key, name, Verdict.MISSING, base=old.value, note="metric absent from head")
     if old is None:
         return Row(key, name, Verdict.NEW, head=new.value, note="metric absent from base")
     if new.value is None:
@@ -300,7 +306,8 @@ def _judge(
     rules: tuple[Rule, ...],
     alpha: float,
 ) -> Row:
-    old, new = float(base.value), float(head.value)  # type: ignore[arg-type]
+    assert base.value is not None and head.value is not None  # see _unjudgeable_row
+    old, new = float(base.value), float(head.value)
     rule = matching_rule(name, rules)
     p_value, note = _significance(policy, base.samples, head.samples, alpha)
     threshold = rule or (policy.single if p_value is None else policy.sampled)

@@ -78,8 +78,8 @@ def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> di
                 f"engine), {meta.get('requests')} requests, arrivals: {meta.get('arrivals')}\n\n"
                 + markdown_table(list(_COLUMNS), policy_rows(points)))
     write_summary(run_dir, document, rows, markdown)
-    series = [_read_series(run_dir, p["policy"]) for p in points]
-    series = [s for s in series if s is not None]
+    read = [_read_series(run_dir, p["policy"]) for p in points]
+    series = [s for s in read if s is not None]
     if series:
         write_plots(run_dir, series, bool(meta.get("simulated")), meta.get("autoscale"))
     return document

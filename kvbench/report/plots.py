@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -125,7 +125,7 @@ def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, t
 
 
 def lines(
-    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     path: Path,
     title: str,
     xlabel: str,
@@ -203,7 +203,7 @@ def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, 
 
 
 def line_panels(
-    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
     path: Path,
     title: str,
     xlabel: str,
@@ -236,7 +236,7 @@ def line_panels(
 
 
 def usage_panels(
-    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
     path: Path,
     title: str,
     xlabel: str,
@@ -268,7 +268,9 @@ def usage_panels(
 
 
 def stacked_panels(
-    panels: Sequence[tuple[str, str, dict[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]],
+    panels: Sequence[
+        tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]
+    ],
     path: Path,
     title: str,
     xlabel: str,

@@ -119,6 +119,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
     acct = result.accountant
     rejected = result.rejected
     oom = [r for r in rejected if r.reject_kind in ("oom", "pool")]  # no memory now, or never enough
+    counts: dict[str, Any] = {**result.throughput(), **result.totals()}  # figures named as Point's fields
     point = Point(
         engine=engine,
         concurrency=concurrency,
@@ -128,8 +129,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         rejected=len(rejected),
         rejected_oom=len(oom),
         preemptions=result.num_preemptions,
-        **result.throughput(),
-        **result.totals(),
+        **counts,
         latencies=result.latencies(),
         peak_running=result.peak_running,
         mean_running=acct.mean_running(),

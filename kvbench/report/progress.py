@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kvbench.report.point import Point, oom_text, shows_figures
 
@@ -21,7 +21,7 @@ class SweepProgress:
 
     def __init__(self, progress: Progress, metrics=None) -> None:
         self.progress = progress
-        self.task = None
+        self.task: TaskID | None = None
         self.metrics = metrics
 
     def skip(self, engine: str, concurrency: int) -> None:
@@ -48,6 +48,7 @@ class SweepProgress:
             finished_by[engine_name] = finished
             elapsed = time.perf_counter() - start
             tps = f"{tokens['n'] / elapsed:,.0f} tok/s" if elapsed > 0 and scheduler is not None else ""
+            assert self.task is not None  # added above, before this callback can run
             self.progress.update(self.task, completed=sum(finished_by.values()), tps=tps)
             if metrics is not None:
                 metrics.observe(engine_name, scheduler)

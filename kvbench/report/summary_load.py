@@ -81,7 +81,7 @@ def parse_summary(data: Any, path: Path) -> Summary:
         raise KvbenchError(f"{path} is not a kvbench summary: 'meta' must be an object")
     if not isinstance(points, list):
         raise KvbenchError(f"{path} is not a kvbench summary: 'points' must be a list")
-    default_scenario = meta.get("scenario") if isinstance(meta.get("scenario"), str) else ""
+    default_scenario = scenario if isinstance(scenario := meta.get("scenario"), str) else ""
     keyed: dict[PointKey, Mapping[str, Any]] = {}
     for index, point in enumerate(points):
         key = _point_key(point, default_scenario, f"{path}: point {index}")

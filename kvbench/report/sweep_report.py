@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rich.table import Table
 
@@ -71,7 +71,9 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
     batch, and where the contiguous baseline ran out of KV memory (how many requests each held, in how much)."""
     meta = meta or {}
     by_key = _by_key(points)
-    equal, fewer, oom = [], [], []
+    equal: list[tuple[int, dict, dict]] = []  # (concurrency, paged point, contiguous point)
+    fewer: list[tuple[int, dict, dict]] = []
+    oom = []
     for concurrency in sorted({p["concurrency"] for p in points}):
         paged, contiguous = by_key.get(("paged", concurrency)), by_key.get(("contiguous", concurrency))
         if not paged or not contiguous or paged["status"] != "ok":
@@ -115,8 +117,8 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
     figures = ", ".join(f"{r:.2f}x" for r in ratios)
     repeated = all(p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None
                    for _, p, c in equal)
-    cpu = [_per_cpu_second(p) / _per_cpu_second(c) for _, p, c in equal] if all(
-        _per_cpu_second(p) and _per_cpu_second(c) for _, p, c in equal) else None
+    per_cpu = [(_per_cpu_second(p), _per_cpu_second(c)) for _, p, c in equal]
+    cpu = [a / b for a, b in per_cpu if a and b] if all(a and b for a, b in per_cpu) else None
     shares = [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] \
         if cpu else []
     busy = bool(shares) and min(shares) < BUSY_SHARE
@@ -131,8 +133,10 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
                    "different where the 95% confidence intervals do not overlap: "
                    + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a))
     else:
-        judged = cpu if busy else ratios
+        judged = ratios
         if busy:
+            assert cpu is not None  # busy is read from the CPU times
+            judged = cpu
             note = (f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
                     "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
                     f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}")
@@ -171,7 +175,7 @@ def _references(rows: list[dict]) -> list[str]:
     return [engine for engine in REFERENCE_ENGINES if any(row.get(f"{engine}_status") for row in rows)]
 
 
-def _positive(value) -> bool:
+def _positive(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 

@@ -227,8 +227,13 @@ class EngineLoop:
         except BaseException as err:  # noqa: BLE001 - a crashed engine fails every job with the reason
             self.error = err
             error = ApiError(500, f"the engine failed: {err!r}")
+
+            def fail_every_job() -> None:
+                for job in list(self.jobs):
+                    job._fail(error)
+
             try:
-                self.loop.call_soon_threadsafe(lambda: [job._fail(error) for job in list(self.jobs)])
+                self.loop.call_soon_threadsafe(fail_every_job)
             except RuntimeError:  # the event loop has closed
                 pass
             raise
@@ -275,7 +280,8 @@ class EngineLoop:
 
     def _on_tokens(self, emitted: list[tuple[Request, int]]) -> None:
         """The session's hook after each step: route every token to its job's choice."""
-        events = []
+        # (job, choice, tokens, finish reason, stop token)
+        events: list[tuple[Job, int, list[int], str | None, int | None]] = []
         owners = self._owners
         for request, token in emitted:
             owner = owners.get(request.request_id)

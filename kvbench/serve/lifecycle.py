@@ -52,6 +52,7 @@ class Server:
 
     @property
     def engine_loop(self) -> EngineLoop:
+        assert self.state is not None, "start() comes first"
         return self.state.engine_loop
 
     @property
@@ -83,7 +84,9 @@ class Server:
         """Stop admitting, let requests in flight finish for ``grace_s`` (or until ``hurry`` is set), withdraw
         the rest with a 503, close the site and the engine thread, and check that every KV block is back."""
         start = time.perf_counter()
-        state, engine_loop = self.state, self.state.engine_loop
+        state = self.state
+        assert state is not None, "start() comes first"
+        engine_loop = state.engine_loop
         if self._stopped is not None:  # stopped already: the same report
             return self._stopped
         state.draining = True

@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
@@ -92,6 +92,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+@overload
+def _int(body: dict, name: str, default: int, minimum: int | None = None) -> int: ...
+@overload
+def _int(body: dict, name: str, default: None, minimum: int | None = None) -> int | None: ...
 def _int(body: dict, name: str, default: int | None, minimum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:

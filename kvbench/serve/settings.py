@@ -17,7 +17,7 @@ from kvbench.engine.llm_engine import LLMEngine
 from kvbench.models.resolve import resolve_model
 from kvbench.serve.protocol import ModelInfo
 from kvbench.studies.backends.base import BuildContext
-from kvbench.studies.backends.tensor import build_tensor_backend
+from kvbench.studies.backends.tensor import TensorBackend, build_tensor_backend
 from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.sweep_setup import check_pool_holds_a_request
 from kvbench.workload.scenario import load_scenario
@@ -73,6 +73,7 @@ def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | Non
     setup = build_tensor_backend(BuildContext(sweep_options, base, load_scenario(DEFAULT_SCENARIO), options.seed,
                                               status))
     backend, device_name, vocab, source = setup.backend, setup.device_name, setup.vocab_size, setup.budget_source
+    assert isinstance(backend, TensorBackend)  # what build_tensor_backend builds: engines and a loaded model
     # one request of the full max-len must fit in the empty pool (the reservation for the contiguous engine)
     check_pool_holds_a_request(backend.base, [options.engine], [(1, max_len - 1)], "length",
                                backend.bytes_per_token, source)

@@ -140,7 +140,7 @@ def strategy_rows(stages: list[StageBudget], settings: CapacitySettings, context
         at_max = concurrency_at(strategy, stages, max_len, max_len)
         useful = at_mean * binding.share.kv_bytes(mean_len, min(mean_len, binding.share.window or mean_len))
         pool = strategy.pool_bytes(binding)
-        row = {
+        row: dict[str, Any] = {
             "strategy": strategy.name,
             "slots_per_request": strategy.slots(mean_len, max_len),
             "bytes_per_request": strategy.request_bytes(binding, mean_len, max_len),

@@ -130,7 +130,10 @@ def dataset_workload(path: Path, tokenizer: Any | None, max_len: int, count: int
     sample = sample_dataset(path, counter, max_len, count, seed, need_output=stop == "length" or tokenizer is None)
     pairs = [(r.prompt_len, r.output_len if r.output_len is not None else max_len - r.prompt_len)
              for r in sample.requests]
-    ids = [r.prompt_token_ids for r in sample.requests] if tokenizer is not None else None
+    ids = None
+    if tokenizer is not None:  # a tokenizer encodes every prompt
+        ids = [r.prompt_token_ids for r in sample.requests if r.prompt_token_ids is not None]
+        assert len(ids) == len(pairs)
     return Workload(pairs, ids, stop, max_len, sample, source=sample.path)
 
 
@@ -147,7 +150,7 @@ class RequestChoice:
     def file(self) -> Path | None:
         return self.requests_file or self.trace
 
-    def dataset_of(self, spec: Scenario) -> str | None:
+    def dataset_of(self, spec: Scenario) -> str | Path | None:
         """The dataset the prompts come from: the one asked for, else the scenario's when no file is given."""
         return self.dataset or (spec.dataset_path() if spec.dataset and self.file is None else None)
 

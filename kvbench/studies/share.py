@@ -252,9 +252,11 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
         return make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, settings.seed), None
     sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
                             settings.prompts, settings.seed, need_output=False)
-    ids = [r.prompt_token_ids for r in sample.requests]
     if loaded.tokenizer is None:
         ids = random_prompts(sample.pairs, loaded.shape.vocab_size, settings.seed)
+    else:  # a tokenizer encodes every prompt
+        ids = [r.prompt_token_ids for r in sample.requests if r.prompt_token_ids is not None]
+        assert len(ids) == len(sample.requests)
     return ids, sample.as_dict()
 
 

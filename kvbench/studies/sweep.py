@@ -139,6 +139,7 @@ def parallel_samples(requests: list[Request], samples: int, forked: bool) -> lis
     out = []
     for request in requests:
         base = replace(request.sampling, temperature=1.0, top_p=0.95, seed=1000 * request.request_id)
+        assert request.prompt_token_ids is not None, "an engine's requests carry token ids"
         if forked:
             out.append(make_request(request.request_id, request.prompt_token_ids, base, num_samples=samples))
         else:

@@ -70,7 +70,8 @@ def recorded_arrivals(path: str | Path) -> list[float] | None:
     if len(present) != len(keyed):
         where = next(w for w, t in keyed if t is None)
         raise KvbenchError(f"{where}: no arrival_time, though other rows have one; give every row one or none")
-    for (where, t), (_, before) in zip(keyed[1:], keyed, strict=False):
+    timed = [(where, t) for where, t in keyed if t is not None]  # every row: each has a time now
+    for (where, t), (_, before) in zip(timed[1:], timed, strict=False):
         if t < before:
             raise KvbenchError(f"{where}: arrival_time {t} is earlier than the row before ({before}); sort the file")
     first = present[0]

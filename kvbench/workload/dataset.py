@@ -188,6 +188,7 @@ class TokenCounter:
         """What the model reads: each prompt as a one-turn chat when the tokenizer has a chat template."""
         if not self.chat:
             return list(prompts)
+        assert self.tokenizer is not None  # a chat template comes with a tokenizer
         try:
             return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                        add_generation_prompt=True) for p in prompts]
@@ -197,6 +198,7 @@ class TokenCounter:
     def _encode(self, texts: Sequence[str], special: bool) -> list[Any]:
         """Token ids per text, each a sequence: the fast backend's encodings when there is one (one pass in Rust,
         no offsets), else the tokenizer's lists."""
+        assert self.tokenizer is not None  # without one, callers count words instead
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None and hasattr(backend, "encode_batch_fast"):
             return backend.encode_batch_fast(list(texts), add_special_tokens=special)

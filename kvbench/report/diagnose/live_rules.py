@@ -131,8 +131,10 @@ def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
     if last >= t.free_blocks and len(low) * 2 < len(shares):
         return
     state = out.state
+    # the last scrape's usage may be missing (set aside as invalid): then the last one seen is named
+    usage = state.usage if state.usage is not None else 1.0 - last
     blocks = (f"{state.free_blocks:.0f} of {state.total_blocks:.0f} blocks free"
-              if state.free_blocks is not None else f"KV usage {pct(state.usage)}")
+              if state.free_blocks is not None else f"KV usage {pct(usage)}")
     evidence = f"{blocks} ({pct(last)} < {pct(t.free_blocks)})"
     if len(shares) > 1:
         evidence = (f"free KV share below {pct(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
@@ -201,6 +203,7 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
                  (name, "usage"))
         return
     what = "requests wait for scheduling capacity" if name == "waiting_capacity" else "requests wait"
+    assert state.usage is not None  # free_share is read from it
     if waiting and free < t.free_blocks:
         out.find("concurrency_capped", "warning", f"{waiting:.0f} {what} while only {pct(free)} of the KV blocks "
                  "are free: the KV budget caps concurrency", ("more_kv_memory",),

@@ -76,7 +76,7 @@ def _free_share(point) -> float | None:
         parts = [_num(waste.get(k)) for k in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")]
         if any(p is None for p in parts):
             return None
-        free = 100.0 - sum(parts)
+        free = 100.0 - sum(p for p in parts if p is not None)  # none is, after the check above
     return max(0.0, free) / 100.0
 
 
@@ -136,7 +136,8 @@ def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
 def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     concurrency = _num(point.get("concurrency"))
     peak = _num(point.get("peak_running"))
-    remedies, context = ("more_kv_memory",), {}
+    remedies: tuple[str, ...] = ("more_kv_memory",)
+    context: dict[str, Any] = {}
     if str(point.get("engine", "")).startswith("contiguous"):  # the paged engine fits more in the same budget
         remedies, context = ("more_kv_memory", "layout"), _layout(point, meta)[1]
     if point.get("status") == "oom":

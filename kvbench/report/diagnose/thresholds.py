@@ -65,7 +65,7 @@ def load_thresholds(path: Path | None, **overrides: Any) -> Thresholds:
             raise KvbenchError(f"thresholds file {path} is not valid TOML: nested too deep") from None
         table = data.get("thresholds", data) if isinstance(data.get("thresholds"), dict) else data
         known = {f.name for f in fields(Thresholds)}
-        values = {}
+        values: dict[str, Any] = {}
         for key, value in table.items():
             name = "alert_for" if key == "for" else key
             if name not in known:

@@ -8,12 +8,25 @@ not 37.5%), a negative count, NaN, a histogram whose buckets are not cumulative.
 from __future__ import annotations
 
 import math
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kvbench.values import is_number
 
-# a servers.ServerState; not imported by name, since servers imports this module
-ServerState = TypeVar("ServerState")
+
+class _Quantities(Protocol):
+    """What this module reads of a servers.ServerState (not imported by name: servers imports this module)."""
+
+    family: str
+    invalid: dict[str, str]
+    block_size: int | None
+    total_blocks: float | None
+    used_blocks: float | None
+    prefix_queries: float | None
+    prefix_hits: float | None
+    alloc_buckets: list[tuple[float, float]]
+
+
+ServerState = TypeVar("ServerState", bound=_Quantities)
 
 _SHARE, _COUNT = "share", "count"
 KINDS: dict[str, str] = {
@@ -72,7 +85,7 @@ def set_aside_invalid(state: ServerState) -> ServerState:
     return state
 
 
-def _out_of_range(value: object, kind: str) -> str | None:
+def _out_of_range(value: Any, kind: str) -> str | None:
     if not is_number(value, finite=False):
         return "not a number"
     if math.isnan(value):

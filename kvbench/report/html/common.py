@@ -251,7 +251,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if device:
         simulated = meta.get("simulated") and "simulated" not in str(device)
         facts.append(Fact("device", f"{device}{' (simulated)' if simulated else ''}"))
-    host = meta.get("host") if isinstance(meta.get("host"), dict) else {}
+    host = found if isinstance(found := meta.get("host"), dict) else {}
     if host.get("gpu"):
         facts.append(Fact("GPU and driver", _gpu_text(host["gpu"])))
     elif host:
@@ -269,7 +269,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
         "transformers": meta.get("transformers_version"),
         "triton": meta.get("triton_version"),
     }
-    packages = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+    packages = listing if isinstance(listing := meta.get("packages"), dict) else {}
     versions.update(packages)
     listed = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
     if listed:

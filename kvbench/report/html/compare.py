@@ -49,7 +49,7 @@ def build(comparison: Comparison) -> Page:
 def ratio(row: Row) -> float | None:
     """head / base for numbers with a non-zero base."""
     if is_number(row.base, finite=True) and is_number(row.head, finite=True) and row.base != 0:
-        return float(row.head) / float(row.base)  # type: ignore[arg-type]
+        return float(row.head) / float(row.base)
     return None
 
 
@@ -211,7 +211,7 @@ def _sweep_plot(comparison: Comparison) -> None:
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
         by_key = {(p["engine"], p["concurrency"]): p for p in _ok_points(summary)}
         levels = sorted(c for engine, c in by_key if engine == "paged" and ("contiguous", c) in by_key)
-        pairs = [
+        throughputs = [
             (
                 c,
                 by_key[("paged", c)].get("output_throughput"),
@@ -221,7 +221,7 @@ def _sweep_plot(comparison: Comparison) -> None:
         ]
         pairs = [
             (c, p / q)
-            for c, p, q in pairs
+            for c, p, q in throughputs
             if is_number(p, finite=True) and is_number(q, finite=True) and q > 0
         ]
         if pairs:
@@ -258,8 +258,8 @@ def _bars_plot(metric: str, title: str, ylabel: str, label: Callable[[dict], str
     def draw_bars(comparison: Comparison) -> None:
         from kvbench.report import plots
 
-        base = {label(p): p.get(metric) for p in _ok_points(comparison.base)}
-        head = {label(p): p.get(metric) for p in _ok_points(comparison.head)}
+        base: dict[str, Any] = {label(p): p.get(metric) for p in _ok_points(comparison.base)}
+        head: dict[str, Any] = {label(p): p.get(metric) for p in _ok_points(comparison.head)}
         names = [n for n in base if is_number(base[n], finite=True) and is_number(head.get(n), finite=True)]
         if names:
             plots.bars(

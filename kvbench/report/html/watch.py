@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from kvbench.report.diagnose.live_rules import seconds
@@ -18,9 +19,10 @@ MAX_ROWS = 400  # scrapes listed per instance (the last ones); the plot and the 
 
 
 def build(run: RunFiles) -> Page:
+    assert run.timeline is not None  # a watch run is its timeline
     timeline = read_timeline(run.timeline)
-    header = _header(run)
-    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+    header = _header(run.timeline)
+    meta = found if isinstance(found := header.get("meta"), dict) else {}
     sources = list(timeline.windows)
     title = f"kvbench watch: {timeline.url or run.timeline.name}"
     subtitle = f"{len(sources)} engine instance{'s' if len(sources) != 1 else ''}: {'; '.join(sources)}"
@@ -37,10 +39,10 @@ def build(run: RunFiles) -> Page:
     return Page("watch", title, subtitle, [], sections)
 
 
-def _header(run: RunFiles) -> dict[str, Any]:
+def _header(path: Path) -> dict[str, Any]:
     """The timeline's first line, when it is the header kvbench watch writes."""
     try:
-        with open(run.timeline, encoding="utf-8") as lines:
+        with open(path, encoding="utf-8") as lines:
             first = json.loads(lines.readline() or "{}")
     except (OSError, json.JSONDecodeError):
         return {}

@@ -108,9 +108,9 @@ class _StatsTap:
         self.scheduler_stats: Any = None
         self.preemptions = 0
         self.steps = 0
-        manager = getattr(engine, "logger_manager", None)
+        manager: Any = getattr(engine, "logger_manager", None)  # vLLM's, untyped here
         self._manager = manager
-        self._original = getattr(manager, "record", None)
+        self._original: Any = getattr(manager, "record", None)
         self.active = self._original is not None
         if self.active:
             manager.record = self._record
@@ -155,6 +155,7 @@ class _VllmTarget:
         request.status = RequestStatus.RUNNING
         name = f"kvbench-{request.request_id}"
         self.in_flight[name] = request
+        assert request.prompt_token_ids is not None, "an engine's requests carry token ids"
         prompt = self.vllm.TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         returned = self.engine.add_request(name, prompt, _sampling(self.vllm, request))
         if isinstance(returned, str) and returned != name:

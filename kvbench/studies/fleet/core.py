@@ -50,6 +50,7 @@ class InstanceSlot:
         """What the router sees; made again only when the report, the requests in flight or the blocks in
         transit changed (a router reads every instance at every arrival, most unchanged since the last)."""
         stats, in_flight = self.stats, len(self.outstanding)
+        assert stats is not None, "the router sees only instances that have reported"
         cached = self._view
         if cached is not None and self._view_of is stats and cached.in_flight == in_flight and \
                 cached.queued_blocks == stats.waiting_blocks + self.transit_blocks:
@@ -130,10 +131,11 @@ class Autoscaler:
 
 def fleet_usage(serving: list[InstanceSlot]) -> float | None:
     """Blocks in use over blocks in all, across the serving instances (None when none serves)."""
-    total = sum(slot.stats.total_blocks for slot in serving)
+    reports = [slot.stats for slot in serving if slot.stats is not None]  # callers pass reported ones only
+    total = sum(stats.total_blocks for stats in reports)
     if not total:
         return None
-    return sum(slot.stats.used_blocks for slot in serving) / total
+    return sum(stats.used_blocks for stats in reports) / total
 
 
 def drain_choice(slots: list[InstanceSlot]) -> InstanceSlot:

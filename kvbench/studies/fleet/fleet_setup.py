@@ -134,6 +134,7 @@ class FleetSetup:
             if self.options.simulate:
                 requests.append(Request(index, prompt_len, output_len, prompt_token_ids=ids))
             else:
+                assert ids is not None, "a real engine's requests carry token ids (drawn if none were given)"
                 requests.append(make_request(index, ids, SamplingParams(max_tokens=output_len, ignore_eos=True)))
         return list(zip(self.times, requests, strict=True))
 
@@ -259,7 +260,7 @@ def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: 
     prompts = []
     for index, (prompt_len, _) in enumerate(pairs):
         shared: list[int] = []
-        if groups:
+        if choice is not None:  # groups > 0
             group = int(choice[index])
             if group not in prefixes:
                 draw = np.random.default_rng(_derived_seed(seed, f"prefix {group}"))

@@ -146,7 +146,7 @@ class RayFleet:
             self.pending[slot.handle.stats.remote()] = (slot, "stats", None)
             return
         self._apply(slot, answer)
-        if kind == "submit":
+        if kind == "submit" and request is not None:  # a submit always carries its request
             slot.transit_blocks = max(0, slot.transit_blocks - self.router.blocks(request))
 
     def _apply(self, slot: InstanceSlot, report: Report) -> None:

@@ -23,6 +23,8 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
 
 from kvbench.errors import KvbenchError
 
@@ -51,7 +53,7 @@ def _network_mode(local: bool) -> None:
         os.environ.pop(_LOCAL_ONLY, None)
     else:
         os.environ[_LOCAL_ONLY] = _USER_LOCAL_ONLY
-    constants = sys.modules.get("ray._private.ray_constants")
+    constants: Any = sys.modules.get("ray._private.ray_constants")  # a private module: no types to rely on
     if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
         default = not getattr(constants, "IS_WINDOWS_OR_OSX", False)
         setting = os.environ.get(_LOCAL_ONLY)
@@ -101,7 +103,7 @@ def _read_up_to(connection: socket.socket, size: int, deadline: float) -> bytes:
     return data
 
 
-def prepare_ray(address: str | None = None):
+def prepare_ray(address: str | None = None) -> ModuleType:
     """Ray, imported, once ``address`` (if any) is known to answer as a Ray cluster, and set for a
     loopback-only cluster when there is none: a command calls this before it prints or creates anything, so a
     missing Ray or an unreachable cluster is its first and only line."""
@@ -112,7 +114,7 @@ def prepare_ray(address: str | None = None):
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[object]:
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[ModuleType]:
     """Ray, started (or joined) for the block and shut down after it, however it ends."""
     ray = prepare_ray(address)
     if ray.is_initialized():

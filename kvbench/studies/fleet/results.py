@@ -94,12 +94,13 @@ def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
     free = [total - used for _, used, total in mine]
     prompt = stats.prompt_tokens if stats else 0
     cached = stats.cached_tokens if stats else 0
+    usage_mean = _mean(usage, weights)  # None without samples
     return {
         "index": slot.index, "state": slot.state, "routed": slot.routed,
         "finished": stats.finished if stats else 0, "preemptions": stats.preemptions if stats else 0,
         "total_blocks": stats.total_blocks if stats else None,
-        "usage_mean": _mean(usage, weights), "usage_peak": max(usage, default=None),
-        "free_share_mean": (1.0 - _mean(usage, weights)) if usage else None,
+        "usage_mean": usage_mean, "usage_peak": max(usage, default=None),
+        "free_share_mean": (1.0 - usage_mean) if usage_mean is not None else None,
         "free_blocks_min": min(free, default=None),
         "prompt_tokens": prompt, "cached_tokens": cached, "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "started_at_s": slot.started_at, "ready_at_s": slot.ready_at, "stopped_at_s": slot.stopped_at,

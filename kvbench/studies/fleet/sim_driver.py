@@ -80,7 +80,8 @@ class SimulatedFleet:
             self._queued.discard(index)
             due.add(index)
         for slot in self._changing:
-            if slot.state == STARTING and slot.ready_at <= t:
+            # a starting slot has its ready time
+            if slot.state == STARTING and slot.ready_at is not None and slot.ready_at <= t:
                 slot.handle = self.make_instance(slot.ready_at)
                 slot.state = SERVING
                 slot.stats = slot.handle.stats()
@@ -122,6 +123,7 @@ class SimulatedFleet:
             if slot.state in (SERVING, DRAINING):
                 serving += 1
                 s = slot.stats
+                assert s is not None  # an instance reports as it becomes ready
                 self.samples.append((t, slot.index, s.used_blocks, s.total_blocks, s.running, s.waiting))
             elif slot.state == STARTING:
                 starting += 1

@@ -141,3 +141,11 @@ def test_sglang_documented_example():
     rate = {m.name: m for m in diagnosis.measurements}["prefix_cache_hit_rate"]
     assert rate.value == pytest.approx(0.0075, rel=0.01) and "the rate the engine reports" in rate.text
     assert "internal_waste_estimate" not in {m.name for m in diagnosis.measurements}  # no page size exposed
+
+
+def test_free_blocks_judged_when_the_last_scrape_has_no_valid_usage(vllm_exposition):
+    # the last scrape's usage (37.5, a percentage, not a share) is set aside: the rule judges the scrapes that
+    # had one and names the usage it saw last, instead of failing on the missing value
+    steps = [{"usage": 0.96}, {"usage": 0.97}, {"usage": 37.5}]
+    finding = by_rule(diagnose_windows([window(vllm_exposition, steps)], Thresholds()))["free_blocks"]
+    assert "in 2 of 2 scrapes" in finding.evidence and "KV usage 97.0% (3.0%)" in finding.evidence
