@@ -7,11 +7,14 @@ interleaved (the median of each), on bfloat16-valued weights, at fp32 (or bf16 a
 ``--dtype bf16``, where the plain and oneDNN paths are the candidates); prints each path's GFLOP/s and the largest
 error of each against a float64 product as a share of float32's error bound (fp32 only). ``--cold`` empties the
 cache before each call, as a run over a model larger than the cache finds its weights. This is what
-``kvbench.models.cpu_choices`` measures at start-up, at more row counts and every path, for reading.
+``kvbench.models.cpu_choices`` measures at start-up, at more row counts and every path, for reading. ``--clock cpu``
+times the thread's CPU time instead of wall time (one thread), which other processes taking the core away inflate
+less.
 
     python benchmarks/bench_linear_paths.py                      # 1 thread, fp32
     python benchmarks/bench_linear_paths.py --threads 2 --cold
     python benchmarks/bench_linear_paths.py --dtype bf16 --matrices "smollm2 qkv,smollm2 lm_head"
+    python benchmarks/bench_linear_paths.py --clock cpu --rows 16,50    # a busy machine
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -35,13 +39,13 @@ MATRICES = {  # name: (out, in)
 ROWS = (1, 16, 50, 512, 2048)
 
 
-def seconds(fn, repeats: int, evict) -> float:
+def seconds(fn, repeats: int, evict, clock=time.perf_counter) -> float:
     times = []
     for _ in range(repeats):
         evict()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -59,12 +63,28 @@ def main() -> None:
     parser.add_argument("--matrices", default="all", help="comma-separated names (see MATRICES) or all")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--cold", action="store_true", help="empty the cache before every call")
+    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="wall time, or the thread's CPU time (1 thread only: what a busy machine inflates less)")
     args = parser.parse_args()
+    names = list(MATRICES) if args.matrices == "all" else args.matrices.split(",")
+    unknown = [name for name in names if name not in MATRICES]
+    try:
+        row_counts = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        row_counts = []
+    problem = (f"unknown matrix {unknown[0]!r}; choose from {', '.join(MATRICES)} or all" if unknown
+               else f"--rows takes positive integers, comma-separated, not {args.rows!r}"
+               if not row_counts or min(row_counts) < 1
+               else "--clock cpu times one thread's CPU time: use --threads 1" if args.clock == "cpu" and args.threads != 1
+               else "--threads takes a positive integer" if args.threads < 1 else None)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     evict = cpu_choices._Evictor() if args.cold else (lambda: None)
-    names = list(MATRICES) if args.matrices == "all" else args.matrices.split(",")
-    print(f"{cpu_native.build_description()}; {args.threads} thread(s), {args.dtype}, "
+    print(f"{cpu_native.build_description()}; {args.threads} thread(s), {args.dtype}, {args.clock} time, "
           f"{'cache emptied before each call' if args.cold else 'warm cache'}; load "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("GFLOP/s per path (the fastest marked *); error as a share of float32's bound")
@@ -74,7 +94,7 @@ def main() -> None:
             weight = (torch.randn(out_dim, in_dim) / in_dim**0.5).bfloat16().to(dtype)
             paths = cpu_linear.candidate_paths(weight)
             functions = {path: cpu_linear.path_function(weight, path) for path in paths}
-            for rows in (int(r) for r in args.rows.split(",")):
+            for rows in row_counts:
                 x = torch.randn(rows, in_dim).to(dtype)
                 flops = 2 * rows * in_dim * out_dim
                 repeats = max(3, min(30, int(1e10 // flops)))
@@ -83,7 +103,7 @@ def main() -> None:
                     fn(x)  # oneDNN builds its kernel for a row count on first use
                 for _ in range(3):  # interleaved, so drifting load hits every path alike
                     for path, fn in functions.items():
-                        times[path].append(seconds(lambda fn=fn, x=x: fn(x), repeats, evict))
+                        times[path].append(seconds(lambda fn=fn, x=x: fn(x), repeats, evict, clock))
                 best = min(paths, key=lambda path: statistics.median(times[path]))
                 cells = []
                 for path in paths:
