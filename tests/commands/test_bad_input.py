@@ -263,9 +263,9 @@ def test_a_byte_order_mark_is_read_past(tmp_path, capfd):
     (tmp_path / "trace.csv").write_text(bom + "prompt_len,output_len\n10,10\n20,5\n", encoding="utf-8")
     (tmp_path / "share.json").write_text(bom + json.dumps([{"conversations": [
         {"from": "human", "value": prompt}, {"from": "gpt", "value": prompt}]}] * 2), encoding="utf-8")
-    assert main(["dataset", str(tmp_path / "data.jsonl"), "--json"]) == 0
+    assert main(["dataset", str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "d1"), "--json"]) == 0
     assert json.loads(capfd.readouterr().out)["meta"]["dataset"]["records"] == 3
-    assert main(["dataset", str(tmp_path / "share.json"), "--json"]) == 0
+    assert main(["dataset", str(tmp_path / "share.json"), "--out", str(tmp_path / "d2"), "--json"]) == 0
     assert json.loads(capfd.readouterr().out)["meta"]["dataset"]["records"] == 2
     assert main(["waste", "--trace", str(tmp_path / "trace.csv"), "--out", str(tmp_path / "w"), "--json"]) == 0
     assert json.loads(capfd.readouterr().out)["meta"]["requests"] == 2

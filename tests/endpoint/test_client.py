@@ -41,9 +41,10 @@ def test_a_streamed_completion_is_timed_token_by_token():
     assert (record.output_tokens, record.output_tokens_from) == (5, "usage")
     assert (record.prompt_tokens, record.prompt_tokens_from) == (4, "usage")
     assert record.text == " w0_0 w0_1 w0_2 w0_3 w0_4" and len(record.token_times) == 5
-    # lower bounds only: the server waits 50 ms, then 20 ms between tokens; a busy machine only adds
+    # lower bounds only: the server waits 50 ms, then 20 ms between tokens; a busy machine only adds (but a client
+    # kept off the CPU may read several events in one go, so no single gap has a lower bound: the last token does)
     assert record.ttft >= 0.045 and record.latency == record.token_times[-1]
-    assert len(record.itl) == 4 and record.latency - record.ttft >= 4 * 0.02 - 0.005
+    assert len(record.itl) == 4 and record.latency >= 0.05 + 4 * 0.02 - 0.005
     assert record.tpot == pytest.approx((record.latency - record.ttft) / 4)
     assert record.end >= record.start + record.latency
 
