@@ -92,6 +92,12 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
                            "few-shot examples); send requests with the same prefix to the same instance")
         for family in ("vllm", "sglang")
     },
+    "check_failed_requests": {
+        family: (lambda c: "read the point's failed_by_kind and failure_examples in results.jsonl: timeouts, 429s "
+                           "and 503s under load are the server refusing work (lower the load or add capacity); "
+                           "400s are requests it cannot serve")
+        for family in ("kvbench", "vllm", "sglang")
+    },
     "rerun_failed_point": {
         "kvbench": lambda c: ("look at its traceback in results.jsonl, fix the cause and rerun it "
                               "(kvbench sweep --resume reruns failed points)"),
