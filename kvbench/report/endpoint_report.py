@@ -83,8 +83,8 @@ def point_row(p: dict[str, Any]) -> list[str]:
 
 def points_table(points: Sequence[dict[str, Any]]) -> Table:
     table = Table(title=TABLE_TITLE, show_edge=False,
-                  caption="goodput: requests/s meeting every --slo objective (share of completed); '-': not measured "
-                          "(no --slo, or the server does not expose it)")
+                  caption="goodput: requests/s meeting every objective of the SLO (share of completed); '-': not "
+                          "measured (no SLO given, or the server does not expose it)")
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
     for p in ordered(points):
@@ -106,7 +106,7 @@ def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
 
 def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | None) -> Table:
     objectives = ", ".join(f"{k} <= {v:g} ms" for k, v in (slo or {}).items())
-    table = Table(title=f"--find-max: the highest load meeting the SLO ({objectives})")
+    table = Table(title=f"The highest load meeting the SLO ({objectives})")
     for column in FIND_MAX_COLUMNS:
         table.add_column(column, overflow="fold")
     for row in find_max_rows(searches):
@@ -140,7 +140,7 @@ def findings(points: Sequence[dict[str, Any]]) -> list[str]:
 
 def markdown(document: dict[str, Any]) -> str:
     meta, points = document["meta"], document["points"]
-    md = [f"# kvbench sweep --target\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
+    md = [f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
           f"scenario {meta.get('scenario', '')}\n\n"]
     if meta.get("stop_description"):
         md.append(f"Stop: {meta['stop_description']}\n\n")
@@ -148,7 +148,7 @@ def markdown(document: dict[str, Any]) -> str:
     md.append(markdown_table(list(COLUMNS), [point_row(p) for p in ordered(points)]))
     searches = document["endpoint"].get("find_max") or []
     if searches:
-        md.append("\n## --find-max\n\n")
+        md.append("\n## The highest load meeting the SLO\n\n")
         md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
     lines = document.get("findings") or []
     if lines:

@@ -20,7 +20,6 @@ from kvbench.endpoint.point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.sweep_point import sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
-from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl
 from kvbench.report.point import Point
 from kvbench.studies.backends.endpoint import EndpointBackend
@@ -156,7 +155,5 @@ class EndpointSweep:
                 seen[value] = (data, measured.scrapes, measured.duration_s)
             return seen[value]
 
-        if by == "rate" and low <= 0:
-            raise KvbenchError("--find-max over --rate needs positive rates")
         return find_max(engine, float(low), float(high), by, self.options.find_max_points,
                         self.options.slo_attainment, measure)

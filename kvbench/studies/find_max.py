@@ -32,17 +32,6 @@ from kvbench.report.diagnose.thresholds import Thresholds
 KV_FULL_USAGE = 0.95  # usage at or above this share, with preemptions, is a full KV cache
 LOW_USAGE = 0.5  # requests waiting below this usage wait for the scheduler, not for memory
 RATE_TOLERANCE = 1.1  # the rate bisection stops when the bracket is this narrow (ratio)
-COMPUTE_HINT = {
-    "vllm": "the batch is compute- or bandwidth-bound: a faster device, tensor parallelism (--tensor-parallel-size) "
-            "or another replica behind the router",
-    "sglang": "the batch is compute- or bandwidth-bound: a faster device, --tp-size or another replica",
-    "kvbench": "the batch is compute-bound: a faster device, or another instance (kvbench fleet)",
-}
-PREFILL_HINT = {
-    "vllm": "raise --max-num-batched-tokens (or enable chunked prefill) so waiting prompts are prefilled sooner",
-    "sglang": "raise --chunked-prefill-size / --max-prefill-tokens so waiting prompts are prefilled sooner",
-    "kvbench": "prompts queue for prefill: shorter prompts or a larger --max-prefill-tokens",
-}
 
 
 @dataclass(frozen=True)
@@ -63,7 +52,7 @@ def meets_slo(point: dict[str, Any], attainment: float) -> bool:
         return False
     goodput, throughput = point.get("request_goodput"), point.get("request_throughput")
     if goodput is None or not throughput:
-        raise KvbenchError("--find-max needs an SLO to judge each point by: give --slo, e.g. ttft=500,tpot=50")
+        raise KvbenchError("finding the highest load needs an SLO to judge each point by, e.g. ttft=500,tpot=50")
     return goodput / throughput >= attainment - 1e-12
 
 
@@ -94,7 +83,7 @@ def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float
                      "look at the failures' kinds: timeouts and 503s under load are the server refusing work")
     if not windows:
         return Limit("unknown", "no scrape of the server's /metrics during the load: nothing to judge the limit by",
-                     "give --metrics-url where the server's metrics are")
+                     "tell kvbench where the server's metrics are (the metrics URL)")
     diagnosis = diagnose_windows(windows, Thresholds())
     usage_peak, usage_mean = point.get("kv_usage_peak"), point.get("kv_usage_mean")
     preemptions = point.get("preemptions") or 0
@@ -117,10 +106,10 @@ def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float
     waiting = [(t, s.waiting) for w in windows for t, s in w.samples if s.waiting is not None]
     if len(waiting) >= 3 and _rising(waiting):
         return Limit("prefill_queue", f"the waiting queue grew from {waiting[0][1]:.0f} to {waiting[-1][1]:.0f} while "
-                     f"KV usage peaked at {_pct(usage_peak)}", PREFILL_HINT.get(family, PREFILL_HINT["vllm"]))
+                     f"KV usage peaked at {_pct(usage_peak)}", render(("prefill_queue",), family))
     return Limit("compute", f"no queue and KV usage at most {_pct(usage_peak)}: the latency objectives were missed "
                  f"with every request running ({point.get('peak_running')} at once)",
-                 COMPUTE_HINT.get(family, COMPUTE_HINT["vllm"]))
+                 render(("scale_compute",), family))
 
 
 def _rising(points: Sequence[tuple[float, float]]) -> bool:
@@ -162,7 +151,7 @@ def find_max(engine: str, low: float, high: float, by: str, max_points: int, att
              measure: Measure) -> Search:
     """Bisect between ``low`` and ``high`` for the highest level meeting the SLO, in at most ``max_points`` points."""
     if max_points < 2:
-        raise KvbenchError("--find-max needs at least 2 points (the lowest and the highest level)")
+        raise KvbenchError("the search for the highest load needs at least 2 points (the lowest and highest level)")
     search = Search(engine, by)
     misses: dict[float, tuple[dict[str, Any], Sequence[Scrape], float]] = {}
 

@@ -26,7 +26,7 @@ _FIELDS = {"out TPS": "output_throughput", "req/s": "request_throughput", "goodp
 def build(run: RunFiles) -> Page:
     document = run.document
     meta, points = document["meta"], document["points"]
-    title = f"kvbench sweep --target: {meta.get('model_name', '?')} at {meta.get('device', '?')}"
+    title = f"kvbench sweep of servers over HTTP: {meta.get('model_name', '?')} at {meta.get('device', '?')}"
     subtitle = f"scenario {meta.get('scenario', '?')}"
     figures = draw(lambda: write_endpoint_plots(run.directory, meta, points))
     timelines = [f for f in figures if f.name.startswith("timeline-")]
@@ -78,5 +78,5 @@ def points_table(points: list[dict[str, Any]]) -> Table:
 def find_max_table(searches: list[dict[str, Any]]) -> Table:
     columns = [Column(name, False) for name in FIND_MAX_COLUMNS]
     rows = [[Cell(text) for text in row] for row in find_max_rows(searches)]
-    return Table("--find-max", columns, rows, sortable=False)
+    return Table("The highest load meeting the SLO", columns, rows, sortable=False)
 

@@ -85,8 +85,8 @@ class EndpointBackend:
         if self.target(engine).api == "chat":
             if self.tokenizer is None:
                 raise KvbenchError("the chat API takes text, and these prompts are token ids with no tokenizer to "
-                                   "write them out: give --model a local checkpoint directory, or use --api "
-                                   "completions")
+                                   "write them out: use a local checkpoint directory as the model, or the "
+                                   "completions API")
             conversations = as_text(conversations, self.tokenizer)
         return conversations
 
@@ -150,7 +150,7 @@ def check_models(targets: dict[str, Target], listed: dict[str, list[str]]) -> di
         elif names:
             chosen[name] = names[0]
         else:
-            raise KvbenchError(f"target {name} ({target.url}) lists no model at /v1/models; name it with --model-name")
+            raise KvbenchError(f"target {name} ({target.url}) lists no model at /v1/models; name the model to request")
     return chosen
 
 
@@ -182,7 +182,7 @@ def _engines(options: SweepOptions) -> tuple[str, ...]:
 
 
 SPEC = BackendSpec(
-    name="endpoint", engines=(), title="a server over HTTP (--target)", provides_run=True,
+    name="endpoint", engines=(), title="a server over HTTP", provides_run=True,
     build=build_endpoint_backend, needs=frozenset({Need.PROMPT_TOKENS}),
     offers=frozenset({Offer.OWN_POINTS}),
     selected_by=_selected, engines_of=_engines,
