@@ -23,8 +23,8 @@ from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, markdown_table, write_summary
 
 TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
-COLUMNS = ("target", "load", "done/failed", "out TPS", "req/s", "TTFT p50/p99", "TPOT p50/p99", "E2EL p50",
-           "goodput", "KV use peak/mean %", "preempt", "run/wait peak", "prefix hit %")
+COLUMNS = ("target", "load", "done/fail", "out TPS", "req/s", "TTFT p50/p99", "TPOT p50/p99", "E2EL p50",
+           "SLO met", "KV % peak/mean", "preempt", "run/wait", "prefix hit %")
 FIND_MAX_COLUMNS = ("target", "highest load meeting the SLO", "first load missing it", "limited by", "evidence",
                     "what to change on the server")
 
@@ -69,8 +69,7 @@ def point_row(p: dict[str, Any]) -> list[str]:
     """One point in :data:`COLUMNS` (the console table and summary.md alike)."""
     goodput = p.get("request_goodput")
     throughput = p.get("request_throughput")
-    slo = "-" if goodput is None else f"{goodput:,.2f}/s" + (f" ({100 * goodput / throughput:.0f}%)" if throughput
-                                                              else "")
+    slo = "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
     failed = p.get("failed") or 0
     return [
         p["engine"], level_text(p), f"{p['completed']}/{failed}",
@@ -83,8 +82,9 @@ def point_row(p: dict[str, Any]) -> list[str]:
 
 def points_table(points: Sequence[dict[str, Any]]) -> Table:
     table = Table(title=TABLE_TITLE, show_edge=False,
-                  caption="goodput: requests/s meeting every objective of the SLO (share of completed); '-': not "
-                          "measured (no SLO given, or the server does not expose it)")
+                  caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
+                          "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
+                          "given, or the server does not expose it)")
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
     for p in ordered(points):

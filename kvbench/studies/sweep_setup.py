@@ -67,6 +67,8 @@ class SweepSetup:
         spec = load_scenario(options.scenario)
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
+        if options.endpoint is not None and options.endpoint.rates is not None:
+            levels = (1,)  # an open loop's levels are rates: one request list for all, the scenario's length
         block_size = options.block_size or spec.block_size
         check_concurrency(dict.fromkeys(levels))  # a level past any request count, before the counts it implies
         counts = {c: options.requests or spec.requests_for(c) for c in levels}

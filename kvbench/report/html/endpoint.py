@@ -19,7 +19,7 @@ from kvbench.report.html.common import draw, figures_block, findings_section, pr
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
 from kvbench.report.html.run_files import RunFiles
 
-_FIELDS = {"out TPS": "output_throughput", "req/s": "request_throughput", "goodput": "request_goodput",
+_FIELDS = {"out TPS": "output_throughput", "req/s": "request_throughput", "SLO met": "request_goodput",
            "preempt": "preemptions"}
 
 
