@@ -158,6 +158,8 @@ def parse_event(data: str) -> Event:
                 text = delta["content"]  # an empty token (e.g. half of a character held back)
             elif text == "" and ("role" in delta or finish is not None) and not carries_tokens:
                 text = None  # the role announcement, or a closing event without a token
+            if text is None and carries_tokens:
+                text = ""
         else:
             text = choice.get("text")
             if text == "" and finish is not None and not carries_tokens:
