@@ -40,7 +40,7 @@ class TargetOption:
 
 TARGET_OPTIONS: tuple[TargetOption, ...] = (
     TargetOption("target", list[str] | None, None, typer.Option(
-        "--target", rich_help_panel=PANEL,
+        "--target", metavar="[NAME=]URL", rich_help_panel=PANEL,
         help="An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
              "(repeatable; NAME labels its column, default HOST:PORT).")),
     TargetOption("api", str, "completions", typer.Option(
@@ -61,7 +61,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
         "--slo-attainment", min=0.0, max=1.0, rich_help_panel=PANEL,
         help="Share of requests that must meet every objective for a point to meet the SLO.")),
     TargetOption("rate", str | None, None, typer.Option(
-        "--rate", rich_help_panel=PANEL,
+        "--rate", metavar="R1,R2,...", rich_help_panel=PANEL,
         help="Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.")),
     TargetOption("burstiness", float, 1.0, typer.Option(
         "--burstiness", rich_help_panel=PANEL,
