@@ -50,19 +50,27 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
         pin_run_config(run_dir, setup.pinned_config(), resume=False)
         for note in setup.backends.notes():
             console.print(f"[dim]{note}[/dim]")
-        console.print(f"targets: {', '.join(f'{n} = {t.url}' for n, t in zip(options.endpoint.names, options.endpoint.targets, strict=True))}"  # type: ignore[union-attr]
-                      f"; stop: {setup.stop_text}", markup=False, highlight=False)
+        console.print(f"targets: {_targets_text(options)}; stop: {setup.stop_text}", markup=False, highlight=False)
         measured = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console)).run()
         run.points, searches = measured.points, measured.searches
-    run_dir = run.dir.path  # type: ignore[union-attr]
+    if run.dir is None:
+        raise AssertionError("the run directory is opened before any point")
+    run_dir = run.dir.path
     document = write_endpoint_outputs(run_dir, setup.meta(), run.points, [s.as_dict() for s in searches])
-    run.dir.release()  # type: ignore[union-attr]
+    run.dir.release()
     show(document, as_json, lambda: print_endpoint_sweep(console, document, run_dir, wide))
     failed = [p for p in run.points if p["status"] != "ok"]
     if failed:
         first = failed[0]
         raise RunFailed(f"{len(failed)} of {len(run.points)} points had failed requests (recorded in "
                         f"{run_dir}/results.jsonl), e.g. {first['engine']} {_level(first)}: {first.get('error')}")
+
+
+def _targets_text(options: SweepOptions) -> str:
+    endpoint = options.endpoint
+    if endpoint is None:
+        return ""
+    return ", ".join(f"{name} = {target.url}" for name, target in zip(endpoint.names, endpoint.targets, strict=True))
 
 
 def _level(point: dict[str, Any]) -> str:

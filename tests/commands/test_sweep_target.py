@@ -200,7 +200,7 @@ VLLM_URL = os.environ.get("KVBENCH_VLLM_URL")
 def test_a_live_vllm_server(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["sweep", "--target", f"vllm={VLLM_URL}", "--concurrency", "1,4", "--requests", "8",
-                 "--scenario", "short", "--out", str(run)]) == 0
+                 "--scenario", "ci-smoke", "--out", str(run)]) == 0
     for p in _points(run):
         assert p["status"] == "ok" and p["completed"] == 8
         assert "vllm" in p["scrapes"]["families"] and p["kv_usage_peak"] is not None
