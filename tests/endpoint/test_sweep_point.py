@@ -18,9 +18,9 @@ def _conversations(n: int = 8):
 
 
 def test_a_closed_loop_point_maps_onto_the_schema_with_the_servers_figures():
-    with serve_in_thread(itl_s=0.002, capacity_blocks=40) as server:
+    with serve_in_thread(itl_s=0.03, capacity_blocks=40) as server:  # ~0.2 s a request: scrapes during the load
         measured = run_point_sync(Target(server.url, name="fake"), _conversations(),
-                                  PointSettings(ClosedLoop(4), scrape_interval_s=0.05, slo={"ttft": 10_000}))
+                                  PointSettings(ClosedLoop(4), scrape_interval_s=0.02, slo={"ttft": 10_000}))
     point = sweep_point(measured, "fake", 4, "article", {"ttft": 10_000}).to_json()
     assert is_endpoint_point(point) and point["engine"] == "fake" and point["concurrency"] == 4
     assert point["status"] == "ok" and point["completed"] == 8 and point["failed"] == 0
