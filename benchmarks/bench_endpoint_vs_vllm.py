@@ -14,6 +14,10 @@ asks for exactly the same lengths), each run to its reference answer length clip
 After the first round, vLLM's own ``calculate_metrics`` is run on kvbench's request records
 (``kvbench/endpoint/vllm_oracle.py``): the definitions must give the same figures to 1e-9.
 
+With ``--client sweep`` kvbench's side is the command users run, ``kvbench sweep --target URL`` (a requests
+file of the same prompts as token ids, tokenized as vLLM tokenizes a text prompt, each to the same length with
+EOS ignored; its own warm-up), instead of the library's point.
+
 Reported: the medians over rounds of mean TTFT, mean TPOT and output throughput for each client and their
 ratio (goal: within 5%), and each client's mean TTFT against the server's own TTFT histogram over the same run
 (``vllm:time_to_first_token_seconds``, scraped before and after: the client's includes HTTP and detokenizing,
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -126,6 +131,36 @@ def run_ours(args, model: str, requests: list[tuple[str, int]], check_definition
             "ttfts_ms": [r.ttft * 1000 if r.ttft is not None else None for r in point.records]}
 
 
+def run_sweep_command(args, model: str, requests: list[tuple[str, int]], work: Path, round_: int) -> dict:
+    """kvbench's side through ``kvbench sweep --target``: its results.jsonl point."""
+    from transformers import AutoTokenizer
+
+    lines = work / "sweep-requests.jsonl"
+    if not lines.exists():
+        tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+        lines.write_text("".join(json.dumps({"prompt_token_ids": tokenizer(text)["input_ids"], "output_len": out})
+                                 + "\n" for text, out in requests), encoding="utf-8")
+    out = work / f"sweep-{round_}"
+    command = [sys.executable, "-m", "kvbench.cli", "sweep", "--target", f"vllm={args.url}", "--model", args.model_dir,
+               "--model-name", model, "--requests-file", str(lines), "--stop", "length", "--concurrency",
+               str(args.concurrency), "--out", str(out)]
+    if args.scrape_interval > 0:
+        command += ["--scrape-interval", str(args.scrape_interval)]
+    else:
+        command += ["--no-scrape"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env={**os.environ, "KVBENCH_REPORT": "0"})
+    if done.returncode != 0:
+        sys.exit(f"kvbench sweep --target failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    (point,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    if point["total_output_tokens"] != sum(o for _, o in requests):
+        sys.exit("kvbench sweep --target did not produce the same output lengths")
+    return {"mean_ttft_ms": point["mean_ttft_ms"], "mean_tpot_ms": point["mean_tpot_ms"],
+            "output_throughput": point["output_throughput"], "completed": point["completed"],
+            "failed": point["failed"], "total_output_tokens": point["total_output_tokens"],
+            "server_ttft_ms": point.get("server_mean_ttft_ms"), "kv_usage_peak": point.get("kv_usage_peak"),
+            "total_input_tokens": point["total_input_tokens"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
@@ -141,6 +176,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--scrape-interval", type=float, default=0.5, help="kvbench's /metrics scraping; 0: off")
     parser.add_argument("--out", default=None, help="write every round as JSON here")
+    parser.add_argument("--client", choices=("point", "sweep"), default="point",
+                        help="kvbench's side: the library's point, or the command `kvbench sweep --target`")
     args = parser.parse_args()
     model = args.model or args.model_dir
     requests = request_list(args.model_dir, args.dataset, args.requests, args.min_output, args.max_output)
@@ -157,8 +194,12 @@ def main() -> None:
                 if reset["reset"] is not True:
                     print(f"warning: prefix cache not reset ({reset['detail']})", file=sys.stderr)
                 began = time.perf_counter()
-                row = (run_vllm(args, model, requests, work, round_) if who == "vllm"
-                       else run_ours(args, model, requests, check_definitions=round_ == 0))
+                if who == "vllm":
+                    row = run_vllm(args, model, requests, work, round_)
+                elif args.client == "sweep":
+                    row = run_sweep_command(args, model, requests, work, round_)
+                else:
+                    row = run_ours(args, model, requests, check_definitions=round_ == 0)
                 row["wall_s"] = time.perf_counter() - began
                 rows[who].append(row)
                 print(f"round {round_ + 1} {who}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from kvbench.commands._endpoint_run import check_target_run, sweep_targets
 from kvbench.commands._options import (
     choice,
     choice_list,
@@ -20,6 +21,7 @@ from kvbench.commands._options import (
 )
 from kvbench.commands._run import Run, show
 from kvbench.commands._run_options import with_run_options
+from kvbench.commands._target_options import with_target_options
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import check_choice
 from kvbench.measure.metrics import KvMetrics
@@ -28,7 +30,7 @@ from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
 from kvbench.studies.fleet import ray_runtime
-from kvbench.studies.run_options import RunOptions, SweepOptions, run_fields
+from kvbench.studies.run_options import EndpointOptions, RunOptions, SweepOptions, run_fields
 from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_ray import run_sweep_on_ray
@@ -41,6 +43,7 @@ from kvbench.studies.sweep_setup import SweepSetup
 @help_panels({"Load": ("concurrency", "engines", "repeat"), "Requests": ("stop",), "Model and device": ("threads",),
               "Live metrics": ("metrics_port", "metrics_host", "metrics_file", "metrics_optional"),
               "Ray": ("on_ray", "ray_workers", "ray_address")})
+@with_target_options
 def sweep(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
     engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR).", **choice_list(engine_names, "engines")),
@@ -62,19 +65,25 @@ def sweep(
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
     *,
     run: RunOptions,
+    endpoint: EndpointOptions | None,
 ) -> None:
-    """Paged and contiguous engines side by side per concurrency: TPS, latency, memory.
+    """Paged and contiguous engines side by side per concurrency: TPS, latency, memory. With --target: servers
+    over HTTP (vLLM, SGLang, kvbench serve) under the same load, their KV cache read from /metrics.
 
     Closed loop: exactly C requests in flight; every point serves the same seeded request list after an
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
     """
     options = SweepOptions(
-        **run_fields(run), engines=tuple(name_list(engines, "engines", engine_names())), repeat=repeat,
-        concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
-        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None, threads=thread_count(threads))
+        **run_fields(run), engines=endpoint.names if endpoint else tuple(name_list(engines, "engines", engine_names())),
+        repeat=repeat, concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
+        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None, threads=thread_count(threads),
+        endpoint=endpoint)
     out_dir = run_directory(out)
     _check_run_options(out_dir, resume, options.simulate, on_ray, ray_workers, ray_address,
                        metrics_port is not None or metrics_file is not None)
+    if endpoint is not None:
+        check_target_run(options, engines, resume, on_ray, metrics_port is not None or metrics_file is not None)
+        return sweep_targets(options, out_dir, as_json, wide)
     metrics = LiveMetrics(metrics_port, metrics_host, output_file(metrics_file, "--metrics-file"), metrics_optional)
     ray = RayFanOut(on_ray, ray_workers, ray_address)
     console = make_console(stderr=as_json)

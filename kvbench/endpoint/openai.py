@@ -149,17 +149,23 @@ def parse_event(data: str) -> Event:
             raise MalformedStream(f"an event's choices are not a list of objects: {_clip(data)}")
         choice = choices[0]
         finish = choice.get("finish_reason")
+        token_ids = choice.get("token_ids")  # kvbench serve, vLLM with return_token_ids: tokens without text
+        carries_tokens = isinstance(token_ids, list) and len(token_ids) > 0
         delta = choice.get("delta")
         if isinstance(delta, dict):
             text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
             if text is None and "role" not in delta and finish is None and "content" in delta:
                 text = delta["content"]  # an empty token (e.g. half of a character held back)
-            elif text == "" and ("role" in delta or finish is not None):
+            elif text == "" and ("role" in delta or finish is not None) and not carries_tokens:
                 text = None  # the role announcement, or a closing event without a token
+            if text is None and carries_tokens:
+                text = ""
         else:
             text = choice.get("text")
-            if text == "" and finish is not None:
+            if text == "" and finish is not None and not carries_tokens:
                 text = None  # a closing event without a token
+            elif text is None and carries_tokens:
+                text = ""
         if text is not None and not isinstance(text, str):
             raise MalformedStream(f"an event's generated text is not a string: {_clip(data)}")
     usage = chunk.get("usage")

@@ -127,7 +127,7 @@ async def run_point(target: Target, conversations: Sequence[Conversation], setti
         if settings.reset_prefix_cache:
             reset = await reset_prefix_cache(session, target.url, family, api_key)
         if scraper is not None:
-            await scraper.scrape()  # the counters' start
+            await scraper.settled_scrape()  # the counters' start (the warm-up's counted in full)
             scraper.start()
         try:
             load = await run_load(conversations, settings.pattern, client.send, settings.deadline_s, on_record)

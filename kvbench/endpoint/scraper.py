@@ -32,6 +32,15 @@ from kvbench.report.diagnose.servers import ServerState, read_states
 DEFAULT_INTERVAL_S = 0.5
 
 
+SETTLE_GAP_S = 0.2  # between the scrapes that wait for a server's counters to settle
+SETTLE_SCRAPES = 5  # at most this many more of them
+COUNTER_FIELDS = ("finished", "generation_tokens", "prompt_tokens", "preemptions", "prefix_queries", "prefix_hits")
+
+
+def _counters(scrape: Scrape) -> list[tuple[float | None, ...]]:
+    return [tuple(getattr(state, name) for name in COUNTER_FIELDS) for state in scrape.states]
+
+
 @dataclass
 class Scrape:
     elapsed_s: float  # seconds from the point's start (negative: before the load began)
@@ -127,15 +136,28 @@ class MetricsScraper:
                 pass
             await self.scrape(parse=False)
 
+    async def settled_scrape(self, gap_s: float = SETTLE_GAP_S, most: int = SETTLE_SCRAPES) -> Scrape:
+        """A scrape whose counters have stopped moving: scraped again every ``gap_s`` until two in a row agree
+        (at most ``most`` more). A server may publish its counters a moment after it answered (kvbench serve
+        counts a step's tokens at the step's end): a start or closing scrape taken at once would cut them off."""
+        scrape = await self.scrape()
+        for _ in range(most):
+            await asyncio.sleep(gap_s)
+            again = await self.scrape()
+            if scrape.error is None and again.error is None and _counters(scrape) == _counters(again):
+                return again
+            scrape = again
+        return scrape
+
     async def stop(self) -> list[Scrape]:
-        """Stop the ticks, take the closing scrape (the counters' end), parse what the load left unparsed, and
-        return every scrape."""
+        """Stop the ticks, take the closing scrape (the counters' end, settled), parse what the load left
+        unparsed, and return every scrape."""
         self._stop.set()
         if self._task is not None:
             await self._task
             self._task = None
-        await self.scrape(parse=False)
         self.parse_pending()
+        await self.settled_scrape()
         return self.scrapes
 
     def restart_clock(self, origin: float) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from kvbench.endpoint.client import Target
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -52,6 +54,29 @@ class SweepOptions(RunOptions):
     stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
     repeat: int = 1
     threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
+    endpoint: EndpointOptions | None = None  # servers over HTTP instead of engines in this process
+
+
+@dataclass(frozen=True)
+class EndpointOptions:
+    """A sweep of OpenAI-compatible servers (``--target``): the targets are the run's engines, by name."""
+
+    targets: tuple[Target, ...]
+    rates: tuple[float, ...] | None = None  # open-loop levels (requests/s); None: closed loop at the concurrencies
+    burstiness: float = 1.0  # the gamma shape of the open loop's gaps (1: Poisson)
+    max_concurrency: int | None = None  # the open loop's cap on requests in flight
+    slo: dict[str, float] | None = None  # milliseconds by ttft, tpot, e2el
+    slo_attainment: float = 0.9  # the share of requests that must meet the SLO for a point to meet it
+    request_timeout_s: float = 600.0
+    scrape_interval_s: float = 0.5
+    scrape: bool = True
+    reset_prefix_cache: bool = False
+    find_max: bool = False
+    find_max_points: int = 6  # the most points --find-max measures per target
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(target.name or target.url for target in self.targets)
 
 
 def run_fields(options: RunOptions) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class SweepSetup:
         spec = load_scenario(options.scenario)
         seed = spec.seed if options.seed is None else options.seed
         levels = options.concurrency or spec.concurrency
+        if options.endpoint is not None and options.endpoint.rates is not None:
+            levels = (1,)  # an open loop's levels are rates: one request list for all, the scenario's length
         block_size = options.block_size or spec.block_size
         check_concurrency(dict.fromkeys(levels))  # a level past any request count, before the counts it implies
         counts = {c: options.requests or spec.requests_for(c) for c in levels}
@@ -124,6 +126,11 @@ class SweepSetup:
                                      not self.backends.needs_prompt_tokens)
 
     # -- what a run directory records -------------------------------------------------------------------
+    @property
+    def pool_slots(self) -> int | None:
+        """The KV pool's token slots; None where the backend sizes none (a server over HTTP has its own)."""
+        return None if Offer.OWN_POINTS in self.backends.provider.offers else self.config.pool_slots
+
     def pinned_config(self) -> dict[str, Any]:
         """What a resume must match. Contents, not names: an edited scenario or requests file must not mix
         with earlier points. Request lists are prefixes of one seeded list, so a resume may add levels."""
@@ -133,7 +140,7 @@ class SweepSetup:
             "requests": options.requests or self.spec.requests, "seed": self.seed, "block_size": config.block_size,
             "waves": 0 if options.requests else self.spec.waves, "stop": self.workload.stop,
             "dataset_sha256": content_sha256(self.workload.dataset.path) if self.workload.dataset else None,
-            "kv_pool_slots": config.pool_slots, "reserve": config.reserve, "admission": config.admission,
+            "kv_pool_slots": self.pool_slots, "reserve": config.reserve, "admission": config.admission,
             "max_len": config.max_len, "repeat": options.repeat,
             "requests_file": str(options.requests_file) if options.requests_file else None,
             "samples": self.spec.samples, "dtype": self.backend.dtype_name,
@@ -151,7 +158,7 @@ class SweepSetup:
             model_name=self.model_name, device=self.device_name, simulated=self.options.simulate, seed=self.seed,
             requests=len(self.pairs), concurrency=list(self.levels), engines=list(self.options.engines),
             model_shape=_shape_of(self.backend),
-            block_size=config.block_size, kv_pool_slots=config.pool_slots, budget_source=self.budget_source,
+            block_size=config.block_size, kv_pool_slots=self.pool_slots, budget_source=self.budget_source,
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
             threads=self.backend.threads,

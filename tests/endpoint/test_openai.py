@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,14 @@ def test_a_key_never_travels_in_clear_text_off_this_machine():
     check_key_transport("http://10.0.0.5:8000", None)  # no key, nothing to leak
     with pytest.raises(KvbenchError, match="refusing to send the API key in clear text to 10.0.0.5"):
         check_key_transport("http://10.0.0.5:8000", "sk-test")
+
+
+def test_tokens_without_text_are_tokens_when_the_event_carries_their_ids():
+    """kvbench serve with a preset (no tokenizer), or a server returning token ids: ``text`` is "" yet the event
+    holds tokens; a stream may also merge the last tokens with the finish reason into one event."""
+    merged = parse_event(json.dumps({"choices": [{"text": "", "finish_reason": "length", "token_ids": [27, 271]}]}))
+    assert merged.text == "" and merged.finish_reason == "length"
+    closing = parse_event(json.dumps({"choices": [{"text": "", "finish_reason": "length", "token_ids": []}]}))
+    assert closing.text is None  # no token in it
+    chat = parse_event(json.dumps({"choices": [{"delta": {"content": ""}, "finish_reason": "stop", "token_ids": [5]}]}))
+    assert chat.text == ""

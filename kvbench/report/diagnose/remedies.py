@@ -92,6 +92,24 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
                            "few-shot examples); send requests with the same prefix to the same instance")
         for family in ("vllm", "sglang")
     },
+    "scale_compute": {
+        "vllm": lambda c: ("the batch is compute- or bandwidth-bound: a faster device, tensor parallelism "
+                           "(--tensor-parallel-size) or another replica behind the router"),
+        "sglang": lambda c: "the batch is compute- or bandwidth-bound: a faster device, --tp-size or another replica",
+        "kvbench": lambda c: "the batch is compute-bound: a faster device, or another instance (kvbench fleet)",
+    },
+    "prefill_queue": {
+        "vllm": lambda c: ("raise --max-num-batched-tokens (or enable chunked prefill) so waiting prompts are "
+                           "prefilled sooner"),
+        "sglang": lambda c: "raise --chunked-prefill-size / --max-prefill-tokens so waiting prompts are prefilled sooner",
+        "kvbench": lambda c: "prompts queue for prefill: shorter prompts, or more prefill tokens per step",
+    },
+    "check_failed_requests": {
+        family: (lambda c: "read the point's failed_by_kind and failure_examples in results.jsonl: timeouts, 429s "
+                           "and 503s under load are the server refusing work (lower the load or add capacity); "
+                           "400s are requests it cannot serve")
+        for family in ("kvbench", "vllm", "sglang")
+    },
     "rerun_failed_point": {
         "kvbench": lambda c: ("look at its traceback in results.jsonl, fix the cause and rerun it "
                               "(kvbench sweep --resume reruns failed points)"),

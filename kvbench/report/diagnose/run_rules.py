@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.diagnose.findings import Diagnosis, Finding, pct, sorted_findings
+from kvbench.report.diagnose.findings import (
+    Diagnosis,
+    Finding,
+    Measurement,
+    NotEvaluated,
+    pct,
+    sorted_findings,
+)
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.report.diagnose.timeline import diagnose_timeline
 from kvbench.report.summary_load import load_summary
 
 
@@ -21,13 +30,25 @@ def _finding(rule: str, severity: str, label: str, evidence: str, remedies: tupl
 
 
 def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any], thresholds: Thresholds,
-                    source: str = "") -> Diagnosis:
+                    source: str = "", directory: Path | None = None) -> Diagnosis:
+    """The rules over each point; a point measured against a server over HTTP is judged by the live rules over
+    the scrapes it recorded (``watch-*.jsonl`` in ``directory``), as ``kvbench diagnose`` judges a watch."""
     findings: list[Finding] = []
     notes: list[str] = []
+    skipped: list[NotEvaluated] = []
+    measured: list[Measurement] = []
     checked = 0
     for point in points:
         label = (f"fleet {point.get('engine')}" if "policy" in point
                  else f"{point.get('engine')} C={point.get('concurrency')}")
+        if isinstance(point.get("endpoint"), dict):
+            checked += 1
+            live = _endpoint_diagnosis(point, label, thresholds, directory)
+            findings += live.findings
+            skipped += live.not_evaluated
+            measured += live.measurements
+            notes += live.notes
+            continue
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
             findings.append(_finding("point_failed", "critical", label,
                                      f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
@@ -40,7 +61,32 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
                 findings.append(finding)
         if "policy" in point:  # a fleet point: each instance, and the balance between them
             findings += _fleet_findings(point, thresholds, label)
-    return Diagnosis(source, thresholds, sorted_findings(findings), checked, notes)
+    return Diagnosis(source, thresholds, sorted_findings(findings), checked, list(dict.fromkeys(notes)), skipped,
+                     measured)
+
+
+def _endpoint_diagnosis(point: Mapping[str, Any], label: str, thresholds: Thresholds,
+                        directory: Path | None) -> Diagnosis:
+    """A server point: its failed requests, then the live rules over its recorded scrapes, labelled by point."""
+    rate = point.get("request_rate")
+    if rate is not None:
+        label = f"{point.get('engine')} {rate:g} req/s"
+    findings: list[Finding] = []
+    if point.get("status") == "error":
+        findings.append(Finding("requests_failed", "critical", label, str(point.get("error") or "requests failed"),
+                                render(("check_failed_requests",), "vllm"), {"failed": point.get("failed")},
+                                ("check_failed_requests",), "vllm"))
+    timeline_file = str(point.get("timeline_file") or "")
+    watch = directory / ("watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl") \
+        if directory is not None and timeline_file else None
+    if watch is None or not watch.is_file():
+        return Diagnosis(label, thresholds, findings, 1, [f"{label}: no recorded scrapes of the server's /metrics to "
+                                                          "judge its KV cache by"])
+    live = diagnose_timeline(watch, thresholds)
+    relabel = [replace(f, source=f"{label}: {f.source}") for f in live.findings]
+    return Diagnosis(label, thresholds, findings + relabel, 1, live.notes,
+                     [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
+                     [replace(m, source=f"{label}: {m.source}") for m in live.measurements])
 
 
 def _num(value: Any) -> float | None:
@@ -190,4 +236,4 @@ _POINT_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _ru
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
     summary = load_summary(location)
-    return diagnose_points(summary.points.values(), summary.meta, thresholds, str(summary.path))
+    return diagnose_points(summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent)

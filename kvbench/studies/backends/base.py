@@ -48,6 +48,7 @@ class Offer(enum.Enum):
     MEMORY_PEAKS = "device memory peaks of each point (the waterfall)"
     DETERMINISTIC = "the same requests always give the same schedule and figures"
     REFERENCE_ONLY = "a reference column: its own kernels and scheduler, not a controlled A/B"
+    OWN_POINTS = "it measures its points itself (a server over HTTP: client figures and the server's /metrics)"
 
 
 class PointBackend(Protocol):
@@ -138,7 +139,7 @@ class BackendSpec:
     """One registered backend (see ``registry.BACKENDS``)."""
 
     name: str
-    engines: tuple[str, ...]  # the sweep columns it runs
+    engines: tuple[str, ...]  # the sweep columns it runs (fixed; see engines_of for those the user names)
     title: str  # how messages name it ("the vLLM column")
     needs: frozenset[Need]
     offers: frozenset[Offer]
@@ -152,6 +153,12 @@ class BackendSpec:
     install_hint: str = ""  # how to install that package, in one line
     check: Callable[[SweepOptions], None] | None = None  # its own pre-flight, after the checks of its needs
     note: str | None = None  # said before the points when it runs (a reference column says what it is)
+    # engines named by the run's options rather than fixed (the targets of an endpoint sweep, by their names)
+    engines_of: Callable[[SweepOptions], tuple[str, ...]] = lambda options: ()
+
+    def runs(self, engine: str, options: SweepOptions) -> bool:
+        """Whether this backend runs ``engine`` in a run with ``options``."""
+        return engine in self.engines or engine in self.engines_of(options)
 
 
 def checkpoint_dir(model: str, title: str) -> Path:

@@ -14,7 +14,7 @@ from kvbench.engine.client import Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError
-from kvbench.studies.backends import simulated, tensor, vllm_offline
+from kvbench.studies.backends import endpoint, simulated, tensor, vllm_offline
 from kvbench.studies.backends.base import (
     BackendSetup,
     BackendSpec,
@@ -30,6 +30,7 @@ from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
 
 BACKENDS: tuple[BackendSpec, ...] = (
+    endpoint.SPEC,  # servers over HTTP (--target): provides the run when targets are given
     tensor.SPEC,  # paged, contiguous on this machine
     simulated.SPEC,  # paged, contiguous simulated on a GPU preset
     vllm_offline.SPEC,  # vLLM's offline engine as a reference column
@@ -83,7 +84,7 @@ def choose_backends(options: SweepOptions) -> RunBackends:
     provider = providers[0]  # the first registered wins: a specific provider goes before the general one
     by_engine: dict[str, BackendSpec] = {}
     for engine in options.engines:
-        candidates = [spec for spec in BACKENDS if engine in spec.engines]
+        candidates = [spec for spec in BACKENDS if spec.runs(engine, options)]
         if not candidates:
             raise KvbenchError(f"unknown engine {engine!r}; choose from {', '.join(engine_names())}")
         fitting = [spec for spec in candidates if spec.simulated == simulated_run]

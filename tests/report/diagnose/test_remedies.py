@@ -12,9 +12,9 @@ FAMILY_FLAGS = {
     "kvbench": {"--kv-memory", "--engines", "--reserve", "--block-size", "--gpu-memory-utilization", "--resume",
                 "--autoscale", "--scale-up", "--policies"},
     "vllm": {"--gpu-memory-utilization", "--kv-cache-memory-bytes", "--max-model-len", "--max-num-seqs",
-             "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching"},
+             "--max-num-batched-tokens", "--block-size", "--enable-prefix-caching", "--tensor-parallel-size"},
     "sglang": {"--mem-fraction-static", "--context-length", "--max-running-requests", "--chunked-prefill-size",
-               "--page-size", "--disable-radix-cache"},
+               "--page-size", "--disable-radix-cache", "--tp-size", "--max-prefill-tokens"},
 }
 
 

@@ -1,0 +1,83 @@
+"""``sweep --target``: settings -> the endpoint sweep -> its report (the servers-over-HTTP side of ``sweep``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvbench.commands._options import make_console
+from kvbench.commands._run import Run, show
+from kvbench.errors import KvbenchError, RunFailed
+from kvbench.report.endpoint_report import (
+    EndpointConsoleProgress,
+    print_endpoint_sweep,
+    write_endpoint_outputs,
+)
+from kvbench.studies.endpoint_sweep import EndpointSweep
+from kvbench.studies.run_options import SweepOptions
+from kvbench.studies.sweep import pin_run_config
+from kvbench.studies.sweep_setup import SweepSetup
+
+DEFAULT_ENGINES = "paged,contiguous"
+
+
+def check_target_run(options: SweepOptions, engines: str, resume: bool, on_ray: bool, metrics: bool) -> None:
+    """What cannot go with --target, refused before a server is asked anything."""
+    if engines != DEFAULT_ENGINES:
+        raise KvbenchError("--engines names kvbench's in-process engines; with --target the targets are the columns")
+    if options.simulate:
+        raise KvbenchError("--target measures real servers: it cannot be simulated")
+    if resume:
+        raise KvbenchError("--resume does not continue a --target run (a server's state between runs is its own): "
+                           "start a new run directory")
+    if on_ray:
+        raise KvbenchError("--ray fans in-process engines out to workers; a --target run loads servers over HTTP")
+    if metrics:
+        raise KvbenchError("--metrics-port/--metrics-file export kvbench's in-process engines; a server over HTTP "
+                           "has its own /metrics, which --target reads")
+    if options.repeat != 1:
+        raise KvbenchError("--repeat is not supported with --target yet: run the sweep again into another --out")
+
+
+def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wide: bool) -> None:
+    console = make_console(stderr=as_json)
+    with console.status("preparing the sweep...") as status:
+        setup = SweepSetup.resolve(options, status.update)
+    run = Run("sweep")
+    searches: list[Any] = []
+    with run.guarded(lambda: _interrupted(console, run)):
+        run_dir = run.open(out_dir)
+        pin_run_config(run_dir, setup.pinned_config(), resume=False)
+        for note in setup.backends.notes():
+            console.print(f"[dim]{note}[/dim]")
+        console.print(f"targets: {_targets_text(options)}; stop: {setup.stop_text}", markup=False, highlight=False)
+        measured = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console)).run()
+        run.points, searches = measured.points, measured.searches
+    if run.dir is None:
+        raise AssertionError("the run directory is opened before any point")
+    run_dir = run.dir.path
+    document = write_endpoint_outputs(run_dir, setup.meta(), run.points, [s.as_dict() for s in searches])
+    run.dir.release()
+    show(document, as_json, lambda: print_endpoint_sweep(console, document, run_dir, wide))
+    failed = [p for p in run.points if p["status"] != "ok"]
+    if failed:
+        first = failed[0]
+        raise RunFailed(f"{len(failed)} of {len(run.points)} points had failed requests (recorded in "
+                        f"{run_dir}/results.jsonl), e.g. {first['engine']} {_level(first)}: {first.get('error')}")
+
+
+def _targets_text(options: SweepOptions) -> str:
+    endpoint = options.endpoint
+    if endpoint is None:
+        return ""
+    return ", ".join(f"{name} = {target.url}" for name, target in zip(endpoint.names, endpoint.targets, strict=True))
+
+
+def _level(point: dict[str, Any]) -> str:
+    rate = point.get("request_rate")
+    return f"C={point['concurrency']}" if rate is None else f"{rate:g} req/s"
+
+
+def _interrupted(console: Any, run: Run) -> None:
+    if run.dir is not None:
+        console.print(f"[yellow]interrupted: finished points are kept in {run.dir.path}/results.jsonl[/yellow]")

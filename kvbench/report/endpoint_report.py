@@ -1,0 +1,306 @@
+"""The report of ``sweep --target``: servers over HTTP side by side at each load level.
+
+A point measured over HTTP knows the server's KV usage as a share of its cache (``kv_usage_peak``/``_mean`` in
+[0, 1]), not in bytes: its tables show KV usage in %, its waste and byte columns are left out. A level is a
+concurrency (``C=8``) or, in an open loop, a request rate (``2 req/s``). The plots: output throughput and
+latency against the level per target, the server's KV usage against the level, and per point its timeline
+(client output tok/s and server KV usage on one time axis).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from kvbench.report.fields import ms_text
+from kvbench.report.point import Point
+from kvbench.report.progress import sweep_progress_bars
+from kvbench.report.run_meta import summary_document
+from kvbench.report.rundir import flatten, markdown_table, write_summary
+
+TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
+COLUMNS = ("target", "load", "done/fail", "out TPS", "req/s", "TTFT p50/p99", "TPOT p50/p99", "E2EL p50",
+           "SLO met", "KV % peak/mean", "preempt", "run/wait", "prefix hit %")
+FIND_MAX_COLUMNS = ("target", "highest load meeting the SLO", "first load missing it", "limited by", "evidence",
+                    "what to change on the server")
+
+
+def is_endpoint_run(document: dict[str, Any]) -> bool:
+    return isinstance(document.get("endpoint"), dict)
+
+
+def level_of(point: dict[str, Any]) -> float:
+    rate = point.get("request_rate")
+    return float(point["concurrency"]) if rate is None else float(rate)
+
+
+def level_text(point: dict[str, Any]) -> str:
+    rate = point.get("request_rate")
+    return f"C={point['concurrency']}" if rate is None else f"{rate:g} req/s"
+
+
+def level_axis(points: Sequence[dict[str, Any]]) -> str:
+    return ("request rate (requests / s)" if any(p.get("request_rate") is not None for p in points)
+            else "concurrency (requests in flight)")
+
+
+def ordered(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(points, key=lambda p: (level_of(p), p["engine"]))
+
+
+def _pct(share: Any) -> str:
+    return "-" if share is None else f"{100 * share:.0f}"
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _pair(point: dict[str, Any], kind: str) -> str:
+    a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
+    return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
+
+
+def point_row(p: dict[str, Any]) -> list[str]:
+    """One point in :data:`COLUMNS` (the console table and summary.md alike)."""
+    goodput = p.get("request_goodput")
+    throughput = p.get("request_throughput")
+    slo = "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
+    failed = p.get("failed") or 0
+    return [
+        p["engine"], level_text(p), f"{p['completed']}/{failed}",
+        f"{p['output_throughput']:,.0f}" if p["completed"] else "-", f"{p['request_throughput']:,.2f}",
+        _pair(p, "ttft"), _pair(p, "tpot"), "-" if p.get("p50_e2el_ms") is None else ms_text(p["p50_e2el_ms"]),
+        slo, f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}", _count(p.get("preemptions")),
+        f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}", _pct(p.get("prefix_cache_hit_rate")),
+    ]
+
+
+def points_table(points: Sequence[dict[str, Any]]) -> Table:
+    table = Table(title=TABLE_TITLE, show_edge=False,
+                  caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
+                          "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
+                          "given, or the server does not expose it)")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
+    for p in ordered(points):
+        table.add_row(*point_row(p), style="red" if p["status"] != "ok" else None)
+    return table
+
+
+def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for s in searches:
+        unit = (lambda v: f"C={int(v)}") if s["by"] == "concurrency" else (lambda v: f"{v:g} req/s")
+        limit = s.get("limit") or {}
+        best = "none" if s["best"] is None else unit(s["best"])
+        miss = "-" if s["first_miss"] is None else unit(s["first_miss"])
+        rows.append([s["engine"], best, miss, limit.get("kind", "-"), limit.get("evidence") or s.get("stopped", ""),
+                     limit.get("suggestion", "-")])
+    return rows
+
+
+def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | None) -> Table:
+    objectives = ", ".join(f"{k} <= {v:g} ms" for k, v in (slo or {}).items())
+    table = Table(title=f"The highest load meeting the SLO ({objectives})")
+    for column in FIND_MAX_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row in find_max_rows(searches):
+        table.add_row(*row)
+    return table
+
+
+def findings(points: Sequence[dict[str, Any]]) -> list[str]:
+    """What the points say in words: the best throughput per target, KV saturation, failures, agreement."""
+    lines = []
+    for engine in sorted({p["engine"] for p in points}):
+        mine = [p for p in points if p["engine"] == engine and p["completed"]]
+        if not mine:
+            continue
+        best = max(mine, key=lambda p: p["output_throughput"])
+        line = f"{engine}: at most {best['output_throughput']:,.0f} output tok/s (at {level_text(best)})"
+        full = [p for p in mine if (p.get("kv_usage_peak") or 0) >= 0.95]
+        if full:
+            line += f"; its KV cache was full (>= 95%) from {level_text(full[0])}"
+        preempted = [p for p in mine if (p.get("preemptions") or 0) > 0]
+        if preempted:
+            line += f", preempting from {level_text(preempted[0])}"
+        lines.append(line + ".")
+    for p in points:
+        ratio = (p.get("agreement") or {}).get("output_tokens_client_over_server")
+        if ratio is not None and abs(ratio - 1) > 0.01:
+            lines.append(f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the output tokens the "
+                         "server reports generating (another workload on the server, or tokens counted differently)")
+    return lines
+
+
+def markdown(document: dict[str, Any]) -> str:
+    meta, points = document["meta"], document["points"]
+    md = [f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
+          f"scenario {meta.get('scenario', '')}\n\n"]
+    if meta.get("stop_description"):
+        md.append(f"Stop: {meta['stop_description']}\n\n")
+    md.append(f"## {TABLE_TITLE}\n\n")
+    md.append(markdown_table(list(COLUMNS), [point_row(p) for p in ordered(points)]))
+    searches = document["endpoint"].get("find_max") or []
+    if searches:
+        md.append("\n## The highest load meeting the SLO\n\n")
+        md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
+    lines = document.get("findings") or []
+    if lines:
+        md.append("\n" + "\n\n".join(lines) + "\n")
+    return "".join(md)
+
+
+def write_endpoint_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]],
+                           searches: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json/csv/md (and report.html), then the PNG plots; returns the summary document."""
+    points = ordered(points)
+    slo = next((p.get("slo") for p in points if p.get("slo")), None)
+    document = summary_document("sweep", meta, points, endpoint={"find_max": searches, "slo": slo},
+                                findings=findings(points))
+    write_summary(run_dir, document, [flatten(p) for p in points], markdown(document))
+    write_endpoint_plots(run_dir, meta, points)
+    return document
+
+
+def _tag(meta: dict[str, Any]) -> str:
+    return f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
+
+
+def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]]) -> list[Path]:
+    """throughput.png, latency.png, kv_usage.png and a timeline-<target>-<level>.png per point (the HTML
+    report draws the same figures into memory)."""
+    from kvbench.report import plots  # matplotlib loads only when plots are drawn
+
+    shown = [p for p in points if p["completed"]]
+    if not shown:
+        return []
+    tag, axis = _tag(meta), level_axis(points)
+    written = []
+    throughput: dict[str, tuple[list[float], list[float]]] = {}
+    latency: dict[str, dict[str, tuple[list[float], list[float]]]] = {"time to first token (TTFT)": {},
+                                                                       "time per output token (TPOT)": {}}
+    usage: dict[str, tuple[list[float], list[float]]] = {}
+    for engine in sorted({p["engine"] for p in shown}):
+        mine = [p for p in ordered(shown) if p["engine"] == engine]
+        throughput[engine] = ([level_of(p) for p in mine], [p["output_throughput"] for p in mine])
+        for stat in ("p50", "p99"):
+            for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
+                timed = [p for p in mine if p.get(f"{stat}_{kind}_ms") is not None]
+                latency[panel][f"{engine} {stat}"] = ([level_of(p) for p in timed],
+                                                      [p[f"{stat}_{kind}_ms"] for p in timed])
+        read = [p for p in mine if p.get("kv_usage_peak") is not None]
+        if read:
+            usage[f"{engine} peak"] = ([level_of(p) for p in read], [100 * p["kv_usage_peak"] for p in read])
+            usage[f"{engine} mean"] = ([level_of(p) for p in read], [100 * (p.get("kv_usage_mean") or 0) for p in read])
+    written.append(plots.lines(throughput, run_dir / "throughput.png", f"Output throughput vs load\n{tag}", axis,
+                               "output tokens / s", "higher"))
+    written.append(plots.line_panels(latency, run_dir / "latency.png",
+                                     f"Latency vs load (p50 solid, p99 dashed) — {tag}", axis, "latency (ms)", "lower"))
+    if usage:
+        written.append(plots.lines(usage, run_dir / "kv_usage.png", f"Server KV cache usage vs load\n{tag}", axis,
+                                   "KV cache usage (% of the server's cache)",
+                                   "near 100% the cache is full: requests wait or are preempted"))
+    for point in shown:
+        name = point.get("timeline_file")
+        path = run_dir / name if name else None
+        if path is not None and path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            written.append(timeline_plot(data, run_dir / path.with_suffix(".png").name,
+                                         f"{point['engine']} at {level_text(point)}: client throughput and server "
+                                         f"KV usage over time\n{tag}"))
+    return written
+
+
+def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
+    """Client output tok/s (left axis) and the server's KV usage in % (right axis) on one time axis."""
+    import matplotlib.pyplot as plt
+
+    from kvbench.report.plots import _save
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    client = timeline.get("client") or {}
+    bin_s = timeline.get("bin_s") or 0.0
+    xs = [t + bin_s / 2 for t in client.get("t_s", [])]
+    ax.plot(xs, client.get("output_tokens_per_s", []), "-", color="C0", label="client output tok/s")
+    ax.set_xlabel("time since the load started (s)")
+    ax.set_ylabel("output tokens / s (client)", color="C0")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    rows = [r for r in timeline.get("server") or [] if r.get("kv_usage") is not None]
+    handles, labels = ax.get_legend_handles_labels()
+    if rows:
+        right = ax.twinx()
+        right.plot([r["elapsed_s"] for r in rows], [100 * r["kv_usage"] for r in rows], "-o", markersize=3,
+                   color="C3", label="server KV usage %")
+        waiting = [r for r in rows if r.get("waiting") is not None]
+        if any(r["waiting"] for r in waiting):
+            right.plot([r["elapsed_s"] for r in waiting], [r["waiting"] for r in waiting], ":", color="C2",
+                       label="server waiting requests")
+        right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
+        right.set_ylim(0, max(105.0, *(r.get("waiting") or 0 for r in waiting)))
+        more_handles, more_labels = right.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    else:
+        ax.text(0.5, 0.9, "no /metrics scrape: server KV usage unknown", transform=ax.transAxes, ha="center",
+                fontsize=8, color="#777777")
+    ax.legend(handles, labels, fontsize=8, loc="lower right")
+    ax.set_title(f"{title}\n(higher tok/s is better; KV usage near 100% means the cache is full)", fontsize=9)
+    return _save(fig, path)
+
+
+def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
+    points = document["points"]
+    console.print(points_table(points))
+    searches = document["endpoint"].get("find_max") or []
+    if searches:
+        console.print(find_max_table(searches, document["endpoint"].get("slo")))
+    for line in document.get("findings") or []:
+        console.print(line, markup=False, highlight=False)
+    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, "
+                  "timeline-*.json, watch-*.jsonl, *.png)")
+
+
+class EndpointConsoleProgress:
+    """A progress bar per point (requests done, output tok/s so far) and a line per finished point."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.bars = sweep_progress_bars(console)
+        self.task: Any = None
+
+    def start(self, engine: str, level: Any, total: int) -> Callable[[Any], None]:
+        import time
+
+        if self.task is None:
+            self.bars.start()
+        else:
+            self.bars.remove_task(self.task)
+        self.task = self.bars.add_task(f"{engine} {level.label}", total=total, tps="")
+        started = time.perf_counter()
+        state = {"done": 0, "tokens": 0}
+
+        def on_record(record: Any) -> None:
+            state["done"] += 1
+            state["tokens"] += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
+            elapsed = time.perf_counter() - started
+            self.bars.update(self.task, completed=state["done"],
+                             tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else "")
+
+        return on_record
+
+    def done(self, point: Point) -> None:
+        data = point.to_json()
+        self.console.print(f"{point.engine:>16} {level_text(data):<12} {point.status:<5} "
+                           f"{point.completed} done, {data.get('failed') or 0} failed, "
+                           f"{point.output_throughput:,.0f} out tok/s, KV peak "
+                           f"{_pct(data.get('kv_usage_peak'))}%", markup=False, highlight=False)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.bars.stop()

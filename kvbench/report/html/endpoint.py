@@ -1,0 +1,82 @@
+"""The report of ``sweep --target``: servers over HTTP side by side, with their KV cache as /metrics showed it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.report.diagnose import diagnose_points
+from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.report.endpoint_report import (
+    COLUMNS,
+    FIND_MAX_COLUMNS,
+    find_max_rows,
+    level_text,
+    ordered,
+    point_row,
+    write_endpoint_plots,
+)
+from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
+from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
+from kvbench.report.html.run_files import RunFiles
+
+_FIELDS = {"out TPS": "output_throughput", "req/s": "request_throughput", "SLO met": "request_goodput",
+           "preempt": "preemptions"}
+
+
+def build(run: RunFiles) -> Page:
+    document = run.document
+    meta, points = document["meta"], document["points"]
+    title = f"kvbench sweep of servers over HTTP: {meta.get('model_name', '?')} at {meta.get('device', '?')}"
+    subtitle = f"scenario {meta.get('scenario', '?')}"
+    figures = draw(lambda: write_endpoint_plots(run.directory, meta, points))
+    timelines = [f for f in figures if f.name.startswith("timeline-")]
+    plots = [f for f in figures if f not in timelines]
+    sections = [
+        Section("headline", "Verdict", [verdict(document), points_table(points)]),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), run.directory)),
+    ]
+    searches = (document.get("endpoint") or {}).get("find_max") or []
+    if searches:
+        sections.append(Section("find-max", "Highest load meeting the SLO", [find_max_table(searches)]))
+    if plots:
+        sections.append(Section("plots", "Plots", [figures_block(plots)]))
+    if timelines:
+        sections.append(Section("timelines", "Per point over time: client throughput and server KV usage",
+                                [figures_block(timelines)]))
+    sections.append(provenance_section(meta, run.files()))
+    return Page("sweep", title, subtitle, [], sections)
+
+
+def verdict(document: dict[str, Any]) -> Verdict:
+    points = document["points"]
+    failed = [p for p in points if p["status"] != "ok"]
+    lines = list(document.get("findings") or [])
+    if failed:
+        lines.insert(0, f"{len(failed)} point(s) had failed requests: " + "; ".join(
+            f"{p['engine']} {level_text(p)}: {p.get('error')}" for p in failed[:3]))
+    done = [p for p in points if p["completed"]]
+    if not done:
+        return Verdict("No point completed a request", "bad", lines)
+    best = max(done, key=lambda p: p["output_throughput"])
+    headline = f"Best: {best['engine']} at {level_text(best)}, {best['output_throughput']:,.0f} output tok/s"
+    return Verdict(headline, "bad" if failed else "neutral", lines)
+
+
+def points_table(points: list[dict[str, Any]]) -> Table:
+    columns = [Column(name, name not in ("target", "load")) for name in COLUMNS]
+    rows = []
+    for p in ordered(points):
+        tone = "bad" if p["status"] != "ok" else ""
+        rows.append([Cell(text, p.get(_FIELDS.get(name, "")) if name in _FIELDS else None, tone,
+                          _FIELDS.get(name, "")) for name, text in zip(COLUMNS, point_row(p), strict=True)])
+    note = ("Latencies in ms (p50/p99), vllm bench serve's definitions; KV use: the server's KV cache usage as its "
+            "/metrics reported it, peak and mean over the point, in %; run/wait peak: requests running and "
+            "waiting on the server; '-': not measured or not exposed by the server.")
+    return Table("Each target at each load", columns, rows, note=note, id="endpoint-table")
+
+
+def find_max_table(searches: list[dict[str, Any]]) -> Table:
+    columns = [Column(name, False) for name in FIND_MAX_COLUMNS]
+    rows = [[Cell(text) for text in row] for row in find_max_rows(searches)]
+    return Table("The highest load meeting the SLO", columns, rows, sortable=False)
+
