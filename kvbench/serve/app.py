@@ -1,7 +1,7 @@
 """The HTTP application of ``kvbench serve`` (aiohttp): OpenAI routes, health, models and live metrics.
 
-A generation handler checks its body (``protocol``), hands a :class:`~kvbench.serve.engine_loop.Job` to the
-engine loop and waits on it: a non-streamed answer once every choice has ended, or server-sent events as tokens
+A generation handler checks its body (``protocol``), hands a :class:`~kvbench.serve.engine_client.Job` to the
+engine process and waits on it: a non-streamed answer once every choice has ended, or server-sent events as tokens
 arrive (several tokens in one event when the client reads more slowly than the engine writes). Whatever ends a
 handler early (the client disconnects: aiohttp cancels the handler; a stop string; an error) withdraws the
 rest of its job from the engine, so its KV blocks return to the pool at the next step.
@@ -24,7 +24,7 @@ from aiohttp import web
 
 from kvbench import __version__
 from kvbench.measure.metrics import KvMetrics
-from kvbench.serve.engine_loop import EngineLoop, Job
+from kvbench.serve.engine_client import EngineClient, Job
 from kvbench.serve.protocol import (
     ApiError,
     ChoiceResult,
@@ -49,10 +49,10 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass
 class ServerState:
-    """What the handlers share: the model, the engine loop, the metrics, and whether new work is refused."""
+    """What the handlers share: the model, the engine, the metrics, and whether new work is refused."""
 
     model: ModelInfo
-    engine_loop: EngineLoop
+    engine: EngineClient
     metrics: KvMetrics | None = None
     draining: bool = False
 
@@ -113,7 +113,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     job = Job(generation.prompts, generation.params, generation.n, fork=state.model.parallel_sampling,
               wake_per_token=generation.stream or bool(generation.stop_strings))
     reader = _ChoiceReader(generation, job, state.model.tokenizer)
-    state.engine_loop.submit(job)
+    state.engine.submit(job)
     try:
         if generation.stream:
             return await _stream(request, state, generation, job, reader)
@@ -121,7 +121,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except ConnectionResetError:  # the client left while its answer was being written: nobody to tell
         raise asyncio.CancelledError() from None
     finally:
-        state.engine_loop.release(job)  # withdraws what still runs: a client gone, a handler failed
+        state.engine.release(job)  # withdraws what still runs: a client gone, a handler failed
 
 
 class _ChoiceReader:
@@ -143,7 +143,7 @@ class _ChoiceReader:
         start, self.shown[index] = self.shown[index], self.counted[index]
         return self.job.choices[index].tokens[start:self.counted[index]]
 
-    def read(self, engine_loop: EngineLoop) -> list[int]:
+    def read(self, engine: EngineClient) -> list[int]:
         """Take every choice's unread tokens; returns the choices that changed."""
         changed = []
         for index, choice in enumerate(self.job.choices):
@@ -157,7 +157,7 @@ class _ChoiceReader:
                 self.counted[index] += text.add(new, final=choice.done)
                 if text.stopped is not None and was is None:
                     self.job.end_choice(index, "stop", text.stopped)
-                    engine_loop.abort(self.job, [index])
+                    engine.abort(self.job, [index])
             if choice.done and text.stopped is None:
                 text.finish()
             changed.append(index)
@@ -176,10 +176,10 @@ async def _complete(state: ServerState, generation: Generation, job: Job, reader
         await job.changed.wait()
         job.changed.clear()
         if generation.stop_strings:
-            reader.read(state.engine_loop)
+            reader.read(state.engine)
     if job.error is not None:
         raise job.error
-    reader.read(state.engine_loop)
+    reader.read(state.engine)
     body = response_body(generation, [reader.result(i) for i in range(generation.num_choices)])
     return web.Response(body=_dumps(body), content_type="application/json")
 
@@ -198,7 +198,7 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
             await response.write(encoder.event(job.error.body()) + DONE)
             return response
         parts = []
-        for index in reader.read(state.engine_loop):
+        for index in reader.read(state.engine):
             ended = job.choices[index].done
             finish = stop = None
             if ended:
@@ -235,8 +235,8 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.draining:
         raise ApiError(503, "the server is shutting down")
-    if not state.engine_loop.alive:
-        raise ApiError(503, f"the engine loop has stopped: {state.engine_loop.error!r}")
+    if not state.engine.alive:
+        raise ApiError(503, f"the engine process has stopped: {state.engine.error or 'not running'}")
     return web.Response(status=200)
 
 

@@ -14,7 +14,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
 from kvbench.studies.local_model import build_engine
 
-from .conftest import assert_idle_and_drained, running_server
+from .conftest import assert_idle_and_drained, engine_of, running_server
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def long_server(tiny_model):
 
 
 def _aborted(server) -> int:
-    return server.server.engine_loop.session.scheduler.num_aborted
+    return engine_of(server).stats.aborted
 
 
 async def _wait_for(predicate, seconds: float = 30.0) -> bool:
@@ -38,7 +38,7 @@ async def _wait_for(predicate, seconds: float = 30.0) -> bool:
 
 def test_a_client_that_leaves_mid_stream_frees_its_blocks_at_once(long_server):
     before = _aborted(long_server)
-    finished = long_server.server.engine_loop.session.scheduler.num_finished
+    finished = engine_of(long_server).stats.finished
 
     async def leave_after_first_event():
         async with aiohttp.ClientSession() as session:
@@ -51,7 +51,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks_at_once(long_server):
 
     asyncio.run(leave_after_first_event())
     assert_idle_and_drained(long_server)
-    assert long_server.server.engine_loop.session.scheduler.num_finished == finished  # withdrawn, not run out
+    assert engine_of(long_server).stats.finished == finished  # withdrawn, not run out
     _still_answers(long_server)
 
 
@@ -116,8 +116,7 @@ def test_100_concurrent_requests_on_a_paged_pool_that_holds_10_all_finish(tiny_m
         assert [status for status, _ in answers] == [200] * 100
         tokens = [body["choices"][0]["token_ids"] for _, body in answers]
         assert all(len(t) == OUTPUT for t in tokens) and tokens[:5] == expected
-        session = server.server.engine_loop.session
-        assert session.scheduler.num_preemptions > 0  # the pool ran dry: requests were preempted and recomputed
+        assert engine_of(server).stats.preemptions > 0  # the pool ran dry: requests were preempted and recomputed
         assert_idle_and_drained(server)
         _still_answers(server)
 
@@ -126,8 +125,7 @@ def test_100_concurrent_requests_on_a_contiguous_pool_that_holds_10_wait_their_t
     with running_server(tiny_model, engine="contiguous", num_blocks=30, max_len=48) as server:
         answers = asyncio.run(_crowd(server.url, _prompts(100), OUTPUT, stream=True))
         assert [status for status, _ in answers] == [200] * 100
-        session = server.server.engine_loop.session
-        assert session.peak_running == 10  # ten max-len reservations, never more
+        assert engine_of(server).stats.peak_running == 10  # ten max-len reservations, never more
         assert_idle_and_drained(server)
 
 
@@ -158,7 +156,7 @@ def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
 
             async with aiohttp.ClientSession() as session:
                 tasks = [asyncio.create_task(one(session, i, i % 2 == 0)) for i in range(6)]
-                await _wait_for(lambda: server.server.engine_loop.session.stats().running == 6)
+                await _wait_for(lambda: engine_of(server).stats.running == 6)
                 stop = asyncio.run_coroutine_threadsafe(server.server.shutdown(0.2), server.loop)
                 report = await asyncio.wrap_future(stop)
                 return report, await asyncio.gather(*tasks)
