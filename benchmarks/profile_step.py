@@ -7,11 +7,16 @@ residual adds and the loop itself).
 
     python benchmarks/profile_step.py                       # 135M shape, 16 and 50 running, 1 thread
     python benchmarks/profile_step.py --shape tinyllama --running 16 --threads 2
+    python benchmarks/profile_step.py --dtype bf16 --clock cpu  # bf16; CPU time (a busy machine inflates wall time)
+
+With ``--clock cpu`` every part is timed in the process's CPU time, which other processes taking the cores away do
+not inflate (with one thread it is the work's own cost; with more it sums the threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections import defaultdict
 
@@ -35,7 +40,7 @@ SHAPES = {
 
 
 def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, dtype: torch.dtype,
-            weights: str) -> dict:
+            weights: str, clock=time.perf_counter) -> dict:
     model = build_random_model(shape, seed=0, dtype=dtype)
     if weights == "bf16" and dtype == torch.float32:
         round_weights_to_bf16_(model)
@@ -55,11 +60,11 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[name] += time.perf_counter() - start
+                spent[name] += clock() - start
         return wrapper
 
     lm_head = runner.lm_head
@@ -77,9 +82,9 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
     kernels.write_kv = timed("write_kv", saved[3])
     runner.sample = timed("sampling", runner.sample)
     try:
-        start = time.perf_counter()
+        start = clock()
         result = engine.run(requests(output_len), running)
-        total = time.perf_counter() - start
+        total = clock() - start
     finally:
         cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv = saved
     spent["Python and glue (scheduling, packing, norms, rotary, adds)"] = total - sum(spent.values())
@@ -95,6 +100,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="wall time, or the process's CPU time (what the work cost, whatever the load)")
     parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
                         help="the values the weights hold: bf16 numbers (as published checkpoints store them, where "
                              "the AMX path applies) or any float32")
@@ -102,9 +109,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     for running in (int(n) for n in args.running.split(",")):
-        report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype, args.weights)
+        clock = time.perf_counter if args.clock == "wall" else time.process_time
+        report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype, args.weights, clock)
         print(f"{args.shape} {args.dtype} ({args.weights} weights), {running} running x {args.prompt_len}+{args.output_len} tokens, "
-              f"{args.threads} thread(s): {report['total_s']:.2f} s, {report['tok_s']:.1f} output tok/s")
+              f"{args.threads} thread(s): {report['total_s']:.2f} s {args.clock} time, {report['tok_s']:.1f} output "
+              f"tok/s; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
             print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
 

@@ -12,6 +12,9 @@ os.environ.setdefault("KVBENCH_THREADS", "1")  # tiny test shapes: no thread mea
 # report.html costs about as much as the run's own plots again: the tests that check it turn it on for their runs
 # (tests/report/html/), the others leave it to `kvbench report`.
 os.environ.setdefault("KVBENCH_REPORT", "0")
+# the packed copy of every weight (AMX where it takes one, else oneDNN), not a measured plan: the same paths on every
+# run; the measurement is tested on its own (tests/models/test_cpu_choices.py)
+os.environ.setdefault("KVBENCH_MATMUL", "packed")
 
 
 import pytest  # noqa: E402

@@ -14,10 +14,11 @@ PACKAGE = ROOT / "kvbench"
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
-    ("kvbench.errors", "kvbench.fileio", "kvbench.json_input", "kvbench.kv"),
+    ("kvbench.errors", "kvbench.fileio", "kvbench.json_input", "kvbench.private_cache", "kvbench.kv"),
     ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.scenarios", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
     ("kvbench.engine",),
     ("kvbench.report",),
+    ("kvbench.endpoint",),
     ("kvbench.studies", "kvbench.serve"),
     ("kvbench.commands", "kvbench.cli"),
 ]

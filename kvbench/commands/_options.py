@@ -1,14 +1,19 @@
-"""Option parsing shared by commands: integer lists, sizes, positive numbers — one-line errors."""
+"""Option parsing shared by commands: integer lists, sizes, positive numbers, fixed choices, help panels —
+one-line errors."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from kvbench.errors import KvbenchError
+from kvbench.models.shapes import DTYPE_BYTES
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
                "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
@@ -125,3 +130,97 @@ def thread_count(text: str) -> int | None:
         return parse_threads(text)
     except KvbenchError as err:
         raise KvbenchError(f"--threads: {err}") from None
+
+
+DEVICES = ("auto", "cpu", "cuda")  # what --device names (the engines also take cuda:N)
+COMPUTE_DTYPES = tuple(DTYPE_BYTES)  # what --dtype names where a model runs
+
+
+def choice(values: Sequence[str], what: str | None = None, *, case_sensitive: bool = True,
+           also: str | None = None) -> dict[str, Any]:
+    """``typer.Option`` keywords for an option with a fixed set of values: its help shows them (``<a|b|c>``),
+    the shell completes them, and another value is refused as soon as it is parsed, in one line naming ``what``
+    (the flag, unless given) and the choices. ``also`` is a pattern of further accepted values (``cuda:\\d+``)."""
+    values = tuple(values)
+
+    def check(ctx, param, value):  # untyped: Typer passes (context, parameter, value) by position
+        if value is None:
+            return value
+        given = value if case_sensitive else value.lower()
+        if given not in values and not (also and re.fullmatch(also, given)):
+            raise KvbenchError(f"unknown {what or _flag(param)} {value!r}; choose one of {', '.join(values)}")
+        return value
+
+    def complete(incomplete: str) -> list[str]:
+        return [value for value in values if value.startswith(incomplete if case_sensitive else incomplete.lower())]
+
+    return {"metavar": _metavar(values), "callback": check, "autocompletion": complete}
+
+
+def device_choice() -> dict[str, Any]:
+    """:func:`choice` of a device where a model runs: auto, cpu, cuda or cuda:N, in any case, as the engines read it."""
+    return choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+")
+
+
+def compute_dtype_choice() -> dict[str, Any]:
+    """:func:`choice` of the dtype a model computes in, in any case, as the engines read it."""
+    return choice(COMPUTE_DTYPES, "dtype", case_sensitive=False)
+
+
+def choice_list(values: Sequence[str], what: str) -> dict[str, Any]:
+    """``typer.Option`` keywords for a comma-separated list drawn from a fixed set (``--engines paged,vllm``):
+    shown as ``<a|b|c>,...``, completed item by item, checked as :func:`name_list` checks it."""
+    values = tuple(values)
+
+    def check(ctx, param, value):
+        if value is not None:
+            name_list(value, what, values)
+        return value
+
+    def complete(incomplete: str) -> list[str]:
+        head, _, last = incomplete.rpartition(",")
+        given = {item.strip() for item in head.split(",")} if head else set()
+        prefix = f"{head}," if head else ""
+        return [prefix + value for value in values if value.startswith(last) and value not in given]
+
+    return {"metavar": _metavar(values) + ",...", "callback": check, "autocompletion": complete}
+
+
+def completes(values: Sequence[str]) -> dict[str, Any]:
+    """``typer.Option`` keywords that complete an option from a long list of known values (GPU presets) and
+    leave its help and its checks as they are."""
+    values = tuple(values)
+
+    def complete(incomplete: str) -> list[str]:
+        return [value for value in values if value.startswith(incomplete)]
+
+    return {"autocompletion": complete}
+
+
+def _metavar(values: tuple[str, ...]) -> str:
+    """``<a|b|c>`` as Typer shows an enum's values; a long set with spaces, so the help's narrow type column
+    breaks it between values rather than inside one."""
+    joined = "|".join(values)
+    return f"<{joined}>" if len(joined) <= 24 else f"<{' | '.join(values)}>"
+
+
+def _flag(param: Any) -> str:
+    """The parameter's long flag (``--reserve``), as errors name it."""
+    opts = [opt for opt in getattr(param, "opts", ()) if opt.startswith("--")]
+    return opts[0] if opts else str(getattr(param, "name", "value"))
+
+
+def help_panels(panels: dict[str, Sequence[str]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Group a command's options in its help: ``{panel title: parameter names}``. Put it under
+    ``with_run_options`` (the shared options carry panels of their own); a name the command lacks is an error."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        parameters = inspect.signature(command).parameters
+        for title, names in panels.items():
+            for name in names:
+                if name not in parameters or not isinstance(parameters[name].default, typer.models.ParameterInfo):
+                    raise ValueError(f"{command.__name__} has no option parameter {name!r} for panel {title!r}")
+                parameters[name].default.rich_help_panel = title
+        return command
+
+    return decorate

@@ -23,8 +23,16 @@ from typing import Annotated, Any
 
 import typer
 
-from kvbench.commands._options import parse_size, positive_fraction
+from kvbench.commands._options import (
+    choice,
+    completes,
+    compute_dtype_choice,
+    device_choice,
+    parse_size,
+    positive_fraction,
+)
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
+from kvbench.models.gpus import GPU_PRESETS
 from kvbench.studies.run_options import RunOptions
 
 
@@ -36,38 +44,52 @@ class SharedOption:
     option: Any  # the typer.Option declaration (flag, range, help)
 
 
+REQUESTS_PANEL, MODEL_PANEL, POOL_PANEL = "Requests", "Model and device", "KV pool"
+
 SHARED_OPTIONS: tuple[SharedOption, ...] = (
     SharedOption("scenario", str, "article", typer.Option(
-        "--scenario", help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.")),
+        "--scenario", rich_help_panel=REQUESTS_PANEL,
+        help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.")),
     SharedOption("requests", int | None, None, typer.Option(
-        "--requests", min=1, help="Requests (default: the scenario's).")),
+        "--requests", min=1, rich_help_panel=REQUESTS_PANEL, help="Requests (default: the scenario's).")),
     SharedOption("requests_file", Path | None, None, typer.Option(
-        "--requests-file", help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the "
-                                "scenario's lengths.")),
+        "--requests-file", rich_help_panel=REQUESTS_PANEL,
+        help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths.")),
     SharedOption("dataset", str | None, None, typer.Option(
-        "--dataset", help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
-                          "shipped; default: the scenario's dataset, if any), tokenized with the model's tokenizer.")),
+        "--dataset", rich_help_panel=REQUESTS_PANEL,
+        help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
+             "the scenario's dataset, if any), tokenized with the model's tokenizer.")),
     SharedOption("seed", int | None, None, typer.Option(
-        "--seed", min=0, help="Seed of lengths, prompts and weights (default: the scenario's, else 0).")),
+        "--seed", min=0, rich_help_panel=REQUESTS_PANEL,
+        help="Seed of lengths, prompts and weights (default: the scenario's, else 0).")),
     SharedOption("model", str, "tiny", typer.Option(
-        "--model", help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.")),
-    SharedOption("device", str, "auto", typer.Option("--device", help="auto | cpu | cuda.")),
+        "--model", rich_help_panel=MODEL_PANEL,
+        help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.")),
+    SharedOption("device", str, "auto", typer.Option(
+        "--device", rich_help_panel=MODEL_PANEL, help="auto: CUDA when available, else the CPU (also cuda:N).",
+        **device_choice())),
     SharedOption("dtype", str | None, None, typer.Option(
-        "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA).")),
+        "--dtype", rich_help_panel=MODEL_PANEL, help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).",
+        **compute_dtype_choice())),
     SharedOption("simulate", bool, False, typer.Option(
-        "--simulate", help="Tensor-free simulator with a GPU preset and roofline step times.")),
-    SharedOption("gpu", str, "a100-80g", typer.Option("--gpu", help="GPU preset for --simulate.")),
+        "--simulate", rich_help_panel=MODEL_PANEL,
+        help="Tensor-free simulator with a GPU preset and roofline step times.")),
+    SharedOption("gpu", str, "a100-80g", typer.Option(
+        "--gpu", rich_help_panel=MODEL_PANEL, help="GPU preset for --simulate.", **completes(GPU_PRESETS))),
     SharedOption("kv_memory", str | None, None, typer.Option(
-        "--kv-memory", help="KV pool size, e.g. 64MiB (default: the scenario's budget).")),
+        "--kv-memory", rich_help_panel=POOL_PANEL, help="KV pool size, e.g. 64MiB (default: the scenario's budget).")),
     SharedOption("utilization", float | None, None, typer.Option(
-        "--gpu-memory-utilization", max=1.0, callback=positive_fraction,
+        "--gpu-memory-utilization", max=1.0, callback=positive_fraction, rich_help_panel=POOL_PANEL,
         help="On CUDA: size the pools like vLLM from real free memory.")),
     SharedOption("block_size", int | None, None, typer.Option(
-        "--block-size", min=1, help="Tokens per KV block (default: the scenario's).")),
+        "--block-size", min=1, rich_help_panel=POOL_PANEL, help="Tokens per KV block (default: the scenario's).")),
     SharedOption("reserve", str | None, None, typer.Option(
-        "--reserve", help="Contiguous reservation: max | pow2 | oracle.")),
+        "--reserve", rich_help_panel=POOL_PANEL, help="What a contiguous request reserves (default: the scenario's).",
+        **choice(RESERVATION_POLICIES))),
     SharedOption("admission", str | None, None, typer.Option(
-        "--admission", help="Contiguous when memory is short: queue | reject (OOM).")),
+        "--admission", rich_help_panel=POOL_PANEL,
+        help="Contiguous when memory is short: requests wait (queue) or are refused as OOM (reject).",
+        **choice(ADMISSION_MODES))),
 )
 
 

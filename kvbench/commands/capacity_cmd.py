@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from kvbench.commands._options import int_list, make_console, parse_size, positive_fraction
+from kvbench.commands._options import (
+    COMPUTE_DTYPES,
+    choice,
+    completes,
+    int_list,
+    make_console,
+    parse_size,
+    positive_fraction,
+)
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
-from kvbench.models.gpus import CUSTOM
+from kvbench.models.gpus import CUSTOM, GPU_PRESETS
 from kvbench.report.capacity_report import print_capacity
 from kvbench.studies.capacity import KV_CACHE_DTYPES, CapacitySettings, run_capacity_study
 
@@ -16,12 +24,12 @@ DEFAULT_GPU = "a100-80g"
 
 def capacity(
     model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; HF_HUB_OFFLINE=1: the local cache only)."),
-    gpu: str | None = typer.Option(None, "--gpu", help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory)."),
+    gpu: str | None = typer.Option(None, "--gpu", help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory).", **completes(GPU_PRESETS)),
     gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use, in (0, 1]."),
     kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 1GiB."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (the checkpoint's) | fp32 | fp16 | bf16: the model's dtype."),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=f"{' | '.join(KV_CACHE_DTYPES)} (auto: the model's dtype)."),
+    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES, "KV cache dtype")),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."),
     pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (runs of layers)."),
     max_len: int = typer.Option(2048, "--max-len", "--max-model-len", min=1, help="Context limit (contiguous-max reserves this)."),
@@ -31,7 +39,9 @@ def capacity(
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests at once for the longest-context column."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
-    """Weights and KV budget per GPU, and the concurrent requests (at the mean length and at max-len) and longest
+    """Weights, KV budget and the requests each KV strategy holds, per GPU.
+
+    Weights and KV budget per GPU, and the concurrent requests (at the mean length and at max-len) and longest
     context each strategy holds; exit 1 with the reasons in numbers when the model does not fit."""
     if mean_len > max_len:
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")

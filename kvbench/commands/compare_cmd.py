@@ -17,7 +17,7 @@ from kvbench.report.compare_policy import parse_rule
 from kvbench.report.compare_render import ReportFormat, render, summary_line, to_rich_table
 from kvbench.report.summary_load import Summary, load_summary
 
-HELP = """Compare HEAD's results with BASE's, point by point; exit 1 on a regression or missing point.
+HELP = """Compare HEAD's run with BASE's; exit 1 on a regression or a missing point.
 
 BASE and HEAD are run directories or summary.json files of the same kind (sweep, waste, share).
 Points match by (engine, concurrency, scenario); each (concurrency, scenario) with a paged and a

@@ -20,7 +20,9 @@ def dataset(
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/dataset-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
-    """Prompt and answer length histograms (table and plot) and the analytic waste estimate for a max-len.
+    """Prompt and answer lengths of a dataset and the waste estimate they imply.
+
+    Prompt and answer length histograms (table and plot) and the analytic waste estimate for a max-len.
 
     Records that cannot be read, or are too short or too long, are counted and left out, as in a run.
     """

@@ -21,7 +21,9 @@ from kvbench.report.diagnose import (
     timeline_path,
 )
 
-HELP = """Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json), a timeline
+HELP = """Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint.
+
+Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json), a timeline
 recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prometheus endpoint (--url
 http://127.0.0.1:PORT/metrics) of kvbench, vLLM or SGLang; each finding with its evidence and a suggestion
 in the words of the engine diagnosed (kvbench flags for kvbench, vLLM's or SGLang's launch options for theirs).

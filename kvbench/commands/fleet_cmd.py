@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from kvbench.commands._options import make_console, name_list, run_directory, writable_file
+from kvbench.commands._options import (
+    choice,
+    choice_list,
+    help_panels,
+    make_console,
+    name_list,
+    run_directory,
+    writable_file,
+)
 from kvbench.commands._run import Run, show
 from kvbench.commands._run_options import with_run_options
 from kvbench.errors import KvbenchError, RunFailed
@@ -19,7 +27,9 @@ from kvbench.studies.fleet.ray_runtime import prepare_ray
 from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.run_options import RunOptions, run_fields
 
-HELP = """Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
+HELP = """Several instances behind a router: every routing policy on the same arrivals.
+
+Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
 req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
 prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
 queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
@@ -50,11 +60,16 @@ def _positive(value: float | None, option: str) -> float | None:
                "scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate.",
     "simulate": "Tensor-free simulator instances with a GPU preset, virtual clock.",
 })
+@help_panels({"Fleet": ("instances", "policies", "engine"), "Requests": ("rate", "trace", "prefix_groups", "prefix_len"),
+              "KV pool": ("prefix_caching",),
+              "Autoscaling": ("autoscale", "scale_up", "scale_down", "scale_window", "min_instances", "max_instances",
+                              "startup", "tick"),
+              "Ray": ("ray_tasks", "ray_address", "ray_cpus"), "Live metrics": ("metrics_port", "metrics_file")})
 def fleet(
     instances: int = typer.Option(2, "--instances", min=1, max=1024, help="Instances to start with."),
-    policies: str = typer.Option("round-robin,random,least-requests,most-free-blocks,prefix-affinity", "--policies", help="Routing policies to compare, comma-separated."),
+    policies: str = typer.Option("round-robin,random,least-requests,most-free-blocks,prefix-affinity", "--policies", help="Routing policies to compare, comma-separated.", **choice_list(tuple(POLICIES), "policies")),
     rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."),
-    engine: str = typer.Option("paged", "--engine", help="paged | contiguous: the KV manager of every instance."),
+    engine: str = typer.Option("paged", "--engine", help="The KV manager of every instance.", **choice(MANAGERS)),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
     prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
@@ -201,7 +216,8 @@ def _intro(console, setup) -> None:
     if setup.dataset is not None:
         console.print(f"dataset: {setup.dataset.note()}")
     console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
-                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}")
+                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
+                  + ("; --rate sets another" if setup.extra.get("rate_chosen") else ""))
 
 
 def _done_line(point: dict) -> str:

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import int_list, output_file
+from kvbench.commands._options import DEVICES, choice, int_list, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
 
@@ -56,6 +56,12 @@ def _backend(name: str, device: torch.device) -> str:
     return name
 
 
+def _native_build() -> str:
+    from kvbench.kernels import cpu_native
+
+    return cpu_native.build_description()
+
+
 def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
     from kvbench.kernels.benchmark import HEAD_SHAPES  # torch loads only when run
 
@@ -86,13 +92,15 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def _render(result: dict, console: Console) -> None:
     copy = result["copy_bandwidth_gbps"]
+    on_cpu = result["device"] == "cpu"
+    share = "% read" if on_cpu else "% copy"
     title = (
         f"decode attention: {result['model']} ({result['num_heads']} q / {result['num_kv_heads']} kv heads, "
         f"d={result['head_dim']}), {result['dtype']}, block {result['block_size']}, "
         f"{result['backend']} on {result['device_name']}"
     )
     table = Table(title=title)
-    for name in ("batch", "ctx", "paged ms", "SDPA ms", "ratio", "paged GB/s", "SDPA GB/s", "% copy", "splits"):
+    for name in ("batch", "ctx", "paged ms", "SDPA ms", "ratio", "paged GB/s", "SDPA GB/s", share, "splits"):
         table.add_column(name, justify="right")
     for point in result["points"]:
         if point["status"] != "ok":
@@ -101,16 +109,23 @@ def _render(result: dict, console: Console) -> None:
         table.add_row(
             str(point["batch"]), str(point["context"]), _fmt(point["paged_ms"]), _fmt(point["contiguous_ms"]),
             _fmt(point["paged_over_contiguous"], 2), _fmt(point["paged_gbps"], 1), _fmt(point["contiguous_gbps"], 1),
-            _fmt(point["pct_of_copy_bandwidth"], 1), "-" if point["num_splits"] is None else str(point["num_splits"]),
+            _fmt(point["pct_of_read_bandwidth" if on_cpu else "pct_of_copy_bandwidth"], 1),
+            "-" if point["num_splits"] is None else str(point["num_splits"]),
         )  # fmt: skip
     console.print(table)
+    if result.get("native_build"):
+        console.print(result["native_build"])
     console.print("ratio = paged time / contiguous SDPA time")
-    console.print(f"% copy = paged GB/s / measured copy bandwidth ({copy:.1f} GB/s, read + write)")
+    if on_cpu:
+        console.print("% read = paged GB/s / GB/s of torch reading the same bytes, timed the same way (on a CPU the "
+                      "K/V of a point stay partly in cache between calls: a large copy is no reference)")
+    else:
+        console.print(f"% copy = paged GB/s / measured copy bandwidth ({copy:.1f} GB/s, read + write)")
 
 
 def kernels(
-    device_name: str = typer.Option("auto", "--device", help="auto | cpu | cuda (auto: cuda when available)."),
-    dtype_name: str = typer.Option("auto", "--dtype", help="auto | fp32 | fp16 | bf16 (auto: fp16 on cuda, fp32 on cpu)."),
+    device_name: str = typer.Option("auto", "--device", help="auto: cuda when available.", **choice(DEVICES, "device")),
+    dtype_name: str = typer.Option("auto", "--dtype", help="auto: fp16 on cuda, fp32 on cpu.", **choice(("auto", "fp32", "fp16", "bf16"), "dtype")),
     model: str = typer.Option("llama-2-13b", "--model", help="Head shapes: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
     heads: int | None = typer.Option(None, "--heads", help="Query heads (overrides --model)."),
     kv_heads: int | None = typer.Option(None, "--kv-heads", help="KV heads (default: --heads, or the model's)."),
@@ -120,7 +135,7 @@ def kernels(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    backend_name: str = typer.Option("auto", "--backend", help="auto | torch | triton | native (auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch)."),
+    backend_name: str = typer.Option("auto", "--backend", help="auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch.", **choice(("auto", "torch", "triton", "native"), "backend")),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
@@ -128,11 +143,12 @@ def kernels(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
     out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
 ) -> None:
-    """Benchmark paged decode attention: time, achieved GB/s and ratio to contiguous SDPA.
+    """Time paged decode attention: GB/s achieved and ratio to contiguous SDPA.
 
     Bytes counted: K and V read once, plus the query and the output.
 
-    CPU: times the torch reference (small default shapes, fp32).
+    CPU: times the C kernel where it builds, else the torch reference (small default shapes, fp32), next to torch
+    reading the same bytes (% read).
 
     CUDA: times the Triton kernel after an L2 flush with CUDA events, next to the measured copy bandwidth.
     """
@@ -151,7 +167,9 @@ def kernels(
         "benchmark": "paged_decode_attention", "device": device.type, "device_name": measured["device_name"],
         "backend": backend, "dtype": dtype_label, "model": model if heads is None and head_dim is None else "custom",
         "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": dim, "block_size": block_size,
-        "copy_bandwidth_gbps": measured["copy_bandwidth_gbps"], "torch_version": measured["torch_version"],
+        "copy_bandwidth_gbps": measured["copy_bandwidth_gbps"],
+        "native_build": _native_build() if backend == "native" else None,
+        "torch_version": measured["torch_version"],
         "points": measured["points"],
     }
     if out_path is not None:
@@ -174,7 +192,7 @@ def _measure(device: torch.device, dtype: torch.dtype, backend: str, sizes: list
         run_decode_point,
     )
 
-    copy_gbps = copy_bandwidth_gbps(device)
+    copy_gbps = copy_bandwidth_gbps(device) if device.type == "cuda" else None  # a CPU point has its own reference
     points = [run_decode_point(DecodeShape(batch, context, *heads), dtype, device, backend, warmup=warmup, reps=reps,
                                copy_gbps=copy_gbps, num_splits=num_splits, seed=seed).to_dict()
               for batch, context in sizes]

@@ -9,7 +9,9 @@ import typer
 from kvbench.commands._options import output_file
 from kvbench.values import human_bytes
 
-HELP = """Build report.html, one self-contained page of a run: the verdict first (the finding in words), then
+HELP = """Build a run's self-contained report.html from its files.
+
+Build report.html, one self-contained page of a run: the verdict first (the finding in words), then
 the findings of `kvbench diagnose`, the plots, the per-point table, the memory waterfall and the provenance
 (command line, versions, git commit, model and shape, device, threads, packages, date).
 

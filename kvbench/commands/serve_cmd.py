@@ -7,7 +7,15 @@ import math
 
 import typer
 
-from kvbench.commands._options import make_console, parse_size, positive_fraction, thread_count
+from kvbench.commands._options import (
+    choice,
+    compute_dtype_choice,
+    device_choice,
+    make_console,
+    parse_size,
+    positive_fraction,
+    thread_count,
+)
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
 
@@ -15,18 +23,18 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def serve(
-    engine: str = typer.Option("paged", "--engine", help="paged | contiguous: the KV manager of the served engine."),
+    engine: str = typer.Option("paged", "--engine", help="The KV manager of the served engine.", **choice(MANAGERS)),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send and /v1/models lists (default: --model as given)."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
-    dtype: str | None = typer.Option(None, "--dtype", help="fp32 | fp16 | bf16 (default: fp32 on CPU, fp16 on CUDA)."),
+    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
+    dtype: str | None = typer.Option(None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()),
     kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."),
     utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="On CUDA: size the pool like vLLM from real free memory."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option("max", "--reserve", help="Contiguous reservation: max | pow2 | oracle."),
-    admission: str = typer.Option("queue", "--admission", help="Contiguous when the pool is full: queue (requests wait) | reject (503 at once)."),
+    reserve: str = typer.Option("max", "--reserve", help="What a contiguous request reserves.", **choice(RESERVATION_POLICIES)),
+    admission: str = typer.Option("queue", "--admission", help="Contiguous when the pool is full: requests wait (queue) or get a 503 at once (reject).", **choice(ADMISSION_MODES)),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Requests running at once."),
     max_len: int | None = typer.Option(None, "--max-len", min=2, help="Prompt + output tokens of one request (default 2048, or the model's context if shorter)."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
@@ -35,7 +43,9 @@ def serve(
     metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."),
     log_interval: float = typer.Option(10.0, "--log-interval", help="Seconds between progress lines while busy (0: none)."),
 ) -> None:
-    """Serve one engine (paged or contiguous) over the OpenAI API: /v1/completions, /v1/chat/completions
+    """Serve one engine over the OpenAI API, with live Prometheus metrics.
+
+    Serve one engine (paged or contiguous) over the OpenAI API: /v1/completions, /v1/chat/completions
     (streaming too), /v1/models, /health and /metrics (the series of `sweep --metrics-port`).
 
     Continuous batching: a request joins the running batch at the next engine step; a client that disconnects

@@ -6,7 +6,7 @@ import math
 
 import typer
 
-from kvbench.commands._options import make_console, run_directory, thread_count
+from kvbench.commands._options import choice, device_choice, make_console, run_directory, thread_count
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
@@ -22,20 +22,22 @@ def share(
     prompt_len: int = typer.Option(64, "--prompt-len", min=1, help="Mean prompt length (uniform +-50%)."),
     output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens generated per sample / beam."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option("oracle", "--reserve", help="Contiguous reservation per copy: max | pow2 | oracle."),
+    reserve: str = typer.Option("oracle", "--reserve", help="What a contiguous copy reserves.", **choice(RESERVATION_POLICIES)),
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Context limit (contiguous max reservation)."),
     num_blocks: int = typer.Option(4096, "--num-blocks", min=1, help="KV pool size in blocks."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
     dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids."),
-    stop: str | None = typer.Option(None, "--stop", help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model with a tokenizer); length: every sample runs --output-len tokens."),
+    stop: str | None = typer.Option(None, "--stop", help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model with a tokenizer); length: every sample runs --output-len tokens.", **choice(STOP_MODES)),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
-    """KV blocks with sharing vs without, peak and step-averaged, and the memory saved by sharing.
+    """KV memory with and without block sharing, for parallel sampling and beam search.
+
+    KV blocks with sharing vs without, peak and step-averaged, and the memory saved by sharing.
 
     --n N: parallel sampling (the paged engine forks the prompt's blocks; copy-on-write on the first write
     into a shared block); --beam K: beam search (beams fork and free block tables). Compared with the same

@@ -8,6 +8,9 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._options import (
+    choice,
+    choice_list,
+    help_panels,
     int_list,
     make_console,
     name_list,
@@ -21,7 +24,7 @@ from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import check_choice
 from kvbench.measure.metrics import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
-from kvbench.report.sweep_report import print_sweep, scenarios_table, write_outputs
+from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
 from kvbench.studies.fleet import ray_runtime
@@ -30,16 +33,18 @@ from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.sweep import PointFailed, load_finished, pin_run_config, recover_results, run_sweep
 from kvbench.studies.sweep_ray import run_sweep_on_ray
 from kvbench.studies.sweep_setup import SweepSetup
-from kvbench.workload.scenario import builtin_scenarios, load_scenario
 
 
 @with_run_options(helps={"requests": "Requests per point (default: the scenario's).",
                           "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
                                      "shipped), tokenized with the model's tokenizer."})
+@help_panels({"Load": ("concurrency", "engines", "repeat"), "Requests": ("stop",), "Model and device": ("threads",),
+              "Live metrics": ("metrics_port", "metrics_host", "metrics_file", "metrics_optional"),
+              "Ray": ("on_ray", "ray_workers", "ray_address")})
 def sweep(
     concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
-    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR)."),
-    stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored."),
+    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR).", **choice_list(engine_names(), "engines")),
+    stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored.", **choice(STOP_MODES)),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
     threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
@@ -51,13 +56,14 @@ def sweep(
     metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
     metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
+    wide: bool = typer.Option(False, "--wide", help="Print every column of the per-point table (summary.md always has them)."),
     on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
     *,
     run: RunOptions,
 ) -> None:
-    """Run the paged and the contiguous engine side by side at each concurrency; TPS, latency, memory.
+    """Paged and contiguous engines side by side per concurrency: TPS, latency, memory.
 
     Closed loop: exactly C requests in flight; every point serves the same seeded request list after an
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
@@ -79,7 +85,7 @@ def sweep(
     run_dir, points = sweep_run.dir.path, sweep_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     sweep_run.dir.release()
-    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"]))
+    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide))
     _fail_on_errors(failed, points, run_dir)
 
 
@@ -186,6 +192,10 @@ def _print_intro(console, setup: SweepSetup) -> None:
     threads = setup.backend.threads
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
+    plan = setup.backend.loaded.matmul_plan if setup.backend.loaded is not None else None
+    if plan is not None:  # the CPU's measured matmul paths, with their timings
+        for line in plan.lines():
+            console.print(line, markup=False, highlight=False)
     for note in setup.backends.notes():  # a reference column says what it is
         console.print(f"[dim]{note}[/dim]")
 
@@ -238,11 +248,5 @@ def _stop_metrics(metrics, path, console) -> None:
         console.print(f"wrote Prometheus metrics to {path}")
 
 
-def scenarios() -> None:
-    """List the built-in scenarios with a one-line description."""
-    make_console().print(scenarios_table({name: load_scenario(name) for name in sorted(builtin_scenarios())}))
-
-
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep)
-    app.command("scenarios")(scenarios)

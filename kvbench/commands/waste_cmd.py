@@ -7,6 +7,10 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._options import (
+    COMPUTE_DTYPES,
+    choice,
+    choice_list,
+    completes,
     int_list,
     make_console,
     name_list,
@@ -17,6 +21,7 @@ from kvbench.commands._options import (
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import check_choice
+from kvbench.models.gpus import GPU_PRESETS
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.run_requests import STOP_MODES
@@ -36,28 +41,28 @@ DEFAULT_REQUESTS = 2000
 def waste(
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Model context limit; contiguous-max reserves this."),
     model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name)."),
-    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget."),
+    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget.", **completes(GPU_PRESETS)),
     gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."),
     utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (the checkpoint's) | fp32 | fp16 | bf16."),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help=f"{' | '.join(KV_CACHE_DTYPES)} (auto: the model's dtype)."),
+    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."),
     pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."),
     mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
-    distribution: str = typer.Option("lognormal", "--distribution", help=f"Length distribution: {', '.join(DISTRIBUTIONS)}."),
+    distribution: str = typer.Option("lognormal", "--distribution", help="Length distribution.", **choice(DISTRIBUTIONS, "length distribution")),
     prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."),
     dataset: str | None = typer.Option(None, "--dataset", help="ShareGPT JSON or {prompt, output_len} JSONL (or 'real-chat'): real prompts and answer lengths, tokenized with --model's tokenizer when it has one."),
-    stop: str = typer.Option("length", "--stop", help="length: reserve knowing each length (as before); eos: answers end at their length but reservations plan for max-len - prompt (the oracle becomes a hindsight bound)."),
+    stop: str = typer.Option("length", "--stop", help="length: reserve knowing each length (as before); eos: answers end at their length but reservations plan for max-len - prompt (the oracle becomes a hindsight bound).", **choice(STOP_MODES)),
     requests: int | None = typer.Option(None, "--requests", min=1, help=f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own)."),
     concurrency: int = typer.Option(256, "--concurrency", min=1, help="Requests in flight (closed loop) and batch cap."),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
-    strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies."),
+    strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies.", **choice_list(STRATEGY_NAMES, "strategies")),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the length sampler."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
 ) -> None:
-    """Measure token states vs reservation, internal and external waste for each KV strategy.
+    """Where KV memory goes per strategy: token states, reservation and fragmentation.
 
     Runs the same seeded workload through the tensor-free simulator once per strategy, on a KV budget
     from the model and GPU, and prints the article's analytic estimate next to the measured shares.

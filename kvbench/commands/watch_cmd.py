@@ -14,7 +14,9 @@ from kvbench.report.rundir import new_run_dir
 from kvbench.report.watch_report import WatchView, watch_plot
 from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
 
-HELP = """Watch a live kvbench, vLLM or SGLang metrics endpoint: KV usage, free blocks, running and waiting
+HELP = """Watch a live metrics endpoint's KV cache, recorded as a timeline and a plot.
+
+Watch a live kvbench, vLLM or SGLang metrics endpoint: KV usage, free blocks, running and waiting
 requests, preemptions and the prefix-cache hit rate, scraped every --interval seconds and shown as a live
 table. Each scrape is appended to OUT/timeline.jsonl as it comes; when the watch ends (--duration, or Ctrl-C)
 OUT/watch.png plots the timeline and OUT/report.html shows it with its diagnosis. `kvbench diagnose

@@ -10,6 +10,7 @@ emit the sampled tokens. Tensor work (packing, forward, sampling, block copies) 
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -60,7 +61,9 @@ class EngineSession:
         self.curve = TokenCurve()
         self.decode_batch = DecodeBatch(engine.runner)
         self.clock = 0
-        self.room_due = 0  # the first clock at which a running request may need a new block
+        # (decode clock at which a running request fills its blocks, its admission number, its id): only those
+        # due are looked at before a decode step (entries of requests since finished or preempted are dropped)
+        self.room_due: list[tuple[int, int, int]] = []
         self.peak_running = 0
         self.start = time.perf_counter()
         self._clock = clock
@@ -202,6 +205,7 @@ class LLMEngine:
         client = as_load(load).client(requests, run)
         run.on_done = client.done
         client.release(0.0)
+        cpu_start = time.process_time()
         while True:
             if run.scheduler.has_work:
                 if self.step(run) and on_step is not None:
@@ -211,8 +215,11 @@ class LLMEngine:
             else:
                 break
             client.release(run.now())
+        cpu_s = time.process_time() - cpu_start
         assert_drained(run.scheduler.manager, f"the {self.name} engine's run")
-        return self._result(run, [*requests, *run.children], client)
+        result = self.result_of(run, [*requests, *run.children], client)
+        result.cpu_time_s = cpu_s if self.device.type == "cpu" else None
+        return result
 
     def session(self, next_id: int = 0, clock: Callable[[], float] | None = None,
                 keep_history: bool = True) -> EngineSession:
@@ -242,18 +249,23 @@ class LLMEngine:
         logits = self.runner.forward(step)
         tokens = self.runner.sample(logits, [r.sampling for r in admitted],
                                     [run.generators[r.request_id] for r in admitted])
-        run.room_due = run.clock  # the newcomers' room is checked at the next decode step
         emitted = list(zip(admitted, tokens, strict=True))
         for row, request in enumerate(admitted):
             if request.num_samples > 1 and not request.output_token_ids:
                 emitted += self._fork_samples(run, request, logits, row)
+        for request, _ in emitted:  # when each newcomer (and each forked sample) fills its blocks
+            heapq.heappush(run.room_due, (run.scheduler.next_room_clock(request), request.admit_seq,
+                                          request.request_id))
         return emitted
 
     def _decode_step(self, run: EngineSession) -> list[tuple[Request, int]]:
         """One token for every running request (room made first where a request fills its blocks)."""
         scheduler = run.scheduler
-        if run.clock >= run.room_due or scheduler.manager.pool.num_shared:
-            self._make_room(run)
+        if scheduler.manager.pool.num_shared:  # a copy-on-write can be due for any request: look at all
+            run.room_due.clear()
+            self._make_room(run, list(scheduler.running.values()))
+        elif run.room_due and run.room_due[0][0] <= run.clock:
+            self._make_room(run, self._due_for_room(run))
         batch = list(scheduler.running.values())
         if not batch:
             return []
@@ -263,21 +275,34 @@ class LLMEngine:
         run.clock += 1
         return list(zip(batch, tokens, strict=True))
 
-    def _make_room(self, run: EngineSession) -> None:
-        """Room for every running request's next token (oldest first), preempting if the pool is dry.
+    @staticmethod
+    def _due_for_room(run: EngineSession) -> list[Request]:
+        """The running requests that fill their blocks by this decode step, oldest first."""
+        running, due = run.scheduler.running, []
+        while run.room_due and run.room_due[0][0] <= run.clock:
+            _, admit_seq, request_id = heapq.heappop(run.room_due)
+            request = running.get(request_id)
+            if request is not None and request.admit_seq == admit_seq:  # not since finished, preempted or readmitted
+                due.append(request)
+        return sorted(due, key=lambda request: request.admit_seq)
 
-        Every request given room may have a changed block table: the decode batch is told. Afterwards no
-        request needs looking at before the first clock at which one of them fills its blocks (unless a
-        block is shared or a request is admitted).
+    def _make_room(self, run: EngineSession, candidates: list[Request]) -> None:
+        """Room for the next token of each candidate that needs it (oldest first), preempting if the pool is dry.
+
+        Every request given room may have a changed block table: the decode batch is told. Each candidate still
+        running goes back on the heap at the clock at which it next fills its blocks.
         """
         scheduler, clock = run.scheduler, run.clock
-        for request in list(scheduler.running.values()):
-            if request.status is not RequestStatus.RUNNING or not scheduler.needs_room(request, clock):
+        for request in candidates:
+            if request.status is not RequestStatus.RUNNING:  # preempted for an older request of this step
                 continue
-            copies, _preempted = scheduler.make_room(request, clock)
-            run.decode_batch.table_changed(request.request_id)
-            self.runner.copy_blocks(copies)
-        run.room_due = min(map(scheduler.next_room_clock, scheduler.running.values()), default=clock)
+            if scheduler.needs_room(request, clock):
+                copies, _preempted = scheduler.make_room(request, clock)
+                run.decode_batch.table_changed(request.request_id)
+                self.runner.copy_blocks(copies)
+            if request.status is RequestStatus.RUNNING:
+                heapq.heappush(run.room_due, (scheduler.next_room_clock(request), request.admit_seq,
+                                              request.request_id))
 
     def _fork_samples(self, run: EngineSession, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
         """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
@@ -337,7 +362,7 @@ class LLMEngine:
         request.stop_reason = stop
         return True
 
-    def _result(self, run: EngineSession, requests: list[Request], client: LoadClient | None = None) -> RunResult:
+    def result_of(self, run: EngineSession, requests: list[Request], client: LoadClient | None = None) -> RunResult:
         """The run's result; with a closed-loop ``client``, its steady-state window too."""
         gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
         itl = np.concatenate(gaps) if gaps else np.zeros(0)

@@ -80,6 +80,7 @@ class RunResult:
     block_size: int
     extras: dict = field(default_factory=dict)
     steady: SteadyWindow | None = None  # the full-load window of a closed-loop run
+    cpu_time_s: float | None = None  # process CPU seconds of the run's steps (CPU devices; None elsewhere)
 
     def output_lengths(self) -> Sequence[int]:
         """Output tokens of each completed request: what the model (or the drawn lengths) decided."""
@@ -109,6 +110,12 @@ class RunResult:
             "total_token_throughput": (output + prompt) / elapsed,
             "request_throughput": len(done) / elapsed,
         }
+
+    def totals(self) -> dict[str, float | int]:
+        """The run's length and the tokens its completed requests read and wrote, in ``vllm bench serve``'s names."""
+        done = self.completed
+        return {"duration": self.elapsed_s, "total_input_tokens": sum(r.prompt_len for r in done),
+                "total_output_tokens": sum(r.num_outputs for r in done)}
 
     def latencies(self) -> dict:
         return latency_fields(self.completed, self.itl_values_s, self.itl_weights)

@@ -5,7 +5,8 @@ prefill step's wait on float32 multiply-adds. Published checkpoints are stored i
 their weights are still bfloat16 numbers, so a bfloat16 copy of them is exact and half the bytes. The kernel
 multiplies that copy by the activations split into three bfloat16 terms on the AMX tile unit, with float32
 sums: a float32 product (greedy tokens stay those of ``transformers`` in float32) at 3x the decode speed and 2x
-the prefill speed of torch's float32 matmul on the 1.1B shape (``benchmarks/bench_amx_linear.py``).
+the prefill speed of torch's float32 matmul on the 1.1B shape (``benchmarks/bench_linear_paths.py``). Whether it is
+used at a row count is measured on the machine (:mod:`kvbench.models.cpu_choices`).
 
 Used where the CPU has AMX and Linux grants it, the C kernels are built, the weight is float32 holding only
 bfloat16 values, and ``KVBENCH_AMX`` is not ``0``. Anything else keeps the float32 path of

@@ -1,17 +1,47 @@
-/* float32 kernels for the model runner on a CPU, built at first use by kernels/cpu_native.py with the machine's
- * C compiler and called through ctypes. The torch ops they replace define the contract; the tests hold them to it.
+/* Kernels for the model runner on a CPU, float32 and bfloat16, built at first use by kernels/cpu_native.py with the
+ * machine's C compiler and called through ctypes. The torch ops they replace define the contract; the tests hold
+ * them to it.
  *
  * - paged decode attention, read straight from the block pool (no gathered copy of K and V);
  * - RMSNorm, optionally after adding a residual in place (one pass instead of six torch ops);
  * - SiLU(gate) * up over the fused gate/up projection;
- * - rotary embedding applied in place to the q and k heads of the fused q/k/v projection.
+ * - rotary embedding applied in place to the q and k heads of the fused q/k/v projection;
+ * - the K/V write of a step's new tokens into their slots.
  * Each does in one pass over memory what takes the torch path several ops, each with its own temporary: on a
  * small model most of a step's non-matmul time was these passes and the ops' fixed costs.
+ *
+ * bfloat16 tensors are read and written as bfloat16 and computed on in float32, each result rounded to bfloat16
+ * once (to nearest, ties to even, as torch rounds). Where the compiler targets AVX-512 BF16, the decode attention's
+ * q.k products run on vdpbf16ps (32 bfloat16 products per instruction, summed in float32); elsewhere K is widened
+ * to float32 first. The instruction set is the build's (-march=native, or the variant kvbench was asked for):
+ * kvbench_isa() says what went in.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define KV_DPBF16 1
+#endif
+
+/* What this build was compiled for: 1 AVX2, 2 AVX-512F, 4 AVX-512 BF16 (vdpbf16ps), 8 AMX bfloat16 tiles. */
+int kvbench_isa(void) {
+    int isa = 0;
+#ifdef __AVX2__
+    isa |= 1;
+#endif
+#ifdef __AVX512F__
+    isa |= 2;
+#endif
+#ifdef KV_DPBF16
+    isa |= 4;
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    isa |= 8;
+#endif
+    return isa;
+}
 
 /* exp(x) for x <= 0 (scores minus their maximum), vectorisable: 2^n * p(r) with r in [-ln2/2, ln2/2].
  * Relative error about 2e-7 over the range used here; below -87 it returns 0. */
@@ -30,6 +60,23 @@ static inline float exp_nonpositive(float x) {
     union { int32_t i; float f; } scale;
     scale.i = ((int32_t)n + 127) << 23;
     return p * scale.f;
+}
+
+/* bfloat16 is the top half of a float32. */
+static inline float bf16_to_f32(uint16_t half) {
+    uint32_t bits = (uint32_t)half << 16;
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+
+/* Nearest bfloat16, ties to even (torch's rounding); a NaN stays a (quiet) NaN. Branch-free, so loops vectorise. */
+static inline uint16_t f32_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (uint32_t)0 - (uint32_t)((bits & 0x7FFFFFFFu) > 0x7F800000u);
+    return (uint16_t)((rounded & ~nan) | (((bits >> 16) | 0x40u) & nan));
 }
 
 /* Each of the rows (len scores each) replaced by its softmax, in place. */
@@ -52,69 +99,69 @@ static void softmax_rows(float *scores, int64_t rows, int64_t len) {
     }
 }
 
-/* Decode attention for any head_dim and group size (see kvbench_paged_decode_f32). Each token's K row (all KV
- * heads) and then its V row is read once, in order within its block. */
-static int paged_decode_generic(
-    const float *q, int64_t q_stride_b, int64_t q_stride_h,   /* q[b][h][d], d contiguous */
-    const float *k_cache, const float *v_cache,               /* [blocks][block_size][Hkv][D], contiguous */
-    const int32_t *tables, int64_t table_stride,              /* tables[b][i]: block id of the i-th block */
-    const int32_t *lens,                                      /* context length of each request */
-    float *out,                                               /* [B][Hq][D], contiguous */
-    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
-{
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t row = num_kv_heads * head_dim; /* floats per token slot */
-    int64_t longest = 0;
-    for (int64_t b = 0; b < batch; b++)
-        longest = lens[b] > longest ? lens[b] : longest;
-    float *scores = malloc(sizeof(float) * (size_t)(num_heads * (longest > 0 ? longest : 1)));
-    if (!scores)
-        return -1;
-    for (int64_t b = 0; b < batch; b++) {
-        const int64_t len = lens[b];
-        const int32_t *table = tables + b * table_stride;
-        const float *qb = q + b * q_stride_b;
-        float *o = out + b * num_heads * head_dim;
-        memset(o, 0, sizeof(float) * (size_t)(num_heads * head_dim));
-        if (len <= 0)
-            continue;
-        for (int64_t t = 0; t < len; t++) {
-            const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
-            for (int64_t h = 0; h < num_heads; h++) {
-                const float *qh = qb + h * q_stride_h;
-                const float *kh = k + (h / group) * head_dim;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int64_t d = 0; d < head_dim; d++)
-                    dot += qh[d] * kh[d];
-                scores[h * len + t] = dot * scale;
-            }
-        }
-        softmax_rows(scores, num_heads, len);
-        for (int64_t t = 0; t < len; t++) {
-            const float *v = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;
-            for (int64_t h = 0; h < num_heads; h++) {
-                const float p = scores[h * len + t];
-                const float *vh = v + (h / group) * head_dim;
-                float *a = o + h * head_dim;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++)
-                    a[d] += p * vh[d];
-            }
-        }
+#define SLOT(table, t, block_size) ((int64_t)(table)[(t) / (block_size)] * (block_size) + (t) % (block_size))
+
+/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
+ * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache; on the generic path,
+ * the tiny shape, 30 contexts of ~570 tokens in 16-token blocks spread over the pool: 1.2x). */
+#define PF 16
+
+/* Prefetch the K or V row of token t + PF (row_elems values of type T from base). */
+#define PREFETCH_ROW(T, base, table, t, len, block_size, row, row_elems)                                   \
+    do {                                                                                                   \
+        if ((t) + PF < (len)) {                                                                            \
+            const T *next_ = (base) + SLOT(table, (t) + PF, block_size) * (row);                           \
+            for (int64_t f_ = 0; f_ < (row_elems); f_ += 64 / (int64_t)sizeof(T))                          \
+                __builtin_prefetch(next_ + f_, 0, 3);                                                      \
+        }                                                                                                  \
+    } while (0)
+
+/* Decode attention of one request for any head_dim and group size, K and V of element type T read through TO_F32;
+ * q [heads][d] and out [heads][d] are float32 (out fully written). Each token's K row and then its V row is read
+ * once, in order within its block. */
+#define DEFINE_GENERIC_REQUEST(NAME, T, TO_F32)                                                                    \
+    static void NAME(const float *q, int64_t q_stride_h, const T *k_cache, const T *v_cache, const int32_t *table, \
+                     int64_t len, int64_t block_size, int64_t row, float *scores, float *o, float scale,          \
+                     int64_t num_heads, int64_t group, int64_t head_dim) {                                         \
+        memset(o, 0, sizeof(float) * (size_t)(num_heads * head_dim));                                              \
+        if (len <= 0)                                                                                              \
+            return;                                                                                                \
+        for (int64_t t = 0; t < len; t++) {                                                                        \
+            const T *k = k_cache + SLOT(table, t, block_size) * row;                                               \
+            PREFETCH_ROW(T, k_cache, table, t, len, block_size, row, row);                                         \
+            for (int64_t h = 0; h < num_heads; h++) {                                                              \
+                const float *qh = q + h * q_stride_h;                                                              \
+                const T *kh = k + (h / group) * head_dim;                                                          \
+                float dot = 0.0f;                                                                                  \
+                _Pragma("omp simd reduction(+ : dot)") for (int64_t d = 0; d < head_dim; d++) dot +=               \
+                    qh[d] * TO_F32(kh[d]);                                                                         \
+                scores[h * len + t] = dot * scale;                                                                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        softmax_rows(scores, num_heads, len);                                                                      \
+        for (int64_t t = 0; t < len; t++) {                                                                        \
+            const T *v = v_cache + SLOT(table, t, block_size) * row;                                               \
+            PREFETCH_ROW(T, v_cache, table, t, len, block_size, row, row);                                         \
+            for (int64_t h = 0; h < num_heads; h++) {                                                              \
+                const float p = scores[h * len + t];                                                               \
+                const T *vh = v + (h / group) * head_dim;                                                          \
+                float *a = o + h * head_dim;                                                                       \
+                _Pragma("omp simd") for (int64_t d = 0; d < head_dim; d++) a[d] += p * TO_F32(vh[d]);              \
+            }                                                                                                      \
+        }                                                                                                          \
     }
-    free(scores);
-    return 0;
-}
+
+static inline float f32_identity(float x) { return x; }
+DEFINE_GENERIC_REQUEST(generic_request_f32, float, f32_identity)
+DEFINE_GENERIC_REQUEST(generic_request_bf16, uint16_t, bf16_to_f32)
 
 /* The decode attention of one request when head_dim is NV * 16 and each KV head serves G query heads, both known
  * at compile time (so the accumulators live in registers): one pass over the context's K rows (each row, all KV
  * heads, read once and in order) for the scores, the softmax, then per KV head one pass over its V rows for the
  * weighted sums. Measured against the generic loops on a 135M-class shape (50 requests of 192 tokens): 1.5x. */
 typedef float v16 __attribute__((vector_size(64)));
-/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
- * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache). */
-#define PF 16
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
 #ifdef __clang__
 #define SWAP_HALVES(x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
     __builtin_shufflevector(x, x, a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p)
@@ -138,76 +185,149 @@ static inline v16 load16(const float *p) {
     return x;
 }
 
+/* 16 bfloat16 values widened to float32 (exact). */
+static inline v16 load16_bf16(const uint16_t *p) {
+    v16h half;
+    memcpy(&half, p, sizeof half);
+    const v16u bits = __builtin_convertvector(half, v16u) << 16;
+    v16 x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
 static inline void store16(float *p, v16 x) { memcpy(p, &x, sizeof x); }
 
-#define DEFINE_REQUEST_DECODE(NV, G)                                                                                   \
-    static void decode_##NV##_##G(const float *q, int64_t q_stride_h, const float *k_cache,                    \
-                                   const float *v_cache, const int32_t *table, int64_t len, int64_t block_size,  \
-                                   int64_t row, float *scores, float *out, float scale, int64_t num_kv_heads) { \
-        for (int64_t t = 0; t < len; t++) {                                                                     \
-            const float *k = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;    \
-            if (t + PF < len) {                                                                                  \
-                const int64_t u = t + PF;                                                                        \
-                const float *next = k_cache + ((int64_t)table[u / block_size] * block_size + u % block_size) * row; \
-                for (int64_t f = 0; f < row; f += 16)                                                            \
-                    __builtin_prefetch(next + f, 0, 3);                                                          \
-            }                                                                                                   \
-            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                  \
-                v16 kv[NV];                                                                                     \
-                for (int j = 0; j < NV; j++)                                                                    \
-                    kv[j] = load16(k + kvh * NV * 16 + 16 * j);                                                 \
-                for (int g = 0; g < G; g++) {                                                                   \
-                    const float *qg = q + (kvh * G + g) * q_stride_h;                                           \
-                    v16 acc = load16(qg) * kv[0];                                                               \
-                    for (int j = 1; j < NV; j++)                                                                \
-                        acc += load16(qg + 16 * j) * kv[j];                                                     \
-                    scores[(kvh * G + g) * len + t] = hsum16(acc) * scale;                                      \
-                }                                                                                               \
-            }                                                                                                   \
-        }                                                                                                       \
-        softmax_rows(scores, G * num_kv_heads, len);                                                            \
-        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                      \
-            const float *vh = v_cache + kvh * NV * 16;                                                          \
-            const float *sh = scores + kvh * G * len;                                                           \
-            v16 acc[G][NV];                                                                                     \
-            for (int g = 0; g < G; g++)                                                                         \
-                for (int j = 0; j < NV; j++)                                                                    \
-                    acc[g][j] = (v16){0};                                                                       \
-            for (int64_t t = 0; t < len; t++) {                                                                 \
-                const float *v = vh + ((int64_t)table[t / block_size] * block_size + t % block_size) * row;     \
-                if (t + PF < len) {                                                                              \
-                    const int64_t u = t + PF;                                                                    \
-                    const float *next = vh + ((int64_t)table[u / block_size] * block_size + u % block_size) * row; \
-                    for (int j = 0; j < NV; j++)                                                                 \
-                        __builtin_prefetch(next + 16 * j, 0, 3);                                                 \
-                }                                                                                               \
-                v16 vv[NV];                                                                                     \
-                for (int j = 0; j < NV; j++)                                                                    \
-                    vv[j] = load16(v + 16 * j);                                                                 \
-                for (int g = 0; g < G; g++) {                                                                   \
-                    const float p = sh[g * len + t];                                                            \
-                    for (int j = 0; j < NV; j++)                                                                \
-                        acc[g][j] += p * vv[j];                                                                 \
-                }                                                                                               \
-            }                                                                                                   \
-            for (int g = 0; g < G; g++)                                                                         \
-                for (int j = 0; j < NV; j++)                                                                    \
-                    store16(out + (kvh * G + g) * NV * 16 + 16 * j, acc[g][j]);                                 \
-        }                                                                                                       \
+
+/* scores[h * len + t] = scale * q[h] . k_t[h / G] for q float32 and K of type T widened by LOAD. */
+#define DEFINE_SCORES(NAME, T, LOAD, NV, G)                                                                        \
+    static void NAME##_##NV##_##G(const float *q, int64_t q_stride_h, const T *k_cache, const int32_t *table,      \
+                                  int64_t len, int64_t block_size, int64_t row, float *scores, float scale,       \
+                                  int64_t num_kv_heads) {                                                          \
+        for (int64_t t = 0; t < len; t++) {                                                                        \
+            const T *k = k_cache + SLOT(table, t, block_size) * row;                                               \
+            PREFETCH_ROW(T, k_cache, table, t, len, block_size, row, row);                                         \
+            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                     \
+                v16 kv[NV];                                                                                        \
+                for (int j = 0; j < NV; j++)                                                                       \
+                    kv[j] = LOAD(k + kvh * NV * 16 + 16 * j);                                                      \
+                for (int g = 0; g < G; g++) {                                                                      \
+                    const float *qg = q + (kvh * G + g) * q_stride_h;                                              \
+                    v16 acc = load16(qg) * kv[0];                                                                  \
+                    for (int j = 1; j < NV; j++)                                                                   \
+                        acc += load16(qg + 16 * j) * kv[j];                                                        \
+                    scores[(kvh * G + g) * len + t] = hsum16(acc) * scale;                                         \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
     }
 
-#define DEFINE_GROUPS(NV) \
-    DEFINE_REQUEST_DECODE(NV, 1) DEFINE_REQUEST_DECODE(NV, 2) DEFINE_REQUEST_DECODE(NV, 3) DEFINE_REQUEST_DECODE(NV, 4) \
-    DEFINE_REQUEST_DECODE(NV, 5) DEFINE_REQUEST_DECODE(NV, 6) DEFINE_REQUEST_DECODE(NV, 7) DEFINE_REQUEST_DECODE(NV, 8)
+/* out[h] = sum_t p[h][t] v_t[h / G] (float32 out [heads][NV * 16]) for V of type T widened by LOAD. */
+#define DEFINE_WEIGHTED_SUM(NAME, T, LOAD, NV, G)                                                                  \
+    static void NAME##_##NV##_##G(const T *v_cache, const int32_t *table, int64_t len, int64_t block_size,        \
+                                  int64_t row, const float *scores, float *out, int64_t num_kv_heads) {            \
+        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                         \
+            const T *vh = v_cache + kvh * NV * 16;                                                                 \
+            const float *sh = scores + kvh * G * len;                                                              \
+            v16 acc[G][NV];                                                                                        \
+            for (int g = 0; g < G; g++)                                                                            \
+                for (int j = 0; j < NV; j++)                                                                       \
+                    acc[g][j] = (v16){0};                                                                          \
+            for (int64_t t = 0; t < len; t++) {                                                                    \
+                const T *v = vh + SLOT(table, t, block_size) * row;                                                \
+                PREFETCH_ROW(T, vh, table, t, len, block_size, row, NV * 16);                                      \
+                v16 vv[NV];                                                                                        \
+                for (int j = 0; j < NV; j++)                                                                       \
+                    vv[j] = LOAD(v + 16 * j);                                                                      \
+                for (int g = 0; g < G; g++) {                                                                      \
+                    const float p = sh[g * len + t];                                                               \
+                    for (int j = 0; j < NV; j++)                                                                   \
+                        acc[g][j] += p * vv[j];                                                                    \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (int g = 0; g < G; g++)                                                                            \
+                for (int j = 0; j < NV; j++)                                                                       \
+                    store16(out + (kvh * G + g) * NV * 16 + 16 * j, acc[g][j]);                                    \
+        }                                                                                                          \
+    }
+
+#ifdef KV_DPBF16
+/* scores for bfloat16 q and K on vdpbf16ps: each instruction multiplies 16 pairs of adjacent bfloat16 values
+ * (exact products) and adds them into float32 sums. */
+#define DEFINE_SCORES_DP(NV, G)                                                                                    \
+    static void scores_dp_##NV##_##G(const uint16_t *q, int64_t q_stride_h, const uint16_t *k_cache,              \
+                                     const int32_t *table, int64_t len, int64_t block_size, int64_t row,          \
+                                     float *scores, float scale, int64_t num_kv_heads) {                          \
+        for (int64_t t = 0; t < len; t++) {                                                                        \
+            const uint16_t *k = k_cache + SLOT(table, t, block_size) * row;                                        \
+            PREFETCH_ROW(uint16_t, k_cache, table, t, len, block_size, row, row);                                  \
+            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {                                                     \
+                __m512bh kv[NV / 2];                                                                               \
+                for (int j = 0; j < NV / 2; j++)                                                                   \
+                    kv[j] = (__m512bh)_mm512_loadu_si512(k + kvh * NV * 16 + 32 * j);                              \
+                for (int g = 0; g < G; g++) {                                                                      \
+                    const uint16_t *qg = q + (kvh * G + g) * q_stride_h;                                           \
+                    __m512 acc = _mm512_setzero_ps();                                                              \
+                    for (int j = 0; j < NV / 2; j++)                                                               \
+                        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qg + 32 * j), kv[j]);             \
+                    scores[(kvh * G + g) * len + t] = _mm512_reduce_add_ps(acc) * scale;                           \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+#endif
+
+#define DEFINE_SHAPE(NV, G)                                                                                        \
+    DEFINE_SCORES(scores_f32, float, load16, NV, G)                                                                \
+    DEFINE_SCORES(scores_bf16, uint16_t, load16_bf16, NV, G)                                                       \
+    DEFINE_WEIGHTED_SUM(vsum_f32, float, load16, NV, G)                                                            \
+    DEFINE_WEIGHTED_SUM(vsum_bf16, uint16_t, load16_bf16, NV, G)
+#define DEFINE_GROUPS(NV)                                                                                          \
+    DEFINE_SHAPE(NV, 1) DEFINE_SHAPE(NV, 2) DEFINE_SHAPE(NV, 3) DEFINE_SHAPE(NV, 4) DEFINE_SHAPE(NV, 5)           \
+    DEFINE_SHAPE(NV, 6) DEFINE_SHAPE(NV, 7) DEFINE_SHAPE(NV, 8)
 DEFINE_GROUPS(4) /* head_dim 64 */
 DEFINE_GROUPS(8) /* head_dim 128 */
+#ifdef KV_DPBF16
+#define DEFINE_DP_GROUPS(NV)                                                                                       \
+    DEFINE_SCORES_DP(NV, 1) DEFINE_SCORES_DP(NV, 2) DEFINE_SCORES_DP(NV, 3) DEFINE_SCORES_DP(NV, 4)               \
+    DEFINE_SCORES_DP(NV, 5) DEFINE_SCORES_DP(NV, 6) DEFINE_SCORES_DP(NV, 7) DEFINE_SCORES_DP(NV, 8)
+DEFINE_DP_GROUPS(4)
+DEFINE_DP_GROUPS(8)
+#endif
 
-typedef void (*request_decode_fn)(const float *, int64_t, const float *, const float *, const int32_t *, int64_t, int64_t,
-                           int64_t, float *, float *, float, int64_t);
-static const request_decode_fn DECODE_64[8] = {decode_4_1, decode_4_2, decode_4_3, decode_4_4,
-                                         decode_4_5, decode_4_6, decode_4_7, decode_4_8};
-static const request_decode_fn DECODE_128[8] = {decode_8_1, decode_8_2, decode_8_3, decode_8_4,
-                                          decode_8_5, decode_8_6, decode_8_7, decode_8_8};
+typedef void (*scores_f32_fn)(const float *, int64_t, const float *, const int32_t *, int64_t, int64_t, int64_t,
+                              float *, float, int64_t);
+typedef void (*scores_bf16_fn)(const float *, int64_t, const uint16_t *, const int32_t *, int64_t, int64_t, int64_t,
+                               float *, float, int64_t);
+typedef void (*vsum_f32_fn)(const float *, const int32_t *, int64_t, int64_t, int64_t, const float *, float *,
+                            int64_t);
+typedef void (*vsum_bf16_fn)(const uint16_t *, const int32_t *, int64_t, int64_t, int64_t, const float *, float *,
+                             int64_t);
+#define TABLE(PREFIX, NV)                                                                                          \
+    {PREFIX##_##NV##_1, PREFIX##_##NV##_2, PREFIX##_##NV##_3, PREFIX##_##NV##_4,                                   \
+     PREFIX##_##NV##_5, PREFIX##_##NV##_6, PREFIX##_##NV##_7, PREFIX##_##NV##_8}
+static const scores_f32_fn SCORES_F32[2][8] = {TABLE(scores_f32, 4), TABLE(scores_f32, 8)};
+static const scores_bf16_fn SCORES_BF16[2][8] = {TABLE(scores_bf16, 4), TABLE(scores_bf16, 8)};
+static const vsum_f32_fn VSUM_F32[2][8] = {TABLE(vsum_f32, 4), TABLE(vsum_f32, 8)};
+static const vsum_bf16_fn VSUM_BF16[2][8] = {TABLE(vsum_bf16, 4), TABLE(vsum_bf16, 8)};
+#ifdef KV_DPBF16
+typedef void (*scores_dp_fn)(const uint16_t *, int64_t, const uint16_t *, const int32_t *, int64_t, int64_t,
+                             int64_t, float *, float, int64_t);
+static const scores_dp_fn SCORES_DP[2][8] = {TABLE(scores_dp, 4), TABLE(scores_dp, 8)};
+#endif
+
+/* Which register-blocked family serves this shape: 0 for head_dim 64, 1 for 128, -1 for the generic loops. */
+static int family_of(int64_t head_dim, int64_t group) {
+    if (group < 1 || group > 8)
+        return -1;
+    return head_dim == 64 ? 0 : head_dim == 128 ? 1 : -1;
+}
+
+static int64_t longest_of(const int32_t *lens, int64_t batch) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; b++)
+        longest = lens[b] > longest ? lens[b] : longest;
+    return longest > 0 ? longest : 1;
+}
 
 /* Paged decode attention, float32. Returns 0, or -1 when scratch memory could not be allocated (nothing is
  * written then). Head dims 64 and 128 with up to 8 query heads per KV head take the register-blocked path above;
@@ -220,32 +340,178 @@ int kvbench_paged_decode_f32(
     float *out,                                               /* [B][Hq][D], contiguous */
     int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
 {
-    const int64_t group = num_heads / num_kv_heads;
-    const request_decode_fn *family = head_dim == 64 ? DECODE_64 : head_dim == 128 ? DECODE_128 : NULL;
-    if (!family || group < 1 || group > 8)
-        return paged_decode_generic(q, q_stride_b, q_stride_h, k_cache, v_cache, tables, table_stride, lens, out,
-                                    batch, num_heads, num_kv_heads, head_dim, block_size, scale);
-    const request_decode_fn decode = family[group - 1];
-    const int64_t row = num_kv_heads * head_dim;
-    int64_t longest = 0;
-    for (int64_t b = 0; b < batch; b++)
-        longest = lens[b] > longest ? lens[b] : longest;
-    float *scores = malloc(sizeof(float) * (size_t)(num_heads * (longest > 0 ? longest : 1)));
+    const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
+    const int family = family_of(head_dim, group);
+    float *scores = malloc(sizeof(float) * (size_t)(num_heads * longest_of(lens, batch)));
     if (!scores)
         return -1;
     for (int64_t b = 0; b < batch; b++) {
         const int64_t len = lens[b];
+        const int32_t *table = tables + b * table_stride;
         float *o = out + b * num_heads * head_dim;
-        if (len <= 0) {
+        if (family < 0) {
+            generic_request_f32(q + b * q_stride_b, q_stride_h, k_cache, v_cache, table, len, block_size, row, scores,
+                                o, scale, num_heads, group, head_dim);
+        } else if (len <= 0) {
             memset(o, 0, sizeof(float) * (size_t)(num_heads * head_dim));
-            continue;
+        } else {
+            SCORES_F32[family][group - 1](q + b * q_stride_b, q_stride_h, k_cache, table, len, block_size, row,
+                                          scores, scale, num_kv_heads);
+            softmax_rows(scores, num_heads, len);
+            VSUM_F32[family][group - 1](v_cache, table, len, block_size, row, scores, o, num_kv_heads);
         }
-        decode(q + b * q_stride_b, q_stride_h, k_cache, v_cache, tables + b * table_stride, len, block_size, row,
-                scores, o, scale, num_kv_heads);
     }
     free(scores);
     return 0;
 }
+
+/* Paged decode attention, bfloat16 q, K, V and output, float32 inside (the output rounded once). Same contract and
+ * return value as kvbench_paged_decode_f32. */
+int kvbench_paged_decode_bf16(
+    const uint16_t *q, int64_t q_stride_b, int64_t q_stride_h,
+    const uint16_t *k_cache, const uint16_t *v_cache,
+    const int32_t *tables, int64_t table_stride,
+    const int32_t *lens,
+    uint16_t *out,
+    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
+{
+    const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim, width = num_heads * head_dim;
+    const int family = family_of(head_dim, group);
+    float *scores = malloc(sizeof(float) * (size_t)(num_heads * longest_of(lens, batch) + 2 * width));
+    if (!scores)
+        return -1;
+    float *qf = scores + num_heads * longest_of(lens, batch); /* q widened, [heads][d] */
+    float *of = qf + width;                                    /* the output before rounding */
+    for (int64_t b = 0; b < batch; b++) {
+        const int64_t len = lens[b];
+        const int32_t *table = tables + b * table_stride;
+        const uint16_t *qb = q + b * q_stride_b;
+        int widened = 0;
+#ifdef KV_DPBF16
+        if (family >= 0 && len > 0) {
+            SCORES_DP[family][group - 1](qb, q_stride_h, k_cache, table, len, block_size, row, scores, scale,
+                                         num_kv_heads);
+            widened = -1; /* scores done, q not needed in float32 */
+        }
+#endif
+        if (widened == 0) {
+            for (int64_t h = 0; h < num_heads; h++)
+                for (int64_t d = 0; d < head_dim; d++)
+                    qf[h * head_dim + d] = bf16_to_f32(qb[h * q_stride_h + d]);
+        }
+        if (family < 0) {
+            generic_request_bf16(qf, head_dim, k_cache, v_cache, table, len, block_size, row, scores, of, scale,
+                                 num_heads, group, head_dim);
+        } else if (len <= 0) {
+            memset(of, 0, sizeof(float) * (size_t)width);
+        } else {
+            if (widened == 0)
+                SCORES_BF16[family][group - 1](qf, head_dim, k_cache, table, len, block_size, row, scores, scale,
+                                               num_kv_heads);
+            softmax_rows(scores, num_heads, len);
+            VSUM_BF16[family][group - 1](v_cache, table, len, block_size, row, scores, of, num_kv_heads);
+        }
+        uint16_t *o = out + b * width;
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++)
+            o[i] = f32_to_bf16(of[i]);
+    }
+    free(scores);
+    return 0;
+}
+
+/* Causal prefill attention over the pool: the new tokens of each request attend to its cached context and to
+ * themselves, reading K and V in place through the block table. Per request and KV head, K is first laid out
+ * transposed ([d][position], float32) and V gathered ([position][d], float32) in scratch, once for every query
+ * head and new token that reads them: a block of PQ queries scores 16 positions per multiply-add with no
+ * horizontal sums; each query's scores row then takes its softmax and its weighted sum of the gathered V rows.
+ * head_dim must be a multiple of 16 (at most 256): the caller checks. */
+#define PQ 8 /* queries scored together */
+#define DEFINE_PREFILL(NAME, T, TO_F32, STORE_ROW)                                                           \
+    int NAME(const T *q, int64_t q_stride_t, int64_t q_stride_h, const T *k_cache, const T *v_cache,              \
+             const int32_t *tables, int64_t table_stride, const int32_t *query_start, const int32_t *lens, T *out, \
+             int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,       \
+             float scale) {                                                                                        \
+        const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim, nv = head_dim / 16;        \
+        int64_t longest = 16;                                                                                      \
+        for (int64_t b = 0; b < batch; b++)                                                                        \
+            longest = lens[b] > longest ? lens[b] : longest;                                                       \
+        const int64_t width = (longest + 15) / 16 * 16;                                                            \
+        float *kt = malloc(sizeof(float) * (size_t)(2 * head_dim * width + PQ * width + PQ * head_dim));           \
+        if (!kt)                                                                                                   \
+            return -1;                                                                                             \
+        float *vg = kt + head_dim * width, *scores = vg + head_dim * width, *qf = scores + PQ * width;             \
+        for (int64_t b = 0; b < batch; b++) {                                                                      \
+            const int64_t first = query_start[b], q_len = query_start[b + 1] - first, len = lens[b];               \
+            const int64_t start = len - q_len, padded = (len + 15) / 16 * 16;                                      \
+            const int32_t *table = tables + b * table_stride;                                                      \
+            if (q_len <= 0)                                                                                        \
+                continue;                                                                                          \
+            for (int64_t g = 0; g < num_kv_heads; g++) {                                                           \
+                for (int64_t j = 0; j < padded; j++) { /* K transposed, V gathered; zeros past the context */     \
+                    const int64_t slot = j < len ? SLOT(table, j, block_size) * row + g * head_dim : -1;           \
+                    for (int64_t d = 0; d < head_dim; d++) {                                                       \
+                        kt[d * padded + j] = slot >= 0 ? TO_F32(k_cache[slot + d]) : 0.0f;                         \
+                        vg[j * head_dim + d] = slot >= 0 ? TO_F32(v_cache[slot + d]) : 0.0f;                       \
+                    }                                                                                              \
+                }                                                                                                  \
+                for (int64_t h = g * group; h < (g + 1) * group; h++) {                                            \
+                    for (int64_t i0 = 0; i0 < q_len; i0 += PQ) {                                                   \
+                        const int64_t count = q_len - i0 < PQ ? q_len - i0 : PQ;                                   \
+                        const int64_t seen = start + i0 + count; /* positions the block's last query sees */       \
+                        for (int64_t i = 0; i < PQ; i++)                                                           \
+                            for (int64_t d = 0; d < head_dim; d++)                                                 \
+                                qf[i * head_dim + d] =                                                             \
+                                    i < count ? TO_F32(q[(first + i0 + i) * q_stride_t + h * q_stride_h + d]) : 0; \
+                        for (int64_t j = 0; j < seen; j += 16) {                                                   \
+                            v16 acc[PQ];                                                                           \
+                            for (int i = 0; i < PQ; i++)                                                           \
+                                acc[i] = (v16){0};                                                                 \
+                            for (int64_t d = 0; d < head_dim; d++) {                                               \
+                                const v16 column = load16(kt + d * padded + j);                                    \
+                                for (int i = 0; i < PQ; i++)                                                       \
+                                    acc[i] += qf[i * head_dim + d] * column;                                       \
+                            }                                                                                      \
+                            for (int i = 0; i < PQ; i++)                                                           \
+                                store16(scores + i * width + j, acc[i] * scale);                                   \
+                        }                                                                                          \
+                        for (int64_t i = 0; i < count; i++) {                                                      \
+                            const int64_t visible = start + i0 + i + 1;                                            \
+                            float *s = scores + i * width;                                                         \
+                            softmax_rows(s, 1, visible);                                                           \
+                            v16 acc[16];                                                                           \
+                            for (int64_t v = 0; v < nv; v++)                                                       \
+                                acc[v] = (v16){0};                                                                 \
+                            for (int64_t j = 0; j < visible; j++) {                                                \
+                                const float p = s[j], *vr = vg + j * head_dim;                                     \
+                                for (int64_t v = 0; v < nv; v++)                                                   \
+                                    acc[v] += p * load16(vr + 16 * v);                                             \
+                            }                                                                                      \
+                            STORE_ROW(out + ((first + i0 + i) * num_heads + h) * head_dim, acc, nv);               \
+                        }                                                                                          \
+                    }                                                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        free(kt);                                                                                                  \
+        return 0;                                                                                                  \
+    }
+
+static inline void store_row_f32(float *o, const v16 *acc, int64_t nv) {
+    for (int64_t v = 0; v < nv; v++)
+        store16(o + 16 * v, acc[v]);
+}
+
+static inline void store_row_bf16(uint16_t *o, const v16 *acc, int64_t nv) {
+    for (int64_t v = 0; v < nv; v++)
+        for (int e = 0; e < 16; e++)
+            o[16 * v + e] = f32_to_bf16(acc[v][e]);
+}
+
+/* Causal prefill attention, float32 (see above). Returns 0, or -1 when scratch memory could not be allocated. */
+DEFINE_PREFILL(kvbench_paged_prefill_f32, float, f32_identity, store_row_f32)
+/* The same for bfloat16 q, K, V and output, float32 inside, the output rounded once. */
+DEFINE_PREFILL(kvbench_paged_prefill_bf16, uint16_t, bf16_to_f32, store_row_bf16)
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r of x [rows][width]. With residual != NULL, x is
  * first replaced by x + residual (in place), the residual stream of a decoder layer. */
@@ -275,6 +541,45 @@ void kvbench_rms_norm_f32(float *x, const float *residual, const float *weight, 
     }
 }
 
+/* kvbench_rms_norm_f32 for bfloat16 x, residual, weight and out: the sum x + residual is rounded to bfloat16 as
+ * torch's add is (it is the residual stream kept in x), the norm is computed in float32 and rounded once. */
+void kvbench_rms_norm_bf16(uint16_t *x, const uint16_t *residual, const uint16_t *weight, uint16_t *out,
+                           int64_t rows, int64_t width, float eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *xr = x + r * width;
+        uint16_t *o = out + r * width;
+        float squares = 0.0f;
+        if (residual) {
+            const uint16_t *res = residual + r * width;
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; i++) {
+                const uint16_t sum = f32_to_bf16(bf16_to_f32(xr[i]) + bf16_to_f32(res[i]));
+                const float value = bf16_to_f32(sum);
+                xr[i] = sum;
+                squares += value * value;
+            }
+        } else {
+#pragma omp simd reduction(+ : squares)
+            for (int64_t i = 0; i < width; i++) {
+                const float value = bf16_to_f32(xr[i]);
+                squares += value * value;
+            }
+        }
+        const float inv = 1.0f / sqrtf(squares / (float)width + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++)
+            o[i] = f32_to_bf16(bf16_to_f32(xr[i]) * inv * bf16_to_f32(weight[i]));
+    }
+}
+
+static inline float silu(float x) {
+    /* exp(-|x|) never overflows; sigmoid(x) = 1 / (1 + e) for x > 0, e / (1 + e) otherwise */
+    const float e = exp_nonpositive(-fabsf(x));
+    const float numerator = x > 0.0f ? 1.0f : e;
+    return x * (numerator / (1.0f + e));
+}
+
 /* out[r][i] = silu(gate_up[r][i]) * gate_up[r][half + i], silu(g) = g / (1 + exp(-g)). */
 void kvbench_silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t half)
 {
@@ -282,16 +587,24 @@ void kvbench_silu_and_mul_f32(const float *gate_up, float *out, int64_t rows, in
         const float *g = gate_up + r * 2 * half;
         float *o = out + r * half;
 #pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-            const float x = g[i];
-            /* exp(-|x|) never overflows; sigmoid(x) = 1 / (1 + e) for x > 0, e / (1 + e) otherwise */
-            const float e = exp_nonpositive(-fabsf(x));
-            const float numerator = x > 0.0f ? 1.0f : e;
-            o[i] = x * (numerator / (1.0f + e));
-        }
+        for (int64_t i = 0; i < half; i++)
+            o[i] = silu(g[i]);
 #pragma omp simd
         for (int64_t i = 0; i < half; i++)
             o[i] *= g[half + i];
+    }
+}
+
+/* The same for bfloat16, in float32 and rounded once. */
+void kvbench_silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t half)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *restrict g = gate_up + r * 2 * half;
+        const uint16_t *restrict up = g + half;
+        uint16_t *restrict o = out + r * half;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++)
+            o[i] = f32_to_bf16(silu(bf16_to_f32(g[i])) * bf16_to_f32(up[i]));
     }
 }
 
@@ -318,16 +631,40 @@ void kvbench_rotary_f32(float *x, int64_t token_stride, const float *cos, const 
     }
 }
 
-/* Copy each token's K and V rows ([kv_heads * head_dim] floats, contiguous within the token) into its slot of the
- * pools ([slots][kv_heads * head_dim]); a slot of -1 is skipped. */
-void kvbench_write_kv_f32(const float *key, const float *value, int64_t key_stride, int64_t value_stride,
-                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row)
+/* The same for bfloat16 x and tables, in float32 and rounded once. */
+void kvbench_rotary_bf16(uint16_t *x, int64_t token_stride, const uint16_t *cos, const uint16_t *signed_sin,
+                         int64_t tokens, int64_t rotated, int64_t head_dim)
+{
+    const int64_t half = head_dim / 2;
+    float c[1024], s[1024], v[1024];
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t d = 0; d < head_dim; d++) {
+            c[d] = bf16_to_f32(cos[t * head_dim + d]);
+            s[d] = bf16_to_f32(signed_sin[t * head_dim + d]);
+        }
+        for (int64_t h = 0; h < rotated; h++) {
+            uint16_t *xh = x + t * token_stride + h * head_dim;
+            for (int64_t d = 0; d < head_dim; d++)
+                v[d] = bf16_to_f32(xh[d]);
+#pragma omp simd
+            for (int64_t d = 0; d < half; d++) {
+                xh[d] = f32_to_bf16(v[d] * c[d] + v[d + half] * s[d]);
+                xh[d + half] = f32_to_bf16(v[d + half] * c[d + half] + v[d] * s[d + half]);
+            }
+        }
+    }
+}
+
+/* Copy each token's K and V rows (row_bytes, contiguous within the token) into its slot of the pools ([slots] rows
+ * of row_bytes); a slot of -1 is skipped. Strides are in bytes; any element type. */
+void kvbench_write_kv(const char *key, const char *value, int64_t key_stride, int64_t value_stride, char *k_cache,
+                      char *v_cache, const int64_t *slots, int64_t tokens, int64_t row_bytes)
 {
     for (int64_t t = 0; t < tokens; t++) {
         const int64_t slot = slots[t];
         if (slot < 0)
             continue;
-        memcpy(k_cache + slot * row, key + t * key_stride, sizeof(float) * (size_t)row);
-        memcpy(v_cache + slot * row, value + t * value_stride, sizeof(float) * (size_t)row);
+        memcpy(k_cache + slot * row_bytes, key + t * key_stride, (size_t)row_bytes);
+        memcpy(v_cache + slot * row_bytes, value + t * value_stride, (size_t)row_bytes);
     }
 }

@@ -2,8 +2,10 @@
 torch reference.
 
 ``backend`` ("torch" | "triton" | "native") overrides the choice per call and ``KVBENCH_KERNEL_BACKEND`` for the
-whole process. "native" is the CPU's C decode attention and K/V write (``cpu_native``) with the torch reference for
-the other ops; it applies to float32 pools and falls back to the reference for other dtypes. The attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
+whole process. "native" is the CPU's C decode and prefill attention and K/V write (``cpu_native``) with the torch
+reference for the other ops; it applies to float32 and bfloat16 pools (the prefill to head dims that are multiples
+of 16) and falls back to the reference elsewhere. The
+attention ops take ``out=`` (write into this tensor, and return it); the Triton decode also takes
 ``num_splits`` (``None`` automatic, 1 never, n forced split-KV) and ``max_context_len`` (saves a device sync),
 which the torch reference ignores. The torch reference takes a per-step ``plan`` (the gathers and masks that
 every layer of a step shares, from ``plan_decode`` / ``plan_prefill``), which the Triton kernels do not need:
@@ -83,9 +85,15 @@ def decode_plan_fits(plan, max_context_len: int, kv_row: int) -> bool:
     return reference.decode_chunk_rows(max_context_len, kv_row) >= plan.batch
 
 
+def _native_prefill(query, k_cache, backend: str | None) -> bool:
+    """Whether the C prefill kernel runs this call (the native backend, on tensors it takes)."""
+    return (resolve_backend(k_cache.device, backend) == "native" and cpu_native.takes_prefill(k_cache)
+            and query.dtype == k_cache.dtype and cpu_native.available())
+
+
 def plan_prefill(block_tables, query_start_loc, context_lens, k_cache, num_heads: int, backend: str | None = None):
     """What every layer's prefill attention of one step shares (None when the backend plans nothing)."""
-    if resolve_backend(k_cache.device, backend) == "triton":
+    if resolve_backend(k_cache.device, backend) == "triton" or _native_prefill(k_cache, k_cache, backend):
         return None
     return reference.plan_prefill(block_tables, query_start_loc, context_lens, k_cache.shape[1],
                                   k_cache.shape[2] * k_cache.shape[3], num_heads)
@@ -135,6 +143,9 @@ def paged_prefill_attention(
             query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out,
             max_query_len=max_query_len,
         )  # fmt: skip
+    if _native_prefill(query, k_cache, backend):
+        return cpu_native.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens,
+                                                  scale, out)
     return reference.paged_prefill_attention(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out, plan
     )

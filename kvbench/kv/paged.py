@@ -117,6 +117,14 @@ class PagedManager:
         old_length = self.lengths[request_id]
         if total_tokens <= old_length:
             return []
+        if not self.pool.num_shared:  # the common case: no block is shared, nothing to copy first
+            needed = blocks_for(total_tokens, self.block_size) - len(table)
+            if needed > self.pool.num_free:
+                raise OutOfBlocks(f"request {request_id} needs {needed} blocks, {self.pool.num_free} free")
+            for _ in range(needed):
+                table.append(self._new_block())
+            self.lengths[request_id] = total_tokens
+            return []
         first_written = old_length // self.block_size
         shared = [i for i in range(first_written, min(len(table), blocks_for(total_tokens, self.block_size)))
                   if self.pool.is_shared(table[i])]

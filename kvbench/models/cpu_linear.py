@@ -1,38 +1,36 @@
-"""Linear layers on a CPU with their weights packed once for oneDNN, instead of repacked at every call.
+"""Linear layers on a CPU: each weight multiplied by the path this machine runs fastest at the step's row count.
 
-A plain ``F.linear`` re-lays out (packs) its weight on every call. For the small batches of decode steps (16 or
-50 rows against a [1728 x 576] matrix) that packing is a large share of the call: measured on this project's
-2-core VM, a pre-packed weight ran the 135M shape's decode matmuls 1.3-2x faster, and vLLM's CPU engine packs
-its weights the same way. The packed copy is kept beside the model's own weights (the ``transformers`` model
-keeps working for reference runs), so a CPU run holds its linear weights twice (one packed copy per model, shared
-by every runner over it); ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
+The paths: the plain weight through ``F.linear`` (torch's BLAS), a copy packed once in oneDNN's layout (a plain
+``F.linear`` re-lays out its weight at every call, a large part of a small decode matmul; vLLM's CPU engine packs
+its weights the same way), and for a float32 weight that holds only bfloat16 values (a published checkpoint's) a
+bfloat16 copy, half the bytes, multiplied at float32 accuracy: by AVX-512/AVX2 multiply-adds that widen it as they
+read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the tiles (:mod:`kvbench.kernels.cpu_amx`).
 
-The packing pays off for the few rows of decode steps; for the thousands of rows of a prefill step oneDNN's own
-choice on the plain weight was as fast or faster (measured, 1 thread: equal at 512 rows, 3-8% faster at 1,024
-and 5-17% at 2,048 on the 135M and 1.1B shapes). Since both copies are kept anyway, a step of
-:data:`PLAIN_FROM_ROWS` rows or more multiplies by the plain weight.
-
-A weight that holds only bfloat16 values (a published checkpoint's, loaded as float32) on a CPU with AMX gets a
-bfloat16 copy for :mod:`kvbench.kernels.cpu_amx` instead, a float32-accurate product that is faster at every row
-count; the model's float32 weight stays as it is.
+Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
+faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
+2.2-2.5x faster at every row count, and the bfloat16 copy 1.3-2x faster than oneDNN's at one row but slower from a
+few dozen. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths on the model's own weights
+at start-up and each weight carries its routes, the path each row count takes (:class:`RoutedWeight`). The packed
+copies a weight's routes use are kept beside the model's own weights (the ``transformers`` model keeps working for
+reference runs), once per model, shared by every runner over it; a weight whose plain path won at every row count
+gets none. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from kvbench.kernels import cpu_amx
+from kvbench.kernels import cpu_amx, cpu_bf16_weights
 
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
-PLAIN_FROM_ROWS = 1024  # steps of at least this many rows use the plain weight (see the module's docstring)
-_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: {(data_ptr, shape): packed tensor}
+PLAIN, ONEDNN, BF16W, AMX = "plain", "oneDNN-packed", "bf16-weights", "AMX"
+_CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_ptr, shape, path), routed weights
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -41,6 +39,26 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
         return False
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
+    """The paths ``weight`` can take on this machine: plain always; oneDNN where packing is available; for a float32
+    weight holding only bfloat16 values, the bfloat16-weight kernel and, where the CPU has it, AMX."""
+    if not packing_available(weight.device, weight.dtype):
+        return (PLAIN,)
+    paths = [PLAIN, ONEDNN]
+    if cpu_bf16_weights.takes(weight):
+        paths.append(BF16W)
+    if cpu_amx.takes(weight):
+        paths.append(AMX)
+    return tuple(paths)
+
+
+def default_path(weight: torch.Tensor) -> str:
+    """The path a weight takes when nothing was measured: AMX where it takes the weight, else oneDNN's packed copy
+    (plain without packing)."""
+    paths = candidate_paths(weight)
+    return AMX if AMX in paths else ONEDNN if ONEDNN in paths else PLAIN
 
 
 @dataclass(frozen=True)
@@ -55,52 +73,140 @@ class PackedWeight:
         return self.plain.shape
 
 
+PackedCopy = PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
+Routes = tuple[tuple[int, int, str], ...]  # (lo, hi, path): steps of lo <= rows < hi take that path
+
+
+@dataclass(frozen=True)
+class RoutedWeight:
+    """A linear weight as the runner multiplies it: the packed copies it keeps and which path each row count takes
+    (measured on this machine: :mod:`kvbench.models.cpu_choices`)."""
+
+    plain: torch.Tensor
+    copies: dict[str, PackedCopy]  # path -> copy
+    routes: Routes  # cover every row count; a path is PLAIN or one of ``copies``
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.plain.shape
+
+    def path_at(self, rows: int) -> str:
+        return next(path for low, high, path in self.routes if low <= rows < high)
+
+
+CpuWeight = torch.Tensor | PackedCopy | RoutedWeight
+
+
 def pack(weight: torch.Tensor) -> PackedWeight:
     """``weight`` and its copy packed for oneDNN."""
     return PackedWeight(weight, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT))
 
 
-def pack_for(model: Any, weight: torch.Tensor) -> PackedWeight | cpu_amx.AmxWeight:
-    """``weight`` of ``model`` packed (for AMX where it takes the weight, else for oneDNN), once per model: a second
-    runner over the same model reuses the copy."""
+def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W` or :data:`AMX`)."""
+    if path == AMX:
+        return cpu_amx.pack(weight)
+    if path == BF16W:
+        return cpu_bf16_weights.pack(weight)
+    if path == ONEDNN:
+        return pack(weight)
+    raise ValueError(f"no packed copy for the {path!r} path")
+
+
+EVERY_ROW_COUNT = 1 << 62
+
+
+def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
+    """``weight`` of ``model`` as the runner multiplies it, by ``routes`` (which path each row count takes): the
+    plain weight itself when every route is plain, else a :class:`RoutedWeight` with the packed copies its routes
+    name. Each copy is made once per model: a second runner over the same model reuses it."""
+    fixed = []
+    for low, high, path in routes:  # these kernels are exact only for bfloat16 values: a weight holding others
+        if (path == AMX and not cpu_amx.takes(weight)) or (path == BF16W and not cpu_bf16_weights.takes(weight)):
+            path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
+        fixed.append((low, high, path))
+    if all(path == PLAIN for _, _, path in fixed):
+        return weight
     cache = getattr(model, _CACHE_ATTR, None)
     if cache is None:
         cache = {}
         setattr(model, _CACHE_ATTR, cache)
-    key = (weight.data_ptr(), tuple(weight.shape))
+    key = (weight.data_ptr(), tuple(weight.shape), tuple(fixed))
     if key not in cache:
-        cache[key] = cpu_amx.pack(weight) if cpu_amx.takes(weight) else pack(weight)
+        copies = {}
+        for path in dict.fromkeys(path for _, _, path in fixed if path != PLAIN):
+            copy_key = (weight.data_ptr(), tuple(weight.shape), path)
+            if copy_key not in cache:
+                cache[copy_key] = packed_copy(weight, path)
+            copies[path] = cache[copy_key]
+        cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
 
-def probe_linear(weight: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
-    """``weight`` multiplied as a runner would (AMX, oneDNN-packed or plain), through a throwaway copy, and the
-    name of that path: what the thread choice times."""
-    if not packing_available(weight.device, weight.dtype):
-        return (lambda x: F.linear(x, weight)), "plain"
-    if cpu_amx.takes(weight):
-        amx_copy = cpu_amx.pack(weight)
-        return (lambda x: cpu_amx.linear(x, amx_copy)), "AMX"
-    onednn_copy = pack(weight)
-    return (lambda x: linear(x, onednn_copy)), "oneDNN-packed"
-
-
-def packed_copy_bytes(model: Any) -> int:
-    """Bytes a first runner's packing will add: every linear weight once (0 if the model is packed already)."""
+def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]] | None = None) -> int:
+    """Bytes a first runner's packing will add (0 if the model is packed already). ``copies`` lists the measured
+    plan's copies as (shape, path, how many weights); without it, each linear weight of the model is counted with
+    the copy it would get before anything is measured."""
     if getattr(model, _CACHE_ATTR, None):
         return 0
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
-    return sum(cpu_amx.packed_bytes(w) if cpu_amx.takes(w) else w.numel() * w.element_size()
-               for w in weights.values())
+    if copies is None:
+        weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        copies = [(tuple(w.shape), default_path(w), 1) for w in weights.values()]
+    element = next(model.parameters()).element_size()
+    total = 0
+    for (rows, columns), path, count in copies:
+        if path == AMX:
+            total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
+        elif path == BF16W:
+            total += count * cpu_bf16_weights.packed_bytes(torch.empty(rows, columns, device="meta"))
+        elif path == ONEDNN:
+            total += count * rows * columns * element
+    return total
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedWeight | cpu_amx.AmxWeight,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a plain or a packed weight (``x`` is ``[rows, in]``)."""
-    if isinstance(weight, cpu_amx.AmxWeight):
-        return cpu_amx.linear(x, weight, bias)
+def _multiply(x: torch.Tensor, copy: PackedCopy, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(copy, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x, copy.packed, bias, "none", [], "")
+    if isinstance(copy, cpu_bf16_weights.Bf16Weight):
+        return cpu_bf16_weights.linear(x, copy, bias)
+    return cpu_amx.linear(x, copy, bias)
+
+
+def path_at(weight: CpuWeight, rows: int) -> str:
+    """The path a step of ``rows`` rows multiplies ``weight`` by."""
+    if isinstance(weight, torch.Tensor):
+        return PLAIN
+    if isinstance(weight, RoutedWeight):
+        return next(path for low, high, path in weight.routes if low <= rows < high)
     if isinstance(weight, PackedWeight):
-        if x.shape[0] < PLAIN_FROM_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
-        weight = weight.plain
-    return F.linear(x, weight, bias)
+        return ONEDNN
+    return BF16W if isinstance(weight, cpu_bf16_weights.Bf16Weight) else AMX
+
+
+def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for a plain, packed or routed weight (``x`` is ``[rows, in]``), on the path chosen for its
+    row count."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    if isinstance(weight, RoutedWeight):
+        rows = x.shape[0]
+        for low, high, path in weight.routes:
+            if low <= rows < high:
+                return F.linear(x, weight.plain, bias) if path == PLAIN else _multiply(x, weight.copies[path], bias)
+        raise ValueError(f"no route for {rows} rows")
+    return _multiply(x, weight, bias)
+
+
+def path_function(weight: torch.Tensor, path: str):
+    """``x -> weight x`` on one path, through a throwaway copy: what the start-up measurements time."""
+    if path == PLAIN:
+        return lambda x: F.linear(x, weight)
+    copy = packed_copy(weight, path)
+    return lambda x: linear(x, copy)
+
+
+def probe_linear(weight: torch.Tensor):
+    """``weight`` multiplied through a throwaway copy on the path it would take before anything else is measured
+    (:func:`default_path`), and that path's name: what the thread choice times."""
+    path = default_path(weight)
+    return path_function(weight, path), path

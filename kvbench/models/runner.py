@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_linear, sampler
+from kvbench.models import cpu_choices, cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -133,6 +133,16 @@ def _fused_bias(modules: list[Any]) -> torch.Tensor | None:
     return fuse_rows([module.bias for module in modules])
 
 
+LAYER_MATMULS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def matmul_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The tensors a runner multiplies, by role: the first layer's (q/k/v and gate/up fused, as the runner fuses
+    them: the model's own storage) and the lm_head; what :mod:`kvbench.models.cpu_choices` measures."""
+    layer = LayerWeights.from_hf(model.model.layers[0])
+    return {**{role: getattr(layer, role) for role in LAYER_MATMULS}, "lm_head": model.lm_head.weight.data}
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm ``x / sqrt(mean(x^2) + eps) * weight`` (one fused op, fp32 accumulation)."""
     return F.rms_norm(x, weight.shape, weight, eps)
@@ -154,6 +164,28 @@ def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]
         slots.extend(range(base, base + run))
         position += run
     return slots
+
+
+EXACT_ROWS = 16  # steps of up to this many rows multiply at their own row count
+DECODE_ROWS = 64  # up to here (decode batches), 4 row counts per power of two; above (prefills), 8
+
+
+def matmul_rows(rows: int) -> int:
+    """The row count a step of ``rows`` tokens multiplies a oneDNN-packed weight at: ``rows`` up to
+    :data:`EXACT_ROWS`; up to :data:`DECODE_ROWS` rounded up to one of four steps per power of two (at most 25%
+    padding, nearly free where a decode matmul waits on reading its weights); above, to one of eight (12.5%).
+
+    oneDNN (and torch's ideep layer over it) builds and caches a primitive for every row count it meets: 0.4-0.9
+    ms to build on a small weight, against about 50 us for a cached call, and about 430 KiB of memory each
+    (measured: 200 row counts x 5 weights grew the process by 535 MiB). Unrounded, nearly every prefill step
+    met new ones (the engine that ran a point first paid for them, and the caches held up to 1,024 of them);
+    rounded, the main job meets about 50 row counts per weight.
+    """
+    if rows <= EXACT_ROWS:
+        return rows
+    per_octave_log2 = 2 if rows <= DECODE_ROWS else 3
+    step = 1 << (rows.bit_length() - 1 - per_octave_log2)  # 17-31 rows: steps of 4; 65-127: steps of 8
+    return -(-rows // step) * step
 
 
 def kv_bytes_per_block(config: Any, block_size: int, dtype: torch.dtype) -> int:
@@ -193,8 +225,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
-        if self.kernel_backend == "native" and self.kv_dtype != torch.float32:
-            self.kernel_backend = "torch"  # the C decode kernel is float32 only: keep the reference's kept plans
+        if self.kernel_backend == "native" and (self.kv_dtype not in cpu_native.KERNEL_DTYPES
+                                                or self.kv_dtype != self.dtype):
+            self.kernel_backend = "torch"  # not a pool the C decode kernel takes: keep the reference's kept plans
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -203,11 +236,12 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self._read_weights(model)
         self.packed_weights = False
+        self.matmul_plan: cpu_choices.MatmulPlan | None = None
         if cpu_linear.packing_available(self.device, self.dtype) if packed_weights is None else packed_weights:
             self._pack_weights(model)
         self.rope = RotaryEmbedding(rope_config_from_hf(config), self.device, self.dtype)
-        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 on one CPU
-        # thread); otherwise torch's
+        # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 or bfloat16
+        # on one CPU thread); otherwise torch's
         self.native_ops = self.kernel_backend == "native" and cpu_native.use_for_model_ops(
             self.device, self.dtype, self.head_dim)
         self.k_caches, self.v_caches = self._allocate_kv_pool()
@@ -222,11 +256,15 @@ class ModelRunner:
         self.layers = [LayerWeights.from_hf(layer) for layer in backbone.layers]
 
     def _pack_weights(self, model: Any) -> None:
-        """The matmul weights in oneDNN's layout (the model's own tensors stay as they are)."""
+        """Each matmul weight with the packed copy and the row ranges this CPU's measured plan chose for its role
+        (:mod:`kvbench.models.cpu_choices`; the model's own tensors stay as they are)."""
+        plan = cpu_choices.plan_for(model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS},
+                                            "lm_head": self.lm_head})
         for layer in self.layers:
-            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-                setattr(layer, name, cpu_linear.pack_for(model, getattr(layer, name)))
-        self.lm_head = cpu_linear.pack_for(model, self.lm_head)
+            for role in LAYER_MATMULS:
+                setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), plan.choice(role).routes()))
+        self.lm_head = cpu_linear.pack_for(model, self.lm_head, plan.choice("lm_head").routes())
+        self.matmul_plan = plan
         self.packed_weights = True
 
     def _allocate_kv_pool(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -396,7 +434,7 @@ class ModelRunner:
                 hidden, x = self._add_norm(hidden, self._mlp(layer, x), following)
             if not step.is_decode:
                 x = x[step.query_start_loc[1:].long() - 1]  # only the last token of each request samples
-            return cpu_linear.linear(x, self.lm_head).float()
+            return self._linear(x, self.lm_head).float()
 
     __call__ = forward
 
@@ -409,6 +447,17 @@ class ModelRunner:
                                        backend=self.kernel_backend, valid_tables=True)  # padded with block 0
         return kernels.plan_prefill(step.block_tables, step.query_start_loc, step.context_lens, self.k_caches[0],
                                     self.num_heads, backend=self.kernel_backend)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias``; where the step's row count takes oneDNN's packed copy, ``x`` is padded to
+        :func:`matmul_rows` rows (oneDNN builds a primitive per row count it meets)."""
+        rows = x.shape[0]
+        if cpu_linear.path_at(weight, rows) == cpu_linear.ONEDNN:
+            padded = matmul_rows(rows)
+            if padded != rows:
+                return cpu_linear.linear(F.pad(x, (0, 0, 0, padded - rows)), weight, bias)[:rows]
+        return cpu_linear.linear(x, weight, bias)
 
     def _token_context_lens(self, step: StepInput) -> torch.Tensor:
         q_lens = (step.query_start_loc[1:] - step.query_start_loc[:-1]).long()
@@ -445,14 +494,14 @@ class ModelRunner:
                 q, k_cache, v_cache, step.block_tables, step.query_start_loc, step.context_lens, self.scale,
                 backend=backend, max_query_len=_known(step.max_query_len), plan=plan,
             )
-        return cpu_linear.linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
+        return self._linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
 
     def _qkv(
         self, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Projected and rotated q ``[T, Hq, D]``, k and v ``[T, Hkv, D]`` (views of one fused projection)."""
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = cpu_linear.linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
+        qkv = self._linear(x, w.qkv_proj, w.qkv_bias).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
         if self.native_ops:
             qkv = qkv.contiguous()
             cpu_native.rotary_(qkv, heads + kv_heads, cos, sin)  # q and k rotated in place
@@ -461,8 +510,8 @@ class ModelRunner:
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     def _mlp(self, w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        gate_up = cpu_linear.linear(x, w.gate_up_proj, w.gate_up_bias)
+        gate_up = self._linear(x, w.gate_up_proj, w.gate_up_bias)
         if self.native_ops:
-            return cpu_linear.linear(cpu_native.silu_and_mul(gate_up.contiguous()), w.down_proj, w.down_bias)
+            return self._linear(cpu_native.silu_and_mul(gate_up.contiguous()), w.down_proj, w.down_bias)
         gate, up = gate_up.chunk(2, dim=-1)
-        return cpu_linear.linear(F.silu(gate) * up, w.down_proj, w.down_bias)
+        return self._linear(F.silu(gate) * up, w.down_proj, w.down_bias)

@@ -48,6 +48,37 @@ def _open_flat_ranges(ax, series: Iterable[tuple[Sequence[float], Sequence[float
         _open_flat_range(ax, "y", (v for _, ys in series for v in ys))
 
 
+MARK_COLOUR = "#c62828"
+
+
+def mark_points(ax, marks: Sequence[tuple[float, str]], colour: str, label: str) -> None:
+    """Points that have no figure to draw (an OOM point): an X on the x axis at each x, its text beside it,
+    and one legend entry; never a point on the series' line."""
+    if not marks:
+        return
+    transform = ax.get_xaxis_transform()  # x in data, y in axes coordinates: on the axis whatever the y range
+    xs = [x for x, _ in marks]
+    ax.update_datalim([(x, 0.0) for x in xs], updatey=False)  # the x axis reaches every mark
+    ax.autoscale_view()
+    ax.scatter(xs, [0.0] * len(xs), marker="X", s=90, color=colour, edgecolors=MARK_COLOUR, linewidths=1.2,
+               transform=transform, clip_on=False, zorder=5, label=label)
+    for x, text in marks:
+        ax.annotate(text, (x, 0.0), xycoords=transform, xytext=(0, 9), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=7, color=MARK_COLOUR)
+
+
+def _no_values(ax, series: Iterable[tuple[Sequence[float], Sequence[float]]]) -> None:
+    """An axis with no value to show gets no made-up scale (matplotlib's default of -0.05..0.05)."""
+    if not any(len(ys) for _, ys in series):
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+
+
+def _mark_series(marks: dict[str, Sequence[tuple[float, str]]] | None) -> list[tuple[list[float], list[float]]]:
+    """The marks' x positions as series without y values, for the axis ranges."""
+    return [([x for x, _ in points], []) for points in (marks or {}).values()]
+
+
 def _save(fig, path: Path) -> Path:
     """Write the PNG, or hand the figure to the HTML report when it is capturing (``figure_capture``)."""
     fig.tight_layout()
@@ -57,13 +88,20 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, title: str, subtitle: str = "") -> Path:
-    """Stacked bars: how each strategy's KV pool divides, time-averaged, in % of the pool."""
+def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, title: str, subtitle: str = "",
+                    marks: Sequence[str | None] | None = None) -> Path:
+    """Stacked bars: how each strategy's KV pool divides, time-averaged, in % of the pool. ``marks`` (one per
+    bar, None for none) hatches a bar and writes its mark under its label (an OOM point: what it held while it
+    ran, not a load it carried)."""
+    marks = list(marks) if marks is not None else [None] * len(labels)
+    labels = [label if mark is None else f"{label}\n{mark}" for label, mark in zip(labels, marks, strict=True)]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) + 3), 4.8))
     bottoms = [0.0] * len(labels)
+    hatches = ["//" if mark is not None else None for mark in marks]
     for key, name, colour in WASTE_PARTS:
         values = [float(w.get(key) or 0.0) for w in wastes]
-        ax.bar(labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5)
+        ax.bar(labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5,
+               hatch=hatches)
         for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
             if value >= 6:
                 ax.text(i, bottom + value / 2, f"{value:.0f}%", ha="center", va="center", fontsize=8)
@@ -72,8 +110,17 @@ def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, t
     ax.set_ylim(0, 100)
     ax.set_title(title + ("\n" + subtitle if subtitle else ""), fontsize=10)
     ax.set_xlabel("token states (green): higher is better; every other share is waste: lower is better", fontsize=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles, _ = ax.get_legend_handles_labels()
+    if any(mark is not None for mark in marks):  # the hatching explained once, beside the shares
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="white", edgecolor="#616161", hatch="//",
+                             label="hatched: OOM, what it held while\nit rejected requests (no full load)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    for tick, mark in zip(ax.get_xticklabels(), marks, strict=True):
+        if mark is not None:
+            tick.set_color(MARK_COLOUR)
     return _save(fig, path)
 
 
@@ -88,18 +135,28 @@ def lines(
     hline: float | None = None,
     logx: bool = False,
     steps: bool = False,
+    marks: dict[str, Sequence[tuple[float, str]]] | None = None,
 ) -> Path:
-    """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'."""
+    """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'. ``marks``:
+    {label: [(x, text)]} points of a series that have no figure (OOM), marked on the x axis, never drawn."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, (xs, ys) in series.items():
+    colours = {}
+    for index, (label, (xs, ys)) in enumerate(series.items()):
         style = "--" if "p99" in label else "-"
+        colours[label] = f"C{index}"
+        if not len(xs):  # nothing to draw (every point of it marked): no empty legend entry
+            continue
         if steps:
-            ax.step(list(xs), list(ys), style, where="post", label=label)
+            ax.step(list(xs), list(ys), style, where="post", label=label, color=colours[label])
         else:
-            ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label)
+            ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label, color=colours[label])
+    for index, (label, points) in enumerate((marks or {}).items()):
+        mark_points(ax, points, colours.get(label, f"C{len(series) + index}"), f"{label}: OOM, no figure")
     if logx:
         ax.set_xscale("log")
-    _open_flat_ranges(ax, series.values(), logx, y=hline is None)
+        plain_log_ticks(ax.xaxis)
+    _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)], logx, y=hline is None)
+    _no_values(ax, series.values())
     if hline is not None:
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
     ax.set_xlabel(xlabel)
@@ -109,6 +166,24 @@ def lines(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plain_log_ticks(axis) -> None:
+    """Tick labels of a log axis as plain numbers (20, 50, 200), not powers of ten ("2×10¹")."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(FuncFormatter(lambda value, _: plain(value) if _minor_labelled(axis, value) else ""))
+
+
+def _minor_labelled(axis, value: float) -> bool:
+    """Minor ticks get labels only where the axis spans under two decades (else they crowd), and only 2 and 5."""
+    low, high = sorted(axis.get_view_interval())
+    if low <= 0 or high / low > 100:
+        return False
+    leading = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return round(leading) in (2, 5) and abs(leading - round(leading)) < 1e-6
 
 
 def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, title: str, ylabel: str,
@@ -134,16 +209,23 @@ def line_panels(
     xlabel: str,
     ylabel: str,
     better: str,
+    marks: dict[str, Sequence[tuple[float, str]]] | None = None,
 ) -> Path:
-    """Side-by-side line panels sharing the x axis: {panel title: {label: (xs, ys)}}; p99 lines dashed."""
+    """Side-by-side line panels sharing the x axis: {panel title: {label: (xs, ys)}}; p99 lines dashed.
+    ``marks``: {group (a label's first word, the engine): [(x, text)]} points without figures (OOM), marked on
+    every panel's x axis, never drawn."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
-    groups = sorted({label.split()[0] for series in panels.values() for label in series})
+    groups = sorted({label.split()[0] for series in panels.values() for label in series} | set(marks or {}))
     colours = {group: f"C{index}" for index, group in enumerate(groups)}  # one colour per engine
     for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
         for label, (xs, ys) in series.items():
-            ax.plot(list(xs), list(ys), "--" if "p99" in label else "-", marker="o", label=label,
-                    color=colours[label.split()[0]])
-        _open_flat_ranges(ax, series.values())
+            if len(xs):
+                ax.plot(list(xs), list(ys), "--" if "p99" in label else "-", marker="o", label=label,
+                        color=colours[label.split()[0]])
+        for group, points in (marks or {}).items():
+            mark_points(ax, points, colours[group], f"{group}: OOM, no figure")
+        _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)])
+        _no_values(ax, series.values())
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -190,16 +272,31 @@ def stacked_panels(
     path: Path,
     title: str,
     xlabel: str,
+    y_ranges: Sequence[tuple[float, float | None] | None] | None = None,
 ) -> Path:
     """Panels stacked over one shared x axis, each with its own unit and hint:
-    [(panel title with its 'better' hint, y label, {label: (xs, ys)}, optional (y, label) of a threshold line)]."""
+    [(panel title with its 'better' hint, y label, {label: (xs, ys)}, optional (y, label) of a threshold line)].
+
+    ``y_ranges`` (one per panel, None: matplotlib's) fixes a panel's y axis: ``(0, 100)`` for a percentage;
+    ``(0, None)`` for a count, from 0 to its largest value (at least 1) with whole-number ticks, so a run of
+    zeros lies on the axis's floor instead of in the middle of a made-up range."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 0.8), sharex=True, squeeze=False)
-    for ax, (panel, ylabel, series, hline) in zip(axes[:, 0], panels, strict=True):
+    ranges = list(y_ranges) if y_ranges is not None else [None] * len(panels)
+    for ax, (panel, ylabel, series, hline), y_range in zip(axes[:, 0], panels, ranges, strict=True):
         for label, (xs, ys) in series.items():
             ax.plot(list(xs), list(ys), "--" if "waiting" in label else "-", marker="." if len(xs) < 60 else None,
                     label=label)
         if hline is not None:
             ax.axhline(hline[0], color="#c62828", linewidth=1, linestyle=":", label=hline[1])
+        if y_range is not None:
+            low, high = y_range
+            if high is None:  # a count
+                top = max([1.0, *(float(y) for _, ys in series.values() for y in ys if y is not None)])
+                high = top * 1.1
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(low, high)
         ax.set_title(panel, fontsize=9)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)

@@ -40,6 +40,9 @@ class Point:
     output_throughput: float = 0.0
     total_token_throughput: float = 0.0
     request_throughput: float = 0.0
+    duration: float = 0.0  # seconds, as vLLM's benchmark names it (the same as elapsed_s)
+    total_input_tokens: int = 0  # prompt tokens of the completed requests
+    total_output_tokens: int = 0  # output tokens of the completed requests
     latencies: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(LATENCY_FIELDS))
     peak_running: int = 0
     mean_running: float = 0.0
@@ -53,6 +56,7 @@ class Point:
     effective_usage_pct: float = 0.0
     fragmentation_mean: float = 0.0
     elapsed_s: float = 0.0
+    cpu_time_s: float | None = None  # process CPU seconds of the run's steps (CPU devices): the engine's work alone
     # throughput while the closed loop held all its requests in flight (ramp-up and draining tail left out);
     # None when it never did (fewer requests than the concurrency)
     steady_output_throughput: float | None = None
@@ -94,6 +98,22 @@ class Point:
         return cls(engine, concurrency, scenario, status="error", error=error, traceback=traceback)
 
 
+def shows_figures(point: dict[str, Any]) -> bool:
+    """Whether a point's throughput, latency and steady figures are shown as figures: only an ok point's.
+
+    An OOM point served only the requests its KV memory admitted and rejected the rest, so its figures describe
+    another, lighter workload (a few requests, fast). Every table, plot and console line therefore marks it
+    (:func:`oom_text`) instead of printing or drawing those figures as a normal point; its memory is shown, marked.
+    """
+    return point.get("status") == "ok"
+
+
+def oom_text(point: dict[str, Any]) -> str:
+    """The mark of an OOM point: how many of its requests were turned away."""
+    rejected, completed = point.get("rejected") or 0, point.get("completed") or 0
+    return f"OOM: {rejected:,} of {rejected + completed:,} requests rejected"
+
+
 def point_from_result(result: RunResult, engine: str, concurrency: int, scenario: str, bytes_per_token: int,
                       memory: dict[str, Any] | None = None) -> Point:
     acct = result.accountant
@@ -109,6 +129,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         rejected_oom=len(oom),
         preemptions=result.num_preemptions,
         **result.throughput(),
+        **result.totals(),
         latencies=result.latencies(),
         peak_running=result.peak_running,
         mean_running=acct.mean_running(),
@@ -123,6 +144,7 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         effective_usage_pct=100 * acct.effective_usage(),
         fragmentation_mean=acct.fragmentation_mean(),
         elapsed_s=acct.elapsed_s,
+        cpu_time_s=result.cpu_time_s,
         memory={name: (memory or {}).get(name) for name in (*MEMORY_FIELDS, "nvml_process_peak_bytes")},
         **_steady_fields(result),
         **_output_length_fields(result),
@@ -187,9 +209,10 @@ def aggregate_repeats(points: list[Point]) -> Point:
         if worst is not None:
             merged.status, merged.status_reason, merged.error = status, worst.status_reason, worst.error
             break
-    for name in ("completed", "rejected", "rejected_oom", "preemptions", "mean_running", "kv_pool_bytes",
+    for name in ("completed", "rejected", "rejected_oom", "preemptions", "duration", "total_input_tokens",
+                 "total_output_tokens", "mean_running", "kv_pool_bytes",
                  "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
-                 "elapsed_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
+                 "elapsed_s", "cpu_time_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
                  "output_len_p50", "output_len_p90", "stopped_at_eos"):
         values = _numbers(runs, name)
         if values:  # equal counts stay integers

@@ -28,6 +28,9 @@ POINT_FIELDS = (
     "output_throughput",
     "total_token_throughput",
     "request_throughput",
+    "duration",  # seconds (vLLM's name)
+    "total_input_tokens",
+    "total_output_tokens",
     *LATENCY_FIELDS,
     "peak_running",
     "kv_pool_bytes",
@@ -42,6 +45,11 @@ POINT_FIELDS = (
 STEADY_FIELDS = ("steady_output_throughput", "steady_window_s", "steady_window_pct")
 OUTPUT_LENGTH_FIELDS = ("output_len_mean", "output_len_p50", "output_len_p90", "output_len_max", "stopped_at_eos")
 HINDSIGHT_FIELDS = ("kv_hindsight_oracle_peak_bytes", "kv_hindsight_oracle_mean_bytes")
+# Also added without a bump: vllm bench serve's duration, total_input_tokens, total_output_tokens and the median_
+# and std_ latency statistics (percentiles interpolate linearly, as numpy and vLLM do; earlier runs took the lower
+# rank); the engines a point ran interleaved with and the CPU seconds of its steps (cpu_time_s, CPU devices); a
+# sweep summary's "findings" (its article table in words).
+INTERLEAVED_FIELD = "interleaved_with"
 
 POINT_STATUSES = ("ok", "oom", "error")
 

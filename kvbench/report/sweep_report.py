@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
+from kvbench.report.fields import ms_text
+from kvbench.report.point import oom_text, shows_figures
 from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, markdown_table, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
@@ -61,6 +63,110 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
     return rows
 
 
+EQUAL_WITHIN = 0.10  # a single run's paged/contiguous TPS ratio varies about this much on a shared CPU
+
+
+def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]:
+    """The article table in words, computed from the run: how the engines compare where both held the same
+    batch, and where the contiguous baseline ran out of KV memory (how many requests each held, in how much)."""
+    meta = meta or {}
+    by_key = _by_key(points)
+    equal, fewer, oom = [], [], []
+    for concurrency in sorted({p["concurrency"] for p in points}):
+        paged, contiguous = by_key.get(("paged", concurrency)), by_key.get(("contiguous", concurrency))
+        if not paged or not contiguous or paged["status"] != "ok":
+            continue
+        if contiguous["status"] == "oom":
+            oom.append((concurrency, paged, contiguous))
+        elif contiguous["status"] == "ok" and _positive(contiguous.get("output_throughput")):
+            held_fewer = contiguous["peak_running"] < paged["peak_running"]
+            (fewer if held_fewer else equal).append((concurrency, paged, contiguous))
+    lines = []
+    if equal:
+        threads = (meta.get("threads") or {}).get("threads") or 1
+        lines.append(_equal_batch_finding(equal, bool(meta.get("simulated")), threads))
+    for concurrency, paged, contiguous in fewer:
+        ratio = paged["output_throughput"] / contiguous["output_throughput"]
+        lines.append(f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at "
+                     f"once (the rest waited for a slab) where paging held {paged['peak_running']}: paged TPS "
+                     f"{ratio:.2f}x contiguous, {_memory_phrase(paged, contiguous)}.")
+    for concurrency, paged, contiguous in oom:
+        reserve = meta.get("reserve")
+        why = (f"reserving max-len ({meta['max_len']:,} tokens) per request" if reserve == "max" and meta.get("max_len")
+               else f"reserving by policy {reserve} per request" if reserve else "reserving a slab per request")
+        pool = contiguous.get("kv_pool_bytes") or 0
+        share = f" ({100 * contiguous['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
+        paged_share = f" ({100 * paged['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
+        lines.append(
+            f"At C={concurrency} the contiguous baseline ran out of KV memory: {why}, it held "
+            f"{contiguous['peak_running']} requests at once in {human_bytes(contiguous['kv_peak_allocated_bytes'])}"
+            f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,} "
+            f"(OOM); paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
+            f"{paged_share}: this is where paging wins.")
+    return lines
+
+
+BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time than this: the machine was busy
+
+
+def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, threads: int = 1) -> str:
+    where = ", ".join(f"C={c}" for c, _, _ in equal)
+    ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
+    figures = ", ".join(f"{r:.2f}x" for r in ratios)
+    repeated = all(p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None
+                   for _, p, c in equal)
+    cpu = [_per_cpu_second(p) / _per_cpu_second(c) for _, p, c in equal] if all(
+        _per_cpu_second(p) and _per_cpu_second(c) for _, p, c in equal) else None
+    shares = [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] \
+        if cpu else []
+    busy = bool(shares) and min(shares) < BUSY_SHARE
+    note = ""
+    if simulated:
+        verdict = ("equal by construction: the simulator gives both the same steps and roofline step times"
+                   if all(abs(r - 1) < 1e-9 for r in ratios) else "as the simulator's step times give them")
+    elif repeated:
+        apart = [abs(p["output_throughput"] - c["output_throughput"]) > p["output_throughput_ci95"]
+                 + c["output_throughput_ci95"] for _, p, c in equal]
+        verdict = ("equal: the 95% confidence intervals overlap" if not any(apart) else
+                   "different where the 95% confidence intervals do not overlap: "
+                   + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a))
+    else:
+        judged = cpu if busy else ratios
+        if busy:
+            note = (f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
+                    "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
+                    f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}")
+        if all(abs(r - 1) <= EQUAL_WITHIN for r in judged):
+            verdict = (f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
+                       "(repeated points give confidence intervals)")
+        else:
+            verdict = (f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (repeated points tell a "
+                       "real difference from noise)")
+    reductions = [100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"]) for _, p, c in equal
+                  if _positive(c.get("kv_peak_allocated_bytes"))]
+    memory = ""
+    if reductions:
+        low, high = min(reductions), max(reductions)
+        span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
+        memory = f", while paging allocated {span} less KV memory at peak"
+    return (f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's"
+            f"{note}: {verdict}{memory}.")
+
+
+def _per_cpu_second(point: dict) -> float | None:
+    """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
+    cpu, tokens = point.get("cpu_time_s"), point.get("total_output_tokens")
+    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.get("duration")) else None
+
+
+def _memory_phrase(paged: dict, contiguous: dict) -> str:
+    if not _positive(contiguous.get("kv_peak_allocated_bytes")):
+        return "KV memory not measured"
+    reduction = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
+    return (f"{human_bytes(paged['kv_peak_allocated_bytes'])} of KV memory at peak against "
+            f"{human_bytes(contiguous['kv_peak_allocated_bytes'])} ({reduction:.0f}% less)")
+
+
 def _references(rows: list[dict]) -> list[str]:
     return [engine for engine in REFERENCE_ENGINES if any(row.get(f"{engine}_status") for row in rows)]
 
@@ -87,11 +193,18 @@ def _steady_cell(tps: float | None, status: str | None) -> str:
     return "no window" if tps is None else f"{tps:,.1f}"
 
 
+def _repeated(rows: list[dict]) -> bool:
+    """Whether the rows carry a spread over repeats (``--repeat`` 2 or more)."""
+    return any(row.get(key) is not None for row in rows for key in row if key.endswith("_tps_ci95"))
+
+
 def article_table(rows: list[dict], simulated: bool) -> Table:
     references = _references(rows)
     steady_note = ("TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
                    "(ramp-up and draining tail left out)")
-    table = Table(title="Paged vs contiguous (measured; ± is the 95% CI over repeats)" + (" — SIMULATED" if simulated else ""),
+    spread = "; ± is the 95% CI over repeats" if _repeated(rows) else ""
+    title = f"Paged vs contiguous ({'simulated' if simulated else 'measured'}{spread})"
+    table = Table(title=title + (" — SIMULATED" if simulated else ""),
                   caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""))
     for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction", "steady TPS contiguous",
                    "steady TPS paged", *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)):
@@ -109,32 +222,66 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
     return table
 
 
-def detail_table(points: list[dict]) -> Table:
-    table = Table(title="Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)")
-    for column in ("engine", "C", "status", "done/rej", "out TPS", "steady TPS (window)", "p50/p99 TTFT",
-                   "p50/p99 TPOT", "peak run", "preempt", "used/res/int/ext %", "frag"):
-        table.add_column(column, justify="left" if column in ("engine", "status") else "right")
+DETAIL_TITLE = "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)"
+DETAIL_COLUMNS = ("engine", "C", "done/rej", "out TPS", "steady TPS", "TTFT p50/p99", "TPOT p50/p99", "peak run",
+                  "used/res/int/ext %")  # an OOM or failed point says so where its TPS would be
+WIDE_COLUMNS = ("steady window", "tok/CPU-s", "TTFT mean/std", "TPOT mean/std", "ITL p50/p99", "E2EL p50/p99",
+                "preempt", "KV peak", "frag")
+_HEADERS = {"out TPS": "out\nTPS", "steady TPS": "steady\nTPS", "TTFT p50/p99": "TTFT\np50/p99",
+            "TPOT p50/p99": "TPOT\np50/p99", "peak run": "peak\nrun", "used/res/int/ext %": "used/res/\nint/ext %",
+            "steady window": "steady\nwindow", "tok/CPU-s": "out tok/\nCPU-s", "TTFT mean/std": "TTFT\nmean/std", "TPOT mean/std": "TPOT\nmean/std",
+            "ITL p50/p99": "ITL\np50/p99", "E2EL p50/p99": "E2EL\np50/p99", "KV peak": "KV\npeak"}
+
+
+def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
+    """One row per point in :data:`DETAIL_COLUMNS` (and :data:`WIDE_COLUMNS` with ``wide``): the console's
+    per-point table and summary.md's. An OOM point shows its counts and memory, never its throughput or latency."""
+    rows = []
     for p in points:
         if p["status"] == "error":
-            table.add_row(p["engine"], str(p["concurrency"]), "error", "", "", "", "", "", "", "",
-                          p.get("error", "")[:40], "")
+            row = [p["engine"], str(p["concurrency"]), "-", "error", (p.get("error") or "")[:40]]
+            rows.append(row + [""] * (len(DETAIL_COLUMNS) + (len(WIDE_COLUMNS) if wide else 0) - len(row)))
             continue
+        figures = shows_figures(p)
         w = p["waste"]
-        table.add_row(
-            p["engine"], str(p["concurrency"]), p["status"], f"{p['completed']}/{p['rejected']}",
-            f"{p['output_throughput']:,.1f}", _window_cell(p), _pair(p, "ttft"), _pair(p, "tpot"),
-            str(p["peak_running"]), str(p["preemptions"]),
+        hidden = "OOM" if p["status"] == "oom" else "-"
+        row = [
+            p["engine"], str(p["concurrency"]), f"{p['completed']}/{p['rejected']}",
+            f"{p['output_throughput']:,.0f}" if figures else hidden,
+            _steady_tps(p) if figures else "-",
+            _pair(p, "p50", "p99", "ttft") if figures else "-", _pair(p, "p50", "p99", "tpot") if figures else "-",
+            str(p["peak_running"]),
             f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}",
-            f"{p['fragmentation_mean']:.2f}",
-        )
+        ]
+        if wide:
+            window = p.get("steady_window_s")
+            row += [
+                f"{window:,.2f} s, {p['steady_window_pct']:.0f}%" if figures and window is not None else "-",
+                f"{_per_cpu_second(p):,.0f}" if figures and _per_cpu_second(p) else "-",
+                _pair(p, "mean", "std", "ttft") if figures else "-", _pair(p, "mean", "std", "tpot") if figures else "-",
+                _pair(p, "p50", "p99", "itl") if figures else "-", _pair(p, "p50", "p99", "e2el") if figures else "-",
+                str(p["preemptions"]), human_bytes(p["kv_peak_allocated_bytes"]), f"{p['fragmentation_mean']:.2f}",
+            ]
+        rows.append(row)
+    return rows
+
+
+def detail_table(points: list[dict], wide: bool = False) -> Table:
+    """The per-point table; its default columns fit a 100-column terminal, ``wide`` adds the rest."""
+    columns = (*DETAIL_COLUMNS, *WIDE_COLUMNS) if wide else DETAIL_COLUMNS
+    caption = None if wide else "more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table"
+    table = Table(title=DETAIL_TITLE, caption=caption, show_edge=False)
+    for column in columns:
+        table.add_column(_HEADERS.get(column, column), justify="left" if column == "engine" else "right",
+                         no_wrap=True)
+    for row in detail_rows(points, wide):
+        table.add_row(*row)
     return table
 
 
-def _window_cell(point: dict) -> str:
+def _steady_tps(point: dict) -> str:
     tps = point.get("steady_output_throughput")
-    if tps is None:
-        return "no window"
-    return f"{tps:,.1f} ({point['steady_window_s']:,.2f} s, {point['steady_window_pct']:.0f}%)"
+    return "no window" if tps is None else f"{tps:,.0f}"
 
 
 def steady_warnings(points: list[dict]) -> list[str]:
@@ -204,9 +351,10 @@ def _reservation_caption(meta: dict) -> str:
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
-def _pair(point: dict, kind: str) -> str:
-    a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
-    return "-" if a is None or b is None else f"{a:,.0f}/{b:,.0f}"
+def _pair(point: dict, first: str, second: str, kind: str) -> str:
+    """Two latency statistics of ``kind`` in ms, e.g. ``0.412/0.631`` for p50/p99 of TPOT."""
+    a, b = point.get(f"{first}_{kind}_ms"), point.get(f"{second}_{kind}_ms")
+    return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
 
 
 def shows_output_lengths(meta: dict) -> bool:
@@ -215,11 +363,14 @@ def shows_output_lengths(meta: dict) -> bool:
 
 
 def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, run_dir: Path,
-                meta: dict | None = None) -> None:
-    """The article-shaped table, the detailed table, the output lengths of a real workload, warnings about
-    missing or short steady windows and, when asked, every point's memory waterfall."""
+                meta: dict | None = None, wide: bool = False) -> None:
+    """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
+    output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
+    point's memory waterfall."""
     console.print(article_table(article_rows(points), simulated))
-    console.print(detail_table(points))
+    for line in headline_findings(points, meta):
+        console.print(line)
+    console.print(detail_table(points, wide))
     if meta is not None and shows_output_lengths(meta):
         console.print(output_length_table(points, meta))
     for line in steady_warnings(points):
@@ -247,7 +398,8 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         if point.get("status") != "error":
             point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
     rows = article_rows(points)
-    document = summary_document("sweep", meta, points, article_table=rows)
+    findings = headline_findings(points, meta)
+    document = summary_document("sweep", meta, points, article_table=rows, findings=findings)
     simulated = " (simulated)" if meta.get("simulated") else ""
     md = [f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: {meta.get('budget_source', '')}\n\n"]
     references = _references(rows)
@@ -265,6 +417,10 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
               "out).\n")
     if references:
         md.append(f"\n{REFERENCE_CAPTION}.\n")
+    if findings:
+        md.append("\n" + "\n\n".join(findings) + "\n")
+    md.append(f"\n## {DETAIL_TITLE}\n\n")
+    md.append(markdown_table([*DETAIL_COLUMNS, *WIDE_COLUMNS], detail_rows(points, wide=True)))
     write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
     write_plots(run_dir, meta, points)
     return document
@@ -272,6 +428,29 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
 
 def _plot_label(engine: str) -> str:
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
+
+
+def plot_series(points: list[dict]) -> tuple[dict, dict, dict]:
+    """What throughput.png and latency.png draw: throughput {engine: (concurrency, TPS)}, latency
+    {panel: {"engine p50": (concurrency, ms)}} and the OOM marks {engine: [(concurrency, text)]}. Only ok
+    points are drawn; an OOM point is a mark, never a point on a line."""
+    series: dict[str, tuple[list, list]] = {}
+    latency: dict[str, dict] = {"time to first token (TTFT)": {}, "time per output token (TPOT)": {}}
+    marks: dict[str, list[tuple[float, str]]] = {}
+    for engine in sorted({p["engine"] for p in points}):
+        label = _plot_label(engine)
+        mine = sorted((p for p in points if p["engine"] == engine), key=lambda p: p["concurrency"])
+        shown = [p for p in mine if shows_figures(p)]
+        series[label] = ([p["concurrency"] for p in shown], [p["output_throughput"] for p in shown])
+        timed = [p for p in shown if p.get("p50_tpot_ms") is not None]
+        for stat in ("p50", "p99"):
+            xs = [p["concurrency"] for p in timed]
+            latency["time to first token (TTFT)"][f"{label} {stat}"] = (xs, [p[f"{stat}_ttft_ms"] for p in timed])
+            latency["time per output token (TPOT)"][f"{label} {stat}"] = (xs, [p[f"{stat}_tpot_ms"] for p in timed])
+        oom = [(p["concurrency"], f"OOM ({p['rejected']:,} rejected)") for p in mine if p["status"] == "oom"]
+        if oom:
+            marks[label] = oom
+    return series, latency, marks
 
 
 def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
@@ -285,26 +464,16 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     tag = f"{meta.get('model_name', '')} on {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
     tag += " — SIMULATED" if meta.get("simulated") else ""
     engines = sorted({p["engine"] for p in ok})
-    series = {}
-    for engine in engines:
-        mine = sorted((p for p in ok if p["engine"] == engine and p["status"] == "ok"), key=lambda p: p["concurrency"])
-        series[_plot_label(engine)] = ([p["concurrency"] for p in mine], [p["output_throughput"] for p in mine])
+    series, latency_series, marks = plot_series(ok)
     plots.lines(series, run_dir / "throughput.png", f"Output throughput vs concurrency\n{tag}",
-                "concurrency (requests in flight)", "output tokens / s", "higher")
-    panels: dict[str, dict] = {"time to first token (TTFT)": {}, "time per output token (TPOT)": {}}
-    for engine in engines:
-        mine = sorted((p for p in ok if p["engine"] == engine and p.get("p50_tpot_ms") is not None),
-                      key=lambda p: p["concurrency"])
-        xs = [p["concurrency"] for p in mine]
-        for stat in ("p50", "p99"):
-            label = f"{_plot_label(engine)} {stat}"
-            panels["time to first token (TTFT)"][label] = (xs, [p[f"{stat}_ttft_ms"] for p in mine])
-            panels["time per output token (TPOT)"][label] = (xs, [p[f"{stat}_tpot_ms"] for p in mine])
-    plots.line_panels(panels, run_dir / "latency.png", f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}",
-                      "concurrency (requests in flight)", "latency (ms)", "lower")
+                "concurrency (requests in flight)", "output tokens / s", "higher", marks=marks)
+    plots.line_panels(latency_series, run_dir / "latency.png",
+                      f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}", "concurrency (requests in flight)",
+                      "latency (ms)", "lower", marks=marks)
     ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
     plots.waste_breakdown([f"{p['engine']}\nC={p['concurrency']}" for p in ordered], [p["waste"] for p in ordered],
-                          run_dir / "memory.png", "KV memory breakdown per point", tag)
+                          run_dir / "memory.png", "KV memory breakdown per point", tag,
+                          marks=[None if shows_figures(p) else "OOM" for p in ordered])
     for point in ordered:
         waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
     top = max(p["concurrency"] for p in ok)
@@ -325,9 +494,11 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
             data = json.loads(path.read_text(encoding="utf-8"))
             if engine not in REFERENCE_ENGINES or total_blocks is None:  # the pool of kvbench's own engines
                 total_blocks = data["total_blocks"]
-            timelines[_plot_label(engine)] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
+            point = next((p for p in ok if p["engine"] == engine and p["concurrency"] == top), {})
+            label = _plot_label(engine) + ("" if shows_figures(point) else f" ({oom_text(point)})")
+            timelines[label] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
     if timelines:
         plots.lines(timelines, run_dir / "blocks_over_time.png",
-                    f"KV blocks in use over time at concurrency {top} (pool: {total_blocks} blocks)\n{tag}",
-                    "time since start of the point (s)", "blocks in use", "neither: higher use of a full pool is "
-                    "better, a lower line for the same work is", markers=False, hline=total_blocks)
+                    f"KV blocks in use over time at concurrency {top}, in a pool of {total_blocks:,} blocks\n{tag}",
+                    "time since start of the point (s)", "blocks in use",
+                    "the same work in fewer blocks is better", markers=False, hline=total_blocks)

@@ -111,7 +111,8 @@ def watch_plot(timeline: Timeline, path: Path, free_blocks_threshold: float = 0.
          ("Requests: waiting (dashed) is lower-is-better; running higher is better while nothing waits",
           "requests", requests, None),
          ("New preemptions per scrape (lower is better)", "preemptions", preemptions, None)],
-        path, f"kvbench watch: {timeline.url or timeline.path}\n{sources}", "time since the first scrape (s)")
+        path, f"kvbench watch: {timeline.url or timeline.path}\n{sources}", "time since the first scrape (s)",
+        y_ranges=[(0, 100), (0, None), (0, None)])
 
 
 def _series(times: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:

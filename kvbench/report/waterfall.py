@@ -16,6 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from kvbench.report.fields import value_at
+from kvbench.report.point import oom_text
 from kvbench.values import human_bytes
 
 GAP_FREE = "free KV blocks (external fragmentation included)"
@@ -87,7 +88,9 @@ def waterfall_levels(point: dict[str, Any], device: str | None = None) -> list[d
 
 
 def point_label(point: dict[str, Any]) -> str:
-    return f"{point.get('engine')} C={point.get('concurrency')}"
+    """``engine C=c``, marked when the point ran out of KV memory (what it held then is not a full load)."""
+    label = f"{point.get('engine')} C={point.get('concurrency')}"
+    return label if point.get("status") != "oom" else f"{label} ({oom_text(point)})"
 
 
 def waterfall_table(point: dict[str, Any], levels: list[dict[str, Any]] | None = None) -> Table:

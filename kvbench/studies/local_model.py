@@ -11,7 +11,8 @@ import torch
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.models import cpu_linear
+from kvbench.models import cpu_choices, cpu_linear
+from kvbench.models.cpu_choices import MatmulPlan
 from kvbench.models.gguf_file import is_gguf
 from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.hf_model import (
@@ -50,6 +51,7 @@ class LoadedModel:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # EOS and other ids that end a request
     real_weights: bool = False  # a checkpoint (not a preset's random weights)
     threads: ThreadChoice | None = None  # CPU only: the intra-op threads the matmuls use, and why
+    matmul_plan: MatmulPlan | None = None  # CPU with packing: each weight's matmul path by row count, measured
 
     @property
     def eos_token_id(self) -> int | None:
@@ -96,12 +98,28 @@ def load_model(
         model = load_gguf_model(Path(spec), device=torch_device, dtype=torch_dtype)
     else:
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
-    choice = None
+    choice = plan = None
     if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
-        choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads, probe=_gate_up_probe(model))
+        choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads, probe=_gate_up_probe(model),
+                                dtype=torch_dtype, cache=True)
+        plan = _matmul_plan(model, torch_device, torch_dtype)
     extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
     stops = stop_token_ids(model, tokenizer, extra)
-    return LoadedModel(shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice)
+    return LoadedModel(shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice,
+                       plan)
+
+
+def _matmul_plan(model: Any, device: torch.device, dtype: torch.dtype) -> MatmulPlan | None:
+    """Each matmul weight's path by row count on this CPU at the chosen threads (measured or cached; see
+    kvbench.models.cpu_choices), kept on the model for its runners; None where nothing is packed."""
+    from kvbench.models.runner import matmul_weights
+
+    if not cpu_linear.packing_available(device, dtype):
+        return None
+    try:
+        return cpu_choices.plan_for(model, matmul_weights(model))
+    except ValueError as error:  # an unknown KVBENCH_MATMUL
+        raise KvbenchError(str(error)) from None
 
 
 def _gate_up_probe(model: Any):
@@ -124,7 +142,9 @@ def packed_weight_bytes(loaded: LoadedModel) -> int:
     """What the first engine over ``loaded`` adds by packing its matmul weights for the CPU (0 where it will not)."""
     if not cpu_linear.packing_available(loaded.device, loaded.dtype):
         return 0
-    return cpu_linear.packed_copy_bytes(loaded.model)
+    plan = loaded.matmul_plan
+    copies = plan.copies(loaded.shape.num_layers) if plan else None
+    return cpu_linear.packed_copy_bytes(loaded.model, copies)
 
 
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:

@@ -313,6 +313,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
                     model_shape=loaded.shape.to_dict(),
                     outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
                     threads=loaded.threads.as_dict() if loaded.threads else None,
+                    cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
                     stop=stop, dataset=dataset,
                     output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])))
     return summary_document("share", meta, points, savings=savings(measured, singles))

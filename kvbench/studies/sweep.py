@@ -19,6 +19,7 @@ from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
 from kvbench.report.point import Point, aggregate_repeats, point_from_result, timeline_of
+from kvbench.report.schema import INTERLEAVED_FIELD
 from kvbench.studies.backends.base import PointBackend
 
 
@@ -103,29 +104,27 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
     earlier = [point for key, point in finished.items() if key not in planned]
     points: list[dict] = []
     warmed: set[str] = set()
-    for engine, concurrency in plan.keys():
-        key = (engine, concurrency, plan.scenario)
-        if key in finished:
-            points.append(finished[key])
-            if progress is not None:
-                progress.skip(engine, concurrency)
-            continue
-        try:
-            if engine not in warmed:
-                backend.warm_up(engine, plan.make_warmup())
-                warmed.add(engine)
-            point = _run_point(plan, backend, engine, concurrency, run_dir, progress)
-        except KeyboardInterrupt:
-            raise
-        except KvbenchError:
-            raise
-        except Exception as err:
-            point = Point.failed(engine, concurrency, plan.scenario, f"{type(err).__name__}: {err}",
-                                 traceback.format_exc(limit=5)).to_json()
-        append_jsonl(results_path, point)
-        points.append(point)
-        if point["status"] == "error" and not plan.continue_on_error:
-            raise PointFailed(point, ordered_points([*earlier, *points]))
+    together = backend.interleaved_engines
+    for concurrency in plan.concurrencies:
+        todo = []
+        for engine in plan.engines:
+            key = (engine, concurrency, plan.scenario)
+            if key in finished:
+                points.append(finished[key])
+                if progress is not None:
+                    progress.skip(engine, concurrency)
+            else:
+                todo.append(engine)
+        paired = [engine for engine in todo if engine in together]
+        groups = ([paired] if len(paired) > 1 else []) + [[e] for e in todo if len(paired) < 2 or e not in paired]
+        for group in groups:
+            done = _measure(plan, backend, group, concurrency, run_dir, progress, warmed)
+            for point in done:
+                append_jsonl(results_path, point)
+                points.append(point)
+            failed = next((point for point in done if point["status"] == "error"), None)
+            if failed is not None and not plan.continue_on_error:
+                raise PointFailed(failed, ordered_points([*earlier, *points]))
     return ordered_points([*earlier, *points])
 
 
@@ -157,24 +156,90 @@ class PointFailed(Exception):
         self.points = points  # every point of the run directory, the failed one included
 
 
+def _measure(plan: SweepPlan, backend: PointBackend, group: list[str], concurrency: int, run_dir: Path, progress,
+             warmed: set[str]) -> list[dict[str, Any]]:
+    """The points of ``group`` at ``concurrency`` (several engines: interleaved); a point that raises is recorded
+    with status ``error``. When an interleaved run fails, each engine runs again alone, so that the others'
+    points survive and the error is pinned on the engine that raised it."""
+    try:
+        for engine in group:
+            if engine not in warmed:
+                backend.warm_up(engine, plan.make_warmup())
+                warmed.add(engine)
+        if len(group) > 1:
+            return _run_points_together(plan, backend, group, concurrency, run_dir, progress)
+        return [_run_point(plan, backend, group[0], concurrency, run_dir, progress)]
+    except KeyboardInterrupt:
+        raise
+    except KvbenchError:
+        raise
+    except Exception as err:
+        if len(group) > 1:
+            return [point for engine in group
+                    for point in _measure(plan, backend, [engine], concurrency, run_dir, progress, warmed)]
+        return [Point.failed(group[0], concurrency, plan.scenario, f"{type(err).__name__}: {err}",
+                             traceback.format_exc(limit=5)).to_json()]
+
+
+def _requests_for(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int) -> tuple[list[Request], int]:
+    """A point's fresh request list and how many requests it keeps in flight."""
+    requests = plan.make_requests(concurrency)
+    in_flight = concurrency
+    if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
+        forked = backend.can_fork(engine)
+        requests = parallel_samples(requests, plan.samples, forked)
+        in_flight = concurrency * (1 if forked else plan.samples)
+    return requests, in_flight
+
+
+def _run_points_together(plan: SweepPlan, backend: PointBackend, engines: list[str], concurrency: int,
+                         run_dir: Path, progress) -> list[dict[str, Any]]:
+    """The points of ``engines`` at ``concurrency``, run interleaved step by step (``backend.run_together``):
+    a shared machine's load then falls on every engine alike, and their ratio holds from run to run."""
+    runs: dict[str, list[Point]] = {engine: [] for engine in engines}
+    for repeat in range(plan.repeat):
+        lists = {engine: _requests_for(plan, backend, engine, concurrency) for engine in engines}
+        in_flight = {n for _, n in lists.values()}
+        if len(in_flight) != 1:  # parallel samples: the baseline keeps n copies in flight, paged forks them
+            results = [backend.run(engine, requests, ClosedLoop(n), _on_step(progress, [engine], concurrency, repeat, requests))
+                       for engine, (requests, n) in lists.items()]
+        else:
+            every = [r for requests, _ in lists.values() for r in requests]
+            results = backend.run_together([(engine, lists[engine][0]) for engine in engines], in_flight.pop(),
+                                           _on_step(progress, engines, concurrency, repeat, every))
+        for engine, (result, memory) in zip(engines, results, strict=True):
+            point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
+            point.extra[INTERLEAVED_FIELD] = [other for other in engines if other != engine]
+            if repeat == plan.repeat - 1:
+                _write_timeline(run_dir, engine, concurrency, result)
+            if progress is not None:
+                progress.point_done(engine, concurrency, point)
+            runs[engine].append(point)
+    return [aggregate_repeats(runs[engine]).to_json() for engine in engines]
+
+
+def _on_step(progress, engines: list[str], concurrency: int, repeat: int, requests: list[Request]):
+    if progress is None:
+        return None
+    return progress.step_callback("+".join(engines), concurrency, repeat, len(requests), engines=engines)
+
+
+def _write_timeline(run_dir: Path, engine: str, concurrency: int, result) -> None:
+    write_json_atomic(run_dir / f"timeline-{engine}-c{concurrency}.json",
+                      {"engine": engine, "concurrency": concurrency,
+                       "total_blocks": result.pool_slots // result.block_size, "time_s_blocks": timeline_of(result)})
+
+
 def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path,
                progress) -> dict[str, Any]:
     runs: list[Point] = []
     for repeat in range(plan.repeat):
-        requests = plan.make_requests(concurrency)
-        in_flight = concurrency
-        if plan.samples > 1:  # concurrency counts prompts in flight, each with its n samples
-            forked = backend.can_fork(engine)
-            requests = parallel_samples(requests, plan.samples, forked)
-            in_flight = concurrency * (1 if forked else plan.samples)
+        requests, in_flight = _requests_for(plan, backend, engine, concurrency)
         on_step = progress.step_callback(engine, concurrency, repeat, len(requests)) if progress else None
         result, memory = backend.run(engine, requests, ClosedLoop(in_flight), on_step)
         point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
         if repeat == plan.repeat - 1:
-            timeline_file = run_dir / f"timeline-{engine}-c{concurrency}.json"
-            write_json_atomic(timeline_file, {"engine": engine, "concurrency": concurrency,
-                                              "total_blocks": result.pool_slots // result.block_size,
-                                              "time_s_blocks": timeline_of(result)})
+            _write_timeline(run_dir, engine, concurrency, result)
         if progress is not None:
             progress.point_done(engine, concurrency, point)
         runs.append(point)

@@ -155,6 +155,7 @@ class SweepSetup:
             reserve=config.reserve, admission=config.admission, max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
             threads=self.backend.threads,
+            cpu_matmuls=plan.as_dict() if (loaded := self.backend.loaded) and (plan := loaded.matmul_plan) else None,
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             requests_per_point={str(c): n for c, n in self.counts.items()}, stop=self.workload.stop,
             stop_description=self.stop_text,

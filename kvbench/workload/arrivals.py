@@ -1,4 +1,5 @@
-"""When requests arrive: an open-loop Poisson process, or the arrival times a trace or requests file records.
+"""When requests arrive: an open-loop Poisson process (or its gamma generalisation with a burstiness, as
+``vllm bench serve`` draws it), or the arrival times a trace or requests file records.
 
 Open loop means arrivals do not wait for earlier requests to finish (the closed-loop client of ``sweep``
 does): a fleet under a rate it cannot serve builds queues, as a real service does.
@@ -26,6 +27,30 @@ def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
         raise KvbenchError(f"number of requests must be at least 1, got {count}")
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, count)
     times = np.cumsum(gaps) - gaps[0]  # the first request arrives at 0
+    return [float(t) for t in times]
+
+
+def gamma_arrivals(count: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """``count`` arrival times (seconds from 0) at ``rate`` requests per second whose gaps follow a gamma
+    distribution of shape ``burstiness`` and mean 1 / rate, as in ``vllm bench serve``: 1 is a Poisson process
+    (the same draws as :func:`poisson_arrivals`), under 1 burstier, above 1 more even, infinity evenly spaced.
+    An infinite rate sends everything at 0. Unlike vLLM's bench, the times are not rescaled to end at
+    count / rate: the process is what it is, and the point reports the rate it reached."""
+    if count < 1:
+        raise KvbenchError(f"number of requests must be at least 1, got {count}")
+    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or math.isnan(burstiness) \
+            or burstiness <= 0:
+        raise KvbenchError(f"burstiness must be a positive number (1: Poisson), got {burstiness}")
+    if rate == math.inf:
+        return [0.0] * count
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise KvbenchError(f"arrival rate must be a positive number of requests per second, got {rate}")
+    if burstiness == 1:
+        return poisson_arrivals(count, rate, seed)
+    if math.isinf(burstiness):
+        return [index / rate for index in range(count)]
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), count)
+    times = np.cumsum(gaps) - gaps[0]
     return [float(t) for t in times]
 
 

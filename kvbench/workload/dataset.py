@@ -226,6 +226,7 @@ class DatasetRequest:
     prompt_len: int
     output_len: int | None  # the reference answer's length in tokens; None when the record has none
     prompt_token_ids: list[int] | None = None  # with a tokenizer
+    prompt: str | None = None  # the record's prompt as written (before any chat template)
 
 
 @dataclass
@@ -320,8 +321,8 @@ def sample_dataset(
                            "use another dataset")
     chosen, replace = _draw(len(kept), count, seed)
     picked = [kept[i] for i in chosen]
-    requests = [DatasetRequest(prompt_lens[i], outputs[j], _ids(encodings[i]) if encodings is not None else None)
-                for i, j in zip(picked, chosen, strict=True)]
+    requests = [DatasetRequest(prompt_lens[i], outputs[j], _ids(encodings[i]) if encodings is not None else None,
+                               records[i].prompt) for i, j in zip(picked, chosen, strict=True)]
     return DatasetSample(requests, dataset.path, dataset.format, counter.describe(), dataset.total, len(kept),
                          dict(dataset.skipped), dict(dropped), replace)
 

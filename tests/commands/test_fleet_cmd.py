@@ -81,7 +81,6 @@ def test_fleet_reads_a_jsonl_dataset_and_honours_a_scenarios_dataset(tmp_path):
     (["--rate", "5", "--scale-up", "1.5"], "--scale-up must be in (0, 1]"),
     (["--rate", "5", "--ray-address", "127.0.0.1:1"], "cannot reach the Ray cluster at 127.0.0.1:1"),
     (["--rate", "5", "--ray-address", "no-port"], "is not HOST:PORT"),
-    (["--requests", "5"], "no arrival times: give an arrival rate"),
     (["--rate", "5", "--prefix-groups", "3"], "--prefix-groups and --prefix-len go together"),
     (["--rate", "5", "--dataset", "no-such-file.json"], "dataset not found: no-such-file.json"),
     (["--rate", "5", "--dataset", "real-chat", "--prefix-groups", "2", "--prefix-len", "8"], "brings its own prompts"),

@@ -17,9 +17,11 @@ def run(args: list[str]) -> int:
     return main(["sweep", "--device", "cpu", *args])
 
 
-def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path):
+def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path, capsys):
     out = tmp_path / "run"
-    assert run(["--scenario", scenario, "--out", str(out)]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--wide"]) == 0
+    printed = capsys.readouterr().out
+    assert "E2EL" in printed and "At equal batch" in printed  # the wide per-point table, the finding in words
     for name in ("summary.json", "summary.csv", "summary.md", "results.jsonl", "throughput.png", "latency.png",
                  "memory.png", "blocks_over_time.png"):
         assert (out / name).is_file(), name
@@ -48,6 +50,11 @@ def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path):
         assert row["kv_memory_reduction_pct"] > 0  # max-len slabs hold far more than paged blocks
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4
+    assert summary["findings"] and summary["findings"][0].startswith("At equal batch")
+    for point in summary["points"]:  # each engine ran beside the other, on its own clock and CPU time
+        assert point["interleaved_with"] == [{"paged": "contiguous", "contiguous": "paged"}[point["engine"]]]
+        assert 0 < point["cpu_time_s"] and point["duration"] == point["elapsed_s"]
+        assert point["total_output_tokens"] == pytest.approx(point["output_throughput"] * point["duration"])
 
 
 def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
@@ -55,27 +62,40 @@ def test_resume_skips_finished_points(scenario, tmp_path, monkeypatch):
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 0
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2"]) == 2  # refuses to overwrite
     calls = []
-    original = TensorBackend.run
+    original, together = TensorBackend.run, TensorBackend.run_together
 
     def counting(self, engine, requests, load, on_step):
         calls.append((engine, load.concurrency))
         return original(self, engine, requests, load, on_step)
 
+    def counting_together(self, runs, concurrency, on_step):
+        calls.extend((engine, concurrency) for engine, _ in runs)
+        return together(self, runs, concurrency, on_step)
+
     monkeypatch.setattr(TensorBackend, "run", counting)
+    monkeypatch.setattr(TensorBackend, "run_together", counting_together)
     assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2,4", "--resume"]) == 0
     assert sorted(calls) == [("contiguous", 4), ("paged", 4)]
     assert len(json.loads((out / "summary.json").read_text())["points"]) == 4
 
 
 def test_a_failing_point_is_recorded_and_the_others_survive(scenario, tmp_path, monkeypatch, capsys):
-    original = TensorBackend.run
+    """The engines of a point run interleaved; when one fails, each runs again alone: the error is the failing
+    engine's, the other's point survives."""
+    original, together = TensorBackend.run, TensorBackend.run_together
 
     def flaky(self, engine, requests, load, on_step):
         if engine == "contiguous" and load.concurrency == 2:
             raise RuntimeError("injected failure")
         return original(self, engine, requests, load, on_step)
 
+    def flaky_together(self, runs, concurrency, on_step):
+        if concurrency == 2:
+            raise RuntimeError("injected failure of the pair")
+        return together(self, runs, concurrency, on_step)
+
     monkeypatch.setattr(TensorBackend, "run", flaky)
+    monkeypatch.setattr(TensorBackend, "run_together", flaky_together)
     out = tmp_path / "run"
     assert run(["--scenario", scenario, "--out", str(out), "--continue-on-error"]) == 1  # ran on, but failed
     assert "1 of 4 points failed" in capsys.readouterr().err
@@ -422,3 +442,32 @@ def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, ca
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [
         "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_path, monkeypatch, capsys, dtype):
+    """``--dtype bf16`` and ``fp16`` on a CPU, with the start-up measurements on (they once crashed the thread probe:
+    float32 activations against a half-precision weight): threads and matmul paths measured at the run's dtype,
+    printed, kept in the metadata and cached for the next run."""
+    from kvbench.models import threads
+
+    monkeypatch.delenv("KVBENCH_THREADS", raising=False)
+    monkeypatch.delenv("KVBENCH_MATMUL", raising=False)
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    for attempt in ("first", "second"):
+        out = tmp_path / f"run-{attempt}"
+        assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--dtype", dtype]) == 0
+        meta = json.loads((out / "summary.json").read_text())["meta"]
+        printed = capsys.readouterr().out
+        assert "measured the model's" in meta["threads"]["reason"]
+        assert ("cached, measured" in meta["threads"]["reason"]) == (attempt == "second")
+        assert f"CPU threads: {meta['threads']['threads']} (measured" in printed
+        if dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
+            plan = meta["cpu_matmuls"]
+            assert plan["dtype"] == "bf16" and set(plan["weights"]) == {"qkv_proj", "o_proj", "gate_up_proj",
+                                                                         "down_proj", "lm_head"}
+            assert plan["source"].startswith("cached" if attempt == "second" else "measured now")
+            assert "CPU matmul paths, " in printed and "lm_head [512 x 64]" in printed
+        else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured
+            assert meta["cpu_matmuls"] is None

@@ -247,17 +247,17 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
     again = ModelRunner(model, num_blocks=8, block_size=4)
     assert again.layers[0].qkv_proj is packed.layers[0].qkv_proj and again.lm_head is packed.lm_head
     plain = ModelRunner(model, num_blocks=8, block_size=4, packed_weights=False)
-    assert packed.packed_weights and packed.layers[0].qkv_proj.packed.is_mkldnn and not plain.packed_weights
+    onednn = packed.layers[0].qkv_proj.copies[cpu_linear.ONEDNN]
+    assert packed.packed_weights and onednn.packed.is_mkldnn and not plain.packed_weights
     assert packed.layers[0].qkv_proj.plain.data_ptr() == plain.layers[0].qkv_proj.data_ptr()  # not a third copy
     assert not model.model.layers[0].self_attn.q_proj.weight.is_mkldnn
     chunk = [([3, 1, 4, 1, 5], 0, [0, 1])]
     torch.testing.assert_close(packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)),
                                rtol=1e-4, atol=1e-4)
-    rows = torch.randn(cpu_linear.PLAIN_FROM_ROWS, GQA.hidden_size)  # a long prefill multiplies by the plain weight
     weight = packed.layers[0].gate_up_proj
-    assert torch.equal(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain))
-    torch.testing.assert_close(cpu_linear.linear(rows[:8], weight), torch.nn.functional.linear(rows[:8], weight.plain),
-                               rtol=1e-4, atol=1e-4)
+    rows = torch.randn(300, GQA.hidden_size)
+    torch.testing.assert_close(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain),
+                               rtol=1e-4, atol=1e-4)  # (which path takes which row count: test_cpu_choices.py)
 
 
 def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,12 +274,12 @@ def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(mo
     runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=16)
     weights = [runner.lm_head, *(getattr(layer, name) for layer in runner.layers
                                  for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))]
-    assert all(isinstance(w, cpu_amx.AmxWeight) for w in weights)
+    assert all(set(w.copies) == {"AMX"} and isinstance(w.copies["AMX"], cpu_amx.AmxWeight) for w in weights)
     expected = _generate(GQA, NEW_TOKENS, model)
     outputs = runner_greedy(runner, make_prompts(GQA.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
     assert outputs == expected
     unrounded = ModelRunner(build_random_model(GQA, seed=7), num_blocks=8, block_size=16)
-    assert not isinstance(unrounded.layers[0].qkv_proj, cpu_amx.AmxWeight)  # any float32 value: oneDNN's path
+    assert set(unrounded.layers[0].qkv_proj.copies) == {"oneDNN-packed"}  # any float32 value: oneDNN's path
 
 
 def test_fuse_rows_with_biases_fills_missing_ones_with_zeros() -> None:
@@ -325,3 +325,50 @@ def test_half_precision_runs_and_agrees(dtype: torch.dtype) -> None:
     with torch.no_grad():
         expected = model(torch.tensor([prompt])).logits[0, -1].float()
     torch.testing.assert_close(logits[0], expected, rtol=0, atol=0.15)
+
+
+def test_matmul_rows_bound_the_row_counts_a_packed_weight_meets() -> None:
+    """Every step size from 1 to 1,024 rows meets 56 row counts: at most 25% over up to 64 rows
+    (decode batches), 12.5% above (prefills)."""
+    from kvbench.models.runner import DECODE_ROWS, EXACT_ROWS, matmul_rows
+
+    sizes = range(1, 1025)
+    padded = [matmul_rows(rows) for rows in sizes]
+    assert all(rows <= p <= rows * (1.25 if rows <= DECODE_ROWS else 1.125) for rows, p in zip(sizes, padded, strict=True))
+    assert [matmul_rows(rows) for rows in range(1, EXACT_ROWS + 1)] == list(range(1, EXACT_ROWS + 1))
+    assert sorted({matmul_rows(rows) for rows in range(EXACT_ROWS + 1, DECODE_ROWS + 1)}) == [20, 24, 28, 32, 40, 48,
+                                                                                                56, 64]
+    assert len(set(padded)) == EXACT_ROWS + 4 * 2 + 8 * 4  # 4 steps in each power of two to 64, 8 from 64 to 1024
+    assert matmul_rows(65) == 72 and matmul_rows(300) == 320 and matmul_rows(1000) == 1024
+
+
+def test_a_prefill_multiplies_packed_weights_at_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill step of an odd token count reaches oneDNN padded to its bucket, and its logits are unchanged."""
+    from kvbench.models import cpu_linear
+    from kvbench.models.runner import matmul_rows
+
+    if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
+        pytest.skip("oneDNN packing unavailable here")
+    model = build_random_model(GQA, seed=7)
+    packed = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=16)
+    plain = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=16, packed_weights=False)
+    seen: list[int] = []
+    real_linear = cpu_linear.linear
+
+    def spy(x: torch.Tensor, weight, bias=None) -> torch.Tensor:
+        if cpu_linear.path_at(weight, x.shape[0]) == cpu_linear.ONEDNN:
+            seen.append(x.shape[0])
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(cpu_linear, "linear", spy)
+    prompts = make_prompts(GQA.vocab_size, (70, 61, 9))  # 140 tokens: padded to 144
+    blocks = BlockCounter()
+    chunks = [(p, 0, blocks.take(len(p), 16)) for p in prompts]
+    logits = packed.forward(packed.build_step(chunks))
+    assert set(seen) == {matmul_rows(140), len(prompts)} and matmul_rows(140) == 144  # layers at 144, lm_head at 3
+    seen.clear()
+    decode = [(p[-1:], len(p) - 1, table) for p, (_, _, table) in zip(prompts, chunks, strict=True)] * 6  # 18 rows
+    packed.forward(packed.build_step(decode))
+    assert set(seen) == {matmul_rows(18)} == {20}  # a decode batch of 18 multiplies 20 rows
+    assert logits.shape == (3, GQA.vocab_size)
+    torch.testing.assert_close(logits, plain.forward(plain.build_step(chunks)), rtol=1e-4, atol=1e-4)

@@ -67,3 +67,29 @@ def test_auto_times_the_engines_own_matmul(monkeypatch):
         choice = choose_threads(256, 512, probe=lambda counted=counted, path=path: (counted, path))
         assert f"the model's {path} [16 x 256] decode matmul" in choice.reason
         assert len(calls) == 2 * 2 * threads_module.ROUNDS  # every candidate, every round, untimed call and timed
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_are_timed_at_their_dtype(monkeypatch, dtype):
+    """The probe multiplies activations of the model's dtype (float32 ones against a bfloat16 weight made oneDNN
+    fail and float16 ones F.linear)."""
+    from kvbench.models import cpu_linear
+
+    monkeypatch.delenv(threads_module.ENV, raising=False)
+    monkeypatch.setattr(threads_module, "available_cores", lambda: 2)
+    weight = (torch.randn(512, 256) / 16).to(dtype)
+    choice = choose_threads(256, 256, probe=lambda: cpu_linear.probe_linear(weight), dtype=dtype)
+    assert choice.threads in (1, 2) and "[16 x 256] decode matmul" in choice.reason
+    assert "plain" in choose_threads(256, 256, dtype=dtype).reason  # no probe: a random weight of that dtype
+
+
+def test_the_timings_are_cached_per_machine_and_shape(monkeypatch, tmp_path):
+    monkeypatch.delenv(threads_module.ENV, raising=False)
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(threads_module, "available_cores", lambda: 2)
+    first = choose_threads(64, 128, cache=True)
+    assert "measured now at load" in first.reason and len(list((tmp_path / "cache").glob("cpu-threads-*"))) == 1
+    again = choose_threads(64, 128, cache=True)
+    assert (again.threads, again.reason.split(";")[0]) == (first.threads, first.reason.split(";")[0])
+    assert "cached, measured" in again.reason
+    assert "measured now" in choose_threads(64, 256, cache=True).reason  # another shape: measured

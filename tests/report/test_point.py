@@ -70,6 +70,10 @@ def test_points_carry_steady_figures_output_lengths_and_the_hindsight_bound():
     assert point["kv_hindsight_oracle_peak_bytes"] < point["kv_peak_allocated_bytes"] / 2
     paged = point_from_result(result, "paged", 3, "s", bytes_per_token=10).to_json()
     assert "kv_hindsight_oracle_peak_bytes" not in paged
+    # vllm bench serve's totals: tokens of the completed requests, and the run's duration
+    assert point["total_input_tokens"] == 6 * 4 and point["total_output_tokens"] == 30
+    assert point["duration"] == point["elapsed_s"] > 0
+    assert point["output_throughput"] == pytest.approx(point["total_output_tokens"] / point["duration"])
 
 
 def test_repeats_average_the_steady_figures():

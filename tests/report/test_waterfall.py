@@ -113,3 +113,11 @@ def test_table_and_plot(point, tmp_path):
     assert path.name == "waterfall-paged-c10.png"
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_an_oom_points_waterfall_says_so():
+    from kvbench.report.waterfall import point_label
+
+    assert point_label({"engine": "paged", "concurrency": 50, "status": "ok"}) == "paged C=50"
+    oom = {"engine": "contiguous", "concurrency": 50, "status": "oom", "completed": 30, "rejected": 170}
+    assert point_label(oom) == "contiguous C=50 (OOM: 170 of 200 requests rejected)"

@@ -106,6 +106,8 @@ def test_streamed_events_are_server_sent_events_as_vllm_writes_them(server):
     # a token per event, or several in one when the front end reads a step late (the engine runs on)
     assert sum(len(b["choices"][0]["token_ids"]) for b in bodies) == 3 and 1 <= len(bodies) <= 3
     assert [b["choices"][0]["finish_reason"] for b in bodies] == [None] * (len(bodies) - 1) + ["length"]
+    _, _, whole = http(server, "/v1/completions", {**body, "stream": False})
+    assert "".join(b["choices"][0]["text"] for b in bodies) == json.loads(whole)["choices"][0]["text"]
 
 
 def test_models_health_version_and_metrics(server):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.workload.arrivals import poisson_arrivals, recorded_arrivals
+from kvbench.workload.arrivals import gamma_arrivals, poisson_arrivals, recorded_arrivals
 
 
 def test_poisson_arrivals_are_seeded_sorted_and_at_the_rate():
@@ -48,3 +50,24 @@ def test_bad_recorded_arrivals_are_one_line_errors(tmp_path, rows, message):
     path.write_text(rows)
     with pytest.raises(KvbenchError, match=message):
         recorded_arrivals(path)
+
+
+def test_gamma_arrivals_have_the_rate_and_burstiness_asked():
+    assert gamma_arrivals(50, 3.0, 1.0, 5) == poisson_arrivals(50, 3.0, 5)  # burstiness 1 is the Poisson process
+    for burstiness in (0.25, 1.0, 4.0):
+        times = gamma_arrivals(20000, 50.0, burstiness, seed=2)
+        gaps = np.diff(times)
+        assert times[0] == 0.0 and 1 / gaps.mean() == pytest.approx(50.0, rel=0.03)
+        # a gamma of shape k has a coefficient of variation 1 / sqrt(k)
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+    assert gamma_arrivals(4, 2.0, math.inf, 0) == [0.0, 0.5, 1.0, 1.5]
+    assert gamma_arrivals(3, math.inf, 1.0, 0) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("rate", "burstiness", "message"), [
+    (0.0, 1.0, "arrival rate"), (float("nan"), 1.0, "arrival rate"), (-2.0, 1.0, "arrival rate"),
+    (1.0, 0.0, "burstiness"), (1.0, float("nan"), "burstiness"), (1.0, -1.0, "burstiness"),
+])
+def test_gamma_arrivals_refuse_values_outside_their_meaning(rate, burstiness, message):
+    with pytest.raises(KvbenchError, match=message):
+        gamma_arrivals(3, rate, burstiness, 0)

@@ -6,16 +6,19 @@ differently and expose different things. Each family has a reader that maps its 
 judge it instead of guessing.
 
 - kvbench: blocks used / free / capacity, online fragmentation, block-allocation latency histogram, running and
-  waiting requests, preemptions, finished requests.
+  waiting requests, preemptions, finished requests, generated tokens.
 - vLLM (V1 engine, names as in its Production Metrics docs): ``kv_cache_usage_perc`` (share of the usable
   blocks in use: vLLM keeps one null block aside), ``num_requests_running``, ``num_requests_waiting`` (and
   ``num_requests_waiting_by_reason``), ``num_preemptions_total``, ``request_success_total`` (finished, by
   reason), ``prefix_cache_queries_total`` / ``prefix_cache_hits_total`` (tokens), the ``request_prompt_tokens``
-  and ``request_generation_tokens`` histograms, and ``cache_config_info`` (block size, block counts, memory
-  settings) in its labels. Older names (``gpu_cache_usage_perc``, ``gpu_prefix_cache_*``) are read too.
+  and ``request_generation_tokens`` histograms, ``prompt_tokens_total`` / ``generation_tokens_total``, the
+  ``time_to_first_token_seconds`` histogram's sum and count, and ``cache_config_info`` (block size, block
+  counts, memory settings) in its labels. Older names (``gpu_cache_usage_perc``, ``gpu_prefix_cache_*``) are
+  read too.
 - SGLang: ``token_usage`` (share of the token pool in use), ``num_running_reqs``, ``num_queue_reqs``,
-  ``cache_hit_rate``, ``num_used_tokens``, ``num_requests_total``; where present ``max_total_num_tokens``,
-  ``page_size`` and the cumulative ``num_retracted_requests_total`` (SGLang's preemptions).
+  ``cache_hit_rate``, ``num_used_tokens``, ``num_requests_total``, ``prompt_tokens_total`` /
+  ``generation_tokens_total``; where present ``max_total_num_tokens``, ``page_size``, the cumulative
+  ``num_retracted_requests_total`` (SGLang's preemptions) and the ``time_to_first_token_seconds`` histogram.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class ServerState:
     prefix_hit_rate: float | None = None  # SGLang reports the rate itself
     prompt_tokens_mean: float | None = None  # over finished requests
     generation_tokens_mean: float | None = None
+    prompt_tokens: float | None = None  # cumulative prompt tokens processed (prefilled)
+    generation_tokens: float | None = None  # cumulative tokens generated
+    ttft_sum_s: float | None = None  # the server's time-to-first-token histogram: sum of seconds and count,
+    ttft_count: float | None = None  # cumulative (a mean over a window is a difference of both)
     alloc_buckets: list[tuple[float, float]] = field(default_factory=list)  # kvbench allocation latency (le, count)
     config: dict[str, str] = field(default_factory=dict)  # settings the engine reports (vLLM cache_config_info)
     invalid: dict[str, str] = field(default_factory=dict)  # field -> why its value was set aside (validity.py)
@@ -179,7 +186,8 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
             fragmentation=_value(group, names.FRAGMENTATION),
             running=_value(group, names.RUNNING), waiting=_value(group, names.WAITING),
             preemptions=_value(group, names.PREEMPTIONS),
-            finished=_value(group, names.FINISHED), alloc_buckets=buckets))
+            finished=_value(group, names.FINISHED),
+            generation_tokens=_value(group, names.GENERATED_TOKENS), alloc_buckets=buckets))
     return states
 
 
@@ -219,7 +227,11 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
             finished=_value(group, "vllm:request_success_total"),
             prefix_queries=queries, prefix_hits=hits,
             prompt_tokens_mean=_mean(group, "vllm:request_prompt_tokens"),
-            generation_tokens_mean=_mean(group, "vllm:request_generation_tokens"), config=config))
+            generation_tokens_mean=_mean(group, "vllm:request_generation_tokens"),
+            prompt_tokens=_value(group, "vllm:prompt_tokens_total"),
+            generation_tokens=_value(group, "vllm:generation_tokens_total"),
+            ttft_sum_s=_value(group, "vllm:time_to_first_token_seconds_sum"),
+            ttft_count=_value(group, "vllm:time_to_first_token_seconds_count"), config=config))
     return states
 
 
@@ -241,7 +253,11 @@ def _sglang(samples: list[Sample]) -> list[ServerState]:
             waiting=_value(group, "sglang:num_queue_reqs"),
             preemptions=_value(group, "sglang:num_retracted_requests_total"),  # the gauge of the same stem is per batch
             finished=_value(group, "sglang:num_requests_total"),
-            prefix_hit_rate=_value(group, "sglang:cache_hit_rate")))
+            prefix_hit_rate=_value(group, "sglang:cache_hit_rate"),
+            prompt_tokens=_value(group, "sglang:prompt_tokens_total"),
+            generation_tokens=_value(group, "sglang:generation_tokens_total"),
+            ttft_sum_s=_value(group, "sglang:time_to_first_token_seconds_sum"),
+            ttft_count=_value(group, "sglang:time_to_first_token_seconds_count")))
     return states
 
 

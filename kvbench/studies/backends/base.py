@@ -13,12 +13,12 @@ loop: ``kvbench.engine.client``), the backend only the transport that carries it
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvbench.engine.client import Load
+from kvbench.engine.client import ClosedLoop, Load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
@@ -89,6 +89,17 @@ class PointBackend(Protocol):
         """The run and its memory peaks (results-schema ``memory`` names; empty where none are measured)."""
         ...
 
+    @property
+    def interleaved_engines(self) -> frozenset[str]:
+        """The engines whose points at one concurrency :meth:`run_together` steps in turn (empty: none)."""
+        ...
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+        """Each engine's run at ``concurrency`` closed-loop, stepped in turn where the engines interleave (a
+        shared machine's load then falls on each alike); one ``run`` result per engine, in order."""
+        ...
+
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
         """Time every KV block allocation of ``engine`` (backends offering ``LIVE_KV``)."""
         ...
@@ -150,3 +161,9 @@ def checkpoint_dir(model: str, title: str) -> Path:
         raise KvbenchError(f"{title} needs a local checkpoint directory as the model; {model!r} is not one "
                            "(a preset's random weights exist only inside kvbench)")
     return path
+
+
+def run_one_after_another(backend: PointBackend, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                          on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    """``run_together`` of a backend whose engines do not interleave: each run alone, in order."""
+    return [backend.run(engine, requests, ClosedLoop(concurrency), on_step) for engine, requests in runs]

@@ -7,7 +7,7 @@ plus one line in :data:`BACKENDS`. Nothing else names it: the sweep asks the spe
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvbench.engine.client import Load
@@ -24,6 +24,7 @@ from kvbench.studies.backends.base import (
     OnStep,
     PointBackend,
     checkpoint_dir,
+    run_one_after_another,
 )
 from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
@@ -156,6 +157,17 @@ class RoutedBackend:
 
     def run(self, engine: str, requests: list[Request], load: Load, on_step: OnStep | None) -> tuple[RunResult, dict]:
         return self.backend_for(engine).run(engine, requests, load, on_step)
+
+    @property
+    def interleaved_engines(self) -> frozenset[str]:
+        """The provider's interleaved engines that the provider runs (an engine routed elsewhere does not)."""
+        return frozenset(e for e in self.provider.interleaved_engines if self.backend_for(e) is self.provider)
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+        if all(engine in self.interleaved_engines for engine, _ in runs):
+            return self.provider.run_together(runs, concurrency, on_step)
+        return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
         self.backend_for(engine).observe_allocations(engine, observer)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvbench.engine.client import Load
@@ -18,7 +18,15 @@ from kvbench.models.gpus import GpuSpec, resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import ModelShape
 from kvbench.preflight import check_context_length
-from kvbench.studies.backends.base import BackendSetup, BackendSpec, BuildContext, Need, Offer, OnStep
+from kvbench.studies.backends.base import (
+    BackendSetup,
+    BackendSpec,
+    BuildContext,
+    Need,
+    Offer,
+    OnStep,
+    run_one_after_another,
+)
 from kvbench.studies.kv_budget import PoolBudget, gpu_preset_budget, size_pool
 from kvbench.studies.run_options import RunOptions
 
@@ -30,6 +38,7 @@ class SimulatedBackend:
 
     loaded = None  # no model runs
     threads = None
+    interleaved_engines: frozenset[str] = frozenset()  # a virtual clock: no machine load to share
 
     def __init__(self, shape: ModelShape, gpu: GpuSpec, base: EngineConfig) -> None:
         self.shape = shape
@@ -59,6 +68,10 @@ class SimulatedBackend:
         if on_step is not None:
             on_step(engine, None, len(result.completed))
         return result, {}
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+        return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
         """No live allocations to time: the simulator jumps over steps."""

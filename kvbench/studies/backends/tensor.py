@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 
 from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.interleave import run_interleaved
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
@@ -74,6 +75,17 @@ class TensorBackend:
         with MemorySampler(self._loaded.device) as sampler:
             result = runner.run(requests, load, on_step=on_step)
         return result, sampler.peaks.as_dict()
+
+    interleaved_engines = frozenset(MANAGERS)  # kvbench's own engines: run_together steps them in turn
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+        """The engines' points at one concurrency, stepped in turn so that the machine's load falls on each
+        alike (see :mod:`kvbench.engine.interleave`); the memory peaks are the process's over the group."""
+        with MemorySampler(self._loaded.device) as sampler:
+            results = run_interleaved([(self.engine(name), requests) for name, requests in runs], concurrency,
+                                      on_step)
+        return [(result, sampler.peaks.as_dict()) for result in results]
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
         self.engine(engine).alloc_observer = observer

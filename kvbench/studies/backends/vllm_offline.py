@@ -38,6 +38,7 @@ from kvbench.studies.backends.base import (
     Offer,
     OnStep,
     checkpoint_dir,
+    run_one_after_another,
 )
 
 INSTALL_HINT = ("vLLM is not installed here: install it with `pip install vllm` (CPU-only machines: `pip install "
@@ -294,6 +295,7 @@ class VllmBackend:
 
     loaded = None  # vLLM loads the checkpoint itself, in its own processes
     threads = None
+    interleaved_engines: frozenset[str] = frozenset()  # vLLM steps its own engine
 
     def __init__(self, settings: VllmSettings, base: EngineConfig, bytes_per_token: int,
                  build: Callable[[VllmSettings], Any] | None = None) -> None:
@@ -312,6 +314,10 @@ class VllmBackend:
 
     def can_fork(self, engine: str) -> bool:
         return False  # parallel samples are sent as copies, as to the contiguous baseline
+
+    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
+                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+        return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
         """vLLM's allocations are its own: nothing to time from here."""

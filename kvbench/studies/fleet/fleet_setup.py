@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.limits import check_arrival_span, check_rate, check_settings
+from kvbench.studies.fleet.load import WAVES, LoadEstimate, rate_for_usage
 from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
@@ -97,23 +99,31 @@ class FleetSetup:
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
         workload = _workload(options, spec, seed, vocab)
+        extra: dict[str, Any] = {}
+        load = None
+        if options.rate is None and workload.arrival_times is None and options.simulate:  # rate from capacity
+            options, workload, load = _loaded(options, spec, seed, vocab, budget, workload)
+            extra["rate_chosen"] = {"usage": load.usage, "running_per_instance": load.running_per_instance}
         pairs, file_times = workload.pairs, workload.arrival_times
         if options.rate is not None:
             check_rate(options.rate, len(pairs), options.simulate)  # before drawing arrivals that never end
             times = poisson_arrivals(len(pairs), options.rate, _derived_seed(seed, "arrivals"))
-            arrival_source = f"Poisson at {options.rate:g} req/s (seed {seed})"
+            arrival_source = f"Poisson at {options.rate:.3g} req/s (seed {seed})"
+            if load is not None:
+                arrival_source += f", {load.sentence(options.instances)}"
         elif file_times is not None:
             times = file_times
             arrival_source = f"arrival times recorded in {options.requests_file or options.trace}"
         else:
-            raise KvbenchError("no arrival times: give an arrival rate, or a trace / requests file whose rows "
-                               "carry arrival_time")
+            raise KvbenchError("no arrival times: give an arrival rate (a real fleet's step times are not known "
+                               "before it runs; a simulated one gets a rate from its capacity), or a trace / "
+                               "requests file whose rows carry arrival_time")
         check_arrival_span(times, options.simulate, arrival_source)
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
                    budget.bytes_per_token, vocab, pairs, workload.prompt_ids, times, arrival_source, workload.skipped,
-                   budget.timing, workload.dataset)
+                   budget.timing, workload.dataset, extra)
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -162,8 +172,24 @@ class FleetSetup:
                 "startup_s": options.startup_s if options.simulate else "measured"},
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             dataset=self.dataset.as_dict() if self.dataset else None, stop="length",
-            ray_address=options.ray_address,
+            ray_address=options.ray_address, rate_chosen=self.extra.get("rate_chosen"),
         )
+
+
+def _loaded(options: FleetOptions, spec: Scenario, seed: int, vocab: int, budget: FleetBudget,
+            workload: Workload) -> tuple[FleetOptions, Workload, LoadEstimate]:
+    """Options with the rate that loads the simulated fleet to :data:`load.TARGET_USAGE` of its blocks, and (unless
+    ``--requests`` was given, or a file fixes the rows) enough requests for :data:`load.WAVES` fleets-full of them,
+    so that the load holds a while rather than being mostly ramp-up and tail."""
+    config = budget.config
+    load = rate_for_usage(workload.pairs, budget.timing, config.block_size, config.num_blocks, options.instances)
+    wanted = WAVES * math.ceil(load.running_per_instance * options.instances)
+    fixed = options.requests is not None or options.requests_file is not None or options.trace is not None
+    if not fixed and wanted > len(workload.pairs):
+        check_run_counts(requests=wanted, block_size=config.block_size)
+        workload = _workload(replace(options, requests=wanted), spec, seed, vocab)
+        load = rate_for_usage(workload.pairs, budget.timing, config.block_size, config.num_blocks, options.instances)
+    return replace(options, rate=load.rate), workload, load
 
 
 def _derived_seed(seed: int, what: str) -> int:

@@ -45,6 +45,10 @@ def test_recorded_vllm_server_idle_and_after():
     (after,) = read_states(vllm_text("after"))
     assert (after.usage, after.running, after.finished) == (0, 0, 9)
     assert after.prompt_tokens_mean == pytest.approx(149 / 9) and after.generation_tokens_mean == pytest.approx(520 / 9)
+    # the cumulative counters and the TTFT histogram an endpoint point differences over its load
+    assert (idle.prompt_tokens, idle.generation_tokens, idle.ttft_count, idle.ttft_sum_s) == (0, 0, 0, 0)
+    assert (after.prompt_tokens, after.generation_tokens, after.ttft_count) == (149, 520, 9)
+    assert after.ttft_sum_s == pytest.approx(3.9395558834075928)
 
 
 def documented_vllm_names() -> set[str]:
@@ -76,6 +80,7 @@ def test_sglang_from_its_documented_example():
     assert (state.usage, state.running, state.waiting) == (0.28, 162, 2826)
     assert state.hit_rate == pytest.approx(0.0075075, rel=1e-4)  # SGLang reports the rate itself
     assert state.preemptions is None and state.total_blocks is None  # not in the documented example
+    assert (state.prompt_tokens, state.generation_tokens, state.ttft_count) == (8.128902e6, 7.557572e6, None)
 
 
 def test_sglang_capacity_page_size_and_retractions_when_exposed():

@@ -1,0 +1,116 @@
+"""float32 linear layers over a bfloat16 copy of weights that are exactly bfloat16 (the method:
+``cpu_bf16_weights.c``), for CPUs without AMX.
+
+Why: a decode step reads every weight once for a few dozen rows, so on a CPU its matmuls wait on memory. Published
+checkpoints are stored in bfloat16; loaded as float32 their weights are still bfloat16 numbers, so a bfloat16 copy
+of them is exact and half the bytes. The kernel widens each weight back to float32 as it reads it and multiplies
+with float32 multiply-adds: a float32 product (within float32's error bound; greedy tokens stay those of
+``transformers`` in float32) that reads half of what oneDNN's float32 copy does. Where AMX is present,
+:mod:`kvbench.kernels.cpu_amx` does more with the same copy; whether this kernel beats oneDNN's at a row count is
+measured on the machine (:mod:`kvbench.models.cpu_choices`), not assumed: it wins where a step waits on memory
+(decode) and may lose where it waits on arithmetic (long prefills).
+
+Used where the C kernels are built, the weight is float32 holding only bfloat16 values, and ``KVBENCH_BF16_WEIGHTS``
+is not ``0``. With torch on several threads, the output columns are shared among that many threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.kernels import cpu_amx, cpu_native
+
+ENV = "KVBENCH_BF16_WEIGHTS"
+STRIP = 32  # output columns per packed strip
+MIN_WEIGHT_ELEMENTS = 1 << 16  # smaller weights: the fixed costs outweigh the gain
+_pool_state: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot run here, or None."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"turned off by {ENV}=0"
+    if cpu_native._load() is None:
+        return cpu_native.unavailable_reason()
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def takes(weight: torch.Tensor) -> bool:
+    """Whether :func:`pack` should take this weight: available, a large float32 CPU matrix of bfloat16 values."""
+    return (weight.device.type == "cpu" and weight.dim() == 2 and weight.numel() >= MIN_WEIGHT_ELEMENTS
+            and available() and cpu_amx.exactly_bf16(weight))
+
+
+@dataclass(frozen=True)
+class Bf16Weight:
+    """A linear weight ``[out, in]`` and its bfloat16 copy in the kernel's strip layout (use it through
+    :func:`linear`)."""
+
+    plain: torch.Tensor
+    packed: torch.Tensor  # [n_pad / 32, k, 32] bfloat16
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.plain.shape
+
+
+def pack(weight: torch.Tensor) -> Bf16Weight:
+    """``weight`` with its bfloat16 copy laid out as the kernel reads it: for each 32 output columns, the k rows of
+    their 32 values."""
+    n, k = weight.shape
+    n_pad = -(-n // STRIP) * STRIP
+    padded = torch.zeros((n_pad, k), dtype=torch.bfloat16)
+    padded[:n] = weight
+    return Bf16Weight(weight, padded.view(n_pad // STRIP, STRIP, k).transpose(1, 2).contiguous())
+
+
+def packed_bytes(weight: torch.Tensor) -> int:
+    """Bytes :func:`pack` adds for a weight of this shape."""
+    n, k = weight.shape
+    return -(-n // STRIP) * STRIP * k * 2
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _lock:
+        if _pool_state.get("workers") != workers:
+            _pool_state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvbench-bf16w")
+            _pool_state["workers"] = workers
+        return _pool_state["pool"]  # type: ignore[return-value]
+
+
+def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight.plain, bias)`` for a float32 ``x [rows, in]``, reading the bfloat16 copy."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"the bfloat16-weight linear takes float32 [rows, {weight.shape[1]}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    lib = cpu_native._library()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    strips = weight.packed.shape[0]
+    parts = max(1, min(torch.get_num_threads(), strips)) if m else 1
+
+    def run(first: int, last: int) -> None:
+        lib.kvbench_linear_bf16w_f32(x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n,
+                                     out.data_ptr(), n)
+
+    bounds = [strips * i // parts for i in range(parts + 1)]
+    helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []
+    if m:
+        run(bounds[0], bounds[1])
+    for helper in helpers:
+        helper.result()
+    if bias is not None:
+        out += bias
+    return out
