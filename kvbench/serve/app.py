@@ -188,32 +188,23 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
                   reader: _ChoiceReader) -> web.StreamResponse:
     response: web.StreamResponse | None = None
     encoder = StreamEncoder(generation)
-    chat = generation.kind == "chat"
+    direct: _DirectEvents | None = None
     while True:
         await job.changed.wait()
         job.changed.clear()
+        job.sink = None  # the handler writes from here until it waits again
+        if direct is not None and direct.error is not None:
+            raise direct.error
         if job.error is not None:
             if response is None:
                 raise job.error  # nothing sent yet: the error has its own status
             await response.write(encoder.event(job.error.body()) + DONE)
             return response
-        parts = []
-        for index in reader.read(state.engine):
-            ended = job.choices[index].done
-            finish = stop = None
-            if ended:
-                result = reader.result(index)
-                finish, stop = result.finish_reason, result.stop_reason
-            first = not reader.started[index]
-            reader.started[index] = True
-            reader.reported[index] = ended
-            if chat and first:
-                parts.append(encoder.event(chunk_body(generation, [role_row(index)])))
-            now = usage(len(generation.prompt_of(index)), reader.counted[index]) if generation.continuous_usage else None
-            parts.append(encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop,
-                                       first, now))
+        parts = _events(state, generation, job, reader, encoder)
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            if request.version >= (1, 1):
+                response.enable_chunked_encoding()  # as aiohttp would; said here so that direct writes frame alike
             await response.prepare(request)
         if job.done:
             if generation.include_usage:
@@ -224,7 +215,63 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
             await response.write_eof()
             return response
         if parts:
-            await response.write(b"".join(parts))
+            await response.write(b"".join(parts))  # the first write sends the headers too
+            if direct is None and response.chunked and request.transport is not None:
+                direct = _DirectEvents(request.transport, state, generation, job, reader, encoder)
+        if direct is not None:
+            job.sink = direct  # the next tokens are written as they arrive, without waking this handler
+
+
+def _events(state: ServerState, generation: Generation, job: Job, reader: _ChoiceReader,
+            encoder: StreamEncoder) -> list[bytes]:
+    """The stream events of what arrived since the last call: each changed choice's delta (a chat choice's role
+    row first)."""
+    parts = []
+    for index in reader.read(state.engine):
+        ended = job.choices[index].done
+        finish = stop = None
+        if ended:
+            result = reader.result(index)
+            finish, stop = result.finish_reason, result.stop_reason
+        first = not reader.started[index]
+        reader.started[index] = True
+        reader.reported[index] = ended
+        if first and generation.kind == "chat":
+            parts.append(encoder.event(chunk_body(generation, [role_row(index)])))
+        now = usage(len(generation.prompt_of(index)), reader.counted[index]) if generation.continuous_usage else None
+        parts.append(encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop,
+                                   first, now))
+    return parts
+
+
+class _DirectEvents:
+    """A stream's events written as the engine's step message arrives, from the engine client's callback: no
+    handler task woken and no awaited write per token (most of the front end's cost per streamed token). The
+    response is prepared and chunked already; each write is one HTTP chunk straight to the transport. It
+    declines (the handler is woken instead) when the job ended or failed, when the client is gone, or when the
+    client reads so slowly that the transport's buffer is full: the handler's awaited write waits for it."""
+
+    HIGH_WATER = 64 * 1024  # bytes queued for the client past which the handler's write (which drains) takes over
+
+    def __init__(self, transport: asyncio.Transport, state: ServerState, generation: Generation, job: Job,
+                 reader: _ChoiceReader, encoder: StreamEncoder) -> None:
+        self.transport = transport
+        self.args = (state, generation, job, reader, encoder)
+        self.job = job
+        self.error: Exception | None = None  # a failure while writing: the handler raises it
+
+    def __call__(self) -> bool:
+        transport = self.transport
+        if self.job.done or transport.is_closing() or transport.get_write_buffer_size() > self.HIGH_WATER:
+            return False
+        try:
+            data = b"".join(_events(*self.args))
+        except Exception as err:  # noqa: BLE001 - the handler answers it (an internal error), not the callback
+            self.error = err
+            return False
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return not self.job.done  # a stop string ended the last open choice: the handler writes the end
 
 
 async def models(request: web.Request) -> web.Response:

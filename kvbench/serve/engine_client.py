@@ -74,6 +74,9 @@ class Job:
         self.error: ApiError | None = None
         self.changed = asyncio.Event()
         self.open = len(self.choices)  # choices not ended yet
+        # set by a streaming handler while it waits: called as tokens arrive, it writes them itself (True) or
+        # declines, and the handler is woken (False)
+        self.sink: Callable[[], bool] | None = None
 
     @property
     def done(self) -> bool:
@@ -233,6 +236,7 @@ class EngineClient:
     def release(self, job: Job) -> None:
         """The handler is done with ``job``: withdraw whatever of it still runs (a client gone, a stop string)."""
         self.jobs.pop(job.id, None)
+        job.sink = None
         if job.error is None and job.open:
             self.abort(job)
 
@@ -266,6 +270,7 @@ class EngineClient:
     # -- the engine's messages ------------------------------------------------------------------------------
     def _on_message(self, message: dict[str, Any]) -> None:
         jobs = self.jobs
+        woken: dict[int, Job] = {}  # jobs with news, each told once per message
         out = message.get("out")
         if out:
             for at in range(0, len(out), 3):
@@ -275,10 +280,14 @@ class EngineClient:
                     if not state.done:
                         state.tokens.append(out[at + 2])
                         state.unread += 1
-                        job.changed.set()
+                        woken[job.id] = job
         for job_id, choice, tokens, finish, stop in message.get("end", ()):
             job = jobs.get(job_id)
             if job is not None and job._push(choice, tokens, finish, stop):
+                woken[job.id] = job
+        for job in woken.values():
+            sink = job.sink
+            if sink is None or job.done or not sink():
                 job.changed.set()
         for job_id, status, text in message.get("fail", ()):
             job = jobs.get(job_id)
