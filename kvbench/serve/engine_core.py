@@ -16,7 +16,8 @@ It ends when the front end says stop (after the work left, and the drained check
 closes (the front end ended), or with its parent process (Linux: ``PR_SET_PDEATHSIG``; elsewhere the closed
 channel, between steps). It ignores SIGINT and SIGTERM: a Ctrl-C at the terminal, or a stop sent to the whole
 process group, reaches the front end, which drains its requests for the grace period before it stops the engine.
-A failure in a step is sent as the reason (and the traceback written to stderr) and the process exits 1.
+A failure in a step is sent as the reason, in one line with where it was raised (the traceback is written to
+stderr only with ``KVBENCH_DEBUG=1``), and the process exits 1.
 
 Run as ``python -m kvbench.serve.engine_core FD PARENT_PID``: FD is its end of the channel; the first message
 is the server's settings (``ServeOptions``).
@@ -42,7 +43,8 @@ from kvbench.measure.metrics import online_fragmentation
 from kvbench.serve.channel import BlockingChannel, ChannelClosed, sampling_from_json
 
 FINISH_REASONS = {"length": "length", "eos": "stop", "stop": "stop"}  # the engine's stop reason -> OpenAI's
-STATS_EVERY_S = 0.01  # the counts for /metrics go out at most this often while stepping (always when idle)
+STATS_EVERY_S = 0.05  # the counts for /metrics go out at most this often while stepping (always when idle)
+SEND_BUFFER_BYTES = 4 * 1024**2  # asked of the kernel (which may cap it): steps of tokens queued for the front end
 PR_SET_PDEATHSIG = 1
 
 
@@ -109,9 +111,10 @@ class EngineCore:
         except ChannelClosed:  # the front end is gone: nobody to serve
             return 0
         except BaseException as err:  # noqa: BLE001 - a failed step ends the engine with its reason
-            traceback.print_exc()
+            if os.environ.get("KVBENCH_DEBUG"):
+                traceback.print_exc()
             try:
-                channel.send({"t": "crash", "error": f"{type(err).__name__}: {err}"})
+                channel.send({"t": "crash", "error": crash_reason(err)})
             except (ChannelClosed, OSError):
                 pass
             return 1
@@ -249,6 +252,15 @@ class EngineCore:
 
 
 # -- the process ----------------------------------------------------------------------------------------------
+def crash_reason(err: BaseException) -> str:
+    """A failure in one line: the exception and where it was raised (the full traceback with ``KVBENCH_DEBUG=1``
+    in the environment)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    text = " ".join(str(err).split())  # a message of several lines stays one line
+    return f"{type(err).__name__}: {text}{where}"
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Never outlive the front end: the kernel kills this process when its parent ends (Linux)."""
     if sys.platform.startswith("linux"):
@@ -277,7 +289,12 @@ def main(argv: list[str]) -> int:
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    channel = BlockingChannel(socket.socket(fileno=fd))
+    sock = socket.socket(fileno=fd)
+    try:  # room for many steps' messages: a front end busy for a moment never holds up the next step
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+    except OSError:
+        pass
+    channel = BlockingChannel(sock)
     try:
         start, *pending = channel.receive(wait=True)
         try:
@@ -287,9 +304,10 @@ def main(argv: list[str]) -> int:
             channel.send({"t": "error", "message": str(err), "exit_code": err.exit_code})
             return err.exit_code
         except Exception as err:  # noqa: BLE001 - a loader's failure is one line for the front end to print
-            traceback.print_exc()
-            channel.send({"t": "error", "message": f"the engine process failed while loading: "
-                                                   f"{type(err).__name__}: {err}", "exit_code": 1})
+            if os.environ.get("KVBENCH_DEBUG"):
+                traceback.print_exc()
+            channel.send({"t": "error", "message": f"the engine process failed while loading: {crash_reason(err)}",
+                          "exit_code": 1})
             return 1
         core = EngineCore(served.engine, channel, timed=bool(start.get("metrics", True)))
         channel.send({"t": "ready", "info": ready_info(served, served.engine), "stats": core.stats()})

@@ -134,8 +134,8 @@ async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callab
     stopping, dying = asyncio.create_task(stop.wait()), asyncio.create_task(server.engine.dead.wait())
     try:
         await asyncio.wait([stopping, dying], return_when=asyncio.FIRST_COMPLETED)
-        if server.engine.dead.is_set():
-            log.error("%s; answering the requests in flight and stopping", server.engine.error)
+        # an engine that died: shutdown answers the requests in flight (500) and raises EngineDied, whose reason
+        # is the one line the command prints
         return await server.shutdown(grace_s, hurry)
     finally:
         for task in (reporter, stopping, dying):

@@ -173,3 +173,35 @@ def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
                 error = json.loads(raw)["error"]
             assert error["code"] == 503 and "shut down before this request finished" in error["message"]
 
+
+
+def test_an_engine_that_fails_answers_500_then_503_in_one_line_and_stops_the_server(tiny_model, capfd):
+    """A failure inside the engine process (here: a message it cannot understand) fails the requests in flight
+    with its reason, refuses new ones, and ends the server; the reason is one line, never a traceback."""
+    from kvbench.serve.engine_client import EngineDied
+
+    server = running_server(tiny_model, num_blocks=512, max_len=2048)
+    with pytest.raises(EngineDied, match="unknown kind 'bogus'"), server as running:
+        engine = engine_of(running)
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": [1, 2, 3], "max_tokens": 1500, "ignore_eos": True, "stream": True}
+                async with session.post(running.url + "/v1/completions", json=body) as response:
+                    await response.content.readline()  # the first event: the request runs
+                    running.call(engine._send, {"t": "bogus"})
+                    raw = (await response.read()).decode()
+                assert await _wait_for(lambda: engine.dead.is_set())
+                async with session.post(running.url + "/v1/completions", json={**body, "stream": False}) as late:
+                    late_status, late_body = late.status, await late.json()
+                async with session.get(running.url + "/health") as health:
+                    return raw, late_status, late_body, health.status
+
+        raw, late_status, late_body, health_status = asyncio.run(scenario())
+        error = json.loads(raw.split("\n\n")[-3].removeprefix("data: "))["error"]
+        assert error["code"] == 500 and "unknown kind 'bogus'" in error["message"]
+        assert "\n" not in error["message"] and "engine_core.py:" in error["message"]  # one line, with where
+        assert late_status == 503 and "engine process has stopped" in late_body["error"]["message"]
+        assert health_status == 503
+        assert not engine.alive and engine.process.returncode == 1
+    assert "Traceback" not in capfd.readouterr().err  # the engine process writes no traceback of its own
