@@ -205,3 +205,45 @@ def test_an_engine_that_fails_answers_500_then_503_in_one_line_and_stops_the_ser
         assert health_status == 503
         assert not engine.alive and engine.process.returncode == 1
     assert "Traceback" not in capfd.readouterr().err  # the engine process writes no traceback of its own
+
+
+def test_a_client_that_reads_slowly_still_gets_every_token_in_order(long_server):
+    """Events go out from the engine client's callback until the client's buffer fills; then the handler's awaited
+    writes take over (they wait for the client). Either way nothing is lost, doubled or reordered."""
+    body = {"prompt": [9, 8, 7], "max_tokens": 2000, "ignore_eos": True, "return_token_ids": True, "temperature": 0}
+    expected = _post(long_server, body)["choices"][0]["token_ids"]
+    finished = engine_of(long_server).stats.finished
+    payload = json.dumps({**body, "stream": True}).encode()
+    host, port = long_server.url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffer fills
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
+        assert asyncio.run(_wait_for(lambda: engine_of(long_server).stats.finished > finished))  # ran unread
+        raw = b""
+        while chunk := sock.recv(1 << 16):
+            raw += chunk
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0] and b"transfer-encoding: chunked" in head.lower()
+    stream, rest = b"", chunked
+    while True:  # the HTTP chunks, each one whole
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            break
+        stream, rest = stream + rest[:int(size, 16)], rest[int(size, 16) + 2:]
+    events = stream.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    tokens = [t for e in events[:-2] for t in json.loads(e.removeprefix("data: "))["choices"][0]["token_ids"]]
+    assert tokens == expected
+    assert_idle_and_drained(long_server)
+
+
+def _post(server, body: dict) -> dict:
+    async def ask():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                return await response.json()
+
+    return asyncio.run(ask())
