@@ -1,6 +1,7 @@
 """What the HTTP path costs: output tok/s through `kvbench serve` vs the same engine in process, interleaved.
 
-    python benchmarks/bench_serve.py [--concurrency 30] [--requests 120] [--rounds 3] [--engine paged]
+    python benchmarks/bench_serve.py [--concurrency 30] [--requests 120] [--rounds 3] [--engine paged] [--pin]
+    python benchmarks/bench_serve.py --model CHECKPOINT_DIR --kv-memory 1GiB --requests 60
 
 Both sides run the same engine (model, seed, KV budget, block size, threads) on the same request list: prompts
 of random token ids and output lengths drawn from the article scenario, greedy, EOS ignored, exactly C requests
@@ -9,8 +10,10 @@ process (streamed completions with `stream_options.include_usage`, as `vllm benc
 in-process side is `LLMEngine.run` here. Output tok/s = output tokens / wall time from the first request sent to
 the last answer. Streamed and non-streamed answers are measured as two sides. One uncounted warm-up each, then
 rounds alternating the order of the sides; reported: medians, the median of per-round ratios (goal: serve / in
-process >= 0.9), and CPU seconds per 1,000 output tokens (server and client processes together: on a machine
-whose cores are all busy, throughput follows CPU time, and the HTTP path's own work shows there).
+process >= 0.9), and CPU seconds per 1,000 output tokens, all processes together and split into the client (this
+process), the server's front end and its engine process (on a machine whose cores are all busy, throughput follows
+CPU time, and the HTTP path's own work shows there). ``--pin`` puts the engine (in process, or the server's engine
+process) on the first CPU and the front end and client on the others.
 
 Every round also checks that the server's tokens equal the in-process engine's, request by request (greedy).
 """
