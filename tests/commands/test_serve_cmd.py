@@ -206,8 +206,11 @@ def _engine_parent(pid: int) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_engine_process_ends_with_the_server_even_when_the_server_is_killed():
     process, url, engine_pid = _start_with_engine()
-    assert _engine_parent(engine_pid) == process.pid  # the server's own child, not a stray one
-    code, err = _stop(process, signal.SIGTERM)
+    try:
+        parent = _engine_parent(engine_pid)
+    finally:
+        code, err = _stop(process, signal.SIGTERM)
+    assert parent == process.pid  # the server's own child, not a stray one
     assert code == 0, err
     assert _gone(engine_pid), "the engine process outlived a server stopped by SIGTERM"
 
