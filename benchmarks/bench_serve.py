@@ -1,6 +1,7 @@
 """What the HTTP path costs: output tok/s through `kvbench serve` vs the same engine in process, interleaved.
 
-    python benchmarks/bench_serve.py [--concurrency 30] [--requests 120] [--rounds 3] [--engine paged]
+    python benchmarks/bench_serve.py [--concurrency 30] [--requests 120] [--rounds 3] [--engine paged] [--pin]
+    python benchmarks/bench_serve.py --model CHECKPOINT_DIR --kv-memory 1GiB --requests 60
 
 Both sides run the same engine (model, seed, KV budget, block size, threads) on the same request list: prompts
 of random token ids and output lengths drawn from the article scenario, greedy, EOS ignored, exactly C requests
@@ -9,8 +10,10 @@ process (streamed completions with `stream_options.include_usage`, as `vllm benc
 in-process side is `LLMEngine.run` here. Output tok/s = output tokens / wall time from the first request sent to
 the last answer. Streamed and non-streamed answers are measured as two sides. One uncounted warm-up each, then
 rounds alternating the order of the sides; reported: medians, the median of per-round ratios (goal: serve / in
-process >= 0.9), and CPU seconds per 1,000 output tokens (server and client processes together: on a machine
-whose cores are all busy, throughput follows CPU time, and the HTTP path's own work shows there).
+process >= 0.9), and CPU seconds per 1,000 output tokens, all processes together and split into the client (this
+process), the server's front end and its engine process (on a machine whose cores are all busy, throughput follows
+CPU time, and the HTTP path's own work shows there). ``--pin`` puts the engine (in process, or the server's engine
+process) on the first CPU and the front end and client on the others.
 
 Every round also checks that the server's tokens equal the in-process engine's, request by request (greedy).
 """
@@ -25,6 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,15 +42,20 @@ from kvbench.workload.scenario import load_scenario
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args) -> tuple[subprocess.Popen, str, int]:
+    """The server process, its URL and the pid of its engine process (a child it starts)."""
     command = [sys.executable, "-m", "kvbench.cli", "serve", "--engine", args.engine, "--model", args.model,
                "--port", "0", "--threads", str(args.threads), "--kv-memory", args.kv_memory, "--log-interval", "0"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
     deadline = time.time() + 180
+    engine_pid = None
     for line in process.stderr:
+        found = re.search(r"engine process (\d+)", line)
+        if found:
+            engine_pid = int(found.group(1))
         match = re.search(r"serving on (http://\S+)", line)
-        if match:
-            return process, match.group(1)
+        if match and engine_pid is not None:
+            return process, match.group(1), engine_pid
         if time.time() > deadline:
             break
     process.kill()
@@ -115,6 +124,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kv-memory", default="64MiB")
     parser.add_argument("--modes", default="stream,complete", help="stream and/or complete (non-streamed)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the engine (in process, or the server's engine process) on the first CPU, the HTTP "
+                             "front end and the client on the others: the HTTP path on cores of its own, as a "
+                             "server with a spare core runs it")
     args = parser.parse_args()
 
     spec = load_scenario("article")
@@ -135,15 +148,28 @@ def main() -> None:
         engine.run(requests, args.concurrency)
         return [r.output_token_ids for r in requests], time.perf_counter() - start
 
-    process, url = start_server(args)
+    process, url, engine_pid = start_server(args)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin:
+        if len(cpus) < 2:
+            raise SystemExit("--pin needs at least 2 CPUs")
+        engine_cpus, http_cpus = {cpus[0]}, set(cpus[1:])
+        os.sched_setaffinity(engine_pid, engine_cpus)
+        os.sched_setaffinity(process.pid, http_cpus)  # the front end's event loop thread
+    log_tail: list[str] = []  # the server's stderr, read on so that it never blocks on a full pipe
+    threading.Thread(target=lambda: log_tail.extend(process.stderr), daemon=True).start()
     sides = ["in-process", *(f"serve-{mode}" for mode in args.modes.split(","))]
     rates: dict[str, list[float]] = {side: [] for side in sides}
-    cpu: dict[str, list[float]] = {side: [] for side in sides}  # CPU seconds per 1,000 output tokens
-    client_cpu: dict[str, list[float]] = {side: [] for side in sides}
+    # CPU seconds per 1,000 output tokens: all processes together, and each one's (this process is the client,
+    # or the engine itself when in process)
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
+    parts: dict[str, dict[str, list[float]]] = {side: {"client": [], "front end": [], "engine": []} for side in sides}
     try:
         total = sum(outputs)
         print(f"{args.requests} requests, {total:,} output tokens, C={args.concurrency}, engine {args.engine}, "
-              f"model {args.model}, {args.threads} thread(s); server {url}")
+              f"model {args.model}, {args.threads} thread(s); server {url} (engine process {engine_pid})"
+              + (f"; engine pinned to CPU {cpus[0]}, the HTTP path and the client to {sorted(http_cpus)}"
+                 if args.pin else ""))
         warm = min(8, len(prompts))
         for stream in (False, True):
             asyncio.run(http_round(url, prompts[:warm], [4] * warm, warm, stream))
@@ -153,18 +179,22 @@ def main() -> None:
             order = sides if index % 2 == 0 else sides[::-1]
             tokens = {}
             for side in order:
-                client_before, server_before = time.process_time(), process_cpu_seconds(process.pid)
+                if args.pin:  # this process: the engine when in process, else the client
+                    os.sched_setaffinity(0, engine_cpus if side == "in-process" else http_cpus)
+                before = (time.process_time(), process_cpu_seconds(process.pid), process_cpu_seconds(engine_pid))
                 if side == "in-process":
                     tokens[side], seconds = in_process()
-                    server_cpu = 0.0
                 else:
                     tokens[side], seconds = asyncio.run(http_round(url, prompts, outputs, args.concurrency,
                                                                    side == "serve-stream"))
-                    server_cpu = process_cpu_seconds(process.pid) - server_before
-                client = time.process_time() - client_before
+                after = (time.process_time(), process_cpu_seconds(process.pid), process_cpu_seconds(engine_pid))
+                client, front, core = (1000 * (b - a) / total for a, b in zip(before, after, strict=True))
+                if side == "in-process":  # this process ran the engine; the idle server's ticks are not its cost
+                    client, front, core = 0.0, 0.0, client
                 rates[side].append(total / seconds)
-                cpu[side].append(1000 * (client + server_cpu) / total)
-                client_cpu[side].append(1000 * client / total)
+                cpu[side].append(client + front + core)
+                for name, value in zip(("client", "front end", "engine"), (client, front, core), strict=True):
+                    parts[side][name].append(value)
             mismatched += sum(tokens[side] != tokens["in-process"] for side in sides[1:])
             print(f"round {index + 1} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
                 f"{side} {rates[side][-1]:,.0f} tok/s" for side in sides))
@@ -174,9 +204,9 @@ def main() -> None:
             goal = "" if side == "in-process" else (
                 f"; / in process: median of per-round ratios {ratio:.3f} "
                 f"({'meets' if ratio >= 0.9 else 'MISSES'} the 0.9 goal)")
+            split = ", ".join(f"{name} {statistics.median(values):.3f}" for name, values in parts[side].items())
             print(f"{side:>15}: median {statistics.median(rates[side]):,.0f} output tok/s; CPU "
-                  f"{statistics.median(cpu[side]):.3f} s per 1k tokens (this process "
-                  f"{statistics.median(client_cpu[side]):.3f}){goal}")
+                  f"{statistics.median(cpu[side]):.3f} s per 1k tokens ({split}){goal}")
         print(f"greedy tokens through the server equal the in-process engine's: "
               f"{'yes' if mismatched == 0 else f'NO ({mismatched} request lists differ)'} "
               f"({args.rounds} rounds x {args.requests} requests x {len(sides) - 1} mode(s))")
@@ -184,7 +214,7 @@ def main() -> None:
         process.terminate()
         code = process.wait(timeout=60)
         if code != 0:
-            print(f"the server exited with {code}: {process.stderr.read()[-2000:]}")
+            print(f"the server exited with {code}: {''.join(log_tail)[-2000:]}")
 
 
 if __name__ == "__main__":

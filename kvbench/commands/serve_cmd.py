@@ -77,36 +77,37 @@ def serve(
 
 
 def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, log_interval: float) -> None:
-    from kvbench.measure.metrics import KvMetrics
     from kvbench.serve.app import log_to_stderr
     from kvbench.serve.lifecycle import Server, serve_until_signalled
-    from kvbench.serve.settings import load_served_engine
 
     console = make_console(stderr=True)
     if host not in LOOPBACK:
         console.print(f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
                       "authentication[/yellow]")
-    with console.status("loading the model and the KV pool...") as status:
-        served = load_served_engine(options, status.update)
-    metrics = KvMetrics(device=served.device_name) if with_metrics else None
-    server = Server(served.engine, served.info, metrics, host, port)
-    config = served.config
+    status = console.status("starting the engine process...")
+    server = Server(options, host, port, with_metrics, status.update)
 
     def ready(running: Server) -> None:
-        tokenizer = "text, chat and token-id prompts" if served.info.has_chat_template else (
-            "text and token-id prompts" if served.info.tokenizer is not None else
+        status.stop()
+        info, model = running.info, running.info.model
+        tokenizer = "text, chat and token-id prompts" if model.has_chat_template else (
+            "text and token-id prompts" if model.tokenizer is not None else
             "token-id prompts only (a preset has no tokenizer)")
-        console.print(f"engine {config.engine} on {served.device_name}; model {served.info.name} ({tokenizer}); "
-                      f"max-len {config.max_len}")
-        console.print(f"KV pool: {served.budget_source}; {config.num_blocks:,} blocks of {config.block_size}"
-                      + (f"; reserve {config.reserve}, admission {config.admission}" if config.engine == "contiguous" else ""))
-        if served.threads:
-            console.print(f"CPU threads: {served.threads['threads']} ({served.threads['reason']})")
+        console.print(f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {model.name} "
+                      f"({tokenizer}); max-len {model.max_len}")
+        console.print(f"KV pool: {info.budget_source}; {info.num_blocks:,} blocks of {info.block_size}"
+                      + (f"; reserve {info.reserve}, admission {info.admission}" if info.engine == "contiguous" else ""))
+        if info.threads:
+            console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
         console.print(f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
-                      + ("; /metrics" if metrics is not None else "") + "); Ctrl-C to stop")
+                      + ("; /metrics" if with_metrics else "") + "); Ctrl-C to stop")
 
     log_to_stderr()
-    report = asyncio.run(serve_until_signalled(server, grace_s, ready, log_interval))
+    status.start()
+    try:
+        report = asyncio.run(serve_until_signalled(server, grace_s, ready, log_interval))
+    finally:
+        status.stop()
     console.print(f"stopped: {report.finished_in_grace} request(s) finished in the grace period, "
                   f"{report.aborted} withdrawn with a 503; every KV block is back in the pool")
 

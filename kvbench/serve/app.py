@@ -1,7 +1,7 @@
 """The HTTP application of ``kvbench serve`` (aiohttp): OpenAI routes, health, models and live metrics.
 
-A generation handler checks its body (``protocol``), hands a :class:`~kvbench.serve.engine_loop.Job` to the
-engine loop and waits on it: a non-streamed answer once every choice has ended, or server-sent events as tokens
+A generation handler checks its body (``protocol``), hands a :class:`~kvbench.serve.engine_client.Job` to the
+engine process and waits on it: a non-streamed answer once every choice has ended, or server-sent events as tokens
 arrive (several tokens in one event when the client reads more slowly than the engine writes). Whatever ends a
 handler early (the client disconnects: aiohttp cancels the handler; a stop string; an error) withdraws the
 rest of its job from the engine, so its KV blocks return to the pool at the next step.
@@ -24,7 +24,7 @@ from aiohttp import web
 
 from kvbench import __version__
 from kvbench.measure.metrics import KvMetrics
-from kvbench.serve.engine_loop import EngineLoop, Job
+from kvbench.serve.engine_client import EngineClient, Job
 from kvbench.serve.protocol import (
     ApiError,
     ChoiceResult,
@@ -49,10 +49,10 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass
 class ServerState:
-    """What the handlers share: the model, the engine loop, the metrics, and whether new work is refused."""
+    """What the handlers share: the model, the engine, the metrics, and whether new work is refused."""
 
     model: ModelInfo
-    engine_loop: EngineLoop
+    engine: EngineClient
     metrics: KvMetrics | None = None
     draining: bool = False
 
@@ -113,7 +113,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     job = Job(generation.prompts, generation.params, generation.n, fork=state.model.parallel_sampling,
               wake_per_token=generation.stream or bool(generation.stop_strings))
     reader = _ChoiceReader(generation, job, state.model.tokenizer)
-    state.engine_loop.submit(job)
+    state.engine.submit(job)
     try:
         if generation.stream:
             return await _stream(request, state, generation, job, reader)
@@ -121,7 +121,7 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     except ConnectionResetError:  # the client left while its answer was being written: nobody to tell
         raise asyncio.CancelledError() from None
     finally:
-        state.engine_loop.release(job)  # withdraws what still runs: a client gone, a handler failed
+        state.engine.release(job)  # withdraws what still runs: a client gone, a handler failed
 
 
 class _ChoiceReader:
@@ -143,7 +143,7 @@ class _ChoiceReader:
         start, self.shown[index] = self.shown[index], self.counted[index]
         return self.job.choices[index].tokens[start:self.counted[index]]
 
-    def read(self, engine_loop: EngineLoop) -> list[int]:
+    def read(self, engine: EngineClient) -> list[int]:
         """Take every choice's unread tokens; returns the choices that changed."""
         changed = []
         for index, choice in enumerate(self.job.choices):
@@ -157,7 +157,7 @@ class _ChoiceReader:
                 self.counted[index] += text.add(new, final=choice.done)
                 if text.stopped is not None and was is None:
                     self.job.end_choice(index, "stop", text.stopped)
-                    engine_loop.abort(self.job, [index])
+                    engine.abort(self.job, [index])
             if choice.done and text.stopped is None:
                 text.finish()
             changed.append(index)
@@ -176,10 +176,10 @@ async def _complete(state: ServerState, generation: Generation, job: Job, reader
         await job.changed.wait()
         job.changed.clear()
         if generation.stop_strings:
-            reader.read(state.engine_loop)
+            reader.read(state.engine)
     if job.error is not None:
         raise job.error
-    reader.read(state.engine_loop)
+    reader.read(state.engine)
     body = response_body(generation, [reader.result(i) for i in range(generation.num_choices)])
     return web.Response(body=_dumps(body), content_type="application/json")
 
@@ -188,32 +188,23 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
                   reader: _ChoiceReader) -> web.StreamResponse:
     response: web.StreamResponse | None = None
     encoder = StreamEncoder(generation)
-    chat = generation.kind == "chat"
+    direct: _DirectEvents | None = None
     while True:
         await job.changed.wait()
         job.changed.clear()
+        job.sink = None  # the handler writes from here until it waits again
+        if direct is not None and direct.error is not None:
+            raise direct.error
         if job.error is not None:
             if response is None:
                 raise job.error  # nothing sent yet: the error has its own status
             await response.write(encoder.event(job.error.body()) + DONE)
             return response
-        parts = []
-        for index in reader.read(state.engine_loop):
-            ended = job.choices[index].done
-            finish = stop = None
-            if ended:
-                result = reader.result(index)
-                finish, stop = result.finish_reason, result.stop_reason
-            first = not reader.started[index]
-            reader.started[index] = True
-            reader.reported[index] = ended
-            if chat and first:
-                parts.append(encoder.event(chunk_body(generation, [role_row(index)])))
-            now = usage(len(generation.prompt_of(index)), reader.counted[index]) if generation.continuous_usage else None
-            parts.append(encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop,
-                                       first, now))
+        parts = _events(state, generation, job, reader, encoder)
         if response is None:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            if request.version >= (1, 1):
+                response.enable_chunked_encoding()  # as aiohttp would; said here so that direct writes frame alike
             await response.prepare(request)
         if job.done:
             if generation.include_usage:
@@ -224,7 +215,63 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
             await response.write_eof()
             return response
         if parts:
-            await response.write(b"".join(parts))
+            await response.write(b"".join(parts))  # the first write sends the headers too
+            if direct is None and response.chunked and request.transport is not None:
+                direct = _DirectEvents(request.transport, state, generation, job, reader, encoder)
+        if direct is not None:
+            job.sink = direct  # the next tokens are written as they arrive, without waking this handler
+
+
+def _events(state: ServerState, generation: Generation, job: Job, reader: _ChoiceReader,
+            encoder: StreamEncoder) -> list[bytes]:
+    """The stream events of what arrived since the last call: each changed choice's delta (a chat choice's role
+    row first)."""
+    parts = []
+    for index in reader.read(state.engine):
+        ended = job.choices[index].done
+        finish = stop = None
+        if ended:
+            result = reader.result(index)
+            finish, stop = result.finish_reason, result.stop_reason
+        first = not reader.started[index]
+        reader.started[index] = True
+        reader.reported[index] = ended
+        if first and generation.kind == "chat":
+            parts.append(encoder.event(chunk_body(generation, [role_row(index)])))
+        now = usage(len(generation.prompt_of(index)), reader.counted[index]) if generation.continuous_usage else None
+        parts.append(encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop,
+                                   first, now))
+    return parts
+
+
+class _DirectEvents:
+    """A stream's events written as the engine's step message arrives, from the engine client's callback: no
+    handler task woken and no awaited write per token (most of the front end's cost per streamed token). The
+    response is prepared and chunked already; each write is one HTTP chunk straight to the transport. It
+    declines (the handler is woken instead) when the job ended or failed, when the client is gone, or when the
+    client reads so slowly that the transport's buffer is full: the handler's awaited write waits for it."""
+
+    HIGH_WATER = 64 * 1024  # bytes queued for the client past which the handler's write (which drains) takes over
+
+    def __init__(self, transport: asyncio.Transport, state: ServerState, generation: Generation, job: Job,
+                 reader: _ChoiceReader, encoder: StreamEncoder) -> None:
+        self.transport = transport
+        self.args = (state, generation, job, reader, encoder)
+        self.job = job
+        self.error: Exception | None = None  # a failure while writing: the handler raises it
+
+    def __call__(self) -> bool:
+        transport = self.transport
+        if self.job.done or transport.is_closing() or transport.get_write_buffer_size() > self.HIGH_WATER:
+            return False
+        try:
+            data = b"".join(_events(*self.args))
+        except Exception as err:  # noqa: BLE001 - the handler answers it (an internal error), not the callback
+            self.error = err
+            return False
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return not self.job.done  # a stop string ended the last open choice: the handler writes the end
 
 
 async def models(request: web.Request) -> web.Response:
@@ -235,8 +282,8 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.draining:
         raise ApiError(503, "the server is shutting down")
-    if not state.engine_loop.alive:
-        raise ApiError(503, f"the engine loop has stopped: {state.engine_loop.error!r}")
+    if not state.engine.alive:
+        raise ApiError(503, f"the engine process has stopped: {state.engine.error or 'not running'}")
     return web.Response(status=200)
 
 

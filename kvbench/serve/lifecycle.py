@@ -1,10 +1,12 @@
-"""A server's life: start (engine thread, HTTP site), serve until told to stop, and stop gracefully.
+"""A server's life: start (the engine process, the HTTP site), serve until told to stop, and stop gracefully.
 
 Stopping (SIGTERM, Ctrl-C, or ``ServerThread.stop``): new requests are refused with 503 and ``/health`` turns
 503 at once; requests in flight run on for up to the grace period; what is left then is withdrawn from the
 engine and answered with a 503 error (a streamed one gets an error event and ``[DONE]``), so no request ends
-without an answer. Then the HTTP site closes, the engine thread ends, and the KV manager's drained check runs:
-a leaked block is an error, never silence. A second signal skips what is left of the grace period.
+without an answer. Then the HTTP site closes, the engine process ends, and the KV manager's drained check (run
+by the engine as it stops) is checked: a leaked block is an error, never silence. A second signal skips what is
+left of the grace period. An engine process that fails or is killed stops the server too: the requests in flight
+get a 500 with the reason, and ``serve_until_signalled`` raises ``EngineDied`` (exit code 1).
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.measure.metrics import KvMetrics
 from kvbench.serve.app import ServerState, build_app, log
-from kvbench.serve.engine_loop import EngineLoop
-from kvbench.serve.protocol import ApiError, ModelInfo
+from kvbench.serve.engine_client import EngineClient, EngineDied, EngineInfo
+from kvbench.serve.protocol import ApiError
+from kvbench.serve.settings import ServeOptions
 
 
 @dataclass
@@ -37,23 +39,23 @@ class ShutdownReport:
 
 
 class Server:
-    """The engine loop and the HTTP site on one event loop."""
+    """The engine process and the HTTP site on one event loop."""
 
-    def __init__(self, engine: LLMEngine, model: ModelInfo, metrics: KvMetrics | None = None,
-                 host: str = "127.0.0.1", port: int = 8000) -> None:
-        self.engine = engine
-        self.model = model
-        self.metrics = metrics
+    def __init__(self, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, metrics: bool = True,
+                 on_status: Callable[[str], Any] | None = None) -> None:
+        self.options = options
         self.host = host
         self.port = port
+        self.engine = EngineClient(options, metrics, on_status)
         self.state: ServerState | None = None
         self._runner: web.AppRunner | None = None
         self._stopped: ShutdownReport | None = None
 
     @property
-    def engine_loop(self) -> EngineLoop:
-        assert self.state is not None, "start() comes first"
-        return self.state.engine_loop
+    def info(self) -> EngineInfo:
+        info = self.engine.info
+        assert info is not None, "start() comes first"
+        return info
 
     @property
     def url(self) -> str:
@@ -61,10 +63,11 @@ class Server:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Start the engine thread and bind the HTTP site (``port`` 0 picks a free one)."""
-        engine_loop = EngineLoop(self.engine, asyncio.get_running_loop(), self.metrics)
-        self.state = ServerState(self.model, engine_loop, self.metrics)
-        engine_loop.start()
+        """Start the engine process, then bind the HTTP site once the model is loaded (``port`` 0 picks a free
+        one)."""
+        engine = self.engine
+        info = await engine.start()
+        self.state = ServerState(info.model, engine, engine.metrics)
         runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None,
                                shutdown_timeout=5.0)
         await runner.setup()
@@ -73,7 +76,7 @@ class Server:
             await site.start()
         except OSError as err:
             await runner.cleanup()
-            engine_loop.stop()
+            await engine.stop()
             if err.errno == errno.EADDRINUSE:
                 raise KvbenchError(f"port {self.port} on {self.host} is already in use") from None
             raise KvbenchError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
@@ -82,31 +85,30 @@ class Server:
 
     async def shutdown(self, grace_s: float, hurry: asyncio.Event | None = None) -> ShutdownReport:
         """Stop admitting, let requests in flight finish for ``grace_s`` (or until ``hurry`` is set), withdraw
-        the rest with a 503, close the site and the engine thread, and check that every KV block is back."""
+        the rest with a 503, close the site and the engine process, and check that every KV block is back. An
+        engine that died raises ``EngineDied`` once the site is closed."""
         start = time.perf_counter()
-        state = self.state
-        assert state is not None, "start() comes first"
-        engine_loop = state.engine_loop
+        state, engine = self.state, self.engine
         if self._stopped is not None:  # stopped already: the same report
             return self._stopped
+        assert state is not None, "start() comes first"
         state.draining = True
-        before = len(engine_loop.jobs)
+        before = len(engine.jobs)
         deadline = start + grace_s
-        while engine_loop.jobs and time.perf_counter() < deadline and not (hurry and hurry.is_set()):
+        while engine.jobs and engine.alive and time.perf_counter() < deadline and not (hurry and hurry.is_set()):
             await asyncio.sleep(0.02)
-        aborted = len(engine_loop.jobs)
+        aborted = len(engine.jobs)
         if aborted:
-            engine_loop.abort_all(ApiError(503, "the server shut down before this request finished"))
-            until = time.perf_counter() + 5.0  # the handlers write their error answers
-            while engine_loop.jobs and time.perf_counter() < until:
-                await asyncio.sleep(0.01)
+            engine.abort_all(ApiError(503, "the server shut down before this request finished"))
+        until = time.perf_counter() + 5.0  # the handlers write their error answers
+        while engine.jobs and time.perf_counter() < until:
+            await asyncio.sleep(0.01)
         if self._runner is not None:
             await self._runner.cleanup()
-        await asyncio.get_running_loop().run_in_executor(None, engine_loop.stop)
-        if engine_loop.alive:
-            raise KvbenchError("the engine thread did not stop")
-        if engine_loop.error is None:
-            engine_loop.check_drained()
+        await engine.stop()
+        if engine.error is not None:
+            raise EngineDied(engine.error)
+        engine.check_drained()
         self._stopped = ShutdownReport(before - aborted, aborted, time.perf_counter() - start)
         return self._stopped
 
@@ -132,12 +134,16 @@ async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callab
     if on_ready is not None:
         on_ready(server)
     reporter = asyncio.create_task(_report_periodically(server, log_interval_s)) if log_interval_s > 0 else None
+    stopping, dying = asyncio.create_task(stop.wait()), asyncio.create_task(server.engine.dead.wait())
     try:
-        await stop.wait()
+        await asyncio.wait([stopping, dying], return_when=asyncio.FIRST_COMPLETED)
+        # an engine that died: shutdown answers the requests in flight (500) and raises EngineDied, whose reason
+        # is the one line the command prints
         return await server.shutdown(grace_s, hurry)
     finally:
-        if reporter is not None:
-            reporter.cancel()
+        for task in (reporter, stopping, dying):
+            if task is not None:
+                task.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):  # stopped: one more signal changes nothing, the process exits
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
@@ -145,18 +151,17 @@ async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callab
 
 async def _report_periodically(server: Server, every_s: float) -> None:
     """A line of what the engine did, every ``every_s`` seconds in which it did something."""
-    engine_loop = server.engine_loop
-    last_tokens, last_time = engine_loop.tokens, time.perf_counter()
+    engine = server.engine
+    last_tokens, last_time = engine.stats.tokens, time.perf_counter()
     while True:
         await asyncio.sleep(every_s)
-        now, tokens = time.perf_counter(), engine_loop.tokens
-        if tokens == last_tokens and not engine_loop.jobs:
+        now, stats = time.perf_counter(), engine.stats
+        if stats.tokens == last_tokens and not engine.jobs:
             continue
-        stats = engine_loop.session.stats()
         log.info("generation %.1f tok/s; requests running %d, waiting %d; KV blocks used %d of %d (%.0f%%)",
-                 (tokens - last_tokens) / (now - last_time), stats.running, stats.waiting, stats.used_blocks,
-                 stats.total_blocks, 100 * stats.usage)
-        last_tokens, last_time = tokens, now
+                 (stats.tokens - last_tokens) / (now - last_time), stats.running, stats.waiting, stats.used,
+                 stats.capacity, 100 * stats.usage)
+        last_tokens, last_time = stats.tokens, now
 
 
 class ServerThread:
@@ -167,9 +172,13 @@ class ServerThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="kvbench-serve-loop", daemon=True)
 
-    def start(self) -> ServerThread:
+    def start(self, timeout: float = 300.0) -> ServerThread:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout=60)
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout)
+        except BaseException:
+            self._close_loop()
+            raise
         return self
 
     @property
@@ -187,6 +196,9 @@ class ServerThread:
         try:
             return asyncio.run_coroutine_threadsafe(self.server.shutdown(grace_s), self.loop).result(grace_s + 60)
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-            self.loop.close()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()

@@ -9,18 +9,14 @@ max-len (the contiguous engine's reservation under ``reserve max``), as vLLM ref
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
 
-from kvbench.engine.config import EngineConfig
-from kvbench.engine.llm_engine import LLMEngine
-from kvbench.models.resolve import resolve_model
 from kvbench.serve.protocol import ModelInfo
-from kvbench.studies.backends.base import BuildContext
-from kvbench.studies.backends.tensor import TensorBackend, build_tensor_backend
-from kvbench.studies.run_options import SweepOptions
-from kvbench.studies.sweep_setup import check_pool_holds_a_request
-from kvbench.workload.scenario import load_scenario
+
+if TYPE_CHECKING:  # the loaders import torch: only the engine process needs them
+    from kvbench.engine.config import EngineConfig
+    from kvbench.engine.llm_engine import LLMEngine
 
 DEFAULT_SCENARIO = "article"  # where the default KV budget comes from, as in sweep
 DEFAULT_MAX_LEN = 2048
@@ -46,6 +42,15 @@ class ServeOptions:
     seed: int = 0
     served_model_name: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """The settings as the engine process receives them (plain values)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> ServeOptions:
+        known = {f.name for f in fields(cls)}
+        return cls(**{name: value for name, value in values.items() if name in known})
+
 
 @dataclass
 class ServedEngine:
@@ -58,11 +63,21 @@ class ServedEngine:
 
 
 def default_max_len(model: str) -> int:
+    from kvbench.models.resolve import resolve_model
+
     return min(DEFAULT_MAX_LEN, resolve_model(model).max_position_embeddings)
 
 
 def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | None = None) -> ServedEngine:
-    """Load the model and build the engine the server runs (refused before loading when settings cannot work)."""
+    """Load the model and build the engine the server runs (refused before loading when settings cannot work).
+    The engine process calls it; the front end never loads the weights."""
+    from kvbench.engine.config import EngineConfig
+    from kvbench.studies.backends.base import BuildContext
+    from kvbench.studies.backends.tensor import TensorBackend, build_tensor_backend
+    from kvbench.studies.run_options import SweepOptions
+    from kvbench.studies.sweep_setup import check_pool_holds_a_request
+    from kvbench.workload.scenario import load_scenario
+
     max_len = options.max_len or default_max_len(options.model)
     base = EngineConfig(engine=options.engine, block_size=options.block_size, reserve=options.reserve,
                         admission=options.admission, max_num_seqs=options.max_num_seqs, max_len=max_len)

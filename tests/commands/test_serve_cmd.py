@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -49,15 +50,26 @@ def test_a_port_in_use_is_refused(capfd):
 
 
 def _start(*extra: str) -> tuple[subprocess.Popen, str]:
+    process, url, _ = _start_with_engine(*extra)
+    return process, url
+
+
+def _start_with_engine(*extra: str) -> tuple[subprocess.Popen, str, int]:
+    """A ``kvbench serve`` process, its URL and the pid of its engine process (from its start-up lines)."""
     command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--kv-memory", "4MiB", "--device", "cpu",
                "--threads", "1", "--log-interval", "0", *extra]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
+    engine_pid = None
     while time.time() < deadline:
         line = process.stderr.readline()
+        found = re.search(r"engine process (\d+)", line)
+        if found:
+            engine_pid = int(found.group(1))
         match = re.search(r"serving on (http://\S+)", line)
         if match:
-            return process, match.group(1)
+            assert engine_pid is not None, "the server did not say which process runs its engine"
+            return process, match.group(1), engine_pid
         if not line and process.poll() is not None:
             break
     process.kill()
@@ -171,3 +183,73 @@ def test_a_second_ctrl_c_cuts_the_grace_period_short():
     assert code == 0 and seconds < 60 and "again" in err, err
     assert "1 withdrawn with a 503" in err and "Traceback" not in err
     assert status == 200 and events[-1]["error"]["code"] == 503
+
+
+def _gone(pid: int, within_s: float = 15.0) -> bool:
+    """True once ``pid`` has ended (a zombie counts: it runs nothing); ours to ask, not to reap."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _engine_parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_engine_process_ends_with_the_server_even_when_the_server_is_killed():
+    process, url, engine_pid = _start_with_engine()
+    try:
+        parent = _engine_parent(engine_pid)
+    finally:
+        code, err = _stop(process, signal.SIGTERM)
+    assert parent == process.pid  # the server's own child, not a stray one
+    assert code == 0, err
+    assert _gone(engine_pid), "the engine process outlived a server stopped by SIGTERM"
+
+    process, url, engine_pid = _start_with_engine()
+    process.kill()  # no chance to clean up: the kernel ends the engine with its parent
+    process.communicate(timeout=60)
+    assert _gone(engine_pid), "the engine process outlived a killed server (an orphan holding its memory)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_engine_process_fails_requests_in_flight_and_the_server_exits_1_with_one_line():
+    process, url, engine_pid = _start_with_engine()
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
+            streamed = asyncio.create_task(_stream(session, url, 1, 2000))
+            body = {"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": True}
+            complete = asyncio.create_task(session.post(url + "/v1/completions", json=body))
+            for _ in range(500):
+                if await _running(session, url) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the requests did not start")
+            os.kill(engine_pid, signal.SIGKILL)
+            status, events = await streamed
+            response = await complete
+            return status, events, response.status, await response.json()
+
+    try:
+        status, events, complete_status, complete_body = asyncio.run(scenario())
+    finally:
+        code, err = _stop(process)
+    # the stream had begun: its tokens so far, then the reason as an error event; the other one a 500
+    assert status == 200 and events[-1]["error"]["code"] == 500
+    assert "killed by SIGKILL" in events[-1]["error"]["message"]
+    assert complete_status == 500 and "killed by SIGKILL" in complete_body["error"]["message"]
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if "engine process ended" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "killed by SIGKILL" in errors[0], err
+    assert "Traceback" not in err

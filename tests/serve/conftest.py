@@ -1,7 +1,9 @@
-"""Servers the tests start on a free 127.0.0.1 port, in this process (their own event loop thread), and stop.
+"""Servers the tests start on a free 127.0.0.1 port, and stop: the front end in this process (an event loop
+thread of its own), the engine in its own process, as ``kvbench serve`` runs them.
 
 After every test the engine must be idle with every KV block back in the pool (the KV manager's drained check),
-and stopping a server runs the check once more.
+and stopping a server runs the check once more. The server's engine loads the tiny preset with the same seed and
+thread count as ``tiny_model``, so the tokens it answers equal the in-process engine's.
 """
 
 from __future__ import annotations
@@ -10,37 +12,47 @@ from contextlib import contextmanager
 
 import pytest
 
-from kvbench.engine.config import EngineConfig
-from kvbench.measure.metrics import KvMetrics
 from kvbench.serve.lifecycle import Server, ServerThread
-from kvbench.serve.protocol import ModelInfo
-from kvbench.studies.local_model import build_engine, load_model
+from kvbench.serve.settings import ServeOptions
+from kvbench.studies.local_model import load_model
+
+THREADS = 1
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    return load_model("tiny", device="cpu", seed=0)
+    return load_model("tiny", device="cpu", seed=0, threads=THREADS)
+
+
+def tiny_options(loaded, engine: str = "paged", num_blocks: int = 256, block_size: int = 16, max_len: int = 256,
+                 admission: str = "queue", max_num_seqs: int = 256) -> ServeOptions:
+    """A server of the tiny preset whose pool holds exactly ``num_blocks`` blocks."""
+    kv_bytes = num_blocks * block_size * loaded.shape.bytes_per_token
+    return ServeOptions(model="tiny", engine=engine, device="cpu", kv_memory_bytes=kv_bytes,
+                        kv_memory_text=f"{kv_bytes}B", block_size=block_size, admission=admission,
+                        max_num_seqs=max_num_seqs, max_len=max_len, threads=THREADS, seed=0)
 
 
 @contextmanager
-def running_server(loaded, name: str = "tiny", engine: str = "paged", num_blocks: int = 256, block_size: int = 16,
-                   max_len: int = 256, admission: str = "queue", max_num_seqs: int = 256):
-    config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=max_len,
-                          admission=admission, max_num_seqs=max_num_seqs)
-    info = ModelInfo(name=name, max_len=max_len, vocab_size=loaded.shape.vocab_size, tokenizer=loaded.tokenizer,
-                     parallel_sampling=engine == "paged")
-    server = ServerThread(Server(build_engine(loaded, config), info, KvMetrics("cpu"), "127.0.0.1", 0)).start()
+def running_server(loaded, engine: str = "paged", num_blocks: int = 256, block_size: int = 16, max_len: int = 256,
+                   admission: str = "queue", max_num_seqs: int = 256):
+    options = tiny_options(loaded, engine, num_blocks, block_size, max_len, admission, max_num_seqs)
+    server = ServerThread(Server(options, "127.0.0.1", 0)).start()
     try:
         yield server
     finally:
         server.stop(grace_s=5.0)  # raises KVLeak if a block was left behind
 
 
+def engine_of(server: ServerThread):
+    return server.server.engine
+
+
 def assert_idle_and_drained(server: ServerThread) -> None:
-    engine_loop = server.server.engine_loop
-    assert engine_loop.wait_idle(30), "the engine did not go idle"
-    engine_loop.check_drained()
-    assert not engine_loop.jobs
+    engine = engine_of(server)
+    assert engine.wait_idle(30), "the engine did not go idle"
+    engine.check_drained()
+    assert not engine.jobs
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
 from kvbench.studies.local_model import build_engine
 
-from .conftest import assert_idle_and_drained, running_server
+from .conftest import assert_idle_and_drained, engine_of, running_server
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def long_server(tiny_model):
 
 
 def _aborted(server) -> int:
-    return server.server.engine_loop.session.scheduler.num_aborted
+    return engine_of(server).stats.aborted
 
 
 async def _wait_for(predicate, seconds: float = 30.0) -> bool:
@@ -38,7 +38,7 @@ async def _wait_for(predicate, seconds: float = 30.0) -> bool:
 
 def test_a_client_that_leaves_mid_stream_frees_its_blocks_at_once(long_server):
     before = _aborted(long_server)
-    finished = long_server.server.engine_loop.session.scheduler.num_finished
+    finished = engine_of(long_server).stats.finished
 
     async def leave_after_first_event():
         async with aiohttp.ClientSession() as session:
@@ -51,7 +51,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_blocks_at_once(long_server):
 
     asyncio.run(leave_after_first_event())
     assert_idle_and_drained(long_server)
-    assert long_server.server.engine_loop.session.scheduler.num_finished == finished  # withdrawn, not run out
+    assert engine_of(long_server).stats.finished == finished  # withdrawn, not run out
     _still_answers(long_server)
 
 
@@ -116,8 +116,7 @@ def test_100_concurrent_requests_on_a_paged_pool_that_holds_10_all_finish(tiny_m
         assert [status for status, _ in answers] == [200] * 100
         tokens = [body["choices"][0]["token_ids"] for _, body in answers]
         assert all(len(t) == OUTPUT for t in tokens) and tokens[:5] == expected
-        session = server.server.engine_loop.session
-        assert session.scheduler.num_preemptions > 0  # the pool ran dry: requests were preempted and recomputed
+        assert engine_of(server).stats.preemptions > 0  # the pool ran dry: requests were preempted and recomputed
         assert_idle_and_drained(server)
         _still_answers(server)
 
@@ -126,8 +125,7 @@ def test_100_concurrent_requests_on_a_contiguous_pool_that_holds_10_wait_their_t
     with running_server(tiny_model, engine="contiguous", num_blocks=30, max_len=48) as server:
         answers = asyncio.run(_crowd(server.url, _prompts(100), OUTPUT, stream=True))
         assert [status for status, _ in answers] == [200] * 100
-        session = server.server.engine_loop.session
-        assert session.peak_running == 10  # ten max-len reservations, never more
+        assert engine_of(server).stats.peak_running == 10  # ten max-len reservations, never more
         assert_idle_and_drained(server)
 
 
@@ -158,7 +156,7 @@ def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
 
             async with aiohttp.ClientSession() as session:
                 tasks = [asyncio.create_task(one(session, i, i % 2 == 0)) for i in range(6)]
-                await _wait_for(lambda: server.server.engine_loop.session.stats().running == 6)
+                await _wait_for(lambda: engine_of(server).stats.running == 6)
                 stop = asyncio.run_coroutine_threadsafe(server.server.shutdown(0.2), server.loop)
                 report = await asyncio.wrap_future(stop)
                 return report, await asyncio.gather(*tasks)
@@ -175,3 +173,77 @@ def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
                 error = json.loads(raw)["error"]
             assert error["code"] == 503 and "shut down before this request finished" in error["message"]
 
+
+
+def test_an_engine_that_fails_answers_500_then_503_in_one_line_and_stops_the_server(tiny_model, capfd):
+    """A failure inside the engine process (here: a message it cannot understand) fails the requests in flight
+    with its reason, refuses new ones, and ends the server; the reason is one line, never a traceback."""
+    from kvbench.serve.engine_client import EngineDied
+
+    server = running_server(tiny_model, num_blocks=512, max_len=2048)
+    with pytest.raises(EngineDied, match="unknown kind 'bogus'"), server as running:
+        engine = engine_of(running)
+
+        async def scenario():
+            async with aiohttp.ClientSession() as session:
+                body = {"prompt": [1, 2, 3], "max_tokens": 1500, "ignore_eos": True, "stream": True}
+                async with session.post(running.url + "/v1/completions", json=body) as response:
+                    await response.content.readline()  # the first event: the request runs
+                    running.call(engine._send, {"t": "bogus"})
+                    raw = (await response.read()).decode()
+                assert await _wait_for(lambda: engine.dead.is_set())
+                async with session.post(running.url + "/v1/completions", json={**body, "stream": False}) as late:
+                    late_status, late_body = late.status, await late.json()
+                async with session.get(running.url + "/health") as health:
+                    return raw, late_status, late_body, health.status
+
+        raw, late_status, late_body, health_status = asyncio.run(scenario())
+        error = json.loads(raw.split("\n\n")[-3].removeprefix("data: "))["error"]
+        assert error["code"] == 500 and "unknown kind 'bogus'" in error["message"]
+        assert "\n" not in error["message"] and "engine_core.py:" in error["message"]  # one line, with where
+        assert late_status == 503 and "engine process has stopped" in late_body["error"]["message"]
+        assert health_status == 503
+        assert not engine.alive and engine.process.returncode == 1
+    assert "Traceback" not in capfd.readouterr().err  # the engine process writes no traceback of its own
+
+
+def test_a_client_that_reads_slowly_still_gets_every_token_in_order(long_server):
+    """Events go out from the engine client's callback until the client's buffer fills; then the handler's awaited
+    writes take over (they wait for the client). Either way nothing is lost, doubled or reordered."""
+    body = {"prompt": [9, 8, 7], "max_tokens": 2000, "ignore_eos": True, "return_token_ids": True, "temperature": 0}
+    expected = _post(long_server, body)["choices"][0]["token_ids"]
+    finished = engine_of(long_server).stats.finished
+    payload = json.dumps({**body, "stream": True}).encode()
+    host, port = long_server.url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffer fills
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
+        assert asyncio.run(_wait_for(lambda: engine_of(long_server).stats.finished > finished))  # ran unread
+        raw = b""
+        while chunk := sock.recv(1 << 16):
+            raw += chunk
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0] and b"transfer-encoding: chunked" in head.lower()
+    stream, rest = b"", chunked
+    while True:  # the HTTP chunks, each one whole
+        size, _, rest = rest.partition(b"\r\n")
+        if int(size, 16) == 0:
+            break
+        stream, rest = stream + rest[:int(size, 16)], rest[int(size, 16) + 2:]
+    events = stream.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    tokens = [t for e in events[:-2] for t in json.loads(e.removeprefix("data: "))["choices"][0]["token_ids"]]
+    assert tokens == expected
+    assert_idle_and_drained(long_server)
+
+
+def _post(server, body: dict) -> dict:
+    async def ask():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                return await response.json()
+
+    return asyncio.run(ask())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.serve.lifecycle import Server, ServerThread
-from kvbench.serve.settings import ServeOptions, load_served_engine
+from kvbench.serve.settings import ServeOptions
 
 from .conftest import assert_idle_and_drained
 
@@ -20,9 +20,8 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 def text_server(tiny_gguf):
     options = ServeOptions(model=str(tiny_gguf[0]), device="cpu", kv_memory_bytes=2**20, kv_memory_text="1MiB",
                            max_len=256, threads=1, served_model_name="tiny-chat")
-    served = load_served_engine(options)
-    server = ServerThread(Server(served.engine, served.info, None, "127.0.0.1", 0)).start()
-    yield server, served.info.tokenizer
+    server = ServerThread(Server(options, "127.0.0.1", 0, metrics=False)).start()
+    yield server, server.server.info.model.tokenizer
     server.stop()
 
 

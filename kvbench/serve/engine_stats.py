@@ -1,0 +1,69 @@
+"""What the engine process reports of itself, and the same figures in the front end's Prometheus series.
+
+The engine process sends its counts with its step messages (at most every few milliseconds while stepping, and
+whenever it goes idle): the KV pool's blocks, the online fragmentation, the requests running and waiting, and its
+running totals (preemptions, finished, aborted, tokens) with the block allocation latencies timed since the
+last report. The front end keeps the newest as an :class:`EngineStats` and feeds ``KvMetrics``' series from it, so
+``/metrics`` answers at once from the front end, with the series ``sweep --metrics-port`` serves, however long the
+engine's current step takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from kvbench.measure.metrics import KvMetrics
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's state at its last report; the totals count from the engine's start."""
+
+    used: int = 0  # KV blocks held by live requests
+    free: int = 0
+    capacity: int = 0
+    fragmentation: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    aborted: int = 0
+    tokens: int = 0
+    peak_running: int = 0
+
+    @classmethod
+    def from_json(cls, values: dict) -> EngineStats:
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
+
+    @property
+    def usage(self) -> float:
+        return self.used / self.capacity if self.capacity else 0.0
+
+
+def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
+    """Every series of the engine present from the start (counters at their first totals)."""
+    labels = (engine, metrics.device)
+    metrics.alloc_latency.labels(*labels)
+    for counter in (metrics.preemptions, metrics.generated, metrics.finished):
+        counter.labels(*labels)
+    mirror(metrics, engine, EngineStats(), first, ())
+
+
+def mirror(metrics: KvMetrics, engine: str, before: EngineStats, now: EngineStats, alloc_seconds: Iterable[float]) -> None:
+    """Set the gauges to ``now``, advance the counters by ``now - before`` and observe the allocation latencies."""
+    labels = (engine, metrics.device)
+    metrics.blocks_used.labels(*labels).set(now.used)
+    metrics.blocks_free.labels(*labels).set(now.free)
+    metrics.blocks_capacity.labels(*labels).set(now.capacity)
+    metrics.fragmentation.labels(*labels).set(now.fragmentation)
+    metrics.running.labels(*labels).set(now.running)
+    metrics.waiting.labels(*labels).set(now.waiting)
+    for counter, total, last in ((metrics.preemptions, now.preemptions, before.preemptions),
+                                 (metrics.generated, now.tokens, before.tokens),
+                                 (metrics.finished, now.finished, before.finished)):
+        if total > last:
+            counter.labels(*labels).inc(total - last)
+    histogram = metrics.alloc_latency.labels(*labels)
+    for seconds in alloc_seconds:
+        histogram.observe(seconds)
