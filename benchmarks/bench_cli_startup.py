@@ -24,8 +24,10 @@ import sys
 import time
 
 ENTRY = "import sys; from kvbench.cli import main; sys.exit(main(sys.argv[1:]))"
-EAGER = ("import sys, importlib; from kvbench import cli; "
-         "[importlib.import_module(entry.module) for entry in cli.COMMANDS.values()]; sys.exit(cli.main(sys.argv[1:]))")
+EAGER = (
+    "import sys, importlib; from kvbench import cli; "
+    "[importlib.import_module(entry.module) for entry in cli.COMMANDS.values()]; sys.exit(cli.main(sys.argv[1:]))"
+)
 
 CASES: dict[str, list[str]] = {
     "python -c pass": ["-c", "pass"],
@@ -42,8 +44,13 @@ def timed(args: list[str]) -> tuple[float, float]:
     """Wall and CPU seconds of one run of ``python ARGS`` (its output discarded)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-                   env={**os.environ, "COLUMNS": "100"})
+    subprocess.run(
+        [sys.executable, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -77,12 +84,16 @@ def main() -> None:
             walls[name].append(wall)
             cpus[name].append(cpu)
     load_after = os.getloadavg()
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; Python {platform.python_version()}; "
-          f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.rounds} rounds")
+    print(
+        f"CPU: {cpu_model()}, {os.cpu_count()} cores; Python {platform.python_version()}; "
+        f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.rounds} rounds"
+    )
     print(f"{'case':<42} {'wall median':>12} {'wall min':>9} {'CPU median':>11} {'CPU min':>8}")
     for name in cases:
-        print(f"{name:<42} {statistics.median(walls[name]):>10.3f} s {min(walls[name]):>7.3f} s "
-              f"{statistics.median(cpus[name]):>9.3f} s {min(cpus[name]):>6.3f} s")
+        print(
+            f"{name:<42} {statistics.median(walls[name]):>10.3f} s {min(walls[name]):>7.3f} s "
+            f"{statistics.median(cpus[name]):>9.3f} s {min(cpus[name]):>6.3f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,15 @@ def write_records(path: Path, count: int, seed: int = 0) -> None:
     for index in range(count):
         prompt = sample[index % len(sample)].prompt
         first, second = rng.choice(len(answers), 2)
-        items.append({"id": f"bench-{index}", "conversations": [
-            {"from": "human", "value": f"{prompt} (request {index})"},
-            {"from": "gpt", "value": f"{answers[first]}\n\n{answers[second]}"}]})
+        items.append(
+            {
+                "id": f"bench-{index}",
+                "conversations": [
+                    {"from": "human", "value": f"{prompt} (request {index})"},
+                    {"from": "gpt", "value": f"{answers[first]}\n\n{answers[second]}"},
+                ],
+            }
+        )
     path.write_text(json.dumps(items))
 
 
@@ -44,8 +50,14 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=2048)
     args = parser.parse_args()
     table = Table(title=f"Loading and tokenizing {args.records:,} ShareGPT records (max-len {args.max_len})")
-    for column in ("counted by", "tokenizer load s", "read + count + filter + draw s", "records / s",
-                   "mean prompt / answer tokens", "goal < 10 s"):
+    for column in (
+        "counted by",
+        "tokenizer load s",
+        "read + count + filter + draw s",
+        "records / s",
+        "mean prompt / answer tokens",
+        "goal < 10 s",
+    ):
         table.add_column(column, justify="right")
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "sharegpt.json"
@@ -63,8 +75,14 @@ def main() -> None:
             wall = time.perf_counter() - start
             prompts = np.mean([r.prompt_len for r in sample.requests])
             answers = np.mean([r.output_len for r in sample.requests])
-            table.add_row(label, f"{load_s:.2f}", f"{wall:.2f}", f"{args.records / wall:,.0f}",
-                          f"{prompts:.0f} / {answers:.0f}", "yes" if wall < 10 else "NO")
+            table.add_row(
+                label,
+                f"{load_s:.2f}",
+                f"{wall:.2f}",
+                f"{args.records / wall:,.0f}",
+                f"{prompts:.0f} / {answers:.0f}",
+                "yes" if wall < 10 else "NO",
+            )
     Console(width=140).print(table)
 
 

@@ -37,9 +37,11 @@ from kvbench.endpoint.sse import SSEDecoder
 
 HERE = Path(__file__).parent
 # `vllm bench serve` without the `vllm` script (a vLLM CPU install may lack the distribution metadata it reads)
-VLLM_BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
-              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+VLLM_BENCH = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+    "add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 SHORT, LONG = 16, 256
 
 
@@ -62,9 +64,13 @@ def client_round(url: str, tokens: int, requests: int, concurrency: int) -> dict
     m = point.metrics
     assert m["completed"] == requests and m["total_output_tokens"] == requests * tokens, m
     served = requests + concurrency  # the warm-up's requests cost the client too
-    return {"req_s": m["request_throughput"], "cpu_busy": cpu / (point.duration_s + 1e-9),
-            "cpu_us_per_request": cpu / served * 1e6, "cpu_us_per_token": cpu / (served * tokens) * 1e6,
-            "mean_ttft_ms": m["mean_ttft_ms"]}
+    return {
+        "req_s": m["request_throughput"],
+        "cpu_busy": cpu / (point.duration_s + 1e-9),
+        "cpu_us_per_request": cpu / served * 1e6,
+        "cpu_us_per_token": cpu / (served * tokens) * 1e6,
+        "mean_ttft_ms": m["mean_ttft_ms"],
+    }
 
 
 def event_path_us(tokens: int = LONG, repeat: int = 200) -> float:
@@ -88,12 +94,38 @@ def event_path_us(tokens: int = LONG, repeat: int = 200) -> float:
     return (time.perf_counter() - began) / (repeat * len(bodies)) * 1e6
 
 
-def vllm_round(python: str, url: str, tokenizer: str, tokens: int, requests: int, concurrency: int,
-               cpu: int | None) -> float | None:
-    command = [python, "-c", VLLM_BENCH, "--base-url", url, "--endpoint", "/v1/completions", "--model", "instant", "--tokenizer", tokenizer,
-               "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", str(tokens),
-               "--num-prompts", str(requests), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-               "--num-warmups", str(concurrency), "--disable-tqdm", "--ignore-eos"]
+def vllm_round(
+    python: str, url: str, tokenizer: str, tokens: int, requests: int, concurrency: int, cpu: int | None
+) -> float | None:
+    command = [
+        python,
+        "-c",
+        VLLM_BENCH,
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "instant",
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        str(tokens),
+        "--num-prompts",
+        str(requests),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--num-warmups",
+        str(concurrency),
+        "--disable-tqdm",
+        "--ignore-eos",
+    ]
     if cpu is not None:
         command = ["taskset", "-c", str(cpu), *command]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd="/tmp")
@@ -128,8 +160,15 @@ def main() -> None:
                 count = args.requests if tokens == SHORT else args.long_requests
                 results[config].append(client_round(servers[config][1], tokens, count, args.concurrency))
                 if args.vllm_python and args.tokenizer:
-                    value = vllm_round(args.vllm_python, servers[config][1], args.tokenizer, tokens, count,
-                                       args.concurrency, client_cpu)
+                    value = vllm_round(
+                        args.vllm_python,
+                        servers[config][1],
+                        args.tokenizer,
+                        tokens,
+                        count,
+                        args.concurrency,
+                        client_cpu,
+                    )
                     if value is not None:
                         vllm[config].append(value)
             print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
@@ -137,15 +176,21 @@ def main() -> None:
         for process, _ in servers.values():
             process.kill()
             process.wait()
-    print(f"client on CPU {client_cpu}, server on CPU {server_cpu}; {args.concurrency} in flight; medians of "
-          f"{args.rounds} alternating rounds")
-    print(f"{'tokens':>6} {'write':>9} {'req/s':>8} {'client CPU busy':>16} {'CPU us/req':>11} {'CPU us/token':>13}"
-          + (f" {'vllm bench req/s':>17}" if any(vllm.values()) else ""))
+    print(
+        f"client on CPU {client_cpu}, server on CPU {server_cpu}; {args.concurrency} in flight; medians of "
+        f"{args.rounds} alternating rounds"
+    )
+    print(
+        f"{'tokens':>6} {'write':>9} {'req/s':>8} {'client CPU busy':>16} {'CPU us/req':>11} {'CPU us/token':>13}"
+        + (f" {'vllm bench req/s':>17}" if any(vllm.values()) else "")
+    )
     med = {c: {k: statistics.median(r[k] for r in results[c]) for k in results[c][0]} for c in configs}
     for config in configs:
         row = med[config]
-        line = (f"{config[0]:>6} {config[1]:>9} {row['req_s']:>8.0f} {row['cpu_busy']:>15.0%} "
-                f"{row['cpu_us_per_request']:>11.0f} {row['cpu_us_per_token']:>13.1f}")
+        line = (
+            f"{config[0]:>6} {config[1]:>9} {row['req_s']:>8.0f} {row['cpu_busy']:>15.0%} "
+            f"{row['cpu_us_per_request']:>11.0f} {row['cpu_us_per_token']:>13.1f}"
+        )
         if vllm[config]:
             line += f" {statistics.median(vllm[config]):>17.0f}"
         print(line)

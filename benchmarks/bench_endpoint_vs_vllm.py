@@ -51,9 +51,11 @@ from kvbench.endpoint.vllm_oracle import differences, vllm_metrics
 from kvbench.report.diagnose.servers import read_states
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
-VLLM_BENCH = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-              "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
-              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+VLLM_BENCH = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+    "add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
 
 
 def request_list(model_dir: str, dataset: str, count: int, low: int, high: int) -> list[tuple[str, int]]:
@@ -85,12 +87,40 @@ def server_mean_ttft_ms(before: tuple[float, float], after: tuple[float, float])
 def run_vllm(args, model: str, requests: list[tuple[str, int]], work: Path, round_: int) -> dict:
     dataset = work / "requests.json"
     result = work / f"vllm-{round_}.json"
-    command = [args.vllm_python, "-c", VLLM_BENCH, "--base-url", args.url, "--endpoint", "/v1/completions",
-               "--model", model, "--tokenizer", args.model_dir, "--dataset-name", "sharegpt",
-               "--dataset-path", str(dataset), "--disable-shuffle",
-               "--num-prompts", str(len(requests)), "--max-concurrency", str(args.concurrency),
-               "--request-rate", "inf", "--num-warmups", str(args.warmups), "--ignore-eos", "--disable-tqdm",
-               "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", result.name]
+    command = [
+        args.vllm_python,
+        "-c",
+        VLLM_BENCH,
+        "--base-url",
+        args.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        args.model_dir,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        str(dataset),
+        "--disable-shuffle",
+        "--num-prompts",
+        str(len(requests)),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--request-rate",
+        "inf",
+        "--num-warmups",
+        str(args.warmups),
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        result.name,
+    ]
     before = asyncio.run(_server_ttft(args.url))
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=tempfile.gettempdir())
     after = asyncio.run(_server_ttft(args.url))
@@ -99,15 +129,23 @@ def run_vllm(args, model: str, requests: list[tuple[str, int]], work: Path, roun
     data = json.loads(result.read_text())
     wanted = [output for _, output in requests]
     if data["output_lens"] != wanted:
-        sys.exit("vllm bench serve's requests did not produce the same output lengths: check that the tokenizer counts ' a' "
-                 "as one token")
+        sys.exit(
+            "vllm bench serve's requests did not produce the same output lengths: check that the tokenizer counts ' a' "
+            "as one token"
+        )
     # the server's histogram also saw vLLM bench's ready check and warm-up requests: they are left out by
     # taking the server's count and sum over the measured requests only when the counts match
-    return {"mean_ttft_ms": data["mean_ttft_ms"], "mean_tpot_ms": data["mean_tpot_ms"],
-            "output_throughput": data["output_throughput"], "completed": data["completed"],
-            "failed": data.get("failed", 0), "total_output_tokens": data["total_output_tokens"],
-            "server_ttft_ms_incl_warmup": server_mean_ttft_ms(before, after),
-            "server_ttft_requests": after[1] - before[1], "ttfts_ms": [t * 1000 for t in data["ttfts"]]}
+    return {
+        "mean_ttft_ms": data["mean_ttft_ms"],
+        "mean_tpot_ms": data["mean_tpot_ms"],
+        "output_throughput": data["output_throughput"],
+        "completed": data["completed"],
+        "failed": data.get("failed", 0),
+        "total_output_tokens": data["total_output_tokens"],
+        "server_ttft_ms_incl_warmup": server_mean_ttft_ms(before, after),
+        "server_ttft_requests": after[1] - before[1],
+        "ttfts_ms": [t * 1000 for t in data["ttfts"]],
+    }
 
 
 def run_ours(args, model: str, requests: list[tuple[str, int]], check_definitions: bool = False) -> dict:
@@ -115,20 +153,38 @@ def run_ours(args, model: str, requests: list[tuple[str, int]], check_definition
     first = requests[0]
     warmup = [Conversation(i, (Turn(first[0], first[1], ignore_eos=True),)) for i in range(args.warmups + 1)]
     scrape = args.scrape_interval > 0
-    point = run_point_sync(Target(args.url, model=model), conversations,
-                           PointSettings(ClosedLoop(args.concurrency), warmup=warmup, scrape=scrape,
-                                         scrape_interval_s=args.scrape_interval if scrape else 0.5))
+    point = run_point_sync(
+        Target(args.url, model=model),
+        conversations,
+        PointSettings(
+            ClosedLoop(args.concurrency),
+            warmup=warmup,
+            scrape=scrape,
+            scrape_interval_s=args.scrape_interval if scrape else 0.5,
+        ),
+    )
     m, s = point.metrics, point.server or {}
     if check_definitions:
         found = differences(m, vllm_metrics(args.vllm_python, point.records, point.duration_s))
-        print("vLLM's calculate_metrics on kvbench's records: " + ("the same figures" if not found else
-              f"DIFFERENT {found}"), file=sys.stderr)
-    return {"mean_ttft_ms": m["mean_ttft_ms"], "mean_tpot_ms": m["mean_tpot_ms"],
-            "output_throughput": m["output_throughput"], "completed": m["completed"], "failed": m["failed"],
-            "total_output_tokens": m["total_output_tokens"], "server_ttft_ms": s.get("server_mean_ttft_ms"),
-            "server_ttft_requests": s.get("server_ttft_count"), "kv_usage_peak": s.get("kv_usage_peak"),
-            "running_peak": s.get("running_peak"), "prefix_cache_hit_rate": s.get("prefix_cache_hit_rate"),
-            "ttfts_ms": [r.ttft * 1000 if r.ttft is not None else None for r in point.records]}
+        print(
+            "vLLM's calculate_metrics on kvbench's records: "
+            + ("the same figures" if not found else f"DIFFERENT {found}"),
+            file=sys.stderr,
+        )
+    return {
+        "mean_ttft_ms": m["mean_ttft_ms"],
+        "mean_tpot_ms": m["mean_tpot_ms"],
+        "output_throughput": m["output_throughput"],
+        "completed": m["completed"],
+        "failed": m["failed"],
+        "total_output_tokens": m["total_output_tokens"],
+        "server_ttft_ms": s.get("server_mean_ttft_ms"),
+        "server_ttft_requests": s.get("server_ttft_count"),
+        "kv_usage_peak": s.get("kv_usage_peak"),
+        "running_peak": s.get("running_peak"),
+        "prefix_cache_hit_rate": s.get("prefix_cache_hit_rate"),
+        "ttfts_ms": [r.ttft * 1000 if r.ttft is not None else None for r in point.records],
+    }
 
 
 def run_sweep_command(args, model: str, requests: list[tuple[str, int]], work: Path, round_: int) -> dict:
@@ -138,27 +194,57 @@ def run_sweep_command(args, model: str, requests: list[tuple[str, int]], work: P
     lines = work / "sweep-requests.jsonl"
     if not lines.exists():
         tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-        lines.write_text("".join(json.dumps({"prompt_token_ids": tokenizer(text)["input_ids"], "output_len": out})
-                                 + "\n" for text, out in requests), encoding="utf-8")
+        lines.write_text(
+            "".join(
+                json.dumps({"prompt_token_ids": tokenizer(text)["input_ids"], "output_len": out}) + "\n"
+                for text, out in requests
+            ),
+            encoding="utf-8",
+        )
     out = work / f"sweep-{round_}"
-    command = [sys.executable, "-m", "kvbench.cli", "sweep", "--target", f"vllm={args.url}", "--model", args.model_dir,
-               "--model-name", model, "--requests-file", str(lines), "--stop", "length", "--concurrency",
-               str(args.concurrency), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.cli",
+        "sweep",
+        "--target",
+        f"vllm={args.url}",
+        "--model",
+        args.model_dir,
+        "--model-name",
+        model,
+        "--requests-file",
+        str(lines),
+        "--stop",
+        "length",
+        "--concurrency",
+        str(args.concurrency),
+        "--out",
+        str(out),
+    ]
     if args.scrape_interval > 0:
         command += ["--scrape-interval", str(args.scrape_interval)]
     else:
         command += ["--no-scrape"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env={**os.environ, "KVBENCH_REPORT": "0"})
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=1800, env={**os.environ, "KVBENCH_REPORT": "0"}
+    )
     if done.returncode != 0:
         sys.exit(f"kvbench sweep --target failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     (point,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     if point["total_output_tokens"] != sum(o for _, o in requests):
         sys.exit("kvbench sweep --target did not produce the same output lengths")
-    return {"mean_ttft_ms": point["mean_ttft_ms"], "mean_tpot_ms": point["mean_tpot_ms"],
-            "output_throughput": point["output_throughput"], "completed": point["completed"],
-            "failed": point["failed"], "total_output_tokens": point["total_output_tokens"],
-            "server_ttft_ms": point.get("server_mean_ttft_ms"), "kv_usage_peak": point.get("kv_usage_peak"),
-            "total_input_tokens": point["total_input_tokens"]}
+    return {
+        "mean_ttft_ms": point["mean_ttft_ms"],
+        "mean_tpot_ms": point["mean_tpot_ms"],
+        "output_throughput": point["output_throughput"],
+        "completed": point["completed"],
+        "failed": point["failed"],
+        "total_output_tokens": point["total_output_tokens"],
+        "server_ttft_ms": point.get("server_mean_ttft_ms"),
+        "kv_usage_peak": point.get("kv_usage_peak"),
+        "total_input_tokens": point["total_input_tokens"],
+    }
 
 
 def main() -> None:
@@ -176,17 +262,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--scrape-interval", type=float, default=0.5, help="kvbench's /metrics scraping; 0: off")
     parser.add_argument("--out", default=None, help="write every round as JSON here")
-    parser.add_argument("--client", choices=("point", "sweep"), default="point",
-                        help="kvbench's side: the library's point, or the command `kvbench sweep --target`")
+    parser.add_argument(
+        "--client",
+        choices=("point", "sweep"),
+        default="point",
+        help="kvbench's side: the library's point, or the command `kvbench sweep --target`",
+    )
     args = parser.parse_args()
     model = args.model or args.model_dir
     requests = request_list(args.model_dir, args.dataset, args.requests, args.min_output, args.max_output)
     rows: dict[str, list[dict]] = {"kvbench": [], "vllm": []}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
-        (work / "requests.json").write_text(json.dumps(
-            [{"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": " a" * output}]}
-             for text, output in requests]), encoding="utf-8")
+        (work / "requests.json").write_text(
+            json.dumps(
+                [
+                    {"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": " a" * output}]}
+                    for text, output in requests
+                ]
+            ),
+            encoding="utf-8",
+        )
         for round_ in range(args.rounds):
             order = ("vllm", "kvbench") if round_ % 2 == 0 else ("kvbench", "vllm")
             for who in order:
@@ -202,29 +298,41 @@ def main() -> None:
                     row = run_ours(args, model, requests, check_definitions=round_ == 0)
                 row["wall_s"] = time.perf_counter() - began
                 rows[who].append(row)
-                print(f"round {round_ + 1} {who}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                                                  for k, v in row.items() if k != "ttfts_ms"}),
-                      file=sys.stderr)
+                print(
+                    f"round {round_ + 1} {who}: "
+                    + json.dumps(
+                        {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items() if k != "ttfts_ms"}
+                    ),
+                    file=sys.stderr,
+                )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rounds": rows}, indent=2))
-    print(f"{len(requests)} requests ({sum(o for _, o in requests)} output tokens), concurrency {args.concurrency}, "
-          f"{args.rounds} rounds, medians")
+    print(
+        f"{len(requests)} requests ({sum(o for _, o in requests)} output tokens), concurrency {args.concurrency}, "
+        f"{args.rounds} rounds, medians"
+    )
     print(f"{'metric':<28} {'kvbench':>10} {'vllm bench':>11} {'ratio':>7} {'ratio per round (median, range)':>34}")
     for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput"):
         ours = statistics.median(r[key] for r in rows["kvbench"])
         theirs = statistics.median(r[key] for r in rows["vllm"])
         # each round's two runs are adjacent in time, so their ratio sees the least drift of a shared machine
         pairs = [a[key] / b[key] for a, b in zip(rows["kvbench"], rows["vllm"], strict=True)]
-        print(f"{key:<28} {ours:>10.2f} {theirs:>11.2f} {ours / theirs:>7.3f} "
-              f"{statistics.median(pairs):>14.3f} ({min(pairs):.3f}-{max(pairs):.3f})")
+        print(
+            f"{key:<28} {ours:>10.2f} {theirs:>11.2f} {ours / theirs:>7.3f} "
+            f"{statistics.median(pairs):>14.3f} ({min(pairs):.3f}-{max(pairs):.3f})"
+        )
     if args.scrape_interval > 0:
         ours_server = statistics.median(r["server_ttft_ms"] for r in rows["kvbench"])
         ours_client = statistics.median(r["mean_ttft_ms"] for r in rows["kvbench"])
-        print(f"kvbench mean TTFT {ours_client:.2f} ms vs the server's histogram over the same requests "
-              f"{ours_server:.2f} ms (client - server {ours_client - ours_server:+.2f} ms)")
+        print(
+            f"kvbench mean TTFT {ours_client:.2f} ms vs the server's histogram over the same requests "
+            f"{ours_server:.2f} ms (client - server {ours_client - ours_server:+.2f} ms)"
+        )
     theirs_server = statistics.median(r["server_ttft_ms_incl_warmup"] for r in rows["vllm"])
-    print(f"vllm bench mean TTFT {statistics.median(r['mean_ttft_ms'] for r in rows['vllm']):.2f} ms vs the "
-          f"server's histogram {theirs_server:.2f} ms (its window includes its ready check and warm-ups)")
+    print(
+        f"vllm bench mean TTFT {statistics.median(r['mean_ttft_ms'] for r in rows['vllm']):.2f} ms vs the "
+        f"server's histogram {theirs_server:.2f} ms (its window includes its ready check and warm-ups)"
+    )
 
 
 if __name__ == "__main__":

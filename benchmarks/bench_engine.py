@@ -88,8 +88,14 @@ class EngineRun:
 
     def __init__(self, model, engine: str, prompts: list[list[int]], output_len: int, max_len: int) -> None:
         per_request = -(-max_len // BLOCK_SIZE)
-        config = EngineConfig(engine=engine, block_size=BLOCK_SIZE, num_blocks=len(prompts) * per_request + 1,
-                              max_len=max_len, reserve="max", max_num_seqs=max(256, len(prompts)))
+        config = EngineConfig(
+            engine=engine,
+            block_size=BLOCK_SIZE,
+            num_blocks=len(prompts) * per_request + 1,
+            max_len=max_len,
+            reserve="max",
+            max_num_seqs=max(256, len(prompts)),
+        )
         self.engine = engine
         self.llm = LLMEngine(model, config)
         self.prompts = prompts
@@ -113,9 +119,16 @@ def static_generate_runner(model, prompts: list[list[int]], output_len: int) -> 
     def run() -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=output_len,
-                                 min_new_tokens=output_len, cache_implementation="static", pad_token_id=0)
-        return time.perf_counter() - start, out[:, input_ids.shape[1]:].tolist()
+            out = model.generate(
+                input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                cache_implementation="static",
+                pad_token_id=0,
+            )
+        return time.perf_counter() - start, out[:, input_ids.shape[1] :].tolist()
 
     return run
 
@@ -136,19 +149,27 @@ class GenerateBatchRun:
 
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)  # psutil notices on CPU
         pages = len(prompts) * -(-(len(prompts[0]) + output_len) // self.PAGE_SIZE) + len(prompts)
-        self.cb_config = ContinuousBatchingConfig(page_size=self.PAGE_SIZE, num_blocks=pages, max_batch_tokens=1024,
-                                                  max_requests_per_batch=len(prompts), use_cuda_graph=False)
-        self.gen_config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1,
-                                           pad_token_id=0)
+        self.cb_config = ContinuousBatchingConfig(
+            page_size=self.PAGE_SIZE,
+            num_blocks=pages,
+            max_batch_tokens=1024,
+            max_requests_per_batch=len(prompts),
+            use_cuda_graph=False,
+        )
+        self.gen_config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
         self.model = model
         self.prompts = prompts
         self.spans: list[float] = []
 
     def __call__(self) -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
-        results = self.model.generate_batch(self.prompts, generation_config=self.gen_config,
-                                            continuous_batching_config=self.cb_config, warmup=False,
-                                            record_timestamps=True)
+        results = self.model.generate_batch(
+            self.prompts,
+            generation_config=self.gen_config,
+            continuous_batching_config=self.cb_config,
+            warmup=False,
+            record_timestamps=True,
+        )
         wall = time.perf_counter() - start
         if len(results) != len(self.prompts):
             raise RuntimeError(f"generate_batch returned {len(results)} of {len(self.prompts)} requests")
@@ -205,7 +226,10 @@ OVERHEAD_PARTS = {
     "admit": ("scheduler", "scheduler.admit (FCFS admission + allocation)"),
     "prepare_decode": ("scheduler", "_make_room (room for the next token, preemption, CoW)"),
     "build_step": ("block tables", "build_step / DecodeBatch.step (pack ids, positions, slots, tables)"),
-    "plan": ("kernel plan", "torch attention plan made by the runner (prefill steps; decode plans are kept by DecodeBatch)"),
+    "plan": (
+        "kernel plan",
+        "torch attention plan made by the runner (prefill steps; decode plans are kept by DecodeBatch)",
+    ),
     "record": ("accounting", "StepLog.snapshot (kvbench's per-step memory snapshot)"),
     "result": ("accounting", "_result (kvbench's hindsight waste accounting, once per run)"),
     "sample": ("sampling", "runner.sample (argmax over the batch)"),
@@ -257,8 +281,17 @@ def _instrument(llm: LLMEngine, prof: StepProfile) -> Callable[[], None]:
     return undo
 
 
-def profile_overhead(model, engine: str, num_requests: int, prompt_len: int, output_len: int, seed: int,
-                     vocab: int, repeats: int, cprofile: bool = False) -> dict:
+def profile_overhead(
+    model,
+    engine: str,
+    num_requests: int,
+    prompt_len: int,
+    output_len: int,
+    seed: int,
+    vocab: int,
+    repeats: int,
+    cprofile: bool = False,
+) -> dict:
     """Run ``num_requests`` at once with each step's parts timed; the run with least CPU time is kept.
 
     The goal's overhead is the scheduler and block-table parts (``GOAL_CATEGORIES``); kvbench's accounting is
@@ -286,12 +319,22 @@ def profile_overhead(model, engine: str, num_requests: int, prompt_len: int, out
         clock["forward"] -= clock["plan"]
 
     def part(category: str, label: str, part_seconds: float, part_cpu: float) -> dict:
-        return {"category": category, "label": label, "seconds": part_seconds, "cpu_seconds": part_cpu,
-                "share_pct": 100 * part_seconds / seconds, "cpu_share_pct": 100 * part_cpu / cpu}
+        return {
+            "category": category,
+            "label": label,
+            "seconds": part_seconds,
+            "cpu_seconds": part_cpu,
+            "share_pct": 100 * part_seconds / seconds,
+            "cpu_share_pct": 100 * part_cpu / cpu,
+        }
 
-    parts = {name: part(category, label, prof.seconds[name], prof.cpu[name])
-             for name, (category, label) in OVERHEAD_PARTS.items()}
-    parts.update({name: part("model", label, prof.seconds[name], prof.cpu[name]) for name, label in NESTED_PARTS.items()})
+    parts = {
+        name: part(category, label, prof.seconds[name], prof.cpu[name])
+        for name, (category, label) in OVERHEAD_PARTS.items()
+    }
+    parts.update(
+        {name: part("model", label, prof.seconds[name], prof.cpu[name]) for name, label in NESTED_PARTS.items()}
+    )
     timed_wall = sum(prof.seconds[name] for name in OVERHEAD_PARTS)
     timed_cpu = sum(prof.cpu[name] for name in OVERHEAD_PARTS)
     parts["loop"] = part("scheduler", LOOP_LABEL, seconds - timed_wall, cpu - timed_cpu)
@@ -299,9 +342,15 @@ def profile_overhead(model, engine: str, num_requests: int, prompt_len: int, out
     strict = [p for p in parts.values() if p["category"] in (*GOAL_CATEGORIES, "kernel plan")]
     not_model = [p for p in parts.values() if p["category"] not in ("model", "sampling")]
     report = {
-        "engine": engine, "num_requests": num_requests, "prompt_len": prompt_len, "output_len": output_len,
-        "run_seconds": seconds, "run_cpu_seconds": cpu, "steps": steps,
-        "ms_per_step": 1000 * seconds / max(steps, 1), "cpu_ms_per_step": 1000 * cpu / max(steps, 1),
+        "engine": engine,
+        "num_requests": num_requests,
+        "prompt_len": prompt_len,
+        "output_len": output_len,
+        "run_seconds": seconds,
+        "run_cpu_seconds": cpu,
+        "steps": steps,
+        "ms_per_step": 1000 * seconds / max(steps, 1),
+        "cpu_ms_per_step": 1000 * cpu / max(steps, 1),
         "overhead_share_pct": sum(p["share_pct"] for p in goal),
         "overhead_cpu_share_pct": sum(p["cpu_share_pct"] for p in goal),
         "with_plan_share_pct": sum(p["share_pct"] for p in strict),
@@ -339,43 +388,77 @@ def _throughput_row(row: str, comparison: str, ours: Timing, base: Timing, goal:
     ratio = _round_ratio(ours.seconds, base.seconds)
     cpu_ratio = _round_ratio(ours.cpu_seconds, base.cpu_seconds)
     return {
-        "row": row, "comparison": comparison, "goal": goal,
-        "ours_tps": ours.best_tps, "baseline_tps": base.best_tps,
-        "ours_median_tps": ours.median_tps, "baseline_median_tps": base.median_tps,
-        "ours_cpu_tps": ours.cpu_tps, "baseline_cpu_tps": base.cpu_tps,
-        "ratio": ratio, "cpu_ratio": cpu_ratio, "best_ratio": ours.best_tps / base.best_tps,
-        "met": check(ratio), "met_cpu": check(cpu_ratio),
+        "row": row,
+        "comparison": comparison,
+        "goal": goal,
+        "ours_tps": ours.best_tps,
+        "baseline_tps": base.best_tps,
+        "ours_median_tps": ours.median_tps,
+        "baseline_median_tps": base.median_tps,
+        "ours_cpu_tps": ours.cpu_tps,
+        "baseline_cpu_tps": base.cpu_tps,
+        "ratio": ratio,
+        "cpu_ratio": cpu_ratio,
+        "best_ratio": ours.best_tps / base.best_tps,
+        "met": check(ratio),
+        "met_cpu": check(cpu_ratio),
         "tokens_match": _agree(ours.outputs, base.outputs),
     }
 
 
-def build_rows(main: dict[str, Timing], cb_pair: dict[str, Timing] | None, cb_error: str | None,
-               overhead: dict) -> list[dict]:
+def build_rows(
+    main: dict[str, Timing], cb_pair: dict[str, Timing] | None, cb_error: str | None, overhead: dict
+) -> list[dict]:
     paged, static, contiguous = main["paged"], main["hf_static"], main["contiguous"]
-    rows = [_throughput_row("a", "paged engine vs generate() static cache", paged, static, ">= 1.0x",
-                            lambda r: r >= 1.0)]
+    rows = [
+        _throughput_row("a", "paged engine vs generate() static cache", paged, static, ">= 1.0x", lambda r: r >= 1.0)
+    ]
     if cb_pair is not None:
         ours, cb = cb_pair["paged"], cb_pair["generate_batch"]
-        row = _throughput_row("b", "paged engine vs generate_batch() (whole call, warmed up)", ours, cb, ">= 5x",
-                              lambda r: r >= 5.0)
+        row = _throughput_row(
+            "b", "paged engine vs generate_batch() (whole call, warmed up)", ours, cb, ">= 5x", lambda r: r >= 5.0
+        )
         span_tps = cb.tokens_per_run / min(cb.extra["spans"])
         row.update(baseline_span_tps=span_tps, ratio_span=ours.best_tps / span_tps)
         rows.append(row)
     else:
-        rows.append({"row": "b", "comparison": "paged engine vs generate_batch()", "skipped": cb_error,
-                     "goal": ">= 5x", "met": None, "met_cpu": None})
-    rows.append(_throughput_row("c", "paged vs contiguous engine (equal batch, both fit)", paged, contiguous,
-                                "within 5%", lambda r: abs(r - 1.0) <= 0.05))
-    rows.append({
-        "row": "d", "comparison": f"scheduler + block-table share of step time ({overhead['num_requests']} running)",
-        "goal": "< 10%", "share_pct": overhead["overhead_share_pct"], "cpu_share_pct": overhead["overhead_cpu_share_pct"],
-        "met": overhead["overhead_share_pct"] < 10.0, "met_cpu": overhead["overhead_cpu_share_pct"] < 10.0,
-        "ms_per_step": overhead["ms_per_step"], "cpu_ms_per_step": overhead["cpu_ms_per_step"],
-        "with_plan_share_pct": overhead["with_plan_share_pct"],
-        "with_plan_cpu_share_pct": overhead["with_plan_cpu_share_pct"],
-        "all_but_model_share_pct": overhead["all_but_model_share_pct"],
-        "all_but_model_cpu_share_pct": overhead["all_but_model_cpu_share_pct"],
-    })
+        rows.append(
+            {
+                "row": "b",
+                "comparison": "paged engine vs generate_batch()",
+                "skipped": cb_error,
+                "goal": ">= 5x",
+                "met": None,
+                "met_cpu": None,
+            }
+        )
+    rows.append(
+        _throughput_row(
+            "c",
+            "paged vs contiguous engine (equal batch, both fit)",
+            paged,
+            contiguous,
+            "within 5%",
+            lambda r: abs(r - 1.0) <= 0.05,
+        )
+    )
+    rows.append(
+        {
+            "row": "d",
+            "comparison": f"scheduler + block-table share of step time ({overhead['num_requests']} running)",
+            "goal": "< 10%",
+            "share_pct": overhead["overhead_share_pct"],
+            "cpu_share_pct": overhead["overhead_cpu_share_pct"],
+            "met": overhead["overhead_share_pct"] < 10.0,
+            "met_cpu": overhead["overhead_cpu_share_pct"] < 10.0,
+            "ms_per_step": overhead["ms_per_step"],
+            "cpu_ms_per_step": overhead["cpu_ms_per_step"],
+            "with_plan_share_pct": overhead["with_plan_share_pct"],
+            "with_plan_cpu_share_pct": overhead["with_plan_cpu_share_pct"],
+            "all_but_model_share_pct": overhead["all_but_model_share_pct"],
+            "all_but_model_cpu_share_pct": overhead["all_but_model_cpu_share_pct"],
+        }
+    )
     return rows
 
 
@@ -388,56 +471,127 @@ def print_report(rows: list[dict], overheads: list[dict], meta: dict) -> None:
     from rich.table import Table
 
     console = Console(width=160)
-    table = Table(title=f"kvbench engine benchmark — {meta['model']} on {meta['device']}, {meta['threads']} thread(s), "
-                        f"batch {meta['batch']}, prompt {meta['prompt_len']}, output {meta['output_len']}, "
-                        f"best of {meta['repeats']}")
-    columns = ("", "comparison", "ours tok/s", "baseline tok/s", "ratio (wall; best-of)", "ratio (cpu)", "goal",
-               "met wall/cpu", "tokens equal")
+    table = Table(
+        title=f"kvbench engine benchmark — {meta['model']} on {meta['device']}, {meta['threads']} thread(s), "
+        f"batch {meta['batch']}, prompt {meta['prompt_len']}, output {meta['output_len']}, "
+        f"best of {meta['repeats']}"
+    )
+    columns = (
+        "",
+        "comparison",
+        "ours tok/s",
+        "baseline tok/s",
+        "ratio (wall; best-of)",
+        "ratio (cpu)",
+        "goal",
+        "met wall/cpu",
+        "tokens equal",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column in ("", "comparison", "goal") else "right")
     for row in rows:
         met = f"{_yes(row['met'])}/{_yes(row['met_cpu'])}" if row["met"] is not None else "skipped"
         if row["row"] == "d":
-            table.add_row("d", row["comparison"], "", "", f"{row['share_pct']:.1f}%", f"{row['cpu_share_pct']:.1f}%",
-                          row["goal"], met, "")
-            table.add_row("", "  + the torch attention plans the runner makes (prefill)", "", "",
-                          f"{row['with_plan_share_pct']:.1f}%", f"{row['with_plan_cpu_share_pct']:.1f}%", "", "", "")
-            table.add_row("", "  all but model + sampling (incl. kvbench's accounting)", "", "",
-                          f"{row['all_but_model_share_pct']:.1f}%", f"{row['all_but_model_cpu_share_pct']:.1f}%",
-                          "", "", "")
+            table.add_row(
+                "d",
+                row["comparison"],
+                "",
+                "",
+                f"{row['share_pct']:.1f}%",
+                f"{row['cpu_share_pct']:.1f}%",
+                row["goal"],
+                met,
+                "",
+            )
+            table.add_row(
+                "",
+                "  + the torch attention plans the runner makes (prefill)",
+                "",
+                "",
+                f"{row['with_plan_share_pct']:.1f}%",
+                f"{row['with_plan_cpu_share_pct']:.1f}%",
+                "",
+                "",
+                "",
+            )
+            table.add_row(
+                "",
+                "  all but model + sampling (incl. kvbench's accounting)",
+                "",
+                "",
+                f"{row['all_but_model_share_pct']:.1f}%",
+                f"{row['all_but_model_cpu_share_pct']:.1f}%",
+                "",
+                "",
+                "",
+            )
         elif "skipped" in row:
             table.add_row(row["row"], row["comparison"], "", "", "", "", row["goal"], met, row["skipped"][:60])
         else:
             ratio = f"{row['ratio']:.2f}x ({row['best_ratio']:.2f}x)"
             if "ratio_span" in row:
                 ratio += f"; its span only {row['ratio_span']:.1f}x"
-            table.add_row(row["row"], row["comparison"], f"{row['ours_tps']:.0f} ({row['ours_median_tps']:.0f})",
-                          f"{row['baseline_tps']:.0f} ({row['baseline_median_tps']:.0f})", ratio,
-                          f"{row['cpu_ratio']:.2f}x", row["goal"], met, row["tokens_match"])
+            table.add_row(
+                row["row"],
+                row["comparison"],
+                f"{row['ours_tps']:.0f} ({row['ours_median_tps']:.0f})",
+                f"{row['baseline_tps']:.0f} ({row['baseline_median_tps']:.0f})",
+                ratio,
+                f"{row['cpu_ratio']:.2f}x",
+                row["goal"],
+                met,
+                row["tokens_match"],
+            )
     console.print(table)
-    console.print("tok/s: best (median) wall-clock over the interleaved repeats, output tokens incl. prefill time; "
-                  "ratio: median over rounds of each round's ratio (two runs next to each other in time), the "
-                  "best-of ratio in brackets; cpu: the same on process CPU time; generate_batch is paired with "
-                  "paged runs of its own")
+    console.print(
+        "tok/s: best (median) wall-clock over the interleaved repeats, output tokens incl. prefill time; "
+        "ratio: median over rounds of each round's ratio (two runs next to each other in time), the "
+        "best-of ratio in brackets; cpu: the same on process CPU time; generate_batch is paired with "
+        "paged runs of its own"
+    )
     for overhead in overheads:
-        detail = Table(title=f"where a step's time goes — {overhead['engine']} engine, {overhead['num_requests']} "
-                             f"running, prompt {overhead['prompt_len']}, output {overhead['output_len']}, "
-                             f"{overhead['steps']} steps, {overhead['ms_per_step']:.2f} ms/step wall, "
-                             f"{overhead['cpu_ms_per_step']:.2f} ms/step CPU")
+        detail = Table(
+            title=f"where a step's time goes — {overhead['engine']} engine, {overhead['num_requests']} "
+            f"running, prompt {overhead['prompt_len']}, output {overhead['output_len']}, "
+            f"{overhead['steps']} steps, {overhead['ms_per_step']:.2f} ms/step wall, "
+            f"{overhead['cpu_ms_per_step']:.2f} ms/step CPU"
+        )
         for column in ("part", "category", "wall ms/step", "wall share", "cpu ms/step", "cpu share"):
             detail.add_column(column, justify="left" if column in ("part", "category") else "right")
         steps = overhead["steps"]
         for part in overhead["parts"].values():
-            detail.add_row(part["label"], part["category"], f"{1000 * part['seconds'] / steps:.3f}",
-                           f"{part['share_pct']:.1f}%", f"{1000 * part['cpu_seconds'] / steps:.3f}",
-                           f"{part['cpu_share_pct']:.1f}%")
-        detail.add_row("[bold]scheduler + block tables (the goal)[/]", "", "",
-                       f"[bold]{overhead['overhead_share_pct']:.1f}%[/]", "",
-                       f"[bold]{overhead['overhead_cpu_share_pct']:.1f}%[/]")
-        detail.add_row("the goal + the runner's torch attention plans (prefill)", "", "",
-                       f"{overhead['with_plan_share_pct']:.1f}%", "", f"{overhead['with_plan_cpu_share_pct']:.1f}%")
-        detail.add_row("all but model and sampling (+ kvbench's accounting)", "", "",
-                       f"{overhead['all_but_model_share_pct']:.1f}%", "", f"{overhead['all_but_model_cpu_share_pct']:.1f}%")
+            detail.add_row(
+                part["label"],
+                part["category"],
+                f"{1000 * part['seconds'] / steps:.3f}",
+                f"{part['share_pct']:.1f}%",
+                f"{1000 * part['cpu_seconds'] / steps:.3f}",
+                f"{part['cpu_share_pct']:.1f}%",
+            )
+        detail.add_row(
+            "[bold]scheduler + block tables (the goal)[/]",
+            "",
+            "",
+            f"[bold]{overhead['overhead_share_pct']:.1f}%[/]",
+            "",
+            f"[bold]{overhead['overhead_cpu_share_pct']:.1f}%[/]",
+        )
+        detail.add_row(
+            "the goal + the runner's torch attention plans (prefill)",
+            "",
+            "",
+            f"{overhead['with_plan_share_pct']:.1f}%",
+            "",
+            f"{overhead['with_plan_cpu_share_pct']:.1f}%",
+        )
+        detail.add_row(
+            "all but model and sampling (+ kvbench's accounting)",
+            "",
+            "",
+            f"{overhead['all_but_model_share_pct']:.1f}%",
+            "",
+            f"{overhead['all_but_model_cpu_share_pct']:.1f}%",
+        )
         console.print(detail)
 
 
@@ -462,14 +616,22 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model, shape = loaded.model, loaded.shape
     generator = torch.Generator().manual_seed(args.seed + 1)
-    prompts = [torch.randint(0, shape.vocab_size, (args.prompt,), generator=generator).tolist()
-               for _ in range(args.batch)]
+    prompts = [
+        torch.randint(0, shape.vocab_size, (args.prompt,), generator=generator).tolist() for _ in range(args.batch)
+    ]
     max_len = args.prompt + args.output
     tokens = args.batch * args.output
     meta = {
-        "model": shape.name, "device": "cpu", "threads": torch.get_num_threads(), "repeats": repeats,
-        "batch": args.batch, "prompt_len": args.prompt, "output_len": args.output, "block_size": BLOCK_SIZE,
-        "seed": args.seed, "torch": torch.__version__,
+        "model": shape.name,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "batch": args.batch,
+        "prompt_len": args.prompt,
+        "output_len": args.output,
+        "block_size": BLOCK_SIZE,
+        "seed": args.seed,
+        "torch": torch.__version__,
     }
     import transformers
 
@@ -498,8 +660,17 @@ def main() -> None:
 
     overhead_output = 32 if args.quick else args.output
     overheads = [
-        profile_overhead(model, engine, args.running, args.prompt, overhead_output, args.seed, shape.vocab_size,
-                         repeats=2 if args.quick else 5, cprofile=args.profile and engine == "paged")
+        profile_overhead(
+            model,
+            engine,
+            args.running,
+            args.prompt,
+            overhead_output,
+            args.seed,
+            shape.vocab_size,
+            repeats=2 if args.quick else 5,
+            cprofile=args.profile and engine == "paged",
+        )
         for engine in ("paged", "contiguous")
     ]
     rows = build_rows(main_timings, cb_pair, cb_error, overheads[0])
@@ -510,14 +681,27 @@ def main() -> None:
             print(f"\ncProfile of a separate {overhead['engine']} overhead run (top 25 by own time):")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     if args.out:
-        runs = {name: {"seconds": t.seconds, "cpu_seconds": t.cpu_seconds, "best_tps": t.best_tps,
-                       "median_tps": t.median_tps, "cpu_tps": t.cpu_tps} for name, t in main_timings.items()}
+        runs = {
+            name: {
+                "seconds": t.seconds,
+                "cpu_seconds": t.cpu_seconds,
+                "best_tps": t.best_tps,
+                "median_tps": t.median_tps,
+                "cpu_tps": t.cpu_tps,
+            }
+            for name, t in main_timings.items()
+        }
         if cb_pair is not None:
             cb = cb_pair["generate_batch"]
-            runs["generate_batch"] = {"wall_seconds": cb.seconds, "span_seconds": cb.extra["spans"],
-                                      "cpu_seconds": cb.cpu_seconds, "best_tps": cb.best_tps,
-                                      "median_tps": cb.median_tps, "cpu_tps": cb.cpu_tps,
-                                      "paired_paged_best_tps": cb_pair["paged"].best_tps}
+            runs["generate_batch"] = {
+                "wall_seconds": cb.seconds,
+                "span_seconds": cb.extra["spans"],
+                "cpu_seconds": cb.cpu_seconds,
+                "best_tps": cb.best_tps,
+                "median_tps": cb.median_tps,
+                "cpu_tps": cb.cpu_tps,
+                "paired_paged_best_tps": cb_pair["paged"].best_tps,
+            }
         write_json_atomic(args.out, {"meta": meta, "rows": rows, "runs": runs, "overhead": overheads})
         print(f"results written to {args.out}")
 

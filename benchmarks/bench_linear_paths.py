@@ -31,10 +31,16 @@ from kvbench.kernels import cpu_native
 from kvbench.models import cpu_choices, cpu_linear
 
 MATRICES = {  # name: (out, in)
-    "smollm2 qkv": (960, 576), "smollm2 o": (576, 576), "smollm2 gate/up": (3072, 576),
-    "smollm2 down": (576, 1536), "smollm2 lm_head": (49152, 576),
-    "tinyllama qkv": (2560, 2048), "tinyllama o": (2048, 2048), "tinyllama gate/up": (11264, 2048),
-    "tinyllama down": (2048, 5632), "tinyllama lm_head": (32000, 2048),
+    "smollm2 qkv": (960, 576),
+    "smollm2 o": (576, 576),
+    "smollm2 gate/up": (3072, 576),
+    "smollm2 down": (576, 1536),
+    "smollm2 lm_head": (49152, 576),
+    "tinyllama qkv": (2560, 2048),
+    "tinyllama o": (2048, 2048),
+    "tinyllama gate/up": (11264, 2048),
+    "tinyllama down": (2048, 5632),
+    "tinyllama lm_head": (32000, 2048),
 }
 ROWS = (1, 16, 50, 512, 2048)
 
@@ -63,8 +69,12 @@ def main() -> None:
     parser.add_argument("--matrices", default="all", help="comma-separated names (see MATRICES) or all")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--cold", action="store_true", help="empty the cache before every call")
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="wall time, or the thread's CPU time (1 thread only: what a busy machine inflates less)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="wall time, or the thread's CPU time (1 thread only: what a busy machine inflates less)",
+    )
     args = parser.parse_args()
     names = list(MATRICES) if args.matrices == "all" else args.matrices.split(",")
     unknown = [name for name in names if name not in MATRICES]
@@ -72,11 +82,17 @@ def main() -> None:
         row_counts = [int(r) for r in args.rows.split(",")]
     except ValueError:
         row_counts = []
-    problem = (f"unknown matrix {unknown[0]!r}; choose from {', '.join(MATRICES)} or all" if unknown
-               else f"--rows takes positive integers, comma-separated, not {args.rows!r}"
-               if not row_counts or min(row_counts) < 1
-               else "--clock cpu times one thread's CPU time: use --threads 1" if args.clock == "cpu" and args.threads != 1
-               else "--threads takes a positive integer" if args.threads < 1 else None)
+    problem = (
+        f"unknown matrix {unknown[0]!r}; choose from {', '.join(MATRICES)} or all"
+        if unknown
+        else f"--rows takes positive integers, comma-separated, not {args.rows!r}"
+        if not row_counts or min(row_counts) < 1
+        else "--clock cpu times one thread's CPU time: use --threads 1"
+        if args.clock == "cpu" and args.threads != 1
+        else "--threads takes a positive integer"
+        if args.threads < 1
+        else None
+    )
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
@@ -84,9 +100,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     evict = cpu_choices._Evictor() if args.cold else (lambda: None)
-    print(f"{cpu_native.build_description()}; {args.threads} thread(s), {args.dtype}, {args.clock} time, "
-          f"{'cache emptied before each call' if args.cold else 'warm cache'}; load "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"{cpu_native.build_description()}; {args.threads} thread(s), {args.dtype}, {args.clock} time, "
+        f"{'cache emptied before each call' if args.cold else 'warm cache'}; load "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print("GFLOP/s per path (the fastest marked *); error as a share of float32's bound")
     with torch.inference_mode():
         for name in names:

@@ -42,8 +42,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--concurrency", default="10,30")
     parser.add_argument("--modes", default="interleaved,sequential,cpu")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: what a busy 2-core machine picks, "
-                        "and process CPU time then counts the engine's work only)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (1: what a busy 2-core machine picks, "
+        "and process CPU time then counts the engine's work only)",
+    )
     args = parser.parse_args()
     modes = set(args.modes.split(","))
     levels = tuple(int(c) for c in args.concurrency.split(","))
@@ -51,16 +56,19 @@ def main() -> None:
     backend = setup.backend
     for engine in ENGINES:
         backend.warm_up(engine, setup.plan(False).make_warmup())
-    print(f"main job points {levels}: {', '.join(f'{setup.counts[c]} requests at C={c}' for c in levels)}; "
-          f"{args.rounds} rounds; CPU threads {backend.threads}")
+    print(
+        f"main job points {levels}: {', '.join(f'{setup.counts[c]} requests at C={c}' for c in levels)}; "
+        f"{args.rounds} rounds; CPU threads {backend.threads}"
+    )
     for concurrency in levels:
         ratios: dict[str, list[float]] = {"interleaved": [], "sequential": [], "cpu": []}
         ttft: dict[str, list[float]] = {"interleaved": [], "sequential": []}
         for index in range(args.rounds):
             order = ENGINES if index % 2 == 0 else ENGINES[::-1]
             if "interleaved" in modes:
-                together = backend.run_together([(engine, setup.make_requests(concurrency)) for engine in order],
-                                                concurrency, None)
+                together = backend.run_together(
+                    [(engine, setup.make_requests(concurrency)) for engine in order], concurrency, None
+                )
                 figures = {engine: _figures(result) for engine, (result, _) in zip(order, together, strict=True)}
                 ratios["interleaved"].append(figures["paged"][0] / figures["contiguous"][0])
                 ttft["interleaved"].append(figures["contiguous"][1] / figures["paged"][1])
@@ -80,8 +88,10 @@ def main() -> None:
         for mode, values in ratios.items():
             if not values:
                 continue
-            line = (f"C={concurrency} {mode:>11}: paged/contiguous tok/s median {statistics.median(values):.3f}, "
-                    f"range {min(values):.3f}-{max(values):.3f}")
+            line = (
+                f"C={concurrency} {mode:>11}: paged/contiguous tok/s median {statistics.median(values):.3f}, "
+                f"range {min(values):.3f}-{max(values):.3f}"
+            )
             if mode in ttft:
                 line += f"; TTFT p50 contiguous/paged median {statistics.median(ttft[mode]):.2f}"
             print(line)

@@ -39,8 +39,13 @@ def main() -> None:
         for workload in args.workloads.split(","):
             count, prompt_len, output_len = (int(x) for x in workload.split("x"))
             prompts = np.random.default_rng(0).integers(0, shapes.vocab_of(checkpoint), (count, prompt_len)).tolist()
-            job = {"checkpoint": str(checkpoint), "prompts": prompts, "output_len": output_len, "dtype": "fp32",
-                   "threads": args.threads}
+            job = {
+                "checkpoint": str(checkpoint),
+                "prompts": prompts,
+                "output_len": output_len,
+                "dtype": "fp32",
+                "threads": args.threads,
+            }
             ratios = []
             for round_index in range(args.rounds):
                 rate, tokens = {}, {}
@@ -51,10 +56,16 @@ def main() -> None:
                 if tokens["0"] != tokens["1"]:
                     raise SystemExit(f"{workload}: packed and plain weights gave different tokens")
                 ratios.append(rate["1"] / rate["0"])
-                print(f"  {args.shape} {workload} round {round_index + 1}: plain {rate['0']:.1f}, packed "
-                      f"{rate['1']:.1f} tok/s (x{ratios[-1]:.2f})", flush=True)
-            print(f"{args.shape} {workload}: packed/plain = {statistics.median(ratios):.2f}x (per-round median; min "
-                  f"{min(ratios):.2f}, max {max(ratios):.2f}); tokens identical", flush=True)
+                print(
+                    f"  {args.shape} {workload} round {round_index + 1}: plain {rate['0']:.1f}, packed "
+                    f"{rate['1']:.1f} tok/s (x{ratios[-1]:.2f})",
+                    flush=True,
+                )
+            print(
+                f"{args.shape} {workload}: packed/plain = {statistics.median(ratios):.2f}x (per-round median; min "
+                f"{min(ratios):.2f}, max {max(ratios):.2f}); tokens identical",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

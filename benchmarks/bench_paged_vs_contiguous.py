@@ -31,9 +31,10 @@ def main() -> None:
     pairs = [(args.prompt, args.output)] * args.batch
     max_len = args.prompt + args.output
     num_blocks = args.batch * -(-max_len // 16)  # both fit: every contiguous max-len slab, every paged table
-    engines = {name: LLMEngine(loaded.model, EngineConfig(engine=name, block_size=16, num_blocks=num_blocks,
-                                                          max_len=max_len))
-               for name in ("paged", "contiguous")}
+    engines = {
+        name: LLMEngine(loaded.model, EngineConfig(engine=name, block_size=16, num_blocks=num_blocks, max_len=max_len))
+        for name in ("paged", "contiguous")
+    }
     cpu: dict[str, list[float]] = {name: [] for name in engines}
 
     def timed_run(name: str) -> float:
@@ -55,8 +56,10 @@ def main() -> None:
         print(f"{name:>10}: min {min(values):.3f} s CPU over {args.runs} runs  {[round(v, 3) for v in values]}")
     ratio = min(cpu["paged"]) / min(cpu["contiguous"])
     paired = statistics.median(p / c for p, c in zip(cpu["paged"], cpu["contiguous"], strict=True))
-    print(f"paged / contiguous CPU time: ratio of minimums {ratio:.3f}, median of per-round ratios {paired:.3f} "
-          f"({'within' if abs(paired - 1) <= 0.05 else 'OUTSIDE'} 5% on the per-round median)")
+    print(
+        f"paged / contiguous CPU time: ratio of minimums {ratio:.3f}, median of per-round ratios {paired:.3f} "
+        f"({'within' if abs(paired - 1) <= 0.05 else 'OUTSIDE'} 5% on the per-round median)"
+    )
 
 
 if __name__ == "__main__":

@@ -66,16 +66,22 @@ def run_kvbench(job: dict) -> dict:
     prompts, output_len = job["prompts"], job["output_len"]
     length = max(map(len, prompts)) + output_len
     blocks = len(prompts) * -(-length // 16) + 16  # equal batch: both engines hold every request at once
-    engine = build_engine(loaded, EngineConfig(engine=job["engine"], block_size=16, num_blocks=blocks, max_len=length,
-                                               max_num_seqs=len(prompts)))
+    engine = build_engine(
+        loaded,
+        EngineConfig(engine=job["engine"], block_size=16, num_blocks=blocks, max_len=length, max_num_seqs=len(prompts)),
+    )
 
     def requests(count: int, out: int) -> list:
-        return [make_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True)) for i, p in enumerate(prompts[:count])]
+        return [
+            make_request(i, p, SamplingParams(max_tokens=out, ignore_eos=True)) for i, p in enumerate(prompts[:count])
+        ]
 
     # warm-up on a batch of the measured shape (2 tokens): oneDNN builds its matmul kernels per row count, so the
     # prefill and decode shapes of the timed run must have been seen once
-    warm = [make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
-            for i, p in enumerate(job["warmup_prompts"])]
+    warm = [
+        make_request(i, p, SamplingParams(max_tokens=job["warmup_tokens"], ignore_eos=True))
+        for i, p in enumerate(job["warmup_prompts"])
+    ]
     engine.run(warm, len(warm))
     start, cpu_start = time.perf_counter(), tree_cpu_seconds()
     result = engine.run(requests(len(prompts), output_len), len(prompts))
@@ -97,15 +103,27 @@ def run_hf_static(job: dict) -> dict:
 
     def generate(batch: torch.Tensor, new: int) -> torch.Tensor:
         with torch.inference_mode():
-            return model.generate(batch, max_new_tokens=new, min_new_tokens=new, do_sample=False, num_beams=1,
-                                  cache_implementation="static", pad_token_id=0, eos_token_id=None)
+            return model.generate(
+                batch,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                num_beams=1,
+                cache_implementation="static",
+                pad_token_id=0,
+                eos_token_id=None,
+            )
 
     generate(warm, job["warmup_tokens"])  # the measured batch's shapes, as for every engine
     start, cpu_start = time.perf_counter(), tree_cpu_seconds()
     out = generate(ids, output_len)
     seconds, cpu_seconds = time.perf_counter() - start, tree_cpu_seconds() - cpu_start
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": out[:, ids.shape[1]:].tolist(),
-            "threads": torch.get_num_threads()}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "tokens": out[:, ids.shape[1] :].tolist(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def worker(job_file: str) -> None:
@@ -124,8 +142,19 @@ def write_checkpoint(shape: str, dtype: str, weights: str, folder: Path) -> Path
     from kvbench.models.shapes import ModelShape
 
     layers, hidden, heads, kv_heads, inter, vocab, positions, tied, theta = SHAPES[shape]
-    spec = ModelShape(f"{shape}-shape", layers, hidden, heads, kv_heads, inter, vocab, positions, rope_theta=theta,
-                      tie_word_embeddings=tied, dtype=dtype)
+    spec = ModelShape(
+        f"{shape}-shape",
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        inter,
+        vocab,
+        positions,
+        rope_theta=theta,
+        tie_word_embeddings=tied,
+        dtype=dtype,
+    )
     model = build_random_model(spec, seed=0, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     if weights == "bf16" and dtype == "fp32":
         round_weights_to_bf16_(model)
@@ -143,8 +172,12 @@ def launch(engine: str, job: dict, args, scratch: Path) -> dict:
     job_file.write_text(json.dumps({**job, "engine": engine}))
     # THP_MEM_ALLOC_ENABLE: kvbench turns torch's transparent huge pages on for itself (kvbench/__init__.py); every
     # engine gets the same, so the ratios compare engines, not page sizes
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"] or 1), "TOKENIZERS_PARALLELISM": "false",
-           "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(job["threads"] or 1),
+        "TOKENIZERS_PARALLELISM": "false",
+        "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1"),
+    }
     if engine == "vllm":
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="4", VLLM_LOGGING_LEVEL="ERROR")
         command = [args.vllm_python, str(HERE / "vllm_worker.py"), str(job_file)]
@@ -176,8 +209,11 @@ def cpu_model() -> str:
         return "unknown CPU"
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
     flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-    extras = [label for flag, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"))
-              if flag in flags]
+    extras = [
+        label
+        for flag, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"))
+        if flag in flags
+    ]
     return f"{name} ({', '.join(extras[:2]) or 'no AVX-512'}; {os.cpu_count()} CPUs)"
 
 
@@ -201,19 +237,27 @@ class Outcome:
         return [x / y for x, y in zip(self.rates[a], self.rates[b], strict=True)]
 
 
-def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threads: int | None, args,
-          scratch: Path) -> Outcome:
+def bench(
+    label: str, checkpoint: Path, workload: str, engines: list[str], threads: int | None, args, scratch: Path
+) -> Outcome:
     import numpy as np
 
     count, prompt_len, output_len = (int(x) for x in workload.split("x"))
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()
     warmup_prompts = rng.integers(0, vocab_of(checkpoint), (count, prompt_len)).tolist()  # other tokens: no cache hit
-    job = {"checkpoint": str(checkpoint), "prompts": prompts, "warmup_prompts": warmup_prompts,
-           "warmup_tokens": WARMUP_TOKENS, "output_len": output_len, "dtype": args.dtype, "threads": threads}
+    job = {
+        "checkpoint": str(checkpoint),
+        "prompts": prompts,
+        "warmup_prompts": warmup_prompts,
+        "warmup_tokens": WARMUP_TOKENS,
+        "output_len": output_len,
+        "dtype": args.dtype,
+        "threads": threads,
+    }
     outcome = Outcome(label, workload, threads, {e: [] for e in engines}, {})
     for round_index in range(args.rounds):
-        order = engines[round_index % len(engines):] + engines[:round_index % len(engines)]  # rotate the order
+        order = engines[round_index % len(engines) :] + engines[: round_index % len(engines)]  # rotate the order
         for engine in order:
             result = launch(engine, job, args, scratch)
             seconds, other = result["seconds"], result["cpu_seconds"]
@@ -224,9 +268,12 @@ def bench(label: str, checkpoint: Path, workload: str, engines: list[str], threa
             outcome.cores.setdefault(engine, []).append(result["cpu_seconds"] / result["seconds"])
             outcome.tokens.setdefault(engine, result["tokens"])
         outcome.loads.append(load_average())
-        print(f"  {label} {workload} threads={threads or 'auto'} {args.dtype} round {round_index + 1}: "
-              + ", ".join(f"{e} {outcome.rates[e][-1]:.1f}" for e in engines) + f" tok/s (load {outcome.loads[-1]})",
-              flush=True)
+        print(
+            f"  {label} {workload} threads={threads or 'auto'} {args.dtype} round {round_index + 1}: "
+            + ", ".join(f"{e} {outcome.rates[e][-1]:.1f}" for e in engines)
+            + f" tok/s (load {outcome.loads[-1]})",
+            flush=True,
+        )
     return outcome
 
 
@@ -237,25 +284,31 @@ def spread(values: list[float]) -> str:
 def report(outcome: Outcome, engines: list[str], args) -> list[str]:
     """The outcome's lines: medians, per-round ratios with their spread, the goals, token agreement per prompt."""
     other_clock = "wall" if args.clock == "cpu" else "cpu"
-    lines = [f"{outcome.label} {outcome.workload} threads={outcome.threads or 'auto'} {args.dtype}, {args.clock} time: "
-             + ", ".join(f"{e} {outcome.median(e):.1f} tok/s" for e in engines)
-             + f" (medians of {args.rounds} rounds; load after each: {' | '.join(outcome.loads)})",
-             f"   by {other_clock} time: " + ", ".join(f"{e} {statistics.median(outcome.other_rates[e]):.1f}"
-                                                    for e in engines)
-             + "; cores busy (CPU time / wall time): " + ", ".join(f"{e} {statistics.median(outcome.cores[e]):.2f}"
-                                                                  for e in engines)]
+    lines = [
+        f"{outcome.label} {outcome.workload} threads={outcome.threads or 'auto'} {args.dtype}, {args.clock} time: "
+        + ", ".join(f"{e} {outcome.median(e):.1f} tok/s" for e in engines)
+        + f" (medians of {args.rounds} rounds; load after each: {' | '.join(outcome.loads)})",
+        f"   by {other_clock} time: "
+        + ", ".join(f"{e} {statistics.median(outcome.other_rates[e]):.1f}" for e in engines)
+        + "; cores busy (CPU time / wall time): "
+        + ", ".join(f"{e} {statistics.median(outcome.cores[e]):.2f}" for e in engines),
+    ]
     for other in engines[1:]:
         ratios = outcome.ratios("paged", other)
         goal = GOALS.get(other)
-        verdict = "" if goal is None else f" (goal >= {goal}x: {'met' if statistics.median(ratios) >= goal else 'MISSED'})"
+        verdict = (
+            "" if goal is None else f" (goal >= {goal}x: {'met' if statistics.median(ratios) >= goal else 'MISSED'})"
+        )
         lines.append(f"   paged/{other} = {statistics.median(ratios):.2f}x, per-round spread {spread(ratios)}{verdict}")
     reference = outcome.tokens["paged"]
     for other in engines[1:]:
         firsts = [first_difference(a, b) for a, b in zip(outcome.tokens[other], reference, strict=True)]
         same = sum(f is None for f in firsts)
         cells = ", ".join("=" if f is None else str(f) for f in firsts)
-        lines.append(f"   tokens vs {other}: {same}/{len(firsts)} prompts identical; first differing position per "
-                     f"prompt: [{cells}]")
+        lines.append(
+            f"   tokens vs {other}: {same}/{len(firsts)} prompts identical; first differing position per "
+            f"prompt: [{cells}]"
+        )
     return lines
 
 
@@ -264,23 +317,29 @@ def table(outcomes: list[Outcome], engines: list[str], args, command: str) -> li
     columns = ["shape, requests x prompt/output", *(NAMES.get(e, e) for e in engines)]
     columns += [f"paged / {NAMES.get(e, e)}" for e in engines[1:]]
     one_minute = [float(load.split()[0]) for o in outcomes for load in o.loads]
-    out = [f"{cpu_model()}; {args.dtype}, threads {args.threads}; output tok/s by {args.clock} time, medians of "
-           f"{args.rounds} interleaved "
-           f"rounds (per-round ratio spread in brackets); 1-minute load after the rounds {min(one_minute):.2f} to "
-           f"{max(one_minute):.2f}",
-           f"`{command}`", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out = [
+        f"{cpu_model()}; {args.dtype}, threads {args.threads}; output tok/s by {args.clock} time, medians of "
+        f"{args.rounds} interleaved "
+        f"rounds (per-round ratio spread in brackets); 1-minute load after the rounds {min(one_minute):.2f} to "
+        f"{max(one_minute):.2f}",
+        f"`{command}`",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
     for o in outcomes:
         count, prompt, output = o.workload.split("x")
         cells = [f"{o.label}, {count}x{prompt}/{output}"]
         cells += [f"{o.median(e):.1f}" for e in engines]
-        cells += [f"{statistics.median(o.ratios('paged', e)):.2f}x ({spread(o.ratios('paged', e))})" for e in engines[1:]]
+        cells += [
+            f"{statistics.median(o.ratios('paged', e)):.2f}x ({spread(o.ratios('paged', e))})" for e in engines[1:]
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
 
 GOALS = {"vllm": 1.0, "contiguous": 0.97}
-NAMES = {"paged": "kvbench paged", "contiguous": "contiguous", "hf-static": "transformers static",
-         "vllm": "vLLM CPU"}
+NAMES = {"paged": "kvbench paged", "contiguous": "contiguous", "hf-static": "transformers static", "vllm": "vLLM CPU"}
 
 
 def main() -> None:
@@ -292,14 +351,26 @@ def main() -> None:
     parser.add_argument("--engines", default="paged,contiguous,hf-static,vllm")
     parser.add_argument("--vllm-python", help="a Python that can import vllm (vllm-cpu); without it vLLM is skipped")
     parser.add_argument("--threads", default="1", help="comma-separated thread counts to run at, or auto")
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
-                        help="every engine's precision (kvbench, transformers and vLLM alike)")
-    parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
-                        help="the values the random weights hold: bf16 numbers, as SmolLM2's and TinyLlama's "
-                             "published checkpoints store them (kvbench's AMX path applies), or any float32")
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="rates by wall time, or by the CPU time of each engine's process tree (vLLM's engine "
-                             "core included): what the work cost, which a busy machine inflates less")
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="every engine's precision (kvbench, transformers and vLLM alike)",
+    )
+    parser.add_argument(
+        "--weights",
+        default="bf16",
+        choices=("bf16", "fp32"),
+        help="the values the random weights hold: bf16 numbers, as SmolLM2's and TinyLlama's "
+        "published checkpoints store them (kvbench's AMX path applies), or any float32",
+    )
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="rates by wall time, or by the CPU time of each engine's process tree (vLLM's engine "
+        "core included): what the work cost, which a busy machine inflates less",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per engine run")
@@ -319,8 +390,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvbench-shapes-") as tmp:
         scratch = Path(tmp)
         for shape in args.shapes.split(","):
-            checkpoint = args.checkpoint if shape == "checkpoint" else write_checkpoint(shape, args.dtype, args.weights,
-                                                                                        scratch)
+            checkpoint = (
+                args.checkpoint if shape == "checkpoint" else write_checkpoint(shape, args.dtype, args.weights, scratch)
+            )
             if checkpoint is None:
                 raise SystemExit("--shapes checkpoint needs --checkpoint DIR")
             label = {"smollm2": "SmolLM2-135M", "tinyllama": "TinyLlama-1.1B"}.get(shape, checkpoint.name)

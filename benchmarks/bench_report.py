@@ -39,9 +39,7 @@ def _timed(function) -> tuple[float, float, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", nargs="?", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -54,11 +54,17 @@ def run_generate(model, input_ids: torch.Tensor, new_tokens: int) -> tuple[float
     _sync(input_ids.device)
     start = time.perf_counter()
     out = model.generate(
-        input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        cache_implementation="static", eos_token_id=None, pad_token_id=0,
+        input_ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        cache_implementation="static",
+        eos_token_id=None,
+        pad_token_id=0,
     )
     _sync(input_ids.device)
-    return time.perf_counter() - start, out[:, input_ids.shape[1]:]
+    return time.perf_counter() - start, out[:, input_ids.shape[1] :]
 
 
 def main() -> None:
@@ -88,8 +94,12 @@ def main() -> None:
 
     run_runner(runner, prompts, 4)  # warm-up
     run_generate(model, input_ids, 4)
-    best = {"runner_prefill": float("inf"), "runner_decode": float("inf"), "hf_total": float("inf"),
-            "hf_prefill": float("inf")}
+    best = {
+        "runner_prefill": float("inf"),
+        "runner_decode": float("inf"),
+        "hf_total": float("inf"),
+        "hf_prefill": float("inf"),
+    }
     for _ in range(args.repeats):
         prefill, decode, ours = run_runner(runner, prompts, args.output)
         hf_total, theirs = run_generate(model, input_ids, args.output)
@@ -105,13 +115,17 @@ def main() -> None:
     ours_total_tps = total_tokens / (best["runner_prefill"] + best["runner_decode"])
     hf_total_tps = total_tokens / best["hf_total"]
     same = ours == theirs.tolist()
-    print(f"model {shape.name} on {device} ({dtype}), torch threads {torch.get_num_threads()}, batch {args.batch},"
-          f" prompt {args.prompt}, output {args.output}, block size {args.block_size}, best of {args.repeats}")
+    print(
+        f"model {shape.name} on {device} ({dtype}), torch threads {torch.get_num_threads()}, batch {args.batch},"
+        f" prompt {args.prompt}, output {args.output}, block size {args.block_size}, best of {args.repeats}"
+    )
     print(f"{'':26}{'runner':>12}{'generate(static)':>18}{'ratio':>8}")
     print(f"{'decode tokens/s':26}{ours_decode_tps:12.0f}{hf_decode_tps:18.0f}{ours_decode_tps / hf_decode_tps:8.2f}")
     print(f"{'end-to-end tokens/s':26}{ours_total_tps:12.0f}{hf_total_tps:18.0f}{ours_total_tps / hf_total_tps:8.2f}")
-    print(f"{'decode ms/step':26}{1e3 * best['runner_decode'] / (args.output - 1):12.2f}"
-          f"{1e3 * hf_decode / (args.output - 1):18.2f}")
+    print(
+        f"{'decode ms/step':26}{1e3 * best['runner_decode'] / (args.output - 1):12.2f}"
+        f"{1e3 * hf_decode / (args.output - 1):18.2f}"
+    )
     print(f"{'prefill ms':26}{1e3 * best['runner_prefill']:12.1f}{1e3 * best['hf_prefill']:18.1f}")
     print(f"greedy tokens identical: {same}")
 

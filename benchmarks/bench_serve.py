@@ -44,8 +44,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start_server(args) -> tuple[subprocess.Popen, str, int]:
     """The server process, its URL and the pid of its engine process (a child it starts)."""
-    command = [sys.executable, "-m", "kvbench.cli", "serve", "--engine", args.engine, "--model", args.model,
-               "--port", "0", "--threads", str(args.threads), "--kv-memory", args.kv_memory, "--log-interval", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.cli",
+        "serve",
+        "--engine",
+        args.engine,
+        "--model",
+        args.model,
+        "--port",
+        "0",
+        "--threads",
+        str(args.threads),
+        "--kv-memory",
+        args.kv_memory,
+        "--log-interval",
+        "0",
+    ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
     deadline = time.time() + 180
     engine_pid = None
@@ -62,10 +78,17 @@ def start_server(args) -> tuple[subprocess.Popen, str, int]:
     raise SystemExit(f"the server did not start: {process.stderr.read()}")
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int,
-                      stream: bool) -> list[int]:
-    payload = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream,
-               "return_token_ids": True}
+async def one_request(
+    session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int, stream: bool
+) -> list[int]:
+    payload = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        "return_token_ids": True,
+    }
     if stream:
         payload["stream_options"] = {"include_usage": True}
     async with session.post(url + "/v1/completions", json=payload) as response:
@@ -98,6 +121,7 @@ async def http_round(url: str, prompts: list[list[int]], outputs: list[int], con
     queue = list(range(len(prompts)))[::-1]
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+
         async def worker():
             while queue:
                 index = queue.pop()
@@ -124,10 +148,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kv-memory", default="64MiB")
     parser.add_argument("--modes", default="stream,complete", help="stream and/or complete (non-streamed)")
-    parser.add_argument("--pin", action="store_true",
-                        help="the engine (in process, or the server's engine process) on the first CPU, the HTTP "
-                             "front end and the client on the others: the HTTP path on cores of its own, as a "
-                             "server with a spare core runs it")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the engine (in process, or the server's engine process) on the first CPU, the HTTP "
+        "front end and the client on the others: the HTTP path on cores of its own, as a "
+        "server with a spare core runs it",
+    )
     args = parser.parse_args()
 
     spec = load_scenario("article")
@@ -136,8 +163,15 @@ def main() -> None:
     from kvbench.commands._options import parse_size
 
     num_blocks = parse_size(args.kv_memory) // (loaded.shape.bytes_per_token * 16)
-    engine = build_engine(loaded, EngineConfig(engine=args.engine, block_size=16, num_blocks=num_blocks,
-                                               max_len=2048 if args.model == "tiny" else spec.lengths.max_len))
+    engine = build_engine(
+        loaded,
+        EngineConfig(
+            engine=args.engine,
+            block_size=16,
+            num_blocks=num_blocks,
+            max_len=2048 if args.model == "tiny" else spec.lengths.max_len,
+        ),
+    )
     vocab = loaded.shape.vocab_size
     prompts = [r.prompt_token_ids for r in token_requests(pairs, vocab, 1)]
     outputs = [o for _, o in pairs]
@@ -166,10 +200,15 @@ def main() -> None:
     parts: dict[str, dict[str, list[float]]] = {side: {"client": [], "front end": [], "engine": []} for side in sides}
     try:
         total = sum(outputs)
-        print(f"{args.requests} requests, {total:,} output tokens, C={args.concurrency}, engine {args.engine}, "
-              f"model {args.model}, {args.threads} thread(s); server {url} (engine process {engine_pid})"
-              + (f"; engine pinned to CPU {cpus[0]}, the HTTP path and the client to {sorted(http_cpus)}"
-                 if args.pin else ""))
+        print(
+            f"{args.requests} requests, {total:,} output tokens, C={args.concurrency}, engine {args.engine}, "
+            f"model {args.model}, {args.threads} thread(s); server {url} (engine process {engine_pid})"
+            + (
+                f"; engine pinned to CPU {cpus[0]}, the HTTP path and the client to {sorted(http_cpus)}"
+                if args.pin
+                else ""
+            )
+        )
         warm = min(8, len(prompts))
         for stream in (False, True):
             asyncio.run(http_round(url, prompts[:warm], [4] * warm, warm, stream))
@@ -185,8 +224,9 @@ def main() -> None:
                 if side == "in-process":
                     tokens[side], seconds = in_process()
                 else:
-                    tokens[side], seconds = asyncio.run(http_round(url, prompts, outputs, args.concurrency,
-                                                                   side == "serve-stream"))
+                    tokens[side], seconds = asyncio.run(
+                        http_round(url, prompts, outputs, args.concurrency, side == "serve-stream")
+                    )
                 after = (time.process_time(), process_cpu_seconds(process.pid), process_cpu_seconds(engine_pid))
                 client, front, core = (1000 * (b - a) / total for a, b in zip(before, after, strict=True))
                 if side == "in-process":  # this process ran the engine; the idle server's ticks are not its cost
@@ -196,20 +236,31 @@ def main() -> None:
                 for name, value in zip(("client", "front end", "engine"), (client, front, core), strict=True):
                     parts[side][name].append(value)
             mismatched += sum(tokens[side] != tokens["in-process"] for side in sides[1:])
-            print(f"round {index + 1} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
-                f"{side} {rates[side][-1]:,.0f} tok/s" for side in sides))
+            print(
+                f"round {index + 1} (load {os.getloadavg()[0]:.1f}): "
+                + ", ".join(f"{side} {rates[side][-1]:,.0f} tok/s" for side in sides)
+            )
         base = rates["in-process"]
         for side in sides:
             ratio = statistics.median(r / b for r, b in zip(rates[side], base, strict=True))
-            goal = "" if side == "in-process" else (
-                f"; / in process: median of per-round ratios {ratio:.3f} "
-                f"({'meets' if ratio >= 0.9 else 'MISSES'} the 0.9 goal)")
+            goal = (
+                ""
+                if side == "in-process"
+                else (
+                    f"; / in process: median of per-round ratios {ratio:.3f} "
+                    f"({'meets' if ratio >= 0.9 else 'MISSES'} the 0.9 goal)"
+                )
+            )
             split = ", ".join(f"{name} {statistics.median(values):.3f}" for name, values in parts[side].items())
-            print(f"{side:>15}: median {statistics.median(rates[side]):,.0f} output tok/s; CPU "
-                  f"{statistics.median(cpu[side]):.3f} s per 1k tokens ({split}){goal}")
-        print(f"greedy tokens through the server equal the in-process engine's: "
-              f"{'yes' if mismatched == 0 else f'NO ({mismatched} request lists differ)'} "
-              f"({args.rounds} rounds x {args.requests} requests x {len(sides) - 1} mode(s))")
+            print(
+                f"{side:>15}: median {statistics.median(rates[side]):,.0f} output tok/s; CPU "
+                f"{statistics.median(cpu[side]):.3f} s per 1k tokens ({split}){goal}"
+            )
+        print(
+            f"greedy tokens through the server equal the in-process engine's: "
+            f"{'yes' if mismatched == 0 else f'NO ({mismatched} request lists differ)'} "
+            f"({args.rounds} rounds x {args.requests} requests x {len(sides) - 1} mode(s))"
+        )
     finally:
         process.terminate()
         code = process.wait(timeout=60)

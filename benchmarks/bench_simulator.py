@@ -29,7 +29,9 @@ def main() -> None:
     slots = kv_budget(shape, gpu).kv_bytes // shape.bytes_per_token
     pairs = LengthSpec(500, 2048).sample(args.requests, 0)
     timing = RooflineTiming.for_model(shape, gpu)
-    table = Table(title=f"Simulator: {args.requests:,} requests, max-len 2048, {slots:,} slots, concurrency {args.concurrency}")
+    table = Table(
+        title=f"Simulator: {args.requests:,} requests, max-len 2048, {slots:,} slots, concurrency {args.concurrency}"
+    )
     for column in ("strategy", "wall s", "simulated steps", "steps / s", "preemptions", "goal < 10 s"):
         table.add_column(column, justify="right")
     for strategy in parse_strategies(["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"], [16]):
@@ -37,8 +39,14 @@ def main() -> None:
         result = run_strategy(strategy, pairs, slots, 2048, args.concurrency, timing)
         wall = time.perf_counter() - start
         steps = result.accountant.steps
-        table.add_row(strategy.name, f"{wall:.2f}", f"{steps:,}", f"{steps / wall:,.0f}", str(result.num_preemptions),
-                      "yes" if wall < 10 else "NO")
+        table.add_row(
+            strategy.name,
+            f"{wall:.2f}",
+            f"{steps:,}",
+            f"{steps / wall:,.0f}",
+            str(result.num_preemptions),
+            "yes" if wall < 10 else "NO",
+        )
     Console().print(table)
 
 

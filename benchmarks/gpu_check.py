@@ -66,7 +66,16 @@ REPS = 2 if SMOKE else 20
 SWEEP = (
     [(32, 4, None)]
     if SMOKE
-    else [(32, 4, None), (64, 2, None), (64, 4, None), (64, 8, None), (128, 4, None), (128, 8, None), (64, 4, 2), (64, 4, 4)]
+    else [
+        (32, 4, None),
+        (64, 2, None),
+        (64, 4, None),
+        (64, 8, None),
+        (128, 4, None),
+        (128, 8, None),
+        (64, 4, 2),
+        (64, 4, 4),
+    ]
 )
 
 
@@ -76,7 +85,9 @@ def check_correctness() -> list[dict]:
         tolerance = TOLERANCE[dtype]
         for block_size in block_sizes:
             for group in groups:
-                case = make_case(LENS, block_size, 2, HEAD_DIM, seed=block_size * 31 + group, dtype=dtype, device=DEVICE)
+                case = make_case(
+                    LENS, block_size, 2, HEAD_DIM, seed=block_size * 31 + group, dtype=dtype, device=DEVICE
+                )
                 gen = torch.Generator().manual_seed(group)
                 query = torch.randn(len(LENS), 2 * group, HEAD_DIM, generator=gen).to(DEVICE, dtype)
                 args = (case.k_cache, case.v_cache, case.block_tables, case.context_lens, HEAD_DIM**-0.5)
@@ -243,7 +254,9 @@ def main() -> int:
         print(f"[{name}: {time.perf_counter() - started:.1f}s]", flush=True)
         (opts.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     if isinstance(report.get("benchmark"), list):
-        goal = next((p for p in report["benchmark"] if (p["batch"], p["context"], p["block_size"]) == (*GOAL, 16)), None)
+        goal = next(
+            (p for p in report["benchmark"] if (p["batch"], p["context"], p["block_size"]) == (*GOAL, 16)), None
+        )
         if goal and goal["status"] == "ok":
             print(f"\ngoal point (batch {GOAL[0]}, context {GOAL[1]}, {goal['dtype']}): "
                   f"{goal['pct_of_copy_bandwidth']:.1f}% of copy bandwidth (goal >= 70), "

@@ -25,17 +25,32 @@ def stream_chunks(tokens: int) -> list[bytes]:
     events = []
     for k in range(tokens):
         finish = "length" if k == tokens - 1 else None
-        events.append({"id": "cmpl-0", "object": "text_completion", "model": "instant",
-                       "choices": [{"index": 0, "text": f" t{k}", "logprobs": None, "finish_reason": finish}]})
-    events.append({"id": "cmpl-0", "object": "text_completion", "model": "instant", "choices": [],
-                   "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}})
+        events.append(
+            {
+                "id": "cmpl-0",
+                "object": "text_completion",
+                "model": "instant",
+                "choices": [{"index": 0, "text": f" t{k}", "logprobs": None, "finish_reason": finish}],
+            }
+        )
+    events.append(
+        {
+            "id": "cmpl-0",
+            "object": "text_completion",
+            "model": "instant",
+            "choices": [],
+            "usage": {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens},
+        }
+    )
     data = [b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events]
     data.append(b"data: [DONE]\n\n")
     return [f"{len(d):x}\r\n".encode() + d + b"\r\n" for d in data] + [b"0\r\n\r\n"]
 
 
-HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n"
-        b"Connection: keep-alive\r\n\r\n")
+HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n"
+    b"Connection: keep-alive\r\n\r\n"
+)
 MODELS = json.dumps({"object": "list", "data": [{"id": "instant", "object": "model"}]}).encode()
 
 
@@ -63,10 +78,14 @@ class Instant(asyncio.Protocol):
                     length = int(value)
             if len(self.buffer) < end + 4 + length:
                 return
-            self.buffer = self.buffer[end + 4 + length:]
+            self.buffer = self.buffer[end + 4 + length :]
             if head.startswith("GET /v1/models"):
-                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                                     + str(len(MODELS)).encode() + b"\r\n\r\n" + MODELS)
+                self.transport.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                    + str(len(MODELS)).encode()
+                    + b"\r\n\r\n"
+                    + MODELS
+                )
             elif head.startswith("GET"):
                 self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             elif self.separate:

@@ -58,9 +58,13 @@ def compile_kernel(fn, pointers: dict[str, str], constants: dict, arch: int, **o
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as ptx:
         ptx.write(kernel.asm["ptx"])
     ptxas = _ptxas(arch)
-    report = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", ptx.name, "-o", os.devnull], capture_output=True, text=True)
+    report = subprocess.run(
+        [ptxas, f"-arch=sm_{arch}a", "-v", ptx.name, "-o", os.devnull], capture_output=True, text=True
+    )
     os.unlink(ptx.name)
-    details = " ".join(line.split("info    :")[-1].strip() for line in report.stderr.splitlines() if "Used" in line or "spill" in line)
+    details = " ".join(
+        line.split("info    :")[-1].strip() for line in report.stderr.splitlines() if "Used" in line or "spill" in line
+    )
     return {
         "kernel": fn.__name__, "shared": kernel.metadata.shared,
         "cp.async": kernel.asm["ttgir"].count("async_copy_global_to_local"),
@@ -82,13 +86,43 @@ def main() -> int:
             outputs = {"out_ptr": "*fp32", "lse_ptr": "*fp32"} if split else {"out_ptr": cache, "lse_ptr": cache}
             constants = dict(GROUP=group, GROUP_PAD=max(16, group), DIM=128, BLOCK_N=triton_ops.DECODE_BLOCK_N,
                              SPLIT=split, PRECISION=precision)  # fmt: skip
-            jobs.append((f"decode group={group} split={split}", triton_ops._decode_kernel, {**attention, **outputs}, constants))
+            jobs.append(
+                (f"decode group={group} split={split}", triton_ops._decode_kernel, {**attention, **outputs}, constants)
+            )
         constants = dict(GROUP=group, DIM=128, BLOCK_M=triton_ops.PREFILL_BLOCK_M, BLOCK_N=triton_ops.PREFILL_BLOCK_N,
                          PRECISION=precision)  # fmt: skip
-        jobs.append((f"prefill group={group}", triton_ops._prefill_kernel, {**attention, "starts_ptr": "*i32", "out_ptr": cache}, constants))
-    jobs.append(("combine", triton_ops._combine_splits_kernel, {"partial_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": cache}, dict(SPLITS=8, DIM=128)))
-    jobs.append(("write_kv", triton_ops._write_kv_kernel, {"key_ptr": cache, "value_ptr": cache, "k_cache_ptr": cache, "v_cache_ptr": cache, "slot_ptr": "*i64"}, dict(HEADS=triton_ops.WRITE_KV_ELEMENTS // 128, DIM=128)))
-    jobs.append(("copy_blocks", triton_ops._copy_blocks_kernel, {"cache_ptrs": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64"}, dict(ELEMENT_BYTES=2, CHUNK=triton_ops.COPY_CHUNK)))
+        jobs.append(
+            (
+                f"prefill group={group}",
+                triton_ops._prefill_kernel,
+                {**attention, "starts_ptr": "*i32", "out_ptr": cache},
+                constants,
+            )
+        )
+    jobs.append(
+        (
+            "combine",
+            triton_ops._combine_splits_kernel,
+            {"partial_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": cache},
+            dict(SPLITS=8, DIM=128),
+        )
+    )
+    jobs.append(
+        (
+            "write_kv",
+            triton_ops._write_kv_kernel,
+            {"key_ptr": cache, "value_ptr": cache, "k_cache_ptr": cache, "v_cache_ptr": cache, "slot_ptr": "*i64"},
+            dict(HEADS=triton_ops.WRITE_KV_ELEMENTS // 128, DIM=128),
+        )
+    )
+    jobs.append(
+        (
+            "copy_blocks",
+            triton_ops._copy_blocks_kernel,
+            {"cache_ptrs": "*i64", "src_ptr": "*i64", "dst_ptr": "*i64"},
+            dict(ELEMENT_BYTES=2, CHUNK=triton_ops.COPY_CHUNK),
+        )
+    )
     failed = 0
     for label, fn, pointers, constants in jobs:
         try:

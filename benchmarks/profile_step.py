@@ -33,20 +33,39 @@ from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.shapes import ModelShape
 
 SHAPES = {
-    "smollm2": ModelShape("smollm2-135m-shape", 30, 576, 9, 3, 1536, 49152, 8192, tie_word_embeddings=True,
-                          rope_theta=100000.0, dtype="fp32"),
+    "smollm2": ModelShape(
+        "smollm2-135m-shape",
+        30,
+        576,
+        9,
+        3,
+        1536,
+        49152,
+        8192,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+        dtype="fp32",
+    ),
     "tinyllama": ModelShape("tinyllama-1.1b-shape", 22, 2048, 32, 4, 5632, 32000, 2048, dtype="fp32"),
 }
 
 
-def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, dtype: torch.dtype,
-            weights: str, clock=time.perf_counter) -> dict:
+def profile(
+    shape: ModelShape,
+    running: int,
+    prompt_len: int,
+    output_len: int,
+    dtype: torch.dtype,
+    weights: str,
+    clock=time.perf_counter,
+) -> dict:
     model = build_random_model(shape, seed=0, dtype=dtype)
     if weights == "bf16" and dtype == torch.float32:
         round_weights_to_bf16_(model)
     length = prompt_len + output_len
-    config = EngineConfig(engine="paged", block_size=16, num_blocks=running * -(-length // 16) + 16,
-                          max_len=length, max_num_seqs=running)
+    config = EngineConfig(
+        engine="paged", block_size=16, num_blocks=running * -(-length // 16) + 16, max_len=length, max_num_seqs=running
+    )
     engine = LLMEngine(model, config)
     runner = engine.runner
     rng = np.random.default_rng(0)
@@ -65,6 +84,7 @@ def profile(shape: ModelShape, running: int, prompt_len: int, output_len: int, d
                 return fn(*args, **kwargs)
             finally:
                 spent[name] += clock() - start
+
         return wrapper
 
     lm_head = runner.lm_head
@@ -100,20 +120,31 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="wall time, or the process's CPU time (what the work cost, whatever the load)")
-    parser.add_argument("--weights", default="bf16", choices=("bf16", "fp32"),
-                        help="the values the weights hold: bf16 numbers (as published checkpoints store them, where "
-                             "the AMX path applies) or any float32")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="wall time, or the process's CPU time (what the work cost, whatever the load)",
+    )
+    parser.add_argument(
+        "--weights",
+        default="bf16",
+        choices=("bf16", "fp32"),
+        help="the values the weights hold: bf16 numbers (as published checkpoints store them, where "
+        "the AMX path applies) or any float32",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     for running in (int(n) for n in args.running.split(",")):
         clock = time.perf_counter if args.clock == "wall" else time.process_time
         report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype, args.weights, clock)
-        print(f"{args.shape} {args.dtype} ({args.weights} weights), {running} running x {args.prompt_len}+{args.output_len} tokens, "
-              f"{args.threads} thread(s): {report['total_s']:.2f} s {args.clock} time, {report['tok_s']:.1f} output "
-              f"tok/s; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(
+            f"{args.shape} {args.dtype} ({args.weights} weights), {running} running x "
+            f"{args.prompt_len}+{args.output_len} tokens, "
+            f"{args.threads} thread(s): {report['total_s']:.2f} s {args.clock} time, {report['tok_s']:.1f} output "
+            f"tok/s; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
         for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
             print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
 

@@ -40,22 +40,35 @@ def main(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     prompts, output_len = job["prompts"], job["output_len"]
     # prefix caching off, as in kvbench's engines: with it on, the timed run would find the warm-up's prompts cached
-    llm = LLM(model=job["checkpoint"], dtype={"fp32": "float32", "bf16": "bfloat16"}[job["dtype"]],
-              enforce_eager=True, block_size=32, max_num_seqs=len(prompts),
-              max_model_len=max(map(len, prompts)) + output_len + 32, skip_tokenizer_init=True, seed=0,
-              enable_prefix_caching=False)
+    llm = LLM(
+        model=job["checkpoint"],
+        dtype={"fp32": "float32", "bf16": "bfloat16"}[job["dtype"]],
+        enforce_eager=True,
+        block_size=32,
+        max_num_seqs=len(prompts),
+        max_model_len=max(map(len, prompts)) + output_len + 32,
+        skip_tokenizer_init=True,
+        seed=0,
+        enable_prefix_caching=False,
+    )
 
     def generate(batch: list[list[int]], new: int) -> list:
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, detokenize=False)
         return llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
 
-    generate(job["warmup_prompts"], job["warmup_tokens"])  # the measured batch's shapes, other tokens (as for every engine)
+    generate(
+        job["warmup_prompts"], job["warmup_tokens"]
+    )  # the measured batch's shapes, other tokens (as for every engine)
     start, cpu_start = time.perf_counter(), tree_cpu_seconds()
     outputs = generate(prompts, output_len)
     seconds, cpu_seconds = time.perf_counter() - start, tree_cpu_seconds() - cpu_start
     tokens = [list(o.outputs[0].token_ids) for o in sorted(outputs, key=lambda o: int(o.request_id))]
-    print("RESULT " + json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens,
-                                  "threads": torch.get_num_threads()}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {"seconds": seconds, "cpu_seconds": cpu_seconds, "tokens": tokens, "threads": torch.get_num_threads()}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,39 +28,61 @@ class CommandEntry:
 
 
 COMMANDS: dict[str, CommandEntry] = {
-    "sweep": CommandEntry("kvbench.commands.sweep_cmd",
-                          "Paged and contiguous engines side by side per concurrency: TPS, latency, memory."),
-    "waste": CommandEntry("kvbench.commands.waste_cmd",
-                          "Where KV memory goes per strategy: token states, reservation and fragmentation."),
-    "capacity": CommandEntry("kvbench.commands.capacity_cmd",
-                             "Weights, KV budget and the requests each KV strategy holds, per GPU."),
-    "share": CommandEntry("kvbench.commands.share_cmd",
-                          "KV memory with and without block sharing, for parallel sampling and beam search."),
-    "dataset": CommandEntry("kvbench.commands.dataset_cmd",
-                            "Prompt and answer lengths of a dataset and the waste estimate they imply."),
-    "fleet": CommandEntry("kvbench.commands.fleet_cmd",
-                          "Several instances behind a router: every routing policy on the same arrivals."),
-    "serve": CommandEntry("kvbench.commands.serve_cmd",
-                          "Serve one engine over the OpenAI API, with live Prometheus metrics."),
-    "watch": CommandEntry("kvbench.commands.watch_cmd",
-                          "Watch a live metrics endpoint's KV cache, recorded as a timeline and a plot."),
-    "diagnose": CommandEntry("kvbench.commands.diagnose_cmd",
-                             "Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint."),
-    "compare": CommandEntry("kvbench.commands.compare_cmd",
-                            "Compare HEAD's run with BASE's; exit 1 on a regression or a missing point."),
-    "report": CommandEntry("kvbench.commands.report_cmd",
-                           "Build a run's self-contained report.html from its files."),
-    "kernels": CommandEntry("kvbench.commands.kernels_cmd",
-                            "Time paged decode attention: GB/s achieved and ratio to contiguous SDPA."),
-    "scenarios": CommandEntry("kvbench.commands.scenarios_cmd",
-                              "List the built-in scenarios with a one-line description."),
+    "sweep": CommandEntry(
+        "kvbench.commands.sweep_cmd", "Paged and contiguous engines side by side per concurrency: TPS, latency, memory."
+    ),
+    "waste": CommandEntry(
+        "kvbench.commands.waste_cmd", "Where KV memory goes per strategy: token states, reservation and fragmentation."
+    ),
+    "capacity": CommandEntry(
+        "kvbench.commands.capacity_cmd", "Weights, KV budget and the requests each KV strategy holds, per GPU."
+    ),
+    "share": CommandEntry(
+        "kvbench.commands.share_cmd", "KV memory with and without block sharing, for parallel sampling and beam search."
+    ),
+    "dataset": CommandEntry(
+        "kvbench.commands.dataset_cmd", "Prompt and answer lengths of a dataset and the waste estimate they imply."
+    ),
+    "fleet": CommandEntry(
+        "kvbench.commands.fleet_cmd", "Several instances behind a router: every routing policy on the same arrivals."
+    ),
+    "serve": CommandEntry(
+        "kvbench.commands.serve_cmd", "Serve one engine over the OpenAI API, with live Prometheus metrics."
+    ),
+    "watch": CommandEntry(
+        "kvbench.commands.watch_cmd", "Watch a live metrics endpoint's KV cache, recorded as a timeline and a plot."
+    ),
+    "diagnose": CommandEntry(
+        "kvbench.commands.diagnose_cmd", "Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint."
+    ),
+    "compare": CommandEntry(
+        "kvbench.commands.compare_cmd", "Compare HEAD's run with BASE's; exit 1 on a regression or a missing point."
+    ),
+    "report": CommandEntry("kvbench.commands.report_cmd", "Build a run's self-contained report.html from its files."),
+    "kernels": CommandEntry(
+        "kvbench.commands.kernels_cmd", "Time paged decode attention: GB/s achieved and ratio to contiguous SDPA."
+    ),
+    "scenarios": CommandEntry(
+        "kvbench.commands.scenarios_cmd", "List the built-in scenarios with a one-line description."
+    ),
 }
 
 # What `pip install kvbench` brings that a light install (the README's) may lack: module -> package to install.
-FULL_INSTALL = {"torch": "torch", "transformers": "transformers", "safetensors": "safetensors",
-                "prometheus_client": "prometheus-client", "aiohttp": "aiohttp", "pynvml": "nvidia-ml-py",
-                "huggingface_hub": "huggingface_hub", "scipy": "scipy", "pandas": "pandas",
-                "matplotlib": "matplotlib", "jinja2": "jinja2", "yaml": "pyyaml", "numpy": "numpy"}
+FULL_INSTALL = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "prometheus_client": "prometheus-client",
+    "aiohttp": "aiohttp",
+    "pynvml": "nvidia-ml-py",
+    "huggingface_hub": "huggingface_hub",
+    "scipy": "scipy",
+    "pandas": "pandas",
+    "matplotlib": "matplotlib",
+    "jinja2": "jinja2",
+    "yaml": "pyyaml",
+    "numpy": "numpy",
+}
 
 _SETTINGS: dict[str, Any] = {"pretty_exceptions_enable": False}  # what the app and every command's app share
 
@@ -188,7 +210,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """kvbench: where does KV-cache memory go, and what does paging buy?"""
 
@@ -231,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         package = FULL_INSTALL.get((err.name or "").partition(".")[0])
         if package is None:
             raise
-        typer.echo(f"error: this command needs {package}, which is not installed (pip install {package}; "
-                   "`pip install kvbench` installs what every command needs)", err=True)
+        typer.echo(
+            f"error: this command needs {package}, which is not installed (pip install {package}; "
+            "`pip install kvbench` installs what every command needs)",
+            err=True,
+        )
         return 2
     except MemoryError:
         typer.echo("error: out of memory; use a smaller model, fewer requests or a smaller KV pool", err=True)

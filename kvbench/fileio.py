@@ -160,8 +160,10 @@ class DirectoryLock:
             except OSError:
                 holder = ascii(os.pread(fd, 80, 0).decode("utf-8", "replace").strip())[1:-1] or "another process"
                 os.close(fd)
-                raise KvbenchError(f"{directory} is in use by another {what} ({holder}); wait for it "
-                                   "to finish or choose another run directory") from None
+                raise KvbenchError(
+                    f"{directory} is in use by another {what} ({holder}); wait for it "
+                    "to finish or choose another run directory"
+                ) from None
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # released (and removed) by its holder meanwhile: lock the file now at that name
@@ -181,16 +183,24 @@ class DirectoryLock:
                 fd = os.open(self.path, flags)
         except OSError as err:
             if err.errno == errno.ELOOP:
-                raise KvbenchError(f"{self.path} is a symbolic link: kvbench does not follow links for its lock "
-                                   "file; remove it") from None
+                raise KvbenchError(
+                    f"{self.path} is a symbolic link: kvbench does not follow links for its lock file; remove it"
+                ) from None
             if err.errno == errno.EISDIR:
-                raise KvbenchError(f"{self.path} is not a regular file: kvbench will not use it as its lock file; "
-                                   "remove it") from None
+                raise KvbenchError(
+                    f"{self.path} is not a regular file: kvbench will not use it as its lock file; remove it"
+                ) from None
             raise KvbenchError(f"cannot lock {self.directory}: {err.strerror or err}") from None
         info = os.fstat(fd)
-        problem = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else
-                   "belongs to another user" if info.st_uid != os.geteuid() else
-                   "has other hard links" if info.st_nlink != 1 else None)
+        problem = (
+            "is not a regular file"
+            if not stat.S_ISREG(info.st_mode)
+            else "belongs to another user"
+            if info.st_uid != os.geteuid()
+            else "has other hard links"
+            if info.st_nlink != 1
+            else None
+        )
         if problem:
             os.close(fd)
             raise KvbenchError(f"{self.path} {problem}: kvbench will not use it as its lock file; remove it")

@@ -44,8 +44,13 @@ LIMITS = {
     # Block tables are int32 tensors (the attention kernels' block ids): no pool can have more blocks.
     "num_blocks": 2**31 - 1,
 }
-_NAMES = {"requests": "requests", "prompts": "prompts", "samples": "samples (or beams) per prompt",
-          "block_size": "block size", "num_blocks": "KV pool blocks"}
+_NAMES = {
+    "requests": "requests",
+    "prompts": "prompts",
+    "samples": "samples (or beams) per prompt",
+    "block_size": "block size",
+    "num_blocks": "KV pool blocks",
+}
 
 
 # ---------------------------------------------------------------------------------------------- counts
@@ -70,8 +75,13 @@ def check_run_counts(
     num_blocks: int | None = None,
 ) -> None:
     """Every count given is in [1, its limit]; prompts x samples (the sequences a run holds) too."""
-    given = {"requests": requests, "prompts": prompts, "samples": samples, "block_size": block_size,
-             "num_blocks": num_blocks}
+    given = {
+        "requests": requests,
+        "prompts": prompts,
+        "samples": samples,
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+    }
     for name, value in given.items():
         if value is not None:
             check_count(name, value)
@@ -86,9 +96,11 @@ def check_concurrency(counts: Mapping[int, int | None]) -> None:
     for concurrency, requests in sorted(counts.items()):
         check_count("requests", concurrency, option="concurrency")
         if requests is not None and concurrency > requests:
-            raise KvbenchError(f"concurrency {concurrency:,} is more than the {requests:,} requests of its point: at "
-                               f"most {requests:,} can be in flight, so the point would not measure concurrency "
-                               f"{concurrency:,}; lower it or send at least {concurrency:,} requests")
+            raise KvbenchError(
+                f"concurrency {concurrency:,} is more than the {requests:,} requests of its point: at "
+                f"most {requests:,} can be in flight, so the point would not measure concurrency "
+                f"{concurrency:,}; lower it or send at least {concurrency:,} requests"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- memory
@@ -107,8 +119,11 @@ class MemoryNeed:
         return self.weights + self.kv_pool + self.activations
 
     def breakdown(self) -> str:
-        parts = [(name, value) for name, value in
-                 (("weights", self.weights), ("KV pool", self.kv_pool), ("activations", self.activations)) if value]
+        parts = [
+            (name, value)
+            for name, value in (("weights", self.weights), ("KV pool", self.kv_pool), ("activations", self.activations))
+            if value
+        ]
         return " + ".join(f"{name} {human_bytes(value, 'GiB')}" for name, value in parts) or "nothing"
 
 
@@ -117,8 +132,9 @@ def kv_pool_bytes(num_blocks: int, block_size: int, bytes_per_token: int) -> int
     return num_blocks * block_size * bytes_per_token
 
 
-def check_memory(need: MemoryNeed, available: int, device: str, fraction: float = MEMORY_FRACTION,
-                 advice: str | None = None) -> None:
+def check_memory(
+    need: MemoryNeed, available: int, device: str, fraction: float = MEMORY_FRACTION, advice: str | None = None
+) -> None:
     """``need`` fits in ``fraction`` of the ``available`` bytes of ``device``, or one line with the breakdown."""
     usable = int(fraction * available)
     if need.total <= usable:
@@ -136,8 +152,9 @@ def request_list_bytes(num_requests: int, prompt_tokens: int, output_tokens: int
     return num_requests * REQUEST_BYTES + prompt_tokens * PROMPT_TOKEN_BYTES + output_tokens * OUTPUT_TOKEN_BYTES
 
 
-def check_request_memory(num_requests: int, prompt_tokens: int, available: int, output_tokens: int = 0,
-                         fraction: float = MEMORY_FRACTION) -> None:
+def check_request_memory(
+    num_requests: int, prompt_tokens: int, available: int, output_tokens: int = 0, fraction: float = MEMORY_FRACTION
+) -> None:
     """The request list (and the output tokens it will collect) fits in host memory."""
     need = request_list_bytes(num_requests, prompt_tokens, output_tokens)
     usable = int(fraction * available)
@@ -211,8 +228,9 @@ def model_memory_need(shape: ModelShape, kv_pool: int = 0) -> MemoryNeed:
     return MemoryNeed(weights=shape.weight_bytes, kv_pool=kv_pool, activations=activation_reserve_bytes(shape))
 
 
-def check_model_memory_for_device(shape: ModelShape, device: Any, kv_pool: int = 0,
-                                  available: int | None = None) -> None:
+def check_model_memory_for_device(
+    shape: ModelShape, device: Any, kv_pool: int = 0, available: int | None = None
+) -> None:
     """The model's weights and activations (and a pool, if given) fit in what ``device`` has free."""
     free = available_device_bytes(device) if available is None else available
     check_memory(model_memory_need(shape, kv_pool), free, device_label(device))
@@ -221,13 +239,24 @@ def check_model_memory_for_device(shape: ModelShape, device: Any, kv_pool: int =
 def check_weights_for_host(shape: ModelShape, available: int | None = None) -> None:
     """A checkpoint is read into host memory before it moves to a GPU, so its weights must fit there too."""
     free = available_host_bytes() if available is None else available
-    check_memory(MemoryNeed(weights=shape.weight_bytes), free, "this host",
-                 advice="the checkpoint is read into host memory before it moves to the GPU: use a smaller model "
-                        "or a host with more memory")
+    check_memory(
+        MemoryNeed(weights=shape.weight_bytes),
+        free,
+        "this host",
+        advice="the checkpoint is read into host memory before it moves to the GPU: use a smaller model "
+        "or a host with more memory",
+    )
 
 
-def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, block_size: int,
-                             available: int | None = None, pools: int = 1, extra_weights: int = 0) -> None:
+def check_kv_pool_for_device(
+    shape: ModelShape,
+    device: Any,
+    num_blocks: int,
+    block_size: int,
+    available: int | None = None,
+    pools: int = 1,
+    extra_weights: int = 0,
+) -> None:
     """``pools`` pools of ``num_blocks`` x ``block_size`` slots fit in what ``device`` has free now (weights loaded).
 
     ``pools`` counts the pools alive at once when none exists yet (a study that builds its next engine before
@@ -236,16 +265,22 @@ def check_kv_pool_for_device(shape: ModelShape, device: Any, num_blocks: int, bl
     """
     check_run_counts(block_size=block_size, num_blocks=num_blocks)
     free = available_device_bytes(device) if available is None else available
-    need = MemoryNeed(weights=extra_weights,
-                      kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token))
+    need = MemoryNeed(
+        weights=extra_weights, kv_pool=pools * kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token)
+    )
     one = kv_pool_bytes(num_blocks, block_size, shape.bytes_per_token)
     alive = f"{pools} pools of {human_bytes(one, 'GiB')} are alive at once; " if pools > 1 else ""
-    check_memory(need, free, device_label(device),
-                 advice=f"{alive}use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device")
+    check_memory(
+        need,
+        free,
+        device_label(device),
+        advice=f"{alive}use a smaller KV pool (fewer or smaller blocks, less KV memory), or another device",
+    )
 
 
-def check_requests_for_host(num_requests: int, prompt_tokens: int, output_tokens: int = 0,
-                            available: int | None = None) -> None:
+def check_requests_for_host(
+    num_requests: int, prompt_tokens: int, output_tokens: int = 0, available: int | None = None
+) -> None:
     """The request list fits in what the host has free."""
     check_count("requests", num_requests)
     free = available_host_bytes() if available is None else available

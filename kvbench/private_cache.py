@@ -30,7 +30,8 @@ class UnsafeCache(KvbenchError):
 def cache_dir() -> Path:
     """Where kvbench keeps its cache (not created here: see :func:`private_dir`)."""
     base = os.environ.get(ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvbench")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvbench"
+    )
     return Path(base)
 
 
@@ -41,11 +42,15 @@ def current_owner() -> int:
 
 def _check(path: Path, info: os.stat_result, what: str) -> None:
     if info.st_uid != current_owner():
-        raise UnsafeCache(f"{what} {path} belongs to user id {info.st_uid}, not to this user ({current_owner()}); "
-                          "kvbench will not trust it")
+        raise UnsafeCache(
+            f"{what} {path} belongs to user id {info.st_uid}, not to this user ({current_owner()}); "
+            "kvbench will not trust it"
+        )
     if info.st_mode & WRITABLE_BY_OTHERS:
-        raise UnsafeCache(f"{what} {path} may be written by other users (mode {stat.filemode(info.st_mode)}); "
-                          f"kvbench will not trust it (chmod go-w {path}, or remove it)")
+        raise UnsafeCache(
+            f"{what} {path} may be written by other users (mode {stat.filemode(info.st_mode)}); "
+            f"kvbench will not trust it (chmod go-w {path}, or remove it)"
+        )
 
 
 def private_dir(path: Path | None = None) -> Path:

@@ -38,6 +38,8 @@ def printable(text: str, limit: int | None = None) -> str:
     """Text from outside (a server's label value, a file's field) as it may be shown on a terminal: control
     and format characters (an escape sequence's ESC, a carriage return, a bidirectional override) written as
     ``\\x1b``-style escapes, never sent to the terminal; cut to ``limit`` characters with ``...``."""
-    out = "".join(char if unicodedata.category(char)[0] != "C" else
-                  char.encode("unicode_escape").decode("ascii") for char in str(text))
+    out = "".join(
+        char if unicodedata.category(char)[0] != "C" else char.encode("unicode_escape").decode("ascii")
+        for char in str(text)
+    )
     return out if limit is None or len(out) <= limit else out[:limit] + "..."

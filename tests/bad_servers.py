@@ -70,41 +70,57 @@ def path_of(request: bytes) -> str:
     return request.split(b" ", 2)[1].decode("ascii", "replace")
 
 
-def respond(body: str | bytes, status: str = "200 OK", headers: dict[str, str] | None = None,
-            content_length: int | None = None) -> Handler:
+def respond(
+    body: str | bytes, status: str = "200 OK", headers: dict[str, str] | None = None, content_length: int | None = None
+) -> Handler:
     """A plain answer; ``content_length`` may lie about the body."""
     data = body.encode() if isinstance(body, str) else body
 
     def handler(connection: socket.socket, _request: bytes, _stop: threading.Event) -> None:
-        head = {"Content-Type": "text/plain; version=0.0.4", "Content-Length": str(
-            len(data) if content_length is None else content_length), "Connection": "close", **(headers or {})}
-        connection.sendall(f"HTTP/1.1 {status}\r\n".encode() + b"".join(
-            f"{k}: {v}\r\n".encode() for k, v in head.items()) + b"\r\n" + data)
+        head = {
+            "Content-Type": "text/plain; version=0.0.4",
+            "Content-Length": str(len(data) if content_length is None else content_length),
+            "Connection": "close",
+            **(headers or {}),
+        }
+        connection.sendall(
+            f"HTTP/1.1 {status}\r\n".encode()
+            + b"".join(f"{k}: {v}\r\n".encode() for k, v in head.items())
+            + b"\r\n"
+            + data
+        )
+
     return handler
 
 
 def trickle(line: bytes = b"# still here\n", every_s: float = 2.0) -> Handler:
     """Headers at once, then one line of body every ``every_s`` seconds, for ever (each read is quick)."""
+
     def handler(connection: socket.socket, _request: bytes, stop: threading.Event) -> None:
         connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n")
         while not stop.wait(every_s):
             connection.sendall(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+
     return handler
 
 
 def raw(data: bytes) -> Handler:
     """Exactly ``data`` on the wire (a malformed status line, ...), then the connection closed."""
+
     def handler(connection: socket.socket, _request: bytes, _stop: threading.Event) -> None:
         connection.sendall(data)
+
     return handler
 
 
 def redirects(targets: dict[str, str], status: str = "302 Found") -> Handler:
     """``path -> Location``; a path not listed is a 404."""
+
     def handler(connection: socket.socket, request: bytes, stop: threading.Event) -> None:
         path = path_of(request)
         if path in targets:
             respond("", status, {"Location": targets[path]})(connection, request, stop)
         else:
             respond("not here", "404 Not Found")(connection, request, stop)
+
     return handler

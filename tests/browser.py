@@ -220,9 +220,7 @@ class Page:
         return log
 
     def evaluate(self, expression: str) -> Any:
-        result = self.call(
-            "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}
-        )
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
         if "exceptionDetails" in result:
             raise BrowserError(f"script failed: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -82,14 +82,19 @@ def vllm_exposition():
         "prefix_queries": r"^(vllm:prefix_cache_queries_total\{[^}]*\}) \S+$",
         "prefix_hits": r"^(vllm:prefix_cache_hits_total\{[^}]*\}) \S+$",
     }
-    labels = {"block_size": "block_size", "num_gpu_blocks": "num_gpu_blocks",
-              "enable_prefix_caching": "enable_prefix_caching"}
+    labels = {
+        "block_size": "block_size",
+        "num_gpu_blocks": "num_gpu_blocks",
+        "enable_prefix_caching": "enable_prefix_caching",
+    }
 
     def build(base: str = "busy", **values) -> str:
         text = texts[base]
         for key, value in values.items():
             if key in labels:
-                text, count = re.subn(rf'(vllm:cache_config_info\{{[^}}]*\b{labels[key]}=")[^"]*"', rf'\g<1>{value}"', text)
+                text, count = re.subn(
+                    rf'(vllm:cache_config_info\{{[^}}]*\b{labels[key]}=")[^"]*"', rf'\g<1>{value}"', text
+                )
             else:
                 text, count = re.subn(patterns[key], rf"\g<1> {float(value)}", text, flags=re.MULTILINE)
             assert count >= 1, key
@@ -165,7 +170,9 @@ def fake_vllm(monkeypatch):
     class Output:
         def __init__(self, request_id, token_ids, finished, preemptions=0):
             self.request_id = request_id
-            self.outputs = [types.SimpleNamespace(token_ids=list(token_ids), finish_reason="length" if finished else None)]
+            self.outputs = [
+                types.SimpleNamespace(token_ids=list(token_ids), finish_reason="length" if finished else None)
+            ]
             self.finished = finished
             self.metrics = types.SimpleNamespace(num_preemptions=preemptions)
 
@@ -178,8 +185,11 @@ def fake_vllm(monkeypatch):
 
     class Engine:
         def __init__(self, block_size, num_blocks, max_num_seqs, log_stats=True):
-            self.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace(
-                block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=None))
+            self.vllm_config = types.SimpleNamespace(
+                cache_config=types.SimpleNamespace(
+                    block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=None
+                )
+            )
             if log_stats:
                 self.logger_manager = LoggerManager()
             self.block_size, self.usable, self.max_num_seqs = block_size, num_blocks - 1, max_num_seqs
@@ -187,8 +197,9 @@ def fake_vllm(monkeypatch):
 
         def add_request(self, request_id, prompt, params):
             internal = f"{request_id}-0a1b2c3d"  # vLLM makes its ids unique; outputs carry the caller's id
-            self.waiting.append({"id": request_id, "prompt": prompt["prompt_token_ids"], "params": params,
-                                 "tokens": [], "blocks": 0})
+            self.waiting.append(
+                {"id": request_id, "prompt": prompt["prompt_token_ids"], "params": params, "tokens": [], "blocks": 0}
+            )
             self.added.append(request_id)
             self.max_in_engine = max(self.max_in_engine, len(self.waiting) + len(self.running))
             return internal
@@ -219,9 +230,12 @@ def fake_vllm(monkeypatch):
             self.running = [r for r in self.running if r not in finished]
             manager = getattr(self, "logger_manager", None)
             if manager is not None:
-                manager.record(scheduler_stats=types.SimpleNamespace(
-                    kv_cache_usage=self._held() / self.usable, num_running_reqs=len(self.running)),
-                    iteration_stats=types.SimpleNamespace(num_preempted_reqs=0))
+                manager.record(
+                    scheduler_stats=types.SimpleNamespace(
+                        kv_cache_usage=self._held() / self.usable, num_running_reqs=len(self.running)
+                    ),
+                    iteration_stats=types.SimpleNamespace(num_preempted_reqs=0),
+                )
             return outputs
 
     class LLM:
@@ -230,8 +244,12 @@ def fake_vllm(monkeypatch):
         def __init__(self, **kwargs):
             self.kwargs = kwargs
             blocks = kwargs["kv_cache_memory_bytes"] // (kwargs["block_size"] * LLM.bytes_per_token)
-            self.llm_engine = Engine(kwargs["block_size"], blocks, kwargs["max_num_seqs"],
-                                     log_stats=not kwargs.get("disable_log_stats", True))
+            self.llm_engine = Engine(
+                kwargs["block_size"],
+                blocks,
+                kwargs["max_num_seqs"],
+                log_stats=not kwargs.get("disable_log_stats", True),
+            )
             module.built.append(self)
 
     module.SamplingParams, module.TokensPrompt, module.LLM = SamplingParams, TokensPrompt, LLM

@@ -41,9 +41,20 @@ def vocabulary() -> list[str]:
 
 
 def tiny_shape(vocab_size: int, tied: bool = True) -> ModelShape:
-    return ModelShape("gguf-tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                      vocab_size=vocab_size, max_position_embeddings=512, dtype="fp32", rope_theta=10000.0,
-                      tie_word_embeddings=tied, eos_token_id=EOS_ID)
+    return ModelShape(
+        "gguf-tiny",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        vocab_size=vocab_size,
+        max_position_embeddings=512,
+        dtype="fp32",
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        eos_token_id=EOS_ID,
+    )
 
 
 def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -52,8 +63,9 @@ def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, architecture: str = "llama", tied: bool = True,
-                    tokenizer: bool = True) -> torch.nn.Module:
+def write_tiny_gguf(
+    path: Path, seed: int = 0, architecture: str = "llama", tied: bool = True, tokenizer: bool = True
+) -> torch.nn.Module:
     """A random Llama written as a GGUF file at ``path`` (F32 tensors); returns the source model."""
     import gguf
 
@@ -91,15 +103,23 @@ def write_tiny_gguf(path: Path, seed: int = 0, architecture: str = "llama", tied
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     if not tied:
         writer.add_tensor("output.weight", state["lm_head.weight"])
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "self_attn.v_proj": "attn_v"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "self_attn.v_proj": "attn_v",
+    }
     for layer in range(shape.num_layers):
         prefix = f"model.layers.{layer}."
-        writer.add_tensor(f"blk.{layer}.attn_q.weight",
-                          _llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads))
-        writer.add_tensor(f"blk.{layer}.attn_k.weight",
-                          _llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads))
+        writer.add_tensor(
+            f"blk.{layer}.attn_q.weight", _llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads)
+        )
+        writer.add_tensor(
+            f"blk.{layer}.attn_k.weight", _llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads)
+        )
         for hf, ours in names.items():
             writer.add_tensor(f"blk.{layer}.{ours}.weight", state[f"{prefix}{hf}.weight"])
     writer.write_header_to_file()

@@ -47,8 +47,7 @@ class Node:
         return [
             n
             for n in self.walk()
-            if (tag is None or n.tag == tag)
-            and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())
+            if (tag is None or n.tag == tag) and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())
         ]
 
     def find(self, tag: str | None = None, **attrs: str) -> Node | None:

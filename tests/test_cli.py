@@ -56,8 +56,19 @@ def test_the_version_is_pyprojects(capsys):
 
 # ---------------------------------------------------------------------------------------------- starting at once
 
-HEAVY = ("torch", "transformers", "safetensors", "numpy", "scipy", "pandas", "matplotlib", "jinja2", "pydantic",
-         "aiohttp", "ray")
+HEAVY = (
+    "torch",
+    "transformers",
+    "safetensors",
+    "numpy",
+    "scipy",
+    "pandas",
+    "matplotlib",
+    "jinja2",
+    "pydantic",
+    "aiohttp",
+    "ray",
+)
 
 # Runs kvbench's entry point with argv in a fresh interpreter, then reports on stderr's last line what it imported.
 STARTUP_PROBE = """
@@ -71,13 +82,15 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 def _probe(*argv: str, columns: int = 100) -> tuple[dict, str]:
     env = {**os.environ, "COLUMNS": str(columns)}
     env.pop("TERMINAL_WIDTH", None)
-    done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, *argv], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", STARTUP_PROBE, *argv], capture_output=True, text=True, env=env, timeout=120
+    )
     return json.loads(done.stderr.strip().splitlines()[-1]), done.stdout
 
 
-@pytest.mark.parametrize("argv, code", [(["--version"], 0), (["--help"], 0), ([], 2)],
-                         ids=["version", "help", "no arguments"])
+@pytest.mark.parametrize(
+    "argv, code", [(["--version"], 0), (["--help"], 0), ([], 2)], ids=["version", "help", "no arguments"]
+)
 def test_version_and_help_import_no_command_and_no_heavy_package(argv, code):
     report, out = _probe(*argv)
     assert report["code"] == code  # alone, `kvbench` shows the help and exits 2, as click does
@@ -93,7 +106,7 @@ def test_help_lists_every_command_on_one_line_each():
     rows = [line for line in out.splitlines() if line.startswith("│ ")]
     for name, entry in cli.COMMANDS.items():
         assert any(line.split()[1:2] == [name] and entry.summary in line for line in rows), name
-    commands_panel = out[out.index("Commands"):]
+    commands_panel = out[out.index("Commands") :]
     assert len([line for line in commands_panel.splitlines() if line.startswith("│")]) == len(cli.COMMANDS)
 
 
@@ -127,7 +140,10 @@ def test_the_tables_line_is_the_commands_own_first_paragraph(name):
 
 def test_a_typo_still_gets_a_suggestion(capsys):
     assert main(["sweeep"]) == 2
-    assert capsys.readouterr().err.strip() == "error: No such command 'sweeep'. Did you mean 'sweep'? (see `kvbench --help`)"
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: No such command 'sweeep'. Did you mean 'sweep'? (see `kvbench --help`)"
+    )
 
 
 def test_only_the_command_that_runs_is_imported():
@@ -154,13 +170,18 @@ def test_the_root_help_shows_its_flags_without_a_type(capsys):
 
 # ---------------------------------------------------------------------------------------------- shell completion
 
+
 def _complete(words: str) -> list[str]:
     """What bash completion offers after ``words`` (the last word being completed), in a fresh interpreter."""
     parts = words.split(" ")
-    env = {**os.environ, "_KVBENCH_COMPLETE": "complete_bash", "COMP_WORDS": words,
-           "COMP_CWORD": str(len(parts) - 1)}
-    done = subprocess.run([sys.executable, "-c", "import sys; from kvbench.cli import main; sys.exit(main())"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    env = {**os.environ, "_KVBENCH_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1)}
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from kvbench.cli import main; sys.exit(main())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
@@ -173,7 +194,10 @@ def test_completion_of_fixed_choices():
     assert _complete("kvbench waste --stop ") == ["eos", "length"]
     assert _complete("kvbench capacity --kv-cache-dtype fp8") == ["fp8", "fp8_e4m3", "fp8_e5m2"]
     assert _complete("kvbench waste --strategies paged,contiguous-") == [
-        "paged,contiguous-max", "paged,contiguous-pow2", "paged,contiguous-oracle"]
+        "paged,contiguous-max",
+        "paged,contiguous-pow2",
+        "paged,contiguous-oracle",
+    ]
 
 
 def test_show_completion_prints_a_script():
@@ -182,8 +206,12 @@ def test_show_completion_prints_a_script():
     if shutil.which("bash") is None:
         pytest.skip("no bash on this machine")
     code = "import sys; from kvbench.cli import main; sys.exit(main(['--show-completion']))"
-    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     script = done.stdout
     assert "_kvbench_completion" in script and "_KVBENCH_COMPLETE=complete_bash" in script

@@ -82,13 +82,16 @@ def _planted(tmp_path, kind: str):
     return victim, target
 
 
-@pytest.mark.parametrize("kind, said", [
-    ("symlink", "is a symbolic link: kvbench does not follow links for its lock file; remove it"),
-    ("dangling symlink", "is a symbolic link"),
-    ("hard link", "has other hard links: kvbench will not use it as its lock file; remove it"),
-    ("directory", "is not a regular file"),
-    ("fifo", "is not a regular file"),
-])
+@pytest.mark.parametrize(
+    "kind, said",
+    [
+        ("symlink", "is a symbolic link: kvbench does not follow links for its lock file; remove it"),
+        ("dangling symlink", "is a symbolic link"),
+        ("hard link", "has other hard links: kvbench will not use it as its lock file; remove it"),
+        ("directory", "is not a regular file"),
+        ("fifo", "is not a regular file"),
+    ],
+)
 def test_a_planted_lock_file_is_refused_and_nothing_is_written_through_it(kind, said, tmp_path):
     victim, target = _planted(tmp_path, kind)
     with pytest.raises(KvbenchError, match=said):
@@ -109,15 +112,21 @@ def test_a_symlink_planted_in_out_is_refused_by_the_command(tmp_path, capfd):
     victim, target = _planted(tmp_path, "symlink")
     assert main(["sweep", "--simulate", "--scenario", "ci-smoke", "--out", str(target.parent)]) == 2
     captured = capfd.readouterr()
-    assert captured.out == "" and captured.err.strip() == f"error: {target} is a symbolic link: kvbench does not " \
-        "follow links for its lock file; remove it"
+    assert (
+        captured.out == ""
+        and captured.err.strip()
+        == f"error: {target} is a symbolic link: kvbench does not follow links for its lock file; remove it"
+    )
     assert victim.read_text() == "precious"
 
 
-@pytest.mark.parametrize("args", [
-    ["sweep", "--simulate", "--scenario", "ci-smoke"],
-    ["fleet", "--simulate", "--instances", "2", "--rate", "5", "--requests", "20", "--policies", "round-robin"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "--simulate", "--scenario", "ci-smoke"],
+        ["fleet", "--simulate", "--instances", "2", "--rate", "5", "--requests", "20", "--policies", "round-robin"],
+    ],
+)
 def test_a_finished_run_keeps_no_lock_file(args, tmp_path, capfd):
     out = tmp_path / "run"
     assert main([*args, "--out", str(out)]) == 0

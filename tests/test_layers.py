@@ -15,7 +15,15 @@ PACKAGE = ROOT / "kvbench"
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
     ("kvbench.errors", "kvbench.fileio", "kvbench.json_input", "kvbench.private_cache", "kvbench.kv"),
-    ("kvbench.kernels", "kvbench.models", "kvbench.workload", "kvbench.scenarios", "kvbench.measure", "kvbench.preflight", "kvbench.values"),
+    (
+        "kvbench.kernels",
+        "kvbench.models",
+        "kvbench.workload",
+        "kvbench.scenarios",
+        "kvbench.measure",
+        "kvbench.preflight",
+        "kvbench.values",
+    ),
     ("kvbench.engine",),
     ("kvbench.report",),
     ("kvbench.endpoint",),
@@ -56,8 +64,11 @@ def test_imports_run_downwards(module, path):
     own = _layer(module)
     if own is None:
         return
-    upward = [f"{path.name}:{line} imports {name}" for line, name in _imports(path)
-              if (target := _layer(name)) is not None and target > own]
+    upward = [
+        f"{path.name}:{line} imports {name}"
+        for line, name in _imports(path)
+        if (target := _layer(name)) is not None and target > own
+    ]
     assert upward == []
 
 
@@ -69,14 +80,21 @@ def _error_texts(path: Path) -> list[tuple[int, str]]:
             func = node.exc.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
             if name.endswith("Error") or name == "RunFailed":
-                parts = [n.value for arg in node.exc.args for n in ast.walk(arg)
-                         if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                parts = [
+                    n.value
+                    for arg in node.exc.args
+                    for n in ast.walk(arg)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                ]
                 texts.append((node.lineno, "".join(parts)))
     return texts
 
 
-@pytest.mark.parametrize("module, path", [(m, p) for m, p in _module_files() if _layer(m) is not None
-                                          and _layer(m) < _layer("kvbench.commands")], ids=lambda value: str(value))
+@pytest.mark.parametrize(
+    "module, path",
+    [(m, p) for m, p in _module_files() if _layer(m) is not None and _layer(m) < _layer("kvbench.commands")],
+    ids=lambda value: str(value),
+)
 def test_only_commands_name_flags_in_errors(module, path):
     """Studies, reports and the engine say which setting is wrong; the command that owns a flag names it."""
     assert [f"{path.name}:{line}: {text}" for line, text in _error_texts(path) if _FLAG.search(text)] == []
@@ -94,20 +112,37 @@ def _message_texts(path: Path) -> list[tuple[int, str]]:
     skip: set[int] = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             skip.add(id(body[0].value))  # a docstring speaks to developers
         if isinstance(node, (ast.List, ast.Tuple)):
-            skip.update(id(item) for item in node.elts
-                        if isinstance(item, ast.Constant) and isinstance(item.value, str)
-                        and re.fullmatch(r"--[a-z][a-z-]*", item.value))  # an argument of a subprocess
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+            skip.update(
+                id(item)
+                for item in node.elts
+                if isinstance(item, ast.Constant)
+                and isinstance(item.value, str)
+                and re.fullmatch(r"--[a-z][a-z-]*", item.value)
+            )  # an argument of a subprocess
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+    ]
 
 
-@pytest.mark.parametrize("module, path", [(m, p) for m, p in _module_files() if _layer(m) is not None
-                                          and _layer(m) < _layer("kvbench.commands") and p not in SUGGESTIONS],
-                         ids=lambda value: str(value))
+@pytest.mark.parametrize(
+    "module, path",
+    [
+        (m, p)
+        for m, p in _module_files()
+        if _layer(m) is not None and _layer(m) < _layer("kvbench.commands") and p not in SUGGESTIONS
+    ],
+    ids=lambda value: str(value),
+)
 def test_only_commands_name_flags_in_any_message(module, path):
     """A message built below the command layer (a finding's remedy, a table title, a note) names no flag:
     the same code serves several commands, and only the command knows its flags."""
@@ -134,8 +169,9 @@ def _graph(function_local: bool) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         names = _imported_names(ast.parse(path.read_text(encoding="utf-8")), function_local)
-        graph[module] = {target for name in names
-                         if (target := _resolve(name, modules)) is not None and target != module}
+        graph[module] = {
+            target for name in names if (target := _resolve(name, modules)) is not None and target != module
+        }
     return graph
 
 

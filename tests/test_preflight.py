@@ -63,8 +63,13 @@ def test_counts_out_of_range_are_refused(given: dict, message: str) -> None:
 
 
 def test_counts_at_their_limits_pass() -> None:
-    check_run_counts(requests=LIMITS["requests"], prompts=1000, samples=LIMITS["samples"],
-                     block_size=LIMITS["block_size"], num_blocks=LIMITS["num_blocks"])
+    check_run_counts(
+        requests=LIMITS["requests"],
+        prompts=1000,
+        samples=LIMITS["samples"],
+        block_size=LIMITS["block_size"],
+        num_blocks=LIMITS["num_blocks"],
+    )
     check_run_counts()
     check_count("max_len", 10, limit=10, option="max-len")
 
@@ -108,8 +113,9 @@ def test_a_pool_too_large_for_the_device_is_refused() -> None:
     pool = kv_pool_bytes(4096, 16, tiny.bytes_per_token)
     check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(2 * pool / 0.9) + 1, pools=2)
     with pytest.raises(KvbenchError, match="KV pool 0.06 GiB") as caught:
-        check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(2 * pool / 0.9) - 1,
-                                 pools=2)
+        check_kv_pool_for_device(
+            tiny, "cpu", num_blocks=4096, block_size=16, available=int(2 * pool / 0.9) - 1, pools=2
+        )
     assert "2 pools of 0.03 GiB are alive at once" in one_line(caught)  # why the need is twice the pool asked
     with pytest.raises(KvbenchError) as caught:
         check_kv_pool_for_device(tiny, "cpu", num_blocks=100_000_000, block_size=16, available=GIB)
@@ -124,8 +130,9 @@ def test_packed_weights_count_against_the_pool() -> None:
     pool = kv_pool_bytes(4096, 16, tiny.bytes_per_token)
     check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(pool / 0.9) + 1)
     with pytest.raises(KvbenchError, match="weights 0.50 GiB"):
-        check_kv_pool_for_device(tiny, "cpu", num_blocks=4096, block_size=16, available=int(pool / 0.9) + 1,
-                                 extra_weights=GIB // 2)
+        check_kv_pool_for_device(
+            tiny, "cpu", num_blocks=4096, block_size=16, available=int(pool / 0.9) + 1, extra_weights=GIB // 2
+        )
 
 
 def test_request_list_memory() -> None:
@@ -150,8 +157,17 @@ def test_context_length() -> None:
         check_context_length(llama, 4097)
     text = one_line(caught)
     assert "max-len 4,097" in text and "4,096 tokens" in text
-    stretched = ModelShape("long", 2, 64, 4, 2, 128, 100, max_position_embeddings=1024,
-                           rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    stretched = ModelShape(
+        "long",
+        2,
+        64,
+        4,
+        2,
+        128,
+        100,
+        max_position_embeddings=1024,
+        rope_scaling={"rope_type": "dynamic", "factor": 4.0},
+    )
     check_context_length(stretched, 4096)
     with pytest.raises(KvbenchError, match="max-len must be a positive integer"):
         check_context_length(llama, 0)
@@ -228,9 +244,18 @@ def test_load_model_refuses_a_max_len_past_the_context() -> None:
 def test_load_model_refuses_a_mixture_of_experts_before_its_weights(tmp_path: Path) -> None:
     from kvbench.studies.local_model import load_model
 
-    config = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 128,
-              "num_local_experts": 4, "num_experts_per_tok": 2}
+    config = {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(KvbenchError, match="is mixtral: the tensor engine runs dense Llama-family models"):
         load_model(str(tmp_path), device="cpu")

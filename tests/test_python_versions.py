@@ -43,5 +43,7 @@ def test_python_3_11_reads_toml_with_the_standard_library(relative, monkeypatch)
 def test_the_package_declares_tomli_for_python_3_10():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["requires-python"] == ">=3.10"
-    assert any(dep.replace(" ", "").startswith("tomli") and "python_version<'3.11'" in dep.replace(" ", "")
-               for dep in project["dependencies"])
+    assert any(
+        dep.replace(" ", "").startswith("tomli") and "python_version<'3.11'" in dep.replace(" ", "")
+        for dep in project["dependencies"]
+    )

@@ -28,13 +28,17 @@ def check_target_run(options: SweepOptions, engines: str, resume: bool, on_ray: 
     if options.simulate:
         raise KvbenchError("--target measures real servers: it cannot be simulated")
     if resume:
-        raise KvbenchError("--resume does not continue a --target run (a server's state between runs is its own): "
-                           "start a new run directory")
+        raise KvbenchError(
+            "--resume does not continue a --target run (a server's state between runs is its own): "
+            "start a new run directory"
+        )
     if on_ray:
         raise KvbenchError("--ray fans in-process engines out to workers; a --target run loads servers over HTTP")
     if metrics:
-        raise KvbenchError("--metrics-port/--metrics-file export kvbench's in-process engines; a server over HTTP "
-                           "has its own /metrics, which --target reads")
+        raise KvbenchError(
+            "--metrics-port/--metrics-file export kvbench's in-process engines; a server over HTTP "
+            "has its own /metrics, which --target reads"
+        )
     if options.repeat != 1:
         raise KvbenchError("--repeat is not supported with --target yet: run the sweep again into another --out")
 
@@ -62,8 +66,10 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
     failed = [p for p in run.points if p["status"] != "ok"]
     if failed:
         first = failed[0]
-        raise RunFailed(f"{len(failed)} of {len(run.points)} points had failed requests (recorded in "
-                        f"{run_dir}/results.jsonl), e.g. {first['engine']} {_level(first)}: {first.get('error')}")
+        raise RunFailed(
+            f"{len(failed)} of {len(run.points)} points had failed requests (recorded in "
+            f"{run_dir}/results.jsonl), e.g. {first['engine']} {_level(first)}: {first.get('error')}"
+        )
 
 
 def _targets_text(options: SweepOptions) -> str:

@@ -15,8 +15,22 @@ import typer
 from kvbench.errors import KvbenchError
 from kvbench.models.shapes import DTYPE_BYTES
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
-               "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4, "tb": 1000**4, "tib": 1024**4}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
 
 
 def int_list(text: str, what: str, minimum: int = 1) -> list[int]:
@@ -136,8 +150,9 @@ DEVICES = ("auto", "cpu", "cuda")  # what --device names (the engines also take 
 COMPUTE_DTYPES = tuple(DTYPE_BYTES)  # what --dtype names where a model runs
 
 
-def choice(values: Sequence[str], what: str | None = None, *, case_sensitive: bool = True,
-           also: str | None = None) -> dict[str, Any]:
+def choice(
+    values: Sequence[str], what: str | None = None, *, case_sensitive: bool = True, also: str | None = None
+) -> dict[str, Any]:
     """``typer.Option`` keywords for an option with a fixed set of values: its help shows them (``<a|b|c>``),
     the shell completes them, and another value is refused as soon as it is parsed, in one line naming ``what``
     (the flag, unless given) and the choices. ``also`` is a pattern of further accepted values (``cuda:\\d+``)."""

@@ -96,9 +96,18 @@ def show(document: dict, as_json: bool, tables: Callable[[], None]) -> None:
         tables()
 
 
-def write_study(kind: str, out_dir: Path | None, document: dict[str, Any], as_json: bool, *,
-                plot: Callable[[dict, Path], Any], plot_file: str, markdown: Callable[[dict], str],
-                tables: Callable[[Path], None], flat_rows: bool = True) -> Path:
+def write_study(
+    kind: str,
+    out_dir: Path | None,
+    document: dict[str, Any],
+    as_json: bool,
+    *,
+    plot: Callable[[dict, Path], Any],
+    plot_file: str,
+    markdown: Callable[[dict], str],
+    tables: Callable[[Path], None],
+    flat_rows: bool = True,
+) -> Path:
     """A one-shot study's run directory (its plot, ``summary.json/csv/md``), then the document shown."""
     run_dir = new_run_dir(kind, out_dir)
     plot(document, run_dir / plot_file)

@@ -47,49 +47,152 @@ class SharedOption:
 REQUESTS_PANEL, MODEL_PANEL, POOL_PANEL = "Requests", "Model and device", "KV pool"
 
 SHARED_OPTIONS: tuple[SharedOption, ...] = (
-    SharedOption("scenario", str, "article", typer.Option(
-        "--scenario", rich_help_panel=REQUESTS_PANEL,
-        help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.")),
-    SharedOption("requests", int | None, None, typer.Option(
-        "--requests", min=1, rich_help_panel=REQUESTS_PANEL, help="Requests (default: the scenario's).")),
-    SharedOption("requests_file", Path | None, None, typer.Option(
-        "--requests-file", rich_help_panel=REQUESTS_PANEL,
-        help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths.")),
-    SharedOption("dataset", str | None, None, typer.Option(
-        "--dataset", rich_help_panel=REQUESTS_PANEL,
-        help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
-             "the scenario's dataset, if any), tokenized with the model's tokenizer.")),
-    SharedOption("seed", int | None, None, typer.Option(
-        "--seed", min=0, rich_help_panel=REQUESTS_PANEL,
-        help="Seed of lengths, prompts and weights (default: the scenario's, else 0).")),
-    SharedOption("model", str, "tiny", typer.Option(
-        "--model", rich_help_panel=MODEL_PANEL,
-        help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.")),
-    SharedOption("device", str, "auto", typer.Option(
-        "--device", rich_help_panel=MODEL_PANEL, help="auto: CUDA when available, else the CPU (also cuda:N).",
-        **device_choice())),
-    SharedOption("dtype", str | None, None, typer.Option(
-        "--dtype", rich_help_panel=MODEL_PANEL, help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).",
-        **compute_dtype_choice())),
-    SharedOption("simulate", bool, False, typer.Option(
-        "--simulate", rich_help_panel=MODEL_PANEL,
-        help="Tensor-free simulator with a GPU preset and roofline step times.")),
-    SharedOption("gpu", str, "a100-80g", typer.Option(
-        "--gpu", rich_help_panel=MODEL_PANEL, help="GPU preset for --simulate.", **completes(GPU_PRESETS))),
-    SharedOption("kv_memory", str | None, None, typer.Option(
-        "--kv-memory", rich_help_panel=POOL_PANEL, help="KV pool size, e.g. 64MiB (default: the scenario's budget).")),
-    SharedOption("utilization", float | None, None, typer.Option(
-        "--gpu-memory-utilization", max=1.0, callback=positive_fraction, rich_help_panel=POOL_PANEL,
-        help="On CUDA: size the pools like vLLM from real free memory.")),
-    SharedOption("block_size", int | None, None, typer.Option(
-        "--block-size", min=1, rich_help_panel=POOL_PANEL, help="Tokens per KV block (default: the scenario's).")),
-    SharedOption("reserve", str | None, None, typer.Option(
-        "--reserve", rich_help_panel=POOL_PANEL, help="What a contiguous request reserves (default: the scenario's).",
-        **choice(RESERVATION_POLICIES))),
-    SharedOption("admission", str | None, None, typer.Option(
-        "--admission", rich_help_panel=POOL_PANEL,
-        help="Contiguous when memory is short: requests wait (queue) or are refused as OOM (reject).",
-        **choice(ADMISSION_MODES))),
+    SharedOption(
+        "scenario",
+        str,
+        "article",
+        typer.Option(
+            "--scenario",
+            rich_help_panel=REQUESTS_PANEL,
+            help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.",
+        ),
+    ),
+    SharedOption(
+        "requests",
+        int | None,
+        None,
+        typer.Option("--requests", min=1, rich_help_panel=REQUESTS_PANEL, help="Requests (default: the scenario's)."),
+    ),
+    SharedOption(
+        "requests_file",
+        Path | None,
+        None,
+        typer.Option(
+            "--requests-file",
+            rich_help_panel=REQUESTS_PANEL,
+            help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths.",
+        ),
+    ),
+    SharedOption(
+        "dataset",
+        str | None,
+        None,
+        typer.Option(
+            "--dataset",
+            rich_help_panel=REQUESTS_PANEL,
+            help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
+            "the scenario's dataset, if any), tokenized with the model's tokenizer.",
+        ),
+    ),
+    SharedOption(
+        "seed",
+        int | None,
+        None,
+        typer.Option(
+            "--seed",
+            min=0,
+            rich_help_panel=REQUESTS_PANEL,
+            help="Seed of lengths, prompts and weights (default: the scenario's, else 0).",
+        ),
+    ),
+    SharedOption(
+        "model",
+        str,
+        "tiny",
+        typer.Option(
+            "--model",
+            rich_help_panel=MODEL_PANEL,
+            help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.",
+        ),
+    ),
+    SharedOption(
+        "device",
+        str,
+        "auto",
+        typer.Option(
+            "--device",
+            rich_help_panel=MODEL_PANEL,
+            help="auto: CUDA when available, else the CPU (also cuda:N).",
+            **device_choice(),
+        ),
+    ),
+    SharedOption(
+        "dtype",
+        str | None,
+        None,
+        typer.Option(
+            "--dtype",
+            rich_help_panel=MODEL_PANEL,
+            help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).",
+            **compute_dtype_choice(),
+        ),
+    ),
+    SharedOption(
+        "simulate",
+        bool,
+        False,
+        typer.Option(
+            "--simulate",
+            rich_help_panel=MODEL_PANEL,
+            help="Tensor-free simulator with a GPU preset and roofline step times.",
+        ),
+    ),
+    SharedOption(
+        "gpu",
+        str,
+        "a100-80g",
+        typer.Option("--gpu", rich_help_panel=MODEL_PANEL, help="GPU preset for --simulate.", **completes(GPU_PRESETS)),
+    ),
+    SharedOption(
+        "kv_memory",
+        str | None,
+        None,
+        typer.Option(
+            "--kv-memory", rich_help_panel=POOL_PANEL, help="KV pool size, e.g. 64MiB (default: the scenario's budget)."
+        ),
+    ),
+    SharedOption(
+        "utilization",
+        float | None,
+        None,
+        typer.Option(
+            "--gpu-memory-utilization",
+            max=1.0,
+            callback=positive_fraction,
+            rich_help_panel=POOL_PANEL,
+            help="On CUDA: size the pools like vLLM from real free memory.",
+        ),
+    ),
+    SharedOption(
+        "block_size",
+        int | None,
+        None,
+        typer.Option(
+            "--block-size", min=1, rich_help_panel=POOL_PANEL, help="Tokens per KV block (default: the scenario's)."
+        ),
+    ),
+    SharedOption(
+        "reserve",
+        str | None,
+        None,
+        typer.Option(
+            "--reserve",
+            rich_help_panel=POOL_PANEL,
+            help="What a contiguous request reserves (default: the scenario's).",
+            **choice(RESERVATION_POLICIES),
+        ),
+    ),
+    SharedOption(
+        "admission",
+        str | None,
+        None,
+        typer.Option(
+            "--admission",
+            rich_help_panel=POOL_PANEL,
+            help="Contiguous when memory is short: requests wait (queue) or are refused as OOM (reject).",
+            **choice(ADMISSION_MODES),
+        ),
+    ),
 )
 
 
@@ -98,14 +201,18 @@ def parse_run_options(values: dict[str, Any]) -> RunOptions:
     values = dict(values)
     kv_memory = values.pop("kv_memory")
     reserve, admission = values.pop("reserve"), values.pop("admission")
-    return RunOptions(**values, kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
-                      kv_memory_text=kv_memory,
-                      reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
-                      admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None)
+    return RunOptions(
+        **values,
+        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
+        kv_memory_text=kv_memory,
+        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,
+        admission=check_choice(admission, ADMISSION_MODES, "--admission") if admission else None,
+    )
 
 
-def with_run_options(defaults: dict[str, Any] | None = None,
-                     helps: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_run_options(
+    defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add :data:`SHARED_OPTIONS` to the decorated command (which takes ``run: RunOptions`` among its keyword
     arguments); ``defaults`` and ``helps`` change an option's default or help text for this command only."""
     defaults, helps = defaults or {}, helps or {}
@@ -121,9 +228,14 @@ def with_run_options(defaults: dict[str, Any] | None = None,
             declared = copy.copy(option.option)
             if option.name in helps:
                 declared.help = helps[option.name]
-            shared.append(inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY,
-                                            default=defaults.get(option.name, option.default),
-                                            annotation=Annotated[option.annotation, declared]))
+            shared.append(
+                inspect.Parameter(
+                    option.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=defaults.get(option.name, option.default),
+                    annotation=Annotated[option.annotation, declared],
+                )
+            )
 
         @functools.wraps(command)
         def command_with_run_options(**values: Any) -> Any:

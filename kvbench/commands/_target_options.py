@@ -39,51 +39,168 @@ class TargetOption:
 
 
 TARGET_OPTIONS: tuple[TargetOption, ...] = (
-    TargetOption("target", list[str] | None, None, typer.Option(
-        "--target", metavar="[NAME=]URL", rich_help_panel=PANEL,
-        help="An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
-             "(repeatable; NAME labels its column, default HOST:PORT).")),
-    TargetOption("api", str, "completions", typer.Option(
-        "--api", rich_help_panel=PANEL, help="The API the load uses: /v1/completions or /v1/chat/completions.",
-        **choice(tuple(APIS)))),
-    TargetOption("model_name", str | None, None, typer.Option(
-        "--model-name", rich_help_panel=PANEL,
-        help="The model name requests carry (default: the first one /v1/models lists).")),
-    TargetOption("api_key_env", str | None, None, typer.Option(
-        "--api-key-env", rich_help_panel=PANEL,
-        help="Environment variable holding the API key (sent only over https or to loopback; default: none).")),
-    TargetOption("metrics_url", str | None, None, typer.Option(
-        "--metrics-url", rich_help_panel=PANEL,
-        help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.")),
-    TargetOption("slo", str | None, None, typer.Option(
-        "--slo", rich_help_panel=PANEL, help="Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50.")),
-    TargetOption("slo_attainment", float, 0.9, typer.Option(
-        "--slo-attainment", min=0.0, max=1.0, rich_help_panel=PANEL,
-        help="Share of requests that must meet every objective for a point to meet the SLO.")),
-    TargetOption("rate", str | None, None, typer.Option(
-        "--rate", metavar="R1,R2,...", rich_help_panel=PANEL,
-        help="Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.")),
-    TargetOption("burstiness", float, 1.0, typer.Option(
-        "--burstiness", rich_help_panel=PANEL,
-        help="With --rate: the gamma shape of the gaps between arrivals (1: Poisson; <1 burstier), as vLLM's.")),
-    TargetOption("max_concurrency", int | None, None, typer.Option(
-        "--max-concurrency", min=1, rich_help_panel=PANEL, help="With --rate: the most requests in flight.")),
-    TargetOption("request_timeout", float, 600.0, typer.Option(
-        "--request-timeout", rich_help_panel=PANEL, help="Seconds one request may take; past it, it fails (timeout).")),
-    TargetOption("scrape_interval", float, 0.5, typer.Option(
-        "--scrape-interval", rich_help_panel=PANEL, help="Seconds between scrapes of the server's /metrics.")),
-    TargetOption("no_scrape", bool, False, typer.Option(
-        "--no-scrape", rich_help_panel=PANEL, help="Do not read the server's /metrics (client figures only).")),
-    TargetOption("reset_prefix_cache", bool, False, typer.Option(
-        "--reset-prefix-cache", rich_help_panel=PANEL,
-        help="Empty the server's prefix cache before each point (vLLM needs VLLM_SERVER_DEV_MODE=1); each point "
-             "says whether it was.")),
-    TargetOption("find_max", bool, False, typer.Option(
-        "--find-max", rich_help_panel=PANEL,
-        help="Bisect between the lowest and highest level for the highest one meeting --slo, and say what "
-             "limits the server there.")),
-    TargetOption("find_max_points", int, 6, typer.Option(
-        "--find-max-points", min=2, max=32, rich_help_panel=PANEL, help="The most points --find-max measures per target.")),
+    TargetOption(
+        "target",
+        list[str] | None,
+        None,
+        typer.Option(
+            "--target",
+            metavar="[NAME=]URL",
+            rich_help_panel=PANEL,
+            help="An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
+            "(repeatable; NAME labels its column, default HOST:PORT).",
+        ),
+    ),
+    TargetOption(
+        "api",
+        str,
+        "completions",
+        typer.Option(
+            "--api",
+            rich_help_panel=PANEL,
+            help="The API the load uses: /v1/completions or /v1/chat/completions.",
+            **choice(tuple(APIS)),
+        ),
+    ),
+    TargetOption(
+        "model_name",
+        str | None,
+        None,
+        typer.Option(
+            "--model-name",
+            rich_help_panel=PANEL,
+            help="The model name requests carry (default: the first one /v1/models lists).",
+        ),
+    ),
+    TargetOption(
+        "api_key_env",
+        str | None,
+        None,
+        typer.Option(
+            "--api-key-env",
+            rich_help_panel=PANEL,
+            help="Environment variable holding the API key (sent only over https or to loopback; default: none).",
+        ),
+    ),
+    TargetOption(
+        "metrics_url",
+        str | None,
+        None,
+        typer.Option(
+            "--metrics-url",
+            rich_help_panel=PANEL,
+            help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.",
+        ),
+    ),
+    TargetOption(
+        "slo",
+        str | None,
+        None,
+        typer.Option(
+            "--slo", rich_help_panel=PANEL, help="Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50."
+        ),
+    ),
+    TargetOption(
+        "slo_attainment",
+        float,
+        0.9,
+        typer.Option(
+            "--slo-attainment",
+            min=0.0,
+            max=1.0,
+            rich_help_panel=PANEL,
+            help="Share of requests that must meet every objective for a point to meet the SLO.",
+        ),
+    ),
+    TargetOption(
+        "rate",
+        str | None,
+        None,
+        typer.Option(
+            "--rate",
+            metavar="R1,R2,...",
+            rich_help_panel=PANEL,
+            help="Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.",
+        ),
+    ),
+    TargetOption(
+        "burstiness",
+        float,
+        1.0,
+        typer.Option(
+            "--burstiness",
+            rich_help_panel=PANEL,
+            help="With --rate: the gamma shape of the gaps between arrivals (1: Poisson; <1 burstier), as vLLM's.",
+        ),
+    ),
+    TargetOption(
+        "max_concurrency",
+        int | None,
+        None,
+        typer.Option(
+            "--max-concurrency", min=1, rich_help_panel=PANEL, help="With --rate: the most requests in flight."
+        ),
+    ),
+    TargetOption(
+        "request_timeout",
+        float,
+        600.0,
+        typer.Option(
+            "--request-timeout",
+            rich_help_panel=PANEL,
+            help="Seconds one request may take; past it, it fails (timeout).",
+        ),
+    ),
+    TargetOption(
+        "scrape_interval",
+        float,
+        0.5,
+        typer.Option(
+            "--scrape-interval", rich_help_panel=PANEL, help="Seconds between scrapes of the server's /metrics."
+        ),
+    ),
+    TargetOption(
+        "no_scrape",
+        bool,
+        False,
+        typer.Option(
+            "--no-scrape", rich_help_panel=PANEL, help="Do not read the server's /metrics (client figures only)."
+        ),
+    ),
+    TargetOption(
+        "reset_prefix_cache",
+        bool,
+        False,
+        typer.Option(
+            "--reset-prefix-cache",
+            rich_help_panel=PANEL,
+            help="Empty the server's prefix cache before each point (vLLM needs VLLM_SERVER_DEV_MODE=1); each point "
+            "says whether it was.",
+        ),
+    ),
+    TargetOption(
+        "find_max",
+        bool,
+        False,
+        typer.Option(
+            "--find-max",
+            rich_help_panel=PANEL,
+            help="Bisect between the lowest and highest level for the highest one meeting --slo, and say what "
+            "limits the server there.",
+        ),
+    ),
+    TargetOption(
+        "find_max_points",
+        int,
+        6,
+        typer.Option(
+            "--find-max-points",
+            min=2,
+            max=32,
+            rich_help_panel=PANEL,
+            help="The most points --find-max measures per target.",
+        ),
+    ),
 )
 
 
@@ -133,8 +250,11 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
     """The options as typed, checked; None without ``--target`` (then every other target option is refused)."""
     texts = values["target"] or []
     if not texts:
-        given = [f"--{name.replace('_', '-')}" for name, value in values.items()
-                 if name != "target" and value != _default(name)]
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name, value in values.items()
+            if name != "target" and value != _default(name)
+        ]
         if given:
             raise KvbenchError(f"{', '.join(given)} go with --target (a server over HTTP)")
         return None
@@ -144,8 +264,16 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
     targets = []
     for text in texts:
         target = parse_target(text)
-        targets.append(Target(target.url, api=values["api"], model=values["model_name"], api_key_env=key_env,
-                              metrics_url=values["metrics_url"], name=target.name))
+        targets.append(
+            Target(
+                target.url,
+                api=values["api"],
+                model=values["model_name"],
+                api_key_env=key_env,
+                metrics_url=values["metrics_url"],
+                name=target.name,
+            )
+        )
     names = [str(t.name) for t in targets]  # parse_target names every target
     if len(set(names)) != len(names):
         raise KvbenchError(f"--target names must differ: {', '.join(names)} (label them NAME=URL)")
@@ -160,12 +288,19 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
     if values["find_max"] and slo is None:
         raise KvbenchError("--find-max looks for the highest load meeting an SLO: give --slo, e.g. ttft=500,tpot=50")
     return EndpointOptions(
-        targets=tuple(targets), rates=rates, burstiness=_positive(values["burstiness"], "--burstiness"),
-        max_concurrency=values["max_concurrency"], slo=slo, slo_attainment=values["slo_attainment"],
+        targets=tuple(targets),
+        rates=rates,
+        burstiness=_positive(values["burstiness"], "--burstiness"),
+        max_concurrency=values["max_concurrency"],
+        slo=slo,
+        slo_attainment=values["slo_attainment"],
         request_timeout_s=_positive(values["request_timeout"], "--request-timeout"),
-        scrape_interval_s=_positive(values["scrape_interval"], "--scrape-interval"), scrape=not values["no_scrape"],
-        reset_prefix_cache=values["reset_prefix_cache"], find_max=values["find_max"],
-        find_max_points=values["find_max_points"])
+        scrape_interval_s=_positive(values["scrape_interval"], "--scrape-interval"),
+        scrape=not values["no_scrape"],
+        reset_prefix_cache=values["reset_prefix_cache"],
+        find_max=values["find_max"],
+        find_max_points=values["find_max_points"],
+    )
 
 
 def _default(name: str) -> Any:
@@ -177,13 +312,18 @@ def with_target_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ``concurrency`` option); put it under ``with_run_options``."""
     names = [option.name for option in TARGET_OPTIONS]
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "endpoint"]
-    added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
-                               annotation=Annotated[o.annotation, o.option]) for o in TARGET_OPTIONS]
+    added = [
+        inspect.Parameter(
+            o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=Annotated[o.annotation, o.option]
+        )
+        for o in TARGET_OPTIONS
+    ]
 
     @functools.wraps(command)
     def command_with_targets(**values: Any) -> Any:
-        endpoint = parse_target_options({name: values.pop(name) for name in names},
-                                        values.get("concurrency") is not None)
+        endpoint = parse_target_options(
+            {name: values.pop(name) for name in names}, values.get("concurrency") is not None
+        )
         return command(**values, endpoint=endpoint)
 
     keyword = [p for p in own if p.kind == inspect.Parameter.KEYWORD_ONLY]

@@ -23,19 +23,60 @@ DEFAULT_GPU = "a100-80g"
 
 
 def capacity(
-    model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; HF_HUB_OFFLINE=1: the local cache only)."),
-    gpu: str | None = typer.Option(None, "--gpu", help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory).", **completes(GPU_PRESETS)),
-    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu."),
-    utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use, in (0, 1]."),
-    kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 1GiB."),
-    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES, "KV cache dtype")),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."),
-    pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (runs of layers)."),
-    max_len: int = typer.Option(2048, "--max-len", "--max-model-len", min=1, help="Context limit (contiguous-max reserves this)."),
+    model: str = typer.Option(
+        "llama-2-13b",
+        "--model",
+        help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; "
+        "HF_HUB_OFFLINE=1: the local cache only).",
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory).",
+        **completes(GPU_PRESETS),
+    ),
+    gpu_memory: str | None = typer.Option(
+        None,
+        "--gpu-memory",
+        help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu.",
+    ),
+    utilization: float = typer.Option(
+        0.9,
+        "--gpu-memory-utilization",
+        callback=positive_fraction,
+        help="Share of GPU memory the engine may use, in (0, 1].",
+    ),
+    kv_cache_memory: str | None = typer.Option(
+        None,
+        "--kv-cache-memory",
+        help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 1GiB.",
+    ),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="The model's dtype (auto: the checkpoint's).",
+        **choice(("auto", *COMPUTE_DTYPES), "dtype"),
+    ),
+    kv_cache_dtype: str = typer.Option(
+        "auto",
+        "--kv-cache-dtype",
+        help="The KV cache's dtype (auto: the model's).",
+        **choice(KV_CACHE_DTYPES, "KV cache dtype"),
+    ),
+    tensor_parallel: int = typer.Option(
+        1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."
+    ),
+    pipeline_parallel: int = typer.Option(
+        1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (runs of layers)."
+    ),
+    max_len: int = typer.Option(
+        2048, "--max-len", "--max-model-len", min=1, help="Context limit (contiguous-max reserves this)."
+    ),
     mean_len: int = typer.Option(500, "--mean-len", min=1, help="Final length of a typical request, in tokens."),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, help="The scheduler's cap on running requests (default: KV memory alone)."),
+    max_num_seqs: int | None = typer.Option(
+        None, "--max-num-seqs", min=1, help="The scheduler's cap on running requests (default: KV memory alone)."
+    ),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests at once for the longest-context column."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
@@ -46,11 +87,20 @@ def capacity(
     if mean_len > max_len:
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")
     settings = CapacitySettings(
-        model=model, gpu=gpu or (CUSTOM if gpu_memory is not None else DEFAULT_GPU), utilization=utilization, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+        model=model,
+        gpu=gpu or (CUSTOM if gpu_memory is not None else DEFAULT_GPU),
+        utilization=utilization,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
         gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
         kv_cache_memory=parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory is not None else None,
-        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, max_len=max_len, mean_len=mean_len,
-        block_sizes=tuple(int_list(block_sizes, "--block-size")), max_num_seqs=max_num_seqs, concurrency=concurrency,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        max_len=max_len,
+        mean_len=mean_len,
+        block_sizes=tuple(int_list(block_sizes, "--block-size")),
+        max_num_seqs=max_num_seqs,
+        concurrency=concurrency,
     )
     result = run_capacity_study(settings)
     if result.reasons:

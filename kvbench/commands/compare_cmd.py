@@ -85,9 +85,7 @@ def compare_command(
         help="Also judge memory.* and report absolute throughput and latency (judged exactly in simulated "
         "runs anyway; in measured runs gated only by --fail-on).",
     ),
-    alpha: float = typer.Option(
-        DEFAULT_ALPHA, "--alpha", help="Significance level of the Mann-Whitney U test."
-    ),
+    alpha: float = typer.Option(DEFAULT_ALPHA, "--alpha", help="Significance level of the Mann-Whitney U test."),
     refresh: bool = typer.Option(
         False, "--update-baseline", help="After reporting, copy HEAD's summary.json onto BASE and exit 0."
     ),

@@ -12,11 +12,21 @@ from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
 
 def dataset(
     path: str = typer.Argument(..., help="ShareGPT JSON or {prompt, output_len} JSONL file, or 'real-chat' (shipped)."),
-    model: str = typer.Option("tiny", "--model", help="Whose tokenizer counts tokens: a GGUF file or a checkpoint dir (presets count words and punctuation)."),
-    max_len: int = typer.Option(2048, "--max-len", min=2, help="Context limit: longer records are dropped, and contiguous-max reserves this."),
-    requests: int | None = typer.Option(None, "--requests", min=1, help="Draw this many requests with --seed (default: every usable record)."),
+    model: str = typer.Option(
+        "tiny",
+        "--model",
+        help="Whose tokenizer counts tokens: a GGUF file or a checkpoint dir (presets count words and punctuation).",
+    ),
+    max_len: int = typer.Option(
+        2048, "--max-len", min=2, help="Context limit: longer records are dropped, and contiguous-max reserves this."
+    ),
+    requests: int | None = typer.Option(
+        None, "--requests", min=1, help="Draw this many requests with --seed (default: every usable record)."
+    ),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the draw."),
-    block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s) for the estimate, e.g. 16 or 8,16,32."),
+    block_sizes: str = typer.Option(
+        "16", "--block-size", help="Paged block size(s) for the estimate, e.g. 16 or 8,16,32."
+    ),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/dataset-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
@@ -29,13 +39,27 @@ def dataset(
     from kvbench.models.tokenizers import load_tokenizer  # transformers and torch load only when run
 
     out_dir = run_directory(out)
-    settings = DatasetSettings(path=path, model=model, max_len=max_len, requests=requests, seed=seed,
-                               block_sizes=tuple(int_list(block_sizes, "--block-size")))
+    settings = DatasetSettings(
+        path=path,
+        model=model,
+        max_len=max_len,
+        requests=requests,
+        seed=seed,
+        block_sizes=tuple(int_list(block_sizes, "--block-size")),
+    )
     console = make_console(stderr=as_json)
     with console.status("reading the dataset..."):
         document = describe_dataset(settings, load_tokenizer(model))
-    write_study("dataset", out_dir, document, as_json, plot=dataset_plot, plot_file="lengths.png",
-                markdown=dataset_markdown, tables=lambda run_dir: print_dataset(console, document, run_dir))
+    write_study(
+        "dataset",
+        out_dir,
+        document,
+        as_json,
+        plot=dataset_plot,
+        plot_file="lengths.png",
+        markdown=dataset_markdown,
+        tables=lambda run_dir: print_dataset(console, document, run_dir),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -53,30 +53,55 @@ def register(app: typer.Typer) -> None:
 
 def diagnose(
     run: Path | None = typer.Argument(None, help="Run directory, summary.json, or a kvbench watch timeline (.jsonl)."),
-    url: str | None = typer.Option(None, "--url", help="Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."),
+    url: str | None = typer.Option(
+        None, "--url", help="Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."
+    ),
     check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON on stdout."),
     thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
-    max_fragmentation: float | None = typer.Option(None, "--max-fragmentation", help="Online fragmentation limit (default 0.3)."),
-    min_free_blocks: float | None = typer.Option(None, "--min-free-blocks", help="Free blocks, share of the pool (default 0.1)."),
-    max_alloc_latency_ms: float | None = typer.Option(None, "--max-alloc-latency-ms", help="Block allocation p99 limit, ms (default 50)."),
-    max_preemptions: float | None = typer.Option(None, "--max-preemptions-per-request", help="Preemptions per completed request (default 0.5)."),
-    max_reservation_waste: float | None = typer.Option(None, "--max-reservation-waste", help="Reservation + internal, share of the pool (default 0.5)."),
-    low_kv_usage: float | None = typer.Option(None, "--low-kv-usage", help="Requests waiting below this KV usage: the batch cap limits (default 0.5)."),
-    min_prefix_hit_rate: float | None = typer.Option(None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."),
+    max_fragmentation: float | None = typer.Option(
+        None, "--max-fragmentation", help="Online fragmentation limit (default 0.3)."
+    ),
+    min_free_blocks: float | None = typer.Option(
+        None, "--min-free-blocks", help="Free blocks, share of the pool (default 0.1)."
+    ),
+    max_alloc_latency_ms: float | None = typer.Option(
+        None, "--max-alloc-latency-ms", help="Block allocation p99 limit, ms (default 50)."
+    ),
+    max_preemptions: float | None = typer.Option(
+        None, "--max-preemptions-per-request", help="Preemptions per completed request (default 0.5)."
+    ),
+    max_reservation_waste: float | None = typer.Option(
+        None, "--max-reservation-waste", help="Reservation + internal, share of the pool (default 0.5)."
+    ),
+    low_kv_usage: float | None = typer.Option(
+        None, "--low-kv-usage", help="Requests waiting below this KV usage: the batch cap limits (default 0.5)."
+    ),
+    min_prefix_hit_rate: float | None = typer.Option(
+        None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."
+    ),
     alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
-    emit_rules: str | None = typer.Option(None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."),
+    emit_rules: str | None = typer.Option(
+        None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."
+    ),
 ) -> None:
     thresholds = load_thresholds(
-        thresholds_file, fragmentation=max_fragmentation, free_blocks=min_free_blocks,
-        alloc_latency_p99_ms=max_alloc_latency_ms, preemptions_per_request=max_preemptions,
-        reservation_waste=max_reservation_waste, low_kv_usage=low_kv_usage, min_prefix_hit_rate=min_prefix_hit_rate,
-        alert_for=alert_for)
+        thresholds_file,
+        fragmentation=max_fragmentation,
+        free_blocks=min_free_blocks,
+        alloc_latency_p99_ms=max_alloc_latency_ms,
+        preemptions_per_request=max_preemptions,
+        reservation_waste=max_reservation_waste,
+        low_kv_usage=low_kv_usage,
+        min_prefix_hit_rate=min_prefix_hit_rate,
+        alert_for=alert_for,
+    )
     if run is not None and url is not None:
         raise KvbenchError("give a run directory or --url, not both")
     if run is None and url is None and emit_rules is None:
-        raise KvbenchError("nothing to diagnose: give a run directory, --url http://HOST:PORT/metrics, "
-                           "or --emit-prometheus-rules FILE")
+        raise KvbenchError(
+            "nothing to diagnose: give a run directory, --url http://HOST:PORT/metrics, or --emit-prometheus-rules FILE"
+        )
     rules_path = output_file(emit_rules, "--emit-prometheus-rules")
     console = Console(stderr=as_json)
     if rules_path is not None:
@@ -108,15 +133,23 @@ def _print(console: Console, diagnosis: Diagnosis) -> None:
         tag = "[magenta]estimate[/magenta]" if m.estimate else "[dim]measured[/dim]"
         console.print(f"{tag} {escape(m.source)}: {escape(m.text)}", soft_wrap=True)
     for skipped in diagnosis.not_evaluated:
-        console.print(f"[dim]not evaluated[/dim] {skipped.rule} [bold]{escape(skipped.source)}[/bold]: "
-                      f"{escape(skipped.reason)}", soft_wrap=True)
+        console.print(
+            f"[dim]not evaluated[/dim] {skipped.rule} [bold]{escape(skipped.source)}[/bold]: {escape(skipped.reason)}",
+            soft_wrap=True,
+        )
     if not diagnosis.findings:
-        console.print(f"[green]no findings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}")
+        console.print(
+            f"[green]no findings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}"
+        )
         return
     if not diagnosis.fired:
-        console.print(f"[green]no warnings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}")
-    console.print(f"[bold]kvbench diagnose[/bold]: {len(diagnosis.findings)} finding(s) in {diagnosis.checked} "
-                  f"point(s)/series of {escape(diagnosis.source)}")
+        console.print(
+            f"[green]no warnings[/green] in {diagnosis.checked} point(s)/series of {escape(diagnosis.source)}"
+        )
+    console.print(
+        f"[bold]kvbench diagnose[/bold]: {len(diagnosis.findings)} finding(s) in {diagnosis.checked} "
+        f"point(s)/series of {escape(diagnosis.source)}"
+    )
     for finding in diagnosis.findings:
         style = _STYLE.get(finding.severity, "default")
         console.print(f"\n[{style}]{finding.severity.upper()}[/] {finding.rule}  [bold]{escape(finding.source)}[/bold]")

@@ -31,7 +31,8 @@ HELP = """Several instances behind a router: every routing policy on the same ar
 
 Run N engine instances behind a router, fed by one open-loop arrival process (Poisson at --rate
 req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
-prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
+prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random
+(seeded), least-requests, most-free-blocks (the most free KV blocks, net of
 queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
 
 Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
@@ -50,45 +51,92 @@ def _positive(value: float | None, option: str) -> float | None:
     return value
 
 
-@with_run_options(defaults={"device": "cpu"}, helps={
-    "device": "cpu | cuda (each actor's device).",
-    "seed": "Seed of lengths, prompts, arrivals and the random policy.",
-    "kv_memory": "KV pool per instance, e.g. 64MiB (default: the scenario's budget).",
-    "utilization": "--simulate: KV budget as vLLM sizes it.",
-    "requests_file": "JSONL of prompt_token_ids + output_len (+ arrival_time).",
-    "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: the "
-               "scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate.",
-    "simulate": "Tensor-free simulator instances with a GPU preset, virtual clock.",
-})
-@help_panels({"Fleet": ("instances", "policies", "engine"), "Requests": ("rate", "trace", "prefix_groups", "prefix_len"),
-              "KV pool": ("prefix_caching",),
-              "Autoscaling": ("autoscale", "scale_up", "scale_down", "scale_window", "min_instances", "max_instances",
-                              "startup", "tick"),
-              "Ray": ("ray_tasks", "ray_address", "ray_cpus"), "Live metrics": ("metrics_port", "metrics_file")})
+@with_run_options(
+    defaults={"device": "cpu"},
+    helps={
+        "device": "cpu | cuda (each actor's device).",
+        "seed": "Seed of lengths, prompts, arrivals and the random policy.",
+        "kv_memory": "KV pool per instance, e.g. 64MiB (default: the scenario's budget).",
+        "utilization": "--simulate: KV budget as vLLM sizes it.",
+        "requests_file": "JSONL of prompt_token_ids + output_len (+ arrival_time).",
+        "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; "
+        "default: the "
+        "scenario's dataset, if any), each run to its reference answer's length; arrivals Poisson at --rate.",
+        "simulate": "Tensor-free simulator instances with a GPU preset, virtual clock.",
+    },
+)
+@help_panels(
+    {
+        "Fleet": ("instances", "policies", "engine"),
+        "Requests": ("rate", "trace", "prefix_groups", "prefix_len"),
+        "KV pool": ("prefix_caching",),
+        "Autoscaling": (
+            "autoscale",
+            "scale_up",
+            "scale_down",
+            "scale_window",
+            "min_instances",
+            "max_instances",
+            "startup",
+            "tick",
+        ),
+        "Ray": ("ray_tasks", "ray_address", "ray_cpus"),
+        "Live metrics": ("metrics_port", "metrics_file"),
+    }
+)
 def fleet(
     instances: int = typer.Option(2, "--instances", min=1, max=1024, help="Instances to start with."),
-    policies: str = typer.Option("round-robin,random,least-requests,most-free-blocks,prefix-affinity", "--policies", help="Routing policies to compare, comma-separated.", **choice_list(tuple(POLICIES), "policies")),
-    rate: float | None = typer.Option(None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."),
+    policies: str = typer.Option(
+        "round-robin,random,least-requests,most-free-blocks,prefix-affinity",
+        "--policies",
+        help="Routing policies to compare, comma-separated.",
+        **choice_list(tuple(POLICIES), "policies"),
+    ),
+    rate: float | None = typer.Option(
+        None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."
+    ),
     engine: str = typer.Option("paged", "--engine", help="The KV manager of every instance.", **choice(MANAGERS)),
     trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
-    prefix_groups: int = typer.Option(0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."),
+    prefix_groups: int = typer.Option(
+        0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."
+    ),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
-    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching", help="The paged engine's prefix cache."),
+    prefix_caching: bool = typer.Option(
+        True, "--prefix-caching/--no-prefix-caching", help="The paged engine's prefix cache."
+    ),
     autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
     scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
     scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),
     scale_window: float = typer.Option(5.0, "--scale-window", help="Seconds usage must stay past a threshold."),
     min_instances: int = typer.Option(1, "--min-instances", min=1, help="Autoscaling floor."),
-    max_instances: int | None = typer.Option(None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."),
-    startup: float = typer.Option(20.0, "--startup-s", help="--simulate: seconds an added instance takes to start (real ones are measured)."),
+    max_instances: int | None = typer.Option(
+        None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."
+    ),
+    startup: float = typer.Option(
+        20.0, "--startup-s", help="--simulate: seconds an added instance takes to start (real ones are measured)."
+    ),
     tick: float | None = typer.Option(None, "--tick", help="Seconds between usage samples and autoscaling decisions."),
     ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray (refused without it). Checked before anything runs."),
-    ray_cpus: int | None = typer.Option(None, "--ray-cpus", min=1, help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray."),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray "
+        "(refused without it). Checked before anything runs.",
+    ),
+    ray_cpus: int | None = typer.Option(
+        None,
+        "--ray-cpus",
+        min=1,
+        help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray.",
+    ),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/fleet-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
-    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."),
-    metrics_file: Path | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition here at the end."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."
+    ),
+    metrics_file: Path | None = typer.Option(
+        None, "--metrics-file", help="Write the Prometheus exposition here at the end."
+    ),
     *,
     run: RunOptions,
 ) -> None:
@@ -105,16 +153,28 @@ def fleet(
         raise KvbenchError("--prefix-groups and --prefix-len go together: give both, or neither")
     _check_where(run.simulate, ray_tasks, ray_address, ray_cpus, metrics_port is not None or metrics_file is not None)
     options = FleetOptions(
-        **run_fields(run), engine=check_choice(engine, MANAGERS, "--engine"), trace=trace, rate=rate,
-        instances=instances, policies=tuple(name_list(policies, "policies", tuple(POLICIES))), startup_s=startup,
-        tick_s=tick, prefix_groups=prefix_groups, prefix_len=prefix_len, prefix_caching=prefix_caching,
-        ray_address=ray_address, ray_cpus=ray_cpus, simulate_on_ray=ray_tasks,
-        autoscale=scaling if autoscale else None)
+        **run_fields(run),
+        engine=check_choice(engine, MANAGERS, "--engine"),
+        trace=trace,
+        rate=rate,
+        instances=instances,
+        policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
+        startup_s=startup,
+        tick_s=tick,
+        prefix_groups=prefix_groups,
+        prefix_len=prefix_len,
+        prefix_caching=prefix_caching,
+        ray_address=ray_address,
+        ray_cpus=ray_cpus,
+        simulate_on_ray=ray_tasks,
+        autoscale=scaling if autoscale else None,
+    )
     _run(options, run_directory(out), as_json, metrics_port, writable_file(metrics_file, "--metrics-file"))
 
 
-def _autoscale(instances: int, scale_up: float, scale_down: float, window: float, min_instances: int,
-               max_instances: int | None) -> AutoscaleSettings:
+def _autoscale(
+    instances: int, scale_up: float, scale_down: float, window: float, min_instances: int, max_instances: int | None
+) -> AutoscaleSettings:
     """The autoscaler's settings, checked (whether or not --autoscale is on: a bad value is refused either way)."""
     _positive(window, "--scale-window")
     for value, option in ((scale_up, "--scale-up"), (scale_down, "--scale-down")):
@@ -128,12 +188,13 @@ def _autoscale(instances: int, scale_up: float, scale_down: float, window: float
     return AutoscaleSettings(scale_up, scale_down, window, min_instances, max_instances)
 
 
-def _check_where(simulate: bool, ray_tasks: bool, ray_address: str | None, ray_cpus: int | None,
-                 metrics: bool) -> None:
+def _check_where(simulate: bool, ray_tasks: bool, ray_address: str | None, ray_cpus: int | None, metrics: bool) -> None:
     """Where the fleet runs (this process, Ray tasks, Ray actors), checked before any output; Ray found and its
     cluster reached when it will run."""
     if simulate and metrics:
-        raise KvbenchError("--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock")
+        raise KvbenchError(
+            "--metrics-port/--metrics-file need real instances: a simulated fleet runs on a virtual clock"
+        )
     if ray_tasks and not simulate:
         raise KvbenchError("--ray fans out simulated policies; real instances always run on Ray (--ray-address)")
     if simulate and not ray_tasks and (ray_address is not None or ray_cpus is not None):
@@ -164,15 +225,19 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
         metrics = _metrics(setup, metrics_port, console)
         fleet_run.hold(lambda: _stop_metrics(metrics, metrics_file))
         with console.status(f"running {len(options.policies)} polic{'y' if len(options.policies) == 1 else 'ies'}..."):
-            run_fleet(setup, run_dir, on_point=on_point, metrics=metrics)  # the actors and Ray shut down however it ends
+            run_fleet(
+                setup, run_dir, on_point=on_point, metrics=metrics
+            )  # the actors and Ray shut down however it ends
     points = fleet_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     fleet_run.opened.release()
     show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate))
     failed = [p for p in points if p["status"] == "error"]
     if failed:
-        raise RunFailed(f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
-                        f"{failed[0].get('error')}")
+        raise RunFailed(
+            f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
+            f"{failed[0].get('error')}"
+        )
 
 
 def _keep_interrupted(run: Run, setup, policies: int) -> None:
@@ -182,8 +247,10 @@ def _keep_interrupted(run: Run, setup, policies: int) -> None:
     elif run.points:
         write_outputs(run.dir.path, {**setup.meta(), "interrupted": True}, run.points)
         run.dir.release()
-        note = (f"interrupted: {len(run.points)} of {policies} policies finished; their summary is in "
-                f"{run.dir.path}/summary.json")
+        note = (
+            f"interrupted: {len(run.points)} of {policies} policies finished; their summary is in "
+            f"{run.dir.path}/summary.json"
+        )
     else:
         run.dir.discard()  # releases the lock too
         note = "interrupted before any policy finished; nothing was written"
@@ -195,8 +262,10 @@ def _tables(console, points: list[dict], run_dir: Path, simulated: bool) -> None
     for point in points:
         if len(point["instances"]) <= 16:
             console.print(instance_table(point))
-    console.print(f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
-                  "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)")
+    console.print(
+        f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
+        "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)"
+    )
 
 
 def _stop_metrics(metrics, path: Path | None) -> None:
@@ -210,20 +279,26 @@ def _intro(console, setup) -> None:
     if setup.skipped is not None:
         console.print(f"[yellow]warning: {setup.skipped.sentence('records')}[/yellow]")
     if setup.options.simulate:
-        console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator instances, roofline step times of "
-                      f"{setup.options.gpu}, virtual clock; an added instance starts in {setup.options.startup_s:g} s "
-                      "(a setting: nothing to measure in a simulation)")
+        console.print(
+            "[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator instances, roofline step times of "
+            f"{setup.options.gpu}, virtual clock; an added instance starts in {setup.options.startup_s:g} s "
+            "(a setting: nothing to measure in a simulation)"
+        )
     if setup.dataset is not None:
         console.print(f"dataset: {setup.dataset.note()}")
-    console.print(f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
-                  f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
-                  + ("; --rate sets another" if setup.extra.get("rate_chosen") else ""))
+    console.print(
+        f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
+        f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
+        + ("; --rate sets another" if setup.extra.get("rate_chosen") else "")
+    )
 
 
 def _done_line(point: dict) -> str:
-    return (f"{point['policy']:>17}: {point['completed']} done, {point['rejected']} rejected, "
-            f"p99 TTFT {point['p99_ttft_ms'] or 0:,.0f} ms, {point['preemptions']} preemptions, "
-            f"{point['output_throughput']:,.1f} output tok/s")
+    return (
+        f"{point['policy']:>17}: {point['completed']} done, {point['rejected']} rejected, "
+        f"p99 TTFT {point['p99_ttft_ms'] or 0:,.0f} ms, {point['preemptions']} preemptions, "
+        f"{point['output_throughput']:,.1f} output tok/s"
+    )
 
 
 def _metrics(setup, port: int | None, console):

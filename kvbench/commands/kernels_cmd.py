@@ -117,25 +117,36 @@ def _render(result: dict, console: Console) -> None:
         console.print(result["native_build"])
     console.print("ratio = paged time / contiguous SDPA time")
     if on_cpu:
-        console.print("% read = paged GB/s / GB/s of torch reading the same bytes, timed the same way (on a CPU the "
-                      "K/V of a point stay partly in cache between calls: a large copy is no reference)")
+        console.print(
+            "% read = paged GB/s / GB/s of torch reading the same bytes, timed the same way (on a CPU the "
+            "K/V of a point stay partly in cache between calls: a large copy is no reference)"
+        )
     else:
         console.print(f"% copy = paged GB/s / measured copy bandwidth ({copy:.1f} GB/s, read + write)")
 
 
 def kernels(
     device_name: str = typer.Option("auto", "--device", help="auto: cuda when available.", **choice(DEVICES, "device")),
-    dtype_name: str = typer.Option("auto", "--dtype", help="auto: fp16 on cuda, fp32 on cpu.", **choice(("auto", "fp32", "fp16", "bf16"), "dtype")),
+    dtype_name: str = typer.Option(
+        "auto", "--dtype", help="auto: fp16 on cuda, fp32 on cpu.", **choice(("auto", "fp32", "fp16", "bf16"), "dtype")
+    ),
     model: str = typer.Option("llama-2-13b", "--model", help="Head shapes: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
     heads: int | None = typer.Option(None, "--heads", help="Query heads (overrides --model)."),
     kv_heads: int | None = typer.Option(None, "--kv-heads", help="KV heads (default: --heads, or the model's)."),
     head_dim: int | None = typer.Option(None, "--head-dim", help="Head dimension (overrides --model)."),
-    batches: str | None = typer.Option(None, "--batch", help=f"Batch sizes (default cuda {GPU_BATCHES}, cpu {CPU_BATCHES})."),
+    batches: str | None = typer.Option(
+        None, "--batch", help=f"Batch sizes (default cuda {GPU_BATCHES}, cpu {CPU_BATCHES})."
+    ),
     contexts: str | None = typer.Option(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    backend_name: str = typer.Option("auto", "--backend", help="auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch.", **choice(("auto", "torch", "triton", "native"), "backend")),
+    backend_name: str = typer.Option(
+        "auto",
+        "--backend",
+        help="auto: triton on cuda; on a CPU native, the C kernel, where it builds, else torch.",
+        **choice(("auto", "torch", "triton", "native"), "backend"),
+    ),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
@@ -158,15 +169,33 @@ def kernels(
     num_heads, num_kv_heads, dim = _heads(model, heads, kv_heads, head_dim)
     on_gpu = device.type == "cuda"
     batch_list = int_list(batches if batches is not None else (GPU_BATCHES if on_gpu else CPU_BATCHES), "--batch")
-    context_list = int_list(contexts if contexts is not None else (GPU_CONTEXTS if on_gpu else CPU_CONTEXTS), "--context")
+    context_list = int_list(
+        contexts if contexts is not None else (GPU_CONTEXTS if on_gpu else CPU_CONTEXTS), "--context"
+    )
     num_splits = _splits(splits)
     out_path = output_file(out, "--out")  # empty or unwritable: refused before the benchmark, not after it
-    measured = _measure(device, dtype, backend, [(batch, context) for batch in batch_list for context in context_list],
-                        (num_heads, num_kv_heads, dim, block_size), num_splits, warmup, reps, seed)
+    measured = _measure(
+        device,
+        dtype,
+        backend,
+        [(batch, context) for batch in batch_list for context in context_list],
+        (num_heads, num_kv_heads, dim, block_size),
+        num_splits,
+        warmup,
+        reps,
+        seed,
+    )
     result = {
-        "benchmark": "paged_decode_attention", "device": device.type, "device_name": measured["device_name"],
-        "backend": backend, "dtype": dtype_label, "model": model if heads is None and head_dim is None else "custom",
-        "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": dim, "block_size": block_size,
+        "benchmark": "paged_decode_attention",
+        "device": device.type,
+        "device_name": measured["device_name"],
+        "backend": backend,
+        "dtype": dtype_label,
+        "model": model if heads is None and head_dim is None else "custom",
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": dim,
+        "block_size": block_size,
         "copy_bandwidth_gbps": measured["copy_bandwidth_gbps"],
         "native_build": _native_build() if backend == "native" else None,
         "torch_version": measured["torch_version"],
@@ -180,9 +209,17 @@ def kernels(
         _render(result, Console())
 
 
-def _measure(device: torch.device, dtype: torch.dtype, backend: str, sizes: list[tuple[int, int]],
-             heads: tuple[int, int, int, int], num_splits: int | None, warmup: int, reps: int,
-             seed: int) -> dict[str, Any]:
+def _measure(
+    device: torch.device,
+    dtype: torch.dtype,
+    backend: str,
+    sizes: list[tuple[int, int]],
+    heads: tuple[int, int, int, int],
+    num_splits: int | None,
+    warmup: int,
+    reps: int,
+    seed: int,
+) -> dict[str, Any]:
     """The decode points at each (batch, context), next to the device's copy bandwidth."""
     import torch  # loaded only when the command runs: keeps `kvbench --help` fast
 
@@ -193,11 +230,26 @@ def _measure(device: torch.device, dtype: torch.dtype, backend: str, sizes: list
     )
 
     copy_gbps = copy_bandwidth_gbps(device) if device.type == "cuda" else None  # a CPU point has its own reference
-    points = [run_decode_point(DecodeShape(batch, context, *heads), dtype, device, backend, warmup=warmup, reps=reps,
-                               copy_gbps=copy_gbps, num_splits=num_splits, seed=seed).to_dict()
-              for batch, context in sizes]
-    return {"device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "copy_bandwidth_gbps": copy_gbps, "torch_version": torch.__version__, "points": points}
+    points = [
+        run_decode_point(
+            DecodeShape(batch, context, *heads),
+            dtype,
+            device,
+            backend,
+            warmup=warmup,
+            reps=reps,
+            copy_gbps=copy_gbps,
+            num_splits=num_splits,
+            seed=seed,
+        ).to_dict()
+        for batch, context in sizes
+    ]
+    return {
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "copy_bandwidth_gbps": copy_gbps,
+        "torch_version": torch.__version__,
+        "points": points,
+    }
 
 
 def register(app: typer.Typer) -> None:

@@ -27,9 +27,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    run_dir: Path = typer.Argument(
-        ..., help="Run directory (or its summary.json, or a watch's timeline.jsonl)."
-    ),
+    run_dir: Path = typer.Argument(..., help="Run directory (or its summary.json, or a watch's timeline.jsonl)."),
     out: str | None = typer.Option(None, "--out", help="Write the page here (default RUN_DIR/report.html)."),
 ) -> None:
     from kvbench.report.html import write_report

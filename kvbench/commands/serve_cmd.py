@@ -24,24 +24,68 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def serve(
     engine: str = typer.Option("paged", "--engine", help="The KV manager of the served engine.", **choice(MANAGERS)),
-    model: str = typer.Option("tiny", "--model", help="Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."),
+    model: str = typer.Option(
+        "tiny",
+        "--model",
+        help="Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat).",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."
+    ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
-    served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send and /v1/models lists (default: --model as given)."),
-    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
-    dtype: str | None = typer.Option(None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()),
-    kv_memory: str | None = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."),
-    utilization: float | None = typer.Option(None, "--gpu-memory-utilization", max=1.0, callback=positive_fraction, help="On CUDA: size the pool like vLLM from real free memory."),
+    served_model_name: str | None = typer.Option(
+        None,
+        "--served-model-name",
+        help="The model name clients send and /v1/models lists (default: --model as given).",
+    ),
+    device: str = typer.Option(
+        "auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()
+    ),
+    kv_memory: str | None = typer.Option(
+        None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."
+    ),
+    utilization: float | None = typer.Option(
+        None,
+        "--gpu-memory-utilization",
+        max=1.0,
+        callback=positive_fraction,
+        help="On CUDA: size the pool like vLLM from real free memory.",
+    ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option("max", "--reserve", help="What a contiguous request reserves.", **choice(RESERVATION_POLICIES)),
-    admission: str = typer.Option("queue", "--admission", help="Contiguous when the pool is full: requests wait (queue) or get a 503 at once (reject).", **choice(ADMISSION_MODES)),
+    reserve: str = typer.Option(
+        "max", "--reserve", help="What a contiguous request reserves.", **choice(RESERVATION_POLICIES)
+    ),
+    admission: str = typer.Option(
+        "queue",
+        "--admission",
+        help="Contiguous when the pool is full: requests wait (queue) or get a 503 at once (reject).",
+        **choice(ADMISSION_MODES),
+    ),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Requests running at once."),
-    max_len: int | None = typer.Option(None, "--max-len", min=2, help="Prompt + output tokens of one request (default 2048, or the model's context if shorter)."),
-    threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
+    max_len: int | None = typer.Option(
+        None,
+        "--max-len",
+        min=2,
+        help="Prompt + output tokens of one request (default 2048, or the model's context if shorter).",
+    ),
+    threads: str = typer.Option(
+        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
+    ),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of a preset's random weights."),
-    grace_period: float = typer.Option(30.0, "--grace-period", help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503."),
-    metrics: bool = typer.Option(True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."),
-    log_interval: float = typer.Option(10.0, "--log-interval", help="Seconds between progress lines while busy (0: none)."),
+    grace_period: float = typer.Option(
+        30.0,
+        "--grace-period",
+        help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503.",
+    ),
+    metrics: bool = typer.Option(
+        True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."
+    ),
+    log_interval: float = typer.Option(
+        10.0, "--log-interval", help="Seconds between progress lines while busy (0: none)."
+    ),
 ) -> None:
     """Serve one engine over the OpenAI API, with live Prometheus metrics.
 
@@ -64,15 +108,27 @@ def serve(
     if served_model_name is not None and not served_model_name.strip():
         raise KvbenchError("--served-model-name is empty")
     if engine == "paged" and (admission != "queue" or reserve != "max"):
-        raise KvbenchError("--admission and --reserve set the contiguous engine's reservation; the paged engine "
-                           "always queues (it preempts instead of reserving)")
+        raise KvbenchError(
+            "--admission and --reserve set the contiguous engine's reservation; the paged engine "
+            "always queues (it preempts instead of reserving)"
+        )
     options = ServeOptions(
-        model=model, engine=check_choice(engine, MANAGERS, "--engine"), device=device, dtype=dtype,
-        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None, kv_memory_text=kv_memory,
-        utilization=utilization, block_size=block_size,
+        model=model,
+        engine=check_choice(engine, MANAGERS, "--engine"),
+        device=device,
+        dtype=dtype,
+        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
+        kv_memory_text=kv_memory,
+        utilization=utilization,
+        block_size=block_size,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"),
-        admission=check_choice(admission, ADMISSION_MODES, "--admission"), max_num_seqs=max_num_seqs,
-        max_len=max_len, threads=thread_count(threads), seed=seed, served_model_name=served_model_name)
+        admission=check_choice(admission, ADMISSION_MODES, "--admission"),
+        max_num_seqs=max_num_seqs,
+        max_len=max_len,
+        threads=thread_count(threads),
+        seed=seed,
+        served_model_name=served_model_name,
+    )
     _serve(options, host, port, grace_period, metrics, log_interval)
 
 
@@ -82,25 +138,40 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
 
     console = make_console(stderr=True)
     if host not in LOOPBACK:
-        console.print(f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
-                      "authentication[/yellow]")
+        console.print(
+            f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
+            "authentication[/yellow]"
+        )
     status = console.status("starting the engine process...")
     server = Server(options, host, port, with_metrics, status.update)
 
     def ready(running: Server) -> None:
         status.stop()
         info, model = running.info, running.info.model
-        tokenizer = "text, chat and token-id prompts" if model.has_chat_template else (
-            "text and token-id prompts" if model.tokenizer is not None else
-            "token-id prompts only (a preset has no tokenizer)")
-        console.print(f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {model.name} "
-                      f"({tokenizer}); max-len {model.max_len}")
-        console.print(f"KV pool: {info.budget_source}; {info.num_blocks:,} blocks of {info.block_size}"
-                      + (f"; reserve {info.reserve}, admission {info.admission}" if info.engine == "contiguous" else ""))
+        tokenizer = (
+            "text, chat and token-id prompts"
+            if model.has_chat_template
+            else (
+                "text and token-id prompts"
+                if model.tokenizer is not None
+                else "token-id prompts only (a preset has no tokenizer)"
+            )
+        )
+        console.print(
+            f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {model.name} "
+            f"({tokenizer}); max-len {model.max_len}"
+        )
+        console.print(
+            f"KV pool: {info.budget_source}; {info.num_blocks:,} blocks of {info.block_size}"
+            + (f"; reserve {info.reserve}, admission {info.admission}" if info.engine == "contiguous" else "")
+        )
         if info.threads:
             console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
-        console.print(f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
-                      + ("; /metrics" if with_metrics else "") + "); Ctrl-C to stop")
+        console.print(
+            f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
+            + ("; /metrics" if with_metrics else "")
+            + "); Ctrl-C to stop"
+        )
 
     log_to_stderr()
     status.start()
@@ -108,8 +179,10 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
         report = asyncio.run(serve_until_signalled(server, grace_s, ready, log_interval))
     finally:
         status.stop()
-    console.print(f"stopped: {report.finished_in_grace} request(s) finished in the grace period, "
-                  f"{report.aborted} withdrawn with a 503; every KV block is back in the pool")
+    console.print(
+        f"stopped: {report.finished_in_grace} request(s) finished in the grace period, "
+        f"{report.aborted} withdrawn with a 503; every KV block is back in the pool"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -22,16 +22,32 @@ def share(
     prompt_len: int = typer.Option(64, "--prompt-len", min=1, help="Mean prompt length (uniform +-50%)."),
     output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens generated per sample / beam."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option("oracle", "--reserve", help="What a contiguous copy reserves.", **choice(RESERVATION_POLICIES)),
+    reserve: str = typer.Option(
+        "oracle", "--reserve", help="What a contiguous copy reserves.", **choice(RESERVATION_POLICIES)
+    ),
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Context limit (contiguous max reservation)."),
     num_blocks: int = typer.Option(4096, "--num-blocks", min=1, help="KV pool size in blocks."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
-    device: str = typer.Option("auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()),
+    device: str = typer.Option(
+        "auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()
+    ),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
-    threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
-    dataset: str | None = typer.Option(None, "--dataset", help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids."),
-    stop: str | None = typer.Option(None, "--stop", help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model with a tokenizer); length: every sample runs --output-len tokens.", **choice(STOP_MODES)),
+    threads: str = typer.Option(
+        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
+    ),
+    dataset: str | None = typer.Option(
+        None,
+        "--dataset",
+        help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids.",
+    ),
+    stop: str | None = typer.Option(
+        None,
+        "--stop",
+        help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model "
+        "with a tokenizer); length: every sample runs --output-len tokens.",
+        **choice(STOP_MODES),
+    ),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
@@ -49,17 +65,38 @@ def share(
     if not math.isfinite(length_penalty):
         raise KvbenchError(f"--length-penalty must be a finite number, got {length_penalty}")
     out_dir = run_directory(out)
-    settings = ShareSettings(kind="parallel" if n is not None else "beam", width=width,
-                             prompts=prompts, prompt_len=prompt_len, output_len=output_len, block_size=block_size,
-                             reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"), max_len=max_len,
-                             num_blocks=num_blocks, length_penalty=length_penalty, model=model, device=device,
-                             seed=seed, threads=thread_count(threads), dataset=dataset,
-                             stop=check_choice(stop, STOP_MODES, "--stop") if stop else None)
+    settings = ShareSettings(
+        kind="parallel" if n is not None else "beam",
+        width=width,
+        prompts=prompts,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        block_size=block_size,
+        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"),
+        max_len=max_len,
+        num_blocks=num_blocks,
+        length_penalty=length_penalty,
+        model=model,
+        device=device,
+        seed=seed,
+        threads=thread_count(threads),
+        dataset=dataset,
+        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None,
+    )
     console = make_console(stderr=as_json)
     with console.status("loading the model...") as status:
         document = run_share_study(settings, status.update)
-    write_study("share", out_dir, document, as_json, plot=share_plot, plot_file="share.png", markdown=share_markdown,
-                tables=lambda run_dir: print_share(console, document, run_dir), flat_rows=False)
+    write_study(
+        "share",
+        out_dir,
+        document,
+        as_json,
+        plot=share_plot,
+        plot_file="share.png",
+        markdown=share_markdown,
+        tables=lambda run_dir: print_share(console, document, run_dir),
+        flat_rows=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -37,32 +37,72 @@ from kvbench.studies.sweep_ray import run_sweep_on_ray
 from kvbench.studies.sweep_setup import SweepSetup
 
 
-@with_run_options(helps={"requests": "Requests per point (default: the scenario's).",
-                          "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
-                                     "shipped), tokenized with the model's tokenizer."})
-@help_panels({"Load": ("concurrency", "engines", "repeat"), "Requests": ("stop",), "Model and device": ("threads",),
-              "Live metrics": ("metrics_port", "metrics_host", "metrics_file", "metrics_optional"),
-              "Ray": ("on_ray", "ray_workers", "ray_address")})
+@with_run_options(
+    helps={
+        "requests": "Requests per point (default: the scenario's).",
+        "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
+        "shipped), tokenized with the model's tokenizer.",
+    }
+)
+@help_panels(
+    {
+        "Load": ("concurrency", "engines", "repeat"),
+        "Requests": ("stop",),
+        "Model and device": ("threads",),
+        "Live metrics": ("metrics_port", "metrics_host", "metrics_file", "metrics_optional"),
+        "Ray": ("on_ray", "ray_workers", "ray_address"),
+    }
+)
 @with_target_options
 def sweep(
-    concurrency: str | None = typer.Option(None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."),
-    engines: str = typer.Option("paged,contiguous", "--engines", help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM installed and --model DIR).", **choice_list(engine_names, "engines")),
-    stop: str | None = typer.Option(None, "--stop", help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the drawn/reference length, EOS ignored.", **choice(STOP_MODES)),
+    concurrency: str | None = typer.Option(
+        None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."
+    ),
+    engines: str = typer.Option(
+        "paged,contiguous",
+        "--engines",
+        help="paged, contiguous or both; add vllm for vLLM's offline engine as a reference column (needs vLLM "
+        "installed and --model DIR).",
+        **choice_list(engine_names, "engines"),
+    ),
+    stop: str | None = typer.Option(
+        None,
+        "--stop",
+        help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run "
+        "to the drawn/reference length, EOS ignored.",
+        **choice(STOP_MODES),
+    ),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
-    threads: str = typer.Option("auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."),
+    threads: str = typer.Option(
+        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
+    ),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
-    continue_on_error: bool = typer.Option(False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."),
+    continue_on_error: bool = typer.Option(
+        False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
-    metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."
+    ),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
-    metrics_file: str | None = typer.Option(None, "--metrics-file", help="Write the Prometheus exposition text here at the end."),
-    metrics_optional: bool = typer.Option(False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."),
+    metrics_file: str | None = typer.Option(
+        None, "--metrics-file", help="Write the Prometheus exposition text here at the end."
+    ),
+    metrics_optional: bool = typer.Option(
+        False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."
+    ),
     waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
-    wide: bool = typer.Option(False, "--wide", help="Print every column of the per-point table (summary.md always has them)."),
-    on_ray: bool = typer.Option(False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
+    wide: bool = typer.Option(
+        False, "--wide", help="Print every column of the per-point table (summary.md always has them)."
+    ),
+    on_ray: bool = typer.Option(
+        False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."
+    ),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."
+    ),
     *,
     run: RunOptions,
     endpoint: EndpointOptions | None,
@@ -74,13 +114,24 @@ def sweep(
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
     """
     options = SweepOptions(
-        **run_fields(run), engines=endpoint.names if endpoint else tuple(name_list(engines, "engines", engine_names())),
-        repeat=repeat, concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
-        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None, threads=thread_count(threads),
-        endpoint=endpoint)
+        **run_fields(run),
+        engines=endpoint.names if endpoint else tuple(name_list(engines, "engines", engine_names())),
+        repeat=repeat,
+        concurrency=tuple(int_list(concurrency, "--concurrency")) if concurrency is not None else None,
+        stop=check_choice(stop, STOP_MODES, "--stop") if stop else None,
+        threads=thread_count(threads),
+        endpoint=endpoint,
+    )
     out_dir = run_directory(out)
-    _check_run_options(out_dir, resume, options.simulate, on_ray, ray_workers, ray_address,
-                       metrics_port is not None or metrics_file is not None)
+    _check_run_options(
+        out_dir,
+        resume,
+        options.simulate,
+        on_ray,
+        ray_workers,
+        ray_address,
+        metrics_port is not None or metrics_file is not None,
+    )
     if endpoint is not None:
         check_target_run(options, engines, resume, on_ray, metrics_port is not None or metrics_file is not None)
         return sweep_targets(options, out_dir, as_json, wide)
@@ -94,7 +145,11 @@ def sweep(
     run_dir, points = sweep_run.opened.path, sweep_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     sweep_run.opened.release()
-    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide))
+    show(
+        document,
+        as_json,
+        lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide),
+    )
     _fail_on_errors(failed, points, run_dir)
 
 
@@ -117,16 +172,26 @@ class RayFanOut:
     address: str | None
 
 
-def _measure(run: Run, setup: SweepSetup, out_dir: Path | None, resume: bool, continue_on_error: bool,
-             live: LiveMetrics, ray: RayFanOut, console) -> PointFailed | None:
+def _measure(
+    run: Run,
+    setup: SweepSetup,
+    out_dir: Path | None,
+    resume: bool,
+    continue_on_error: bool,
+    live: LiveMetrics,
+    ray: RayFanOut,
+    console,
+) -> PointFailed | None:
     """Every point into ``run`` (its directory, its points); the point that stopped the sweep, if one did.
     From the first line the backend holds processes (vLLM) and the metrics a port: both are let go at the end."""
     run.hold(setup.backend.close)
 
     def interrupted() -> None:
         if run.dir is not None:
-            console.print(f"[yellow]interrupted: finished points are kept in {run.dir.path}/results.jsonl; "
-                          "rerun with --resume[/yellow]")
+            console.print(
+                f"[yellow]interrupted: finished points are kept in {run.dir.path}/results.jsonl; "
+                "rerun with --resume[/yellow]"
+            )
 
     with run.guarded(interrupted):
         run_dir = run.open(out_dir)
@@ -145,31 +210,45 @@ def _measure(run: Run, setup: SweepSetup, out_dir: Path | None, resume: bool, co
     return None
 
 
-def _points(setup: SweepSetup, run_dir: Path, resume: bool, continue_on_error: bool, metrics, ray: RayFanOut,
-            console) -> list[dict]:
+def _points(
+    setup: SweepSetup, run_dir: Path, resume: bool, continue_on_error: bool, metrics, ray: RayFanOut, console
+) -> list[dict]:
     if ray.on:
         with console.status(f"running {len(setup.plan(continue_on_error).keys())} points on Ray..."):
-            return run_sweep_on_ray(setup, continue_on_error, run_dir, resume, ray.workers, ray.address,
-                                    on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} "
-                                                                     f"{p['status']:<4} done"))
+            return run_sweep_on_ray(
+                setup,
+                continue_on_error,
+                run_dir,
+                resume,
+                ray.workers,
+                ray.address,
+                on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} {p['status']:<4} done"),
+            )
     with sweep_progress_bars(console) as bars:
         return run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume, SweepProgress(bars, metrics))
 
 
-def _check_run_options(out_dir, resume: bool, simulate: bool, on_ray: bool, ray_workers, ray_address,
-                       metrics: bool) -> None:
+def _check_run_options(
+    out_dir, resume: bool, simulate: bool, on_ray: bool, ray_workers, ray_address, metrics: bool
+) -> None:
     """Combinations of options that cannot run, refused before the model loads or anything is written."""
     if resume and out_dir is None:
         raise KvbenchError("--resume continues a run directory: give it with --out")
     if (ray_workers is not None or ray_address is not None) and not on_ray:
         raise KvbenchError("--ray-workers and --ray-address go with --ray")
     if simulate and metrics:
-        raise KvbenchError("--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
-                           "so there is no live state to export")
+        raise KvbenchError(
+            "--metrics-port/--metrics-file need the tensor engine: the simulator jumps over steps, "
+            "so there is no live state to export"
+        )
     if on_ray and metrics:
-        raise KvbenchError("--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers")
+        raise KvbenchError(
+            "--metrics-port/--metrics-file watch engines in this process; with --ray they run in workers"
+        )
     if on_ray:
-        ray_runtime.prepare_ray(ray_address)  # installed and the cluster answering, or one line saying why, before any work
+        ray_runtime.prepare_ray(
+            ray_address
+        )  # installed and the cluster answering, or one line saying why, before any work
 
 
 def _prepare_results(run_dir, resume: bool) -> list[str]:
@@ -179,21 +258,30 @@ def _prepare_results(run_dir, resume: bool) -> list[str]:
     notes: list[str] = []
     if resume:
         if recover_results(run_dir / "results.jsonl") is not None:
-            notes.append(f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
-                         "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]")
+            notes.append(
+                f"[yellow]warning: the last line of {run_dir}/results.jsonl was cut short (a crash "
+                "while writing); set aside in results.jsonl.torn, its point runs again[/yellow]"
+            )
         load_finished(run_dir / "results.jsonl")  # a line damaged before the last one is refused now
     return notes
 
 
 def _print_intro(console, setup: SweepSetup) -> None:
     if setup.skipped is not None:
-        console.print(f"[yellow]warning: {setup.skipped.sentence(f'records of {setup.options.requests_file}')}[/yellow]")
+        console.print(
+            f"[yellow]warning: {setup.skipped.sentence(f'records of {setup.options.requests_file}')}[/yellow]"
+        )
     if setup.options.simulate:
-        console.print("[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
-                      f"{setup.options.gpu}; no model runs.")
+        console.print(
+            "[bold yellow]SIMULATED[/bold yellow]: tensor-free simulator, roofline step times of "
+            f"{setup.options.gpu}; no model runs."
+        )
     counts = sorted(set(setup.counts.values()))
-    per_point = (f"{counts[0]} requests per point" if len(counts) == 1 else "requests per point: " +
-                 ", ".join(f"{n} at C={c}" for c, n in setup.counts.items()))
+    per_point = (
+        f"{counts[0]} requests per point"
+        if len(counts) == 1
+        else "requests per point: " + ", ".join(f"{n} at C={c}" for c, n in setup.counts.items())
+    )
     console.print(f"KV pool: {setup.budget_source}; block size {setup.config.block_size}; {per_point}")
     console.print(f"stop: {setup.stop_text}")
     if setup.workload.dataset is not None:
@@ -211,18 +299,24 @@ def _print_intro(console, setup: SweepSetup) -> None:
 
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:
     if failed is not None:
-        raise RunFailed(f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
-                        f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)")
+        raise RunFailed(
+            f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
+            f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)"
+        )
     errors = [p for p in points if p["status"] == "error"]
     if errors:
         first = errors[0]
-        raise RunFailed(f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
-                        f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}")
+        raise RunFailed(
+            f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
+            f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}"
+        )
     if points and not any(p.get("completed") for p in points):  # an OOM beside completed points is a result
         rejected = sum(p.get("rejected") or 0 for p in points)
-        raise RunFailed(f"no point completed a single request ({len(points)} point(s), {rejected:,} request(s) "
-                        f"rejected, recorded in {run_dir}): the sweep measured nothing; give the KV pool more "
-                        "memory (--kv-memory) or lower the concurrency")
+        raise RunFailed(
+            f"no point completed a single request ({len(points)} point(s), {rejected:,} request(s) "
+            f"rejected, recorded in {run_dir}): the sweep measured nothing; give the KV pool more "
+            "memory (--kv-memory) or lower the concurrency"
+        )
 
 
 def _start_metrics(setup: SweepSetup, live: LiveMetrics, notes: list[str]):
@@ -240,8 +334,10 @@ def _start_metrics(setup: SweepSetup, live: LiveMetrics, notes: list[str]):
             metrics.serve(live.host, port)
         except KvbenchError as err:
             if not live.optional:
-                raise KvbenchError(f"{err}; choose another --metrics-port (0 picks a free one) or pass "
-                                   "--metrics-optional to run without the endpoint") from None
+                raise KvbenchError(
+                    f"{err}; choose another --metrics-port (0 picks a free one) or pass "
+                    "--metrics-optional to run without the endpoint"
+                ) from None
             notes.append(f"[yellow]warning: {err}; running without the metrics endpoint (--metrics-optional)[/yellow]")
         else:
             notes.append(f"Prometheus metrics: {metrics.url}")

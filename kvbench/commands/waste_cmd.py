@@ -40,24 +40,75 @@ DEFAULT_REQUESTS = 2000
 
 def waste(
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Model context limit; contiguous-max reserves this."),
-    model: str = typer.Option("llama-2-13b", "--model", help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name)."),
-    gpu: str = typer.Option("a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget.", **completes(GPU_PRESETS)),
-    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."),
-    utilization: float = typer.Option(0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory kvbench may use, in (0, 1]."),
-    dtype: str = typer.Option("auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES), "dtype")),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."),
-    pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."),
+    model: str = typer.Option(
+        "llama-2-13b",
+        "--model",
+        help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
+    ),
+    gpu: str = typer.Option(
+        "a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget.", **completes(GPU_PRESETS)
+    ),
+    gpu_memory: str | None = typer.Option(
+        None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."
+    ),
+    utilization: float = typer.Option(
+        0.9,
+        "--gpu-memory-utilization",
+        callback=positive_fraction,
+        help="Share of GPU memory kvbench may use, in (0, 1].",
+    ),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="The model's dtype (auto: the checkpoint's).",
+        **choice(("auto", *COMPUTE_DTYPES), "dtype"),
+    ),
+    kv_cache_dtype: str = typer.Option(
+        "auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)
+    ),
+    tensor_parallel: int = typer.Option(
+        1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."
+    ),
+    pipeline_parallel: int = typer.Option(
+        1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."
+    ),
     mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
-    distribution: str = typer.Option("lognormal", "--distribution", help="Length distribution.", **choice(DISTRIBUTIONS, "length distribution")),
+    distribution: str = typer.Option(
+        "lognormal", "--distribution", help="Length distribution.", **choice(DISTRIBUTIONS, "length distribution")
+    ),
     prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
-    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."),
-    dataset: str | None = typer.Option(None, "--dataset", help="ShareGPT JSON or {prompt, output_len} JSONL (or 'real-chat'): real prompts and answer lengths, tokenized with --model's tokenizer when it has one."),
-    stop: str = typer.Option("length", "--stop", help="length: reserve knowing each length (as before); eos: answers end at their length but reservations plan for max-len - prompt (the oracle becomes a hindsight bound).", **choice(STOP_MODES)),
-    requests: int | None = typer.Option(None, "--requests", min=1, help=f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own)."),
-    concurrency: int = typer.Option(256, "--concurrency", min=1, help="Requests in flight (closed loop) and batch cap."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."
+    ),
+    dataset: str | None = typer.Option(
+        None,
+        "--dataset",
+        help="ShareGPT JSON or {prompt, output_len} JSONL (or 'real-chat'): real prompts and answer lengths, "
+        "tokenized with --model's tokenizer when it has one.",
+    ),
+    stop: str = typer.Option(
+        "length",
+        "--stop",
+        help="length: reserve knowing each length (as before); eos: answers end at their length but reservations "
+        "plan for max-len - prompt (the oracle becomes a hindsight bound).",
+        **choice(STOP_MODES),
+    ),
+    requests: int | None = typer.Option(
+        None,
+        "--requests",
+        min=1,
+        help=f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own).",
+    ),
+    concurrency: int = typer.Option(
+        256, "--concurrency", min=1, help="Requests in flight (closed loop) and batch cap."
+    ),
     block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
-    strategies: str = typer.Option(",".join(STRATEGY_NAMES), "--strategies", help="Comma-separated strategies.", **choice_list(STRATEGY_NAMES, "strategies")),
+    strategies: str = typer.Option(
+        ",".join(STRATEGY_NAMES),
+        "--strategies",
+        help="Comma-separated strategies.",
+        **choice_list(STRATEGY_NAMES, "strategies"),
+    ),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the length sampler."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
@@ -72,32 +123,61 @@ def waste(
         raise KvbenchError("--dataset and --trace both give the requests: choose one")
     check_choice(stop, STOP_MODES, "--stop")
     check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
-    chosen = parse_strategies(name_list(strategies, "strategies", STRATEGY_NAMES), int_list(block_sizes, "--block-size"))
-    settings = WasteSettings(max_len=max_len, model=model, gpu=gpu, utilization=utilization, dtype=dtype,
-                             mean_len=mean_len, distribution=distribution, prompt_ratio=prompt_ratio, trace=trace,
-                             requests=requests or DEFAULT_REQUESTS, concurrency=concurrency,
-                             strategies=tuple(chosen), seed=seed, dataset=dataset, stop=stop,
-                             requests_given=requests is not None, tensor_parallel=tensor_parallel,
-                             pipeline_parallel=pipeline_parallel, kv_cache_dtype=kv_cache_dtype,
-                             gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None)
+    chosen = parse_strategies(
+        name_list(strategies, "strategies", STRATEGY_NAMES), int_list(block_sizes, "--block-size")
+    )
+    settings = WasteSettings(
+        max_len=max_len,
+        model=model,
+        gpu=gpu,
+        utilization=utilization,
+        dtype=dtype,
+        mean_len=mean_len,
+        distribution=distribution,
+        prompt_ratio=prompt_ratio,
+        trace=trace,
+        requests=requests or DEFAULT_REQUESTS,
+        concurrency=concurrency,
+        strategies=tuple(chosen),
+        seed=seed,
+        dataset=dataset,
+        stop=stop,
+        requests_given=requests is not None,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
+    )
     console = make_console(stderr=as_json)
     checked = waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work
     if checked.shape.sliding_layers:
-        console.print(f"[yellow]note: {len(checked.shape.sliding_layers)} of {checked.shape.num_layers} layers keep "
-                      f"a window of {checked.shape.sliding_window:,} tokens; the simulated pool counts every layer "
-                      "growing, so its slots are a lower bound (kvbench capacity costs each layer)[/yellow]")
+        console.print(
+            f"[yellow]note: {len(checked.shape.sliding_layers)} of {checked.shape.num_layers} layers keep "
+            f"a window of {checked.shape.sliding_window:,} tokens; the simulated pool counts every layer "
+            "growing, so its slots are a lower bound (kvbench capacity costs each layer)[/yellow]"
+        )
     workload = waste_workload(settings)
     if workload.skipped is not None:
-        console.print(f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "
-                      "and of the analytic estimate[/yellow]")
+        console.print(
+            f"[yellow]warning: {workload.skipped.sentence('trace requests')}; left out of the shares "
+            "and of the analytic estimate[/yellow]"
+        )
     if workload.dataset is not None:
         console.print(f"dataset: {workload.dataset.note()}")
     if trace is not None and requests is not None:
         console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
     with console.status("simulating...") as status:
         document = run_waste_study(settings, workload, status.update)
-    write_study("waste", out_dir, document, as_json, plot=waste_plot, plot_file="waste.png", markdown=waste_markdown,
-                tables=lambda run_dir: print_waste(console, document, run_dir))
+    write_study(
+        "waste",
+        out_dir,
+        document,
+        as_json,
+        plot=waste_plot,
+        plot_file="waste.png",
+        markdown=waste_markdown,
+        tables=lambda run_dir: print_waste(console, document, run_dir),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -35,9 +35,19 @@ def register(app: typer.Typer) -> None:
 
 def watch_command(
     url: str = typer.Option(..., "--url", help="Metrics endpoint, e.g. http://127.0.0.1:8000/metrics."),
-    interval: float = typer.Option(1.0, "--interval", min=0.05, max=MAX_INTERVAL_S, help="Seconds between scrapes (0.05 to 3600)."),
-    duration: float | None = typer.Option(None, "--duration", min=0.0, max=MAX_DURATION_S, help="Stop after this many seconds, at most 30 days (default: at Ctrl-C)."),
-    out: str | None = typer.Option(None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
+    interval: float = typer.Option(
+        1.0, "--interval", min=0.05, max=MAX_INTERVAL_S, help="Seconds between scrapes (0.05 to 3600)."
+    ),
+    duration: float | None = typer.Option(
+        None,
+        "--duration",
+        min=0.0,
+        max=MAX_DURATION_S,
+        help="Stop after this many seconds, at most 30 days (default: at Ctrl-C).",
+    ),
+    out: str | None = typer.Option(
+        None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."
+    ),
 ) -> None:
     first = read_endpoint(url)  # a URL that is down or not a metrics page fails here, before any file is made
     out_dir = new_run_dir("watch", run_directory(out))
@@ -49,6 +59,7 @@ def watch_command(
     view = WatchView(url, interval, duration)
     interrupted = False
     with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
+
         def on_scrape(scrape: Scrape) -> None:
             view.add(scrape.elapsed_s, scrape.states, scrape.error)
             live.update(view.render())
@@ -63,6 +74,8 @@ def watch_command(
     report = write_report_after_run(out_dir)
     lock.release()
     stopped = "stopped by Ctrl-C; " if interrupted else ""
-    console.print(f"{stopped}wrote {timeline} ({view.scrapes} scrape(s)), {plot}"
-                  + (f" and {report.path}" if report is not None else ""))
+    console.print(
+        f"{stopped}wrote {timeline} ({view.scrapes} scrape(s)), {plot}"
+        + (f" and {report.path}" if report is not None else "")
+    )
     console.print(f"diagnose it: kvbench diagnose {timeline}")

@@ -20,14 +20,24 @@ import aiohttp
 from kvbench.endpoint.http_body import read_body
 from kvbench.endpoint.openai import error_message, headers
 
-ROUTES = {"vllm": ("/reset_prefix_cache",), "sglang": ("/flush_cache",),
-          "kvbench": ("/reset_prefix_cache",), None: ("/reset_prefix_cache", "/flush_cache")}
+ROUTES = {
+    "vllm": ("/reset_prefix_cache",),
+    "sglang": ("/flush_cache",),
+    "kvbench": ("/reset_prefix_cache",),
+    None: ("/reset_prefix_cache", "/flush_cache"),
+}
 NOT_OFFERED_HINT = {"vllm": "vLLM serves it only with VLLM_SERVER_DEV_MODE=1 in its environment"}
 
 
-async def reset_prefix_cache(session: aiohttp.ClientSession, base_url: str, family: str | None,
-                             api_key: str | None = None, attempts: int = 3, pause_s: float = 0.5,
-                             timeout_s: float = 30.0) -> dict[str, Any]:
+async def reset_prefix_cache(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    family: str | None,
+    api_key: str | None = None,
+    attempts: int = 3,
+    pause_s: float = 0.5,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
     """Ask the server to empty its prefix cache. Returns ``{"asked", "reset", "route", "detail"}``: ``reset``
     is True when the server confirmed it, False when it refused or does not offer it, None when it could not
     be asked."""
@@ -36,13 +46,18 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, base_url: str, fami
         url = base_url + route
         for attempt in range(attempts):
             try:
-                async with session.post(url, headers=headers(api_key), allow_redirects=False,
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                async with session.post(
+                    url, headers=headers(api_key), allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                ) as response:
                     body, _ = await read_body(response, 4096)
                     status = response.status
             except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as err:
-                return {"asked": True, "reset": None, "route": route,
-                        "detail": f"could not ask: {' '.join(str(err).split()) or type(err).__name__}"}
+                return {
+                    "asked": True,
+                    "reset": None,
+                    "route": route,
+                    "detail": f"could not ask: {' '.join(str(err).split()) or type(err).__name__}",
+                }
             if status in (404, 405):
                 tried.append(f"{route} answered {status}")
                 break
@@ -52,11 +67,19 @@ async def reset_prefix_cache(session: aiohttp.ClientSession, base_url: str, fami
                 await asyncio.sleep(pause_s)
                 continue
             why = error_message(body) or f"HTTP {status}"
-            return {"asked": True, "reset": False, "route": route,
-                    "detail": f"refused after {attempts} attempts ({why})"}
+            return {
+                "asked": True,
+                "reset": False,
+                "route": route,
+                "detail": f"refused after {attempts} attempts ({why})",
+            }
     hint = NOT_OFFERED_HINT.get(family or "")
-    return {"asked": True, "reset": False, "route": None,
-            "detail": "not offered: " + "; ".join(tried) + (f" ({hint})" if hint else "")}
+    return {
+        "asked": True,
+        "reset": False,
+        "route": None,
+        "detail": "not offered: " + "; ".join(tried) + (f" ({hint})" if hint else ""),
+    }
 
 
 def _confirmed(body: bytes) -> bool:

@@ -60,8 +60,15 @@ class Target:
 
     def describe(self) -> dict[str, Any]:
         """What a result records of the target (the key's variable name at most, never the key)."""
-        return {"name": self.name, "url": self.url, "api": self.api, "endpoint": self.endpoint,
-                "model": self.model, "metrics_url": self.scrape_url, "api_key_env": self.api_key_env}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "api": self.api,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "metrics_url": self.scrape_url,
+            "api_key_env": self.api_key_env,
+        }
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,10 @@ class RequestLimits:
     def __post_init__(self) -> None:
         for name in ("timeout_s", "stall_s", "connect_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise KvbenchError(f"request {name.removesuffix('_s')} limit must be a positive number of seconds, "
-                                   f"got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise KvbenchError(
+                    f"request {name.removesuffix('_s')} limit must be a positive number of seconds, got {value!r}"
+                )
 
     def client_timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.connect_s, sock_read=self.stall_s)
@@ -90,8 +97,9 @@ def open_session(limits: RequestLimits | None = None) -> aiohttp.ClientSession:
     (a benchmark of a local server must not go through one), keep-alive."""
     limits = limits or RequestLimits()
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True)
-    return aiohttp.ClientSession(connector=connector, timeout=limits.client_timeout(), trust_env=False,
-                                 auto_decompress=False)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=limits.client_timeout(), trust_env=False, auto_decompress=False
+    )
 
 
 @dataclass
@@ -112,13 +120,30 @@ class EndpointClient:
     def body(self, conversation: Conversation, turn: int, answers: Sequence[str]) -> dict[str, Any]:
         spec = conversation.turns[turn]
         if self.target.api == "chat":
-            return payload("chat", self.model, None, conversation.chat_messages(turn, answers), spec.max_tokens,
-                           spec.ignore_eos, self.temperature, self.extra_body)
-        return payload("completions", self.model, conversation.completion_prompt(turn, answers), None,
-                       spec.max_tokens, spec.ignore_eos, self.temperature, self.extra_body)
+            return payload(
+                "chat",
+                self.model,
+                None,
+                conversation.chat_messages(turn, answers),
+                spec.max_tokens,
+                spec.ignore_eos,
+                self.temperature,
+                self.extra_body,
+            )
+        return payload(
+            "completions",
+            self.model,
+            conversation.completion_prompt(turn, answers),
+            None,
+            spec.max_tokens,
+            spec.ignore_eos,
+            self.temperature,
+            self.extra_body,
+        )
 
-    async def send(self, conversation: Conversation, turn: int, answers: Sequence[str],
-                   record: RequestRecord | None = None) -> RequestRecord:
+    async def send(
+        self, conversation: Conversation, turn: int, answers: Sequence[str], record: RequestRecord | None = None
+    ) -> RequestRecord:
         """Send turn ``turn`` of ``conversation`` (``answers``: the texts of its earlier turns) and time it."""
         record = record or RequestRecord(conversation.index, turn)
         body = self.body(conversation, turn, answers)
@@ -144,15 +169,18 @@ class EndpointClient:
         decoder = SSEDecoder()
         clock = time.perf_counter
         start = record.start = clock()
-        async with self.session.post(self._url, json=body, headers=self._headers, timeout=self._timeout,
-                                     allow_redirects=False) as response:
+        async with self.session.post(
+            self._url, json=body, headers=self._headers, timeout=self._timeout, allow_redirects=False
+        ) as response:
             if response.status != 200:
                 text, _ = await read_body(response, ERROR_BODY_BYTES)
                 record.fail("http", error_message(text) or (response.reason or "error"), response.status)
                 return
             if response.content_type != "text/event-stream":
-                raise MalformedStream(f"the server answered {response.content_type or 'without a content type'}, "
-                                      "not an event stream (does it stream?)")
+                raise MalformedStream(
+                    f"the server answered {response.content_type or 'without a content type'}, "
+                    "not an event stream (does it stream?)"
+                )
             done = False
             async for chunk in response.content.iter_any():
                 now = clock() - start
@@ -181,8 +209,12 @@ class EndpointClient:
                 done = "[DONE]" in decoder.close()
         record.text = "".join(parts)
         if not times:
-            record.fail("malformed", "the stream ended without a token" if done or record.finish_reason
-                        else "the stream ended before any token or its end")
+            record.fail(
+                "malformed",
+                "the stream ended without a token"
+                if done or record.finish_reason
+                else "the stream ended before any token or its end",
+            )
         elif not done and record.finish_reason is None:
             record.fail("disconnect", f"the stream ended after {len(times)} token event(s) without its end ([DONE])")
         else:
@@ -240,19 +272,22 @@ def _short(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:160] + "..."
 
 
-async def list_models(session: aiohttp.ClientSession, target: Target, api_key: str | None,
-                      timeout_s: float = 10.0) -> list[str]:
+async def list_models(
+    session: aiohttp.ClientSession, target: Target, api_key: str | None, timeout_s: float = 10.0
+) -> list[str]:
     """The model names ``GET /v1/models`` lists; a one-line error when the server cannot be asked."""
     url = target.url + "/v1/models"
     try:
-        async with session.get(url, headers=headers(api_key), allow_redirects=False,
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with session.get(
+            url, headers=headers(api_key), allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
             text, cut = await read_body(response, 1 << 20)
             if cut:
                 raise KvbenchError(f"{url} answered more than 1 MiB: not an OpenAI model list")
             if response.status != 200:
-                raise KvbenchError(f"{url}: HTTP {response.status} {error_message(text) or response.reason or ''}"
-                                   .strip())
+                raise KvbenchError(
+                    f"{url}: HTTP {response.status} {error_message(text) or response.reason or ''}".strip()
+                )
     except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as err:
         kind, message = failure_of(err, RequestLimits(timeout_s=timeout_s))
         raise KvbenchError(f"cannot reach {url}: {message}") from None

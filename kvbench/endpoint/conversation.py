@@ -47,8 +47,9 @@ class Conversation:
         if not self.turns:
             raise ValueError("a conversation needs at least one turn")
         if len(self.turns) > 1 and not all(isinstance(t.prompt, str) for t in self.turns):
-            raise ValueError("a conversation of several turns needs text prompts (its history holds the answers "
-                             "as text)")
+            raise ValueError(
+                "a conversation of several turns needs text prompts (its history holds the answers as text)"
+            )
         if self.system is not None and not all(isinstance(t.prompt, str) for t in self.turns):
             raise ValueError("a system text needs text prompts")
 

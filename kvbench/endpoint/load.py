@@ -56,8 +56,13 @@ class OpenLoop:
             raise KvbenchError(f"maximum concurrency must be a positive integer, got {cap!r}")
 
     def describe(self) -> dict:
-        return {"pattern": "open", "rate": None if math.isinf(self.rate) else self.rate,
-                "burstiness": self.burstiness, "max_concurrency": self.max_concurrency, "seed": self.seed}
+        return {
+            "pattern": "open",
+            "rate": None if math.isinf(self.rate) else self.rate,
+            "burstiness": self.burstiness,
+            "max_concurrency": self.max_concurrency,
+            "seed": self.seed,
+        }
 
 
 LoadPattern = ClosedLoop | OpenLoop
@@ -77,8 +82,13 @@ class LoadResult:
 class _Run:
     """The bookkeeping shared by both patterns: one record slot per planned request."""
 
-    def __init__(self, conversations: Sequence[Conversation], send: Send, on_record: OnRecord | None,
-                 semaphore: asyncio.Semaphore | None = None) -> None:
+    def __init__(
+        self,
+        conversations: Sequence[Conversation],
+        send: Send,
+        on_record: OnRecord | None,
+        semaphore: asyncio.Semaphore | None = None,
+    ) -> None:
         self.conversations = conversations
         self.send = send
         self.on_record = on_record
@@ -117,7 +127,8 @@ class _Run:
             if not record.ok:
                 for later in range(turn + 1, len(conversation.turns)):
                     skipped = RequestRecord(conversation.index, later).fail(
-                        "skipped", f"turn {turn} of its conversation failed ({record.error_kind})")
+                        "skipped", f"turn {turn} of its conversation failed ({record.error_kind})"
+                    )
                     skipped.start = skipped.end = record.end or time.perf_counter()
                     self.slots[(conversation.index, later)] = skipped
                     self._done(skipped)
@@ -132,8 +143,9 @@ class _Run:
             for turn in range(len(conversation.turns)):
                 record = self.slots.get((conversation.index, turn))
                 if record is None:
-                    record = RequestRecord(conversation.index, turn).fail("not_sent", f"{self.stop_reason} before "
-                                                                                      "it was sent")
+                    record = RequestRecord(conversation.index, turn).fail(
+                        "not_sent", f"{self.stop_reason} before it was sent"
+                    )
                     record.start = record.end = now
                     self.slots[(conversation.index, turn)] = record
                     if self.on_record is not None:
@@ -142,8 +154,13 @@ class _Run:
         return out
 
 
-async def run_load(conversations: Sequence[Conversation], pattern: LoadPattern, send: Send,
-                   deadline_s: float | None = None, on_record: OnRecord | None = None) -> LoadResult:
+async def run_load(
+    conversations: Sequence[Conversation],
+    pattern: LoadPattern,
+    send: Send,
+    deadline_s: float | None = None,
+    on_record: OnRecord | None = None,
+) -> LoadResult:
     """Release ``conversations`` onto the server by ``pattern`` through ``send``; returns every record."""
     if not conversations:
         raise KvbenchError("no requests to send")

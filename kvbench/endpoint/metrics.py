@@ -44,8 +44,9 @@ def parse_slo(text: str) -> dict[str, float]:
             key, sep, value = part.partition(":")  # vLLM's spelling, ttft:500
         key = key.strip().lower()
         if not sep or key not in SLO_KEYS:
-            raise KvbenchError(f"SLO {text!r}: expected KEY=MILLISECONDS pairs with keys {', '.join(SLO_KEYS)}, "
-                               "e.g. ttft=500,tpot=50")
+            raise KvbenchError(
+                f"SLO {text!r}: expected KEY=MILLISECONDS pairs with keys {', '.join(SLO_KEYS)}, e.g. ttft=500,tpot=50"
+            )
         try:
             number = float(value)
         except ValueError:
@@ -70,15 +71,22 @@ def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -
         out.update({f"{percentile_name(q)}_{name}_ms": None for q in percentiles})
         return out
     ms = np.asarray(values_s, dtype=float) * 1000.0
-    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
-           f"std_{name}_ms": float(ms.std())}
+    out = {
+        f"mean_{name}_ms": float(ms.mean()),
+        f"median_{name}_ms": float(np.median(ms)),
+        f"std_{name}_ms": float(ms.std()),
+    }
     for q, value in zip(percentiles, np.percentile(ms, list(percentiles)), strict=True):
         out[f"{percentile_name(q)}_{name}_ms"] = float(value)
     return out
 
 
-def client_metrics(records: Sequence[RequestRecord], duration_s: float, slo: Mapping[str, float] | None = None,
-                   percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+def client_metrics(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    slo: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> dict[str, Any]:
     """The point's client metrics (see the module docstring). Token counts must be filled in first."""
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"a point's duration must be positive, got {duration_s}")
@@ -94,11 +102,14 @@ def client_metrics(records: Sequence[RequestRecord], duration_s: float, slo: Map
     inputs = [n for r in done if (n := r.prompt_tokens) is not None]
     total_input = sum(inputs) if len(inputs) == len(done) else None
     out: dict[str, Any] = {
-        "requests": len(records), "completed": len(done), "failed": len(failed),
+        "requests": len(records),
+        "completed": len(done),
+        "failed": len(failed),
         "failed_by_kind": dict(Counter(r.error_kind for r in failed)),
         "failure_examples": _examples(failed),
         "duration": duration_s,
-        "total_input_tokens": total_input, "total_output_tokens": total_output,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
         "request_throughput": len(done) / duration_s,
         "request_goodput": None,
         "output_throughput": total_output / duration_s,

@@ -69,8 +69,10 @@ def check_key_transport(url: str, api_key: str | None) -> None:
     parts = urlsplit(url)
     if parts.scheme == "https" or is_loopback(parts.hostname or ""):
         return
-    raise KvbenchError(f"refusing to send the API key in clear text to {parts.hostname}: use an https URL, or unset "
-                       "the key's environment variable")
+    raise KvbenchError(
+        f"refusing to send the API key in clear text to {parts.hostname}: use an https URL, or unset "
+        "the key's environment variable"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -91,9 +93,16 @@ def headers(api_key: str | None) -> dict[str, str]:
     return out
 
 
-def payload(api: str, model: str, prompt: str | list[int] | None, messages: list[dict[str, str]] | None,
-            max_tokens: int, ignore_eos: bool, temperature: float | None = None,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def payload(
+    api: str,
+    model: str,
+    prompt: str | list[int] | None,
+    messages: list[dict[str, str]] | None,
+    max_tokens: int,
+    ignore_eos: bool,
+    temperature: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The JSON body of one streamed request."""
     body: dict[str, Any] = {"model": model}
     if api == "chat":

@@ -63,7 +63,9 @@ class PointSettings:
     @property
     def warmup_concurrency(self) -> int:
         pattern = self.pattern
-        width = pattern.concurrency if isinstance(pattern, ClosedLoop) else (pattern.max_concurrency or len(self.warmup))
+        width = (
+            pattern.concurrency if isinstance(pattern, ClosedLoop) else (pattern.max_concurrency or len(self.warmup))
+        )
         return max(1, min(width, len(self.warmup) or 1))
 
 
@@ -94,31 +96,56 @@ class EndpointPoint:
         return "ok" if self.metrics["failed"] == 0 else "failed"
 
     def as_json(self) -> dict[str, Any]:
-        return {"status": self.status, "target": self.target, "model": self.model, "load": self.load,
-                "duration_s": self.duration_s, "peak_in_flight": self.peak_in_flight,
-                "max_send_lag_ms": self.max_send_lag_ms, "stopped_at_deadline": self.stopped_at_deadline,
-                "warmup": self.warmup, "cache_reset": self.cache_reset, "metrics": self.metrics,
-                "server": self.server, "agreement": self.agreement}
+        return {
+            "status": self.status,
+            "target": self.target,
+            "model": self.model,
+            "load": self.load,
+            "duration_s": self.duration_s,
+            "peak_in_flight": self.peak_in_flight,
+            "max_send_lag_ms": self.max_send_lag_ms,
+            "stopped_at_deadline": self.stopped_at_deadline,
+            "warmup": self.warmup,
+            "cache_reset": self.cache_reset,
+            "metrics": self.metrics,
+            "server": self.server,
+            "agreement": self.agreement,
+        }
 
     def timeline(self, bin_s: float | None = None) -> dict[str, Any]:
-        return point_timeline(self.records, self.scrapes, self.origin, self.duration_s,
-                              bin_s or self.scrape_interval_s, {"target": self.target, "load": self.load})
+        return point_timeline(
+            self.records,
+            self.scrapes,
+            self.origin,
+            self.duration_s,
+            bin_s or self.scrape_interval_s,
+            {"target": self.target, "load": self.load},
+        )
 
 
-async def run_point(target: Target, conversations: Sequence[Conversation], settings: PointSettings,
-                    tokenizer: Any | None = None, on_record: OnRecord | None = None) -> EndpointPoint:
+async def run_point(
+    target: Target,
+    conversations: Sequence[Conversation],
+    settings: PointSettings,
+    tokenizer: Any | None = None,
+    on_record: OnRecord | None = None,
+) -> EndpointPoint:
     """Measure one point (see the module docstring)."""
     if target.api == "chat" and any(c.token_ids for c in [*conversations, *settings.warmup]):
-        raise KvbenchError("the chat API takes text, and these prompts are token ids: use the completions API, "
-                           "or text prompts")
+        raise KvbenchError(
+            "the chat API takes text, and these prompts are token ids: use the completions API, or text prompts"
+        )
     api_key = api_key_from_env(target.api_key_env)
     check_key_transport(target.url, api_key)
     async with open_session(settings.limits) as session:
         model = target.model or await _first_model(session, target, api_key)
         client = EndpointClient(target, model, session, settings.limits, api_key, settings.temperature)
         warmup = await _warm_up(client, settings)
-        scraper = MetricsScraper(session, target.scrape_url, time.perf_counter(), settings.scrape_interval_s) \
-            if settings.scrape else None
+        scraper = (
+            MetricsScraper(session, target.scrape_url, time.perf_counter(), settings.scrape_interval_s)
+            if settings.scrape
+            else None
+        )
         family = None
         if scraper is not None:
             first = await scraper.scrape()
@@ -144,14 +171,33 @@ async def run_point(target: Target, conversations: Sequence[Conversation], setti
     metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles)
     server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
     described = target.describe() | {"model": model}
-    return EndpointPoint(described, model, settings.pattern.describe(), metrics, server, reset, warmup,
-                         load.duration_s, load.peak_in_flight, load.max_send_lag_s * 1000.0,
-                         load.stopped_at_deadline, agreement(metrics, server), load.records, scrapes,
-                         load.started, settings.scrape_interval_s)
+    return EndpointPoint(
+        described,
+        model,
+        settings.pattern.describe(),
+        metrics,
+        server,
+        reset,
+        warmup,
+        load.duration_s,
+        load.peak_in_flight,
+        load.max_send_lag_s * 1000.0,
+        load.stopped_at_deadline,
+        agreement(metrics, server),
+        load.records,
+        scrapes,
+        load.started,
+        settings.scrape_interval_s,
+    )
 
 
-def run_point_sync(target: Target, conversations: Sequence[Conversation], settings: PointSettings,
-                   tokenizer: Any | None = None, on_record: OnRecord | None = None) -> EndpointPoint:
+def run_point_sync(
+    target: Target,
+    conversations: Sequence[Conversation],
+    settings: PointSettings,
+    tokenizer: Any | None = None,
+    on_record: OnRecord | None = None,
+) -> EndpointPoint:
     return asyncio.run(run_point(target, conversations, settings, tokenizer, on_record))
 
 
@@ -168,8 +214,12 @@ async def _warm_up(client: EndpointClient, settings: PointSettings) -> dict[str,
     result = await run_load(settings.warmup, ClosedLoop(settings.warmup_concurrency), client.send)
     done = [r for r in result.records if r.ok]
     failed = [r for r in result.records if not r.ok]
-    summary = {"requests": len(result.records), "completed": len(done), "failed": len(failed),
-               "failures": sorted({r.reason() for r in failed})[:3]}
+    summary = {
+        "requests": len(result.records),
+        "completed": len(done),
+        "failed": len(failed),
+        "failures": sorted({r.reason() for r in failed})[:3],
+    }
     if not done:
         raise EndpointUnusable(await _why_unusable(client, settings.warmup[0], failed[0]))
     return summary
@@ -184,8 +234,10 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
         plain = replace(conversation, turns=(replace(first, ignore_eos=False),))
         retry = await client.send(plain, 0, [])
         if retry.ok:
-            return (f"{client.target.endpoint} refuses ignore_eos ({failure.reason()}); it serves the request without "
-                    "it, so outputs cannot be held to their reference lengths there")
+            return (
+                f"{client.target.endpoint} refuses ignore_eos ({failure.reason()}); it serves the request without "
+                "it, so outputs cannot be held to their reference lengths there"
+            )
     return base
 
 
@@ -205,5 +257,12 @@ def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> d
     return out
 
 
-__all__ = ["ClosedLoop", "EndpointPoint", "EndpointUnusable", "OpenLoop", "PointSettings", "run_point",
-           "run_point_sync"]
+__all__ = [
+    "ClosedLoop",
+    "EndpointPoint",
+    "EndpointUnusable",
+    "OpenLoop",
+    "PointSettings",
+    "run_point",
+    "run_point_sync",
+]

@@ -4,7 +4,8 @@ Every request a point plans ends as exactly one record, whatever happens: the lo
 request they send, cancel or never get to send, so a point's records always add up to its requests.
 
 Times are ``time.perf_counter()`` seconds: ``start`` when the request was sent, ``end`` when it ended (the
-stream closed or it failed), ``arrival`` when the load pattern released it (open loop: its scheduled arrival; the difference is time spent waiting for the
+stream closed or it failed), ``arrival`` when the load pattern released it (open loop: its scheduled arrival; the
+difference is time spent waiting for the
 concurrency cap), and ``token_times`` when each token event arrived, relative to ``start``.
 """
 
@@ -19,8 +20,19 @@ from typing import Any
 # promises; "server_error": the stream reported an error; "skipped": an earlier turn of its conversation failed,
 # so its history does not exist; "cancelled": still in flight when the point was stopped; "not_sent": the point
 # was stopped before it was sent; "client": an unexpected error in the client itself.
-FAILURE_KINDS = ("http", "timeout", "stall", "connect", "disconnect", "malformed", "server_error", "skipped",
-                 "cancelled", "not_sent", "client")
+FAILURE_KINDS = (
+    "http",
+    "timeout",
+    "stall",
+    "connect",
+    "disconnect",
+    "malformed",
+    "server_error",
+    "skipped",
+    "cancelled",
+    "not_sent",
+    "client",
+)
 
 
 @dataclass(eq=False)
@@ -61,8 +73,13 @@ class RequestRecord:
     @property
     def tpot(self) -> float | None:
         """(E2EL - TTFT) / (output tokens - 1), vLLM's definition; None with fewer than 2 tokens."""
-        if not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.latency is None \
-                or self.ttft is None:
+        if (
+            not self.ok
+            or self.output_tokens is None
+            or self.output_tokens < 2
+            or self.latency is None
+            or self.ttft is None
+        ):
             return None
         return (self.latency - self.ttft) / (self.output_tokens - 1)
 
@@ -73,13 +90,25 @@ class RequestRecord:
 
     def as_json(self, with_text: bool = False) -> dict[str, Any]:
         """A JSON-ready row (times relative to ``start``; the text only when asked for)."""
-        row = {"conversation": self.conversation, "turn": self.turn, "ok": self.ok, "start": self.start,
-               "queue_s": None if self.arrival is None else self.start - self.arrival,
-               "ttft_s": self.ttft, "e2el_s": self.latency, "tpot_s": self.tpot,
-               "token_events": len(self.token_times), "output_tokens": self.output_tokens,
-               "output_tokens_from": self.output_tokens_from, "prompt_tokens": self.prompt_tokens,
-               "prompt_tokens_from": self.prompt_tokens_from, "finish_reason": self.finish_reason,
-               "error_kind": self.error_kind, "status": self.status, "error": self.error}
+        row = {
+            "conversation": self.conversation,
+            "turn": self.turn,
+            "ok": self.ok,
+            "start": self.start,
+            "queue_s": None if self.arrival is None else self.start - self.arrival,
+            "ttft_s": self.ttft,
+            "e2el_s": self.latency,
+            "tpot_s": self.tpot,
+            "token_events": len(self.token_times),
+            "output_tokens": self.output_tokens,
+            "output_tokens_from": self.output_tokens_from,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_from": self.prompt_tokens_from,
+            "finish_reason": self.finish_reason,
+            "error_kind": self.error_kind,
+            "status": self.status,
+            "error": self.error,
+        }
         if with_text:
             row["text"] = self.text
         return row

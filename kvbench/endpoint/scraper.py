@@ -57,8 +57,9 @@ class Scrape:
 async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout_s: float) -> str:
     """The exposition text at ``url``; a one-line :class:`KvbenchError` when it cannot be read."""
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False,
-                               headers={"Accept": "text/plain"}) as response:
+        async with session.get(
+            url, timeout=aiohttp.ClientTimeout(total=timeout_s), allow_redirects=False, headers={"Accept": "text/plain"}
+        ) as response:
             body, cut = await read_body(response, MAX_BODY_BYTES)
             if response.status != 200:
                 raise KvbenchError(f"cannot scrape {url}: HTTP {response.status} {response.reason or ''}".strip())
@@ -77,9 +78,15 @@ async def fetch_metrics(session: aiohttp.ClientSession, url: str, timeout_s: flo
 class MetricsScraper:
     """Scrapes ``url`` every ``interval_s`` from ``start()`` until ``stop()``, which takes one last scrape."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, origin: float,
-                 interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        origin: float,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        timeout_s: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if not interval_s > 0:
             raise KvbenchError(f"scrape interval must be a positive number of seconds, got {interval_s}")
         self.session = session

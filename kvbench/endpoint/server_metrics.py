@@ -18,8 +18,16 @@ from typing import Any
 from kvbench.endpoint.scraper import Scrape
 from kvbench.report.diagnose.servers import ServerState
 
-COUNTERS = ("preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "ttft_sum_s",
-            "ttft_count", "finished")
+COUNTERS = (
+    "preemptions",
+    "prefix_queries",
+    "prefix_hits",
+    "prompt_tokens",
+    "generation_tokens",
+    "ttft_sum_s",
+    "ttft_count",
+    "finished",
+)
 
 
 def _total(states: Sequence[ServerState], name: str) -> float | None:
@@ -51,13 +59,17 @@ def point_server_metrics(scrapes: Sequence[Scrape], load_end_s: float) -> dict[s
     before = [s for s in ok if s.elapsed_s < 0.0]
     after = [s for s in ok if s.elapsed_s > load_end_s]
     out: dict[str, Any] = {
-        "scrapes": len(scrapes), "scrapes_failed": len(scrapes) - len(ok),
+        "scrapes": len(scrapes),
+        "scrapes_failed": len(scrapes) - len(ok),
         "scrape_errors": sorted({s.error for s in scrapes if s.error is not None})[:3],
         "families": sorted({state.family for s in ok for state in s.states}),
         "engines": sorted({state.source for s in ok for state in s.states}),
     }
-    for name, value in (("kv_usage", kv_usage), ("running", lambda st: _total(st, "running")),
-                        ("waiting", lambda st: _total(st, "waiting"))):
+    for name, value in (
+        ("kv_usage", kv_usage),
+        ("running", lambda st: _total(st, "running")),
+        ("waiting", lambda st: _total(st, "waiting")),
+    ):
         series = _series(during, value)
         out[f"{name}_peak"] = max(series) if series else None
         out[f"{name}_mean"] = sum(series) / len(series) if series else None
@@ -119,9 +131,16 @@ def timeline_rows(scrapes: Sequence[Scrape]) -> list[dict[str, Any]]:
             rows.append({"elapsed_s": scrape.elapsed_s, "error": scrape.error})
             continue
         states = scrape.states
-        rows.append({"elapsed_s": scrape.elapsed_s, "kv_usage": kv_usage(states),
-                     "running": _total(states, "running"), "waiting": _total(states, "waiting"),
-                     "preemptions": _total(states, "preemptions"), "prefix_queries": _total(states, "prefix_queries"),
-                     "prefix_hits": _total(states, "prefix_hits"),
-                     "generation_tokens": _total(states, "generation_tokens")})
+        rows.append(
+            {
+                "elapsed_s": scrape.elapsed_s,
+                "kv_usage": kv_usage(states),
+                "running": _total(states, "running"),
+                "waiting": _total(states, "waiting"),
+                "preemptions": _total(states, "preemptions"),
+                "prefix_queries": _total(states, "prefix_queries"),
+                "prefix_hits": _total(states, "prefix_hits"),
+                "generation_tokens": _total(states, "generation_tokens"),
+            }
+        )
     return rows

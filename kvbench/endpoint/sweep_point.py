@@ -18,11 +18,34 @@ from kvbench.report.point import Point
 from kvbench.report.schema import LATENCY_FIELDS
 
 ENDPOINT_FIELD = "endpoint"  # {url, api, model, load}: marks a point measured over HTTP
-SERVER_FIELDS = ("kv_usage_peak", "kv_usage_mean", "running_mean", "waiting_peak", "waiting_mean",
-                 "prefix_cache_hit_rate", "prefix_cache_hits", "prefix_cache_queries", "server_mean_ttft_ms",
-                 "server_prompt_tokens", "server_generation_tokens")
-EXTRA_FIELDS = (ENDPOINT_FIELD, "request_rate", *SERVER_FIELDS, "failed", "failed_by_kind", "failure_examples",
-                "request_goodput", "slo", "cache_reset", "agreement", "server_notes", "scrapes", "max_send_lag_ms")
+SERVER_FIELDS = (
+    "kv_usage_peak",
+    "kv_usage_mean",
+    "running_mean",
+    "waiting_peak",
+    "waiting_mean",
+    "prefix_cache_hit_rate",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+    "server_mean_ttft_ms",
+    "server_prompt_tokens",
+    "server_generation_tokens",
+)
+EXTRA_FIELDS = (
+    ENDPOINT_FIELD,
+    "request_rate",
+    *SERVER_FIELDS,
+    "failed",
+    "failed_by_kind",
+    "failure_examples",
+    "request_goodput",
+    "slo",
+    "cache_reset",
+    "agreement",
+    "server_notes",
+    "scrapes",
+    "max_send_lag_ms",
+)
 
 
 def is_endpoint_point(point: dict[str, Any]) -> bool:
@@ -40,8 +63,9 @@ def failure_text(metrics: dict[str, Any]) -> str:
     return f"{failed} of {total} requests failed: {kinds}" + (f" (e.g. {first})" if first else "")
 
 
-def sweep_point(endpoint: EndpointPoint, engine: str, concurrency: int, scenario: str,
-                slo: dict[str, float] | None = None) -> Point:
+def sweep_point(
+    endpoint: EndpointPoint, engine: str, concurrency: int, scenario: str, slo: dict[str, float] | None = None
+) -> Point:
     """The sweep point of ``endpoint`` for target ``engine`` at ``concurrency`` (0 for an open-loop rate)."""
     m, server = endpoint.metrics, endpoint.server or {}
     latencies: dict[str, float | None] = {}
@@ -50,39 +74,64 @@ def sweep_point(endpoint: EndpointPoint, engine: str, concurrency: int, scenario
         latencies[name] = m.get(source)
     running_peak = server.get("running_peak")
     point = Point(
-        engine=engine, concurrency=concurrency, scenario=scenario,
+        engine=engine,
+        concurrency=concurrency,
+        scenario=scenario,
         status="ok" if endpoint.status == "ok" else "error",
-        completed=m["completed"], rejected=0,
+        completed=m["completed"],
+        rejected=0,
         preemptions=_count(server.get("preemptions")),  # type: ignore[arg-type]  # None: not exposed
-        output_throughput=m["output_throughput"] or 0.0, total_token_throughput=m["total_token_throughput"] or 0.0,
-        request_throughput=m["request_throughput"] or 0.0, duration=m["duration"],
-        total_input_tokens=m["total_input_tokens"], total_output_tokens=m["total_output_tokens"],
+        output_throughput=m["output_throughput"] or 0.0,
+        total_token_throughput=m["total_token_throughput"] or 0.0,
+        request_throughput=m["request_throughput"] or 0.0,
+        duration=m["duration"],
+        total_input_tokens=m["total_input_tokens"],
+        total_output_tokens=m["total_output_tokens"],
         latencies=latencies,
         peak_running=_count(running_peak),  # type: ignore[arg-type]
         mean_running=server.get("running_mean"),  # type: ignore[arg-type]
-        kv_pool_bytes=None, kv_peak_allocated_bytes=None, kv_mean_allocated_bytes=None,  # type: ignore[arg-type]
-        kv_mean_used_bytes=None, kv_peak_used_bytes=None,  # type: ignore[arg-type]
-        effective_usage_pct=None, fragmentation_mean=None,  # type: ignore[arg-type]
+        kv_pool_bytes=None,  # type: ignore[arg-type]
+        kv_peak_allocated_bytes=None,  # type: ignore[arg-type]
+        kv_mean_allocated_bytes=None,  # type: ignore[arg-type]
+        kv_mean_used_bytes=None,  # type: ignore[arg-type]
+        kv_peak_used_bytes=None,  # type: ignore[arg-type]
+        effective_usage_pct=None,  # type: ignore[arg-type]
+        fragmentation_mean=None,  # type: ignore[arg-type]
         elapsed_s=m["duration"],
     )
     if endpoint.status != "ok":
         point.error = failure_text(m)
     pattern = endpoint.load
-    point.extra[ENDPOINT_FIELD] = {"url": endpoint.target.get("url"), "api": endpoint.target.get("api"),
-                                   "model": endpoint.model, "metrics_url": endpoint.target.get("metrics_url"),
-                                   "load": pattern, "peak_in_flight": endpoint.peak_in_flight,
-                                   "stopped_at_deadline": endpoint.stopped_at_deadline, "warmup": endpoint.warmup}
+    point.extra[ENDPOINT_FIELD] = {
+        "url": endpoint.target.get("url"),
+        "api": endpoint.target.get("api"),
+        "model": endpoint.model,
+        "metrics_url": endpoint.target.get("metrics_url"),
+        "load": pattern,
+        "peak_in_flight": endpoint.peak_in_flight,
+        "stopped_at_deadline": endpoint.stopped_at_deadline,
+        "warmup": endpoint.warmup,
+    }
     if pattern.get("pattern") == "open":
         point.extra["request_rate"] = pattern.get("rate")
     for name in SERVER_FIELDS:
         point.extra[name] = server.get(name)
-    point.extra.update(failed=m["failed"], failed_by_kind=m.get("failed_by_kind") or {},
-                       failure_examples=m.get("failure_examples") or {}, request_goodput=m.get("request_goodput"),
-                       slo=dict(slo) if slo else None, cache_reset=endpoint.cache_reset,
-                       agreement=endpoint.agreement, server_notes=server.get("notes") or [],
-                       scrapes={k: server.get(k) for k in ("scrapes", "scrapes_failed", "scrapes_during_load",
-                                                            "scrape_errors", "families")} if server else None,
-                       max_send_lag_ms=endpoint.max_send_lag_ms)
+    point.extra.update(
+        failed=m["failed"],
+        failed_by_kind=m.get("failed_by_kind") or {},
+        failure_examples=m.get("failure_examples") or {},
+        request_goodput=m.get("request_goodput"),
+        slo=dict(slo) if slo else None,
+        cache_reset=endpoint.cache_reset,
+        agreement=endpoint.agreement,
+        server_notes=server.get("notes") or [],
+        scrapes={
+            k: server.get(k) for k in ("scrapes", "scrapes_failed", "scrapes_during_load", "scrape_errors", "families")
+        }
+        if server
+        else None,
+        max_send_lag_ms=endpoint.max_send_lag_ms,
+    )
     return point
 
 

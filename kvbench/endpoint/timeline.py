@@ -54,16 +54,32 @@ def client_series(records: Sequence[RequestRecord], origin: float, end_s: float,
                 failed[k] += 1
     starts = [k * bin_s for k in range(bins)]
     in_flight = [sum(1 for a, b in spans if a <= s + bin_s / 2 < b) for s in starts]
-    return {"t_s": starts, "output_tokens_per_s": [v / bin_s for v in tokens],
-            "completed_per_s": [v / bin_s for v in completed], "failed_per_s": [v / bin_s for v in failed],
-            "in_flight": in_flight}
+    return {
+        "t_s": starts,
+        "output_tokens_per_s": [v / bin_s for v in tokens],
+        "completed_per_s": [v / bin_s for v in completed],
+        "failed_per_s": [v / bin_s for v in failed],
+        "in_flight": in_flight,
+    }
 
 
-def point_timeline(records: Sequence[RequestRecord], scrapes: Sequence[Scrape], origin: float, end_s: float,
-                   bin_s: float, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def point_timeline(
+    records: Sequence[RequestRecord],
+    scrapes: Sequence[Scrape],
+    origin: float,
+    end_s: float,
+    bin_s: float,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The JSON document of a point's timeline (``version``, ``meta``, ``bin_s``, ``client``, ``server``)."""
-    return {"version": TIMELINE_VERSION, "meta": meta or {}, "bin_s": bin_s, "duration_s": end_s,
-            "client": client_series(records, origin, end_s, bin_s), "server": timeline_rows(scrapes)}
+    return {
+        "version": TIMELINE_VERSION,
+        "meta": meta or {},
+        "bin_s": bin_s,
+        "duration_s": end_s,
+        "client": client_series(records, origin, end_s, bin_s),
+        "server": timeline_rows(scrapes),
+    }
 
 
 def write_point_timeline(path: str | Path, timeline: dict[str, Any]) -> Path:

@@ -29,8 +29,9 @@ def fill_token_counts(records: Sequence[RequestRecord], tokenizer: Any | None = 
         return
     missing_in = [r for r in records if r.ok and r.prompt_tokens is None and r.prompt_input is not None]
     texts = [r for r in missing_in if isinstance(r.prompt_input, str)]
-    for record, count in zip(texts, _encode_lengths(tokenizer, [r.prompt_input for r in texts], special=True),
-                             strict=True):
+    for record, count in zip(
+        texts, _encode_lengths(tokenizer, [r.prompt_input for r in texts], special=True), strict=True
+    ):
         record.prompt_tokens, record.prompt_tokens_from = count, "tokenizer"
     for record in missing_in:
         if isinstance(record.prompt_input, list):

@@ -35,28 +35,62 @@ json.dump({k: float(v) for k, v in out.items()}, sys.stdout)
 
 # our name -> vLLM's (BenchmarkMetrics field); the rest share theirs
 _RENAMED = {"total_input_tokens": "total_input", "total_output_tokens": "total_output"}
-COMPARED = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
-            "output_throughput", "total_token_throughput",
-            *(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
-              for stat in ("mean", "median", "std", "p90", "p99")))
+COMPARED = (
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    *(
+        f"{stat}_{name}_ms"
+        for name in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "std", "p90", "p99")
+    ),
+)
 
 
 def vllm_outputs(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
     """The records as vLLM's ``RequestFuncOutput`` fields (its bench counts a failed request's nothing)."""
-    return [{"success": r.ok, "ttft": r.ttft or 0.0, "latency": r.latency or 0.0, "itl": r.itl,
-             "output_tokens": r.output_tokens or 0, "prompt_len": r.prompt_tokens or 0, "start_time": r.start,
-             "error": r.error or ""} for r in records]
+    return [
+        {
+            "success": r.ok,
+            "ttft": r.ttft or 0.0,
+            "latency": r.latency or 0.0,
+            "itl": r.itl,
+            "output_tokens": r.output_tokens or 0,
+            "prompt_len": r.prompt_tokens or 0,
+            "start_time": r.start,
+            "error": r.error or "",
+        }
+        for r in records
+    ]
 
 
-def vllm_metrics(python: str, records: Sequence[RequestRecord], duration_s: float,
-                 slo: Mapping[str, float] | None = None, percentiles: Sequence[float] = (90, 99)) -> dict[str, float]:
+def vllm_metrics(
+    python: str,
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    slo: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = (90, 99),
+) -> dict[str, float]:
     """vLLM's ``calculate_metrics`` over ``records``, run by ``python`` (a Python that imports vllm)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "outputs.json"
-        path.write_text(json.dumps({"outputs": vllm_outputs(records), "duration": duration_s,
-                                    "percentiles": list(percentiles), "slo": dict(slo or {})}))
-        done = subprocess.run([python, "-c", _SCRIPT, str(path)], capture_output=True, text=True, timeout=600,
-                              cwd=folder)
+        path.write_text(
+            json.dumps(
+                {
+                    "outputs": vllm_outputs(records),
+                    "duration": duration_s,
+                    "percentiles": list(percentiles),
+                    "slo": dict(slo or {}),
+                }
+            )
+        )
+        done = subprocess.run(
+            [python, "-c", _SCRIPT, str(path)], capture_output=True, text=True, timeout=600, cwd=folder
+        )
     if done.returncode != 0:
         raise RuntimeError(f"vLLM's calculate_metrics failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -28,22 +28,24 @@ from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.workload.dataset import DatasetSample
 
-WORDS = ("the of and to in is it that for on with as was at by be this have from or one had not but what all "
-         "were when we there can an your which their said if do will each about how up out them then she many some "
-         "so these would other into has more her two like him see time could no make than first been its who now "
-         "people my made over did down only way find use may water long little very after words called just where "
-         "most know get through back much go good new write our me man too any day same right look think also "
-         "around another came come work three word must because does part even place well such here take why help "
-         "put different away again off went old number great tell men say small every found still between name "
-         "should home big give air line set own under read last never us left end along while might next sound "
-         "below saw something thought both few those always show large often together asked house world going want "
-         "school important until form food keep children feet land side without boy once animal life enough took "
-         "four head above kind began almost live page got earth need far hand high year mother light country father "
-         "let night picture being study second soon story since white ever paper hard near sentence better best "
-         "across during today however sure knew try told young sun thing whole hear example heard several change "
-         "answer room sea against top turned learn point city play toward five himself usually money seen didn car "
-         "morning given body family later turn move face door cut done group true leave color red friend pretty "
-         "eat").split()
+WORDS = (
+    "the of and to in is it that for on with as was at by be this have from or one had not but what all "
+    "were when we there can an your which their said if do will each about how up out them then she many some "
+    "so these would other into has more her two like him see time could no make than first been its who now "
+    "people my made over did down only way find use may water long little very after words called just where "
+    "most know get through back much go good new write our me man too any day same right look think also "
+    "around another came come work three word must because does part even place well such here take why help "
+    "put different away again off went old number great tell men say small every found still between name "
+    "should home big give air line set own under read last never us left end along while might next sound "
+    "below saw something thought both few those always show large often together asked house world going want "
+    "school important until form food keep children feet land side without boy once animal life enough took "
+    "four head above kind began almost live page got earth need far hand high year mother light country father "
+    "let night picture being study second soon story since white ever paper hard near sentence better best "
+    "across during today however sure knew try told young sun thing whole hear example heard several change "
+    "answer room sea against top turned learn point city play toward five himself usually money seen didn car "
+    "morning given body family later turn move face door cut done group true leave color red friend pretty "
+    "eat"
+).split()
 
 
 def from_engine_requests(requests: Sequence[Request]) -> list[Conversation]:
@@ -53,8 +55,12 @@ def from_engine_requests(requests: Sequence[Request]) -> list[Conversation]:
         if request.prompt_token_ids is None:
             raise KvbenchError("a request without prompt token ids cannot be sent to a server")
         ignore_eos = bool(getattr(request.sampling, "ignore_eos", False))
-        out.append(Conversation(request.request_id, (Turn(tuple(request.prompt_token_ids), request.max_tokens,
-                                                          len(request.prompt_token_ids), ignore_eos),)))
+        out.append(
+            Conversation(
+                request.request_id,
+                (Turn(tuple(request.prompt_token_ids), request.max_tokens, len(request.prompt_token_ids), ignore_eos),),
+            )
+        )
     return out
 
 
@@ -82,13 +88,27 @@ def _check_positive(**values: int) -> None:
             raise KvbenchError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
 
 
-def shared_prefix(groups: int, per_group: int, prefix_len: int, suffix_len: int, output_len: int,
-                  vocab_size: int, seed: int, ignore_eos: bool = True, first_id: int = 0) -> list[Conversation]:
+def shared_prefix(
+    groups: int,
+    per_group: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    vocab_size: int,
+    seed: int,
+    ignore_eos: bool = True,
+    first_id: int = 0,
+) -> list[Conversation]:
     """``groups`` x ``per_group`` token-id prompts: a group's ``prefix_len`` random ids, then ``suffix_len`` of
     the request's own, shuffled with ``seed`` so a group's requests are spread over the point. Ids are drawn
     from ``first_id`` up to ``vocab_size`` (keep special tokens out)."""
-    _check_positive(groups=groups, requests_per_group=per_group, prefix_length=prefix_len,
-                    suffix_length=suffix_len, output_length=output_len)
+    _check_positive(
+        groups=groups,
+        requests_per_group=per_group,
+        prefix_length=prefix_len,
+        suffix_length=suffix_len,
+        output_length=output_len,
+    )
     if vocab_size <= first_id:
         raise KvbenchError(f"vocabulary size {vocab_size} leaves no token id from {first_id}")
     rng = np.random.default_rng(seed)
@@ -113,9 +133,17 @@ def random_text(rng: np.random.Generator, tokens: int, tokenizer: Any | None = N
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def multi_turn(conversations: int, turns: int, user_len: int, output_len: int, seed: int,
-               tokenizer: Any | None = None, groups: int = 0, system_len: int = 0,
-               ignore_eos: bool = True) -> list[Conversation]:
+def multi_turn(
+    conversations: int,
+    turns: int,
+    user_len: int,
+    output_len: int,
+    seed: int,
+    tokenizer: Any | None = None,
+    groups: int = 0,
+    system_len: int = 0,
+    ignore_eos: bool = True,
+) -> list[Conversation]:
     """``conversations`` conversations of ``turns`` turns, each user turn about ``user_len`` tokens of seeded
     text and each answer ``output_len`` tokens; with ``groups`` > 0 and ``system_len`` > 0, conversation i
     opens with the system prompt of group i mod ``groups``."""
@@ -126,8 +154,9 @@ def multi_turn(conversations: int, turns: int, user_len: int, output_len: int, s
     systems = [random_text(rng, system_len, tokenizer) for _ in range(groups)]
     out = []
     for index in range(conversations):
-        user_turns = tuple(Turn(random_text(rng, user_len, tokenizer), output_len, ignore_eos=ignore_eos)
-                           for _ in range(turns))
+        user_turns = tuple(
+            Turn(random_text(rng, user_len, tokenizer), output_len, ignore_eos=ignore_eos) for _ in range(turns)
+        )
         group = index % groups if groups else None
         out.append(Conversation(index, user_turns, systems[group] if group is not None else None, group))
     return out
@@ -141,7 +170,8 @@ def as_text(conversations: Sequence[Conversation], tokenizer: Any) -> list[Conve
         if not conversation.token_ids:
             out.append(conversation)
             continue
-        turns = tuple(replace(turn, prompt=tokenizer.decode(list(turn.prompt)), prompt_len=None)
-                      for turn in conversation.turns)
+        turns = tuple(
+            replace(turn, prompt=tokenizer.decode(list(turn.prompt)), prompt_len=None) for turn in conversation.turns
+        )
         out.append(replace(conversation, turns=turns))
     return out

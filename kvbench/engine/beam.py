@@ -52,8 +52,9 @@ class BeamSearchResult:
 class BeamSearch:
     """Beam search for one prompt at a time on a runner's KV pool; every block is freed afterwards."""
 
-    def __init__(self, runner: ModelRunner, mode: str = "paged-shared", reserve: str = "oracle",
-                 max_len: int = 2048) -> None:
+    def __init__(
+        self, runner: ModelRunner, mode: str = "paged-shared", reserve: str = "oracle", max_len: int = 2048
+    ) -> None:
         if mode not in BEAM_MODES:
             raise KvbenchError(f"unknown beam mode {mode!r}; choose one of {', '.join(BEAM_MODES)}")
         self.runner = runner
@@ -65,12 +66,16 @@ class BeamSearch:
         self.max_len = max_len
         self._next_id = 0
 
-    def run(self, prompt: list[int], num_beams: int, max_new_tokens: int, length_penalty: float = 1.0) -> BeamSearchResult:
+    def run(
+        self, prompt: list[int], num_beams: int, max_new_tokens: int, length_penalty: float = 1.0
+    ) -> BeamSearchResult:
         if num_beams < 1 or max_new_tokens < 1:
             raise KvbenchError("beam width and max new tokens must be at least 1")
         if 2 * num_beams > self.runner.vocab_size:
             raise KvbenchError(f"beam width {num_beams} needs a vocabulary of at least {2 * num_beams} tokens")
-        manager = build_manager(self.manager_kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len)
+        manager = build_manager(
+            self.manager_kind, self.runner.num_blocks, self.runner.block_size, self.reserve, self.max_len
+        )
         final_len = len(prompt) + max_new_tokens - 1
         result = BeamSearchResult([], [], block_size=manager.block_size)
         try:

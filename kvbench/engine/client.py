@@ -95,8 +95,9 @@ class OpenLoopClient:
     held_full: bool | None = None
     full_until: float | None = None
 
-    def __init__(self, arrivals: Sequence[tuple[float, Request]], target: Target,
-                 max_concurrency: int | None = None) -> None:
+    def __init__(
+        self, arrivals: Sequence[tuple[float, Request]], target: Target, max_concurrency: int | None = None
+    ) -> None:
         times = [t for t, _ in arrivals]
         if any(not math.isfinite(t) or t < 0 for t in times) or times != sorted(times):
             raise ValueError("arrival times must be finite, non-negative and non-decreasing")

@@ -49,5 +49,6 @@ class EngineConfig:
 
     def build_manager(self) -> KVManager:
         """A fresh KV manager (and pool) of this configuration."""
-        return build_manager(self.engine, self.num_blocks, self.block_size, self.reserve, self.max_len,
-                             self.enable_prefix_caching)
+        return build_manager(
+            self.engine, self.num_blocks, self.block_size, self.reserve, self.max_len, self.enable_prefix_caching
+        )

@@ -93,11 +93,13 @@ class DecodeBatch:
         self._bias = None
         if self.runner.keeps_plan_for(kv_lens):
             lens = self._ints[:count]
-            self._bias = np.where(np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0),
-                                  np.float32(-np.inf))
+            self._bias = np.where(
+                np.arange(width * self.block_size)[None, :] < lens[:, None], np.float32(0.0), np.float32(-np.inf)
+            )
         # on the CPU one set of tensors views the arrays for as long as they live: advancing them in place is all
-        self._step = self.runner.persistent_decode_input(self._longs, self._ints, count, width,
-                                                         self._max_position + 1, self._bias)
+        self._step = self.runner.persistent_decode_input(
+            self._longs, self._ints, count, width, self._max_position + 1, self._bias
+        )
 
     def _advance(self, batch: list[Request], table_of) -> None:
         count = len(batch)
@@ -114,8 +116,9 @@ class DecodeBatch:
         if self._bias is not None:
             self._bias[self._row_index, self._longs[count : 2 * count]] = 0.0  # this step's token becomes visible
         if self.runner.device.type != "cpu":  # the device tensors are copies: send this step's values
-            self._step = self.runner.persistent_decode_input(self._longs, self._ints, count, width,
-                                                             self._max_position + 1)
+            self._step = self.runner.persistent_decode_input(
+                self._longs, self._ints, count, width, self._max_position + 1
+            )
 
     def _write_tokens_and_slots(self, batch: list[Request]) -> None:
         """Newest tokens, each position's slot through its block table, and the context lengths."""

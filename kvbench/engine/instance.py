@@ -53,10 +53,17 @@ def instance_stats(scheduler, now: float) -> InstanceStats:
     """Read a scheduler and its pool (O(1): the scheduler keeps the totals)."""
     pool = scheduler.manager.pool
     return InstanceStats(
-        time=now, total_blocks=pool.num_blocks, free_blocks=pool.num_free, running=len(scheduler.running),
-        waiting=len(scheduler.waiting), waiting_blocks=blocks_for(scheduler.waiting_tokens, pool.block_size),
-        preemptions=scheduler.num_preemptions, finished=scheduler.num_finished, rejected=scheduler.num_rejected,
-        prompt_tokens=scheduler.prefill_tokens, cached_tokens=scheduler.cached_tokens,
+        time=now,
+        total_blocks=pool.num_blocks,
+        free_blocks=pool.num_free,
+        running=len(scheduler.running),
+        waiting=len(scheduler.waiting),
+        waiting_blocks=blocks_for(scheduler.waiting_tokens, pool.block_size),
+        preemptions=scheduler.num_preemptions,
+        finished=scheduler.num_finished,
+        rejected=scheduler.num_rejected,
+        prompt_tokens=scheduler.prefill_tokens,
+        cached_tokens=scheduler.cached_tokens,
     )
 
 

@@ -44,8 +44,9 @@ class StepClock:
             self._started = None
 
 
-def run_interleaved(runs: Sequence[tuple[LLMEngine, Sequence[Request]]], concurrency: int,
-                    on_step: Callable | None = None) -> list[RunResult]:
+def run_interleaved(
+    runs: Sequence[tuple[LLMEngine, Sequence[Request]]], concurrency: int, on_step: Callable | None = None
+) -> list[RunResult]:
     """Serve each engine's request list closed-loop at ``concurrency``, one step of each engine in turn (the
     order alternating every round); one result per engine, in order. ``on_step`` as in ``LLMEngine.run``."""
     sessions: list[tuple[LLMEngine, EngineSession, ClosedLoopClient, StepClock, Sequence[Request]]] = []

@@ -33,15 +33,19 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(low_value + (position - low) * (high_value - low_value))
 
 
-def summarise(name: str, values_s: Sequence[float] | np.ndarray,
-              weights: Iterable[float] | None = None) -> dict[str, float | None]:
+def summarise(
+    name: str, values_s: Sequence[float] | np.ndarray, weights: Iterable[float] | None = None
+) -> dict[str, float | None]:
     """:data:`LATENCY_STATS` of ``values_s`` (seconds) as ``{stat}_{name}_ms``; None where there is no value.
 
     ``weights`` counts how many times each value occurred (the simulator's spans of equal gaps)."""
     values = np.asarray(values_s, dtype=float)
     keys = {stat: f"{stat}_{name}_ms" for stat in LATENCY_STATS}
-    w = np.ones_like(values) if weights is None else np.asarray(
-        list(weights) if not isinstance(weights, np.ndarray) else weights, dtype=float)
+    w = (
+        np.ones_like(values)
+        if weights is None
+        else np.asarray(list(weights) if not isinstance(weights, np.ndarray) else weights, dtype=float)
+    )
     values, w = values[w > 0], w[w > 0]  # a value that occurred no time is no sample
     if values.size == 0:
         return dict.fromkeys(keys.values())

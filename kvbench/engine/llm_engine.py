@@ -50,8 +50,14 @@ class EngineSession:
     request that ended has its ``stop_reason``), and ``abort`` withdraws a request and frees its blocks.
     """
 
-    def __init__(self, engine: LLMEngine, next_id: int = 0, clock: Callable[[], float] | None = None,
-                 on_done: Callable[[float], None] | None = None, keep_history: bool = True) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        next_id: int = 0,
+        clock: Callable[[], float] | None = None,
+        on_done: Callable[[float], None] | None = None,
+        keep_history: bool = True,
+    ) -> None:
         config = engine.config
         self.engine = engine
         self.scheduler = Scheduler(config.build_manager(), config)
@@ -167,8 +173,9 @@ class LLMEngine:
     # called with the seconds of each block allocation call (metrics); None: untimed
     alloc_observer: Callable[[float], None] | None = None
 
-    def __init__(self, model, config: EngineConfig, eos_token_id: int | None = None,
-                 stop_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, model, config: EngineConfig, eos_token_id: int | None = None, stop_token_ids: Sequence[int] = ()
+    ) -> None:
         self.config = config
         self.model = model
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, kernel_backend=config.kernel_backend)
@@ -189,7 +196,9 @@ class LLMEngine:
         return None if params.is_greedy else self.runner.new_generator(params.seed)
 
     # -- public API -------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]) -> list[list[int]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[list[int]]:
         """Output token ids for each prompt (all submitted at once)."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -226,8 +235,9 @@ class LLMEngine:
         result.cpu_time_s = cpu_s if self.device.type == "cpu" else None
         return result
 
-    def session(self, next_id: int = 0, clock: Callable[[], float] | None = None,
-                keep_history: bool = True) -> EngineSession:
+    def session(
+        self, next_id: int = 0, clock: Callable[[], float] | None = None, keep_history: bool = True
+    ) -> EngineSession:
         """A fresh session on this engine (its own scheduler and KV manager over the runner's pool)."""
         return EngineSession(self, next_id=next_id, clock=clock, keep_history=keep_history)
 
@@ -249,18 +259,21 @@ class LLMEngine:
         """The admitted requests' prompts (and outputs kept across a preemption) through the model."""
         table = run.scheduler.manager.block_table
         # a prefix-cache hit holds the KV of the first num_cached_tokens already: only the rest is computed
-        step = self.runner.build_step([(r.prefill_token_ids()[r.num_cached_tokens:], r.num_cached_tokens,
-                                        table(r.request_id)) for r in admitted])
+        step = self.runner.build_step(
+            [(r.prefill_token_ids()[r.num_cached_tokens :], r.num_cached_tokens, table(r.request_id)) for r in admitted]
+        )
         logits = self.runner.forward(step)
-        tokens = self.runner.sample(logits, [r.sampling for r in admitted],
-                                    [run.generators[r.request_id] for r in admitted])
+        tokens = self.runner.sample(
+            logits, [r.sampling for r in admitted], [run.generators[r.request_id] for r in admitted]
+        )
         emitted = list(zip(admitted, tokens, strict=True))
         for row, request in enumerate(admitted):
             if request.num_samples > 1 and not request.output_token_ids:
                 emitted += self._fork_samples(run, request, logits, row)
         for request, _ in emitted:  # when each newcomer (and each forked sample) fills its blocks
-            heapq.heappush(run.room_due, (run.scheduler.next_room_clock(request), request.admit_seq,
-                                          request.request_id))
+            heapq.heappush(
+                run.room_due, (run.scheduler.next_room_clock(request), request.admit_seq, request.request_id)
+            )
         return emitted
 
     def _decode_step(self, run: EngineSession) -> list[tuple[Request, int]]:
@@ -306,8 +319,9 @@ class LLMEngine:
                 run.decode_batch.table_changed(request.request_id)
                 self.runner.copy_blocks(copies)
             if request.status is RequestStatus.RUNNING:
-                heapq.heappush(run.room_due, (scheduler.next_room_clock(request), request.admit_seq,
-                                              request.request_id))
+                heapq.heappush(
+                    run.room_due, (scheduler.next_room_clock(request), request.admit_seq, request.request_id)
+                )
 
     def _fork_samples(self, run: EngineSession, parent: Request, logits, row: int) -> list[tuple[Request, int]]:
         """Parallel sampling: samples 1..n-1 share the parent's prompt blocks and draw their own first token."""
@@ -318,8 +332,15 @@ class LLMEngine:
             params = parent.sampling
             if params.seed is not None:
                 params = replace(params, seed=params.seed + index)
-            child = Request(run.next_id, parent.prompt_len, parent.max_tokens, prompt_token_ids=parent.prompt_token_ids,
-                            arrival_time=parent.arrival_time, parent_id=parent.request_id, sample_index=index)
+            child = Request(
+                run.next_id,
+                parent.prompt_len,
+                parent.max_tokens,
+                prompt_token_ids=parent.prompt_token_ids,
+                arrival_time=parent.arrival_time,
+                parent_id=parent.request_id,
+                sample_index=index,
+            )
             run.next_id += 1
             child.sampling = params
             run.generators[child.request_id] = self.generator_for(params)
@@ -327,8 +348,12 @@ class LLMEngine:
             run.children.append(child)
             children.append(child)
         run.forked = run.forked or bool(children)
-        tokens = self.runner.sample(logits, [c.sampling for c in children],
-                                    [run.generators[c.request_id] for c in children], rows=[row] * len(children))
+        tokens = self.runner.sample(
+            logits,
+            [c.sampling for c in children],
+            [run.generators[c.request_id] for c in children],
+            rows=[row] * len(children),
+        )
         return list(zip(children, tokens, strict=True))
 
     # -- emitting and accounting ------------------------------------------------------------------------

@@ -49,7 +49,9 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # tokens of its last admission whose KV a prefix cache held (not recomputed)
     reject_reason: str | None = None
-    reject_kind: str | None = None  # "too_long" (over max-len), "pool" (larger than the whole pool), "oom" (no room now)
+    reject_kind: str | None = (
+        None  # "too_long" (over max-len), "pool" (larger than the whole pool), "oom" (no room now)
+    )
     final_kv_len: int | None = None  # set when it finishes (hindsight)
     output_token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
@@ -105,7 +107,12 @@ class Request:
 
 def make_request(request_id: int, prompt_token_ids: list[int], params: Any, num_samples: int = 1) -> Request:
     """A request for the tensor engine; ``num_samples`` > 1 asks the paged engine for parallel samples."""
-    request = Request(request_id, len(prompt_token_ids), params.max_tokens, prompt_token_ids=list(prompt_token_ids),
-                      num_samples=num_samples)
+    request = Request(
+        request_id,
+        len(prompt_token_ids),
+        params.max_tokens,
+        prompt_token_ids=list(prompt_token_ids),
+        num_samples=num_samples,
+    )
     request.sampling = params
     return request

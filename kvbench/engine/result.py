@@ -114,8 +114,11 @@ class RunResult:
     def totals(self) -> dict[str, float | int]:
         """The run's length and the tokens its completed requests read and wrote, in ``vllm bench serve``'s names."""
         done = self.completed
-        return {"duration": self.elapsed_s, "total_input_tokens": sum(r.prompt_len for r in done),
-                "total_output_tokens": sum(r.num_outputs for r in done)}
+        return {
+            "duration": self.elapsed_s,
+            "total_input_tokens": sum(r.prompt_len for r in done),
+            "total_output_tokens": sum(r.num_outputs for r in done),
+        }
 
     def latencies(self) -> dict:
         return latency_fields(self.completed, self.itl_values_s, self.itl_weights)

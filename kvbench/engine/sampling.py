@@ -73,7 +73,10 @@ class SamplingParams:
         return self.eos_token_id if self.eos_token_id is not None else model_eos_token_id
 
     def stop_reason(
-        self, token_id: int, num_output_tokens: int, model_eos_token_id: int | None = None,
+        self,
+        token_id: int,
+        num_output_tokens: int,
+        model_eos_token_id: int | None = None,
         model_stop_ids: frozenset[int] | tuple[int, ...] = (),
     ) -> StopReason | None:
         """Why the request stops after emitting ``token_id`` as its ``num_output_tokens``-th token, if it does.

@@ -53,8 +53,9 @@ class Scheduler:
         """Queue a request, or reject it at once with a reason when it can never run. Returns accepted."""
         total = request.prompt_len + request.max_tokens
         if total > self.config.max_len:
-            return self._reject(request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}",
-                                "too_long")
+            return self._reject(
+                request, f"prompt + output = {total} tokens exceeds max-len {self.config.max_len}", "too_long"
+            )
         if not self.manager.fits_empty_pool(request.expected_kv_len):
             return self._reject(request, "needs more KV memory than the whole pool holds", "pool")
         request.status = RequestStatus.WAITING
@@ -101,8 +102,9 @@ class Scheduler:
             self.waiting.popleft()
             start = time.perf_counter() if self.alloc_observer is not None else 0.0
             try:
-                cached = self.manager.allocate(request.request_id, prefill, request.expected_kv_len,
-                                               request.prompt_token_ids)
+                cached = self.manager.allocate(
+                    request.request_id, prefill, request.expected_kv_len, request.prompt_token_ids
+                )
             except OutOfBlocks:  # the estimate said yes but the pool disagrees: wait
                 self.waiting.appendleft(request)
                 break

@@ -39,8 +39,15 @@ class SimulatedInstance:
     engine finishes its current step before it sees a new request.
     """
 
-    def __init__(self, manager: KVManager, timing, config: EngineConfig | None = None, keep_timeline: bool = True,
-                 on_done: Callable[[float], None] | None = None, start_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        manager: KVManager,
+        timing,
+        config: EngineConfig | None = None,
+        keep_timeline: bool = True,
+        on_done: Callable[[float], None] | None = None,
+        start_time: float = 0.0,
+    ) -> None:
         """``on_done(now)`` is called when a request ends after admission (finished, or rejected as OOM):
         a closed-loop client sends its next one."""
         self.scheduler = Scheduler(manager, config)

@@ -51,9 +51,17 @@ class StepLog:
                 used = sum(kv for _, _, kv in record.live)
                 capped = sum(min(held, final.get(rid, held)) for rid, held, _ in record.live)
                 internal = sum(max(held - final.get(rid, held), 0) for rid, held, _ in record.live)
-            accountant.add_span(1, used0=used, grow=0, capped_held=capped, internal=internal,
-                                external=record.external, held=record.held, running=len(record.live),
-                                base_s=record.seconds)
+            accountant.add_span(
+                1,
+                used0=used,
+                grow=0,
+                capped_held=capped,
+                internal=internal,
+                external=record.external,
+                held=record.held,
+                running=len(record.live),
+                base_s=record.seconds,
+            )
         return accountant
 
 

@@ -18,6 +18,14 @@ from kvbench.kernels.dispatch import (
 )
 
 __all__ = [
-    "copy_blocks", "decode_padding_is_small", "decode_plan_fits", "kept_decode_plan", "paged_decode_attention", "paged_prefill_attention", "plan_decode", "plan_prefill",
-    "resolve_backend", "write_kv",
+    "copy_blocks",
+    "decode_padding_is_small",
+    "decode_plan_fits",
+    "kept_decode_plan",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "plan_decode",
+    "plan_prefill",
+    "resolve_backend",
+    "write_kv",
 ]

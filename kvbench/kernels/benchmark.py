@@ -191,7 +191,9 @@ def run_decode_point(
     element_size = torch.empty((), dtype=dtype).element_size()
     need, have = shape.bytes_needed(element_size), available_bytes(device)
     if need > 0.8 * have:
-        return DecodePoint(shape.batch, shape.context, f"skipped: needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} free")
+        return DecodePoint(
+            shape.batch, shape.context, f"skipped: needs ~{need / 2**30:.1f} GiB, {have / 2**30:.1f} free"
+        )
     inputs = build_inputs(shape, dtype, device, seed)
     scale = shape.head_dim**-0.5
     out = torch.empty_like(inputs.query)

@@ -78,8 +78,13 @@ def exactly_bf16(weight: torch.Tensor) -> bool:
 
 def takes(weight: torch.Tensor) -> bool:
     """Whether :func:`pack` should take this weight: AMX available, float32 on the CPU, exactly bfloat16, large."""
-    return (weight.device.type == "cpu" and weight.dim() == 2 and weight.numel() >= MIN_WEIGHT_ELEMENTS
-            and available() and exactly_bf16(weight))
+    return (
+        weight.device.type == "cpu"
+        and weight.dim() == 2
+        and weight.numel() >= MIN_WEIGHT_ELEMENTS
+        and available()
+        and exactly_bf16(weight)
+    )
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -152,9 +157,18 @@ def _multiply(x: torch.Tensor, weight: AmxWeight, out: torch.Tensor) -> None:
 
     def run(first: int, last: int) -> None:
         lib.kvbench_amx_linear_f32(
-            terms.data_ptr(), m_pad, weight.k_pad, weight.packed.data_ptr() + first * strip_bytes,
-            (last - first) * TILE, out.data_ptr() + first * TILE * 4, m, min(n, last * TILE) - first * TILE, n,
-            m_chunk, k_chunk)
+            terms.data_ptr(),
+            m_pad,
+            weight.k_pad,
+            weight.packed.data_ptr() + first * strip_bytes,
+            (last - first) * TILE,
+            out.data_ptr() + first * TILE * 4,
+            m,
+            min(n, last * TILE) - first * TILE,
+            n,
+            m_chunk,
+            k_chunk,
+        )
 
     helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []
     run(bounds[0], bounds[1])
@@ -175,7 +189,7 @@ def linear(x: torch.Tensor, weight: AmxWeight, bias: torch.Tensor | None = None)
     out = torch.empty((m, n), dtype=torch.float32)
     for first in range(0, m, MAX_ROWS_PER_PASS):  # bounded scratch memory, whatever the step's size
         rows = min(MAX_ROWS_PER_PASS, m - first)
-        _multiply(x[first:first + rows], weight, out[first:first + rows])
+        _multiply(x[first : first + rows], weight, out[first : first + rows])
     if bias is not None:
         out += bias
     return out

@@ -55,8 +55,13 @@ def available() -> bool:
 
 def takes(weight: torch.Tensor) -> bool:
     """Whether :func:`pack` should take this weight: available, a large float32 CPU matrix of bfloat16 values."""
-    return (weight.device.type == "cpu" and weight.dim() == 2 and weight.numel() >= MIN_WEIGHT_ELEMENTS
-            and available() and cpu_amx.exactly_bf16(weight))
+    return (
+        weight.device.type == "cpu"
+        and weight.dim() == 2
+        and weight.numel() >= MIN_WEIGHT_ELEMENTS
+        and available()
+        and cpu_amx.exactly_bf16(weight)
+    )
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,9 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight.plain, bias)`` for a float32 ``x [rows, in]``, reading the bfloat16 copy."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"the bfloat16-weight linear takes float32 [rows, {weight.shape[1]}], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"the bfloat16-weight linear takes float32 [rows, {weight.shape[1]}], got {x.dtype} {tuple(x.shape)}"
+        )
     lib = cpu_native._library()
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -110,8 +116,9 @@ def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None
     parts = max(1, min(torch.get_num_threads(), strips)) if m else 1
 
     def run(first: int, last: int) -> None:
-        lib.kvbench_linear_bf16w_f32(x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n,
-                                     out.data_ptr(), n)
+        lib.kvbench_linear_bf16w_f32(
+            x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n, out.data_ptr(), n
+        )
 
     bounds = [strips * i // parts for i in range(parts + 1)]
     helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []

@@ -44,8 +44,10 @@ FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC
 # the instruction-set variants: compiler flags, and the CPU flags (/proc/cpuinfo) a variant needs to run
 ISA_VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "native": (("-march=native",), ()),
-    "avx512bf16": (("-march=x86-64-v4", "-mavx512bf16", "-mtune=native"),
-                   ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")),
+    "avx512bf16": (
+        ("-march=x86-64-v4", "-mavx512bf16", "-mtune=native"),
+        ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
+    ),
     "avx512": (("-march=x86-64-v4", "-mtune=native"), ("avx512f", "avx512bw", "avx512dq", "avx512vl")),
     "avx2": (("-march=x86-64-v3", "-mtune=native"), ("avx2", "fma", "bmi2")),
 }
@@ -115,8 +117,17 @@ def _isa_flags() -> tuple[str, tuple[str, ...]]:
 
 def _key(compiler: str, flags: tuple[str, ...]) -> str:
     sources = [path.read_bytes() for path in SOURCES]
-    return hashlib.sha256(b"\0".join([*sources, compiler.encode(), " ".join(flags).encode(),
-                                      platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:16]
+    return hashlib.sha256(
+        b"\0".join(
+            [
+                *sources,
+                compiler.encode(),
+                " ".join(flags).encode(),
+                platform.machine().encode(),
+                _cpu_signature().encode(),
+            ]
+        )
+    ).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
@@ -128,8 +139,9 @@ def _build(compiler: str, flags: tuple[str, ...], library: Path, digest: Path) -
     """Compile into a scratch folder beside the cache, record the digest, then rename the library into place."""
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
         partial = Path(scratch) / library.name
-        done = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [compiler, *flags, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise RuntimeError(f"{Path(compiler).name} failed: {tail[0]}")
@@ -139,14 +151,22 @@ def _build(compiler: str, flags: tuple[str, ...], library: Path, digest: Path) -
 
 SIGNATURES = {
     "kvbench_isa": (ctypes.c_int, []),
-    "kvbench_paged_decode_f32": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i",
-                                                "f"]),
-    "kvbench_paged_decode_bf16": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i",
-                                                 "f"]),
-    "kvbench_paged_prefill_f32": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i", "i",
-                                                 "i", "f"]),
-    "kvbench_paged_prefill_bf16": (ctypes.c_int, ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i",
-                                                  "i", "i", "f"]),
+    "kvbench_paged_decode_f32": (
+        ctypes.c_int,
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f"],
+    ),
+    "kvbench_paged_decode_bf16": (
+        ctypes.c_int,
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f"],
+    ),
+    "kvbench_paged_prefill_f32": (
+        ctypes.c_int,
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i", "i", "i", "f"],
+    ),
+    "kvbench_paged_prefill_bf16": (
+        ctypes.c_int,
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "p", "i", "i", "i", "i", "i", "f"],
+    ),
     "kvbench_rms_norm_f32": (None, ["p", "p", "p", "p", "i", "i", "f"]),
     "kvbench_rms_norm_bf16": (None, ["p", "p", "p", "p", "i", "i", "f"]),
     "kvbench_silu_and_mul_f32": (None, ["p", "p", "i", "i"]),
@@ -280,8 +300,12 @@ def build_description() -> str:
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the C decode kernel takes these tensors: float32 or bfloat16 on the CPU (one dtype), a contiguous
     pool."""
-    return (query.device.type == "cpu" and query.dtype in KERNEL_DTYPES and k_cache.dtype == query.dtype
-            and k_cache.is_contiguous())
+    return (
+        query.device.type == "cpu"
+        and query.dtype in KERNEL_DTYPES
+        and k_cache.dtype == query.dtype
+        and k_cache.is_contiguous()
+    )
 
 
 def paged_decode_attention(
@@ -301,26 +325,53 @@ def paged_decode_attention(
     """
     lib = _library()
     if not supports(query, k_cache) or v_cache.dtype != query.dtype or not v_cache.is_contiguous():
-        raise ValueError(f"the C decode kernel takes float32 or bfloat16 q, K and V of one dtype, got {query.dtype}, "
-                         f"{k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(
+            f"the C decode kernel takes float32 or bfloat16 q, K and V of one dtype, got {query.dtype}, "
+            f"{k_cache.dtype}, {v_cache.dtype}"
+        )
     if query.stride(-1) != 1:
         query = query.contiguous()
-    tables = block_tables if block_tables.dtype == torch.int32 and block_tables.stride(-1) == 1 else (
-        block_tables.to(torch.int32).contiguous())
-    lens = context_lens if context_lens.dtype == torch.int32 and context_lens.is_contiguous() else (
-        context_lens.to(torch.int32).contiguous())
+    tables = (
+        block_tables
+        if block_tables.dtype == torch.int32 and block_tables.stride(-1) == 1
+        else (block_tables.to(torch.int32).contiguous())
+    )
+    lens = (
+        context_lens
+        if context_lens.dtype == torch.int32 and context_lens.is_contiguous()
+        else (context_lens.to(torch.int32).contiguous())
+    )
     batch, num_heads, head_dim = query.shape
     longest = int(lens.max()) if max_context_len is None and batch else (max_context_len or 0)
     if lens.shape[0] != batch or tables.shape[0] < batch or tables.shape[1] * k_cache.shape[1] < longest:
-        raise ValueError(f"{batch} queries need {batch} context lengths and block tables covering {longest} "
-                         f"tokens; got {lens.shape[0]} lengths and tables {tuple(tables.shape)}")
-    result = out if out is not None and out.is_contiguous() and out.dtype == query.dtype else torch.empty(
-        (batch, num_heads, head_dim), dtype=query.dtype)
+        raise ValueError(
+            f"{batch} queries need {batch} context lengths and block tables covering {longest} "
+            f"tokens; got {lens.shape[0]} lengths and tables {tuple(tables.shape)}"
+        )
+    result = (
+        out
+        if out is not None and out.is_contiguous() and out.dtype == query.dtype
+        else torch.empty((batch, num_heads, head_dim), dtype=query.dtype)
+    )
     kernel = lib.kvbench_paged_decode_f32 if query.dtype == torch.float32 else lib.kvbench_paged_decode_bf16
     if batch:
-        status = kernel(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                        tables.data_ptr(), tables.stride(0), lens.data_ptr(), result.data_ptr(),
-                        batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale)
+        status = kernel(
+            query.data_ptr(),
+            query.stride(0),
+            query.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
+            lens.data_ptr(),
+            result.data_ptr(),
+            batch,
+            num_heads,
+            k_cache.shape[2],
+            head_dim,
+            k_cache.shape[1],
+            scale,
+        )
         if status != 0:
             raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
     if out is not None and result is not out:
@@ -336,8 +387,13 @@ def takes_prefill(k_cache: torch.Tensor) -> bool:
     """Whether the C prefill kernel takes a pool like this: float32 or bfloat16 on the CPU, contiguous, a head_dim
     that is a multiple of 16 up to 256."""
     head_dim = k_cache.shape[-1]
-    return (k_cache.device.type == "cpu" and k_cache.dtype in KERNEL_DTYPES and k_cache.is_contiguous()
-            and head_dim % 16 == 0 and head_dim <= MAX_PREFILL_HEAD_DIM)
+    return (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in KERNEL_DTYPES
+        and k_cache.is_contiguous()
+        and head_dim % 16 == 0
+        and head_dim <= MAX_PREFILL_HEAD_DIM
+    )
 
 
 def paged_prefill_attention(
@@ -354,8 +410,10 @@ def paged_prefill_attention(
     cached context and themselves, whose K/V are already written), computed over the pool in place."""
     lib = _library()
     if not (takes_prefill(k_cache) and query.dtype == k_cache.dtype == v_cache.dtype and v_cache.is_contiguous()):
-        raise ValueError(f"the C prefill kernel takes float32 or bfloat16 q, K and V of one dtype and a head_dim that "
-                         f"is a multiple of 16 up to {MAX_PREFILL_HEAD_DIM}, got {query.dtype} {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"the C prefill kernel takes float32 or bfloat16 q, K and V of one dtype and a head_dim that "
+            f"is a multiple of 16 up to {MAX_PREFILL_HEAD_DIM}, got {query.dtype} {tuple(k_cache.shape)}"
+        )
     if query.stride(-1) != 1:
         query = query.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
@@ -364,18 +422,42 @@ def paged_prefill_attention(
     tokens, num_heads, head_dim = query.shape
     batch = lens.shape[0]
     longest = int(lens.max()) if batch else 0
-    if (starts.shape[0] != batch + 1 or tables.shape[0] < batch or tables.shape[1] * k_cache.shape[1] < longest
-            or (batch and int(starts[-1]) != tokens)):
-        raise ValueError(f"{tokens} new tokens of {batch} requests need {batch + 1} query starts ending at {tokens} and "
-                         f"tables covering {longest} tokens; got {tuple(starts.shape)} starts, tables "
-                         f"{tuple(tables.shape)}")
-    result = out if out is not None and out.is_contiguous() and out.dtype == query.dtype else torch.empty(
-        (tokens, num_heads, head_dim), dtype=query.dtype)
+    if (
+        starts.shape[0] != batch + 1
+        or tables.shape[0] < batch
+        or tables.shape[1] * k_cache.shape[1] < longest
+        or (batch and int(starts[-1]) != tokens)
+    ):
+        raise ValueError(
+            f"{tokens} new tokens of {batch} requests need {batch + 1} query starts ending at {tokens} and "
+            f"tables covering {longest} tokens; got {tuple(starts.shape)} starts, tables "
+            f"{tuple(tables.shape)}"
+        )
+    result = (
+        out
+        if out is not None and out.is_contiguous() and out.dtype == query.dtype
+        else torch.empty((tokens, num_heads, head_dim), dtype=query.dtype)
+    )
     kernel = lib.kvbench_paged_prefill_f32 if query.dtype == torch.float32 else lib.kvbench_paged_prefill_bf16
     if batch and tokens:
-        status = kernel(query.data_ptr(), query.stride(0), query.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                        tables.data_ptr(), tables.stride(0), starts.data_ptr(), lens.data_ptr(), result.data_ptr(),
-                        batch, num_heads, k_cache.shape[2], head_dim, k_cache.shape[1], scale)
+        status = kernel(
+            query.data_ptr(),
+            query.stride(0),
+            query.stride(1),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
+            starts.data_ptr(),
+            lens.data_ptr(),
+            result.data_ptr(),
+            batch,
+            num_heads,
+            k_cache.shape[2],
+            head_dim,
+            k_cache.shape[1],
+            scale,
+        )
         if status != 0:
             raise MemoryError("the CPU prefill kernel could not allocate its scratch memory")
     if out is not None and result is not out:
@@ -386,25 +468,44 @@ def paged_prefill_attention(
 
 def takes_write(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
     """Whether :func:`write_kv` takes these tensors: one dtype on the CPU, each token's heads contiguous."""
-    return (key.dtype == value.dtype == k_cache.dtype and key.device.type == "cpu"
-            and k_cache.is_contiguous() and slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
-            and key.stride(-1) == 1 and key.stride(-2) == key.shape[-1]
-            and value.stride(-1) == 1 and value.stride(-2) == value.shape[-1])
+    return (
+        key.dtype == value.dtype == k_cache.dtype
+        and key.device.type == "cpu"
+        and k_cache.is_contiguous()
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+        and key.stride(-1) == 1
+        and key.stride(-2) == key.shape[-1]
+        and value.stride(-1) == 1
+        and value.stride(-2) == value.shape[-1]
+    )
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """``reference.write_kv``: ``key``/``value [T, Hkv, D]`` into the pools at ``slot_mapping[T]`` (-1 skipped).
 
     Slots must lie inside the pool (the runner's do); their count is checked here."""
     tokens = key.shape[0]
     row = k_cache.shape[2] * k_cache.shape[3]
     if slot_mapping.shape[0] != tokens or value.shape != key.shape or key.shape[1] * key.shape[2] != row:
-        raise ValueError(f"write_kv: {tuple(key.shape)} keys, {tuple(value.shape)} values and "
-                         f"{tuple(slot_mapping.shape)} slots do not fit a pool of rows of {row}")
+        raise ValueError(
+            f"write_kv: {tuple(key.shape)} keys, {tuple(value.shape)} values and "
+            f"{tuple(slot_mapping.shape)} slots do not fit a pool of rows of {row}"
+        )
     size = key.element_size()
-    _library().kvbench_write_kv(key.data_ptr(), value.data_ptr(), key.stride(0) * size, value.stride(0) * size,
-                                k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(), tokens, row * size)
+    _library().kvbench_write_kv(
+        key.data_ptr(),
+        value.data_ptr(),
+        key.stride(0) * size,
+        value.stride(0) * size,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slot_mapping.data_ptr(),
+        tokens,
+        row * size,
+    )
 
 
 # -- the runner's element-wise ops ---------------------------------------------------------------------------------
@@ -415,8 +516,13 @@ def use_for_model_ops(device: torch.device, dtype: torch.dtype, head_dim: int) -
     """Whether the runner should use the C norm, SiLU-and-multiply and rotary ops: float32 or bfloat16 on a CPU,
     torch on one thread (the C ops run on one core; with more threads torch's own ops use them all), and the kernels
     built."""
-    return (device.type == "cpu" and dtype in KERNEL_DTYPES and head_dim <= MAX_ROTARY_HEAD_DIM
-            and torch.get_num_threads() == 1 and available())
+    return (
+        device.type == "cpu"
+        and dtype in KERNEL_DTYPES
+        and head_dim <= MAX_ROTARY_HEAD_DIM
+        and torch.get_num_threads() == 1
+        and available()
+    )
 
 
 def _library() -> ctypes.CDLL:
@@ -431,15 +537,18 @@ def _library() -> ctypes.CDLL:
 
 def _rows(x: torch.Tensor) -> tuple[int, int]:
     if x.dtype not in KERNEL_DTYPES or x.device.type != "cpu" or not x.is_contiguous():
-        raise ValueError(f"the CPU kernels take contiguous float32 or bfloat16 CPU tensors, got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"the CPU kernels take contiguous float32 or bfloat16 CPU tensors, got {x.dtype} {tuple(x.shape)}"
+        )
     return x.numel() // x.shape[-1], x.shape[-1]
 
 
 def _same_dtype(x: torch.Tensor, *others: torch.Tensor) -> None:
     if any(other.dtype != x.dtype for other in others):
-        raise ValueError(f"the CPU kernels take tensors of one dtype, got {x.dtype} and "
-                         f"{', '.join(str(other.dtype) for other in others)}")
+        raise ValueError(
+            f"the CPU kernels take tensors of one dtype, got {x.dtype} and "
+            f"{', '.join(str(other.dtype) for other in others)}"
+        )
 
 
 def _kernel(name: str, x: torch.Tensor):
@@ -468,8 +577,9 @@ def add_rms_norm_(hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tenso
         raise ValueError(f"delta {tuple(delta.shape)} must match hidden {tuple(hidden.shape)}, contiguous")
     _same_dtype(hidden, delta, weight)
     out = torch.empty_like(hidden)
-    _kernel("rms_norm", hidden)(hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
-                                rows, width, eps)
+    _kernel("rms_norm", hidden)(
+        hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(), rows, width, eps
+    )
     return out
 
 
@@ -485,9 +595,14 @@ def rotary_(qkv: torch.Tensor, heads: int, cos: torch.Tensor, signed_sin: torch.
     """Rotate the first ``heads`` heads of ``qkv [T, H, D]`` in place (``apply_rotary``'s formula and tables)."""
     tokens, _, head_dim = qkv.shape
     _rows(qkv)
-    if head_dim > MAX_ROTARY_HEAD_DIM or head_dim % 2 or cos.shape != (tokens, head_dim) or (
-            signed_sin.shape != cos.shape):
+    if (
+        head_dim > MAX_ROTARY_HEAD_DIM
+        or head_dim % 2
+        or cos.shape != (tokens, head_dim)
+        or (signed_sin.shape != cos.shape)
+    ):
         raise ValueError(f"rotary tables {tuple(cos.shape)} do not fit q/k/v {tuple(qkv.shape)}")
     cos, signed_sin = cos.to(qkv.dtype).contiguous(), signed_sin.to(qkv.dtype).contiguous()
-    _kernel("rotary", qkv)(qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), tokens, heads,
-                           head_dim)
+    _kernel("rotary", qkv)(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), signed_sin.data_ptr(), tokens, heads, head_dim
+    )

@@ -53,8 +53,11 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str | None = N
 
 def _native_decode(query, k_cache, backend: str | None) -> bool:
     """Whether the C decode kernel runs this call (the native backend, on tensors it takes)."""
-    return (resolve_backend(query.device, backend) == "native" and cpu_native.supports(query, k_cache)
-            and cpu_native.available())
+    return (
+        resolve_backend(query.device, backend) == "native"
+        and cpu_native.supports(query, k_cache)
+        and cpu_native.available()
+    )
 
 
 def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None, *, valid_tables: bool = False):
@@ -64,8 +67,9 @@ def plan_decode(block_tables, context_lens, k_cache, backend: str | None = None,
     """
     if resolve_backend(k_cache.device, backend) == "triton" or _native_decode(k_cache, k_cache, backend):
         return None
-    return reference.plan_decode(block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3],
-                                 valid_tables)
+    return reference.plan_decode(
+        block_tables, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3], valid_tables
+    )
 
 
 def kept_decode_plan(table_rows, bias, count: int):
@@ -87,16 +91,21 @@ def decode_plan_fits(plan, max_context_len: int, kv_row: int) -> bool:
 
 def _native_prefill(query, k_cache, backend: str | None) -> bool:
     """Whether the C prefill kernel runs this call (the native backend, on tensors it takes)."""
-    return (resolve_backend(k_cache.device, backend) == "native" and cpu_native.takes_prefill(k_cache)
-            and query.dtype == k_cache.dtype and cpu_native.available())
+    return (
+        resolve_backend(k_cache.device, backend) == "native"
+        and cpu_native.takes_prefill(k_cache)
+        and query.dtype == k_cache.dtype
+        and cpu_native.available()
+    )
 
 
 def plan_prefill(block_tables, query_start_loc, context_lens, k_cache, num_heads: int, backend: str | None = None):
     """What every layer's prefill attention of one step shares (None when the backend plans nothing)."""
     if resolve_backend(k_cache.device, backend) == "triton" or _native_prefill(k_cache, k_cache, backend):
         return None
-    return reference.plan_prefill(block_tables, query_start_loc, context_lens, k_cache.shape[1],
-                                  k_cache.shape[2] * k_cache.shape[3], num_heads)
+    return reference.plan_prefill(
+        block_tables, query_start_loc, context_lens, k_cache.shape[1], k_cache.shape[2] * k_cache.shape[3], num_heads
+    )
 
 
 def paged_decode_attention(
@@ -119,8 +128,9 @@ def paged_decode_attention(
             num_splits=num_splits, max_context_len=max_context_len,
         )  # fmt: skip
     if _native_decode(query, k_cache, backend):
-        return cpu_native.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out,
-                                                 max_context_len)
+        return cpu_native.paged_decode_attention(
+            query, k_cache, v_cache, block_tables, context_lens, scale, out, max_context_len
+        )
     return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out, plan)
 
 
@@ -144,8 +154,9 @@ def paged_prefill_attention(
             max_query_len=max_query_len,
         )  # fmt: skip
     if _native_prefill(query, k_cache, backend):
-        return cpu_native.paged_prefill_attention(query, k_cache, v_cache, block_tables, query_start_loc, context_lens,
-                                                  scale, out)
+        return cpu_native.paged_prefill_attention(
+            query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out
+        )
     return reference.paged_prefill_attention(
         query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, out, plan
     )

@@ -65,9 +65,7 @@ def gather_context(cache: torch.Tensor, block_table_row: torch.Tensor, context_l
     return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:context_len]
 
 
-def _block_index(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, max_len: int
-) -> torch.Tensor:
+def _block_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, max_len: int) -> torch.Tensor:
     """Flat block ids ``[B * W]`` of each request's first ``W = ceil(max_len / block_size)`` table entries.
 
     Entries past a request's last needed block may hold garbage: block 0 is read there instead, and the
@@ -163,7 +161,8 @@ def _decode_buckets(lens: list[int], block_size: int, kv_row: int) -> list[list[
             width = max(-(-lens[b] // block_size) * block_size, block_size)
         padded, grown_real = (len(current) + 1) * width, real + lens[b]
         fits = (len(current) + 1) * width * kv_row * 4 <= _CHUNK_BYTES and (
-            padded <= _DECODE_MAX_WASTE * grown_real + _DECODE_WASTE_SLACK)
+            padded <= _DECODE_MAX_WASTE * grown_real + _DECODE_WASTE_SLACK
+        )
         if current and not fits:
             buckets.append(current)
             current, width, grown_real = [], max(-(-lens[b] // block_size) * block_size, block_size), lens[b]
@@ -206,8 +205,11 @@ def plan_decode(
         visible = positions[None, :] < (chunk_lens.clamp(min=1) if empty else chunk_lens)[:, None]
         bias = torch.where(visible, 0.0, -torch.inf)  # float32: an additive mask is cheaper in SDPA than a boolean
         start = bucket[0] if contiguous else 0
-        chunks.append(DecodeChunk(start, start + len(bucket), index, bias[:, None, None, :],
-                                  chunk_lens == 0 if empty else None, rows))
+        chunks.append(
+            DecodeChunk(
+                start, start + len(bucket), index, bias[:, None, None, :], chunk_lens == 0 if empty else None, rows
+            )
+        )
     return DecodePlan(batch, tuple(chunks))
 
 
@@ -292,8 +294,9 @@ def plan_prefill(
         width = index.shape[0] // (last - first) * block_size
         q_pos = (lens_t - q_lens_t)[:, None] + row[None, :]  # padding rows see every key: no NaN
         visible = torch.arange(width, device=device)[None, None, :] <= q_pos[:, :, None]  # [n, Qmax, L]
-        chunks.append(PrefillChunk(last - first, max_q, q_index.view(-1), q_valid, q_index[q_valid], index,
-                                   visible[:, None]))
+        chunks.append(
+            PrefillChunk(last - first, max_q, q_index.view(-1), q_valid, q_index[q_valid], index, visible[:, None])
+        )
     return PrefillPlan(starts[-1] if starts else 0, tuple(chunks))
 
 
@@ -320,8 +323,14 @@ def paged_prefill_attention(
     ``plan`` is :func:`plan_prefill` of the same step (built here when not given).
     """
     if plan is None:
-        plan = plan_prefill(block_tables, query_start_loc, context_lens, k_cache.shape[1],
-                            k_cache.shape[2] * k_cache.shape[3], query.shape[1])
+        plan = plan_prefill(
+            block_tables,
+            query_start_loc,
+            context_lens,
+            k_cache.shape[1],
+            k_cache.shape[2] * k_cache.shape[3],
+            query.shape[1],
+        )
     if plan.num_tokens != query.shape[0]:
         raise ValueError(f"the plan covers {plan.num_tokens} tokens, the query {query.shape[0]}")
     result = out if out is not None else torch.empty_like(query)

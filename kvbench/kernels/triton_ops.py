@@ -201,7 +201,9 @@ def _combine_splits_kernel(
     parts = tl.load(parts_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     total = tl.sum(weights, 0)
     out = tl.sum(parts * weights[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + d * stride_od, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(
+        out_ptr + seq * stride_ob + head * stride_oh + d * stride_od, out.to(out_ptr.dtype.element_ty), mask=d_mask
+    )
 
 
 @functools.cache
@@ -387,6 +389,7 @@ def _check_heads(num_heads: int, num_kv_heads: int, head_dim: int, k_cache: torc
 
 
 # -------------------------------------------------------------------------------------------- copy_blocks
+
 
 @triton.jit
 def _copy_blocks_kernel(

@@ -82,8 +82,18 @@ class WasteAccountant:
             total += self._span(split, used0, grow, floor_s, 0.0, capped_held, internal, external, held, running)
         if split < k:
             u = used0 + grow * split
-            total += self._span(k - split, u, grow, base_s + per_used_s * u, per_used_s * grow,
-                                capped_held, internal, external, held, running)
+            total += self._span(
+                k - split,
+                u,
+                grow,
+                base_s + per_used_s * u,
+                per_used_s * grow,
+                capped_held,
+                internal,
+                external,
+                held,
+                running,
+            )
         return total
 
     def _span(self, k, used0, grow, t0, dt, capped_held, internal, external, held, running) -> float:

@@ -90,8 +90,14 @@ class ContiguousManager:
     enable_prefix_caching = False
 
     @classmethod
-    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
-               enable_prefix_caching: bool = False) -> ContiguousManager:
+    def create(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        reserve: str = "max",
+        max_len: int = 2048,
+        enable_prefix_caching: bool = False,
+    ) -> ContiguousManager:
         """A manager over a fresh pool that hands out runs only (its free extents already say where space is)."""
         return cls(RunPool(num_blocks, block_size), reserve, max_len)
 
@@ -142,8 +148,9 @@ class ContiguousManager:
     def fits_empty_pool(self, final_length: int) -> bool:
         return self.reservation_blocks(final_length) <= self.pool.num_blocks
 
-    def allocate(self, request_id: int, total_tokens: int, final_length: int,
-                 token_ids: Sequence[int] | None = None) -> int:
+    def allocate(
+        self, request_id: int, total_tokens: int, final_length: int, token_ids: Sequence[int] | None = None
+    ) -> int:
         """Reserve the request's whole slab now; ``total_tokens`` are written at once (the prompt)."""
         if request_id in self.runs:
             raise BlockPoolError(f"request {request_id} already holds a run")

@@ -17,7 +17,13 @@ def manager_class(kind: str) -> type[KVManager]:
     return MANAGER_CLASSES[kind]
 
 
-def build_manager(kind: str, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
-                  enable_prefix_caching: bool = False) -> KVManager:
+def build_manager(
+    kind: str,
+    num_blocks: int,
+    block_size: int,
+    reserve: str = "max",
+    max_len: int = 2048,
+    enable_prefix_caching: bool = False,
+) -> KVManager:
     """``paged`` (blocks on demand) or ``contiguous`` (a slab per request, reserved by ``reserve``)."""
     return manager_class(kind).create(num_blocks, block_size, reserve, max_len, enable_prefix_caching)

@@ -58,8 +58,14 @@ class KVManager(Protocol):
         ...
 
     @classmethod
-    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
-               enable_prefix_caching: bool = False) -> KVManager:
+    def create(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        reserve: str = "max",
+        max_len: int = 2048,
+        enable_prefix_caching: bool = False,
+    ) -> KVManager:
         """A manager over a fresh pool of ``num_blocks`` blocks."""
         ...
 
@@ -90,8 +96,9 @@ class KVManager(Protocol):
         """Free slots the request at the head of the queue cannot use (external fragmentation)."""
         ...
 
-    def allocate(self, request_id: int, total_tokens: int, final_length: int,
-                 token_ids: Sequence[int] | None = None) -> int:
+    def allocate(
+        self, request_id: int, total_tokens: int, final_length: int, token_ids: Sequence[int] | None = None
+    ) -> int:
         """Memory for a new request's first ``total_tokens``; returns the tokens a prefix cache covers."""
         ...
 

@@ -23,8 +23,14 @@ class PagedManager:
     reserves_up_front: ClassVar[bool] = False  # blocks come as the request grows
 
     @classmethod
-    def create(cls, num_blocks: int, block_size: int, reserve: str = "max", max_len: int = 2048,
-               enable_prefix_caching: bool = False) -> PagedManager:
+    def create(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        reserve: str = "max",
+        max_len: int = 2048,
+        enable_prefix_caching: bool = False,
+    ) -> PagedManager:
         """A manager over a fresh pool (``reserve`` and ``max_len`` do not apply: nothing is reserved)."""
         return cls(BlockPool(num_blocks, block_size), enable_prefix_caching=enable_prefix_caching)
 
@@ -126,13 +132,14 @@ class PagedManager:
             self.lengths[request_id] = total_tokens
             return []
         first_written = old_length // self.block_size
-        shared = [i for i in range(first_written, min(len(table), blocks_for(total_tokens, self.block_size)))
-                  if self.pool.is_shared(table[i])]
+        shared = [
+            i
+            for i in range(first_written, min(len(table), blocks_for(total_tokens, self.block_size)))
+            if self.pool.is_shared(table[i])
+        ]
         needed = max(0, blocks_for(total_tokens, self.block_size) - len(table))
         if needed + len(shared) > self.pool.num_free:
-            raise OutOfBlocks(
-                f"request {request_id} needs {needed + len(shared)} blocks, {self.pool.num_free} free"
-            )
+            raise OutOfBlocks(f"request {request_id} needs {needed + len(shared)} blocks, {self.pool.num_free} free")
         copies = []
         for index in shared:
             old, new = table[index], self._new_block()

@@ -69,14 +69,26 @@ def open_session(connections: int = 100) -> aiohttp.ClientSession:
     ``connections`` open at once. Close it (``async with``) when done."""
     import aiohttp
 
-    return aiohttp.ClientSession(trust_env=False, cookie_jar=aiohttp.DummyCookieJar(),
-                                 connector=aiohttp.TCPConnector(limit=connections),
-                                 timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
 
 
-async def fetch(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None,
-                json: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S, max_redirects: int = DEFAULT_MAX_REDIRECTS,
-                max_bytes: int = DEFAULT_MAX_BYTES, session: aiohttp.ClientSession | None = None) -> FetchResult:
+async def fetch(
+    url: str,
+    *,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    json: Any = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_redirects: int = DEFAULT_MAX_REDIRECTS,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    session: aiohttp.ClientSession | None = None,
+) -> FetchResult:
     """``method url`` and its whole answer within ``timeout_s``; the answer of any status is returned (the
     caller judges a 404), a transport failure or a misbehaving server is a :class:`FetchError`."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -84,24 +96,36 @@ async def fetch(url: str, *, method: str = "GET", headers: dict[str, str] | None
     check_url(url)
     if session is None:
         async with open_session(connections=1) as own:
-            return await fetch(url, method=method, headers=headers, body=body, json=json, timeout_s=timeout_s,
-                               max_redirects=max_redirects, max_bytes=max_bytes, session=own)
+            return await fetch(
+                url,
+                method=method,
+                headers=headers,
+                body=body,
+                json=json,
+                timeout_s=timeout_s,
+                max_redirects=max_redirects,
+                max_bytes=max_bytes,
+                session=own,
+            )
     try:
         return await asyncio.wait_for(
-            _follow(session, url, method, headers, body, json, max_redirects, max_bytes), timeout_s)
+            _follow(session, url, method, headers, body, json, max_redirects, max_bytes), timeout_s
+        )
     except asyncio.TimeoutError:
         raise FetchError(f"{url} did not answer within {timeout_s:g} s") from None
 
 
-async def _follow(session, url: str, method: str, headers, body, json, max_redirects: int,
-                  max_bytes: int) -> FetchResult:
+async def _follow(
+    session, url: str, method: str, headers, body, json, max_redirects: int, max_bytes: int
+) -> FetchResult:
     import aiohttp
 
     seen = [url]
     while True:
         try:
-            async with session.request(method, url, headers=headers, data=body, json=json, allow_redirects=False,
-                                       auto_decompress=True) as response:
+            async with session.request(
+                method, url, headers=headers, data=body, json=json, allow_redirects=False, auto_decompress=True
+            ) as response:
                 if response.status in _REDIRECTS and "Location" in response.headers:
                     target = _redirect_target(seen, response.headers["Location"], max_redirects)
                     if response.status == 303 or (response.status in (301, 302) and method == "POST"):
@@ -110,8 +134,13 @@ async def _follow(session, url: str, method: str, headers, body, json, max_redir
                     url = target
                     continue
                 data = await _read_body(response, max_bytes, seen[0])
-                return FetchResult(str(response.url), response.status, response.reason or "",
-                                   {k: v for k, v in response.headers.items()}, data)
+                return FetchResult(
+                    str(response.url),
+                    response.status,
+                    response.reason or "",
+                    {k: v for k, v in response.headers.items()},
+                    data,
+                )
         except FetchError:
             raise
         except aiohttp.ClientPayloadError as err:  # e.g. fewer bytes than the Content-Length, then closed
@@ -132,8 +161,9 @@ def _redirect_target(seen: list[str], location: str, max_redirects: int) -> str:
     start = seen[0]
     scheme = urlsplit(target).scheme.lower()
     if scheme not in _SCHEMES:
-        raise FetchError(f"{start} redirects to {scheme or 'a non-http'}:// ({_shorten(target)}): only http and "
-                         "https are followed")
+        raise FetchError(
+            f"{start} redirects to {scheme or 'a non-http'}:// ({_shorten(target)}): only http and https are followed"
+        )
     check_url(target)
     if target in seen:
         raise FetchError(f"{start} redirects in a loop ({len(seen)} hop(s) back to {_shorten(target)})")
@@ -153,10 +183,15 @@ async def _read_body(response, max_bytes: int, url: str) -> bytes:
             raise FetchError(f"{url} sent more than {max_bytes:,} bytes")
         chunks.append(chunk)
     data = b"".join(chunks)
-    if (declared is not None and len(data) < declared and response.headers.get("Content-Encoding") is None
-            and response.method != "HEAD"):
-        raise FetchError(f"{url}: the body ended after {len(data):,} of the {declared:,} bytes its Content-Length "
-                         "announced")
+    if (
+        declared is not None
+        and len(data) < declared
+        and response.headers.get("Content-Encoding") is None
+        and response.method != "HEAD"
+    ):
+        raise FetchError(
+            f"{url}: the body ended after {len(data):,} of the {declared:,} bytes its Content-Length announced"
+        )
     return data
 
 

@@ -24,6 +24,19 @@ ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
 # a fleet's instances, labelled by engine and state (serving | starting)
 FLEET_INSTANCES = "kvbench_fleet_instances"
 
-assert all(name.startswith(PREFIX) for name in (BLOCKS_USED, BLOCKS_FREE, BLOCKS_CAPACITY, FRAGMENTATION, RUNNING,
-                                                 WAITING, PREEMPTIONS, GENERATED_TOKENS, FINISHED, ALLOC_LATENCY,
-                                                 FLEET_INSTANCES))
+assert all(
+    name.startswith(PREFIX)
+    for name in (
+        BLOCKS_USED,
+        BLOCKS_FREE,
+        BLOCKS_CAPACITY,
+        FRAGMENTATION,
+        RUNNING,
+        WAITING,
+        PREEMPTIONS,
+        GENERATED_TOKENS,
+        FINISHED,
+        ALLOC_LATENCY,
+        FLEET_INSTANCES,
+    )
+)

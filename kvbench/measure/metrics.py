@@ -47,12 +47,26 @@ if TYPE_CHECKING:
 
 # seconds: 1 µs .. 100 ms, with 50 ms (the article's alert threshold) on a bucket edge
 ALLOC_LATENCY_BUCKETS = (
-    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
-    1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, math.inf,
+    1e-6,
+    2.5e-6,
+    5e-6,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    math.inf,
 )
 LABELS = ("engine", "device")
 DEFAULT_HOST = "127.0.0.1"
-
 
 
 def online_fragmentation(used_slots: int, allocated_slots: int) -> float:
@@ -155,15 +169,20 @@ class KvMetrics(MetricsEndpoint):
         self.blocks_free = Gauge(BLOCKS_FREE, "KV cache blocks in the free queue.", LABELS, registry=r)
         self.blocks_capacity = Gauge(BLOCKS_CAPACITY, "KV cache blocks in the pool.", LABELS, registry=r)
         self.fragmentation = Gauge(
-            FRAGMENTATION, "Online KV fragmentation: 1 - used slots / allocated slots.", LABELS, registry=r)
+            FRAGMENTATION, "Online KV fragmentation: 1 - used slots / allocated slots.", LABELS, registry=r
+        )
         self.preemptions = Counter(PREEMPTIONS, "Requests preempted (recompute) so far.", LABELS, registry=r)
         self.generated = Counter(GENERATED_TOKENS, "Output tokens generated so far.", LABELS, registry=r)
         self.finished = Counter(FINISHED, "Requests finished so far.", LABELS, registry=r)
         self.running = Gauge(RUNNING, "Requests running (holding KV blocks).", LABELS, registry=r)
         self.waiting = Gauge(WAITING, "Requests waiting for admission.", LABELS, registry=r)
         self.alloc_latency = Histogram(
-            ALLOC_LATENCY, "Seconds per KV block allocation call (admission or growth).", LABELS,
-            buckets=ALLOC_LATENCY_BUCKETS, registry=r)
+            ALLOC_LATENCY,
+            "Seconds per KV block allocation call (admission or growth).",
+            LABELS,
+            buckets=ALLOC_LATENCY_BUCKETS,
+            registry=r,
+        )
         self._runs: dict[str, _Run] = {}
         self._recording: set[str] = set()
         self._server = None
@@ -215,7 +234,7 @@ class KvMetrics(MetricsEndpoint):
             used = sum(written_slots(r) for r in scheduler.running.values())
         self._set_state(run, labels, scheduler, used)
         finished = scheduler.finished
-        for request in finished[run.finished:]:
+        for request in finished[run.finished :]:
             run.finished_tokens += len(request.output_token_ids)
         self.finished.labels(*labels).inc(len(finished) - run.finished)
         run.finished = len(finished)
@@ -259,9 +278,14 @@ class KvMetrics(MetricsEndpoint):
         run.blocks_used_peak = max(run.blocks_used_peak, used_blocks)
         run.blocks_free_min = free_blocks if run.blocks_free_min is None else min(run.blocks_free_min, free_blocks)
         run.fragmentation_max = max(run.fragmentation_max, fragmentation)
-        run.last = {"blocks_used": used_blocks, "blocks_free": free_blocks, "blocks_total": total_blocks,
-                    "fragmentation": fragmentation, "running": len(scheduler.running),
-                    "waiting": len(scheduler.waiting)}
+        run.last = {
+            "blocks_used": used_blocks,
+            "blocks_free": free_blocks,
+            "blocks_total": total_blocks,
+            "fragmentation": fragmentation,
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
+        }
 
     def run_values(self, engine: str) -> dict[str, Any]:
         """The run's final gauge values, its counter increments and its peaks (results ``metrics`` dict)."""
@@ -293,7 +317,6 @@ class KvMetrics(MetricsEndpoint):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
 
 
 FLEET_LABELS = ("engine", "device", "instance")

@@ -40,8 +40,13 @@ SLOW_CALL_S = 0.05  # a call slower than this is timed once more after its warm-
 TIE = 1.05  # a path other than the weight's main one must be at least this much faster at a row count to take it
 DECISION_RULE = 2  # bumped when _decide changes: a plan cached under another rule is measured again
 FORCE_ENV = "KVBENCH_MATMUL"
-FORCED = {"plain": PLAIN, "onednn": ONEDNN, "bf16-weights": BF16W, "amx": AMX,
-          "packed": "packed"}  # packed: AMX where it takes the weight, else oneDNN
+FORCED = {
+    "plain": PLAIN,
+    "onednn": ONEDNN,
+    "bf16-weights": BF16W,
+    "amx": AMX,
+    "packed": "packed",
+}  # packed: AMX where it takes the weight, else oneDNN
 _PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
 
 
@@ -86,20 +91,26 @@ class MatmulChoice:
         start = 0
         for index in range(1, len(self.rows) + 1):
             if index == len(self.rows) or self.paths[index] != self.paths[start]:
-                span = (f"{self.rows[start]}" if index - 1 == start else f"{self.rows[start]}-{self.rows[index - 1]}")
+                span = f"{self.rows[start]}" if index - 1 == start else f"{self.rows[start]}-{self.rows[index - 1]}"
                 spans.append(f"{self.paths[start]} at {span} rows")
                 start = index
         text = f"{self.role} [{self.shape[0]} x {self.shape[1]}]: {', '.join(spans)}"
         if self.timings_us:
             names = list(next(iter(self.timings_us.values())))
-            cells = [f"{rows}{' row' if index == 0 else ''} " + "/".join(f"{timings[name]:.0f}" for name in names)
-                     for index, (rows, timings) in enumerate(self.timings_us.items())]
+            cells = [
+                f"{rows}{' row' if index == 0 else ''} " + "/".join(f"{timings[name]:.0f}" for name in names)
+                for index, (rows, timings) in enumerate(self.timings_us.items())
+            ]
             text += f"; us {'/'.join(names)}: {', '.join(cells)}"
         return text
 
     def as_dict(self) -> dict:
-        return {"shape": list(self.shape), "rows": list(self.rows), "paths": list(self.paths),
-                "timings_us": {str(rows): timings for rows, timings in self.timings_us.items()}}
+        return {
+            "shape": list(self.shape),
+            "rows": list(self.rows),
+            "paths": list(self.paths),
+            "timings_us": {str(rows): timings for rows, timings in self.timings_us.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -116,17 +127,26 @@ class MatmulPlan:
 
     def copies(self, num_layers: int) -> list[tuple[tuple[int, int], str, int]]:
         """The packed copies a runner will make, as (shape, path, count): what pre-flight counts."""
-        return [(choice.shape, path, 1 if role == "lm_head" else num_layers)
-                for role, choice in self.choices.items() for path in choice.copies]
+        return [
+            (choice.shape, path, 1 if role == "lm_head" else num_layers)
+            for role, choice in self.choices.items()
+            for path in choice.copies
+        ]
 
     def lines(self) -> list[str]:
         """The plan as printed: a heading with its provenance, then one line per weight."""
-        return [f"CPU matmul paths, {self.threads} thread(s), {_dtype_name(self.dtype)} ({self.source}):",
-                *(f"  {choice.describe()}" for choice in self.choices.values())]
+        return [
+            f"CPU matmul paths, {self.threads} thread(s), {_dtype_name(self.dtype)} ({self.source}):",
+            *(f"  {choice.describe()}" for choice in self.choices.values()),
+        ]
 
     def as_dict(self) -> dict:
-        return {"threads": self.threads, "dtype": _dtype_name(self.dtype), "source": self.source,
-                "weights": {role: choice.as_dict() for role, choice in self.choices.items()}}
+        return {
+            "threads": self.threads,
+            "dtype": _dtype_name(self.dtype),
+            "source": self.source,
+            "weights": {role: choice.as_dict() for role, choice in self.choices.items()},
+        }
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -153,8 +173,9 @@ class _Evictor:
         self.buffer.sum()
 
 
-def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[str, ...],
-                cold: bool = False) -> dict[int, dict[str, float]]:
+def _time_paths(
+    weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[str, ...], cold: bool = False
+) -> dict[int, dict[str, float]]:
     """Microseconds per call of each path at each row count: a warm-up call each (oneDNN builds its kernel for a
     row count on first use), then interleaved rounds until each path has :data:`MIN_ROUNDS` samples and
     :data:`BUDGET_S` was spent (at most :data:`MAX_ROUNDS`), the minimum of each. On one thread the clock is the
@@ -177,7 +198,7 @@ def _time_paths(weight: torch.Tensor, rows_list: tuple[int, ...], paths: tuple[s
             slow = max(best.values()) >= SLOW_CALL_S
             spent, rounds = 0.0, 0
             while rounds < (1 if slow else MIN_ROUNDS) or (not slow and spent < BUDGET_S and rounds < max_rounds):
-                for path in paths[rounds % len(paths):] + paths[:rounds % len(paths)]:
+                for path in paths[rounds % len(paths) :] + paths[: rounds % len(paths)]:
                     evict()
                     start = clock()
                     functions[path](x)
@@ -219,10 +240,12 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
     choices = {}
     for role in weights:
         entry = record[role]
-        timings = {int(rows): {path: float(us) for path, us in cell.items()}
-                   for rows, cell in entry["timings_us"].items()}
-        choices[role] = MatmulChoice(role, tuple(entry["shape"]), tuple(int(r) for r in entry["rows"]),
-                                     tuple(entry["paths"]), timings)
+        timings = {
+            int(rows): {path: float(us) for path, us in cell.items()} for rows, cell in entry["timings_us"].items()
+        }
+        choices[role] = MatmulChoice(
+            role, tuple(entry["shape"]), tuple(int(r) for r in entry["rows"]), tuple(entry["paths"]), timings
+        )
     return choices
 
 
@@ -233,11 +256,17 @@ def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, .
     choices = {}
     for role, weight in weights.items():
         offered = candidates[role]
-        taken = cpu_linear.default_path(weight) if path == "packed" else path if path in offered else (
-            offered[min(1, len(offered) - 1)])
+        taken = (
+            cpu_linear.default_path(weight)
+            if path == "packed"
+            else path
+            if path in offered
+            else (offered[min(1, len(offered) - 1)])
+        )
         choices[role] = MatmulChoice(role, (weight.shape[0], weight.shape[1]), (1,), (taken,))
-    return MatmulPlan(torch.get_num_threads(), next(iter(weights.values())).dtype, choices,
-                      f"forced by {FORCE_ENV}={name}")
+    return MatmulPlan(
+        torch.get_num_threads(), next(iter(weights.values())).dtype, choices, f"forced by {FORCE_ENV}={name}"
+    )
 
 
 def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> MatmulPlan:
@@ -252,17 +281,28 @@ def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> Matm
     threads = torch.get_num_threads()
     rows = {role: LM_HEAD_ROWS if role == "lm_head" else ROWS for role in weights}
     cold = model_bytes > last_level_cache_bytes()
-    descriptor = {"cpu": cpu_native.cpu_signature(), "torch": torch.__version__, "threads": threads,
-                  "dtype": _dtype_name(dtype), "tie": TIE, "cold": cold, "rule": DECISION_RULE,
-                  "weights": {role: [list(weight.shape), list(candidates[role]), list(rows[role])]
-                              for role, weight in weights.items()}}
+    descriptor = {
+        "cpu": cpu_native.cpu_signature(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "dtype": _dtype_name(dtype),
+        "tie": TIE,
+        "cold": cold,
+        "rule": DECISION_RULE,
+        "weights": {
+            role: [list(weight.shape), list(candidates[role]), list(rows[role])] for role, weight in weights.items()
+        },
+    }
 
     def measure() -> dict:
-        return {role: _decide(role, weight, _time_paths(weight, rows[role], candidates[role], cold)).as_dict()
-                for role, weight in weights.items()}
+        return {
+            role: _decide(role, weight, _time_paths(weight, rows[role], candidates[role], cold)).as_dict()
+            for role, weight in weights.items()
+        }
 
-    result = measured_cache.measured("cpu-matmuls", descriptor, measure,
-                                     lambda record: _check(record, weights, candidates))
+    result = measured_cache.measured(
+        "cpu-matmuls", descriptor, measure, lambda record: _check(record, weights, candidates)
+    )
     return MatmulPlan(threads, dtype, _from_record(result.record, weights), result.provenance())
 
 
@@ -271,8 +311,9 @@ def plan_for(model: object, weights: dict[str, torch.Tensor]) -> MatmulPlan:
     kept on the model, so every runner over it and the pre-flight count agree)."""
     plan = getattr(model, _PLAN_ATTR, None)
     if plan is None or plan.threads != torch.get_num_threads() or set(plan.choices) != set(weights):
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) if hasattr(
-            model, "parameters") else 0
+        model_bytes = (
+            sum(p.numel() * p.element_size() for p in model.parameters()) if hasattr(model, "parameters") else 0
+        )
         plan = measure_plan(weights, model_bytes)
         setattr(model, _PLAN_ATTR, plan)
     return plan

@@ -37,8 +37,12 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packing on this device and dtype, unless turned off by ``KVBENCH_PACKED_WEIGHTS=0``."""
     if os.environ.get(ENV, "1") == "0":
         return False
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        device.type == "cpu"
+        and dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:

@@ -47,12 +47,16 @@ def check_parallelism(shape: ModelShape, parallel: Parallelism) -> None:
             raise KvbenchError(f"{what} must be a positive integer, got {value!r}")
     if shape.num_heads % tp:
         choices = ", ".join(map(str, _divisors(shape.num_heads)))
-        raise KvbenchError(f"tensor parallel size {tp} does not divide the {shape.num_heads} attention heads of "
-                           f"{shape.name}: choose one of {choices}")
+        raise KvbenchError(
+            f"tensor parallel size {tp} does not divide the {shape.num_heads} attention heads of "
+            f"{shape.name}: choose one of {choices}"
+        )
     kv = shape.num_kv_heads
     if shape.mla is None and (kv % tp if tp < kv else tp % kv):
-        raise KvbenchError(f"tensor parallel size {tp} and the {kv} KV heads of {shape.name} do not divide one "
-                           "another: the heads cannot be split or replicated evenly")
+        raise KvbenchError(
+            f"tensor parallel size {tp} and the {kv} KV heads of {shape.name} do not divide one "
+            "another: the heads cannot be split or replicated evenly"
+        )
     if pp > shape.num_layers:
         raise KvbenchError(f"pipeline parallel size {pp} exceeds the {shape.num_layers} layers of {shape.name}")
 
@@ -126,19 +130,28 @@ class StageShare:
         return (self.full_layers * full_tokens + self.window_layers * window_tokens) * self.layer_token_bytes
 
     def to_dict(self) -> dict:
-        return {"stage": self.stage, "layers": [self.layers.start, self.layers.stop], "weight_bytes": self.weight_bytes,
-                "activation_bytes": self.activation_bytes, "full_attention_layers": self.full_layers,
-                "sliding_window_layers": self.window_layers, "kv_bytes_per_token": self.bytes_per_token}
+        return {
+            "stage": self.stage,
+            "layers": [self.layers.start, self.layers.stop],
+            "weight_bytes": self.weight_bytes,
+            "activation_bytes": self.activation_bytes,
+            "full_attention_layers": self.full_layers,
+            "sliding_window_layers": self.window_layers,
+            "kv_bytes_per_token": self.bytes_per_token,
+        }
 
 
-def stage_shares(shape: ModelShape, parallel: Parallelism,
-                 max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS) -> list[StageShare]:
+def stage_shares(
+    shape: ModelShape, parallel: Parallelism, max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
+) -> list[StageShare]:
     """One :class:`StageShare` per pipeline stage; the parallelism is checked first."""
     check_parallelism(shape, parallel)
     tp, pp = parallel.tensor, parallel.pipeline
-    per_layer = {moe: sum(group_bytes_per_gpu(shape, g, tp) for g in shape.layer_weights(index))
-                 for moe, index in ((False, shape.representative_layer(False)), (True, shape.representative_layer(True)))
-                 if index is not None}
+    per_layer = {
+        moe: sum(group_bytes_per_gpu(shape, g, tp) for g in shape.layer_weights(index))
+        for moe, index in ((False, shape.representative_layer(False)), (True, shape.representative_layer(True)))
+        if index is not None
+    }
     moe_layers = set(shape.moe_layer_indices())
     windowed = set(shape.sliding_layers)
     token_bytes = kv_bytes_per_token_layer(shape, tp)
@@ -153,12 +166,18 @@ def stage_shares(shape: ModelShape, parallel: Parallelism,
         if shape.tie_word_embeddings and last and not first:  # the last stage keeps its own copy as LM head
             weights += group_bytes_per_gpu(shape, WeightGroup("lm_head", shape.vocab_size, shape.hidden_size), tp)
         window_layers = sum(1 for i in layers if i in windowed)
-        shares.append(StageShare(
-            stage=index, layers=layers, weight_bytes=weights,
-            activation_bytes=activation_reserve_bytes(shape, max_num_batched_tokens, tp, logits=last),
-            full_layers=len(layers) - window_layers, window_layers=window_layers, window=shape.sliding_window,
-            layer_token_bytes=token_bytes,
-        ))
+        shares.append(
+            StageShare(
+                stage=index,
+                layers=layers,
+                weight_bytes=weights,
+                activation_bytes=activation_reserve_bytes(shape, max_num_batched_tokens, tp, logits=last),
+                full_layers=len(layers) - window_layers,
+                window_layers=window_layers,
+                window=shape.sliding_window,
+                layer_token_bytes=token_bytes,
+            )
+        )
     return shares
 
 
@@ -203,9 +222,14 @@ class DeploymentBudget:
         return min(s.kv_bytes // max(s.share.bytes_per_token, 1) for s in self.stages)
 
 
-def deployment_budget(shape: ModelShape, gpu: GpuSpec, parallel: Parallelism, utilization: float = 0.9,
-                      kv_cache_memory: int | None = None,
-                      max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS) -> DeploymentBudget:
+def deployment_budget(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    parallel: Parallelism,
+    utilization: float = 0.9,
+    kv_cache_memory: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS,
+) -> DeploymentBudget:
     """Each stage's KV budget per GPU: utilization x memory - weights - activations (or ``kv_cache_memory``
     when given; the weights, activations and that cache must then fit in the GPU's whole memory)."""
     if not 0.0 < utilization <= 1.0:

@@ -31,21 +31,58 @@ GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
 _FILE_TYPES = {0: "fp32", 1: "fp16", 32: "bf16"}
 # ggml tensor types: id -> (name, elements per block, bytes per block), as ggml defines its block layouts
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17),
 }
 # llama.cpp tensor names -> weight roles (kvbench.models.weights): the last name part before ".weight"/".bias"
 _GGUF_ROLES = {
-    "token_embd": "embed", "output": "lm_head", "attn_q": "attn_q", "attn_k": "attn_kv", "attn_v": "attn_kv",
-    "attn_qkv": "attn_q", "attn_output": "attn_o", "ffn_gate": "mlp", "ffn_up": "mlp", "ffn_down": "mlp",
-    "ffn_gate_exps": "expert", "ffn_up_exps": "expert", "ffn_down_exps": "expert", "ffn_gate_inp": "router",
-    "ffn_gate_shexp": "shared_expert", "ffn_up_shexp": "shared_expert", "ffn_down_shexp": "shared_expert",
+    "token_embd": "embed",
+    "output": "lm_head",
+    "attn_q": "attn_q",
+    "attn_k": "attn_kv",
+    "attn_v": "attn_kv",
+    "attn_qkv": "attn_q",
+    "attn_output": "attn_o",
+    "ffn_gate": "mlp",
+    "ffn_up": "mlp",
+    "ffn_down": "mlp",
+    "ffn_gate_exps": "expert",
+    "ffn_up_exps": "expert",
+    "ffn_down_exps": "expert",
+    "ffn_gate_inp": "router",
+    "ffn_gate_shexp": "shared_expert",
+    "ffn_up_shexp": "shared_expert",
+    "ffn_down_shexp": "shared_expert",
 }
 
 
@@ -108,8 +145,10 @@ class _Cursor:
 
     def _need(self, count: int) -> None:
         if count < 0 or self.pos + count > self.size:
-            raise KvbenchError(f"truncated GGUF file {self.path}: its header runs past the end of the file "
-                               f"({self.size:,} bytes); download it again")
+            raise KvbenchError(
+                f"truncated GGUF file {self.path}: its header runs past the end of the file "
+                f"({self.size:,} bytes); download it again"
+            )
 
     def scalar(self, code: str) -> Any:
         width = struct.calcsize(code)
@@ -179,8 +218,10 @@ def _parse(buffer, path: Path, size: int) -> GgufHeader:
         raise KvbenchError(f"unsupported GGUF version {version} in {path}: kvbench reads versions 2 and 3")
     tensor_count, kv_count = cursor.scalar("<Q"), cursor.scalar("<Q")
     if tensor_count > size or kv_count > size:  # each entry takes bytes: a larger count is a damaged header
-        raise KvbenchError(f"malformed GGUF file {path}: {tensor_count:,} tensors and {kv_count:,} metadata entries "
-                           f"cannot fit in {size:,} bytes")
+        raise KvbenchError(
+            f"malformed GGUF file {path}: {tensor_count:,} tensors and {kv_count:,} metadata entries "
+            f"cannot fit in {size:,} bytes"
+        )
     metadata: dict[str, Any] = {}
     for _ in range(kv_count):
         key = cursor.string()
@@ -197,8 +238,9 @@ def _parse(buffer, path: Path, size: int) -> GgufHeader:
     if not isinstance(alignment, int) or alignment < 1:
         raise KvbenchError(f"malformed GGUF file {path}: general.alignment must be a positive integer")
     data_start = -(-cursor.pos // alignment) * alignment
-    header = GgufHeader(path, version, metadata, tensors, data_start, size,
-                        hashlib.sha256(bytes(buffer[: cursor.pos])).hexdigest())
+    header = GgufHeader(
+        path, version, metadata, tensors, data_start, size, hashlib.sha256(bytes(buffer[: cursor.pos])).hexdigest()
+    )
     _check_data_fits(header)
     return header
 
@@ -227,8 +269,10 @@ def gguf_storage(header: GgufHeader) -> GgufStorage:
     for tensor in header.tensors:
         nbytes = tensor_nbytes(tensor)
         if nbytes is None:
-            raise KvbenchError(f"GGUF file {header.path}: tensor {tensor.name!r} has ggml type {tensor.ggml_type}, "
-                               "which kvbench cannot size")
+            raise KvbenchError(
+                f"GGUF file {header.path}: tensor {tensor.name!r} has ggml type {tensor.ggml_type}, "
+                "which kvbench cannot size"
+            )
         parts = tensor.name.split(".")
         base = parts[-2] if len(parts) >= 2 and parts[-1] in ("weight", "bias") else parts[-1]
         role = _GGUF_ROLES.get(base, "norm" if "norm" in base else "bias")
@@ -246,8 +290,10 @@ def _check_data_fits(header: GgufHeader) -> None:
         nbytes = tensor_nbytes(tensor)
         end = max(end, header.data_start + tensor.offset + (nbytes if nbytes is not None else 1))
     if end > header.file_size:
-        raise KvbenchError(f"truncated GGUF file {header.path}: its tensors need {end:,} bytes but the file has "
-                           f"{header.file_size:,}; download it again")
+        raise KvbenchError(
+            f"truncated GGUF file {header.path}: its tensors need {end:,} bytes but the file has "
+            f"{header.file_size:,}; download it again"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the shape
@@ -264,8 +310,9 @@ def _positive(header: GgufHeader, key: str, default: Any = None) -> int:
 def _number(header: GgufHeader, key: str, default: float) -> float:
     value = header.metadata.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise KvbenchError(f"malformed GGUF file {header.path}: metadata {key} must be a positive number, "
-                           f"got {value!r}")
+        raise KvbenchError(
+            f"malformed GGUF file {header.path}: metadata {key} must be a positive number, got {value!r}"
+        )
     return float(value)
 
 
@@ -291,8 +338,10 @@ def _vocab_size(header: GgufHeader, arch: str) -> int:
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     count = tokens.count if isinstance(tokens, ArrayInfo) else len(tokens or [])
     if count < 1:
-        raise KvbenchError(f"malformed GGUF file {header.path}: no vocabulary size (no {arch}.vocab_size, "
-                           "token_embd.weight or tokenizer tokens)")
+        raise KvbenchError(
+            f"malformed GGUF file {header.path}: no vocabulary size (no {arch}.vocab_size, "
+            "token_embd.weight or tokenizer tokens)"
+        )
     return count
 
 
@@ -301,8 +350,10 @@ def shape_from_gguf_header(header: GgufHeader) -> ModelShape:
     raw = header.architecture
     model_type = GGUF_ARCHITECTURES.get(raw)
     if model_type is None:
-        raise KvbenchError(f"unsupported architecture {raw or 'unknown'!r} in GGUF file {header.path}: kvbench "
-                           f"reads the GGUF architectures {', '.join(GGUF_ARCHITECTURES)}")
+        raise KvbenchError(
+            f"unsupported architecture {raw or 'unknown'!r} in GGUF file {header.path}: kvbench "
+            f"reads the GGUF architectures {', '.join(GGUF_ARCHITECTURES)}"
+        )
     arch = raw
     hidden = _positive(header, f"{arch}.embedding_length")
     heads = _positive(header, f"{arch}.attention.head_count")
@@ -313,8 +364,12 @@ def shape_from_gguf_header(header: GgufHeader) -> ModelShape:
     intermediate = _positive(header, f"{arch}.feed_forward_length")
     moe = None
     if experts:
-        moe = MoeSpec(num_experts=experts, experts_per_token=_positive(header, f"{arch}.expert_used_count"),
-                      expert_intermediate_size=intermediate, num_moe_layers=layers)
+        moe = MoeSpec(
+            num_experts=experts,
+            experts_per_token=_positive(header, f"{arch}.expert_used_count"),
+            expert_intermediate_size=intermediate,
+            num_moe_layers=layers,
+        )
     eos = header.metadata.get("tokenizer.ggml.eos_token_id")
     try:
         return ModelShape(

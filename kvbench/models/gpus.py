@@ -75,8 +75,9 @@ def mlp_width_per_token(shape: ModelShape) -> int:
     return routed if moe.num_moe_layers == shape.num_layers else max(routed, shape.intermediate_size)
 
 
-def activation_reserve_bytes(shape: ModelShape, max_num_batched_tokens: int = 2048, tensor_parallel: int = 1,
-                             logits: bool = True) -> int:
+def activation_reserve_bytes(
+    shape: ModelShape, max_num_batched_tokens: int = 2048, tensor_parallel: int = 1, logits: bool = True
+) -> int:
     """Peak activation memory of one forward over a batch of tokens (vLLM profiles this; we estimate it).
 
     Dominated by the MLP intermediate (gate, up and their product) and the logits of the batch; tensor

@@ -246,14 +246,32 @@ def _head_dim(fields: ConfigFields, hidden: int, heads: int, default: int | None
 # Defaults of transformers' config classes for fields a published config may leave out.
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192},
-    "gemma2": {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192,
-               "sliding_window": 4096, "vocab_size": 256_000},
-    "gemma3_text": {"head_dim": 256, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
-                    "max_position_embeddings": 131_072, "sliding_window": 4096, "vocab_size": 262_208,
-                    "num_key_value_heads": 4},
-    "gpt_oss": {"head_dim": 64, "sliding_window": 128, "attention_bias": True, "max_position_embeddings": 131_072,
-                "vocab_size": 201_088, "num_key_value_heads": 8,
-                "torch_dtype": "bfloat16"},  # the published config names none; its unquantized weights are bf16
+    "gemma2": {
+        "head_dim": 256,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+        "vocab_size": 256_000,
+    },
+    "gemma3_text": {
+        "head_dim": 256,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 4096,
+        "vocab_size": 262_208,
+        "num_key_value_heads": 4,
+    },
+    "gpt_oss": {
+        "head_dim": 64,
+        "sliding_window": 128,
+        "attention_bias": True,
+        "max_position_embeddings": 131_072,
+        "vocab_size": 201_088,
+        "num_key_value_heads": 8,
+        "torch_dtype": "bfloat16",
+    },  # the published config names none; its unquantized weights are bf16
 }
 
 
@@ -264,6 +282,7 @@ def _default(fields: ConfigFields, model_type: str, name: str) -> Any:
 def _read_llama_family(fields: ConfigFields, model_type: str) -> ModelShape:
     """Llama, Mistral, Mixtral, Qwen2/3 (and their MoE), Gemma 1/2/3, gpt-oss: RMSNorm, rotary, GQA or MQA, a
     gated MLP or experts, sliding-window layers where the config has them."""
+
     def int_field(name: str, fallback: Any = _MISSING) -> int:
         default = _default(fields, model_type, name)
         return fields.positive_int(name, fallback if default is _MISSING else default)
@@ -276,9 +295,7 @@ def _read_llama_family(fields: ConfigFields, model_type: str) -> ModelShape:
     heads = int_field("num_attention_heads")
     kv_heads = int_field("num_key_value_heads", heads)
     if heads % kv_heads:
-        raise fields.error(
-            f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
-        )
+        raise fields.error(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
     family_head_dim = _default(fields, model_type, "head_dim")
     head_dim = _head_dim(fields, hidden, heads, None if family_head_dim is _MISSING else family_head_dim)
     theta, scaling = _read_rotary(fields, head_dim)
@@ -298,8 +315,7 @@ def _read_llama_family(fields: ConfigFields, model_type: str) -> ModelShape:
         architecture="llama",
         rope_theta=theta,
         rope_scaling=scaling,
-        rms_norm_eps=fields.positive_number("rms_norm_eps", 1e-6 if model_type.startswith(("qwen", "gemma"))
-                                            else 1e-5),
+        rms_norm_eps=fields.positive_number("rms_norm_eps", 1e-6 if model_type.startswith(("qwen", "gemma")) else 1e-5),
         tie_word_embeddings=bool_field("tie_word_embeddings", False),
         dtype=fields.dtype(_default(fields, model_type, "torch_dtype")),
         eos_token_id=_first_int(fields.config.get("eos_token_id")),
@@ -333,8 +349,10 @@ def _read_windows(fields: ConfigFields, model_type: str, layers: int) -> tuple[i
     if types is not None:
         unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")}, key=str)
         if unknown:
-            raise fields.error(f"layer_types: unsupported attention type {unknown[0]!r} (kvbench reads "
-                               "sliding_attention and full_attention)")
+            raise fields.error(
+                f"layer_types: unsupported attention type {unknown[0]!r} (kvbench reads "
+                "sliding_attention and full_attention)"
+            )
         windowed = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
     elif raw is None:
         return None, ()

@@ -30,9 +30,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 TORCH_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
 }
 # What the tensor engine runs: dense Llama-family models. The shape reader costs more (SHAPE_ARCHITECTURES)
 # for the waste, capacity and simulation commands.
@@ -79,8 +83,10 @@ def resolve_torch_dtype(spec: str | torch.dtype | None, device: torch.device | s
 
 
 def _engine_refusal(what: str) -> str:
-    return (f"{what}: the tensor engine runs dense Llama-family models ({', '.join(ENGINE_MODEL_TYPES)}); "
-            f"the simulator (waste, capacity, a simulated sweep) reads the shapes of {', '.join(SHAPE_ARCHITECTURES)}")
+    return (
+        f"{what}: the tensor engine runs dense Llama-family models ({', '.join(ENGINE_MODEL_TYPES)}); "
+        f"the simulator (waste, capacity, a simulated sweep) reads the shapes of {', '.join(SHAPE_ARCHITECTURES)}"
+    )
 
 
 def check_engine_shape(shape: ModelShape) -> None:
@@ -213,8 +219,10 @@ def _check_architecture(config: dict[str, Any], path: Path) -> None:
     if window is None or not config.get("use_sliding_window", True):
         return
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise KvbenchError(f"malformed config {path / 'config.json'}: sliding_window must be a positive integer"
-                           f" or null, got {window!r}")
+        raise KvbenchError(
+            f"malformed config {path / 'config.json'}: sliding_window must be a positive integer"
+            f" or null, got {window!r}"
+        )
     max_positions = config.get("max_position_embeddings")
     if isinstance(max_positions, int) and window < max_positions:
         raise KvbenchError(f"unsupported architecture in {path}: sliding-window attention ({window} tokens)")
@@ -268,9 +276,7 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def load_local_model(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
-) -> Any:
+def load_local_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> Any:
     """Load a Llama-family checkpoint directory (``config.json`` + safetensors) as ``LlamaForCausalLM``."""
     from transformers import LlamaForCausalLM
 
@@ -283,7 +289,11 @@ def load_local_model(
         with quiet_transformers():
             # (model, loading info): transformers annotates only the model, also with output_loading_info
             loaded: Any = LlamaForCausalLM.from_pretrained(
-                path, config=config, dtype=dtype, use_safetensors=True, local_files_only=True,
+                path,
+                config=config,
+                dtype=dtype,
+                use_safetensors=True,
+                local_files_only=True,
                 output_loading_info=True,
             )
             model, info = loaded
@@ -308,8 +318,9 @@ def require_gguf_support(what: str = "loading a GGUF file") -> None:
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise KvbenchError(f"{what} needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: "
-                           f"{GGUF_EXTRA}")
+        raise KvbenchError(
+            f"{what} needs the {' and '.join(missing)} package{'s' if len(missing) > 1 else ''}: {GGUF_EXTRA}"
+        )
 
 
 def load_gguf_model(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> Any:
@@ -324,8 +335,9 @@ def load_gguf_model(path: str | Path, device: torch.device | str = "cpu", dtype:
     dtype = dtype or resolve_torch_dtype(None, device)
     try:
         with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                         local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, local_files_only=True
+            )
     except KvbenchError:
         raise
     except Exception as err:  # noqa: BLE001 - any loader failure becomes one line for the user

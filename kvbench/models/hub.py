@@ -53,8 +53,10 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
         from huggingface_hub import errors as hub_errors
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
     except ImportError:  # pragma: no cover - a dependency of transformers, so normally present
-        raise KvbenchError(f"{repo_id} looks like a Hugging Face model id, but huggingface_hub is not installed: "
-                           "pip install huggingface_hub, or pass a local checkpoint directory") from None
+        raise KvbenchError(
+            f"{repo_id} looks like a Hugging Face model id, but huggingface_hub is not installed: "
+            "pip install huggingface_hub, or pass a local checkpoint directory"
+        ) from None
     cache = cache_dir()
     where = f"the local Hugging Face cache ({cache})"
     endpoint = os.environ.get("HF_ENDPOINT") or None
@@ -67,33 +69,41 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
         if offline():
             path = cached()
             if path is None:
-                raise KvbenchError(f"{repo_id}: config.json is not in {where}, and HF_HUB_OFFLINE=1 forbids asking "
-                                   "the Hub: unset HF_HUB_OFFLINE once, or pass a local checkpoint directory")
+                raise KvbenchError(
+                    f"{repo_id}: config.json is not in {where}, and HF_HUB_OFFLINE=1 forbids asking "
+                    "the Hub: unset HF_HUB_OFFLINE once, or pass a local checkpoint directory"
+                )
             return path
         try:
             get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint))
-            return Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache,
-                                        endpoint=endpoint))
+            return Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache, endpoint=endpoint))
         except hub_errors.GatedRepoError:
-            raise KvbenchError(f"{repo_id} is a gated model and {where} has no copy of its config.json: accept its "
-                               "license on huggingface.co, then log in (hf auth login, or set HF_TOKEN)") from None
+            raise KvbenchError(
+                f"{repo_id} is a gated model and {where} has no copy of its config.json: accept its "
+                "license on huggingface.co, then log in (hf auth login, or set HF_TOKEN)"
+            ) from None
         except hub_errors.RepositoryNotFoundError:
-            raise KvbenchError(f"no model {repo_id} on the Hugging Face Hub (a private one needs a login: hf auth "
-                               "login or HF_TOKEN)") from None
+            raise KvbenchError(
+                f"no model {repo_id} on the Hugging Face Hub (a private one needs a login: hf auth login or HF_TOKEN)"
+            ) from None
         except hub_errors.RevisionNotFoundError:
             raise KvbenchError(f"{repo_id} has no revision {revision!r} on the Hugging Face Hub") from None
         except hub_errors.EntryNotFoundError:
-            raise KvbenchError(f"{repo_id} has no config.json (a GGUF-only repository: download its .gguf file and "
-                               "pass the file's path)") from None
+            raise KvbenchError(
+                f"{repo_id} has no config.json (a GGUF-only repository: download its .gguf file and "
+                "pass the file's path)"
+            ) from None
         except hub_errors.HFValidationError as err:
             raise KvbenchError(f"{repo_id!r} is not a valid Hugging Face model id: {_first_line(err)}") from None
         except Exception as err:  # noqa: BLE001 - no answer from the Hub (network, proxy, server): use the cache
             path = cached()
             if path is not None:
                 return path
-            raise KvbenchError(f"{repo_id}: the Hugging Face Hub cannot be reached ({_first_line(err)}) and "
-                               f"config.json is not in {where}: connect once (or set HF_ENDPOINT to a mirror), "
-                               "or pass a local checkpoint directory") from None
+            raise KvbenchError(
+                f"{repo_id}: the Hugging Face Hub cannot be reached ({_first_line(err)}) and "
+                f"config.json is not in {where}: connect once (or set HF_ENDPOINT to a mirror), "
+                "or pass a local checkpoint directory"
+            ) from None
 
 
 @contextmanager

@@ -43,8 +43,12 @@ class Measured:
         return f"measured now at load {self.load}"
 
     def as_dict(self) -> dict:
-        return {"measured_at": self.measured_at, "load": self.load, "cached": self.cached,
-                "cache_file": str(self.path) if self.path else None}
+        return {
+            "measured_at": self.measured_at,
+            "load": self.load,
+            "cached": self.cached,
+            "cache_file": str(self.path) if self.path else None,
+        }
 
 
 def _load_average() -> str:
@@ -83,8 +87,11 @@ def measured(kind: str, descriptor: dict, measure: Callable[[], dict], check: Ca
     record = measure()
     result = Measured(record, time.strftime("%Y-%m-%d %H:%M"), load, False, path)
     if path is not None:
-        text = json.dumps({"descriptor": descriptor, "measured_at": result.measured_at, "load": load,
-                           "record": record}, indent=1, sort_keys=True)
+        text = json.dumps(
+            {"descriptor": descriptor, "measured_at": result.measured_at, "load": load, "record": record},
+            indent=1,
+            sort_keys=True,
+        )
         try:
             private_cache.write_bytes(path, (text + "\n").encode())
         except OSError as error:

@@ -209,24 +209,40 @@ def format_from_config(config: Any, where: str = "quantization_config") -> Weigh
     if method == "awq":
         bits = _bits(config, where, (4, 8), 4)
         group = _group(config, where)
-        return WeightFormat("awq", bits, group, zero_points=True, skipped_roles=skipped,
-                            label=f"AWQ {bits}-bit, group {group or 'per channel'}")
+        return WeightFormat(
+            "awq",
+            bits,
+            group,
+            zero_points=True,
+            skipped_roles=skipped,
+            label=f"AWQ {bits}-bit, group {group or 'per channel'}",
+        )
     if method == "gptq":
         bits = _bits(config, where, (2, 3, 4, 8), 4)
         group = _group(config, where)
-        return WeightFormat("gptq", bits, group, zero_points=True, group_index=True, skipped_roles=skipped,
-                            label=f"GPTQ {bits}-bit, group {group or 'per channel'}")
+        return WeightFormat(
+            "gptq",
+            bits,
+            group,
+            zero_points=True,
+            group_index=True,
+            skipped_roles=skipped,
+            label=f"GPTQ {bits}-bit, group {group or 'per channel'}",
+        )
     if method == "fp8":
         return _fp8(config, where, skipped)
     if method == "bitsandbytes":
         return _bitsandbytes(config, where)
     if method == "mxfp4":
-        return WeightFormat("mxfp4", 4, 32, scale_bytes=1, skipped_roles=skipped,
-                            label="MXFP4 (4-bit values, an 8-bit scale per 32)")
+        return WeightFormat(
+            "mxfp4", 4, 32, scale_bytes=1, skipped_roles=skipped, label="MXFP4 (4-bit values, an 8-bit scale per 32)"
+        )
     if method == "compressed-tensors":
         return _compressed_tensors(config, where)
-    raise KvbenchError(f"unsupported {where}.quant_method {method or None!r}: kvbench reads the weight formats "
-                       f"{', '.join(QUANT_METHODS)} (and GGUF files)")
+    raise KvbenchError(
+        f"unsupported {where}.quant_method {method or None!r}: kvbench reads the weight formats "
+        f"{', '.join(QUANT_METHODS)} (and GGUF files)"
+    )
 
 
 def _fp8(config: dict[str, Any], where: str, skipped: frozenset[str]) -> WeightFormat:
@@ -234,14 +250,30 @@ def _fp8(config: dict[str, Any], where: str, skipped: frozenset[str]) -> WeightF
     static = config.get("activation_scheme") == "static"
     skipped |= roles_of_modules(config.get("ignored_layers"))
     if block is None:
-        return WeightFormat("fp8", 8, scales="tensor", scale_bytes=4, static_activation_scale=static,
-                            skipped_roles=skipped, label="FP8, a scale per tensor")
-    if (not isinstance(block, list) or len(block) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
-        raise KvbenchError(f"{where}.weight_block_size must be two positive integers such as [128, 128], "
-                           f"got {block!r}")
-    return WeightFormat("fp8", 8, block=(block[0], block[1]), scales="block", scale_bytes=4, skipped_roles=skipped,
-                        label=f"FP8, a scale per {block[0]}x{block[1]} block")
+        return WeightFormat(
+            "fp8",
+            8,
+            scales="tensor",
+            scale_bytes=4,
+            static_activation_scale=static,
+            skipped_roles=skipped,
+            label="FP8, a scale per tensor",
+        )
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)
+    ):
+        raise KvbenchError(f"{where}.weight_block_size must be two positive integers such as [128, 128], got {block!r}")
+    return WeightFormat(
+        "fp8",
+        8,
+        block=(block[0], block[1]),
+        scales="block",
+        scale_bytes=4,
+        skipped_roles=skipped,
+        label=f"FP8, a scale per {block[0]}x{block[1]} block",
+    )
 
 
 def _flag(config: dict[str, Any], name: str) -> bool:
@@ -254,8 +286,14 @@ def _bitsandbytes(config: dict[str, Any], where: str) -> WeightFormat:
     if _flag(config, "load_in_4bit"):
         kind = str(config.get("bnb_4bit_quant_type", "fp4")).upper()
         double = config.get("bnb_4bit_use_double_quant") is True
-        return WeightFormat("bitsandbytes", 4, 64, double_quant=double, skipped_roles=skipped,
-                            label=f"bitsandbytes {kind}" + (" (double quantization)" if double else ""))
+        return WeightFormat(
+            "bitsandbytes",
+            4,
+            64,
+            double_quant=double,
+            skipped_roles=skipped,
+            label=f"bitsandbytes {kind}" + (" (double quantization)" if double else ""),
+        )
     if _flag(config, "load_in_8bit"):
         return WeightFormat("bitsandbytes", 8, skipped_roles=skipped, label="bitsandbytes LLM.int8")
     raise KvbenchError(f"{where}: bitsandbytes without load_in_4bit or load_in_8bit")
@@ -264,9 +302,11 @@ def _bitsandbytes(config: dict[str, Any], where: str) -> WeightFormat:
 def _compressed_tensors(config: dict[str, Any], where: str) -> WeightFormat:
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:
-        raise KvbenchError(f"{where}.config_groups: kvbench reads one quantization group for all linear layers, "
-                           f"got {len(groups) if isinstance(groups, dict) else groups!r}")
-    (name, spec), = groups.items()
+        raise KvbenchError(
+            f"{where}.config_groups: kvbench reads one quantization group for all linear layers, "
+            f"got {len(groups) if isinstance(groups, dict) else groups!r}"
+        )
+    ((name, spec),) = groups.items()
     weights = spec.get("weights") if isinstance(spec, dict) else None
     if not isinstance(weights, dict):
         raise KvbenchError(f"{where}.config_groups.{name}.weights must be a JSON object")
@@ -280,8 +320,7 @@ def _compressed_tensors(config: dict[str, Any], where: str) -> WeightFormat:
     scale_bytes = 1 if (kind == "float" and bits == 4) else 2  # NVFP4's fp8 group scales; else the model's dtype
     label = f"compressed-tensors {kind}{bits}, a scale per {strategy.replace('_', ' ')}"
     zero_points = weights.get("symmetric", True) is False
-    common: dict[str, Any] = dict(scale_bytes=scale_bytes, zero_points=zero_points, skipped_roles=skipped,
-                                  label=label)
+    common: dict[str, Any] = dict(scale_bytes=scale_bytes, zero_points=zero_points, skipped_roles=skipped, label=label)
     if strategy == "tensor":
         return WeightFormat("compressed-tensors", bits, scales="tensor", **common)
     if strategy == "channel":

@@ -39,9 +39,7 @@ class RopeConfig:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
-            raise KvbenchError(
-                f"unsupported rope scaling type {self.rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
-            )
+            raise KvbenchError(f"unsupported rope scaling type {self.rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
         missing = [name for name in REQUIRED_PARAMS[self.rope_type] if self.params.get(name) is None]
         if missing:
             raise KvbenchError(f"rope scaling {self.rope_type!r} needs {', '.join(missing)}")

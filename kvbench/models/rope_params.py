@@ -48,14 +48,16 @@ def split_rope_scaling(scaling: Any, field: str = "rope_scaling") -> tuple[str, 
         return "default", {}
     if not isinstance(scaling, dict):
         raise KvbenchError(
-            f"{field} must be a JSON object such as {{\"rope_type\": \"linear\", \"factor\": 2.0}}, got {scaling!r}"
+            f'{field} must be a JSON object such as {{"rope_type": "linear", "factor": 2.0}}, got {scaling!r}'
         )
     params = dict(scaling)
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     params.pop("rope_theta", None)
     if rope_type not in ROPE_TYPES:
-        raise KvbenchError(f"unsupported rope scaling type {rope_type!r} in {field}; supported: {', '.join(ROPE_TYPES)}")
+        raise KvbenchError(
+            f"unsupported rope scaling type {rope_type!r} in {field}; supported: {', '.join(ROPE_TYPES)}"
+        )
     _check_params(rope_type, params, field)
     return rope_type, params
 

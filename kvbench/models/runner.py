@@ -98,9 +98,12 @@ def _adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     first = tensors[0]
     offset = first.storage_offset()
     for tensor in tensors:
-        if (not tensor.is_contiguous() or tensor.shape[1:] != first.shape[1:]
-                or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-                or tensor.storage_offset() != offset):
+        if (
+            not tensor.is_contiguous()
+            or tensor.shape[1:] != first.shape[1:]
+            or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or tensor.storage_offset() != offset
+        ):
             return None
         offset += tensor.numel()
     rows = sum(tensor.shape[0] for tensor in tensors)
@@ -128,8 +131,9 @@ def _fused_bias(modules: list[Any]) -> torch.Tensor | None:
     for module in modules:
         if module.bias is None:
             weight = module.weight
-            module.bias = torch.nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device),
-                                             requires_grad=False)
+            module.bias = torch.nn.Parameter(
+                torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device), requires_grad=False
+            )
     return fuse_rows([module.bias for module in modules])
 
 
@@ -225,8 +229,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
-        if self.kernel_backend == "native" and (self.kv_dtype not in cpu_native.KERNEL_DTYPES
-                                                or self.kv_dtype != self.dtype):
+        if self.kernel_backend == "native" and (
+            self.kv_dtype not in cpu_native.KERNEL_DTYPES or self.kv_dtype != self.dtype
+        ):
             self.kernel_backend = "torch"  # not a pool the C decode kernel takes: keep the reference's kept plans
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -243,7 +248,8 @@ class ModelRunner:
         # with the native backend, norms, SiLU-and-multiply and rotary as single-pass C ops too (float32 or bfloat16
         # on one CPU thread); otherwise torch's
         self.native_ops = self.kernel_backend == "native" and cpu_native.use_for_model_ops(
-            self.device, self.dtype, self.head_dim)
+            self.device, self.dtype, self.head_dim
+        )
         self.k_caches, self.v_caches = self._allocate_kv_pool()
 
     # ------------------------------------------------------------------ setup
@@ -258,8 +264,9 @@ class ModelRunner:
     def _pack_weights(self, model: Any) -> None:
         """Each matmul weight with the packed copy and the row ranges this CPU's measured plan chose for its role
         (:mod:`kvbench.models.cpu_choices`; the model's own tensors stay as they are)."""
-        plan = cpu_choices.plan_for(model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS},
-                                            "lm_head": self.lm_head})
+        plan = cpu_choices.plan_for(
+            model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS}, "lm_head": self.lm_head}
+        )
         for layer in self.layers:
             for role in LAYER_MATMULS:
                 setattr(layer, role, cpu_linear.pack_for(model, getattr(layer, role), plan.choice(role).routes()))
@@ -327,8 +334,9 @@ class ModelRunner:
             max_query_len=max_query_len,
         )
 
-    def decode_step_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
-                          max_context_len: int) -> StepInput:
+    def decode_step_input(
+        self, longs: np.ndarray, ints: np.ndarray, count: int, width: int, max_context_len: int
+    ) -> StepInput:
         """A decode step from its two packed host arrays (taken over, not copied).
 
         ``longs`` (int64) holds tokens, positions and slots; ``ints`` (int32) holds context lengths, query
@@ -363,8 +371,15 @@ class ModelRunner:
         much, each step is planned in length buckets instead, so padding does not multiply the work."""
         return self.keeps_decode_plan and kernels.decode_padding_is_small(context_lens, self.block_size)
 
-    def persistent_decode_input(self, longs: np.ndarray, ints: np.ndarray, count: int, width: int,
-                                max_context_len: int, bias: np.ndarray | None = None) -> StepInput:
+    def persistent_decode_input(
+        self,
+        longs: np.ndarray,
+        ints: np.ndarray,
+        count: int,
+        width: int,
+        max_context_len: int,
+        bias: np.ndarray | None = None,
+    ) -> StepInput:
         """A decode step over host arrays the caller keeps and advances in place between steps.
 
         On the CPU the tensors view the arrays (no copy per step), and with ``bias`` (see
@@ -384,7 +399,8 @@ class ModelRunner:
         fits in one chunk of the torch kernels (else the runner plans the step itself)."""
         step.max_context_len = max_context_len
         fits = step.kept_plan is not None and kernels.decode_plan_fits(
-            step.kept_plan, max_context_len, self.num_kv_heads * self.head_dim)
+            step.kept_plan, max_context_len, self.num_kv_heads * self.head_dim
+        )
         step.attention_plan = step.kept_plan if fits else None
         return step
 
@@ -398,8 +414,13 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ sampling
 
-    def sample(self, logits: torch.Tensor, params: Sequence[SamplingSettings],
-               generators: Sequence[torch.Generator | None], rows: Sequence[int] | None = None) -> list[int]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingSettings],
+        generators: Sequence[torch.Generator | None],
+        rows: Sequence[int] | None = None,
+    ) -> list[int]:
         """Token ids chosen from ``logits`` (see :func:`kvbench.models.sampler.sample`)."""
         return sampler.sample(logits, params, generators, rows)
 
@@ -428,8 +449,9 @@ class ModelRunner:
             x = self._norm(hidden, self.layers[0].input_norm)
             for index, layer in enumerate(self.layers):
                 # the residual stream: each block's output is added to hidden, whose norm feeds the next block
-                hidden, x = self._add_norm(hidden, self._attention(index, layer, x, cos, sin, step, plan),
-                                           layer.post_norm)
+                hidden, x = self._add_norm(
+                    hidden, self._attention(index, layer, x, cos, sin, step, plan), layer.post_norm
+                )
                 following = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
                 hidden, x = self._add_norm(hidden, self._mlp(layer, x), following)
             if not step.is_decode:
@@ -443,10 +465,17 @@ class ModelRunner:
         if step.attention_plan is not None:
             return step.attention_plan
         if step.is_decode:
-            return kernels.plan_decode(step.block_tables, step.context_lens, self.k_caches[0],
-                                       backend=self.kernel_backend, valid_tables=True)  # padded with block 0
-        return kernels.plan_prefill(step.block_tables, step.query_start_loc, step.context_lens, self.k_caches[0],
-                                    self.num_heads, backend=self.kernel_backend)
+            return kernels.plan_decode(
+                step.block_tables, step.context_lens, self.k_caches[0], backend=self.kernel_backend, valid_tables=True
+            )  # padded with block 0
+        return kernels.plan_prefill(
+            step.block_tables,
+            step.query_start_loc,
+            step.context_lens,
+            self.k_caches[0],
+            self.num_heads,
+            backend=self.kernel_backend,
+        )
 
     @staticmethod
     def _linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -468,8 +497,9 @@ class ModelRunner:
             return cpu_native.rms_norm(x, weight, self.eps)
         return rms_norm(x, weight, self.eps)
 
-    def _add_norm(self, hidden: torch.Tensor, delta: torch.Tensor,
-                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _add_norm(
+        self, hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden + delta`` and its RMSNorm (with the C ops: one pass, ``hidden`` updated in place)."""
         if self.native_ops:
             return hidden, cpu_native.add_rms_norm_(hidden, delta.contiguous(), weight, self.eps)
@@ -477,8 +507,14 @@ class ModelRunner:
         return hidden, rms_norm(hidden, weight, self.eps)
 
     def _attention(
-        self, index: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        step: StepInput, plan: Any,
+        self,
+        index: int,
+        w: LayerWeights,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        step: StepInput,
+        plan: Any,
     ) -> torch.Tensor:
         q, k, v = self._qkv(w, x, cos, sin)
         k_cache, v_cache = self.k_caches[index], self.v_caches[index]
@@ -486,13 +522,28 @@ class ModelRunner:
         kernels.write_kv(k, v, k_cache, v_cache, step.slot_mapping, backend=backend, padded=False)
         if step.is_decode:
             out = kernels.paged_decode_attention(
-                q, k_cache, v_cache, step.block_tables, step.context_lens, self.scale, backend=backend,
-                max_context_len=_known(step.max_context_len), plan=plan,
+                q,
+                k_cache,
+                v_cache,
+                step.block_tables,
+                step.context_lens,
+                self.scale,
+                backend=backend,
+                max_context_len=_known(step.max_context_len),
+                plan=plan,
             )
         else:
             out = kernels.paged_prefill_attention(
-                q, k_cache, v_cache, step.block_tables, step.query_start_loc, step.context_lens, self.scale,
-                backend=backend, max_query_len=_known(step.max_query_len), plan=plan,
+                q,
+                k_cache,
+                v_cache,
+                step.block_tables,
+                step.query_start_loc,
+                step.context_lens,
+                self.scale,
+                backend=backend,
+                max_query_len=_known(step.max_query_len),
+                plan=plan,
             )
         return self._linear(out.reshape(x.shape[0], self.num_heads * self.head_dim), w.o_proj, w.o_bias)
 

@@ -51,7 +51,9 @@ def sample(
     if rows is not None:
         logits = logits[torch.as_tensor(list(rows), device=logits.device)]
     if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
-        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(params)} params / {len(generators)} generators")
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match {len(params)} params / {len(generators)} generators"
+        )
     greedy_rows = [p.is_greedy for p in params]
     if all(greedy_rows):
         return _argmax(logits)
@@ -85,7 +87,9 @@ def _generator_for(generator: torch.Generator | None, params: SamplingSettings) 
     return generator
 
 
-def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingSettings], generators: list[torch.Generator]) -> list[int]:
+def _sample_rows(
+    logits: torch.Tensor, params: Sequence[SamplingSettings], generators: list[torch.Generator]
+) -> list[int]:
     """Temperature, then top-k and top-p over the sorted distribution, then one inverse-CDF draw per row."""
     device, vocab = logits.device, logits.shape[1]
     temps = torch.tensor([p.temperature for p in params], device=device, dtype=torch.float32)
@@ -104,7 +108,9 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingSettings], gener
     return order.gather(1, picks).squeeze(1).tolist()
 
 
-def beam_candidates(logits: torch.Tensor, scores: Sequence[float], count: int) -> tuple[list[float], list[int], list[int]]:
+def beam_candidates(
+    logits: torch.Tensor, scores: Sequence[float], count: int
+) -> tuple[list[float], list[int], list[int]]:
     """The ``count`` best continuations of beams with cumulative log-prob ``scores`` (one logits row each).
 
     Returns their new scores (float32 sums, best first), the parent row of each and its token.

@@ -63,8 +63,9 @@ class MoeSpec:
                 f"mixture of experts: {self.experts_per_token} experts per token but only {self.num_experts} experts"
             )
         if self.layers is not None and len(self.layers) != self.num_moe_layers:
-            raise KvbenchError(f"mixture of experts: {len(self.layers)} layer indices for {self.num_moe_layers} "
-                               "MoE layers")
+            raise KvbenchError(
+                f"mixture of experts: {len(self.layers)} layer indices for {self.num_moe_layers} MoE layers"
+            )
 
     def expert_parameters(self, hidden_size: int) -> int:
         """One routed expert: gate, up and down projections (and their biases)."""
@@ -151,14 +152,22 @@ class ModelShape:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
-                     "max_position_embeddings"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not _is_positive_int(value):
                 raise KvbenchError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise KvbenchError(
-                f"model {self.name!r}: num_heads ({self.num_heads}) is not a multiple of num_kv_heads ({self.num_kv_heads})"
+                f"model {self.name!r}: num_heads ({self.num_heads}) is not a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
             )
         if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 0:
             raise KvbenchError(f"model {self.name!r}: head_dim must be a positive integer, got {self.head_dim!r}")
@@ -169,15 +178,18 @@ class ModelShape:
         if self.dtype not in DTYPE_BYTES:
             raise KvbenchError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
         if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPE_BYTES:
-            raise KvbenchError(f"unknown KV cache dtype {self.kv_dtype!r}; choose auto or one of "
-                               f"{', '.join(KV_DTYPE_BYTES)}")
+            raise KvbenchError(
+                f"unknown KV cache dtype {self.kv_dtype!r}; choose auto or one of {', '.join(KV_DTYPE_BYTES)}"
+            )
         if self.architecture not in ("llama", "opt"):
             raise KvbenchError(f"model {self.name!r}: unknown architecture {self.architecture!r}; choose llama or opt")
         if self.architecture == "llama":
             self._check_rotary()
         elif self.moe is not None or self.mla is not None:
-            raise KvbenchError(f"model {self.name!r}: mixture of experts and latent attention are costed for the "
-                               "llama architecture only")
+            raise KvbenchError(
+                f"model {self.name!r}: mixture of experts and latent attention are costed for the "
+                "llama architecture only"
+            )
         if self.moe is not None:
             if self.moe.num_moe_layers > self.num_layers:
                 raise KvbenchError(
@@ -199,17 +211,21 @@ class ModelShape:
             raise KvbenchError(f"model {self.name!r}: {err}") from None
 
     def _check_layer_indices(self, indices: tuple[int, ...], what: str) -> None:
-        if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.num_layers for i in indices) \
-                or len(set(indices)) != len(indices):
-            raise KvbenchError(f"model {self.name!r}: {what} indices must be distinct layers in "
-                               f"[0, {self.num_layers}), got {list(indices)!r}")
+        if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.num_layers for i in indices) or len(
+            set(indices)
+        ) != len(indices):
+            raise KvbenchError(
+                f"model {self.name!r}: {what} indices must be distinct layers in "
+                f"[0, {self.num_layers}), got {list(indices)!r}"
+            )
 
     def _check_windows(self) -> None:
         object.__setattr__(self, "sliding_layers", tuple(sorted(self.sliding_layers)))
         self._check_layer_indices(self.sliding_layers, "sliding-window layer")
         if self.sliding_layers and not _is_positive_int(self.sliding_window):
-            raise KvbenchError(f"model {self.name!r}: sliding_window must be a positive integer, "
-                               f"got {self.sliding_window!r}")
+            raise KvbenchError(
+                f"model {self.name!r}: sliding_window must be a positive integer, got {self.sliding_window!r}"
+            )
         if not self.sliding_layers:
             object.__setattr__(self, "sliding_window", None)
 
@@ -273,17 +289,25 @@ class ModelShape:
             mla = self.mla
             qk_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
             if mla.q_lora_rank:
-                groups = [WeightGroup("mla_down", mla.q_lora_rank, h), vector("norm", mla.q_lora_rank),
-                          WeightGroup("mla_up", heads * qk_dim, mla.q_lora_rank)]
+                groups = [
+                    WeightGroup("mla_down", mla.q_lora_rank, h),
+                    vector("norm", mla.q_lora_rank),
+                    WeightGroup("mla_up", heads * qk_dim, mla.q_lora_rank),
+                ]
             else:
                 groups = [WeightGroup("attn_q", heads * qk_dim, h)]
             return groups + [
-                WeightGroup("mla_down", mla.kv_lora_rank + mla.qk_rope_head_dim, h), vector("norm", mla.kv_lora_rank),
+                WeightGroup("mla_down", mla.kv_lora_rank + mla.qk_rope_head_dim, h),
+                vector("norm", mla.kv_lora_rank),
                 WeightGroup("mla_up", heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank),
                 WeightGroup("attn_o", h, heads * mla.v_head_dim),
             ]
         q_out, kv_out = heads * self.head_dim, self.num_kv_heads * self.head_dim
-        groups = [WeightGroup("attn_q", q_out, h), WeightGroup("attn_kv", kv_out, h, 2), WeightGroup("attn_o", h, q_out)]
+        groups = [
+            WeightGroup("attn_q", q_out, h),
+            WeightGroup("attn_kv", kv_out, h, 2),
+            WeightGroup("attn_o", h, q_out),
+        ]
         opt = self.architecture == "opt"
         if self.qkv_bias or opt:
             groups.append(vector("bias", q_out + 2 * kv_out))
@@ -306,8 +330,13 @@ class ModelShape:
 
     def layer_weights(self, index: int, routed_experts: int | None = None) -> list[WeightGroup]:
         """The weights of decoder layer ``index``; ``routed_experts`` counts that many experts (default: all)."""
-        norms = [vector("norm", 2 * self.hidden_size, 2)] if self.architecture == "opt" else \
-            [vector("norm", self.hidden_size, self.norms_per_layer)] if self.norms_per_layer else []
+        norms = (
+            [vector("norm", 2 * self.hidden_size, 2)]
+            if self.architecture == "opt"
+            else [vector("norm", self.hidden_size, self.norms_per_layer)]
+            if self.norms_per_layer
+            else []
+        )
         if self.moe is not None and index in self._moe_set():
             experts = self.moe.num_experts if routed_experts is None else routed_experts
             mlp = self.moe.block_groups(self.hidden_size, experts)
@@ -336,7 +365,10 @@ class ModelShape:
         moe_layers = len(self.moe_layer_indices())
         dense_layers = self.num_layers - moe_layers
         groups = [group for group, _ in self.outer_weights()]
-        for index, count in ((self.representative_layer(False), dense_layers), (self.representative_layer(True), moe_layers)):
+        for index, count in (
+            (self.representative_layer(False), dense_layers),
+            (self.representative_layer(True), moe_layers),
+        ):
             if count and index is not None:
                 groups += [replace(g, count=g.count * count) for g in self.layer_weights(index, routed_experts)]
         return groups
@@ -397,18 +429,33 @@ class ModelShape:
         data = asdict(self)
         for name in ("extra", "weight_format"):
             data.pop(name)
-        defaults = {"moe": None, "qkv_bias": False, "o_bias": False, "mlp_bias": False, "kv_dtype": "auto",
-                    "sliding_window": None, "sliding_layers": (), "mla": None, "qk_norm": False, "norms_per_layer": 2,
-                    "attention_sinks": False, "vision_parameters": 0}
+        defaults = {
+            "moe": None,
+            "qkv_bias": False,
+            "o_bias": False,
+            "mlp_bias": False,
+            "kv_dtype": "auto",
+            "sliding_window": None,
+            "sliding_layers": (),
+            "mla": None,
+            "qk_norm": False,
+            "norms_per_layer": 2,
+            "attention_sinks": False,
+            "vision_parameters": 0,
+        }
         for name, default in defaults.items():
             if data[name] == default:
                 data.pop(name)
         if "sliding_layers" in data:
             data["sliding_layers"] = list(data["sliding_layers"])
         if self.moe is not None:
-            data["moe"] = {k: v for k, v in data["moe"].items()
-                           if v is not None and not (k in ("expert_bias", "router_bias") and v is False)
-                           and not (k == "shared_expert_gate" and not self.moe.shared_expert_intermediate_size)}
+            data["moe"] = {
+                k: v
+                for k, v in data["moe"].items()
+                if v is not None
+                and not (k in ("expert_bias", "router_bias") and v is False)
+                and not (k == "shared_expert_gate" and not self.moe.shared_expert_intermediate_size)
+            }
         data.update(
             bytes_per_token=self.bytes_per_token,
             num_parameters=self.num_parameters,
@@ -423,18 +470,26 @@ class ModelShape:
 
 MODEL_PRESETS: dict[str, ModelShape] = {
     # Small enough for CPU sweeps on 2 cores; GQA (4 query heads share 2 KV heads) to exercise grouping.
-    "tiny": ModelShape("tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                       vocab_size=512, max_position_embeddings=4096, dtype="fp32"),
+    "tiny": ModelShape(
+        "tiny",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=512,
+        max_position_embeddings=4096,
+        dtype="fp32",
+    ),
     "llama-2-7b": ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     "llama-2-13b": ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
     "llama-2-70b": ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     "llama-3-8b": ModelShape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
-    "opt-13b": ModelShape("opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, architecture="opt",
-                          tie_word_embeddings=True),
+    "opt-13b": ModelShape(
+        "opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, architecture="opt", tie_word_embeddings=True
+    ),
 }
 
 
 def preset_names() -> list[str]:
     return list(MODEL_PRESETS)
-
-

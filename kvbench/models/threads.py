@@ -66,8 +66,15 @@ ENV = "KVBENCH_THREADS"  # a default for ``auto`` (the tests pin one thread with
 Probe = Callable[[], tuple[Callable[[torch.Tensor], torch.Tensor], str]]
 
 
-def choose_threads(hidden: int, intermediate: int, requested: int | None = None, batch: int = 16,
-                   probe: Probe | None = None, dtype: torch.dtype = torch.float32, cache: bool = False) -> ThreadChoice:
+def choose_threads(
+    hidden: int,
+    intermediate: int,
+    requested: int | None = None,
+    batch: int = 16,
+    probe: Probe | None = None,
+    dtype: torch.dtype = torch.float32,
+    cache: bool = False,
+) -> ThreadChoice:
     """The thread count for a CPU model of this width; ``requested`` wins when given, then ``KVBENCH_THREADS``.
 
     ``probe``, called only when there is something to measure, returns the model's own gate/up-sized matmul as
@@ -103,13 +110,22 @@ def choose_threads(hidden: int, intermediate: int, requested: int | None = None,
                     start = time.perf_counter()
                     linear(x)
                     samples[threads].append(time.perf_counter() - start)
-        return {"timings_us": {str(threads): round(statistics.median(times) * 1e6, 1)
-                               for threads, times in samples.items()}}
+        return {
+            "timings_us": {str(threads): round(statistics.median(times) * 1e6, 1) for threads, times in samples.items()}
+        }
 
     provenance = ""
     if cache:
-        descriptor = {"cpu": cpu_signature(), "torch": torch.__version__, "candidates": candidates, "batch": batch,
-                      "hidden": hidden, "intermediate": intermediate, "dtype": str(dtype), "path": path}
+        descriptor = {
+            "cpu": cpu_signature(),
+            "torch": torch.__version__,
+            "candidates": candidates,
+            "batch": batch,
+            "hidden": hidden,
+            "intermediate": intermediate,
+            "dtype": str(dtype),
+            "path": path,
+        }
 
         def check(record: dict) -> None:
             if sorted(int(t) for t in record["timings_us"]) != candidates:
@@ -126,5 +142,7 @@ def choose_threads(hidden: int, intermediate: int, requested: int | None = None,
             chosen = threads
     torch.set_num_threads(chosen)
     timings = ", ".join(f"{t} thread(s) {best[t]:.0f} us" for t in candidates)
-    return ThreadChoice(chosen, f"measured the model's {path} [{batch} x {hidden}] decode matmul, median of "
-                                f"{ROUNDS}: {timings}{provenance}")
+    return ThreadChoice(
+        chosen,
+        f"measured the model's {path} [{batch} x {hidden}] decode matmul, median of {ROUNDS}: {timings}{provenance}",
+    )

@@ -23,8 +23,10 @@ def model_line(document: dict[str, Any]) -> str:
         kv += f", latent attention: {model['mla']['kv_lora_rank'] + model['mla']['qk_rope_head_dim']} per layer"
     kv += ")"
     if model.get("sliding_window"):
-        kv += (f"; {len(model['sliding_layers'])} of {model['num_layers']} layers keep a window of "
-               f"{model['sliding_window']:,} tokens")
+        kv += (
+            f"; {len(model['sliding_layers'])} of {model['num_layers']} layers keep a window of "
+            f"{model['sliding_window']:,} tokens"
+        )
     parts.append(kv)
     return "; ".join(parts)
 
@@ -41,11 +43,13 @@ def deployment_line(document: dict[str, Any]) -> str:
     if document.get("kv_cache_memory_bytes"):
         budget = f"KV cache set to {human_bytes(document['kv_cache_memory_bytes'])} per GPU"
     else:
-        budget = (f"{human_bytes(document['gpu_memory_bytes'])} x {document['gpu_memory_utilization']} = "
-                  f"{human_bytes(document['usable_bytes'])} usable - weights "
-                  f"{human_bytes(document['weight_bytes_per_gpu'])} - activations "
-                  f"{human_bytes(document['activation_reserve_bytes'])} = KV budget "
-                  f"{human_bytes(document['kv_budget_bytes'])} per GPU")
+        budget = (
+            f"{human_bytes(document['gpu_memory_bytes'])} x {document['gpu_memory_utilization']} = "
+            f"{human_bytes(document['usable_bytes'])} usable - weights "
+            f"{human_bytes(document['weight_bytes_per_gpu'])} - activations "
+            f"{human_bytes(document['activation_reserve_bytes'])} = KV budget "
+            f"{human_bytes(document['kv_budget_bytes'])} per GPU"
+        )
     return f"{head}: {budget}"
 
 
@@ -55,10 +59,14 @@ def kv_heads_line(document: dict[str, Any]) -> str | None:
     if copies <= 1:
         return None
     if "mla" in document["model"]:
-        return (f"latent attention: each of the {document['tensor_parallel_size']} GPUs of a stage keeps the whole "
-                "latent cache (it is shared by all heads, so tensor parallelism does not split it)")
-    return (f"tensor parallelism {document['tensor_parallel_size']} exceeds the {document['model']['num_kv_heads']} "
-            f"KV heads: each GPU keeps {document['kv_heads_per_gpu']} head, so every KV head is stored {copies} times")
+        return (
+            f"latent attention: each of the {document['tensor_parallel_size']} GPUs of a stage keeps the whole "
+            "latent cache (it is shared by all heads, so tensor parallelism does not split it)"
+        )
+    return (
+        f"tensor parallelism {document['tensor_parallel_size']} exceeds the {document['model']['num_kv_heads']} "
+        f"KV heads: each GPU keeps {document['kv_heads_per_gpu']} head, so every KV head is stored {copies} times"
+    )
 
 
 def print_capacity(console, document: dict[str, Any]) -> None:
@@ -68,14 +76,24 @@ def print_capacity(console, document: dict[str, Any]) -> None:
     if note:
         console.print(f"[yellow]{note}[/yellow]")
     if len(document["stages"]) > 1:
-        console.print("pipeline stages: " + "; ".join(
-            f"layers {s['layers'][0]}-{s['layers'][1] - 1}: weights {human_bytes(s['weight_bytes'])}, "
-            f"KV budget {human_bytes(max(s['kv_budget_bytes'], 0))}" for s in document["stages"]))
+        console.print(
+            "pipeline stages: "
+            + "; ".join(
+                f"layers {s['layers'][0]}-{s['layers'][1] - 1}: weights {human_bytes(s['weight_bytes'])}, "
+                f"KV budget {human_bytes(max(s['kv_budget_bytes'], 0))}"
+                for s in document["stages"]
+            )
+        )
     if document["strategies"]:
-        growing = " if every layer grew (the windowed ones stop at their window)" if document["model"].get(
-            "sliding_window") else ""
-        console.print(f"KV budget holds {document['kv_token_slots']:,} token slots per GPU{growing} "
-                      f"({document['kv_bytes_per_token_per_gpu']:,} B per token on a GPU)")
+        growing = (
+            " if every layer grew (the windowed ones stop at their window)"
+            if document["model"].get("sliding_window")
+            else ""
+        )
+        console.print(
+            f"KV budget holds {document['kv_token_slots']:,} token slots per GPU{growing} "
+            f"({document['kv_bytes_per_token_per_gpu']:,} B per token on a GPU)"
+        )
         console.print(strategy_table(document))
     for reason in document["reasons"]:
         console.print(f"[bold red]does not fit:[/bold red] {reason['message']}")
@@ -84,17 +102,30 @@ def print_capacity(console, document: dict[str, Any]) -> None:
 def strategy_table(document: dict[str, Any]) -> Table:
     concurrency = document["concurrency"]
     cap = document.get("max_num_seqs")
-    title = (f"Concurrent requests of {document['mean_len']:,} tokens and of max-len {document['max_len']:,}; "
-             f"longest context at concurrency {concurrency}" + (f" (capped at max-num-seqs {cap})" if cap else ""))
+    title = (
+        f"Concurrent requests of {document['mean_len']:,} tokens and of max-len {document['max_len']:,}; "
+        f"longest context at concurrency {concurrency}" + (f" (capped at max-num-seqs {cap})" if cap else "")
+    )
     table = Table(title=title)
-    columns = ("strategy", "slots / request", "max concurrent", "token states at capacity",
-               f"concurrent at {document['max_len']:,}", f"longest context x{concurrency}")
+    columns = (
+        "strategy",
+        "slots / request",
+        "max concurrent",
+        "token states at capacity",
+        f"concurrent at {document['max_len']:,}",
+        f"longest context x{concurrency}",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in document["strategies"]:
         ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"
         longest = f"{row['longest_context']:,}" + (" (model)" if row["longest_context_limited_by"] == "model" else "")
-        table.add_row(row["strategy"], f"{row['slots_per_request']:,}", f"{row['max_concurrency']:,}",
-                      f"{row['token_state_pct_at_capacity']:.1f}%", f"{row['max_concurrency_at_max_len']:,}{ratio}",
-                      longest)
+        table.add_row(
+            row["strategy"],
+            f"{row['slots_per_request']:,}",
+            f"{row['max_concurrency']:,}",
+            f"{row['token_state_pct_at_capacity']:.1f}%",
+            f"{row['max_concurrency_at_max_len']:,}{ratio}",
+            longest,
+        )
     return table

@@ -43,8 +43,20 @@ POINT_METRIC = "(point)"  # the metric name of a missing/new point's row
 STATUS_METRIC = "status"
 STATUS_RANK = {"ok": 2, "oom": 1, "error": 0}  # higher is better (another status is refused on reading)
 META_FIELDS_TO_MATCH = (
-    "model", "model_name", "scenario", "device", "gpu", "seed", "requests", "block_size",
-    "kv_pool_slots", "pool_slots", "max_len", "repeat", "reserve", "admission",
+    "model",
+    "model_name",
+    "scenario",
+    "device",
+    "gpu",
+    "seed",
+    "requests",
+    "block_size",
+    "kv_pool_slots",
+    "pool_slots",
+    "max_len",
+    "repeat",
+    "reserve",
+    "admission",
 )
 
 
@@ -131,9 +143,7 @@ def compare(
     if not 0 < alpha < 1:
         raise KvbenchError(f"the significance level alpha must be between 0 and 1, got {alpha}")
     if base.kind != head.kind:
-        raise KvbenchError(
-            f"cannot compare a {base.kind!r} run ({base.path}) with a {head.kind!r} run ({head.path})"
-        )
+        raise KvbenchError(f"cannot compare a {base.kind!r} run ({base.path}) with a {head.kind!r} run ({head.path})")
     simulated = _simulated(base, head)
 
     def policy_of(metric: str) -> MetricPolicy | None:
@@ -220,14 +230,12 @@ def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measure
             continue
         for den_key, den in points.items():
             same_place = (den_key.concurrency, den_key.scenario) == (num_key.concurrency, num_key.scenario)
-            if (
-                not same_place
-                or not den_key.engine.startswith(RATIO_DENOMINATOR_PREFIX)
-                or not _usable(den.status)
-            ):
+            if not same_place or not den_key.engine.startswith(RATIO_DENOMINATOR_PREFIX) or not _usable(den.status):
                 continue
             metrics = {
-                ratio_metric_name(num_key.engine, den_key.engine, metric): _ratio(num.metrics[metric], den.metrics[metric])
+                ratio_metric_name(num_key.engine, den_key.engine, metric): _ratio(
+                    num.metrics[metric], den.metrics[metric]
+                )
                 for metric in RATIO_METRICS
                 if metric in num.metrics and metric in den.metrics
             }
@@ -262,8 +270,7 @@ def _compare_point(
         rows.append(_status_row(key, base.status or "ok", head.status or "ok"))
         if not (_usable(base.status) and _usable(head.status)):
             return rows  # the metrics of a failed point mean nothing; its status row says it all
-    policies = {name: policy for name in {**base.metrics, **head.metrics}
-                if (policy := judged(name)) is not None}
+    policies = {name: policy for name in {**base.metrics, **head.metrics} if (policy := judged(name)) is not None}
     names = sorted(policies, key=lambda name: not policies[name].by_default)
     for name in names:
         old, new = base.metrics.get(name), head.metrics.get(name)

@@ -207,9 +207,7 @@ def parse_rule(text: str) -> Rule:
     pattern, sep, raw = text.rpartition(":")
     pattern, raw = pattern.strip(), raw.strip()
     if not sep or not pattern or not raw:
-        raise KvbenchError(
-            f"rule {text!r}: expected METRIC:THRESHOLD, e.g. paged_over_contiguous_output_throughput:5%"
-        )
+        raise KvbenchError(f"rule {text!r}: expected METRIC:THRESHOLD, e.g. paged_over_contiguous_output_throughput:5%")
     relative = raw.endswith("%")
     try:
         value = float(raw[:-1] if relative else raw)

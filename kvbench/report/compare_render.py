@@ -13,9 +13,7 @@ from kvbench.fileio import json_text
 from kvbench.report.compare import STATUS_METRIC, Comparison, Row, Verdict
 
 COLUMNS = ("point", "metric", "base", "head", "change", "verdict", "rule")
-VERDICT_ORDER = (
-    Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW, Verdict.INFO, Verdict.UNCHANGED
-)
+VERDICT_ORDER = (Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW, Verdict.INFO, Verdict.UNCHANGED)
 CHANGED = (Verdict.REGRESSED, Verdict.MISSING, Verdict.IMPROVED, Verdict.NEW)
 VERDICT_STYLE = {
     Verdict.REGRESSED: "bold red",
@@ -174,9 +172,7 @@ def to_junit(comparison: Comparison) -> str:
         skipped="0",
     )
     for row in comparison.rows:
-        case = ET.SubElement(
-            suite, "testcase", classname=f"kvbench.compare.{row.point.label}", name=row.metric
-        )
+        case = ET.SubElement(suite, "testcase", classname=f"kvbench.compare.{row.point.label}", name=row.metric)
         message = f"{row.verdict.value}: base {format_value(row.base)}, head {format_value(row.head)}"
         if format_change(row):
             message += f", change {format_change(row)}"

@@ -16,8 +16,16 @@ def lengths_table(document: dict) -> Table:
     for column in ("", "requests", "mean", "p50", "p90", "p99", "min", "max"):
         table.add_column(column, justify="left" if not column else "right")
     for name, stats in document["lengths"].items():
-        table.add_row(name, f"{stats['count']:,}", f"{stats['mean']:,.1f}", f"{stats['p50']:,.0f}",
-                      f"{stats['p90']:,.0f}", f"{stats['p99']:,.0f}", f"{stats['min']:,}", f"{stats['max']:,}")
+        table.add_row(
+            name,
+            f"{stats['count']:,}",
+            f"{stats['mean']:,.1f}",
+            f"{stats['p50']:,.0f}",
+            f"{stats['p90']:,.0f}",
+            f"{stats['p99']:,.0f}",
+            f"{stats['min']:,}",
+            f"{stats['max']:,}",
+        )
     return table
 
 
@@ -40,14 +48,17 @@ def histogram_table(document: dict, which: str) -> Table:
 
 def waste_table(document: dict) -> Table:
     analytic, meta = document["analytic"], document["meta"]
-    table = Table(title=f"Analytic waste at each request's final length, max-len {meta['max_len']:,}",
-                  caption=f"article's estimate: (max_len - mean) / max_len = ({meta['max_len']:,} - "
-                          f"{analytic['mean_len']:,.0f}) / {meta['max_len']:,} = {analytic['at_mean_len_pct']:.1f}%")
+    table = Table(
+        title=f"Analytic waste at each request's final length, max-len {meta['max_len']:,}",
+        caption=f"article's estimate: (max_len - mean) / max_len = ({meta['max_len']:,} - "
+        f"{analytic['mean_len']:,.0f}) / {meta['max_len']:,} = {analytic['at_mean_len_pct']:.1f}%",
+    )
     for column in ("strategy", "slots held at the end", "token states", "never written"):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in document["points"]:
-        table.add_row(row["engine"], f"{row['held_tokens']:,.0f}", f"{row['written_tokens']:,.0f}",
-                      f"{row['waste_pct']:.1f}%")
+        table.add_row(
+            row["engine"], f"{row['held_tokens']:,.0f}", f"{row['written_tokens']:,.0f}", f"{row['waste_pct']:.1f}%"
+        )
     return table
 
 
@@ -63,12 +74,17 @@ def print_dataset(console, document: dict, run_dir: Path) -> None:
 def dataset_markdown(document: dict) -> str:
     meta = document["meta"]
     head = f"# kvbench dataset\n\n{meta['note']}\n\n"
-    rows = [[name, s["count"], s["mean"], s["p50"], s["p90"], s["p99"], s["min"], s["max"]]
-            for name, s in document["lengths"].items()]
+    rows = [
+        [name, s["count"], s["mean"], s["p50"], s["p90"], s["p99"], s["min"], s["max"]]
+        for name, s in document["lengths"].items()
+    ]
     waste = [[r["engine"], r["held_tokens"], r["written_tokens"], r["waste_pct"]] for r in document["points"]]
-    return (head + markdown_table(["", "requests", "mean", "p50", "p90", "p99", "min", "max"], rows)
-            + f"\nAnalytic waste at max-len {meta['max_len']}:\n\n"
-            + markdown_table(["strategy", "slots held at the end", "token states", "never written %"], waste))
+    return (
+        head
+        + markdown_table(["", "requests", "mean", "p50", "p90", "p99", "min", "max"], rows)
+        + f"\nAnalytic waste at max-len {meta['max_len']}:\n\n"
+        + markdown_table(["strategy", "slots held at the end", "token states", "never written %"], waste)
+    )
 
 
 def dataset_plot(document: dict, path: Path) -> None:
@@ -76,6 +92,8 @@ def dataset_plot(document: dict, path: Path) -> None:
 
     meta = document["meta"]
     plots.length_histograms(
-        {name: document["histograms"][name] for name in ("prompt", "output", "total")}, path,
+        {name: document["histograms"][name] for name in ("prompt", "output", "total")},
+        path,
         f"Token lengths of {len_label(document)}: {document['lengths']['total']['count']} requests",
-        meta["max_len"])
+        meta["max_len"],
+    )

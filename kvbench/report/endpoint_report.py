@@ -23,10 +23,29 @@ from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, markdown_table, write_summary
 
 TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
-COLUMNS = ("target", "load", "done/fail", "out TPS", "req/s", "TTFT p50/p99", "TPOT p50/p99", "E2EL p50",
-           "SLO met", "KV % peak/mean", "preempt", "run/wait", "prefix hit %")
-FIND_MAX_COLUMNS = ("target", "highest load meeting the SLO", "first load missing it", "limited by", "evidence",
-                    "what to change on the server")
+COLUMNS = (
+    "target",
+    "load",
+    "done/fail",
+    "out TPS",
+    "req/s",
+    "TTFT p50/p99",
+    "TPOT p50/p99",
+    "E2EL p50",
+    "SLO met",
+    "KV % peak/mean",
+    "preempt",
+    "run/wait",
+    "prefix hit %",
+)
+FIND_MAX_COLUMNS = (
+    "target",
+    "highest load meeting the SLO",
+    "first load missing it",
+    "limited by",
+    "evidence",
+    "what to change on the server",
+)
 
 
 def is_endpoint_run(document: dict[str, Any]) -> bool:
@@ -44,8 +63,11 @@ def level_text(point: dict[str, Any]) -> str:
 
 
 def level_axis(points: Sequence[dict[str, Any]]) -> str:
-    return ("request rate (requests / s)" if any(p.get("request_rate") is not None for p in points)
-            else "concurrency (requests in flight)")
+    return (
+        "request rate (requests / s)"
+        if any(p.get("request_rate") is not None for p in points)
+        else "concurrency (requests in flight)"
+    )
 
 
 def ordered(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,19 +94,30 @@ def point_row(p: dict[str, Any]) -> list[str]:
     slo = "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
     failed = p.get("failed") or 0
     return [
-        p["engine"], level_text(p), f"{p['completed']}/{failed}",
-        f"{p['output_throughput']:,.0f}" if p["completed"] else "-", f"{p['request_throughput']:,.2f}",
-        _pair(p, "ttft"), _pair(p, "tpot"), "-" if p.get("p50_e2el_ms") is None else ms_text(p["p50_e2el_ms"]),
-        slo, f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}", _count(p.get("preemptions")),
-        f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}", _pct(p.get("prefix_cache_hit_rate")),
+        p["engine"],
+        level_text(p),
+        f"{p['completed']}/{failed}",
+        f"{p['output_throughput']:,.0f}" if p["completed"] else "-",
+        f"{p['request_throughput']:,.2f}",
+        _pair(p, "ttft"),
+        _pair(p, "tpot"),
+        "-" if p.get("p50_e2el_ms") is None else ms_text(p["p50_e2el_ms"]),
+        slo,
+        f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}",
+        _count(p.get("preemptions")),
+        f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}",
+        _pct(p.get("prefix_cache_hit_rate")),
     ]
 
 
 def points_table(points: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=TABLE_TITLE, show_edge=False,
-                  caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
-                          "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
-                          "given, or the server does not expose it)")
+    table = Table(
+        title=TABLE_TITLE,
+        show_edge=False,
+        caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
+        "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
+        "given, or the server does not expose it)",
+    )
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
     for p in ordered(points):
@@ -99,8 +132,16 @@ def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
         limit = s.get("limit") or {}
         best = "none" if s["best"] is None else unit(s["best"])
         miss = "-" if s["first_miss"] is None else unit(s["first_miss"])
-        rows.append([s["engine"], best, miss, limit.get("kind", "-"), limit.get("evidence") or s.get("stopped", ""),
-                     limit.get("suggestion", "-")])
+        rows.append(
+            [
+                s["engine"],
+                best,
+                miss,
+                limit.get("kind", "-"),
+                limit.get("evidence") or s.get("stopped", ""),
+                limit.get("suggestion", "-"),
+            ]
+        )
     return rows
 
 
@@ -133,15 +174,19 @@ def findings(points: Sequence[dict[str, Any]]) -> list[str]:
     for p in points:
         ratio = (p.get("agreement") or {}).get("output_tokens_client_over_server")
         if ratio is not None and abs(ratio - 1) > 0.01:
-            lines.append(f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the output tokens the "
-                         "server reports generating (another workload on the server, or tokens counted differently)")
+            lines.append(
+                f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the output tokens the "
+                "server reports generating (another workload on the server, or tokens counted differently)"
+            )
     return lines
 
 
 def markdown(document: dict[str, Any]) -> str:
     meta, points = document["meta"], document["points"]
-    md = [f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
-          f"scenario {meta.get('scenario', '')}\n\n"]
+    md = [
+        f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
+        f"scenario {meta.get('scenario', '')}\n\n"
+    ]
     if meta.get("stop_description"):
         md.append(f"Stop: {meta['stop_description']}\n\n")
     md.append(f"## {TABLE_TITLE}\n\n")
@@ -156,13 +201,15 @@ def markdown(document: dict[str, Any]) -> str:
     return "".join(md)
 
 
-def write_endpoint_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]],
-                           searches: list[dict[str, Any]]) -> dict[str, Any]:
+def write_endpoint_outputs(
+    run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]], searches: list[dict[str, Any]]
+) -> dict[str, Any]:
     """summary.json/csv/md (and report.html), then the PNG plots; returns the summary document."""
     points = ordered(points)
     slo = next((p.get("slo") for p in points if p.get("slo")), None)
-    document = summary_document("sweep", meta, points, endpoint={"find_max": searches, "slo": slo},
-                                findings=findings(points))
+    document = summary_document(
+        "sweep", meta, points, endpoint={"find_max": searches, "slo": slo}, findings=findings(points)
+    )
     write_summary(run_dir, document, [flatten(p) for p in points], markdown(document))
     write_endpoint_plots(run_dir, meta, points)
     return document
@@ -183,8 +230,10 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
     tag, axis = _tag(meta), level_axis(points)
     written = []
     throughput: dict[str, tuple[list[float], list[float]]] = {}
-    latency: dict[str, dict[str, tuple[list[float], list[float]]]] = {"time to first token (TTFT)": {},
-                                                                       "time per output token (TPOT)": {}}
+    latency: dict[str, dict[str, tuple[list[float], list[float]]]] = {
+        "time to first token (TTFT)": {},
+        "time per output token (TPOT)": {},
+    }
     usage: dict[str, tuple[list[float], list[float]]] = {}
     for engine in sorted({p["engine"] for p in shown}):
         mine = [p for p in ordered(shown) if p["engine"] == engine]
@@ -192,28 +241,57 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
         for stat in ("p50", "p99"):
             for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
                 timed = [p for p in mine if p.get(f"{stat}_{kind}_ms") is not None]
-                latency[panel][f"{engine} {stat}"] = ([level_of(p) for p in timed],
-                                                      [p[f"{stat}_{kind}_ms"] for p in timed])
+                latency[panel][f"{engine} {stat}"] = (
+                    [level_of(p) for p in timed],
+                    [p[f"{stat}_{kind}_ms"] for p in timed],
+                )
         read = [p for p in mine if p.get("kv_usage_peak") is not None]
         if read:
             usage[f"{engine} peak"] = ([level_of(p) for p in read], [100 * p["kv_usage_peak"] for p in read])
             usage[f"{engine} mean"] = ([level_of(p) for p in read], [100 * (p.get("kv_usage_mean") or 0) for p in read])
-    written.append(plots.lines(throughput, run_dir / "throughput.png", f"Output throughput vs load\n{tag}", axis,
-                               "output tokens / s", "higher"))
-    written.append(plots.line_panels(latency, run_dir / "latency.png",
-                                     f"Latency vs load (p50 solid, p99 dashed) — {tag}", axis, "latency (ms)", "lower"))
+    written.append(
+        plots.lines(
+            throughput,
+            run_dir / "throughput.png",
+            f"Output throughput vs load\n{tag}",
+            axis,
+            "output tokens / s",
+            "higher",
+        )
+    )
+    written.append(
+        plots.line_panels(
+            latency,
+            run_dir / "latency.png",
+            f"Latency vs load (p50 solid, p99 dashed) — {tag}",
+            axis,
+            "latency (ms)",
+            "lower",
+        )
+    )
     if usage:
-        written.append(plots.lines(usage, run_dir / "kv_usage.png", f"Server KV cache usage vs load\n{tag}", axis,
-                                   "KV cache usage (% of the server's cache)",
-                                   "near 100% the cache is full: requests wait or are preempted"))
+        written.append(
+            plots.lines(
+                usage,
+                run_dir / "kv_usage.png",
+                f"Server KV cache usage vs load\n{tag}",
+                axis,
+                "KV cache usage (% of the server's cache)",
+                "near 100% the cache is full: requests wait or are preempted",
+            )
+        )
     for point in shown:
         name = point.get("timeline_file")
         path = run_dir / name if name else None
         if path is not None and path.is_file():
             data = json.loads(path.read_text(encoding="utf-8"))
-            written.append(timeline_plot(data, run_dir / path.with_suffix(".png").name,
-                                         f"{point['engine']} at {level_text(point)}: client throughput and server "
-                                         f"KV usage over time\n{tag}"))
+            written.append(
+                timeline_plot(
+                    data,
+                    run_dir / path.with_suffix(".png").name,
+                    f"{point['engine']} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
+                )
+            )
     return written
 
 
@@ -236,19 +314,37 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
     handles, labels = ax.get_legend_handles_labels()
     if rows:
         right = ax.twinx()
-        right.plot([r["elapsed_s"] for r in rows], [100 * r["kv_usage"] for r in rows], "-o", markersize=3,
-                   color="C3", label="server KV usage %")
+        right.plot(
+            [r["elapsed_s"] for r in rows],
+            [100 * r["kv_usage"] for r in rows],
+            "-o",
+            markersize=3,
+            color="C3",
+            label="server KV usage %",
+        )
         waiting = [r for r in rows if r.get("waiting") is not None]
         if any(r["waiting"] for r in waiting):
-            right.plot([r["elapsed_s"] for r in waiting], [r["waiting"] for r in waiting], ":", color="C2",
-                       label="server waiting requests")
+            right.plot(
+                [r["elapsed_s"] for r in waiting],
+                [r["waiting"] for r in waiting],
+                ":",
+                color="C2",
+                label="server waiting requests",
+            )
         right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
         right.set_ylim(0, max(105.0, *(r.get("waiting") or 0 for r in waiting)))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     else:
-        ax.text(0.5, 0.9, "no /metrics scrape: server KV usage unknown", transform=ax.transAxes, ha="center",
-                fontsize=8, color="#777777")
+        ax.text(
+            0.5,
+            0.9,
+            "no /metrics scrape: server KV usage unknown",
+            transform=ax.transAxes,
+            ha="center",
+            fontsize=8,
+            color="#777777",
+        )
     ax.legend(handles, labels, fontsize=8, loc="lower right")
     ax.set_title(f"{title}\n(higher tok/s is better; KV usage near 100% means the cache is full)", fontsize=9)
     return _save(fig, path)
@@ -262,8 +358,10 @@ def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, 
         console.print(find_max_table(searches, document["endpoint"].get("slo")))
     for line in document.get("findings") or []:
         console.print(line, markup=False, highlight=False)
-    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, "
-                  "timeline-*.json, watch-*.jsonl, *.png)")
+    console.print(
+        f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, "
+        "timeline-*.json, watch-*.jsonl, *.png)"
+    )
 
 
 class EndpointConsoleProgress:
@@ -289,17 +387,22 @@ class EndpointConsoleProgress:
             state["done"] += 1
             state["tokens"] += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
             elapsed = time.perf_counter() - started
-            self.bars.update(self.task, completed=state["done"],
-                             tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else "")
+            self.bars.update(
+                self.task, completed=state["done"], tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else ""
+            )
 
         return on_record
 
     def done(self, point: Point) -> None:
         data = point.to_json()
-        self.console.print(f"{point.engine:>16} {level_text(data):<12} {point.status:<5} "
-                           f"{point.completed} done, {data.get('failed') or 0} failed, "
-                           f"{point.output_throughput:,.0f} out tok/s, KV peak "
-                           f"{_pct(data.get('kv_usage_peak'))}%", markup=False, highlight=False)
+        self.console.print(
+            f"{point.engine:>16} {level_text(data):<12} {point.status:<5} "
+            f"{point.completed} done, {data.get('failed') or 0} failed, "
+            f"{point.output_throughput:,.0f} out tok/s, KV peak "
+            f"{_pct(data.get('kv_usage_peak'))}%",
+            markup=False,
+            highlight=False,
+        )
 
     def close(self) -> None:
         if self.task is not None:

@@ -88,17 +88,13 @@ def render(fig, name: str) -> CapturedFigure:
     aspect = float(width / height) if height else 1.5
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
         buffer = io.BytesIO()
-        fig.savefig(
-            buffer, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None}
-        )
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     svg = clean_svg(buffer.getvalue().decode("utf-8"))
     if len(svg.encode("utf-8")) <= SVG_LIMIT_BYTES:
         return CapturedFigure(name, title, "image/svg+xml", svg, aspect)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=PNG_DPI, metadata={"Software": None})
-    return CapturedFigure(
-        name, title, "image/png", base64.b64encode(buffer.getvalue()).decode("ascii"), aspect
-    )
+    return CapturedFigure(name, title, "image/png", base64.b64encode(buffer.getvalue()).decode("ascii"), aspect)
 
 
 _PROLOGUE = re.compile(r"\A.*?(?=<svg\b)", re.S)

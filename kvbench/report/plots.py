@@ -40,8 +40,9 @@ def _open_flat_range(ax, axis: str, values: Iterable[float], log: bool = False) 
     (ax.set_xlim if axis == "x" else ax.set_ylim)(*limits)
 
 
-def _open_flat_ranges(ax, series: Iterable[tuple[Sequence[float], Sequence[float]]], logx: bool = False,
-                      y: bool = True) -> None:
+def _open_flat_ranges(
+    ax, series: Iterable[tuple[Sequence[float], Sequence[float]]], logx: bool = False, y: bool = True
+) -> None:
     series = list(series)
     _open_flat_range(ax, "x", (v for xs, _ in series for v in xs), logx)
     if y:
@@ -60,11 +61,31 @@ def mark_points(ax, marks: Sequence[tuple[float, str]], colour: str, label: str)
     xs = [x for x, _ in marks]
     ax.update_datalim([(x, 0.0) for x in xs], updatey=False)  # the x axis reaches every mark
     ax.autoscale_view()
-    ax.scatter(xs, [0.0] * len(xs), marker="X", s=90, color=colour, edgecolors=MARK_COLOUR, linewidths=1.2,
-               transform=transform, clip_on=False, zorder=5, label=label)
+    ax.scatter(
+        xs,
+        [0.0] * len(xs),
+        marker="X",
+        s=90,
+        color=colour,
+        edgecolors=MARK_COLOUR,
+        linewidths=1.2,
+        transform=transform,
+        clip_on=False,
+        zorder=5,
+        label=label,
+    )
     for x, text in marks:
-        ax.annotate(text, (x, 0.0), xycoords=transform, xytext=(0, 9), textcoords="offset points", ha="center",
-                    va="bottom", fontsize=7, color=MARK_COLOUR)
+        ax.annotate(
+            text,
+            (x, 0.0),
+            xycoords=transform,
+            xytext=(0, 9),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color=MARK_COLOUR,
+        )
 
 
 def _no_values(ax, series: Iterable[tuple[Sequence[float], Sequence[float]]]) -> None:
@@ -88,8 +109,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, title: str, subtitle: str = "",
-                    marks: Sequence[str | None] | None = None) -> Path:
+def waste_breakdown(
+    labels: Sequence[str],
+    wastes: Sequence[dict],
+    path: Path,
+    title: str,
+    subtitle: str = "",
+    marks: Sequence[str | None] | None = None,
+) -> Path:
     """Stacked bars: how each strategy's KV pool divides, time-averaged, in % of the pool. ``marks`` (one per
     bar, None for none) hatches a bar and writes its mark under its label (an OOM point: what it held while it
     ran, not a load it carried)."""
@@ -100,8 +127,9 @@ def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, t
     hatches = ["//" if mark is not None else None for mark in marks]
     for key, name, colour in WASTE_PARTS:
         values = [float(w.get(key) or 0.0) for w in wastes]
-        ax.bar(labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5,
-               hatch=hatches)
+        ax.bar(
+            labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5, hatch=hatches
+        )
         for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
             if value >= 6:
                 ax.text(i, bottom + value / 2, f"{value:.0f}%", ha="center", va="center", fontsize=8)
@@ -114,8 +142,14 @@ def waste_breakdown(labels: Sequence[str], wastes: Sequence[dict], path: Path, t
     if any(mark is not None for mark in marks):  # the hatching explained once, beside the shares
         from matplotlib.patches import Patch
 
-        handles.append(Patch(facecolor="white", edgecolor="#616161", hatch="//",
-                             label="hatched: OOM, what it held while\nit rejected requests (no full load)"))
+        handles.append(
+            Patch(
+                facecolor="white",
+                edgecolor="#616161",
+                hatch="//",
+                label="hatched: OOM, what it held while\nit rejected requests (no full load)",
+            )
+        )
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     for tick, mark in zip(ax.get_xticklabels(), marks, strict=True):
@@ -161,8 +195,9 @@ def lines(
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{title}\n({better} is better)" if better in ("higher", "lower") else f"{title}\n({better})",
-                 fontsize=9)
+    ax.set_title(
+        f"{title}\n({better} is better)" if better in ("higher", "lower") else f"{title}\n({better})", fontsize=9
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -186,8 +221,9 @@ def _minor_labelled(axis, value: float) -> bool:
     return round(leading) in (2, 5) and abs(leading - round(leading)) < 1e-6
 
 
-def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, title: str, ylabel: str,
-         better: str) -> Path:
+def bars(
+    labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, title: str, ylabel: str, better: str
+) -> Path:
     """Grouped bars: one group per label, one bar per series."""
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(labels) + 2), 4.5))
     width = 0.8 / max(1, len(series))
@@ -220,8 +256,14 @@ def line_panels(
     for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
         for label, (xs, ys) in series.items():
             if len(xs):
-                ax.plot(list(xs), list(ys), "--" if "p99" in label else "-", marker="o", label=label,
-                        color=colours[label.split()[0]])
+                ax.plot(
+                    list(xs),
+                    list(ys),
+                    "--" if "p99" in label else "-",
+                    marker="o",
+                    label=label,
+                    color=colours[label.split()[0]],
+                )
         for group, points in (marks or {}).items():
             mark_points(ax, points, colours[group], f"{group}: OOM, no figure")
         _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)])
@@ -261,16 +303,14 @@ def usage_panels(
         ax.grid(alpha=0.3)
         if not many:
             ax.legend(fontsize=7, loc="lower right")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(f"{title}\n({hint})", fontsize=10)
     return _save(fig, path)
 
 
 def stacked_panels(
-    panels: Sequence[
-        tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]
-    ],
+    panels: Sequence[tuple[str, str, Mapping[str, tuple[Sequence[float], Sequence[float]]], tuple[float, str] | None]],
     path: Path,
     title: str,
     xlabel: str,
@@ -288,8 +328,13 @@ def stacked_panels(
     ranges = list(y_ranges) if y_ranges is not None else [None] * len(panels)
     for ax, (panel, ylabel, series, hline), y_range in zip(axes[:, 0], panels, ranges, strict=True):
         for label, (xs, ys) in series.items():
-            ax.plot(list(xs), list(ys), "--" if "waiting" in label else "-", marker="." if len(xs) < 60 else None,
-                    label=label)
+            ax.plot(
+                list(xs),
+                list(ys),
+                "--" if "waiting" in label else "-",
+                marker="." if len(xs) < 60 else None,
+                label=label,
+            )
         if hline is not None:
             ax.axhline(hline[0], color="#c62828", linewidth=1, linestyle=":", label=hline[1])
         if y_range is not None:
@@ -309,8 +354,9 @@ def stacked_panels(
     return _save(fig, path)
 
 
-def output_lengths_and_waste(points: dict[str, dict], path: Path, title: str, stop: str,
-                             max_len: int | None, simulated: bool = False) -> Path:
+def output_lengths_and_waste(
+    points: dict[str, dict], path: Path, title: str, stop: str, max_len: int | None, simulated: bool = False
+) -> Path:
     """Left: the output lengths that occurred (histogram); right: each engine's KV pool shares at that point.
 
     The two panels tell the article's story in the reader's own data: answers mostly end far below the
@@ -326,8 +372,13 @@ def output_lengths_and_waste(points: dict[str, dict], path: Path, title: str, st
     if mean is not None:
         left.axvline(mean, color="#2e7d32", linestyle="--", linewidth=1.2, label=f"mean {mean:,.0f}")
     if max_len and stop == "eos":
-        left.axvline(max_len, color="#c62828", linestyle=":", linewidth=1.2,
-                     label=f"max-len {max_len:,}: what a contiguous slab must plan for")
+        left.axvline(
+            max_len,
+            color="#c62828",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"max-len {max_len:,}: what a contiguous slab must plan for",
+        )
     if stop == "eos":
         how = "EOS at each reference length (simulated)" if simulated else "decided by the model (EOS)"
     else:

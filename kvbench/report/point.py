@@ -69,8 +69,9 @@ class Point:
     output_len_max: int | None = None
     stopped_at_eos: int = 0
     output_len_hist: dict[str, list] | None = None  # {"edges": [...], "counts": [...]}
-    memory: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys((*MEMORY_FIELDS,
-                                                                                 "nvml_process_peak_bytes")))
+    memory: dict[str, int | None] = field(
+        default_factory=lambda: dict.fromkeys((*MEMORY_FIELDS, "nvml_process_peak_bytes"))
+    )
     status_reason: str | None = None
     error: str | None = None
     traceback: str | None = None
@@ -114,8 +115,14 @@ def oom_text(point: dict[str, Any]) -> str:
     return f"OOM: {rejected:,} of {rejected + completed:,} requests rejected"
 
 
-def point_from_result(result: RunResult, engine: str, concurrency: int, scenario: str, bytes_per_token: int,
-                      memory: dict[str, Any] | None = None) -> Point:
+def point_from_result(
+    result: RunResult,
+    engine: str,
+    concurrency: int,
+    scenario: str,
+    bytes_per_token: int,
+    memory: dict[str, Any] | None = None,
+) -> Point:
     acct = result.accountant
     rejected = result.rejected
     oom = [r for r in rejected if r.reject_kind in ("oom", "pool")]  # no memory now, or never enough
@@ -139,8 +146,9 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
         kv_mean_used_bytes=acct.mean_slots("used") * bytes_per_token,
         kv_peak_used_bytes=acct.peak["used"] * bytes_per_token,
         waste=acct.waste_pct(),
-        waste_peak_pct={part: 100.0 * slots / result.pool_slots if result.pool_slots else None
-                        for part, slots in acct.peak.items()},
+        waste_peak_pct={
+            part: 100.0 * slots / result.pool_slots if result.pool_slots else None for part, slots in acct.peak.items()
+        },
         effective_usage_pct=100 * acct.effective_usage(),
         fragmentation_mean=acct.fragmentation_mean(),
         elapsed_s=acct.elapsed_s,
@@ -152,8 +160,9 @@ def point_from_result(result: RunResult, engine: str, concurrency: int, scenario
     point.extra.update(result.extras.get("point", {}))  # fields a backend adds (an external engine's details)
     if engine.startswith("contiguous"):  # what slabs of exactly each real length would have held: a bound
         point.extra["kv_hindsight_oracle_peak_bytes"] = acct.peak_needed * bytes_per_token
-        point.extra["kv_hindsight_oracle_mean_bytes"] = (acct.mean_slots("used") + acct.mean_slots("reserved")) \
-            * bytes_per_token
+        point.extra["kv_hindsight_oracle_mean_bytes"] = (
+            acct.mean_slots("used") + acct.mean_slots("reserved")
+        ) * bytes_per_token
     if oom:
         point.status_reason = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
     elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"
@@ -167,8 +176,11 @@ def _steady_fields(result: RunResult) -> dict[str, Any]:
     steady = result.steady
     if steady is None:
         return {}
-    return {"steady_output_throughput": steady.output_throughput, "steady_window_s": steady.seconds,
-            "steady_window_pct": 100.0 * steady.share}
+    return {
+        "steady_output_throughput": steady.output_throughput,
+        "steady_window_s": steady.seconds,
+        "steady_window_pct": 100.0 * steady.share,
+    }
 
 
 def _output_length_fields(result: RunResult) -> dict[str, Any]:
@@ -178,10 +190,14 @@ def _output_length_fields(result: RunResult) -> dict[str, Any]:
     top = int(lengths.max())
     edges = np.linspace(0, max(top, 1), HISTOGRAM_BINS + 1)
     counts, _ = np.histogram(lengths, bins=edges)
-    return {"output_len_mean": float(lengths.mean()), "output_len_p50": float(np.percentile(lengths, 50)),
-            "output_len_p90": float(np.percentile(lengths, 90)), "output_len_max": top,
-            "stopped_at_eos": sum(1 for r in result.completed if r.stop_reason in ("eos", "stop")),
-            "output_len_hist": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}}
+    return {
+        "output_len_mean": float(lengths.mean()),
+        "output_len_p50": float(np.percentile(lengths, 50)),
+        "output_len_p90": float(np.percentile(lengths, 90)),
+        "output_len_max": top,
+        "stopped_at_eos": sum(1 for r in result.completed if r.stop_reason in ("eos", "stop")),
+        "output_len_hist": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
+    }
 
 
 def timeline_of(result: RunResult, max_points: int = 400) -> list[list[float]]:
@@ -209,11 +225,30 @@ def aggregate_repeats(points: list[Point]) -> Point:
         if worst is not None:
             merged.status, merged.status_reason, merged.error = status, worst.status_reason, worst.error
             break
-    for name in ("completed", "rejected", "rejected_oom", "preemptions", "duration", "total_input_tokens",
-                 "total_output_tokens", "mean_running", "kv_pool_bytes",
-                 "kv_mean_allocated_bytes", "kv_mean_used_bytes", "effective_usage_pct", "fragmentation_mean",
-                 "elapsed_s", "cpu_time_s", "steady_output_throughput", "steady_window_s", "steady_window_pct", "output_len_mean",
-                 "output_len_p50", "output_len_p90", "stopped_at_eos"):
+    for name in (
+        "completed",
+        "rejected",
+        "rejected_oom",
+        "preemptions",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "mean_running",
+        "kv_pool_bytes",
+        "kv_mean_allocated_bytes",
+        "kv_mean_used_bytes",
+        "effective_usage_pct",
+        "fragmentation_mean",
+        "elapsed_s",
+        "cpu_time_s",
+        "steady_output_throughput",
+        "steady_window_s",
+        "steady_window_pct",
+        "output_len_mean",
+        "output_len_p50",
+        "output_len_p90",
+        "stopped_at_eos",
+    ):
         values = _numbers(runs, name)
         if values:  # equal counts stay integers
             setattr(merged, name, values[0] if len(set(values)) == 1 else statistics.fmean(values))
@@ -247,8 +282,10 @@ def t95(n: int) -> float:
 
 def _combine(groups: list[dict[str, Any]], combine) -> dict[str, Any]:
     keys = list(groups[-1])
-    return {key: (combine(values) if (values := [g[key] for g in groups if is_number(g.get(key), finite=True)])
-                  else None) for key in keys}
+    return {
+        key: (combine(values) if (values := [g[key] for g in groups if is_number(g.get(key), finite=True)]) else None)
+        for key in keys
+    }
 
 
 def _numbers(points: list[dict[str, Any]], name: str) -> list[float]:

@@ -12,8 +12,15 @@ from kvbench.report.point import Point, oom_text, shows_figures
 
 
 def sweep_progress_bars(console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[tps]}"), TimeElapsedColumn(), console=console, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tps]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 class SweepProgress:
@@ -27,8 +34,9 @@ class SweepProgress:
     def skip(self, engine: str, concurrency: int) -> None:
         self.progress.console.print(f"[dim]skipping {engine} C={concurrency}: already in results.jsonl[/dim]")
 
-    def step_callback(self, engine: str, concurrency: int, repeat: int, total: int,
-                      engines: list[str] | None = None) -> Callable[..., None]:
+    def step_callback(
+        self, engine: str, concurrency: int, repeat: int, total: int, engines: list[str] | None = None
+    ) -> Callable[..., None]:
         """The ``on_step`` of a point's run: one bar for ``total`` requests. Several ``engines`` run interleaved
         share the bar (labelled ``engine``), their finished requests added up."""
         label = f"{engine} C={concurrency}" + (f" #{repeat + 1}" if repeat else "")

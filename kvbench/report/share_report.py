@@ -13,34 +13,52 @@ from kvbench.values import human_bytes
 
 def share_markdown(document: dict) -> str:
     meta = document["meta"]
-    rows = [[p["engine"], p["width"], p["mean_blocks"], p["peak_blocks"], human_bytes(p["mean_bytes"])]
-            for p in document["points"]]
-    return (f"# kvbench share ({meta['kind']}, width {meta['width']})\n\n"
-            + markdown_table(["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows) + "\n"
-            + json_text(document["savings"]) + "\n")
+    rows = [
+        [p["engine"], p["width"], p["mean_blocks"], p["peak_blocks"], human_bytes(p["mean_bytes"])]
+        for p in document["points"]
+    ]
+    return (
+        f"# kvbench share ({meta['kind']}, width {meta['width']})\n\n"
+        + markdown_table(["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows)
+        + "\n"
+        + json_text(document["savings"])
+        + "\n"
+    )
 
 
 def print_share(console, document: dict, run_dir: Path) -> None:
     meta, ratios = document["meta"], document["savings"]
     kind, width = meta["kind"], meta["width"]
-    table = Table(title=f"KV blocks, {kind} width {width} vs 1 ({meta['prompts']} prompts, ~{meta['prompt_len']} "
-                        f"prompt + {meta['output_len']} output tokens, block {meta['block_size']}, {meta['model_name']})")
+    table = Table(
+        title=f"KV blocks, {kind} width {width} vs 1 ({meta['prompts']} prompts, ~{meta['prompt_len']} "
+        f"prompt + {meta['output_len']} output tokens, block {meta['block_size']}, {meta['model_name']})"
+    )
     for column in ("mode", "width", "mean blocks", "peak blocks", "mean memory", "cost vs width 1"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for p in document["points"]:
         cost = ratios.get(f"{p['engine']}_cost_vs_width1_mean") if p["width"] == width and width != 1 else None
-        table.add_row(p["engine"], str(p["width"]), f"{p['mean_blocks']:,.1f}", str(p["peak_blocks"]),
-                      human_bytes(p["mean_bytes"]), "-" if cost is None else f"{cost:.2f}x")
+        table.add_row(
+            p["engine"],
+            str(p["width"]),
+            f"{p['mean_blocks']:,.1f}",
+            str(p["peak_blocks"]),
+            human_bytes(p["mean_bytes"]),
+            "-" if cost is None else f"{cost:.2f}x",
+        )
     console.print(table)
-    console.print(f"memory saved by sharing (paper's definition): {_pct(ratios['saved_by_sharing_pct_mean'])} "
-                  f"step-averaged, {_pct(ratios['saved_by_sharing_pct_peak'])} at peak")
+    console.print(
+        f"memory saved by sharing (paper's definition): {_pct(ratios['saved_by_sharing_pct_mean'])} "
+        f"step-averaged, {_pct(ratios['saved_by_sharing_pct_peak'])} at peak"
+    )
     console.print(f"outputs identical with and without sharing: {meta['outputs_identical_with_and_without_sharing']}")
     if meta.get("dataset"):
         data = meta["dataset"]
         console.print(f"prompts: {data['requests']} drawn from {Path(data['path']).name} ({data['counted_by']})")
     if meta.get("stop") == "eos":
-        console.print(f"stop eos: samples end at the model's EOS (mean {meta.get('output_len_mean', 0):.0f} of at most "
-                      f"{meta['output_len']} tokens), the same samples in every mode")
+        console.print(
+            f"stop eos: samples end at the model's EOS (mean {meta.get('output_len_mean', 0):.0f} of at most "
+            f"{meta['output_len']} tokens), the same samples in every mode"
+        )
     console.print(f"anchors — {meta['anchors']}")
     console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, share.png)")
 
@@ -50,10 +68,14 @@ def share_plot(document: dict, path: Path) -> None:
 
     meta, points = document["meta"], document["points"]
     labels = [f"{p['engine']}\nwidth {p['width']}" for p in points]
-    plots.bars(labels, {"mean blocks": [p["mean_blocks"] for p in points],
-                        "peak blocks": [p["peak_blocks"] for p in points]},
-               path, f"KV blocks with and without sharing: {meta['kind']}, width {meta['width']} ({meta['model_name']})",
-               "KV blocks in use", "lower")
+    plots.bars(
+        labels,
+        {"mean blocks": [p["mean_blocks"] for p in points], "peak blocks": [p["peak_blocks"] for p in points]},
+        path,
+        f"KV blocks with and without sharing: {meta['kind']}, width {meta['width']} ({meta['model_name']})",
+        "KV blocks in use",
+        "lower",
+    )
 
 
 def _pct(value: float | None) -> str:

@@ -22,8 +22,10 @@ def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 REFERENCE_ENGINES = {"vllm": "vLLM"}  # external engines shown as a reference column (their own kernels and scheduler)
-REFERENCE_CAPTION = ("vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
-                     "warm-up and KV budget: a reference, not a controlled A/B")
+REFERENCE_CAPTION = (
+    "vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
+    "warm-up and KV budget: a reference, not a controlled A/B"
+)
 
 
 def article_rows(points: list[dict]) -> list[dict[str, Any]]:
@@ -34,9 +36,16 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
     for concurrency in sorted({p["concurrency"] for p in points}):
         paged = by_key.get(("paged", concurrency))
         contiguous = by_key.get(("contiguous", concurrency))
-        row: dict[str, Any] = {"concurrency": concurrency, "contiguous_tps": None, "contiguous_status": None,
-                               "paged_tps": None, "paged_status": None, "gain_pct": None,
-                               "kv_memory_reduction_pct": None, "paged_over_contiguous_tps": None}
+        row: dict[str, Any] = {
+            "concurrency": concurrency,
+            "contiguous_tps": None,
+            "contiguous_status": None,
+            "paged_tps": None,
+            "paged_status": None,
+            "gain_pct": None,
+            "kv_memory_reduction_pct": None,
+            "paged_over_contiguous_tps": None,
+        }
         if contiguous:
             row["contiguous_status"] = contiguous["status"]
             row["contiguous_tps"] = contiguous.get("output_throughput")
@@ -47,12 +56,20 @@ def article_rows(points: list[dict]) -> list[dict[str, Any]]:
             row["paged_tps"] = paged.get("output_throughput")
             row["paged_tps_ci95"] = paged.get("output_throughput_ci95")
             row["paged_steady_tps"] = paged.get("steady_output_throughput")
-        if (paged and contiguous and paged["status"] == "ok" and contiguous["status"] == "ok"
-                and _positive(contiguous.get("output_throughput")) and _positive(contiguous.get("kv_peak_allocated_bytes"))):
+        if (
+            paged
+            and contiguous
+            and paged["status"] == "ok"
+            and contiguous["status"] == "ok"
+            and _positive(contiguous.get("output_throughput"))
+            and _positive(contiguous.get("kv_peak_allocated_bytes"))
+        ):
             ratio = paged["output_throughput"] / contiguous["output_throughput"]
             row["paged_over_contiguous_tps"] = ratio
             row["gain_pct"] = 100 * (ratio - 1)
-            row["kv_memory_reduction_pct"] = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
+            row["kv_memory_reduction_pct"] = 100 * (
+                1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"]
+            )
         for engine in REFERENCE_ENGINES:
             reference = by_key.get((engine, concurrency))
             if reference:
@@ -89,13 +106,20 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
         lines.append(_equal_batch_finding(equal, bool(meta.get("simulated")), threads))
     for concurrency, paged, contiguous in fewer:
         ratio = paged["output_throughput"] / contiguous["output_throughput"]
-        lines.append(f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at "
-                     f"once (the rest waited for a slab) where paging held {paged['peak_running']}: paged TPS "
-                     f"{ratio:.2f}x contiguous, {_memory_phrase(paged, contiguous)}.")
+        lines.append(
+            f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at "
+            f"once (the rest waited for a slab) where paging held {paged['peak_running']}: paged TPS "
+            f"{ratio:.2f}x contiguous, {_memory_phrase(paged, contiguous)}."
+        )
     for concurrency, paged, contiguous in oom:
         reserve = meta.get("reserve")
-        why = (f"reserving max-len ({meta['max_len']:,} tokens) per request" if reserve == "max" and meta.get("max_len")
-               else f"reserving by policy {reserve} per request" if reserve else "reserving a slab per request")
+        why = (
+            f"reserving max-len ({meta['max_len']:,} tokens) per request"
+            if reserve == "max" and meta.get("max_len")
+            else f"reserving by policy {reserve} per request"
+            if reserve
+            else "reserving a slab per request"
+        )
         pool = contiguous.get("kv_pool_bytes") or 0
         share = f" ({100 * contiguous['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
         paged_share = f" ({100 * paged['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
@@ -104,7 +128,8 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
             f"{contiguous['peak_running']} requests at once in {human_bytes(contiguous['kv_peak_allocated_bytes'])}"
             f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,} "
             f"(OOM); paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
-            f"{paged_share}: this is where paging wins.")
+            f"{paged_share}: this is where paging wins."
+        )
     return lines
 
 
@@ -115,46 +140,68 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
     where = ", ".join(f"C={c}" for c, _, _ in equal)
     ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
     figures = ", ".join(f"{r:.2f}x" for r in ratios)
-    repeated = all(p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None
-                   for _, p, c in equal)
+    repeated = all(
+        p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None for _, p, c in equal
+    )
     per_cpu = [(_per_cpu_second(p), _per_cpu_second(c)) for _, p, c in equal]
     cpu = [a / b for a, b in per_cpu if a and b] if all(a and b for a, b in per_cpu) else None
-    shares = [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] \
-        if cpu else []
+    shares = (
+        [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] if cpu else []
+    )
     busy = bool(shares) and min(shares) < BUSY_SHARE
     note = ""
     if simulated:
-        verdict = ("equal by construction: the simulator gives both the same steps and roofline step times"
-                   if all(abs(r - 1) < 1e-9 for r in ratios) else "as the simulator's step times give them")
+        verdict = (
+            "equal by construction: the simulator gives both the same steps and roofline step times"
+            if all(abs(r - 1) < 1e-9 for r in ratios)
+            else "as the simulator's step times give them"
+        )
     elif repeated:
-        apart = [abs(p["output_throughput"] - c["output_throughput"]) > p["output_throughput_ci95"]
-                 + c["output_throughput_ci95"] for _, p, c in equal]
-        verdict = ("equal: the 95% confidence intervals overlap" if not any(apart) else
-                   "different where the 95% confidence intervals do not overlap: "
-                   + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a))
+        apart = [
+            abs(p["output_throughput"] - c["output_throughput"])
+            > p["output_throughput_ci95"] + c["output_throughput_ci95"]
+            for _, p, c in equal
+        ]
+        verdict = (
+            "equal: the 95% confidence intervals overlap"
+            if not any(apart)
+            else "different where the 95% confidence intervals do not overlap: "
+            + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a)
+        )
     else:
         judged = ratios
         if busy:
             assert cpu is not None  # busy is read from the CPU times
             judged = cpu
-            note = (f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
-                    "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
-                    f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}")
+            note = (
+                f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
+                "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
+                f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}"
+            )
         if all(abs(r - 1) <= EQUAL_WITHIN for r in judged):
-            verdict = (f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
-                       "(repeated points give confidence intervals)")
+            verdict = (
+                f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
+                "(repeated points give confidence intervals)"
+            )
         else:
-            verdict = (f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (repeated points tell a "
-                       "real difference from noise)")
-    reductions = [100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"]) for _, p, c in equal
-                  if _positive(c.get("kv_peak_allocated_bytes"))]
+            verdict = (
+                f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (repeated points tell a "
+                "real difference from noise)"
+            )
+    reductions = [
+        100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"])
+        for _, p, c in equal
+        if _positive(c.get("kv_peak_allocated_bytes"))
+    ]
     memory = ""
     if reductions:
         low, high = min(reductions), max(reductions)
         span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
         memory = f", while paging allocated {span} less KV memory at peak"
-    return (f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's"
-            f"{note}: {verdict}{memory}.")
+    return (
+        f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's"
+        f"{note}: {verdict}{memory}."
+    )
 
 
 def _per_cpu_second(point: dict) -> float | None:
@@ -167,8 +214,10 @@ def _memory_phrase(paged: dict, contiguous: dict) -> str:
     if not _positive(contiguous.get("kv_peak_allocated_bytes")):
         return "KV memory not measured"
     reduction = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
-    return (f"{human_bytes(paged['kv_peak_allocated_bytes'])} of KV memory at peak against "
-            f"{human_bytes(contiguous['kv_peak_allocated_bytes'])} ({reduction:.0f}% less)")
+    return (
+        f"{human_bytes(paged['kv_peak_allocated_bytes'])} of KV memory at peak against "
+        f"{human_bytes(contiguous['kv_peak_allocated_bytes'])} ({reduction:.0f}% less)"
+    )
 
 
 def _references(rows: list[dict]) -> list[str]:
@@ -204,14 +253,25 @@ def _repeated(rows: list[dict]) -> bool:
 
 def article_table(rows: list[dict], simulated: bool) -> Table:
     references = _references(rows)
-    steady_note = ("TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
-                   "(ramp-up and draining tail left out)")
+    steady_note = (
+        "TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
+        "(ramp-up and draining tail left out)"
+    )
     spread = "; ± is the 95% CI over repeats" if _repeated(rows) else ""
     title = f"Paged vs contiguous ({'simulated' if simulated else 'measured'}{spread})"
-    table = Table(title=title + (" — SIMULATED" if simulated else ""),
-                  caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""))
-    for column in ("concurrency", "contiguous TPS", "paged TPS", "KV memory reduction", "steady TPS contiguous",
-                   "steady TPS paged", *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)):
+    table = Table(
+        title=title + (" — SIMULATED" if simulated else ""),
+        caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""),
+    )
+    for column in (
+        "concurrency",
+        "contiguous TPS",
+        "paged TPS",
+        "KV memory reduction",
+        "steady TPS contiguous",
+        "steady TPS paged",
+        *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references),
+    ):
         table.add_column(column, justify="right")
     for row in rows:
         paged = _tps_cell(row["paged_tps"], row["paged_status"], row.get("paged_tps_ci95"))
@@ -219,22 +279,56 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
             paged += f" ({row['gain_pct']:+.0f}%)"
         reduction = "-" if row["kv_memory_reduction_pct"] is None else f"{row['kv_memory_reduction_pct']:.0f}%"
         contiguous = _tps_cell(row["contiguous_tps"], row["contiguous_status"], row.get("contiguous_tps_ci95"))
-        table.add_row(str(row["concurrency"]), contiguous, paged, reduction,
-                      _steady_cell(row.get("contiguous_steady_tps"), row["contiguous_status"]),
-                      _steady_cell(row.get("paged_steady_tps"), row["paged_status"]),
-                      *(_tps_cell(row.get(f"{e}_tps"), row.get(f"{e}_status"), row.get(f"{e}_tps_ci95")) for e in references))
+        table.add_row(
+            str(row["concurrency"]),
+            contiguous,
+            paged,
+            reduction,
+            _steady_cell(row.get("contiguous_steady_tps"), row["contiguous_status"]),
+            _steady_cell(row.get("paged_steady_tps"), row["paged_status"]),
+            *(_tps_cell(row.get(f"{e}_tps"), row.get(f"{e}_status"), row.get(f"{e}_tps_ci95")) for e in references),
+        )
     return table
 
 
 DETAIL_TITLE = "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)"
-DETAIL_COLUMNS = ("engine", "C", "done/rej", "out TPS", "steady TPS", "TTFT p50/p99", "TPOT p50/p99", "peak run",
-                  "used/res/int/ext %")  # an OOM or failed point says so where its TPS would be
-WIDE_COLUMNS = ("steady window", "tok/CPU-s", "TTFT mean/std", "TPOT mean/std", "ITL p50/p99", "E2EL p50/p99",
-                "preempt", "KV peak", "frag")
-_HEADERS = {"out TPS": "out\nTPS", "steady TPS": "steady\nTPS", "TTFT p50/p99": "TTFT\np50/p99",
-            "TPOT p50/p99": "TPOT\np50/p99", "peak run": "peak\nrun", "used/res/int/ext %": "used/res/\nint/ext %",
-            "steady window": "steady\nwindow", "tok/CPU-s": "out tok/\nCPU-s", "TTFT mean/std": "TTFT\nmean/std", "TPOT mean/std": "TPOT\nmean/std",
-            "ITL p50/p99": "ITL\np50/p99", "E2EL p50/p99": "E2EL\np50/p99", "KV peak": "KV\npeak"}
+DETAIL_COLUMNS = (
+    "engine",
+    "C",
+    "done/rej",
+    "out TPS",
+    "steady TPS",
+    "TTFT p50/p99",
+    "TPOT p50/p99",
+    "peak run",
+    "used/res/int/ext %",
+)  # an OOM or failed point says so where its TPS would be
+WIDE_COLUMNS = (
+    "steady window",
+    "tok/CPU-s",
+    "TTFT mean/std",
+    "TPOT mean/std",
+    "ITL p50/p99",
+    "E2EL p50/p99",
+    "preempt",
+    "KV peak",
+    "frag",
+)
+_HEADERS = {
+    "out TPS": "out\nTPS",
+    "steady TPS": "steady\nTPS",
+    "TTFT p50/p99": "TTFT\np50/p99",
+    "TPOT p50/p99": "TPOT\np50/p99",
+    "peak run": "peak\nrun",
+    "used/res/int/ext %": "used/res/\nint/ext %",
+    "steady window": "steady\nwindow",
+    "tok/CPU-s": "out tok/\nCPU-s",
+    "TTFT mean/std": "TTFT\nmean/std",
+    "TPOT mean/std": "TPOT\nmean/std",
+    "ITL p50/p99": "ITL\np50/p99",
+    "E2EL p50/p99": "E2EL\np50/p99",
+    "KV peak": "KV\npeak",
+}
 
 
 def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
@@ -250,10 +344,13 @@ def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
         w = p["waste"]
         hidden = "OOM" if p["status"] == "oom" else "-"
         row = [
-            p["engine"], str(p["concurrency"]), f"{p['completed']}/{p['rejected']}",
+            p["engine"],
+            str(p["concurrency"]),
+            f"{p['completed']}/{p['rejected']}",
             f"{p['output_throughput']:,.0f}" if figures else hidden,
             _steady_tps(p) if figures else "-",
-            _pair(p, "p50", "p99", "ttft") if figures else "-", _pair(p, "p50", "p99", "tpot") if figures else "-",
+            _pair(p, "p50", "p99", "ttft") if figures else "-",
+            _pair(p, "p50", "p99", "tpot") if figures else "-",
             str(p["peak_running"]),
             f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}",
         ]
@@ -262,9 +359,13 @@ def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
             row += [
                 f"{window:,.2f} s, {p['steady_window_pct']:.0f}%" if figures and window is not None else "-",
                 f"{_per_cpu_second(p):,.0f}" if figures and _per_cpu_second(p) else "-",
-                _pair(p, "mean", "std", "ttft") if figures else "-", _pair(p, "mean", "std", "tpot") if figures else "-",
-                _pair(p, "p50", "p99", "itl") if figures else "-", _pair(p, "p50", "p99", "e2el") if figures else "-",
-                str(p["preemptions"]), human_bytes(p["kv_peak_allocated_bytes"]), f"{p['fragmentation_mean']:.2f}",
+                _pair(p, "mean", "std", "ttft") if figures else "-",
+                _pair(p, "mean", "std", "tpot") if figures else "-",
+                _pair(p, "p50", "p99", "itl") if figures else "-",
+                _pair(p, "p50", "p99", "e2el") if figures else "-",
+                str(p["preemptions"]),
+                human_bytes(p["kv_peak_allocated_bytes"]),
+                f"{p['fragmentation_mean']:.2f}",
             ]
         rows.append(row)
     return rows
@@ -276,8 +377,7 @@ def detail_table(points: list[dict], wide: bool = False) -> Table:
     caption = None if wide else "more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table"
     table = Table(title=DETAIL_TITLE, caption=caption, show_edge=False)
     for column in columns:
-        table.add_column(_HEADERS.get(column, column), justify="left" if column == "engine" else "right",
-                         no_wrap=True)
+        table.add_column(_HEADERS.get(column, column), justify="left" if column == "engine" else "right", no_wrap=True)
     for row in detail_rows(points, wide):
         table.add_row(*row)
     return table
@@ -294,26 +394,41 @@ def steady_warnings(points: list[dict]) -> list[str]:
     points = [p for p in points if p["status"] == "ok"]  # an OOM point's answer is OOM, not a throughput
     missing = [p for p in points if p.get("steady_output_throughput") is None]
     if missing:
-        names = ", ".join(f"{p['engine']} C={p['concurrency']} ({p['completed'] + p['rejected']} requests)"
-                          for p in missing)
-        lines.append(f"no steady window at {names}: the closed loop never held all its requests in flight (fewer "
-                     "requests than the concurrency); send more requests per point")
+        names = ", ".join(
+            f"{p['engine']} C={p['concurrency']} ({p['completed'] + p['rejected']} requests)" for p in missing
+        )
+        lines.append(
+            f"no steady window at {names}: the closed loop never held all its requests in flight (fewer "
+            "requests than the concurrency); send more requests per point"
+        )
     short = [p for p in points if (p.get("steady_window_pct") or 100) < 25]
     if short:
         names = ", ".join(f"{p['engine']} C={p['concurrency']} ({p['steady_window_pct']:.0f}%)" for p in short)
-        lines.append(f"short steady window at {names}: the whole-run TPS there is mostly ramp-up and draining tail; "
-                     "compare the steady TPS, or send more requests per point")
+        lines.append(
+            f"short steady window at {names}: the whole-run TPS there is mostly ramp-up and draining tail; "
+            "compare the steady TPS, or send more requests per point"
+        )
     return lines
 
 
-OUTPUT_LENGTH_COLUMNS = ("engine", "C", "output len mean/p50/p90/max", "ended at EOS", "internal %", "KV peak",
-                         "hindsight oracle KV peak")
+OUTPUT_LENGTH_COLUMNS = (
+    "engine",
+    "C",
+    "output len mean/p50/p90/max",
+    "ended at EOS",
+    "internal %",
+    "KV peak",
+    "hindsight oracle KV peak",
+)
 
 
 def output_length_title(meta: dict) -> str:
     if meta.get("stop", "length") == "eos":
-        how = ("ending at EOS at each reference length (simulated)" if meta.get("simulated")
-               else "decided by the model (EOS)")
+        how = (
+            "ending at EOS at each reference length (simulated)"
+            if meta.get("simulated")
+            else "decided by the model (EOS)"
+        )
     else:
         how = "drawn or reference, EOS ignored"
     return f"Output lengths {how}, and the KV memory they left unused"
@@ -325,12 +440,22 @@ def output_length_rows(points: list[dict]) -> list[list[str]]:
     for p in points:
         if p.get("status") == "error" or p.get("output_len_mean") is None:
             continue
-        lengths = (f"{p['output_len_mean']:,.0f} / {p['output_len_p50']:,.0f} / {p['output_len_p90']:,.0f} / "
-                   f"{p['output_len_max']:,}")
+        lengths = (
+            f"{p['output_len_mean']:,.0f} / {p['output_len_p50']:,.0f} / {p['output_len_p90']:,.0f} / "
+            f"{p['output_len_max']:,}"
+        )
         oracle = p.get("kv_hindsight_oracle_peak_bytes")
-        rows.append([p["engine"], str(p["concurrency"]), lengths, f"{p.get('stopped_at_eos', 0)}/{p['completed']}",
-                     f"{p['waste']['internal_pct']:.1f}", human_bytes(p["kv_peak_allocated_bytes"]),
-                     "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)"])
+        rows.append(
+            [
+                p["engine"],
+                str(p["concurrency"]),
+                lengths,
+                f"{p.get('stopped_at_eos', 0)}/{p['completed']}",
+                f"{p['waste']['internal_pct']:.1f}",
+                human_bytes(p["kv_peak_allocated_bytes"]),
+                "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)",
+            ]
+        )
     return rows
 
 
@@ -349,9 +474,11 @@ def _reservation_caption(meta: dict) -> str:
     max_len, reserve = meta.get("max_len"), meta.get("reserve", "max")
     if meta.get("stop") == "eos":
         plan = f"max-len {max_len}" if reserve == "max" else f"the next power of two of max-len {max_len}"
-        return (f"The contiguous baseline cannot know where an answer ends: it reserves {plan} per request "
-                "(prompt + max_tokens). Hindsight oracle: slabs of exactly each real length, in the same schedule, "
-                "a bound no engine reaches.")
+        return (
+            f"The contiguous baseline cannot know where an answer ends: it reserves {plan} per request "
+            "(prompt + max_tokens). Hindsight oracle: slabs of exactly each real length, in the same schedule, "
+            "a bound no engine reaches."
+        )
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
@@ -366,8 +493,15 @@ def shows_output_lengths(meta: dict) -> bool:
     return meta.get("stop") == "eos" or bool(meta.get("dataset"))
 
 
-def print_sweep(console, points: list[dict], simulated: bool, waterfall: bool, run_dir: Path,
-                meta: dict | None = None, wide: bool = False) -> None:
+def print_sweep(
+    console,
+    points: list[dict],
+    simulated: bool,
+    waterfall: bool,
+    run_dir: Path,
+    meta: dict | None = None,
+    wide: bool = False,
+) -> None:
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
@@ -405,20 +539,45 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     findings = headline_findings(points, meta)
     document = summary_document("sweep", meta, points, article_table=rows, findings=findings)
     simulated = " (simulated)" if meta.get("simulated") else ""
-    md = [f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: {meta.get('budget_source', '')}\n\n"]
+    md = [
+        f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: "
+        f"{meta.get('budget_source', '')}\n\n"
+    ]
     references = _references(rows)
     if meta.get("stop_description"):
         md.append(f"Stop: {meta['stop_description']}\n\n")
-    md.append(markdown_table(
-        ["concurrency", "contiguous TPS", "paged TPS", "gain %", "KV memory reduction %", "paged/contiguous",
-         "steady TPS contiguous", "steady TPS paged", *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references)],
-        [[r["concurrency"], _tps_cell(r["contiguous_tps"], r["contiguous_status"]),
-          _tps_cell(r["paged_tps"], r["paged_status"]), r["gain_pct"], r["kv_memory_reduction_pct"],
-          r["paged_over_contiguous_tps"], _steady_cell(r.get("contiguous_steady_tps"), r["contiguous_status"]),
-          _steady_cell(r.get("paged_steady_tps"), r["paged_status"]),
-          *(_tps_cell(r.get(f"{e}_tps"), r.get(f"{e}_status")) for e in references)] for r in rows]))
-    md.append("\nSteady TPS: output tokens/s while all C requests were in flight (ramp-up and draining tail left "
-              "out).\n")
+    md.append(
+        markdown_table(
+            [
+                "concurrency",
+                "contiguous TPS",
+                "paged TPS",
+                "gain %",
+                "KV memory reduction %",
+                "paged/contiguous",
+                "steady TPS contiguous",
+                "steady TPS paged",
+                *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references),
+            ],
+            [
+                [
+                    r["concurrency"],
+                    _tps_cell(r["contiguous_tps"], r["contiguous_status"]),
+                    _tps_cell(r["paged_tps"], r["paged_status"]),
+                    r["gain_pct"],
+                    r["kv_memory_reduction_pct"],
+                    r["paged_over_contiguous_tps"],
+                    _steady_cell(r.get("contiguous_steady_tps"), r["contiguous_status"]),
+                    _steady_cell(r.get("paged_steady_tps"), r["paged_status"]),
+                    *(_tps_cell(r.get(f"{e}_tps"), r.get(f"{e}_status")) for e in references),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    md.append(
+        "\nSteady TPS: output tokens/s while all C requests were in flight (ramp-up and draining tail left out).\n"
+    )
     if references:
         md.append(f"\n{REFERENCE_CAPTION}.\n")
     if findings:
@@ -469,25 +628,47 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     tag += " — SIMULATED" if meta.get("simulated") else ""
     engines = sorted({p["engine"] for p in ok})
     series, latency_series, marks = plot_series(ok)
-    plots.lines(series, run_dir / "throughput.png", f"Output throughput vs concurrency\n{tag}",
-                "concurrency (requests in flight)", "output tokens / s", "higher", marks=marks)
-    plots.line_panels(latency_series, run_dir / "latency.png",
-                      f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}", "concurrency (requests in flight)",
-                      "latency (ms)", "lower", marks=marks)
+    plots.lines(
+        series,
+        run_dir / "throughput.png",
+        f"Output throughput vs concurrency\n{tag}",
+        "concurrency (requests in flight)",
+        "output tokens / s",
+        "higher",
+        marks=marks,
+    )
+    plots.line_panels(
+        latency_series,
+        run_dir / "latency.png",
+        f"Latency vs concurrency (p50 solid, p99 dashed) — {tag}",
+        "concurrency (requests in flight)",
+        "latency (ms)",
+        "lower",
+        marks=marks,
+    )
     ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
-    plots.waste_breakdown([f"{p['engine']}\nC={p['concurrency']}" for p in ordered], [p["waste"] for p in ordered],
-                          run_dir / "memory.png", "KV memory breakdown per point", tag,
-                          marks=[None if shows_figures(p) else "OOM" for p in ordered])
+    plots.waste_breakdown(
+        [f"{p['engine']}\nC={p['concurrency']}" for p in ordered],
+        [p["waste"] for p in ordered],
+        run_dir / "memory.png",
+        "KV memory breakdown per point",
+        tag,
+        marks=[None if shows_figures(p) else "OOM" for p in ordered],
+    )
     for point in ordered:
         waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
     top = max(p["concurrency"] for p in ok)
     if shows_output_lengths(meta):
         at_top = {p["engine"]: p for p in ok if p["concurrency"] == top}
         if at_top:
-            plots.output_lengths_and_waste(at_top, run_dir / "output_lengths.png",
-                                           f"Output lengths that occurred and the KV memory they left unused, "
-                                           f"C={top}\n{tag}", meta.get("stop", "length"), meta.get("max_len"),
-                                           bool(meta.get("simulated")))
+            plots.output_lengths_and_waste(
+                at_top,
+                run_dir / "output_lengths.png",
+                f"Output lengths that occurred and the KV memory they left unused, C={top}\n{tag}",
+                meta.get("stop", "length"),
+                meta.get("max_len"),
+                bool(meta.get("simulated")),
+            )
     timelines, total_blocks = {}, None
     for engine in engines:
         path = run_dir / f"timeline-{engine}-c{top}.json"
@@ -502,7 +683,13 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
             label = _plot_label(engine) + ("" if shows_figures(point) else f" ({oom_text(point)})")
             timelines[label] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
     if timelines:
-        plots.lines(timelines, run_dir / "blocks_over_time.png",
-                    f"KV blocks in use over time at concurrency {top}, in a pool of {total_blocks:,} blocks\n{tag}",
-                    "time since start of the point (s)", "blocks in use",
-                    "the same work in fewer blocks is better", markers=False, hline=total_blocks)
+        plots.lines(
+            timelines,
+            run_dir / "blocks_over_time.png",
+            f"KV blocks in use over time at concurrency {top}, in a pool of {total_blocks:,} blocks\n{tag}",
+            "time since start of the point (s)",
+            "blocks in use",
+            "the same work in fewer blocks is better",
+            markers=False,
+            hline=total_blocks,
+        )

@@ -17,8 +17,10 @@ from kvbench.report.sweep_report import (
 from kvbench.values import human_bytes
 from kvbench.workload.dataset import left_out, sample_note
 
-EOS_NOTE = ("answers end at their real length while every reservation plans for max-len - prompt; the oracle is "
-            "told the real lengths: a hindsight bound, not a runnable engine")
+EOS_NOTE = (
+    "answers end at their real length while every reservation plans for max-len - prompt; the oracle is "
+    "told the real lengths: a hindsight bound, not a runnable engine"
+)
 LENGTH_NOTE = "every request runs to its drawn or reference output length, and each strategy reserves knowing it"
 
 
@@ -34,8 +36,10 @@ def _caption(meta: dict) -> str:
     dataset = meta.get("dataset")
     if dataset:
         lost = left_out(dataset)
-        parts.append(f"{Path(str(dataset.get('path'))).name}: {dataset.get('requests')} of "
-                     f"{dataset.get('records')} records" + (f", left out {lost}" if lost else ""))
+        parts.append(
+            f"{Path(str(dataset.get('path'))).name}: {dataset.get('requests')} of "
+            f"{dataset.get('records')} records" + (f", left out {lost}" if lost else "")
+        )
     return "; ".join(parts)
 
 
@@ -53,15 +57,40 @@ def waste_markdown(document: dict) -> str:
     head += f"Stop: {stop_text(meta)}.\n\n"
     if meta.get("dataset"):
         head += f"Dataset: {sample_note(meta['dataset'])}.\n\n"
-    rows = [[_strategy_label(p), p["waste"]["token_state_pct"], p["waste"]["reservation_pct"], p["waste"]["internal_pct"],
-             p["waste"]["external_pct"], p["waste"]["free_pct"], p["effective_usage_pct"], p["mean_running"],
-             p["peak_running"], p["output_throughput"]] for p in document["points"]]
+    rows = [
+        [
+            _strategy_label(p),
+            p["waste"]["token_state_pct"],
+            p["waste"]["reservation_pct"],
+            p["waste"]["internal_pct"],
+            p["waste"]["external_pct"],
+            p["waste"]["free_pct"],
+            p["effective_usage_pct"],
+            p["mean_running"],
+            p["peak_running"],
+            p["output_throughput"],
+        ]
+        for p in document["points"]
+    ]
     text = head + markdown_table(
-        ["strategy", "token states %", "reservation %", "internal %", "external %", "free %",
-         "effective usage %", "mean running", "peak running", "output tok/s (sim)"], rows)
+        [
+            "strategy",
+            "token states %",
+            "reservation %",
+            "internal %",
+            "external %",
+            "free %",
+            "effective usage %",
+            "mean running",
+            "peak running",
+            "output tok/s (sim)",
+        ],
+        rows,
+    )
     if shows_output_lengths(meta):
-        text += (f"\n## {output_length_title(meta)}\n\n"
-                 + markdown_table(list(OUTPUT_LENGTH_COLUMNS), output_length_rows(document["points"])))
+        text += f"\n## {output_length_title(meta)}\n\n" + markdown_table(
+            list(OUTPUT_LENGTH_COLUMNS), output_length_rows(document["points"])
+        )
     return text
 
 
@@ -74,19 +103,38 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
         f"[bold]{analytic['at_mean_len_pct']:.1f}%[/bold]  (at the sampled mean {analytic['sampled_mean_len']:.0f}: "
         f"{analytic['at_sampled_mean_pct']:.1f}%)"
     )
-    table = Table(title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
-                  f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
-                  f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)",
-                  caption=_caption(meta))
-    for column in ("strategy", "used", "reserv.", "internal", "external", "free", "effective",
-                   "running mean/peak", "out tok/s", "preempt"):
+    table = Table(
+        title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
+        f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
+        f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)",
+        caption=_caption(meta),
+    )
+    for column in (
+        "strategy",
+        "used",
+        "reserv.",
+        "internal",
+        "external",
+        "free",
+        "effective",
+        "running mean/peak",
+        "out tok/s",
+        "preempt",
+    ):
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for p in document["points"]:
         w = p["waste"]
         table.add_row(
-            _strategy_label(p), f"{w['token_state_pct']:.1f}%", f"{w['reservation_pct']:.1f}%", f"{w['internal_pct']:.1f}%",
-            f"{w['external_pct']:.1f}%", f"{w['free_pct']:.1f}%", f"{p['effective_usage_pct']:.1f}%",
-            f"{p['mean_running']:.1f} / {p['peak_running']}", f"{p['output_throughput']:,.0f}", str(p["preemptions"]),
+            _strategy_label(p),
+            f"{w['token_state_pct']:.1f}%",
+            f"{w['reservation_pct']:.1f}%",
+            f"{w['internal_pct']:.1f}%",
+            f"{w['external_pct']:.1f}%",
+            f"{w['free_pct']:.1f}%",
+            f"{p['effective_usage_pct']:.1f}%",
+            f"{p['mean_running']:.1f} / {p['peak_running']}",
+            f"{p['output_throughput']:,.0f}",
+            str(p["preemptions"]),
         )
     console.print(table)
     if shows_output_lengths(meta):
@@ -104,9 +152,11 @@ def waste_plot(document: dict, path: Path) -> None:
     from kvbench.report.plots import waste_breakdown  # matplotlib loads only when a plot is drawn
 
     meta, points = document["meta"], document["points"]
-    title = f"KV pool breakdown: {meta['model']['name']} {meta['model']['dtype']} on {meta['gpu']}, max-len {meta['max_len']}"
+    model = meta["model"]
+    title = f"KV pool breakdown: {model['name']} {model['dtype']} on {meta['gpu']}, max-len {meta['max_len']}"
     subtitle = f"{meta['workload']}; {meta['requests']} requests, concurrency {meta['concurrency']}; simulated"
     if meta.get("stop") == "eos":
         subtitle += "; answers end at EOS, reservations plan for max-len"
-    waste_breakdown([_strategy_label(p).replace(" (", "\n(") for p in points], [p["waste"] for p in points], path,
-                    title, subtitle)
+    waste_breakdown(
+        [_strategy_label(p).replace(" (", "\n(") for p in points], [p["waste"] for p in points], path, title, subtitle
+    )

@@ -50,9 +50,10 @@ class WatchView:
 
     def render(self) -> Group:
         until = f"for {self.duration_s:g} s" if self.duration_s is not None else "until Ctrl-C"
-        header = Text.from_markup(f"[bold]kvbench watch[/bold] {escape(self.url)}: every {self.interval_s:g} s "
-                                  f"{until}; {self.scrapes} scrape(s)"
-                                  + (f", [red]{self.failed} failed[/red]" if self.failed else ""))
+        header = Text.from_markup(
+            f"[bold]kvbench watch[/bold] {escape(self.url)}: every {self.interval_s:g} s "
+            f"{until}; {self.scrapes} scrape(s)" + (f", [red]{self.failed} failed[/red]" if self.failed else "")
+        )
         parts: list = [header]
         if self.last_error:
             parts.append(Text(f"last scrape failed: {self.last_error}", style="red"))
@@ -61,8 +62,7 @@ class WatchView:
 
     def _table(self, source: str, rows: deque[tuple[float, ServerState]]) -> Table:
         table = Table(title=Text(source), title_justify="left")  # a Text: label values are not markup
-        for column in ("t (s)", "KV usage", "free blocks", "running", "waiting", "preemptions (+new)",
-                       "prefix hits"):
+        for column in ("t (s)", "KV usage", "free blocks", "running", "waiting", "preemptions (+new)", "prefix hits"):
             table.add_column(column, justify="right")
         before: ServerState | None = None
         for elapsed, state in rows:
@@ -72,13 +72,15 @@ class WatchView:
             if before is not None and before.preemptions is not None and state.preemptions is not None:
                 new = f" (+{max(0.0, state.preemptions - before.preemptions):.0f})"
             hit = state.hit_rate
-            table.add_row(f"{elapsed:,.1f}", _flagged(state, ("usage",), Text(usage, style=style or "")),
-                          _flagged(state, ("usage", "total_blocks"), _num(state.free_blocks)),
-                          _flagged(state, ("running",), _num(state.running)),
-                          _flagged(state, ("waiting",), _num(state.waiting)),
-                          _flagged(state, ("preemptions",), _num(state.preemptions) + new),
-                          _flagged(state, ("prefix_queries", "prefix_hits", "prefix_hit_rate"),
-                                   "-" if hit is None else pct(hit)))
+            table.add_row(
+                f"{elapsed:,.1f}",
+                _flagged(state, ("usage",), Text(usage, style=style or "")),
+                _flagged(state, ("usage", "total_blocks"), _num(state.free_blocks)),
+                _flagged(state, ("running",), _num(state.running)),
+                _flagged(state, ("waiting",), _num(state.waiting)),
+                _flagged(state, ("preemptions",), _num(state.preemptions) + new),
+                _flagged(state, ("prefix_queries", "prefix_hits", "prefix_hit_rate"), "-" if hit is None else pct(hit)),
+            )
             before = state
         if any(state.invalid for _, state in rows):
             table.caption = "invalid: the engine reported a value outside its meaning (kvbench diagnose names it)"
@@ -96,23 +98,39 @@ def watch_plot(timeline: Timeline, path: Path, free_blocks_threshold: float = 0.
         times = [t for t, _ in window.samples]
         states = [s for _, s in window.samples]
         if any(s.usage is not None for s in states):
-            usage[f"{tag}KV usage".strip()] = _series(times, [None if s.usage is None else 100 * s.usage
-                                                              for s in states])
+            usage[f"{tag}KV usage".strip()] = _series(
+                times, [None if s.usage is None else 100 * s.usage for s in states]
+            )
         requests[f"{tag}running"] = _series(times, [s.running for s in states])
         requests[f"{tag}waiting"] = _series(times, [s.waiting for s in states])
-        new = [None] + [None if a.preemptions is None or b.preemptions is None else max(0.0, b.preemptions - a.preemptions)
-                        for a, b in zip(states, states[1:], strict=False)]
+        new = [None] + [
+            None if a.preemptions is None or b.preemptions is None else max(0.0, b.preemptions - a.preemptions)
+            for a, b in zip(states, states[1:], strict=False)
+        ]
         if any(v is not None for v in new):
             preemptions[f"{tag}preemptions".strip()] = _series(times, new)
     sources = "; ".join(timeline.windows)
     return plots.stacked_panels(
-        [("KV cache usage: near 100% leaves no headroom for new requests (lower is safer)", "blocks in use (%)",
-          usage, (100 * (1 - free_blocks_threshold), f"free blocks < {100 * free_blocks_threshold:g}% above this")),
-         ("Requests: waiting (dashed) is lower-is-better; running higher is better while nothing waits",
-          "requests", requests, None),
-         ("New preemptions per scrape (lower is better)", "preemptions", preemptions, None)],
-        path, f"kvbench watch: {timeline.url or timeline.path}\n{sources}", "time since the first scrape (s)",
-        y_ranges=[(0, 100), (0, None), (0, None)])
+        [
+            (
+                "KV cache usage: near 100% leaves no headroom for new requests (lower is safer)",
+                "blocks in use (%)",
+                usage,
+                (100 * (1 - free_blocks_threshold), f"free blocks < {100 * free_blocks_threshold:g}% above this"),
+            ),
+            (
+                "Requests: waiting (dashed) is lower-is-better; running higher is better while nothing waits",
+                "requests",
+                requests,
+                None,
+            ),
+            ("New preemptions per scrape (lower is better)", "preemptions", preemptions, None),
+        ],
+        path,
+        f"kvbench watch: {timeline.url or timeline.path}\n{sources}",
+        "time since the first scrape (s)",
+        y_ranges=[(0, 100), (0, None), (0, None)],
+    )
 
 
 def _series(times: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:

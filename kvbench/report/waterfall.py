@@ -35,8 +35,12 @@ CUDA_LEVELS = (
     ("torch allocated", "memory.torch_allocated_peak_bytes", "weights and activations"),
     *CPU_LEVELS[1:],
 )
-_CUDA_FIELDS = ("torch_reserved_peak_bytes", "torch_allocated_peak_bytes", "nvml_used_peak_bytes",
-                "nvml_process_peak_bytes")
+_CUDA_FIELDS = (
+    "torch_reserved_peak_bytes",
+    "torch_allocated_peak_bytes",
+    "nvml_used_peak_bytes",
+    "nvml_process_peak_bytes",
+)
 _REASONS = {
     "memory.rss_peak_bytes": "process RSS not readable (/proc unavailable)",
     "memory.nvml_used_peak_bytes": "NVML unavailable (no NVIDIA driver or nvidia-ml-py)",
@@ -68,11 +72,22 @@ def waterfall_levels(point: dict[str, Any], device: str | None = None) -> list[d
         reason = None
         if not measured:
             value = None
-            reason = ("simulated run: no device or process memory is measured"
-                      if kind == "simulated" and source.startswith("memory.") else
-                      _REASONS.get(source, f"{source} not in the point"))
-        levels.append({"level": name, "bytes": int(value) if measured else None, "source": source,
-                       "reason": reason, "gap_name": gap, "gap_bytes": None, "gap_note": None})
+            reason = (
+                "simulated run: no device or process memory is measured"
+                if kind == "simulated" and source.startswith("memory.")
+                else _REASONS.get(source, f"{source} not in the point")
+            )
+        levels.append(
+            {
+                "level": name,
+                "bytes": int(value) if measured else None,
+                "source": source,
+                "reason": reason,
+                "gap_name": gap,
+                "gap_bytes": None,
+                "gap_note": None,
+            }
+        )
     for outer, inner in zip(levels, levels[1:], strict=False):
         if outer["bytes"] is None or inner["bytes"] is None:
             continue
@@ -104,12 +119,15 @@ def waterfall_table(point: dict[str, Any], levels: list[dict[str, Any]] | None =
         gap = level["gap_name"] or "—"
         if level.get("gap_note"):
             gap += f" ({level['gap_note']})"
-        table.add_row(level["level"], size, gap, human_bytes(level["gap_bytes"]) if level["gap_bytes"] is not None else "-")
+        table.add_row(
+            level["level"], size, gap, human_bytes(level["gap_bytes"]) if level["gap_bytes"] is not None else "-"
+        )
     return table
 
 
-def waterfall_plot(point: dict[str, Any], path: Path, subtitle: str = "",
-                   levels: list[dict[str, Any]] | None = None) -> Path:
+def waterfall_plot(
+    point: dict[str, Any], path: Path, subtitle: str = "", levels: list[dict[str, Any]] | None = None
+) -> Path:
     """Horizontal bars, outermost level on top; each bar's tail up to the next level is its named gap."""
     from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
@@ -124,8 +142,9 @@ def waterfall_plot(point: dict[str, Any], path: Path, subtitle: str = "",
     floor = min(measured) / scale / 3 if log and measured else 0.0
     for row, level, inner in zip(rows, levels, [*levels[1:], None], strict=True):
         if level["bytes"] is None:
-            ax.text(floor, row, f" unavailable: {level['reason']}", va="center", fontsize=8,
-                    color="#616161", style="italic")
+            ax.text(
+                floor, row, f" unavailable: {level['reason']}", va="center", fontsize=8, color="#616161", style="italic"
+            )
             continue
         size = level["bytes"] / scale
         inner_size = inner["bytes"] / scale if inner is not None and inner["bytes"] is not None else None

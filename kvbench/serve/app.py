@@ -65,8 +65,9 @@ def _dumps(body: Any) -> bytes:
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_dumps(error.body()), status=error.status, content_type="application/json",
-                        headers=headers)
+    return web.Response(
+        body=_dumps(error.body()), status=error.status, content_type="application/json", headers=headers
+    )
 
 
 @web.middleware
@@ -110,8 +111,13 @@ async def _generate(request: web.Request, kind: Kind) -> web.StreamResponse:
     if state.draining:
         raise ApiError(503, "the server is shutting down and admits no new request")
     generation = parse_generation(await _body(request), kind, state.model)
-    job = Job(generation.prompts, generation.params, generation.n, fork=state.model.parallel_sampling,
-              wake_per_token=generation.stream or bool(generation.stop_strings))
+    job = Job(
+        generation.prompts,
+        generation.params,
+        generation.n,
+        fork=state.model.parallel_sampling,
+        wake_per_token=generation.stream or bool(generation.stop_strings),
+    )
     reader = _ChoiceReader(generation, job, state.model.tokenizer)
     state.engine.submit(job)
     try:
@@ -130,9 +136,16 @@ class _ChoiceReader:
     def __init__(self, generation: Generation, job: Job, tokenizer: Any) -> None:
         self.generation = generation
         self.job = job
-        self.texts = [TextStream(tokenizer, generation.prompt_of(i), generation.stop_strings,
-                                 generation.include_stop_str_in_output, generation.skip_special_tokens)
-                      for i in range(generation.num_choices)]
+        self.texts = [
+            TextStream(
+                tokenizer,
+                generation.prompt_of(i),
+                generation.stop_strings,
+                generation.include_stop_str_in_output,
+                generation.skip_special_tokens,
+            )
+            for i in range(generation.num_choices)
+        ]
         self.counted = [0] * generation.num_choices  # tokens of each choice that count (the answer's)
         self.started = [False] * generation.num_choices
         self.reported = [False] * generation.num_choices  # its end was sent
@@ -141,7 +154,7 @@ class _ChoiceReader:
     def new_tokens(self, index: int) -> list[int]:
         """Counted tokens of a choice not yet sent in a stream event."""
         start, self.shown[index] = self.shown[index], self.counted[index]
-        return self.job.choices[index].tokens[start:self.counted[index]]
+        return self.job.choices[index].tokens[start : self.counted[index]]
 
     def read(self, engine: EngineClient) -> list[int]:
         """Take every choice's unread tokens; returns the choices that changed."""
@@ -149,7 +162,7 @@ class _ChoiceReader:
         for index, choice in enumerate(self.job.choices):
             if not choice.unread and (not choice.done or self.reported[index]):
                 continue
-            new = choice.tokens[len(choice.tokens) - choice.unread:] if choice.unread else []
+            new = choice.tokens[len(choice.tokens) - choice.unread :] if choice.unread else []
             choice.unread = 0
             text = self.texts[index]
             if new:
@@ -184,8 +197,9 @@ async def _complete(state: ServerState, generation: Generation, job: Job, reader
     return web.Response(body=_dumps(body), content_type="application/json")
 
 
-async def _stream(request: web.Request, state: ServerState, generation: Generation, job: Job,
-                  reader: _ChoiceReader) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, state: ServerState, generation: Generation, job: Job, reader: _ChoiceReader
+) -> web.StreamResponse:
     response: web.StreamResponse | None = None
     encoder = StreamEncoder(generation)
     direct: _DirectEvents | None = None
@@ -222,8 +236,9 @@ async def _stream(request: web.Request, state: ServerState, generation: Generati
             job.sink = direct  # the next tokens are written as they arrive, without waking this handler
 
 
-def _events(state: ServerState, generation: Generation, job: Job, reader: _ChoiceReader,
-            encoder: StreamEncoder) -> list[bytes]:
+def _events(
+    state: ServerState, generation: Generation, job: Job, reader: _ChoiceReader, encoder: StreamEncoder
+) -> list[bytes]:
     """The stream events of what arrived since the last call: each changed choice's delta (a chat choice's role
     row first)."""
     parts = []
@@ -239,8 +254,9 @@ def _events(state: ServerState, generation: Generation, job: Job, reader: _Choic
         if first and generation.kind == "chat":
             parts.append(encoder.event(chunk_body(generation, [role_row(index)])))
         now = usage(len(generation.prompt_of(index)), reader.counted[index]) if generation.continuous_usage else None
-        parts.append(encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop,
-                                   first, now))
+        parts.append(
+            encoder.delta(index, reader.texts[index].take(ended), reader.new_tokens(index), finish, stop, first, now)
+        )
     return parts
 
 
@@ -253,8 +269,15 @@ class _DirectEvents:
 
     HIGH_WATER = 64 * 1024  # bytes queued for the client past which the handler's write (which drains) takes over
 
-    def __init__(self, transport: asyncio.Transport, state: ServerState, generation: Generation, job: Job,
-                 reader: _ChoiceReader, encoder: StreamEncoder) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        state: ServerState,
+        generation: Generation,
+        job: Job,
+        reader: _ChoiceReader,
+        encoder: StreamEncoder,
+    ) -> None:
         self.transport = transport
         self.args = (state, generation, job, reader, encoder)
         self.job = job

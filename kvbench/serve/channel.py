@@ -68,7 +68,7 @@ class FrameBuffer:
             if end > size:
                 break
             try:
-                messages.append(json.loads(bytes(buffer[at + 4:end])))
+                messages.append(json.loads(bytes(buffer[at + 4 : end])))
             except ValueError as err:  # broken JSON or UTF-8
                 raise ChannelError(f"a frame that is not JSON: {err}") from None
             at = end

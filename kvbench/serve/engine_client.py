@@ -62,8 +62,9 @@ class Job:
     """One HTTP request's generation: ``prompts`` x ``n`` choices (the paged engine forks the samples of a prompt
     from one request, sharing its prompt blocks; the contiguous one runs a request per choice)."""
 
-    def __init__(self, prompts: list[list[int]], params: list[SamplingParams], n: int, fork: bool,
-                 wake_per_token: bool = True) -> None:
+    def __init__(
+        self, prompts: list[list[int]], params: list[SamplingParams], n: int, fork: bool, wake_per_token: bool = True
+    ) -> None:
         self.id = -1  # given at submission
         self.prompts = prompts
         self.params = params
@@ -125,8 +126,9 @@ class EngineInfo:
 class EngineClient:
     """The engine process and its jobs, from the front end's event loop."""
 
-    def __init__(self, options: ServeOptions, with_metrics: bool = True,
-                 on_status: Callable[[str], Any] | None = None) -> None:
+    def __init__(
+        self, options: ServeOptions, with_metrics: bool = True, on_status: Callable[[str], Any] | None = None
+    ) -> None:
         self.options = options
         self.with_metrics = with_metrics
         self.on_status = on_status
@@ -160,13 +162,22 @@ class EngineClient:
             # created on this thread, which lives as long as the server (the kernel's parent-death signal follows
             # the thread that forked)
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kvbench.serve.engine_core", str(theirs.fileno()), str(os.getpid()),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+                sys.executable,
+                "-m",
+                "kvbench.serve.engine_core",
+                str(theirs.fileno()),
+                str(os.getpid()),
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=env,
+            )
         finally:
             theirs.close()
         try:
             _, self._channel = await loop.create_unix_connection(
-                lambda: FrameProtocol(self._on_message, self._on_closed), sock=ours)
+                lambda: FrameProtocol(self._on_message, self._on_closed), sock=ours
+            )
             self._channel.send({"t": "start", "options": self.options.to_json(), "metrics": self.with_metrics})
             tokenizer = loop.run_in_executor(None, _load_tokenizer, self.options.model)
             try:
@@ -174,14 +185,28 @@ class EngineClient:
             except BaseException:
                 tokenizer.cancel()
                 raise
-            model = ModelInfo(name=info["name"], max_len=info["max_len"], vocab_size=info["vocab_size"],
-                              tokenizer=await tokenizer, parallel_sampling=info["parallel_sampling"])
+            model = ModelInfo(
+                name=info["name"],
+                max_len=info["max_len"],
+                vocab_size=info["vocab_size"],
+                tokenizer=await tokenizer,
+                parallel_sampling=info["parallel_sampling"],
+            )
         except BaseException:
             await self._kill()
             raise
-        self.info = EngineInfo(model, info["engine"], info["device_name"], info["budget_source"], info["threads"],
-                               info["num_blocks"], info["block_size"], info["reserve"], info["admission"],
-                               info["pid"])
+        self.info = EngineInfo(
+            model,
+            info["engine"],
+            info["device_name"],
+            info["budget_source"],
+            info["threads"],
+            info["num_blocks"],
+            info["block_size"],
+            info["reserve"],
+            info["admission"],
+            info["pid"],
+        )
         if self.with_metrics:
             self.metrics = KvMetrics(device=self.info.device_name)
             start_series(self.metrics, self.info.engine, self.stats)
@@ -230,9 +255,17 @@ class EngineClient:
             raise ApiError(503, f"the engine process has stopped ({self.error}); the server is shutting down")
         job.id, self._next_job = self._next_job, self._next_job + 1
         self.jobs[job.id] = job
-        self._send({"t": "submit", "job": job.id, "prompts": job.prompts,
-                    "params": [sampling_to_json(params) for params in job.params], "n": job.n, "fork": job.fork,
-                    "wake": job.wake_per_token})
+        self._send(
+            {
+                "t": "submit",
+                "job": job.id,
+                "prompts": job.prompts,
+                "params": [sampling_to_json(params) for params in job.params],
+                "n": job.n,
+                "fork": job.fork,
+                "wake": job.wake_per_token,
+            }
+        )
 
     def release(self, job: Job) -> None:
         """The handler is done with ``job``: withdraw whatever of it still runs (a client gone, a stop string)."""

@@ -138,12 +138,20 @@ class EngineCore:
         scheduler = session.scheduler
         pool = scheduler.manager.pool
         alloc, self.alloc_seconds[:] = list(self.alloc_seconds), []
-        return {"used": pool.num_used, "free": pool.num_free, "capacity": pool.num_blocks,
-                "fragmentation": online_fragmentation(scheduler.used_slots(session.clock), scheduler.held_slots()),
-                "running": len(scheduler.running), "waiting": len(scheduler.waiting),
-                "preemptions": scheduler.num_preemptions, "finished": scheduler.num_finished,
-                "aborted": scheduler.num_aborted, "tokens": self.tokens, "peak_running": session.peak_running,
-                "alloc": alloc}
+        return {
+            "used": pool.num_used,
+            "free": pool.num_free,
+            "capacity": pool.num_blocks,
+            "fragmentation": online_fragmentation(scheduler.used_slots(session.clock), scheduler.held_slots()),
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
+            "preemptions": scheduler.num_preemptions,
+            "finished": scheduler.num_finished,
+            "aborted": scheduler.num_aborted,
+            "tokens": self.tokens,
+            "peak_running": session.peak_running,
+            "alloc": alloc,
+        }
 
     def _leak(self) -> str | None:
         """The KV manager's drained check while idle: None, or what leaked."""
@@ -181,10 +189,19 @@ class EngineCore:
             if fork:  # the paged engine forks the samples of a prompt from one, sharing its prompt blocks
                 requests = [(index * n, make_request(0, ids, params, num_samples=n))]
             else:
-                requests = [(index * n + sample,  # the seeds a fork would give its samples
-                             make_request(0, ids, replace(params, seed=params.seed + sample)
-                                          if params.seed is not None and sample else params))
-                            for sample in range(n)]
+                requests = [
+                    (
+                        index * n + sample,  # the seeds a fork would give its samples
+                        make_request(
+                            0,
+                            ids,
+                            replace(params, seed=params.seed + sample)
+                            if params.seed is not None and sample
+                            else params,
+                        ),
+                    )
+                    for sample in range(n)
+                ]
             for first, request in requests:
                 request.request_id = session.next_id  # ids come from the session: forks take theirs from it too
                 self._owners[request.request_id] = (job, first)
@@ -223,8 +240,15 @@ class EngineCore:
                 continue
             ended.append(request)  # forgotten after the loop: a sample forked this step finds its parent
             stop = request.output_token_ids[-1] if request.stop_reason == "stop" else None
-            self._ends.append([job.id, choice, [token] if job.wake else request.output_token_ids,
-                               FINISH_REASONS[request.stop_reason], stop])
+            self._ends.append(
+                [
+                    job.id,
+                    choice,
+                    [token] if job.wake else request.output_token_ids,
+                    FINISH_REASONS[request.stop_reason],
+                    stop,
+                ]
+            )
         for request in ended:
             job, first = owners.pop(request.request_id)
             del job.live[first + request.sample_index]
@@ -245,8 +269,13 @@ class EngineCore:
         job = owner[0]
         self._abort(job, None)
         if request.reject_kind == "oom":
-            status, message = 503, ("the KV cache cannot hold this request now (the contiguous engine reserves its "
-                                    "whole length up front and admission is reject): retry later")
+            status, message = (
+                503,
+                (
+                    "the KV cache cannot hold this request now (the contiguous engine reserves its "
+                    "whole length up front and admission is reject): retry later"
+                ),
+            )
         else:
             status, message = 400, f"the request cannot run: {request.reject_reason}"
         self._fails.append([job.id, status, message])
@@ -276,11 +305,21 @@ def _die_with_parent(parent_pid: int) -> None:
 def ready_info(served, engine: LLMEngine) -> dict[str, Any]:
     """What the front end needs of the engine it serves (the tokenizer it loads itself)."""
     config = served.config
-    return {"name": served.info.name, "max_len": served.info.max_len, "vocab_size": served.info.vocab_size,
-            "parallel_sampling": served.info.parallel_sampling, "engine": engine.name,
-            "device_name": served.device_name, "budget_source": served.budget_source, "threads": served.threads,
-            "num_blocks": config.num_blocks, "block_size": config.block_size, "reserve": config.reserve,
-            "admission": config.admission, "pid": os.getpid()}
+    return {
+        "name": served.info.name,
+        "max_len": served.info.max_len,
+        "vocab_size": served.info.vocab_size,
+        "parallel_sampling": served.info.parallel_sampling,
+        "engine": engine.name,
+        "device_name": served.device_name,
+        "budget_source": served.budget_source,
+        "threads": served.threads,
+        "num_blocks": config.num_blocks,
+        "block_size": config.block_size,
+        "reserve": config.reserve,
+        "admission": config.admission,
+        "pid": os.getpid(),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -307,8 +346,13 @@ def main(argv: list[str]) -> int:
         except Exception as err:  # noqa: BLE001 - a loader's failure is one line for the front end to print
             if os.environ.get("KVBENCH_DEBUG"):
                 traceback.print_exc()
-            channel.send({"t": "error", "message": f"the engine process failed while loading: {crash_reason(err)}",
-                          "exit_code": 1})
+            channel.send(
+                {
+                    "t": "error",
+                    "message": f"the engine process failed while loading: {crash_reason(err)}",
+                    "exit_code": 1,
+                }
+            )
             return 1
         core = EngineCore(served.engine, channel, timed=bool(start.get("metrics", True)))
         channel.send({"t": "ready", "info": ready_info(served, served.engine), "stats": core.stats()})

@@ -50,7 +50,9 @@ def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
     mirror(metrics, engine, EngineStats(), first, ())
 
 
-def mirror(metrics: KvMetrics, engine: str, before: EngineStats, now: EngineStats, alloc_seconds: Iterable[float]) -> None:
+def mirror(
+    metrics: KvMetrics, engine: str, before: EngineStats, now: EngineStats, alloc_seconds: Iterable[float]
+) -> None:
     """Set the gauges to ``now``, advance the counters by ``now - before`` and observe the allocation latencies."""
     labels = (engine, metrics.device)
     metrics.blocks_used.labels(*labels).set(now.used)
@@ -59,9 +61,11 @@ def mirror(metrics: KvMetrics, engine: str, before: EngineStats, now: EngineStat
     metrics.fragmentation.labels(*labels).set(now.fragmentation)
     metrics.running.labels(*labels).set(now.running)
     metrics.waiting.labels(*labels).set(now.waiting)
-    for counter, total, last in ((metrics.preemptions, now.preemptions, before.preemptions),
-                                 (metrics.generated, now.tokens, before.tokens),
-                                 (metrics.finished, now.finished, before.finished)):
+    for counter, total, last in (
+        (metrics.preemptions, now.preemptions, before.preemptions),
+        (metrics.generated, now.tokens, before.tokens),
+        (metrics.finished, now.finished, before.finished),
+    ):
         if total > last:
             counter.labels(*labels).inc(total - last)
     histogram = metrics.alloc_latency.labels(*labels)

@@ -41,8 +41,14 @@ class ShutdownReport:
 class Server:
     """The engine process and the HTTP site on one event loop."""
 
-    def __init__(self, options: ServeOptions, host: str = "127.0.0.1", port: int = 8000, metrics: bool = True,
-                 on_status: Callable[[str], Any] | None = None) -> None:
+    def __init__(
+        self,
+        options: ServeOptions,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        metrics: bool = True,
+        on_status: Callable[[str], Any] | None = None,
+    ) -> None:
         self.options = options
         self.host = host
         self.port = port
@@ -68,8 +74,7 @@ class Server:
         engine = self.engine
         info = await engine.start()
         self.state = ServerState(info.model, engine, engine.metrics)
-        runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=5.0)
+        runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:
@@ -113,8 +118,9 @@ class Server:
         return self._stopped
 
 
-async def serve_until_signalled(server: Server, grace_s: float, on_ready: Callable[[Server], None] | None = None,
-                                log_interval_s: float = 10.0) -> ShutdownReport:
+async def serve_until_signalled(
+    server: Server, grace_s: float, on_ready: Callable[[Server], None] | None = None, log_interval_s: float = 10.0
+) -> ShutdownReport:
     """Run ``server`` until SIGTERM or SIGINT, then shut it down gracefully (a second signal hurries it). For the
     command line: the process is about to exit, so both signals are ignored once the server has stopped."""
     await server.start()
@@ -158,9 +164,15 @@ async def _report_periodically(server: Server, every_s: float) -> None:
         now, stats = time.perf_counter(), engine.stats
         if stats.tokens == last_tokens and not engine.jobs:
             continue
-        log.info("generation %.1f tok/s; requests running %d, waiting %d; KV blocks used %d of %d (%.0f%%)",
-                 (stats.tokens - last_tokens) / (now - last_time), stats.running, stats.waiting, stats.used,
-                 stats.capacity, 100 * stats.usage)
+        log.info(
+            "generation %.1f tok/s; requests running %d, waiting %d; KV blocks used %d of %d (%.0f%%)",
+            (stats.tokens - last_tokens) / (now - last_time),
+            stats.running,
+            stats.waiting,
+            stats.used,
+            stats.capacity,
+            100 * stats.usage,
+        )
         last_tokens, last_time = stats.tokens, now
 
 
@@ -187,6 +199,7 @@ class ServerThread:
 
     def call(self, function: Callable, *args):
         """Run ``function(*args)`` on the server's event loop and return its result."""
+
         async def run():
             return function(*args)
 

@@ -22,8 +22,15 @@ from kvbench.errors import KvbenchError
 
 Kind = Literal["completion", "chat"]
 MAX_N = 128  # choices per prompt: a bound on what one request may fork
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge",
-                429: "TooManyRequests", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestTooLarge",
+    429: "TooManyRequests",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
 
 class ApiError(Exception):
@@ -36,8 +43,14 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": _ERROR_TYPES.get(self.status, "Error"),
-                          "param": self.param, "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _ERROR_TYPES.get(self.status, "Error"),
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -127,15 +140,28 @@ def _bool(body: dict, name: str, default: bool) -> bool:
 
 def _refuse_unsupported(body: dict, kind: Kind) -> None:
     """Parameters the engines do not implement: accepted at their neutral value, refused otherwise."""
-    neutral = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0,
-               "min_tokens": 0}
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_p": 0, "min_tokens": 0}
     for name, value in neutral.items():
         given = body.get(name)
         if given is not None and given != value:
             raise bad(f"{name} is not supported by kvbench serve (only {value} is accepted)", name)
-    for name in ("logprobs", "top_logprobs", "echo", "prompt_logprobs", "suffix", "logit_bias", "tools",
-                 "tool_choice", "functions", "function_call", "guided_json", "guided_regex", "guided_choice",
-                 "structured_outputs", "prompt_embeds"):
+    for name in (
+        "logprobs",
+        "top_logprobs",
+        "echo",
+        "prompt_logprobs",
+        "suffix",
+        "logit_bias",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "structured_outputs",
+        "prompt_embeds",
+    ):
         given = body.get(name)
         if given not in (None, False, 0, "", {}, [], "none"):
             raise bad(f"{name} is not supported by kvbench serve", name)
@@ -154,8 +180,11 @@ def _stop_strings(body: dict, model: ModelInfo) -> tuple[str, ...]:
     if any(item == "" for item in items):
         raise bad("stop strings must not be empty", "stop")
     if items and model.tokenizer is None:
-        raise bad(f"stop strings need a tokenizer; the model {model.name} has none (a preset with random "
-                  "weights): use stop_token_ids", "stop")
+        raise bad(
+            f"stop strings need a tokenizer; the model {model.name} has none (a preset with random "
+            "weights): use stop_token_ids",
+            "stop",
+        )
     return tuple(dict.fromkeys(items))
 
 
@@ -170,8 +199,10 @@ def _token_ids(values: list, model: ModelInfo, param: str) -> list[int]:
 
 def _encode(model: ModelInfo, text: str, param: str, special: bool = True) -> list[int]:
     if model.tokenizer is None:
-        raise bad(f"the model {model.name} has no tokenizer (a preset with random weights): send the prompt as "
-                  "token ids", param)
+        raise bad(
+            f"the model {model.name} has no tokenizer (a preset with random weights): send the prompt as token ids",
+            param,
+        )
     ids = list(model.tokenizer(text, add_special_tokens=special)["input_ids"])
     return _token_ids(ids, model, param)  # a tokenizer larger than the model's embeddings is refused here
 
@@ -196,8 +227,7 @@ def _completion_prompts(body: dict, model: ModelInfo) -> list[list[int]]:
         elif isinstance(item, list):
             ids = _token_ids(item, model, "prompt")
         else:
-            raise bad(f"prompt must be a string, a list of strings or token ids; got a list holding {item!r}",
-                      "prompt")
+            raise bad(f"prompt must be a string, a list of strings or token ids; got a list holding {item!r}", "prompt")
         if not ids:
             raise bad("prompt must be given and not empty", "prompt")
         prompts.append(ids)
@@ -210,8 +240,11 @@ def _chat_prompt(body: dict, model: ModelInfo) -> list[int]:
         raise bad("messages must be a non-empty list of {role, content} objects", "messages")
     if not model.has_chat_template:
         what = "no tokenizer (a preset with random weights)" if model.tokenizer is None else "no chat template"
-        raise bad(f"chat completions need a tokenizer with a chat template; the model {model.name} has {what}: "
-                  "use /v1/completions", "messages")
+        raise bad(
+            f"chat completions need a tokenizer with a chat template; the model {model.name} has {what}: "
+            "use /v1/completions",
+            "messages",
+        )
     plain = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -233,8 +266,9 @@ def _chat_prompt(body: dict, model: ModelInfo) -> list[int]:
     try:
         text = model.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as err:  # noqa: BLE001 - a template's own complaint (roles must alternate, ...) is the answer
-        raise bad(f"the chat template refused the messages: {str(err).splitlines()[0] if str(err) else err!r}",
-                  "messages") from None
+        raise bad(
+            f"the chat template refused the messages: {str(err).splitlines()[0] if str(err) else err!r}", "messages"
+        ) from None
     ids = _encode(model, text, "messages", special=False)  # the template wrote the special tokens itself
     if not ids:
         raise bad("the messages render to an empty prompt", "messages")
@@ -278,8 +312,11 @@ def parse_generation(body: Any, kind: Kind, model: ModelInfo) -> Generation:
         max_tokens = 16 if max_tokens is None else max_tokens  # the OpenAI (and vLLM) default of completions
         which = "max_tokens"
     if max_tokens is not None and max_tokens > model.max_len:
-        raise bad(f"{which}={max_tokens} cannot be greater than the maximum context length of {model.max_len} "
-                  "tokens; request fewer output tokens", which)
+        raise bad(
+            f"{which}={max_tokens} cannot be greater than the maximum context length of {model.max_len} "
+            "tokens; request fewer output tokens",
+            which,
+        )
     temperature = _number(body, "temperature", 1.0)
     if temperature < 0:
         raise bad(f"temperature must be non-negative, got {temperature}", "temperature")
@@ -300,22 +337,40 @@ def parse_generation(body: Any, kind: Kind, model: ModelInfo) -> Generation:
     params = []
     for ids in prompts:
         if len(ids) >= model.max_len:
-            raise bad(f"This model's maximum context length is {model.max_len} tokens. However, your prompt "
-                      f"contains {len(ids)} input tokens, which leaves no room for an output token; shorten the "
-                      "prompt", "prompt" if kind == "completion" else "messages")
+            raise bad(
+                f"This model's maximum context length is {model.max_len} tokens. However, your prompt "
+                f"contains {len(ids)} input tokens, which leaves no room for an output token; shorten the "
+                "prompt",
+                "prompt" if kind == "completion" else "messages",
+            )
         room = model.max_len - len(ids)
         try:
-            params.append(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                         max_tokens=room if max_tokens is None else min(max_tokens, room),
-                                         ignore_eos=ignore_eos, stop_token_ids=tuple(stop_ids)))
+            params.append(
+                SamplingParams(
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    seed=seed,
+                    max_tokens=room if max_tokens is None else min(max_tokens, room),
+                    ignore_eos=ignore_eos,
+                    stop_token_ids=tuple(stop_ids),
+                )
+            )
         except KvbenchError as err:  # the engine's own checks: the same words
             raise bad(str(err)) from None
     if n > 1 and params[0].is_greedy:
         raise bad(f"n must be 1 when sampling greedily (temperature 0 or top_k 1), got {n}", "n")
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     return Generation(
-        kind=kind, request_id=f"{prefix}-{uuid.uuid4().hex}", model=model.name, prompts=prompts, params=params,
-        n=n, stream=stream, include_usage=include_usage, continuous_usage=continuous,
+        kind=kind,
+        request_id=f"{prefix}-{uuid.uuid4().hex}",
+        model=model.name,
+        prompts=prompts,
+        params=params,
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
         stop_strings=_stop_strings(body, model),
         include_stop_str_in_output=_bool(body, "include_stop_str_in_output", False),
         skip_special_tokens=_bool(body, "skip_special_tokens", True),
@@ -335,8 +390,11 @@ class ChoiceResult:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 def prompt_tokens(generation: Generation) -> int:
@@ -359,9 +417,14 @@ def response_body(generation: Generation, choices: list[ChoiceResult]) -> dict[s
             row["token_ids"] = choice.token_ids
             row["prompt_token_ids"] = generation.prompt_of(index)
         rows.append(row)
-    return {"id": generation.request_id, "object": "chat.completion" if generation.kind == "chat" else "text_completion",
-            "created": generation.created, "model": generation.model, "choices": rows,
-            "usage": usage(prompt_tokens(generation), completion_tokens)}
+    return {
+        "id": generation.request_id,
+        "object": "chat.completion" if generation.kind == "chat" else "text_completion",
+        "created": generation.created,
+        "model": generation.model,
+        "choices": rows,
+        "usage": usage(prompt_tokens(generation), completion_tokens),
+    }
 
 
 def chunk_body(generation: Generation, rows: list[dict[str, Any]], usage_now: dict | None = None) -> dict[str, Any]:
@@ -369,7 +432,10 @@ def chunk_body(generation: Generation, rows: list[dict[str, Any]], usage_now: di
     body: dict[str, Any] = {
         "id": generation.request_id,
         "object": "chat.completion.chunk" if generation.kind == "chat" else "text_completion",
-        "created": generation.created, "model": generation.model, "choices": rows}
+        "created": generation.created,
+        "model": generation.model,
+        "choices": rows,
+    }
     if usage_now is not None:
         body["usage"] = usage_now
     return body
@@ -380,8 +446,15 @@ def role_row(index: int) -> dict[str, Any]:
     return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
 
-def delta_row(generation: Generation, index: int, text: str, token_ids: list[int], finish_reason: str | None,
-              stop_reason: str | int | None, first: bool) -> dict[str, Any]:
+def delta_row(
+    generation: Generation,
+    index: int,
+    text: str,
+    token_ids: list[int],
+    finish_reason: str | None,
+    stop_reason: str | int | None,
+    first: bool,
+) -> dict[str, Any]:
     """A choice's part of a stream event: its new text (and token ids when asked for), and its end."""
     row: dict[str, Any] = {"index": index}
     if generation.kind == "chat":
@@ -397,9 +470,20 @@ def delta_row(generation: Generation, index: int, text: str, token_ids: list[int
 
 
 def models_body(model: ModelInfo) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": model.name, "object": "model", "created": model.created,
-                                        "owned_by": "kvbench", "root": model.name, "parent": None,
-                                        "max_model_len": model.max_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model.name,
+                "object": "model",
+                "created": model.created,
+                "owned_by": "kvbench",
+                "root": model.name,
+                "parent": None,
+                "max_model_len": model.max_len,
+            }
+        ],
+    }
 
 
 class StreamEncoder:
@@ -409,20 +493,40 @@ class StreamEncoder:
 
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
-        head = {"id": generation.request_id,
-                "object": "chat.completion.chunk" if generation.kind == "chat" else "text_completion",
-                "created": generation.created, "model": generation.model}
+        head = {
+            "id": generation.request_id,
+            "object": "chat.completion.chunk" if generation.kind == "chat" else "text_completion",
+            "created": generation.created,
+            "model": generation.model,
+        }
         self._head = "data: " + _compact(head)[:-1] + ',"choices":['
         self._text_key = '"delta":{"content":' if generation.kind == "chat" else '"text":'
         self._text_end = "}" if generation.kind == "chat" else ""
 
-    def delta(self, index: int, text: str, token_ids: list[int], finish_reason: str | None,
-              stop_reason: str | int | None, first: bool, usage_now: dict | None = None) -> bytes:
+    def delta(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        finish_reason: str | None,
+        stop_reason: str | int | None,
+        first: bool,
+        usage_now: dict | None = None,
+    ) -> bytes:
         generation = self.generation
-        parts = [self._head, '{"index":', str(index), ",", self._text_key, _compact(text) if text else '""',
-                 self._text_end, ',"logprobs":null,"finish_reason":',
-                 "null" if finish_reason is None else '"' + finish_reason + '"',
-                 ',"stop_reason":', "null" if stop_reason is None else _compact(stop_reason)]
+        parts = [
+            self._head,
+            '{"index":',
+            str(index),
+            ",",
+            self._text_key,
+            _compact(text) if text else '""',
+            self._text_end,
+            ',"logprobs":null,"finish_reason":',
+            "null" if finish_reason is None else '"' + finish_reason + '"',
+            ',"stop_reason":',
+            "null" if stop_reason is None else _compact(stop_reason),
+        ]
         if generation.return_token_ids:
             parts += [',"token_ids":[', ",".join(map(str, token_ids)), "]"]
             if first:

@@ -1,7 +1,8 @@
 """A server's settings resolved once: the model loaded, the KV pool sized and the engine built, as ``sweep`` does.
 
 The model, device, dtype, threads and KV budget go through the sweep's own loading and sizing
-(``studies.local_model``, ``studies.backends.tensor.build_tensor_backend``): the same flags mean the same pool. Without a KV memory
+(``studies.local_model``, ``studies.backends.tensor.build_tensor_backend``): the same flags mean the same pool.
+Without a KV memory
 size the pool is the article scenario's budget, as in ``sweep``. The pool must hold one request of the full
 max-len (the contiguous engine's reservation under ``reserve max``), as vLLM refuses a cache that cannot.
 """
@@ -79,22 +80,42 @@ def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | Non
     from kvbench.workload.scenario import load_scenario
 
     max_len = options.max_len or default_max_len(options.model)
-    base = EngineConfig(engine=options.engine, block_size=options.block_size, reserve=options.reserve,
-                        admission=options.admission, max_num_seqs=options.max_num_seqs, max_len=max_len)
-    sweep_options = SweepOptions(engines=(options.engine,), model=options.model, device=options.device,
-                                 dtype=options.dtype, kv_memory_bytes=options.kv_memory_bytes,
-                                 kv_memory_text=options.kv_memory_text, utilization=options.utilization,
-                                 block_size=options.block_size, threads=options.threads)
-    setup = build_tensor_backend(BuildContext(sweep_options, base, load_scenario(DEFAULT_SCENARIO), options.seed,
-                                              status))
+    base = EngineConfig(
+        engine=options.engine,
+        block_size=options.block_size,
+        reserve=options.reserve,
+        admission=options.admission,
+        max_num_seqs=options.max_num_seqs,
+        max_len=max_len,
+    )
+    sweep_options = SweepOptions(
+        engines=(options.engine,),
+        model=options.model,
+        device=options.device,
+        dtype=options.dtype,
+        kv_memory_bytes=options.kv_memory_bytes,
+        kv_memory_text=options.kv_memory_text,
+        utilization=options.utilization,
+        block_size=options.block_size,
+        threads=options.threads,
+    )
+    setup = build_tensor_backend(
+        BuildContext(sweep_options, base, load_scenario(DEFAULT_SCENARIO), options.seed, status)
+    )
     backend, device_name, vocab, source = setup.backend, setup.device_name, setup.vocab_size, setup.budget_source
     assert isinstance(backend, TensorBackend)  # what build_tensor_backend builds: engines and a loaded model
     # one request of the full max-len must fit in the empty pool (the reservation for the contiguous engine)
-    check_pool_holds_a_request(backend.base, [options.engine], [(1, max_len - 1)], "length",
-                               backend.bytes_per_token, source)
+    check_pool_holds_a_request(
+        backend.base, [options.engine], [(1, max_len - 1)], "length", backend.bytes_per_token, source
+    )
     engine = backend.engine(options.engine)
     loaded = backend.loaded
     name = options.served_model_name or options.model
-    info = ModelInfo(name=name, max_len=max_len, vocab_size=vocab, tokenizer=loaded.tokenizer,
-                     parallel_sampling=options.engine == "paged")
+    info = ModelInfo(
+        name=name,
+        max_len=max_len,
+        vocab_size=vocab,
+        tokenizer=loaded.tokenizer,
+        parallel_sampling=options.engine == "paged",
+    )
     return ServedEngine(engine, info, backend.base, device_name, source, backend.threads)

@@ -22,8 +22,14 @@ PROMPT_CONTEXT = 5  # prompt tokens decoded before the first output token (vLLM 
 class TextStream:
     """The text of one choice; ``add`` takes its new tokens and returns how many of them count."""
 
-    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], stop_strings: Sequence[str] = (),
-                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        stop_strings: Sequence[str] = (),
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = list(prompt_ids[-PROMPT_CONTEXT:])
         self._prefix = 0  # ids[prefix:read] were decoded already; their text is the base of the next delta
@@ -43,12 +49,12 @@ class TextStream:
         """New text of the tokens added since the last advance (all of it when ``final``)."""
         if self._read == len(self.ids):
             return ""
-        base = self._decode(self.ids[self._prefix:self._read])
-        full = self._decode(self.ids[self._prefix:])
+        base = self._decode(self.ids[self._prefix : self._read])
+        full = self._decode(self.ids[self._prefix :])
         if len(full) <= len(base) or (full.endswith("\ufffd") and not final):
             return ""  # an unfinished character, or a token without text (a special one): wait for more
         self._prefix, self._read = self._read, len(self.ids)
-        return full[len(base):]
+        return full[len(base) :]
 
     def add(self, tokens: Sequence[int], final: bool = False) -> int:
         """Take a choice's new tokens; returns how many count (fewer when a stop string ended the choice)."""
@@ -95,6 +101,6 @@ class TextStream:
     def take(self, done: bool) -> str:
         """Text not handed out yet; while not ``done``, what could still begin a stop string waits."""
         end = len(self.text) if done or self.stopped is not None else max(self.sent, len(self.text) - self._holdback)
-        piece = self.text[self.sent:end]
+        piece = self.text[self.sent : end]
         self.sent = end
         return piece

@@ -116,6 +116,7 @@ def concurrency_ratio(strategy: Strategy, stages: list[StageBudget], max_len: in
 
 def longest_context(strategy: Strategy, stages: list[StageBudget], concurrency: int, limit: int) -> int:
     """The longest length (at most ``limit``) of which ``concurrency`` requests fit at once, max-len set to it."""
+
     def fits(length: int) -> bool:
         return all(concurrency * strategy.request_bytes(s, length, length) <= strategy.pool_bytes(s) for s in stages)
 
@@ -150,13 +151,15 @@ def strategy_rows(stages: list[StageBudget], settings: CapacitySettings, context
             "max_concurrency_at_max_len": _capped(at_max, settings.max_num_seqs),
             "concurrency_ratio_at_max_len": concurrency_ratio(strategy, stages, max_len),
             "longest_context": longest_context(strategy, stages, settings.concurrency, context_limit),
-            "limited_by": "max_num_seqs" if settings.max_num_seqs is not None and at_mean > settings.max_num_seqs
+            "limited_by": "max_num_seqs"
+            if settings.max_num_seqs is not None and at_mean > settings.max_num_seqs
             else "kv_cache",
         }
         if strategy.block_size:
             row["block_size"] = strategy.block_size
-            row["kv_blocks"] = min(strategy.pool_bytes(s) // (strategy.block_size * s.share.bytes_per_token)
-                                   for s in stages)
+            row["kv_blocks"] = min(
+                strategy.pool_bytes(s) // (strategy.block_size * s.share.bytes_per_token) for s in stages
+            )
             row["kv_cache_tokens"] = int(row["concurrency_ratio_at_max_len"] * max_len)
         row["longest_context_limited_by"] = "model" if row["longest_context"] >= context_limit else "kv_cache"
         rows.append(row)
@@ -170,14 +173,16 @@ def _capped(value: int, cap: int | None) -> int:
 def resolve_deployment(settings: CapacitySettings) -> tuple[ModelShape, DeploymentBudget]:
     """The model with its KV dtype and the per-GPU budgets of the deployment; bad settings are one line."""
     if settings.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise KvbenchError(f"unknown KV cache dtype {settings.kv_cache_dtype!r}; choose one of "
-                           f"{', '.join(KV_CACHE_DTYPES)}")
+        raise KvbenchError(
+            f"unknown KV cache dtype {settings.kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
     shape = resolve_model(settings.model, settings.dtype).with_kv_dtype(settings.kv_cache_dtype)
     check_context_length(shape, settings.max_len)
     gpu = resolve_gpu(settings.gpu, settings.gpu_memory)
     parallel = Parallelism(settings.tensor_parallel, settings.pipeline_parallel)
-    budget = deployment_budget(shape, gpu, parallel, settings.utilization, settings.kv_cache_memory,
-                               settings.max_num_batched_tokens)
+    budget = deployment_budget(
+        shape, gpu, parallel, settings.utilization, settings.kv_cache_memory, settings.max_num_batched_tokens
+    )
     return shape, budget
 
 
@@ -191,8 +196,9 @@ def _smallest_fitting_tensor_parallel(shape: ModelShape, settings: CapacitySetti
             check_parallelism(shape, parallel)
         except KvbenchError:
             continue
-        budget = deployment_budget(shape, gpu, parallel, settings.utilization, settings.kv_cache_memory,
-                                   settings.max_num_batched_tokens)
+        budget = deployment_budget(
+            shape, gpu, parallel, settings.utilization, settings.kv_cache_memory, settings.max_num_batched_tokens
+        )
         if budget.weights_fit and _fits_max_len(budget.stages, settings.max_len):
             return tensor
     return None
@@ -215,40 +221,59 @@ def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: C
         stage = budget.binding
         share = stage.share
         kv_part = f" + the KV cache of {human_bytes(settings.kv_cache_memory)}" if settings.kv_cache_memory else ""
-        room = (f"the {human_bytes(stage.usable_bytes)} of the GPU" if settings.kv_cache_memory else
-                f"the usable {human_bytes(stage.usable_bytes)} ({settings.utilization:g} x "
-                f"{human_bytes(stage.device_bytes)})")
-        reasons.append({
-            "kind": "weights",
-            "message": f"weights {human_bytes(share.weight_bytes)} + activations {human_bytes(share.activation_bytes)}"
-                       f"{kv_part} per GPU{_where(stage, pipeline)} exceed {room} by {human_bytes(-stage.kv_bytes)}",
-            "weight_bytes_per_gpu": share.weight_bytes,
-            "activation_bytes_per_gpu": share.activation_bytes,
-            "usable_bytes": stage.usable_bytes,
-            "short_bytes": -stage.kv_bytes,
-        })
+        room = (
+            f"the {human_bytes(stage.usable_bytes)} of the GPU"
+            if settings.kv_cache_memory
+            else f"the usable {human_bytes(stage.usable_bytes)} ({settings.utilization:g} x "
+            f"{human_bytes(stage.device_bytes)})"
+        )
+        reasons.append(
+            {
+                "kind": "weights",
+                "message": f"weights {human_bytes(share.weight_bytes)} + activations "
+                f"{human_bytes(share.activation_bytes)}"
+                f"{kv_part} per GPU{_where(stage, pipeline)} exceed {room} by {human_bytes(-stage.kv_bytes)}",
+                "weight_bytes_per_gpu": share.weight_bytes,
+                "activation_bytes_per_gpu": share.activation_bytes,
+                "usable_bytes": stage.usable_bytes,
+                "short_bytes": -stage.kv_bytes,
+            }
+        )
     elif not _fits_max_len(budget.stages, settings.max_len):
-        stage = min(budget.stages, key=lambda s: s.kv_bytes - s.share.kv_bytes(
-            settings.max_len, min(settings.max_len, s.share.window or settings.max_len)))
+        stage = min(
+            budget.stages,
+            key=lambda s: (
+                s.kv_bytes
+                - s.share.kv_bytes(settings.max_len, min(settings.max_len, s.share.window or settings.max_len))
+            ),
+        )
         oracle = Strategy("contiguous-oracle")
         need = oracle.request_bytes(stage, settings.max_len, settings.max_len)
         longest = longest_context(oracle, budget.stages, 1, settings.max_len)
-        reasons.append({
-            "kind": "max_len",
-            "message": f"the KV budget of {human_bytes(stage.kv_bytes)} per GPU{_where(stage, pipeline)} cannot hold "
-                       f"one request of max-len {settings.max_len:,} tokens ({human_bytes(need)}); the longest it "
-                       f"holds is {longest:,} tokens",
-            "kv_budget_bytes": stage.kv_bytes,
-            "request_bytes": need,
-            "longest_context": longest,
-        })
+        reasons.append(
+            {
+                "kind": "max_len",
+                "message": f"the KV budget of {human_bytes(stage.kv_bytes)} per GPU{_where(stage, pipeline)} cannot "
+                f"hold "
+                f"one request of max-len {settings.max_len:,} tokens ({human_bytes(need)}); the longest it "
+                f"holds is {longest:,} tokens",
+                "kv_budget_bytes": stage.kv_bytes,
+                "request_bytes": need,
+                "longest_context": longest,
+            }
+        )
     if reasons:
         reasons[0]["smallest_fitting_tensor_parallel_size"] = _smallest_fitting_tensor_parallel(shape, settings)
         per_gpu = max(s.share.weight_bytes + s.share.activation_bytes for s in budget.stages)
-        kv_need = max(s.share.kv_bytes(settings.max_len, min(settings.max_len, s.share.window or settings.max_len))
-                      for s in budget.stages)
-        reasons[0]["gpu_memory_needed_bytes"] = (per_gpu + (settings.kv_cache_memory or kv_need)) if \
-            settings.kv_cache_memory else int(-(-(per_gpu + kv_need) // settings.utilization))
+        kv_need = max(
+            s.share.kv_bytes(settings.max_len, min(settings.max_len, s.share.window or settings.max_len))
+            for s in budget.stages
+        )
+        reasons[0]["gpu_memory_needed_bytes"] = (
+            (per_gpu + (settings.kv_cache_memory or kv_need))
+            if settings.kv_cache_memory
+            else int(-(-(per_gpu + kv_need) // settings.utilization))
+        )
     return reasons
 
 
@@ -293,8 +318,9 @@ def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
         "kv_budget_bytes": max(binding.kv_bytes, 0),
         "bytes_per_token": shape.bytes_per_token,
         "kv_bytes_per_token_per_gpu": binding.share.bytes_per_token,
-        "stages": [dict(s.share.to_dict(), usable_bytes=s.usable_bytes, kv_budget_bytes=s.kv_bytes)
-                   for s in budget.stages],
+        "stages": [
+            dict(s.share.to_dict(), usable_bytes=s.usable_bytes, kv_budget_bytes=s.kv_bytes) for s in budget.stages
+        ],
         "max_len": settings.max_len,
         "mean_len": settings.mean_len,
         "max_num_seqs": settings.max_num_seqs,
@@ -309,6 +335,7 @@ def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
         document["strategies"] = strategy_rows(budget.stages, settings, shape.context_length)
         document["fits_one_max_len_request"] = _fits_max_len(budget.stages, settings.max_len)
     if reasons:
-        document["verdict"] = (f"{shape.name} does not fit on {parallel.gpus} x {gpu.name}: "
-                               + "; ".join(r["message"] for r in reasons))
+        document["verdict"] = f"{shape.name} does not fit on {parallel.gpus} x {gpu.name}: " + "; ".join(
+            r["message"] for r in reasons
+        )
     return CapacityResult(document, reasons)

@@ -32,9 +32,15 @@ class DatasetSettings:
 
 
 def length_stats(values: np.ndarray) -> dict[str, float]:
-    return {"count": int(values.size), "mean": float(values.mean()), "p50": float(np.percentile(values, 50)),
-            "p90": float(np.percentile(values, 90)), "p99": float(np.percentile(values, 99)),
-            "min": int(values.min()), "max": int(values.max())}
+    return {
+        "count": int(values.size),
+        "mean": float(values.mean()),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+        "min": int(values.min()),
+        "max": int(values.max()),
+    }
 
 
 def histogram(values: np.ndarray, top: int) -> dict[str, list]:
@@ -46,30 +52,60 @@ def histogram(values: np.ndarray, top: int) -> dict[str, list]:
 def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ...]) -> list[dict[str, Any]]:
     """Share of what each strategy holds at a request's end that is never written, over all requests."""
     written = float(totals.sum())
-    held = {"contiguous-max": float(max_len) * totals.size,
-            "contiguous-pow2": float(sum(min(next_pow2(int(t)), max_len) for t in totals))}
+    held = {
+        "contiguous-max": float(max_len) * totals.size,
+        "contiguous-pow2": float(sum(min(next_pow2(int(t)), max_len) for t in totals)),
+    }
     for block_size in block_sizes:
         held[f"paged-{block_size}"] = float(sum(blocks_for(int(t), block_size) * block_size for t in totals))
-    return [{"engine": name, "concurrency": 1, "held_tokens": slots, "written_tokens": written,
-             "waste_pct": 100.0 * (1 - written / slots)} for name, slots in held.items()]
+    return [
+        {
+            "engine": name,
+            "concurrency": 1,
+            "held_tokens": slots,
+            "written_tokens": written,
+            "waste_pct": 100.0 * (1 - written / slots),
+        }
+        for name, slots in held.items()
+    ]
 
 
 def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> dict[str, Any]:
     """The summary document (``kind: dataset``) of the requests a run of this dataset would draw."""
-    sample = sample_dataset(settings.path, TokenCounter(tokenizer, settings.model), settings.max_len, settings.requests,
-                            settings.seed, need_output=True)
+    sample = sample_dataset(
+        settings.path,
+        TokenCounter(tokenizer, settings.model),
+        settings.max_len,
+        settings.requests,
+        settings.seed,
+        need_output=True,
+    )
     prompts = np.array([r.prompt_len for r in sample.requests])
     outputs = np.array([r.output_len for r in sample.requests])
     totals = prompts + outputs
     top = int(totals.max())
     mean_total = float(totals.mean())
-    meta = run_meta(scenario="dataset", dataset=sample.as_dict(), model=settings.model, max_len=settings.max_len,
-                    seed=settings.seed, note=sample.note())
-    analytic = {"formula": "(max_len - actual_len) / max_len", "mean_len": mean_total,
-                "at_mean_len_pct": 100.0 * (settings.max_len - mean_total) / settings.max_len}
+    meta = run_meta(
+        scenario="dataset",
+        dataset=sample.as_dict(),
+        model=settings.model,
+        max_len=settings.max_len,
+        seed=settings.seed,
+        note=sample.note(),
+    )
+    analytic = {
+        "formula": "(max_len - actual_len) / max_len",
+        "mean_len": mean_total,
+        "at_mean_len_pct": 100.0 * (settings.max_len - mean_total) / settings.max_len,
+    }
     lengths = {"prompt": length_stats(prompts), "output": length_stats(outputs), "total": length_stats(totals)}
-    histograms = {"prompt": histogram(prompts, int(prompts.max())), "output": histogram(outputs, int(outputs.max())),
-                  "total": histogram(totals, max(top, settings.max_len))}
-    points = [{**row, "scenario": "dataset", "status": "ok"}
-              for row in waste_estimates(totals, settings.max_len, settings.block_sizes)]
+    histograms = {
+        "prompt": histogram(prompts, int(prompts.max())),
+        "output": histogram(outputs, int(outputs.max())),
+        "total": histogram(totals, max(top, settings.max_len)),
+    }
+    points = [
+        {**row, "scenario": "dataset", "status": "ok"}
+        for row in waste_estimates(totals, settings.max_len, settings.block_sizes)
+    ]
     return summary_document("dataset", meta, points, lengths=lengths, histograms=histograms, analytic=analytic)

@@ -125,8 +125,9 @@ class EndpointSweep:
         if measured.scrapes:
             watch = self.run_dir / f"watch-{stem}.jsonl"
             watch.unlink(missing_ok=True)  # a rerun of the same level (find-max never repeats one) starts afresh
-            write_watch_timeline(watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s,
-                                 measured.scrapes)
+            write_watch_timeline(
+                watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
+            )
         point.extra["timeline_file"] = f"timeline-{stem}.json"
         data = point.to_json()
         append_jsonl(self.results, data)
@@ -167,5 +168,6 @@ class EndpointSweep:
                 seen[value] = (data, measured.scrapes, measured.duration_s)
             return seen[value]
 
-        return find_max(engine, float(low), float(high), by, self.options.find_max_points,
-                        self.options.slo_attainment, measure)
+        return find_max(
+            engine, float(low), float(high), by, self.options.find_max_points, self.options.slo_attainment, measure
+        )

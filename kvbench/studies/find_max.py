@@ -77,39 +77,63 @@ def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float
     windows = _windows(scrapes, load_end_s)
     family = windows[0].last.family if windows else "vllm"
     if (point.get("failed") or 0) > 0:
-        return Limit("failures", failure_text({"failed": point.get("failed"), "completed": point.get("completed"),
-                                               "failed_by_kind": point.get("failed_by_kind"),
-                                               "failure_examples": point.get("failure_examples")}),
-                     "look at the failures' kinds: timeouts and 503s under load are the server refusing work")
+        return Limit(
+            "failures",
+            failure_text(
+                {
+                    "failed": point.get("failed"),
+                    "completed": point.get("completed"),
+                    "failed_by_kind": point.get("failed_by_kind"),
+                    "failure_examples": point.get("failure_examples"),
+                }
+            ),
+            "look at the failures' kinds: timeouts and 503s under load are the server refusing work",
+        )
     if not windows:
-        return Limit("unknown", "no scrape of the server's /metrics during the load: nothing to judge the limit by",
-                     "tell kvbench where the server's metrics are (the metrics URL)")
+        return Limit(
+            "unknown",
+            "no scrape of the server's /metrics during the load: nothing to judge the limit by",
+            "tell kvbench where the server's metrics are (the metrics URL)",
+        )
     diagnosis = diagnose_windows(windows, Thresholds())
     usage_peak, usage_mean = point.get("kv_usage_peak"), point.get("kv_usage_mean")
     preemptions = point.get("preemptions") or 0
     waiting_peak = point.get("waiting_peak") or 0
     rules = {f.rule: f for f in diagnosis.findings}
     capped = rules.get("concurrency_capped")
-    if (usage_peak is not None and usage_peak >= KV_FULL_USAGE and preemptions > 0) or "preemption_storm" in rules \
-            or (capped is not None and capped.values.get("bound") == "kv_memory"):
+    if (
+        (usage_peak is not None and usage_peak >= KV_FULL_USAGE and preemptions > 0)
+        or "preemption_storm" in rules
+        or (capped is not None and capped.values.get("bound") == "kv_memory")
+    ):
         evidence = f"KV usage peaked at {_pct(usage_peak)} with {preemptions:.0f} preemptions"
         if capped is not None and capped.values.get("bound") == "kv_memory":
             evidence += f"; {capped.evidence}"
         return Limit("kv_full", evidence, render(("more_kv_memory",), family) or "give the KV cache more memory")
     if waiting_peak > 0 and usage_mean is not None and usage_mean < LOW_USAGE:
-        evidence = (f"up to {waiting_peak:.0f} requests waited while KV usage averaged {_pct(usage_mean)} "
-                    f"(peak {_pct(usage_peak)})")
+        evidence = (
+            f"up to {waiting_peak:.0f} requests waited while KV usage averaged {_pct(usage_mean)} "
+            f"(peak {_pct(usage_peak)})"
+        )
         if capped is not None:
             evidence += f"; {capped.evidence}"
-        return Limit("batch_cap", evidence, render(("raise_batch_cap",), family)
-                     or "raise the server's cap on running requests")
+        return Limit(
+            "batch_cap", evidence, render(("raise_batch_cap",), family) or "raise the server's cap on running requests"
+        )
     waiting = [(t, s.waiting) for w in windows for t, s in w.samples if s.waiting is not None]
     if len(waiting) >= 3 and _rising(waiting):
-        return Limit("prefill_queue", f"the waiting queue grew from {waiting[0][1]:.0f} to {waiting[-1][1]:.0f} while "
-                     f"KV usage peaked at {_pct(usage_peak)}", render(("prefill_queue",), family))
-    return Limit("compute", f"no queue and KV usage at most {_pct(usage_peak)}: the latency objectives were missed "
-                 f"with every request running ({point.get('peak_running')} at once)",
-                 render(("scale_compute",), family))
+        return Limit(
+            "prefill_queue",
+            f"the waiting queue grew from {waiting[0][1]:.0f} to {waiting[-1][1]:.0f} while "
+            f"KV usage peaked at {_pct(usage_peak)}",
+            render(("prefill_queue",), family),
+        )
+    return Limit(
+        "compute",
+        f"no queue and KV usage at most {_pct(usage_peak)}: the latency objectives were missed "
+        f"with every request running ({point.get('peak_running')} at once)",
+        render(("scale_compute",), family),
+    )
 
 
 def _rising(points: Sequence[tuple[float, float]]) -> bool:
@@ -139,16 +163,23 @@ class Search:
     stopped: str = ""  # why the search ended (bracket closed, budget spent, range exhausted)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "by": self.by, "best": self.best, "first_miss": self.first_miss,
-                "limit": self.limit.as_dict() if self.limit else None, "stopped": self.stopped,
-                "probes": self.probes}
+        return {
+            "engine": self.engine,
+            "by": self.by,
+            "best": self.best,
+            "first_miss": self.first_miss,
+            "limit": self.limit.as_dict() if self.limit else None,
+            "stopped": self.stopped,
+            "probes": self.probes,
+        }
 
 
 Measure = Callable[[float], tuple[dict[str, Any], Sequence[Scrape], float]]  # level -> (point, scrapes, load end)
 
 
-def find_max(engine: str, low: float, high: float, by: str, max_points: int, attainment: float,
-             measure: Measure) -> Search:
+def find_max(
+    engine: str, low: float, high: float, by: str, max_points: int, attainment: float, measure: Measure
+) -> Search:
     """Bisect between ``low`` and ``high`` for the highest level meeting the SLO, in at most ``max_points`` points."""
     if max_points < 2:
         raise KvbenchError("the search for the highest load needs at least 2 points (the lowest and highest level)")
@@ -179,9 +210,11 @@ def find_max(engine: str, low: float, high: float, by: str, max_points: int, att
                 lo = mid
             else:
                 hi = mid
-        search.stopped = ("bracket closed" if _closed(lo, hi, by) else
-                          f"point budget spent ({max_points}); the limit lies between {_level(lo, by)} and "
-                          f"{_level(hi, by)}")
+        search.stopped = (
+            "bracket closed"
+            if _closed(lo, hi, by)
+            else f"point budget spent ({max_points}); the limit lies between {_level(lo, by)} and {_level(hi, by)}"
+        )
     if search.first_miss is not None:
         point, scrapes, end = misses[search.first_miss]
         search.limit = limit_of(point, scrapes, end)

@@ -24,8 +24,9 @@ class PoolBudget:
     source: str
 
 
-def size_pool(base: EngineConfig, bytes_per_token: int, kv_memory: Budget | None, default: Callable[[], Budget],
-              per: str = "") -> PoolBudget:
+def size_pool(
+    base: EngineConfig, bytes_per_token: int, kv_memory: Budget | None, default: Callable[[], Budget], per: str = ""
+) -> PoolBudget:
     """``kv_memory`` (bytes, as typed) when given, else ``default()``, as blocks of ``base.block_size``.
 
     ``per`` qualifies a given size ("per instance"). Refused: more blocks than a run may hold, and a budget

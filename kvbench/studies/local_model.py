@@ -64,7 +64,11 @@ class LoadedModel:
 
 
 def load_model(
-    spec: str, device: str = "auto", dtype: str | None = None, seed: int = 0, max_len: int | None = None,
+    spec: str,
+    device: str = "auto",
+    dtype: str | None = None,
+    seed: int = 0,
+    max_len: int | None = None,
     tokenizer: Any = _UNSET,
     threads: int | None = None,
 ) -> LoadedModel:
@@ -76,8 +80,10 @@ def load_model(
     in what the device has free.
     """
     if is_hub_only(spec):
-        raise KvbenchError(f"model {spec!r} is a Hugging Face id with no local copy: it gives the shape that capacity "
-                           "and waste cost, but a run needs the checkpoint's files on disk (download it, pass its path)")
+        raise KvbenchError(
+            f"model {spec!r} is a Hugging Face id with no local copy: it gives the shape that capacity "
+            "and waste cost, but a run needs the checkpoint's files on disk (download it, pass its path)"
+        )
     torch_device = resolve_torch_device(device)
     torch_dtype = resolve_torch_dtype(dtype, torch_device)
     shape = resolve_model(spec).with_dtype(_DTYPE_NAMES[torch_dtype])
@@ -100,13 +106,20 @@ def load_model(
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
     choice = plan = None
     if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
-        choice = choose_threads(shape.hidden_size, shape.intermediate_size, threads, probe=_gate_up_probe(model),
-                                dtype=torch_dtype, cache=True)
+        choice = choose_threads(
+            shape.hidden_size,
+            shape.intermediate_size,
+            threads,
+            probe=_gate_up_probe(model),
+            dtype=torch_dtype,
+            cache=True,
+        )
         plan = _matmul_plan(model, torch_device, torch_dtype)
     extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
     stops = stop_token_ids(model, tokenizer, extra)
-    return LoadedModel(shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice,
-                       plan)
+    return LoadedModel(
+        shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice, plan
+    )
 
 
 def _matmul_plan(model: Any, device: torch.device, dtype: torch.dtype) -> MatmulPlan | None:
@@ -124,6 +137,7 @@ def _matmul_plan(model: Any, device: torch.device, dtype: torch.dtype) -> Matmul
 
 def _gate_up_probe(model: Any):
     """The thread choice's probe: the model's fused gate/up projection as the runner will multiply it."""
+
     def probe():
         mlp = model.model.layers[0].mlp
         return cpu_linear.probe_linear(torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data]))
@@ -149,6 +163,7 @@ def packed_weight_bytes(loaded: LoadedModel) -> int:
 
 def build_engine(loaded: LoadedModel, config: EngineConfig) -> LLMEngine:
     """An engine over ``loaded``; its KV pool (and packed weights) are checked against what the device has free."""
-    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size,
-                             extra_weights=packed_weight_bytes(loaded))
+    check_kv_pool_for_device(
+        loaded.shape, loaded.device, config.num_blocks, config.block_size, extra_weights=packed_weight_bytes(loaded)
+    )
     return LLMEngine(loaded.model, config, eos_token_id=loaded.eos_token_id, stop_token_ids=loaded.stop_token_ids)

@@ -47,12 +47,20 @@ def stop_reason_text(stop: str, model: str, simulate: bool, chosen: bool) -> str
     """Why this stop mode, in words (the run's intro and summary say it)."""
     if stop == "eos":
         if simulate:
-            return ("eos: each answer ends at its reference length (simulated: no model) while reservations plan "
-                    "for max_tokens = max-len - prompt")
-        return ("eos: each answer ends where the model emits EOS, or at max_tokens = max-len - prompt"
-                + ("" if chosen else " (default for a model with real weights and a tokenizer)"))
-    why = "" if chosen else (" (default: simulated)" if simulate else
-                             f" (default: {model} has no tokenizer and real weights to decide)")
+            return (
+                "eos: each answer ends at its reference length (simulated: no model) while reservations plan "
+                "for max_tokens = max-len - prompt"
+            )
+        return "eos: each answer ends where the model emits EOS, or at max_tokens = max-len - prompt" + (
+            "" if chosen else " (default for a model with real weights and a tokenizer)"
+        )
+    why = (
+        ""
+        if chosen
+        else (
+            " (default: simulated)" if simulate else f" (default: {model} has no tokenizer and real weights to decide)"
+        )
+    )
     return "length: every request runs to its drawn or reference output length, EOS ignored" + why
 
 
@@ -60,9 +68,11 @@ def check_stop(stop: str, reserve: str) -> None:
     if stop not in STOP_MODES:
         raise KvbenchError(f"unknown stop mode {stop!r}; choose eos or length")
     if stop == "eos" and reserve == "oracle":
-        raise KvbenchError("the oracle reservation needs each answer's real length before it is written, which no "
-                           "engine has when answers end at EOS: reserve max or pow2 (the oracle is reported as a "
-                           "hindsight bound)")
+        raise KvbenchError(
+            "the oracle reservation needs each answer's real length before it is written, which no "
+            "engine has when answers end at EOS: reserve max or pow2 (the oracle is reported as a "
+            "hindsight bound)"
+        )
 
 
 @dataclass
@@ -85,9 +95,12 @@ class Workload:
 
     def first(self, count: int) -> Workload:
         """The first ``count`` requests (of a file, in its order)."""
-        return replace(self, pairs=self.pairs[:count],
-                       prompt_ids=self.prompt_ids[:count] if self.prompt_ids is not None else None,
-                       arrival_times=self.arrival_times[:count] if self.arrival_times is not None else None)
+        return replace(
+            self,
+            pairs=self.pairs[:count],
+            prompt_ids=self.prompt_ids[:count] if self.prompt_ids is not None else None,
+            arrival_times=self.arrival_times[:count] if self.arrival_times is not None else None,
+        )
 
     def requests(self, count: int, vocab_size: int, seed: int, lengths_only: bool) -> list[Request]:
         """The first ``count`` requests, fresh (every run mutates its requests); the same list for every engine.
@@ -113,8 +126,10 @@ class Workload:
 def token_requests(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int) -> list[Request]:
     """Greedy, EOS-ignoring requests with seeded random prompt tokens: the same list for every engine."""
     prompts = random_prompts(pairs, vocab_size, seed)
-    return [make_request(index, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True))
-            for index, (prompt, (_, output_len)) in enumerate(zip(prompts, pairs, strict=True))]
+    return [
+        make_request(index, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True))
+        for index, (prompt, (_, output_len)) in enumerate(zip(prompts, pairs, strict=True))
+    ]
 
 
 def random_prompts(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int) -> list[list[int]]:
@@ -123,13 +138,15 @@ def random_prompts(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int)
     return [rng.integers(0, vocab_size, prompt_len).tolist() for prompt_len, _ in pairs]
 
 
-def dataset_workload(path: Path, tokenizer: Any | None, max_len: int, count: int, seed: int, stop: str,
-                     model: str | None = None) -> Workload:
+def dataset_workload(
+    path: Path, tokenizer: Any | None, max_len: int, count: int, seed: int, stop: str, model: str | None = None
+) -> Workload:
     """``count`` requests drawn from a dataset; with ``eos`` on a real model the answers' lengths are not needed."""
     counter = TokenCounter(tokenizer, model)
     sample = sample_dataset(path, counter, max_len, count, seed, need_output=stop == "length" or tokenizer is None)
-    pairs = [(r.prompt_len, r.output_len if r.output_len is not None else max_len - r.prompt_len)
-             for r in sample.requests]
+    pairs = [
+        (r.prompt_len, r.output_len if r.output_len is not None else max_len - r.prompt_len) for r in sample.requests
+    ]
     ids = None
     if tokenizer is not None:  # a tokenizer encodes every prompt
         ids = [r.prompt_token_ids for r in sample.requests if r.prompt_token_ids is not None]
@@ -155,8 +172,16 @@ class RequestChoice:
         return self.dataset or (spec.dataset_path() if spec.dataset and self.file is None else None)
 
 
-def resolve_requests(choice: RequestChoice, spec: Scenario, model: str, count: int, seed: int, stop: str,
-                     status: Callable[[str], Any] | None = None, arrivals: bool = False) -> tuple[Workload, Any]:
+def resolve_requests(
+    choice: RequestChoice,
+    spec: Scenario,
+    model: str,
+    count: int,
+    seed: int,
+    stop: str,
+    status: Callable[[str], Any] | None = None,
+    arrivals: bool = False,
+) -> tuple[Workload, Any]:
     """The run's requests, and the tokenizer loaded to count a dataset (None otherwise), handed on to the model
     loader. ``count`` is how many to draw from the scenario or the dataset; a file gives all its records that
     fit max-len, in its order, with the arrival times it records when ``arrivals`` (an open loop) asks."""
@@ -169,18 +194,34 @@ def resolve_requests(choice: RequestChoice, spec: Scenario, model: str, count: i
         raise KvbenchError(f"a dataset and a {what} both give the requests: choose one")
     if choice.requests_file is not None:  # exact prompts (token ids) and output lengths
         replay = load_requests_jsonl(choice.requests_file)
-        kept, skipped = within_max_len([(len(ids), out) for ids, out in replay], max_len,
-                                       f"records of {choice.requests_file}")
+        kept, skipped = within_max_len(
+            [(len(ids), out) for ids, out in replay], max_len, f"records of {choice.requests_file}"
+        )
         times = recorded_arrivals(choice.requests_file) if arrivals else None
-        return Workload([(len(replay[i][0]), replay[i][1]) for i in kept], [replay[i][0] for i in kept], stop,
-                        max_len, None, skipped, [times[i] for i in kept] if times is not None else None,
-                        choice.requests_file), None
+        return Workload(
+            [(len(replay[i][0]), replay[i][1]) for i in kept],
+            [replay[i][0] for i in kept],
+            stop,
+            max_len,
+            None,
+            skipped,
+            [times[i] for i in kept] if times is not None else None,
+            choice.requests_file,
+        ), None
     if choice.trace is not None:  # lengths only
         lengths = load_trace(choice.trace)
         kept, skipped = within_max_len(lengths, max_len, f"records of {choice.trace}")
         times = recorded_arrivals(choice.trace) if arrivals else None
-        return Workload([lengths[i] for i in kept], None, stop, max_len, None, skipped,
-                        [times[i] for i in kept] if times is not None else None, choice.trace), None
+        return Workload(
+            [lengths[i] for i in kept],
+            None,
+            stop,
+            max_len,
+            None,
+            skipped,
+            [times[i] for i in kept] if times is not None else None,
+            choice.trace,
+        ), None
     if dataset is None:
         return Workload(spec.lengths.sample(count, seed), None, stop, max_len), None
     if status is not None:

@@ -46,9 +46,14 @@ class ShareMeasurement:
 
     def as_dict(self) -> dict:
         per_block = self.block_size * self.bytes_per_token
-        return {"mode": self.mode, "width": self.width, "mean_blocks": self.mean_blocks,
-                "peak_blocks": self.peak_blocks, "mean_bytes": self.mean_blocks * per_block,
-                "peak_bytes": self.peak_blocks * per_block}
+        return {
+            "mode": self.mode,
+            "width": self.width,
+            "mean_blocks": self.mean_blocks,
+            "peak_blocks": self.peak_blocks,
+            "mean_bytes": self.mean_blocks * per_block,
+            "peak_bytes": self.peak_blocks * per_block,
+        }
 
 
 def longest_prompt(mean_len: int) -> int:
@@ -65,12 +70,14 @@ def make_prompts(count: int, mean_len: int, vocab_size: int, seed: int) -> list[
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
 
 
-def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_length: int | None = None,
-                        random_prompts: bool = True) -> None:
+def check_share_lengths(
+    prompt_len: int, output_len: int, max_len: int, context_length: int | None = None, random_prompts: bool = True
+) -> None:
     """Refuse, before the model loads or a prompt is drawn, requests longer than max-len.
 
     Every engine refuses a request whose prompt plus output exceeds max-len (itself held to the model's
-    ``context_length``, max_position_embeddings); a prompt of a billion tokens would fill the host's memory before that. With
+    ``context_length``, max_position_embeddings); a prompt of a billion tokens would fill the host's memory before
+    that. With
     ``random_prompts`` the prompts are drawn up to 1.5 x ``prompt_len``, so that longest one must fit; a
     dataset's prompts are cut to max-len - output-len when they are read, so only the output is checked.
     """
@@ -81,8 +88,10 @@ def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_
     else:
         raise_max_len = "or raise max-len"
     if output_len >= max_len:
-        raise KvbenchError(f"an output length of {output_len:,} leaves no room for a prompt within max-len "
-                           f"{max_len:,}: lower the output length {raise_max_len}")
+        raise KvbenchError(
+            f"an output length of {output_len:,} leaves no room for a prompt within max-len "
+            f"{max_len:,}: lower the output length {raise_max_len}"
+        )
     if not random_prompts:
         return
     longest = longest_prompt(prompt_len)
@@ -91,23 +100,28 @@ def check_share_lengths(prompt_len: int, output_len: int, max_len: int, context_
         fit = 2 * room // 3 + 1
         while fit > 1 and longest_prompt(fit) > room:
             fit -= 1
-        raise KvbenchError(f"a mean prompt length of {prompt_len:,} draws prompts of up to {longest:,} tokens "
-                           f"(+-50%), so a request needs up to {longest + output_len:,} tokens with an output length "
-                           f"of {output_len:,}, above max-len {max_len:,}: use a prompt length of {fit:,} or less, "
-                           f"a shorter output {raise_max_len}")
+        raise KvbenchError(
+            f"a mean prompt length of {prompt_len:,} draws prompts of up to {longest:,} tokens "
+            f"(+-50%), so a request needs up to {longest + output_len:,} tokens with an output length "
+            f"of {output_len:,}, above max-len {max_len:,}: use a prompt length of {fit:,} or less, "
+            f"a shorter output {raise_max_len}"
+        )
 
 
 def check_prompts_fit(prompts: Sequence[list[int]], output_len: int, max_len: int) -> None:
     """Every prompt plus its output fits max-len (beam search has no scheduler to refuse one)."""
     longest = max(map(len, prompts), default=0)
     if longest + output_len > max_len:
-        raise KvbenchError(f"a prompt of {longest:,} tokens with an output length of {output_len:,} needs "
-                           f"{longest + output_len:,} tokens, above max-len {max_len:,}: use shorter prompts or "
-                           "outputs, or raise max-len")
+        raise KvbenchError(
+            f"a prompt of {longest:,} tokens with an output length of {output_len:,} needs "
+            f"{longest + output_len:,} tokens, above max-len {max_len:,}: use shorter prompts or "
+            "outputs, or raise max-len"
+        )
 
 
-def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len: int, base: EngineConfig,
-                            kind: str) -> None:
+def check_pool_holds_copies(
+    prompts: Sequence[list[int]], width: int, output_len: int, base: EngineConfig, kind: str
+) -> None:
     """Refuse, before any work, a study whose copies the pool cannot hold at once.
 
     Without sharing, parallel sampling holds ``width`` private copies of every prompt (all at once), and beam
@@ -117,14 +131,21 @@ def check_pool_holds_copies(prompts: Sequence[list[int]], width: int, output_len
     """
     copies = width if kind == "parallel" else 2 * width
     lengths = [len(p) + output_len - 1 for p in prompts]
-    per_prompt = [max(blocks_for(n, base.block_size),
-                      blocks_for(reservation_tokens(base.reserve, n, base.max_len), base.block_size)) for n in lengths]
+    per_prompt = [
+        max(
+            blocks_for(n, base.block_size),
+            blocks_for(reservation_tokens(base.reserve, n, base.max_len), base.block_size),
+        )
+        for n in lengths
+    ]
     needed = copies * (sum(per_prompt) if kind == "parallel" else max(per_prompt))
     if needed > base.num_blocks:
         what = f"{len(prompts)} prompt(s) x {width} samples" if kind == "parallel" else f"{copies} beams"
-        raise KvbenchError(f"without sharing, {what} need {needed:,} KV blocks at once; the pool holds "
-                           f"{base.num_blocks:,}: give the pool more blocks, or lower the width, the number of "
-                           "prompts or their lengths")
+        raise KvbenchError(
+            f"without sharing, {what} need {needed:,} KV blocks at once; the pool holds "
+            f"{base.num_blocks:,}: give the pool more blocks, or lower the width, the number of "
+            "prompts or their lengths"
+        )
 
 
 def _step_blocks(result) -> tuple[float, int]:
@@ -132,9 +153,18 @@ def _step_blocks(result) -> tuple[float, int]:
     return (float(np.mean(blocks)) if blocks else 0.0), (max(blocks) if blocks else 0)
 
 
-def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n: int, output_len: int, seed: int,
-                      bytes_per_token: int, eos_token_id: int | None = None, stop_token_ids: Sequence[int] = (),
-                      stop_at_eos: bool = False) -> list[ShareMeasurement]:
+def parallel_sampling(
+    model,
+    base: EngineConfig,
+    prompts: Sequence[list[int]],
+    n: int,
+    output_len: int,
+    seed: int,
+    bytes_per_token: int,
+    eos_token_id: int | None = None,
+    stop_token_ids: Sequence[int] = (),
+    stop_at_eos: bool = False,
+) -> list[ShareMeasurement]:
     """n samples per prompt: paged with shared prompt blocks, paged with n private copies, contiguous copies.
 
     With ``stop_at_eos`` each sample ends at the model's EOS (at most ``output_len`` tokens); the seeded samples
@@ -144,8 +174,13 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
         raise KvbenchError(f"samples per prompt must be at least 1, got {n}")
 
     def params(group: int, index: int) -> SamplingParams:
-        return SamplingParams(temperature=1.0, top_p=0.95, seed=seed + 1000 * group + index, max_tokens=output_len,
-                              ignore_eos=not stop_at_eos)
+        return SamplingParams(
+            temperature=1.0,
+            top_p=0.95,
+            seed=seed + 1000 * group + index,
+            max_tokens=output_len,
+            ignore_eos=not stop_at_eos,
+        )
 
     measurements = []
     for mode in ("paged-shared", "paged-unshared", "contiguous"):
@@ -162,18 +197,30 @@ def parallel_sampling(model, base: EngineConfig, prompts: Sequence[list[int]], n
         result = engine.run(requests, len(requests))
         if result.rejected:
             reason = result.rejected[0].reject_reason
-            raise KvbenchError(f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); give the pool more "
-                               "blocks or raise max-len, or use shorter prompts")
+            raise KvbenchError(
+                f"{mode}: {len(result.rejected)} request(s) rejected ({reason}); give the pool more "
+                "blocks or raise max-len, or use shorter prompts"
+            )
         mean, peak = _step_blocks(result)
-        outputs = sorted(((group_of[r.parent_id if r.parent_id is not None else r.request_id], r.sample_index),
-                          r.output_token_ids) for r in result.requests)
-        measurements.append(ShareMeasurement(mode, n, mean, peak, base.block_size, bytes_per_token,
-                                             [tokens for _, tokens in outputs]))
+        outputs = sorted(
+            ((group_of[r.parent_id if r.parent_id is not None else r.request_id], r.sample_index), r.output_token_ids)
+            for r in result.requests
+        )
+        measurements.append(
+            ShareMeasurement(mode, n, mean, peak, base.block_size, bytes_per_token, [tokens for _, tokens in outputs])
+        )
     return measurements
 
 
-def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width: int, output_len: int,
-                bytes_per_token: int, length_penalty: float = 1.0) -> list[ShareMeasurement]:
+def beam_search(
+    runner,
+    base: EngineConfig,
+    prompts: Sequence[list[int]],
+    width: int,
+    output_len: int,
+    bytes_per_token: int,
+    length_penalty: float = 1.0,
+) -> list[ShareMeasurement]:
     """Beam width ``width`` per prompt (one prompt at a time) with shared, copied and contiguous beams."""
     if width < 1:
         raise KvbenchError(f"beam width must be at least 1, got {width}")
@@ -186,12 +233,15 @@ def beam_search(runner, base: EngineConfig, prompts: Sequence[list[int]], width:
             try:
                 result = search.run(prompt, width, output_len, length_penalty)
             except OutOfBlocks:
-                raise KvbenchError(f"{mode}: {width} beams of {len(prompt) + output_len} tokens do not fit in the pool; "
-                                   "give the pool more blocks") from None
+                raise KvbenchError(
+                    f"{mode}: {width} beams of {len(prompt) + output_len} tokens do not fit in the pool; "
+                    "give the pool more blocks"
+                ) from None
             steps += result.blocks_per_step
             outputs.append(result.sequences[0])
-        measurements.append(ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size,
-                                             bytes_per_token, outputs))
+        measurements.append(
+            ShareMeasurement(mode, width, float(np.mean(steps)), max(steps), base.block_size, bytes_per_token, outputs)
+        )
     return measurements
 
 
@@ -219,9 +269,9 @@ def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement
 
 ANCHORS = {
     "parallel": "article: n=5 costs +40% memory instead of +500%; paper: sharing saves 6.1-9.8% (Alpaca), "
-                "16.2-30.5% (ShareGPT)",
+    "16.2-30.5% (ShareGPT)",
     "beam": "article: beam width 4 costs 2.1x instead of 4x; paper: sharing saves 37.6-55.2% (Alpaca), "
-            "44.3-66.3% (ShareGPT)",
+    "44.3-66.3% (ShareGPT)",
 }
 
 
@@ -250,8 +300,14 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
     without one), or random ids around ``prompt_len``; and the dataset's record for the summary."""
     if settings.dataset is None:
         return make_prompts(settings.prompts, settings.prompt_len, loaded.shape.vocab_size, settings.seed), None
-    sample = sample_dataset(settings.dataset, TokenCounter(loaded.tokenizer, settings.model), settings.max_len - settings.output_len,
-                            settings.prompts, settings.seed, need_output=False)
+    sample = sample_dataset(
+        settings.dataset,
+        TokenCounter(loaded.tokenizer, settings.model),
+        settings.max_len - settings.output_len,
+        settings.prompts,
+        settings.seed,
+        need_output=False,
+    )
     if loaded.tokenizer is None:
         ids = random_prompts(sample.pairs, loaded.shape.vocab_size, settings.seed)
     else:  # a tokenizer encodes every prompt
@@ -264,8 +320,9 @@ def share_stop(settings: ShareSettings, loaded) -> str:
     """eos only for parallel sampling (beams run to their length); by default when the model can decide."""
     stop = settings.stop or ("eos" if settings.kind == "parallel" and loaded.can_stop_at_eos else "length")
     if stop == "eos" and settings.kind == "beam":
-        raise KvbenchError("beam search runs every beam to its output length: stopping at EOS applies to parallel "
-                           "sampling")
+        raise KvbenchError(
+            "beam search runs every beam to its output length: stopping at EOS applies to parallel sampling"
+        )
     if stop == "eos" and not loaded.stop_token_ids:
         raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {loaded.shape.name} has none")
     return stop
@@ -274,48 +331,90 @@ def share_stop(settings: ShareSettings, loaded) -> str:
 def run_share_study(settings: ShareSettings, progress=None) -> dict:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
     kind, width, seed = settings.kind, settings.width, settings.seed
-    check_run_counts(prompts=settings.prompts, samples=width, block_size=settings.block_size,
-                     num_blocks=settings.num_blocks)
+    check_run_counts(
+        prompts=settings.prompts, samples=width, block_size=settings.block_size, num_blocks=settings.num_blocks
+    )
     shape = resolve_model(settings.model)  # its config only: the lengths are refused before any weight loads
     check_context_length(shape, settings.max_len)
-    check_share_lengths(settings.prompt_len, settings.output_len, settings.max_len, shape.context_length,
-                        random_prompts=settings.dataset is None)
-    config = EngineConfig(block_size=settings.block_size, num_blocks=settings.num_blocks, reserve=settings.reserve,
-                          max_len=settings.max_len)
-    loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len,
-                        threads=settings.threads)
+    check_share_lengths(
+        settings.prompt_len,
+        settings.output_len,
+        settings.max_len,
+        shape.context_length,
+        random_prompts=settings.dataset is None,
+    )
+    config = EngineConfig(
+        block_size=settings.block_size,
+        num_blocks=settings.num_blocks,
+        reserve=settings.reserve,
+        max_len=settings.max_len,
+    )
+    loaded = load_model(settings.model, settings.device, None, seed, max_len=settings.max_len, threads=settings.threads)
     # parallel sampling builds each mode's engine before the last one is freed: two pools at once
-    check_kv_pool_for_device(loaded.shape, loaded.device, settings.num_blocks, settings.block_size,
-                             pools=2 if kind == "parallel" else 1, extra_weights=packed_weight_bytes(loaded))
+    check_kv_pool_for_device(
+        loaded.shape,
+        loaded.device,
+        settings.num_blocks,
+        settings.block_size,
+        pools=2 if kind == "parallel" else 1,
+        extra_weights=packed_weight_bytes(loaded),
+    )
     texts, dataset = share_prompts(settings, loaded)
     stop = share_stop(settings, loaded)
     check_prompts_fit(texts, settings.output_len, settings.max_len)
-    check_requests_for_host(settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len)
+    check_requests_for_host(
+        settings.prompts * width, sum(map(len, texts)), settings.prompts * width * settings.output_len
+    )
     check_pool_holds_copies(texts, width, settings.output_len, config, kind)
     bpt = loaded.shape.bytes_per_token
     if progress is not None:
         progress(f"measuring {kind} width {width} and width 1...")
     if kind == "parallel":
+
         def measure(w: int) -> list[ShareMeasurement]:
-            return parallel_sampling(loaded.model, config, texts, w, settings.output_len, seed, bpt,
-                                     loaded.eos_token_id, loaded.stop_token_ids, stop_at_eos=stop == "eos")
+            return parallel_sampling(
+                loaded.model,
+                config,
+                texts,
+                w,
+                settings.output_len,
+                seed,
+                bpt,
+                loaded.eos_token_id,
+                loaded.stop_token_ids,
+                stop_at_eos=stop == "eos",
+            )
     else:
         runner = ModelRunner(loaded.model, settings.num_blocks, settings.block_size)
 
         def measure(w: int) -> list[ShareMeasurement]:
             return beam_search(runner, config, texts, w, settings.output_len, bpt, settings.length_penalty)
+
     measured = measure(width)
     singles = measured if width == 1 else measure(1)
     reported = measured if width == 1 else measured + singles  # width 1 is its own baseline: one point per mode
-    points = [{**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
-              for m in reported]
-    meta = run_meta(kind=kind, width=width, prompts=settings.prompts, prompt_len=settings.prompt_len,
-                    output_len=settings.output_len, block_size=settings.block_size, reserve=settings.reserve,
-                    model_name=loaded.shape.name, device=str(loaded.device), seed=seed, anchors=ANCHORS[kind],
-                    model_shape=loaded.shape.to_dict(),
-                    outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
-                    threads=loaded.threads.as_dict() if loaded.threads else None,
-                    cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
-                    stop=stop, dataset=dataset,
-                    output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])))
+    points = [
+        {**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
+        for m in reported
+    ]
+    meta = run_meta(
+        kind=kind,
+        width=width,
+        prompts=settings.prompts,
+        prompt_len=settings.prompt_len,
+        output_len=settings.output_len,
+        block_size=settings.block_size,
+        reserve=settings.reserve,
+        model_name=loaded.shape.name,
+        device=str(loaded.device),
+        seed=seed,
+        anchors=ANCHORS[kind],
+        model_shape=loaded.shape.to_dict(),
+        outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
+        threads=loaded.threads.as_dict() if loaded.threads else None,
+        cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
+        stop=stop,
+        dataset=dataset,
+        output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])),
+    )
     return summary_document("share", meta, points, savings=savings(measured, singles))

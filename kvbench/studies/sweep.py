@@ -83,8 +83,9 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
         except json.JSONDecodeError:
             raise KvbenchError(f"{results_path}:{number}: not valid JSON; cannot resume from it") from None
         if not isinstance(point, dict) or not {"engine", "concurrency", "status"} <= point.keys():
-            raise KvbenchError(f"{results_path}:{number}: not a sweep point (engine, concurrency, status); cannot "
-                               "resume from it")
+            raise KvbenchError(
+                f"{results_path}:{number}: not a sweep point (engine, concurrency, status); cannot resume from it"
+            )
         if point.get("status") in ("ok", "oom"):
             finished[(point["engine"], point["concurrency"], point.get("scenario", ""))] = point
     return finished
@@ -143,8 +144,12 @@ def parallel_samples(requests: list[Request], samples: int, forked: bool) -> lis
         if forked:
             out.append(make_request(request.request_id, request.prompt_token_ids, base, num_samples=samples))
         else:
-            out += [make_request(request.request_id * samples + i, request.prompt_token_ids,
-                                 replace(base, seed=base.seed + i)) for i in range(samples)]
+            out += [
+                make_request(
+                    request.request_id * samples + i, request.prompt_token_ids, replace(base, seed=base.seed + i)
+                )
+                for i in range(samples)
+            ]
     return out
 
 
@@ -157,8 +162,15 @@ class PointFailed(Exception):
         self.points = points  # every point of the run directory, the failed one included
 
 
-def _measure(plan: SweepPlan, backend: PointBackend, group: list[str], concurrency: int, run_dir: Path, progress,
-             warmed: set[str]) -> list[dict[str, Any]]:
+def _measure(
+    plan: SweepPlan,
+    backend: PointBackend,
+    group: list[str],
+    concurrency: int,
+    run_dir: Path,
+    progress,
+    warmed: set[str],
+) -> list[dict[str, Any]]:
     """The points of ``group`` at ``concurrency`` (several engines: interleaved); a point that raises is recorded
     with status ``error``. When an interleaved run fails, each engine runs again alone, so that the others'
     points survive and the error is pinned on the engine that raised it."""
@@ -176,10 +188,16 @@ def _measure(plan: SweepPlan, backend: PointBackend, group: list[str], concurren
         raise
     except Exception as err:
         if len(group) > 1:
-            return [point for engine in group
-                    for point in _measure(plan, backend, [engine], concurrency, run_dir, progress, warmed)]
-        return [Point.failed(group[0], concurrency, plan.scenario, f"{type(err).__name__}: {err}",
-                             traceback.format_exc(limit=5)).to_json()]
+            return [
+                point
+                for engine in group
+                for point in _measure(plan, backend, [engine], concurrency, run_dir, progress, warmed)
+            ]
+        return [
+            Point.failed(
+                group[0], concurrency, plan.scenario, f"{type(err).__name__}: {err}", traceback.format_exc(limit=5)
+            ).to_json()
+        ]
 
 
 def _requests_for(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int) -> tuple[list[Request], int]:
@@ -193,8 +211,9 @@ def _requests_for(plan: SweepPlan, backend: PointBackend, engine: str, concurren
     return requests, in_flight
 
 
-def _run_points_together(plan: SweepPlan, backend: PointBackend, engines: list[str], concurrency: int,
-                         run_dir: Path, progress) -> list[dict[str, Any]]:
+def _run_points_together(
+    plan: SweepPlan, backend: PointBackend, engines: list[str], concurrency: int, run_dir: Path, progress
+) -> list[dict[str, Any]]:
     """The points of ``engines`` at ``concurrency``, run interleaved step by step (``backend.run_together``):
     a shared machine's load then falls on every engine alike, and their ratio holds from run to run."""
     runs: dict[str, list[Point]] = {engine: [] for engine in engines}
@@ -202,12 +221,19 @@ def _run_points_together(plan: SweepPlan, backend: PointBackend, engines: list[s
         lists = {engine: _requests_for(plan, backend, engine, concurrency) for engine in engines}
         in_flight = {n for _, n in lists.values()}
         if len(in_flight) != 1:  # parallel samples: the baseline keeps n copies in flight, paged forks them
-            results = [backend.run(engine, requests, ClosedLoop(n), _on_step(progress, [engine], concurrency, repeat, requests))
-                       for engine, (requests, n) in lists.items()]
+            results = [
+                backend.run(
+                    engine, requests, ClosedLoop(n), _on_step(progress, [engine], concurrency, repeat, requests)
+                )
+                for engine, (requests, n) in lists.items()
+            ]
         else:
             every = [r for requests, _ in lists.values() for r in requests]
-            results = backend.run_together([(engine, lists[engine][0]) for engine in engines], in_flight.pop(),
-                                           _on_step(progress, engines, concurrency, repeat, every))
+            results = backend.run_together(
+                [(engine, lists[engine][0]) for engine in engines],
+                in_flight.pop(),
+                _on_step(progress, engines, concurrency, repeat, every),
+            )
         for engine, (result, memory) in zip(engines, results, strict=True):
             point = point_from_result(result, engine, concurrency, plan.scenario, backend.bytes_per_token, memory)
             point.extra[INTERLEAVED_FIELD] = [other for other in engines if other != engine]
@@ -226,13 +252,20 @@ def _on_step(progress, engines: list[str], concurrency: int, repeat: int, reques
 
 
 def _write_timeline(run_dir: Path, engine: str, concurrency: int, result) -> None:
-    write_json_atomic(run_dir / f"timeline-{engine}-c{concurrency}.json",
-                      {"engine": engine, "concurrency": concurrency,
-                       "total_blocks": result.pool_slots // result.block_size, "time_s_blocks": timeline_of(result)})
+    write_json_atomic(
+        run_dir / f"timeline-{engine}-c{concurrency}.json",
+        {
+            "engine": engine,
+            "concurrency": concurrency,
+            "total_blocks": result.pool_slots // result.block_size,
+            "time_s_blocks": timeline_of(result),
+        },
+    )
 
 
-def _run_point(plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path,
-               progress) -> dict[str, Any]:
+def _run_point(
+    plan: SweepPlan, backend: PointBackend, engine: str, concurrency: int, run_dir: Path, progress
+) -> dict[str, Any]:
     runs: list[Point] = []
     for repeat in range(plan.repeat):
         requests, in_flight = _requests_for(plan, backend, engine, concurrency)

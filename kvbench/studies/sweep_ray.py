@@ -42,8 +42,13 @@ class SweepWorker:
             except KvbenchError:
                 raise
             except Exception as err:
-                point = Point.failed(engine, concurrency, self.plan.scenario, f"{type(err).__name__}: {err}",
-                                     traceback.format_exc(limit=5)).to_json()
+                point = Point.failed(
+                    engine,
+                    concurrency,
+                    self.plan.scenario,
+                    f"{type(err).__name__}: {err}",
+                    traceback.format_exc(limit=5),
+                ).to_json()
             timeline = Path(scratch) / timeline_name(engine, concurrency)
             return point, json.loads(timeline.read_text(encoding="utf-8")) if timeline.exists() else None
 
@@ -52,8 +57,15 @@ def timeline_name(engine: str, concurrency: int) -> str:
     return f"timeline-{engine}-c{concurrency}.json"
 
 
-def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, resume: bool,
-                     workers: int | None = None, address: str | None = None, on_point=None) -> list[dict]:
+def run_sweep_on_ray(
+    setup: SweepSetup,
+    continue_on_error: bool,
+    run_dir: Path,
+    resume: bool,
+    workers: int | None = None,
+    address: str | None = None,
+    on_point=None,
+) -> list[dict]:
     """Every point of the plan on Ray workers; returns every point of the run directory, in table order."""
     plan = setup.plan(continue_on_error)
     results = run_dir / "results.jsonl"
@@ -73,8 +85,10 @@ def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, 
         actors = [worker_class.remote(setup.options, continue_on_error) for _ in range(count)]
         try:
             # points dealt round-robin in plan order; a worker warms an engine up before its first point of it
-            refs = {actors[i % count].run_point.remote(engine, concurrency): (engine, concurrency)
-                    for i, (engine, concurrency) in enumerate(todo)}
+            refs = {
+                actors[i % count].run_point.remote(engine, concurrency): (engine, concurrency)
+                for i, (engine, concurrency) in enumerate(todo)
+            }
             pending = list(refs)
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
@@ -85,8 +99,12 @@ def run_sweep_on_ray(setup: SweepSetup, continue_on_error: bool, run_dir: Path, 
                     cause = getattr(err, "cause", None)
                     if isinstance(cause, KvbenchError):
                         raise cause from None
-                    point, timeline = Point.failed(engine, concurrency, plan.scenario,
-                                                   f"the Ray worker failed: {type(err).__name__}: {err}").to_json(), None
+                    point, timeline = (
+                        Point.failed(
+                            engine, concurrency, plan.scenario, f"the Ray worker failed: {type(err).__name__}: {err}"
+                        ).to_json(),
+                        None,
+                    )
                 if timeline is not None:
                     write_json_atomic(run_dir / timeline_name(point["engine"], point["concurrency"]), timeline)
                 append_jsonl(results, point)

@@ -1,6 +1,7 @@
 """A sweep's settings resolved once: the scenario, the request list, the KV budget and the backend.
 
-:class:`SweepOptions` (``run_options``) is what the user asked for; :meth:`SweepSetup.resolve` turns it into everything a
+:class:`SweepOptions` (``run_options``) is what the user asked for; :meth:`SweepSetup.resolve` turns it into
+everything a
 sweep needs, and the setup writes both records a run directory keeps: the pinned configuration (what a
 resume must match) and the run metadata of ``summary.json``.
 """
@@ -77,8 +78,10 @@ class SweepSetup:
         reserve = options.reserve or spec.reserve
         check_stop(stop, reserve)
         if spec.samples > 1 and options.simulate:
-            raise KvbenchError(f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on "
-                               "the tensor engine only, not in simulation")
+            raise KvbenchError(
+                f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on "
+                "the tensor engine only, not in simulation"
+            )
         max_len = spec.lengths.max_len
         choice = RequestChoice(requests_file=options.requests_file, dataset=options.dataset)
         workload, tokenizer = resolve_requests(choice, spec, options.model, max(counts.values()), seed, stop, status)
@@ -92,28 +95,61 @@ class SweepSetup:
             outputs = [o if stop == "length" else max_len - p for p, o in pairs]
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(outputs))
         warm = [(min(p, 8), min(o, 4)) for p, o in spec.lengths.sample(spec.warmup, seed + 1)] if spec.warmup else []
-        base = EngineConfig(block_size=block_size, reserve=reserve, admission=options.admission or spec.admission,
-                            max_num_seqs=max(256, *levels),  # the batch cap must not lower the concurrency asked for
-                            max_len=max_len)
+        base = EngineConfig(
+            block_size=block_size,
+            reserve=reserve,
+            admission=options.admission or spec.admission,
+            max_num_seqs=max(256, *levels),  # the batch cap must not lower the concurrency asked for
+            max_len=max_len,
+        )
         built = backends.build(BuildContext(options, base, spec, seed, status, tokenizer))
         backend = built.backend
         if stop == "eos" and not backend.stops_at_eos:
-            raise KvbenchError(f"stopping at EOS needs a model that has an EOS token; {built.model_name} has none "
-                               "(random-weight presets never end an answer): use the length stop mode")
-        check_pool_holds_a_request(backend.base, backends.engines_offering(Offer.KV_MANAGER),
-                                   workload.pairs[:max(counts.values())], stop, backend.bytes_per_token,
-                                   built.budget_source)
+            raise KvbenchError(
+                f"stopping at EOS needs a model that has an EOS token; {built.model_name} has none "
+                "(random-weight presets never end an answer): use the length stop mode"
+            )
+        check_pool_holds_a_request(
+            backend.base,
+            backends.engines_offering(Offer.KV_MANAGER),
+            workload.pairs[: max(counts.values())],
+            stop,
+            backend.bytes_per_token,
+            built.budget_source,
+        )
         workload.check_vocabulary(built.vocab_size)
         text = stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
-        return cls(options=options, spec=spec, seed=seed, levels=tuple(levels), workload=workload, counts=counts,
-                   skipped=workload.skipped, backend=backend, backends=backends, config=backend.base,
-                   model_name=built.model_name, device_name=built.device_name, vocab_size=built.vocab_size,
-                   budget_source=built.budget_source, warm_pairs=warm, stop_text=text)
+        return cls(
+            options=options,
+            spec=spec,
+            seed=seed,
+            levels=tuple(levels),
+            workload=workload,
+            counts=counts,
+            skipped=workload.skipped,
+            backend=backend,
+            backends=backends,
+            config=backend.base,
+            model_name=built.model_name,
+            device_name=built.device_name,
+            vocab_size=built.vocab_size,
+            budget_source=built.budget_source,
+            warm_pairs=warm,
+            stop_text=text,
+        )
 
     # -- the plan ---------------------------------------------------------------------------------------
     def plan(self, continue_on_error: bool) -> SweepPlan:
-        return SweepPlan(self.options.engines, self.levels, self.spec.name, self.make_requests,
-                         self._warm_maker(), self.options.repeat, continue_on_error, self.spec.samples)
+        return SweepPlan(
+            self.options.engines,
+            self.levels,
+            self.spec.name,
+            self.make_requests,
+            self._warm_maker(),
+            self.options.repeat,
+            continue_on_error,
+            self.spec.samples,
+        )
 
     def make_requests(self, concurrency: int | None = None) -> list[Request]:
         """A fresh, identical request list for a point at ``concurrency`` (each run mutates its requests)."""
@@ -122,8 +158,9 @@ class SweepSetup:
 
     def _warm_maker(self) -> Callable[[], list[Request]]:
         warm = Workload(self.warm_pairs, None, "length", self.config.max_len)  # short, EOS ignored: just warming up
-        return lambda: warm.requests(len(self.warm_pairs), self.vocab_size, self.seed,
-                                     not self.backends.needs_prompt_tokens)
+        return lambda: warm.requests(
+            len(self.warm_pairs), self.vocab_size, self.seed, not self.backends.needs_prompt_tokens
+        )
 
     # -- what a run directory records -------------------------------------------------------------------
     @property
@@ -136,14 +173,23 @@ class SweepSetup:
         with earlier points. Request lists are prefixes of one seeded list, so a resume may add levels."""
         options, config = self.options, self.config
         return {
-            "scenario": self.spec.name, "model": self.model_name, "simulated": options.simulate,
-            "requests": options.requests or self.spec.requests, "seed": self.seed, "block_size": config.block_size,
-            "waves": 0 if options.requests else self.spec.waves, "stop": self.workload.stop,
+            "scenario": self.spec.name,
+            "model": self.model_name,
+            "simulated": options.simulate,
+            "requests": options.requests or self.spec.requests,
+            "seed": self.seed,
+            "block_size": config.block_size,
+            "waves": 0 if options.requests else self.spec.waves,
+            "stop": self.workload.stop,
             "dataset_sha256": content_sha256(self.workload.dataset.path) if self.workload.dataset else None,
-            "kv_pool_slots": self.pool_slots, "reserve": config.reserve, "admission": config.admission,
-            "max_len": config.max_len, "repeat": options.repeat,
+            "kv_pool_slots": self.pool_slots,
+            "reserve": config.reserve,
+            "admission": config.admission,
+            "max_len": config.max_len,
+            "repeat": options.repeat,
             "requests_file": str(options.requests_file) if options.requests_file else None,
-            "samples": self.spec.samples, "dtype": self.backend.dtype_name,
+            "samples": self.spec.samples,
+            "dtype": self.backend.dtype_name,
             "scenario_sha256": content_sha256(Path(self.spec.source)) if self.spec.source else None,
             "requests_file_sha256": content_sha256(options.requests_file) if options.requests_file else None,
             "model_config_sha256": _model_config_hash(options.model),
@@ -154,17 +200,30 @@ class SweepSetup:
         """The run metadata of ``summary.json``."""
         config = self.config
         return run_meta(
-            scenario=self.spec.name, scenario_description=self.spec.description, scenario_source=self.spec.source,
-            model_name=self.model_name, device=self.device_name, simulated=self.options.simulate, seed=self.seed,
-            requests=len(self.pairs), concurrency=list(self.levels), engines=list(self.options.engines),
+            scenario=self.spec.name,
+            scenario_description=self.spec.description,
+            scenario_source=self.spec.source,
+            model_name=self.model_name,
+            device=self.device_name,
+            simulated=self.options.simulate,
+            seed=self.seed,
+            requests=len(self.pairs),
+            concurrency=list(self.levels),
+            engines=list(self.options.engines),
             model_shape=_shape_of(self.backend),
-            block_size=config.block_size, kv_pool_slots=self.pool_slots, budget_source=self.budget_source,
-            reserve=config.reserve, admission=config.admission, max_len=config.max_len,
-            max_prefill_tokens=config.max_prefill_tokens, repeat=self.options.repeat,
+            block_size=config.block_size,
+            kv_pool_slots=self.pool_slots,
+            budget_source=self.budget_source,
+            reserve=config.reserve,
+            admission=config.admission,
+            max_len=config.max_len,
+            max_prefill_tokens=config.max_prefill_tokens,
+            repeat=self.options.repeat,
             threads=self.backend.threads,
             cpu_matmuls=plan.as_dict() if (loaded := self.backend.loaded) and (plan := loaded.matmul_plan) else None,
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
-            requests_per_point={str(c): n for c, n in self.counts.items()}, stop=self.workload.stop,
+            requests_per_point={str(c): n for c, n in self.counts.items()},
+            stop=self.workload.stop,
             stop_description=self.stop_text,
             dataset=self.workload.dataset.as_dict() if self.workload.dataset else None,
         )
@@ -176,8 +235,14 @@ def _shape_of(backend) -> dict[str, Any] | None:
     return shape.to_dict() if shape is not None else None
 
 
-def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pairs: Sequence[tuple[int, int]],
-                               stop: str, bytes_per_token: int, source: str) -> None:
+def check_pool_holds_a_request(
+    config: EngineConfig,
+    engines: Sequence[str],
+    pairs: Sequence[tuple[int, int]],
+    stop: str,
+    bytes_per_token: int,
+    source: str,
+) -> None:
     """Refuse, before any point runs, a KV pool that cannot hold the run's longest request even when empty.
 
     The contiguous baseline needs that request's reservation (max-len under ``reserve max``), the paged engine
@@ -191,8 +256,10 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
         manager = manager_class(engine)
         tokens = manager.slots_for(longest, config.reserve, config.max_len)
         if manager.reserves_up_front:
-            what = (f"the {engine} baseline reserves {tokens:,} token slots for its longest request (reserve "
-                    f"{config.reserve}{', that is max-len' if config.reserve == 'max' else ''})")
+            what = (
+                f"the {engine} baseline reserves {tokens:,} token slots for its longest request (reserve "
+                f"{config.reserve}{', that is max-len' if config.reserve == 'max' else ''})"
+            )
         else:
             what = f"the {engine} engine needs {tokens:,} token slots for its longest request"
         need = blocks_for(tokens, config.block_size)
@@ -205,8 +272,10 @@ def check_pool_holds_a_request(config: EngineConfig, engines: Sequence[str], pai
             where = source.removeprefix(f"{slots} = ")  # the simulator's source starts with its slots
             reservation_bound = manager.reserves_up_front and config.reserve == "max"
             other = "another reservation policy (pow2, oracle)" if reservation_bound else "shorter requests"
-            raise KvbenchError(f"{what}, but the KV pool holds {slots} ({where}): that request could never "
-                               f"run; give the pool at least {size}{unit} of KV memory, or use {other}")
+            raise KvbenchError(
+                f"{what}, but the KV pool holds {slots} ({where}): that request could never "
+                f"run; give the pool at least {size}{unit} of KV memory, or use {other}"
+            )
 
 
 def _model_config_hash(model: str) -> str | None:

@@ -50,8 +50,14 @@ class Strategy:
     def config(self, pool_slots: int, max_len: int, concurrency: int) -> EngineConfig:
         """The engine configuration that simulates this strategy on a pool of ``pool_slots`` token slots."""
         block_size, num_blocks = self.validate(pool_slots)
-        return EngineConfig(engine=self.kind, block_size=block_size, num_blocks=num_blocks,
-                            reserve=self.policy or "max", max_num_seqs=concurrency, max_len=max_len)
+        return EngineConfig(
+            engine=self.kind,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            reserve=self.policy or "max",
+            max_num_seqs=concurrency,
+            max_len=max_len,
+        )
 
     def build_manager(self, pool_slots: int, max_len: int) -> KVManager:
         return self.config(pool_slots, max_len, 1).build_manager()
@@ -156,18 +162,27 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
     check_run_counts(requests=settings.requests)  # the limit sweep and fleet apply: before drawing a single length
     if settings.dataset is not None:
         from kvbench.models.tokenizers import load_tokenizer  # transformers and torch: only for a dataset
+
         count = settings.requests if settings.requests_given else None
-        sample = sample_dataset(settings.dataset, TokenCounter(load_tokenizer(settings.model), settings.model), settings.max_len,
-                                count, settings.seed, need_output=True)
+        sample = sample_dataset(
+            settings.dataset,
+            TokenCounter(load_tokenizer(settings.model), settings.model),
+            settings.max_len,
+            count,
+            settings.seed,
+            need_output=True,
+        )
         return WasteWorkload(sample.pairs, f"dataset {sample.path.name}", None, sample)
     if settings.trace is not None:
         pairs = load_trace(settings.trace)
         kept, skipped = within_max_len(pairs, settings.max_len, f"requests of trace {settings.trace}")
         return WasteWorkload([pairs[index] for index in kept], f"trace {settings.trace}", skipped)
     lengths = LengthSpec(settings.mean_len, settings.max_len, settings.distribution, settings.prompt_ratio)
-    return WasteWorkload(lengths.sample(settings.requests, settings.seed),
-                         f"{settings.distribution} lengths, mean {settings.mean_len}, prompt ratio "
-                         f"{settings.prompt_ratio}", None)
+    return WasteWorkload(
+        lengths.sample(settings.requests, settings.seed),
+        f"{settings.distribution} lengths, mean {settings.mean_len}, prompt ratio {settings.prompt_ratio}",
+        None,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,22 +215,28 @@ def waste_budget(settings: WasteSettings) -> WasteBudget:
             f"{shape.name} ({shape.dtype}) does not fit on {device.name} at utilization {settings.utilization}"
             f"{f' with {parallel.gpus} GPUs' if parallel.gpus > 1 else ''}: weights "
             f"{human_bytes(stage.share.weight_bytes)} + activations {human_bytes(stage.share.activation_bytes)} > "
-            f"{human_bytes(stage.usable_bytes)}")
+            f"{human_bytes(stage.usable_bytes)}"
+        )
     pool_slots = budget.token_slots
     for strategy in settings.strategies:  # fail before simulating anything
         strategy.validate(pool_slots)
     timing = RooflineTiming.for_model(shape, device)
     if parallel.gpus > 1:
         share = budget.binding.share
-        timing = replace(timing, weight_bytes=share.weight_bytes, bytes_per_token=share.bytes_per_token,
-                         active_parameters=timing.active_parameters // parallel.gpus,
-                         attention_flops_per_pair=timing.attention_flops_per_pair / parallel.gpus,
-                         expert_bytes=timing.expert_bytes // parallel.gpus)
+        timing = replace(
+            timing,
+            weight_bytes=share.weight_bytes,
+            bytes_per_token=share.bytes_per_token,
+            active_parameters=timing.active_parameters // parallel.gpus,
+            attention_flops_per_pair=timing.attention_flops_per_pair / parallel.gpus,
+            expert_bytes=timing.expert_bytes // parallel.gpus,
+        )
     return WasteBudget(shape, device, budget, pool_slots, timing)
 
 
-def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
-                    progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+def run_waste_study(
+    settings: WasteSettings, workload: WasteWorkload, progress: Callable[[str], Any] | None = None
+) -> dict[str, Any]:
     """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
     checked = waste_budget(settings)
     shape, device, pool_slots, timing = checked.shape, checked.device, checked.pool_slots, checked.timing
@@ -224,11 +245,15 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
     for strategy in settings.strategies:
         if progress is not None:
             progress(f"simulating {strategy.name} ({len(pairs)} requests)")
-        result = run_strategy(strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing,
-                              stop=settings.stop)
+        result = run_strategy(
+            strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing, stop=settings.stop
+        )
         point = point_from_result(result, strategy.name, settings.concurrency, "waste", shape.bytes_per_token)
-        point.extra.update(max_concurrency=result.peak_running, bytes_per_token=shape.bytes_per_token,
-                           simulated_seconds=result.accountant.elapsed_s)
+        point.extra.update(
+            max_concurrency=result.peak_running,
+            bytes_per_token=shape.bytes_per_token,
+            simulated_seconds=result.accountant.elapsed_s,
+        )
         if is_hindsight(strategy, settings.stop):
             point.extra["hindsight_bound"] = True
         points.append(point.to_json())
@@ -243,11 +268,21 @@ def run_waste_study(settings: WasteSettings, workload: WasteWorkload,
         "sampled_mean_len": actual_mean,
     }
     meta = run_meta(
-        model=shape.to_dict(), gpu=_gpus(settings, device.name), gpu_memory_utilization=settings.utilization,
-        max_len=settings.max_len, workload=workload.source, requests=len(pairs), seed=settings.seed,
-        concurrency=settings.concurrency, simulated=True, kv_budget_bytes=checked.kv_bytes, pool_slots=pool_slots,
-        scenario="waste", skipped_requests=workload.skipped.as_dict() if workload.skipped else None,
-        stop=settings.stop, dataset=workload.dataset.as_dict() if workload.dataset else None,
+        model=shape.to_dict(),
+        gpu=_gpus(settings, device.name),
+        gpu_memory_utilization=settings.utilization,
+        max_len=settings.max_len,
+        workload=workload.source,
+        requests=len(pairs),
+        seed=settings.seed,
+        concurrency=settings.concurrency,
+        simulated=True,
+        kv_budget_bytes=checked.kv_bytes,
+        pool_slots=pool_slots,
+        scenario="waste",
+        skipped_requests=workload.skipped.as_dict() if workload.skipped else None,
+        stop=settings.stop,
+        dataset=workload.dataset.as_dict() if workload.dataset else None,
         **_deployment_meta(settings, shape),
     )
     return summary_document("waste", meta, points, analytic=analytic)
@@ -266,7 +301,9 @@ def _deployment_meta(settings: WasteSettings, shape: Any) -> dict[str, Any]:
     if settings.kv_cache_dtype != "auto":
         meta["kv_cache_dtype"] = settings.kv_cache_dtype
     if shape.sliding_layers:
-        meta["sliding_window_note"] = (f"{len(shape.sliding_layers)} of {shape.num_layers} layers keep a window of "
-                                       f"{shape.sliding_window} tokens; the simulator's pool counts every layer "
-                                       "growing, so its slots are a lower bound")
+        meta["sliding_window_note"] = (
+            f"{len(shape.sliding_layers)} of {shape.num_layers} layers keep a window of "
+            f"{shape.sliding_window} tokens; the simulator's pool counts every layer "
+            "growing, so its slots are a lower bound"
+        )
     return meta

@@ -41,8 +41,13 @@ def read_endpoint(url: str, timeout_s: float = 5.0) -> list[ServerState]:
 _sleep = time.sleep  # the pause between scrapes (tests replace it)
 
 
-def watch(settings: WatchSettings, first: list[ServerState], on_scrape: Callable[[Scrape], None],
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] | None = None) -> int:
+def watch(
+    settings: WatchSettings,
+    first: list[ServerState],
+    on_scrape: Callable[[Scrape], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] | None = None,
+) -> int:
     """Record ``first`` (the scrape that checked the URL) and then one scrape per interval; returns how many
     were recorded. Scrapes are due at fixed ticks from the start, so a slow one does not shift the rest."""
     sleep = sleep or _sleep

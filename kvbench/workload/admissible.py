@@ -32,8 +32,10 @@ def within_max_len(lengths: Sequence[tuple[int, int]], max_len: int, what: str) 
     kept = [index for index, (prompt, output) in enumerate(lengths) if prompt + output <= max_len]
     dropped = len(lengths) - len(kept)
     if not kept:
-        raise KvbenchError(f"every one of the {len(lengths)} {what} is longer than max-len {max_len} "
-                           "(prompt + output): nothing can run; raise max-len or use shorter requests")
+        raise KvbenchError(
+            f"every one of the {len(lengths)} {what} is longer than max-len {max_len} "
+            "(prompt + output): nothing can run; raise max-len or use shorter requests"
+        )
     if not dropped:
         return kept, None
     return kept, Skipped(dropped, len(lengths), f"prompt + output exceeds max-len {max_len}")

@@ -38,8 +38,12 @@ def gamma_arrivals(count: int, rate: float, burstiness: float, seed: int) -> lis
     count / rate: the process is what it is, and the point reports the rate it reached."""
     if count < 1:
         raise KvbenchError(f"number of requests must be at least 1, got {count}")
-    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) or math.isnan(burstiness) \
-            or burstiness <= 0:
+    if (
+        isinstance(burstiness, bool)
+        or not isinstance(burstiness, (int, float))
+        or math.isnan(burstiness)
+        or burstiness <= 0
+    ):
         raise KvbenchError(f"burstiness must be a positive number (1: Poisson), got {burstiness}")
     if rate == math.inf:
         return [0.0] * count

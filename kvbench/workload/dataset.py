@@ -58,8 +58,11 @@ def builtin_datasets() -> dict[str, Path]:
     folder = resources.files("kvbench.scenarios").joinpath("data")
     if not folder.is_dir():
         return {}
-    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir()
-            if entry.name.endswith((".json", ".jsonl"))}
+    return {
+        Path(entry.name).stem: Path(str(entry))
+        for entry in folder.iterdir()
+        if entry.name.endswith((".json", ".jsonl"))
+    }
 
 
 def resolve_dataset(spec: str | Path) -> Path:
@@ -82,8 +85,10 @@ def read_dataset(path: str | Path) -> DatasetFile:
     elif start == "{":
         dataset = _read_jsonl(source, text)
     else:
-        raise KvbenchError(f"dataset {source} is not JSON: expected a ShareGPT JSON list ('[...]') or JSON lines "
-                           "of {\"prompt\": ...} objects")
+        raise KvbenchError(
+            f"dataset {source} is not JSON: expected a ShareGPT JSON list ('[...]') or JSON lines "
+            'of {"prompt": ...} objects'
+        )
     if dataset.total == 0:
         raise KvbenchError(f"dataset {source} holds no records")
     if not dataset.records:
@@ -156,8 +161,9 @@ def _read_jsonl(source: Path, text: str) -> DatasetFile:
         prompt, output_len = row.get("prompt"), row.get("output_len")
         if not isinstance(prompt, str) or not prompt.strip():
             dataset.skipped["no prompt"] += 1
-        elif output_len is not None and (isinstance(output_len, bool) or not isinstance(output_len, int)
-                                         or output_len < 1):
+        elif output_len is not None and (
+            isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 1
+        ):
             dataset.skipped["output_len not a positive integer"] += 1
         else:
             dataset.records.append(DatasetRecord(prompt, None, output_len))
@@ -190,8 +196,12 @@ class TokenCounter:
             return list(prompts)
         assert self.tokenizer is not None  # a chat template comes with a tokenizer
         try:
-            return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                       add_generation_prompt=True) for p in prompts]
+            return [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
         except Exception as err:  # noqa: BLE001 - a broken template is the checkpoint's, explained in one line
             raise KvbenchError(f"the tokenizer's chat template failed: {err}") from None
 
@@ -254,24 +264,35 @@ class DatasetSample:
         return sample_note(self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "format": self.format, "records": self.total, "usable": self.usable,
-                "requests": len(self.requests), "with_replacement": self.with_replacement,
-                "skipped_records": dict(self.skipped), "dropped_records": dict(self.dropped),
-                "counted_by": self.counted_by}
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "records": self.total,
+            "usable": self.usable,
+            "requests": len(self.requests),
+            "with_replacement": self.with_replacement,
+            "skipped_records": dict(self.skipped),
+            "dropped_records": dict(self.dropped),
+            "counted_by": self.counted_by,
+        }
 
 
 def left_out(record: Mapping[str, Any]) -> str:
     """What a draw left out, from :meth:`DatasetSample.as_dict` (a run's ``meta.dataset``): "" when nothing."""
-    lost = {**{f"unreadable ({k})": v for k, v in (record.get("skipped_records") or {}).items()},
-            **(record.get("dropped_records") or {})}
+    lost = {
+        **{f"unreadable ({k})": v for k, v in (record.get("skipped_records") or {}).items()},
+        **(record.get("dropped_records") or {}),
+    }
     return ", ".join(f"{count} {reason}" for reason, count in lost.items())
 
 
 def sample_note(record: Mapping[str, Any]) -> str:
     """One sentence from :meth:`DatasetSample.as_dict` (a run's ``meta.dataset``): what was kept, skipped and
     dropped, and how lengths were counted."""
-    parts = [f"{record.get('requests')} requests from {record.get('usable')} of the {record.get('records')} records "
-             f"of {Path(str(record.get('path'))).name}"]
+    parts = [
+        f"{record.get('requests')} requests from {record.get('usable')} of the {record.get('records')} records "
+        f"of {Path(str(record.get('path'))).name}"
+    ]
     if record.get("with_replacement"):
         parts.append("drawn with replacement")
     if lost := left_out(record):
@@ -299,8 +320,9 @@ def sample_dataset(
     texts = counter.prompt_texts([r.prompt for r in records])
     prompt_lens, encodings = counter.prompts(texts)
     answers = [(i, r.answer) for i, r in enumerate(records) if r.output_len is None and r.answer is not None]
-    answer_lens = dict(zip([i for i, _ in answers], counter.lengths([a for _, a in answers], prompts=False),
-                           strict=True))
+    answer_lens = dict(
+        zip([i for i, _ in answers], counter.lengths([a for _, a in answers], prompts=False), strict=True)
+    )
     kept: list[int] = []
     outputs: list[int | None] = []
     dropped: Counter = Counter()
@@ -319,14 +341,28 @@ def sample_dataset(
             outputs.append(output)
     if not kept:
         lost = ", ".join(f"{n} {reason}" for reason, n in dropped.items())
-        raise KvbenchError(f"dataset {dataset.path}: no record is left after filtering ({lost}); raise max-len or "
-                           "use another dataset")
+        raise KvbenchError(
+            f"dataset {dataset.path}: no record is left after filtering ({lost}); raise max-len or use another dataset"
+        )
     chosen, replace = _draw(len(kept), count, seed)
     picked = [kept[i] for i in chosen]
-    requests = [DatasetRequest(prompt_lens[i], outputs[j], _ids(encodings[i]) if encodings is not None else None,
-                               records[i].prompt) for i, j in zip(picked, chosen, strict=True)]
-    return DatasetSample(requests, dataset.path, dataset.format, counter.describe(), dataset.total, len(kept),
-                         dict(dataset.skipped), dict(dropped), replace)
+    requests = [
+        DatasetRequest(
+            prompt_lens[i], outputs[j], _ids(encodings[i]) if encodings is not None else None, records[i].prompt
+        )
+        for i, j in zip(picked, chosen, strict=True)
+    ]
+    return DatasetSample(
+        requests,
+        dataset.path,
+        dataset.format,
+        counter.describe(),
+        dataset.total,
+        len(kept),
+        dict(dataset.skipped),
+        dict(dropped),
+        replace,
+    )
 
 
 def _ids(encoding: Any) -> list[int]:

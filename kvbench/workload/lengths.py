@@ -29,7 +29,9 @@ class LengthSpec:
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
-            raise KvbenchError(f"unknown length distribution {self.distribution!r}; choose one of {', '.join(DISTRIBUTIONS)}")
+            raise KvbenchError(
+                f"unknown length distribution {self.distribution!r}; choose one of {', '.join(DISTRIBUTIONS)}"
+            )
         if self.max_len < 2:
             raise KvbenchError(f"max-len must be at least 2, got {self.max_len}")
         if not 2 <= self.mean_len <= self.max_len:

@@ -28,7 +28,9 @@ OUTPUT_KEYS = ("output_len", "max_tokens")
 def load_requests_jsonl(path: str | os.PathLike, vocab_size: int | None = None) -> list[RequestItem]:
     """Read ``(prompt_token_ids, output_len)`` per line; token ids are checked against ``vocab_size`` if given."""
     source = Path(path)
-    items = [_parse_row(row, where, vocab_size) for where, row in json_objects(source, read_text(source, "requests file"))]
+    items = [
+        _parse_row(row, where, vocab_size) for where, row in json_objects(source, read_text(source, "requests file"))
+    ]
     if not items:
         raise KvbenchError(f"requests file {source} holds no requests")
     return items
@@ -47,8 +49,10 @@ def write_requests_jsonl(path: str | os.PathLike, items: Iterable[tuple[Sequence
             ids = ids.tolist()
         elif isinstance(ids, Sequence) and not isinstance(ids, str):
             ids = list(ids)
-        row = {"prompt_token_ids": _token_ids(ids, where, None),
-               "output_len": _output_len(output_len, f"{where}: output_len")}
+        row = {
+            "prompt_token_ids": _token_ids(ids, where, None),
+            "output_len": _output_len(output_len, f"{where}: output_len"),
+        }
         lines.append(json.dumps(row, separators=(",", ":")))
     if not lines:
         raise KvbenchError("no requests to write")
@@ -64,7 +68,9 @@ def _parse_row(row: dict, where: str, vocab_size: int | None) -> RequestItem:
         raise KvbenchError(f"{where}: output_len (or max_tokens) is missing")
     lengths = {key: _output_len(row[key], f"{where}: {key}") for key in present}
     if len(set(lengths.values())) > 1:
-        raise KvbenchError(f"{where}: output_len ({lengths['output_len']}) and max_tokens ({lengths['max_tokens']}) disagree")
+        raise KvbenchError(
+            f"{where}: output_len ({lengths['output_len']}) and max_tokens ({lengths['max_tokens']}) disagree"
+        )
     return ids, lengths[present[0]]
 
 

@@ -21,13 +21,30 @@ from kvbench.workload.dataset import builtin_datasets
 from kvbench.workload.lengths import LengthSpec
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
-    "description": str, "max_len": int, "mean_len": int, "distribution": str, "sigma": (int, float),
-    "prompt_ratio": (int, float), "requests": int, "warmup": int, "concurrency": list, "block_size": int,
-    "reserve": str, "admission": str, "seed": int, "budget": dict, "samples": int, "waves": int, "dataset": str,
+    "description": str,
+    "max_len": int,
+    "mean_len": int,
+    "distribution": str,
+    "sigma": (int, float),
+    "prompt_ratio": (int, float),
+    "requests": int,
+    "warmup": int,
+    "concurrency": list,
+    "block_size": int,
+    "reserve": str,
+    "admission": str,
+    "seed": int,
+    "budget": dict,
+    "samples": int,
+    "waves": int,
+    "dataset": str,
 }
 _LENGTH_FIELDS = ("max_len", "mean_len", "distribution", "prompt_ratio", "sigma")  # the LengthSpec's
 _BUDGET_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "model": str, "gpu": str, "utilization": (int, float), "slots": int,
+    "model": str,
+    "gpu": str,
+    "utilization": (int, float),
+    "slots": int,
 }
 
 
@@ -78,8 +95,10 @@ class Scenario:
         if not budget.fits:
             raise KvbenchError(f"scenario {self.name}: {shape.name} does not fit on {gpu.name}; no KV budget to derive")
         slots = budget.kv_bytes // shape.bytes_per_token
-        return slots, (f"{slots:,} token slots = the KV budget of {shape.name} {shape.dtype} on {gpu.name} at "
-                       f"{utilization} utilization, scaled to this model by slots")
+        return slots, (
+            f"{slots:,} token slots = the KV budget of {shape.name} {shape.dtype} on {gpu.name} at "
+            f"{utilization} utilization, scaled to this model by slots"
+        )
 
 
 def builtin_scenarios() -> dict[str, Path]:
@@ -124,7 +143,10 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
         if data.get(key, 0) < 0:
             raise KvbenchError(f"{where}: {key} must be >= 0")
     try:
-        for key, allowed, what in (("reserve", RESERVATION_POLICIES, "reserve"), ("admission", ADMISSION_MODES, "admission")):
+        for key, allowed, what in (
+            ("reserve", RESERVATION_POLICIES, "reserve"),
+            ("admission", ADMISSION_MODES, "admission"),
+        ):
             if key in data:
                 check_choice(data[key], allowed, what)
     except KvbenchError as err:

@@ -35,8 +35,9 @@ def test_capacity_json(capsys):
     assert result["gpu"] == "a100-80g" and result["fits"] is True
     assert result["bytes_per_token"] == 819_200 and result["model"]["name"] == "llama-2-13b"
     assert result["usable_bytes"] == int(0.9 * 80 * GIB)
-    assert result["kv_budget_bytes"] == (result["usable_bytes"] - result["weight_bytes"]
-                                         - result["activation_reserve_bytes"])
+    assert result["kv_budget_bytes"] == (
+        result["usable_bytes"] - result["weight_bytes"] - result["activation_reserve_bytes"]
+    )
     assert result["kv_token_slots"] == result["kv_budget_bytes"] // 819_200
     rows = {row["strategy"]: row for row in result["strategies"]}
     assert set(rows) == {"contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16", "paged-32"}
@@ -54,8 +55,15 @@ def test_capacity_table_on_the_terminal(capsys, monkeypatch):
 
 
 def test_capacity_with_a_config_dir(capsys, tmp_path):
-    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, out, err = _run(capsys, "--model", str(tmp_path), "--gpu", "l4-24g", "--json")
     assert code == 0, err
@@ -70,11 +78,16 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
         (["--max-len", "-5"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
         (["--max-model-len", "0"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
         (["--tensor-parallel-size", "0"], "Input should be greater than or equal to 1"),
-        (["--tensor-parallel-size", "3"], "tensor parallel size 3 does not divide the 40 attention heads of llama-2-13b: "
-                                          "choose one of 1, 2, 4, 5, 8, 10, 20, 40"),
+        (
+            ["--tensor-parallel-size", "3"],
+            "tensor parallel size 3 does not divide the 40 attention heads of llama-2-13b: "
+            "choose one of 1, 2, 4, 5, 8, 10, 20, 40",
+        ),
         (["--pipeline-parallel-size", "41"], "pipeline parallel size 41 exceeds the 40 layers"),
-        (["--kv-cache-dtype", "fp4"], "unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, "
-                                      "fp8_e4m3, fp8_e5m2, int8"),
+        (
+            ["--kv-cache-dtype", "fp4"],
+            "unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8",
+        ),
         (["--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
         (["--gpu-memory", "0GiB"], "--gpu-memory must be positive"),
         (["--kv-cache-memory", "-1GiB"], "--kv-cache-memory: cannot read"),
@@ -112,8 +125,15 @@ def test_click_usage_errors_exit_2(capsys, argv):
 
 
 def test_kv_heads_that_tensor_parallelism_can_neither_split_nor_replicate(capsys, tmp_path):
-    config = {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
-              "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 1000}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, out, err = _run(capsys, "--model", str(tmp_path), "--tensor-parallel-size", "6")
     assert code == 2 and out == "" and err.count("\n") == 1
@@ -144,8 +164,24 @@ def test_capacity_and_waste_run_without_torch(tmp_path):
 
 
 def test_a_deployment_in_json(capsys):
-    code, out, err = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g", "-tp", "16", "-pp", "2",
-                          "--kv-cache-dtype", "fp8", "--max-model-len", "4096", "--max-num-seqs", "64", "--json")
+    code, out, err = _run(
+        capsys,
+        "--model",
+        "llama-2-70b",
+        "--gpu",
+        "h100-80g",
+        "-tp",
+        "16",
+        "-pp",
+        "2",
+        "--kv-cache-dtype",
+        "fp8",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "64",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert (result["tensor_parallel_size"], result["pipeline_parallel_size"], result["gpus"]) == (16, 2, 32)
@@ -176,7 +212,8 @@ def test_gpu_memory_alone_is_a_gpu_of_that_memory(capsys):
 
 def test_a_max_len_past_the_kv_budget_suggests_a_shorter_one(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
-    code, out, _ = _run(capsys, "--model", "llama-3-8b", "--gpu", "l4-24g", "--max-len", "8192", "--gpu-memory-utilization",
-                        "0.66")
+    code, out, _ = _run(
+        capsys, "--model", "llama-3-8b", "--gpu", "l4-24g", "--max-len", "8192", "--gpu-memory-utilization", "0.66"
+    )
     assert code == 1 and "cannot hold one request of max-len 8,192 tokens" in out
     assert "try --max-model-len" in out and "try --kv-cache-dtype fp8" in out

@@ -92,19 +92,24 @@ def test_a_corrupted_base_metric_is_unusable_input(tmp_path, capsys, value, show
     assert main(["compare", str(base), str(head)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith(f"error: {base / 'summary.json'}: point paged c=10 article: metric completed is {shown}")
+    assert captured.err.startswith(
+        f"error: {base / 'summary.json'}: point paged c=10 article: metric completed is {shown}"
+    )
 
 
-@pytest.mark.parametrize(("field", "value", "said"), [
-    ("concurrency", -2, "has concurrency -2, below 0 (0 is an open-loop point)"),
-    ("output_throughput", -5.0, "metric output_throughput is -5.0, negative"),
-    ("completed", 1.5, "metric completed is 1.5, not a whole number of at least 0"),
-    ("completed", -1, "metric completed is -1, not a whole number of at least 0"),
-    ("status", "exploded", "status is 'exploded', not one of ok, oom, error"),
-    ("waste", {"internal_pct": 150.0}, "metric waste.internal_pct is 150.0, outside 0-100 (a percentage)"),
-    ("fragmentation_mean", 3.0, "metric fragmentation_mean is 3.0, outside 0-1 (a fraction)"),
-    ("p99_ttft_ms", -1.0, "metric p99_ttft_ms is -1.0, negative"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("concurrency", -2, "has concurrency -2, below 0 (0 is an open-loop point)"),
+        ("output_throughput", -5.0, "metric output_throughput is -5.0, negative"),
+        ("completed", 1.5, "metric completed is 1.5, not a whole number of at least 0"),
+        ("completed", -1, "metric completed is -1, not a whole number of at least 0"),
+        ("status", "exploded", "status is 'exploded', not one of ok, oom, error"),
+        ("waste", {"internal_pct": 150.0}, "metric waste.internal_pct is 150.0, outside 0-100 (a percentage)"),
+        ("fragmentation_mean", 3.0, "metric fragmentation_mean is 3.0, outside 0-1 (a fraction)"),
+        ("p99_ttft_ms", -1.0, "metric p99_ttft_ms is -1.0, negative"),
+    ],
+)
 @pytest.mark.parametrize("side", ["base", "head"])
 def test_a_point_field_outside_its_meaning_is_unusable_input(tmp_path, capsys, field, value, said, side):
     """Not data to judge (a FAIL, exit 1): a summary no kvbench writes (exit 2), whichever side holds it."""
@@ -115,8 +120,9 @@ def test_a_point_field_outside_its_meaning_is_unusable_input(tmp_path, capsys, f
     assert main(["compare", str(runs["base"]), str(runs["head"]), "--absolute"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith(f"error: {runs[side] / 'summary.json'}: point ") and said in captured.err, \
+    assert captured.err.startswith(f"error: {runs[side] / 'summary.json'}: point ") and said in captured.err, (
         captured.err
+    )
 
 
 def test_a_null_base_metric_fails_with_a_note(tmp_path, capsys):
@@ -160,14 +166,20 @@ def test_help_documents_the_baseline_procedure(capsys):
 def test_unwritable_output_is_one_line_error(tmp_path, capsys):
     import json as _json
 
-    summary = {"schema_version": 1, "kind": "waste", "meta": {}, "points": [
-        {"engine": "paged-16", "concurrency": 1, "scenario": "waste", "status": "ok", "completed": 1}]}
+    summary = {
+        "schema_version": 1,
+        "kind": "waste",
+        "meta": {},
+        "points": [{"engine": "paged-16", "concurrency": 1, "scenario": "waste", "status": "ok", "completed": 1}],
+    }
     path = tmp_path / "s.json"
     path.write_text(_json.dumps(summary))
     assert main(["compare", str(path), str(path), "-o", "/proc/no/such/file"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --output /proc/no/such/file: the folder /proc/no/such does not exist; create it first or " \
+    assert (
+        err == "error: --output /proc/no/such/file: the folder /proc/no/such does not exist; create it first or "
         "choose another path"
+    )
 
 
 SHARE = ["--prompts", "2", "--prompt-len", "8", "--output-len", "8", "--device", "cpu"]
@@ -199,7 +211,12 @@ def test_a_measured_sweep_passes_against_itself(tmp_path, capsys):
     assert main(["compare", str(run), str(run), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     judged = {row["metric"] for row in report["rows"] if row["verdict"] == "unchanged"}
-    assert {"completed", "kv_peak_allocated_bytes", "waste.internal_pct", "paged_over_contiguous_output_throughput"} <= judged
+    assert {
+        "completed",
+        "kv_peak_allocated_bytes",
+        "waste.internal_pct",
+        "paged_over_contiguous_output_throughput",
+    } <= judged
     assert {row["metric"] for row in report["rows"] if row["verdict"] == "info"} == {
         f"paged_over_contiguous_p99_{kind}_ms" for kind in ("ttft", "tpot", "itl", "e2el")
     }

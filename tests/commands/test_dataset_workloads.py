@@ -15,8 +15,7 @@ def _json(capsys) -> dict:
 
 def test_dataset_command_describes_lengths_and_waste(tmp_path, capsys):
     out = tmp_path / "d"
-    assert main(["dataset", "real-chat", "--max-len", "1024", "--block-size", "8,16", "--out", str(out),
-                 "--json"]) == 0
+    assert main(["dataset", "real-chat", "--max-len", "1024", "--block-size", "8,16", "--out", str(out), "--json"]) == 0
     document = _json(capsys)
     assert document["kind"] == "dataset" and document["meta"]["dataset"]["records"] == 52
     lengths = document["lengths"]
@@ -44,12 +43,19 @@ def test_dataset_command_with_a_real_tokenizer(tiny_gguf, tmp_path, capsys):
     assert "chat template" in _json(capsys)["meta"]["dataset"]["counted_by"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("nope", "is not JSON"),
-    ("[]", "holds no records"),
-    ('[{"conversations": [{"from": "human", "value": "' + "w " * 300 + '"}, {"from": "gpt", "value": "a b c d"}]}]',
-     "no record is left after filtering"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("nope", "is not JSON"),
+        ("[]", "holds no records"),
+        (
+            '[{"conversations": [{"from": "human", "value": "'
+            + "w " * 300
+            + '"}, {"from": "gpt", "value": "a b c d"}]}]',
+            "no record is left after filtering",
+        ),
+    ],
+)
 def test_dataset_command_bad_input(tmp_path, capsys, content, message):
     path = tmp_path / "d.json"
     path.write_text(content)
@@ -59,8 +65,25 @@ def test_dataset_command_bad_input(tmp_path, capsys, content, message):
 
 
 def test_waste_with_a_dataset_and_eos_makes_the_oracle_a_hindsight_bound(tmp_path, capsys):
-    assert main(["waste", "--dataset", "real-chat", "--stop", "eos", "--max-len", "1024", "--concurrency", "16",
-                 "--out", str(tmp_path / "w"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "waste",
+                "--dataset",
+                "real-chat",
+                "--stop",
+                "eos",
+                "--max-len",
+                "1024",
+                "--concurrency",
+                "16",
+                "--out",
+                str(tmp_path / "w"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     document = _json(capsys)
     assert document["meta"]["stop"] == "eos" and document["meta"]["requests"] > 40
     points = {p["engine"]: p for p in document["points"]}
@@ -75,8 +98,23 @@ def test_waste_with_a_dataset_and_eos_makes_the_oracle_a_hindsight_bound(tmp_pat
 
 
 def test_waste_length_mode_with_a_dataset_keeps_the_knowing_policies(tmp_path, capsys):
-    assert main(["waste", "--dataset", "real-chat", "--max-len", "1024", "--concurrency", "16", "--out",
-                 str(tmp_path / "w"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "waste",
+                "--dataset",
+                "real-chat",
+                "--max-len",
+                "1024",
+                "--concurrency",
+                "16",
+                "--out",
+                str(tmp_path / "w"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     points = {p["engine"]: p for p in _json(capsys)["points"]}
     assert points["contiguous-pow2"]["kv_peak_allocated_bytes"] < points["contiguous-max"]["kv_peak_allocated_bytes"]
     assert "hindsight_bound" not in points["contiguous-oracle"]
@@ -90,19 +128,70 @@ def test_waste_dataset_and_trace_exclude_each_other(tmp_path, capsys):
 
 
 def test_share_prompts_from_a_dataset(tmp_path, capsys):
-    assert main(["share", "--n", "2", "--dataset", "real-chat", "--prompts", "3", "--output-len", "6",
-                 "--block-size", "4", "--num-blocks", "512", "--device", "cpu", "--out", str(tmp_path / "s"),
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "share",
+                "--n",
+                "2",
+                "--dataset",
+                "real-chat",
+                "--prompts",
+                "3",
+                "--output-len",
+                "6",
+                "--block-size",
+                "4",
+                "--num-blocks",
+                "512",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "s"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     meta = _json(capsys)["meta"]
     assert meta["dataset"]["requests"] == 3 and meta["stop"] == "length"
 
 
 def test_share_stops_at_eos_on_a_real_model(tiny_gguf, tmp_path, capsys):
     path, _ = tiny_gguf
-    assert main(["share", "--n", "3", "--dataset", "real-chat", "--prompts", "2", "--output-len", "24",
-                 "--block-size", "4", "--num-blocks", "1024", "--model", str(path), "--device", "cpu", "--max-len", "512",
-                 "--out", str(tmp_path / "s"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "share",
+                "--n",
+                "3",
+                "--dataset",
+                "real-chat",
+                "--prompts",
+                "2",
+                "--output-len",
+                "24",
+                "--block-size",
+                "4",
+                "--num-blocks",
+                "1024",
+                "--model",
+                str(path),
+                "--device",
+                "cpu",
+                "--max-len",
+                "512",
+                "--out",
+                str(tmp_path / "s"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     document = _json(capsys)
     assert document["meta"]["stop"] == "eos" and document["meta"]["outputs_identical_with_and_without_sharing"]
-    assert main(["share", "--beam", "2", "--stop", "eos", "--model", str(path), "--device", "cpu", "--max-len", "512"]) == 2
+    assert (
+        main(["share", "--beam", "2", "--stop", "eos", "--model", str(path), "--device", "cpu", "--max-len", "512"])
+        == 2
+    )
     assert "beam search runs every beam" in capsys.readouterr().err

@@ -19,11 +19,26 @@ from kvbench.report.schema import SCHEMA_VERSION
 
 
 def point(engine: str, concurrency: int, **changes) -> dict:
-    p = {"engine": engine, "concurrency": concurrency, "scenario": "s", "status": "ok", "completed": 50,
-         "rejected": 0, "preemptions": 0, "peak_running": concurrency, "kv_pool_bytes": 1 << 20,
-         "kv_peak_allocated_bytes": 1 << 19, "fragmentation_mean": 0.04,
-         "waste": {"token_state_pct": 45.0, "reservation_pct": 1.0, "internal_pct": 1.0, "external_pct": 0.0,
-                   "free_pct": 53.0}}
+    p = {
+        "engine": engine,
+        "concurrency": concurrency,
+        "scenario": "s",
+        "status": "ok",
+        "completed": 50,
+        "rejected": 0,
+        "preemptions": 0,
+        "peak_running": concurrency,
+        "kv_pool_bytes": 1 << 20,
+        "kv_peak_allocated_bytes": 1 << 19,
+        "fragmentation_mean": 0.04,
+        "waste": {
+            "token_state_pct": 45.0,
+            "reservation_pct": 1.0,
+            "internal_pct": 1.0,
+            "external_pct": 0.0,
+            "free_pct": 53.0,
+        },
+    }
     p.update(changes)
     return p
 
@@ -31,8 +46,12 @@ def point(engine: str, concurrency: int, **changes) -> dict:
 def write_run(tmp_path, name: str, points: list[dict]):
     run = tmp_path / name
     run.mkdir()
-    document = {"schema_version": SCHEMA_VERSION, "kind": "sweep",
-                "meta": {"scenario": "s", "block_size": 16, "max_len": 2048, "reserve": "max"}, "points": points}
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "sweep",
+        "meta": {"scenario": "s", "block_size": 16, "max_len": 2048, "reserve": "max"},
+        "points": points,
+    }
     (run / "summary.json").write_text(json.dumps(document))
     return run
 
@@ -40,13 +59,35 @@ def write_run(tmp_path, name: str, points: list[dict]):
 @pytest.fixture()
 def wasteful(tmp_path):
     """A contiguous baseline that wastes most of its pool and OOMs at C=50, next to a healthy paged engine."""
-    return write_run(tmp_path, "wasteful", [
-        point("paged", 10), point("contiguous", 10, fragmentation_mean=0.76, peak_running=7,
-                                  waste={"token_state_pct": 18.0, "reservation_pct": 52.0, "internal_pct": 6.0,
-                                         "external_pct": 0.0, "free_pct": 24.0}),
-        point("contiguous", 50, status="oom", status_reason="12 request(s) rejected: oom", peak_running=7,
-              rejected=12, fragmentation_mean=0.75),
-    ])
+    return write_run(
+        tmp_path,
+        "wasteful",
+        [
+            point("paged", 10),
+            point(
+                "contiguous",
+                10,
+                fragmentation_mean=0.76,
+                peak_running=7,
+                waste={
+                    "token_state_pct": 18.0,
+                    "reservation_pct": 52.0,
+                    "internal_pct": 6.0,
+                    "external_pct": 0.0,
+                    "free_pct": 24.0,
+                },
+            ),
+            point(
+                "contiguous",
+                50,
+                status="oom",
+                status_reason="12 request(s) rejected: oom",
+                peak_running=7,
+                rejected=12,
+                fragmentation_mean=0.75,
+            ),
+        ],
+    )
 
 
 @pytest.fixture()
@@ -70,9 +111,13 @@ def test_json_output_carries_evidence_and_suggestions(wasteful, capsys):
     assert result["fired"] is True and result["checked"] == 3
     assert result["thresholds"]["fragmentation"] == 0.3
     by_rule = {(f["rule"], f["source"]): f for f in result["findings"]}
-    assert set(by_rule) == {("fragmentation", "contiguous C=10"), ("reservation_waste", "contiguous C=10"),
-                            ("concurrency_capped", "contiguous C=10"), ("fragmentation", "contiguous C=50"),
-                            ("concurrency_capped", "contiguous C=50")}
+    assert set(by_rule) == {
+        ("fragmentation", "contiguous C=10"),
+        ("reservation_waste", "contiguous C=10"),
+        ("concurrency_capped", "contiguous C=10"),
+        ("fragmentation", "contiguous C=50"),
+        ("concurrency_capped", "contiguous C=50"),
+    }
     assert result["findings"][0]["severity"] == "critical"  # most severe first
     frag = by_rule[("fragmentation", "contiguous C=10")]
     assert "0.760" in frag["evidence"] and "paged" in frag["suggestion"] and frag["values"]["threshold"] == 0.3
@@ -84,19 +129,35 @@ def test_thresholds_by_file_and_flags(wasteful, tmp_path, capsys):
     assert main(["diagnose", str(wasteful), "--thresholds", str(loose), "--json"]) == 0
     rules = {f["rule"] for f in json.loads(capsys.readouterr().out)["findings"]}
     assert rules == {"concurrency_capped"}
-    assert main(["diagnose", str(wasteful), "--max-fragmentation", "0.8", "--max-reservation-waste", "0.9",
-                 "--check", "--json"]) == 1  # the OOM still fires
+    assert (
+        main(
+            [
+                "diagnose",
+                str(wasteful),
+                "--max-fragmentation",
+                "0.8",
+                "--max-reservation-waste",
+                "0.9",
+                "--check",
+                "--json",
+            ]
+        )
+        == 1
+    )  # the OOM still fires
     capsys.readouterr()
     assert main(["diagnose", str(wasteful), "--max-fragmentation", "2"]) == 2
     assert "between 0 and 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "nothing to diagnose"),
-    (["missing-dir"], "no such run directory"),
-    (["x", "--url", "http://127.0.0.1:1/metrics"], "not both"),
-    (["--url", "ftp://host/metrics"], "expected http://"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "nothing to diagnose"),
+        (["missing-dir"], "no such run directory"),
+        (["x", "--url", "http://127.0.0.1:1/metrics"], "not both"),
+        (["--url", "ftp://host/metrics"], "expected http://"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(["diagnose", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -129,22 +190,33 @@ def test_live_endpoint(capsys):
 
 def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
     path = tmp_path / "kvbench.rules.yml"
-    assert main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25",
-                 "--alert-for", "10m"]) == 0
+    assert (
+        main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25", "--alert-for", "10m"])
+        == 0
+    )
     text = path.read_text()
     assert "kvbench_kv_cache_fragmentation > 0.25" in text and "for: 10m" in text
     assert main(["diagnose", str(wasteful), "--emit-prometheus-rules", str(path), "--check"]) == 1  # both at once
     import yaml
 
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
-    assert {r["alert"] for r in rules} >= {"KvCacheFragmentationHigh", "KvCacheFreeBlocksLow",
-                                           "KvBlockAllocLatencyHigh"}
+    assert {r["alert"] for r in rules} >= {
+        "KvCacheFragmentationHigh",
+        "KvCacheFreeBlocksLow",
+        "KvBlockAllocLatencyHigh",
+    }
     assert main(["diagnose", "--emit-prometheus-rules", str(path), "--alert-for", "soon"]) == 2
 
 
 def test_a_run_whose_points_all_failed_fails_the_check(tmp_path, capsys):
-    run = write_run(tmp_path, "failed", [point("paged", 10, status="error", error="RuntimeError: boom"),
-                                         point("contiguous", 10, status="error", error="RuntimeError: boom")])
+    run = write_run(
+        tmp_path,
+        "failed",
+        [
+            point("paged", 10, status="error", error="RuntimeError: boom"),
+            point("contiguous", 10, status="error", error="RuntimeError: boom"),
+        ],
+    )
     assert main(["diagnose", str(run), "--check"]) == 1
     out = capsys.readouterr().out
     assert "CRITICAL point_failed" in out and "RuntimeError: boom" in out
@@ -179,8 +251,9 @@ def test_a_vllm_server(metrics_server, vllm_exposition, capsys):
     assert main(["diagnose", "--url", server.url, "--check", "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
     assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
-    assert all(f["family"] == "vllm" and "--gpu-memory-utilization (now 0.92)" in f["suggestion"]
-               for f in result["findings"])
+    assert all(
+        f["family"] == "vllm" and "--gpu-memory-utilization (now 0.92)" in f["suggestion"] for f in result["findings"]
+    )
     assert {n["rule"] for n in result["not_evaluated"]} == {"fragmentation", "alloc_latency", "reservation_waste"}
     assert any(m["estimate"] for m in result["measurements"])
     server.serve([vllm_exposition()])  # the recorded busy server: healthy
@@ -189,15 +262,23 @@ def test_a_vllm_server(metrics_server, vllm_exposition, capsys):
     assert "no findings" in out and "not evaluated fragmentation" in out and "estimate" in out
 
 
-@pytest.mark.parametrize(("body", "content_type", "status", "message"), [
-    ("<!doctype html><html><body>Welcome</body></html>", "text/html", 200, "returned an HTML page"),
-    ("<html><body>Not Found</body></html>", "text/html", 404, "HTTP 404"),
-    ('{"detail": "Not Found"}', "application/json", 200, "not Prometheus exposition text"),
-    ("# HELP python_info x\n# TYPE python_info gauge\npython_info 1\n", "text/plain", 200,
-     "none of the metric families kvbench reads"),
-])
-def test_a_url_that_is_not_an_engines_metrics_is_one_line_and_exit_2(metrics_server, body, content_type, status,
-                                                                       message, capsys):
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "message"),
+    [
+        ("<!doctype html><html><body>Welcome</body></html>", "text/html", 200, "returned an HTML page"),
+        ("<html><body>Not Found</body></html>", "text/html", 404, "HTTP 404"),
+        ('{"detail": "Not Found"}', "application/json", 200, "not Prometheus exposition text"),
+        (
+            "# HELP python_info x\n# TYPE python_info gauge\npython_info 1\n",
+            "text/plain",
+            200,
+            "none of the metric families kvbench reads",
+        ),
+    ],
+)
+def test_a_url_that_is_not_an_engines_metrics_is_one_line_and_exit_2(
+    metrics_server, body, content_type, status, message, capsys
+):
     server = metrics_server.serve([body], content_type, status)
     assert main(["diagnose", "--url", server.url]) == 2
     err = capsys.readouterr().err.strip()

@@ -16,8 +16,21 @@ import pytest
 
 # Not in the light install: the engine (torch, transformers, safetensors, triton), the server and clients
 # (aiohttp), the Hub (a Hugging Face id only), NVML, Ray and the reference engines.
-ABSENT = ("torch", "transformers", "safetensors", "triton", "aiohttp", "huggingface_hub", "pynvml", "ray", "vllm",
-          "sglang", "accelerate", "gguf", "tokenizers")
+ABSENT = (
+    "torch",
+    "transformers",
+    "safetensors",
+    "triton",
+    "aiohttp",
+    "huggingface_hub",
+    "pynvml",
+    "ray",
+    "vllm",
+    "sglang",
+    "accelerate",
+    "gguf",
+    "tokenizers",
+)
 
 PROBE = """
 import json, sys
@@ -47,8 +60,9 @@ print(json.dumps({"code": code, "attempted": attempted, "loaded": loaded}), file
 def run_light(*argv: str, absent: tuple[str, ...] = ABSENT) -> tuple[int, str]:
     """``kvbench ARGV`` on a host without ``absent``: its exit code and stdout; fails if it tried one."""
     env = {**os.environ, "COLUMNS": "160"}
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(absent), *argv], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(absent), *argv], capture_output=True, text=True, env=env, timeout=300
+    )
     lines = done.stderr.strip().splitlines()
     assert lines, f"kvbench {' '.join(argv)} printed nothing on stderr (exit {done.returncode})"
     try:
@@ -75,8 +89,15 @@ def test_waste(waste_run):
 def test_capacity_of_a_preset_and_of_a_config_file(tmp_path):
     code, stdout = run_light("capacity", "--model", "llama-2-13b", "--json")
     assert code == 0 and json.loads(stdout)["bytes_per_token"] == 819_200
-    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, stdout = run_light("capacity", "--model", str(tmp_path), "--gpu", "l4-24g", "--json")
     assert code == 0 and json.loads(stdout)["bytes_per_token"] == 2 * 4 * 2 * 32 * 2
@@ -104,8 +125,9 @@ def test_watch_and_diagnose_a_live_endpoint(metrics_server, vllm_exposition, tmp
     with_http = tuple(name for name in ABSENT if name != "aiohttp")
     server = metrics_server.serve([vllm_exposition(usage=0.2, running=8, waiting=w) for w in (0, 3, 6)])
     out = tmp_path / "w"
-    code, _ = run_light("watch", "--url", server.url, "--interval", "0.05", "--duration", "0.2", "--out", str(out),
-                        absent=with_http)
+    code, _ = run_light(
+        "watch", "--url", server.url, "--interval", "0.05", "--duration", "0.2", "--out", str(out), absent=with_http
+    )
     assert code == 0 and (out / "timeline.jsonl").exists() and (out / "watch.png").exists()
     code, stdout = run_light("diagnose", str(out / "timeline.jsonl"), "--json")
     assert code == 0 and json.loads(stdout)["source"].endswith("timeline.jsonl")
@@ -121,9 +143,16 @@ def test_help_version_and_scenarios():
 
 def test_a_command_that_needs_the_full_install_says_so_in_one_line(tmp_path):
     env = {**os.environ}
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(ABSENT), "kernels"], capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(ABSENT), "kernels"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     message = done.stderr.strip().splitlines()[0]
-    assert message == ("error: this command needs torch, which is not installed (pip install torch; "
-                       "`pip install kvbench` installs what every command needs)")
+    assert message == (
+        "error: this command needs torch, which is not installed (pip install torch; "
+        "`pip install kvbench` installs what every command needs)"
+    )
     assert json.loads(done.stderr.strip().splitlines()[-1])["code"] == 2

@@ -40,15 +40,19 @@ def test_a_choice_may_ignore_case_and_accept_a_pattern():
     for value in ("auto", "CPU", "cuda:1"):
         assert CliRunner().invoke(app, ["--value", value]).exit_code == 0
     assert seen == ["auto", "CPU", "cuda:1"]  # as given: the engine's own parser reads it
-    assert str(CliRunner().invoke(app, ["--value", "gpu"]).exception) == \
-        "unknown device 'gpu'; choose one of auto, cpu, cuda"
+    assert (
+        str(CliRunner().invoke(app, ["--value", "gpu"]).exception)
+        == "unknown device 'gpu'; choose one of auto, cpu, cuda"
+    )
     assert str(CliRunner().invoke(app, ["--value", "cuda:x"]).exception).startswith("unknown device 'cuda:x'")
     assert options["autocompletion"]("C") == ["cpu", "cuda"]
 
 
 def test_a_long_set_of_values_breaks_between_values_in_the_help():
-    assert choice(("fixed", "uniform", "exponential", "lognormal"))["metavar"] == \
-        "<fixed | uniform | exponential | lognormal>"
+    assert (
+        choice(("fixed", "uniform", "exponential", "lognormal"))["metavar"]
+        == "<fixed | uniform | exponential | lognormal>"
+    )
 
 
 def test_a_list_of_choices_completes_item_by_item_and_refuses_as_name_list_does():
@@ -60,10 +64,14 @@ def test_a_list_of_choices_completes_item_by_item_and_refuses_as_name_list_does(
     assert complete("paged,contiguous,v") == ["paged,contiguous,vllm"]
     app, seen = _app(**options)
     assert CliRunner().invoke(app, ["--value", "contiguous,paged"]).exit_code == 0 and seen == ["contiguous,paged"]
-    assert str(CliRunner().invoke(app, ["--value", "paged,tgi"]).exception) == \
-        "unknown engine 'tgi'; choose from paged, contiguous, vllm"
-    assert str(CliRunner().invoke(app, ["--value", "paged,paged"]).exception) == \
-        "engines lists 'paged' twice; give each engine once"
+    assert (
+        str(CliRunner().invoke(app, ["--value", "paged,tgi"]).exception)
+        == "unknown engine 'tgi'; choose from paged, contiguous, vllm"
+    )
+    assert (
+        str(CliRunner().invoke(app, ["--value", "paged,paged"]).exception)
+        == "engines lists 'paged' twice; give each engine once"
+    )
 
 
 def test_completes_only_completes():
@@ -79,8 +87,8 @@ def test_help_panels_group_options_and_refuse_a_name_the_command_lacks():
     app = typer.Typer()
     app.command()(command)
     text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "100", "TERMINAL_WIDTH": "100"}).output
-    load = text[text.index("─ Load "):]
-    assert "--rate" in load and "--out" not in load and "--out" in text[:text.index("─ Load ")]
+    load = text[text.index("─ Load ") :]
+    assert "--rate" in load and "--out" not in load and "--out" in text[: text.index("─ Load ")]
     with pytest.raises(ValueError, match="no option parameter 'speed'"):
         help_panels({"Load": ("speed",)})(command)
 
@@ -125,27 +133,39 @@ def test_each_fixed_choice_is_listed_in_the_help_and_completed(command, option, 
     assert main([*command, "--help"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == [option])
     assert "<str>" not in row
-    shown = row[row.index("<") + 1:row.index(">")].replace(" ", "").split("|")
+    shown = row[row.index("<") + 1 : row.index(">")].replace(" ", "").split("|")
     assert shown == list(values)
     param = next(p for p in load_command(command[0]).params if option in p.opts)
     assert [item.value for item in param.shell_complete(None, "")] == list(values)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["sweep", "--simulate", "--device", "gpu"], "error: unknown device 'gpu'; choose one of auto, cpu, cuda"),
-    (["sweep", "--dtype", "fp64"], "error: unknown dtype 'fp64'; choose one of fp32, fp16, bf16"),
-    (["sweep", "--engines", "paged,turbo"], "error: unknown engine 'turbo'; choose from paged, contiguous, vllm"),
-    (["sweep", "--reserve", "most"], "error: unknown --reserve 'most'; choose one of max, pow2, oracle"),
-    (["serve", "--admission", "drop"], "error: unknown --admission 'drop'; choose one of queue, reject"),
-    (["share", "--n", "2", "--device", "tpu"], "error: unknown device 'tpu'; choose one of auto, cpu, cuda"),
-    (["fleet", "--simulate", "--policies", "fastest"], "error: unknown policy 'fastest'; choose from round-robin, "
-                                                        "random, least-requests, most-free-blocks, prefix-affinity"),
-    (["kernels", "--backend", "cublas"], "error: unknown backend 'cublas'; choose one of auto, torch, triton, native"),
-    (["capacity", "--kv-cache-dtype", "fp4"], "error: unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, "
-                                              "bf16, fp8, fp8_e4m3, fp8_e5m2, int8"),
-])
-def test_a_value_outside_the_choices_is_one_line_and_exit_2_before_any_work(argv, message, capsys, tmp_path,
-                                                                              monkeypatch):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sweep", "--simulate", "--device", "gpu"], "error: unknown device 'gpu'; choose one of auto, cpu, cuda"),
+        (["sweep", "--dtype", "fp64"], "error: unknown dtype 'fp64'; choose one of fp32, fp16, bf16"),
+        (["sweep", "--engines", "paged,turbo"], "error: unknown engine 'turbo'; choose from paged, contiguous, vllm"),
+        (["sweep", "--reserve", "most"], "error: unknown --reserve 'most'; choose one of max, pow2, oracle"),
+        (["serve", "--admission", "drop"], "error: unknown --admission 'drop'; choose one of queue, reject"),
+        (["share", "--n", "2", "--device", "tpu"], "error: unknown device 'tpu'; choose one of auto, cpu, cuda"),
+        (
+            ["fleet", "--simulate", "--policies", "fastest"],
+            "error: unknown policy 'fastest'; choose from round-robin, "
+            "random, least-requests, most-free-blocks, prefix-affinity",
+        ),
+        (
+            ["kernels", "--backend", "cublas"],
+            "error: unknown backend 'cublas'; choose one of auto, torch, triton, native",
+        ),
+        (
+            ["capacity", "--kv-cache-dtype", "fp4"],
+            "error: unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8",
+        ),
+    ],
+)
+def test_a_value_outside_the_choices_is_one_line_and_exit_2_before_any_work(
+    argv, message, capsys, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # a run that started would leave reports/ here
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == message

@@ -27,14 +27,17 @@ def _app(**overrides) -> tuple[typer.Typer, list]:
 
 def test_the_shared_options_arrive_parsed_as_one_run_options():
     app, seen = _app()
-    result = CliRunner().invoke(app, ["--width", "5", "--kv-memory", "2MiB", "--reserve", "pow2", "--seed", "7",
-                                      "--simulate"])
+    result = CliRunner().invoke(
+        app, ["--width", "5", "--kv-memory", "2MiB", "--reserve", "pow2", "--seed", "7", "--simulate"]
+    )
     assert result.exit_code == 0, result.output
     width, run = seen[0]
     assert width == 5 and run.kv_memory == (2 * 1024 * 1024, "2MiB") and run.reserve == "pow2"
     assert (run.seed, run.simulate, run.device, run.scenario) == (7, True, "auto", "article")
     assert {option.name for option in SHARED_OPTIONS} == {"kv_memory", *RunOptions.__dataclass_fields__} - {
-        "kv_memory_bytes", "kv_memory_text"}
+        "kv_memory_bytes",
+        "kv_memory_text",
+    }
 
 
 def test_a_command_changes_a_default_or_a_help_text_but_not_the_flag():
@@ -47,11 +50,14 @@ def test_a_command_changes_a_default_or_a_help_text_but_not_the_flag():
         with_run_options(defaults={"colour": "red"})
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--kv-memory", "lots"], "--kv-memory: cannot read 'lots'"),
-    (["--reserve", "some"], "unknown --reserve 'some'"),
-    (["--admission", "maybe"], "unknown --admission 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kv-memory", "lots"], "--kv-memory: cannot read 'lots'"),
+        (["--reserve", "some"], "unknown --reserve 'some'"),
+        (["--admission", "maybe"], "unknown --admission 'maybe'"),
+    ],
+)
 def test_bad_shared_values_name_their_flag(args, message):
     app, _ = _app()
     result = CliRunner().invoke(app, args)

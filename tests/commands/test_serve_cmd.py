@@ -22,16 +22,19 @@ from kvbench.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--engine", "bogus"], "unknown --engine"),
-    (["--grace-period", "-1"], "--grace-period"),
-    (["--admission", "reject"], "--admission and --reserve"),
-    (["--engine", "contiguous", "--kv-memory", "64KiB"], "could never run"),
-    (["--kv-memory", "abc"], "--kv-memory"),
-    (["--max-len", "100000"], "context"),
-    (["--model", "/nonexistent"], "/nonexistent"),
-    (["--host", " "], "--host"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--engine", "bogus"], "unknown --engine"),
+        (["--grace-period", "-1"], "--grace-period"),
+        (["--admission", "reject"], "--admission and --reserve"),
+        (["--engine", "contiguous", "--kv-memory", "64KiB"], "could never run"),
+        (["--kv-memory", "abc"], "--kv-memory"),
+        (["--max-len", "100000"], "context"),
+        (["--model", "/nonexistent"], "/nonexistent"),
+        (["--host", " "], "--host"),
+    ],
+)
 def test_bad_settings_are_one_error_line(args, words, capfd):
     assert main(["serve", "--device", "cpu", "--threads", "1", *args]) == 2
     captured = capfd.readouterr()
@@ -56,8 +59,23 @@ def _start(*extra: str) -> tuple[subprocess.Popen, str]:
 
 def _start_with_engine(*extra: str) -> tuple[subprocess.Popen, str, int]:
     """A ``kvbench serve`` process, its URL and the pid of its engine process (from its start-up lines)."""
-    command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--kv-memory", "4MiB", "--device", "cpu",
-               "--threads", "1", "--log-interval", "0", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.cli",
+        "serve",
+        "--port",
+        "0",
+        "--kv-memory",
+        "4MiB",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--log-interval",
+        "0",
+        *extra,
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     engine_pid = None

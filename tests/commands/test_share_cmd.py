@@ -9,8 +9,26 @@ from kvbench.cli import main
 
 def test_share_parallel_sampling_writes_results(tmp_path, capsys):
     out = tmp_path / "share"
-    args = ["share", "--n", "3", "--prompts", "2", "--prompt-len", "12", "--output-len", "6", "--block-size", "4",
-            "--num-blocks", "256", "--device", "cpu", "--out", str(out), "--json"]
+    args = [
+        "share",
+        "--n",
+        "3",
+        "--prompts",
+        "2",
+        "--prompt-len",
+        "12",
+        "--output-len",
+        "6",
+        "--block-size",
+        "4",
+        "--num-blocks",
+        "256",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(args) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["kind"] == "share" and document["meta"]["outputs_identical_with_and_without_sharing"] is True
@@ -21,8 +39,25 @@ def test_share_parallel_sampling_writes_results(tmp_path, capsys):
 
 
 def test_share_beam_table(tmp_path, capsys):
-    args = ["share", "--beam", "2", "--prompts", "1", "--prompt-len", "10", "--output-len", "5", "--block-size", "4",
-            "--num-blocks", "128", "--device", "cpu", "--out", str(tmp_path / "b")]
+    args = [
+        "share",
+        "--beam",
+        "2",
+        "--prompts",
+        "1",
+        "--prompt-len",
+        "10",
+        "--output-len",
+        "5",
+        "--block-size",
+        "4",
+        "--num-blocks",
+        "128",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "b"),
+    ]
     assert main(args) == 0
     assert "memory saved by sharing" in capsys.readouterr().out
 
@@ -45,8 +80,25 @@ def test_share_budget_too_small_is_one_line(capsys):
 def test_share_summary_points_have_unique_keys(tmp_path):
     from kvbench.report.summary_load import load_summary
 
-    args = ["share", "--beam", "2", "--prompts", "1", "--prompt-len", "8", "--output-len", "4", "--block-size", "4",
-            "--num-blocks", "64", "--device", "cpu", "--out", str(tmp_path / "b")]
+    args = [
+        "share",
+        "--beam",
+        "2",
+        "--prompts",
+        "1",
+        "--prompt-len",
+        "8",
+        "--output-len",
+        "4",
+        "--block-size",
+        "4",
+        "--num-blocks",
+        "64",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "b"),
+    ]
     assert main(args) == 0
     load_summary(tmp_path / "b")  # refuses duplicate (engine, concurrency, scenario) keys
     assert main(["compare", str(tmp_path / "b"), str(tmp_path / "b")]) == 0
@@ -55,8 +107,25 @@ def test_share_summary_points_have_unique_keys(tmp_path):
 def test_width_one_is_its_own_baseline_and_every_reader_accepts_it(tmp_path):
     for flag in ("--n", "--beam"):
         out = tmp_path / flag.strip("-")
-        args = ["share", flag, "1", "--prompts", "1", "--prompt-len", "8", "--output-len", "4", "--block-size", "4",
-                "--num-blocks", "64", "--device", "cpu", "--out", str(out)]
+        args = [
+            "share",
+            flag,
+            "1",
+            "--prompts",
+            "1",
+            "--prompt-len",
+            "8",
+            "--output-len",
+            "4",
+            "--block-size",
+            "4",
+            "--num-blocks",
+            "64",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
         assert main(args) == 0
         points = json.loads((out / "summary.json").read_text())["points"]
         assert len({(p["engine"], p["concurrency"]) for p in points}) == len(points) == 3
@@ -81,8 +150,23 @@ def test_requests_longer_than_max_len_are_refused_before_the_model_loads(capsys,
 
     monkeypatch.setattr(setup, "load_model", no_load)
     for flag in ("--n", "--beam"):  # beam search has no scheduler that would refuse the request later
-        args = ["share", flag, "2", "--prompts", "1", "--prompt-len", "5000", "--output-len", "4",
-                "--num-blocks", "100000", "--device", "cpu", "--out", "/tmp/kvbench-share-long"]
+        args = [
+            "share",
+            flag,
+            "2",
+            "--prompts",
+            "1",
+            "--prompt-len",
+            "5000",
+            "--output-len",
+            "4",
+            "--num-blocks",
+            "100000",
+            "--device",
+            "cpu",
+            "--out",
+            "/tmp/kvbench-share-long",
+        ]
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "above max-len 2,048" in err and "context is 4,096" in err, err

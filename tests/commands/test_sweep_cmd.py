@@ -22,8 +22,16 @@ def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path, capsys):
     assert run(["--scenario", scenario, "--out", str(out), "--wide"]) == 0
     printed = capsys.readouterr().out
     assert "E2EL" in printed and "At equal batch" in printed  # the wide per-point table, the finding in words
-    for name in ("summary.json", "summary.csv", "summary.md", "results.jsonl", "throughput.png", "latency.png",
-                 "memory.png", "blocks_over_time.png"):
+    for name in (
+        "summary.json",
+        "summary.csv",
+        "summary.md",
+        "results.jsonl",
+        "throughput.png",
+        "latency.png",
+        "memory.png",
+        "blocks_over_time.png",
+    ):
         assert (out / name).is_file(), name
     for png in out.glob("*.png"):
         data = png.read_bytes()
@@ -43,7 +51,9 @@ def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path, capsys):
     by_key = {(p["engine"], p["concurrency"]): p for p in summary["points"]}
     for row in summary["article_table"]:
         paged, contiguous = by_key[("paged", row["concurrency"])], by_key[("contiguous", row["concurrency"])]
-        assert row["paged_over_contiguous_tps"] == pytest.approx(paged["output_throughput"] / contiguous["output_throughput"])
+        assert row["paged_over_contiguous_tps"] == pytest.approx(
+            paged["output_throughput"] / contiguous["output_throughput"]
+        )
         assert row["gain_pct"] == pytest.approx(100 * (row["paged_over_contiguous_tps"] - 1))
         expected = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
         assert row["kv_memory_reduction_pct"] == pytest.approx(expected)
@@ -121,15 +131,32 @@ def test_reject_mode_reports_oom(tmp_path, scenario_text):
     assert point["status"] == "oom" and point["rejected"] > 0  # 160 slots hold only 2 slabs of 64
 
 
-@pytest.mark.parametrize("engine, kv_memory, message", [
-    ("contiguous", "64KiB", "reserves 256 token slots"),  # ci-smoke: max-len 256 of 512 B, 128 slots
-    ("paged", "16KiB", "paged engine needs"),
-])
-def test_a_pool_that_cannot_hold_one_request_is_refused_before_any_point(engine, kv_memory, message, tmp_path,
-                                                                            capfd):
+@pytest.mark.parametrize(
+    "engine, kv_memory, message",
+    [
+        ("contiguous", "64KiB", "reserves 256 token slots"),  # ci-smoke: max-len 256 of 512 B, 128 slots
+        ("paged", "16KiB", "paged engine needs"),
+    ],
+)
+def test_a_pool_that_cannot_hold_one_request_is_refused_before_any_point(engine, kv_memory, message, tmp_path, capfd):
     out = tmp_path / "run"
-    assert run(["--scenario", "ci-smoke", "--engines", engine, "--kv-memory", kv_memory, "--concurrency", "6",
-                "--out", str(out)]) == 2
+    assert (
+        run(
+            [
+                "--scenario",
+                "ci-smoke",
+                "--engines",
+                engine,
+                "--kv-memory",
+                kv_memory,
+                "--concurrency",
+                "6",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     captured = capfd.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1 and message in err, (captured.out, err)
@@ -156,8 +183,23 @@ def test_a_sweep_that_completed_no_request_fails(tmp_path, capfd, monkeypatch):
 
     monkeypatch.setattr(sweep_setup, "check_pool_holds_a_request", lambda *args: None)  # as before the pre-flight
     out = tmp_path / "run"
-    assert run(["--scenario", "ci-smoke", "--engines", "contiguous", "--kv-memory", "64KiB", "--concurrency", "6",
-                "--out", str(out)]) == 1
+    assert (
+        run(
+            [
+                "--scenario",
+                "ci-smoke",
+                "--engines",
+                "contiguous",
+                "--kv-memory",
+                "64KiB",
+                "--concurrency",
+                "6",
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
     err = capfd.readouterr().err.strip()
     assert err.startswith("error: no point completed a single request") and len(err.splitlines()) == 1, err
     assert (out / "results.jsonl").exists()  # what it measured is kept
@@ -236,8 +278,18 @@ def test_resume_refuses_other_settings_and_needs_out(scenario, tmp_path, capsys)
     assert "--out" in capsys.readouterr().err
 
 
-TINY_POOL = ["sweep", "--simulate", "--kv-memory", "1GiB", "--concurrency", "10", "--requests", "20",
-             "--engines", "contiguous"]
+TINY_POOL = [
+    "sweep",
+    "--simulate",
+    "--kv-memory",
+    "1GiB",
+    "--concurrency",
+    "10",
+    "--requests",
+    "20",
+    "--engines",
+    "contiguous",
+]
 
 
 def test_a_pool_smaller_than_one_reservation_is_refused_not_a_crash(tmp_path, capfd):
@@ -272,10 +324,15 @@ def test_requests_file_is_replayed_exactly(scenario, tmp_path, capsys):
     points = json.loads((out / "summary.json").read_text())["points"]
     assert all(p["completed"] == 3 for p in points)
     assert {p["engine"]: p["total_token_throughput"] / p["output_throughput"] for p in points} == pytest.approx(
-        {"paged": (19 + 13) / 13, "contiguous": (19 + 13) / 13})  # prompts 5+12+2 tokens, outputs 6+4+3
+        {"paged": (19 + 13) / 13, "contiguous": (19 + 13) / 13}
+    )  # prompts 5+12+2 tokens, outputs 6+4+3
     write_requests_jsonl(path, [([100000], 2)])
-    assert run(["--scenario", scenario, "--out", str(tmp_path / "bad"), "--concurrency", "1", "--requests-file",
-                str(path)]) == 2
+    assert (
+        run(
+            ["--scenario", scenario, "--out", str(tmp_path / "bad"), "--concurrency", "1", "--requests-file", str(path)]
+        )
+        == 2
+    )
     assert "vocabulary" in capsys.readouterr().err
 
 
@@ -312,12 +369,15 @@ def test_every_point_failing_is_a_failed_run(tmp_path, monkeypatch, capsys):
     assert len(json.loads((tmp_path / "run" / "summary.json").read_text())["points"]) == 4
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--concurrency", "2,2"], "--concurrency lists 2 twice"),
-    (["--engines", "paged,paged"], "engines lists 'paged' twice"),
-    (["--out", ""], "--out is empty"),
-    (["--out", " "], "--out is empty"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", "2,2"], "--concurrency lists 2 twice"),
+        (["--engines", "paged,paged"], "engines lists 'paged' twice"),
+        (["--out", ""], "--out is empty"),
+        (["--out", " "], "--out is empty"),
+    ],
+)
 def test_duplicates_and_an_empty_out_are_refused(args, message, capsys):
     assert main(["sweep", "--simulate", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -330,7 +390,11 @@ def test_resume_with_fewer_levels_keeps_every_finished_point(tmp_path):
     assert main(["sweep", "--simulate", "--requests", "40", "--concurrency", "8", "--out", str(out), "--resume"]) == 0
     points = json.loads((out / "summary.json").read_text())["points"]
     assert sorted((p["engine"], p["concurrency"]) for p in points) == [
-        ("contiguous", 4), ("contiguous", 8), ("paged", 4), ("paged", 8)]
+        ("contiguous", 4),
+        ("contiguous", 8),
+        ("paged", 4),
+        ("paged", 8),
+    ]
 
 
 def test_resume_pins_the_contents_of_the_scenario_and_the_gpu(tmp_path, scenario_text, capsys):
@@ -354,8 +418,18 @@ def test_resume_pins_the_contents_of_the_requests_file(tmp_path, scenario, capsy
     requests = tmp_path / "req.jsonl"
     write_requests_jsonl(requests, [([1, 2, 3], 4), ([5, 6], 3)])
     out = tmp_path / "run"
-    args = ["sweep", "--simulate", "--scenario", scenario, "--concurrency", "2", "--requests-file", str(requests),
-            "--out", str(out)]
+    args = [
+        "sweep",
+        "--simulate",
+        "--scenario",
+        scenario,
+        "--concurrency",
+        "2",
+        "--requests-file",
+        str(requests),
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     write_requests_jsonl(requests, [([1, 2, 3], 4), ([5, 6], 9)])
     assert main([*args, "--resume"]) == 2
@@ -373,7 +447,11 @@ def test_a_torn_last_line_is_set_aside_on_resume(tmp_path, capsys):
     assert (out / "results.jsonl.torn").read_text().startswith('{"engine": "paged", "concurrency": 8')
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted((p["engine"], p["concurrency"]) for p in lines) == [
-        ("contiguous", 4), ("contiguous", 8), ("paged", 4), ("paged", 8)]
+        ("contiguous", 4),
+        ("contiguous", 8),
+        ("paged", 4),
+        ("paged", 8),
+    ]
 
 
 def test_a_last_line_without_its_newline_keeps_its_record(tmp_path):
@@ -409,7 +487,11 @@ def test_requests_longer_than_max_len_are_skipped_with_a_count(tmp_path, scenari
     captured = capsys.readouterr()
     assert "1 of 2 records" in captured.err and "exceeds max-len 64" in captured.err
     summary = json.loads(captured.out)
-    assert summary["meta"]["skipped_requests"] == {"count": 1, "total": 2, "reason": "prompt + output exceeds max-len 64"}
+    assert summary["meta"]["skipped_requests"] == {
+        "count": 1,
+        "total": 2,
+        "reason": "prompt + output exceeds max-len 64",
+    }
     assert all(p["status"] == "ok" and p["completed"] == 1 and p["rejected"] == 0 for p in summary["points"])
     write_requests_jsonl(requests, [([5] * 60, 10)])
     assert main([*args, "--out", str(tmp_path / "none")]) == 2
@@ -419,8 +501,10 @@ def test_requests_longer_than_max_len_are_skipped_with_a_count(tmp_path, scenari
 def test_an_unwritable_metrics_file_fails_before_any_point(tmp_path, scenario, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert run(["--scenario", scenario, "--out", str(tmp_path / "run"), "--metrics-file",
-                str(blocker / "metrics.prom")]) == 2
+    assert (
+        run(["--scenario", scenario, "--out", str(tmp_path / "run"), "--metrics-file", str(blocker / "metrics.prom")])
+        == 2
+    )
     assert "--metrics-file" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
@@ -441,7 +525,8 @@ def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, ca
     assert run(["--ray", "--out", str(tmp_path / "run")]) == 2
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [
-        "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"]
+        "error: this needs Ray, which is not installed: pip install 'kvbench[fleet]'"
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -465,8 +550,13 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
         assert f"CPU threads: {meta['threads']['threads']} (measured" in printed
         if dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
             plan = meta["cpu_matmuls"]
-            assert plan["dtype"] == "bf16" and set(plan["weights"]) == {"qkv_proj", "o_proj", "gate_up_proj",
-                                                                         "down_proj", "lm_head"}
+            assert plan["dtype"] == "bf16" and set(plan["weights"]) == {
+                "qkv_proj",
+                "o_proj",
+                "gate_up_proj",
+                "down_proj",
+                "lm_head",
+            }
             assert plan["source"].startswith("cached" if attempt == "second" else "measured now")
             assert "CPU matmul paths, " in printed and "lm_head [512 x 64]" in printed
         else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured

@@ -40,18 +40,41 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
             with urllib.request.urlopen(self.url, timeout=10) as response:
                 samples = samples_of(response.read().decode("utf-8"))
             pool = scheduler.manager.pool
-            seen.append((engine, self.host, {
-                "used": (samples["kvbench_kv_cache_blocks_used"][labels(engine)], pool.num_used),
-                "free": (samples["kvbench_kv_cache_blocks_free"][labels(engine)], pool.num_free),
-                "total": (samples["kvbench_kv_cache_blocks_capacity"][labels(engine)], pool.num_blocks),
-                "running": (samples["kvbench_requests_running"][labels(engine)], len(scheduler.running)),
-                "waiting": (samples["kvbench_requests_waiting"][labels(engine)], len(scheduler.waiting)),
-            }))
+            seen.append(
+                (
+                    engine,
+                    self.host,
+                    {
+                        "used": (samples["kvbench_kv_cache_blocks_used"][labels(engine)], pool.num_used),
+                        "free": (samples["kvbench_kv_cache_blocks_free"][labels(engine)], pool.num_free),
+                        "total": (samples["kvbench_kv_cache_blocks_capacity"][labels(engine)], pool.num_blocks),
+                        "running": (samples["kvbench_requests_running"][labels(engine)], len(scheduler.running)),
+                        "waiting": (samples["kvbench_requests_waiting"][labels(engine)], len(scheduler.waiting)),
+                    },
+                )
+            )
 
     monkeypatch.setattr(KvMetrics, "observe", observe_and_scrape)
     out, prom = tmp_path / "run", tmp_path / "kvbench.prom"
-    assert main(["sweep", "--device", "cpu", "--scenario", scenario, "--out", str(out), "--metrics-port", "0",
-                 "--metrics-file", str(prom), "--waterfall"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--device",
+                "cpu",
+                "--scenario",
+                scenario,
+                "--out",
+                str(out),
+                "--metrics-port",
+                "0",
+                "--metrics-file",
+                str(prom),
+                "--waterfall",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Prometheus metrics: http://127.0.0.1:" in printed and "Memory waterfall, paged C=4" in printed
     assert [engine for engine, _, _ in seen] == ["paged", "contiguous"]
@@ -86,8 +109,19 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
 
 
 def test_port_in_use_fails_clearly_unless_metrics_are_optional(scenario, tmp_path, capsys):
-    args = ["sweep", "--device", "cpu", "--scenario", scenario, "--engines", "paged", "--concurrency", "2",
-            "--requests", "2"]
+    args = [
+        "sweep",
+        "--device",
+        "cpu",
+        "--scenario",
+        scenario,
+        "--engines",
+        "paged",
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+    ]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -97,8 +131,21 @@ def test_port_in_use_fails_clearly_unless_metrics_are_optional(scenario, tmp_pat
         assert f"metrics port {port} on 127.0.0.1 is already in use" in err and len(err.splitlines()) == 1
         assert not (tmp_path / "a" / "results.jsonl").exists()  # nothing ran
         prom = tmp_path / "b.prom"
-        assert main([*args, "--out", str(tmp_path / "b"), "--metrics-port", port, "--metrics-optional",
-                     "--metrics-file", str(prom)]) == 0
+        assert (
+            main(
+                [
+                    *args,
+                    "--out",
+                    str(tmp_path / "b"),
+                    "--metrics-port",
+                    port,
+                    "--metrics-optional",
+                    "--metrics-file",
+                    str(prom),
+                ]
+            )
+            == 0
+        )
     assert "running without the metrics endpoint" in capsys.readouterr().out
     assert samples_of(prom.read_text())["kvbench_requests_finished_total"][labels("paged")] == 2
     point = json.loads((tmp_path / "b" / "summary.json").read_text())["points"][0]
@@ -106,8 +153,21 @@ def test_port_in_use_fails_clearly_unless_metrics_are_optional(scenario, tmp_pat
 
 
 def test_metrics_need_the_tensor_engine(tmp_path, capsys):
-    assert main(["sweep", "--simulate", "--requests", "20", "--out", str(tmp_path / "s"), "--metrics-file",
-                 str(tmp_path / "m.prom")]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--simulate",
+                "--requests",
+                "20",
+                "--out",
+                str(tmp_path / "s"),
+                "--metrics-file",
+                str(tmp_path / "m.prom"),
+            ]
+        )
+        == 2
+    )
     assert "need the tensor engine" in capsys.readouterr().err
 
 

@@ -26,8 +26,24 @@ from fake_server import serve_in_thread  # noqa: E402
 @pytest.fixture(scope="module")
 def kvbench_server() -> Iterator[str]:
     """``kvbench serve`` (paged, tiny preset) on a free loopback port; stopped (and checked exited) after."""
-    command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--kv-memory", "4MiB", "--device", "cpu",
-               "--threads", "1", "--log-interval", "0", "--served-model-name", "tiny-served"]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.cli",
+        "serve",
+        "--port",
+        "0",
+        "--kv-memory",
+        "4MiB",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--log-interval",
+        "0",
+        "--served-model-name",
+        "tiny-served",
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline, url = time.time() + 120, None
@@ -56,8 +72,26 @@ def _points(run: Path) -> list[dict]:
 
 def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(kvbench_server, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["sweep", "--target", f"local={kvbench_server}", "--concurrency", "1,4", "--requests", "8",
-                 "--slo", "ttft=60000,tpot=60000", "--scrape-interval", "0.1", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                f"local={kvbench_server}",
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+                "--slo",
+                "ttft=60000,tpot=60000",
+                "--scrape-interval",
+                "0.1",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Servers over HTTP" in out and "local" in out
     points = {p["concurrency"]: p for p in _points(run)}
@@ -67,8 +101,10 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
     for c, p in points.items():
         assert p["engine"] == "local" and p["status"] == "ok"
         assert p["completed"] == 8 and p["failed"] == 0 and p["failed_by_kind"] == {}
-        assert p["endpoint"]["model"] == "tiny-served" and p["endpoint"]["load"] == {"pattern": "closed",
-                                                                                     "concurrency": c}
+        assert p["endpoint"]["model"] == "tiny-served" and p["endpoint"]["load"] == {
+            "pattern": "closed",
+            "concurrency": c,
+        }
         assert p["endpoint"]["peak_in_flight"] == c
         # the server's own counters over the point: the tokens it generated are the ones the client counted
         assert p["server_generation_tokens"] == p["total_output_tokens"] > 0
@@ -84,7 +120,8 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
         assert p["p50_ttft_ms"] == p["median_ttft_ms"] and p["p99_ttft_ms"] >= p["p50_ttft_ms"] > 0
         timeline = json.loads((run / f"timeline-local-c{c}.json").read_text())
         assert sum(timeline["client"]["output_tokens_per_s"]) * timeline["bin_s"] == pytest.approx(
-            p["total_output_tokens"])
+            p["total_output_tokens"]
+        )
         assert any(row.get("kv_usage") for row in timeline["server"])
         assert (run / f"watch-local-c{c}.jsonl").is_file() and (run / f"timeline-local-c{c}.png").is_file()
     # the same lists at both levels: the same tokens
@@ -105,8 +142,28 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
 
 def test_two_targets_run_side_by_side_in_an_open_loop(kvbench_server, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["sweep", "--target", f"a={kvbench_server}", "--target", f"b={kvbench_server}/v1", "--rate", "50",
-                 "--max-concurrency", "3", "--requests", "6", "--api", "completions", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                f"a={kvbench_server}",
+                "--target",
+                f"b={kvbench_server}/v1",
+                "--rate",
+                "50",
+                "--max-concurrency",
+                "3",
+                "--requests",
+                "6",
+                "--api",
+                "completions",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     points = _points(run)
     assert [(p["engine"], p["concurrency"], p["request_rate"]) for p in points] == [("a", 0, 50.0), ("b", 0, 50.0)]
     for p in points:
@@ -120,8 +177,25 @@ def test_find_max_bisects_and_says_why_it_stops(kvbench_server, tmp_path, capsys
     """An objective nothing meets past C=1 on a busy CPU is not reliable; one every level meets is: the search
     stops at the highest level asked for after one point and says so."""
     run = tmp_path / "run"
-    assert main(["sweep", "--target", f"s={kvbench_server}", "--concurrency", "1,8", "--requests", "8",
-                 "--slo", "e2el=600000", "--find-max", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                f"s={kvbench_server}",
+                "--concurrency",
+                "1,8",
+                "--requests",
+                "8",
+                "--slo",
+                "e2el=600000",
+                "--find-max",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     search = json.loads((run / "summary.json").read_text())["endpoint"]["find_max"]
     assert [s["best"] for s in search] == [8.0] and [len(s["probes"]) for s in search] == [1]
     assert "meets the SLO" in search[0]["stopped"]
@@ -132,8 +206,12 @@ def test_find_max_bisects_and_says_why_it_stops(kvbench_server, tmp_path, capsys
 def test_failed_requests_are_counted_by_kind_and_the_run_exits_1(tmp_path, capsys):
     with serve_in_thread(faults=["", "500"], itl_s=0.001) as server:
         run = tmp_path / "run"
-        assert main(["sweep", "--target", f"flaky={server.url}", "--concurrency", "2", "--requests", "6",
-                     "--out", str(run)]) == 1
+        assert (
+            main(
+                ["sweep", "--target", f"flaky={server.url}", "--concurrency", "2", "--requests", "6", "--out", str(run)]
+            )
+            == 1
+        )
     err = capsys.readouterr().err
     assert "had failed requests" in err and "flaky C=2" in err
     (point,) = _points(run)
@@ -151,24 +229,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--target", "127.0.0.1:8000"], "expected [NAME=]http://HOST:PORT"),
-    (["--target", "ftp://127.0.0.1:8000"], "expected [NAME=]http://HOST:PORT"),
-    (["--target", "http://127.0.0.1:99999"], "port"),
-    (["--target", "bad name=http://127.0.0.1:8000"], "--target name"),
-    (["--target", "a=http://127.0.0.1:1", "--target", "a=http://127.0.0.1:2"], "names must differ"),
-    (["--target", "http://127.0.0.1:8000", "--api", "embeddings"], "--api"),
-    (["--target", "http://127.0.0.1:8000", "--slo", "ttft=fast"], "not a number"),
-    (["--target", "http://127.0.0.1:8000", "--slo", "speed=5"], "KEY=MILLISECONDS"),
-    (["--target", "http://127.0.0.1:8000", "--rate", "2", "--concurrency", "4"], "choose one"),
-    (["--target", "http://127.0.0.1:8000", "--rate", "0"], "positive"),
-    (["--target", "http://127.0.0.1:8000", "--burstiness", "0.5"], "go with --rate"),
-    (["--target", "http://127.0.0.1:8000", "--find-max"], "give --slo"),
-    (["--target", "http://127.0.0.1:8000", "--api-key-env", "sk-123"], "NAME of an environment variable"),
-    (["--target", "http://127.0.0.1:8000", "--engines", "paged"], "--engines"),
-    (["--target", "http://127.0.0.1:8000", "--simulate"], "cannot be simulated"),
-    (["--slo", "ttft=5"], "go with --target"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--target", "127.0.0.1:8000"], "expected [NAME=]http://HOST:PORT"),
+        (["--target", "ftp://127.0.0.1:8000"], "expected [NAME=]http://HOST:PORT"),
+        (["--target", "http://127.0.0.1:99999"], "port"),
+        (["--target", "bad name=http://127.0.0.1:8000"], "--target name"),
+        (["--target", "a=http://127.0.0.1:1", "--target", "a=http://127.0.0.1:2"], "names must differ"),
+        (["--target", "http://127.0.0.1:8000", "--api", "embeddings"], "--api"),
+        (["--target", "http://127.0.0.1:8000", "--slo", "ttft=fast"], "not a number"),
+        (["--target", "http://127.0.0.1:8000", "--slo", "speed=5"], "KEY=MILLISECONDS"),
+        (["--target", "http://127.0.0.1:8000", "--rate", "2", "--concurrency", "4"], "choose one"),
+        (["--target", "http://127.0.0.1:8000", "--rate", "0"], "positive"),
+        (["--target", "http://127.0.0.1:8000", "--burstiness", "0.5"], "go with --rate"),
+        (["--target", "http://127.0.0.1:8000", "--find-max"], "give --slo"),
+        (["--target", "http://127.0.0.1:8000", "--api-key-env", "sk-123"], "NAME of an environment variable"),
+        (["--target", "http://127.0.0.1:8000", "--engines", "paged"], "--engines"),
+        (["--target", "http://127.0.0.1:8000", "--simulate"], "cannot be simulated"),
+        (["--slo", "ttft=5"], "go with --target"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", *args, "--out", str(tmp_path / "run")]) == 2
@@ -187,8 +268,20 @@ def test_an_unreachable_server_is_one_line_and_exit_2_before_anything_is_written
 
 def test_an_api_key_goes_in_clear_text_only_to_loopback(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("KVBENCH_TEST_KEY", "secret-value")
-    assert main(["sweep", "--target", "http://192.0.2.1:8000", "--api-key-env", "KVBENCH_TEST_KEY",
-                 "--out", str(tmp_path / "run")]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                "http://192.0.2.1:8000",
+                "--api-key-env",
+                "KVBENCH_TEST_KEY",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "refusing to send the API key in clear text to 192.0.2.1" in err and "secret-value" not in err
 
@@ -199,8 +292,24 @@ VLLM_URL = os.environ.get("KVBENCH_VLLM_URL")
 @pytest.mark.skipif(not VLLM_URL, reason="set KVBENCH_VLLM_URL=http://127.0.0.1:PORT of a running vLLM server")
 def test_a_live_vllm_server(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["sweep", "--target", f"vllm={VLLM_URL}", "--concurrency", "1,4", "--requests", "8",
-                 "--scenario", "ci-smoke", "--out", str(run)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                f"vllm={VLLM_URL}",
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+                "--scenario",
+                "ci-smoke",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     for p in _points(run):
         assert p["status"] == "ok" and p["completed"] == 8
         assert "vllm" in p["scrapes"]["families"] and p["kv_usage_peak"] is not None

@@ -12,8 +12,18 @@ from kvbench.cli import main
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
-SMALL = ModelShape("small", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=48,
-                   vocab_size=64, max_position_embeddings=128, dtype="fp32", eos_token_id=3)
+SMALL = ModelShape(
+    "small",
+    num_layers=1,
+    hidden_size=32,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=48,
+    vocab_size=64,
+    max_position_embeddings=128,
+    dtype="fp32",
+    eos_token_id=3,
+)
 
 
 @pytest.fixture()
@@ -26,8 +36,24 @@ def checkpoint(tmp_path):
 def test_vllm_is_a_reference_column_next_to_kvbenchs_engines(scenario, checkpoint, tmp_path, fake_vllm, capsys):
     fake_vllm.LLM.bytes_per_token = SMALL.bytes_per_token
     out = tmp_path / "run"
-    assert main(["sweep", "--device", "cpu", "--scenario", scenario, "--model", str(checkpoint), "--engines",
-                 "paged,contiguous,vllm", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--device",
+                "cpu",
+                "--scenario",
+                scenario,
+                "--model",
+                str(checkpoint),
+                "--engines",
+                "paged,contiguous,vllm",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "vLLM TPS (reference)" in text and "not a controlled A/B" in text
     summary = json.loads((out / "summary.json").read_text())
@@ -50,8 +76,12 @@ def test_vllm_is_a_reference_column_next_to_kvbenchs_engines(scenario, checkpoin
 
 def test_without_vllm_the_error_says_how_to_install_it(scenario, checkpoint, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    assert main(["sweep", "--device", "cpu", "--scenario", scenario, "--model", str(checkpoint), "--engines",
-                 "paged,vllm"]) == 2
+    assert (
+        main(
+            ["sweep", "--device", "cpu", "--scenario", scenario, "--model", str(checkpoint), "--engines", "paged,vllm"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "pip install vllm" in err and len(err.splitlines()) == 1
 

@@ -70,12 +70,27 @@ def vllm_run(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
+    command = [
+        PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+    ]
     with open(log, "wb") as out:  # cwd outside the repository: `python -m` puts the cwd on sys.path, and nothing
         # of this checkout should shadow what vLLM imports
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                  cwd=log.parent)
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log.parent
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -87,8 +102,9 @@ def vllm_run(tmp_path_factory):
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not answer /health in {START_TIMEOUT_S:.0f} s:\n"
-                                f"{log.read_text()[-3000:]}")
+                    pytest.fail(
+                        f"the vLLM server did not answer /health in {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}"
+                    )
                 time.sleep(1)
         yield VllmRun(base, log, float(env["VLLM_CPU_KVCACHE_SPACE"]))
     finally:
@@ -102,10 +118,16 @@ def vllm_run(tmp_path_factory):
 
 
 def _complete(base: str, index: int, results: list) -> None:
-    body = {"model": MODEL, "prompt": f"Write a short story about robot number {index}.", "max_tokens": 48,
-            "temperature": 0, "ignore_eos": True}
-    request = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "model": MODEL,
+        "prompt": f"Write a short story about robot number {index}.",
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    request = urllib.request.Request(
+        f"{base}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=600) as response:  # noqa: S310 (127.0.0.1 only)
         results[index] = json.loads(response.read())["usage"]["completion_tokens"]
 
@@ -149,15 +171,36 @@ def test_capacity_equals_vllm_cpus_own_block_count(vllm_run, capsys):
     exports its block size and block count; kvbench's paged capacity for the same model, dtype, KV memory and
     block size must be the same numbers."""
     log = vllm_run.log.read_text(errors="replace")
-    found = re.search(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-                      r"([\d.]+)x", log)
+    found = re.search(
+        r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+        r"([\d.]+)x",
+        log,
+    )
     assert found, "vLLM's start-up log has no KV cache size line"
     tokens, max_len, concurrency = int(found[1].replace(",", "")), int(found[2].replace(",", "")), float(found[3])
     (state,) = read_states(scrape(f"{vllm_run.base}/metrics"), vllm_run.base)
     block_size, blocks = state.block_size, int(state.config["num_gpu_blocks"])  # the pool, its null block included
-    assert main(["capacity", "--model", MODEL, "--dtype", "fp32", "--kv-cache-memory", f"{vllm_run.kv_space_gib}GiB",
-                 "--block-size", str(block_size), "--max-model-len", str(max_len), "--mean-len", str(max_len),
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "capacity",
+                "--model",
+                MODEL,
+                "--dtype",
+                "fp32",
+                "--kv-cache-memory",
+                f"{vllm_run.kv_space_gib}GiB",
+                "--block-size",
+                str(block_size),
+                "--max-model-len",
+                str(max_len),
+                "--mean-len",
+                str(max_len),
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     (paged,) = [row for row in result["strategies"] if row["strategy"] == f"paged-{block_size}"]
     assert paged["kv_blocks"] == blocks

@@ -50,8 +50,13 @@ def test_waste_end_to_end_writes_files(waste_run):
     png = (out / "waste.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     rows = list(csv.DictReader((out / "summary.csv").read_text().splitlines()))
-    assert [r["engine"] for r in rows] == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16",
-                                           "paged-32"]
+    assert [r["engine"] for r in rows] == [
+        "contiguous-max",
+        "contiguous-pow2",
+        "contiguous-oracle",
+        "paged-16",
+        "paged-32",
+    ]
     assert "waste.token_state_pct" in rows[0]
     markdown = (out / "summary.md").read_text()
     assert "75.6%" in markdown and "paged-16" in markdown
@@ -80,8 +85,17 @@ def test_waste_json_and_shares(waste_run):
 
 def test_waste_table_on_the_terminal(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # the table needs ~120 columns; under 80 rich truncates every cell
-    code, out, err = _run(capsys, "--requests", "30", "--out", str(tmp_path / "r"), "--strategies",
-                          "contiguous-max,paged", "--distribution", "fixed")
+    code, out, err = _run(
+        capsys,
+        "--requests",
+        "30",
+        "--out",
+        str(tmp_path / "r"),
+        "--strategies",
+        "contiguous-max,paged",
+        "--distribution",
+        "fixed",
+    )
     assert code == 0, err
     assert "75.6%" in out and "contiguous-max" in out and "paged-16" in out
     assert "contiguous-oracle" not in out
@@ -94,14 +108,31 @@ def test_waste_from_a_trace_and_a_config_dir(tmp_path, capsys):
     trace = tmp_path / "trace.csv"
     trace.write_text("prompt_len,output_len\n100,50\n300,200\n1000,1000\n")  # the last exceeds --max-len 1024
     # a small model leaves a huge KV pool on a big GPU; 1% of an A10G keeps it to ~230k token slots
-    code, out, err = _run(capsys, "--model", str(model), "--gpu", "a10g-24g", "--gpu-memory-utilization", "0.01",
-                          "--max-len", "1024", "--trace", str(trace), "--out", str(tmp_path / "r"), "--json")
+    code, out, err = _run(
+        capsys,
+        "--model",
+        str(model),
+        "--gpu",
+        "a10g-24g",
+        "--gpu-memory-utilization",
+        "0.01",
+        "--max-len",
+        "1024",
+        "--trace",
+        str(trace),
+        "--out",
+        str(tmp_path / "r"),
+        "--json",
+    )
     assert code == 0, err
     assert "1 of 3 trace requests skipped: prompt + output exceeds max-len 1024" in err
     document = json.loads(out)
     assert document["meta"]["requests"] == 2
-    assert document["meta"]["skipped_requests"] == {"count": 1, "total": 3,
-                                                     "reason": "prompt + output exceeds max-len 1024"}
+    assert document["meta"]["skipped_requests"] == {
+        "count": 1,
+        "total": 3,
+        "reason": "prompt + output exceeds max-len 1024",
+    }
     assert document["meta"]["model"]["bytes_per_token"] == 2 * 4 * 2 * 32 * 2
     for point in document["points"]:
         assert (point["completed"], point["rejected"]) == (2, 0)
@@ -200,13 +231,15 @@ def test_a_pool_too_large_to_simulate_is_a_clear_error(capsys):
     assert "more than the simulator's" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [["waste", "--requests", "20"], ["capacity"],
-                                     ["sweep", "--simulate", "--requests", "20", "--concurrency", "10"]])
+@pytest.mark.parametrize(
+    "command",
+    [["waste", "--requests", "20"], ["capacity"], ["sweep", "--simulate", "--requests", "20", "--concurrency", "10"]],
+)
 def test_a_max_len_past_the_models_context_is_refused(command, tmp_path, capsys):
     args = [*command, "--model", "llama-2-13b", "--max-len", "100000"]
     if command[0] == "sweep":  # the sweep's max-len comes from its scenario
         scenario = tmp_path / "long.toml"
-        scenario.write_text('max_len = 100000\nmean_len = 500\n[budget]\nslots = 200000\n')
+        scenario.write_text("max_len = 100000\nmean_len = 500\n[budget]\nslots = 200000\n")
         args = [*command, "--model", "llama-2-13b", "--scenario", str(scenario)]
     if command[0] != "capacity":
         args += ["--out", str(tmp_path / "run")]
@@ -221,8 +254,22 @@ def test_waste_on_a_tensor_parallel_deployment_with_an_fp8_cache(tmp_path, capsy
     from kvbench.models.gpus import resolve_gpu
     from kvbench.models.resolve import resolve_model
 
-    code, out, err = _run(capsys, "--model", "llama-2-70b", "--gpu", "h100-80g", "-tp", "4", "--kv-cache-dtype", "fp8",
-                          "--requests", "60", "--out", str(tmp_path / "run"), "--json")
+    code, out, err = _run(
+        capsys,
+        "--model",
+        "llama-2-70b",
+        "--gpu",
+        "h100-80g",
+        "-tp",
+        "4",
+        "--kv-cache-dtype",
+        "fp8",
+        "--requests",
+        "60",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+    )
     assert code == 0, err
     meta = json.loads(out)["meta"]
     shape = resolve_model("llama-2-70b").with_kv_dtype("fp8")
@@ -234,17 +281,36 @@ def test_waste_on_a_tensor_parallel_deployment_with_an_fp8_cache(tmp_path, capsy
 def test_waste_says_when_a_model_has_windowed_layers(tmp_path, capsys):
     config = dict(SMALL_LLAMA, model_type="mistral", sliding_window=512, max_position_embeddings=4096)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    code, out, err = _run(capsys, "--model", str(tmp_path), "--gpu", "l4-24g", "--requests", "30", "--block-size", "64",
-                          "--max-len", "1024", "--mean-len", "300", "--out", str(tmp_path / "run"), "--json")
+    code, out, err = _run(
+        capsys,
+        "--model",
+        str(tmp_path),
+        "--gpu",
+        "l4-24g",
+        "--requests",
+        "30",
+        "--block-size",
+        "64",
+        "--max-len",
+        "1024",
+        "--mean-len",
+        "300",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+    )
     assert code == 0, err
     assert "4 of 4 layers keep a window of 512 tokens" in json.loads(out)["meta"]["sliding_window_note"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4'"),
-    (["--tensor-parallel-size", "3"], "tensor parallel size 3 does not divide the 40 attention heads"),
-    (["--gpu-memory", "12 apples"], "--gpu-memory: cannot read"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4'"),
+        (["--tensor-parallel-size", "3"], "tensor parallel size 3 does not divide the 40 attention heads"),
+        (["--gpu-memory", "12 apples"], "--gpu-memory: cannot read"),
+    ],
+)
 def test_deployment_options_refuse_bad_values(capsys, argv, message):
     code, out, err = _run(capsys, *argv, "--requests", "10")
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1

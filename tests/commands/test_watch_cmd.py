@@ -12,12 +12,15 @@ from kvbench.cli import main
 
 def queue_growing(vllm_exposition) -> list[str]:
     """A vLLM server whose queue grows while its KV cache stays at 20%: the batch cap limits it."""
-    return [vllm_exposition(usage=0.2, running=8, waiting=w, waiting_capacity=w, preemptions=p)
-            for w, p in ((0, 0), (3, 0), (6, 1), (10, 1), (15, 2), (21, 2), (28, 3))]
+    return [
+        vllm_exposition(usage=0.2, running=8, waiting=w, waiting_capacity=w, preemptions=p)
+        for w, p in ((0, 0), (3, 0), (6, 1), (10, 1), (15, 2), (21, 2), (28, 3))
+    ]
 
 
-def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(tmp_path, metrics_server, vllm_exposition,
-                                                                      monkeypatch, capsys):
+def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(
+    tmp_path, metrics_server, vllm_exposition, monkeypatch, capsys
+):
     import kvbench.studies.watch as watch_study
 
     monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)  # scrape back to back: the test needs no pauses
@@ -41,8 +44,9 @@ def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(tmp_path, me
     assert main(["diagnose", str(out), "--check"]) == 1  # the folder works too
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_what_was_scraped(tmp_path, metrics_server, vllm_exposition, monkeypatch,
-                                                         capsys):
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_scraped(
+    tmp_path, metrics_server, vllm_exposition, monkeypatch, capsys
+):
     import kvbench.studies.watch as watch_study
 
     pauses = {"n": 0}
@@ -63,8 +67,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_scraped(tmp_path, metrics_serve
     assert main(["diagnose", str(out / "timeline.jsonl")]) == 0
 
 
-def test_a_failed_scrape_mid_watch_is_recorded_and_the_watch_goes_on(tmp_path, metrics_server, vllm_exposition,
-                                                                     monkeypatch, capsys):
+def test_a_failed_scrape_mid_watch_is_recorded_and_the_watch_goes_on(
+    tmp_path, metrics_server, vllm_exposition, monkeypatch, capsys
+):
     import kvbench.studies.watch as watch_study
 
     monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)
@@ -90,9 +95,19 @@ def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, caps
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args", [["--interval", "0"], ["--duration", "-1"], ["--interval", "inf"],
-                                  ["--interval", "nan"], ["--interval", "1e300"], ["--duration", "inf"],
-                                  ["--duration", "nan"], ["--duration", "1e20"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--interval", "0"],
+        ["--duration", "-1"],
+        ["--interval", "inf"],
+        ["--interval", "nan"],
+        ["--interval", "1e300"],
+        ["--duration", "inf"],
+        ["--duration", "nan"],
+        ["--duration", "1e20"],
+    ],
+)
 def test_bad_interval_or_duration(args, capsys):
     """Refused before any scrape (an infinite interval overflowed the pause between scrapes)."""
     assert main(["watch", "--url", "http://127.0.0.1:1/metrics", *args]) == 2

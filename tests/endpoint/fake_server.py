@@ -8,7 +8,8 @@ names, "" for a normal request): ``500``, ``429``, ``stall`` (stops after ``faul
 (drops the connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``error_event``
 (an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish reason), ``json`` (answers
 without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
-``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends. ``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
+``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends.
+``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
 
 Run in a thread of the test process (:func:`serve_in_thread`) or as a process that can be killed
 (``python fake_server.py CONFIG_JSON`` prints ``PORT <n>``). Listens on 127.0.0.1 only.
@@ -93,20 +94,29 @@ def metrics_text(state: FakeState) -> str:
     labels = f'engine="0",model_name="{state.config.model}"'
     usage = min(1.0, state.held_blocks / state.config.capacity_blocks)
     lines = [
-        "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
-        "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {state.running}",
-        "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{labels}}} 0",
-        "# TYPE vllm:num_preemptions counter", f"vllm:num_preemptions_total{{{labels}}} {state.preemptions}",
-        "# TYPE vllm:prefix_cache_queries counter", f"vllm:prefix_cache_queries_total{{{labels}}} {state.prefix_queries}",
-        "# TYPE vllm:prefix_cache_hits counter", f"vllm:prefix_cache_hits_total{{{labels}}} {state.prefix_hits}",
-        "# TYPE vllm:prompt_tokens counter", f"vllm:prompt_tokens_total{{{labels}}} {state.prompt_tokens}",
-        "# TYPE vllm:generation_tokens counter", f"vllm:generation_tokens_total{{{labels}}} {state.generation_tokens}",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {state.running}",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} 0",
+        "# TYPE vllm:num_preemptions counter",
+        f"vllm:num_preemptions_total{{{labels}}} {state.preemptions}",
+        "# TYPE vllm:prefix_cache_queries counter",
+        f"vllm:prefix_cache_queries_total{{{labels}}} {state.prefix_queries}",
+        "# TYPE vllm:prefix_cache_hits counter",
+        f"vllm:prefix_cache_hits_total{{{labels}}} {state.prefix_hits}",
+        "# TYPE vllm:prompt_tokens counter",
+        f"vllm:prompt_tokens_total{{{labels}}} {state.prompt_tokens}",
+        "# TYPE vllm:generation_tokens counter",
+        f"vllm:generation_tokens_total{{{labels}}} {state.generation_tokens}",
         "# TYPE vllm:time_to_first_token_seconds histogram",
         f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {state.ttft_count}',
         f"vllm:time_to_first_token_seconds_count{{{labels}}} {state.ttft_count}",
         f"vllm:time_to_first_token_seconds_sum{{{labels}}} {state.ttft_sum}",
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{BLOCK}",engine="0",num_gpu_blocks="{state.config.capacity_blocks + 1}"}} 1',
+        f'vllm:cache_config_info{{block_size="{BLOCK}",engine="0",'
+        f'num_gpu_blocks="{state.config.capacity_blocks + 1}"}} 1',
     ]
     return "\n".join(lines) + "\n"
 
@@ -130,8 +140,7 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
             print(f"REQUEST {number}", flush=True)
         fault = config.faults[number % len(config.faults)] if config.faults else ""
         if fault in ("500", "429"):
-            return web.json_response({"error": {"message": f"planned {fault}", "code": int(fault)}},
-                                     status=int(fault))
+            return web.json_response({"error": {"message": f"planned {fault}", "code": int(fault)}}, status=int(fault))
         chat = request.path.endswith("chat/completions")
         ids = state.prompt_ids(body)
         total = config.tokens or int(body.get("max_tokens") or 16)
@@ -150,7 +159,9 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
         try:
             await response.prepare(request)
             if chat:  # the role announcement, before any token (to check it is not taken for one)
-                await response.write(b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n')
+                await response.write(
+                    b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n'
+                )
             if config.ttft_s:
                 await asyncio.sleep(config.ttft_s)
             out: list[bytes] = []
@@ -191,8 +202,18 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                         await asyncio.sleep(config.itl_s)
             if fault != "no_done":
                 if config.usage:
-                    out.append(event({"choices": [], "usage": {"prompt_tokens": len(ids), "completion_tokens": total,
-                                                               "total_tokens": len(ids) + total}}))
+                    out.append(
+                        event(
+                            {
+                                "choices": [],
+                                "usage": {
+                                    "prompt_tokens": len(ids),
+                                    "completion_tokens": total,
+                                    "total_tokens": len(ids) + total,
+                                },
+                            }
+                        )
+                    )
                 out.append(b"data: [DONE]\n\n")
             await response.write(b"".join(out))
             if fault == "done_stall":  # the stream is complete, but the body never ends

@@ -17,8 +17,15 @@ from kvbench.errors import KvbenchError
 FAST = RequestLimits(timeout_s=5.0, stall_s=0.5, connect_s=2.0)
 
 
-def send(url: str, conversation: Conversation, turn: int = 0, answers=(), api: str = "completions",
-         limits: RequestLimits = FAST, api_key: str | None = None):
+def send(
+    url: str,
+    conversation: Conversation,
+    turn: int = 0,
+    answers=(),
+    api: str = "completions",
+    limits: RequestLimits = FAST,
+    api_key: str | None = None,
+):
     async def main():
         async with open_session(limits) as session:
             client = EndpointClient(Target(url, api=api), "fake-model", session, limits, api_key)
@@ -75,16 +82,19 @@ def test_without_usage_the_counts_are_left_for_later():
     assert record.prompt_input == "a b c"  # kept for a tokenizer count
 
 
-@pytest.mark.parametrize(("fault", "kind", "status", "message"), [
-    ("500", "http", 500, "planned 500"),
-    ("429", "http", 429, "planned 429"),
-    ("stall", "stall", None, "no data for 0.5 s"),
-    ("close", "disconnect", None, "cut short"),
-    ("malformed", "malformed", None, "not JSON"),
-    ("error_event", "server_error", None, "planned error inside the stream"),
-    ("no_done", "disconnect", None, "without its end"),
-    ("json", "malformed", None, "not an event stream"),
-])
+@pytest.mark.parametrize(
+    ("fault", "kind", "status", "message"),
+    [
+        ("500", "http", 500, "planned 500"),
+        ("429", "http", 429, "planned 429"),
+        ("stall", "stall", None, "no data for 0.5 s"),
+        ("close", "disconnect", None, "cut short"),
+        ("malformed", "malformed", None, "not JSON"),
+        ("error_event", "server_error", None, "planned error inside the stream"),
+        ("no_done", "disconnect", None, "without its end"),
+        ("json", "malformed", None, "not an event stream"),
+    ],
+)
 def test_each_fault_is_a_failed_record_with_its_reason(fault, kind, status, message):
     with serve_in_thread(faults=[fault], itl_s=0.01, stall_s=30.0) as server:
         began = time.perf_counter()
@@ -120,10 +130,14 @@ def test_the_model_list():
         asyncio.run(names("http://127.0.0.1:9"))
 
 
-@pytest.mark.parametrize(("limits", "message"), [
-    (dict(timeout_s=0), "request timeout limit"), (dict(stall_s=float("inf")), "request stall limit"),
-    (dict(connect_s=-1), "request connect limit"),
-])
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (dict(timeout_s=0), "request timeout limit"),
+        (dict(stall_s=float("inf")), "request stall limit"),
+        (dict(connect_s=-1), "request connect limit"),
+    ],
+)
 def test_limits_out_of_range_are_refused(limits, message):
     with pytest.raises(KvbenchError, match=message):
         RequestLimits(**limits)

@@ -107,8 +107,17 @@ def test_a_failed_turn_skips_the_rest_of_its_conversation_and_each_is_recorded()
     send = Recorder(fail=lambda conv, turn: (conv, turn) == (1, 0))
     result = asyncio.run(run_load(conversations, OpenLoop(rate=1000.0), send))
     kinds = [(r.conversation, r.turn, r.error_kind) for r in result.records]
-    assert kinds == [(0, 0, None), (0, 1, None), (0, 2, None), (1, 0, "http"), (1, 1, "skipped"), (1, 2, "skipped"),
-                     (2, 0, None), (2, 1, None), (2, 2, None)]
+    assert kinds == [
+        (0, 0, None),
+        (0, 1, None),
+        (0, 2, None),
+        (1, 0, "http"),
+        (1, 1, "skipped"),
+        (1, 2, "skipped"),
+        (2, 0, None),
+        (2, 1, None),
+        (2, 2, None),
+    ]
     assert (1, 1) not in send.starts
 
 
@@ -145,13 +154,16 @@ def test_failure_kinds_are_known():
     assert set(FAILURE_KINDS) >= {"http", "timeout", "stall", "connect", "disconnect", "malformed"}
 
 
-@pytest.mark.parametrize(("pattern", "message"), [
-    (lambda: ClosedLoop(0), "concurrency must be a positive integer"),
-    (lambda: OpenLoop(rate=0.0), "arrival rate must be a positive number"),
-    (lambda: OpenLoop(rate=float("nan")), "arrival rate must be a positive number"),
-    (lambda: OpenLoop(rate=1.0, burstiness=0.0), "burstiness must be a positive number"),
-    (lambda: OpenLoop(rate=1.0, max_concurrency=0), "maximum concurrency must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        (lambda: ClosedLoop(0), "concurrency must be a positive integer"),
+        (lambda: OpenLoop(rate=0.0), "arrival rate must be a positive number"),
+        (lambda: OpenLoop(rate=float("nan")), "arrival rate must be a positive number"),
+        (lambda: OpenLoop(rate=1.0, burstiness=0.0), "burstiness must be a positive number"),
+        (lambda: OpenLoop(rate=1.0, max_concurrency=0), "maximum concurrency must be a positive integer"),
+    ],
+)
 def test_patterns_refuse_values_outside_their_meaning(pattern, message):
     with pytest.raises(KvbenchError, match=message):
         pattern()

@@ -10,8 +10,17 @@ from kvbench.errors import KvbenchError
 
 
 def done(conv: int, token_times: list[float], output_tokens: int, prompt_tokens: int | None = 10) -> RequestRecord:
-    record = RequestRecord(conv, 0, start=100.0 + conv, ok=True, token_times=token_times, output_tokens=output_tokens,
-                           output_tokens_from="usage", prompt_tokens=prompt_tokens, prompt_tokens_from="usage")
+    record = RequestRecord(
+        conv,
+        0,
+        start=100.0 + conv,
+        ok=True,
+        token_times=token_times,
+        output_tokens=output_tokens,
+        output_tokens_from="usage",
+        prompt_tokens=prompt_tokens,
+        prompt_tokens_from="usage",
+    )
     record.ttft, record.latency = token_times[0], token_times[-1]
     return record
 
@@ -79,10 +88,18 @@ def test_slo_text():
     assert parse_slo("TTFT:500, e2el=2000") == {"ttft": 500.0, "e2el": 2000.0}  # vLLM's KEY:VALUE too
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("", "names no objective"), ("ttft", "expected KEY=MILLISECONDS"), ("itl=5", "expected KEY=MILLISECONDS"),
-    ("ttft=fast", "not a number"), ("ttft=-1", "positive"), ("ttft=nan", "positive"), ("ttft=1,ttft=2", "twice"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "names no objective"),
+        ("ttft", "expected KEY=MILLISECONDS"),
+        ("itl=5", "expected KEY=MILLISECONDS"),
+        ("ttft=fast", "not a number"),
+        ("ttft=-1", "positive"),
+        ("ttft=nan", "positive"),
+        ("ttft=1,ttft=2", "twice"),
+    ],
+)
 def test_bad_slo_text_is_a_one_line_error(text, message):
     with pytest.raises(KvbenchError, match=message):
         parse_slo(text)

@@ -45,14 +45,17 @@ def test_a_recorded_vllm_chat_stream_opens_with_a_role_that_is_no_token():
     assert [(e.prompt_tokens, e.completion_tokens) for e in parsed if e.completion_tokens] == [(31, 4)]
 
 
-@pytest.mark.parametrize(("data", "text", "finish"), [
-    ('{"choices": [{"text": "", "finish_reason": null}]}', "", None),  # an empty token (bytes held back)
-    ('{"choices": [{"text": "", "finish_reason": "stop"}]}', None, "stop"),  # a closing event
-    ('{"choices": [{"delta": {"content": ""}, "finish_reason": null}]}', "", None),
-    ('{"choices": [{"delta": {}, "finish_reason": "length"}]}', None, "length"),
-    ('{"choices": [{"delta": {"reasoning_content": "hmm"}}]}', "hmm", None),
-    ('{"choices": [], "usage": null}', None, None),
-])
+@pytest.mark.parametrize(
+    ("data", "text", "finish"),
+    [
+        ('{"choices": [{"text": "", "finish_reason": null}]}', "", None),  # an empty token (bytes held back)
+        ('{"choices": [{"text": "", "finish_reason": "stop"}]}', None, "stop"),  # a closing event
+        ('{"choices": [{"delta": {"content": ""}, "finish_reason": null}]}', "", None),
+        ('{"choices": [{"delta": {}, "finish_reason": "length"}]}', None, "length"),
+        ('{"choices": [{"delta": {"reasoning_content": "hmm"}}]}', "hmm", None),
+        ('{"choices": [], "usage": null}', None, None),
+    ],
+)
 def test_which_events_are_tokens(data, text, finish):
     event = parse_event(data)
     assert (event.text, event.finish_reason) == (text, finish)
@@ -67,21 +70,30 @@ def test_errors_and_malformed_events():
 
 def test_request_bodies():
     body = payload("completions", "m", [1, 2, 3], None, 16, ignore_eos=True)
-    assert body == {"model": "m", "prompt": [1, 2, 3], "max_tokens": 16, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True}
+    assert body == {
+        "model": "m",
+        "prompt": [1, 2, 3],
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     chat = payload("chat", "m", None, [{"role": "user", "content": "hi"}], 4, ignore_eos=False, temperature=0.0)
     assert chat["messages"] == [{"role": "user", "content": "hi"}] and "ignore_eos" not in chat
     assert chat["temperature"] == 0.0 and chat["max_tokens"] == 4
 
 
-@pytest.mark.parametrize(("url", "root"), [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1/completions", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
-    ("https://host.example/serve/v1/chat/completions", "https://host.example/serve"),
-    ("http://[::1]:9000/metrics", "http://[::1]:9000"),
-])
+@pytest.mark.parametrize(
+    ("url", "root"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1/completions", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ("https://host.example/serve/v1/chat/completions", "https://host.example/serve"),
+        ("http://[::1]:9000/metrics", "http://[::1]:9000"),
+    ],
+)
 def test_base_urls(url, root):
     assert check_base_url(url) == root
 

@@ -36,9 +36,11 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
     workload = shared_prefix(groups=2, per_group=6, prefix_len=32, suffix_len=8, output_len=8, vocab_size=500, seed=1)
     warmup = shared_prefix(groups=1, per_group=2, prefix_len=32, suffix_len=8, output_len=4, vocab_size=500, seed=9)
     with serve_in_thread(ttft_s=0.02, itl_s=0.01) as server:
-        point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(3), warmup=warmup,
-                                                                     reset_prefix_cache=True,
-                                                                     slo={"ttft": 1000, "tpot": 1000}))
+        point = run_point_sync(
+            Target(server.url),
+            workload,
+            settings(ClosedLoop(3), warmup=warmup, reset_prefix_cache=True, slo={"ttft": 1000, "tpot": 1000}),
+        )
         assert server.state.max_running == 3 and server.state.resets == 1
         assert server.state.count == 14  # 2 warm-up + 12
         # kept-alive connections, as a real client's: one per request in flight, and the one the scraper shares
@@ -85,8 +87,9 @@ def test_a_reset_the_server_does_not_offer_is_recorded_as_such():
 def test_an_open_loop_point_with_a_cap():
     workload = shared_prefix(groups=1, per_group=20, prefix_len=4, suffix_len=4, output_len=4, vocab_size=500, seed=2)
     with serve_in_thread(itl_s=0.01) as server:
-        point = run_point_sync(Target(server.url), workload,
-                               settings(OpenLoop(rate=400.0, burstiness=0.5, max_concurrency=2, seed=4)))
+        point = run_point_sync(
+            Target(server.url), workload, settings(OpenLoop(rate=400.0, burstiness=0.5, max_concurrency=2, seed=4))
+        )
         assert server.state.max_running <= 2
     assert point.metrics["completed"] == 20 and point.peak_in_flight == 2
     assert point.load == {"pattern": "open", "rate": 400.0, "burstiness": 0.5, "max_concurrency": 2, "seed": 4}
@@ -114,8 +117,7 @@ def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
     workload = shared_prefix(groups=1, per_group=20, prefix_len=4, suffix_len=4, output_len=6, vocab_size=500, seed=3)
     with serve_in_thread(faults=faults, itl_s=0.005, stall_s=30.0) as server:
         began = time.perf_counter()
-        point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(4),
-                                                                      limits=RequestLimits(stall_s=1.0)))
+        point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(4), limits=RequestLimits(stall_s=1.0)))
         took = time.perf_counter() - began
     m = point.metrics
     assert took < 20.0 and point.status == "failed"  # a hang would wait for the server's 30 s stalls
@@ -125,8 +127,11 @@ def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
 
 
 def test_a_server_killed_during_a_point():
-    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fake_server.py")),
-                                config_json(itl_s=0.05, announce=True)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("fake_server.py")), config_json(itl_s=0.05, announce=True)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def kill_once_four_stream():  # the server says when each request arrives; 40 tokens take it 2 s
         for line in process.stdout:
@@ -137,8 +142,9 @@ def test_a_server_killed_during_a_point():
 
     try:
         port = int(process.stdout.readline().split()[1])
-        workload = shared_prefix(groups=1, per_group=12, prefix_len=4, suffix_len=4, output_len=40, vocab_size=500,
-                                 seed=0)
+        workload = shared_prefix(
+            groups=1, per_group=12, prefix_len=4, suffix_len=4, output_len=40, vocab_size=500, seed=0
+        )
         killer = threading.Thread(target=kill_once_four_stream, daemon=True)
         killer.start()
         began = time.perf_counter()

@@ -52,11 +52,14 @@ class Pages:
         await self.runner.cleanup()
 
 
-@pytest.mark.parametrize(("handler", "message"), [
-    (lambda r: web.Response(status=404), "HTTP 404"),
-    (lambda r: web.Response(body=b"\xff\xfe"), "did not return UTF-8"),
-    (lambda r: web.Response(status=302, headers={"Location": "http://127.0.0.1:9/"}), "HTTP 302"),
-])
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        (lambda r: web.Response(status=404), "HTTP 404"),
+        (lambda r: web.Response(body=b"\xff\xfe"), "did not return UTF-8"),
+        (lambda r: web.Response(status=302, headers={"Location": "http://127.0.0.1:9/"}), "HTTP 302"),
+    ],
+)
 def test_a_page_that_is_not_metrics_is_a_one_line_error(handler, message):
     async def answer(request):
         return handler(request)
@@ -130,7 +133,7 @@ async def _in_pieces(request, text: str, content_type: str, piece: int = 100):
     await response.prepare(request)
     data = text.encode()
     for start in range(0, len(data), piece):
-        await response.write(data[start:start + piece])
+        await response.write(data[start : start + piece])
         await asyncio.sleep(0.002)
     await response.write_eof()
     return response

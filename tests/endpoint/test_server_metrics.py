@@ -17,11 +17,33 @@ def vllm_recorded(name: str) -> str:
     return (RECORDED / f"vllm_metrics_{name}.txt").read_text()
 
 
-def vllm(usage, running, waiting=0.0, preemptions=0.0, queries=0.0, hits=0.0, gen=0.0, ttft_sum=0.0, ttft_count=0.0,
-         engine="0", blocks=100.0):
-    return ServerState("vllm", {"engine": engine}, total_blocks=blocks, usage=usage, running=running, waiting=waiting,
-                       preemptions=preemptions, prefix_queries=queries, prefix_hits=hits, generation_tokens=gen,
-                       ttft_sum_s=ttft_sum, ttft_count=ttft_count)
+def vllm(
+    usage,
+    running,
+    waiting=0.0,
+    preemptions=0.0,
+    queries=0.0,
+    hits=0.0,
+    gen=0.0,
+    ttft_sum=0.0,
+    ttft_count=0.0,
+    engine="0",
+    blocks=100.0,
+):
+    return ServerState(
+        "vllm",
+        {"engine": engine},
+        total_blocks=blocks,
+        usage=usage,
+        running=running,
+        waiting=waiting,
+        preemptions=preemptions,
+        prefix_queries=queries,
+        prefix_hits=hits,
+        generation_tokens=gen,
+        ttft_sum_s=ttft_sum,
+        ttft_count=ttft_count,
+    )
 
 
 def test_gauges_over_the_load_and_counters_from_before_to_after():
@@ -47,8 +69,10 @@ def test_gauges_over_the_load_and_counters_from_before_to_after():
 
 
 def test_a_counter_that_went_down_is_unknown_not_negative():
-    scrapes = [Scrape(-0.1, [vllm(0, 0, preemptions=9, queries=500, hits=100)]),
-               Scrape(0.5, [vllm(0.5, 1, preemptions=1, queries=50, hits=10)])]
+    scrapes = [
+        Scrape(-0.1, [vllm(0, 0, preemptions=9, queries=500, hits=100)]),
+        Scrape(0.5, [vllm(0.5, 1, preemptions=1, queries=50, hits=10)]),
+    ]
     out = point_server_metrics(scrapes, load_end_s=1.0)
     assert out["preemptions"] is None and out["prefix_cache_hit_rate"] is None
     assert any("went down" in note for note in out["notes"])
@@ -64,14 +88,17 @@ def test_too_few_scrapes_leave_everything_unknown():
 def test_several_engines_add_up():
     states = [vllm(0.5, 2, engine="0", blocks=100), vllm(1.0, 3, engine="1", blocks=300)]
     assert kv_usage(states) == pytest.approx((50 + 300) / 400)
-    out = point_server_metrics([Scrape(-0.1, [vllm(0, 0, engine="0"), vllm(0, 0, engine="1")]),
-                                Scrape(0.5, states)], load_end_s=1.0)
+    out = point_server_metrics(
+        [Scrape(-0.1, [vllm(0, 0, engine="0"), vllm(0, 0, engine="1")]), Scrape(0.5, states)], load_end_s=1.0
+    )
     assert out["running_peak"] == 5 and len(out["engines"]) == 2
 
 
 def test_sglang_reports_its_own_hit_rate():
-    sglang = [ServerState("sglang", {}, usage=0.2, running=3, prefix_hit_rate=0.25),
-              ServerState("sglang", {}, usage=0.3, running=3, prefix_hit_rate=0.35)]
+    sglang = [
+        ServerState("sglang", {}, usage=0.2, running=3, prefix_hit_rate=0.25),
+        ServerState("sglang", {}, usage=0.3, running=3, prefix_hit_rate=0.35),
+    ]
     out = point_server_metrics([Scrape(-0.1, [sglang[0]]), Scrape(0.3, [sglang[0]]), Scrape(0.6, [sglang[1]])], 1.0)
     assert out["prefix_cache_hit_rate"] == pytest.approx(0.30) and out["families"] == ["sglang"]
     assert any("as the server reports it" in note for note in out["notes"])

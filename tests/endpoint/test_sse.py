@@ -37,11 +37,13 @@ def test_every_line_ending_and_a_cr_lf_split_across_chunks(ending):
 
 
 def test_fields_comments_multiline_data_and_events_without_data():
-    stream = (b": ping\n\n"  # a comment alone: no event
-              b"event: message\nid: 7\ndata: first\ndata:second\n\n"  # two data lines, the space is optional
-              b"retry: 100\n\n"  # no data: no event
-              b"data\n\n"  # a bare field name: empty data
-              b"data: \xc3\xa9t\xc3\xa9\n\n")  # UTF-8, split anywhere below
+    stream = (
+        b": ping\n\n"  # a comment alone: no event
+        b"event: message\nid: 7\ndata: first\ndata:second\n\n"  # two data lines, the space is optional
+        b"retry: 100\n\n"  # no data: no event
+        b"data\n\n"  # a bare field name: empty data
+        b"data: \xc3\xa9t\xc3\xa9\n\n"
+    )  # UTF-8, split anywhere below
     assert decode([stream]) == ["first\nsecond", "", "été"]
     for cut in range(1, len(stream)):
         assert decode([stream[:cut], stream[cut:]]) == ["first\nsecond", "", "été"]
@@ -49,11 +51,11 @@ def test_fields_comments_multiline_data_and_events_without_data():
 
 def test_the_end_of_a_stream():
     decoder = SSEDecoder()
-    assert decoder.feed(b"data: {\"a\": 1}\n\ndata: [DONE]") == ['{"a": 1}']
+    assert decoder.feed(b'data: {"a": 1}\n\ndata: [DONE]') == ['{"a": 1}']
     assert decoder.pending
     assert decoder.close() == ["[DONE]"]  # some servers omit the last blank line
     cut = SSEDecoder()
-    assert cut.feed(b"data: {\"choices\": [{\"te") == []
+    assert cut.feed(b'data: {"choices": [{"te') == []
     assert cut.close() == []  # an unfinished event is discarded; the caller sees no [DONE]
 
 

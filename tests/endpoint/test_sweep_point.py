@@ -19,8 +19,11 @@ def _conversations(n: int = 8):
 
 def test_a_closed_loop_point_maps_onto_the_schema_with_the_servers_figures():
     with serve_in_thread(itl_s=0.03, capacity_blocks=40) as server:  # ~0.2 s a request: scrapes during the load
-        measured = run_point_sync(Target(server.url, name="fake"), _conversations(),
-                                  PointSettings(ClosedLoop(4), scrape_interval_s=0.02, slo={"ttft": 10_000}))
+        measured = run_point_sync(
+            Target(server.url, name="fake"),
+            _conversations(),
+            PointSettings(ClosedLoop(4), scrape_interval_s=0.02, slo={"ttft": 10_000}),
+        )
     point = sweep_point(measured, "fake", 4, "article", {"ttft": 10_000}).to_json()
     assert is_endpoint_point(point) and point["engine"] == "fake" and point["concurrency"] == 4
     assert point["status"] == "ok" and point["completed"] == 8 and point["failed"] == 0
@@ -38,8 +41,11 @@ def test_a_closed_loop_point_maps_onto_the_schema_with_the_servers_figures():
 
 def test_failed_requests_mark_the_point_and_say_how_many_of_each_kind():
     with serve_in_thread(faults=["", "500", "429"]) as server:
-        measured = run_point_sync(Target(server.url, name="flaky"), _conversations(6),
-                                  PointSettings(OpenLoop(100.0, max_concurrency=2), scrape=False))
+        measured = run_point_sync(
+            Target(server.url, name="flaky"),
+            _conversations(6),
+            PointSettings(OpenLoop(100.0, max_concurrency=2), scrape=False),
+        )
     point = sweep_point(measured, "flaky", 0, "article").to_json()
     assert point["status"] == "error" and point["request_rate"] == 100.0
     assert point["completed"] == 2 and point["failed"] == 4 and point["failed_by_kind"] == {"http": 4}

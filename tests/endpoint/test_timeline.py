@@ -27,8 +27,9 @@ def test_client_series_by_hand():
 
 def test_the_document():
     record = RequestRecord(0, 0, start=5.0, end=5.4, ok=True, token_times=[0.1, 0.3], output_tokens=2)
-    doc = point_timeline([record], [Scrape(-0.1, error="x"), Scrape(0.2)], origin=5.0, end_s=0.4, bin_s=0.2,
-                         meta={"target": "t"})
+    doc = point_timeline(
+        [record], [Scrape(-0.1, error="x"), Scrape(0.2)], origin=5.0, end_s=0.4, bin_s=0.2, meta={"target": "t"}
+    )
     assert doc["version"] == 1 and doc["meta"] == {"target": "t"} and doc["bin_s"] == 0.2
     assert doc["client"]["output_tokens_per_s"] == pytest.approx([5.0, 5.0])
     assert doc["server"][0] == {"elapsed_s": -0.1, "error": "x"} and doc["server"][1]["kv_usage"] is None

@@ -24,8 +24,11 @@ def record(text: str, events: int, prompt_input=None, ok=True) -> RequestRecord:
 
 
 def test_with_a_tokenizer():
-    records = [record(" a b c", 2, "x y"), record(" d", 1, [{"role": "user", "content": "p q"}]),
-               record("", 0, "z", ok=False)]
+    records = [
+        record(" a b c", 2, "x y"),
+        record(" d", 1, [{"role": "user", "content": "p q"}]),
+        record("", 0, "z", ok=False),
+    ]
     fill_token_counts(records, Tokenizer())
     assert [(r.output_tokens, r.output_tokens_from) for r in records[:2]] == [(3, "tokenizer"), (1, "tokenizer")]
     assert (records[0].prompt_tokens, records[0].prompt_tokens_from) == (3, "tokenizer")  # with its BOS

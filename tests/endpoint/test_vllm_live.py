@@ -47,13 +47,31 @@ def vllm_url(tmp_path_factory):
         pytest.skip(f"{PYTHON} cannot import vllm")
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "VLLM_SERVER_DEV_MODE": "1"}
-    command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--host", "127.0.0.1",
-               "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
+    command = [
+        PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+    ]
     with open(log, "wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                  cwd=log.parent)
+        server = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log.parent
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -81,12 +99,17 @@ def vllm_url(tmp_path_factory):
 def test_a_closed_loop_point_agrees_with_the_servers_own_counters(vllm_url):
     # 2 groups of 4 prompts sharing 256 tokens (2 of vLLM's 128-token CPU blocks); one at a time, so each group's
     # first request fills the cache and the 3 others find both blocks in it
-    workload = shared_prefix(groups=2, per_group=4, prefix_len=256, suffix_len=16, output_len=12, vocab_size=5000,
-                             seed=0, first_id=100)
-    warmup = shared_prefix(groups=1, per_group=1, prefix_len=16, suffix_len=4, output_len=4, vocab_size=5000, seed=9,
-                           first_id=100)
-    point = run_point_sync(Target(vllm_url, model=MODEL), workload,
-                           PointSettings(ClosedLoop(1), warmup=warmup, reset_prefix_cache=True, scrape_interval_s=0.2))
+    workload = shared_prefix(
+        groups=2, per_group=4, prefix_len=256, suffix_len=16, output_len=12, vocab_size=5000, seed=0, first_id=100
+    )
+    warmup = shared_prefix(
+        groups=1, per_group=1, prefix_len=16, suffix_len=4, output_len=4, vocab_size=5000, seed=9, first_id=100
+    )
+    point = run_point_sync(
+        Target(vllm_url, model=MODEL),
+        workload,
+        PointSettings(ClosedLoop(1), warmup=warmup, reset_prefix_cache=True, scrape_interval_s=0.2),
+    )
     m, s = point.metrics, point.server
     assert point.status == "ok" and m["completed"] == 8 and m["total_output_tokens"] == 8 * 12
     assert m["total_input_tokens"] == 8 * 272 and m["output_tokens_from"] == {"usage": 8}
@@ -99,8 +122,11 @@ def test_a_closed_loop_point_agrees_with_the_servers_own_counters(vllm_url):
 
 def test_an_open_loop_of_chat_conversations(vllm_url):
     conversations = multi_turn(conversations=3, turns=2, user_len=12, output_len=8, seed=0)
-    point = run_point_sync(Target(vllm_url, api="chat", model=MODEL), conversations,
-                           PointSettings(OpenLoop(rate=4.0, max_concurrency=2, seed=1)))
+    point = run_point_sync(
+        Target(vllm_url, api="chat", model=MODEL),
+        conversations,
+        PointSettings(OpenLoop(rate=4.0, max_concurrency=2, seed=1)),
+    )
     assert point.metrics["completed"] == 6 and point.metrics["total_output_tokens"] == 48
     second = [r for r in point.records if r.turn == 1]
     first = {r.conversation: r for r in point.records if r.turn == 0}

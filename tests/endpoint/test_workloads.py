@@ -24,11 +24,16 @@ from kvbench.workload.dataset import TokenCounter, sample_dataset
 def test_history_is_resent_for_both_apis():
     conversation = Conversation(0, (Turn("Hi.", 4), Turn("And then?", 4), Turn("Thanks.", 2)), system="Be brief.")
     assert conversation.completion_prompt(0, []) == "Be brief.Hi."
-    assert conversation.completion_prompt(2, [" Hello!", " Then this."]) == \
-        "Be brief.Hi. Hello!\nAnd then? Then this.\nThanks."
+    assert (
+        conversation.completion_prompt(2, [" Hello!", " Then this."])
+        == "Be brief.Hi. Hello!\nAnd then? Then this.\nThanks."
+    )
     assert conversation.chat_messages(1, [" Hello!"]) == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."},
-        {"role": "assistant", "content": " Hello!"}, {"role": "user", "content": "And then?"}]
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": " Hello!"},
+        {"role": "user", "content": "And then?"},
+    ]
     assert request_count([conversation, Conversation(1, (Turn("x", 1),))]) == 4
 
 
@@ -45,16 +50,19 @@ def test_turns_and_conversations_refuse_what_cannot_be_sent():
 
 
 def test_the_sweeps_request_list_is_sent_as_it_is():
-    requests = [make_request(0, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)),
-                make_request(1, [4, 5], SamplingParams(max_tokens=7))]
+    requests = [
+        make_request(0, [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True)),
+        make_request(1, [4, 5], SamplingParams(max_tokens=7)),
+    ]
     conversations = from_engine_requests(requests)
     assert [c.turns[0] for c in conversations] == [Turn((1, 2, 3), 5, 3, True), Turn((4, 5), 7, 2, False)]
     assert conversations[0].completion_prompt(0, []) == [1, 2, 3]
 
 
 def test_shared_prefix_groups():
-    conversations = shared_prefix(groups=3, per_group=4, prefix_len=10, suffix_len=5, output_len=6, vocab_size=100,
-                                  seed=7, first_id=3)
+    conversations = shared_prefix(
+        groups=3, per_group=4, prefix_len=10, suffix_len=5, output_len=6, vocab_size=100, seed=7, first_id=3
+    )
     assert conversations == shared_prefix(3, 4, 10, 5, 6, 100, 7, first_id=3)  # seeded
     assert len(conversations) == 12 and sorted(c.index for c in conversations) == list(range(12))
     by_group: dict[int, list] = {}
@@ -102,19 +110,20 @@ def test_multi_turn_text_from_a_tokenizer_and_token_ids_decoded_for_chat():
     conversations = multi_turn(2, 2, user_len=8, output_len=3, seed=0, tokenizer=WordTokenizer())
     prompt = conversations[0].turns[0].prompt
     assert len(prompt.split()) == 8 and "<s>" not in prompt
-    decoded = as_text(from_engine_requests([make_request(0, [0, 2, 3], SamplingParams(max_tokens=2))]),
-                      WordTokenizer())
+    decoded = as_text(from_engine_requests([make_request(0, [0, 2, 3], SamplingParams(max_tokens=2))]), WordTokenizer())
     assert decoded[0].turns[0].prompt == "<s> t0 t1" and decoded[0].turns[0].prompt_len is None
 
 
 def test_a_dataset_sample_keeps_its_prompt_texts(tmp_path: Path):
     path = tmp_path / "d.jsonl"
-    path.write_text('{"prompt": "one two three four five", "output_len": 6}\n'
-                    '{"prompt": "six seven eight nine ten eleven", "output_len": 5}\n')
+    path.write_text(
+        '{"prompt": "one two three four five", "output_len": 6}\n'
+        '{"prompt": "six seven eight nine ten eleven", "output_len": 5}\n'
+    )
     sample = sample_dataset(path, TokenCounter(None), max_len=64)
     conversations = from_dataset(sample, max_len=64, stop="length")
-    assert [(c.turns[0].prompt, c.turns[0].max_tokens, c.turns[0].prompt_len, c.turns[0].ignore_eos)
-            for c in conversations] == [("one two three four five", 6, 5, True),
-                                        ("six seven eight nine ten eleven", 5, 6, True)]
+    assert [
+        (c.turns[0].prompt, c.turns[0].max_tokens, c.turns[0].prompt_len, c.turns[0].ignore_eos) for c in conversations
+    ] == [("one two three four five", 6, 5, True), ("six seven eight nine ten eleven", 5, 6, True)]
     eos = from_dataset(sample, max_len=64, stop="eos")
     assert [(c.turns[0].max_tokens, c.turns[0].ignore_eos) for c in eos] == [(59, False), (58, False)]

@@ -109,8 +109,9 @@ def test_simulated_open_loop_equals_submitting_each_request_at_its_arrival():
     for t, request in zip(TIMES, by_hand, strict=True):
         instance.submit(request, t)
     instance.run()
-    result = simulate([Request(i, p, o) for i, (p, o) in enumerate(PAIRS)], CONFIG.build_manager(), timing,
-                      OpenLoop(TIMES), CONFIG)
+    result = simulate(
+        [Request(i, p, o) for i, (p, o) in enumerate(PAIRS)], CONFIG.build_manager(), timing, OpenLoop(TIMES), CONFIG
+    )
     assert [r.arrival_time for r in result.requests] == list(TIMES)
     assert [r.finish_time for r in result.requests] == [r.finish_time for r in by_hand]
     assert [r.first_token_time for r in result.requests] == [r.first_token_time for r in by_hand]
@@ -119,8 +120,13 @@ def test_simulated_open_loop_equals_submitting_each_request_at_its_arrival():
 
 def test_simulated_open_loop_with_a_cap_of_one_serves_one_at_a_time():
     """One in flight: each request is sent when the one before it ends (or at its arrival, if later)."""
-    result = simulate([Request(i, p, o) for i, (p, o) in enumerate(PAIRS)], CONFIG.build_manager(),
-                      UniformTiming(1.0), OpenLoop(TIMES, max_concurrency=1), CONFIG)
+    result = simulate(
+        [Request(i, p, o) for i, (p, o) in enumerate(PAIRS)],
+        CONFIG.build_manager(),
+        UniformTiming(1.0),
+        OpenLoop(TIMES, max_concurrency=1),
+        CONFIG,
+    )
     ordered = result.requests
     for before, after, scheduled in zip(ordered, ordered[1:], TIMES[1:], strict=False):
         assert after.arrival_time == max(scheduled, before.finish_time)
@@ -133,6 +139,7 @@ def test_tensor_engine_runs_an_open_loop_on_the_wall_clock():
     model = build_random_model(shape, seed=0, device=torch.device("cpu"), dtype=torch.float32)
     config = EngineConfig(block_size=4, num_blocks=64, max_len=64)
     prompts = random_prompts([(6, 3), (5, 2), (7, 4)], shape.vocab_size, 0)
+
     def requests():
         return [make_request(i, p, SamplingParams(max_tokens=3, ignore_eos=True)) for i, p in enumerate(prompts)]
 

@@ -18,8 +18,16 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
-SHAPE = ModelShape("test-decode-batch", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
-                   intermediate_size=64, vocab_size=64, dtype="fp32")
+SHAPE = ModelShape(
+    "test-decode-batch",
+    num_layers=1,
+    hidden_size=32,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    vocab_size=64,
+    dtype="fp32",
+)
 STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "block_tables", "query_start_loc", "context_lens")
 
 
@@ -35,8 +43,9 @@ def _checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def step(self, batch, clock, table_of, generators):
         got = original(self, batch, clock, table_of, generators)
-        expected = self.runner.build_step([([r.output_token_ids[-1]], r.kv_len(clock), table_of(r.request_id))
-                                           for r in batch])
+        expected = self.runner.build_step(
+            [([r.output_token_ids[-1]], r.kv_len(clock), table_of(r.request_id)) for r in batch]
+        )
         for name in STEP_FIELDS:
             if name != "block_tables":
                 assert torch.equal(getattr(got, name), getattr(expected, name)), (name, clock)
@@ -55,20 +64,28 @@ def _checked_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def _requests(count: int, params: SamplingParams, num_samples: int = 1) -> list:
     generator = torch.Generator().manual_seed(count)
-    return [make_request(i, torch.randint(0, SHAPE.vocab_size, (3 + 5 * i % 23,), generator=generator).tolist(),
-                         params, num_samples) for i in range(count)]
+    return [
+        make_request(
+            i, torch.randint(0, SHAPE.vocab_size, (3 + 5 * i % 23,), generator=generator).tolist(), params, num_samples
+        )
+        for i in range(count)
+    ]
 
 
-@pytest.mark.parametrize(("engine", "block_size", "num_blocks", "concurrency"), [
-    ("paged", 1, 400, 6),  # a new block every step
-    ("paged", 7, 60, 6),
-    ("paged", 4, 14, 6),  # tight: preemption and recompute
-    ("paged", 16, 40, 3),  # queued arrivals change the running set as requests finish
-    ("contiguous", 4, 120, 6),
-    ("contiguous", 8, 20, 6),  # the baseline queues for room
-])
-def test_advanced_batch_equals_fresh_packing(model, monkeypatch: pytest.MonkeyPatch, engine: str, block_size: int,
-                                             num_blocks: int, concurrency: int) -> None:
+@pytest.mark.parametrize(
+    ("engine", "block_size", "num_blocks", "concurrency"),
+    [
+        ("paged", 1, 400, 6),  # a new block every step
+        ("paged", 7, 60, 6),
+        ("paged", 4, 14, 6),  # tight: preemption and recompute
+        ("paged", 16, 40, 3),  # queued arrivals change the running set as requests finish
+        ("contiguous", 4, 120, 6),
+        ("contiguous", 8, 20, 6),  # the baseline queues for room
+    ],
+)
+def test_advanced_batch_equals_fresh_packing(
+    model, monkeypatch: pytest.MonkeyPatch, engine: str, block_size: int, num_blocks: int, concurrency: int
+) -> None:
     sizes = _checked_steps(monkeypatch)
     config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64)
     result = LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), concurrency)
@@ -96,8 +113,9 @@ def test_the_kept_attention_plan_equals_a_fresh_one(model, monkeypatch: pytest.M
 
     def step(self, batch, clock, table_of, generators):
         got = original(self, batch, clock, table_of, generators)
-        fresh = reference.plan_decode(got.block_tables, got.context_lens, self.block_size, SHAPE.head_dim,
-                                      valid_tables=True)
+        fresh = reference.plan_decode(
+            got.block_tables, got.context_lens, self.block_size, SHAPE.head_dim, valid_tables=True
+        )
         kept = got.attention_plan
         lens = got.context_lens.tolist()
         if kept is None:  # lengths differ much: each step is planned in length buckets instead
@@ -112,14 +130,22 @@ def test_the_kept_attention_plan_equals_a_fresh_one(model, monkeypatch: pytest.M
 
     monkeypatch.setattr(DecodeBatch, "step", step)
     for engine, block_size, num_blocks in (("paged", 4, 14), ("paged", 1, 400), ("contiguous", 8, 30)):
-        config = EngineConfig(engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64,
-                              kernel_backend="torch")  # the plan is the torch reference's
+        config = EngineConfig(
+            engine=engine, block_size=block_size, num_blocks=num_blocks, max_len=64, kernel_backend="torch"
+        )  # the plan is the torch reference's
         LLMEngine(model, config).run(_requests(8, SamplingParams(max_tokens=14, ignore_eos=True)), 6)
     generator = torch.Generator().manual_seed(7)  # very different lengths: planned in buckets, step by step
-    mixed = [make_request(i, torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(),
-                          SamplingParams(max_tokens=6, ignore_eos=True)) for i, n in enumerate((4, 300, 6, 280, 5))]
-    LLMEngine(model, EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=512,
-                                  kernel_backend="torch")).run(mixed, 5)
+    mixed = [
+        make_request(
+            i,
+            torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(),
+            SamplingParams(max_tokens=6, ignore_eos=True),
+        )
+        for i, n in enumerate((4, 300, 6, 280, 5))
+    ]
+    LLMEngine(
+        model, EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=512, kernel_backend="torch")
+    ).run(mixed, 5)
     assert len(checked) > 10 and len(bucketed) >= 5  # both kinds of step were exercised
 
 

@@ -25,8 +25,9 @@ def test_engine_and_simulator_agree_step_by_step(model, engine, blocks):
     pairs = [(8, 1), (8, 3), (5, 7), (12, 4), (3, 9)]
     config = EngineConfig(engine=engine, block_size=4, num_blocks=blocks, max_len=32, reserve="pow2")
     result = LLMEngine(model, config).run(token_requests(pairs, 512, 0), 3)
-    simulated = simulate([Request(i, p, o) for i, (p, o) in enumerate(pairs)], config.build_manager(),
-                         UniformTiming(1.0), 3, config)
+    simulated = simulate(
+        [Request(i, p, o) for i, (p, o) in enumerate(pairs)], config.build_manager(), UniformTiming(1.0), 3, config
+    )
     assert result.accountant.steps == simulated.accountant.steps
     assert result.accountant.peak == simulated.accountant.peak
     assert result.accountant.peak_allocated == simulated.accountant.peak_allocated
@@ -38,8 +39,10 @@ def test_engine_and_simulator_agree_step_by_step(model, engine, blocks):
         assert result.num_preemptions > 0
 
 
-@pytest.mark.parametrize("engine, blocks, reserve", [("paged", 40, "max"), ("paged", 9, "max"),
-                                                      ("contiguous", 40, "max"), ("contiguous", 40, "pow2")])
+@pytest.mark.parametrize(
+    "engine, blocks, reserve",
+    [("paged", 40, "max"), ("paged", 9, "max"), ("contiguous", 40, "max"), ("contiguous", 40, "pow2")],
+)
 def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, reserve):
     """A request that stops at EOS in the tensor engine and one told its EOS in advance by the simulator (while
     reservations see max_tokens in both) take the same steps, hold the same memory and end at the same length."""
@@ -59,10 +62,16 @@ def test_eos_in_the_engine_is_eos_after_in_the_simulator(model, engine, blocks, 
         request.sampling = replace(request.sampling, ignore_eos=False, eos_token_id=eos)
     result = LLMEngine(model, config).run(requests, 3)
     assert any(r.stop_reason == "eos" and r.num_outputs < r.max_tokens for r in result.requests)
-    simulated = simulate([Request(i, p, o, eos_after=r.num_outputs if r.stop_reason == "eos" else None)
-                          for i, ((p, o), r)
-                          in enumerate(zip(pairs, result.requests, strict=True))],
-                         config.build_manager(), UniformTiming(1.0), 3, config)
+    simulated = simulate(
+        [
+            Request(i, p, o, eos_after=r.num_outputs if r.stop_reason == "eos" else None)
+            for i, ((p, o), r) in enumerate(zip(pairs, result.requests, strict=True))
+        ],
+        config.build_manager(),
+        UniformTiming(1.0),
+        3,
+        config,
+    )
     assert [r.final_kv_len for r in result.requests] == [r.final_kv_len for r in simulated.requests]
     assert [r.stop_reason for r in result.requests] == [r.stop_reason for r in simulated.requests]
     assert result.accountant.steps == simulated.accountant.steps

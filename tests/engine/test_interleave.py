@@ -14,33 +14,51 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
-SHAPE = ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   vocab_size=256, dtype="fp32")
+SHAPE = ModelShape(
+    "test-gqa",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    dtype="fp32",
+)
 LENGTHS = [(5, 9), (17, 4), (33, 12), (8, 7), (1, 10), (12, 3), (20, 6)]
 
 
 def _requests():
-    return [make_request(i, [(7 * i + j) % SHAPE.vocab_size for j in range(p)],
-                         SamplingParams(max_tokens=o, ignore_eos=True)) for i, (p, o) in enumerate(LENGTHS)]
+    return [
+        make_request(
+            i, [(7 * i + j) % SHAPE.vocab_size for j in range(p)], SamplingParams(max_tokens=o, ignore_eos=True)
+        )
+        for i, (p, o) in enumerate(LENGTHS)
+    ]
 
 
 @pytest.fixture(scope="module")
 def engines():
     model = build_random_model(SHAPE, seed=3)
     # a pool where the contiguous slabs (max-len 48) hold only 2 requests: its schedule differs from paging's
-    return {name: LLMEngine(model, EngineConfig(engine=name, block_size=4, num_blocks=24, max_len=48))
-            for name in ("paged", "contiguous")}
+    return {
+        name: LLMEngine(model, EngineConfig(engine=name, block_size=4, num_blocks=24, max_len=48))
+        for name in ("paged", "contiguous")
+    }
 
 
 def test_each_engine_serves_its_list_as_it_would_alone(engines):
     alone = {name: engine.run(_requests(), 3) for name, engine in engines.items()}
-    together = dict(zip(engines, run_interleaved([(engine, _requests()) for engine in engines.values()], 3),
-                        strict=True))
+    together = dict(
+        zip(engines, run_interleaved([(engine, _requests()) for engine in engines.values()], 3), strict=True)
+    )
     for name in engines:
         a, b = alone[name], together[name]
         assert [r.output_token_ids for r in b.requests] == [r.output_token_ids for r in a.requests]
-        assert (len(b.completed), b.peak_running, b.num_preemptions) == (len(a.completed), a.peak_running,
-                                                                         a.num_preemptions)
+        assert (len(b.completed), b.peak_running, b.num_preemptions) == (
+            len(a.completed),
+            a.peak_running,
+            a.num_preemptions,
+        )
         assert len(b.accountant.timeline) == len(a.accountant.timeline)  # the same steps
     assert together["contiguous"].peak_running == 2 < together["paged"].peak_running == 3
 

@@ -24,8 +24,14 @@ def test_every_statistic_in_vllm_bench_serve_names_and_formulas() -> None:
     values = rng.lognormal(-3, 0.5, 37)
     stats = summarise("e2el", values)
     assert list(stats) == [f"{stat}_e2el_ms" for stat in LATENCY_STATS]
-    expected = {"mean": np.mean(values), "median": np.median(values), "std": np.std(values),
-                "p50": np.percentile(values, 50), "p90": np.percentile(values, 90), "p99": np.percentile(values, 99)}
+    expected = {
+        "mean": np.mean(values),
+        "median": np.median(values),
+        "std": np.std(values),
+        "p50": np.percentile(values, 50),
+        "p90": np.percentile(values, 90),
+        "p99": np.percentile(values, 99),
+    }
     for stat, value in expected.items():
         assert stats[f"{stat}_e2el_ms"] == pytest.approx(1000 * value, rel=1e-12)
 

@@ -30,10 +30,26 @@ MAX_LEN = 48  # longest prompt + MAX_TOKENS fits
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
 SHAPES = {
-    "gqa": ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
-                      intermediate_size=128, vocab_size=256, dtype="fp32"),
-    "mha": ModelShape("test-mha", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4,
-                      intermediate_size=128, vocab_size=256, dtype="fp32"),
+    "gqa": ModelShape(
+        "test-gqa",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        vocab_size=256,
+        dtype="fp32",
+    ),
+    "mha": ModelShape(
+        "test-mha",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        intermediate_size=128,
+        vocab_size=256,
+        dtype="fp32",
+    ),
 }
 
 
@@ -53,9 +69,14 @@ def _reference(shape: ModelShape, seed: int) -> Reference:
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                                 min_new_tokens=MAX_TOKENS, do_sample=False)
-            tokens.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_TOKENS,
+                min_new_tokens=MAX_TOKENS,
+                do_sample=False,
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
     return Reference(model, prompts, tokens)
 
 
@@ -120,9 +141,15 @@ def test_greedy_tokens_equal_transformers_generate(refs, engine, block_size, sha
     assert [r.stop_reason for r in requests] == ["length"] * len(requests)
 
 
-@pytest.mark.parametrize(("shape", "block_size", "num_blocks"), [
-    ("gqa", 1, 48), ("gqa", 7, 8), ("gqa", 16, 3), ("mha", 7, 7),
-])
+@pytest.mark.parametrize(
+    ("shape", "block_size", "num_blocks"),
+    [
+        ("gqa", 1, 48),
+        ("gqa", 7, 8),
+        ("gqa", 16, 3),
+        ("mha", 7, 7),
+    ],
+)
 def test_paged_preempts_and_recomputes_to_the_same_tokens(refs, shape, block_size, num_blocks):
     ref = refs[shape]
     llm = LLMEngine(ref.model, _config("paged", block_size, num_blocks))
@@ -177,11 +204,18 @@ def test_contiguous_reject_mode_rejects_as_oom_and_keeps_the_rest_correct(refs):
 
 def test_seeded_sampling_is_reproducible_across_runs_and_batch_composition(refs):
     ref = refs["gqa"]
-    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, max_tokens=MAX_TOKENS,
-                             ignore_eos=True) for i in range(len(ref.prompts))]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
+        for i in range(len(ref.prompts))
+    ]
     outputs = []
-    for engine, concurrency, num_blocks in [("paged", 6, None), ("paged", 6, None), ("paged", 1, None),
-                                             ("contiguous", 3, None), ("paged", 6, 8)]:
+    for engine, concurrency, num_blocks in [
+        ("paged", 6, None),
+        ("paged", 6, None),
+        ("paged", 1, None),
+        ("contiguous", 3, None),
+        ("paged", 6, 8),
+    ]:
         llm = LLMEngine(ref.model, _config(engine, 7, num_blocks))
         requests = _requests(ref.prompts, params)
         _run(llm, requests, concurrency)
@@ -189,8 +223,10 @@ def test_seeded_sampling_is_reproducible_across_runs_and_batch_composition(refs)
     assert all(out == outputs[0] for out in outputs[1:])
     assert outputs[0] != ref.tokens  # it did sample
     # another seed, another stream
-    other = [SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=200 + i, max_tokens=MAX_TOKENS,
-                            ignore_eos=True) for i in range(len(ref.prompts))]
+    other = [
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=200 + i, max_tokens=MAX_TOKENS, ignore_eos=True)
+        for i in range(len(ref.prompts))
+    ]
     llm = LLMEngine(ref.model, _config("paged", 7))
     assert llm.generate(ref.prompts, other) != outputs[0]
 
@@ -285,8 +321,12 @@ def test_request_bigger_than_the_whole_pool_is_rejected(refs):
 def test_budget_without_a_single_block_is_a_clear_error():
     shape = SHAPES["gqa"]
     with pytest.raises(KvbenchError, match="no block"):  # 15 token slots of KV memory: not one block of 16
-        size_pool(EngineConfig(block_size=16), shape.bytes_per_token, (shape.bytes_per_token * 15, "15 slots"),
-                  lambda: (0, "unused"))
+        size_pool(
+            EngineConfig(block_size=16),
+            shape.bytes_per_token,
+            (shape.bytes_per_token * 15, "15 slots"),
+            lambda: (0, "unused"),
+        )
     with pytest.raises(KvbenchError, match="no block"):
         EngineConfig(num_blocks=0)
     with pytest.raises(KvbenchError, match="block size"):
@@ -303,10 +343,18 @@ def test_unsupported_architecture_is_a_clear_error():
 def test_missing_or_invalid_model_directory_is_a_clear_error(tmp_path):
     with pytest.raises(KvbenchError, match="no such path"):
         load_model(str(tmp_path / "nowhere"), device="cpu")
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 128, "vocab_size": 256,
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 256,
+            }
+        )
+    )
     with pytest.raises(KvbenchError, match="safetensors"):
         load_model(str(tmp_path), device="cpu")
     (tmp_path / "config.json").write_text("{not json")
@@ -326,9 +374,14 @@ def _shared_prefix_reference(ref: Reference) -> tuple[list[list[int]], list[list
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            out = ref.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                                     min_new_tokens=MAX_TOKENS, do_sample=False)
-            tokens.append(out[0, len(prompt):].tolist())
+            out = ref.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_TOKENS,
+                min_new_tokens=MAX_TOKENS,
+                do_sample=False,
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
     return prompts, tokens
 
 

@@ -11,9 +11,19 @@ from kvbench.errors import KvbenchError
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": "hot"}, {"top_k": -2},
-        {"top_k": 2.5}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_tokens": 0}, {"max_tokens": True},
-        {"seed": -1}, {"seed": 1.0}, {"eos_token_id": -3}, {"ignore_eos": "yes"},
+        {"temperature": -0.1},
+        {"temperature": float("nan")},
+        {"temperature": "hot"},
+        {"top_k": -2},
+        {"top_k": 2.5},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"max_tokens": True},
+        {"seed": -1},
+        {"seed": 1.0},
+        {"eos_token_id": -3},
+        {"ignore_eos": "yes"},
     ],
 )
 def test_bad_params_raise(kwargs: dict) -> None:

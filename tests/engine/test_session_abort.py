@@ -19,8 +19,10 @@ def tiny():
 
 
 def _engine(tiny, engine: str = "paged", num_blocks: int = 64, max_num_seqs: int = 256) -> LLMEngine:
-    return LLMEngine(tiny.model, EngineConfig(engine=engine, block_size=4, num_blocks=num_blocks, max_len=64,
-                                              max_num_seqs=max_num_seqs))
+    return LLMEngine(
+        tiny.model,
+        EngineConfig(engine=engine, block_size=4, num_blocks=num_blocks, max_len=64, max_num_seqs=max_num_seqs),
+    )
 
 
 @pytest.mark.parametrize("engine", ["paged", "contiguous"])
@@ -50,8 +52,9 @@ def test_aborting_running_and_waiting_requests_returns_every_block(tiny, engine)
 
 def test_aborting_one_sample_of_a_fork_keeps_its_siblings_and_shared_blocks(tiny):
     session = _engine(tiny).session(keep_history=False)
-    parent = make_request(0, list(range(1, 10)), SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True),
-                          num_samples=3)
+    parent = make_request(
+        0, list(range(1, 10)), SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True), num_samples=3
+    )
     forked = []
     session.on_tokens = lambda emitted: forked.extend(r for r, _ in emitted if r.parent_id == parent.request_id)
     session.submit(parent, 0.0)

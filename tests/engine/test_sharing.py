@@ -18,8 +18,16 @@ from kvbench.models.runner import ModelRunner
 from kvbench.models.shapes import ModelShape
 from kvbench.studies.share import beam_search, make_prompts, parallel_sampling, savings
 
-SHAPE = ModelShape("share-test", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                   vocab_size=256, dtype="fp32")
+SHAPE = ModelShape(
+    "share-test",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    dtype="fp32",
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +50,14 @@ def test_parallel_samples_are_identical_with_and_without_sharing_and_use_fewer_b
     prompts, n = _prompts(1), 4
     engine = LLMEngine(model, EngineConfig(engine="paged", block_size=4, num_blocks=200, max_len=64))
     shared = engine.run([make_request(g, p, _params(100 * g), num_samples=n) for g, p in enumerate(prompts)], 3)
-    unshared_requests = [make_request(10 * g + i, p, _params(100 * g + i)) for g, p in enumerate(prompts) for i in range(n)]
+    unshared_requests = [
+        make_request(10 * g + i, p, _params(100 * g + i)) for g, p in enumerate(prompts) for i in range(n)
+    ]
     unshared = engine.run(unshared_requests, len(unshared_requests))
-    got = {((r.parent_id if r.parent_id is not None else r.request_id), r.sample_index): r.output_token_ids
-           for r in shared.requests}
+    got = {
+        ((r.parent_id if r.parent_id is not None else r.request_id), r.sample_index): r.output_token_ids
+        for r in shared.requests
+    }
     want = {(r.request_id // 10, r.request_id % 10): r.output_token_ids for r in unshared.requests}
     assert got == want and len(got) == len(prompts) * n
     assert len({tuple(v) for v in got.values()}) > len(prompts)  # the samples do differ from each other
@@ -64,7 +76,9 @@ def test_parallel_sampling_under_preemption_still_matches(model):
     reference = roomy.run([make_request(g, p, _params(7 * g), num_samples=n) for g, p in enumerate(prompts)], 2)
     assert result.num_preemptions > 0
     key = lambda r: ((r.parent_id if r.parent_id is not None else r.request_id), r.sample_index)  # noqa: E731
-    assert {key(r): r.output_token_ids for r in result.requests} == {key(r): r.output_token_ids for r in reference.requests}
+    assert {key(r): r.output_token_ids for r in result.requests} == {
+        key(r): r.output_token_ids for r in reference.requests
+    }
 
 
 def test_copy_on_write_gives_the_writer_a_private_block_and_leaves_the_other_intact(model):
@@ -97,11 +111,19 @@ def test_copy_on_write_gives_the_writer_a_private_block_and_leaves_the_other_int
 @pytest.mark.parametrize("width, steps, length_penalty", [(3, 8, 1.0), (4, 10, 0.5)])
 def test_beam_search_equals_transformers(model, width, steps, length_penalty):
     prompt = _prompts(5, (13,))[0]
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         num_beams=width, num_return_sequences=width, max_new_tokens=steps, min_new_tokens=steps,
-                         do_sample=False, length_penalty=length_penalty, output_scores=True,
-                         return_dict_in_generate=True)
-    want = [s[len(prompt):].tolist() for s in out.sequences]
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        num_beams=width,
+        num_return_sequences=width,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        length_penalty=length_penalty,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    want = [s[len(prompt) :].tolist() for s in out.sequences]
     runner = ModelRunner(model, num_blocks=64, block_size=4)
     for mode in ("paged-shared", "paged-copy", "contiguous"):
         result = BeamSearch(runner, mode, max_len=64).run(prompt, width, steps, length_penalty)

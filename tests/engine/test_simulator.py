@@ -31,8 +31,7 @@ class SkewedTiming:
 
 def _requests(pairs):
     """(prompt, max_tokens) pairs, or (prompt, max_tokens, eos_after) triples: the request stops at its EOS."""
-    return [Request(i, item[0], item[1], eos_after=item[2] if len(item) > 2 else None)
-            for i, item in enumerate(pairs)]
+    return [Request(i, item[0], item[1], eos_after=item[2] if len(item) > 2 else None) for i, item in enumerate(pairs)]
 
 
 def _build(kind, num_blocks, block_size, policy, max_len):
@@ -156,8 +155,12 @@ def _paged_under_pressure(draw):
     longest = max(p + o - 1 for p, o in pairs)
     num_blocks = draw(st.integers(-(-longest // block_size), 2 * -(-longest // block_size)))
     concurrency = draw(st.integers(2, 6))
-    config = dict(max_num_seqs=concurrency, max_len=32, admission=draw(st.sampled_from(["queue", "reject"])),
-                  watermark=draw(st.sampled_from([0.0, 0.25])))
+    config = dict(
+        max_num_seqs=concurrency,
+        max_len=32,
+        admission=draw(st.sampled_from(["queue", "reject"])),
+        watermark=draw(st.sampled_from([0.0, 0.25])),
+    )
     timing = draw(st.sampled_from([UniformTiming(1.0), SkewedTiming()]))
     return "paged", num_blocks, block_size, "max", pairs, concurrency, config, timing
 
@@ -178,12 +181,30 @@ def _contiguous_fragmenting(draw):
 # Failures found by earlier runs are kept as examples: a request rejected before it ran has no token times.
 @settings(max_examples=60, deadline=None)
 @given(_workloads())
-@example(("contiguous", 2, 1, "max", [(1, 1), (3, 1)], 1, dict(max_num_seqs=1, max_len=4, admission="reject",
-                                                                 max_prefill_tokens=8192, watermark=0.0),
-          UniformTiming(1.0)))
-@example(("paged", 1, 1, "max", [(1, 1), (2, 2)], 2, dict(max_num_seqs=2, max_len=4, admission="queue",
-                                                          max_prefill_tokens=8192, watermark=0.0),
-          UniformTiming(1.0)))
+@example(
+    (
+        "contiguous",
+        2,
+        1,
+        "max",
+        [(1, 1), (3, 1)],
+        1,
+        dict(max_num_seqs=1, max_len=4, admission="reject", max_prefill_tokens=8192, watermark=0.0),
+        UniformTiming(1.0),
+    )
+)
+@example(
+    (
+        "paged",
+        1,
+        1,
+        "max",
+        [(1, 1), (2, 2)],
+        2,
+        dict(max_num_seqs=2, max_len=4, admission="queue", max_prefill_tokens=8192, watermark=0.0),
+        UniformTiming(1.0),
+    )
+)
 def test_simulator_matches_a_step_by_step_reference_and_loses_nothing(case):
     _check_against_reference(*case)
 
@@ -197,8 +218,18 @@ def test_paged_simulator_under_memory_pressure(case):
 
 @settings(max_examples=30, deadline=None)
 @given(_contiguous_fragmenting())
-@example(("contiguous", 9, 1, "pow2", [(1, 1), (1, 1), (2, 8)], 2, dict(max_num_seqs=2, max_len=16, admission="queue"),
-          UniformTiming(1.0)))
+@example(
+    (
+        "contiguous",
+        9,
+        1,
+        "pow2",
+        [(1, 1), (1, 1), (2, 8)],
+        2,
+        dict(max_num_seqs=2, max_len=16, admission="queue"),
+        UniformTiming(1.0),
+    )
+)
 def test_contiguous_simulator_with_fragmentation(case):
     _check_against_reference(*case)
 
@@ -253,7 +284,12 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     assert acct.mean_running() == pytest.approx(ref.mean_running(), rel=1e-9)
     for got, want in zip(requests, ref_requests, strict=True):
         assert (got.status, got.num_outputs, got.final_kv_len, got.num_preemptions, got.reject_reason) == (
-            want.status, want.num_outputs, want.final_kv_len, want.num_preemptions, want.reject_reason)
+            want.status,
+            want.num_outputs,
+            want.final_kv_len,
+            want.num_preemptions,
+            want.reject_reason,
+        )
         for name in ("first_token_time", "finish_time", "arrival_time"):
             _assert_same_time(getattr(got, name), getattr(want, name), name)
     return result
@@ -342,8 +378,16 @@ def test_eos_before_max_tokens_against_the_reference(data):
     policy = data.draw(st.sampled_from(["max", "pow2"]))
     concurrency = data.draw(st.integers(1, 5))
     config = dict(max_num_seqs=concurrency, max_len=max_len, admission=data.draw(st.sampled_from(["queue", "reject"])))
-    result = _check_against_reference(kind, num_blocks, block_size, policy, pairs, concurrency, config,
-                                      data.draw(st.sampled_from([UniformTiming(1.0), SkewedTiming()])))
+    result = _check_against_reference(
+        kind,
+        num_blocks,
+        block_size,
+        policy,
+        pairs,
+        concurrency,
+        config,
+        data.draw(st.sampled_from([UniformTiming(1.0), SkewedTiming()])),
+    )
     for request in result.completed:
         assert request.num_outputs == request.eos_after and request.stop_reason == "eos"
 
@@ -371,6 +415,7 @@ def test_steady_window_spans_the_full_load():
     assert (steady.start_s, steady.end_s, steady.run_s) == (1.0, 4.0, 8.0)
     assert steady.output_tokens == 3 * 3 and steady.output_throughput == 3.0
     assert steady.share == pytest.approx(3 / 8)
-    few = simulate(_requests([(2, 4)] * 2), PagedManager(BlockPool(64, 4)), UniformTiming(1.0), 3,
-                   EngineConfig(max_len=16))
+    few = simulate(
+        _requests([(2, 4)] * 2), PagedManager(BlockPool(64, 4)), UniformTiming(1.0), 3, EngineConfig(max_len=16)
+    )
     assert few.steady is None  # 2 requests never hold 3 in flight

@@ -15,8 +15,10 @@ from kvbench.kv.accounting import PARTS
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 9), st.integers(2, 12), st.integers(1, 12)), min_size=1, max_size=6),
-       st.sampled_from([1, 2, 4]))
+@given(
+    st.lists(st.tuples(st.integers(1, 9), st.integers(2, 12), st.integers(1, 12)), min_size=1, max_size=6),
+    st.sampled_from([1, 2, 4]),
+)
 def test_block_path_equals_request_path_without_sharing(specs, block_size):
     config = EngineConfig(block_size=block_size, num_blocks=256, max_len=64)
     scheduler = Scheduler(config.build_manager(), config)

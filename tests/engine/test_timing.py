@@ -9,8 +9,18 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import ModelShape, MoeSpec
 
-MIXTRAL = ModelShape("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, rope_theta=1e6,
-                     moe=MoeSpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336, num_moe_layers=32))
+MIXTRAL = ModelShape(
+    "mixtral-8x7b",
+    32,
+    4096,
+    32,
+    8,
+    14336,
+    32000,
+    32768,
+    rope_theta=1e6,
+    moe=MoeSpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336, num_moe_layers=32),
+)
 
 
 def test_expected_distinct_experts_by_hand() -> None:

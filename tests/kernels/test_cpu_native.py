@@ -65,8 +65,9 @@ def test_decode_matches_sdpa(native, block_size: int, group: int) -> None:
     case = make_case(LENS, block_size, num_kv_heads=2, head_dim=16, seed=block_size * 10 + group)
     query = torch.randn(len(LENS), 2 * group, 16, generator=torch.Generator().manual_seed(1))
     out = poisoned_like(query)
-    result = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
-                                               case.context_lens, SCALE, out=out)
+    result = cpu_native.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out
+    )
     assert result is out
     assert rel_error(out, decode_oracle(case, query, SCALE)) < 1e-5
 
@@ -78,11 +79,17 @@ def test_strided_query_empty_context_and_head_dim_64(native) -> None:
     fused = torch.randn(len(lens), 9 + 2 * 3, 64, generator=torch.Generator().manual_seed(5))
     query = fused[:, :9]
     assert not query.is_contiguous()
-    got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
-                                            case.context_lens, SCALE)
-    torch.testing.assert_close(got, reference.paged_decode_attention(
-        query.contiguous(), case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE),
-        rtol=1e-5, atol=1e-6)
+    got = cpu_native.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
+    torch.testing.assert_close(
+        got,
+        reference.paged_decode_attention(
+            query.contiguous(), case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+        ),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert torch.equal(got[0], torch.zeros_like(got[0]))
 
 
@@ -90,8 +97,9 @@ def test_tables_too_narrow_for_the_context_are_refused(native) -> None:
     case = make_case([20, 40], 8, num_kv_heads=1, head_dim=16, seed=6)
     query = torch.randn(2, 2, 16)
     with pytest.raises(ValueError, match="covering 40 tokens"):
-        cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables[:, :2],
-                                          case.context_lens, SCALE)
+        cpu_native.paged_decode_attention(
+            query, case.k_cache, case.v_cache, case.block_tables[:, :2], case.context_lens, SCALE
+        )
 
 
 def test_dispatch_runs_it_for_float32_and_the_reference_otherwise(native) -> None:
@@ -99,12 +107,15 @@ def test_dispatch_runs_it_for_float32_and_the_reference_otherwise(native) -> Non
     case = make_case([9, 30], 8, 1, 16, seed=2)
     query = torch.randn(2, 2, 16)
     args = (query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25)
-    torch.testing.assert_close(kernels.paged_decode_attention(*args, backend="native", max_context_len=30),
-                               kernels.paged_decode_attention(*args, backend="torch"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        kernels.paged_decode_attention(*args, backend="native", max_context_len=30),
+        kernels.paged_decode_attention(*args, backend="torch"),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert kernels.plan_decode(case.block_tables, case.context_lens, case.k_cache, "native") is None
     half = case.k_cache.to(torch.float16)  # not a dtype the C kernel takes: the reference plans and runs
-    assert isinstance(kernels.plan_decode(case.block_tables, case.context_lens, half, "native"),
-                      reference.DecodePlan)
+    assert isinstance(kernels.plan_decode(case.block_tables, case.context_lens, half, "native"), reference.DecodePlan)
 
 
 def test_builds_once_into_the_cache_and_reuses_it(fresh_state, tmp_path) -> None:
@@ -130,8 +141,7 @@ def test_turned_off_or_unbuildable_means_the_torch_reference(fresh_state, monkey
     case = make_case([9, 30], 8, 1, 16, seed=2)
     query = torch.randn(2, 2, 16)
     args = (query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.25)
-    assert torch.equal(kernels.paged_decode_attention(*args, backend="native"),
-                       reference.paged_decode_attention(*args))
+    assert torch.equal(kernels.paged_decode_attention(*args, backend="native"), reference.paged_decode_attention(*args))
     cpu_native._state.clear()
     monkeypatch.setenv("CC", "no-such-compiler-here")
     assert not cpu_native.available() and "no C compiler" in cpu_native.unavailable_reason()
@@ -146,8 +156,9 @@ def test_norm_silu_and_rotary_match_the_torch_ops(variant, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     hidden, delta, weight = (torch.randn(rows, 72, generator=gen) * 3 for _ in range(3))
     weight = weight[0]
-    torch.testing.assert_close(cpu_native.rms_norm(hidden, weight, 1e-5),
-                               F.rms_norm(hidden, (72,), weight, 1e-5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        cpu_native.rms_norm(hidden, weight, 1e-5), F.rms_norm(hidden, (72,), weight, 1e-5), rtol=1e-5, atol=1e-5
+    )
     updated = hidden.clone()
     normed = cpu_native.add_rms_norm_(updated, delta, weight, 1e-6)
     torch.testing.assert_close(updated, hidden + delta, rtol=0, atol=0)
@@ -227,8 +238,9 @@ def test_every_decode_path_matches_sdpa(variant, head_dim: int, group: int, bloc
     lens = [0, 1, 15, 16, 17, 130]
     case = make_case(lens, block_size, num_kv_heads=2, head_dim=head_dim, seed=head_dim + group + block_size)
     query = torch.randn(len(lens), 2 * group, head_dim, generator=torch.Generator().manual_seed(group))
-    got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
-                                            case.context_lens, SCALE)
+    got = cpu_native.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     assert rel_error(got, decode_oracle(case, query, SCALE)) < 1e-5
 
 
@@ -240,13 +252,15 @@ def test_bf16_decode_is_the_exact_attention_rounded_once(variant, head_dim: int,
     nearly every value equals the float64 attention of the same bfloat16 inputs, rounded; none is off by more than
     the rounding plus float32's sums."""
     lens = [0, 1, 17, 130]
-    case = make_case(lens, block_size, num_kv_heads=2, head_dim=head_dim, seed=head_dim + group + block_size,
-                     dtype=torch.bfloat16)
+    case = make_case(
+        lens, block_size, num_kv_heads=2, head_dim=head_dim, seed=head_dim + group + block_size, dtype=torch.bfloat16
+    )
     fused = torch.randn(len(lens), 2 * group + 4, head_dim, generator=torch.Generator().manual_seed(group))
     query = fused.bfloat16()[:, : 2 * group]  # a strided view, as the runner's q is
     out = poisoned_like(torch.empty(len(lens), 2 * group, head_dim, dtype=torch.bfloat16))
-    got = cpu_native.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables,
-                                            case.context_lens, SCALE, out=out)
+    got = cpu_native.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out
+    )
     assert got is out and got.dtype == torch.bfloat16
     exact = decode_oracle(case, query, SCALE)
     assert rel_error(got, exact) < 2 * BF16_UNIT
@@ -269,8 +283,16 @@ def test_prefill_matches_sdpa(variant, head_dim: int, group: int, block_size: in
     fused = torch.randn(tokens, 2 * group + 4, head_dim, generator=torch.Generator().manual_seed(group)).to(dtype)
     query = fused[:, : 2 * group]  # a strided view, as the runner's q is
     out = poisoned_like(torch.empty(tokens, 2 * group, head_dim, dtype=dtype))
-    got = cpu_native.paged_prefill_attention(query, case.k_cache, case.v_cache, case.block_tables,
-                                             query_start_loc(PREFILL_Q_LENS), case.context_lens, SCALE, out=out)
+    got = cpu_native.paged_prefill_attention(
+        query,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        query_start_loc(PREFILL_Q_LENS),
+        case.context_lens,
+        SCALE,
+        out=out,
+    )
     assert got is out and got.dtype == dtype
     exact = prefill_oracle(case, query, PREFILL_Q_LENS, SCALE)
     if dtype == torch.float32:
@@ -286,15 +308,28 @@ def test_prefill_dispatch_plans_nothing_and_refuses_what_it_cannot_take(variant)
     starts = query_start_loc(PREFILL_Q_LENS)
     assert kernels.plan_prefill(case.block_tables, starts, case.context_lens, case.k_cache, 4, "native") is None
     args = (query, case.k_cache, case.v_cache, case.block_tables, starts, case.context_lens, SCALE)
-    torch.testing.assert_close(kernels.paged_prefill_attention(*args, backend="native"),
-                               kernels.paged_prefill_attention(*args, backend="torch"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        kernels.paged_prefill_attention(*args, backend="native"),
+        kernels.paged_prefill_attention(*args, backend="torch"),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     odd = make_case([5], 4, num_kv_heads=1, head_dim=24, seed=2)  # head_dim 24: not a multiple of 16
     assert not cpu_native.takes_prefill(odd.k_cache)
-    assert kernels.plan_prefill(odd.block_tables, query_start_loc([5]), odd.context_lens, odd.k_cache, 2,
-                                "native") is not None  # the reference plans and runs it
+    assert (
+        kernels.plan_prefill(odd.block_tables, query_start_loc([5]), odd.context_lens, odd.k_cache, 2, "native")
+        is not None
+    )  # the reference plans and runs it
     with pytest.raises(ValueError, match="multiple of 16"):
-        cpu_native.paged_prefill_attention(torch.randn(5, 2, 24), odd.k_cache, odd.v_cache, odd.block_tables,
-                                           query_start_loc([5]), odd.context_lens, SCALE)
+        cpu_native.paged_prefill_attention(
+            torch.randn(5, 2, 24),
+            odd.k_cache,
+            odd.v_cache,
+            odd.block_tables,
+            query_start_loc([5]),
+            odd.context_lens,
+            SCALE,
+        )
     with pytest.raises(ValueError, match="query starts"):
         cpu_native.paged_prefill_attention(query[:-1], *args[1:])
 

@@ -49,9 +49,12 @@ def test_both_backends_agree_through_dispatch(device: torch.device) -> None:
 def test_planners_plan_for_the_torch_path_only() -> None:
     case = make_case([9, 30], 8, 1, 16, seed=3)
     starts = torch.tensor([0, 9, 39], dtype=torch.int32)
-    assert isinstance(kernels.plan_decode(case.block_tables, case.context_lens, case.k_cache, "torch"),
-                      reference.DecodePlan)
-    assert isinstance(kernels.plan_prefill(case.block_tables, starts, case.context_lens, case.k_cache, 2, "torch"),
-                      reference.PrefillPlan)
+    assert isinstance(
+        kernels.plan_decode(case.block_tables, case.context_lens, case.k_cache, "torch"), reference.DecodePlan
+    )
+    assert isinstance(
+        kernels.plan_prefill(case.block_tables, starts, case.context_lens, case.k_cache, 2, "torch"),
+        reference.PrefillPlan,
+    )
     assert kernels.plan_decode(case.block_tables, case.context_lens, case.k_cache, "triton") is None
     assert kernels.plan_prefill(case.block_tables, starts, case.context_lens, case.k_cache, 2, "triton") is None

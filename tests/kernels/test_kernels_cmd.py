@@ -10,12 +10,32 @@ from kvbench.cli import main
 from kvbench.kernels import cpu_native
 from kvbench.kernels.benchmark import DecodeShape
 
-TINY = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1,3", "--context", "16,33", "--warmup", "0", "--reps", "2"]
+TINY = [
+    "kernels",
+    "--device",
+    "cpu",
+    "--model",
+    "tiny",
+    "--batch",
+    "1,3",
+    "--context",
+    "16,33",
+    "--warmup",
+    "0",
+    "--reps",
+    "2",
+]
 
 
-@pytest.mark.parametrize("option", [["kernels", *TINY[1:], "--out"], ["compare", "/x", "/y", "--output"],
-                                    ["sweep", "--device", "cpu", "--metrics-file"],
-                                    ["diagnose", "--emit-prometheus-rules"]])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["kernels", *TINY[1:], "--out"],
+        ["compare", "/x", "/y", "--output"],
+        ["sweep", "--device", "cpu", "--metrics-file"],
+        ["diagnose", "--emit-prometheus-rules"],
+    ],
+)
 def test_a_file_option_in_a_missing_folder_is_refused_and_no_folder_is_made(option, tmp_path, capfd) -> None:
     """A single file goes into a folder that exists (kvbench makes only its own run directories)."""
     target = tmp_path / "missing" / "dir" / "x.json"
@@ -23,7 +43,8 @@ def test_a_file_option_in_a_missing_folder_is_refused_and_no_folder_is_made(opti
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err.strip() == (
         f"error: {option[-1]} {target}: the folder {target.parent} does not exist; create it first or choose another "
-        "path")
+        "path"
+    )
     assert not (tmp_path / "missing").exists()
 
 
@@ -33,7 +54,11 @@ def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) 
     result = json.loads(capsys.readouterr().out)
     expected_backend = "native" if cpu_native.available() else "torch"  # auto on a CPU: the C kernel where it builds
     assert (result["backend"], result["dtype"], result["num_heads"], result["num_kv_heads"]) == (
-        expected_backend, "fp32", 4, 2)
+        expected_backend,
+        "fp32",
+        4,
+        2,
+    )
     assert [(p["batch"], p["context"]) for p in result["points"]] == [(1, 16), (1, 33), (3, 16), (3, 33)]
     for point in result["points"]:
         assert point["status"] == "ok"
@@ -49,7 +74,26 @@ def test_json_output_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) 
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*TINY[:5], "--heads", "4", "--kv-heads", "1", "--head-dim", "8", "--batch", "2", "--context", "9", "--reps", "1"]) == 0
+    assert (
+        main(
+            [
+                *TINY[:5],
+                "--heads",
+                "4",
+                "--kv-heads",
+                "1",
+                "--head-dim",
+                "8",
+                "--batch",
+                "2",
+                "--context",
+                "9",
+                "--reps",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "ratio = paged time / contiguous SDPA time" in out and "4 q / 1 kv heads" in out
     assert "% read = paged GB/s / GB/s of torch reading the same bytes" in out and "% copy" not in out
@@ -83,8 +127,9 @@ def test_each_cpu_backend_can_be_chosen(capsys: pytest.CaptureFixture[str], back
     assert json.loads(capsys.readouterr().out)["backend"] == backend
 
 
-def test_native_backend_refused_where_the_kernels_cannot_build(capsys: pytest.CaptureFixture[str],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_backend_refused_where_the_kernels_cannot_build(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(cpu_native, "_state", {"reason": "no C compiler found (cc, gcc, clang or $CC)"})
     assert main([*TINY, "--backend", "native"]) == 2
     err = capsys.readouterr().err.strip()

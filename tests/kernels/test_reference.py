@@ -47,7 +47,9 @@ def test_chunking_does_not_change_results(monkeypatch: pytest.MonkeyPatch, chunk
     case = make_case(lens, 8, num_kv_heads=2, head_dim=16, seed=5)
     gen = torch.Generator().manual_seed(3)
     query = torch.randn(len(lens), 4, 16, generator=gen)
-    decoded = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    decoded = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     assert rel_error(decoded, decode_oracle(case, query, SCALE)) < 1e-5
     chunk = torch.randn(sum(q_lens), 4, 16, generator=gen)
     filled = reference.paged_prefill_attention(
@@ -69,7 +71,9 @@ def test_prefill_skips_requests_without_new_tokens() -> None:
 def test_decode_empty_context_gives_zeros() -> None:
     case = make_case([0, 5], 4, num_kv_heads=1, head_dim=16, seed=1)
     query = torch.randn(2, 2, 16)
-    out = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    out = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert rel_error(out[1:], decode_oracle(case, query, SCALE)[1:]) < 1e-5
 
@@ -78,7 +82,9 @@ def test_decode_empty_context_gives_zeros() -> None:
 def test_half_precision_caches_accumulate_in_float(dtype: torch.dtype) -> None:
     case = make_case([33, 70], 16, num_kv_heads=2, head_dim=32, seed=2, dtype=dtype)
     query = torch.randn(2, 4, 32).to(dtype)
-    out = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    out = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     assert out.dtype == dtype
     tolerance = 1e-2 if dtype == torch.float16 else 2e-2
     assert rel_error(out, decode_oracle(case, query, SCALE)) < tolerance
@@ -147,8 +153,9 @@ def test_one_plan_serves_every_layer(monkeypatch: pytest.MonkeyPatch, chunk_byte
         assert torch.equal(filled, reference.paged_prefill_attention(chunk, *prefill_args))
     assert rel_error(planned, decode_oracle(first, query, SCALE)) > 1e-3  # the other layer's contents were read
     query = torch.randn(len(lens), 8, 16, generator=gen)
-    planned = reference.paged_decode_attention(query, first.k_cache, first.v_cache, first.block_tables,
-                                               first.context_lens, SCALE, plan=decode_plan)
+    planned = reference.paged_decode_attention(
+        query, first.k_cache, first.v_cache, first.block_tables, first.context_lens, SCALE, plan=decode_plan
+    )
     assert rel_error(planned, decode_oracle(first, query, SCALE)) < 1e-5
 
 
@@ -156,8 +163,9 @@ def test_a_plan_for_another_batch_is_refused() -> None:
     case = make_case([9, 30], 8, 1, 16, seed=1)
     plan = reference.plan_decode(case.block_tables[:1], case.context_lens[:1], 8, 16)
     with pytest.raises(ValueError, match="plan covers 1 requests"):
-        reference.paged_decode_attention(torch.randn(2, 2, 16), case.k_cache, case.v_cache, case.block_tables,
-                                         case.context_lens, SCALE, plan=plan)
+        reference.paged_decode_attention(
+            torch.randn(2, 2, 16), case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, plan=plan
+        )
 
 
 def test_decode_buckets_follow_the_sum_of_the_contexts():

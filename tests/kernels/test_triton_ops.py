@@ -56,9 +56,13 @@ def test_auto_split_for_small_batch_long_context(device: torch.device) -> None:
     case = make_case(lens, 16, 1, HEAD_DIM, seed=7, device=device)
     query = torch.randn(1, 4, HEAD_DIM, generator=torch.Generator().manual_seed(8)).to(device)
     assert triton_ops.choose_num_splits(1, 1, 600, query.device) > 1
-    expected = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    expected = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     out = poisoned_like(query)
-    triton_ops.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out)
+    triton_ops.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out
+    )
     assert rel_error(out, expected) < 1e-5
 
 
@@ -74,7 +78,9 @@ def test_decode_empty_context_and_noncontiguous_query(device: torch.device) -> N
     case = make_case([0, 37], 8, 2, HEAD_DIM, seed=3, device=device)
     qkv = torch.randn(2, 4 + 2 * 2, HEAD_DIM, generator=torch.Generator().manual_seed(4)).to(device)
     query = qkv[:, :4]  # a view into a fused projection, as the model runner passes it
-    expected = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    expected = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     for splits in (1, 2):
         out = poisoned_like(query)
         triton_ops.paged_decode_attention(
@@ -107,9 +113,13 @@ def test_prefill_matches_reference(device: torch.device, block_size: int, group:
 def test_decode_fp16(device: torch.device) -> None:
     case = make_case([5, 40, 77], 16, 2, 32, seed=11, dtype=torch.float16, device=device)
     query = torch.randn(3, 8, 32, generator=torch.Generator().manual_seed(12)).to(device, torch.float16)
-    expected = reference.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE)
+    expected = reference.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE
+    )
     out = poisoned_like(query)
-    triton_ops.paged_decode_attention(query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out)
+    triton_ops.paged_decode_attention(
+        query, case.k_cache, case.v_cache, case.block_tables, case.context_lens, SCALE, out=out
+    )
     assert rel_error(out, expected) < 5e-3
 
 

@@ -28,8 +28,9 @@ def test_single_span_by_hand():
     total = acct.add_span(3, used0=5, grow=2, capped_held=10, internal=2, external=4, held=12, running=2, base_s=2.0)
     assert total == 6.0 and acct.elapsed_s == 6.0 and acct.steps == 3
     assert acct.slot_seconds == {"used": 42.0, "reserved": 18.0, "internal": 12.0, "external": 24.0, "free": 24.0}
-    assert acct.shares_pct() == pytest.approx({"used": 35.0, "reserved": 15.0, "internal": 10.0, "external": 20.0,
-                                               "free": 20.0})
+    assert acct.shares_pct() == pytest.approx(
+        {"used": 35.0, "reserved": 15.0, "internal": 10.0, "external": 20.0, "free": 20.0}
+    )
     assert acct.peak == {"used": 9, "reserved": 5, "internal": 2, "external": 4, "free": 4}
     assert acct.peak_allocated == 12
     # online fragmentation 1 - used/held at used 5, 7, 9 of 12: (7 + 5 + 3) / 12 / 3
@@ -37,8 +38,9 @@ def test_single_span_by_hand():
     assert acct.effective_usage() == pytest.approx(42 / 96)
     assert acct.mean_slots("used") == 7.0 and acct.mean_running() == 2.0
     assert acct.timeline == [(0.0, 3, 5)]
-    assert acct.waste_pct() == pytest.approx({"token_state_pct": 35.0, "reservation_pct": 15.0, "internal_pct": 10.0,
-                                              "external_pct": 20.0, "free_pct": 20.0})
+    assert acct.waste_pct() == pytest.approx(
+        {"token_state_pct": 35.0, "reservation_pct": 15.0, "internal_pct": 10.0, "external_pct": 20.0, "free_pct": 20.0}
+    )
 
 
 def test_empty_accountant_and_zero_length_span():
@@ -96,8 +98,19 @@ def test_closed_form_spans_equal_the_step_by_step_sum(case):
     acct = WasteAccountant(pool, 1)
     total = 0.0
     for k, used0, grow, capped, internal, external, held, base, per_used, floor in spans:
-        total += acct.add_span(k, used0=used0, grow=grow, capped_held=capped, internal=internal, external=external,
-                               held=held, running=grow, base_s=base, per_used_s=per_used, floor_s=floor)
+        total += acct.add_span(
+            k,
+            used0=used0,
+            grow=grow,
+            capped_held=capped,
+            internal=internal,
+            external=external,
+            held=held,
+            running=grow,
+            base_s=base,
+            per_used_s=per_used,
+            floor_s=floor,
+        )
     slot_s, elapsed, frag, alloc_s = _step_by_step(pool, spans)
     assert total == pytest.approx(elapsed, rel=1e-9) and acct.elapsed_s == pytest.approx(elapsed, rel=1e-9)
     for part in PARTS:
@@ -112,8 +125,19 @@ def test_closed_form_spans_equal_the_step_by_step_sum(case):
 def test_roofline_split_by_hand():
     acct = WasteAccountant(100, 1)
     # t_j = max(3, 1 + 1 * used_j) with used 0, 1, 2, 3, 4: 3, 3, 3, 4, 5
-    total = acct.add_span(5, used0=0, grow=1, capped_held=10, internal=0, external=0, held=10, running=1,
-                          base_s=1.0, per_used_s=1.0, floor_s=3.0)
+    total = acct.add_span(
+        5,
+        used0=0,
+        grow=1,
+        capped_held=10,
+        internal=0,
+        external=0,
+        held=10,
+        running=1,
+        base_s=1.0,
+        per_used_s=1.0,
+        floor_s=3.0,
+    )
     assert total == 18.0
     assert acct.slot_seconds["used"] == 0 * 3 + 1 * 3 + 2 * 3 + 3 * 4 + 4 * 5
     assert acct.slot_seconds["reserved"] == 10 * 18 - 41
@@ -146,8 +170,13 @@ def test_hand_computed_paged_trace():
     acct, result = _run([a, b], PagedManager(BlockPool(4, 4)), concurrency=2, max_len=16)
     assert acct.elapsed_s == 3.0 and acct.steps == 3
     assert acct.slot_seconds == {"used": 17.0, "reserved": 2.0, "internal": 5.0, "external": 0.0, "free": 24.0}
-    assert acct.shares_pct() == {"used": 100 * 17 / 48, "reserved": 100 * 2 / 48, "internal": 100 * 5 / 48,
-                                 "external": 0.0, "free": 50.0}
+    assert acct.shares_pct() == {
+        "used": 100 * 17 / 48,
+        "reserved": 100 * 2 / 48,
+        "internal": 100 * 5 / 48,
+        "external": 0.0,
+        "free": 50.0,
+    }
     assert acct.peak == {"used": 7, "reserved": 2, "internal": 3, "external": 0, "free": 8}
     assert acct.peak_allocated == 8
     assert acct.fragmentation_mean() == pytest.approx((3 / 8 + 1 / 8 + 3 / 8) / 3)

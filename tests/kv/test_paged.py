@@ -14,7 +14,9 @@ def _manager(num_blocks, block_size, prefix=False):
     return PagedManager(BlockPool(num_blocks, block_size), enable_prefix_caching=prefix)
 
 
-@pytest.mark.parametrize("tokens, block_size, blocks", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 16, 1), (17, 16, 2)])
+@pytest.mark.parametrize(
+    "tokens, block_size, blocks", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 16, 1), (17, 16, 2)]
+)
 def test_blocks_for(tokens, block_size, blocks):
     assert blocks_for(tokens, block_size) == blocks
 
@@ -174,8 +176,11 @@ class PagedMachine(RuleBasedStateMachine):
 
     # -- helpers --------------------------------------------------------------------------------------
     def _snapshot(self):
-        return ({rid: list(t) for rid, t in self.manager.block_tables.items()}, list(self.pool.ref_counts),
-                self.pool.num_free)
+        return (
+            {rid: list(t) for rid, t in self.manager.block_tables.items()},
+            list(self.pool.ref_counts),
+            self.pool.num_free,
+        )
 
     def _write(self, rid, start, tokens):
         table = self.manager.block_tables[rid]
@@ -191,7 +196,9 @@ class PagedMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def allocate(self, data):
         # mostly a block or two, sometimes more than the whole pool
-        tokens = data.draw(st.one_of(st.integers(1, 2 * self.bs + 1), st.integers(1, self.pool.num_blocks * self.bs + 2)))
+        tokens = data.draw(
+            st.one_of(st.integers(1, 2 * self.bs + 1), st.integers(1, self.pool.num_blocks * self.bs + 2))
+        )
         rid = self._new_id()
         if self.prefix:
             ids = data.draw(st.lists(st.integers(0, 1), min_size=tokens, max_size=tokens))

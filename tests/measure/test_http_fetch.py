@@ -39,12 +39,15 @@ def test_a_body_trickling_one_line_every_2_s_ends_at_the_deadline_of_the_whole_f
     assert 1.9 < took < 3.5, took
 
 
-@pytest.mark.parametrize("wire, said", [
-    (b"HTTPX/9 banana\r\n\r\n", "Bad status line: Expected HTTP/, RTSP/ or ICE/: b'HTTPX/9 banana'"),
-    (b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "Bad status line"),
-    (b"\x00\x01\x02garbage\r\n\r\n", "Bad status line"),
-    (b"HTTP/1.1 200 OK\r\nX-\x1b[31m: 1\r\n\r\n", "Invalid header token: b'X-\\x1b[31m: 1'"),
-])
+@pytest.mark.parametrize(
+    "wire, said",
+    [
+        (b"HTTPX/9 banana\r\n\r\n", "Bad status line: Expected HTTP/, RTSP/ or ICE/: b'HTTPX/9 banana'"),
+        (b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "Bad status line"),
+        (b"\x00\x01\x02garbage\r\n\r\n", "Bad status line"),
+        (b"HTTP/1.1 200 OK\r\nX-\x1b[31m: 1\r\n\r\n", "Invalid header token: b'X-\\x1b[31m: 1'"),
+    ],
+)
 def test_a_malformed_status_line_or_header_is_one_line(wire, said):
     with RawServer(raw(wire)) as server:
         message = _error(server.url())
@@ -55,14 +58,18 @@ def test_a_malformed_status_line_or_header_is_one_line(wire, said):
 def test_a_body_shorter_than_its_content_length_is_refused():
     with RawServer(respond(EXPOSITION, content_length=1000)) as server:
         message = _error(server.url())
-    assert message == f"{server.url()}: the body was cut short (Not enough data to satisfy content length header " \
+    assert (
+        message == f"{server.url()}: the body was cut short (Not enough data to satisfy content length header "
         "(received 19 of 1000 bytes).)"
+    )
 
 
 def test_a_body_past_the_cap_is_refused_whether_announced_or_not():
     with RawServer(respond("x" * 5000)) as server:
-        assert _error(server.url(), max_bytes=1000) == f"{server.url()} announces 5,000 bytes, more than the " \
+        assert (
+            _error(server.url(), max_bytes=1000) == f"{server.url()} announces 5,000 bytes, more than the "
             "1,000 read at most"
+        )
     with RawServer(trickle(b"x" * 600, every_s=0.01)) as server:  # chunked: no length announced
         assert _error(server.url(), max_bytes=1000) == f"{server.url()} sent more than 1,000 bytes"
 
@@ -87,8 +94,7 @@ def test_a_redirect_off_http_is_not_followed(location):
 
 
 def test_a_redirect_within_http_is_followed():
-    with RawServer(redirects({"/metrics": "/real"})) as target, \
-            RawServer(respond(EXPOSITION)) as real:
+    with RawServer(redirects({"/metrics": "/real"})) as target, RawServer(respond(EXPOSITION)) as real:
         with RawServer(redirects({"/metrics": real.url("/m")})) as first:
             result = fetch_sync(first.url())
         assert (result.status, result.url, result.text()) == (200, real.url("/m"), EXPOSITION)
@@ -109,10 +115,12 @@ def test_nothing_listening_is_one_line():
 
 def test_one_session_serves_many_fetches_at_once():
     """The load generator's use: one session, requests in flight together, each with its own deadline."""
+
     async def run(url: str) -> list[int]:
         async with open_session() as session:
-            results = await asyncio.gather(*(fetch(url, session=session, method="POST", json={"i": i})
-                                             for i in range(8)))
+            results = await asyncio.gather(
+                *(fetch(url, session=session, method="POST", json={"i": i}) for i in range(8))
+            )
         return [r.status for r in results]
 
     with RawServer(respond(EXPOSITION)) as server:

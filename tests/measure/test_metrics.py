@@ -23,8 +23,16 @@ from kvbench.measure.metrics import KvMetrics, online_fragmentation, quantile, w
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
-SHAPE = ModelShape("test-metrics", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
-                   intermediate_size=128, vocab_size=256, dtype="fp32")
+SHAPE = ModelShape(
+    "test-metrics",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    vocab_size=256,
+    dtype="fp32",
+)
 PROMPT_LENS = (5, 17, 9, 12, 3, 8)
 MAX_TOKENS = 10
 
@@ -53,8 +61,10 @@ def model():
 def _requests() -> list[Request]:
     generator = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [make_request(i, torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(), params)
-            for i, n in enumerate(PROMPT_LENS)]
+    return [
+        make_request(i, torch.randint(0, SHAPE.vocab_size, (n,), generator=generator).tolist(), params)
+        for i, n in enumerate(PROMPT_LENS)
+    ]
 
 
 @pytest.mark.parametrize(("engine", "num_blocks"), [("paged", 7), ("contiguous", 12)])
@@ -86,7 +96,8 @@ def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatc
         assert value(samples, "kvbench_kv_cache_blocks_capacity", engine) == pool.num_blocks == num_blocks
         used = sum(written_slots(r) for r in scheduler.running.values())
         assert value(samples, "kvbench_kv_cache_fragmentation", engine) == pytest.approx(
-            online_fragmentation(used, pool.num_used * 4))
+            online_fragmentation(used, pool.num_used * 4)
+        )
         assert value(samples, "kvbench_requests_running", engine) == len(scheduler.running) <= len(record.live)
         assert value(samples, "kvbench_requests_waiting", engine) == len(scheduler.waiting)
         assert value(samples, "kvbench_num_preemptions_total", engine) == scheduler.num_preemptions
@@ -147,9 +158,17 @@ def test_textfile_is_written_and_parseable_and_the_global_registry_is_untouched(
     metrics.observe("paged", scheduler)
     path = metrics.write_textfile(tmp_path / "sub" / "metrics.prom")
     families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
-    assert {"kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
-            "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds", "kvbench_num_preemptions",
-            "kvbench_requests_running", "kvbench_requests_waiting", "kvbench_generated_tokens"} <= set(families)
+    assert {
+        "kvbench_kv_cache_blocks_used",
+        "kvbench_kv_cache_blocks_free",
+        "kvbench_kv_cache_blocks_capacity",
+        "kvbench_kv_cache_fragmentation",
+        "kvbench_block_alloc_latency_seconds",
+        "kvbench_num_preemptions",
+        "kvbench_requests_running",
+        "kvbench_requests_waiting",
+        "kvbench_generated_tokens",
+    } <= set(families)
     used = families["kvbench_kv_cache_blocks_used"].samples[0]
     assert used.labels == {"engine": "paged", "device": "cuda:0"} and used.value == 3  # 2 + 1 blocks of 4
     frag = families["kvbench_kv_cache_fragmentation"].samples[0].value
@@ -189,8 +208,19 @@ def test_fleet_metrics_label_each_instance_and_diagnose_reads_them_one_by_one():
     from kvbench.report.diagnose import diagnose_states, load_thresholds, read_states
 
     def stats(free, preemptions=0, finished=0):
-        return InstanceStats(time=1.0, total_blocks=100, free_blocks=free, running=3, waiting=2, waiting_blocks=4,
-                             preemptions=preemptions, finished=finished, rejected=0, prompt_tokens=10, cached_tokens=0)
+        return InstanceStats(
+            time=1.0,
+            total_blocks=100,
+            free_blocks=free,
+            running=3,
+            waiting=2,
+            waiting_blocks=4,
+            preemptions=preemptions,
+            finished=finished,
+            rejected=0,
+            prompt_tokens=10,
+            cached_tokens=0,
+        )
 
     metrics = FleetMetrics("paged", "cpu")
     metrics.begin_policy("round-robin")
@@ -201,8 +231,11 @@ def test_fleet_metrics_label_each_instance_and_diagnose_reads_them_one_by_one():
     families = {f.name: f for f in text_string_to_metric_families(metrics.exposition())}
     free = {s.labels["instance"]: s.value for s in families["kvbench_kv_cache_blocks_free"].samples}
     assert free == {"0": 80.0, "1": 4.0}
-    finished = {s.labels["instance"]: s.value for s in families["kvbench_requests_finished"].samples
-                if s.name.endswith("_total")}
+    finished = {
+        s.labels["instance"]: s.value
+        for s in families["kvbench_requests_finished"].samples
+        if s.name.endswith("_total")
+    }
     assert finished == {"0": 4.0, "1": 5.0}
     diagnosis = diagnose_states(read_states(metrics.exposition()), load_thresholds(None))
     assert diagnosis.checked == 2

@@ -32,7 +32,17 @@ def test_row_counts_take_the_nearest_measured_on_a_log_scale() -> None:
     c = choice((ONEDNN, ONEDNN, PLAIN, ONEDNN, BF16W))
     # boundaries at the geometric means of 1, 16, 64, 256, 1024: 4, 32, 128, 512
     assert [c.path_at(r) for r in (1, 3, 4, 31, 32, 127, 128, 511, 512, 10**6)] == [
-        ONEDNN, ONEDNN, ONEDNN, ONEDNN, PLAIN, PLAIN, ONEDNN, ONEDNN, BF16W, BF16W]
+        ONEDNN,
+        ONEDNN,
+        ONEDNN,
+        ONEDNN,
+        PLAIN,
+        PLAIN,
+        ONEDNN,
+        ONEDNN,
+        BF16W,
+        BF16W,
+    ]
     assert c.routes() == ((0, 32, ONEDNN), (32, 128, PLAIN), (128, 512, ONEDNN), (512, 1 << 62, BF16W))
     assert c.copies == (ONEDNN, BF16W)
     assert choice((PLAIN, PLAIN, ONEDNN, ONEDNN, ONEDNN)).routes() == ((0, 32, PLAIN), (32, 1 << 62, ONEDNN))
@@ -41,23 +51,30 @@ def test_row_counts_take_the_nearest_measured_on_a_log_scale() -> None:
 
 def test_the_decision_keeps_few_copies_and_takes_another_path_only_when_clearly_faster() -> None:
     weight = torch.zeros(8, 8)
-    timings = {1: {PLAIN: 10.0, ONEDNN: 10.3},  # plain 3% faster: a tie, the main path (oneDNN) kept
-               16: {PLAIN: 100.0, ONEDNN: 50.0},
-               64: {PLAIN: 300.0, ONEDNN: 100.0},
-               256: {PLAIN: 50.0, ONEDNN: 100.0}}  # plain twice as fast: taken
+    timings = {
+        1: {PLAIN: 10.0, ONEDNN: 10.3},  # plain 3% faster: a tie, the main path (oneDNN) kept
+        16: {PLAIN: 100.0, ONEDNN: 50.0},
+        64: {PLAIN: 300.0, ONEDNN: 100.0},
+        256: {PLAIN: 50.0, ONEDNN: 100.0},
+    }  # plain twice as fast: taken
     c = cpu_choices._decide("o_proj", weight, timings)  # two wins each: oneDNN, faster overall, is the main path
     assert (c.copies, c.paths) == ((ONEDNN,), (ONEDNN, ONEDNN, ONEDNN, PLAIN))
     everywhere = cpu_choices._decide("o_proj", weight, {r: {PLAIN: 1.0, ONEDNN: 2.0} for r in (1, 16)})
     assert everywhere.copies == () and everywhere.paths == (PLAIN, PLAIN)
     # fp32 on a Zen 5, the cache emptied before each call (as measured): the bfloat16 copy wins at one row, oneDNN
     # from 64; both copies are kept, each where it is the faster
-    zen5 = {1: {PLAIN: 533.6, ONEDNN: 356.5, BF16W: 187.0}, 16: {PLAIN: 1519.2, ONEDNN: 629.2, BF16W: 720.3},
-            64: {PLAIN: 3481.4, ONEDNN: 1288.9, BF16W: 1502.8}, 256: {PLAIN: 10399.5, ONEDNN: 4292.7, BF16W: 4942.2},
-            1024: {PLAIN: 39417.2, ONEDNN: 17851.2, BF16W: 20980.3}}
+    zen5 = {
+        1: {PLAIN: 533.6, ONEDNN: 356.5, BF16W: 187.0},
+        16: {PLAIN: 1519.2, ONEDNN: 629.2, BF16W: 720.3},
+        64: {PLAIN: 3481.4, ONEDNN: 1288.9, BF16W: 1502.8},
+        256: {PLAIN: 10399.5, ONEDNN: 4292.7, BF16W: 4942.2},
+        1024: {PLAIN: 39417.2, ONEDNN: 17851.2, BF16W: 20980.3},
+    }
     mixed = cpu_choices._decide("gate_up_proj", weight, zen5)
     assert mixed.paths == (BF16W, ONEDNN, ONEDNN, ONEDNN, ONEDNN) and mixed.copies == (BF16W, ONEDNN)
-    amx = cpu_choices._decide("o_proj", weight, {1: {PLAIN: 9.0, ONEDNN: 8.0, "AMX": 8.2},
-                                                 64: {PLAIN: 90.0, ONEDNN: 80.0, "AMX": 20.0}})
+    amx = cpu_choices._decide(
+        "o_proj", weight, {1: {PLAIN: 9.0, ONEDNN: 8.0, "AMX": 8.2}, 64: {PLAIN: 90.0, ONEDNN: 80.0, "AMX": 20.0}}
+    )
     assert amx.paths == ("AMX", "AMX")  # a tie at one row and a win at 64: one copy, AMX's
 
 
@@ -87,8 +104,9 @@ def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
     assert plan.as_dict()["weights"]["o_proj"]["timings_us"]["1"][PLAIN] == o_proj.timings_us[1][PLAIN]
 
 
-@pytest.mark.parametrize(("forced", "expected"), [("plain", ()), ("oneDNN", (ONEDNN,)), ("packed", (ONEDNN,)),
-                                                  ("bf16-weights", (ONEDNN,))])  # float32 values: not bf16-weights'
+@pytest.mark.parametrize(
+    ("forced", "expected"), [("plain", ()), ("oneDNN", (ONEDNN,)), ("packed", (ONEDNN,)), ("bf16-weights", (ONEDNN,))]
+)  # float32 values: not bf16-weights'
 def test_a_forced_path_measures_nothing(monkeypatch, forced: str, expected) -> None:
     monkeypatch.setenv(cpu_choices.FORCE_ENV, forced)
     plan = cpu_choices.measure_plan(_weights())
@@ -106,15 +124,37 @@ def test_the_runner_follows_the_plan_row_count_by_row_count(monkeypatch) -> None
 
     if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
         pytest.skip("oneDNN packing unavailable here")
-    shape = ModelShape("plan", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                       vocab_size=128, max_position_embeddings=64, dtype="fp32")
+    shape = ModelShape(
+        "plan",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=96,
+        vocab_size=128,
+        max_position_embeddings=64,
+        dtype="fp32",
+    )
     model = build_random_model(shape, seed=3)
-    shapes = {"qkv_proj": (128, 64), "o_proj": (64, 64), "gate_up_proj": (192, 64), "down_proj": (64, 96),
-              "lm_head": (128, 64)}
-    plan = cpu_choices.MatmulPlan(torch.get_num_threads(), torch.float32, {
-        **{role: MatmulChoice(role, shapes[role], ROWS, (ONEDNN, ONEDNN, ONEDNN, PLAIN, PLAIN))
-           for role in (*LAYER_MATMULS, "lm_head")},
-        "o_proj": MatmulChoice("o_proj", shapes["o_proj"], ROWS, (PLAIN,) * 5)}, "given")
+    shapes = {
+        "qkv_proj": (128, 64),
+        "o_proj": (64, 64),
+        "gate_up_proj": (192, 64),
+        "down_proj": (64, 96),
+        "lm_head": (128, 64),
+    }
+    plan = cpu_choices.MatmulPlan(
+        torch.get_num_threads(),
+        torch.float32,
+        {
+            **{
+                role: MatmulChoice(role, shapes[role], ROWS, (ONEDNN, ONEDNN, ONEDNN, PLAIN, PLAIN))
+                for role in (*LAYER_MATMULS, "lm_head")
+            },
+            "o_proj": MatmulChoice("o_proj", shapes["o_proj"], ROWS, (PLAIN,) * 5),
+        },
+        "given",
+    )
     setattr(model, cpu_choices._PLAN_ATTR, plan)
     runner = ModelRunner(model, num_blocks=8, block_size=4)
     assert runner.matmul_plan is plan

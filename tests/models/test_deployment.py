@@ -28,9 +28,16 @@ def published(name: str):
     return shape_from_config(PUBLISHED / f"{name}.json", name=name)
 
 
-@pytest.mark.parametrize("layers, stages, sizes", [
-    (80, 1, [80]), (80, 2, [40, 40]), (80, 3, [27, 27, 26]), (61, 4, [15, 15, 16, 15]), (30, 4, [7, 8, 8, 7]),
-])
+@pytest.mark.parametrize(
+    "layers, stages, sizes",
+    [
+        (80, 1, [80]),
+        (80, 2, [40, 40]),
+        (80, 3, [27, 27, 26]),
+        (61, 4, [15, 15, 16, 15]),
+        (30, 4, [7, 8, 8, 7]),
+    ],
+)
 def test_pipeline_stages_follow_vllm(layers, stages, sizes):
     # vLLM: layers // PP each; the remainder one each to the stages before the last, from the second-to-last back
     ranges = pipeline_stages(layers, stages)
@@ -101,11 +108,14 @@ def test_the_budget_and_kv_cache_memory():
     assert not too_much.weights_fit
 
 
-@pytest.mark.parametrize("tensor, pipeline, message", [
-    (3, 1, "tensor parallel size 3 does not divide the 40 attention heads"),
-    (1, 41, "pipeline parallel size 41 exceeds the 40 layers"),
-    (0, 1, "tensor parallel size must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "tensor, pipeline, message",
+    [
+        (3, 1, "tensor parallel size 3 does not divide the 40 attention heads"),
+        (1, 41, "pipeline parallel size 41 exceeds the 40 layers"),
+        (0, 1, "tensor parallel size must be a positive integer"),
+    ],
+)
 def test_parallelism_vllm_refuses(tensor, pipeline, message):
     with pytest.raises(KvbenchError, match=message):
         check_parallelism(resolve_model("llama-2-13b"), Parallelism(tensor, pipeline))

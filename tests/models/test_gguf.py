@@ -25,7 +25,13 @@ def test_shape_comes_from_the_header(tiny_gguf):
     path, _ = tiny_gguf
     shape = shape_from_gguf(path)
     want = tiny_shape(len(vocabulary()))
-    assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim) == (2, 64, 4, 2, 16)
+    assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim) == (
+        2,
+        64,
+        4,
+        2,
+        16,
+    )
     assert (shape.intermediate_size, shape.vocab_size, shape.max_position_embeddings) == (96, want.vocab_size, 512)
     assert shape.tie_word_embeddings and shape.eos_token_id == EOS_ID and shape.dtype == "fp32"
     assert shape.num_parameters == want.num_parameters
@@ -37,8 +43,10 @@ def test_shape_comes_from_the_header(tiny_gguf):
 
 def test_waste_and_capacity_read_a_gguf_model_without_loading_weights(tiny_gguf, tmp_path, capsys):
     path, _ = tiny_gguf
-    assert main(["capacity", "--model", str(path), "--gpu", "l4-24g", "--max-len", "512", "--mean-len", "100",
-                 "--json"]) == 0
+    assert (
+        main(["capacity", "--model", str(path), "--gpu", "l4-24g", "--max-len", "512", "--mean-len", "100", "--json"])
+        == 0
+    )
     assert '"vocab_size": 267' in capsys.readouterr().out
 
 
@@ -50,8 +58,20 @@ def test_a_truncated_gguf_is_one_line(tiny_gguf, tmp_path, capsys):
         short.write_bytes(data[:cut])
         with pytest.raises(KvbenchError, match="truncated GGUF file"):
             shape_from_gguf(short)
-    assert main(["sweep", "--model", str(tmp_path / f"cut{len(data) - 100}.gguf"), "--scenario", "ci-smoke",
-                 "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                "--model",
+                str(tmp_path / f"cut{len(data) - 100}.gguf"),
+                "--scenario",
+                "ci-smoke",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: truncated GGUF file")
 
@@ -85,8 +105,9 @@ def test_weights_and_tokenizer_load_as_written(tiny_gguf):
     assert loaded.real_weights and loaded.can_stop_at_eos and EOS_ID in loaded.stop_token_ids
     for (name, want), got in zip(source.named_parameters(), loaded.model.parameters(), strict=True):
         assert torch.equal(want, got), name
-    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "the heat"}], tokenize=False,
-                                               add_generation_prompt=True)
+    ids = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "the heat"}], tokenize=False, add_generation_prompt=True
+    )
     assert ids.startswith("<|im_start|>user\nthe heat<|im_end|>")
 
 
@@ -104,9 +125,15 @@ def test_engines_emit_the_greedy_tokens_of_transformers_on_the_same_file(tiny_gg
     got = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     for prompt, tokens in zip(prompts, got, strict=True):
         with torch.no_grad():
-            out = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12,
-                                     eos_token_id=None, pad_token_id=0)
-        assert tokens == out[0, len(prompt):].tolist()
+            out = reference.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=12,
+                do_sample=False,
+                min_new_tokens=12,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        assert tokens == out[0, len(prompt) :].tolist()
     # with EOS: each answer is the reference's, cut after the first EOS
     stopped = llm.generate(prompts, SamplingParams(max_tokens=12, eos_token_id=tokens_of(got)))
     for full, cut in zip(got, stopped, strict=True):
@@ -132,8 +159,9 @@ def test_ggml_block_layouts_match_the_gguf_package():
     from kvbench.models.gguf_file import GGML_TYPES
 
     theirs = {kind.value: sizes for kind, sizes in GGML_QUANT_SIZES.items()}
-    assert {kind: (block, size) for kind, (_, block, size) in GGML_TYPES.items()} == \
-        {kind: theirs[kind] for kind in GGML_TYPES}
+    assert {kind: (block, size) for kind, (_, block, size) in GGML_TYPES.items()} == {
+        kind: theirs[kind] for kind in GGML_TYPES
+    }
 
 
 def test_weight_bytes_of_a_mixed_quantization_file(tmp_path):
@@ -149,9 +177,15 @@ def test_weight_bytes_of_a_mixed_quantization_file(tmp_path):
     path = tmp_path / "mixed.gguf"
     hidden, inter, layers, vocab = 64, 128, 2, 300
     writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("block_count", layers), ("context_length", 512), ("embedding_length", hidden),
-                       ("feed_forward_length", inter), ("attention.head_count", 4), ("attention.head_count_kv", 2),
-                       ("vocab_size", vocab)):
+    for key, value in (
+        ("block_count", layers),
+        ("context_length", 512),
+        ("embedding_length", hidden),
+        ("feed_forward_length", inter),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("vocab_size", vocab),
+    ):
         writer.add_uint32(f"llama.{key}", value)
     rng = np.random.default_rng(0)
 

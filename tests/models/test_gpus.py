@@ -8,9 +8,24 @@ from kvbench.models.resolve import resolve_model
 
 
 def test_presets_and_their_memory():
-    expected = {"a10g-24g": 24, "l4-24g": 24, "a100-40g": 40, "a100-80g": 80, "h100-80g": 80, "h200-141g": 141,
-                "h100-sxm-80g": 80, "h100-pcie-80g": 80, "b200-180g": 180, "gb200-186g": 186, "l40s-48g": 48,
-                "rtx4090-24g": 24, "rtx5090-32g": 32, "mi300x-192g": 192, "mi325x-256g": 256, "gaudi3-128g": 128}
+    expected = {
+        "a10g-24g": 24,
+        "l4-24g": 24,
+        "a100-40g": 40,
+        "a100-80g": 80,
+        "h100-80g": 80,
+        "h200-141g": 141,
+        "h100-sxm-80g": 80,
+        "h100-pcie-80g": 80,
+        "b200-180g": 180,
+        "gb200-186g": 186,
+        "l40s-48g": 48,
+        "rtx4090-24g": 24,
+        "rtx5090-32g": 32,
+        "mi300x-192g": 192,
+        "mi325x-256g": 256,
+        "gaudi3-128g": 128,
+    }
     assert {name: spec.memory_bytes // GIB for name, spec in GPU_PRESETS.items()} == expected
     assert all(spec.memory_bytes % GIB == 0 for spec in GPU_PRESETS.values())
     assert all(spec.bandwidth_bytes_per_s > 0 and spec.peak_flops > 0 for spec in GPU_PRESETS.values())

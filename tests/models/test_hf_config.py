@@ -16,18 +16,40 @@ from kvbench.models.resolve import resolve_model
 
 # Mixtral-8x7B as published (config.json of mistralai/Mixtral-8x7B-v0.1).
 MIXTRAL_8X7B = {
-    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "vocab_size": 32000, "max_position_embeddings": 32768, "num_local_experts": 8, "num_experts_per_tok": 2,
-    "tie_word_embeddings": False, "rope_theta": 1e6, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "tie_word_embeddings": False,
+    "rope_theta": 1e6,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
     "sliding_window": None,
 }
 # Qwen1.5-MoE-A2.7B: 60 routed experts (top-4) and a shared expert in every layer.
 QWEN_MOE_A2_7B = {
-    "model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
-    "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
-    "num_key_value_heads": 16, "vocab_size": 151936, "max_position_embeddings": 8192, "num_experts": 60,
-    "num_experts_per_tok": 4, "decoder_sparse_step": 1, "tie_word_embeddings": False, "rope_theta": 1e6,
+    "model_type": "qwen2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "vocab_size": 151936,
+    "max_position_embeddings": 8192,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "decoder_sparse_step": 1,
+    "tie_word_embeddings": False,
+    "rope_theta": 1e6,
 }
 
 
@@ -60,11 +82,28 @@ def test_qwen_moe_counts_routed_and_shared_experts(tmp_path: Path) -> None:
     assert shape.qkv_bias and not shape.o_bias
 
 
-MLA_SMALL = {"kv_lora_rank": 32, "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
-             "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "n_shared_experts": 1,
-             "first_k_dense_replace": 1, "num_key_value_heads": 4}
-SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
+MLA_SMALL = {
+    "kv_lora_rank": 32,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "num_key_value_heads": 4,
+}
+SMALL = {
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
 
 
 def _transformers_model(model_type: str, **overrides):
@@ -82,10 +121,26 @@ def _transformers_model(model_type: str, **overrides):
         ("mistral", {"head_dim": 32}),
         ("qwen2", {}),
         ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
-        ("qwen2_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                       "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
-        ("qwen2_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                       "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2}),
+        (
+            "qwen2_moe",
+            {
+                "num_experts": 6,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 48,
+                "mlp_only_layers": [1],
+            },
+        ),
+        (
+            "qwen2_moe",
+            {
+                "num_experts": 6,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 48,
+                "decoder_sparse_step": 2,
+            },
+        ),
         ("qwen3", {"head_dim": 32}),
         ("qwen3_moe", {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
         ("gemma", {"head_dim": 16}),
@@ -102,8 +157,11 @@ def test_parameter_counts_equal_transformers(tmp_path: Path, model_type: str, ov
     DeepSeek-V3's router bias as a buffer; tied embeddings counted once)."""
     config, model = _transformers_model(model_type, **overrides)
     shape = shape_from_config(write(tmp_path, json.loads(config.to_json_string())))
-    stored = {name: tensor for name, tensor in model.state_dict().items()
-              if not (config.tie_word_embeddings and name == "lm_head.weight")}
+    stored = {
+        name: tensor
+        for name, tensor in model.state_dict().items()
+        if not (config.tie_word_embeddings and name == "lm_head.weight")
+    }
     assert shape.num_parameters == sum(t.numel() for t in stored.values())
 
 
@@ -118,21 +176,51 @@ def test_dense_to_dict_keeps_its_keys() -> None:
 
 
 def test_unsupported_architecture_names_what_the_reader_understands(tmp_path: Path) -> None:
-    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_head": 12,
-            "n_layer": 12, "vocab_size": 50257, "n_positions": 1024}
+    gpt2 = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+    }
     with pytest.raises(KvbenchError) as caught:
         resolve_model(str(write(tmp_path, gpt2)))
     message = str(caught.value)
     assert message.startswith("unsupported architecture 'gpt2' in ") and str(tmp_path) in message
     assert message.endswith("the shape reader understands: " + ", ".join(SHAPE_ARCHITECTURES))
     assert "num_attention_heads" not in message
-    assert SHAPE_ARCHITECTURES == ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-                                   "gemma2", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3", "kimi_k2", "opt")
+    assert SHAPE_ARCHITECTURES == (
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "gpt_oss",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "opt",
+    )
 
 
 def test_opt_with_a_projected_embedding_is_refused(tmp_path: Path) -> None:
-    opt = {"model_type": "opt", "hidden_size": 1024, "word_embed_proj_dim": 512, "num_hidden_layers": 24,
-           "num_attention_heads": 16, "ffn_dim": 4096, "vocab_size": 50272, "max_position_embeddings": 2048}
+    opt = {
+        "model_type": "opt",
+        "hidden_size": 1024,
+        "word_embed_proj_dim": 512,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "ffn_dim": 4096,
+        "vocab_size": 50272,
+        "max_position_embeddings": 2048,
+    }
     with pytest.raises(KvbenchError, match="word_embed_proj_dim .512. differs from hidden_size"):
         resolve_model(str(write(tmp_path, opt)))
 
@@ -144,8 +232,17 @@ def test_opt_with_a_projected_embedding_is_refused(tmp_path: Path) -> None:
         ({"rope_type": "linear", "factor": 4.0}, 16384, 16384),  # linear configs give the extended length
         ({"rope_type": "dynamic", "factor": 2.0}, 4096, 8192),  # dynamic NTK stretches past it
         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768, 131072),
-        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}, 131072, 131072),
+        (
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            131072,
+            131072,
+        ),
     ],
 )
 def test_context_length_follows_rope_scaling(tmp_path: Path, scaling, max_pos: int, expected: int) -> None:
@@ -167,11 +264,17 @@ MALFORMED = [
     ("rope_scaling", {"type": "dynamic", "factor": -2.0}, "rope_scaling.factor must be a positive number"),
     ("rope_scaling", {"type": "linear", "factor": NAN}, "rope_scaling.factor must be a positive number, got nan"),
     ("rope_scaling", {"type": "linear"}, "rope scaling 'linear' needs factor"),
-    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0},
-     "high_freq_factor .4.0. must exceed low_freq_factor"),
+    (
+        "rope_scaling",
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0},
+        "high_freq_factor .4.0. must exceed low_freq_factor",
+    ),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "beta_fast": 0}, "rope_scaling.beta_fast must be a positive"),
-    ("rope_scaling", {"rope_type": "yarn", "original_max_position_embeddings": -64},
-     "original_max_position_embeddings must be a positive integer"),
+    (
+        "rope_scaling",
+        {"rope_type": "yarn", "original_max_position_embeddings": -64},
+        "original_max_position_embeddings must be a positive integer",
+    ),
     ("rope_parameters", "yarn", "rope_parameters must be a JSON object"),
     ("head_dim", 7, "head_dim 7 is odd: rotary embeddings need an even head_dim"),
     ("head_dim", 0, "head_dim must be a positive integer, got 0"),
@@ -225,16 +328,26 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     from kvbench.models.hf_model import build_random_model, llama_config_from_shape
     from kvbench.models.shapes import ModelShape
 
-    shape = ModelShape("small", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=48,
-                       vocab_size=64, max_position_embeddings=128, dtype="fp32")
+    shape = ModelShape(
+        "small",
+        num_layers=1,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=48,
+        vocab_size=64,
+        max_position_embeddings=128,
+        dtype="fp32",
+    )
     folder = tmp_path_factory.mktemp("checkpoint")
     build_random_model(shape).save_pretrained(folder, safe_serialization=True)
     return folder, json.loads(llama_config_from_shape(shape).to_json_string())
 
 
 @pytest.mark.parametrize("field, value, message", MALFORMED, ids=_IDS)
-def test_malformed_config_through_the_engine_loader(tmp_path: Path, checkpoint, field: str, value,
-                                                    message: str) -> None:
+def test_malformed_config_through_the_engine_loader(
+    tmp_path: Path, checkpoint, field: str, value, message: str
+) -> None:
     from kvbench.models.hf_model import load_local_model
     from kvbench.studies.local_model import load_model
 

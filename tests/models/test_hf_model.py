@@ -20,9 +20,20 @@ from kvbench.models.hf_model import (
 from kvbench.models.runner import ModelRunner
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape
 
-SMALL = ModelShape("small", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=48,
-                   vocab_size=64, max_position_embeddings=128, dtype="fp32", rope_theta=5000.0,
-                   rope_scaling={"type": "linear", "factor": 2.0}, eos_token_id=3)
+SMALL = ModelShape(
+    "small",
+    num_layers=1,
+    hidden_size=32,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=48,
+    vocab_size=64,
+    max_position_embeddings=128,
+    dtype="fp32",
+    rope_theta=5000.0,
+    rope_scaling={"type": "linear", "factor": 2.0},
+    eos_token_id=3,
+)
 
 
 def test_config_carries_the_shape() -> None:
@@ -83,8 +94,15 @@ def test_load_with_dtype(tmp_path: Path) -> None:
 def test_mistral_like_checkpoint_loads_as_llama(tmp_path: Path) -> None:
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=None)
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=None,
+    )
     mistral = MistralForCausalLM(config).eval()
     mistral.save_pretrained(tmp_path, safe_serialization=True)
     loaded = load_local_model(tmp_path)
@@ -190,8 +208,15 @@ def test_devices_and_dtypes() -> None:
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2", "qwen2_moe"])
 def test_shapes_the_engine_does_not_run_name_both_lists(tmp_path: Path, model_type: str) -> None:
     """The shape reader costs these; the tensor engine refuses them and says which it runs."""
-    write_config(tmp_path, model_type=model_type, architectures=[], num_local_experts=4, num_experts=4,
-                 num_experts_per_tok=2, moe_intermediate_size=16)
+    write_config(
+        tmp_path,
+        model_type=model_type,
+        architectures=[],
+        num_local_experts=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+    )
     with pytest.raises(KvbenchError) as caught:
         load_local_model(tmp_path)
     message = str(caught.value)
@@ -232,9 +257,17 @@ def test_a_checkpoint_missing_weights_is_one_line_without_a_progress_bar(tmp_pat
 
     from kvbench.cli import main
 
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-              "vocab_size": 512, "max_position_embeddings": 4096}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file({"model.embed_tokens.weight": torch.zeros(512, 64)}, str(tmp_path / "model.safetensors"))
     assert main(["sweep", "--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "run")]) == 2

@@ -49,11 +49,23 @@ def llama_8b() -> dict:
     return json.loads((PUBLISHED / "llama-3.1-8b-instruct.json").read_text())
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("meta-llama/Llama-3.1-8B-Instruct", True), ("openai/gpt-oss-120b", True), ("Qwen/Qwen3-235B-A22B", True),
-    ("gpt-5", False), ("./models/x", False), ("/abs/path", False), ("a/b/c", False), ("models/x.gguf", False),
-    ("dir/config.json", False), ("~/model", False), ("../up", False), ("owner/..", False),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", True),
+        ("openai/gpt-oss-120b", True),
+        ("Qwen/Qwen3-235B-A22B", True),
+        ("gpt-5", False),
+        ("./models/x", False),
+        ("/abs/path", False),
+        ("a/b/c", False),
+        ("models/x.gguf", False),
+        ("dir/config.json", False),
+        ("~/model", False),
+        ("../up", False),
+        ("owner/..", False),
+    ],
+)
 def test_what_reads_as_a_hub_id(spec, expected):
     assert looks_like_hub_id(spec) is expected
 

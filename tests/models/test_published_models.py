@@ -54,8 +54,7 @@ CHECKS = {
         ("KV values per token ((d_c + d_h^R) x layers)", m.kv_values_per_layer * m.num_layers, (512 + 64) * 61, 1),
     ],
     "gemma-3-27b-it.json": lambda m: [
-        ("non-embedding parameters, M",
-         (m.num_parameters - m.vision_parameters - embedding(m)) / 1e6, 25_600, 1),
+        ("non-embedding parameters, M", (m.num_parameters - m.vision_parameters - embedding(m)) / 1e6, 25_600, 1),
         ("embedding parameters, M (0.45% under: see the docs)", embedding(m) / 1e6, 1_416, 13),
         ("vision encoder, M (the projector apart)", (m.vision_parameters - 1152 - 1152 * 5376) / 1e6, 417, 1),
         ("global layers (1 in 6)", m.full_attention_layers, 62 // 6, 1),
@@ -78,8 +77,11 @@ CHECKS = {
 @pytest.mark.parametrize("fixture", sorted(CHECKS))
 def test_figures_agree_with_what_is_published(fixture):
     model = shape(fixture)
-    wrong = [(what, ours, published) for what, ours, published, precision in CHECKS[fixture](model)
-             if not within(ours, published, precision)]
+    wrong = [
+        (what, ours, published)
+        for what, ours, published, precision in CHECKS[fixture](model)
+        if not within(ours, published, precision)
+    ]
     assert wrong == []
 
 

@@ -47,8 +47,10 @@ def test_fp8_block_and_tensor_scales():
 
 def test_bitsandbytes_4bit_and_8bit():
     blocks = NUMEL // 64
-    assert nbytes({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}) \
+    assert (
+        nbytes({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
         == NUMEL // 2 + blocks * 4
+    )
     double = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True}
     assert nbytes(double) == NUMEL // 2 + blocks + -(-blocks // 256) * 4
     assert nbytes({"quant_method": "bitsandbytes", "_load_in_8bit": True}) == NUMEL + 11008 * 4
@@ -59,9 +61,17 @@ def test_mxfp4_is_four_and_a_quarter_bits():
 
 
 def test_compressed_tensors_fp8_per_channel():
-    config = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                  "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}}}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+            }
+        },
+    }
     assert nbytes(config) == NUMEL + 11008 * 2
     w4 = json.loads(json.dumps(config))
     w4["config_groups"]["group_0"]["weights"] = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
@@ -70,30 +80,38 @@ def test_compressed_tensors_fp8_per_channel():
 
 def test_what_is_never_quantized():
     awq = format_from_config({"quant_method": "awq", "bits": 4, "group_size": 128})
-    for group in (WeightGroup("embed", 32000, 4096), WeightGroup("lm_head", 32000, 4096), WeightGroup("router", 8, 4096),
-                  vector("norm", 4096, 2), vector("bias", 4096)):
+    for group in (
+        WeightGroup("embed", 32000, 4096),
+        WeightGroup("lm_head", 32000, 4096),
+        WeightGroup("router", 8, 4096),
+        vector("norm", 4096, 2),
+        vector("bias", 4096),
+    ):
         assert awq.group_bytes(group, 2) == group.parameters * 2
 
 
 def test_modules_not_converted_become_roles():
-    assert roles_of_modules(["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-                             "lm_head"]) == {"attn_q", "attn_kv", "attn_o", "mla_down", "mla_up", "router", "embed",
-                                             "lm_head"}
+    assert roles_of_modules(
+        ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    ) == {"attn_q", "attn_kv", "attn_o", "mla_down", "mla_up", "router", "embed", "lm_head"}
     assert roles_of_modules(["gate", "re:.*shared_expert.*", "visual"]) == {"router", "shared_expert", "vision"}
     gpt_oss = format_from_config({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]})
     assert gpt_oss.group_bytes(WeightGroup("attn_q", 4096, 2880), 2) == 4096 * 2880 * 2
     assert gpt_oss.group_bytes(WeightGroup("expert", 2880, 2880, 8), 2) == 8 * 2880 * 2880 * 17 // 32
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"quant_method": "hqq"}, "unsupported quantization_config.quant_method 'hqq'"),
-    ({"quant_method": "awq", "bits": 3}, "quantization_config.bits must be one of 4, 8"),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size must be a positive integer or -1"),
-    ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two positive integers"),
-    ({"quant_method": "bitsandbytes"}, "without load_in_4bit or load_in_8bit"),
-    ({"quant_method": "compressed-tensors", "config_groups": {}}, "one quantization group"),
-    ([1], "quantization_config must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"quant_method": "hqq"}, "unsupported quantization_config.quant_method 'hqq'"),
+        ({"quant_method": "awq", "bits": 3}, "quantization_config.bits must be one of 4, 8"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size must be a positive integer or -1"),
+        ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size must be two positive integers"),
+        ({"quant_method": "bitsandbytes"}, "without load_in_4bit or load_in_8bit"),
+        ({"quant_method": "compressed-tensors", "config_groups": {}}, "one quantization group"),
+        ([1], "quantization_config must be a JSON object"),
+    ],
+)
 def test_bad_quantization_configs_are_refused(config, message):
     with pytest.raises(KvbenchError, match=message):
         format_from_config(config)
@@ -101,9 +119,17 @@ def test_bad_quantization_configs_are_refused(config, message):
 
 def test_an_awq_checkpoint_by_hand(tmp_path):
     # Llama shape, 2 layers, hidden 256, MLP 512, 4 heads of 64 (2 KV heads), vocab 1,000, fp16; AWQ 4-bit g128
-    config = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "torch_dtype": "float16",
-              "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_config(tmp_path)
 

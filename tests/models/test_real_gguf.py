@@ -16,8 +16,9 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
 
 REAL = os.environ.get("KVBENCH_REAL_GGUF")
-pytestmark = pytest.mark.skipif(not REAL or not Path(REAL).is_file(),
-                                reason="set KVBENCH_REAL_GGUF to a real GGUF file to run this test")
+pytestmark = pytest.mark.skipif(
+    not REAL or not Path(REAL).is_file(), reason="set KVBENCH_REAL_GGUF to a real GGUF file to run this test"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,12 @@ def test_the_real_checkpoint_answers_like_transformers_and_stops_at_eos(loaded):
     from kvbench.studies.local_model import build_engine
 
     assert loaded.can_stop_at_eos and loaded.tokenizer.chat_template
-    prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                                  tokenize=False, add_generation_prompt=True)
+    prompt = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+    )
     ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
-        reference = loaded.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids):]
+        reference = loaded.model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids) :]
     for engine in ("paged", "contiguous"):
         llm = build_engine(loaded, EngineConfig(engine=engine, block_size=16, num_blocks=256, max_len=1024))
         tokens = llm.generate([ids], SamplingParams(max_tokens=48))[0]

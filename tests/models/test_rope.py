@@ -21,18 +21,38 @@ SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 2.5},
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 512},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    "yarn-mscale": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                    "mscale": 0.7, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2},
+    "yarn-mscale": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 0.7,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16,
+        "beta_slow": 2,
+    },
 }
 
 
 def hf_config(scaling: dict | None, max_pos: int = 64, theta: float = 10000.0) -> LlamaConfig:
     rope = {"rope_type": "default", **(scaling or {}), "rope_theta": theta}
-    return LlamaConfig(hidden_size=HEAD_DIM * 4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                       num_hidden_layers=1, vocab_size=32, max_position_embeddings=max_pos, rope_parameters=rope)
+    return LlamaConfig(
+        hidden_size=HEAD_DIM * 4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        vocab_size=32,
+        max_position_embeddings=max_pos,
+        rope_parameters=rope,
+    )
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))
@@ -89,7 +109,7 @@ def test_apply_rotary_matches_rotate_half() -> None:
     x = torch.randn(5, 3, HEAD_DIM, generator=torch.Generator().manual_seed(0))
     ours = RotaryEmbedding(rope_config(HEAD_DIM, 10000.0, 64, None))
     cos, sin = ours.cos_sin(torch.arange(5), 4)
-    rotated_half = torch.cat((-x[..., HEAD_DIM // 2:], x[..., : HEAD_DIM // 2]), -1)
+    rotated_half = torch.cat((-x[..., HEAD_DIM // 2 :], x[..., : HEAD_DIM // 2]), -1)
     expected = x * cos[:, None] + rotated_half * sin[:, None]
     assert torch.equal(apply_rotary(x, *ours.rotation(torch.arange(5), 4)), expected)
 

@@ -12,10 +12,29 @@ from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.runner import ModelRunner, _fused_bias, fuse_rows, kv_bytes_per_block
 from kvbench.models.shapes import ModelShape
 
-GQA = ModelShape("test-gqa", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                 vocab_size=384, max_position_embeddings=256, dtype="fp32")
-MHA = ModelShape("test-mha", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, intermediate_size=96,
-                 vocab_size=320, max_position_embeddings=256, dtype="fp32", tie_word_embeddings=True)
+GQA = ModelShape(
+    "test-gqa",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    vocab_size=384,
+    max_position_embeddings=256,
+    dtype="fp32",
+)
+MHA = ModelShape(
+    "test-mha",
+    num_layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=4,
+    intermediate_size=96,
+    vocab_size=320,
+    max_position_embeddings=256,
+    dtype="fp32",
+    tie_word_embeddings=True,
+)
 SHAPES = {"gqa": GQA, "mha": MHA}
 PROMPT_LENS = (5, 13, 9)
 NEW_TOKENS = 24
@@ -62,9 +81,16 @@ def _generate(shape: ModelShape, num_new: int, model=None) -> list[list[int]]:
     outputs = []
     for prompt in make_prompts(shape.vocab_size):
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=num_new,
-                             min_new_tokens=num_new, eos_token_id=None, pad_token_id=0)
-        outputs.append(out[0, len(prompt):].tolist())
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=num_new,
+            min_new_tokens=num_new,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
 
@@ -88,8 +114,9 @@ def runner_greedy(runner: ModelRunner, prompts: list[list[int]], num_new: int, b
 @pytest.mark.parametrize("kind", ["gqa", "mha"])
 def test_greedy_matches_transformers_generate(kind: str, block_size: int, backend: str | None) -> None:
     shape = SHAPES[kind]
-    runner = ModelRunner(model_for(shape), num_blocks=NUM_BLOCKS * 2 // block_size + 16, block_size=block_size,
-                         kernel_backend=backend)
+    runner = ModelRunner(
+        model_for(shape), num_blocks=NUM_BLOCKS * 2 // block_size + 16, block_size=block_size, kernel_backend=backend
+    )
     assert runner.native_ops == (runner.kernel_backend == "native")  # one switch for the C attention and ops
     outputs = runner_greedy(runner, make_prompts(shape.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
     expected = hf_greedy(shape)
@@ -190,8 +217,13 @@ def test_shared_prefix_blocks() -> None:
 ROPE_SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 256},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
 }
 
@@ -199,8 +231,9 @@ ROPE_SCALINGS = {
 @pytest.mark.parametrize("name", list(ROPE_SCALINGS))
 def test_rope_scaling_generate_matches_transformers(name: str) -> None:
     # max_position_embeddings 16: prompts (< 16 tokens) grow past it, so dynamic NTK scaling engages
-    shape = replace(GQA, name=f"gqa-{name}", rope_scaling=ROPE_SCALINGS[name], max_position_embeddings=16,
-                    rope_theta=500.0)
+    shape = replace(
+        GQA, name=f"gqa-{name}", rope_scaling=ROPE_SCALINGS[name], max_position_embeddings=16, rope_theta=500.0
+    )
     runner = ModelRunner(model_for(shape), num_blocks=64, block_size=5)
     outputs = runner_greedy(runner, make_prompts(shape.vocab_size), NEW_TOKENS, BlockCounter(64, seed=2))
     assert outputs == hf_greedy(shape)
@@ -252,12 +285,14 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
     assert packed.layers[0].qkv_proj.plain.data_ptr() == plain.layers[0].qkv_proj.data_ptr()  # not a third copy
     assert not model.model.layers[0].self_attn.q_proj.weight.is_mkldnn
     chunk = [([3, 1, 4, 1, 5], 0, [0, 1])]
-    torch.testing.assert_close(packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        packed.forward(packed.build_step(chunk)), plain.forward(plain.build_step(chunk)), rtol=1e-4, atol=1e-4
+    )
     weight = packed.layers[0].gate_up_proj
     rows = torch.randn(300, GQA.hidden_size)
-    torch.testing.assert_close(cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain),
-                               rtol=1e-4, atol=1e-4)  # (which path takes which row count: test_cpu_choices.py)
+    torch.testing.assert_close(
+        cpu_linear.linear(rows, weight), torch.nn.functional.linear(rows, weight.plain), rtol=1e-4, atol=1e-4
+    )  # (which path takes which row count: test_cpu_choices.py)
 
 
 def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,8 +307,14 @@ def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(mo
     linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}.values()
     assert cpu_linear.packed_copy_bytes(model) == sum(cpu_amx.packed_bytes(w) for w in linears)
     runner = ModelRunner(model, num_blocks=NUM_BLOCKS, block_size=16)
-    weights = [runner.lm_head, *(getattr(layer, name) for layer in runner.layers
-                                 for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))]
+    weights = [
+        runner.lm_head,
+        *(
+            getattr(layer, name)
+            for layer in runner.layers
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        ),
+    ]
     assert all(set(w.copies) == {"AMX"} and isinstance(w.copies["AMX"], cpu_amx.AmxWeight) for w in weights)
     expected = _generate(GQA, NEW_TOKENS, model)
     outputs = runner_greedy(runner, make_prompts(GQA.vocab_size), NEW_TOKENS, BlockCounter(runner.num_blocks))
@@ -334,10 +375,20 @@ def test_matmul_rows_bound_the_row_counts_a_packed_weight_meets() -> None:
 
     sizes = range(1, 1025)
     padded = [matmul_rows(rows) for rows in sizes]
-    assert all(rows <= p <= rows * (1.25 if rows <= DECODE_ROWS else 1.125) for rows, p in zip(sizes, padded, strict=True))
+    assert all(
+        rows <= p <= rows * (1.25 if rows <= DECODE_ROWS else 1.125) for rows, p in zip(sizes, padded, strict=True)
+    )
     assert [matmul_rows(rows) for rows in range(1, EXACT_ROWS + 1)] == list(range(1, EXACT_ROWS + 1))
-    assert sorted({matmul_rows(rows) for rows in range(EXACT_ROWS + 1, DECODE_ROWS + 1)}) == [20, 24, 28, 32, 40, 48,
-                                                                                                56, 64]
+    assert sorted({matmul_rows(rows) for rows in range(EXACT_ROWS + 1, DECODE_ROWS + 1)}) == [
+        20,
+        24,
+        28,
+        32,
+        40,
+        48,
+        56,
+        64,
+    ]
     assert len(set(padded)) == EXACT_ROWS + 4 * 2 + 8 * 4  # 4 steps in each power of two to 64, 8 from 64 to 1024
     assert matmul_rows(65) == 72 and matmul_rows(300) == 320 and matmul_rows(1000) == 1024
 

@@ -81,8 +81,13 @@ def test_same_seed_same_draws_whatever_the_batch() -> None:
     target = SamplingParams(temperature=1.0, top_p=0.95, top_k=20, seed=42)
     alone_gen = make_generator(42)
     alone = [sample(logits[2:3], [target], [alone_gen])[0] for _ in range(20)]
-    neighbours = [SamplingParams(), SamplingParams(temperature=0.7, seed=1), target,
-                  SamplingParams(temperature=2.0, seed=2), SamplingParams(temperature=1.0, top_k=3, seed=3)]
+    neighbours = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7, seed=1),
+        target,
+        SamplingParams(temperature=2.0, seed=2),
+        SamplingParams(temperature=1.0, top_k=3, seed=3),
+    ]
     gens = [None] + [make_generator(p.seed) for p in neighbours[1:]]
     batched = [sample(logits, neighbours, gens)[2] for _ in range(20)]
     assert batched == alone

@@ -53,14 +53,16 @@ def test_opt_13b_parameter_count():
 
 def test_small_shapes_count_like_transformers():
     # Checked once against transformers' LlamaForCausalLM / OPTForCausalLM built from the same config.
-    llama = ModelShape("l", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                       vocab_size=100)
+    llama = ModelShape(
+        "l", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=100
+    )
     # per layer: q 64x64 + k,v 2x64x32 + o 64x64 + MLP 3x64x128 + 2 norms x64 = 36,992;
     # x2 layers + embed 6,400 + lm_head 6,400 + final norm 64
     assert llama.head_dim == 16
     assert llama.num_parameters == 2 * 36_992 + 6_400 + 6_400 + 64 == 86_848
-    opt = ModelShape("o", 2, 64, 4, 4, 128, 100, max_position_embeddings=32, architecture="opt",
-                     tie_word_embeddings=True)
+    opt = ModelShape(
+        "o", 2, 64, 4, 4, 128, 100, max_position_embeddings=32, architecture="opt", tie_word_embeddings=True
+    )
     assert opt.num_parameters == 75_648
 
 
@@ -126,9 +128,17 @@ def test_config_with_explicit_head_dim_and_no_kv_heads(tmp_path):
 
 
 def test_opt_config(tmp_path):
-    config = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "ffn_dim": 128, "vocab_size": 100, "max_position_embeddings": 32, "torch_dtype": "float16",
-              "word_embed_proj_dim": 64}
+    config = {
+        "model_type": "opt",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "ffn_dim": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 32,
+        "torch_dtype": "float16",
+        "word_embed_proj_dim": 64,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_config(tmp_path)
     assert shape.architecture == "opt" and shape.num_kv_heads == 4 and shape.num_parameters == 75_648
@@ -191,10 +201,23 @@ def test_transformers_5_rope_parameters_are_read(tmp_path):
 
     from kvbench.models.hf_config import shape_from_config
 
-    config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256,
-              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0}}
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 256,
+        "rope_parameters": {
+            "rope_theta": 500000.0,
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     shape = shape_from_config(tmp_path)
     assert shape.rope_theta == 500000.0
@@ -207,18 +230,28 @@ def test_transformers_5_rope_parameters_are_read(tmp_path):
 # ------------------------------------------------------------------------------------------------ KV arithmetic
 # Each figure below is written out by hand: values per token and layer x layers x bytes.
 
+
 def _config(tmp_path, **fields):
-    base = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-            "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+    base = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "config.json").write_text(json.dumps({**base, **fields}))
     return shape_from_config(tmp_path)
 
 
 def test_explicit_head_dim_sets_the_kv_width(tmp_path):
     # Mistral-Nemo: hidden 5120 over 32 heads would be 160, but head_dim is 128
-    shape = _config(tmp_path, model_type="mistral", hidden_size=5120, num_hidden_layers=40, head_dim=128,
-                    sliding_window=None)
+    shape = _config(
+        tmp_path, model_type="mistral", hidden_size=5120, num_hidden_layers=40, head_dim=128, sliding_window=None
+    )
     assert shape.head_dim == 128
     assert shape.bytes_per_token == 2 * 40 * 8 * 128 * 2 == 163_840
 
@@ -241,8 +274,17 @@ def test_mistral_sliding_window_stops_growing_at_the_window(tmp_path):
 
 def test_gemma_2_alternates_windowed_and_global_layers(tmp_path):
     # Gemma-2-9B: 42 layers, the even ones (from layer 0) windowed at 4,096 tokens; 8 KV heads of 256
-    shape = _config(tmp_path, model_type="gemma2", hidden_size=3584, num_hidden_layers=42, num_attention_heads=16,
-                    num_key_value_heads=8, head_dim=256, sliding_window=4096, max_position_embeddings=8192)
+    shape = _config(
+        tmp_path,
+        model_type="gemma2",
+        hidden_size=3584,
+        num_hidden_layers=42,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        sliding_window=4096,
+        max_position_embeddings=8192,
+    )
     per_token_layer = 2 * 8 * 256 * 2
     assert shape.sliding_layers == tuple(range(0, 42, 2))
     assert shape.kv_bytes(8192) == (21 * 8192 + 21 * 4096) * per_token_layer
@@ -250,9 +292,17 @@ def test_gemma_2_alternates_windowed_and_global_layers(tmp_path):
 
 def test_gemma_3_keeps_one_global_layer_in_six(tmp_path):
     # Gemma-3-27B: 62 layers, sliding_window_pattern 6 (transformers' default): layers 5, 11, ..., 59 global
-    shape = _config(tmp_path, model_type="gemma3_text", hidden_size=5376, num_hidden_layers=62,
-                    num_attention_heads=32, num_key_value_heads=16, head_dim=128, sliding_window=1024,
-                    max_position_embeddings=131072)
+    shape = _config(
+        tmp_path,
+        model_type="gemma3_text",
+        hidden_size=5376,
+        num_hidden_layers=62,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        head_dim=128,
+        sliding_window=1024,
+        max_position_embeddings=131072,
+    )
     global_layers = [i for i in range(62) if i not in shape.sliding_layers]
     assert global_layers == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
     assert shape.kv_bytes(32768) == (10 * 32768 + 52 * 1024) * (2 * 16 * 128 * 2)
@@ -261,9 +311,19 @@ def test_gemma_3_keeps_one_global_layer_in_six(tmp_path):
 
 def test_layer_types_name_the_windowed_layers(tmp_path):
     # gpt-oss: layer_types alternates sliding_attention (window 128) and full_attention
-    shape = _config(tmp_path, model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
-                    num_attention_heads=64, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
-                    sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2)
+    shape = _config(
+        tmp_path,
+        model_type="gpt_oss",
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=4,
+        num_attention_heads=64,
+        head_dim=64,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )
     assert shape.sliding_layers == (0, 2) and shape.attention_sinks and shape.o_bias and shape.qkv_bias
     assert shape.kv_bytes(1000) == (2 * 1000 + 2 * 128) * (2 * 8 * 64 * 2)
     with pytest.raises(KvbenchError, match="layer_types: unsupported attention type 'linear_attention'"):
@@ -284,11 +344,26 @@ def test_a_window_past_the_context_is_no_window(tmp_path):
 
 def test_multi_head_latent_attention_caches_the_latent_and_the_rotary_key(tmp_path):
     # DeepSeek-V3: per token and layer kv_lora_rank 512 + qk_rope_head_dim 64 values, not 2 x 128 heads x 192
-    shape = _config(tmp_path, model_type="deepseek_v3", hidden_size=7168, num_hidden_layers=61,
-                    num_attention_heads=128, num_key_value_heads=128, kv_lora_rank=512, qk_rope_head_dim=64,
-                    qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536, intermediate_size=18432,
-                    n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
-                    first_k_dense_replace=3, vocab_size=129280)
+    shape = _config(
+        tmp_path,
+        model_type="deepseek_v3",
+        hidden_size=7168,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        q_lora_rank=1536,
+        intermediate_size=18432,
+        n_routed_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        n_shared_experts=1,
+        first_k_dense_replace=3,
+        vocab_size=129280,
+    )
     assert shape.bytes_per_token == 61 * (512 + 64) * 2 == 70_272
     assert shape.with_kv_dtype("fp8").bytes_per_token == 61 * 576 * 1
     assert shape.kv_bytes(1000) == 1000 * 70_272
@@ -317,11 +392,28 @@ def test_moe_weights_count_every_expert():
 
 def test_kimi_k2_is_latent_attention_with_one_dense_layer(tmp_path):
     # moonshotai/Kimi-K2-Instruct: DeepSeek-V3's attention with 64 heads, 384 experts, the first layer dense
-    shape = _config(tmp_path, model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], hidden_size=7168,
-                    intermediate_size=18432, num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64,
-                    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                    n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
-                    first_k_dense_replace=1, vocab_size=163840, max_position_embeddings=131072)
+    shape = _config(
+        tmp_path,
+        model_type="kimi_k2",
+        architectures=["DeepseekV3ForCausalLM"],
+        hidden_size=7168,
+        intermediate_size=18432,
+        num_hidden_layers=61,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=384,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        first_k_dense_replace=1,
+        vocab_size=163840,
+        max_position_embeddings=131072,
+    )
     assert shape.bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # the heads do not enter the cache
     assert shape.moe_layer_indices() == tuple(range(1, 61)) and shape.moe.num_experts == 384
     # published: "1 trillion total parameters, 32 billion activated" (without the input embedding)

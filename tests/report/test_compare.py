@@ -412,9 +412,7 @@ def test_status_change_to_oom_regresses_and_skips_the_points_metrics(tmp_path):
     comparison = run_compare(tmp_path, base_sweep(), head)
     status = row(comparison, "contiguous", 30, "status")
     assert status.verdict is Verdict.REGRESSED and (status.base, status.head) == ("ok", "oom")
-    assert [r.metric for r in comparison.rows if r.point == PointKey("contiguous", 30, "article")] == [
-        "status"
-    ]
+    assert [r.metric for r in comparison.rows if r.point == PointKey("contiguous", 30, "article")] == ["status"]
 
 
 def test_waste_runs_compare_max_concurrency(tmp_path):
@@ -441,8 +439,16 @@ def test_waste_runs_compare_max_concurrency(tmp_path):
 
 def test_share_runs_judge_their_deterministic_blocks(tmp_path):
     def share(mean_blocks: float) -> dict:
-        point = {"engine": "paged-shared", "concurrency": 2, "scenario": "share-parallel", "status": "ok",
-                 "mean_blocks": mean_blocks, "peak_blocks": 6, "mean_bytes": mean_blocks * 8192, "peak_bytes": 49152}
+        point = {
+            "engine": "paged-shared",
+            "concurrency": 2,
+            "scenario": "share-parallel",
+            "status": "ok",
+            "mean_blocks": mean_blocks,
+            "peak_blocks": 6,
+            "mean_bytes": mean_blocks * 8192,
+            "peak_bytes": 49152,
+        }
         return summary_data([point], kind="share")
 
     assert not run_compare(tmp_path / "same", share(4.25), share(4.25)).failed

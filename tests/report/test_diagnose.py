@@ -25,19 +25,39 @@ from kvbench.report.diagnose import (
 )
 
 META = {"block_size": 16, "max_len": 2048, "reserve": "max"}
-EXPORTED_METRICS = ("kvbench_kv_cache_blocks_used", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
-                  "kvbench_kv_cache_fragmentation", "kvbench_block_alloc_latency_seconds",
-                  "kvbench_num_preemptions_total", "kvbench_requests_running", "kvbench_requests_waiting")
+EXPORTED_METRICS = (
+    "kvbench_kv_cache_blocks_used",
+    "kvbench_kv_cache_blocks_free",
+    "kvbench_kv_cache_blocks_capacity",
+    "kvbench_kv_cache_fragmentation",
+    "kvbench_block_alloc_latency_seconds",
+    "kvbench_num_preemptions_total",
+    "kvbench_requests_running",
+    "kvbench_requests_waiting",
+)
 
 
 def healthy(**changes) -> dict:
     """A paged point with nothing wrong."""
     point = {
-        "engine": "paged", "concurrency": 10, "scenario": "s", "status": "ok", "completed": 100, "rejected": 0,
-        "preemptions": 3, "peak_running": 10, "kv_pool_bytes": 1000, "kv_peak_allocated_bytes": 700,
+        "engine": "paged",
+        "concurrency": 10,
+        "scenario": "s",
+        "status": "ok",
+        "completed": 100,
+        "rejected": 0,
+        "preemptions": 3,
+        "peak_running": 10,
+        "kv_pool_bytes": 1000,
+        "kv_peak_allocated_bytes": 700,
         "fragmentation_mean": 0.05,
-        "waste": {"token_state_pct": 55.0, "reservation_pct": 2.0, "internal_pct": 1.0, "external_pct": 0.0,
-                  "free_pct": 42.0},
+        "waste": {
+            "token_state_pct": 55.0,
+            "reservation_pct": 2.0,
+            "internal_pct": 1.0,
+            "external_pct": 0.0,
+            "free_pct": 42.0,
+        },
         "metrics": {"block_alloc_latency_p99_seconds": 2e-5, "block_alloc_count": 500},
     }
     point.update(changes)
@@ -59,13 +79,28 @@ def test_a_healthy_point_fires_nothing():
 
 CASES = {
     "fragmentation": dict(fragmentation_mean=0.31),
-    "free_blocks": dict(waste={"token_state_pct": 85.0, "reservation_pct": 4.0, "internal_pct": 2.0,
-                               "external_pct": 0.0, "free_pct": 9.0}),
+    "free_blocks": dict(
+        waste={
+            "token_state_pct": 85.0,
+            "reservation_pct": 4.0,
+            "internal_pct": 2.0,
+            "external_pct": 0.0,
+            "free_pct": 9.0,
+        }
+    ),
     "alloc_latency": dict(metrics={"block_alloc_latency_p99_seconds": 0.051, "block_alloc_count": 10}),
     "preemption_storm": dict(preemptions=60),
-    "reservation_waste": dict(engine="contiguous", fragmentation_mean=0.2,
-                              waste={"token_state_pct": 20.0, "reservation_pct": 45.0, "internal_pct": 10.0,
-                                     "external_pct": 0.0, "free_pct": 25.0}),
+    "reservation_waste": dict(
+        engine="contiguous",
+        fragmentation_mean=0.2,
+        waste={
+            "token_state_pct": 20.0,
+            "reservation_pct": 45.0,
+            "internal_pct": 10.0,
+            "external_pct": 0.0,
+            "free_pct": 25.0,
+        },
+    ),
     "concurrency_capped": dict(peak_running=6),
 }
 
@@ -88,8 +123,13 @@ def test_thresholds_are_exclusive_bounds_and_adjustable():
 
 
 def test_suggestions_fit_the_engine_and_oom_is_critical():
-    point = healthy(engine="contiguous", status="oom", status_reason="3 request(s) rejected: oom: no room",
-                    fragmentation_mean=0.8, peak_running=4)
+    point = healthy(
+        engine="contiguous",
+        status="oom",
+        status_reason="3 request(s) rejected: oom: no room",
+        fragmentation_mean=0.8,
+        peak_running=4,
+    )
     findings = diagnose_points([point], META, Thresholds()).findings
     assert findings[0].severity == "critical" and findings[0].rule == "concurrency_capped"
     assert "OOM" in findings[0].evidence and "4 of concurrency 10" in findings[0].evidence
@@ -101,8 +141,9 @@ def test_suggestions_fit_the_engine_and_oom_is_critical():
 
 def test_fewer_requests_than_concurrency_is_not_a_cap_and_a_failed_point_is_a_finding():
     assert not rules_fired([healthy(concurrency=50, completed=8, peak_running=8)])
-    diagnosis = diagnose_points([{"engine": "paged", "concurrency": 2, "status": "error", "error": "boom"}],
-                                META, Thresholds())
+    diagnosis = diagnose_points(
+        [{"engine": "paged", "concurrency": 2, "status": "error", "error": "boom"}], META, Thresholds()
+    )
     assert diagnosis.fired and diagnosis.checked == 0
     (finding,) = diagnosis.findings
     assert finding.rule == "point_failed" and finding.severity == "critical" and "boom" in finding.evidence
@@ -119,9 +160,13 @@ def test_threshold_file_flags_and_bad_values(tmp_path):
     assert (t.fragmentation, t.alloc_latency_p99_ms, t.alert_for, t.free_blocks) == (0.25, 20.0, "10m", 0.2)
     path.write_text("fragmentation = 0.4\n")  # top-level keys work too; flags win over the file
     assert load_thresholds(path, fragmentation=0.35).fragmentation == 0.35
-    for text, message in [("bogus = 1\n", "unknown key 'bogus'"), ("fragmentation = 1.5\n", "between 0 and 1"),
-                          ("free_blocks = -0.1\n", "non-negative"), ('for = "soon"\n', "duration"),
-                          ("fragmentation = \n", "not valid TOML")]:
+    for text, message in [
+        ("bogus = 1\n", "unknown key 'bogus'"),
+        ("fragmentation = 1.5\n", "between 0 and 1"),
+        ("free_blocks = -0.1\n", "non-negative"),
+        ('for = "soon"\n', "duration"),
+        ("fragmentation = \n", "not valid TOML"),
+    ]:
         path.write_text(text)
         with pytest.raises(KvbenchError, match=message):
             load_thresholds(path)
@@ -194,8 +239,13 @@ def test_alerting_rules_follow_the_prometheus_schema_and_thresholds():
     used = set(re.findall(r"kvbench_\w+", " ".join(exprs.values())))
     exported = {name.removesuffix("_total") for name in EXPORTED_METRICS} | {"kvbench_requests_finished"}
     assert {name.removesuffix("_bucket").removesuffix("_total") for name in used} <= exported
-    assert {"kvbench_kv_cache_fragmentation", "kvbench_kv_cache_blocks_free", "kvbench_kv_cache_blocks_capacity",
-            "kvbench_num_preemptions_total", "kvbench_requests_waiting"} <= used
+    assert {
+        "kvbench_kv_cache_fragmentation",
+        "kvbench_kv_cache_blocks_free",
+        "kvbench_kv_cache_blocks_capacity",
+        "kvbench_num_preemptions_total",
+        "kvbench_requests_waiting",
+    } <= used
 
 
 def test_waste_run_suggestions_know_contiguous_strategies_and_paged_block_sizes(tmp_path):
@@ -204,12 +254,26 @@ def test_waste_run_suggestions_know_contiguous_strategies_and_paged_block_sizes(
 
     from kvbench.report.diagnose import Thresholds, diagnose_run
 
-    base = {"status": "ok", "completed": 10, "rejected": 0, "preemptions": 0, "peak_running": 30,
-            "concurrency": 256, "scenario": "waste", "fragmentation_mean": 0.75,
-            "waste": {"token_state_pct": 24.0, "reservation_pct": 8.0, "internal_pct": 65.0, "external_pct": 0.0,
-                      "free_pct": 3.0}}
+    base = {
+        "status": "ok",
+        "completed": 10,
+        "rejected": 0,
+        "preemptions": 0,
+        "peak_running": 30,
+        "concurrency": 256,
+        "scenario": "waste",
+        "fragmentation_mean": 0.75,
+        "waste": {
+            "token_state_pct": 24.0,
+            "reservation_pct": 8.0,
+            "internal_pct": 65.0,
+            "external_pct": 0.0,
+            "free_pct": 3.0,
+        },
+    }
     points = [{**base, "engine": "contiguous-max"}, {**base, "engine": "paged-16"}]
-    (tmp_path / "summary.json").write_text(_json.dumps(
-        {"schema_version": 1, "kind": "waste", "meta": {"max_len": 2048}, "points": points}))
+    (tmp_path / "summary.json").write_text(
+        _json.dumps({"schema_version": 1, "kind": "waste", "meta": {"max_len": 2048}, "points": points})
+    )
     text = _json.dumps(diagnose_run(tmp_path, Thresholds()).as_dict())
     assert "instead of contiguous slabs" in text and "now 16" in text and "now ?" not in text

@@ -7,11 +7,28 @@ from kvbench.report.endpoint_report import COLUMNS, find_max_rows, findings, lev
 
 
 def _point(**extra):
-    base = {"engine": "vllm", "concurrency": 8, "status": "ok", "completed": 40, "failed": 0,
-            "output_throughput": 1234.4, "request_throughput": 2.5, "request_goodput": 2.0, "p50_ttft_ms": 12.0,
-            "p99_ttft_ms": 40.0, "p50_tpot_ms": 3.0, "p99_tpot_ms": 5.5, "p50_e2el_ms": 300.0,
-            "kv_usage_peak": 0.973, "kv_usage_mean": 0.614, "preemptions": 3, "peak_running": 8, "waiting_peak": 2,
-            "prefix_cache_hit_rate": 0.25, "endpoint": {"url": "http://127.0.0.1:8000"}}
+    base = {
+        "engine": "vllm",
+        "concurrency": 8,
+        "status": "ok",
+        "completed": 40,
+        "failed": 0,
+        "output_throughput": 1234.4,
+        "request_throughput": 2.5,
+        "request_goodput": 2.0,
+        "p50_ttft_ms": 12.0,
+        "p99_ttft_ms": 40.0,
+        "p50_tpot_ms": 3.0,
+        "p99_tpot_ms": 5.5,
+        "p50_e2el_ms": 300.0,
+        "kv_usage_peak": 0.973,
+        "kv_usage_mean": 0.614,
+        "preemptions": 3,
+        "peak_running": 8,
+        "waiting_peak": 2,
+        "prefix_cache_hit_rate": 0.25,
+        "endpoint": {"url": "http://127.0.0.1:8000"},
+    }
     return {**base, **extra}
 
 
@@ -23,9 +40,23 @@ def test_a_row_shows_kv_usage_in_percent_and_the_share_meeting_the_slo():
 
 
 def test_what_a_server_does_not_expose_is_a_dash_never_zero():
-    row = dict(zip(COLUMNS, point_row(_point(kv_usage_peak=None, kv_usage_mean=None, preemptions=None,
-                                             peak_running=None, waiting_peak=None, prefix_cache_hit_rate=None,
-                                             request_goodput=None)), strict=True))
+    row = dict(
+        zip(
+            COLUMNS,
+            point_row(
+                _point(
+                    kv_usage_peak=None,
+                    kv_usage_mean=None,
+                    preemptions=None,
+                    peak_running=None,
+                    waiting_peak=None,
+                    prefix_cache_hit_rate=None,
+                    request_goodput=None,
+                )
+            ),
+            strict=True,
+        )
+    )
     assert row["KV % peak/mean"] == "-/-" and row["preempt"] == "-" and row["run/wait"] == "-/-"
     assert row["prefix hit %"] == "-" and row["SLO met"] == "-"
 
@@ -36,18 +67,28 @@ def test_rate_points_are_ordered_and_labelled_by_rate():
 
 
 def test_findings_name_the_best_point_and_where_the_cache_filled():
-    points = [_point(concurrency=4, output_throughput=800.0, kv_usage_peak=0.5, preemptions=0),
-              _point(concurrency=8), _point(concurrency=16, output_throughput=1100.0, kv_usage_peak=1.0)]
+    points = [
+        _point(concurrency=4, output_throughput=800.0, kv_usage_peak=0.5, preemptions=0),
+        _point(concurrency=8),
+        _point(concurrency=16, output_throughput=1100.0, kv_usage_peak=1.0),
+    ]
     (line,) = findings(points)
-    assert line == ("vllm: at most 1,234 output tok/s (at C=8); its KV cache was full (>= 95%) from C=8, "
-                    "preempting from C=8.")
+    assert line == (
+        "vllm: at most 1,234 output tok/s (at C=8); its KV cache was full (>= 95%) from C=8, preempting from C=8."
+    )
     off = findings([_point(agreement={"output_tokens_client_over_server": 0.9})])
     assert any("0.900x the output tokens" in text for text in off)
 
 
 def test_find_max_rows():
-    search = {"engine": "vllm", "by": "concurrency", "best": 12.0, "first_miss": 13.0, "stopped": "bracket closed",
-              "limit": {"kind": "kv_full", "evidence": "KV usage peaked at 100%", "suggestion": "more memory"}}
+    search = {
+        "engine": "vllm",
+        "by": "concurrency",
+        "best": 12.0,
+        "first_miss": 13.0,
+        "stopped": "bracket closed",
+        "limit": {"kind": "kv_full", "evidence": "KV usage peaked at 100%", "suggestion": "more memory"},
+    }
     assert find_max_rows([search]) == [["vllm", "C=12", "C=13", "kv_full", "KV usage peaked at 100%", "more memory"]]
     none = {**search, "by": "rate", "best": None, "first_miss": 0.5, "limit": None, "stopped": "even the lowest"}
     assert find_max_rows([none]) == [["vllm", "none", "0.5 req/s", "-", "even the lowest", "-"]]

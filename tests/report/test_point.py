@@ -8,9 +8,17 @@ from kvbench.report.schema import LATENCY_FIELDS, POINT_FIELDS
 
 
 def _point(**changes) -> Point:
-    point = Point("paged", 10, "s", completed=10, output_throughput=10.0, peak_running=3,
-                  waste={"token_state_pct": 50.0}, fragmentation_mean=0.1,
-                  memory={"rss_peak_bytes": 100, "nvml_used_peak_bytes": None})
+    point = Point(
+        "paged",
+        10,
+        "s",
+        completed=10,
+        output_throughput=10.0,
+        peak_running=3,
+        waste={"token_state_pct": 50.0},
+        fragmentation_mean=0.1,
+        memory={"rss_peak_bytes": 100, "nvml_used_peak_bytes": None},
+    )
     point.latencies["p90_ttft_ms"] = 5.0
     for name, value in changes.items():
         if name in LATENCY_FIELDS:
@@ -32,9 +40,16 @@ def test_the_json_form_flattens_latencies_and_leaves_out_unset_reasons():
 
 def test_repeats_average_metrics_keep_the_worst_status_and_maximise_peaks():
     a = _point()
-    b = _point(status="oom", status_reason="2 request(s) rejected", output_throughput=20.0, p90_ttft_ms=7.0,
-               peak_running=5, waste={"token_state_pct": 60.0}, fragmentation_mean=0.3,
-               memory={"rss_peak_bytes": 300, "nvml_used_peak_bytes": None})
+    b = _point(
+        status="oom",
+        status_reason="2 request(s) rejected",
+        output_throughput=20.0,
+        p90_ttft_ms=7.0,
+        peak_running=5,
+        waste={"token_state_pct": 60.0},
+        fragmentation_mean=0.3,
+        memory={"rss_peak_bytes": 300, "nvml_used_peak_bytes": None},
+    )
     merged = aggregate_repeats([b, a]).to_json()
     assert merged["status"] == "oom" and merged["status_reason"] == "2 request(s) rejected"
     assert merged["output_throughput"] == 15.0 and merged["samples"]["output_throughput"] == [20.0, 10.0]

@@ -7,8 +7,15 @@ from kvbench.report.progress import point_line
 
 
 def test_an_ok_point_prints_its_figures():
-    point = Point("paged", 30, "article", completed=120, output_throughput=7_597.9, steady_output_throughput=7_700.0,
-                  steady_window_pct=80.0)
+    point = Point(
+        "paged",
+        30,
+        "article",
+        completed=120,
+        output_throughput=7_597.9,
+        steady_output_throughput=7_700.0,
+        steady_window_pct=80.0,
+    )
     line = point_line(point)
     assert "7,597.9 output tok/s" in line and "steady 7,700.0 over 80% of the run" in line and "120 done" in line
 

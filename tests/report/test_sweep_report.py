@@ -14,16 +14,40 @@ MiB = 1024**2
 
 def _point(engine: str, concurrency: int, status: str = "ok", **changes) -> dict:
     point = {
-        "engine": engine, "concurrency": concurrency, "scenario": "article", "status": status,
-        "completed": 200, "rejected": 0, "preemptions": 0, "output_throughput": 10_000.0,
-        "steady_output_throughput": 10_500.0, "steady_window_s": 4.2, "steady_window_pct": 80.0,
-        "p50_ttft_ms": 3.21, "p99_ttft_ms": 61.5, "p50_tpot_ms": 0.412, "p99_tpot_ms": 0.631,
-        "mean_ttft_ms": 9.0, "std_ttft_ms": 14.0, "mean_tpot_ms": 0.45, "std_tpot_ms": 0.1,
-        "p50_itl_ms": 0.4, "p99_itl_ms": 1.9, "p50_e2el_ms": 120.0, "p99_e2el_ms": 400.0,
-        "peak_running": concurrency, "kv_pool_bytes": 30 * MiB, "kv_peak_allocated_bytes": 10 * MiB,
+        "engine": engine,
+        "concurrency": concurrency,
+        "scenario": "article",
+        "status": status,
+        "completed": 200,
+        "rejected": 0,
+        "preemptions": 0,
+        "output_throughput": 10_000.0,
+        "steady_output_throughput": 10_500.0,
+        "steady_window_s": 4.2,
+        "steady_window_pct": 80.0,
+        "p50_ttft_ms": 3.21,
+        "p99_ttft_ms": 61.5,
+        "p50_tpot_ms": 0.412,
+        "p99_tpot_ms": 0.631,
+        "mean_ttft_ms": 9.0,
+        "std_ttft_ms": 14.0,
+        "mean_tpot_ms": 0.45,
+        "std_tpot_ms": 0.1,
+        "p50_itl_ms": 0.4,
+        "p99_itl_ms": 1.9,
+        "p50_e2el_ms": 120.0,
+        "p99_e2el_ms": 400.0,
+        "peak_running": concurrency,
+        "kv_pool_bytes": 30 * MiB,
+        "kv_peak_allocated_bytes": 10 * MiB,
         "fragmentation_mean": 0.02,
-        "waste": {"token_state_pct": 21.0, "reservation_pct": 0.4, "internal_pct": 0.3, "external_pct": 0.0,
-                  "free_pct": 78.3},
+        "waste": {
+            "token_state_pct": 21.0,
+            "reservation_pct": 0.4,
+            "internal_pct": 0.3,
+            "external_pct": 0.0,
+            "free_pct": 78.3,
+        },
     }
     point.update(changes)
     return point
@@ -37,9 +61,19 @@ def article_points() -> list[dict]:
         _point("paged", 30, output_throughput=10_100.0, kv_peak_allocated_bytes=6 * MiB),
         _point("contiguous", 30, kv_peak_allocated_bytes=20 * MiB),
         _point("paged", 50, kv_peak_allocated_bytes=int(13.7 * MiB)),
-        _point("contiguous", 50, "oom", completed=30, rejected=170, peak_running=30,
-               output_throughput=13_344.7, steady_output_throughput=23_440.7, steady_window_s=0.01,
-               steady_window_pct=2.0, kv_peak_allocated_bytes=int(29.7 * MiB)),
+        _point(
+            "contiguous",
+            50,
+            "oom",
+            completed=30,
+            rejected=170,
+            peak_running=30,
+            output_throughput=13_344.7,
+            steady_output_throughput=23_440.7,
+            steady_window_s=0.01,
+            steady_window_pct=2.0,
+            kv_peak_allocated_bytes=int(29.7 * MiB),
+        ),
     ]
 
 
@@ -50,7 +84,9 @@ def test_the_finding_in_words_is_computed_from_the_run():
     assert "At equal batch (C=10, C=30" in equal and "0.99x, 1.01x" in equal
     assert "equal within the ±10%" in equal and "60-70% less KV memory" in equal
     assert "At C=50 the contiguous baseline ran out of KV memory" in oom
-    assert "reserving max-len (2,048 tokens)" in oom and "held 30 requests at once in 29.70 MiB (99% of the pool)" in oom
+    assert (
+        "reserving max-len (2,048 tokens)" in oom and "held 30 requests at once in 29.70 MiB (99% of the pool)" in oom
+    )
     assert "rejected 170 of 200" in oom and "paging held all 50 in 13.70 MiB (46% of the pool)" in oom
 
 
@@ -112,8 +148,9 @@ def test_one_rule_for_oom_points():
     assert oom_text(oom) == "OOM: 170 of 200 requests rejected"
     series, latency, marks = report.plot_series(points)
     assert series["contiguous"] == ([10, 30], [10_000.0, 10_000.0]) and series["paged"][0] == [10, 30, 50]
-    assert all(50 not in xs for panel in latency.values() for label, (xs, _) in panel.items()
-               if label.startswith("contiguous"))
+    assert all(
+        50 not in xs for panel in latency.values() for label, (xs, _) in panel.items() if label.startswith("contiguous")
+    )
     assert marks == {"contiguous": [(50, "OOM (170 rejected)")]}
 
 
@@ -156,9 +193,14 @@ def test_blocks_over_time_is_titled_in_a_plain_sentence_and_marks_the_oom_line(t
 
     points = article_points()
     for engine in ("paged", "contiguous"):
-        (tmp_path / f"timeline-{engine}-c50.json").write_text(json.dumps(
-            {"engine": engine, "concurrency": 50, "total_blocks": 3890, "time_s_blocks": [[0, 10], [1.0, 20]]}))
-    report.write_plots(tmp_path, {"model_name": "tiny", "device": "cpu", "scenario": "article", "block_size": 16}, points)
+        (tmp_path / f"timeline-{engine}-c50.json").write_text(
+            json.dumps(
+                {"engine": engine, "concurrency": 50, "total_blocks": 3890, "time_s_blocks": [[0, 10], [1.0, 20]]}
+            )
+        )
+    report.write_plots(
+        tmp_path, {"model_name": "tiny", "device": "cpu", "scenario": "article", "block_size": 16}, points
+    )
     fig = next(fig for fig in drawn if fig.axes and fig.axes[0].get_title().startswith("KV blocks in use"))
     title = fig.axes[0].get_title()
     assert title.splitlines()[0] == "KV blocks in use over time at concurrency 50, in a pool of 3,890 blocks"

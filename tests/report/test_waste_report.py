@@ -40,8 +40,10 @@ def test_summary_md_gives_stop_mode_dropped_records_and_output_lengths(eos_docum
     assert "Stop: eos: answers end at their real length" in text
     assert "Dataset: 48 requests from 48 of the 52 records of real-chat.json; left out: 4 shorter than 4 tokens" in text
     paged = next(p for p in eos_document["points"] if p["engine"] == "paged-16")
-    lengths = (f"{paged['output_len_mean']:,.0f} / {paged['output_len_p50']:,.0f} / {paged['output_len_p90']:,.0f} / "
-               f"{paged['output_len_max']:,}")
+    lengths = (
+        f"{paged['output_len_mean']:,.0f} / {paged['output_len_p50']:,.0f} / {paged['output_len_p90']:,.0f} / "
+        f"{paged['output_len_max']:,}"
+    )
     assert "## Output lengths ending at EOS" in text and f"| paged-16 | 16 | {lengths} | 48/48 |" in text
 
 

@@ -19,8 +19,9 @@ def _rendered(view: WatchView) -> str:
 
 def test_an_invalid_value_reads_invalid_and_the_valid_ones_are_shown():
     view = WatchView("http://127.0.0.1:1/metrics", 1.0, None)
-    state = set_aside_invalid(ServerState("vllm", {"engine": "0"}, total_blocks=100.0, usage=37.5, running=-3.0,
-                                          waiting=4.0, preemptions=2.0))
+    state = set_aside_invalid(
+        ServerState("vllm", {"engine": "0"}, total_blocks=100.0, usage=37.5, running=-3.0, waiting=4.0, preemptions=2.0)
+    )
     view.add(0.0, [state], None)
     text = _rendered(view)
     row = next(line for line in text.splitlines() if line.strip().startswith("│ 0.0") or "0.0 │" in line)

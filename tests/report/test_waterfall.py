@@ -22,12 +22,21 @@ MIB = 1024**2
 
 def cpu_point(**changes) -> dict:
     point = {
-        "engine": "paged", "concurrency": 10, "status": "ok",
-        "kv_pool_bytes": 64 * MIB, "kv_peak_allocated_bytes": 40 * MIB, "kv_peak_used_bytes": 36 * MIB,
+        "engine": "paged",
+        "concurrency": 10,
+        "status": "ok",
+        "kv_pool_bytes": 64 * MIB,
+        "kv_peak_allocated_bytes": 40 * MIB,
+        "kv_peak_used_bytes": 36 * MIB,
         "kv_mean_used_bytes": 20 * MIB,
-        "memory": {"rss_peak_bytes": 900 * MIB, "torch_allocated_peak_bytes": None, "torch_reserved_peak_bytes": None,
-                   "torch_inactive_split_peak_bytes": None, "nvml_used_peak_bytes": None,
-                   "nvml_process_peak_bytes": None},
+        "memory": {
+            "rss_peak_bytes": 900 * MIB,
+            "torch_allocated_peak_bytes": None,
+            "torch_reserved_peak_bytes": None,
+            "torch_inactive_split_peak_bytes": None,
+            "nvml_used_peak_bytes": None,
+            "nvml_process_peak_bytes": None,
+        },
     }
     point.update(changes)
     return point
@@ -35,9 +44,14 @@ def cpu_point(**changes) -> dict:
 
 def cuda_point() -> dict:
     point = cpu_point()
-    point["memory"] = {"rss_peak_bytes": 2000 * MIB, "nvml_used_peak_bytes": 9000 * MIB,
-                       "nvml_process_peak_bytes": 8000 * MIB, "torch_reserved_peak_bytes": 7000 * MIB,
-                       "torch_allocated_peak_bytes": 6000 * MIB, "torch_inactive_split_peak_bytes": 100 * MIB}
+    point["memory"] = {
+        "rss_peak_bytes": 2000 * MIB,
+        "nvml_used_peak_bytes": 9000 * MIB,
+        "nvml_process_peak_bytes": 8000 * MIB,
+        "torch_reserved_peak_bytes": 7000 * MIB,
+        "torch_allocated_peak_bytes": 6000 * MIB,
+        "torch_inactive_split_peak_bytes": 100 * MIB,
+    }
     return point
 
 
@@ -48,8 +62,11 @@ def assert_monotone(levels):
 
 def test_cpu_levels_are_monotone_with_named_gaps():
     levels = waterfall_levels(cpu_point())
-    assert [lv["level"] for lv in levels] == [name for name, _, _ in CPU_LEVELS] == [
-        "process RSS", "KV pool", "KV allocated", "token states"]
+    assert (
+        [lv["level"] for lv in levels]
+        == [name for name, _, _ in CPU_LEVELS]
+        == ["process RSS", "KV pool", "KV allocated", "token states"]
+    )
     assert_monotone(levels)
     assert [lv["bytes"] for lv in levels] == [900 * MIB, 64 * MIB, 40 * MIB, 36 * MIB]
     assert [lv["gap_bytes"] for lv in levels] == [836 * MIB, 24 * MIB, 4 * MIB, None]
@@ -76,9 +93,19 @@ def test_unmeasurable_levels_are_null_with_a_reason_and_never_crash():
 def test_cuda_layout_names_every_gap_and_nvml_missing_is_null():
     levels = waterfall_levels(cuda_point())
     assert device_kind(cuda_point()) == "cuda" and device_kind(cpu_point()) == "cpu"
-    assert [lv["level"] for lv in levels] == [name for name, _, _ in CUDA_LEVELS] == [
-        "NVML device used", "NVML process used", "torch reserved", "torch allocated", "KV pool", "KV allocated",
-        "token states"]
+    assert (
+        [lv["level"] for lv in levels]
+        == [name for name, _, _ in CUDA_LEVELS]
+        == [
+            "NVML device used",
+            "NVML process used",
+            "torch reserved",
+            "torch allocated",
+            "KV pool",
+            "KV allocated",
+            "token states",
+        ]
+    )
     assert_monotone(levels)
     gaps = {lv["level"]: lv["gap_name"] for lv in levels}
     assert gaps["NVML process used"] == "CUDA context and other libraries"

@@ -24,18 +24,42 @@ def tiny_model():
     return load_model("tiny", device="cpu", seed=0, threads=THREADS)
 
 
-def tiny_options(loaded, engine: str = "paged", num_blocks: int = 256, block_size: int = 16, max_len: int = 256,
-                 admission: str = "queue", max_num_seqs: int = 256) -> ServeOptions:
+def tiny_options(
+    loaded,
+    engine: str = "paged",
+    num_blocks: int = 256,
+    block_size: int = 16,
+    max_len: int = 256,
+    admission: str = "queue",
+    max_num_seqs: int = 256,
+) -> ServeOptions:
     """A server of the tiny preset whose pool holds exactly ``num_blocks`` blocks."""
     kv_bytes = num_blocks * block_size * loaded.shape.bytes_per_token
-    return ServeOptions(model="tiny", engine=engine, device="cpu", kv_memory_bytes=kv_bytes,
-                        kv_memory_text=f"{kv_bytes}B", block_size=block_size, admission=admission,
-                        max_num_seqs=max_num_seqs, max_len=max_len, threads=THREADS, seed=0)
+    return ServeOptions(
+        model="tiny",
+        engine=engine,
+        device="cpu",
+        kv_memory_bytes=kv_bytes,
+        kv_memory_text=f"{kv_bytes}B",
+        block_size=block_size,
+        admission=admission,
+        max_num_seqs=max_num_seqs,
+        max_len=max_len,
+        threads=THREADS,
+        seed=0,
+    )
 
 
 @contextmanager
-def running_server(loaded, engine: str = "paged", num_blocks: int = 256, block_size: int = 16, max_len: int = 256,
-                   admission: str = "queue", max_num_seqs: int = 256):
+def running_server(
+    loaded,
+    engine: str = "paged",
+    num_blocks: int = 256,
+    block_size: int = 16,
+    max_len: int = 256,
+    admission: str = "queue",
+    max_num_seqs: int = 256,
+):
     options = tiny_options(loaded, engine, num_blocks, block_size, max_len, admission, max_num_seqs)
     server = ServerThread(Server(options, "127.0.0.1", 0)).start()
     try:

@@ -30,8 +30,9 @@ def client(server):
 def http(server, path: str, body: bytes | dict | None = None, method: str | None = None):
     """(status, headers, body bytes) of a plain HTTP request."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    request = urllib.request.Request(server.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.headers, response.read()
@@ -48,8 +49,9 @@ def expected(tiny_model):
 
 def test_completions_with_the_openai_client_equal_the_engine_in_process(server, expected):
     for prompt, tokens in zip(PROMPTS, expected, strict=True):
-        answer = client(server).completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
-                                                   extra_body={"ignore_eos": True})
+        answer = client(server).completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
         choice = answer.choices[0]
         assert choice.token_ids == tokens
         assert choice.finish_reason == "length" and choice.text == ""
@@ -59,8 +61,14 @@ def test_completions_with_the_openai_client_equal_the_engine_in_process(server, 
 
 
 def test_streamed_completions_with_the_openai_client(server, expected):
-    stream = client(server).completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=0,
-                                               stream=True, stream_options={"include_usage": True})
+    stream = client(server).completions.create(
+        model="tiny",
+        prompt=PROMPTS[1],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     *deltas, last = chunks
     assert last.choices == [] and last.usage.completion_tokens == 12 and last.usage.prompt_tokens == 20
@@ -72,15 +80,24 @@ def test_streamed_completions_with_the_openai_client(server, expected):
 
 
 def test_a_batch_of_prompts_and_n_samples_make_indexed_choices(server):
-    body = {"prompt": [PROMPTS[0], PROMPTS[2]], "max_tokens": 5, "n": 3, "temperature": 0.8, "seed": 7,
-            "ignore_eos": True}
+    body = {
+        "prompt": [PROMPTS[0], PROMPTS[2]],
+        "max_tokens": 5,
+        "n": 3,
+        "temperature": 0.8,
+        "seed": 7,
+        "ignore_eos": True,
+    }
     status, _, raw = http(server, "/v1/completions", body)
     answer = json.loads(raw)
     assert status == 200 and [c["index"] for c in answer["choices"]] == list(range(6))
     assert [c["prompt_token_ids"] for c in answer["choices"]] == [PROMPTS[0]] * 3 + [PROMPTS[2]] * 3
     assert all(len(c["token_ids"]) == 5 for c in answer["choices"])
-    assert answer["usage"] == {"prompt_tokens": len(PROMPTS[0]) + len(PROMPTS[2]), "total_tokens": 45,
-                               "completion_tokens": 30}
+    assert answer["usage"] == {
+        "prompt_tokens": len(PROMPTS[0]) + len(PROMPTS[2]),
+        "total_tokens": 45,
+        "completion_tokens": 30,
+    }
     status, _, again = http(server, "/v1/completions", body)
     assert [c["token_ids"] for c in json.loads(again)["choices"]] == [c["token_ids"] for c in answer["choices"]]
 
@@ -88,8 +105,9 @@ def test_a_batch_of_prompts_and_n_samples_make_indexed_choices(server):
 def test_stop_token_ids_end_a_choice_with_its_stop_reason(server, expected):
     stop = expected[0][4]
     first = expected[0].index(stop)
-    answer = client(server).completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0,
-                                               extra_body={"stop_token_ids": [stop]})
+    answer = client(server).completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0, extra_body={"stop_token_ids": [stop]}
+    )
     choice = answer.choices[0]
     assert choice.token_ids == expected[0][: first + 1]
     assert choice.finish_reason == "stop" and choice.stop_reason == stop
@@ -134,25 +152,28 @@ def test_models_health_version_and_metrics(server):
     assert "kvbench_block_alloc_latency_seconds_bucket" in after.decode()
 
 
-@pytest.mark.parametrize("body, status, param, words", [
-    (b"{not json", 400, None, "not valid JSON"),
-    (b"[1, 2]", 400, None, "must be a JSON object"),
-    ({"model": "gpt-4", "prompt": [1]}, 404, "model", "does not exist"),
-    ({"prompt": [1], "max_tokens": 10**9}, 400, "max_tokens", "cannot be greater than"),
-    ({"prompt": [1] * 256, "max_tokens": 1}, 400, "prompt", "maximum context length is 256"),
-    ({"prompt": [1], "temperature": -1}, 400, "temperature", "non-negative"),
-    ({"prompt": [1], "top_p": 0}, 400, "top_p", "(0, 1]"),
-    ({"prompt": [1], "max_tokens": "ten"}, 400, "max_tokens", "must be an integer"),
-    ({"prompt": [1], "max_tokens": 0}, 400, "max_tokens", "at least 1"),
-    ({"prompt": [1], "n": 2, "temperature": 0}, 400, "n", "greedily"),
-    ({"prompt": [512]}, 400, "prompt", "out of the vocabulary"),
-    ({"prompt": []}, 400, "prompt", "not empty"),
-    ({"prompt": "hello"}, 400, "prompt", "no tokenizer"),
-    ({"prompt": [1], "stop": "x"}, 400, "stop", "need a tokenizer"),
-    ({"prompt": [1], "logprobs": 2}, 400, "logprobs", "not supported"),
-    ({"prompt": [1], "stream_options": {"include_usage": True}}, 400, "stream_options", "when stream is true"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, 400, "messages", "chat template"),
-])
+@pytest.mark.parametrize(
+    "body, status, param, words",
+    [
+        (b"{not json", 400, None, "not valid JSON"),
+        (b"[1, 2]", 400, None, "must be a JSON object"),
+        ({"model": "gpt-4", "prompt": [1]}, 404, "model", "does not exist"),
+        ({"prompt": [1], "max_tokens": 10**9}, 400, "max_tokens", "cannot be greater than"),
+        ({"prompt": [1] * 256, "max_tokens": 1}, 400, "prompt", "maximum context length is 256"),
+        ({"prompt": [1], "temperature": -1}, 400, "temperature", "non-negative"),
+        ({"prompt": [1], "top_p": 0}, 400, "top_p", "(0, 1]"),
+        ({"prompt": [1], "max_tokens": "ten"}, 400, "max_tokens", "must be an integer"),
+        ({"prompt": [1], "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+        ({"prompt": [1], "n": 2, "temperature": 0}, 400, "n", "greedily"),
+        ({"prompt": [512]}, 400, "prompt", "out of the vocabulary"),
+        ({"prompt": []}, 400, "prompt", "not empty"),
+        ({"prompt": "hello"}, 400, "prompt", "no tokenizer"),
+        ({"prompt": [1], "stop": "x"}, 400, "stop", "need a tokenizer"),
+        ({"prompt": [1], "logprobs": 2}, 400, "logprobs", "not supported"),
+        ({"prompt": [1], "stream_options": {"include_usage": True}}, 400, "stream_options", "when stream is true"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "messages", "chat template"),
+    ],
+)
 def test_bad_requests_get_openai_error_bodies(server, body, status, param, words):
     path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
     got, headers, raw = http(server, path, body)
@@ -163,8 +184,16 @@ def test_bad_requests_get_openai_error_bodies(server, body, status, param, words
 
 
 def test_neutral_values_of_unsupported_parameters_are_accepted(server):
-    body = {"prompt": [1, 2], "max_tokens": 2, "repetition_penalty": 1.0, "logprobs": None, "echo": False,
-            "presence_penalty": 0, "user": "someone", "unknown_field": 1}
+    body = {
+        "prompt": [1, 2],
+        "max_tokens": 2,
+        "repetition_penalty": 1.0,
+        "logprobs": None,
+        "echo": False,
+        "presence_penalty": 0,
+        "user": "someone",
+        "unknown_field": 1,
+    }
     assert http(server, "/v1/completions", body)[0] == 200
 
 

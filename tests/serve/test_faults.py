@@ -60,8 +60,11 @@ def test_a_client_that_leaves_a_non_streamed_request_frees_its_blocks(long_serve
     body = json.dumps({"prompt": [4, 5, 6], "max_tokens": 2000, "ignore_eos": True}).encode()
     host, port = "127.0.0.1", int(long_server.url.rsplit(":", 1)[1])
     with socket.create_connection((host, port), timeout=10) as raw:
-        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        raw.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
     assert asyncio.run(_wait_for(lambda: _aborted(long_server) == before + 1))
     assert_idle_and_drained(long_server)
     _still_answers(long_server)
@@ -70,8 +73,9 @@ def test_a_client_that_leaves_a_non_streamed_request_frees_its_blocks(long_serve
 def _still_answers(server) -> None:
     async def ask():
         async with aiohttp.ClientSession() as session:
-            async with session.post(server.url + "/v1/completions",
-                                    json={"prompt": [7, 8], "max_tokens": 3, "ignore_eos": True}) as response:
+            async with session.post(
+                server.url + "/v1/completions", json={"prompt": [7, 8], "max_tokens": 3, "ignore_eos": True}
+            ) as response:
                 return response.status, await response.json()
 
     status, body = asyncio.run(ask())
@@ -80,6 +84,7 @@ def _still_answers(server) -> None:
 
 async def _crowd(url: str, prompts: list[list[int]], max_tokens: int, stream: bool) -> list[tuple[int, dict]]:
     """All requests at once; each answer as (status, final body or the error body)."""
+
     async def one(session, prompt):
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
         async with session.post(url + "/v1/completions", json=body) as response:
@@ -148,6 +153,7 @@ def test_contiguous_reject_admission_refuses_with_503_and_answers_everyone(tiny_
 def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
     """Past the grace period every request still running is withdrawn and answered with a 503."""
     with running_server(tiny_model, num_blocks=512, max_len=2048) as server:
+
         async def load_then_stop():
             async def one(session, index, stream):
                 body = {"prompt": [index + 1, 2, 3], "max_tokens": 1500, "ignore_eos": True, "stream": stream}
@@ -172,7 +178,6 @@ def test_shutdown_under_load_answers_every_request_and_drains(tiny_model):
                 assert status == 503
                 error = json.loads(raw)["error"]
             assert error["code"] == 503 and "shut down before this request finished" in error["message"]
-
 
 
 def test_an_engine_that_fails_answers_500_then_503_in_one_line_and_stops_the_server(tiny_model, capfd):
@@ -218,8 +223,10 @@ def test_a_client_that_reads_slowly_still_gets_every_token_in_order(long_server)
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's buffer fills
         sock.connect((host, int(port)))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload)
+        )
         assert asyncio.run(_wait_for(lambda: engine_of(long_server).stats.finished > finished))  # ran unread
         raw = b""
         while chunk := sock.recv(1 << 16):
@@ -231,7 +238,7 @@ def test_a_client_that_reads_slowly_still_gets_every_token_in_order(long_server)
         size, _, rest = rest.partition(b"\r\n")
         if int(size, 16) == 0:
             break
-        stream, rest = stream + rest[:int(size, 16)], rest[int(size, 16) + 2:]
+        stream, rest = stream + rest[: int(size, 16)], rest[int(size, 16) + 2 :]
     events = stream.decode().split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""]
     tokens = [t for e in events[:-2] for t in json.loads(e.removeprefix("data: "))["choices"][0]["token_ids"]]

@@ -36,21 +36,24 @@ def test_max_tokens_is_capped_by_each_prompts_room():
     assert [p.max_tokens for p in generation.params] == [4, 20]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": [1] * 64}, "prompt"),
-    ({"prompt": [1], "max_tokens": 65}, "max_tokens"),
-    ({"prompt": [1], "seed": -1}, "seed"),
-    ({"prompt": [1], "top_k": -2}, "top_k"),
-    ({"prompt": [1], "n": 129, "temperature": 1}, "n"),
-    ({"prompt": [1], "best_of": 3}, "best_of"),
-    ({"prompt": [1], "stop_token_ids": [600]}, "stop_token_ids"),
-    ({"prompt": [1], "ignore_eos": "yes"}, "ignore_eos"),
-    ({"prompt": [1], "stream": 1}, "stream"),
-    ({"prompt": [1.5]}, "prompt"),
-    ({"prompt": {"text": "x"}}, "prompt"),
-    ({"prompt": [1], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": [1] * 64}, "prompt"),
+        ({"prompt": [1], "max_tokens": 65}, "max_tokens"),
+        ({"prompt": [1], "seed": -1}, "seed"),
+        ({"prompt": [1], "top_k": -2}, "top_k"),
+        ({"prompt": [1], "n": 129, "temperature": 1}, "n"),
+        ({"prompt": [1], "best_of": 3}, "best_of"),
+        ({"prompt": [1], "stop_token_ids": [600]}, "stop_token_ids"),
+        ({"prompt": [1], "ignore_eos": "yes"}, "ignore_eos"),
+        ({"prompt": [1], "stream": 1}, "stream"),
+        ({"prompt": [1.5]}, "prompt"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"prompt": [1], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": [1], "frequency_penalty": 0.5}, "frequency_penalty"),
+    ],
+)
 def test_bad_parameters_name_themselves(body, param):
     with pytest.raises(ApiError) as caught:
         parse_generation(body, "completion", PRESET)
@@ -63,8 +66,9 @@ def test_an_error_body_is_openais():
 
 
 def _generation(kind: str, return_ids: bool) -> Generation:
-    generation = parse_generation({"prompt": [[4, 5], [6]], "n": 2, "temperature": 0.7, "max_tokens": 3},
-                                  "completion", PRESET)
+    generation = parse_generation(
+        {"prompt": [[4, 5], [6]], "n": 2, "temperature": 0.7, "max_tokens": 3}, "completion", PRESET
+    )
     generation.kind = kind
     generation.return_token_ids = return_ids
     return generation
@@ -72,15 +76,19 @@ def _generation(kind: str, return_ids: bool) -> Generation:
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 @pytest.mark.parametrize("return_ids", [False, True])
-@pytest.mark.parametrize("text, finish, stop, first, usage_now", [
-    ("", None, None, True, None),
-    ("héllo \"quoted\"\n\\", None, None, False, {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1}),
-    ("end", "stop", "</s>", False, None),
-    ("", "stop", 17, False, None),
-    ("x", "length", None, True, None),
-])
-def test_the_stream_encoder_writes_the_events_the_dict_builders_describe(kind, return_ids, text, finish, stop, first,
-                                                                       usage_now):
+@pytest.mark.parametrize(
+    "text, finish, stop, first, usage_now",
+    [
+        ("", None, None, True, None),
+        ('héllo "quoted"\n\\', None, None, False, {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1}),
+        ("end", "stop", "</s>", False, None),
+        ("", "stop", 17, False, None),
+        ("x", "length", None, True, None),
+    ],
+)
+def test_the_stream_encoder_writes_the_events_the_dict_builders_describe(
+    kind, return_ids, text, finish, stop, first, usage_now
+):
     generation = _generation(kind, return_ids)
     raw = StreamEncoder(generation).delta(3, text, [7, 8], finish, stop, first, usage_now)
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")

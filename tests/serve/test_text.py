@@ -23,7 +23,7 @@ def tokenizer(tiny_gguf):
 def _feed(stream: TextStream, ids: list[int], sizes: list[int]) -> tuple[list[str], int]:
     pieces, counted, at = [], 0, 0
     for size in [*sizes, len(ids)]:
-        burst = ids[at: at + max(size, 1)]
+        burst = ids[at : at + max(size, 1)]
         if not burst:
             break
         at += len(burst)

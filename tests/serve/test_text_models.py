@@ -18,8 +18,15 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 
 @pytest.fixture(scope="module")
 def text_server(tiny_gguf):
-    options = ServeOptions(model=str(tiny_gguf[0]), device="cpu", kv_memory_bytes=2**20, kv_memory_text="1MiB",
-                           max_len=256, threads=1, served_model_name="tiny-chat")
+    options = ServeOptions(
+        model=str(tiny_gguf[0]),
+        device="cpu",
+        kv_memory_bytes=2**20,
+        kv_memory_text="1MiB",
+        max_len=256,
+        threads=1,
+        served_model_name="tiny-chat",
+    )
     server = ServerThread(Server(options, "127.0.0.1", 0, metrics=False)).start()
     yield server, server.server.info.model.tokenizer
     server.stop()
@@ -37,11 +44,17 @@ def _client(server):
 
 def test_chat_answers_text_that_is_the_tokenizers_decoding(chat_server):
     server, tokenizer = chat_server
-    answer = _client(server).chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=20, temperature=0,
-                                                     extra_body={"return_token_ids": True, "ignore_eos": True})
+    answer = _client(server).chat.completions.create(
+        model="tiny-chat",
+        messages=CHAT,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     choice = answer.choices[0]
-    prompt = tokenizer(tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True),
-                       add_special_tokens=False)["input_ids"]
+    prompt = tokenizer(
+        tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )["input_ids"]
     assert choice.prompt_token_ids == prompt and answer.usage.prompt_tokens == len(prompt)
     assert choice.message.role == "assistant" and answer.object == "chat.completion"
     assert choice.message.content == tokenizer.decode(choice.token_ids, skip_special_tokens=True)
@@ -51,11 +64,20 @@ def test_chat_answers_text_that_is_the_tokenizers_decoding(chat_server):
 def test_streamed_chat_joins_to_the_same_answer(chat_server):
     server, _ = chat_server
     client = _client(server)
-    whole = client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=24, temperature=0,
-                                           extra_body={"ignore_eos": True})
-    chunks = list(client.chat.completions.create(model="tiny-chat", messages=CHAT, max_tokens=24, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}))
+    whole = client.chat.completions.create(
+        model="tiny-chat", messages=CHAT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny-chat",
+            messages=CHAT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     assert chunks[0].object == "chat.completion.chunk"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -66,13 +88,24 @@ def test_streamed_chat_joins_to_the_same_answer(chat_server):
 
 def test_text_prompts_are_encoded_and_answers_decoded(chat_server):
     server, tokenizer = chat_server
-    answer = _client(server).completions.create(model="tiny-chat", prompt="the weather is", max_tokens=16,
-                                                temperature=0, extra_body={"return_token_ids": True, "ignore_eos": True})
+    answer = _client(server).completions.create(
+        model="tiny-chat",
+        prompt="the weather is",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     choice = answer.choices[0]
     assert choice.prompt_token_ids == tokenizer("the weather is")["input_ids"]
     assert choice.text == tokenizer.decode(choice.token_ids, skip_special_tokens=True)
-    streamed = _client(server).completions.create(model="tiny-chat", prompt="the weather is", max_tokens=16,
-                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+    streamed = _client(server).completions.create(
+        model="tiny-chat",
+        prompt="the weather is",
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert "".join(c.choices[0].text for c in streamed) == choice.text
 
 
@@ -80,14 +113,28 @@ def test_text_prompts_are_encoded_and_answers_decoded(chat_server):
 def test_a_stop_string_ends_the_answer_where_vllm_ends_it(chat_server, stream):
     server, tokenizer = chat_server
     client = _client(server)
-    free = client.completions.create(model="tiny-chat", prompt="the weather is", max_tokens=40, temperature=0,
-                                     extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0]
+    free = client.completions.create(
+        model="tiny-chat",
+        prompt="the weather is",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    ).choices[0]
     text = free.text
-    stop = next(text[i:i + 2] for i in range(3, len(text) - 2)
-                if text[i:i + 2].strip() and "\ufffd" not in text[i:i + 2] and text[i:i + 2] not in text[:i + 1])
+    stop = next(
+        text[i : i + 2]
+        for i in range(3, len(text) - 2)
+        if text[i : i + 2].strip() and "\ufffd" not in text[i : i + 2] and text[i : i + 2] not in text[: i + 1]
+    )
     at = text.index(stop)
-    body = dict(model="tiny-chat", prompt="the weather is", max_tokens=40, temperature=0, stop=[stop],
-                extra_body={"return_token_ids": True, "ignore_eos": True})
+    body = dict(
+        model="tiny-chat",
+        prompt="the weather is",
+        max_tokens=40,
+        temperature=0,
+        stop=[stop],
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     if stream:
         chunks = list(client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
         got = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -107,5 +154,7 @@ def test_chat_refuses_messages_it_cannot_render(chat_server):
     server, _ = chat_server
     with pytest.raises(openai.BadRequestError, match="only text parts"):
         _client(server).chat.completions.create(
-            model="tiny-chat", max_tokens=2,
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+            model="tiny-chat",
+            max_tokens=2,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        )

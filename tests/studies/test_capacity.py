@@ -21,8 +21,9 @@ from kvbench.studies.capacity import (
 PUBLISHED = Path(__file__).parents[1] / "models" / "data" / "published"
 
 
-def stage(kv_bytes: int, layers: int = 1, window_layers: int = 0, window: int | None = None,
-          token_bytes: int = 1) -> StageBudget:
+def stage(
+    kv_bytes: int, layers: int = 1, window_layers: int = 0, window: int | None = None, token_bytes: int = 1
+) -> StageBudget:
     share = StageShare(0, range(layers + window_layers), 0, 0, layers, window_layers, window, token_bytes)
     return StageBudget(share, kv_bytes, kv_bytes, kv_bytes)
 
@@ -37,9 +38,19 @@ def test_strategies_by_hand():
     table = rows([stage(10_000)])
     assert list(table) == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16", "paged-32"]
     assert {n: r["slots_per_request"] for n, r in table.items()} == {
-        "contiguous-max": 2048, "contiguous-pow2": 512, "contiguous-oracle": 500, "paged-16": 512, "paged-32": 512}
+        "contiguous-max": 2048,
+        "contiguous-pow2": 512,
+        "contiguous-oracle": 500,
+        "paged-16": 512,
+        "paged-32": 512,
+    }
     assert {n: r["max_concurrency"] for n, r in table.items()} == {
-        "contiguous-max": 4, "contiguous-pow2": 19, "contiguous-oracle": 20, "paged-16": 19, "paged-32": 19}
+        "contiguous-max": 4,
+        "contiguous-pow2": 19,
+        "contiguous-oracle": 20,
+        "paged-16": 19,
+        "paged-32": 19,
+    }
     assert table["contiguous-max"]["token_state_pct_at_capacity"] == pytest.approx(100 * 4 * 500 / 10_000)
     assert table["contiguous-oracle"]["token_state_pct_at_capacity"] == 100.0
     # at max-len every strategy holds 2,048 slots: 4 requests (4.88x); paged-32 uses 9,984 of the 10,000 slots
@@ -74,7 +85,9 @@ def test_longest_context_at_a_concurrency():
 
 def test_max_num_seqs_caps_the_concurrency():
     table = rows([stage(10_000)], max_num_seqs=10)
-    assert table["contiguous-oracle"]["max_concurrency"] == 10 and table["contiguous-oracle"]["kv_max_concurrency"] == 20
+    assert (
+        table["contiguous-oracle"]["max_concurrency"] == 10 and table["contiguous-oracle"]["kv_max_concurrency"] == 20
+    )
     assert table["contiguous-oracle"]["limited_by"] == "max_num_seqs"
     assert table["contiguous-max"]["max_concurrency"] == 4 and table["contiguous-max"]["limited_by"] == "kv_cache"
 
@@ -84,8 +97,9 @@ def test_vllm_cpu_figures_from_arithmetic():
     for SmolLM2-135M in fp32 with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and 128-token blocks:
     2 x 30 layers x 3 KV heads x 64 x 4 B = 46,080 B per token; a block 5,898,240 B; 1 GiB holds 182 blocks
     = 23,296 tokens; a 1,024-token request takes 8 blocks: 182 / 8 = 22.75."""
-    settings = CapacitySettings(model=str(PUBLISHED / "smollm2-135m.json"), kv_cache_memory=GIB, max_len=1024,
-                                mean_len=500, block_sizes=(128,))
+    settings = CapacitySettings(
+        model=str(PUBLISHED / "smollm2-135m.json"), kv_cache_memory=GIB, max_len=1024, mean_len=500, block_sizes=(128,)
+    )
     document = run_capacity_study(settings).document
     assert document["bytes_per_token"] == 46_080 and document["model"]["dtype"] == "fp32"
     (paged,) = [row for row in document["strategies"] if row["strategy"] == "paged-128"]
@@ -115,14 +129,17 @@ def test_weights_that_do_not_fit_say_by_how_much_and_what_would():
     assert not result.fits and reason["kind"] == "weights" and document["strategies"] == []
     assert reason["short_bytes"] == need - usable and reason["usable_bytes"] == usable
     assert reason["smallest_fitting_tensor_parallel_size"] == 2
-    assert reason["message"].startswith("weights 131.42 GiB + activations") and "exceed the usable 72.00 GiB" in \
-        reason["message"]
+    assert (
+        reason["message"].startswith("weights 131.42 GiB + activations")
+        and "exceed the usable 72.00 GiB" in reason["message"]
+    )
 
 
 def test_a_max_len_the_kv_budget_cannot_hold():
     # Llama-3.1-8B bf16 on a 24 GiB card: weights 14.96 GiB leave ~6.2 GiB of KV; 131,072 tokens need 16 GiB
-    settings = CapacitySettings(model=str(PUBLISHED / "llama-3.1-8b-instruct.json"), gpu="rtx4090-24g",
-                                max_len=131_072, mean_len=1000)
+    settings = CapacitySettings(
+        model=str(PUBLISHED / "llama-3.1-8b-instruct.json"), gpu="rtx4090-24g", max_len=131_072, mean_len=1000
+    )
     result = run_capacity_study(settings)
     (reason,) = result.reasons
     budget = result.document["kv_budget_bytes"]

@@ -14,14 +14,21 @@ from kvbench.studies.find_max import find_max, limit_of, meets_slo
 
 
 def _point(meets: bool, **extra: Any) -> dict[str, Any]:
-    return {"status": "ok", "completed": 10, "request_throughput": 2.0, "request_goodput": 2.0 if meets else 1.0,
-            "failed": 0, **extra}
+    return {
+        "status": "ok",
+        "completed": 10,
+        "request_throughput": 2.0,
+        "request_goodput": 2.0 if meets else 1.0,
+        "failed": 0,
+        **extra,
+    }
 
 
 def _server(limit: float, calls: list[float]):
     def measure(level: float) -> tuple[dict[str, Any], list[Scrape], float]:
         calls.append(level)
         return _point(level <= limit), [], 1.0
+
     return measure
 
 
@@ -69,9 +76,25 @@ def test_a_point_meets_the_slo_only_with_every_request_done_and_enough_within_it
 
 def _scrapes(rows: list[tuple[float, float, float, float, float]], family: str = "vllm") -> list[Scrape]:
     """(elapsed s, KV usage, running, waiting, preemptions so far) per scrape."""
-    return [Scrape(t, [ServerState(family, {"engine": "0"}, total_blocks=100, block_size=16, usage=usage,
-                                   running=running, waiting=waiting, preemptions=pre, finished=10.0 * t)])
-            for t, usage, running, waiting, pre in rows]
+    return [
+        Scrape(
+            t,
+            [
+                ServerState(
+                    family,
+                    {"engine": "0"},
+                    total_blocks=100,
+                    block_size=16,
+                    usage=usage,
+                    running=running,
+                    waiting=waiting,
+                    preemptions=pre,
+                    finished=10.0 * t,
+                )
+            ],
+        )
+        for t, usage, running, waiting, pre in rows
+    ]
 
 
 def test_a_full_kv_cache_that_preempts_is_named_with_the_servers_knob():
@@ -83,8 +106,11 @@ def test_a_full_kv_cache_that_preempts_is_named_with_the_servers_knob():
 
 def test_requests_waiting_at_low_kv_usage_are_the_batch_cap():
     scrapes = _scrapes([(0.5, 0.2, 8, 2, 0), (1.0, 0.25, 8, 6, 0), (1.5, 0.25, 8, 10, 0)])
-    limit = limit_of(_point(False, kv_usage_peak=0.25, kv_usage_mean=0.23, preemptions=0, waiting_peak=10,
-                            peak_running=8), scrapes, 2.0)
+    limit = limit_of(
+        _point(False, kv_usage_peak=0.25, kv_usage_mean=0.23, preemptions=0, waiting_peak=10, peak_running=8),
+        scrapes,
+        2.0,
+    )
     assert limit.kind == "batch_cap" and "--max-num-seqs" in limit.suggestion
 
 

@@ -21,13 +21,17 @@ def _requests_file(tmp_path, rows):
 
 
 def test_a_requests_file_keeps_what_fits_in_its_order_with_its_arrival_times(tmp_path):
-    path = _requests_file(tmp_path, [
-        {"prompt_token_ids": [1, 2, 3], "output_len": 4, "arrival_time": 10.0},
-        {"prompt_token_ids": [5] * MAX_LEN, "output_len": 2, "arrival_time": 10.5},  # longer than max-len
-        {"prompt_token_ids": [7, 8], "output_len": 1, "arrival_time": 12.0},
-    ])
-    workload, tokenizer = resolve_requests(RequestChoice(requests_file=path), SPEC, "tiny", 99, 0, "length",
-                                           arrivals=True)
+    path = _requests_file(
+        tmp_path,
+        [
+            {"prompt_token_ids": [1, 2, 3], "output_len": 4, "arrival_time": 10.0},
+            {"prompt_token_ids": [5] * MAX_LEN, "output_len": 2, "arrival_time": 10.5},  # longer than max-len
+            {"prompt_token_ids": [7, 8], "output_len": 1, "arrival_time": 12.0},
+        ],
+    )
+    workload, tokenizer = resolve_requests(
+        RequestChoice(requests_file=path), SPEC, "tiny", 99, 0, "length", arrivals=True
+    )
     assert tokenizer is None and workload.pairs == [(3, 4), (2, 1)]
     assert workload.prompt_ids == [[1, 2, 3], [7, 8]] and workload.arrival_times == [0.0, 2.0]
     assert workload.skipped is not None and workload.skipped.as_dict()["count"] == 1
@@ -55,11 +59,14 @@ def test_the_shipped_dataset_is_counted_without_a_tokenizer_for_a_preset():
     assert workload.prompt_ids is None and workload.source == workload.dataset.path
 
 
-@pytest.mark.parametrize("choice, message", [
-    (RequestChoice(requests_file="r.jsonl", trace="t.csv"), "a requests file and a trace both give the requests"),
-    (RequestChoice(requests_file="r.jsonl", dataset="real-chat"), "a dataset and a requests file both give"),
-    (RequestChoice(trace="t.csv", dataset="real-chat"), "a dataset and a trace both give the requests"),
-])
+@pytest.mark.parametrize(
+    "choice, message",
+    [
+        (RequestChoice(requests_file="r.jsonl", trace="t.csv"), "a requests file and a trace both give the requests"),
+        (RequestChoice(requests_file="r.jsonl", dataset="real-chat"), "a dataset and a requests file both give"),
+        (RequestChoice(trace="t.csv", dataset="real-chat"), "a dataset and a trace both give the requests"),
+    ],
+)
 def test_two_sources_at_once_are_refused(choice, message):
     with pytest.raises(KvbenchError, match=message):
         resolve_requests(choice, SPEC, "tiny", 5, 0, "length")

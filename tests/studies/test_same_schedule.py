@@ -25,12 +25,15 @@ def model():
     return build_random_model(MODEL_PRESETS["tiny"], seed=0)
 
 
-@pytest.mark.parametrize("strategy, pool_slots", [
-    (Strategy("paged-4", "paged", 4), 64),  # tight: requests are preempted and recomputed
-    (Strategy("paged-4", "paged", 4), 400),
-    (Strategy("contiguous-max", "contiguous", 1, "max"), 160),  # room for three max-len slabs: queueing
-    (Strategy("contiguous-pow2", "contiguous", 1, "pow2"), 160),
-])
+@pytest.mark.parametrize(
+    "strategy, pool_slots",
+    [
+        (Strategy("paged-4", "paged", 4), 64),  # tight: requests are preempted and recomputed
+        (Strategy("paged-4", "paged", 4), 400),
+        (Strategy("contiguous-max", "contiguous", 1, "max"), 160),  # room for three max-len slabs: queueing
+        (Strategy("contiguous-pow2", "contiguous", 1, "pow2"), 160),
+    ],
+)
 def test_waste_simulated_sweep_and_tensor_engine_schedule_alike(model, strategy, pool_slots):
     pairs = LengthSpec(mean_len=20, max_len=MAX_LEN, distribution="uniform", sigma=0.8).sample(14, seed=5)
     config = strategy.config(pool_slots, MAX_LEN, CONCURRENCY)

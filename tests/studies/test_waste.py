@@ -26,8 +26,14 @@ def test_parse_strategies():
 
 def test_run_strategy_with_a_budget_below_one_block():
     with pytest.raises(KvbenchError, match="holds no block"):
-        run_strategy(Strategy("paged-16", "paged", 16), [(2, 2)], pool_slots=15, max_len=16, concurrency=1,
-                     timing=UniformTiming())
+        run_strategy(
+            Strategy("paged-16", "paged", 16),
+            [(2, 2)],
+            pool_slots=15,
+            max_len=16,
+            concurrency=1,
+            timing=UniformTiming(),
+        )
 
 
 def test_run_strategy_returns_every_block():

@@ -28,8 +28,10 @@ def test_a_rate_that_is_not_positive_is_refused(rate):
 
 def test_recorded_arrivals_from_jsonl_and_csv(tmp_path):
     jsonl = tmp_path / "r.jsonl"
-    jsonl.write_text('{"prompt_token_ids": [1], "output_len": 2, "arrival_time": 10.5}\n'
-                     '{"prompt_token_ids": [1], "output_len": 2, "arrival_time": 11}\n')
+    jsonl.write_text(
+        '{"prompt_token_ids": [1], "output_len": 2, "arrival_time": 10.5}\n'
+        '{"prompt_token_ids": [1], "output_len": 2, "arrival_time": 11}\n'
+    )
     assert recorded_arrivals(jsonl) == [0.0, 0.5]
     csv = tmp_path / "t.csv"
     csv.write_text("prompt_len,output_len,timestamp\n3,4,2\n3,4,5\n")
@@ -39,12 +41,15 @@ def test_recorded_arrivals_from_jsonl_and_csv(tmp_path):
     assert recorded_arrivals(none) is None
 
 
-@pytest.mark.parametrize(("rows", "message"), [
-    ('{"arrival_time": 1}\n{"x": 1}\n', "no arrival_time"),
-    ('{"arrival_time": 2}\n{"arrival_time": 1}\n', "earlier than the row before"),
-    ('{"arrival_time": "soon"}\n', "must be a number of seconds"),
-    ('{"arrival_time": -3}\n', "non-negative"),
-])
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ('{"arrival_time": 1}\n{"x": 1}\n', "no arrival_time"),
+        ('{"arrival_time": 2}\n{"arrival_time": 1}\n', "earlier than the row before"),
+        ('{"arrival_time": "soon"}\n', "must be a number of seconds"),
+        ('{"arrival_time": -3}\n', "non-negative"),
+    ],
+)
 def test_bad_recorded_arrivals_are_one_line_errors(tmp_path, rows, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(rows)
@@ -64,10 +69,17 @@ def test_gamma_arrivals_have_the_rate_and_burstiness_asked():
     assert gamma_arrivals(3, math.inf, 1.0, 0) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize(("rate", "burstiness", "message"), [
-    (0.0, 1.0, "arrival rate"), (float("nan"), 1.0, "arrival rate"), (-2.0, 1.0, "arrival rate"),
-    (1.0, 0.0, "burstiness"), (1.0, float("nan"), "burstiness"), (1.0, -1.0, "burstiness"),
-])
+@pytest.mark.parametrize(
+    ("rate", "burstiness", "message"),
+    [
+        (0.0, 1.0, "arrival rate"),
+        (float("nan"), 1.0, "arrival rate"),
+        (-2.0, 1.0, "arrival rate"),
+        (1.0, 0.0, "burstiness"),
+        (1.0, float("nan"), "burstiness"),
+        (1.0, -1.0, "burstiness"),
+    ],
+)
 def test_gamma_arrivals_refuse_values_outside_their_meaning(rate, burstiness, message):
     with pytest.raises(KvbenchError, match=message):
         gamma_arrivals(3, rate, burstiness, 0)

@@ -28,33 +28,54 @@ WORDS = "one two three four five six seven eight nine ten"
 
 def test_sharegpt_takes_the_first_human_turn_and_the_answer_after_it(tmp_path):
     items = [
-        {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hello there"},
-                           {"from": "gpt", "value": "hi"}, {"from": "human", "value": "more"}]},
+        {
+            "conversations": [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": "hello there"},
+                {"from": "gpt", "value": "hi"},
+                {"from": "human", "value": "more"},
+            ]
+        },
         {"messages": [{"role": "user", "content": "question"}, {"role": "assistant", "content": "answer"}]},
         _conversation("no answer yet"),
     ]
     dataset = read_dataset(_sharegpt(tmp_path / "d.json", items))
     assert dataset.format == "sharegpt" and dataset.total == 3
-    assert [(r.prompt, r.answer) for r in dataset.records] == [("hello there", "hi"), ("question", "answer"),
-                                                               ("no answer yet", None)]
+    assert [(r.prompt, r.answer) for r in dataset.records] == [
+        ("hello there", "hi"),
+        ("question", "answer"),
+        ("no answer yet", None),
+    ]
 
 
 def test_bad_records_are_counted_not_fatal(tmp_path):
-    items = [_conversation(WORDS, WORDS), 7, {"id": 1}, {"conversations": [{"from": "gpt", "value": "only me"}]},
-             _conversation("   ", WORDS)]
+    items = [
+        _conversation(WORDS, WORDS),
+        7,
+        {"id": 1},
+        {"conversations": [{"from": "gpt", "value": "only me"}]},
+        _conversation("   ", WORDS),
+    ]
     dataset = read_dataset(_sharegpt(tmp_path / "d.json", items))
     assert len(dataset.records) == 1
-    assert dict(dataset.skipped) == {"not a JSON object": 1, "no conversations": 1, "no human turn": 1,
-                                     "empty human turn": 1}
+    assert dict(dataset.skipped) == {
+        "not a JSON object": 1,
+        "no conversations": 1,
+        "no human turn": 1,
+        "empty human turn": 1,
+    }
 
 
-@pytest.mark.parametrize("text, message", [
-    ("this is not json", "is not JSON"),
-    ("[{\"conversations\": [", "is not valid JSON"),
-    ("[]", "holds no records"),
-    ("[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"x\"}]}]", "none of its 1 records can be used (1 no human"),
-    ("{not json\n{also not}\n", "is not JSON"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("this is not json", "is not JSON"),
+        ('[{"conversations": [', "is not valid JSON"),
+        ("[]", "holds no records"),
+        ('[{"conversations": [{"from": "gpt", "value": "x"}]}]', "none of its 1 records can be used (1 no human"),
+        ("{not json\n{also not}\n", "is not JSON"),
+    ],
+)
 def test_unusable_files_are_one_line_errors(tmp_path, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -64,8 +85,10 @@ def test_unusable_files_are_one_line_errors(tmp_path, text, message):
 
 def test_jsonl_prompts_with_optional_output_lengths(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text('{"prompt": "a b c d e", "output_len": 9}\n\n{"prompt": "f g h i j"}\nnot json\n'
-                    '{"prompt": ""}\n{"prompt": "k", "output_len": -1}\n')
+    path.write_text(
+        '{"prompt": "a b c d e", "output_len": 9}\n\n{"prompt": "f g h i j"}\nnot json\n'
+        '{"prompt": ""}\n{"prompt": "k", "output_len": -1}\n'
+    )
     dataset = read_dataset(path)
     assert dataset.format == "jsonl" and dataset.total == 5
     assert [(r.prompt, r.output_len) for r in dataset.records] == [("a b c d e", 9), ("f g h i j", None)]
@@ -78,8 +101,13 @@ def test_jsonl_prompts_with_optional_output_lengths(tmp_path):
 
 def test_filtering_like_vllm_and_a_note_of_what_was_dropped(tmp_path):
     long = " ".join(["word"] * 60)
-    items = [_conversation(WORDS, WORDS), _conversation("hi", WORDS), _conversation(WORDS, "ok"),
-             _conversation(long, long), _conversation(WORDS)]
+    items = [
+        _conversation(WORDS, WORDS),
+        _conversation("hi", WORDS),
+        _conversation(WORDS, "ok"),
+        _conversation(long, long),
+        _conversation(WORDS),
+    ]
     sample = sample_dataset(_sharegpt(tmp_path / "d.json", items), TokenCounter(), max_len=100)
     assert sample.pairs == [(10, 10)]
     assert sample.dropped == {"shorter than 4 tokens": 2, "longer than max-len 100": 1, "without an answer length": 1}

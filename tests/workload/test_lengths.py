@@ -74,9 +74,12 @@ def test_sampling_zero_requests_is_refused():
 def test_jsonl_trace(tmp_path):
     trace = tmp_path / "trace.jsonl"
     trace.write_text(
-        json.dumps({"prompt_len": 10, "output_len": 5}) + "\n\n"
-        + json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 4}) + "\n"
-        + json.dumps({"prompt_len": "7", "output_len": 2.0}) + "\n"
+        json.dumps({"prompt_len": 10, "output_len": 5})
+        + "\n\n"
+        + json.dumps({"prompt_token_ids": [1, 2, 3], "max_tokens": 4})
+        + "\n"
+        + json.dumps({"prompt_len": "7", "output_len": 2.0})
+        + "\n"
     )
     assert load_trace(trace) == [(10, 5), (3, 4), (7, 2)]
 

@@ -47,8 +47,13 @@ def test_writer_takes_tensors_and_arrays(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 2**31), min_size=1, max_size=20), st.integers(1, 10**6)),
-                min_size=1, max_size=10))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 2**31), min_size=1, max_size=20), st.integers(1, 10**6)),
+        min_size=1,
+        max_size=10,
+    )
+)
 def test_round_trip_property(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("rt") / "r.jsonl"
     write_requests_jsonl(path, items)
@@ -80,23 +85,26 @@ def test_non_utf8_is_a_clear_error(tmp_path):
         load_requests_jsonl(path)
 
 
-@pytest.mark.parametrize(("row", "message"), [
-    ([1, 2], "expected a JSON object"),
-    ({"output_len": 3}, "prompt_token_ids is missing"),
-    ({"prompt_token_ids": [1]}, r"output_len \(or max_tokens\) is missing"),
-    ({"prompt_token_ids": [1], "output_len": None}, "is missing"),
-    ({"prompt_token_ids": "1 2 3", "output_len": 3}, "must be a list"),
-    ({"prompt_token_ids": [], "output_len": 3}, "is empty"),
-    ({"prompt_token_ids": [1, -2], "output_len": 3}, "position 1 is negative"),
-    ({"prompt_token_ids": [1, 2.5], "output_len": 3}, "position 1 is not an integer"),
-    ({"prompt_token_ids": [True], "output_len": 3}, "position 0 is not an integer"),
-    ({"prompt_token_ids": [1], "output_len": 0}, "output_len must be a positive integer"),
-    ({"prompt_token_ids": [1], "output_len": -4}, "output_len must be a positive integer"),
-    ({"prompt_token_ids": [1], "output_len": 2.5}, "output_len must be a positive integer"),
-    ({"prompt_token_ids": [1], "output_len": "8"}, "output_len must be a positive integer"),
-    ({"prompt_token_ids": [1], "max_tokens": -1}, "max_tokens must be a positive integer"),
-    ({"prompt_token_ids": [1], "output_len": 3, "max_tokens": 4}, "disagree"),
-])
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ([1, 2], "expected a JSON object"),
+        ({"output_len": 3}, "prompt_token_ids is missing"),
+        ({"prompt_token_ids": [1]}, r"output_len \(or max_tokens\) is missing"),
+        ({"prompt_token_ids": [1], "output_len": None}, "is missing"),
+        ({"prompt_token_ids": "1 2 3", "output_len": 3}, "must be a list"),
+        ({"prompt_token_ids": [], "output_len": 3}, "is empty"),
+        ({"prompt_token_ids": [1, -2], "output_len": 3}, "position 1 is negative"),
+        ({"prompt_token_ids": [1, 2.5], "output_len": 3}, "position 1 is not an integer"),
+        ({"prompt_token_ids": [True], "output_len": 3}, "position 0 is not an integer"),
+        ({"prompt_token_ids": [1], "output_len": 0}, "output_len must be a positive integer"),
+        ({"prompt_token_ids": [1], "output_len": -4}, "output_len must be a positive integer"),
+        ({"prompt_token_ids": [1], "output_len": 2.5}, "output_len must be a positive integer"),
+        ({"prompt_token_ids": [1], "output_len": "8"}, "output_len must be a positive integer"),
+        ({"prompt_token_ids": [1], "max_tokens": -1}, "max_tokens must be a positive integer"),
+        ({"prompt_token_ids": [1], "output_len": 3, "max_tokens": 4}, "disagree"),
+    ],
+)
 def test_bad_rows_name_the_line_and_the_problem(tmp_path, row, message):
     good = json.dumps({"prompt_token_ids": [1], "output_len": 1})
     path = _write(tmp_path / "r.jsonl", good, good, json.dumps(row))
@@ -113,14 +121,17 @@ def test_token_ids_outside_the_vocabulary_are_rejected(tmp_path):
     assert load_requests_jsonl(path, vocab_size=513) == [([0, 511, 512], 1)]
 
 
-@pytest.mark.parametrize(("items", "message"), [
-    ([], "no requests"),
-    ([([1], 0)], "output_len must be a positive integer"),
-    ([([], 3)], "is empty"),
-    ([("abc", 3)], "must be a list"),
-    ([([1, -1], 3)], "negative"),
-    ([(1, 2, 3)], "pair"),
-])
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([], "no requests"),
+        ([([1], 0)], "output_len must be a positive integer"),
+        ([([], 3)], "is empty"),
+        ([("abc", 3)], "must be a list"),
+        ([([1, -1], 3)], "negative"),
+        ([(1, 2, 3)], "pair"),
+    ],
+)
 def test_writer_validates_before_writing(tmp_path, items, message):
     path = tmp_path / "w.jsonl"
     with pytest.raises(KvbenchError, match=message):

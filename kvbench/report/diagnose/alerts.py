@@ -15,40 +15,65 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
     where = "{{ $labels.engine }} on {{ $labels.device }} ({{ $labels.instance }})"
 
     def rule(alert, expr, severity, summary, description):
-        return {"alert": alert, "expr": expr, "for": t.alert_for, "labels": {"severity": severity},
-                "annotations": {"summary": summary, "description": description}}
+        return {
+            "alert": alert,
+            "expr": expr,
+            "for": t.alert_for,
+            "labels": {"severity": severity},
+            "annotations": {"summary": summary, "description": description},
+        }
 
     rules = [
-        rule("KvCacheFragmentationHigh", f"{names.FRAGMENTATION} > {t.fragmentation:g}", "warning",
-             f"KV cache fragmentation above {t.fragmentation:g}",
-             f"{where}: online fragmentation is {{{{ $value | humanizePercentage }}}}. Use the paged engine, "
-             "a smaller block size, or a lower max-len."),
-        rule("KvCacheFreeBlocksLow", f"{free_share} < {t.free_blocks:g}", "warning",
-             f"KV cache free blocks below {pct(t.free_blocks)} of the pool",
-             f"{where}: only {{{{ $value | humanizePercentage }}}} of the KV blocks are free. Give the KV cache "
-             "more memory or route new requests to the instance with the most free blocks."),
-        rule("KvBlockAllocLatencyHigh",
-             "histogram_quantile(0.99, sum by (le, engine, device, instance) "
-             f"(rate({names.ALLOC_LATENCY}_bucket[5m]))) > {t.alloc_latency_p99_ms / 1000:g}",
-             "critical", f"KV block allocation p99 latency above {t.alloc_latency_p99_ms:g} ms",
-             f"{where}: p99 block allocation latency is {{{{ $value | humanizeDuration }}}}. Use a larger block "
-             "size or check the host for CPU contention."),
-        rule("KvPreemptionStorm",
-             f"increase({names.PREEMPTIONS}[10m]) / clamp_min(increase({names.FINISHED}[10m]), 1)"
-             f" > {t.preemptions_per_request:g}", "warning",
-             f"More than {t.preemptions_per_request:g} preemptions per finished request",
-             f"{where}: {{{{ $value }}}} preemptions per finished request over 10m. Give the KV cache more "
-             "memory or lower the concurrency."),
-        rule("KvCacheReservationWaste",
-             f"{names.FRAGMENTATION} * {names.BLOCKS_USED} / {names.BLOCKS_CAPACITY}"
-             f" > {t.reservation_waste:g}", "warning",
-             f"Reservation + internal fragmentation above {pct(t.reservation_waste)} of the KV pool",
-             f"{where}: {{{{ $value | humanizePercentage }}}} of the pool is reserved but holds no token state. "
-             "Use the paged engine or reserve less."),
-        rule("KvBudgetCapsConcurrency", f"{names.WAITING} > 0 and {free_share} < {t.free_blocks:g}",
-             "warning", "Requests wait for KV memory",
-             f"{where}: requests are queued while fewer than {pct(t.free_blocks)} of the blocks are free: the KV "
-             "budget caps concurrency. Give the KV cache more memory."),
+        rule(
+            "KvCacheFragmentationHigh",
+            f"{names.FRAGMENTATION} > {t.fragmentation:g}",
+            "warning",
+            f"KV cache fragmentation above {t.fragmentation:g}",
+            f"{where}: online fragmentation is {{{{ $value | humanizePercentage }}}}. Use the paged engine, "
+            "a smaller block size, or a lower max-len.",
+        ),
+        rule(
+            "KvCacheFreeBlocksLow",
+            f"{free_share} < {t.free_blocks:g}",
+            "warning",
+            f"KV cache free blocks below {pct(t.free_blocks)} of the pool",
+            f"{where}: only {{{{ $value | humanizePercentage }}}} of the KV blocks are free. Give the KV cache "
+            "more memory or route new requests to the instance with the most free blocks.",
+        ),
+        rule(
+            "KvBlockAllocLatencyHigh",
+            "histogram_quantile(0.99, sum by (le, engine, device, instance) "
+            f"(rate({names.ALLOC_LATENCY}_bucket[5m]))) > {t.alloc_latency_p99_ms / 1000:g}",
+            "critical",
+            f"KV block allocation p99 latency above {t.alloc_latency_p99_ms:g} ms",
+            f"{where}: p99 block allocation latency is {{{{ $value | humanizeDuration }}}}. Use a larger block "
+            "size or check the host for CPU contention.",
+        ),
+        rule(
+            "KvPreemptionStorm",
+            f"increase({names.PREEMPTIONS}[10m]) / clamp_min(increase({names.FINISHED}[10m]), 1)"
+            f" > {t.preemptions_per_request:g}",
+            "warning",
+            f"More than {t.preemptions_per_request:g} preemptions per finished request",
+            f"{where}: {{{{ $value }}}} preemptions per finished request over 10m. Give the KV cache more "
+            "memory or lower the concurrency.",
+        ),
+        rule(
+            "KvCacheReservationWaste",
+            f"{names.FRAGMENTATION} * {names.BLOCKS_USED} / {names.BLOCKS_CAPACITY} > {t.reservation_waste:g}",
+            "warning",
+            f"Reservation + internal fragmentation above {pct(t.reservation_waste)} of the KV pool",
+            f"{where}: {{{{ $value | humanizePercentage }}}} of the pool is reserved but holds no token state. "
+            "Use the paged engine or reserve less.",
+        ),
+        rule(
+            "KvBudgetCapsConcurrency",
+            f"{names.WAITING} > 0 and {free_share} < {t.free_blocks:g}",
+            "warning",
+            "Requests wait for KV memory",
+            f"{where}: requests are queued while fewer than {pct(t.free_blocks)} of the blocks are free: the KV "
+            "budget caps concurrency. Give the KV cache more memory.",
+        ),
     ]
     return {"groups": [{"name": "kvbench-kv-cache", "rules": rules}]}
 

@@ -69,10 +69,16 @@ class Diagnosis:
         return any(f.severity != "info" for f in self.findings)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "thresholds": self.thresholds.as_dict(), "checked": self.checked,
-                "fired": self.fired, "findings": [f.as_dict() for f in self.findings], "notes": self.notes,
-                "not_evaluated": [n.as_dict() for n in self.not_evaluated],
-                "measurements": [m.as_dict() for m in self.measurements]}
+        return {
+            "source": self.source,
+            "thresholds": self.thresholds.as_dict(),
+            "checked": self.checked,
+            "fired": self.fired,
+            "findings": [f.as_dict() for f in self.findings],
+            "notes": self.notes,
+            "not_evaluated": [n.as_dict() for n in self.not_evaluated],
+            "measurements": [m.as_dict() for m in self.measurements],
+        }
 
 
 def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:

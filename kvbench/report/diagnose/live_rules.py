@@ -33,7 +33,7 @@ NO_FRAGMENTATION = {
 }
 NO_RESERVATION = {
     "vllm": "vLLM allocates blocks as tokens arrive and reserves none ahead, so there is no reservation to "
-            "measure; the empty tails of partly filled blocks are estimated below",
+    "measure; the empty tails of partly filled blocks are estimated below",
     "sglang": "SGLang allocates its token pool as tokens arrive and exposes no reservation",
     "kvbench": "the exposition has no kvbench_kv_cache_fragmentation",
 }
@@ -44,7 +44,7 @@ NO_ALLOC_LATENCY = {
 }
 NO_PREEMPTIONS = {
     "sglang": "this SGLang exposes no cumulative retraction counter (num_retracted_requests_total) with its "
-              "finished requests",
+    "finished requests",
 }
 
 
@@ -90,15 +90,17 @@ class _Out:
 
     def find(self, rule: str, severity: str, evidence: str, remedies: tuple[str, ...], values: dict) -> None:
         s = self.state
-        self.findings.append(Finding(rule, severity, s.source, evidence, render(remedies, s.family, s.context()),
-                                     values, remedies, s.family))
+        self.findings.append(
+            Finding(
+                rule, severity, s.source, evidence, render(remedies, s.family, s.context()), values, remedies, s.family
+            )
+        )
 
     def skip(self, rule: str, reasons: dict[str, str], fields: tuple[str, ...] = ()) -> None:
         """``rule`` not evaluated: for a value the engine reported outside its meaning if that is why (the
         field is None then too), else for the family's reason."""
         invalid = [self.state.invalid[f] for f in fields if f in self.state.invalid]
-        reason = ("invalid value: " + "; ".join(invalid) if invalid
-                  else reasons.get(self.state.family, "not exposed"))
+        reason = "invalid value: " + "; ".join(invalid) if invalid else reasons.get(self.state.family, "not exposed")
         self.skipped.append(NotEvaluated(rule, self.state.source, reason))
 
     def measure(self, name: str, value: float | None, text: str, estimate: bool = False) -> None:
@@ -113,8 +115,13 @@ def _rule_fragmentation(w: Window, t: Thresholds, out: _Out) -> None:
     frag = sum(values) / len(values)
     over = f" (mean of {len(values)} scrapes)" if len(values) > 1 else ""
     if frag > t.fragmentation:
-        out.find("fragmentation", "warning", f"online fragmentation {frag:.3f}{over} > {t.fragmentation}",
-                 _layout(out.state), {"fragmentation": frag, "threshold": t.fragmentation})
+        out.find(
+            "fragmentation",
+            "warning",
+            f"online fragmentation {frag:.3f}{over} > {t.fragmentation}",
+            _layout(out.state),
+            {"fragmentation": frag, "threshold": t.fragmentation},
+        )
 
 
 def _layout(state: ServerState) -> tuple[str, ...]:
@@ -133,14 +140,24 @@ def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
     state = out.state
     # the last scrape's usage may be missing (set aside as invalid): then the last one seen is named
     usage = state.usage if state.usage is not None else 1.0 - last
-    blocks = (f"{state.free_blocks:.0f} of {state.total_blocks:.0f} blocks free"
-              if state.free_blocks is not None else f"KV usage {pct(usage)}")
+    blocks = (
+        f"{state.free_blocks:.0f} of {state.total_blocks:.0f} blocks free"
+        if state.free_blocks is not None
+        else f"KV usage {pct(usage)}"
+    )
     evidence = f"{blocks} ({pct(last)} < {pct(t.free_blocks)})"
     if len(shares) > 1:
-        evidence = (f"free KV share below {pct(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
-                    f"{pct(min(shares))}); at the last: {blocks} ({pct(last)})")
-    out.find("free_blocks", "warning", evidence, ("more_kv_memory", "lower_concurrency", "route_to_free"),
-             {"free_share": last, "threshold": t.free_blocks})
+        evidence = (
+            f"free KV share below {pct(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
+            f"{pct(min(shares))}); at the last: {blocks} ({pct(last)})"
+        )
+    out.find(
+        "free_blocks",
+        "warning",
+        evidence,
+        ("more_kv_memory", "lower_concurrency", "route_to_free"),
+        {"free_share": last, "threshold": t.free_blocks},
+    )
 
 
 def _rule_alloc_latency(w: Window, t: Thresholds, out: _Out) -> None:
@@ -149,26 +166,44 @@ def _rule_alloc_latency(w: Window, t: Thresholds, out: _Out) -> None:
         out.skip("alloc_latency", NO_ALLOC_LATENCY, ("alloc_buckets",))
         return
     if p99 * 1000 > t.alloc_latency_p99_ms:
-        out.find("alloc_latency", "critical", f"block allocation latency p99 ~{p99 * 1000:.1f} ms (from histogram "
-                 f"buckets) > {t.alloc_latency_p99_ms:g} ms", ("larger_blocks", "check_host"),
-                 {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms})
+        out.find(
+            "alloc_latency",
+            "critical",
+            f"block allocation latency p99 ~{p99 * 1000:.1f} ms (from histogram "
+            f"buckets) > {t.alloc_latency_p99_ms:g} ms",
+            ("larger_blocks", "check_host"),
+            {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms},
+        )
 
 
 def _rule_preemptions(w: Window, t: Thresholds, out: _Out) -> None:
     preemptions, over = w.counter("preemptions")
     finished, _ = w.counter("finished")
     if preemptions is None or finished is None:
-        out.skip("preemption_storm", {**NO_PREEMPTIONS, out.state.family: NO_PREEMPTIONS.get(
-            out.state.family, "the engine exposes no preemption and finished-request counters")},
-            ("preemptions", "finished"))
+        out.skip(
+            "preemption_storm",
+            {
+                **NO_PREEMPTIONS,
+                out.state.family: NO_PREEMPTIONS.get(
+                    out.state.family, "the engine exposes no preemption and finished-request counters"
+                ),
+            },
+            ("preemptions", "finished"),
+        )
         return
-    out.measure("preemptions", preemptions, f"{preemptions:.0f} preemptions for {finished:.0f} finished requests {over}")
+    out.measure(
+        "preemptions", preemptions, f"{preemptions:.0f} preemptions for {finished:.0f} finished requests {over}"
+    )
     if preemptions and preemptions / max(finished, 1.0) > t.preemptions_per_request:
         rate = preemptions / max(finished, 1.0)
-        out.find("preemption_storm", "warning", f"{preemptions:.0f} preemptions for {finished:.0f} finished requests "
-                 f"{over} ({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
-                 ("more_kv_memory", "lower_concurrency"),
-                 {"preemptions_per_request": rate, "threshold": t.preemptions_per_request})
+        out.find(
+            "preemption_storm",
+            "warning",
+            f"{preemptions:.0f} preemptions for {finished:.0f} finished requests "
+            f"{over} ({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
+            ("more_kv_memory", "lower_concurrency"),
+            {"preemptions_per_request": rate, "threshold": t.preemptions_per_request},
+        )
 
 
 def _rule_reservation(w: Window, t: Thresholds, out: _Out) -> None:
@@ -178,9 +213,13 @@ def _rule_reservation(w: Window, t: Thresholds, out: _Out) -> None:
         return
     share = state.fragmentation * state.used_blocks / state.total_blocks
     if share > t.reservation_waste:
-        out.find("reservation_waste", "warning", f"reservation + internal hold {pct(share)} of the pool "
-                 f"(> {pct(t.reservation_waste)})", _layout(state),
-                 {"reservation_internal_share": share, "threshold": t.reservation_waste})
+        out.find(
+            "reservation_waste",
+            "warning",
+            f"reservation + internal hold {pct(share)} of the pool (> {pct(t.reservation_waste)})",
+            _layout(state),
+            {"reservation_internal_share": share, "threshold": t.reservation_waste},
+        )
 
 
 def _growing(points: Sequence[tuple[float, float]]) -> bool:
@@ -199,15 +238,20 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
     waiting = getattr(state, name)
     free = state.free_share
     if waiting is None or free is None:
-        out.skip("concurrency_capped", {state.family: "the engine exposes no waiting requests or KV usage"},
-                 (name, "usage"))
+        out.skip(
+            "concurrency_capped", {state.family: "the engine exposes no waiting requests or KV usage"}, (name, "usage")
+        )
         return
     what = "requests wait for scheduling capacity" if name == "waiting_capacity" else "requests wait"
     assert state.usage is not None  # free_share is read from it
     if waiting and free < t.free_blocks:
-        out.find("concurrency_capped", "warning", f"{waiting:.0f} {what} while only {pct(free)} of the KV blocks "
-                 "are free: the KV budget caps concurrency", ("more_kv_memory",),
-                 {"waiting": waiting, "free_share": free, "bound": "kv_memory"})
+        out.find(
+            "concurrency_capped",
+            "warning",
+            f"{waiting:.0f} {what} while only {pct(free)} of the KV blocks are free: the KV budget caps concurrency",
+            ("more_kv_memory",),
+            {"waiting": waiting, "free_share": free, "bound": "kv_memory"},
+        )
         return
     if state.family == "kvbench" or not waiting or state.usage >= t.low_kv_usage:
         return
@@ -215,15 +259,24 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
     if len(w.samples) > 1:
         if not _growing(trend):
             return
-        evidence = (f"the queue grew from {trend[0][1]:.0f} to {waiting:.0f} {what} over {seconds(w.span_s)} while "
-                    f"KV usage stayed low ({pct(state.usage)} at the last scrape, < {pct(t.low_kv_usage)})")
+        evidence = (
+            f"the queue grew from {trend[0][1]:.0f} to {waiting:.0f} {what} over {seconds(w.span_s)} while "
+            f"KV usage stayed low ({pct(state.usage)} at the last scrape, < {pct(t.low_kv_usage)})"
+        )
         severity = "warning"
     else:
-        evidence = (f"{waiting:.0f} {what} at KV usage {pct(state.usage)} (< {pct(t.low_kv_usage)}); one scrape "
-                    "cannot show whether the queue grows (kvbench watch records a timeline)")
+        evidence = (
+            f"{waiting:.0f} {what} at KV usage {pct(state.usage)} (< {pct(t.low_kv_usage)}); one scrape "
+            "cannot show whether the queue grows (kvbench watch records a timeline)"
+        )
         severity = "info"
-    out.find("concurrency_capped", severity, evidence + ": the batch cap, not KV memory, limits concurrency",
-             ("raise_batch_cap",), {"waiting": waiting, "kv_usage": state.usage, "bound": "scheduler"})
+    out.find(
+        "concurrency_capped",
+        severity,
+        evidence + ": the batch cap, not KV memory, limits concurrency",
+        ("raise_batch_cap",),
+        {"waiting": waiting, "kv_usage": state.usage, "bound": "scheduler"},
+    )
 
 
 def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
@@ -238,53 +291,91 @@ def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
     enabled = state.config.get("enable_prefix_caching")
     if rate is None:
         if state.family != "kvbench":
-            out.skip("prefix_cache_hit_rate", {state.family: f"no prompt token was looked up in the prefix cache {over}"
-                                               if queries == 0 else "the engine exposes no prefix-cache counters"},
-                     fields)
+            out.skip(
+                "prefix_cache_hit_rate",
+                {
+                    state.family: f"no prompt token was looked up in the prefix cache {over}"
+                    if queries == 0
+                    else "the engine exposes no prefix-cache counters"
+                },
+                fields,
+            )
     else:
         looked = f" of {queries:.0f} prompt tokens looked up {over}" if queries else " (the rate the engine reports)"
         out.measure("prefix_cache_hit_rate", rate, f"prefix-cache hit rate {pct(rate)}{looked}")
         if t.min_prefix_hit_rate > 0 and rate < t.min_prefix_hit_rate:
-            remedies = ("enable_prefix_caching", "shareable_prefixes") if enabled == "False" else ("shareable_prefixes",)
-            out.find("prefix_cache_hit_rate", "warning", f"prefix-cache hit rate {pct(rate)}{looked} "
-                     f"(< {pct(t.min_prefix_hit_rate)})", remedies, {"hit_rate": rate, "threshold": t.min_prefix_hit_rate})
+            remedies = (
+                ("enable_prefix_caching", "shareable_prefixes") if enabled == "False" else ("shareable_prefixes",)
+            )
+            out.find(
+                "prefix_cache_hit_rate",
+                "warning",
+                f"prefix-cache hit rate {pct(rate)}{looked} (< {pct(t.min_prefix_hit_rate)})",
+                remedies,
+                {"hit_rate": rate, "threshold": t.min_prefix_hit_rate},
+            )
             return
     if enabled == "False":
-        out.find("prefix_caching_off", "info", "prefix caching is off (cache_config_info enable_prefix_caching="
-                 "False): prompts sharing a prefix are prefilled and stored again", ("enable_prefix_caching",),
-                 {"enable_prefix_caching": False})
+        out.find(
+            "prefix_caching_off",
+            "info",
+            "prefix caching is off (cache_config_info enable_prefix_caching="
+            "False): prompts sharing a prefix are prefilled and stored again",
+            ("enable_prefix_caching",),
+            {"enable_prefix_caching": False},
+        )
 
 
 def _measure_state(w: Window, out: _Out) -> None:
     s = out.state
     if s.usage is not None:
-        blocks = (f", {s.free_blocks:.0f} of {s.total_blocks:.0f} blocks free"
-                  + (f" ({s.block_size} tokens each)" if s.block_size else "")) if s.total_blocks else ""
+        blocks = (
+            (
+                f", {s.free_blocks:.0f} of {s.total_blocks:.0f} blocks free"
+                + (f" ({s.block_size} tokens each)" if s.block_size else "")
+            )
+            if s.total_blocks
+            else ""
+        )
         out.measure("kv_usage", s.usage, f"KV usage {pct(s.usage)}{blocks}")
     if s.running is not None:
         waiting = "" if s.waiting is None else f", {s.waiting:.0f} waiting"
         out.measure("running", s.running, f"{s.running:.0f} running{waiting}")
     if s.prompt_tokens_mean is not None and s.generation_tokens_mean is not None:
-        out.measure("mean_request_tokens", s.prompt_tokens_mean + s.generation_tokens_mean,
-                    f"finished requests averaged {s.prompt_tokens_mean:.0f} prompt + {s.generation_tokens_mean:.0f} "
-                    "output tokens")
+        out.measure(
+            "mean_request_tokens",
+            s.prompt_tokens_mean + s.generation_tokens_mean,
+            f"finished requests averaged {s.prompt_tokens_mean:.0f} prompt + {s.generation_tokens_mean:.0f} "
+            "output tokens",
+        )
     if s.fragmentation is None and s.block_size and s.running and s.total_blocks:
         internal = s.running * s.block_size / 2  # the last block of a request is half full on average
         share_pool = internal / (s.total_blocks * s.block_size)
         held = (s.usage or 0.0) * s.total_blocks * s.block_size
         of_held = f", ~{pct(min(1.0, internal / held))} of the blocks in use" if held > 0 else ""
-        out.measure("internal_waste_estimate", share_pool,
-                    f"estimate: paging's internal waste ~{internal:.0f} token slots = half a {s.block_size}-token "
-                    f"block per running request ({s.running:.0f}): ~{pct(share_pool)} of the pool{of_held}",
-                    estimate=True)
+        out.measure(
+            "internal_waste_estimate",
+            share_pool,
+            f"estimate: paging's internal waste ~{internal:.0f} token slots = half a {s.block_size}-token "
+            f"block per running request ({s.running:.0f}): ~{pct(share_pool)} of the pool{of_held}",
+            estimate=True,
+        )
 
 
-_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _rule_preemptions, _rule_reservation,
-          _rule_capped, _rule_prefix_cache)
+_RULES = (
+    _rule_fragmentation,
+    _rule_free_blocks,
+    _rule_alloc_latency,
+    _rule_preemptions,
+    _rule_reservation,
+    _rule_capped,
+    _rule_prefix_cache,
+)
 
 
-def diagnose_windows(windows: Sequence[Window], thresholds: Thresholds, source: str = "",
-                     notes: Sequence[str] = ()) -> Diagnosis:
+def diagnose_windows(
+    windows: Sequence[Window], thresholds: Thresholds, source: str = "", notes: Sequence[str] = ()
+) -> Diagnosis:
     """The rules over each engine instance's scrapes."""
     findings, skipped, measured = [], [], []
     for window in windows:
@@ -297,8 +388,9 @@ def diagnose_windows(windows: Sequence[Window], thresholds: Thresholds, source: 
         measured += out.measured
     all_notes = list(notes) + invalid_notes(windows)
     if any(w.last.family == "kvbench" for w in windows):
-        all_notes.append("reservation vs internal needs hindsight: live, reservation + internal is read from "
-                         "fragmentation")
+        all_notes.append(
+            "reservation vs internal needs hindsight: live, reservation + internal is read from fragmentation"
+        )
     return Diagnosis(source, thresholds, sorted_findings(findings), len(windows), all_notes, skipped, measured)
 
 
@@ -312,7 +404,9 @@ def invalid_notes(windows: Sequence[Window]) -> list[str]:
                 first, count = seen.get(field, (why, 0))
                 seen[field] = (first, count + 1)
         for first, count in seen.values():
-            times = f" (in {count} of {len(window.samples)} scrapes; the first shown)" if len(window.samples) > 1 else ""
+            times = (
+                f" (in {count} of {len(window.samples)} scrapes; the first shown)" if len(window.samples) > 1 else ""
+            )
             notes.append(f"invalid value set aside, not used: {window.last.source}: {first}{times}")
     return notes
 

@@ -22,8 +22,10 @@ def _now(context: Context, key: str, unit: str = "") -> str:
 
 def _kvbench_layout(context: Context) -> str:
     reserve = context.get("reserve") or "max"
-    return (f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
-            f"--reserve {reserve} (pow2 or oracle); or a lower max-len{_now(context, 'max_len')}")
+    return (
+        f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
+        f"--reserve {reserve} (pow2 or oracle); or a lower max-len{_now(context, 'max_len')}"
+    )
 
 
 def _kvbench_smaller_blocks(context: Context) -> str:
@@ -36,11 +38,14 @@ def _kvbench_smaller_blocks(context: Context) -> str:
 REMEDIES: dict[str, dict[str, Phrase]] = {
     "more_kv_memory": {
         "kvbench": lambda c: "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization)",
-        "vllm": lambda c: ("give the KV cache more memory: raise --gpu-memory-utilization"
-                           f"{_now(c, 'gpu_memory_utilization')} or set --kv-cache-memory-bytes"
-                           f"{_now(c, 'kv_cache_memory_bytes', ' B')}, or free memory with a lower --max-model-len"),
-        "sglang": lambda c: ("give the KV cache more memory: raise --mem-fraction-static, or free memory with a "
-                             "lower --context-length"),
+        "vllm": lambda c: (
+            "give the KV cache more memory: raise --gpu-memory-utilization"
+            f"{_now(c, 'gpu_memory_utilization')} or set --kv-cache-memory-bytes"
+            f"{_now(c, 'kv_cache_memory_bytes', ' B')}, or free memory with a lower --max-model-len"
+        ),
+        "sglang": lambda c: (
+            "give the KV cache more memory: raise --mem-fraction-static, or free memory with a lower --context-length"
+        ),
     },
     "lower_concurrency": {
         "kvbench": lambda c: "lower the concurrency so running requests can grow without evicting each other",
@@ -48,10 +53,14 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         "sglang": lambda c: "lower --max-running-requests so running requests can grow without being retracted",
     },
     "raise_batch_cap": {
-        "vllm": lambda c: ("raise --max-num-seqs (and --max-num-batched-tokens if long prompts queue): the KV "
-                           "cache has room, the scheduler's cap keeps requests waiting"),
-        "sglang": lambda c: ("raise --max-running-requests (and --chunked-prefill-size if long prompts queue): "
-                             "the KV cache has room, the scheduler's cap keeps requests waiting"),
+        "vllm": lambda c: (
+            "raise --max-num-seqs (and --max-num-batched-tokens if long prompts queue): the KV "
+            "cache has room, the scheduler's cap keeps requests waiting"
+        ),
+        "sglang": lambda c: (
+            "raise --max-running-requests (and --chunked-prefill-size if long prompts queue): "
+            "the KV cache has room, the scheduler's cap keeps requests waiting"
+        ),
     },
     "route_to_free": {
         family: (lambda c: "route new requests to the instance with the most free KV blocks")
@@ -62,10 +71,19 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         **{family: (lambda c: "add an instance behind the router") for family in ("vllm", "sglang")},
     },
     "route_by_free_blocks": {
-        "kvbench": lambda c: ("route by free KV blocks (kvbench fleet --policies most-free-blocks) so no instance "
-                              "fills while another idles"),
-        **{family: (lambda c: "route new requests to the instance with the most free KV blocks, so no instance "
-                              "fills while another idles") for family in ("vllm", "sglang")},
+        "kvbench": lambda c: (
+            "route by free KV blocks (kvbench fleet --policies most-free-blocks) so no instance "
+            "fills while another idles"
+        ),
+        **{
+            family: (
+                lambda c: (
+                    "route new requests to the instance with the most free KV blocks, so no instance "
+                    "fills while another idles"
+                )
+            )
+            for family in ("vllm", "sglang")
+        },
     },
     "layout": {
         "kvbench": _kvbench_layout,
@@ -79,40 +97,59 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         "kvbench": lambda c: "use a larger --block-size (fewer allocations)",
     },
     "check_host": {
-        "kvbench": lambda c: ("keep the pool off a contended host (CPU oversubscription stalls the allocator); "
-                              "check the host for CPU contention"),
+        "kvbench": lambda c: (
+            "keep the pool off a contended host (CPU oversubscription stalls the allocator); "
+            "check the host for CPU contention"
+        ),
     },
     "enable_prefix_caching": {
-        "vllm": lambda c: ("start vLLM with --enable-prefix-caching if prompts share a prefix (system prompt, "
-                           "few-shot examples, multi-turn chat)"),
+        "vllm": lambda c: (
+            "start vLLM with --enable-prefix-caching if prompts share a prefix (system prompt, "
+            "few-shot examples, multi-turn chat)"
+        ),
         "sglang": lambda c: "drop --disable-radix-cache if prompts share a prefix",
     },
     "shareable_prefixes": {
-        family: (lambda c: "put the shared part of prompts first and keep it byte-identical (system prompt, "
-                           "few-shot examples); send requests with the same prefix to the same instance")
+        family: (
+            lambda c: (
+                "put the shared part of prompts first and keep it byte-identical (system prompt, "
+                "few-shot examples); send requests with the same prefix to the same instance"
+            )
+        )
         for family in ("vllm", "sglang")
     },
     "scale_compute": {
-        "vllm": lambda c: ("the batch is compute- or bandwidth-bound: a faster device, tensor parallelism "
-                           "(--tensor-parallel-size) or another replica behind the router"),
+        "vllm": lambda c: (
+            "the batch is compute- or bandwidth-bound: a faster device, tensor parallelism "
+            "(--tensor-parallel-size) or another replica behind the router"
+        ),
         "sglang": lambda c: "the batch is compute- or bandwidth-bound: a faster device, --tp-size or another replica",
         "kvbench": lambda c: "the batch is compute-bound: a faster device, or another instance (kvbench fleet)",
     },
     "prefill_queue": {
-        "vllm": lambda c: ("raise --max-num-batched-tokens (or enable chunked prefill) so waiting prompts are "
-                           "prefilled sooner"),
-        "sglang": lambda c: "raise --chunked-prefill-size / --max-prefill-tokens so waiting prompts are prefilled sooner",
+        "vllm": lambda c: (
+            "raise --max-num-batched-tokens (or enable chunked prefill) so waiting prompts are prefilled sooner"
+        ),
+        "sglang": lambda c: (
+            "raise --chunked-prefill-size / --max-prefill-tokens so waiting prompts are prefilled sooner"
+        ),
         "kvbench": lambda c: "prompts queue for prefill: shorter prompts, or more prefill tokens per step",
     },
     "check_failed_requests": {
-        family: (lambda c: "read the point's failed_by_kind and failure_examples in results.jsonl: timeouts, 429s "
-                           "and 503s under load are the server refusing work (lower the load or add capacity); "
-                           "400s are requests it cannot serve")
+        family: (
+            lambda c: (
+                "read the point's failed_by_kind and failure_examples in results.jsonl: timeouts, 429s "
+                "and 503s under load are the server refusing work (lower the load or add capacity); "
+                "400s are requests it cannot serve"
+            )
+        )
         for family in ("kvbench", "vllm", "sglang")
     },
     "rerun_failed_point": {
-        "kvbench": lambda c: ("look at its traceback in results.jsonl, fix the cause and rerun it "
-                              "(kvbench sweep --resume reruns failed points)"),
+        "kvbench": lambda c: (
+            "look at its traceback in results.jsonl, fix the cause and rerun it "
+            "(kvbench sweep --resume reruns failed points)"
+        ),
     },
 }
 

@@ -22,15 +22,27 @@ from kvbench.report.diagnose.timeline import diagnose_timeline
 from kvbench.report.summary_load import load_summary
 
 
-def _finding(rule: str, severity: str, label: str, evidence: str, remedies: tuple[str, ...], values: dict,
-             context: Mapping[str, Any] | None = None) -> Finding:
+def _finding(
+    rule: str,
+    severity: str,
+    label: str,
+    evidence: str,
+    remedies: tuple[str, ...],
+    values: dict,
+    context: Mapping[str, Any] | None = None,
+) -> Finding:
     """A finding on a kvbench run: its remedies name kvbench's own settings (a sweep sizes every engine's
     KV budget, vLLM's reference column included)."""
     return Finding(rule, severity, label, evidence, render(remedies, "kvbench", context), values, remedies)
 
 
-def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any], thresholds: Thresholds,
-                    source: str = "", directory: Path | None = None) -> Diagnosis:
+def diagnose_points(
+    points: Iterable[Mapping[str, Any]],
+    meta: Mapping[str, Any],
+    thresholds: Thresholds,
+    source: str = "",
+    directory: Path | None = None,
+) -> Diagnosis:
     """The rules over each point; a point measured against a server over HTTP is judged by the live rules over
     the scrapes it recorded (``watch-*.jsonl`` in ``directory``), as ``kvbench diagnose`` judges a watch."""
     findings: list[Finding] = []
@@ -39,8 +51,11 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
     measured: list[Measurement] = []
     checked = 0
     for point in points:
-        label = (f"fleet {point.get('engine')}" if "policy" in point
-                 else f"{point.get('engine')} C={point.get('concurrency')}")
+        label = (
+            f"fleet {point.get('engine')}"
+            if "policy" in point
+            else f"{point.get('engine')} C={point.get('concurrency')}"
+        )
         if isinstance(point.get("endpoint"), dict):
             checked += 1
             live = _endpoint_diagnosis(point, label, thresholds, directory)
@@ -50,9 +65,16 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
             notes += live.notes
             continue
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
-            findings.append(_finding("point_failed", "critical", label,
-                                     f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
-                                     ("rerun_failed_point",), {"status": "error"}))
+            findings.append(
+                _finding(
+                    "point_failed",
+                    "critical",
+                    label,
+                    f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
+                    ("rerun_failed_point",),
+                    {"status": "error"},
+                )
+            )
             continue
         checked += 1
         for rule in _POINT_RULES:
@@ -61,32 +83,57 @@ def diagnose_points(points: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]
                 findings.append(finding)
         if "policy" in point:  # a fleet point: each instance, and the balance between them
             findings += _fleet_findings(point, thresholds, label)
-    return Diagnosis(source, thresholds, sorted_findings(findings), checked, list(dict.fromkeys(notes)), skipped,
-                     measured)
+    return Diagnosis(
+        source, thresholds, sorted_findings(findings), checked, list(dict.fromkeys(notes)), skipped, measured
+    )
 
 
-def _endpoint_diagnosis(point: Mapping[str, Any], label: str, thresholds: Thresholds,
-                        directory: Path | None) -> Diagnosis:
+def _endpoint_diagnosis(
+    point: Mapping[str, Any], label: str, thresholds: Thresholds, directory: Path | None
+) -> Diagnosis:
     """A server point: its failed requests, then the live rules over its recorded scrapes, labelled by point."""
     rate = point.get("request_rate")
     if rate is not None:
         label = f"{point.get('engine')} {rate:g} req/s"
     findings: list[Finding] = []
     if point.get("status") == "error":
-        findings.append(Finding("requests_failed", "critical", label, str(point.get("error") or "requests failed"),
-                                render(("check_failed_requests",), "vllm"), {"failed": point.get("failed")},
-                                ("check_failed_requests",), "vllm"))
+        findings.append(
+            Finding(
+                "requests_failed",
+                "critical",
+                label,
+                str(point.get("error") or "requests failed"),
+                render(("check_failed_requests",), "vllm"),
+                {"failed": point.get("failed")},
+                ("check_failed_requests",),
+                "vllm",
+            )
+        )
     timeline_file = str(point.get("timeline_file") or "")
-    watch = directory / ("watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl") \
-        if directory is not None and timeline_file else None
+    watch = (
+        directory / ("watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
+        if directory is not None and timeline_file
+        else None
+    )
     if watch is None or not watch.is_file():
-        return Diagnosis(label, thresholds, findings, 1, [f"{label}: no recorded scrapes of the server's /metrics to "
-                                                          "judge its KV cache by"])
+        return Diagnosis(
+            label,
+            thresholds,
+            findings,
+            1,
+            [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by"],
+        )
     live = diagnose_timeline(watch, thresholds)
     relabel = [replace(f, source=f"{label}: {f.source}") for f in live.findings]
-    return Diagnosis(label, thresholds, findings + relabel, 1, live.notes,
-                     [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
-                     [replace(m, source=f"{label}: {m.source}") for m in live.measurements])
+    return Diagnosis(
+        label,
+        thresholds,
+        findings + relabel,
+        1,
+        live.notes,
+        [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
+        [replace(m, source=f"{label}: {m.source}") for m in live.measurements],
+    )
 
 
 def _num(value: Any) -> float | None:
@@ -109,10 +156,16 @@ def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
     if value is None or value <= t.fragmentation:
         return None
     remedies, context = _layout(point, meta)
-    return _finding("fragmentation", "warning", label,
-                    f"mean online fragmentation {value:.3f} (1 - used / allocated) > {t.fragmentation}: "
-                    f"{pct(value)} of the allocated KV slots hold no token state",
-                    remedies, {"fragmentation_mean": value, "threshold": t.fragmentation}, context)
+    return _finding(
+        "fragmentation",
+        "warning",
+        label,
+        f"mean online fragmentation {value:.3f} (1 - used / allocated) > {t.fragmentation}: "
+        f"{pct(value)} of the allocated KV slots hold no token state",
+        remedies,
+        {"fragmentation_mean": value, "threshold": t.fragmentation},
+        context,
+    )
 
 
 def _free_share(point) -> float | None:
@@ -132,10 +185,14 @@ def _rule_free_blocks(point, meta, t: Thresholds, label) -> Finding | None:
         return None
     pool, peak = _num(point.get("kv_pool_bytes")), _num(point.get("kv_peak_allocated_bytes"))
     at_peak = f"; at peak allocation {pct(1 - peak / pool)} were free" if pool and peak is not None else ""
-    return _finding("free_blocks", "warning", label,
-                    f"free KV blocks averaged {pct(free)} of the pool (< {pct(t.free_blocks)}){at_peak}",
-                    ("more_kv_memory", "lower_concurrency", "route_to_free"),
-                    {"free_share_mean": free, "threshold": t.free_blocks})
+    return _finding(
+        "free_blocks",
+        "warning",
+        label,
+        f"free KV blocks averaged {pct(free)} of the pool (< {pct(t.free_blocks)}){at_peak}",
+        ("more_kv_memory", "lower_concurrency", "route_to_free"),
+        {"free_share_mean": free, "threshold": t.free_blocks},
+    )
 
 
 def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
@@ -143,11 +200,16 @@ def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
     p99 = _num(metrics.get("block_alloc_latency_p99_seconds"))
     if p99 is None or p99 * 1000 <= t.alloc_latency_p99_ms:
         return None
-    return _finding("alloc_latency", "critical", label,
-                    f"block allocation latency p99 {p99 * 1000:.1f} ms > {t.alloc_latency_p99_ms:g} ms over "
-                    f"{metrics.get('block_alloc_count', '?')} allocation calls; allocation sits on the step's "
-                    "critical path", ("larger_blocks", "check_host"),
-                    {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms})
+    return _finding(
+        "alloc_latency",
+        "critical",
+        label,
+        f"block allocation latency p99 {p99 * 1000:.1f} ms > {t.alloc_latency_p99_ms:g} ms over "
+        f"{metrics.get('block_alloc_count', '?')} allocation calls; allocation sits on the step's "
+        "critical path",
+        ("larger_blocks", "check_host"),
+        {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms},
+    )
 
 
 def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
@@ -157,11 +219,15 @@ def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
     rate = preemptions / max(completed, 1.0)
     if rate <= t.preemptions_per_request:
         return None
-    return _finding("preemption_storm", "warning", label,
-                    f"{preemptions:.0f} preemptions for {completed:.0f} completed requests "
-                    f"({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
-                    ("more_kv_memory", "lower_concurrency"),
-                    {"preemptions_per_request": rate, "threshold": t.preemptions_per_request})
+    return _finding(
+        "preemption_storm",
+        "warning",
+        label,
+        f"{preemptions:.0f} preemptions for {completed:.0f} completed requests "
+        f"({rate:.2f} per request > {t.preemptions_per_request:g}): recompute wastes work",
+        ("more_kv_memory", "lower_concurrency"),
+        {"preemptions_per_request": rate, "threshold": t.preemptions_per_request},
+    )
 
 
 def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
@@ -173,10 +239,16 @@ def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
     if share <= t.reservation_waste:
         return None
     remedies, context = _layout(point, meta)
-    return _finding("reservation_waste", "warning", label,
-                    f"reservation + internal fragmentation took {pct(share)} of the pool on average "
-                    f"(> {pct(t.reservation_waste)}); token states only {waste.get('token_state_pct', 0):.1f}%",
-                    remedies, {"reservation_internal_share": share, "threshold": t.reservation_waste}, context)
+    return _finding(
+        "reservation_waste",
+        "warning",
+        label,
+        f"reservation + internal fragmentation took {pct(share)} of the pool on average "
+        f"(> {pct(t.reservation_waste)}); token states only {waste.get('token_state_pct', 0):.1f}%",
+        remedies,
+        {"reservation_internal_share": share, "threshold": t.reservation_waste},
+        context,
+    )
 
 
 def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
@@ -190,8 +262,15 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
         evidence = f"OOM: {point.get('status_reason') or 'requests rejected for lack of KV memory'}"
         if peak is not None and concurrency is not None:
             evidence += f" (peak running {peak:.0f} of concurrency {concurrency:.0f})"
-        return _finding("concurrency_capped", "critical", label, evidence, remedies,
-                        {"peak_running": peak, "concurrency": concurrency, "status": "oom"}, context)
+        return _finding(
+            "concurrency_capped",
+            "critical",
+            label,
+            evidence,
+            remedies,
+            {"peak_running": peak, "concurrency": concurrency, "status": "oom"},
+            context,
+        )
     if concurrency is None or peak is None:
         return None
     offered = concurrency
@@ -200,9 +279,15 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
         offered = min(offered, total)
     if peak >= offered or peak >= meta.get("max_num_seqs", 256):
         return None
-    return _finding("concurrency_capped", "warning", label,
-                    f"at most {peak:.0f} of {offered:.0f} requests ran at once: the KV budget caps concurrency",
-                    remedies, {"peak_running": peak, "concurrency": concurrency}, context)
+    return _finding(
+        "concurrency_capped",
+        "warning",
+        label,
+        f"at most {peak:.0f} of {offered:.0f} requests ran at once: the KV budget caps concurrency",
+        remedies,
+        {"peak_running": peak, "concurrency": concurrency},
+        context,
+    )
 
 
 IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool
@@ -214,24 +299,42 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
     for instance in point.get("instances") or []:
         free = _num(instance.get("free_share_mean"))
         if free is not None and free < t.free_blocks:
-            findings.append(_finding(
-                "free_blocks", "warning", f"{label} instance {instance.get('index')}",
-                f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
-                f"it took {instance.get('routed')} requests and preempted {instance.get('preemptions')}",
-                ("add_instance", "route_by_free_blocks"), {"free_share_mean": free, "threshold": t.free_blocks}))
+            findings.append(
+                _finding(
+                    "free_blocks",
+                    "warning",
+                    f"{label} instance {instance.get('index')}",
+                    f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
+                    f"it took {instance.get('routed')} requests and preempted {instance.get('preemptions')}",
+                    ("add_instance", "route_by_free_blocks"),
+                    {"free_share_mean": free, "threshold": t.free_blocks},
+                )
+            )
     total = max((_num(i.get("total_blocks")) or 0 for i in point.get("instances") or []), default=0)
     imbalance = _num(point.get("free_blocks_imbalance_mean"))
     if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
-        findings.append(_finding(
-            "fleet_imbalance", "warning", label,
-            f"free blocks differed by {imbalance:,.0f} blocks between the emptiest and the fullest instance on "
-            f"average ({pct(imbalance / total)} of one pool > {pct(IMBALANCE_SHARE)})",
-            ("route_by_free_blocks",), {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total}))
+        findings.append(
+            _finding(
+                "fleet_imbalance",
+                "warning",
+                label,
+                f"free blocks differed by {imbalance:,.0f} blocks between the emptiest and the fullest instance on "
+                f"average ({pct(imbalance / total)} of one pool > {pct(IMBALANCE_SHARE)})",
+                ("route_by_free_blocks",),
+                {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total},
+            )
+        )
     return findings
 
 
-_POINT_RULES = (_rule_fragmentation, _rule_free_blocks, _rule_alloc_latency, _rule_preemptions, _rule_reservation,
-                _rule_capped)
+_POINT_RULES = (
+    _rule_fragmentation,
+    _rule_free_blocks,
+    _rule_alloc_latency,
+    _rule_preemptions,
+    _rule_reservation,
+    _rule_capped,
+)
 
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:

@@ -124,20 +124,26 @@ class ServerState:
             value = values.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name} is not a number")
-        values["alloc_buckets"] = [(math.inf if le == "+Inf" else float(le), float(count))
-                                   for le, count in values.get("alloc_buckets") or []]
+        values["alloc_buckets"] = [
+            (math.inf if le == "+Inf" else float(le), float(count)) for le, count in values.get("alloc_buckets") or []
+        ]
         return set_aside_invalid(cls(**values))
 
 
 def read_states(text: str, source: str = "the exposition") -> list[ServerState]:
     """Every engine instance the exposition describes, of any known family; an error when there is none."""
     samples = parse_samples(text, source)
-    states = [set_aside_invalid(state) for family in FAMILIES for state in _READERS[family](
-        [s for s in samples if s.name.startswith(PREFIXES[family])])]
+    states = [
+        set_aside_invalid(state)
+        for family in FAMILIES
+        for state in _READERS[family]([s for s in samples if s.name.startswith(PREFIXES[family])])
+    ]
     if not states:
         names = ", ".join(f"{PREFIXES[f]}*" for f in FAMILIES)
-        raise KvbenchError(f"{source} exposes none of the metric families kvbench reads ({names}): is it a "
-                           "kvbench, vLLM or SGLang metrics endpoint?")
+        raise KvbenchError(
+            f"{source} exposes none of the metric families kvbench reads ({names}): is it a "
+            "kvbench, vLLM or SGLang metrics endpoint?"
+        )
     return states
 
 
@@ -177,17 +183,27 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
         if total is None:
             continue
         free = _value(group, names.BLOCKS_FREE)
-        buckets = sorted((float(s.labels["le"]), s.value) for s in group
-                         if s.name == f"{names.ALLOC_LATENCY}_bucket" and "le" in s.labels)
-        states.append(ServerState(
-            "kvbench", dict(key), total_blocks=total,
-            usage=1.0 - free / total if free is not None and total > 0 else None,
-            used_blocks=_value(group, names.BLOCKS_USED),
-            fragmentation=_value(group, names.FRAGMENTATION),
-            running=_value(group, names.RUNNING), waiting=_value(group, names.WAITING),
-            preemptions=_value(group, names.PREEMPTIONS),
-            finished=_value(group, names.FINISHED),
-            generation_tokens=_value(group, names.GENERATED_TOKENS), alloc_buckets=buckets))
+        buckets = sorted(
+            (float(s.labels["le"]), s.value)
+            for s in group
+            if s.name == f"{names.ALLOC_LATENCY}_bucket" and "le" in s.labels
+        )
+        states.append(
+            ServerState(
+                "kvbench",
+                dict(key),
+                total_blocks=total,
+                usage=1.0 - free / total if free is not None and total > 0 else None,
+                used_blocks=_value(group, names.BLOCKS_USED),
+                fragmentation=_value(group, names.FRAGMENTATION),
+                running=_value(group, names.RUNNING),
+                waiting=_value(group, names.WAITING),
+                preemptions=_value(group, names.PREEMPTIONS),
+                finished=_value(group, names.FINISHED),
+                generation_tokens=_value(group, names.GENERATED_TOKENS),
+                alloc_buckets=buckets,
+            )
+        )
     return states
 
 
@@ -215,23 +231,35 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
         queries = _value(group, "vllm:prefix_cache_queries_total")
         hits = _value(group, "vllm:prefix_cache_hits_total")
         if queries is None:
-            queries, hits = _value(group, "vllm:gpu_prefix_cache_queries_total"), _value(group, "vllm:gpu_prefix_cache_hits_total")
-        states.append(ServerState(
-            "vllm", labels,
-            total_blocks=blocks - 1 if blocks is not None and blocks > 1 else blocks,  # one null block is set aside
-            block_size=int(block_size) if block_size else None, usage=usage, running=running,
-            waiting=_value(group, "vllm:num_requests_waiting"),
-            waiting_capacity=_value(group, "vllm:num_requests_waiting_by_reason",
-                                    lambda labels: labels.get("reason") == "capacity"),
-            preemptions=_value(group, "vllm:num_preemptions_total"),
-            finished=_value(group, "vllm:request_success_total"),
-            prefix_queries=queries, prefix_hits=hits,
-            prompt_tokens_mean=_mean(group, "vllm:request_prompt_tokens"),
-            generation_tokens_mean=_mean(group, "vllm:request_generation_tokens"),
-            prompt_tokens=_value(group, "vllm:prompt_tokens_total"),
-            generation_tokens=_value(group, "vllm:generation_tokens_total"),
-            ttft_sum_s=_value(group, "vllm:time_to_first_token_seconds_sum"),
-            ttft_count=_value(group, "vllm:time_to_first_token_seconds_count"), config=config))
+            queries, hits = (
+                _value(group, "vllm:gpu_prefix_cache_queries_total"),
+                _value(group, "vllm:gpu_prefix_cache_hits_total"),
+            )
+        states.append(
+            ServerState(
+                "vllm",
+                labels,
+                total_blocks=blocks - 1 if blocks is not None and blocks > 1 else blocks,  # one null block is set aside
+                block_size=int(block_size) if block_size else None,
+                usage=usage,
+                running=running,
+                waiting=_value(group, "vllm:num_requests_waiting"),
+                waiting_capacity=_value(
+                    group, "vllm:num_requests_waiting_by_reason", lambda labels: labels.get("reason") == "capacity"
+                ),
+                preemptions=_value(group, "vllm:num_preemptions_total"),
+                finished=_value(group, "vllm:request_success_total"),
+                prefix_queries=queries,
+                prefix_hits=hits,
+                prompt_tokens_mean=_mean(group, "vllm:request_prompt_tokens"),
+                generation_tokens_mean=_mean(group, "vllm:request_generation_tokens"),
+                prompt_tokens=_value(group, "vllm:prompt_tokens_total"),
+                generation_tokens=_value(group, "vllm:generation_tokens_total"),
+                ttft_sum_s=_value(group, "vllm:time_to_first_token_seconds_sum"),
+                ttft_count=_value(group, "vllm:time_to_first_token_seconds_count"),
+                config=config,
+            )
+        )
     return states
 
 
@@ -247,19 +275,31 @@ def _sglang(samples: list[Sample]) -> list[ServerState]:
             continue
         page = _value(group, "sglang:page_size")
         tokens = _value(group, "sglang:max_total_num_tokens")
-        states.append(ServerState(
-            "sglang", dict(key), total_blocks=tokens / page if tokens and page else tokens,
-            block_size=int(page) if page else None, usage=usage, running=running,
-            waiting=_value(group, "sglang:num_queue_reqs"),
-            preemptions=_value(group, "sglang:num_retracted_requests_total"),  # the gauge of the same stem is per batch
-            finished=_value(group, "sglang:num_requests_total"),
-            prefix_hit_rate=_value(group, "sglang:cache_hit_rate"),
-            prompt_tokens=_value(group, "sglang:prompt_tokens_total"),
-            generation_tokens=_value(group, "sglang:generation_tokens_total"),
-            ttft_sum_s=_value(group, "sglang:time_to_first_token_seconds_sum"),
-            ttft_count=_value(group, "sglang:time_to_first_token_seconds_count")))
+        states.append(
+            ServerState(
+                "sglang",
+                dict(key),
+                total_blocks=tokens / page if tokens and page else tokens,
+                block_size=int(page) if page else None,
+                usage=usage,
+                running=running,
+                waiting=_value(group, "sglang:num_queue_reqs"),
+                preemptions=_value(
+                    group, "sglang:num_retracted_requests_total"
+                ),  # the gauge of the same stem is per batch
+                finished=_value(group, "sglang:num_requests_total"),
+                prefix_hit_rate=_value(group, "sglang:cache_hit_rate"),
+                prompt_tokens=_value(group, "sglang:prompt_tokens_total"),
+                generation_tokens=_value(group, "sglang:generation_tokens_total"),
+                ttft_sum_s=_value(group, "sglang:time_to_first_token_seconds_sum"),
+                ttft_count=_value(group, "sglang:time_to_first_token_seconds_count"),
+            )
+        )
     return states
 
 
 _READERS: dict[str, Callable[[list[Sample]], list[ServerState]]] = {
-    "kvbench": _kvbench, "vllm": _vllm, "sglang": _sglang}
+    "kvbench": _kvbench,
+    "vllm": _vllm,
+    "sglang": _sglang,
+}

@@ -31,8 +31,14 @@ TIMELINE_FILE = "timeline.jsonl"
 
 def header_record(url: str, interval_s: float) -> dict[str, Any]:
     """The first line: what was watched, how often, and the run's provenance (command, versions, host)."""
-    return {"kind": KIND, "version": VERSION, "url": url, "interval_s": interval_s, "started": time.time(),
-            "meta": run_meta()}
+    return {
+        "kind": KIND,
+        "version": VERSION,
+        "url": url,
+        "interval_s": interval_s,
+        "started": time.time(),
+        "meta": run_meta(),
+    }
 
 
 def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:
@@ -101,8 +107,7 @@ def read_timeline(location: str | Path) -> Timeline:
                 torn = True  # the last write was cut short
                 break
             what = "not valid JSON" if isinstance(err, json.JSONDecodeError) else f"not a timeline record ({err})"
-            raise KvbenchError(f"{path}:{number}: {what}; a timeline is the JSONL file kvbench watch "
-                               "writes") from None
+            raise KvbenchError(f"{path}:{number}: {what}; a timeline is the JSONL file kvbench watch writes") from None
         windows.setdefault(state.source, Window([])).samples.append((float(elapsed), state))
     if not windows:
         raise KvbenchError(f"{path} holds no scrapes: a timeline is the JSONL file kvbench watch writes")
@@ -113,7 +118,9 @@ def diagnose_timeline(location: str | Path, thresholds: Thresholds) -> Diagnosis
     timeline = read_timeline(location)
     scrapes = max(len(w.samples) for w in timeline.windows.values())
     span = max(w.span_s for w in timeline.windows.values())
-    notes = [f"timeline of {scrapes} scrape(s) over {seconds(span)}" + (f" from {timeline.url}" if timeline.url else "")]
+    notes = [
+        f"timeline of {scrapes} scrape(s) over {seconds(span)}" + (f" from {timeline.url}" if timeline.url else "")
+    ]
     if timeline.errors:
         notes.append(f"{timeline.errors} scrape(s) failed during the watch and are left out")
     if timeline.torn:

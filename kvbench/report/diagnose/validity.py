@@ -30,31 +30,60 @@ ServerState = TypeVar("ServerState", bound=_Quantities)
 
 _SHARE, _COUNT = "share", "count"
 KINDS: dict[str, str] = {
-    "total_blocks": _COUNT, "usage": _SHARE, "used_blocks": _COUNT, "fragmentation": _SHARE, "running": _COUNT,
-    "waiting": _COUNT, "waiting_capacity": _COUNT, "preemptions": _COUNT, "finished": _COUNT,
-    "prefix_queries": _COUNT, "prefix_hits": _COUNT, "prefix_hit_rate": _SHARE, "prompt_tokens_mean": _COUNT,
+    "total_blocks": _COUNT,
+    "usage": _SHARE,
+    "used_blocks": _COUNT,
+    "fragmentation": _SHARE,
+    "running": _COUNT,
+    "waiting": _COUNT,
+    "waiting_capacity": _COUNT,
+    "preemptions": _COUNT,
+    "finished": _COUNT,
+    "prefix_queries": _COUNT,
+    "prefix_hits": _COUNT,
+    "prefix_hit_rate": _SHARE,
+    "prompt_tokens_mean": _COUNT,
     "generation_tokens_mean": _COUNT,
 }
 _SLACK = 1e-9  # a share computed as 1 - free / total may land a rounding error past 1
 
 # the metric each field is read from, to name it in a message (a field missing here is named as it is)
 METRICS: dict[str, dict[str, str]] = {
-    "kvbench": {"total_blocks": "kvbench_kv_cache_blocks_capacity",
-                "usage": "1 - kvbench_kv_cache_blocks_free / kvbench_kv_cache_blocks_capacity",
-                "used_blocks": "kvbench_kv_cache_blocks_used", "fragmentation": "kvbench_kv_cache_fragmentation",
-                "running": "kvbench_requests_running", "waiting": "kvbench_requests_waiting",
-                "preemptions": "kvbench_num_preemptions_total", "finished": "kvbench_requests_finished_total",
-                "alloc_buckets": "kvbench_block_alloc_latency_seconds_bucket"},
-    "vllm": {"total_blocks": "cache_config_info num_gpu_blocks", "block_size": "cache_config_info block_size",
-             "usage": "vllm:kv_cache_usage_perc", "running": "vllm:num_requests_running",
-             "waiting": "vllm:num_requests_waiting", "waiting_capacity": "vllm:num_requests_waiting_by_reason",
-             "preemptions": "vllm:num_preemptions_total", "finished": "vllm:request_success_total",
-             "prefix_queries": "vllm:prefix_cache_queries_total", "prefix_hits": "vllm:prefix_cache_hits_total",
-             "prompt_tokens_mean": "vllm:request_prompt_tokens", "generation_tokens_mean": "vllm:request_generation_tokens"},
-    "sglang": {"total_blocks": "sglang:max_total_num_tokens", "block_size": "sglang:page_size",
-               "usage": "sglang:token_usage", "running": "sglang:num_running_reqs", "waiting": "sglang:num_queue_reqs",
-               "preemptions": "sglang:num_retracted_requests_total", "finished": "sglang:num_requests_total",
-               "prefix_hit_rate": "sglang:cache_hit_rate"},
+    "kvbench": {
+        "total_blocks": "kvbench_kv_cache_blocks_capacity",
+        "usage": "1 - kvbench_kv_cache_blocks_free / kvbench_kv_cache_blocks_capacity",
+        "used_blocks": "kvbench_kv_cache_blocks_used",
+        "fragmentation": "kvbench_kv_cache_fragmentation",
+        "running": "kvbench_requests_running",
+        "waiting": "kvbench_requests_waiting",
+        "preemptions": "kvbench_num_preemptions_total",
+        "finished": "kvbench_requests_finished_total",
+        "alloc_buckets": "kvbench_block_alloc_latency_seconds_bucket",
+    },
+    "vllm": {
+        "total_blocks": "cache_config_info num_gpu_blocks",
+        "block_size": "cache_config_info block_size",
+        "usage": "vllm:kv_cache_usage_perc",
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "waiting_capacity": "vllm:num_requests_waiting_by_reason",
+        "preemptions": "vllm:num_preemptions_total",
+        "finished": "vllm:request_success_total",
+        "prefix_queries": "vllm:prefix_cache_queries_total",
+        "prefix_hits": "vllm:prefix_cache_hits_total",
+        "prompt_tokens_mean": "vllm:request_prompt_tokens",
+        "generation_tokens_mean": "vllm:request_generation_tokens",
+    },
+    "sglang": {
+        "total_blocks": "sglang:max_total_num_tokens",
+        "block_size": "sglang:page_size",
+        "usage": "sglang:token_usage",
+        "running": "sglang:num_running_reqs",
+        "waiting": "sglang:num_queue_reqs",
+        "preemptions": "sglang:num_retracted_requests_total",
+        "finished": "sglang:num_requests_total",
+        "prefix_hit_rate": "sglang:cache_hit_rate",
+    },
 }
 
 
@@ -71,8 +100,11 @@ def set_aside_invalid(state: ServerState) -> ServerState:
         why = _out_of_range(value, kind)
         if why:
             _set_aside(state, field, value, why)
-    if state.block_size is not None and (not is_number(state.block_size, finite=True) or state.block_size < 1
-                                         or state.block_size != int(state.block_size)):
+    if state.block_size is not None and (
+        not is_number(state.block_size, finite=True)
+        or state.block_size < 1
+        or state.block_size != int(state.block_size)
+    ):
         _set_aside(state, "block_size", state.block_size, "not a whole number of tokens")
     if state.used_blocks is not None and state.total_blocks is not None and state.used_blocks > state.total_blocks:
         _set_aside(state, "used_blocks", state.used_blocks, f"more than the {state.total_blocks:g} blocks of the pool")

@@ -22,9 +22,7 @@ from kvbench.fileio import write_text_atomic
 REPORT_FILE = "report.html"
 
 # Run kind -> the module whose build(RunFiles) -> Page draws it.
-BUILDERS = {
-    kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch")
-}
+BUILDERS = {kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch")}
 
 
 @dataclass(frozen=True)
@@ -42,16 +40,14 @@ def build_page(location: str | Path):
     module = BUILDERS.get(run.kind)
     if module is None:
         raise KvbenchError(
-            f"{run.directory}: this kvbench has no report for runs of kind {run.kind!r} "
-            f"(known: {', '.join(BUILDERS)})"
+            f"{run.directory}: this kvbench has no report for runs of kind {run.kind!r} (known: {', '.join(BUILDERS)})"
         )
     try:
         return importlib.import_module(module).build(run)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
         # a summary edited by hand, or written by another version: say what is wrong, in one line
         raise KvbenchError(
-            f"{run.directory}: cannot build its report, its files lack or mistype a field "
-            f"({type(err).__name__}: {err})"
+            f"{run.directory}: cannot build its report, its files lack or mistype a field ({type(err).__name__}: {err})"
         ) from None
 
 
@@ -70,9 +66,7 @@ def write_report(location: str | Path, out: str | Path | None = None) -> Written
     return Written(path, len(text.encode("utf-8")), time.perf_counter() - start)
 
 
-REPORT_ENV = (
-    "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
-)
+REPORT_ENV = "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
 _OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
 
 

@@ -71,8 +71,7 @@ def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
         not_evaluated=[f"{n.rule} ({n.source}): {n.reason}" for n in diagnosis.not_evaluated],
         notes=notes,
         measurements=[
-            ("estimate, " if m.estimate and not m.text.startswith("estimate") else "")
-            + f"{m.source}: {m.text}"
+            ("estimate, " if m.estimate and not m.text.startswith("estimate") else "") + f"{m.source}: {m.text}"
             for m in diagnosis.measurements
         ],
     )
@@ -235,9 +234,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if meta.get("created_utc"):
         facts.append(Fact("date (UTC)", str(meta["created_utc"])))
     facts.append(Fact("kvbench version", str(meta.get("kvbench_version") or "unknown")))
-    facts.append(
-        Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True)
-    )
+    facts.append(Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True))
     model = meta.get("model") if isinstance(meta.get("model"), dict) else None
     name = meta.get("model_name") or (model or {}).get("name") or meta.get("model")
     if name:
@@ -281,9 +278,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     return facts
 
 
-def provenance_section(
-    meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()
-) -> Section:
+def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra: Iterable[Fact] = ()) -> Section:
     from kvbench import __version__
 
     facts = provenance_facts(meta)

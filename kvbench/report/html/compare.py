@@ -131,9 +131,7 @@ def headline_section(comparison: Comparison) -> Section:
     ]
     if changed:
         blocks.append(
-            Table(
-                "What changed beyond its threshold", COLUMNS, [_row(r) for r in changed], id="headline-table"
-            )
+            Table("What changed beyond its threshold", COLUMNS, [_row(r) for r in changed], id="headline-table")
         )
     else:
         blocks.append(Text(["No metric changed beyond its threshold."], tone="note"))
@@ -162,9 +160,7 @@ def provenance(comparison: Comparison) -> Section:
     subsections = []
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
         facts = provenance_facts(summary.meta)
-        subsections.append(
-            Section(f"provenance-{name}", f"{name.capitalize()}: {summary.path}", [Facts(facts)])
-        )
+        subsections.append(Section(f"provenance-{name}", f"{name.capitalize()}: {summary.path}", [Facts(facts)]))
     return Section("provenance", "Provenance", [], subsections)
 
 
@@ -220,9 +216,7 @@ def _sweep_plot(comparison: Comparison) -> None:
             for c in levels
         ]
         pairs = [
-            (c, p / q)
-            for c, p, q in throughputs
-            if is_number(p, finite=True) and is_number(q, finite=True) and q > 0
+            (c, p / q) for c, p, q in throughputs if is_number(p, finite=True) and is_number(q, finite=True) and q > 0
         ]
         if pairs:
             ratios[name] = ([c for c, _ in pairs], [r for _, r in pairs])

@@ -54,9 +54,7 @@ def headline_section(document: dict) -> Section:
     rows = [
         [
             Cell(p["engine"], p["engine"], field="engine"),
-            Cell(
-                units.count(p.get("held_tokens")), units.sort_key(p.get("held_tokens")), field="held_tokens"
-            ),
+            Cell(units.count(p.get("held_tokens")), units.sort_key(p.get("held_tokens")), field="held_tokens"),
             Cell(
                 units.count(p.get("written_tokens")),
                 units.sort_key(p.get("written_tokens")),

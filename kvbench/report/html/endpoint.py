@@ -19,8 +19,12 @@ from kvbench.report.html.common import draw, figures_block, findings_section, pr
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
 from kvbench.report.html.run_files import RunFiles
 
-_FIELDS = {"out TPS": "output_throughput", "req/s": "request_throughput", "SLO met": "request_goodput",
-           "preempt": "preemptions"}
+_FIELDS = {
+    "out TPS": "output_throughput",
+    "req/s": "request_throughput",
+    "SLO met": "request_goodput",
+    "preempt": "preemptions",
+}
 
 
 def build(run: RunFiles) -> Page:
@@ -41,8 +45,11 @@ def build(run: RunFiles) -> Page:
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
     if timelines:
-        sections.append(Section("timelines", "Per point over time: client throughput and server KV usage",
-                                [figures_block(timelines)]))
+        sections.append(
+            Section(
+                "timelines", "Per point over time: client throughput and server KV usage", [figures_block(timelines)]
+            )
+        )
     sections.append(provenance_section(meta, run.files()))
     return Page("sweep", title, subtitle, [], sections)
 
@@ -52,8 +59,11 @@ def verdict(document: dict[str, Any]) -> Verdict:
     failed = [p for p in points if p["status"] != "ok"]
     lines = list(document.get("findings") or [])
     if failed:
-        lines.insert(0, f"{len(failed)} point(s) had failed requests: " + "; ".join(
-            f"{p['engine']} {level_text(p)}: {p.get('error')}" for p in failed[:3]))
+        lines.insert(
+            0,
+            f"{len(failed)} point(s) had failed requests: "
+            + "; ".join(f"{p['engine']} {level_text(p)}: {p.get('error')}" for p in failed[:3]),
+        )
     done = [p for p in points if p["completed"]]
     if not done:
         return Verdict("No point completed a request", "bad", lines)
@@ -67,11 +77,17 @@ def points_table(points: list[dict[str, Any]]) -> Table:
     rows = []
     for p in ordered(points):
         tone = "bad" if p["status"] != "ok" else ""
-        rows.append([Cell(text, p.get(_FIELDS.get(name, "")) if name in _FIELDS else None, tone,
-                          _FIELDS.get(name, "")) for name, text in zip(COLUMNS, point_row(p), strict=True)])
-    note = ("Latencies in ms (p50/p99), vllm bench serve's definitions; KV use: the server's KV cache usage as its "
-            "/metrics reported it, peak and mean over the point, in %; run/wait peak: requests running and "
-            "waiting on the server; '-': not measured or not exposed by the server.")
+        rows.append(
+            [
+                Cell(text, p.get(_FIELDS.get(name, "")) if name in _FIELDS else None, tone, _FIELDS.get(name, ""))
+                for name, text in zip(COLUMNS, point_row(p), strict=True)
+            ]
+        )
+    note = (
+        "Latencies in ms (p50/p99), vllm bench serve's definitions; KV use: the server's KV cache usage as its "
+        "/metrics reported it, peak and mean over the point, in %; run/wait peak: requests running and "
+        "waiting on the server; '-': not measured or not exposed by the server."
+    )
     return Table("Each target at each load", columns, rows, note=note, id="endpoint-table")
 
 
@@ -79,4 +95,3 @@ def find_max_table(searches: list[dict[str, Any]]) -> Table:
     columns = [Column(name, False) for name in FIND_MAX_COLUMNS]
     rows = [[Cell(text) for text in row] for row in find_max_rows(searches)]
     return Table("The highest load meeting the SLO", columns, rows, sortable=False)
-

@@ -57,9 +57,7 @@ def verdict(points: list[dict]) -> Verdict:
     failed = [p["policy"] for p in points if p.get("status") != "ok"]
     sentences = []
     if not ok:
-        return Verdict(
-            "No routing policy completed", "bad", [f"failed: {', '.join(failed)}"] if failed else []
-        )
+        return Verdict("No routing policy completed", "bad", [f"failed: {', '.join(failed)}"] if failed else [])
     best = min(ok, key=lambda p: p["p99_ttft_ms"])
     if len(ok) == 1:
         headline = f"{best['policy']}: p99 time to first token {units.ms(best['p99_ttft_ms'])}"

@@ -64,13 +64,10 @@ def figure_markup(figure: CapturedFigure, label_id: str) -> Markup:
     """The plot as an element named by its caption (``aria-labelledby``) and described by its titles."""
     title = html.escape(figure.title or figure.name, quote=True)
     if figure.is_svg:
-        svg = _SVG_OPEN.sub(
-            f'<svg role="img" aria-labelledby="{label_id}" class="plot"', figure.data, count=1
-        )
+        svg = _SVG_OPEN.sub(f'<svg role="img" aria-labelledby="{label_id}" class="plot"', figure.data, count=1)
         return Markup(svg)
     return Markup(
-        f'<img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" '
-        f'aria-describedby="{label_id}">'
+        f'<img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" aria-describedby="{label_id}">'
     )
 
 

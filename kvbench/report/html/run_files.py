@@ -51,9 +51,7 @@ def load_run(location: str | Path) -> RunFiles:
             f"{location} has results.jsonl but no {SUMMARY_FILE}: the run did not finish; resume it "
             "to the end, then build its report"
         )
-    raise KvbenchError(
-        f"{location} is not a run directory: it holds neither {SUMMARY_FILE} nor {TIMELINE_FILE}"
-    )
+    raise KvbenchError(f"{location} is not a run directory: it holds neither {SUMMARY_FILE} nor {TIMELINE_FILE}")
 
 
 def _summary_run(path: Path) -> RunFiles:

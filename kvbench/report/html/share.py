@@ -75,29 +75,19 @@ def headline_section(document: dict) -> Section:
     width = meta.get("width")
     rows = []
     for p in document["points"]:
-        cost = (
-            savings.get(f"{p['engine']}_cost_vs_width1_mean")
-            if p.get("width") == width and width != 1
-            else None
-        )
+        cost = savings.get(f"{p['engine']}_cost_vs_width1_mean") if p.get("width") == width and width != 1 else None
         rows.append(
             [
                 Cell(p["engine"], p["engine"], field="engine"),
                 Cell(str(p.get("width")), p.get("width"), field="width"),
-                Cell(
-                    units.num(p.get("mean_blocks")), units.sort_key(p.get("mean_blocks")), field="mean_blocks"
-                ),
+                Cell(units.num(p.get("mean_blocks")), units.sort_key(p.get("mean_blocks")), field="mean_blocks"),
                 Cell(
                     units.count(p.get("peak_blocks")),
                     units.sort_key(p.get("peak_blocks")),
                     field="peak_blocks",
                 ),
-                Cell(
-                    units.nbytes(p.get("mean_bytes")), units.sort_key(p.get("mean_bytes")), field="mean_bytes"
-                ),
-                Cell(
-                    units.nbytes(p.get("peak_bytes")), units.sort_key(p.get("peak_bytes")), field="peak_bytes"
-                ),
+                Cell(units.nbytes(p.get("mean_bytes")), units.sort_key(p.get("mean_bytes")), field="mean_bytes"),
+                Cell(units.nbytes(p.get("peak_bytes")), units.sort_key(p.get("peak_bytes")), field="peak_bytes"),
                 Cell(units.times(cost) if cost is not None else units.MISSING, units.sort_key(cost)),
             ]
         )

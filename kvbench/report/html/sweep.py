@@ -85,9 +85,7 @@ def _span(values: list[float], fmt) -> str:
 def _reservation_words(meta: dict) -> str:
     reserve, max_len = meta.get("reserve", "max"), meta.get("max_len")
     if reserve == "max":
-        return (
-            f"max-len ({max_len:,} token slots) for every request" if max_len else "max-len for every request"
-        )
+        return f"max-len ({max_len:,} token slots) for every request" if max_len else "max-len for every request"
     if reserve == "pow2":
         return "the next power of two of each request's length"
     return "exactly each request's length (an oracle no real engine has)"
@@ -109,18 +107,12 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
     by_key = _by_key(points)
     compared = [r for r in rows if r.get("gain_pct") is not None]
     contiguous_oom = [
-        r["concurrency"]
-        for r in rows
-        if r.get("contiguous_status") == "oom" and r.get("paged_status") == "ok"
+        r["concurrency"] for r in rows if r.get("contiguous_status") == "oom" and r.get("paged_status") == "ok"
     ]
     paged_oom = [
-        r["concurrency"]
-        for r in rows
-        if r.get("paged_status") == "oom" and r.get("contiguous_status") == "ok"
+        r["concurrency"] for r in rows if r.get("paged_status") == "oom" and r.get("contiguous_status") == "ok"
     ]
-    reductions = [
-        r["kv_memory_reduction_pct"] for r in compared if r.get("kv_memory_reduction_pct") is not None
-    ]
+    reductions = [r["kv_memory_reduction_pct"] for r in compared if r.get("kv_memory_reduction_pct") is not None]
     sentences: list[str] = []
 
     if not compared and not contiguous_oom and not paged_oom:
@@ -132,9 +124,7 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
             else "The sweep recorded no point"
         )
         for p in ok:
-            sentences.append(
-                f"{p['engine']} at C={p['concurrency']}: {units.tok_s(p.get('output_throughput'))}."
-            )
+            sentences.append(f"{p['engine']} at C={p['concurrency']}: {units.tok_s(p.get('output_throughput'))}.")
         return Verdict(headline, "neutral", sentences)
 
     if contiguous_oom:
@@ -148,10 +138,14 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
         )
         tone = "good"
     elif paged_oom:
-        headline = f"The paged engine ran out of KV memory at {_levels(paged_oom)} where the contiguous baseline did not"
+        headline = (
+            f"The paged engine ran out of KV memory at {_levels(paged_oom)} where the contiguous baseline did not"
+        )
         tone = "bad"
     elif reductions and max(reductions) > 0:
-        headline = f"Paging served the same requests with {_span(reductions, lambda v: f'{v:.0f}%')} less KV memory at peak"
+        headline = (
+            f"Paging served the same requests with {_span(reductions, lambda v: f'{v:.0f}%')} less KV memory at peak"
+        )
         tone = "good"
     else:
         headline = "Paging and the contiguous baseline held the same KV memory at peak"
@@ -179,12 +173,7 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
         sentences.append(why)
     references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
     for engine in references:
-        cells = [
-            f"{units.tok_s(r.get(f'{engine}_tps')) if r.get(f'{engine}_status') == 'ok' else r.get(f'{engine}_status')} "
-            f"at C={r['concurrency']}"
-            for r in rows
-            if r.get(f"{engine}_status")
-        ]
+        cells = [f"{_reference_figure(r, engine)} at C={r['concurrency']}" for r in rows if r.get(f"{engine}_status")]
         sentences.append(f"{REFERENCE_ENGINES[engine]} (reference): {', '.join(cells)}. {REFERENCE_CAPTION}.")
     return Verdict(headline, tone, sentences)
 
@@ -232,6 +221,12 @@ def _why(rows: list[dict], by_key: dict, meta: dict, contiguous_oom: list[int]) 
             f"{paged['peak_running']} against {cont['peak_running']}."
         )
     return text
+
+
+def _reference_figure(row: dict, engine: str) -> str:
+    """A reference engine's throughput at a point, or its status where it has none."""
+    status = row.get(f"{engine}_status")
+    return units.tok_s(row.get(f"{engine}_tps")) if status == "ok" else str(status)
 
 
 def headline_table(rows: list[dict]) -> Table:
@@ -359,9 +354,7 @@ def _engine_label(engine: str) -> str:
 def _pair(p: dict, kind: str) -> Cell:
     """ "p50 / p99" of a latency, sorted by its p99."""
     low, high = p.get(f"p50_{kind}_ms"), p.get(f"p99_{kind}_ms")
-    text = (
-        units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
-    )
+    text = units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
     return Cell(text, units.sort_key(high), field=f"{kind}_ms")
 
 
@@ -379,13 +372,10 @@ def point_row(p: dict) -> list[Cell]:
     waste = p.get("waste") or {}
     steady = p.get("steady_output_throughput")
     steady_text = (
-        units.MISSING
-        if steady is None
-        else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})"
+        units.MISSING if steady is None else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})"
     )
     shares = " / ".join(
-        units.num(waste.get(key), 0)
-        for key in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")
+        units.num(waste.get(key), 0) for key in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")
     )
 
     def number(field: str, text: str) -> Cell:

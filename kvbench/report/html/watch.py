@@ -139,10 +139,7 @@ def headline_section(timeline: Timeline) -> Section:
     if timeline.torn:
         blocks.append(
             Text(
-                [
-                    "The timeline's last line was cut short (the watch was stopped while writing) and is "
-                    "left out."
-                ],
+                ["The timeline's last line was cut short (the watch was stopped while writing) and is left out."],
                 tone="warn",
             )
         )
@@ -182,9 +179,7 @@ def scrapes_section(timeline: Timeline) -> Section:
                     Cell(units.num(100 * hit) if hit is not None else units.MISSING, units.sort_key(hit)),
                 ]
             )
-        note = (
-            f"The last {MAX_ROWS} of {len(window.samples)} scrapes." if len(window.samples) > MAX_ROWS else ""
-        )
+        note = f"The last {MAX_ROWS} of {len(window.samples)} scrapes." if len(window.samples) > MAX_ROWS else ""
         subsections.append(
             Section(
                 f"scrapes-{index + 1}",

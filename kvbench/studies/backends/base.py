@@ -95,8 +95,9 @@ class PointBackend(Protocol):
         """The engines whose points at one concurrency :meth:`run_together` steps in turn (empty: none)."""
         ...
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         """Each engine's run at ``concurrency`` closed-loop, stepped in turn where the engines interleave (a
         shared machine's load then falls on each alike); one ``run`` result per engine, in order."""
         ...
@@ -165,12 +166,15 @@ def checkpoint_dir(model: str, title: str) -> Path:
     """``model`` as a local checkpoint directory (a ``config.json`` in it), or a one-line error naming ``title``."""
     path = Path(model)
     if not (path.is_dir() and (path / "config.json").is_file()):
-        raise KvbenchError(f"{title} needs a local checkpoint directory as the model; {model!r} is not one "
-                           "(a preset's random weights exist only inside kvbench)")
+        raise KvbenchError(
+            f"{title} needs a local checkpoint directory as the model; {model!r} is not one "
+            "(a preset's random weights exist only inside kvbench)"
+        )
     return path
 
 
-def run_one_after_another(backend: PointBackend, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                          on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+def run_one_after_another(
+    backend: PointBackend, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+) -> list[tuple[RunResult, dict]]:
     """``run_together`` of a backend whose engines do not interleave: each run alone, in order."""
     return [backend.run(engine, requests, ClosedLoop(concurrency), on_step) for engine, requests in runs]

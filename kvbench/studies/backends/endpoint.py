@@ -84,27 +84,45 @@ class EndpointBackend:
         conversations = from_engine_requests(requests)
         if self.target(engine).api == "chat":
             if self.tokenizer is None:
-                raise KvbenchError("the chat API takes text, and these prompts are token ids with no tokenizer to "
-                                   "write them out: use a local checkpoint directory as the model, or the "
-                                   "completions API")
+                raise KvbenchError(
+                    "the chat API takes text, and these prompts are token ids with no tokenizer to "
+                    "write them out: use a local checkpoint directory as the model, or the "
+                    "completions API"
+                )
             conversations = as_text(conversations, self.tokenizer)
         return conversations
 
     def settings(self, pattern: LoadPattern, warmup: Sequence[Conversation]) -> PointSettings:
         options = self.options
-        return PointSettings(pattern, warmup=warmup, reset_prefix_cache=options.reset_prefix_cache,
-                             scrape=options.scrape, scrape_interval_s=options.scrape_interval_s, slo=options.slo,
-                             limits=RequestLimits(timeout_s=options.request_timeout_s))
+        return PointSettings(
+            pattern,
+            warmup=warmup,
+            reset_prefix_cache=options.reset_prefix_cache,
+            scrape=options.scrape,
+            scrape_interval_s=options.scrape_interval_s,
+            slo=options.slo,
+            limits=RequestLimits(timeout_s=options.request_timeout_s),
+        )
 
-    def measure(self, engine: str, requests: Sequence[Request], pattern: LoadPattern,
-                warmup: Sequence[Request] = (), on_record: OnRecord | None = None) -> EndpointPoint:
+    def measure(
+        self,
+        engine: str,
+        requests: Sequence[Request],
+        pattern: LoadPattern,
+        warmup: Sequence[Request] = (),
+        on_record: OnRecord | None = None,
+    ) -> EndpointPoint:
         """One point against ``engine``'s server: the load, the client's figures and the server's."""
         target = self.target(engine)
         if engine in self.models:
             target = replace(target, model=self.models[engine])
-        point = run_point_sync(target, self.conversations(engine, requests),
-                               self.settings(pattern, self.conversations(engine, warmup) if warmup else ()),
-                               self.tokenizer, on_record)
+        point = run_point_sync(
+            target,
+            self.conversations(engine, requests),
+            self.settings(pattern, self.conversations(engine, warmup) if warmup else ()),
+            self.tokenizer,
+            on_record,
+        )
         self.models[engine] = point.model
         return point
 
@@ -114,8 +132,9 @@ class EndpointBackend:
     def run(self, engine: str, requests: list[Request], load: Load, on_step: OnStep | None) -> tuple[RunResult, dict]:
         raise KvbenchError(f"{engine} is a server over HTTP: its points are measured by the endpoint sweep")
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
@@ -144,8 +163,9 @@ def check_models(targets: dict[str, Target], listed: dict[str, list[str]]) -> di
         names = listed[name]
         if target.model is not None:
             if names and target.model not in names:
-                raise KvbenchError(f"target {name} ({target.url}) does not serve {target.model!r}; it lists "
-                                   f"{', '.join(names[:5])}")
+                raise KvbenchError(
+                    f"target {name} ({target.url}) does not serve {target.model!r}; it lists {', '.join(names[:5])}"
+                )
             chosen[name] = target.model
         elif names:
             chosen[name] = names[0]
@@ -168,8 +188,10 @@ def build_endpoint_backend(context: BuildContext) -> BackendSetup:
     backend = EndpointBackend(endpoint, context.base, tokenizer, context.seed)
     backend.models.update(models)
     served = ", ".join(dict.fromkeys(models.values()))
-    source = ("the server's own (read as a share from its /metrics; kvbench sizes no pool here); prompts drawn "
-              f"from the vocabulary of {options.model}")
+    source = (
+        "the server's own (read as a share from its /metrics; kvbench sizes no pool here); prompts drawn "
+        f"from the vocabulary of {options.model}"
+    )
     return BackendSetup(backend, served, f"server over HTTP: {backend.device_label}", shape.vocab_size, source)
 
 
@@ -182,10 +204,15 @@ def _engines(options: SweepOptions) -> tuple[str, ...]:
 
 
 SPEC = BackendSpec(
-    name="endpoint", engines=(), title="a server over HTTP", provides_run=True,
-    build=build_endpoint_backend, needs=frozenset({Need.PROMPT_TOKENS}),
+    name="endpoint",
+    engines=(),
+    title="a server over HTTP",
+    provides_run=True,
+    build=build_endpoint_backend,
+    needs=frozenset({Need.PROMPT_TOKENS}),
     offers=frozenset({Offer.OWN_POINTS}),
-    selected_by=_selected, engines_of=_engines,
+    selected_by=_selected,
+    engines_of=_engines,
     note="each target is an OpenAI-compatible server over HTTP: client figures as vllm bench serve names them, "
-         "KV usage as the server's /metrics reports it",
+    "KV usage as the server's /metrics reports it",
 )

@@ -70,15 +70,21 @@ class RunBackends:
             if spec not in joined:
                 joined[spec] = spec.build(context).backend
         routes = {engine: joined[spec] for engine, spec in self.by_engine.items()}
-        return BackendSetup(RoutedBackend(provider.backend, routes), provider.model_name, provider.device_name,
-                            provider.vocab_size, provider.budget_source)
+        return BackendSetup(
+            RoutedBackend(provider.backend, routes),
+            provider.model_name,
+            provider.device_name,
+            provider.vocab_size,
+            provider.budget_source,
+        )
 
 
 def choose_backends(options: SweepOptions) -> RunBackends:
     """Each engine's backend for this run, with every need checked: before any model loads or file is read."""
     simulated_run = options.simulate
-    providers = [spec for spec in BACKENDS if spec.provides_run and spec.simulated == simulated_run
-                 and spec.selected_by(options)]
+    providers = [
+        spec for spec in BACKENDS if spec.provides_run and spec.simulated == simulated_run and spec.selected_by(options)
+    ]
     if not providers:
         raise AssertionError("BACKENDS holds no provider for this kind of run")
     provider = providers[0]  # the first registered wins: a specific provider goes before the general one
@@ -164,8 +170,9 @@ class RoutedBackend:
         """The provider's interleaved engines that the provider runs (an engine routed elsewhere does not)."""
         return frozenset(e for e in self.provider.interleaved_engines if self.backend_for(e) is self.provider)
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         if all(engine in self.interleaved_engines for engine, _ in runs):
             return self.provider.run_together(runs, concurrency, on_step)
         return run_one_after_another(self, runs, concurrency, on_step)
@@ -178,4 +185,3 @@ class RoutedBackend:
         others = [backend for backend in dict.fromkeys(self.routes.values()) if backend is not self.provider]
         for backend in [*others, self.provider]:
             backend.close()
-

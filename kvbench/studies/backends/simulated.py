@@ -69,8 +69,9 @@ class SimulatedBackend:
             on_step(engine, None, len(result.completed))
         return result, {}
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
@@ -110,12 +111,18 @@ def simulated_machine(options: RunOptions, base: EngineConfig) -> SimulatedMachi
 def build_simulated_backend(context: BuildContext) -> BackendSetup:
     machine = simulated_machine(context.options, context.base)
     backend = SimulatedBackend(machine.shape, machine.gpu, machine.budget.config)
-    return BackendSetup(backend, machine.shape.name, f"{machine.gpu.name} (simulated)", machine.shape.vocab_size,
-                        machine.budget.source)
+    return BackendSetup(
+        backend, machine.shape.name, f"{machine.gpu.name} (simulated)", machine.shape.vocab_size, machine.budget.source
+    )
 
 
 SPEC = BackendSpec(
-    name="simulator", engines=MANAGERS, title="the simulator", simulated=True, provides_run=True,
-    build=build_simulated_backend, needs=frozenset({Need.GPU_PRESET}),
+    name="simulator",
+    engines=MANAGERS,
+    title="the simulator",
+    simulated=True,
+    provides_run=True,
+    build=build_simulated_backend,
+    needs=frozenset({Need.GPU_PRESET}),
     offers=frozenset({Offer.KV_MANAGER, Offer.DETERMINISTIC}),
 )

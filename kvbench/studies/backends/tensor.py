@@ -78,13 +78,13 @@ class TensorBackend:
 
     interleaved_engines = frozenset(MANAGERS)  # kvbench's own engines: run_together steps them in turn
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         """The engines' points at one concurrency, stepped in turn so that the machine's load falls on each
         alike (see :mod:`kvbench.engine.interleave`); the memory peaks are the process's over the group."""
         with MemorySampler(self._loaded.device) as sampler:
-            results = run_interleaved([(self.engine(name), requests) for name, requests in runs], concurrency,
-                                      on_step)
+            results = run_interleaved([(self.engine(name), requests) for name, requests in runs], concurrency, on_step)
         return [(result, sampler.peaks.as_dict()) for result in results]
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
@@ -103,27 +103,44 @@ def build_tensor_backend(context: BuildContext) -> BackendSetup:
     if context.status is not None:
         context.status(f"loading model {options.model}...")
     known = {"tokenizer": context.tokenizer} if context.tokenizer is not None else {}  # else load_model reads it
-    loaded = load_model(options.model, options.device, options.dtype, context.seed, max_len=base.max_len,
-                        threads=options.threads, **known)
+    loaded = load_model(
+        options.model,
+        options.device,
+        options.dtype,
+        context.seed,
+        max_len=base.max_len,
+        threads=options.threads,
+        **known,
+    )
     engines = len(options.engines)
 
     def default() -> Budget:
         if options.utilization is None:
             return scenario_budget(context.scenario, loaded.shape.bytes_per_token)
         if loaded.device.type != "cuda":
-            raise KvbenchError("a KV budget from GPU memory utilization needs a CUDA device; on a CPU give the "
-                               "KV memory size instead")
-        return (cuda_kv_budget(loaded, options.utilization) // max(engines, 1),
-                f"{options.utilization} x GPU memory - used - activations, split over {engines} engine(s)")
+            raise KvbenchError(
+                "a KV budget from GPU memory utilization needs a CUDA device; on a CPU give the KV memory size instead"
+            )
+        return (
+            cuda_kv_budget(loaded, options.utilization) // max(engines, 1),
+            f"{options.utilization} x GPU memory - used - activations, split over {engines} engine(s)",
+        )
 
     budget = size_pool(base, loaded.shape.bytes_per_token, options.kv_memory, default)
     config = budget.config
     # each engine of this process keeps its pool across points: all of them must fit now, before any note or
     # point (build_engine checks each again as it is built)
-    check_kv_pool_for_device(loaded.shape, loaded.device, config.num_blocks, config.block_size,
-                             pools=max(1, len([e for e in options.engines if e in MANAGERS])), extra_weights=packed_weight_bytes(loaded))
-    return BackendSetup(TensorBackend(loaded, config), loaded.shape.name, _device_name(loaded),
-                        loaded.shape.vocab_size, budget.source)
+    check_kv_pool_for_device(
+        loaded.shape,
+        loaded.device,
+        config.num_blocks,
+        config.block_size,
+        pools=max(1, len([e for e in options.engines if e in MANAGERS])),
+        extra_weights=packed_weight_bytes(loaded),
+    )
+    return BackendSetup(
+        TensorBackend(loaded, config), loaded.shape.name, _device_name(loaded), loaded.shape.vocab_size, budget.source
+    )
 
 
 def _device_name(loaded: LoadedModel) -> str:
@@ -131,7 +148,11 @@ def _device_name(loaded: LoadedModel) -> str:
 
 
 SPEC = BackendSpec(
-    name="kvbench", engines=MANAGERS, title="kvbench's engines", provides_run=True, build=build_tensor_backend,
+    name="kvbench",
+    engines=MANAGERS,
+    title="kvbench's engines",
+    provides_run=True,
+    build=build_tensor_backend,
     needs=frozenset({Need.LOCAL_MODEL, Need.PROMPT_TOKENS}),
     offers=frozenset({Offer.KV_MANAGER, Offer.LIVE_KV, Offer.MEMORY_PEAKS}),
 )

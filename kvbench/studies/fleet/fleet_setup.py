@@ -85,16 +85,24 @@ class FleetSetup:
         block_size = options.block_size or spec.block_size
         check_run_counts(requests=options.requests or spec.requests, block_size=block_size)
         if options.autoscale is not None and options.instances > options.autoscale.max_instances:
-            raise KvbenchError(f"{options.instances} instances to start with exceed the autoscaler's maximum of "
-                               f"{options.autoscale.max_instances}")
+            raise KvbenchError(
+                f"{options.instances} instances to start with exceed the autoscaler's maximum of "
+                f"{options.autoscale.max_instances}"
+            )
         if options.autoscale is not None and options.instances < options.autoscale.min_instances:
-            raise KvbenchError(f"{options.instances} instances to start with are fewer than the autoscaler's "
-                               f"minimum of {options.autoscale.min_instances}")
-        base = EngineConfig(engine=options.engine, block_size=block_size, reserve=options.reserve or spec.reserve,
-                            admission=options.admission or spec.admission, max_num_seqs=256,
-                            max_len=spec.lengths.max_len,
-                            enable_prefix_caching=options.prefix_caching
-                            and manager_class(options.engine).supports_prefix_caching)
+            raise KvbenchError(
+                f"{options.instances} instances to start with are fewer than the autoscaler's "
+                f"minimum of {options.autoscale.min_instances}"
+            )
+        base = EngineConfig(
+            engine=options.engine,
+            block_size=block_size,
+            reserve=options.reserve or spec.reserve,
+            admission=options.admission or spec.admission,
+            max_num_seqs=256,
+            max_len=spec.lengths.max_len,
+            enable_prefix_caching=options.prefix_caching and manager_class(options.engine).supports_prefix_caching,
+        )
         check_settings(options.tick_s, options.startup_s, options.prefix_groups, options.prefix_len, base.max_len)
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
@@ -115,15 +123,33 @@ class FleetSetup:
             times = file_times
             arrival_source = f"arrival times recorded in {options.requests_file or options.trace}"
         else:
-            raise KvbenchError("no arrival times: give an arrival rate (a real fleet's step times are not known "
-                               "before it runs; a simulated one gets a rate from its capacity), or a trace / "
-                               "requests file whose rows carry arrival_time")
+            raise KvbenchError(
+                "no arrival times: give an arrival rate (a real fleet's step times are not known "
+                "before it runs; a simulated one gets a rate from its capacity), or a trace / "
+                "requests file whose rows carry arrival_time"
+            )
         check_arrival_span(times, options.simulate, arrival_source)
         if not options.simulate:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
-        return cls(options, spec, seed, budget.config, budget.model_name, budget.device_name, budget.budget_source,
-                   budget.bytes_per_token, vocab, pairs, workload.prompt_ids, times, arrival_source, workload.skipped,
-                   budget.timing, workload.dataset, extra)
+        return cls(
+            options,
+            spec,
+            seed,
+            budget.config,
+            budget.model_name,
+            budget.device_name,
+            budget.budget_source,
+            budget.bytes_per_token,
+            vocab,
+            pairs,
+            workload.prompt_ids,
+            times,
+            arrival_source,
+            workload.skipped,
+            budget.timing,
+            workload.dataset,
+            extra,
+        )
 
     # -- requests ---------------------------------------------------------------------------------------
     def arrivals(self) -> list[tuple[float, Request]]:
@@ -139,8 +165,9 @@ class FleetSetup:
         return list(zip(self.times, requests, strict=True))
 
     def make_simulated_instance(self, start_time: float) -> SimulatedInstance:
-        return SimulatedInstance(self.config.build_manager(), self.timing, self.config, keep_timeline=False,
-                                 start_time=start_time)
+        return SimulatedInstance(
+            self.config.build_manager(), self.timing, self.config, keep_timeline=False, start_time=start_time
+        )
 
     def instance_spec(self) -> InstanceSpec:
         options = self.options
@@ -157,28 +184,54 @@ class FleetSetup:
         options, config = self.options, self.config
         autoscale = options.autoscale
         return run_meta(
-            scenario=self.spec.name, scenario_description=self.spec.description, scenario_source=self.spec.source,
-            model_name=self.model_name, device=self.device_name, simulated=options.simulate, seed=self.seed,
+            scenario=self.spec.name,
+            scenario_description=self.spec.description,
+            scenario_source=self.spec.source,
+            model_name=self.model_name,
+            device=self.device_name,
+            simulated=options.simulate,
+            seed=self.seed,
             bytes_per_token=self.bytes_per_token,
-            requests=len(self.pairs), engines=[options.engine], policies=list(options.policies),
-            instances=options.instances, arrivals=self.arrival_source, rate=options.rate,
-            block_size=config.block_size, kv_pool_slots=config.pool_slots, kv_blocks_per_instance=config.num_blocks,
-            budget_source=self.budget_source, reserve=config.reserve, admission=config.admission,
-            max_len=config.max_len, max_prefill_tokens=config.max_prefill_tokens, max_num_seqs=config.max_num_seqs,
-            prefix_caching=config.enable_prefix_caching, prefix_groups=options.prefix_groups,
-            prefix_len=options.prefix_len, tick_s=self.tick_s(),
-            autoscale=None if autoscale is None else {
-                "scale_up": autoscale.scale_up, "scale_down": autoscale.scale_down, "window_s": autoscale.window_s,
-                "min_instances": autoscale.min_instances, "max_instances": autoscale.max_instances,
-                "startup_s": options.startup_s if options.simulate else "measured"},
+            requests=len(self.pairs),
+            engines=[options.engine],
+            policies=list(options.policies),
+            instances=options.instances,
+            arrivals=self.arrival_source,
+            rate=options.rate,
+            block_size=config.block_size,
+            kv_pool_slots=config.pool_slots,
+            kv_blocks_per_instance=config.num_blocks,
+            budget_source=self.budget_source,
+            reserve=config.reserve,
+            admission=config.admission,
+            max_len=config.max_len,
+            max_prefill_tokens=config.max_prefill_tokens,
+            max_num_seqs=config.max_num_seqs,
+            prefix_caching=config.enable_prefix_caching,
+            prefix_groups=options.prefix_groups,
+            prefix_len=options.prefix_len,
+            tick_s=self.tick_s(),
+            autoscale=None
+            if autoscale is None
+            else {
+                "scale_up": autoscale.scale_up,
+                "scale_down": autoscale.scale_down,
+                "window_s": autoscale.window_s,
+                "min_instances": autoscale.min_instances,
+                "max_instances": autoscale.max_instances,
+                "startup_s": options.startup_s if options.simulate else "measured",
+            },
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
-            dataset=self.dataset.as_dict() if self.dataset else None, stop="length",
-            ray_address=options.ray_address, rate_chosen=self.extra.get("rate_chosen"),
+            dataset=self.dataset.as_dict() if self.dataset else None,
+            stop="length",
+            ray_address=options.ray_address,
+            rate_chosen=self.extra.get("rate_chosen"),
         )
 
 
-def _loaded(options: FleetOptions, spec: Scenario, seed: int, vocab: int, budget: FleetBudget,
-            workload: Workload) -> tuple[FleetOptions, Workload, LoadEstimate]:
+def _loaded(
+    options: FleetOptions, spec: Scenario, seed: int, vocab: int, budget: FleetBudget, workload: Workload
+) -> tuple[FleetOptions, Workload, LoadEstimate]:
     """Options with the rate that loads the simulated fleet to :data:`load.TARGET_USAGE` of its blocks, and (unless
     ``--requests`` was given, or a file fixes the rows) enough requests for :data:`load.WAVES` fleets-full of them,
     so that the load holds a while rather than being mostly ramp-up and tail."""
@@ -215,18 +268,30 @@ def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig) -> FleetB
     """Each instance's KV pool: the GPU preset's budget when simulated, else the size asked for or the scenario's."""
     if options.simulate:
         machine = simulated_machine(options, base)
-        return FleetBudget(machine.budget.config, machine.shape.name, f"{machine.gpu.name} (simulated)",
-                           machine.budget.source, machine.shape.bytes_per_token, machine.shape.vocab_size,
-                           machine.timing)
+        return FleetBudget(
+            machine.budget.config,
+            machine.shape.name,
+            f"{machine.gpu.name} (simulated)",
+            machine.budget.source,
+            machine.shape.bytes_per_token,
+            machine.shape.vocab_size,
+            machine.timing,
+        )
     if options.utilization is not None:
-        raise KvbenchError("a KV budget from GPU memory utilization is for simulated fleets; give each instance's "
-                           "KV memory size instead")
+        raise KvbenchError(
+            "a KV budget from GPU memory utilization is for simulated fleets; give each instance's "
+            "KV memory size instead"
+        )
     shape = resolve_model(options.model)
-    budget = size_pool(base, shape.bytes_per_token, options.kv_memory,
-                       lambda: scenario_budget(spec, shape.bytes_per_token), per=" per instance")
+    budget = size_pool(
+        base,
+        shape.bytes_per_token,
+        options.kv_memory,
+        lambda: scenario_budget(spec, shape.bytes_per_token),
+        per=" per instance",
+    )
     source = f"{budget.config.pool_slots:,} token slots per instance = {budget.source}"
-    return FleetBudget(budget.config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size,
-                       None)
+    return FleetBudget(budget.config, shape.name, options.device, source, shape.bytes_per_token, shape.vocab_size, None)
 
 
 def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int) -> Workload:
@@ -236,18 +301,22 @@ def _workload(options: FleetOptions, spec: Scenario, seed: int, vocab: int) -> W
     choice = RequestChoice(options.requests_file, options.trace, options.dataset)
     if options.prefix_groups > 0 and choice.file is None and choice.dataset_of(spec) is not None:
         raise KvbenchError("shared prefixes are drawn for random prompts; a dataset brings its own prompts")
-    workload, _ = resolve_requests(choice, spec, options.model, options.requests or spec.requests, seed, "length",
-                                   arrivals=True)
+    workload, _ = resolve_requests(
+        choice, spec, options.model, options.requests or spec.requests, seed, "length", arrivals=True
+    )
     if options.requests is not None and choice.file is not None:
         workload = workload.first(options.requests)  # the first N records of the file
     workload.check_vocabulary(vocab)
     if workload.prompt_ids is None and (options.prefix_groups > 0 or not options.simulate):
-        workload = replace(workload, prompt_ids=prefix_prompts(workload.pairs, vocab, seed, options.prefix_groups,
-                                                               options.prefix_len))
+        workload = replace(
+            workload, prompt_ids=prefix_prompts(workload.pairs, vocab, seed, options.prefix_groups, options.prefix_len)
+        )
     return workload
 
 
-def prefix_prompts(pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int) -> list[list[int]]:
+def prefix_prompts(
+    pairs: list[tuple[int, int]], vocab: int, seed: int, groups: int, prefix_len: int
+) -> list[list[int]]:
     """Seeded prompt token ids; with ``groups`` > 0 each prompt starts with one of ``groups`` shared prefixes
     of ``prefix_len`` tokens (a system prompt, a few-shot header), never its whole prompt.
 

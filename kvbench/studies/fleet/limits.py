@@ -33,8 +33,10 @@ def check_rate(rate: float, requests: int, simulate: bool) -> None:
         raise KvbenchError(f"the arrival rate must be a positive number of requests per second, got {rate:g}")
     expected = (requests - 1) / rate
     if expected > limit:
-        raise KvbenchError(f"at {rate:g} req/s, {requests:,} requests take about {expected:.3g} s to arrive; {why}: "
-                           f"raise the rate to at least {(requests - 1) / limit:.3g} req/s")
+        raise KvbenchError(
+            f"at {rate:g} req/s, {requests:,} requests take about {expected:.3g} s to arrive; {why}: "
+            f"raise the rate to at least {(requests - 1) / limit:.3g} req/s"
+        )
 
 
 def check_arrival_span(times: Sequence[float], simulate: bool, source: str) -> None:
@@ -47,19 +49,25 @@ def check_arrival_span(times: Sequence[float], simulate: bool, source: str) -> N
         raise KvbenchError(f"the arrivals ({source}) span {last:.3g} s; {why}")
 
 
-def check_settings(tick_s: float | None, startup_s: float, prefix_groups: int, prefix_len: int,
-                   max_len: int) -> None:
+def check_settings(tick_s: float | None, startup_s: float, prefix_groups: int, prefix_len: int, max_len: int) -> None:
     """The settings known before the requests are: the tick, an added instance's start-up, shared prefixes."""
     if tick_s is not None and not tick_s >= MIN_TICK_S:
-        raise KvbenchError(f"a tick of {tick_s:g} s is finer than an engine step: samples and autoscaling decisions "
-                           f"need at least {MIN_TICK_S:g} s between them")
+        raise KvbenchError(
+            f"a tick of {tick_s:g} s is finer than an engine step: samples and autoscaling decisions "
+            f"need at least {MIN_TICK_S:g} s between them"
+        )
     if not (math.isfinite(startup_s) and 0 <= startup_s <= MAX_SIMULATED_S):
-        raise KvbenchError(f"an instance start-up of {startup_s:g} s is past what a simulated clock covers "
-                           f"({MAX_SIMULATED_S:.0e} s)")
+        raise KvbenchError(
+            f"an instance start-up of {startup_s:g} s is past what a simulated clock covers ({MAX_SIMULATED_S:.0e} s)"
+        )
     if prefix_groups > LIMITS["requests"]:
-        raise KvbenchError(f"{prefix_groups:,} prefix groups is above kvbench's limit of {LIMITS['requests']:,} "
-                           "(no run has more requests to share them)")
+        raise KvbenchError(
+            f"{prefix_groups:,} prefix groups is above kvbench's limit of {LIMITS['requests']:,} "
+            "(no run has more requests to share them)"
+        )
     if prefix_groups and prefix_len > max_len - 2:
-        raise KvbenchError(f"a shared prefix of {prefix_len:,} tokens does not fit a prompt: at max-len {max_len:,} a "
-                           f"prompt holds at most {max_len - 1:,} tokens, one of its own after the prefix, so a "
-                           f"prefix at most {max_len - 2:,}")
+        raise KvbenchError(
+            f"a shared prefix of {prefix_len:,} tokens does not fit a prompt: at max-len {max_len:,} a "
+            f"prompt holds at most {max_len - 1:,} tokens, one of its own after the prefix, so a "
+            f"prefix at most {max_len - 2:,}"
+        )

@@ -36,9 +36,11 @@ class LoadEstimate:
 
     def sentence(self, instances: int) -> str:
         fleet = "the instance" if instances == 1 else f"the {instances} instances"
-        return (f"the rate that keeps about {100 * self.usage:.0f}% of the KV blocks of {fleet} in use while "
-                f"arrivals last (about {self.running_per_instance:,.0f} requests in flight on each), estimated from "
-                "the workload and the roofline step times")
+        return (
+            f"the rate that keeps about {100 * self.usage:.0f}% of the KV blocks of {fleet} in use while "
+            f"arrivals last (about {self.running_per_instance:,.0f} requests in flight on each), estimated from "
+            "the workload and the roofline step times"
+        )
 
 
 def blocks_held_sum(prompt: np.ndarray, output: np.ndarray, block_size: int) -> np.ndarray:
@@ -52,8 +54,14 @@ def blocks_held_sum(prompt: np.ndarray, output: np.ndarray, block_size: int) -> 
     return upto(prompt + output) - upto(prompt)
 
 
-def rate_for_usage(pairs: Sequence[tuple[int, int]], timing, block_size: int, num_blocks: int, instances: int,
-                   usage: float = TARGET_USAGE) -> LoadEstimate:
+def rate_for_usage(
+    pairs: Sequence[tuple[int, int]],
+    timing,
+    block_size: int,
+    num_blocks: int,
+    instances: int,
+    usage: float = TARGET_USAGE,
+) -> LoadEstimate:
     """The fleet arrival rate that keeps ``usage`` of every instance's ``num_blocks`` in use (see the module)."""
     if not pairs:
         raise ValueError("no requests to estimate a load from")

@@ -38,8 +38,9 @@ class InstancePool:
             try:
                 ready = self.ray.get([actor.ready.remote() for actor in started])
             except Exception as err:
-                raise RunFailed(f"an instance failed to start: {type(err).__name__}: "
-                                f"{str(err).splitlines()[0] if str(err) else ''}") from None
+                raise RunFailed(
+                    f"an instance failed to start: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                ) from None
             self._base += [(actor, startup) for actor, (startup, _pid) in zip(started, ready, strict=True)]
         return self._base[:count]
 

@@ -36,9 +36,18 @@ MAX_REROUTES = 1
 
 
 class RayFleet:
-    def __init__(self, ray, new_actor: Callable[[float], Any], base: Sequence[tuple[Any, float]],
-                 policy: RoutingPolicy, spec: InstanceSpec, autoscale: AutoscaleSettings | None = None,
-                 tick_s: float = 0.1, faults: Sequence[tuple[float, int]] = (), metrics=None) -> None:
+    def __init__(
+        self,
+        ray,
+        new_actor: Callable[[float], Any],
+        base: Sequence[tuple[Any, float]],
+        policy: RoutingPolicy,
+        spec: InstanceSpec,
+        autoscale: AutoscaleSettings | None = None,
+        tick_s: float = 0.1,
+        faults: Sequence[tuple[float, int]] = (),
+        metrics=None,
+    ) -> None:
         """``base``: (actor, measured start-up seconds) of the instances the run starts with, already loaded;
         ``new_actor(epoch)`` starts one more (autoscaling); ``faults``: (seconds, instance) actors to kill."""
         self.ray = ray
@@ -70,8 +79,9 @@ class RayFleet:
         self.epoch = time.time()
         reports = ray.get([actor.reset.remote(self.epoch) for actor, _ in self.base])
         for index, ((actor, startup), report) in enumerate(zip(self.base, reports, strict=True)):
-            self.slots.append(InstanceSlot(index, actor, SERVING, 0.0, ready_at=0.0, startup_s=startup,
-                                           stats=report.stats))
+            self.slots.append(
+                InstanceSlot(index, actor, SERVING, 0.0, ready_at=0.0, startup_s=startup, stats=report.stats)
+            )
         client = self.client = OpenLoopClient(arrivals, self)  # each request routed (``add``) when it is due
         next_tick, faults = 0.0, list(self.faults)
         while True:
@@ -90,8 +100,18 @@ class RayFleet:
         end = max((r.finish_time or r.arrival_time for r in self.ended.values()), default=0.0)
         self._stop_extra_actors(end)
         requests = [self.ended[request.request_id] for _, request in arrivals]
-        return FleetRun(policy_name, requests, self.placement, self.slots, self.samples, self.fleet_samples,
-                        self.events, end, rerouted=len(self.rerouted), simulated=False)
+        return FleetRun(
+            policy_name,
+            requests,
+            self.placement,
+            self.slots,
+            self.samples,
+            self.fleet_samples,
+            self.events,
+            end,
+            rerouted=len(self.rerouted),
+            simulated=False,
+        )
 
     def _wait(self, timeout: float) -> None:
         if not self.pending:

@@ -57,8 +57,7 @@ def _network_mode(local: bool) -> None:
     if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
         default = not getattr(constants, "IS_WINDOWS_OR_OSX", False)
         setting = os.environ.get(_LOCAL_ONLY)
-        constants.ENABLE_RAY_CLUSTER = (not local and (default if setting is None else
-                                                        setting.lower() in ("1", "true")))
+        constants.ENABLE_RAY_CLUSTER = not local and (default if setting is None else setting.lower() in ("1", "true"))
 
 
 def check_address(address: str) -> None:
@@ -78,13 +77,17 @@ def check_address(address: str) -> None:
             head = _read_up_to(connection, 9, deadline)
     except OSError as err:
         if isinstance(err, TimeoutError):
-            raise KvbenchError(f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT_S:g} s: "
-                               "is it the GCS port of a Ray head node?") from None
+            raise KvbenchError(
+                f"the Ray cluster at {address} did not answer within {CONNECT_TIMEOUT_S:g} s: "
+                "is it the GCS port of a Ray head node?"
+            ) from None
         raise KvbenchError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from None
     if len(head) < 9 or head[3] != _SETTINGS_FRAME:
         seen = head.split(b"\r\n")[0][:40].decode("ascii", "backslashreplace") if head else "closed the connection"
-        raise KvbenchError(f"{address} does not answer as a Ray cluster (Ray speaks gRPC; it answered {seen!r}): "
-                           "is it the GCS port of a Ray head node?")
+        raise KvbenchError(
+            f"{address} does not answer as a Ray cluster (Ray speaks gRPC; it answered {seen!r}): "
+            "is it the GCS port of a Ray head node?"
+        )
 
 
 def _read_up_to(connection: socket.socket, size: int, deadline: float) -> bytes:
@@ -146,8 +149,10 @@ def _check_loopback(ray) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise KvbenchError(f"the local Ray cluster came up on {node_ip}, not on the loopback interface: refusing to "
-                           "run on ports others could reach")
+        raise KvbenchError(
+            f"the local Ray cluster came up on {node_ip}, not on the loopback interface: refusing to "
+            "run on ports others could reach"
+        )
 
 
 def uses_gpu(device: str, simulate: bool, gpus: int) -> bool:
@@ -166,8 +171,10 @@ def actor_resources(device: str, simulate: bool, gpus: int, workers: int, cpus: 
     if not uses_gpu(device, simulate, gpus):
         return {"num_cpus": cpus}
     if gpus < workers:
-        raise KvbenchError(f"{workers} CUDA workers need a GPU each, and the Ray cluster has {gpus}: run on fewer "
-                           "instances or workers, or on the CPU")
+        raise KvbenchError(
+            f"{workers} CUDA workers need a GPU each, and the Ray cluster has {gpus}: run on fewer "
+            "instances or workers, or on the CPU"
+        )
     return {"num_gpus": 1}
 
 

@@ -68,9 +68,13 @@ def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
         "queued_mean": waiting["mean"],
         "queued_peak": waiting["max"],
         "instance_seconds": sum(slot.seconds(span) for slot in run.slots),
-        "instances_peak": max((serving + starting for _, serving, starting in run.fleet_samples), default=len(run.slots)),
-        "instances_mean": _mean([serving + starting for _, serving, starting in run.fleet_samples],
-                                [run.tick_weight(t) for t, _, _ in run.fleet_samples]),
+        "instances_peak": max(
+            (serving + starting for _, serving, starting in run.fleet_samples), default=len(run.slots)
+        ),
+        "instances_mean": _mean(
+            [serving + starting for _, serving, starting in run.fleet_samples],
+            [run.tick_weight(t) for t, _, _ in run.fleet_samples],
+        ),
         "scale_ups": sum(1 for _, kind, _ in run.events if kind == "up"),
         "scale_downs": sum(1 for _, kind, _ in run.events if kind == "down"),
         "prefix_hit_rate": cached / prompt_tokens if prompt_tokens else 0.0,
@@ -96,15 +100,25 @@ def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
     cached = stats.cached_tokens if stats else 0
     usage_mean = _mean(usage, weights)  # None without samples
     return {
-        "index": slot.index, "state": slot.state, "routed": slot.routed,
-        "finished": stats.finished if stats else 0, "preemptions": stats.preemptions if stats else 0,
+        "index": slot.index,
+        "state": slot.state,
+        "routed": slot.routed,
+        "finished": stats.finished if stats else 0,
+        "preemptions": stats.preemptions if stats else 0,
         "total_blocks": stats.total_blocks if stats else None,
-        "usage_mean": usage_mean, "usage_peak": max(usage, default=None),
+        "usage_mean": usage_mean,
+        "usage_peak": max(usage, default=None),
         "free_share_mean": (1.0 - usage_mean) if usage_mean is not None else None,
         "free_blocks_min": min(free, default=None),
-        "prompt_tokens": prompt, "cached_tokens": cached, "prefix_hit_rate": cached / prompt if prompt else 0.0,
-        "started_at_s": slot.started_at, "ready_at_s": slot.ready_at, "stopped_at_s": slot.stopped_at,
-        "startup_s": slot.startup_s, "failure": slot.failure, "routed_after_drain": slot.routed_after_drain,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "started_at_s": slot.started_at,
+        "ready_at_s": slot.ready_at,
+        "stopped_at_s": slot.stopped_at,
+        "startup_s": slot.startup_s,
+        "failure": slot.failure,
+        "routed_after_drain": slot.routed_after_drain,
     }
 
 
@@ -118,8 +132,9 @@ def _by_tick(run: FleetRun) -> dict[float, list[tuple]]:
 def _imbalance(run: FleetRun) -> dict[str, float | None]:
     """Max - min free blocks across the instances serving at each sample (one instance: 0)."""
     ticks = _by_tick(run)
-    values = [max(t - u for _, _, u, t, _, _ in rows) - min(t - u for _, _, u, t, _, _ in rows)
-              for rows in ticks.values()]
+    values = [
+        max(t - u for _, _, u, t, _, _ in rows) - min(t - u for _, _, u, t, _, _ in rows) for rows in ticks.values()
+    ]
     return _stats(values, [run.tick_weight(t) for t in ticks])
 
 
@@ -141,8 +156,11 @@ def _stats(values: list[float], weights: list[int] | None = None) -> dict[str, f
         return {"mean": None, "p99": None, "max": None}
     array = np.asarray(values, dtype=float)
     counts = np.ones(len(array), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
-    return {"mean": float(np.average(array, weights=counts)), "p99": _repeated_percentile(array, counts, 99.0),
-            "max": float(array.max())}
+    return {
+        "mean": float(np.average(array, weights=counts)),
+        "p99": _repeated_percentile(array, counts, 99.0),
+        "max": float(array.max()),
+    }
 
 
 def _repeated_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
@@ -168,8 +186,11 @@ def fleet_series(run: FleetRun) -> dict[str, Any]:
     for index, series in per_instance.items():
         stride = max(1, len(series) // MAX_SERIES_POINTS)
         per_instance[index] = series[::stride]
-    ttft = sorted(r.first_token_time - r.arrival_time for r in run.requests
-                  if r.status is RequestStatus.FINISHED and r.first_token_time is not None)
+    ttft = sorted(
+        r.first_token_time - r.arrival_time
+        for r in run.requests
+        if r.status is RequestStatus.FINISHED and r.first_token_time is not None
+    )
     if len(ttft) > CDF_POINTS:
         positions = np.linspace(0, len(ttft) - 1, CDF_POINTS).round().astype(int)
         cdf = [[ttft[p], (p + 1) / len(ttft)] for p in positions]

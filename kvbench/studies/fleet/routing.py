@@ -92,8 +92,10 @@ class MostFreeBlocks(RoutingPolicy):
     name = "most-free-blocks"
 
     def choose(self, request: Request, views: Sequence[InstanceView]) -> int:
-        return max(range(len(views)),
-                   key=lambda pos: (views[pos].effective_free_blocks, -views[pos].in_flight, -views[pos].index))
+        return max(
+            range(len(views)),
+            key=lambda pos: (views[pos].effective_free_blocks, -views[pos].in_flight, -views[pos].index),
+        )
 
 
 class PrefixAffinity(RoutingPolicy):

@@ -40,9 +40,16 @@ MAX_SAMPLES = 5_000_000  # instance usage samples kept for the figures and plots
 
 
 class SimulatedFleet:
-    def __init__(self, make_instance: Callable[[float], SimulatedInstance], policy: RoutingPolicy, instances: int,
-                 block_size: int, autoscale: AutoscaleSettings | None = None, startup_s: float = 0.0,
-                 tick_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        make_instance: Callable[[float], SimulatedInstance],
+        policy: RoutingPolicy,
+        instances: int,
+        block_size: int,
+        autoscale: AutoscaleSettings | None = None,
+        startup_s: float = 0.0,
+        tick_s: float = 1.0,
+    ) -> None:
         """``make_instance(t)`` builds an idle instance whose clock starts at ``t``."""
         self.make_instance = make_instance
         self.router = FleetRouter(policy, block_size)
@@ -129,16 +136,19 @@ class SimulatedFleet:
                 starting += 1
         self.fleet_samples.append((t, serving, starting))
         if len(self.samples) > MAX_SAMPLES:
-            raise KvbenchError(f"the fleet's usage samples passed {MAX_SAMPLES:,} ({serving} instances sampled every "
-                               f"{self.tick_s:g} s, {t:,.0f} s of simulated time so far): sample less often (a "
-                               "longer tick)")
+            raise KvbenchError(
+                f"the fleet's usage samples passed {MAX_SAMPLES:,} ({serving} instances sampled every "
+                f"{self.tick_s:g} s, {t:,.0f} s of simulated time so far): sample less often (a "
+                "longer tick)"
+            )
         if self.scaler is None:
             return
         action = self.scaler.decide(t, self.slots)
         if action == "up":
             index = len(self.slots)
-            self.slots.append(InstanceSlot(index, None, STARTING, started_at=t, ready_at=t + self.startup_s,
-                                           startup_s=self.startup_s))
+            self.slots.append(
+                InstanceSlot(index, None, STARTING, started_at=t, ready_at=t + self.startup_s, startup_s=self.startup_s)
+            )
             self._changing.append(self.slots[-1])
             self.events.append((t, "up", index))
         elif action == "down":
@@ -210,5 +220,15 @@ class SimulatedFleet:
                 slot.final_stats = slot.stats
         order = {request.request_id: position for position, (_, request) in enumerate(arrivals)}
         self.ended.sort(key=lambda r: order[r.request_id])
-        return FleetRun(policy_name, self.ended, self.placement, self.slots, self.samples, self.fleet_samples,
-                        self.events, end, simulated=True, tick_repeats=self.tick_repeats)
+        return FleetRun(
+            policy_name,
+            self.ended,
+            self.placement,
+            self.slots,
+            self.samples,
+            self.fleet_samples,
+            self.events,
+            end,
+            simulated=True,
+            tick_repeats=self.tick_repeats,
+        )

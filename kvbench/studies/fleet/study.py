@@ -26,8 +26,14 @@ from kvbench.studies.fleet.sim_driver import SimulatedFleet
 Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests in all)
 
 
-def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None] | None = None,
-              faults: Sequence[tuple[float, int]] = (), metrics=None, pool=None) -> list[dict[str, Any]]:
+def run_fleet(
+    setup: FleetSetup,
+    run_dir: Path,
+    on_point: Callable[[dict], None] | None = None,
+    faults: Sequence[tuple[float, int]] = (),
+    metrics=None,
+    pool=None,
+) -> list[dict[str, Any]]:
     """Every policy's point, in the order asked; each also written to results.jsonl and its series file.
 
     ``faults``: (seconds, instance) actors killed during the first policy (tests); ``pool``: instances already
@@ -59,9 +65,15 @@ def run_fleet(setup: FleetSetup, run_dir: Path, on_point: Callable[[dict], None]
 
 def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
     options = setup.options
-    fleet = SimulatedFleet(setup.make_simulated_instance, make_policy(name, setup.seed, setup.config.block_size),
-                           options.instances, setup.config.block_size, options.autoscale, options.startup_s,
-                           setup.tick_s())
+    fleet = SimulatedFleet(
+        setup.make_simulated_instance,
+        make_policy(name, setup.seed, setup.config.block_size),
+        options.instances,
+        setup.config.block_size,
+        options.autoscale,
+        options.startup_s,
+        setup.tick_s(),
+    )
     return fleet.run(setup.arrivals(), name)
 
 
@@ -84,9 +96,10 @@ def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, m
     if pool is not None:
         _run_policies(setup, record, faults, metrics, pool, RayFleet)
         return
-    with ray_session(options.ray_address, options.ray_cpus) as ray, \
-            InstancePool(ray, setup.instance_spec(), options.cpus_per_instance,
-                         options.instances) as own:
+    with (
+        ray_session(options.ray_address, options.ray_cpus) as ray,
+        InstancePool(ray, setup.instance_spec(), options.cpus_per_instance, options.instances) as own,
+    ):
         _run_policies(setup, record, faults, metrics, own, RayFleet)
 
 
@@ -95,8 +108,17 @@ def _run_policies(setup: FleetSetup, record, faults, metrics, pool, fleet_class)
     for number, name in enumerate(options.policies):
         base = pool.base(options.instances)  # a base instance that died under the last policy is replaced
         policy = make_policy(name, setup.seed, setup.config.block_size)
-        fleet = fleet_class(pool.ray, pool.new_actor, base, policy, setup.instance_spec(), options.autoscale,
-                            setup.tick_s(), faults if number == 0 else (), metrics)
+        fleet = fleet_class(
+            pool.ray,
+            pool.new_actor,
+            base,
+            policy,
+            setup.instance_spec(),
+            options.autoscale,
+            setup.tick_s(),
+            faults if number == 0 else (),
+            metrics,
+        )
         if metrics is not None:
             metrics.begin_policy(name)
         run = fleet.run(setup.arrivals(), name)

@@ -80,8 +80,10 @@ def window(vllm_exposition, steps: list[dict], interval: float = 1.0) -> Window:
 
 
 def test_a_growing_queue_over_a_timeline_is_a_warning(vllm_exposition):
-    steps = [dict(usage=0.2, waiting=w, waiting_capacity=w, preemptions=0, finished=f)
-             for w, f in ((0, 10), (5, 14), (11, 18), (20, 22))]
+    steps = [
+        dict(usage=0.2, waiting=w, waiting_capacity=w, preemptions=0, finished=f)
+        for w, f in ((0, 10), (5, 14), (11, 18), (20, 22))
+    ]
     diagnosis = diagnose_windows([window(vllm_exposition, steps)], Thresholds(), "timeline")
     finding = by_rule(diagnosis)["concurrency_capped"]
     assert finding.severity == "warning" and diagnosis.fired
@@ -117,8 +119,11 @@ def test_prefix_cache_hit_rate_and_prefix_caching_off(vllm_exposition):
     off = vllm_exposition(enable_prefix_caching="False")
     info = by_rule(diagnose(off))["prefix_caching_off"]
     assert info.severity == "info" and "--enable-prefix-caching" in info.suggestion
-    low = by_rule(diagnose(vllm_exposition(enable_prefix_caching="False", prefix_queries=50, prefix_hits=0),
-                           min_prefix_hit_rate=0.1))["prefix_cache_hit_rate"]
+    low = by_rule(
+        diagnose(
+            vllm_exposition(enable_prefix_caching="False", prefix_queries=50, prefix_hits=0), min_prefix_hit_rate=0.1
+        )
+    )["prefix_cache_hit_rate"]
     assert low.remedies == ("enable_prefix_caching", "shareable_prefixes")
 
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 from kvbench.report.diagnose.run_rules import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 
-POINT = {"engine": "paged/round-robin", "policy": "round-robin", "concurrency": 0, "status": "ok",
-         "free_blocks_imbalance_mean": 600.0,
-         "instances": [{"index": 0, "free_share_mean": 0.02, "routed": 90, "preemptions": 7, "total_blocks": 1000},
-                       {"index": 1, "free_share_mean": 0.80, "routed": 10, "preemptions": 0, "total_blocks": 1000}]}
+POINT = {
+    "engine": "paged/round-robin",
+    "policy": "round-robin",
+    "concurrency": 0,
+    "status": "ok",
+    "free_blocks_imbalance_mean": 600.0,
+    "instances": [
+        {"index": 0, "free_share_mean": 0.02, "routed": 90, "preemptions": 7, "total_blocks": 1000},
+        {"index": 1, "free_share_mean": 0.80, "routed": 10, "preemptions": 0, "total_blocks": 1000},
+    ],
+}
 
 
 def test_fleet_findings_render_their_remedies_for_kvbench():

@@ -34,8 +34,12 @@ def test_a_recorded_vllm_server_while_busy():
     assert state.finished == 1  # the chat request sent before the 8 concurrent ones
     assert (state.prefix_queries, state.prefix_hits, state.hit_rate) == (149, 0, 0.0)
     assert state.config["gpu_memory_utilization"] == "0.92" and state.config["enable_prefix_caching"] == "True"
-    assert state.context() == {"block_size": 128, "gpu_memory_utilization": "0.92",
-                               "kv_cache_memory_bytes": "1073741824", "enable_prefix_caching": "True"}
+    assert state.context() == {
+        "block_size": 128,
+        "gpu_memory_utilization": "0.92",
+        "kv_cache_memory_bytes": "1073741824",
+        "enable_prefix_caching": "True",
+    }
 
 
 def test_recorded_vllm_server_idle_and_after():
@@ -63,11 +67,18 @@ def documented_vllm_names() -> set[str]:
 def test_the_vllm_names_read_are_documented_and_in_the_recorded_text():
     source = inspect.getsource(servers)
     used = {name for name in re.findall(r'"(vllm:[a-z_]+)"', source)}
-    used |= {f"{name}{suffix}" for name in re.findall(r'_mean\(group, "(vllm:[a-z_]+)"\)', source)
-             for suffix in ("_sum", "_count")}
+    used |= {
+        f"{name}{suffix}"
+        for name in re.findall(r'_mean\(group, "(vllm:[a-z_]+)"\)', source)
+        for suffix in ("_sum", "_count")
+    }
     legacy = {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"}
-    documented = documented_vllm_names() | {f"{n}_sum" for n in documented_vllm_names()} | {
-        f"{n}_count" for n in documented_vllm_names()} | {"vllm:cache_config_info"}
+    documented = (
+        documented_vllm_names()
+        | {f"{n}_sum" for n in documented_vllm_names()}
+        | {f"{n}_count" for n in documented_vllm_names()}
+        | {"vllm:cache_config_info"}
+    )
     current = used - legacy - {"vllm:request_prompt_tokens", "vllm:request_generation_tokens"}
     assert current and current <= documented, current - documented
     recorded = {s.name for s in parse_samples(vllm_text("busy"))}
@@ -109,22 +120,29 @@ kvbench_kv_cache_blocks_free{engine="paged",device="cpu"} 25
 kvbench_kv_cache_blocks_capacity{engine="contiguous",device="cpu"} 100
 """
     states = read_states(kvbench + vllm_text("busy"))
-    assert [(s.family, s.labels.get("engine")) for s in states] == [("kvbench", "paged"), ("kvbench", "contiguous"),
-                                                                    ("vllm", "0")]
+    assert [(s.family, s.labels.get("engine")) for s in states] == [
+        ("kvbench", "paged"),
+        ("kvbench", "contiguous"),
+        ("vllm", "0"),
+    ]
     assert states[0].usage == 0.75 and states[1].usage is None
-    dp = vllm_text("busy") + "\n".join(line.replace('engine="0"', 'engine="1"') for line in vllm_text("busy")
-                                       .splitlines() if line.startswith("vllm:"))
+    dp = vllm_text("busy") + "\n".join(
+        line.replace('engine="0"', 'engine="1"') for line in vllm_text("busy").splitlines() if line.startswith("vllm:")
+    )
     assert [s.labels["engine"] for s in read_states(dp)] == ["0", "1"]  # data parallel: one state per engine
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "HTML page"),
-    ("<html>\n<head><title>404 Not Found</title></head></html>", "HTML page"),
-    ('{"error": "not found"}', "not Prometheus exposition text"),
-    ("hello world\n", "not Prometheus exposition text"),
-    ("", "none of the metric families"),
-    ("# TYPE python_info gauge\npython_info{version=\"3.11\"} 1\n", "none of the metric families"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "HTML page"),
+        ("<html>\n<head><title>404 Not Found</title></head></html>", "HTML page"),
+        ('{"error": "not found"}', "not Prometheus exposition text"),
+        ("hello world\n", "not Prometheus exposition text"),
+        ("", "none of the metric families"),
+        ('# TYPE python_info gauge\npython_info{version="3.11"} 1\n', "none of the metric families"),
+    ],
+)
 def test_bad_text_is_a_one_line_error(text, message):
     with pytest.raises(KvbenchError, match=message) as err:
         read_states(text, "http://127.0.0.1:1/metrics")
@@ -149,14 +167,17 @@ def test_readers_never_name_a_flag():
 
 
 # -- values outside their meaning ---------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value, why", [
-    ("usage", 37.5, "outside 0-1 (a share, not a percentage)"),
-    ("usage", -0.1, "outside 0-1 (a share, not a percentage)"),
-    ("fragmentation", 5.0, "outside 0-1 (a share, not a percentage)"),
-    ("running", -3.0, "negative (a count)"),
-    ("preemptions", float("inf"), "infinite"),
-    ("waiting", float("nan"), "not a number (NaN)"),
-])
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("usage", 37.5, "outside 0-1 (a share, not a percentage)"),
+        ("usage", -0.1, "outside 0-1 (a share, not a percentage)"),
+        ("fragmentation", 5.0, "outside 0-1 (a share, not a percentage)"),
+        ("running", -3.0, "negative (a count)"),
+        ("preemptions", float("inf"), "infinite"),
+        ("waiting", float("nan"), "not a number (NaN)"),
+    ],
+)
 def test_a_value_outside_its_meaning_is_set_aside_and_named(field, value, why):
     state = set_aside_invalid(ServerState("kvbench", {"engine": "paged"}, total_blocks=100.0, **{field: value}))
     assert getattr(state, field) is None and state.total_blocks == 100
@@ -164,18 +185,22 @@ def test_a_value_outside_its_meaning_is_set_aside_and_named(field, value, why):
 
 
 def test_values_that_contradict_each_other_are_set_aside():
-    state = set_aside_invalid(ServerState("vllm", {}, total_blocks=10.0, used_blocks=11.0, prefix_queries=5.0,
-                                          prefix_hits=6.0, block_size=0))
+    state = set_aside_invalid(
+        ServerState("vllm", {}, total_blocks=10.0, used_blocks=11.0, prefix_queries=5.0, prefix_hits=6.0, block_size=0)
+    )
     assert (state.used_blocks, state.prefix_hits, state.block_size) == (None, None, None)
     assert state.invalid["prefix_hits"] == "vllm:prefix_cache_hits_total is 6: more than the 5 tokens looked up"
     assert state.invalid["block_size"] == "cache_config_info block_size is 0: not a whole number of tokens"
 
 
-@pytest.mark.parametrize("buckets, why", [
-    ([(0.001, float("nan")), (float("inf"), 4.0)], "the bucket le=0.001 counts nan"),
-    ([(0.001, 5.0), (float("inf"), 4.0)], "the bucket le=inf counts 4, fewer than the bucket below it (5)"),
-    ([(float("nan"), 1.0)], "a bucket bound is NaN"),
-])
+@pytest.mark.parametrize(
+    "buckets, why",
+    [
+        ([(0.001, float("nan")), (float("inf"), 4.0)], "the bucket le=0.001 counts nan"),
+        ([(0.001, 5.0), (float("inf"), 4.0)], "the bucket le=inf counts 4, fewer than the bucket below it (5)"),
+        ([(float("nan"), 1.0)], "a bucket bound is NaN"),
+    ],
+)
 def test_histogram_buckets_that_are_not_cumulative_are_set_aside(buckets, why):
     state = set_aside_invalid(ServerState("kvbench", {}, alloc_buckets=buckets))
     assert state.alloc_buckets == [] and state.invalid["alloc_buckets"].endswith(why)

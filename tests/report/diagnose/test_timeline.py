@@ -14,14 +14,18 @@ from kvbench.report.diagnose.timeline import append_records, error_record, heade
 def write(path, vllm_exposition, steps) -> None:
     append_records(path, [header_record("http://127.0.0.1:8000/metrics", 1.0)])
     for elapsed, values in steps:
-        append_records(path, sample_records(elapsed, "http://127.0.0.1:8000/metrics",
-                                            read_states(vllm_exposition(**values))))
+        append_records(
+            path, sample_records(elapsed, "http://127.0.0.1:8000/metrics", read_states(vllm_exposition(**values)))
+        )
 
 
 def test_a_timeline_reads_back_and_is_diagnosed(tmp_path, vllm_exposition):
     path = tmp_path / "timeline.jsonl"
-    write(path, vllm_exposition, [(t, dict(usage=0.2, waiting=w, waiting_capacity=w)) for t, w in
-                                  ((0.0, 0), (1.0, 4), (2.0, 9))])
+    write(
+        path,
+        vllm_exposition,
+        [(t, dict(usage=0.2, waiting=w, waiting_capacity=w)) for t, w in ((0.0, 0), (1.0, 4), (2.0, 9))],
+    )
     append_records(path, [error_record(3.0, "http://127.0.0.1:8000/metrics", "cannot scrape: timed out")])
     timeline = read_timeline(path)
     (window,) = timeline.windows.values()
@@ -43,15 +47,18 @@ def test_a_torn_last_line_is_set_aside(tmp_path, vllm_exposition):
     assert len(read_timeline(path).windows["vLLM engine=0 model_name=smollm2-135m-instruct-hf"].samples) == 2
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('{"schema_version": 1,\n "points": []}\n', "not valid JSON"),
-    ("not json at all\n", "not valid JSON"),
-    ('{"elapsed_s": 0, "state": {"family": "vllm"}}\n', "not a timeline record"),
-    ('{"elapsed_s": "soon", "state": {}}\n{"kind": "kvbench-watch"}\n', "not a timeline record"),
-    ("[1, 2]\n", "not a timeline record"),
-    ('{"kind": "kvbench-watch", "version": 1}\n', "holds no scrapes"),
-    ("", "holds no scrapes"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"schema_version": 1,\n "points": []}\n', "not valid JSON"),
+        ("not json at all\n", "not valid JSON"),
+        ('{"elapsed_s": 0, "state": {"family": "vllm"}}\n', "not a timeline record"),
+        ('{"elapsed_s": "soon", "state": {}}\n{"kind": "kvbench-watch"}\n', "not a timeline record"),
+        ("[1, 2]\n", "not a timeline record"),
+        ('{"kind": "kvbench-watch", "version": 1}\n', "holds no scrapes"),
+        ("", "holds no scrapes"),
+    ],
+)
 def test_a_file_that_is_not_a_timeline_is_a_one_line_error(tmp_path, text, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)

@@ -71,16 +71,12 @@ def _check_headline(request, name, page) -> None:
                     f"{expected[f'{engine}_tps']:,.1f} tok/s" if status == "ok" else status.upper()
                 )
         reductions = [
-            r["kv_memory_reduction_pct"]
-            for r in summary["article_table"]
-            if r["kv_memory_reduction_pct"] is not None
+            r["kv_memory_reduction_pct"] for r in summary["article_table"] if r["kv_memory_reduction_pct"] is not None
         ]
         assert f"{min(reductions):.0f}%" in shown and f"{max(reductions):.0f}%" in shown
     elif name == "waste_run":
         points = summary["points"]
-        best = max(
-            (p for p in points if p["engine"].startswith("paged")), key=lambda p: p["effective_usage_pct"]
-        )
+        best = max((p for p in points if p["engine"].startswith("paged")), key=lambda p: p["effective_usage_pct"])
         worst = next(p for p in points if p["engine"] == "contiguous-max")
         assert shown == (
             f"Effective KV memory usage: {best['engine']} {best['effective_usage_pct']:.1f}%, "
@@ -154,9 +150,7 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
     page.resize(PHONE_WIDTH, 800, mobile=True)
     page.settle(0.3)
     width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
-    assert width[0] <= width[1] == PHONE_WIDTH, (
-        width
-    )  # tables scroll inside their box, the page never sideways
+    assert width[0] <= width[1] == PHONE_WIDTH, width  # tables scroll inside their box, the page never sideways
     assert all(b["width"] <= PHONE_WIDTH for b in page.evaluate(PLOT_BOXES))
     print(f"phone-width screenshot: {page.screenshot(tmp_path / f'{name}-phone.png')}")
 
@@ -165,9 +159,7 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
     page.settle(0.3)
     printed = page.evaluate(PLOT_BOXES)
     assert len(printed) == figures
-    assert all(b["visible"] and 0 < b["width"] <= A4_CONTENT_PX and b["height"] > 50 for b in printed), (
-        printed
-    )
+    assert all(b["visible"] and 0 < b["width"] <= A4_CONTENT_PX and b["height"] > 50 for b in printed), printed
     assert page.evaluate("getComputedStyle(document.querySelector('nav.toc')).display") == "none"
     pdf = page.pdf(tmp_path / f"{name}.pdf")
     assert pdf.read_bytes().startswith(b"%PDF")

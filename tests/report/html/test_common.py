@@ -48,9 +48,7 @@ GPU_META = {
 
 def test_provenance_of_a_gpu_run():
     facts = {f.label: f.value for f in provenance_facts(GPU_META)}
-    assert (
-        facts["GPU and driver"] == "NVIDIA H200, 131.32 GiB; NVIDIA driver 570.86.15, CUDA 12.8 (torch build)"
-    )
+    assert facts["GPU and driver"] == "NVIDIA H200, 131.32 GiB; NVIDIA driver 570.86.15, CUDA 12.8 (torch build)"
     assert facts["model shape"] == (
         "llama, 32 layers, hidden 4,096, 32 heads (32 KV heads) × 128, 6.74 B "
         "parameters, fp16: 512.00 KiB of KV per token"

@@ -35,9 +35,7 @@ def test_why_says_how_each_metric_was_judged():
     assert why(Row(KEY, "output_throughput", Verdict.REGRESSED, 100, 60, "x1.35", p_value=0.0286)) == (
         "timing-dependent: judged within ×1.35 of base; Mann-Whitney U p = 0.0286"
     )
-    assert why(Row(KEY, "status", Verdict.REGRESSED, "ok", "oom", "ok > oom > error")).startswith(
-        "a point's status"
-    )
+    assert why(Row(KEY, "status", Verdict.REGRESSED, "ok", "oom", "ok > oom > error")).startswith("a point's status")
     assert ratio(Row(KEY, "completed", Verdict.REGRESSED, 6, 5, "exact")) == 5 / 6
     assert ratio(Row(KEY, "rejected", Verdict.UNCHANGED, 0, 0, "exact")) is None
     assert ratio(Row(KEY, "status", Verdict.UNCHANGED, "ok", "ok")) is None

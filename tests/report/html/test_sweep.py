@@ -26,9 +26,7 @@ def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=
     }
 
 
-def _point(
-    engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0
-):
+def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0):
     return {
         "engine": engine,
         "concurrency": c,
@@ -212,8 +210,15 @@ def test_kvbench_report_rebuilds_the_same_page(tmp_path, sweep_run, capsys):
 def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
     from kvbench.report.html.sweep import headline_table
 
-    single = [{"concurrency": 10, "contiguous_tps": 100.0, "paged_tps": 101.0, "contiguous_status": "ok",
-               "paged_status": "ok"}]
+    single = [
+        {
+            "concurrency": 10,
+            "contiguous_tps": 100.0,
+            "paged_tps": 101.0,
+            "contiguous_status": "ok",
+            "paged_status": "ok",
+        }
+    ]
     repeated = [{**single[0], "contiguous_tps_ci95": 3.0, "paged_tps_ci95": 2.5}]
     assert "±" not in headline_table(single).note
     assert "± is the 95% confidence interval over repeats" in headline_table(repeated).note

@@ -14,9 +14,7 @@ ARGS = ["waste", "--requests", "50", "--strategies", "contiguous-max,paged", "--
     "value, written, warned",
     [("1", True, False), ("0", False, False), ("off", False, False), ("maybe", True, True)],
 )
-def test_the_end_of_a_run_writes_the_report_unless_told_not_to(
-    tmp_path, monkeypatch, capsys, value, written, warned
-):
+def test_the_end_of_a_run_writes_the_report_unless_told_not_to(tmp_path, monkeypatch, capsys, value, written, warned):
     monkeypatch.setenv("KVBENCH_REPORT", value)
     assert main([*ARGS, "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / REPORT_FILE).exists() == written

@@ -22,16 +22,25 @@ def test_every_engine_has_one_backend_per_kind_of_run():
     assert registry.engine_names() == ("paged", "contiguous", "vllm")
     for simulated in (False, True):
         plain = SweepOptions(simulate=simulated)  # no --target: the endpoint provider does not select it
-        providers = [s for s in registry.BACKENDS if s.provides_run and s.simulated == simulated and s.selected_by(plain)]
+        providers = [
+            s for s in registry.BACKENDS if s.provides_run and s.simulated == simulated and s.selected_by(plain)
+        ]
         assert len(providers) == 1 and set(providers[0].engines) == {"paged", "contiguous"}
     assert len({spec.name for spec in registry.BACKENDS}) == len(registry.BACKENDS)
 
 
 def test_a_provider_registered_first_takes_the_runs_it_selects(monkeypatch):
     """How an endpoint target will come in: a provider that selects the runs given a target, ahead of kvbench's."""
-    remote = BackendSpec(name="remote", engines=("remote",), title="the remote column", build=lambda context: None,
-                         needs=frozenset(), offers=frozenset(), provides_run=True,
-                         selected_by=lambda options: options.model.startswith("http://"))
+    remote = BackendSpec(
+        name="remote",
+        engines=("remote",),
+        title="the remote column",
+        build=lambda context: None,
+        needs=frozenset(),
+        offers=frozenset(),
+        provides_run=True,
+        selected_by=lambda options: options.model.startswith("http://"),
+    )
     monkeypatch.setattr(registry, "BACKENDS", (remote, *registry.BACKENDS))
     assert registry.choose_backends(SweepOptions(engines=("remote",), model="http://127.0.0.1:1")).provider is remote
     assert registry.choose_backends(SweepOptions(engines=("paged",))).provider.name == "kvbench"
@@ -50,16 +59,26 @@ def test_a_simulated_run_offers_no_live_state_and_needs_no_prompt_tokens():
 def test_vllm_joins_with_its_note_and_an_unknown_engine_is_refused(tmp_path, fake_vllm):
     (tmp_path / "config.json").write_text("{}")
     run = registry.choose_backends(SweepOptions(engines=("paged", "vllm"), model=str(tmp_path)))
-    assert run.engines_offering(Offer.KV_MANAGER) == ["paged"] and run.engines_offering(Offer.REFERENCE_ONLY) == ["vllm"]
+    assert run.engines_offering(Offer.KV_MANAGER) == ["paged"] and run.engines_offering(Offer.REFERENCE_ONLY) == [
+        "vllm"
+    ]
     assert len(run.notes()) == 1 and "not a controlled A/B" in run.notes()[0]
     with pytest.raises(KvbenchError, match="unknown engine 'tgi'; choose from paged, contiguous, vllm"):
         registry.choose_backends(SweepOptions(engines=("tgi",)))
 
 
 def test_a_package_a_backend_needs_is_checked_by_its_need(monkeypatch):
-    spec = BackendSpec(name="x", engines=("x",), title="the x column", needs=frozenset({Need.PACKAGE}),
-                       offers=frozenset(), build=lambda context: None, simulated=True,
-                       package="kvbench_no_such_package", install_hint="install x")
+    spec = BackendSpec(
+        name="x",
+        engines=("x",),
+        title="the x column",
+        needs=frozenset({Need.PACKAGE}),
+        offers=frozenset(),
+        build=lambda context: None,
+        simulated=True,
+        package="kvbench_no_such_package",
+        install_hint="install x",
+    )
     monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, spec))
     with pytest.raises(KvbenchError, match="^install x$"):
         registry.choose_backends(SweepOptions(engines=("x",), simulate=True))
@@ -81,17 +100,39 @@ def _build_shadow(context: BuildContext) -> BackendSetup:
     return replace(provider, backend=ShadowBackend(provider.backend.shape, provider.backend.gpu, provider.backend.base))
 
 
-SHADOW = BackendSpec(name="shadow", engines=("shadow",), title="the shadow column", build=_build_shadow,
-                     simulated=True, needs=frozenset({Need.GPU_PRESET}), offers=frozenset({Offer.REFERENCE_ONLY}),
-                     note="shadow: the paged simulator again, as a reference")
+SHADOW = BackendSpec(
+    name="shadow",
+    engines=("shadow",),
+    title="the shadow column",
+    build=_build_shadow,
+    simulated=True,
+    needs=frozenset({Need.GPU_PRESET}),
+    offers=frozenset({Offer.REFERENCE_ONLY}),
+    note="shadow: the paged simulator again, as a reference",
+)
 
 
 def test_a_registered_backend_runs_in_a_sweep_with_no_other_change(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, SHADOW))
     ShadowBackend.runs.clear()
     out = tmp_path / "run"
-    assert main(["sweep", "--simulate", "--requests", "30", "--concurrency", "4,8", "--engines", "paged,shadow",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--simulate",
+                "--requests",
+                "30",
+                "--concurrency",
+                "4,8",
+                "--engines",
+                "paged,shadow",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "shadow: the paged simulator again" in capsys.readouterr().out
     points = {(p["engine"], p["concurrency"]): p for p in json.loads((out / "summary.json").read_text())["points"]}
     assert ShadowBackend.runs == ["shadow", "shadow"]

@@ -31,8 +31,12 @@ def requests():
 
 
 def build(fake_vllm, block_size=16, blocks=65, max_num_seqs=256, log_stats=True):
-    return fake_vllm.LLM(block_size=block_size, kv_cache_memory_bytes=blocks * block_size, max_num_seqs=max_num_seqs,
-                         disable_log_stats=not log_stats)
+    return fake_vllm.LLM(
+        block_size=block_size,
+        kv_cache_memory_bytes=blocks * block_size,
+        max_num_seqs=max_num_seqs,
+        disable_log_stats=not log_stats,
+    )
 
 
 class Clock:
@@ -121,19 +125,30 @@ def test_without_vllms_stats_the_blocks_are_counted_by_kvbench(fake_vllm):
 
 
 def settings(**changes) -> VllmSettings:
-    base = dict(model="m", dtype="float32", device="cpu", block_size=32, kv_cache_bytes=64 * 32,
-                max_model_len=128, max_num_seqs=256, max_num_batched_tokens=8192, seed=0)
+    base = dict(
+        model="m",
+        dtype="float32",
+        device="cpu",
+        block_size=32,
+        kv_cache_bytes=64 * 32,
+        max_model_len=128,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        seed=0,
+    )
     return VllmSettings(**{**base, **changes})
 
 
 def test_backend_builds_once_warms_up_uncounted_and_reports_itself(fake_vllm):
-    backend = VllmBackend(settings(), EngineConfig(block_size=32, num_blocks=64), 1, build=lambda s: fake_vllm.LLM(
-        **s.llm_kwargs()))
+    backend = VllmBackend(
+        settings(), EngineConfig(block_size=32, num_blocks=64), 1, build=lambda s: fake_vllm.LLM(**s.llm_kwargs())
+    )
     backend.warm_up("vllm", token_requests([(4, 2), (5, 2)], 1000, 1))
     steps = []
     reqs = requests()
-    result, memory = backend.run("vllm", reqs, ClosedLoop(4),
-                                 lambda engine, scheduler, finished: steps.append(finished))
+    result, memory = backend.run(
+        "vllm", reqs, ClosedLoop(4), lambda engine, scheduler, finished: steps.append(finished)
+    )
     assert len(fake_vllm.built) == 1 and memory == {}
     llm = fake_vllm.built[0]
     assert llm.kwargs["enable_prefix_caching"] is False and llm.kwargs["disable_log_stats"] is False

@@ -24,7 +24,8 @@ MODEL = os.environ.get("KVBENCH_VLLM_MODEL")
 
 pytestmark = pytest.mark.skipif(
     not (MODEL and Path(MODEL).is_dir() and importlib.util.find_spec("vllm") is not None),
-    reason="opt-in: set KVBENCH_VLLM_MODEL to a checkpoint directory and run where vllm is installed")
+    reason="opt-in: set KVBENCH_VLLM_MODEL to a checkpoint directory and run where vllm is installed",
+)
 
 
 def test_a_real_vllm_engine_under_kvbenchs_closed_loop():

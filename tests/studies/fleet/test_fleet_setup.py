@@ -14,8 +14,9 @@ def _dataset_pairs(count: int, seed: int, max_len: int) -> list[tuple[int, int]]
 
 
 def test_a_dataset_gives_the_lengths_and_poisson_the_arrivals():
-    setup = FleetSetup.resolve(FleetOptions(scenario="ci-smoke", dataset="real-chat", rate=4.0, requests=20,
-                                            simulate=True))
+    setup = FleetSetup.resolve(
+        FleetOptions(scenario="ci-smoke", dataset="real-chat", rate=4.0, requests=20, simulate=True)
+    )
     assert setup.pairs == _dataset_pairs(20, setup.seed, setup.config.max_len)
     assert setup.dataset is not None and setup.dataset.total == 52
     assert setup.meta()["dataset"]["requests"] == 20 and setup.meta()["stop"] == "length"
@@ -41,13 +42,15 @@ def test_a_requests_file_replaces_the_scenarios_dataset(tmp_path):
     assert setup.dataset is None and setup.pairs == [(10, 5), (12, 6)]
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"trace": "trace.csv"}, "a dataset and a trace both give the requests: choose one"),
-    ({"prefix_groups": 2, "prefix_len": 8}, "a dataset brings its own prompts"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"trace": "trace.csv"}, "a dataset and a trace both give the requests: choose one"),
+        ({"prefix_groups": 2, "prefix_len": 8}, "a dataset brings its own prompts"),
+    ],
+)
 def test_a_dataset_excludes_other_request_sources(tmp_path, changes, message):
     (tmp_path / "trace.csv").write_text("prompt_len,output_len\n10,5\n")
     changes = {k: tmp_path / v if k == "trace" else v for k, v in changes.items()}
     with pytest.raises(KvbenchError, match=message):
-        FleetSetup.resolve(FleetOptions(scenario="ci-smoke", dataset="real-chat", rate=1.0, simulate=True,
-                                        **changes))
+        FleetSetup.resolve(FleetOptions(scenario="ci-smoke", dataset="real-chat", rate=1.0, simulate=True, **changes))

@@ -33,8 +33,16 @@ def test_a_rate_that_is_no_rate_or_too_small_to_divide_by_is_refused(rate):
         check_rate(rate, 10, True)
 
 
-@pytest.mark.parametrize("last, ok", [(MAX_SIMULATED_S, True), (MAX_SIMULATED_S * 1.01, False), (math.inf, False),
-                                      (math.nan, False), (365 * 86400.0, True)])
+@pytest.mark.parametrize(
+    "last, ok",
+    [
+        (MAX_SIMULATED_S, True),
+        (MAX_SIMULATED_S * 1.01, False),
+        (math.inf, False),
+        (math.nan, False),
+        (365 * 86400.0, True),
+    ],
+)
 def test_recorded_arrivals_must_end_within_what_a_simulated_clock_resolves(last, ok):
     times = [0.0, 1.0, last]
     if ok:
@@ -50,14 +58,17 @@ def test_a_real_fleet_waits_its_arrivals_out_on_the_wall_clock_for_a_day_at_most
         check_arrival_span([0.0, 365 * 86400.0], False, "t")
 
 
-@pytest.mark.parametrize("kwargs, said", [
-    ({"tick_s": 1e-9}, "a tick of 1e-09 s is finer than an engine step"),
-    ({"tick_s": math.nan}, "a tick of nan s"),
-    ({"startup_s": 1e300}, "an instance start-up of 1e+300 s"),
-    ({"startup_s": -1.0}, "an instance start-up of -1 s"),
-    ({"prefix_groups": 10**12, "prefix_len": 8}, "prefix groups is above kvbench's limit"),
-    ({"prefix_groups": 4, "prefix_len": 2047}, "a prefix at most 2,046"),
-])
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"tick_s": 1e-9}, "a tick of 1e-09 s is finer than an engine step"),
+        ({"tick_s": math.nan}, "a tick of nan s"),
+        ({"startup_s": 1e300}, "an instance start-up of 1e+300 s"),
+        ({"startup_s": -1.0}, "an instance start-up of -1 s"),
+        ({"prefix_groups": 10**12, "prefix_len": 8}, "prefix groups is above kvbench's limit"),
+        ({"prefix_groups": 4, "prefix_len": 2047}, "a prefix at most 2,046"),
+    ],
+)
 def test_settings_that_cannot_be_met_are_refused(kwargs, said):
     settings = {"tick_s": None, "startup_s": 20.0, "prefix_groups": 0, "prefix_len": 0, "max_len": 2048, **kwargs}
     with pytest.raises(KvbenchError, match=re.escape(said)):

@@ -28,8 +28,7 @@ def _arrival_usage(run, last_arrival: float) -> float:
 
 def test_a_simulated_fleet_without_a_rate_is_loaded_near_the_target():
     """The article's budget on 2 instances: the chosen rate, simulated, keeps 75-95% of the blocks in use."""
-    setup = FleetSetup.resolve(FleetOptions(scenario="article", simulate=True, instances=2,
-                                            policies=("round-robin",)))
+    setup = FleetSetup.resolve(FleetOptions(scenario="article", simulate=True, instances=2, policies=("round-robin",)))
     chosen = setup.meta()["rate_chosen"]
     assert chosen["usage"] == TARGET_USAGE and setup.meta()["rate"] == pytest.approx(setup.options.rate)
     assert len(setup.pairs) >= WAVES * chosen["running_per_instance"] * 2  # the load holds a while

@@ -53,8 +53,9 @@ def pool(scenario, ray_local):
 
 
 def _run(scenario, tmp_path, pool, faults=(), **changes):
-    options = FleetOptions(**{"scenario": scenario, "instances": 2, "cpus_per_instance": 0.5, "tick_s": 0.05,
-                              **changes})
+    options = FleetOptions(
+        **{"scenario": scenario, "instances": 2, "cpus_per_instance": 0.5, "tick_s": 0.05, **changes}
+    )
     setup = FleetSetup.resolve(options)
     points = run_fleet(setup, tmp_path, faults=faults, pool=pool)
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -83,13 +84,18 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after(scen
     trickle_s = 2.5 * startup + 6.0  # margin: a start-up on a loaded machine was seen to take twice the first
     trickle = [(1.2 + 0.25 * i, 4, 2) for i in range(int(trickle_s / 0.25))]
     path = tmp_path / "arrivals.jsonl"
-    path.write_text("".join(json.dumps({"prompt_token_ids": [1 + (i % 500)] * p, "output_len": o, "arrival_time": t}) + "\n"
-                            for i, (t, p, o) in enumerate(burst + trickle)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt_token_ids": [1 + (i % 500)] * p, "output_len": o, "arrival_time": t}) + "\n"
+            for i, (t, p, o) in enumerate(burst + trickle)
+        )
+    )
     settings = AutoscaleSettings(scale_up=0.8, scale_down=0.3, window_s=0.2, min_instances=1, max_instances=2)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    _setup, points = _run(scenario, run_dir, pool, requests_file=path, policies=("most-free-blocks",),
-                          autoscale=settings, instances=1)
+    _setup, points = _run(
+        scenario, run_dir, pool, requests_file=path, policies=("most-free-blocks",), autoscale=settings, instances=1
+    )
     point = points[0]
     assert point["completed"] == len(burst) + len(trickle)
     assert point["scale_ups"] >= 1 and point["scale_downs"] >= 1
@@ -104,8 +110,9 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after(scen
 
 
 def test_killing_an_instance_mid_run_reroutes_or_fails_its_requests_with_a_reason(scenario, tmp_path, pool):
-    _setup, points = _run(scenario, tmp_path, pool, faults=[(0.4, 1)], rate=40.0, requests=40,
-                          policies=("round-robin",))
+    _setup, points = _run(
+        scenario, tmp_path, pool, faults=[(0.4, 1)], rate=40.0, requests=40, policies=("round-robin",)
+    )
     point = points[0]
     dead = point["instances"][1]
     assert dead["state"] == "dead" and "instance 1 failed" in dead["failure"]
@@ -118,8 +125,9 @@ def test_killing_an_instance_mid_run_reroutes_or_fails_its_requests_with_a_reaso
 
 
 def test_simulated_policies_as_ray_tasks_equal_the_in_process_run(tmp_path, ray_local):
-    options = dict(simulate=True, instances=3, rate=30.0, requests=200, policies=("round-robin", "most-free-blocks"),
-                   tick_s=0.5)
+    options = dict(
+        simulate=True, instances=3, rate=30.0, requests=200, policies=("round-robin", "most-free-blocks"), tick_s=0.5
+    )
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     local = run_fleet(FleetSetup.resolve(FleetOptions(**options)), tmp_path / "a")

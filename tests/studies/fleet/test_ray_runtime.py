@@ -26,15 +26,18 @@ from kvbench.studies.fleet.pool import InstancePool
 from kvbench.studies.fleet.ray_runtime import actor_resources, uses_gpu
 
 
-@pytest.mark.parametrize(("device", "simulate", "gpus", "expected"), [
-    ("cpu", False, 8, False),  # the fleet's default on a GPU cluster: CPU actors
-    ("cuda", True, 8, False),  # simulated: no tensors
-    ("auto", True, 8, False),
-    ("cuda", False, 8, True),
-    ("cuda:1", False, 8, True),
-    ("auto", False, 8, True),  # auto becomes CUDA on a worker that holds a GPU
-    ("auto", False, 0, False),
-])
+@pytest.mark.parametrize(
+    ("device", "simulate", "gpus", "expected"),
+    [
+        ("cpu", False, 8, False),  # the fleet's default on a GPU cluster: CPU actors
+        ("cuda", True, 8, False),  # simulated: no tensors
+        ("auto", True, 8, False),
+        ("cuda", False, 8, True),
+        ("cuda:1", False, 8, True),
+        ("auto", False, 8, True),  # auto becomes CUDA on a worker that holds a GPU
+        ("auto", False, 0, False),
+    ],
+)
 def test_a_gpu_is_reserved_only_for_cuda_runs(device, simulate, gpus, expected):
     assert uses_gpu(device, simulate, gpus) is expected
 
@@ -80,8 +83,13 @@ def test_only_ray_runtime_imports_ray():
     importers = []
     for path in (ROOT / "kvbench").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
             if any(name == "ray" or name.startswith("ray.") for name in names):
                 importers.append(str(path.relative_to(ROOT)))
     assert sorted(set(importers)) == ["kvbench/studies/fleet/ray_runtime.py"]
@@ -94,8 +102,9 @@ def _listeners_of_a_run(args: list[str], limit_s: float = 180.0) -> tuple[int, d
     """Run kvbench in a process of its own and, while it runs, poll the listening sockets of that process and
     every process under it (Ray's GCS, raylet, agents and workers): {process name: addresses}."""
     psutil = pytest.importorskip("psutil")
-    process = subprocess.Popen([sys.executable, "-c", _RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _RUN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT
+    )
     seen: dict[str, set[str]] = {}
     deadline = time.monotonic() + limit_s
     try:
@@ -125,19 +134,35 @@ def _loopback(address: str) -> bool:
     return ipaddress.ip_address(address.removeprefix("::ffff:")).is_loopback
 
 
-@pytest.mark.parametrize("args", [
-    ["sweep", "--ray", "--simulate", "--scenario", "ci-smoke", "--concurrency", "2", "--requests", "4"],
-    ["fleet", "--simulate", "--ray", "--ray-cpus", "1", "--instances", "2", "--rate", "5", "--requests", "10",
-     "--policies", "round-robin"],
-    ["fleet", "--ray-cpus", "1", "--instances", "1", "--rate", "5", "--requests", "2", "--policies", "round-robin"],
-], ids=["sweep --ray", "fleet --simulate --ray", "fleet"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "--ray", "--simulate", "--scenario", "ci-smoke", "--concurrency", "2", "--requests", "4"],
+        [
+            "fleet",
+            "--simulate",
+            "--ray",
+            "--ray-cpus",
+            "1",
+            "--instances",
+            "2",
+            "--rate",
+            "5",
+            "--requests",
+            "10",
+            "--policies",
+            "round-robin",
+        ],
+        ["fleet", "--ray-cpus", "1", "--instances", "1", "--rate", "5", "--requests", "2", "--policies", "round-robin"],
+    ],
+    ids=["sweep --ray", "fleet --simulate --ray", "fleet"],
+)
 def test_every_ray_entry_point_listens_on_the_loopback_interface_only(args, tmp_path):
     pytest.importorskip("ray")
     code, seen, output = _listeners_of_a_run([*args, "--out", str(tmp_path / "run")])
     assert code == 0, output[-2000:]
     assert {"gcs_server", "raylet"} <= set(seen), seen  # Ray was seen up, listening
-    assert {name: addresses for name, addresses in seen.items()
-            if not all(_loopback(a) for a in addresses)} == {}
+    assert {name: addresses for name, addresses in seen.items() if not all(_loopback(a) for a in addresses)} == {}
 
 
 def test_a_local_cluster_off_the_loopback_interface_is_refused():
@@ -191,10 +216,13 @@ def _silent_server(connection: socket.socket) -> None:
     time.sleep(ray_runtime.CONNECT_TIMEOUT_S + 2)
 
 
-@pytest.mark.parametrize("handler, message", [
-    (_http_server, "does not answer as a Ray cluster (Ray speaks gRPC; it answered 'HTTP/1.1 400 Bad Request')"),
-    (_silent_server, "did not answer within 3 s"),
-])
+@pytest.mark.parametrize(
+    "handler, message",
+    [
+        (_http_server, "does not answer as a Ray cluster (Ray speaks gRPC; it answered 'HTTP/1.1 400 Bad Request')"),
+        (_silent_server, "did not answer within 3 s"),
+    ],
+)
 def test_an_address_where_something_else_listens_is_refused_within_seconds(handler, message):
     port, thread = _serve_once(handler)
     start = time.monotonic()

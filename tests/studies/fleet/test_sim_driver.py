@@ -32,7 +32,9 @@ def arrivals(count: int, rate: float, seed: int = 0, prefixes: int = 0, too_long
     pairs = LengthSpec(mean_len=200, max_len=512).sample(count, seed)
     prompts = prefix_prompts(pairs, 32000, seed, prefixes, 64) if prefixes else [None] * count
     times = poisson_arrivals(count, rate, seed + 1)
-    requests = [Request(i, p, o, prompt_token_ids=ids) for i, ((p, o), ids) in enumerate(zip(pairs, prompts, strict=True))]
+    requests = [
+        Request(i, p, o, prompt_token_ids=ids) for i, ((p, o), ids) in enumerate(zip(pairs, prompts, strict=True))
+    ]
     for request in requests[:too_long]:
         request.max_tokens = 600  # over max-len: rejected with a reason by the instance
     return list(zip(times, requests, strict=True))
@@ -69,7 +71,8 @@ def test_prefix_affinity_hits_the_prefix_cache_more_than_round_robin():
     points = {}
     for policy in ("round-robin", "prefix-affinity"):
         run = SimulatedFleet(make_instance, make_policy(policy, 0, 16), 4, 16, tick_s=0.2).run(
-            arrivals(300, 30.0, prefixes=4), policy)
+            arrivals(300, 30.0, prefixes=4), policy
+        )
         points[policy] = fleet_point(run, "paged", "x")
     assert points["prefix-affinity"]["prefix_hit_rate"] > points["round-robin"]["prefix_hit_rate"] > 0
 
@@ -78,7 +81,8 @@ def test_most_free_blocks_balances_block_usage_better_than_round_robin():
     imbalance = {}
     for policy in ("round-robin", "most-free-blocks"):
         run = SimulatedFleet(make_instance, make_policy(policy, 0, 16), 4, 16, tick_s=0.1).run(
-            arrivals(600, 90.0), policy)
+            arrivals(600, 90.0), policy
+        )
         imbalance[policy] = fleet_point(run, "paged", "x")["free_blocks_imbalance_mean"]
     assert imbalance["most-free-blocks"] < imbalance["round-robin"]
 
@@ -88,8 +92,9 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after():
     calm_start = burst[-1][0] + 1.0
     calm = [(calm_start + 0.5 * i, Request(1000 + i, 20, 10)) for i in range(40)]  # ... then a trickle
     settings = AutoscaleSettings(scale_up=0.8, scale_down=0.3, window_s=0.5, min_instances=1, max_instances=3)
-    fleet = SimulatedFleet(make_instance, make_policy("most-free-blocks", 0, 16), 1, 16, autoscale=settings,
-                           startup_s=1.0, tick_s=0.1)
+    fleet = SimulatedFleet(
+        make_instance, make_policy("most-free-blocks", 0, 16), 1, 16, autoscale=settings, startup_s=1.0, tick_s=0.1
+    )
     run = fleet.run(burst + calm, "most-free-blocks")
     run.check_complete(540)
     kinds = [kind for _, kind, _ in run.events]
@@ -130,6 +135,7 @@ def _gapped(gap_s: float, count: int = 60, rate: float = 20.0) -> list:
 @pytest.mark.parametrize("policy", ["round-robin", "most-free-blocks"])
 def test_an_idle_gap_skipped_gives_the_figures_of_every_tick_taken(policy, autoscale, monkeypatch):
     """The ticks of an idle gap are not taken one by one, and every figure is the same as when they are."""
+
     def run(skip: bool):
         if not skip:
             monkeypatch.setattr(SimulatedFleet, "_idle", lambda self: False)
@@ -149,11 +155,15 @@ def test_an_idle_gap_skipped_gives_the_figures_of_every_tick_taken(policy, autos
 def _differences(mine, theirs, where: str = "") -> list[str]:
     """Where two JSON-like values differ (floats to 1e-12 relative)."""
     if isinstance(mine, dict) and isinstance(theirs, dict):
-        return [d for key in mine.keys() | theirs.keys() for d in _differences(mine.get(key), theirs.get(key),
-                                                                               f"{where}.{key}")]
+        return [
+            d
+            for key in mine.keys() | theirs.keys()
+            for d in _differences(mine.get(key), theirs.get(key), f"{where}.{key}")
+        ]
     if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
-        return [d for i, (a, b) in enumerate(zip(mine, theirs, strict=True))
-                for d in _differences(a, b, f"{where}[{i}]")]
+        return [
+            d for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) for d in _differences(a, b, f"{where}[{i}]")
+        ]
     if isinstance(mine, float) and isinstance(theirs, float):
         return [] if math.isclose(mine, theirs, rel_tol=1e-12, abs_tol=1e-12) else [f"{where}: {mine} != {theirs}"]
     return [] if mine == theirs else [f"{where}: {mine!r} != {theirs!r}"]
@@ -171,7 +181,8 @@ def test_a_one_year_gap_costs_what_its_requests_cost(monkeypatch):
     monkeypatch.setattr(SimulatedInstance, "step", counted)
     year = 365 * 86400.0
     run = SimulatedFleet(make_instance, make_policy("round-robin", 0, 16), 256, 16, tick_s=1.0).run(
-        _gapped(year, count=20, rate=5.0), "round-robin")
+        _gapped(year, count=20, rate=5.0), "round-robin"
+    )
     run.check_complete(20)
     assert run.end_s > year and len(run.fleet_samples) < 200
     assert steps["n"] < 2_000  # 20 requests' prefills and decode spans; every instance x tick would be 8e9
@@ -199,7 +210,8 @@ def test_idle_instances_are_not_stepped(monkeypatch):
 
     monkeypatch.setattr(SimulatedInstance, "stats", counted)
     run = SimulatedFleet(make_instance, make_policy("least-requests", 0, 16), 1024, 16, tick_s=0.5).run(
-        arrivals(8, 4.0), "least-requests")
+        arrivals(8, 4.0), "least-requests"
+    )
     run.check_complete(8)
     assert len(stepped) == len(set(run.placement.values())) < 8  # the few instances that held a request
     assert calls["stats"] < 1024 + 200  # one report each at the start, then only the instances that changed
