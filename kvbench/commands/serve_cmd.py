@@ -17,6 +17,7 @@ from kvbench.commands._options import (
     thread_count,
 )
 from kvbench.errors import KvbenchError
+from kvbench.kv.factory import manager_class
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -107,7 +108,7 @@ def serve(
         raise KvbenchError("--host is empty; give an address such as 127.0.0.1")
     if served_model_name is not None and not served_model_name.strip():
         raise KvbenchError("--served-model-name is empty")
-    if engine == "paged" and (admission != "queue" or reserve != "max"):
+    if not manager_class(engine).reserves_up_front and (admission != "queue" or reserve != "max"):
         raise KvbenchError(
             "--admission and --reserve set the contiguous engine's reservation; the paged engine "
             "always queues (it preempts instead of reserving)"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from kvbench.kv.factory import manager_class
 from kvbench.serve.protocol import ModelInfo
 
 if TYPE_CHECKING:  # the loaders import torch: only the engine process needs them
@@ -116,6 +117,6 @@ def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | Non
         max_len=max_len,
         vocab_size=vocab,
         tokenizer=loaded.tokenizer,
-        parallel_sampling=options.engine == "paged",
+        parallel_sampling=manager_class(options.engine).can_fork,
     )
     return ServedEngine(engine, info, backend.base, device_name, source, backend.threads)
