@@ -107,10 +107,10 @@ def sweep(
     run: RunOptions,
     endpoint: EndpointOptions | None,
 ) -> None:
-    """Paged and contiguous engines side by side per concurrency: TPS, latency, memory. With --target: servers
-    over HTTP (vLLM, SGLang, kvbench serve) under the same load, their KV cache read from /metrics.
+    """Paged and contiguous engines side by side per concurrency: TPS, latency, memory.
 
-    Closed loop: exactly C requests in flight; every point serves the same seeded request list after an
+    With --target: servers over HTTP (vLLM, SGLang, kvbench serve) under the same load, their KV cache read from
+    /metrics. Closed loop: exactly C requests in flight; every point serves the same seeded request list after an
     uncounted warm-up. Writes results.jsonl (point by point), summary.json/csv/md and PNG plots.
     """
     options = SweepOptions(
