@@ -164,7 +164,11 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
         )
         console.print(
             f"KV pool: {info.budget_source}; {info.num_blocks:,} blocks of {info.block_size}"
-            + (f"; reserve {info.reserve}, admission {info.admission}" if info.engine == "contiguous" else "")
+            + (
+                f"; reserve {info.reserve}, admission {info.admission}"
+                if manager_class(info.engine).reserves_up_front
+                else ""
+            )
         )
         if info.threads:
             console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
