@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from serve_process import start_serve
 
 from kvbench.cli import main
 
@@ -59,39 +60,7 @@ def _start(*extra: str) -> tuple[subprocess.Popen, str]:
 
 def _start_with_engine(*extra: str) -> tuple[subprocess.Popen, str, int]:
     """A ``kvbench serve`` process, its URL and the pid of its engine process (from its start-up lines)."""
-    command = [
-        sys.executable,
-        "-m",
-        "kvbench.cli",
-        "serve",
-        "--port",
-        "0",
-        "--kv-memory",
-        "4MiB",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--log-interval",
-        "0",
-        *extra,
-    ]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    engine_pid = None
-    while time.time() < deadline:
-        line = process.stderr.readline()
-        found = re.search(r"engine process (\d+)", line)
-        if found:
-            engine_pid = int(found.group(1))
-        match = re.search(r"serving on (http://\S+)", line)
-        if match:
-            assert engine_pid is not None, "the server did not say which process runs its engine"
-            return process, match.group(1), engine_pid
-        if not line and process.poll() is not None:
-            break
-    process.kill()
-    raise AssertionError(f"the server did not start: {process.stderr.read()}")
+    return start_serve(*extra)
 
 
 async def _stream(session, url: str, index: int, max_tokens: int) -> tuple[int, list[dict]]:

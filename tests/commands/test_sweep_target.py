@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serve_process import start_serve
 
 from kvbench.cli import main
 
@@ -26,36 +25,8 @@ from fake_server import serve_in_thread  # noqa: E402
 @pytest.fixture(scope="module")
 def kvbench_server() -> Iterator[str]:
     """``kvbench serve`` (paged, tiny preset) on a free loopback port; stopped (and checked exited) after."""
-    command = [
-        sys.executable,
-        "-m",
-        "kvbench.cli",
-        "serve",
-        "--port",
-        "0",
-        "--kv-memory",
-        "4MiB",
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-        "--log-interval",
-        "0",
-        "--served-model-name",
-        "tiny-served",
-    ]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process, url, _ = start_serve("--served-model-name", "tiny-served", stdout=subprocess.DEVNULL)
     try:
-        deadline, url = time.time() + 120, None
-        while time.time() < deadline and url is None:
-            line = process.stderr.readline()  # type: ignore[union-attr]
-            match = re.search(r"serving on (http://\S+)", line)
-            if match:
-                url = match.group(1)
-            elif not line and process.poll() is not None:
-                break
-        if url is None:
-            raise AssertionError(f"kvbench serve did not start: {process.stderr.read()}")  # type: ignore[union-attr]
         yield url
     finally:
         process.terminate()

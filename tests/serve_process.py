@@ -1,0 +1,35 @@
+"""``kvbench serve`` as a subprocess on a free loopback port, for the tests that talk to a real server."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ["serve", "--port", "0", "--kv-memory", "4MiB", "--device", "cpu", "--threads", "1", "--log-interval", "0"]
+
+
+def start_serve(*extra: str, stdout: int = subprocess.PIPE) -> tuple[subprocess.Popen, str, int]:
+    """A ``kvbench serve`` process (the tiny preset, a 4 MiB pool, one thread), its URL and the pid of its engine
+    process, read from its start-up lines; a server that does not start fails the test with its stderr."""
+    command = [sys.executable, "-m", "kvbench.cli", *SERVE, *extra]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    deadline = time.time() + 120
+    engine_pid = None
+    while time.time() < deadline:
+        line = process.stderr.readline()
+        found = re.search(r"engine process (\d+)", line)
+        if found:
+            engine_pid = int(found.group(1))
+        match = re.search(r"serving on (http://\S+)", line)
+        if match:
+            assert engine_pid is not None, "the server did not say which process runs its engine"
+            return process, match.group(1), engine_pid
+        if not line and process.poll() is not None:
+            break
+    process.kill()
+    raise AssertionError(f"kvbench serve did not start: {process.stderr.read()}")
