@@ -123,7 +123,8 @@ def _endpoint_diagnosis(
             1,
             [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by"],
         )
-    live = diagnose_timeline(watch, thresholds)
+    duration = _num(point.get("duration"))
+    live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
     relabel = [replace(f, source=f"{label}: {f.source}") for f in live.findings]
     return Diagnosis(
         label,

@@ -114,8 +114,25 @@ def read_timeline(location: str | Path) -> Timeline:
     return Timeline(path, windows, errors, torn, url)
 
 
-def diagnose_timeline(location: str | Path, thresholds: Thresholds) -> Diagnosis:
+def during(window: Window, start_s: float, end_s: float) -> Window | None:
+    """The scrapes taken while a load ran from ``start_s`` to ``end_s``, after the last one before it (the base
+    of the counters); None when none was taken during it. The scrapes after the load would show the server idle."""
+    before = [sample for sample in window.samples if sample[0] < start_s]
+    inside = [sample for sample in window.samples if start_s <= sample[0] <= end_s]
+    return Window(before[-1:] + inside) if inside else None
+
+
+def diagnose_timeline(
+    location: str | Path, thresholds: Thresholds, load_window_s: tuple[float, float] | None = None
+) -> Diagnosis:
+    """The live rules over a timeline's scrapes; with ``load_window_s`` (seconds on the timeline's clock) over
+    those taken while a load ran (a sweep point against a server), so gauges are read under the load."""
     timeline = read_timeline(location)
+    if load_window_s is not None:
+        trimmed = {source: during(w, *load_window_s) for source, w in timeline.windows.items()}
+        kept = {source: w for source, w in trimmed.items() if w is not None}
+        if kept:
+            timeline.windows = kept
     scrapes = max(len(w.samples) for w in timeline.windows.values())
     span = max(w.span_s for w in timeline.windows.values())
     notes = [

@@ -8,7 +8,13 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose import Thresholds, diagnose_timeline, read_states, read_timeline, timeline_path
-from kvbench.report.diagnose.timeline import append_records, error_record, header_record, sample_records
+from kvbench.report.diagnose.timeline import (
+    append_records,
+    during,
+    error_record,
+    header_record,
+    sample_records,
+)
 
 
 def write(path, vllm_exposition, steps) -> None:
@@ -77,3 +83,17 @@ def test_a_broken_line_before_the_last_is_an_error(tmp_path, vllm_exposition):
     with pytest.raises(KvbenchError, match="no such timeline"):
         read_timeline(tmp_path / "missing.jsonl")
     assert json.loads(lines[1])["state"]["family"] == "vllm"
+
+
+def test_a_load_window_reads_the_server_under_load_not_idle_after_it(tmp_path, vllm_exposition):
+    """A sweep point's scrapes go on after its load ends; judged over the load, the queue it built is seen."""
+    path = tmp_path / "watch-local-c4.jsonl"
+    steps = [(-0.5, 0), (0.0, 4), (1.0, 9), (2.0, 9), (2.5, 0), (3.0, 0)]  # load from 0 to 2.2 s, idle after
+    write(path, vllm_exposition, [(t, dict(usage=0.2, waiting=w, waiting_capacity=w)) for t, w in steps])
+    under_load = diagnose_timeline(path, Thresholds(), (0.0, 2.2))
+    assert under_load.fired and under_load.findings[0].rule == "concurrency_capped"
+    assert not diagnose_timeline(path, Thresholds()).fired  # the last scrape, after the load, sees no queue
+    (window,) = read_timeline(path).windows.values()
+    trimmed = during(window, 0.0, 2.2)
+    assert trimmed is not None and [t for t, _ in trimmed.samples] == [-0.5, 0.0, 1.0, 2.0]
+    assert during(window, 10.0, 11.0) is None  # no scrape inside: the caller keeps the whole timeline
