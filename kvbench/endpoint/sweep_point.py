@@ -80,7 +80,7 @@ def sweep_point(
         status="ok" if endpoint.status == "ok" else "error",
         completed=m["completed"],
         rejected=0,
-        preemptions=_count(server.get("preemptions")),  # type: ignore[arg-type]  # None: not exposed
+        preemptions=_count(server.get("preemptions")),  # None: not exposed
         output_throughput=m["output_throughput"] or 0.0,
         total_token_throughput=m["total_token_throughput"] or 0.0,
         request_throughput=m["request_throughput"] or 0.0,
@@ -88,15 +88,15 @@ def sweep_point(
         total_input_tokens=m["total_input_tokens"],
         total_output_tokens=m["total_output_tokens"],
         latencies=latencies,
-        peak_running=_count(running_peak),  # type: ignore[arg-type]
-        mean_running=server.get("running_mean"),  # type: ignore[arg-type]
-        kv_pool_bytes=None,  # type: ignore[arg-type]
-        kv_peak_allocated_bytes=None,  # type: ignore[arg-type]
-        kv_mean_allocated_bytes=None,  # type: ignore[arg-type]
-        kv_mean_used_bytes=None,  # type: ignore[arg-type]
-        kv_peak_used_bytes=None,  # type: ignore[arg-type]
-        effective_usage_pct=None,  # type: ignore[arg-type]
-        fragmentation_mean=None,  # type: ignore[arg-type]
+        peak_running=_count(running_peak),
+        mean_running=server.get("running_mean"),
+        kv_pool_bytes=None,
+        kv_peak_allocated_bytes=None,
+        kv_mean_allocated_bytes=None,
+        kv_mean_used_bytes=None,
+        kv_peak_used_bytes=None,
+        effective_usage_pct=None,
+        fragmentation_mean=None,
         elapsed_s=m["duration"],
     )
     if endpoint.status != "ok":

@@ -36,7 +36,7 @@ class Point:
     completed: int = 0
     rejected: int = 0
     rejected_oom: int = 0
-    preemptions: int = 0
+    preemptions: int | None = 0  # None: a server that does not expose it
     output_throughput: float = 0.0
     total_token_throughput: float = 0.0
     request_throughput: float = 0.0
@@ -44,17 +44,18 @@ class Point:
     total_input_tokens: int = 0  # prompt tokens of the completed requests
     total_output_tokens: int = 0  # output tokens of the completed requests
     latencies: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(LATENCY_FIELDS))
-    peak_running: int = 0
-    mean_running: float = 0.0
-    kv_pool_bytes: int = 0
-    kv_peak_allocated_bytes: int = 0
-    kv_mean_allocated_bytes: float = 0.0
-    kv_mean_used_bytes: float = 0.0
-    kv_peak_used_bytes: int = 0
+    # None where unknown: a server measured over HTTP exposes no KV bytes, and maybe no running count
+    peak_running: int | None = 0
+    mean_running: float | None = 0.0
+    kv_pool_bytes: int | None = 0
+    kv_peak_allocated_bytes: int | None = 0
+    kv_mean_allocated_bytes: float | None = 0.0
+    kv_mean_used_bytes: float | None = 0.0
+    kv_peak_used_bytes: int | None = 0
     waste: dict[str, float] = field(default_factory=dict)  # time-averaged shares of the pool, %
     waste_peak_pct: dict[str, float | None] = field(default_factory=dict)  # each part's own peak, % of the pool
-    effective_usage_pct: float = 0.0
-    fragmentation_mean: float = 0.0
+    effective_usage_pct: float | None = 0.0
+    fragmentation_mean: float | None = 0.0
     elapsed_s: float = 0.0
     cpu_time_s: float | None = None  # process CPU seconds of the run's steps (CPU devices): the engine's work alone
     # throughput while the closed loop held all its requests in flight (ramp-up and draining tail left out);
