@@ -242,15 +242,19 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
 
 
 def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """How the client's figures and the server's own line up over the point: output tokens the client counted
-    against the tokens the server generated, and the client's mean TTFT against the server's (the client's
-    includes the network and the HTTP layer, so it is the larger)."""
+    """How the client's figures and the server's own line up over the point: output and prompt tokens the
+    client counted (from ``usage``) against the tokens the server generated and prefilled, and the client's mean
+    TTFT against the server's (the client's includes the network and the HTTP layer, so it is the larger)."""
     if not server:
         return {}
     out: dict[str, Any] = {}
-    client_tokens, server_tokens = metrics.get("total_output_tokens"), server.get("server_generation_tokens")
-    if client_tokens and server_tokens and not metrics.get("failed"):  # a failed request's tokens: server only
-        out["output_tokens_client_over_server"] = client_tokens / server_tokens
+    for kind, client_key, server_key in (
+        ("output", "total_output_tokens", "server_generation_tokens"),
+        ("input", "total_input_tokens", "server_prompt_tokens"),
+    ):
+        client_tokens, server_tokens = metrics.get(client_key), server.get(server_key)
+        if client_tokens and server_tokens and not metrics.get("failed"):  # a failed request's tokens: server only
+            out[f"{kind}_tokens_client_over_server"] = client_tokens / server_tokens
     client_ttft, server_ttft = metrics.get("mean_ttft_ms"), server.get("server_mean_ttft_ms")
     if client_ttft is not None and server_ttft is not None:
         out["mean_ttft_client_minus_server_ms"] = client_ttft - server_ttft

@@ -18,6 +18,7 @@ WAITING = "kvbench_requests_waiting"
 # counters
 PREEMPTIONS = "kvbench_num_preemptions_total"
 GENERATED_TOKENS = "kvbench_generated_tokens_total"
+PROMPT_TOKENS = "kvbench_prompt_tokens_total"  # prompts prefilled (counted once, at a request's first token)
 FINISHED = "kvbench_requests_finished_total"
 # histogram (its series: ``_bucket`` with ``le``, ``_sum``, ``_count``)
 ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
@@ -35,6 +36,7 @@ assert all(
         WAITING,
         PREEMPTIONS,
         GENERATED_TOKENS,
+        PROMPT_TOKENS,
         FINISHED,
         ALLOC_LATENCY,
         FLEET_INSTANCES,

@@ -37,6 +37,7 @@ from kvbench.measure.metric_names import (
     FRAGMENTATION,
     GENERATED_TOKENS,
     PREEMPTIONS,
+    PROMPT_TOKENS,
     RUNNING,
     WAITING,
 )
@@ -98,12 +99,22 @@ class _Run:
     tokens: int = 0
     finished: int = 0
     finished_tokens: int = 0
+    prompt_tokens: int = 0
+    finished_prompt_tokens: int = 0
     steps: int = 0
     last: dict[str, float] = field(default_factory=dict)
     blocks_used_peak: int = 0
     blocks_free_min: int | None = None
     fragmentation_max: float = 0.0
     alloc_seconds: list[float] = field(default_factory=list)
+
+
+def _prefilled(request) -> int:
+    """A request's prompt tokens once its prefill is done (its first token out), counted once: a sample forked
+    from a parent shares the parent's prefill."""
+    if not request.output_token_ids or request.parent_id is not None:
+        return 0
+    return request.prompt_len
 
 
 class MetricsEndpoint:
@@ -173,6 +184,12 @@ class KvMetrics(MetricsEndpoint):
         )
         self.preemptions = Counter(PREEMPTIONS, "Requests preempted (recompute) so far.", LABELS, registry=r)
         self.generated = Counter(GENERATED_TOKENS, "Output tokens generated so far.", LABELS, registry=r)
+        self.prompt = Counter(
+            PROMPT_TOKENS,
+            "Prompt tokens of requests whose prefill finished (their first token out).",
+            LABELS,
+            registry=r,
+        )
         self.finished = Counter(FINISHED, "Requests finished so far.", LABELS, registry=r)
         self.running = Gauge(RUNNING, "Requests running (holding KV blocks).", LABELS, registry=r)
         self.waiting = Gauge(WAITING, "Requests waiting for admission.", LABELS, registry=r)
@@ -227,6 +244,7 @@ class KvMetrics(MetricsEndpoint):
             run = self._runs[engine] = _Run()
         if run.scheduler is not scheduler:  # a new run of the engine: its scheduler counts from zero
             run.scheduler, run.preemptions, run.tokens, run.finished, run.finished_tokens = scheduler, 0, 0, 0, 0
+            run.prompt_tokens = run.finished_prompt_tokens = 0
         labels = (engine, self.device)
         if clock is not None:
             used = scheduler.used_slots(clock)
@@ -236,17 +254,23 @@ class KvMetrics(MetricsEndpoint):
         finished = scheduler.finished
         for request in finished[run.finished :]:
             run.finished_tokens += len(request.output_token_ids)
+            run.finished_prompt_tokens += _prefilled(request)
         self.finished.labels(*labels).inc(len(finished) - run.finished)
         run.finished = len(finished)
         live = [*scheduler.running.values(), *scheduler.waiting]
         tokens = run.finished_tokens + sum(len(r.output_token_ids) for r in live)
         self.generated.labels(*labels).inc(max(0, tokens - run.tokens))
         run.tokens = max(run.tokens, tokens)
+        prompt = run.finished_prompt_tokens + sum(_prefilled(r) for r in live)
+        self.prompt.labels(*labels).inc(max(0, prompt - run.prompt_tokens))
+        run.prompt_tokens = max(run.prompt_tokens, prompt)
 
-    def observe_counts(self, engine: str, scheduler, clock: int, finished: int, tokens: int) -> None:
+    def observe_counts(
+        self, engine: str, scheduler, clock: int, finished: int, tokens: int, prompt_tokens: int = 0
+    ) -> None:
         """A long-lived session (a server) that keeps no finished requests: the gauges from the scheduler and
         its pool (O(1)), the counters from what the caller counted since its last call (``finished``
-        requests, ``tokens`` emitted)."""
+        requests, ``tokens`` emitted, ``prompt_tokens`` prefilled)."""
         run = self._runs.get(engine)
         if run is None:
             run = self._runs[engine] = _Run()
@@ -260,6 +284,9 @@ class KvMetrics(MetricsEndpoint):
         if tokens:
             self.generated.labels(*labels).inc(tokens)
             run.tokens += tokens
+        if prompt_tokens:
+            self.prompt.labels(*labels).inc(prompt_tokens)
+            run.prompt_tokens += prompt_tokens
 
     def _set_state(self, run: _Run, labels: tuple[str, str], scheduler, used: int) -> None:
         """The gauges, the preemption counter and the run's peaks, from the scheduler and its pool."""
@@ -301,6 +328,7 @@ class KvMetrics(MetricsEndpoint):
             "requests_waiting": last.get("waiting"),
             "num_preemptions": run.preemptions,
             "generated_tokens": run.tokens,
+            "prompt_tokens": run.prompt_tokens,
             "requests_finished": run.finished,
             "kv_cache_blocks_used_peak": run.blocks_used_peak if run.steps else None,
             "kv_cache_blocks_free_min": run.blocks_free_min,

@@ -172,12 +172,13 @@ def findings(points: Sequence[dict[str, Any]]) -> list[str]:
             line += f", preempting from {level_text(preempted[0])}"
         lines.append(line + ".")
     for p in points:
-        ratio = (p.get("agreement") or {}).get("output_tokens_client_over_server")
-        if ratio is not None and abs(ratio - 1) > 0.01:
-            lines.append(
-                f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the output tokens the "
-                "server reports generating (another workload on the server, or tokens counted differently)"
-            )
+        for kind, verb in (("output", "generating"), ("input", "prefilling")):
+            ratio = (p.get("agreement") or {}).get(f"{kind}_tokens_client_over_server")
+            if ratio is not None and abs(ratio - 1) > 0.01:
+                lines.append(
+                    f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
+                    f"server reports {verb} (another workload on the server, or tokens counted differently)"
+                )
     return lines
 
 

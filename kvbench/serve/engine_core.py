@@ -75,6 +75,7 @@ class EngineCore:
         self._owners: dict[int, tuple[CoreJob, int]] = {}  # engine request id -> (job, its first choice)
         self.handled = 0  # messages taken from the front end so far (an idle report says how many)
         self.tokens = 0  # emitted so far
+        self.prompt_tokens = 0  # of the requests whose first token is out (forked samples share their parent's)
         self.stopping = False
         self._reported_idle = False
         self._stats_at = 0.0
@@ -149,6 +150,7 @@ class EngineCore:
             "finished": scheduler.num_finished,
             "aborted": scheduler.num_aborted,
             "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
             "peak_running": session.peak_running,
             "alloc": alloc,
         }
@@ -234,6 +236,8 @@ class EngineCore:
                 owner[0].live[owner[1] + request.sample_index] = request
             job, first = owner
             choice = first + request.sample_index
+            if request.parent_id is None and len(request.output_token_ids) == 1:
+                self.prompt_tokens += request.prompt_len  # its prefill is done
             if request.stop_reason is None:
                 if job.wake:
                     out += (job.id, choice, token)

@@ -2,10 +2,10 @@
 
 The engine process sends its counts with its step messages (at most every few milliseconds while stepping, and
 whenever it goes idle): the KV pool's blocks, the online fragmentation, the requests running and waiting, and its
-running totals (preemptions, finished, aborted, tokens) with the block allocation latencies timed since the
-last report. The front end keeps the newest as an :class:`EngineStats` and feeds ``KvMetrics``' series from it, so
-``/metrics`` answers at once from the front end, with the series ``sweep --metrics-port`` serves, however long the
-engine's current step takes.
+running totals (preemptions, finished, aborted, tokens out, prompt tokens prefilled) with the block allocation
+latencies timed since the last report. The front end keeps the newest as an :class:`EngineStats` and feeds
+``KvMetrics``' series from it, so ``/metrics`` answers at once from the front end, with the series ``sweep
+--metrics-port`` serves, however long the engine's current step takes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class EngineStats:
     finished: int = 0
     aborted: int = 0
     tokens: int = 0
+    prompt_tokens: int = 0  # prompts prefilled: a request's, at its first token
     peak_running: int = 0
 
     @classmethod
@@ -45,7 +46,7 @@ def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
     """Every series of the engine present from the start (counters at their first totals)."""
     labels = (engine, metrics.device)
     metrics.alloc_latency.labels(*labels)
-    for counter in (metrics.preemptions, metrics.generated, metrics.finished):
+    for counter in (metrics.preemptions, metrics.generated, metrics.prompt, metrics.finished):
         counter.labels(*labels)
     mirror(metrics, engine, EngineStats(), first, ())
 
@@ -64,6 +65,7 @@ def mirror(
     for counter, total, last in (
         (metrics.preemptions, now.preemptions, before.preemptions),
         (metrics.generated, now.tokens, before.tokens),
+        (metrics.prompt, now.prompt_tokens, before.prompt_tokens),
         (metrics.finished, now.finished, before.finished),
     ):
         if total > last:

@@ -80,8 +80,9 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
         # the server's own counters over the point: the tokens it generated are the ones the client counted
         assert p["server_generation_tokens"] == p["total_output_tokens"] > 0
         assert p["agreement"]["output_tokens_client_over_server"] == 1.0
+        assert p["agreement"]["input_tokens_client_over_server"] == 1.0
         assert p["total_input_tokens"] > 0
-        assert p["server_prompt_tokens"] is None  # kvbench serve counts no prompt tokens: unknown, never 0
+        assert p["server_prompt_tokens"] == p["total_input_tokens"]  # the server's count equals the client's usage
         assert 0 < p["kv_usage_peak"] <= 1 and 0 <= p["kv_usage_mean"] <= p["kv_usage_peak"]
         assert 1 <= p["peak_running"] <= c
         assert p["preemptions"] == 0

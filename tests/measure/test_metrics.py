@@ -104,6 +104,8 @@ def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatc
         assert value(samples, "kvbench_requests_finished_total", engine) == finished
         tokens["n"] = sum(len(r.output_token_ids) for r in requests)
         assert value(samples, "kvbench_generated_tokens_total", engine) == tokens["n"]
+        prefilled = sum(r.prompt_len for r in requests if r.output_token_ids and r.parent_id is None)
+        assert value(samples, "kvbench_prompt_tokens_total", engine) == prefilled
         count = value(samples, "kvbench_block_alloc_latency_seconds_count", engine)
         assert count == len(metrics._runs[engine].alloc_seconds) and count > 0
         checked.append(record.held)
@@ -119,6 +121,7 @@ def test_scraped_endpoint_agrees_with_the_engine_at_every_step(model, monkeypatc
     assert final["num_preemptions"] == result.num_preemptions
     assert final["generated_tokens"] == tokens["n"] == len(PROMPT_LENS) * MAX_TOKENS
     assert final["requests_finished"] == len(PROMPT_LENS)
+    assert final["prompt_tokens"] == sum(PROMPT_LENS)  # once per request, though preempted ones prefill again
     assert final["kv_cache_blocks_used"] == 0 and final["kv_cache_blocks_free"] == num_blocks
     assert final["kv_cache_blocks_used_peak"] * 4 == result.accountant.peak_allocated
     assert final["block_alloc_count"] > 0 and final["block_alloc_latency_p99_seconds"] > 0

@@ -78,6 +78,8 @@ def test_findings_name_the_best_point_and_where_the_cache_filled():
     )
     off = findings([_point(agreement={"output_tokens_client_over_server": 0.9})])
     assert any("0.900x the output tokens" in text for text in off)
+    off = findings([_point(agreement={"input_tokens_client_over_server": 1.2})])
+    assert any("1.200x the input tokens the server reports prefilling" in text for text in off)
 
 
 def test_find_max_rows():

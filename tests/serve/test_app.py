@@ -145,6 +145,7 @@ def test_models_health_version_and_metrics(server):
         return float(match.group(1))
 
     assert value(after, "kvbench_generated_tokens_total") - value(before, "kvbench_generated_tokens_total") == 7
+    assert value(after, "kvbench_prompt_tokens_total") - value(before, "kvbench_prompt_tokens_total") == 2
     assert value(after, "kvbench_requests_finished_total") - value(before, "kvbench_requests_finished_total") == 1
     assert value(after, "kvbench_kv_cache_blocks_used") == 0 and value(after, "kvbench_requests_running") == 0
     assert value(after, "kvbench_kv_cache_blocks_capacity") == 256

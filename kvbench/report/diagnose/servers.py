@@ -201,6 +201,7 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
                 preemptions=_value(group, names.PREEMPTIONS),
                 finished=_value(group, names.FINISHED),
                 generation_tokens=_value(group, names.GENERATED_TOKENS),
+                prompt_tokens=_value(group, names.PROMPT_TOKENS),
                 alloc_buckets=buckets,
             )
         )
