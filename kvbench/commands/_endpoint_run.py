@@ -39,8 +39,10 @@ def check_target_run(options: SweepOptions, engines: str, resume: bool, on_ray: 
             "--metrics-port/--metrics-file export kvbench's in-process engines; a server over HTTP "
             "has its own /metrics, which --target reads"
         )
-    if options.repeat != 1:
-        raise KvbenchError("--repeat is not supported with --target yet: run the sweep again into another --out")
+    if options.repeat != 1 and options.endpoint is not None and options.endpoint.find_max:
+        raise KvbenchError(
+            "--find-max bisects on one measurement per level; --repeat goes with a sweep of fixed levels"
+        )
 
 
 def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wide: bool) -> None:

@@ -11,10 +11,12 @@ extra fields (see :data:`EXTRA_FIELDS`). A point whose requests failed has statu
 
 from __future__ import annotations
 
+import statistics
+from collections import Counter
 from typing import Any
 
 from kvbench.endpoint.point import EndpointPoint
-from kvbench.report.point import Point
+from kvbench.report.point import Point, aggregate_repeats
 from kvbench.report.schema import LATENCY_FIELDS
 
 ENDPOINT_FIELD = "endpoint"  # {url, api, model, load}: marks a point measured over HTTP
@@ -58,8 +60,8 @@ def failure_text(metrics: dict[str, Any]) -> str:
     failed = metrics.get("failed") or 0
     total = failed + (metrics.get("completed") or 0)
     kinds = ", ".join(f"{kind} {count}" for kind, count in sorted((metrics.get("failed_by_kind") or {}).items()))
-    examples = metrics.get("failure_examples") or {}
-    first = next(iter(examples.values()), None) if isinstance(examples, dict) else None
+    examples = metrics.get("failure_examples") or []
+    first = examples[0] if isinstance(examples, list) and examples else None
     return f"{failed} of {total} requests failed: {kinds}" + (f" (e.g. {first})" if first else "")
 
 
@@ -119,7 +121,7 @@ def sweep_point(
     point.extra.update(
         failed=m["failed"],
         failed_by_kind=m.get("failed_by_kind") or {},
-        failure_examples=m.get("failure_examples") or {},
+        failure_examples=m.get("failure_examples") or [],
         request_goodput=m.get("request_goodput"),
         slo=dict(slo) if slo else None,
         cache_reset=endpoint.cache_reset,
@@ -133,6 +135,36 @@ def sweep_point(
         max_send_lag_ms=endpoint.max_send_lag_ms,
     )
     return point
+
+
+_PEAK_SERVER_FIELDS = ("kv_usage_peak", "waiting_peak")
+
+
+def combine_repeats(points: list[Point]) -> Point:
+    """One point from K repeats of an endpoint point: the client's figures as ``aggregate_repeats`` combines
+    them (means with std and 95% CI), the server's peaks as the maximum and its other figures as the mean over the
+    repeats that exposed them, and every failed request of every repeat counted (by kind); the files of each
+    repeat are listed in ``repeat_files``, and the last one's are the point's own."""
+    merged = aggregate_repeats(points)
+    if len(points) == 1:
+        return merged
+    extras = [p.extra for p in points]
+    for name in (*SERVER_FIELDS, "request_goodput"):
+        values = [float(e[name]) for e in extras if isinstance(e.get(name), (int, float))]
+        if not values:
+            merged.extra[name] = None
+        else:
+            merged.extra[name] = max(values) if name in _PEAK_SERVER_FIELDS else statistics.fmean(values)
+    kinds: Counter[str] = Counter()
+    for e in extras:
+        kinds.update(e.get("failed_by_kind") or {})
+    merged.extra["failed"] = sum(e.get("failed") or 0 for e in extras)
+    merged.extra["failed_by_kind"] = dict(kinds)
+    examples = [f"run {i}: {text}" for i, e in enumerate(extras, 1) for text in e.get("failure_examples") or []]
+    merged.extra["failure_examples"] = examples[:6]
+    merged.extra["server_notes"] = list(dict.fromkeys(note for e in extras for note in e.get("server_notes") or []))
+    merged.extra["repeat_files"] = [e.get("timeline_file") for e in extras]
+    return merged
 
 
 def _count(value: Any) -> int | None:

@@ -2,7 +2,8 @@
 
 A level is a concurrency (closed loop: C requests in flight) or, with ``--rate``, a request rate (open loop;
 its points have concurrency 0 and ``request_rate`` set). Targets run one after another at each level, so each
-server has the machine to itself. Each point is appended to ``results.jsonl`` as it finishes, with its
+server has the machine to itself. Each point is appended to ``results.jsonl`` as it finishes (with ``--repeat K``,
+the K runs combined: means with their spread, the server's peaks as the maximum, every failure counted), with its
 timeline (``timeline-<target>-c<C>.json``: client tok/s and the server's KV usage on one time axis) and its
 scrapes in ``kvbench watch``'s format (``watch-<target>-c<C>.jsonl``: ``kvbench diagnose FILE`` reads it).
 """
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OpenLoop
 from kvbench.endpoint.point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
-from kvbench.endpoint.sweep_point import sweep_point
+from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
 from kvbench.fileio import append_jsonl
 from kvbench.report.point import Point
@@ -111,14 +112,29 @@ class EndpointSweep:
         return [Level(c) for c in self.setup.levels]
 
     def measure(self, engine: str, level: Level) -> tuple[dict[str, Any], EndpointPoint]:
-        """One point: measured, written (results.jsonl, timeline, watch file) and returned in schema form."""
+        """One point: measured (``--repeat`` times, combined), written (results.jsonl, and each run's timeline
+        and watch file) and returned in schema form with the last run's measurement."""
+        repeats = self.setup.options.repeat
+        runs: list[Point] = []
+        for index in range(repeats):
+            point, measured = self._measure_once(engine, level, index if repeats > 1 else None)
+            runs.append(point)
+        merged = combine_repeats(runs)
+        data = merged.to_json()
+        append_jsonl(self.results, data)
+        self.progress.done(merged)
+        return data, measured
+
+    def _measure_once(self, engine: str, level: Level, index: int | None) -> tuple[Point, EndpointPoint]:
+        """One run of a point (``index``: which repeat, None when it is the only one) and its files."""
         setup = self.setup
         requests = setup.make_requests(level.concurrency if level.rate is None else None)
         warmup = setup.plan(False).make_warmup()
-        on_record = self.progress.start(engine, level, len(requests))
+        shown = engine if index is None else f"{engine} run {index + 1}/{self.setup.options.repeat}"
+        on_record = self.progress.start(shown, level, len(requests))
         measured = self.backend.measure(engine, requests, level.pattern(self.options, setup.seed), warmup, on_record)
         point = sweep_point(measured, engine, level.concurrency, setup.spec.name, self.options.slo)
-        stem = f"{file_name(engine)}-{level.tag}"
+        stem = f"{file_name(engine)}-{level.tag}" + ("" if index is None else f"-run{index + 1}")
         timeline = measured.timeline()
         timeline["meta"].update(engine=engine, concurrency=level.concurrency, request_rate=level.rate)
         write_point_timeline(self.run_dir / f"timeline-{stem}.json", timeline)
@@ -129,10 +145,7 @@ class EndpointSweep:
                 watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
             )
         point.extra["timeline_file"] = f"timeline-{stem}.json"
-        data = point.to_json()
-        append_jsonl(self.results, data)
-        self.progress.done(point)
-        return data, measured
+        return point, measured
 
     def run(self) -> EndpointRun:
         try:

@@ -189,10 +189,30 @@ def test_failed_requests_are_counted_by_kind_and_the_run_exits_1(tmp_path, capsy
     (point,) = _points(run)
     assert point["status"] == "error" and point["completed"] + point["failed"] == 6
     assert point["failed"] >= 2 and set(point["failed_by_kind"]) == {"http"}
-    assert "requests failed" in point["error"]
+    assert "requests failed" in point["error"] and "(e.g. request " in point["error"]  # with its first reason
     assert (run / "summary.json").is_file()  # the run's report is written before it fails
     assert main(["diagnose", str(run), "--check"]) == 1  # the failed requests are a critical finding
     assert "requests_failed" in capsys.readouterr().out
+
+
+def test_repeat_runs_each_point_k_times_and_counts_every_failure(tmp_path, capsys):
+    """Two runs of one point: the client's figures as means with their spread, both runs' files kept, and the
+    failed requests of both runs counted (the fake server fails every second request: warm-ups included)."""
+    with serve_in_thread(faults=["", "500"], itl_s=0.001) as server:
+        run = tmp_path / "run"
+        args = ["sweep", "--target", f"f={server.url}", "--concurrency", "2", "--requests", "6", "--repeat", "2"]
+        assert main([*args, "--out", str(run)]) == 1
+        requests_seen = server.state.count
+    (point,) = _points(run)
+    assert point["repeats"] == 2 and len(point["samples"]["output_throughput"]) == 2
+    assert point["output_throughput_std"] >= 0 and "output_throughput_ci95" in point
+    assert point["repeat_files"] == ["timeline-f-c2-run1.json", "timeline-f-c2-run2.json"]
+    assert point["timeline_file"] == "timeline-f-c2-run2.json"
+    assert all((run / name).is_file() for name in point["repeat_files"])
+    assert point["status"] == "error" and point["failed"] >= 4 and point["failed_by_kind"]["http"] == point["failed"]
+    assert point["completed"] + point["failed"] / 2 == 6  # the mean over the runs completed, every failure counted
+    assert requests_seen > 12  # both runs sent their requests (and warm-ups)
+    capsys.readouterr()
 
 
 def _free_port() -> int:
@@ -216,6 +236,7 @@ def _free_port() -> int:
         (["--target", "http://127.0.0.1:8000", "--rate", "0"], "positive"),
         (["--target", "http://127.0.0.1:8000", "--burstiness", "0.5"], "go with --rate"),
         (["--target", "http://127.0.0.1:8000", "--find-max"], "give --slo"),
+        (["--target", "http://127.0.0.1:8000", "--slo", "ttft=5", "--find-max", "--repeat", "2"], "--find-max bisects"),
         (["--target", "http://127.0.0.1:8000", "--api-key-env", "sk-123"], "NAME of an environment variable"),
         (["--target", "http://127.0.0.1:8000", "--engines", "paged"], "--engines"),
         (["--target", "http://127.0.0.1:8000", "--simulate"], "cannot be simulated"),
