@@ -93,11 +93,12 @@ def point_row(p: dict[str, Any]) -> list[str]:
     throughput = p.get("request_throughput")
     slo = "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
     failed = p.get("failed") or 0
+    spread = p.get("output_throughput_ci95")  # --repeat: the 95% CI over the runs
     return [
         p["engine"],
         level_text(p),
-        f"{p['completed']}/{failed}",
-        f"{p['output_throughput']:,.0f}" if p["completed"] else "-",
+        f"{p['completed']:g}/{failed}",
+        f"{p['output_throughput']:,.0f}" + (f" ± {spread:,.0f}" if spread else "") if p["completed"] else "-",
         f"{p['request_throughput']:,.2f}",
         _pair(p, "ttft"),
         _pair(p, "tpot"),
@@ -116,7 +117,8 @@ def points_table(points: Sequence[dict[str, Any]]) -> Table:
         show_edge=False,
         caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
         "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
-        "given, or the server does not expose it)",
+        "given, or the server does not expose it); with --repeat, done is the mean over the runs, failed their "
+        "sum, and ± the 95% CI of output tok/s",
     )
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)

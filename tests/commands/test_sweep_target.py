@@ -212,7 +212,7 @@ def test_repeat_runs_each_point_k_times_and_counts_every_failure(tmp_path, capsy
     assert point["status"] == "error" and point["failed"] >= 4 and point["failed_by_kind"]["http"] == point["failed"]
     assert point["completed"] + point["failed"] / 2 == 6  # the mean over the runs completed, every failure counted
     assert requests_seen > 12  # both runs sent their requests (and warm-ups)
-    capsys.readouterr()
+    assert " ± " in capsys.readouterr().out  # the table shows the spread over the runs
 
 
 def _free_port() -> int:
