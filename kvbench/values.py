@@ -1,12 +1,14 @@
 """Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, byte
-counts as people read them, and text from outside made safe to print. One copy of each, below everything
-that uses them."""
+counts as people read them, text from outside made safe to print, and a thread count as a user writes it. One copy
+of each, below everything that uses them."""
 
 from __future__ import annotations
 
 import math
 import unicodedata
 from typing import Any, TypeGuard
+
+from kvbench.errors import KvbenchError
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -43,3 +45,16 @@ def printable(text: str, limit: int | None = None) -> str:
         for char in str(text)
     )
     return out if limit is None or len(out) <= limit else out[:limit] + "..."
+
+
+def parse_threads(text: str | int | None) -> int | None:
+    """``auto`` (or None) -> None; a positive integer -> itself; anything else is a one-line error."""
+    if text is None or text == "auto":
+        return None
+    try:
+        threads = int(text)
+    except (TypeError, ValueError):
+        raise KvbenchError(f"threads must be a positive integer or auto, got {text!r}") from None
+    if threads < 1:
+        raise KvbenchError(f"threads must be a positive integer or auto, got {threads}")
+    return threads

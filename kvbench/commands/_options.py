@@ -14,6 +14,7 @@ import typer
 
 from kvbench.errors import KvbenchError
 from kvbench.models.shapes import DTYPE_BYTES
+from kvbench.values import parse_threads
 
 _SIZE_UNITS = {
     "": 1,
@@ -138,8 +139,6 @@ def positive_fraction(value: float | None) -> float | None:
 
 def thread_count(text: str) -> int | None:
     """``--threads``: a positive number, or ``auto`` (None: measured when the model loads)."""
-    from kvbench.models.threads import parse_threads  # torch loads only when --threads is read
-
     try:
         return parse_threads(text)
     except KvbenchError as err:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvbench.errors import KvbenchError
 from kvbench.kernels.cpu_native import cpu_signature
 from kvbench.models import measured_cache
+from kvbench.values import parse_threads
 
 ROUNDS = 7  # interleaved rounds per candidate; the median of each is compared (what a run will mostly see)
 TIE = 1.05  # more threads must be at least this much faster to be chosen
@@ -45,19 +45,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def parse_threads(text: str | int | None) -> int | None:
-    """``auto`` (or None) -> None; a positive integer -> itself; anything else is a one-line error."""
-    if text is None or text == "auto":
-        return None
-    try:
-        threads = int(text)
-    except (TypeError, ValueError):
-        raise KvbenchError(f"threads must be a positive integer or auto, got {text!r}") from None
-    if threads < 1:
-        raise KvbenchError(f"threads must be a positive integer or auto, got {threads}")
-    return threads
 
 
 ENV = "KVBENCH_THREADS"  # a default for ``auto`` (the tests pin one thread with it)

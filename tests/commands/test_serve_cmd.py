@@ -195,9 +195,13 @@ def test_the_engine_process_ends_with_the_server_even_when_the_server_is_killed(
     process, url, engine_pid = _start_with_engine()
     try:
         parent = _engine_parent(engine_pid)
+        front_end_maps = Path(f"/proc/{process.pid}/maps").read_text()
+        engine_maps = Path(f"/proc/{engine_pid}/maps").read_text()
     finally:
         code, err = _stop(process, signal.SIGTERM)
     assert parent == process.pid  # the server's own child, not a stray one
+    # the front end holds no model: torch loads in the engine process only (start-up time and memory)
+    assert "libtorch" in engine_maps and "libtorch" not in front_end_maps
     assert code == 0, err
     assert _gone(engine_pid), "the engine process outlived a server stopped by SIGTERM"
 
