@@ -117,7 +117,7 @@ def points_table(points: Sequence[dict[str, Any]]) -> Table:
         show_edge=False,
         caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
         "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
-        "given, or the server does not expose it); with --repeat, done is the mean over the runs, failed their "
+        "given, or the server does not expose it); for a repeated point, done is the mean over the runs, failed their "
         "sum, and ± the 95% CI of output tok/s",
     )
     for column in COLUMNS:
