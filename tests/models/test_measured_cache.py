@@ -15,6 +15,7 @@ from kvbench.models import measured_cache
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(measured_cache.REMEASURE_ENV, raising=False)
+    monkeypatch.setattr(measured_cache.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # a steady load, whatever runs
     return tmp_path / "cache"
 
 
@@ -54,6 +55,23 @@ def test_remeasured_when_asked(cache, monkeypatch) -> None:
     assert measured_cache.measured("probe", {}, measure, check).record == {"value": 20}
     monkeypatch.delenv(measured_cache.REMEASURE_ENV)
     assert measured_cache.measured("probe", {}, measure, check).record == {"value": 20}  # the new one was kept
+
+
+def test_a_choice_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet(cache, capsys, monkeypatch) -> None:
+    measure = Counter()
+    cpus = measured_cache.os.cpu_count() or 1
+    monkeypatch.setattr(measured_cache.os, "getloadavg", lambda: (2.0 * cpus, cpus, cpus))  # oversubscribed
+    busy = measured_cache.measured("probe", {}, measure, check)
+    assert not busy.cached and busy.load.startswith(f"{2.0 * cpus:.2f}")
+    assert measured_cache.measured("probe", {}, measure, check).cached  # still busy: the same choice holds
+    monkeypatch.setattr(measured_cache.os, "getloadavg", lambda: (0.4 * cpus, cpus, cpus))
+    quiet = measured_cache.measured("probe", {}, measure, check)
+    assert (quiet.cached, quiet.record, measure.calls) == (False, {"value": 20}, 2)
+    assert "measured on a busy machine" in capsys.readouterr().err
+    assert measured_cache.measured("probe", {}, measure, check).cached  # measured quiet: kept from now on
+    assert measured_cache.busier_then("unknown", "0.1 0.1 0.1") is False
+    assert measured_cache.busier_then("3.0 1 1", "1.5 1 1", cpus=2) is True
+    assert measured_cache.busier_then("2.9 1 1", "0.1 1 1", cpus=2) is False  # 1.45 per CPU: not busy
 
 
 @pytest.mark.parametrize("damage", ["not json", "wrong record", "other descriptor", "missing keys"])
