@@ -57,14 +57,27 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
         for note in setup.backends.notes():
             console.print(f"[dim]{note}[/dim]")
         console.print(f"targets: {_targets_text(options)}; stop: {setup.stop_text}", markup=False, highlight=False)
-        measured = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console)).run()
-        run.points, searches = measured.points, measured.searches
+        sweep = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console))
+        try:
+            sweep.run()
+        except KvbenchError as error:
+            if not sweep.done.points or isinstance(error, RunFailed):
+                raise
+            stopped = error  # a server that stopped answering after some points: theirs are summarised below
+        else:
+            stopped = None
+        run.points, searches = sweep.done.points, sweep.done.searches
     if run.dir is None:
         raise AssertionError("the run directory is opened before any point")
     run_dir = run.dir.path
     document = write_endpoint_outputs(run_dir, setup.meta(), run.points, [s.as_dict() for s in searches])
     run.dir.release()
     show(document, as_json, lambda: print_endpoint_sweep(console, document, run_dir, wide))
+    if stopped is not None:
+        raise RunFailed(
+            f"the sweep stopped after {len(run.points)} point(s): {stopped}; the points measured before are "
+            f"summarised in {run_dir}"
+        )
     failed = [p for p in run.points if p["status"] != "ok"]
     if failed:
         first = failed[0]

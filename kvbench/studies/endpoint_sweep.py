@@ -105,6 +105,7 @@ class EndpointSweep:
         self.run_dir = run_dir
         self.progress: EndpointProgress = progress or NoProgress()
         self.results = run_dir / "results.jsonl"
+        self.done = EndpointRun()  # what finished so far: the caller still has it when a later point fails
 
     def levels(self) -> list[Level]:
         if self.options.rates is not None:
@@ -154,7 +155,7 @@ class EndpointSweep:
             self.progress.close()
 
     def _run(self) -> EndpointRun:
-        out = EndpointRun()
+        out = self.done
         if self.options.find_max:
             for engine in self.backend.targets:
                 out.searches.append(self._search(engine, out.points))

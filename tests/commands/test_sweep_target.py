@@ -215,6 +215,21 @@ def test_repeat_runs_each_point_k_times_and_counts_every_failure(tmp_path, capsy
     assert " ± " in capsys.readouterr().out  # the table shows the spread over the runs
 
 
+def test_a_server_that_stops_answering_mid_sweep_keeps_the_points_before_it(tmp_path, capsys):
+    """The first point is served (8 requests with the warm-up and the checks), then every request fails: the
+    second point cannot start; the first is summarised and the run exits 1 saying why it stopped."""
+    with serve_in_thread(faults=[""] * 8 + ["500"] * 400, itl_s=0.001) as server:
+        run = tmp_path / "run"
+        args = ["sweep", "--target", f"f={server.url}", "--concurrency", "1,2", "--requests", "4", "--out", str(run)]
+        assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "the sweep stopped after 1 point(s)" in err and "summarised in" in err
+    (point,) = _points(run)
+    assert point["status"] == "ok" and point["completed"] == 4
+    summary = json.loads((run / "summary.json").read_text())
+    assert [p["concurrency"] for p in summary["points"]] == [1]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
