@@ -265,29 +265,6 @@ class KvMetrics(MetricsEndpoint):
         self.prompt.labels(*labels).inc(max(0, prompt - run.prompt_tokens))
         run.prompt_tokens = max(run.prompt_tokens, prompt)
 
-    def observe_counts(
-        self, engine: str, scheduler, clock: int, finished: int, tokens: int, prompt_tokens: int = 0
-    ) -> None:
-        """A long-lived session (a server) that keeps no finished requests: the gauges from the scheduler and
-        its pool (O(1)), the counters from what the caller counted since its last call (``finished``
-        requests, ``tokens`` emitted, ``prompt_tokens`` prefilled)."""
-        run = self._runs.get(engine)
-        if run is None:
-            run = self._runs[engine] = _Run()
-        if run.scheduler is not scheduler:
-            run.scheduler, run.preemptions = scheduler, 0
-        labels = (engine, self.device)
-        self._set_state(run, labels, scheduler, scheduler.used_slots(clock))
-        if finished:
-            self.finished.labels(*labels).inc(finished)
-            run.finished += finished
-        if tokens:
-            self.generated.labels(*labels).inc(tokens)
-            run.tokens += tokens
-        if prompt_tokens:
-            self.prompt.labels(*labels).inc(prompt_tokens)
-            run.prompt_tokens += prompt_tokens
-
     def _set_state(self, run: _Run, labels: tuple[str, str], scheduler, used: int) -> None:
         """The gauges, the preemption counter and the run's peaks, from the scheduler and its pool."""
         pool = scheduler.manager.pool
