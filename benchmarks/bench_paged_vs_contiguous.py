@@ -1,6 +1,12 @@
 """Paged vs contiguous engine at equal batch (both fit): interleaved runs, process CPU time.
 
     python benchmarks/bench_paged_vs_contiguous.py [--runs 10]
+    python benchmarks/bench_paged_vs_contiguous.py --model CHECKPOINT_DIR --batch 16 --prompt 128 --output 64 --runs 8
+
+Both engines run in this one process over the same loaded model (the tiny preset, or ``--model``: a preset, a
+checkpoint directory or a GGUF file), one thread, greedy, so what differs is only the engine: a gap that appears
+when each engine runs in its own process (``bench_real_shapes.py``) and not here is the processes', not the
+engines'.
 
 Goal: the paged engine within 5% of the contiguous one. CPU time, one warm-up each, then runs interleaved with the order
 alternating. Reported: the ratio of the minimums, and the median of the per-round ratios (each round's two
@@ -15,8 +21,7 @@ import statistics
 import time
 
 from kvbench.engine.config import EngineConfig
-from kvbench.engine.llm_engine import LLMEngine
-from kvbench.studies.local_model import load_model
+from kvbench.studies.local_model import build_engine, load_model
 from kvbench.studies.run_requests import token_requests
 
 
@@ -26,13 +31,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--output", type=int, default=256)  # long enough that one run is not noise
+    parser.add_argument("--model", default="tiny", help="a preset, a checkpoint directory or a GGUF file")
     args = parser.parse_args()
-    loaded = load_model("tiny", "cpu", None, 0)
+    loaded = load_model(args.model, "cpu", None, 0, threads=1)
     pairs = [(args.prompt, args.output)] * args.batch
     max_len = args.prompt + args.output
     num_blocks = args.batch * -(-max_len // 16)  # both fit: every contiguous max-len slab, every paged table
     engines = {
-        name: LLMEngine(loaded.model, EngineConfig(engine=name, block_size=16, num_blocks=num_blocks, max_len=max_len))
+        name: build_engine(loaded, EngineConfig(engine=name, block_size=16, num_blocks=num_blocks, max_len=max_len))
         for name in ("paged", "contiguous")
     }
     cpu: dict[str, list[float]] = {name: [] for name in engines}
