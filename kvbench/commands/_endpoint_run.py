@@ -58,14 +58,13 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
             console.print(f"[dim]{note}[/dim]")
         console.print(f"targets: {_targets_text(options)}; stop: {setup.stop_text}", markup=False, highlight=False)
         sweep = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console))
+        stopped: KvbenchError | None = None  # a server that stopped answering after some points
         try:
             sweep.run()
         except KvbenchError as error:
             if not sweep.done.points or isinstance(error, RunFailed):
                 raise
-            stopped = error  # a server that stopped answering after some points: theirs are summarised below
-        else:
-            stopped = None
+            stopped = error  # the points measured before it are summarised below
         run.points, searches = sweep.done.points, sweep.done.searches
     if run.dir is None:
         raise AssertionError("the run directory is opened before any point")
