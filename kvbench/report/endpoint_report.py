@@ -233,6 +233,7 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
     tag, axis = _tag(meta), level_axis(points)
     written = []
     throughput: dict[str, tuple[list[float], list[float]]] = {}
+    spread: dict[str, list[float]] = {}  # --repeat: the 95% CI of each point's output tok/s
     latency: dict[str, dict[str, tuple[list[float], list[float]]]] = {
         "time to first token (TTFT)": {},
         "time per output token (TPOT)": {},
@@ -241,6 +242,8 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
     for engine in sorted({p["engine"] for p in shown}):
         mine = [p for p in ordered(shown) if p["engine"] == engine]
         throughput[engine] = ([level_of(p) for p in mine], [p["output_throughput"] for p in mine])
+        if any(p.get("output_throughput_ci95") for p in mine):
+            spread[engine] = [p.get("output_throughput_ci95") or 0.0 for p in mine]
         for stat in ("p50", "p99"):
             for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
                 timed = [p for p in mine if p.get(f"{stat}_{kind}_ms") is not None]
@@ -256,10 +259,11 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
         plots.lines(
             throughput,
             run_dir / "throughput.png",
-            f"Output throughput vs load\n{tag}",
+            f"Output throughput vs load\n{tag}" + ("\nbars: 95% CI over the repeated runs" if spread else ""),
             axis,
             "output tokens / s",
             "higher",
+            errors=spread,
         )
     )
     written.append(

@@ -170,9 +170,14 @@ def lines(
     logx: bool = False,
     steps: bool = False,
     marks: dict[str, Sequence[tuple[float, str]]] | None = None,
+    errors: Mapping[str, Sequence[float]] | None = None,
 ) -> Path:
     """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'. ``marks``:
-    {label: [(x, text)]} points of a series that have no figure (OOM), marked on the x axis, never drawn."""
+    {label: [(x, text)]} points of a series that have no figure (OOM), marked on the x axis, never drawn.
+    ``errors``: {label: half-widths, one per point} drawn as error bars (a spread over repeated runs). An axis of
+    whole numbers only (concurrency levels) ticks whole numbers."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = {}
     for index, (label, (xs, ys)) in enumerate(series.items()):
@@ -184,11 +189,17 @@ def lines(
             ax.step(list(xs), list(ys), style, where="post", label=label, color=colours[label])
         else:
             ax.plot(list(xs), list(ys), style, marker="o" if markers else None, label=label, color=colours[label])
+        if errors and label in errors:
+            ax.errorbar(list(xs), list(ys), yerr=list(errors[label]), fmt="none", ecolor=colours[label], capsize=4)
     for index, (label, points) in enumerate((marks or {}).items()):
         mark_points(ax, points, colours.get(label, f"C{len(series) + index}"), f"{label}: OOM, no figure")
     if logx:
         ax.set_xscale("log")
         plain_log_ticks(ax.xaxis)
+    elif any(len(xs) for xs, _ in series.values()) and all(
+        float(x).is_integer() for xs, _ in series.values() for x in xs
+    ):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)], logx, y=hline is None)
     _no_values(ax, series.values())
     if hline is not None:

@@ -91,3 +91,20 @@ def test_a_series_with_only_marks_draws_no_line_and_no_made_up_scale(tmp_path, d
     assert not ax.get_lines() and ax.get_ylim() == (0, 1) and list(ax.get_yticks()) == []
     assert ax.get_xlim()[0] < 50 < ax.get_xlim()[1]
     assert [c.get_label() for c in ax.collections] == ["contiguous: OOM, no figure"]
+
+
+def test_repeated_points_draw_their_spread_and_levels_tick_whole_numbers(tmp_path, drawn):
+    """--repeat: each point's 95% CI as an error bar; concurrency 2 and 4 tick 2, 3, 4, never 2.25."""
+    plots.lines(
+        {"local": ([2, 4], [1543.0, 2076.0])},
+        tmp_path / "t.png",
+        "t",
+        "concurrency",
+        "tok/s",
+        "higher",
+        errors={"local": [825.0, 1193.0]},
+    )
+    ax = drawn[0].axes[0]
+    (bars,) = [c for c in ax.collections if c.get_segments()]
+    assert [segment[:, 1].tolist() for segment in bars.get_segments()] == [[718.0, 2368.0], [883.0, 3269.0]]
+    assert all(float(t).is_integer() for t in ax.get_xticks())
