@@ -257,11 +257,12 @@ class KvMetrics(MetricsEndpoint):
             run.finished_prompt_tokens += _prefilled(request)
         self.finished.labels(*labels).inc(len(finished) - run.finished)
         run.finished = len(finished)
-        live = [*scheduler.running.values(), *scheduler.waiting]
-        tokens = run.finished_tokens + sum(len(r.output_token_ids) for r in live)
+        tokens, prompt = run.finished_tokens, run.finished_prompt_tokens
+        for request in (*scheduler.running.values(), *scheduler.waiting):  # one pass over the live requests
+            tokens += len(request.output_token_ids)
+            prompt += _prefilled(request)
         self.generated.labels(*labels).inc(max(0, tokens - run.tokens))
         run.tokens = max(run.tokens, tokens)
-        prompt = run.finished_prompt_tokens + sum(_prefilled(r) for r in live)
         self.prompt.labels(*labels).inc(max(0, prompt - run.prompt_tokens))
         run.prompt_tokens = max(run.prompt_tokens, prompt)
 
