@@ -30,6 +30,7 @@ from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.models import cpu_linear
 from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
+from kvbench.models.runner import matmul_rows
 from kvbench.models.shapes import ModelShape
 
 SHAPES = {
@@ -91,7 +92,7 @@ def profile(
     linear = cpu_linear.linear
 
     def timed_linear(x, weight, bias=None):  # the runner's matmuls, told apart by which weight they multiply
-        phase = "prefill" if x.shape[0] > running else "decode"
+        phase = "prefill" if x.shape[0] > matmul_rows(running) else "decode"  # x arrives padded (matmul_rows)
         name = f"lm_head ({phase})" if weight is lm_head else f"layer matmuls ({phase}: qkv, o, gate/up, down)"
         return timed(name, linear)(x, weight, bias)
 

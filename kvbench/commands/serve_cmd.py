@@ -172,6 +172,8 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
         )
         if info.threads:
             console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
+        if info.heap:
+            console.print(info.heap)
         console.print(
             f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
             + ("; /metrics" if with_metrics else "")

@@ -25,6 +25,7 @@ from kvbench.commands._target_options import with_target_options
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import check_choice
 from kvbench.measure.metrics import KvMetrics
+from kvbench.models import cpu_heap
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.backends.base import Offer
@@ -289,6 +290,8 @@ def _print_intro(console, setup: SweepSetup) -> None:
     threads = setup.backend.threads
     if threads:
         console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
+    if (heap := cpu_heap.current()) is not None:
+        console.print(heap.describe())
     plan = setup.backend.loaded.matmul_plan if setup.backend.loaded is not None else None
     if plan is not None:  # the CPU's measured matmul paths, with their timings
         for line in plan.lines():

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_choices, cpu_linear, sampler
+from kvbench.models import cpu_choices, cpu_heap, cpu_linear, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -170,25 +170,29 @@ def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]
     return slots
 
 
-EXACT_ROWS = 16  # steps of up to this many rows multiply at their own row count
-DECODE_ROWS = 64  # up to here (decode batches), 4 row counts per power of two; above (prefills), 8
+EXACT_ROWS = 32  # steps of up to this many rows multiply at their own row count
+DECODE_ROWS = 64  # up to here (decode batches), an even row count; above (prefills), one of 8 per power of two
 
 
 def matmul_rows(rows: int) -> int:
     """The row count a step of ``rows`` tokens multiplies a oneDNN-packed weight at: ``rows`` up to
-    :data:`EXACT_ROWS`; up to :data:`DECODE_ROWS` rounded up to one of four steps per power of two (at most 25%
-    padding, nearly free where a decode matmul waits on reading its weights); above, to one of eight (12.5%).
+    :data:`EXACT_ROWS`; up to :data:`DECODE_ROWS` rounded up to an even count (at most 3% padding); above, to one of
+    eight per power of two (at most 12.5%).
 
     oneDNN (and torch's ideep layer over it) builds and caches a primitive for every row count it meets: 0.4-0.9
-    ms to build on a small weight, against about 50 us for a cached call, and about 430 KiB of memory each
+    ms to build on a small weight, against about 50 us for a cached call, and 430-720 KiB of memory each
     (measured: 200 row counts x 5 weights grew the process by 535 MiB). Unrounded, nearly every prefill step
     met new ones (the engine that ran a point first paid for them, and the caches held up to 1,024 of them);
-    rounded, the main job meets about 50 row counts per weight.
+    rounded, the main job meets about 70 row counts per weight. A decode batch is the exception: it keeps its row
+    count for many steps, and on a 1B model it is bound by arithmetic, not by reading the weights, so padding costs
+    what it adds (TinyLlama's gate/up projection on a Zen 5: 12.6 ms at 50 rows, 13.8 ms padded to 56, as the
+    coarser steps this replaced did).
     """
     if rows <= EXACT_ROWS:
         return rows
-    per_octave_log2 = 2 if rows <= DECODE_ROWS else 3
-    step = 1 << (rows.bit_length() - 1 - per_octave_log2)  # 17-31 rows: steps of 4; 65-127: steps of 8
+    if rows <= DECODE_ROWS:
+        return rows + rows % 2
+    step = 1 << (rows.bit_length() - 4)  # 65-127 rows: steps of 8; 128-255: 16
     return -(-rows // step) * step
 
 
@@ -229,6 +233,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kernel_backend = kernels.resolve_backend(self.device, kernel_backend)  # once, not per kernel call
+        # a step's freed activations stay in the heap for the next (else each large one is faulted in afresh)
+        self.heap_policy = cpu_heap.keep_freed_memory() if self.device.type == "cpu" else None
         if self.kernel_backend == "native" and (
             self.kv_dtype not in cpu_native.KERNEL_DTYPES or self.kv_dtype != self.dtype
         ):

@@ -116,6 +116,7 @@ class EngineInfo:
     device_name: str
     budget_source: str
     threads: dict | None
+    heap: str | None  # the CPU heap policy, as its process described it (None: not a CPU engine)
     num_blocks: int
     block_size: int
     reserve: str
@@ -201,6 +202,7 @@ class EngineClient:
             info["device_name"],
             info["budget_source"],
             info["threads"],
+            info.get("heap"),
             info["num_blocks"],
             info["block_size"],
             info["reserve"],

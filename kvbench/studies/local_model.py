@@ -11,7 +11,7 @@ import torch
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.models import cpu_choices, cpu_linear
+from kvbench.models import cpu_choices, cpu_heap, cpu_linear
 from kvbench.models.cpu_choices import MatmulPlan
 from kvbench.models.gguf_file import is_gguf
 from kvbench.models.gpus import activation_reserve_bytes
@@ -115,6 +115,7 @@ def load_model(
             cache=True,
         )
         plan = _matmul_plan(model, torch_device, torch_dtype)
+        cpu_heap.keep_freed_memory()  # what the runners would do: applied here, so a run prints it before its points
     extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
     stops = stop_token_ids(model, tokenizer, extra)
     return LoadedModel(
