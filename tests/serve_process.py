@@ -20,14 +20,17 @@ def start_serve(*extra: str, stdout: int = subprocess.PIPE) -> tuple[subprocess.
     assert process.stderr is not None
     deadline = time.time() + 120
     engine_pid = None
+    heap_said = False  # a CPU engine process reports its heap policy (kvbench.models.cpu_heap)
     while time.time() < deadline:
         line = process.stderr.readline()
         found = re.search(r"engine process (\d+)", line)
         if found:
             engine_pid = int(found.group(1))
+        heap_said = heap_said or line.startswith("CPU heap: ")
         match = re.search(r"serving on (http://\S+)", line)
         if match:
             assert engine_pid is not None, "the server did not say which process runs its engine"
+            assert heap_said, "the server did not say what its CPU engine's heap keeps"
             return process, match.group(1), engine_pid
         if not line and process.poll() is not None:
             break

@@ -548,6 +548,7 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
         assert "measured the model's" in meta["threads"]["reason"]
         assert ("cached, measured" in meta["threads"]["reason"]) == (attempt == "second")
         assert f"CPU threads: {meta['threads']['threads']} (measured" in printed
+        assert "CPU heap: " in printed
         if dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
             plan = meta["cpu_matmuls"]
             assert plan["dtype"] == "bf16" and set(plan["weights"]) == {
