@@ -183,7 +183,7 @@ def matmul_rows(rows: int) -> int:
     ms to build on a small weight, against about 50 us for a cached call, and 430-720 KiB of memory each
     (measured: 200 row counts x 5 weights grew the process by 535 MiB). Unrounded, nearly every prefill step
     met new ones (the engine that ran a point first paid for them, and the caches held up to 1,024 of them);
-    rounded, the main job meets about 70 row counts per weight. A decode batch is the exception: it keeps its row
+    rounded, the main job meets 10-45 row counts per weight (counted). A decode batch is the exception: it keeps its row
     count for many steps, and on a 1B model it is bound by arithmetic, not by reading the weights, so padding costs
     what it adds (TinyLlama's gate/up projection on a Zen 5: 12.6 ms at 50 rows, 13.8 ms padded to 56, as the
     coarser steps this replaced did).

@@ -318,7 +318,7 @@ def ready_info(served, engine: LLMEngine) -> dict[str, Any]:
         "device_name": served.device_name,
         "budget_source": served.budget_source,
         "threads": served.threads,
-        "heap": policy.describe() if (policy := getattr(engine.runner, "heap_policy", None)) else None,
+        "heap": policy.describe() if (policy := engine.runner.heap_policy) else None,
         "num_blocks": config.num_blocks,
         "block_size": config.block_size,
         "reserve": config.reserve,
