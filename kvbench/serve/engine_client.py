@@ -202,7 +202,7 @@ class EngineClient:
             info["device_name"],
             info["budget_source"],
             info["threads"],
-            info.get("heap"),
+            info["heap"],
             info["num_blocks"],
             info["block_size"],
             info["reserve"],
