@@ -34,7 +34,9 @@ def drawn(monkeypatch):
         return path
 
     monkeypatch.setattr(plots, "_save", keep)
-    return figures
+    yield figures
+    for fig in figures:  # kept open for the test only: pyplot holds every figure until it is closed
+        plots.plt.close(fig)
 
 
 def test_a_log_axis_reads_plain_numbers(tmp_path, drawn):

@@ -164,7 +164,9 @@ def drawn(monkeypatch):
         return path
 
     monkeypatch.setattr(plots, "_save", keep)
-    return figures
+    yield figures
+    for fig in figures:  # kept open for the test only: pyplot holds every figure until it is closed
+        plots.plt.close(fig)
 
 
 def test_plots_mark_oom_points_and_never_draw_them(tmp_path, drawn):
