@@ -41,13 +41,13 @@ class VllmRun:
     kv_space_gib: float  # VLLM_CPU_KVCACHE_SPACE it started with
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 
 
-def http_get(url: str, timeout: float = 5.0) -> str:
+def _http_get(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (127.0.0.1 only)
         return response.read().decode()
 
@@ -63,7 +63,7 @@ def vllm_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Itera
         pytest.skip(f"KVBENCH_VLLM_MODEL={MODEL} is not a directory")
     if subprocess.run([PYTHON, "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
         pytest.skip(f"{PYTHON} cannot import vllm")
-    port = free_port()
+    port = _free_port()
     log = log_dir / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(extra_env or {})}
     command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--host", "127.0.0.1"]
@@ -80,7 +80,7 @@ def vllm_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Itera
             if server.poll() is not None:
                 pytest.fail(f"the vLLM server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                http_get(f"{base}/health", timeout=2)
+                _http_get(f"{base}/health", timeout=2)
                 break
             except OSError:
                 if time.monotonic() > deadline:
