@@ -61,7 +61,14 @@ measure() {  # name, then bench_real_shapes.py's arguments
     echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$file"
 }
 
+# the real checkpoint when given, else SmolLM2's shape with random weights
+if [ -n "$checkpoint" ]; then
+    small=(checkpoint --shapes checkpoint --checkpoint "$checkpoint")
+else
+    small=(smollm2 --shapes smollm2)
+fi
 for amx in "${amx_modes[@]}"; do
+    unset KVBENCH_AMX  # the default mode is the CPU's own choice, whatever the caller's environment says
     AMX_ENV=""
     suffix=""
     if [ "$amx" = off ]; then
@@ -71,20 +78,14 @@ for amx in "${amx_modes[@]}"; do
     fi
     for dtype in fp32 bf16; do
         common=(--dtype "$dtype" --clock wall --rounds "$rounds" "${vllm[@]}")
-        if [ -n "$checkpoint" ]; then
-            measure "checkpoint_${dtype}${suffix}" "${common[@]}" --shapes checkpoint --checkpoint "$checkpoint" \
-                --workloads "${workloads:-16x128x64,50x128x128}"
-        else
-            measure "smollm2_${dtype}${suffix}" "${common[@]}" --shapes smollm2 \
-                --workloads "${workloads:-16x128x64,50x128x128}"
-        fi
+        measure "${small[0]}_${dtype}${suffix}" "${common[@]}" "${small[@]:1}" \
+            --workloads "${workloads:-16x128x64,50x128x128}"
         measure "tinyllama16_${dtype}${suffix}" "${common[@]}" --shapes tinyllama --workloads "${workloads:-16x128x64}"
         if [ "${FULL:-0}" = 1 ]; then
             measure "tinyllama50_${dtype}${suffix}" "${common[@]}" --shapes tinyllama \
                 --workloads "${workloads:-50x128x128}" --engines "paged${VLLM_PYTHON:+,vllm}"
         fi
     done
-    unset KVBENCH_AMX
 done
 echo "cpu_speed_check status: $status (files in $out)"
 exit $status
