@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypedDict
@@ -101,6 +102,19 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _pool_state["pool"]
 
 
+def over_strips(run: Callable[[int, int], None], strips: int, rows: int) -> None:
+    """``run(first, last)`` over the strips ``[0, strips)``, shared among torch's threads in disjoint ranges (the
+    caller's thread takes the first); nothing runs for an empty step."""
+    if not rows:
+        return
+    parts = max(1, min(torch.get_num_threads(), strips))
+    bounds = [strips * i // parts for i in range(parts + 1)]
+    helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []
+    run(bounds[0], bounds[1])
+    for helper in helpers:
+        helper.result()
+
+
 def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight.plain, bias)`` for a float32 ``x [rows, in]``, reading the bfloat16 copy."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != weight.shape[1]:
@@ -112,20 +126,13 @@ def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None
         x = x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
-    strips = weight.packed.shape[0]
-    parts = max(1, min(torch.get_num_threads(), strips)) if m else 1
 
     def run(first: int, last: int) -> None:
         lib.kvbench_linear_bf16w_f32(
             x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n, out.data_ptr(), n
         )
 
-    bounds = [strips * i // parts for i in range(parts + 1)]
-    helpers = [_pool(parts - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, parts)] if parts > 1 else []
-    if m:
-        run(bounds[0], bounds[1])
-    for helper in helpers:
-        helper.result()
+    over_strips(run, weight.packed.shape[0], m)
     if bias is not None:
         out += bias
     return out

@@ -1,20 +1,21 @@
 """Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
 
-The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, and for
-bfloat16-valued weights the bfloat16-weight kernel or AMX) differ by machine, by 2-3x and in either direction, so
-none is chosen by a rule. For each weight the runner multiplies (the model's first layer stands for all: q/k/v, o,
-gate/up, down; and the lm_head) every candidate path is timed at a few row counts, from a decode step's one row to
-a long prefill's thousand, with interleaved rounds (the minimum of each counts, so a busy neighbour hurts every path
-alike), and for a model larger than the CPU's last-level cache with the cache emptied before each call, as the run
-will find it. Each row count takes its fastest path, held to few copies: the path fastest at the most row counts is
-the weight's main one, and another takes a row count only where it is at least :data:`TIE` faster (a weight may
-so keep two packed copies, counted by pre-flight, or none when the plain weight won everywhere). A step's row count
-takes the choice of the nearest row count measured (on a log scale).
+The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, for
+bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel)
+differ by machine, by 2-3x and in either direction, so none is chosen by a rule. For each weight the runner
+multiplies (the model's first layer stands for all: q/k/v, o, gate/up, down; and the lm_head) every candidate path
+is timed at a few row counts, from a decode step's one row to a long prefill's thousand, with interleaved rounds
+(the minimum of each counts, so a busy neighbour hurts every path alike), and for a model larger than the CPU's
+last-level cache with the cache emptied before each call, as the run will find it. Each row count takes its fastest
+path, held to few copies: the path fastest at the most row counts is the weight's main one, and another takes a row
+count only where it is at least :data:`TIE` faster (a weight may so keep two packed copies, counted by pre-flight,
+or none when the plain weight won everywhere). A step's row count takes the choice of the nearest row count
+measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
-timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|packed`` forces one path everywhere for tests and A/B
-benchmarks (bf16-weights and AMX only where their kernel takes the weight, else oneDNN; ``packed``: AMX where it
-takes the weight, else oneDNN).
+timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|bf16-dot|packed`` forces one path everywhere for tests and
+A/B benchmarks (bf16-weights, AMX and bf16-dot only where their kernel takes the weight, else oneDNN; ``packed``:
+AMX where it takes the weight, else oneDNN).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 from kvbench.kernels import cpu_native
 from kvbench.models import cpu_linear, measured_cache
-from kvbench.models.cpu_linear import AMX, BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import AMX, BF16DOT, BF16W, ONEDNN, PLAIN
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
@@ -45,6 +46,7 @@ FORCED = {
     "onednn": ONEDNN,
     "bf16-weights": BF16W,
     "amx": AMX,
+    "bf16-dot": BF16DOT,
     "packed": "packed",
 }  # packed: AMX where it takes the weight, else oneDNN
 _PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
@@ -252,7 +254,7 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
 def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]], name: str) -> MatmulPlan:
     path = FORCED.get(name.lower())
     if path is None:
-        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX or packed")
+        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX, bf16-dot or packed")
     choices = {}
     for role, weight in weights.items():
         offered = candidates[role]

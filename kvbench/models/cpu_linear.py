@@ -4,7 +4,9 @@ The paths: the plain weight through ``F.linear`` (torch's BLAS), a copy packed o
 ``F.linear`` re-lays out its weight at every call, a large part of a small decode matmul; vLLM's CPU engine packs
 its weights the same way), and for a float32 weight that holds only bfloat16 values (a published checkpoint's) a
 bfloat16 copy, half the bytes, multiplied at float32 accuracy: by AVX-512/AVX2 multiply-adds that widen it as they
-read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the tiles (:mod:`kvbench.kernels.cpu_amx`).
+read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the tiles (:mod:`kvbench.kernels.cpu_amx`);
+for a bfloat16 weight (a bfloat16 run), on a CPU with AVX-512 BF16, a copy in pairs for ``vdpbf16ps``
+(:mod:`kvbench.kernels.cpu_bf16_dot`).
 
 Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
 faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
@@ -25,11 +27,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kvbench.kernels import cpu_amx, cpu_bf16_weights
+from kvbench.kernels import cpu_amx, cpu_bf16_dot, cpu_bf16_weights
 
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
-PLAIN, ONEDNN, BF16W, AMX = "plain", "oneDNN-packed", "bf16-weights", "AMX"
+PLAIN, ONEDNN, BF16W, AMX, BF16DOT = "plain", "oneDNN-packed", "bf16-weights", "AMX", "bf16-dot"
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_ptr, shape, path), routed weights
 
 
@@ -47,7 +49,8 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
     """The paths ``weight`` can take on this machine: plain always; oneDNN where packing is available; for a float32
-    weight holding only bfloat16 values, the bfloat16-weight kernel and, where the CPU has it, AMX."""
+    weight holding only bfloat16 values, the bfloat16-weight kernel and, where the CPU has it, AMX; for a bfloat16
+    weight, where the CPU has AVX-512 BF16, the vdpbf16ps kernel."""
     if not packing_available(weight.device, weight.dtype):
         return (PLAIN,)
     paths = [PLAIN, ONEDNN]
@@ -55,6 +58,8 @@ def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
         paths.append(BF16W)
     if cpu_amx.takes(weight):
         paths.append(AMX)
+    if cpu_bf16_dot.takes(weight):
+        paths.append(BF16DOT)
     return tuple(paths)
 
 
@@ -77,7 +82,7 @@ class PackedWeight:
         return self.plain.shape
 
 
-PackedCopy = PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight
+PackedCopy = PackedWeight | cpu_amx.AmxWeight | cpu_bf16_weights.Bf16Weight | cpu_bf16_dot.DotWeight
 Routes = tuple[tuple[int, int, str], ...]  # (lo, hi, path): steps of lo <= rows < hi take that path
 
 
@@ -107,7 +112,9 @@ def pack(weight: torch.Tensor) -> PackedWeight:
 
 
 def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
-    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W` or :data:`AMX`)."""
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W`, :data:`AMX` or :data:`BF16DOT`)."""
+    if path == BF16DOT:
+        return cpu_bf16_dot.pack(weight)
     if path == AMX:
         return cpu_amx.pack(weight)
     if path == BF16W:
@@ -125,8 +132,12 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
     plain weight itself when every route is plain, else a :class:`RoutedWeight` with the packed copies its routes
     name. Each copy is made once per model: a second runner over the same model reuses it."""
     fixed = []
-    for low, high, path in routes:  # these kernels are exact only for bfloat16 values: a weight holding others
-        if (path == AMX and not cpu_amx.takes(weight)) or (path == BF16W and not cpu_bf16_weights.takes(weight)):
+    for low, high, path in routes:  # these kernels take only bfloat16 values: a weight holding others goes to oneDNN
+        if (
+            (path == AMX and not cpu_amx.takes(weight))
+            or (path == BF16W and not cpu_bf16_weights.takes(weight))
+            or (path == BF16DOT and not cpu_bf16_dot.takes(weight))
+        ):
             path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
         fixed.append((low, high, path))
     if all(path == PLAIN for _, _, path in fixed):
@@ -163,6 +174,8 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]]
             total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif path == BF16W:
             total += count * cpu_bf16_weights.packed_bytes(torch.empty(rows, columns, device="meta"))
+        elif path == BF16DOT:
+            total += count * cpu_bf16_dot.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif path == ONEDNN:
             total += count * rows * columns * element
     return total
@@ -173,6 +186,8 @@ def _multiply(x: torch.Tensor, copy: PackedCopy, bias: torch.Tensor | None) -> t
         return torch.ops.mkldnn._linear_pointwise(x, copy.packed, bias, "none", [], "")
     if isinstance(copy, cpu_bf16_weights.Bf16Weight):
         return cpu_bf16_weights.linear(x, copy, bias)
+    if isinstance(copy, cpu_bf16_dot.DotWeight):
+        return cpu_bf16_dot.linear(x, copy, bias)
     return cpu_amx.linear(x, copy, bias)
 
 
@@ -184,6 +199,8 @@ def path_at(weight: CpuWeight, rows: int) -> str:
         return next(path for low, high, path in weight.routes if low <= rows < high)
     if isinstance(weight, PackedWeight):
         return ONEDNN
+    if isinstance(weight, cpu_bf16_dot.DotWeight):
+        return BF16DOT
     return BF16W if isinstance(weight, cpu_bf16_weights.Bf16Weight) else AMX
 
 

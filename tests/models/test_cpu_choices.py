@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.cpu_choices import MatmulChoice
-from kvbench.models.cpu_linear import BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import BF16DOT, BF16W, ONEDNN, PLAIN
 
 ROWS = cpu_choices.ROWS
 
@@ -105,8 +105,9 @@ def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("forced", "expected"), [("plain", ()), ("oneDNN", (ONEDNN,)), ("packed", (ONEDNN,)), ("bf16-weights", (ONEDNN,))]
-)  # float32 values: not bf16-weights'
+    ("forced", "expected"),
+    [("plain", ()), ("oneDNN", (ONEDNN,)), ("packed", (ONEDNN,)), ("bf16-weights", (ONEDNN,)), ("bf16-dot", (ONEDNN,))],
+)  # float32 weights holding other values: neither bf16-weights' nor bf16-dot's
 def test_a_forced_path_measures_nothing(monkeypatch, forced: str, expected) -> None:
     monkeypatch.setenv(cpu_choices.FORCE_ENV, forced)
     plan = cpu_choices.measure_plan(_weights())
@@ -115,6 +116,22 @@ def test_a_forced_path_measures_nothing(monkeypatch, forced: str, expected) -> N
     monkeypatch.setenv(cpu_choices.FORCE_ENV, "fastest")
     with pytest.raises(ValueError, match="unknown KVBENCH_MATMUL='fastest'"):
         cpu_choices.measure_plan(_weights())
+
+
+def test_a_bf16_model_times_the_vdpbf16ps_kernel_and_can_be_forced_onto_it(measuring, monkeypatch) -> None:
+    from kvbench.kernels import cpu_bf16_dot
+
+    if not cpu_bf16_dot.available():
+        pytest.skip(f"the vdpbf16ps kernel is unavailable here: {cpu_bf16_dot.unavailable_reason()}")
+    generator = torch.Generator().manual_seed(5)
+    weights = {"o_proj": torch.randn(512, 256, generator=generator).bfloat16()}  # large enough for the kernel
+    plan = cpu_choices.measure_plan(weights)
+    timings = plan.choice("o_proj").timings_us
+    assert all(set(t) == {PLAIN, ONEDNN, BF16DOT} for t in timings.values())
+    assert plan.lines()[0].startswith(f"CPU matmul paths, {plan.threads} thread(s), bf16 (measured now")
+    monkeypatch.setenv(cpu_choices.FORCE_ENV, "bf16-dot")
+    forced = cpu_choices.measure_plan(weights)
+    assert forced.choice("o_proj").copies == (BF16DOT,) and not forced.choice("o_proj").timings_us
 
 
 def test_the_runner_follows_the_plan_row_count_by_row_count(monkeypatch) -> None:

@@ -323,6 +323,31 @@ def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(mo
     assert set(unrounded.layers[0].qkv_proj.copies) == {"oneDNN-packed"}  # any float32 value: oneDNN's path
 
 
+def test_a_bf16_model_on_the_vdpbf16ps_kernel_agrees_with_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 run forced onto the vdpbf16ps kernel: the weights take it, and a prefill's and a decode step's logits
+    stay as close to transformers' as bf16 on oneDNN does (test_half_precision_runs_and_agrees)."""
+    from kvbench.kernels import cpu_bf16_dot
+    from kvbench.models import cpu_choices
+
+    if not cpu_bf16_dot.available():
+        pytest.skip(f"the vdpbf16ps kernel is unavailable here: {cpu_bf16_dot.unavailable_reason()}")
+    monkeypatch.setattr(cpu_bf16_dot, "MIN_WEIGHT_ELEMENTS", 0)  # the test shape's weights are small
+    monkeypatch.setenv(cpu_choices.FORCE_ENV, "bf16-dot")
+    model = build_random_model(GQA, seed=7, dtype=torch.bfloat16)
+    runner = ModelRunner(model, num_blocks=8, block_size=16)
+    weights = [runner.lm_head, *(getattr(runner.layers[0], name) for name in ("qkv_proj", "o_proj", "down_proj"))]
+    assert all(isinstance(w.copies["bf16-dot"], cpu_bf16_dot.DotWeight) for w in weights)
+    prompt = make_prompts(GQA.vocab_size, (30,))[0]
+    logits = runner.forward(runner.build_step([(prompt, 0, [3, 5])]))
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(logits[0], expected, rtol=0, atol=0.15)
+    step = runner.forward(runner.build_step([([int(logits[0].argmax())], 30, [3, 5])]))  # a decode step
+    with torch.no_grad():
+        expected = model(torch.tensor([[*prompt, int(logits[0].argmax())]])).logits[0, -1].float()
+    torch.testing.assert_close(step[0], expected, rtol=0, atol=0.15)
+
+
 def test_fuse_rows_with_biases_fills_missing_ones_with_zeros() -> None:
     torch.manual_seed(0)
     modules = [torch.nn.Linear(4, 3, bias=True), torch.nn.Linear(4, 2, bias=False)]
