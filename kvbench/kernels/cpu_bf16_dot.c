@@ -1,18 +1,21 @@
 /* bfloat16 matrix products on AVX-512 BF16's vdpbf16ps, for bfloat16 runs on CPUs without AMX (built with
  * cpu_ops.c).
  *
- * A decode step multiplies every weight by a few rows, so it waits on reading the weight; oneDNN's bfloat16 kernel
- * reached 35-70% of the memory's rate at one row and 0.5-0.75x this kernel's rate at 16 rows on a Zen 5 core. Here
- * each instruction multiplies 16 pairs of adjacent bfloat16 values of a row by 16 pairs of a weight column and adds
- * both products to a float32 sum (the products are exact; the sums are float32), and the result is rounded to
- * bfloat16 once at the end (round to nearest even, as torch rounds), after the bias.
+ * A decode step multiplies every weight by a few rows, so it waits on reading the weight. On a Zen 5 core oneDNN's
+ * bfloat16 kernel read the weight at 35-85% of the memory's rate at one row and ran at 0.4-0.9x this kernel's rate
+ * at 16 rows. Here each instruction multiplies 16 pairs of adjacent bfloat16 values of a row by 16 pairs of a weight
+ * column and adds both products to a float32 sum (the products are exact; the sums are float32), and the result is
+ * rounded to bfloat16 once at the end (round to nearest even, as torch rounds), after the bias.
  *
  * The weight is packed as [n_pad / 32][k_pad / 2][32][2]: for each strip of 32 output columns, the k/2 pairs of
- * their values, read once front to back (with a software prefetch a few pairs ahead) while a tile of MR rows by 32
- * columns accumulates in 2 x MR registers. An odd k's last pair holds a zero; the row's value is paired with zero.
- * Rows go in blocks whose activations stay in the core's L2 while the strips stream past; within a block, in tiles
- * of near-equal height. Whether this beats oneDNN at a row count is measured on the machine
- * (kvbench.models.cpu_choices), not decided here.
+ * their values, read front to back (with a software prefetch a few pairs ahead) in chunks of DOT_KC pairs that stay
+ * in L1 while every tile of rows uses them; a tile of MR rows by 32 columns accumulates in 2 x MR registers, its
+ * float32 sums kept between chunks. An odd k's last pair holds a zero; the row's value is paired with zero. Rows go
+ * in blocks whose activations stay in the core's L2 while the strips stream past, so a block reads the weight once
+ * (a first version's blocks of 24 rows at k = 2048 read a 50-row decode step's weight from memory three times);
+ * within a block, in tiles of near-equal height. Measured on a Zen 5 core against oneDNN's bfloat16 kernel: ahead
+ * at decode sizes, level from a few hundred rows at k = 576 and 0.8-0.95x there at k = 2048; which to use at which
+ * row count is measured on the machine (kvbench.models.cpu_choices), not decided here.
  */
 #include <stdint.h>
 #include <string.h>
@@ -20,9 +23,11 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
-#define DOT_MR 12      /* 24 accumulators + 2 weight vectors + a broadcast of the 32 zmm registers */
-#define DOT_AHEAD 32   /* pairs of k prefetched ahead: 4 KiB of the strip */
-#define DOT_L2 (128 * 1024) /* bytes of activations a block of rows keeps in L2 */
+#define DOT_MR 12                /* 24 accumulators + 2 weight vectors + a broadcast of the 32 zmm registers */
+#define DOT_AHEAD 32             /* pairs of k prefetched ahead: 4 KiB of the strip */
+#define DOT_KC 256               /* pairs of k per chunk: the strip's chunk (32 KiB) stays in L1 for every tile */
+#define DOT_MAX_BLOCK 384        /* rows per block at most: their partial sums (48 KiB) sit on the stack */
+#define DOT_X_BYTES (768 * 1024) /* a block's activations: in L2 (1-2 MiB) beside the strip being read */
 
 static inline __m512 bias_or_zero(const uint16_t *bias, int64_t col, int64_t cols, int half) {
     if (bias == 0) return _mm512_setzero_ps();
@@ -34,18 +39,29 @@ static inline __m512 bias_or_zero(const uint16_t *bias, int64_t col, int64_t col
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half_bits), 16));
 }
 
-/* out[r][c] = bf16(bias[c] + sum_p x[r][p] w[p][c]) for r < MR, c < cols (<= 32): w is the strip [k_pad/2][32][2]. */
+/* one chunk [p0, p1) of k's pairs for a tile of MR rows by cols (<= 32) columns of strip w ([k_pad/2][32][2]):
+ * the sums start from the bias (first chunk) or from partial (MR x 32 floats, an earlier chunk's); after the last
+ * chunk (with an odd k's last value) they are rounded to bfloat16 into out, else kept in partial. */
 #define DEFINE_DOT_TILE(MR)                                                                                        \
-    static void dot_tile_##MR(const uint16_t *x, int64_t ld_x, const uint16_t *w, int64_t k, const uint16_t *bias, \
-                              int64_t col, uint16_t *out, int64_t ld_out, int64_t cols) {                          \
+    static void dot_tile_##MR(const uint16_t *x, int64_t ld_x, const uint16_t *w, int64_t p0, int64_t p1,        \
+                              int64_t k, float *partial, const uint16_t *bias, int64_t col, uint16_t *out,         \
+                              int64_t ld_out, int64_t cols) {                                                      \
         __m512 acc[MR][2];                                                                                         \
-        const __m512 b0 = bias_or_zero(bias, col, cols, 0), b1 = bias_or_zero(bias, col, cols, 1);                 \
-        for (int r = 0; r < MR; r++) {                                                                             \
-            acc[r][0] = b0;                                                                                        \
-            acc[r][1] = b1;                                                                                        \
+        const int first = p0 == 0, last = 2 * p1 >= k;                                                            \
+        if (first) {                                                                                               \
+            const __m512 b0 = bias_or_zero(bias, col, cols, 0), b1 = bias_or_zero(bias, col, cols, 1);             \
+            for (int r = 0; r < MR; r++) {                                                                         \
+                acc[r][0] = b0;                                                                                    \
+                acc[r][1] = b1;                                                                                    \
+            }                                                                                                      \
+        } else {                                                                                                   \
+            for (int r = 0; r < MR; r++) {                                                                         \
+                acc[r][0] = _mm512_loadu_ps(partial + r * 32);                                                     \
+                acc[r][1] = _mm512_loadu_ps(partial + r * 32 + 16);                                                \
+            }                                                                                                      \
         }                                                                                                          \
-        const int64_t pairs = k / 2;                                                                               \
-        for (int64_t p = 0; p < pairs; p++) {                                                                      \
+        const int64_t pairs = p1 < k / 2 ? p1 : k / 2;                                                             \
+        for (int64_t p = p0; p < pairs; p++) {                                                                     \
             const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 64);                                          \
             const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + p * 64 + 32);                                     \
             __builtin_prefetch(w + (p + DOT_AHEAD) * 64);                                                          \
@@ -58,9 +74,16 @@ static inline __m512 bias_or_zero(const uint16_t *bias, int64_t col, int64_t col
                 acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);                                                   \
             }                                                                                                      \
         }                                                                                                          \
+        if (!last) {                                                                                               \
+            for (int r = 0; r < MR; r++) {                                                                         \
+                _mm512_storeu_ps(partial + r * 32, acc[r][0]);                                                     \
+                _mm512_storeu_ps(partial + r * 32 + 16, acc[r][1]);                                                \
+            }                                                                                                      \
+            return;                                                                                                \
+        }                                                                                                          \
         if (k & 1) { /* the last value, paired with the zero the packing put beside it */                        \
-            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + pairs * 64);                                      \
-            const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + pairs * 64 + 32);                                 \
+            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + (k / 2) * 64);                                    \
+            const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + (k / 2) * 64 + 32);                               \
             for (int r = 0; r < MR; r++) {                                                                         \
                 const __m512bh xv = (__m512bh)_mm512_set1_epi32((int32_t)x[r * ld_x + k - 1]);                     \
                 acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);                                                   \
@@ -89,8 +112,8 @@ DEFINE_DOT_TILE(10)
 DEFINE_DOT_TILE(11)
 DEFINE_DOT_TILE(12)
 
-typedef void (*dot_tile_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t,
-                            uint16_t *, int64_t, int64_t);
+typedef void (*dot_tile_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, int64_t, int64_t, float *,
+                            const uint16_t *, int64_t, uint16_t *, int64_t, int64_t);
 static const dot_tile_fn DOT_TILES[DOT_MR] = {dot_tile_1, dot_tile_2, dot_tile_3, dot_tile_4,  dot_tile_5,  dot_tile_6,
                                               dot_tile_7, dot_tile_8, dot_tile_9, dot_tile_10, dot_tile_11, dot_tile_12};
 #endif
@@ -103,18 +126,23 @@ int kvbench_linear_bf16dot(const uint16_t *x, int64_t m, int64_t k, int64_t ld_x
                            int64_t strip_begin, int64_t strip_end, int64_t n, const uint16_t *bias, uint16_t *out,
                            int64_t ld_out) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-    const int64_t pairs_padded = (k + 1) / 2;
-    int64_t block = DOT_L2 / ((k > 0 ? k : 1) * 2) / DOT_MR * DOT_MR;
-    block = block < DOT_MR ? DOT_MR : block;
+    const int64_t pairs_padded = (k + 1) / 2, chunk = DOT_KC;
+    int64_t block = DOT_X_BYTES / ((k > 0 ? k : 1) * 2) / DOT_MR * DOT_MR;
+    block = block < DOT_MR ? DOT_MR : block > DOT_MAX_BLOCK ? DOT_MAX_BLOCK : block;
+    float partial[DOT_MAX_BLOCK * 32] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < m; m0 += block) {
         const int64_t m1 = m0 + block < m ? m0 + block : m;
         const int64_t tiles = (m1 - m0 + DOT_MR - 1) / DOT_MR;
         for (int64_t strip = strip_begin; strip < strip_end; strip++) {
             const uint16_t *w = packed + strip * pairs_padded * 64;
             const int64_t col = strip * 32, cols = n - col < 32 ? n - col : 32;
-            for (int64_t t = 0; t < tiles; t++) {
-                const int64_t r0 = m0 + (m1 - m0) * t / tiles, r1 = m0 + (m1 - m0) * (t + 1) / tiles;
-                DOT_TILES[r1 - r0 - 1](x + r0 * ld_x, ld_x, w, k, bias, col, out + r0 * ld_out + col, ld_out, cols);
+            for (int64_t p0 = 0; p0 == 0 || 2 * p0 < k; p0 += chunk) {
+                const int64_t p1 = p0 + chunk;
+                for (int64_t t = 0; t < tiles; t++) {
+                    const int64_t r0 = m0 + (m1 - m0) * t / tiles, r1 = m0 + (m1 - m0) * (t + 1) / tiles;
+                    DOT_TILES[r1 - r0 - 1](x + r0 * ld_x, ld_x, w, p0, p1, k, partial + (r0 - m0) * 32, bias, col,
+                                           out + r0 * ld_out + col, ld_out, cols);
+                }
             }
         }
     }

@@ -2,7 +2,7 @@
 CPUs without AMX.
 
 Why: a bfloat16 decode step reads every weight once for a few dozen rows. On a Zen 5 core oneDNN's bfloat16 kernel
-read the weight at 35-70% of the memory's rate at one row and ran at 0.5-0.75x this kernel's rate at 16 rows; at
+read the weight at 35-85% of the memory's rate at one row and ran at 0.4-0.9x this kernel's rate at 16 rows; at
 prefill sizes the two were level. The kernel sums exact products of bfloat16 pairs in float32 and rounds each
 output to bfloat16 once, after the bias, as oneDNN does: the outputs agree with oneDNN's within bfloat16's rounding
 (the order of the float32 sums differs). Which path each row count takes is measured on the machine

@@ -62,6 +62,7 @@ class _State(TypedDict, total=False):
     lib: ctypes.CDLL  # the loaded library
     reason: str  # why there is none
     isa: str  # the variant built
+    key: str  # the build's key: sources, compiler, flags and CPU
     fds: list[int]  # the in-memory copies loaded, kept open: a unique name each
     kernels: dict[tuple[str, torch.dtype], Any]  # the library's functions, by name and dtype
 
@@ -267,7 +268,7 @@ def _load() -> ctypes.CDLL | None:
             if lib is None:
                 _state["reason"] = f"the CPU kernels, just built, would not load: {why_not}"
                 return None
-        _state["lib"], _state["isa"] = lib, isa
+        _state["lib"], _state["isa"], _state["key"] = lib, isa, key
         return lib
 
 
@@ -289,6 +290,12 @@ def instruction_sets() -> list[str]:
         return []
     bits = lib.kvbench_isa()
     return [name for bit, name in ISA_BITS.items() if bits & bit]
+
+
+def build_key() -> str | None:
+    """The loaded build's key (it changes with the C sources, the compiler, its flags and the CPU), or None without
+    the kernels: what a measurement of the kernels' speed is cached under."""
+    return _state.get("key") if _load() is not None else None
 
 
 def build_description() -> str:

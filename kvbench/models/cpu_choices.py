@@ -286,6 +286,7 @@ def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> Matm
     descriptor = {
         "cpu": cpu_native.cpu_signature(),
         "torch": torch.__version__,
+        "kernels": cpu_native.build_key(),  # a changed C kernel is timed again
         "threads": threads,
         "dtype": _dtype_name(dtype),
         "tie": TIE,

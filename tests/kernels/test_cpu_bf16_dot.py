@@ -56,7 +56,9 @@ def assert_within_bound(result: torch.Tensor, x: torch.Tensor, weight: torch.Ten
 
 
 @pytest.mark.parametrize("rows", [1, 3, 12, 13, 16, 50, 300])
-@pytest.mark.parametrize(("n", "k"), [(32, 32), (100, 33), (200, 600)])  # n padded to a strip, an odd k
+@pytest.mark.parametrize(
+    ("n", "k"), [(32, 32), (100, 33), (200, 600), (40, 1025)]
+)  # n padded to a strip, an odd k, k in 3 chunks of pairs, and 2 whole chunks then the odd value alone
 def test_linear_is_a_rounded_float32_product(variant, rows: int, n: int, k: int) -> None:
     weight, x = bf16(n, k, seed=n + k), bf16(rows, k, seed=rows)
     result = cpu_bf16_dot.linear(x, cpu_bf16_dot.pack(weight))
@@ -64,13 +66,16 @@ def test_linear_is_a_rounded_float32_product(variant, rows: int, n: int, k: int)
     assert_within_bound(result, x, weight)
 
 
-def test_long_steps_go_in_blocks_of_rows_and_each_row_is_its_own(variant) -> None:
-    weight = bf16(64, 2048, seed=9)  # k = 2048: blocks of 24 rows; 100 rows is 5 blocks, the last short
-    x = bf16(100, 2048, seed=1)
+@pytest.mark.parametrize(("k", "rows"), [(8192, 100), (32, 800)])
+def test_long_steps_go_in_blocks_of_rows_and_each_row_is_its_own(variant, k: int, rows: int) -> None:
+    """k = 8192: blocks of 48 rows (by the activations' bytes), 100 rows in 3, the last short; k = 32: blocks of 384
+    (the most whose partial sums the kernel keeps), 800 rows in 3."""
+    weight, x = bf16(64, k, seed=9), bf16(rows, k, seed=1)
     packed = cpu_bf16_dot.pack(weight)
     result = cpu_bf16_dot.linear(x, packed)
     assert_within_bound(result, x, weight)
-    assert torch.equal(cpu_bf16_dot.linear(x[37:38], packed)[0], result[37])  # a row's sum does not see its tile
+    for row in (37, rows - 1):
+        assert torch.equal(cpu_bf16_dot.linear(x[row : row + 1], packed)[0], result[row])  # its sum alone
 
 
 def test_threads_share_the_columns_without_changing_a_bit(variant) -> None:
