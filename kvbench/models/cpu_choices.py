@@ -242,8 +242,9 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
     choices = {}
     for role in weights:
         entry = record[role]
-        timings = {
-            int(rows): {path: float(us) for path, us in cell.items()} for rows, cell in entry["timings_us"].items()
+        timings = {  # in row order (a JSON object's keys come back as sorted strings: "1", "1024", "16")
+            int(rows): {path: float(us) for path, us in cell.items()}
+            for rows, cell in sorted(entry["timings_us"].items(), key=lambda item: int(item[0]))
         }
         choices[role] = MatmulChoice(
             role, tuple(entry["shape"]), tuple(int(r) for r in entry["rows"]), tuple(entry["paths"]), timings

@@ -98,6 +98,7 @@ def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
     assert len(list((tmp_path / "cache").glob("cpu-matmuls-*.json"))) == 1
     again = cpu_choices.measure_plan(weights)
     assert again.source.startswith("cached, measured ") and again.choices == plan.choices
+    assert list(again.choice("o_proj").timings_us) == list(ROWS)  # printed in row order, not as JSON sorts keys
     lines = plan.lines()
     assert lines[0].startswith(f"CPU matmul paths, {plan.threads} thread(s), fp32 (measured now")
     assert lines[1].startswith("  o_proj [96 x 64]: ") and "us plain/oneDNN-packed: 1 row " in lines[1]
