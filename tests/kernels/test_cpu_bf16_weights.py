@@ -5,26 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from isa_variants import runnable_variants
 
 from kvbench.kernels import cpu_bf16_weights, cpu_native
 
 UNIT = 2.0**-24  # float32's unit roundoff
 
 
-def _variants() -> list[str]:
-    runnable = []
-    for name in cpu_native.ISA_VARIANTS:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(cpu_native.ISA_ENV, name)
-            try:
-                cpu_native._isa_flags()
-                runnable.append(name)
-            except RuntimeError:
-                pass
-    return runnable
-
-
-@pytest.fixture(params=_variants())
+@pytest.fixture(params=runnable_variants())
 def variant(request, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(cpu_native, "_state", {})
     monkeypatch.setenv(cpu_native.ISA_ENV, request.param)

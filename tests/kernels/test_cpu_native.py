@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from isa_variants import runnable_variants
 from kv_cases import decode_oracle, make_case, poisoned_like, prefill_oracle, query_start_loc, rel_error
 
 from kvbench import kernels
@@ -26,20 +27,7 @@ def native() -> None:
         pytest.skip(f"CPU kernels unavailable here: {cpu_native.unavailable_reason()}")
 
 
-def _runnable_variants() -> list[str]:
-    runnable = []
-    for name in cpu_native.ISA_VARIANTS:
-        try:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setenv(cpu_native.ISA_ENV, name)
-                cpu_native._isa_flags()
-            runnable.append(name)
-        except RuntimeError:
-            pass
-    return runnable
-
-
-VARIANTS = _runnable_variants()
+VARIANTS = runnable_variants()
 
 
 @pytest.fixture(params=VARIANTS)
