@@ -207,14 +207,20 @@ def cpu_model() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
-    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+    def field(key: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(key)), "?")
+
+    flags = set(field("flags").split())
     extras = [
         label
         for flag, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"))
         if flag in flags
     ]
-    return f"{name} ({', '.join(extras[:2]) or 'no AVX-512'}; {os.cpu_count()} CPUs)"
+    # a VM may name its CPU only "AMD EPYC": the family and model say which generation it is
+    family, model = field("cpu family"), field("model\t")
+    generation = f"family {family} model {model}"
+    return f"{field('model name')} ({generation}; {', '.join(extras[:2]) or 'no AVX-512'}; {os.cpu_count()} CPUs)"
 
 
 @dataclass

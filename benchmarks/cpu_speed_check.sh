@@ -10,7 +10,7 @@
 #   VLLM_PYTHON=/path/to/vllm-venv/bin/python bash benchmarks/cpu_speed_check.sh [--checkpoint DIR] [--rounds N]
 #   bash benchmarks/cpu_speed_check.sh --workloads 2x16x4 --rounds 1     # a quick look that everything runs
 #
-# Without VLLM_PYTHON vLLM is left out (kvbench and transformers only). On a 2-core Zen 5, with vLLM and 2 rounds,
+# Without VLLM_PYTHON vLLM is left out (kvbench and transformers only). On a 2-core Zen 4, with vLLM and 2 rounds,
 # each precision took 30-40 minutes (SmolLM2 both workloads 12-15, TinyLlama 16 requests 12-24); the TinyLlama
 # 50-request rows (paged and vLLM only), which take longer still, run only with FULL=1.
 set -uo pipefail
@@ -50,7 +50,7 @@ measure() {  # name, then bench_real_shapes.py's arguments
     local file="$out/$name.txt"
     {
         date -u
-        lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)'
+        lscpu | grep -E '^(Model name|CPU family|Model:|CPU\(s\)|Thread|Core|L1d|L2|L3)'
         grep -o -w -E 'amx_tile|amx_bf16|avx512_bf16|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
         echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
         echo "+ ${AMX_ENV:-}python3 benchmarks/bench_real_shapes.py $*"

@@ -1,7 +1,7 @@
 /* bfloat16 matrix products on AVX-512 BF16's vdpbf16ps, for bfloat16 runs on CPUs without AMX (built with
  * cpu_ops.c).
  *
- * A decode step multiplies every weight by a few rows, so it waits on reading the weight. On a Zen 5 core oneDNN's
+ * A decode step multiplies every weight by a few rows, so it waits on reading the weight. On a Zen 4 core oneDNN's
  * bfloat16 kernel read the weight at 35-85% of the memory's rate at one row and ran at 0.4-0.9x this kernel's rate
  * at 16 rows. Here each instruction multiplies 16 pairs of adjacent bfloat16 values of a row by 16 pairs of a weight
  * column and adds both products to a float32 sum (the products are exact; the sums are float32), and the result is
@@ -13,7 +13,7 @@
  * float32 sums kept between chunks. An odd k's last pair holds a zero; the row's value is paired with zero. Rows go
  * in blocks whose activations stay in the core's L2 while the strips stream past, so a block reads the weight once
  * (a first version's blocks of 24 rows at k = 2048 read a 50-row decode step's weight from memory three times);
- * within a block, in tiles of near-equal height. Measured on a Zen 5 core against oneDNN's bfloat16 kernel: ahead
+ * within a block, in tiles of near-equal height. Measured on a Zen 4 core against oneDNN's bfloat16 kernel: ahead
  * at decode sizes, level from a few hundred rows at k = 576 and 0.8-0.95x there at k = 2048; which to use at which
  * row count is measured on the machine (kvbench.models.cpu_choices), not decided here.
  */

@@ -1,7 +1,7 @@
 """bfloat16 linear layers on AVX-512 BF16's ``vdpbf16ps`` (the method: ``cpu_bf16_dot.c``), for bfloat16 runs on
 CPUs without AMX.
 
-Why: a bfloat16 decode step reads every weight once for a few dozen rows. On a Zen 5 core oneDNN's bfloat16 kernel
+Why: a bfloat16 decode step reads every weight once for a few dozen rows. On a Zen 4 core oneDNN's bfloat16 kernel
 read the weight at 35-85% of the memory's rate at one row and ran at 0.4-0.9x this kernel's rate at 16 rows; at
 prefill sizes the two were level. The kernel sums exact products of bfloat16 pairs in float32 and rounds each
 output to bfloat16 once, after the bias, as oneDNN does: the outputs agree with oneDNN's within bfloat16's rounding

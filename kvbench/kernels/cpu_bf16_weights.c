@@ -12,7 +12,7 @@
  * L1 while every tile of rows uses them; a tile of MR rows by 32 columns accumulates in registers: 2 x MR vectors
  * of 16 floats. Each tile widens the weights it reads: cheap beside its 2 x MR multiply-adds per weight pair.
  *
- * Measured on a Zen 5 core (float32, bfloat16-valued weights, against oneDNN's packed float32 copy): 1.3-2.3x at one
+ * Measured on a Zen 4 core (float32, bfloat16-valued weights, against oneDNN's packed float32 copy): 1.3-2.3x at one
  * row, where the product waits on memory; 0.7-0.95x from 16 rows, where oneDNN's tuned kernel wins on arithmetic.
  * Which to use at which row count is measured per machine (kvbench.models.cpu_choices), not decided here.
  */

@@ -9,7 +9,7 @@ for a bfloat16 weight (a bfloat16 run), on a CPU with AVX-512 BF16, a copy in pa
 (:mod:`kvbench.kernels.cpu_bf16_dot`).
 
 Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
-faster than the packed one from 1,024 rows on; on a Zen 5 (where torch's BLAS takes a slow path) the packed one was
+faster than the packed one from 1,024 rows on; on a Zen 4 (where torch's BLAS takes a slow path) the packed one was
 2.2-2.5x faster at every row count, and the bfloat16 copy 1.3-2x faster than oneDNN's at one row but slower from a
 few dozen. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths on the model's own weights
 at start-up and each weight carries its routes, the path each row count takes (:class:`RoutedWeight`). The packed
