@@ -110,7 +110,8 @@ def profile(
         cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv = saved
     spent["Python and glue (scheduling, packing, norms, rotary, adds)"] = total - sum(spent.values())
     tokens = sum(r.num_outputs for r in result.requests)
-    return {"total_s": total, "tok_s": tokens / total, "parts": dict(spent)}
+    prefetch = runner.decode_prefetch.line() if runner.decode_prefetch else None
+    return {"total_s": total, "tok_s": tokens / total, "parts": dict(spent), "decode_prefetch": prefetch}
 
 
 def main() -> None:
@@ -148,6 +149,8 @@ def main() -> None:
         )
         for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
             print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
+        if report["decode_prefetch"]:
+            print(f"  {report['decode_prefetch']}")
 
 
 if __name__ == "__main__":

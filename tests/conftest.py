@@ -15,6 +15,9 @@ os.environ.setdefault("KVBENCH_REPORT", "0")
 # the packed copy of every weight (AMX where it takes one, else oneDNN), not a measured plan: the same paths on every
 # run; the measurement is tested on its own (tests/models/test_cpu_choices.py)
 os.environ.setdefault("KVBENCH_MATMUL", "packed")
+# the decode attention's prefetch as it was before it was measured; the measurement is tested on its own
+# (tests/models/test_decode_prefetch.py)
+os.environ.setdefault("KVBENCH_DECODE_PREFETCH", "16:L1")
 
 
 import pytest  # noqa: E402

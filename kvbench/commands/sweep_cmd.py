@@ -296,6 +296,8 @@ def _print_intro(console, setup: SweepSetup) -> None:
     if plan is not None:  # the CPU's measured matmul paths, with their timings
         for line in plan.lines():
             console.print(line, markup=False, highlight=False)
+    if setup.backend.loaded is not None and (prefetch := setup.backend.loaded.decode_prefetch) is not None:
+        console.print(prefetch.line(), markup=False, highlight=False)
     for note in setup.backends.notes():  # a reference column says what it is
         console.print(f"[dim]{note}[/dim]")
 

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -156,11 +157,11 @@ SIGNATURES = {
     "kvbench_isa": (ctypes.c_int, []),
     "kvbench_paged_decode_f32": (
         ctypes.c_int,
-        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f"],
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f", "i", "i"],
     ),
     "kvbench_paged_decode_bf16": (
         ctypes.c_int,
-        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f"],
+        ["p", "i", "i", "p", "p", "p", "i", "p", "p", "i", "i", "i", "i", "i", "f", "i", "i"],
     ),
     "kvbench_paged_prefill_f32": (
         ctypes.c_int,
@@ -318,6 +319,30 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class DecodePrefetch:
+    """How the C decode attention prefetches the K/V rows it reads next: ``ahead`` tokens ahead (0: not at all),
+    into the ``level`` 1 (L1) or 2 (L2) cache. Which pays depends on the CPU (kvbench.models.decode_prefetch
+    measures it)."""
+
+    ahead: int
+    level: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ahead <= MAX_PREFETCH_AHEAD or self.level not in (1, 2):
+            raise ValueError(
+                f"a decode prefetch is 0 to {MAX_PREFETCH_AHEAD} tokens ahead into L1 or L2, got {self.ahead} "
+                f"tokens into level {self.level}"
+            )
+
+    def describe(self) -> str:
+        return "off" if self.ahead == 0 else f"{self.ahead} tokens ahead into L{self.level}"
+
+
+MAX_PREFETCH_AHEAD = 1024
+DEFAULT_PREFETCH = DecodePrefetch(16, 1)  # where nothing was measured: what the kernel did before it was measured
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -327,11 +352,12 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     max_context_len: int | None = None,
+    prefetch: DecodePrefetch = DEFAULT_PREFETCH,
 ) -> torch.Tensor:
     """The contract of ``reference.paged_decode_attention``, computed in place over the pool.
 
     Every table entry a context reaches must be a block of the pool (the runner's tables are); the table width
-    is checked here, since C reads past nothing it is not told about.
+    is checked here, since C reads past nothing it is not told about. ``prefetch`` only changes the speed.
     """
     lib = _library()
     if not supports(query, k_cache) or v_cache.dtype != query.dtype or not v_cache.is_contiguous():
@@ -381,6 +407,8 @@ def paged_decode_attention(
             head_dim,
             k_cache.shape[1],
             scale,
+            prefetch.ahead,
+            prefetch.level,
         )
         if status != 0:
             raise MemoryError("the CPU decode kernel could not allocate its scratch memory")

@@ -124,18 +124,25 @@ static void softmax_masked(float *s, int64_t visible, int64_t padded) {
 
 #define SLOT(table, t, block_size) ((int64_t)(table)[(t) / (block_size)] * (block_size) + (t) % (block_size))
 
-/* Rows are prefetched this many tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
- * prefetcher, which follows streams, cannot guess them (measured: 1.3x on a pool out of cache; on the generic path,
- * the tiny shape, 30 contexts of ~570 tokens in 16-token blocks spread over the pool: 1.2x). */
-#define PF 16
+/* Rows are prefetched pf_ahead tokens ahead: the next block's rows lie anywhere in the pool, where the hardware
+ * prefetcher, which follows streams, cannot guess them. How far ahead and into which cache pays depends on the CPU
+ * (a Sapphire Rapids: 16 tokens into L1 was 1.3x over none on a pool out of cache; an EPYC Zen 4: 16 or 32 into L2
+ * was 1.15-1.45x over 16 into L1), so the caller passes what was measured on this machine (kvbench.models.
+ * decode_prefetch). The decode entry points set these for their thread; 0 tokens ahead prefetches nothing. */
+static _Thread_local int64_t pf_ahead = 16, pf_level = 1;
 
-/* Prefetch the K or V row of token t + PF (row_elems values of type T from base). */
+/* Prefetch the K or V row of token t + pf_ahead (row_elems values of type T from base): level 1 into L1, 2 into
+ * L2 (the instruction's locality hint must be a constant, hence two loops). */
 #define PREFETCH_ROW(T, base, table, t, len, block_size, row, row_elems)                                   \
     do {                                                                                                   \
-        if ((t) + PF < (len)) {                                                                            \
-            const T *next_ = (base) + SLOT(table, (t) + PF, block_size) * (row);                           \
-            for (int64_t f_ = 0; f_ < (row_elems); f_ += 64 / (int64_t)sizeof(T))                          \
-                __builtin_prefetch(next_ + f_, 0, 3);                                                      \
+        if (pf_ahead > 0 && (t) + pf_ahead < (len)) {                                                      \
+            const T *next_ = (base) + SLOT(table, (t) + pf_ahead, block_size) * (row);                     \
+            if (pf_level == 1)                                                                             \
+                for (int64_t f_ = 0; f_ < (row_elems); f_ += 64 / (int64_t)sizeof(T))                      \
+                    __builtin_prefetch(next_ + f_, 0, 3);                                                  \
+            else                                                                                           \
+                for (int64_t f_ = 0; f_ < (row_elems); f_ += 64 / (int64_t)sizeof(T))                      \
+                    __builtin_prefetch(next_ + f_, 0, 2);                                                  \
         }                                                                                                  \
     } while (0)
 
@@ -361,8 +368,10 @@ int kvbench_paged_decode_f32(
     const int32_t *tables, int64_t table_stride,              /* tables[b][i]: block id of the i-th block */
     const int32_t *lens,                                      /* context length of each request */
     float *out,                                               /* [B][Hq][D], contiguous */
-    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
+    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+    int64_t prefetch_ahead, int64_t prefetch_level)          /* tokens ahead (0: none); 1 into L1, 2 into L2 */
 {
+    pf_ahead = prefetch_ahead, pf_level = prefetch_level;
     const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
     const int family = family_of(head_dim, group);
     float *scores = malloc(sizeof(float) * (size_t)(num_heads * longest_of(lens, batch)));
@@ -396,8 +405,10 @@ int kvbench_paged_decode_bf16(
     const int32_t *tables, int64_t table_stride,
     const int32_t *lens,
     uint16_t *out,
-    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale)
+    int64_t batch, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+    int64_t prefetch_ahead, int64_t prefetch_level)
 {
+    pf_ahead = prefetch_ahead, pf_level = prefetch_level;
     const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim, width = num_heads * head_dim;
     const int family = family_of(head_dim, group);
     float *scores = malloc(sizeof(float) * (size_t)(num_heads * longest_of(lens, batch) + 2 * width));

@@ -121,7 +121,9 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_context_len: int | None = None,
     plan=None,
+    prefetch: cpu_native.DecodePrefetch = cpu_native.DEFAULT_PREFETCH,
 ):
+    """``prefetch``: how the C kernel prefetches K/V rows (speed only; the other backends do not take it)."""
     if resolve_backend(query.device, backend) == "triton":
         return _triton_ops().paged_decode_attention(
             query, k_cache, v_cache, block_tables, context_lens, scale, out,
@@ -129,7 +131,7 @@ def paged_decode_attention(
         )  # fmt: skip
     if _native_decode(query, k_cache, backend):
         return cpu_native.paged_decode_attention(
-            query, k_cache, v_cache, block_tables, context_lens, scale, out, max_context_len
+            query, k_cache, v_cache, block_tables, context_lens, scale, out, max_context_len, prefetch
         )
     return reference.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, out, plan)
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_choices, cpu_heap, cpu_linear, sampler
+from kvbench.models import cpu_choices, cpu_heap, cpu_linear, decode_prefetch, sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -185,7 +185,7 @@ def matmul_rows(rows: int) -> int:
     met new ones (the engine that ran a point first paid for them, and the caches held up to 1,024 of them);
     rounded, the main job meets 10-45 row counts per weight (counted). A decode batch is the exception: it keeps its row
     count for many steps, and on a 1B model it is bound by arithmetic, not by reading the weights, so padding costs
-    what it adds (TinyLlama's gate/up projection on a Zen 5: 12.6 ms at 50 rows, 13.8 ms padded to 56, as the
+    what it adds (TinyLlama's gate/up projection on a Zen 4: 12.6 ms at 50 rows, 13.8 ms padded to 56, as the
     coarser steps this replaced did).
     """
     if rows <= EXACT_ROWS:
@@ -239,6 +239,13 @@ class ModelRunner:
             self.kv_dtype not in cpu_native.KERNEL_DTYPES or self.kv_dtype != self.dtype
         ):
             self.kernel_backend = "torch"  # not a pool the C decode kernel takes: keep the reference's kept plans
+        # how the C decode attention prefetches K/V rows: measured on this CPU for this KV shape, once per model
+        self.decode_prefetch = (
+            decode_prefetch.choice_for(model, block_size, self.kv_dtype)
+            if decode_prefetch.applies(self.device, self.kernel_backend, self.kv_dtype)
+            else None
+        )
+        self._prefetch = self.decode_prefetch.prefetch if self.decode_prefetch else cpu_native.DEFAULT_PREFETCH
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -537,6 +544,7 @@ class ModelRunner:
                 backend=backend,
                 max_context_len=_known(step.max_context_len),
                 plan=plan,
+                prefetch=self._prefetch,
             )
         else:
             out = kernels.paged_prefill_attention(

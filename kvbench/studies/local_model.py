@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 
+from kvbench import kernels
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.models import cpu_choices, cpu_heap, cpu_linear
+from kvbench.models import cpu_choices, cpu_heap, cpu_linear, decode_prefetch
 from kvbench.models.cpu_choices import MatmulPlan
+from kvbench.models.decode_prefetch import PrefetchChoice
 from kvbench.models.gguf_file import is_gguf
 from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.hf_model import (
@@ -52,6 +54,7 @@ class LoadedModel:
     real_weights: bool = False  # a checkpoint (not a preset's random weights)
     threads: ThreadChoice | None = None  # CPU only: the intra-op threads the matmuls use, and why
     matmul_plan: MatmulPlan | None = None  # CPU with packing: each weight's matmul path by row count, measured
+    decode_prefetch: PrefetchChoice | None = None  # CPU, C kernels: the decode attention's prefetch, measured
 
     @property
     def eos_token_id(self) -> int | None:
@@ -71,9 +74,11 @@ def load_model(
     max_len: int | None = None,
     tokenizer: Any = _UNSET,
     threads: int | None = None,
+    block_size: int | None = None,
 ) -> LoadedModel:
     """A preset with random weights from ``seed``, a local checkpoint directory (safetensors only) or a GGUF file
-    (dequantized to the run's dtype), with its tokenizer (pass ``tokenizer`` when it is already loaded).
+    (dequantized to the run's dtype), with its tokenizer (pass ``tokenizer`` when it is already loaded). With the
+    engines' ``block_size`` on a CPU, the decode attention's prefetch is chosen now too (to print it up front).
 
     Refused before any weight is allocated: a shape the tensor engine does not run (read from ``config.json``
     or the GGUF header), a ``max_len`` past the model's context, and weights plus activations that do not fit
@@ -104,7 +109,7 @@ def load_model(
         model = load_gguf_model(Path(spec), device=torch_device, dtype=torch_dtype)
     else:
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
-    choice = plan = None
+    choice = plan = prefetch = None
     if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
         choice = choose_threads(
             shape.hidden_size,
@@ -115,11 +120,18 @@ def load_model(
             cache=True,
         )
         plan = _matmul_plan(model, torch_device, torch_dtype)
+        if block_size is not None and decode_prefetch.applies(
+            torch_device, kernels.resolve_backend(torch_device, None), torch_dtype
+        ):
+            try:
+                prefetch = decode_prefetch.choice_for(model, block_size, torch_dtype)
+            except ValueError as error:  # an unknown KVBENCH_DECODE_PREFETCH
+                raise KvbenchError(str(error)) from None
         cpu_heap.keep_freed_memory()  # what the runners would do: applied here, so a run prints it before its points
     extra = [shape.eos_token_id] if shape.eos_token_id is not None else []
     stops = stop_token_ids(model, tokenizer, extra)
     return LoadedModel(
-        shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice, plan
+        shape, model, torch_device, torch_dtype, tokenizer, stops, spec not in MODEL_PRESETS, choice, plan, prefetch
     )
 
 

@@ -221,6 +221,9 @@ class SweepSetup:
             repeat=self.options.repeat,
             threads=self.backend.threads,
             cpu_matmuls=plan.as_dict() if (loaded := self.backend.loaded) and (plan := loaded.matmul_plan) else None,
+            cpu_decode_prefetch=(
+                prefetch.as_dict() if (loaded := self.backend.loaded) and (prefetch := loaded.decode_prefetch) else None
+            ),
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             requests_per_point={str(c): n for c, n in self.counts.items()},
             stop=self.workload.stop,

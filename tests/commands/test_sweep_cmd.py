@@ -529,15 +529,21 @@ def test_ray_missing_is_refused_before_the_model_loads(tmp_path, monkeypatch, ca
     ]
 
 
+def prefetch_words(record: dict) -> str:
+    return "off" if record["ahead"] == 0 else f"{record['ahead']} tokens ahead into L{record['level']}"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_path, monkeypatch, capsys, dtype):
     """``--dtype bf16`` and ``fp16`` on a CPU, with the start-up measurements on (they once crashed the thread probe:
     float32 activations against a half-precision weight): threads and matmul paths measured at the run's dtype,
-    printed, kept in the metadata and cached for the next run."""
-    from kvbench.models import threads
+    printed, kept in the metadata and cached for the next run; at bf16 the C decode attention's prefetch too."""
+    from kvbench.models import decode_prefetch, threads
 
     monkeypatch.delenv("KVBENCH_THREADS", raising=False)
     monkeypatch.delenv("KVBENCH_MATMUL", raising=False)
+    monkeypatch.delenv(decode_prefetch.ENV, raising=False)
+    monkeypatch.setattr(decode_prefetch, "last_level_cache_bytes", lambda: 1 << 20)  # a small probe pool
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     for attempt in ("first", "second"):
@@ -560,5 +566,10 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
             }
             assert plan["source"].startswith("cached" if attempt == "second" else "measured now")
             assert "CPU matmul paths, " in printed and "lm_head [512 x 64]" in printed
+            prefetch = meta["cpu_decode_prefetch"]
+            assert ("cached, measured" in prefetch["reason"]) == (attempt == "second")
+            assert set(prefetch["timings_us"]) == {"0:L1", "16:L1", "32:L1", "16:L2", "32:L2"}
+            assert f"decode attention prefetch: {prefetch_words(prefetch)} (measured over" in printed
         else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured
             assert meta["cpu_matmuls"] is None
+            assert meta["cpu_decode_prefetch"] is None  # the C decode attention takes float32 and bfloat16

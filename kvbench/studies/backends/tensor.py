@@ -110,6 +110,7 @@ def build_tensor_backend(context: BuildContext) -> BackendSetup:
         context.seed,
         max_len=base.max_len,
         threads=options.threads,
+        block_size=base.block_size,
         **known,
     )
     engines = len(options.engines)
