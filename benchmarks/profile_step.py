@@ -28,7 +28,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
-from kvbench.models import cpu_linear
+from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.runner import matmul_rows
 from kvbench.models.shapes import ModelShape
@@ -111,7 +111,14 @@ def profile(
     spent["Python and glue (scheduling, packing, norms, rotary, adds)"] = total - sum(spent.values())
     tokens = sum(r.num_outputs for r in result.requests)
     prefetch = runner.decode_prefetch.line() if runner.decode_prefetch else None
-    return {"total_s": total, "tok_s": tokens / total, "parts": dict(spent), "decode_prefetch": prefetch}
+    plan = cpu_choices.plan_of(model)
+    return {
+        "total_s": total,
+        "tok_s": tokens / total,
+        "parts": dict(spent),
+        "decode_prefetch": prefetch,
+        "matmul_plan": plan.lines() if plan else [],
+    }
 
 
 def main() -> None:
@@ -151,6 +158,8 @@ def main() -> None:
             print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
         if report["decode_prefetch"]:
             print(f"  {report['decode_prefetch']}")
+        for line in report["matmul_plan"]:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -60,21 +60,24 @@ class DotWeight:
 
     plain: torch.Tensor
     packed: torch.Tensor  # [n_pad / 32, k_pad / 2, 32, 2] bfloat16
+    stream: bool = False  # the tiles of a block share the prefetch of the weight's next chunk (cpu_bf16_dot.c)
 
     @property
     def shape(self) -> torch.Size:
         return self.plain.shape
 
 
-def pack(weight: torch.Tensor) -> DotWeight:
+def pack(weight: torch.Tensor, stream: bool = False) -> DotWeight:
     """``weight`` laid out as the kernel reads it: for each 32 output columns, their values in pairs of adjacent
-    inputs (``[k/2][32][2]``), zero past the last column and, for an odd k, beside the last input."""
+    inputs (``[k/2][32][2]``), zero past the last column and, for an odd k, beside the last input. ``stream``: its
+    products are streamed (the kernel's two ways of reading the weight; which is faster at which row count is
+    measured, :mod:`kvbench.models.cpu_choices`)."""
     n, k = weight.shape
     n_pad, k_pad = -(-n // STRIP) * STRIP, k + (k & 1)
     padded = torch.zeros((n_pad, k_pad), dtype=torch.bfloat16)
     padded[:n, :k] = weight
     packed = padded.view(n_pad // STRIP, STRIP, k_pad // 2, 2).permute(0, 2, 1, 3).contiguous()
-    return DotWeight(weight, packed)
+    return DotWeight(weight, packed, stream)
 
 
 def packed_bytes(weight: torch.Tensor) -> int:
@@ -100,7 +103,18 @@ def linear(x: torch.Tensor, weight: DotWeight, bias: torch.Tensor | None = None)
 
     def run(first: int, last: int) -> None:
         if lib.kvbench_linear_bf16dot(
-            x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n, bias_address, out.data_ptr(), n
+            x.data_ptr(),
+            m,
+            k,
+            x.stride(0),
+            weight.packed.data_ptr(),
+            first,
+            last,
+            n,
+            bias_address,
+            out.data_ptr(),
+            n,
+            int(weight.stream),
         ):
             raise RuntimeError(f"the C kernels were built without {_INSTRUCTION_SET}")
 

@@ -13,9 +13,9 @@ or none when the plain weight won everywhere). A step's row count takes the choi
 measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
-timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|bf16-dot|packed`` forces one path everywhere for tests and
-A/B benchmarks (bf16-weights, AMX and bf16-dot only where their kernel takes the weight, else oneDNN; ``packed``:
-AMX where it takes the weight, else oneDNN).
+timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|bf16-dot|bf16-dot-stream|packed`` forces one path
+everywhere for tests and A/B benchmarks (bf16-weights, AMX and the bf16-dot kernel only where their kernel takes the
+weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from kvbench.kernels import cpu_native
 from kvbench.models import cpu_linear, measured_cache
-from kvbench.models.cpu_linear import AMX, BF16DOT, BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, ONEDNN, PLAIN
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
@@ -47,6 +47,7 @@ FORCED = {
     "bf16-weights": BF16W,
     "amx": AMX,
     "bf16-dot": BF16DOT,
+    "bf16-dot-stream": BF16DOT_STREAM,
     "packed": "packed",
 }  # packed: AMX where it takes the weight, else oneDNN
 _PLAN_ATTR = "_kvbench_matmul_plan"  # on the model: the plan its runners follow
@@ -64,8 +65,9 @@ class MatmulChoice:
 
     @property
     def copies(self) -> tuple[str, ...]:
-        """The packed copies the chosen paths need (none when the plain weight won everywhere)."""
-        return tuple(dict.fromkeys(path for path in self.paths if path != PLAIN))
+        """The packed copies the chosen paths need (none when the plain weight won everywhere; the vdpbf16ps
+        kernel's two ways of reading share one)."""
+        return tuple(dict.fromkeys(cpu_linear.copy_kind(path) for path in self.paths if path != PLAIN))
 
     def path_at(self, rows: int) -> str:
         """The path a step of ``rows`` rows takes: that of the nearest row count measured (on a log scale: the
@@ -255,7 +257,10 @@ def _from_record(record: dict, weights: dict[str, torch.Tensor]) -> dict[str, Ma
 def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, ...]], name: str) -> MatmulPlan:
     path = FORCED.get(name.lower())
     if path is None:
-        raise ValueError(f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX, bf16-dot or packed")
+        raise ValueError(
+            f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX, bf16-dot, bf16-dot-stream"
+            " or packed"
+        )
     choices = {}
     for role, weight in weights.items():
         offered = candidates[role]

@@ -20,6 +20,7 @@ gets none. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from kvbench.kernels import cpu_amx, cpu_bf16_dot, cpu_bf16_weights
 ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
 PLAIN, ONEDNN, BF16W, AMX, BF16DOT = "plain", "oneDNN-packed", "bf16-weights", "AMX", "bf16-dot"
+BF16DOT_STREAM = "bf16-dot-stream"  # the vdpbf16ps kernel over the same copy, streaming the weight (cpu_bf16_dot.c)
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_ptr, shape, path), routed weights
 
 
@@ -59,8 +61,13 @@ def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
     if cpu_amx.takes(weight):
         paths.append(AMX)
     if cpu_bf16_dot.takes(weight):
-        paths.append(BF16DOT)
+        paths += [BF16DOT, BF16DOT_STREAM]
     return tuple(paths)
+
+
+def copy_kind(path: str) -> str:
+    """The packed copy ``path`` multiplies (the vdpbf16ps kernel's two ways of reading share one)."""
+    return BF16DOT if path == BF16DOT_STREAM else path
 
 
 def default_path(weight: torch.Tensor) -> str:
@@ -112,9 +119,10 @@ def pack(weight: torch.Tensor) -> PackedWeight:
 
 
 def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
-    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W`, :data:`AMX` or :data:`BF16DOT`)."""
-    if path == BF16DOT:
-        return cpu_bf16_dot.pack(weight)
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W`, :data:`AMX`, :data:`BF16DOT` or
+    :data:`BF16DOT_STREAM`)."""
+    if path in (BF16DOT, BF16DOT_STREAM):
+        return cpu_bf16_dot.pack(weight, stream=path == BF16DOT_STREAM)
     if path == AMX:
         return cpu_amx.pack(weight)
     if path == BF16W:
@@ -136,7 +144,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
         if (
             (path == AMX and not cpu_amx.takes(weight))
             or (path == BF16W and not cpu_bf16_weights.takes(weight))
-            or (path == BF16DOT and not cpu_bf16_dot.takes(weight))
+            or (path in (BF16DOT, BF16DOT_STREAM) and not cpu_bf16_dot.takes(weight))
         ):
             path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
         fixed.append((low, high, path))
@@ -150,10 +158,12 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
     if key not in cache:
         copies = {}
         for path in dict.fromkeys(path for _, _, path in fixed if path != PLAIN):
-            copy_key = (weight.data_ptr(), tuple(weight.shape), path)
+            kind = copy_kind(path)
+            copy_key = (weight.data_ptr(), tuple(weight.shape), kind)
             if copy_key not in cache:
-                cache[copy_key] = packed_copy(weight, path)
-            copies[path] = cache[copy_key]
+                cache[copy_key] = packed_copy(weight, kind)
+            copy = cache[copy_key]
+            copies[path] = dataclasses.replace(copy, stream=True) if path == BF16DOT_STREAM else copy
         cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
@@ -174,7 +184,7 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]]
             total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif path == BF16W:
             total += count * cpu_bf16_weights.packed_bytes(torch.empty(rows, columns, device="meta"))
-        elif path == BF16DOT:
+        elif copy_kind(path) == BF16DOT:
             total += count * cpu_bf16_dot.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif path == ONEDNN:
             total += count * rows * columns * element
@@ -200,7 +210,7 @@ def path_at(weight: CpuWeight, rows: int) -> str:
     if isinstance(weight, PackedWeight):
         return ONEDNN
     if isinstance(weight, cpu_bf16_dot.DotWeight):
-        return BF16DOT
+        return BF16DOT_STREAM if weight.stream else BF16DOT
     return BF16W if isinstance(weight, cpu_bf16_weights.Bf16Weight) else AMX
 
 

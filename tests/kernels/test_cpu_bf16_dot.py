@@ -66,6 +66,18 @@ def test_long_steps_go_in_blocks_of_rows_and_each_row_is_its_own(variant, k: int
         assert torch.equal(cpu_bf16_dot.linear(x[row : row + 1], packed)[0], result[row])  # its sum alone
 
 
+@pytest.mark.parametrize(("rows", "k"), [(1, 600), (13, 1025), (16, 576), (50, 2048), (300, 96), (800, 32)])
+def test_streaming_the_weight_changes_no_bit(variant, rows: int, k: int) -> None:
+    """Streamed, the tiles only prefetch the next chunk besides: the same sums in the same order, whatever the
+    number of tiles per block (1, 2, 5, blocks of 384) or chunks (an odd k, k in 3 or 8 chunks of pairs)."""
+    weight, x, bias = bf16(200, k, seed=k), bf16(rows, k, seed=rows), bf16(200, seed=3)
+    plain, streamed = cpu_bf16_dot.pack(weight), cpu_bf16_dot.pack(weight, stream=True)
+    assert streamed.stream and not plain.stream
+    result = cpu_bf16_dot.linear(x, streamed, bias)
+    assert torch.equal(result, cpu_bf16_dot.linear(x, plain, bias))
+    assert_within_bound(result, x, weight, bias)
+
+
 def test_threads_share_the_columns_without_changing_a_bit(variant) -> None:
     packed = cpu_bf16_dot.pack(bf16(1000, 256, seed=3))
     x = bf16(40, 256, seed=4)
@@ -112,10 +124,10 @@ def test_takes_only_large_bf16_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not cpu_bf16_dot.takes(weight.float())  # a float32 run has its own kernels
     assert not cpu_bf16_dot.takes(weight[:8, :8].clone())  # too small to pay off
     assert cpu_bf16_dot.packed_bytes(torch.empty(100, 33)) == 128 * 34 * 2
-    assert cpu_linear.BF16DOT in cpu_linear.candidate_paths(weight)
+    assert {cpu_linear.BF16DOT, cpu_linear.BF16DOT_STREAM} <= set(cpu_linear.candidate_paths(weight))
     monkeypatch.setenv(cpu_bf16_dot.ENV, "0")
     assert not cpu_bf16_dot.takes(weight) and "KVBENCH_BF16_DOT=0" in cpu_bf16_dot.unavailable_reason()
-    assert cpu_linear.BF16DOT not in cpu_linear.candidate_paths(weight)
+    assert not {cpu_linear.BF16DOT, cpu_linear.BF16DOT_STREAM} & set(cpu_linear.candidate_paths(weight))
 
 
 def test_routed_bf16_weights_take_the_kernel_and_others_fall_back_to_onednn() -> None:
@@ -131,3 +143,20 @@ def test_routed_bf16_weights_take_the_kernel_and_others_fall_back_to_onednn() ->
     assert cpu_linear.packed_copy_bytes(model, [((512, 256), cpu_linear.BF16DOT, 3)]) == 3 * 512 * 256 * 2
     as_float = cpu_linear.pack_for(torch.nn.Module(), weight.float(), ((0, 1 << 62, cpu_linear.BF16DOT),))
     assert set(as_float.copies) == {cpu_linear.ONEDNN}  # a float32 weight is never given to the bfloat16 kernel
+
+
+def test_both_ways_of_reading_share_one_copy() -> None:
+    """A weight routed to the kernel unstreamed at some row counts and streamed at others keeps one packed copy
+    (counted once by pre-flight) and multiplies each row count the way its route says."""
+    if not cpu_bf16_dot.available():
+        pytest.skip(f"the kernel is unavailable here: {cpu_bf16_dot.unavailable_reason()}")
+    weight = bf16(512, 256, seed=8)
+    routes = ((0, 8, cpu_linear.BF16DOT), (8, 1 << 62, cpu_linear.BF16DOT_STREAM))
+    routed = cpu_linear.pack_for(torch.nn.Module(), weight, routes)
+    plain, streamed = routed.copies[cpu_linear.BF16DOT], routed.copies[cpu_linear.BF16DOT_STREAM]
+    assert streamed.stream and not plain.stream and streamed.packed is plain.packed
+    assert cpu_linear.path_at(routed, 4) == cpu_linear.BF16DOT and cpu_linear.path_at(routed, 16) == "bf16-dot-stream"
+    assert cpu_linear.path_at(streamed, 1) == cpu_linear.BF16DOT_STREAM
+    x = bf16(16, 256, seed=9)
+    assert torch.equal(cpu_linear.linear(x, routed), cpu_bf16_dot.linear(x, plain))
+    assert cpu_linear.copy_kind(cpu_linear.BF16DOT_STREAM) == cpu_linear.BF16DOT

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.cpu_choices import MatmulChoice
-from kvbench.models.cpu_linear import BF16DOT, BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import BF16DOT, BF16DOT_STREAM, BF16W, ONEDNN, PLAIN
 
 ROWS = cpu_choices.ROWS
 
@@ -128,11 +128,14 @@ def test_a_bf16_model_times_the_vdpbf16ps_kernel_and_can_be_forced_onto_it(measu
     weights = {"o_proj": torch.randn(512, 256, generator=generator).bfloat16()}  # large enough for the kernel
     plan = cpu_choices.measure_plan(weights)
     timings = plan.choice("o_proj").timings_us
-    assert all(set(t) == {PLAIN, ONEDNN, BF16DOT} for t in timings.values())
+    assert all(set(t) == {PLAIN, ONEDNN, BF16DOT, BF16DOT_STREAM} for t in timings.values())
     assert plan.lines()[0].startswith(f"CPU matmul paths, {plan.threads} thread(s), bf16 (measured now")
-    monkeypatch.setenv(cpu_choices.FORCE_ENV, "bf16-dot")
-    forced = cpu_choices.measure_plan(weights)
-    assert forced.choice("o_proj").copies == (BF16DOT,) and not forced.choice("o_proj").timings_us
+    assert set(plan.choice("o_proj").copies) <= {ONEDNN, BF16DOT}  # streamed or not, the kernel's copy is one
+    for name, path in (("bf16-dot", BF16DOT), ("bf16-dot-stream", BF16DOT_STREAM)):
+        monkeypatch.setenv(cpu_choices.FORCE_ENV, name)
+        forced = cpu_choices.measure_plan(weights)
+        assert forced.choice("o_proj").paths == (path,) and not forced.choice("o_proj").timings_us
+        assert forced.choice("o_proj").copies == (BF16DOT,)
 
 
 def test_the_runner_follows_the_plan_row_count_by_row_count(monkeypatch) -> None:
