@@ -20,10 +20,11 @@
  * reuse it: the memory is busy in bursts. Streamed, every tile also brings its share of the next chunk into L2 (a
  * tile of T takes 1/T of it, spread over its pairs), so the weight flows from memory while every tile computes. On a
  * Zen 4 core, with SmolLM2-135M's layer weights read from memory, that took 8-32 rows 1.08-1.26x faster and left 50
- * and more level; 1-6 rows moved either way within the noise. As with oneDNN, which to use at which row count is
- * measured on the machine. Measured on a Zen 4 core against oneDNN's bfloat16 kernel: ahead
- * at decode sizes, level from a few hundred rows at k = 576 and 0.8-0.95x there at k = 2048; which to use at which
- * row count is measured on the machine (kvbench.models.cpu_choices), not decided here.
+ * and more level; 1-6 rows moved either way within the noise.
+ *
+ * Measured on a Zen 4 core against oneDNN's bfloat16 kernel: ahead at decode sizes, level from a few hundred rows
+ * at k = 576 and 0.8-0.95x there at k = 2048; which path (streamed or not, or oneDNN) to use at which row count is
+ * measured on the machine (kvbench.models.cpu_choices), not decided here.
  */
 #include <stdint.h>
 #include <string.h>

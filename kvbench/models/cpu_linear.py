@@ -20,9 +20,8 @@ gets none. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -163,7 +162,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
             if copy_key not in cache:
                 cache[copy_key] = packed_copy(weight, kind)
             copy = cache[copy_key]
-            copies[path] = dataclasses.replace(copy, stream=True) if path == BF16DOT_STREAM else copy
+            copies[path] = replace(copy, stream=True) if path == BF16DOT_STREAM else copy
         cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
