@@ -120,7 +120,7 @@ def pack(weight: torch.Tensor) -> PackedWeight:
 def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
     """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W`, :data:`AMX`, :data:`BF16DOT` or
     :data:`BF16DOT_STREAM`)."""
-    if path in (BF16DOT, BF16DOT_STREAM):
+    if copy_kind(path) == BF16DOT:
         return cpu_bf16_dot.pack(weight, stream=path == BF16DOT_STREAM)
     if path == AMX:
         return cpu_amx.pack(weight)
@@ -143,7 +143,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
         if (
             (path == AMX and not cpu_amx.takes(weight))
             or (path == BF16W and not cpu_bf16_weights.takes(weight))
-            or (path in (BF16DOT, BF16DOT_STREAM) and not cpu_bf16_dot.takes(weight))
+            or (copy_kind(path) == BF16DOT and not cpu_bf16_dot.takes(weight))
         ):
             path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
         fixed.append((low, high, path))
