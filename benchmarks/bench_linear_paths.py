@@ -1,15 +1,16 @@
 """The CPU matmul paths side by side on the real shapes' matrices: the plain weight (torch's BLAS), oneDNN's packed
-copy, and for bfloat16-valued weights the bfloat16-weight kernel and, where the CPU has it, AMX.
+copy, and for bfloat16-valued weights the bfloat16-weight kernel (read two ways: streamed or not) and, where the CPU
+has it, AMX; at bf16, the vdpbf16ps kernel's two ways where the CPU has AVX-512 BF16.
 
 For each weight of SmolLM2-135M and TinyLlama-1.1B (fused q/k/v, o, fused gate/up, down, lm_head) and each row
 count (decode batches of 1, 16 and 50 rows, prefill chunks of 512 and 2,048), times every path this machine offers,
 interleaved (the median of each), on bfloat16-valued weights, at fp32 (or bf16 activations and weights with
-``--dtype bf16``, where the plain and oneDNN paths are the candidates); prints each path's GFLOP/s and the largest
-error of each against a float64 product as a share of float32's error bound (fp32 only). ``--cold`` empties the
-cache before each call, as a run over a model larger than the cache finds its weights. This is what
-``kvbench.models.cpu_choices`` measures at start-up, at more row counts and every path, for reading. ``--clock cpu``
-times the thread's CPU time instead of wall time (one thread), which other processes taking the core away inflate
-less.
+``--dtype bf16``, where the plain and oneDNN paths and the vdpbf16ps kernel are the candidates); prints each path's
+GFLOP/s and the largest error of each against a float64 product as a share of float32's error bound (fp32 only).
+``--cold`` empties the cache before each call, as a run over a model larger than the cache finds its weights. This
+is what ``kvbench.models.cpu_choices`` measures at start-up, at more row counts and every path, for reading.
+``--clock cpu`` times the thread's CPU time instead of wall time (one thread), which other processes taking the
+core away inflate less.
 
     python benchmarks/bench_linear_paths.py                      # 1 thread, fp32
     python benchmarks/bench_linear_paths.py --threads 2 --cold

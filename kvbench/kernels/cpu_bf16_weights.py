@@ -71,21 +71,25 @@ class Bf16Weight:
     :func:`linear`)."""
 
     plain: torch.Tensor
-    packed: torch.Tensor  # [n_pad / 32, k, 32] bfloat16
+    packed: torch.Tensor  # [n_pad / 32, k, 16, 2] bfloat16: each row of a strip as pairs (column c, column c + 16)
+    stream: bool = False  # the tiles of a block share the prefetch of the weight's next chunk (cpu_bf16_weights.c)
 
     @property
     def shape(self) -> torch.Size:
         return self.plain.shape
 
 
-def pack(weight: torch.Tensor) -> Bf16Weight:
+def pack(weight: torch.Tensor, stream: bool = False) -> Bf16Weight:
     """``weight`` with its bfloat16 copy laid out as the kernel reads it: for each 32 output columns, the k rows of
-    their 32 values."""
+    their 32 values, each row as 16 pairs (column c, column c + 16), zero past the last column. ``stream``: its
+    products are streamed (the kernel's two ways of reading the weight; which is faster at which row count is
+    measured, :mod:`kvbench.models.cpu_choices`)."""
     n, k = weight.shape
     n_pad = -(-n // STRIP) * STRIP
     padded = torch.zeros((n_pad, k), dtype=torch.bfloat16)
     padded[:n] = weight
-    return Bf16Weight(weight, padded.view(n_pad // STRIP, STRIP, k).transpose(1, 2).contiguous())
+    strips = padded.view(n_pad // STRIP, 2, STRIP // 2, k)  # [strip, half, c, k]: column 16 * half + c
+    return Bf16Weight(weight, strips.permute(0, 3, 2, 1).contiguous(), stream)
 
 
 def packed_bytes(weight: torch.Tensor) -> int:
@@ -129,7 +133,17 @@ def linear(x: torch.Tensor, weight: Bf16Weight, bias: torch.Tensor | None = None
 
     def run(first: int, last: int) -> None:
         lib.kvbench_linear_bf16w_f32(
-            x.data_ptr(), m, k, x.stride(0), weight.packed.data_ptr(), first, last, n, out.data_ptr(), n
+            x.data_ptr(),
+            m,
+            k,
+            x.stride(0),
+            weight.packed.data_ptr(),
+            first,
+            last,
+            n,
+            out.data_ptr(),
+            n,
+            int(weight.stream),
         )
 
     over_strips(run, weight.packed.shape[0], m)

@@ -182,7 +182,7 @@ SIGNATURES = {
     "kvbench_all_bf16": (ctypes.c_int, ["p", "i"]),
     "kvbench_split3_bf16": (None, ["p", "i", "i", "i", "p", "i", "i"]),
     "kvbench_amx_linear_f32": (None, ["p", "i", "i", "p", "i", "p", "i", "i", "i", "i", "i"]),
-    "kvbench_linear_bf16w_f32": (None, ["p", "i", "i", "i", "p", "i", "i", "i", "p", "i"]),
+    "kvbench_linear_bf16w_f32": (None, ["p", "i", "i", "i", "p", "i", "i", "i", "p", "i", "i"]),
     "kvbench_linear_bf16dot": (ctypes.c_int, ["p", "i", "i", "i", "p", "i", "i", "i", "p", "p", "i", "i"]),
 }
 _CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}

@@ -1,7 +1,8 @@
 """Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
 
 The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, for
-bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel)
+bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel; each
+of the two kernels read two ways, streamed or not)
 differ by machine, by 2-3x and in either direction, so none is chosen by a rule. For each weight the runner
 multiplies (the model's first layer stands for all: q/k/v, o, gate/up, down; and the lm_head) every candidate path
 is timed at a few row counts, from a decode step's one row to a long prefill's thousand, with interleaved rounds
@@ -13,8 +14,8 @@ or none when the plain weight won everywhere). A step's row count takes the choi
 measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
-timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|AMX|bf16-dot|bf16-dot-stream|packed`` forces one path
-everywhere for tests and A/B benchmarks (bf16-weights, AMX and the bf16-dot kernel only where their kernel takes the
+timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|bf16-weights-stream|AMX|bf16-dot|bf16-dot-stream|packed``
+forces one path everywhere for tests and A/B benchmarks (the kernels' paths only where their kernel takes the
 weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
 """
 
@@ -29,7 +30,7 @@ import torch
 
 from kvbench.kernels import cpu_native
 from kvbench.models import cpu_linear, measured_cache
-from kvbench.models.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
@@ -45,6 +46,7 @@ FORCED = {
     "plain": PLAIN,
     "onednn": ONEDNN,
     "bf16-weights": BF16W,
+    "bf16-weights-stream": BF16W_STREAM,
     "amx": AMX,
     "bf16-dot": BF16DOT,
     "bf16-dot-stream": BF16DOT_STREAM,
@@ -258,8 +260,8 @@ def _forced(weights: dict[str, torch.Tensor], candidates: dict[str, tuple[str, .
     path = FORCED.get(name.lower())
     if path is None:
         raise ValueError(
-            f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, AMX, bf16-dot, bf16-dot-stream"
-            " or packed"
+            f"unknown {FORCE_ENV}={name!r}; choose plain, oneDNN, bf16-weights, bf16-weights-stream, AMX, bf16-dot,"
+            " bf16-dot-stream or packed"
         )
     choices = {}
     for role, weight in weights.items():

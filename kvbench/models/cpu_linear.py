@@ -33,6 +33,8 @@ ENV = "KVBENCH_PACKED_WEIGHTS"
 BATCH_HINT = 16  # the batch size the packed layout is tuned for; any batch size works
 PLAIN, ONEDNN, BF16W, AMX, BF16DOT = "plain", "oneDNN-packed", "bf16-weights", "AMX", "bf16-dot"
 BF16DOT_STREAM = "bf16-dot-stream"  # the vdpbf16ps kernel over the same copy, streaming the weight (cpu_bf16_dot.c)
+BF16W_STREAM = "bf16-weights-stream"  # the bfloat16-weight kernel over the same copy, streaming (cpu_bf16_weights.c)
+_STREAMED = {BF16DOT_STREAM: BF16DOT, BF16W_STREAM: BF16W}  # a streamed path -> the copy it shares
 _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_ptr, shape, path), routed weights
 
 
@@ -56,7 +58,7 @@ def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
         return (PLAIN,)
     paths = [PLAIN, ONEDNN]
     if cpu_bf16_weights.takes(weight):
-        paths.append(BF16W)
+        paths += [BF16W, BF16W_STREAM]
     if cpu_amx.takes(weight):
         paths.append(AMX)
     if cpu_bf16_dot.takes(weight):
@@ -65,8 +67,9 @@ def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:
 
 
 def copy_kind(path: str) -> str:
-    """The packed copy ``path`` multiplies (the vdpbf16ps kernel's two ways of reading share one)."""
-    return BF16DOT if path == BF16DOT_STREAM else path
+    """The packed copy ``path`` multiplies (each kernel's two ways of reading its weight, streamed or not, share
+    one)."""
+    return _STREAMED.get(path, path)
 
 
 def default_path(weight: torch.Tensor) -> str:
@@ -118,14 +121,14 @@ def pack(weight: torch.Tensor) -> PackedWeight:
 
 
 def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
-    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`BF16W`, :data:`AMX`, :data:`BF16DOT` or
-    :data:`BF16DOT_STREAM`)."""
+    """``weight`` with its packed copy for ``path`` (:data:`ONEDNN`, :data:`AMX`, or either way of reading of
+    :data:`BF16W` or :data:`BF16DOT`)."""
     if copy_kind(path) == BF16DOT:
-        return cpu_bf16_dot.pack(weight, stream=path == BF16DOT_STREAM)
+        return cpu_bf16_dot.pack(weight, stream=path in _STREAMED)
     if path == AMX:
         return cpu_amx.pack(weight)
-    if path == BF16W:
-        return cpu_bf16_weights.pack(weight)
+    if copy_kind(path) == BF16W:
+        return cpu_bf16_weights.pack(weight, stream=path in _STREAMED)
     if path == ONEDNN:
         return pack(weight)
     raise ValueError(f"no packed copy for the {path!r} path")
@@ -142,7 +145,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
     for low, high, path in routes:  # these kernels take only bfloat16 values: a weight holding others goes to oneDNN
         if (
             (path == AMX and not cpu_amx.takes(weight))
-            or (path == BF16W and not cpu_bf16_weights.takes(weight))
+            or (copy_kind(path) == BF16W and not cpu_bf16_weights.takes(weight))
             or (copy_kind(path) == BF16DOT and not cpu_bf16_dot.takes(weight))
         ):
             path = ONEDNN if packing_available(weight.device, weight.dtype) else PLAIN
@@ -162,7 +165,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
             if copy_key not in cache:
                 cache[copy_key] = packed_copy(weight, kind)
             copy = cache[copy_key]
-            copies[path] = replace(copy, stream=True) if path == BF16DOT_STREAM else copy
+            copies[path] = replace(copy, stream=path in _STREAMED) if kind in _STREAMED.values() else copy
         cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
@@ -181,7 +184,7 @@ def packed_copy_bytes(model: Any, copies: list[tuple[tuple[int, int], str, int]]
     for (rows, columns), path, count in copies:
         if path == AMX:
             total += count * cpu_amx.packed_bytes(torch.empty(rows, columns, device="meta"))
-        elif path == BF16W:
+        elif copy_kind(path) == BF16W:
             total += count * cpu_bf16_weights.packed_bytes(torch.empty(rows, columns, device="meta"))
         elif copy_kind(path) == BF16DOT:
             total += count * cpu_bf16_dot.packed_bytes(torch.empty(rows, columns, device="meta"))
@@ -210,7 +213,9 @@ def path_at(weight: CpuWeight, rows: int) -> str:
         return ONEDNN
     if isinstance(weight, cpu_bf16_dot.DotWeight):
         return BF16DOT_STREAM if weight.stream else BF16DOT
-    return BF16W if isinstance(weight, cpu_bf16_weights.Bf16Weight) else AMX
+    if isinstance(weight, cpu_bf16_weights.Bf16Weight):
+        return BF16W_STREAM if weight.stream else BF16W
+    return AMX
 
 
 def linear(x: torch.Tensor, weight: CpuWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

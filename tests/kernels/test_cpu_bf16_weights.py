@@ -8,6 +8,7 @@ import torch
 from isa_variants import runnable_variants
 
 from kvbench.kernels import cpu_bf16_weights, cpu_native
+from kvbench.models import cpu_linear
 
 UNIT = 2.0**-24  # float32's unit roundoff
 
@@ -52,6 +53,30 @@ def test_long_steps_go_in_blocks_of_rows(variant) -> None:
     assert torch.equal(cpu_bf16_weights.linear(x[37:38], cpu_bf16_weights.pack(weight))[0], result[37])  # rows alone
 
 
+@pytest.mark.parametrize(("rows", "k"), [(1, 600), (13, 1025), (16, 576), (50, 2048), (300, 96), (100, 70)])
+def test_streaming_the_weight_changes_no_bit(variant, rows: int, k: int) -> None:
+    """Streamed, the tiles only prefetch the next chunk besides: the same sums in the same order, whatever the
+    number of tiles per block (1, 2, 5, several blocks) or chunks (k in 3 or 8 chunks, a short last one)."""
+    weight = bf16_weight(200, k, seed=k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    plain, streamed = cpu_bf16_weights.pack(weight), cpu_bf16_weights.pack(weight, stream=True)
+    assert streamed.stream and not plain.stream
+    result = cpu_bf16_weights.linear(x, streamed)
+    assert torch.equal(result, cpu_bf16_weights.linear(x, plain))
+    assert_within_float32_bound(result, x, weight)
+
+
+def test_the_copy_pairs_column_c_with_column_c_plus_16() -> None:
+    """The layout the kernel widens with one shift and one mask: strip s, row p, pair c holds columns 32s + c (low
+    half) and 32s + 16 + c (high half), zero past the last column."""
+    weight = bf16_weight(40, 5, seed=2)
+    packed = cpu_bf16_weights.pack(weight).packed
+    assert packed.shape == (2, 5, 16, 2) and packed.dtype == torch.bfloat16
+    for strip, p, c, half in [(0, 0, 0, 0), (0, 4, 3, 1), (1, 2, 7, 0), (0, 1, 15, 1)]:
+        assert packed[strip, p, c, half] == weight[32 * strip + 16 * half + c, p]
+    assert not packed[1, :, 8:, :].any() and not packed[1, :, :, 1].any()  # columns 40-63 do not exist
+
+
 def test_threads_share_the_columns_without_changing_a_bit(variant) -> None:
     packed = cpu_bf16_weights.pack(bf16_weight(1000, 256, seed=3))
     x = torch.randn(40, 256)
@@ -90,3 +115,27 @@ def test_takes_only_large_weights_that_are_exactly_bf16(monkeypatch: pytest.Monk
     assert cpu_bf16_weights.packed_bytes(torch.empty(100, 70)) == 128 * 70 * 2
     monkeypatch.setenv(cpu_bf16_weights.ENV, "0")
     assert not cpu_bf16_weights.takes(exact) and "KVBENCH_BF16_WEIGHTS=0" in cpu_bf16_weights.unavailable_reason()
+
+
+def test_both_ways_of_reading_share_one_copy() -> None:
+    """A weight routed to the kernel unstreamed at some row counts and streamed at others keeps one packed copy
+    (counted once by pre-flight) and multiplies each row count the way its route says; a weight holding values off
+    the bfloat16 grid goes to oneDNN whichever way it was routed."""
+    if not cpu_bf16_weights.available():
+        pytest.skip(f"the kernel is unavailable here: {cpu_bf16_weights.unavailable_reason()}")
+    weight = bf16_weight(512, 256, seed=8)
+    routes = ((0, 8, cpu_linear.BF16W_STREAM), (8, 1 << 62, cpu_linear.BF16W))
+    routed = cpu_linear.pack_for(torch.nn.Module(), weight, routes)
+    plain, streamed = routed.copies[cpu_linear.BF16W], routed.copies[cpu_linear.BF16W_STREAM]
+    assert streamed.stream and not plain.stream and streamed.packed is plain.packed
+    assert cpu_linear.path_at(routed, 4) == "bf16-weights-stream" and cpu_linear.path_at(routed, 16) == cpu_linear.BF16W
+    assert cpu_linear.path_at(streamed, 1) == cpu_linear.BF16W_STREAM and cpu_linear.path_at(plain, 1) == "bf16-weights"
+    x = torch.randn(4, 256)
+    assert torch.equal(cpu_linear.linear(x, routed), cpu_bf16_weights.linear(x, plain))
+    assert cpu_linear.copy_kind(cpu_linear.BF16W_STREAM) == cpu_linear.BF16W
+    assert cpu_linear.BF16W_STREAM in cpu_linear.candidate_paths(weight)
+    model = torch.nn.Linear(256, 512)
+    counted = [((512, 256), cpu_linear.BF16W, 2), ((512, 256), cpu_linear.BF16W_STREAM, 1)]
+    assert cpu_linear.packed_copy_bytes(model, counted) == 3 * 512 * 256 * 2
+    off_grid = cpu_linear.pack_for(torch.nn.Module(), weight + 1e-6, ((0, 1 << 62, cpu_linear.BF16W_STREAM),))
+    assert set(off_grid.copies) == {cpu_linear.ONEDNN}

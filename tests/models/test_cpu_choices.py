@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.cpu_choices import MatmulChoice
-from kvbench.models.cpu_linear import BF16DOT, BF16DOT_STREAM, BF16W, ONEDNN, PLAIN
+from kvbench.models.cpu_linear import BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 
 ROWS = cpu_choices.ROWS
 
@@ -107,7 +107,14 @@ def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("forced", "expected"),
-    [("plain", ()), ("oneDNN", (ONEDNN,)), ("packed", (ONEDNN,)), ("bf16-weights", (ONEDNN,)), ("bf16-dot", (ONEDNN,))],
+    [
+        ("plain", ()),
+        ("oneDNN", (ONEDNN,)),
+        ("packed", (ONEDNN,)),
+        ("bf16-weights", (ONEDNN,)),
+        ("bf16-weights-stream", (ONEDNN,)),
+        ("bf16-dot", (ONEDNN,)),
+    ],
 )  # float32 weights holding other values: neither bf16-weights' nor bf16-dot's
 def test_a_forced_path_measures_nothing(monkeypatch, forced: str, expected) -> None:
     monkeypatch.setenv(cpu_choices.FORCE_ENV, forced)
@@ -136,6 +143,22 @@ def test_a_bf16_model_times_the_vdpbf16ps_kernel_and_can_be_forced_onto_it(measu
         forced = cpu_choices.measure_plan(weights)
         assert forced.choice("o_proj").paths == (path,) and not forced.choice("o_proj").timings_us
         assert forced.choice("o_proj").copies == (BF16DOT,)
+
+
+def test_a_bf16_valued_fp32_model_times_both_ways_of_reading_the_bf16_copy(measuring, monkeypatch) -> None:
+    from kvbench.kernels import cpu_bf16_weights
+
+    if not cpu_bf16_weights.available():
+        pytest.skip(f"the bfloat16-weight kernel is unavailable here: {cpu_bf16_weights.unavailable_reason()}")
+    generator = torch.Generator().manual_seed(6)
+    weights = {"o_proj": torch.randn(512, 256, generator=generator).bfloat16().float()}
+    plan = cpu_choices.measure_plan(weights)
+    assert all({BF16W, BF16W_STREAM} <= set(t) for t in plan.choice("o_proj").timings_us.values())
+    assert BF16W_STREAM not in plan.choice("o_proj").copies  # streamed or not, the kernel's copy is one
+    for name, path in (("bf16-weights", BF16W), ("bf16-weights-stream", BF16W_STREAM)):
+        monkeypatch.setenv(cpu_choices.FORCE_ENV, name)
+        forced = cpu_choices.measure_plan(weights)
+        assert forced.choice("o_proj").paths == (path,) and forced.choice("o_proj").copies == (BF16W,)
 
 
 def test_the_runner_follows_the_plan_row_count_by_row_count(monkeypatch) -> None:
