@@ -143,20 +143,3 @@ def test_routed_bf16_weights_take_the_kernel_and_others_fall_back_to_onednn() ->
     assert cpu_linear.packed_copy_bytes(model, [((512, 256), cpu_linear.BF16DOT, 3)]) == 3 * 512 * 256 * 2
     as_float = cpu_linear.pack_for(torch.nn.Module(), weight.float(), ((0, 1 << 62, cpu_linear.BF16DOT),))
     assert set(as_float.copies) == {cpu_linear.ONEDNN}  # a float32 weight is never given to the bfloat16 kernel
-
-
-def test_both_ways_of_reading_share_one_copy() -> None:
-    """A weight routed to the kernel unstreamed at some row counts and streamed at others keeps one packed copy
-    (counted once by pre-flight) and multiplies each row count the way its route says."""
-    if not cpu_bf16_dot.available():
-        pytest.skip(f"the kernel is unavailable here: {cpu_bf16_dot.unavailable_reason()}")
-    weight = bf16(512, 256, seed=8)
-    routes = ((0, 8, cpu_linear.BF16DOT), (8, 1 << 62, cpu_linear.BF16DOT_STREAM))
-    routed = cpu_linear.pack_for(torch.nn.Module(), weight, routes)
-    plain, streamed = routed.copies[cpu_linear.BF16DOT], routed.copies[cpu_linear.BF16DOT_STREAM]
-    assert streamed.stream and not plain.stream and streamed.packed is plain.packed
-    assert cpu_linear.path_at(routed, 4) == cpu_linear.BF16DOT and cpu_linear.path_at(routed, 16) == "bf16-dot-stream"
-    assert cpu_linear.path_at(streamed, 1) == cpu_linear.BF16DOT_STREAM
-    x = bf16(16, 256, seed=9)
-    assert torch.equal(cpu_linear.linear(x, routed), cpu_bf16_dot.linear(x, plain))
-    assert cpu_linear.copy_kind(cpu_linear.BF16DOT_STREAM) == cpu_linear.BF16DOT

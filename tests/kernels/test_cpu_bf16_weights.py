@@ -8,7 +8,6 @@ import torch
 from isa_variants import runnable_variants
 
 from kvbench.kernels import cpu_bf16_weights, cpu_native
-from kvbench.models import cpu_linear
 
 UNIT = 2.0**-24  # float32's unit roundoff
 
@@ -115,27 +114,3 @@ def test_takes_only_large_weights_that_are_exactly_bf16(monkeypatch: pytest.Monk
     assert cpu_bf16_weights.packed_bytes(torch.empty(100, 70)) == 128 * 70 * 2
     monkeypatch.setenv(cpu_bf16_weights.ENV, "0")
     assert not cpu_bf16_weights.takes(exact) and "KVBENCH_BF16_WEIGHTS=0" in cpu_bf16_weights.unavailable_reason()
-
-
-def test_both_ways_of_reading_share_one_copy() -> None:
-    """A weight routed to the kernel unstreamed at some row counts and streamed at others keeps one packed copy
-    (counted once by pre-flight) and multiplies each row count the way its route says; a weight holding values off
-    the bfloat16 grid goes to oneDNN whichever way it was routed."""
-    if not cpu_bf16_weights.available():
-        pytest.skip(f"the kernel is unavailable here: {cpu_bf16_weights.unavailable_reason()}")
-    weight = bf16_weight(512, 256, seed=8)
-    routes = ((0, 8, cpu_linear.BF16W_STREAM), (8, 1 << 62, cpu_linear.BF16W))
-    routed = cpu_linear.pack_for(torch.nn.Module(), weight, routes)
-    plain, streamed = routed.copies[cpu_linear.BF16W], routed.copies[cpu_linear.BF16W_STREAM]
-    assert streamed.stream and not plain.stream and streamed.packed is plain.packed
-    assert cpu_linear.path_at(routed, 4) == "bf16-weights-stream" and cpu_linear.path_at(routed, 16) == cpu_linear.BF16W
-    assert cpu_linear.path_at(streamed, 1) == cpu_linear.BF16W_STREAM and cpu_linear.path_at(plain, 1) == "bf16-weights"
-    x = torch.randn(4, 256)
-    assert torch.equal(cpu_linear.linear(x, routed), cpu_bf16_weights.linear(x, plain))
-    assert cpu_linear.copy_kind(cpu_linear.BF16W_STREAM) == cpu_linear.BF16W
-    assert cpu_linear.BF16W_STREAM in cpu_linear.candidate_paths(weight)
-    model = torch.nn.Linear(256, 512)
-    counted = [((512, 256), cpu_linear.BF16W, 2), ((512, 256), cpu_linear.BF16W_STREAM, 1)]
-    assert cpu_linear.packed_copy_bytes(model, counted) == 3 * 512 * 256 * 2
-    off_grid = cpu_linear.pack_for(torch.nn.Module(), weight + 1e-6, ((0, 1 << 62, cpu_linear.BF16W_STREAM),))
-    assert set(off_grid.copies) == {cpu_linear.ONEDNN}
