@@ -1,17 +1,16 @@
 """Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
 
 The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, for
-bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel; each
-of the two kernels read two ways, streamed or not)
-differ by machine, by 2-3x and in either direction, so none is chosen by a rule. For each weight the runner
-multiplies (the model's first layer stands for all: q/k/v, o, gate/up, down; and the lm_head) every candidate path
-is timed at a few row counts, from a decode step's one row to a long prefill's thousand, with interleaved rounds
-(the minimum of each counts, so a busy neighbour hurts every path alike), and for a model larger than the CPU's
-last-level cache with the cache emptied before each call, as the run will find it. Each row count takes its fastest
-path, held to few copies: the path fastest at the most row counts is the weight's main one, and another takes a row
-count only where it is at least :data:`TIE` faster (a weight may so keep two packed copies, counted by pre-flight,
-or none when the plain weight won everywhere). A step's row count takes the choice of the nearest row count
-measured (on a log scale).
+bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel; both
+kernels read their copy two ways, streamed or not, timed as two paths) differ by machine, by 2-3x and in either
+direction, so none is chosen by a rule. For each weight the runner multiplies (the model's first layer stands for
+all: q/k/v, o, gate/up, down; and the lm_head) every candidate path is timed at a few row counts, from a decode
+step's one row to a long prefill's thousand, with interleaved rounds (the minimum of each counts, so a busy
+neighbour hurts every path alike), and for a model larger than the CPU's last-level cache with the cache emptied
+before each call, as the run will find it. Each row count takes its fastest path, held to few copies: the path
+fastest at the most row counts is the weight's main one, and another takes a row count only where it is at least
+:data:`TIE` faster (a weight may so keep two packed copies, counted by pre-flight, or none when the plain weight won
+everywhere). A step's row count takes the choice of the nearest row count measured (on a log scale).
 
 The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
 timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|bf16-weights-stream|AMX|bf16-dot|bf16-dot-stream|packed``
