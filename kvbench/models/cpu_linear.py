@@ -165,7 +165,7 @@ def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
             if copy_key not in cache:
                 cache[copy_key] = packed_copy(weight, kind)
             copy = cache[copy_key]
-            copies[path] = replace(copy, stream=path in _STREAMED) if kind in _STREAMED.values() else copy
+            copies[path] = replace(copy, stream=True) if path in _STREAMED else copy  # the copy itself: unstreamed
         cache[key] = RoutedWeight(weight, copies, tuple(fixed))
     return cache[key]
 
