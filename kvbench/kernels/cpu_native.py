@@ -41,7 +41,8 @@ from kvbench import private_cache
 ENV = "KVBENCH_NATIVE_KERNELS"
 ISA_ENV = "KVBENCH_CPU_ISA"
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("cpu_ops.c", "cpu_amx.c", "cpu_bf16_weights.c", "cpu_bf16_dot.c")
+    Path(__file__).with_name(name)
+    for name in ("cpu_ops.c", "cpu_amx.c", "cpu_bf16_weights.c", "cpu_bf16_dot.c", "cpu_peak.c")
 )
 FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-Wno-psabi")
 # the instruction-set variants: compiler flags, and the CPU flags (/proc/cpuinfo) a variant needs to run
@@ -184,6 +185,10 @@ SIGNATURES = {
     "kvbench_amx_linear_f32": (None, ["p", "i", "i", "p", "i", "p", "i", "i", "i", "i", "i"]),
     "kvbench_linear_bf16w_f32": (None, ["p", "i", "i", "i", "p", "i", "i", "i", "p", "i", "i"]),
     "kvbench_linear_bf16dot": (ctypes.c_int, ["p", "i", "i", "i", "p", "i", "i", "i", "p", "p", "i", "i"]),
+    "kvbench_peak_vector_bits": (ctypes.c_int, []),
+    "kvbench_peak_fma": (ctypes.c_int64, ["i", "p"]),
+    "kvbench_peak_dpbf16": (ctypes.c_int64, ["i", "p"]),
+    "kvbench_read_sweep": (ctypes.c_int64, ["p", "i", "p"]),
 }
 _CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 
