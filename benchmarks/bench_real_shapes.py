@@ -17,6 +17,14 @@ differ (``=`` when identical). At fp32 they are expected identical; at bf16 each
 how far they agree. The load average is printed after every round (a busy machine slows every engine, not alike),
 and at the end a markdown table ready to paste, with the machine, the load and this command.
 
+Each outcome also gets its roofline (``kvbench.models.roofline``): the least arithmetic and memory reads the workload
+needs, at this core's peak rates measured before the runs (``kvbench.kernels.cpu_peak``: float32 multiply-adds, or
+vdpbf16ps bfloat16 products at bf16 where the core has them, and memory reads; times the thread count), give the
+most output tok/s any engine could reach here. Each engine's share of it says how much is left to win, and the
+ceiling over vLLM's rate is the most any engine could lead vLLM by on this machine. On a CPU with AMX no probe
+bounds the tile units, so no ceiling is given; an engine measured above the ceiling means a probe ran slow, and
+the ceiling is withheld rather than shown wrong.
+
     python benchmarks/bench_real_shapes.py                                   # both shapes, both workloads
     python benchmarks/bench_real_shapes.py --shapes smollm2 --workloads 16x128x64 --rounds 3
     python benchmarks/bench_real_shapes.py --vllm-python /path/to/vllm-venv/bin/python --dtype bf16
@@ -232,6 +240,8 @@ class Outcome:
     threads: int | None
     rates: dict[str, list[float]]
     tokens: dict[str, list[list[int]]]  # each engine's greedy tokens (first round)
+    ceiling: float | None = None  # the roofline: the most output tok/s any engine could reach (None: unknown)
+    ceiling_note: str = ""  # how the ceiling was reached, or why there is none
     loads: list[str] = field(default_factory=list)  # the load average after each round
     cores: dict[str, list[float]] = field(default_factory=dict)  # CPU time / wall time of each run
     other_rates: dict[str, list[float]] = field(default_factory=dict)  # the rates by the other clock
@@ -283,6 +293,49 @@ def bench(
     return outcome
 
 
+def weight_bytes_per_value(checkpoint: Path, args) -> int:
+    """The fewest bytes per weight an engine can hold the checkpoint's weights in exactly: 4 for random float32
+    weights (``--weights fp32``), else 2 (bfloat16 numbers, or a real checkpoint, which kvbench keeps a bfloat16
+    copy of where its values allow)."""
+    synthetic = checkpoint != args.checkpoint
+    return 4 if synthetic and args.weights == "fp32" and args.dtype == "fp32" else 2
+
+
+def set_ceiling(outcome: Outcome, checkpoint: Path, engines: list[str], peaks, args) -> None:
+    """The outcome's roofline: the most output tok/s any engine could reach at this core's peak rates."""
+    from kvbench.models.hf_config import shape_from_config
+    from kvbench.models.roofline import work
+
+    if isinstance(peaks, str):
+        outcome.ceiling_note = f"no roofline: {peaks}"
+        return
+    count, prompt_len, output_len = (int(x) for x in outcome.workload.split("x"))
+    threads = outcome.threads or os.cpu_count() or 1
+    needed = work(
+        shape_from_config(checkpoint / "config.json"),
+        count,
+        prompt_len,
+        output_len,
+        dtype=args.dtype,
+        weight_bytes_per_value=weight_bytes_per_value(checkpoint, args),
+        cache_bytes=peaks.cache_bytes,
+    )
+    flops_rate, read_rate = threads * peaks.matmul_flops(args.dtype), threads * peaks.read_bytes
+    ceiling = count * output_len / needed.least_seconds(flops_rate, read_rate)
+    how = (
+        f"{needed.flops / 1e12:.2f} TFLOP at {flops_rate / 1e9:.0f} GFLOP/s and {needed.memory_bytes / 1e9:.1f} GB "
+        f"from memory at {read_rate / 1e9:.1f} GB/s on {threads} thread(s)"
+    )
+    fastest = max(engines, key=outcome.median)
+    if outcome.median(fastest) > ceiling:
+        outcome.ceiling_note = (
+            f"no roofline: {fastest} ran at {outcome.median(fastest):.1f} tok/s, above the {ceiling:.1f} the "
+            f"probes allow ({how}); a probe ran slow"
+        )
+        return
+    outcome.ceiling, outcome.ceiling_note = ceiling, how
+
+
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f}" if len(values) > 1 else "1 round"
 
@@ -306,6 +359,15 @@ def report(outcome: Outcome, engines: list[str], args) -> list[str]:
             "" if goal is None else f" (goal >= {goal}x: {'met' if statistics.median(ratios) >= goal else 'MISSED'})"
         )
         lines.append(f"   paged/{other} = {statistics.median(ratios):.2f}x, per-round spread {spread(ratios)}{verdict}")
+    if outcome.ceiling is None:
+        lines.append(f"   {outcome.ceiling_note}")
+    else:
+        shares = ", ".join(f"{e} {outcome.median(e) / outcome.ceiling:.0%}" for e in engines)
+        lead = f"; the most any engine could lead vLLM by here: {outcome.ceiling / outcome.median('vllm'):.2f}x"
+        lines.append(
+            f"   roofline: at most {outcome.ceiling:.1f} tok/s for any engine ({outcome.ceiling_note}); reached: "
+            f"{shares}{lead if 'vllm' in engines else ''}"
+        )
     reference = outcome.tokens["paged"]
     for other in engines[1:]:
         firsts = [first_difference(a, b) for a, b in zip(outcome.tokens[other], reference, strict=True)]
@@ -322,6 +384,7 @@ def table(outcomes: list[Outcome], engines: list[str], args, command: str) -> li
     """A markdown table ready to paste, with the machine, the load and the command that made it."""
     columns = ["shape, requests x prompt/output", *(NAMES.get(e, e) for e in engines)]
     columns += [f"paged / {NAMES.get(e, e)}" for e in engines[1:]]
+    columns += ["roofline tok/s (paged's share)"]
     one_minute = [float(load.split()[0]) for o in outcomes for load in o.loads]
     out = [
         f"{cpu_model()}; {args.dtype}, threads {args.threads}; output tok/s by {args.clock} time, medians of "
@@ -340,12 +403,23 @@ def table(outcomes: list[Outcome], engines: list[str], args, command: str) -> li
         cells += [
             f"{statistics.median(o.ratios('paged', e)):.2f}x ({spread(o.ratios('paged', e))})" for e in engines[1:]
         ]
+        cells.append("—" if o.ceiling is None else f"{o.ceiling:.1f} ({o.median('paged') / o.ceiling:.0%})")
         out.append("| " + " | ".join(cells) + " |")
     return out
 
 
 GOALS = {"vllm": 1.0, "contiguous": 0.97}
 NAMES = {"paged": "kvbench paged", "contiguous": "contiguous", "hf-static": "transformers static", "vllm": "vLLM CPU"}
+
+
+def this_core_peaks():
+    """This core's peak rates (kvbench.kernels.cpu_peak.Peaks), or why there are none."""
+    from kvbench.kernels import cpu_peak
+
+    try:
+        return cpu_peak.measure()
+    except cpu_peak.PeakUnavailable as why:
+        return str(why)
 
 
 def main() -> None:
@@ -392,6 +466,8 @@ def main() -> None:
     thread_counts = [None if t == "auto" else int(t) for t in args.threads.split(",")]
     command = "python benchmarks/bench_real_shapes.py " + " ".join(sys.argv[1:])
     print(f"{cpu_model()}; load {load_average()}", flush=True)
+    peaks = this_core_peaks()
+    print(f"this core's peaks: {peaks.describe(args.dtype)}" if not isinstance(peaks, str) else f"no roofline: {peaks}")
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="kvbench-shapes-") as tmp:
         scratch = Path(tmp)
@@ -405,6 +481,7 @@ def main() -> None:
             for workload in args.workloads.split(","):
                 for threads in thread_counts:
                     outcome = bench(label, checkpoint, workload, engines, threads, args, scratch)
+                    set_ceiling(outcome, checkpoint, engines, peaks, args)
                     outcomes.append(outcome)
                     print("\n".join(report(outcome, engines, args)), flush=True)
     print("\n" + "\n".join(table(outcomes, engines, args, command)))

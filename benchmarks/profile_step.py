@@ -3,7 +3,9 @@
 Runs kvbench's paged engine on random weights with the shape of SmolLM2-135M (or TinyLlama-1.1B) and attributes
 wall time by wrapping the runner's pieces: the layer matmuls and the lm_head (told apart by their weight), the
 attention kernels with write_kv, sampling; "Python and glue" is what is left (scheduling, packing, norms, rotary,
-residual adds and the loop itself).
+residual adds and the loop itself). Each matmul part also gets its rate (rows as multiplied, a decode step's padding
+included) and, where ``kvbench.kernels.cpu_peak`` can measure it, its share of this core's peak at the dtype: how
+much a faster kernel could still win there.
 
     python benchmarks/profile_step.py                       # 135M shape, 16 and 50 running, 1 thread
     python benchmarks/profile_step.py --shape tinyllama --running 16 --threads 2
@@ -28,6 +30,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
+from kvbench.kernels import cpu_peak
 from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.runner import matmul_rows
@@ -77,6 +80,7 @@ def profile(
 
     engine.run(requests(2), running)  # warm-up
     spent: dict[str, float] = defaultdict(float)
+    flops: dict[str, float] = defaultdict(float)  # each matmul part's floating-point operations, rows as multiplied
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -94,6 +98,7 @@ def profile(
     def timed_linear(x, weight, bias=None):  # the runner's matmuls, told apart by which weight they multiply
         phase = "prefill" if x.shape[0] > matmul_rows(running) else "decode"  # x arrives padded (matmul_rows)
         name = f"lm_head ({phase})" if weight is lm_head else f"layer matmuls ({phase}: qkv, o, gate/up, down)"
+        flops[name] += 2.0 * x.shape[0] * weight.shape[0] * weight.shape[1]
         return timed(name, linear)(x, weight, bias)
 
     saved = (cpu_linear.linear, kernels.paged_decode_attention, kernels.paged_prefill_attention, kernels.write_kv)
@@ -116,6 +121,7 @@ def profile(
         "total_s": total,
         "tok_s": tokens / total,
         "parts": dict(spent),
+        "flops": dict(flops),
         "decode_prefetch": prefetch,
         "matmul_plan": plan.lines() if plan else [],
     }
@@ -145,6 +151,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    try:  # the matmul parts' rates are put against this core's peak (times the threads, by wall time)
+        peaks = cpu_peak.measure()
+        peak = peaks.matmul_flops(args.dtype) * (args.threads if args.clock == "wall" else 1)
+        print(f"this core's peaks: {peaks.describe(args.dtype)}")
+    except cpu_peak.PeakUnavailable as why:
+        peak = None
+        print(f"no peak to compare the matmuls with: {why}")
     for running in (int(n) for n in args.running.split(",")):
         clock = time.perf_counter if args.clock == "wall" else time.process_time
         report = profile(SHAPES[args.shape], running, args.prompt_len, args.output_len, dtype, args.weights, clock)
@@ -155,7 +168,10 @@ def main() -> None:
             f"tok/s; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
         )
         for name, seconds in sorted(report["parts"].items(), key=lambda item: -item[1]):
-            print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}")
+            rate = report["flops"].get(name, 0.0) / seconds if seconds > 0 else 0.0
+            against = f", {rate / peak:.0%} of the peak" if peak and rate else ""
+            at = f" at {rate / 1e9:.0f} GFLOP/s{against}" if rate else ""
+            print(f"  {100 * seconds / report['total_s']:5.1f}%  {seconds:6.2f} s  {name}{at}")
         if report["decode_prefetch"]:
             print(f"  {report['decode_prefetch']}")
         for line in report["matmul_plan"]:
