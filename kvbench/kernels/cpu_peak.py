@@ -75,11 +75,10 @@ def _arithmetic_rate(probe) -> float | None:
     iterations = 1 << 12
     while True:  # grow the run until it lasts long enough to time
         start = time.perf_counter()
-        probe(iterations, ctypes.byref(sink))
+        flops = probe(iterations, ctypes.byref(sink))
         if time.perf_counter() - start >= PROBE_SECONDS / 4 or iterations >= 1 << 40:
             break
         iterations *= 4
-    flops = probe(iterations, ctypes.byref(sink))
     return flops / _best_seconds(lambda: probe(iterations, ctypes.byref(sink)))
 
 
@@ -89,14 +88,14 @@ def _read_rate(lib: ctypes.CDLL, cache_bytes: int | None) -> float:
     count = max(READ_BUFFER_MIN, 4 * (cache_bytes or 0)) // 4
     data = torch.ones(count, dtype=torch.float32)  # written: a never-written buffer reads the shared zero page
     sink = ctypes.c_float()
-    lib.kvbench_read_sweep(data.data_ptr(), count, ctypes.byref(sink))  # the first touch of every page
     read = lib.kvbench_read_sweep(data.data_ptr(), count, ctypes.byref(sink))
     if sink.value != float(read // 4):  # the sum of ones is the count read: the probe read what it says
         raise PeakUnavailable(f"the read probe summed {sink.value}, not {read // 4}")
     return read / _best_seconds(lambda: lib.kvbench_read_sweep(data.data_ptr(), count, ctypes.byref(sink)), runs=3)
 
 
-def _size_bytes(text: str) -> int:
+def sysfs_size_bytes(text: str) -> int:
+    """A cache size as sysfs writes it (``32K``, ``1024K``, ``32M``) in bytes; ValueError where it is not one."""
     text = text.strip()
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text)
@@ -112,8 +111,8 @@ def cache_bytes(root: Path = CPU_ROOT) -> int | None:
             if kind == "Instruction":
                 continue
             key = ((index / "level").read_text().strip(), kind, (index / "shared_cpu_list").read_text().strip())
-            seen[key] = _size_bytes((index / "size").read_text())
-        except (OSError, ValueError, IndexError):
+            seen[key] = sysfs_size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
             return None
     return sum(seen.values()) or None
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.kernels import cpu_native
+from kvbench.kernels import cpu_native, cpu_peak
 from kvbench.models import cpu_linear, measured_cache
 from kvbench.models.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 
@@ -161,9 +161,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def last_level_cache_bytes() -> int:
     """The CPU's last-level cache (L3) in bytes, from sysfs; 32 MiB where it cannot be read."""
     try:
-        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()  # noqa: SIM115
-        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[text[-1]] if text[-1] in "KMG" else int(text)
-    except (OSError, ValueError, KeyError, IndexError):
+        return cpu_peak.sysfs_size_bytes((cpu_peak.CPU_ROOT / "cpu0/cache/index3/size").read_text())
+    except (OSError, ValueError):
         return 32 << 20
 
 
