@@ -37,6 +37,10 @@ COMMANDS: dict[str, CommandEntry] = {
     "capacity": CommandEntry(
         "kvbench.commands.capacity_cmd", "Weights, KV budget and the requests each KV strategy holds, per GPU."
     ),
+    "reuse": CommandEntry(
+        "kvbench.commands.reuse_cmd",
+        "Prefix hit rate of a trace for each size of KV memory, on a planned deployment.",
+    ),
     "share": CommandEntry(
         "kvbench.commands.share_cmd", "KV memory with and without block sharing, for parallel sampling and beam search."
     ),

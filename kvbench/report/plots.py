@@ -432,3 +432,53 @@ def length_histograms(histograms: dict[str, dict], path: Path, title: str, max_l
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"{title}\n(the gap between the bars and max-len is what a max-len reservation wastes)", fontsize=10)
     return _save(fig, path)
+
+
+def reuse_curve(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    marks: Sequence[tuple[float, float, str]],
+    ceiling: float,
+    path: Path,
+    title: str,
+) -> Path:
+    """Prefix hit rate (%) against KV memory (GiB, log axis): one line per series, the deployments marked as
+    points with their names, the hit rate of a cache that never evicts as a dotted line."""
+    fig, ax = plt.subplots(figsize=(9.5, 4.6))
+    for index, (label, (xs, ys)) in enumerate(series.items()):
+        ax.plot(list(xs), list(ys), "-", marker="o", markersize=3, label=label, color=f"C{index}")
+    for x, y, text in marks:
+        ax.plot([x], [y], "D", color="#c62828", markersize=6, zorder=3)
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 6), fontsize=8, color="#c62828")
+    if marks:
+        ax.plot([], [], "D", color="#c62828", label="deployments (GPUs x model)")
+    ax.axhline(ceiling, color="#555555", linewidth=1, linestyle=":", label=f"cache that never evicts ({ceiling:.1f}%)")
+    ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
+    ax.set_ylim(0, max(ceiling, *(max(ys, default=0) for _, ys in series.values())) * 1.1 + 1)
+    ax.set_xlabel("KV memory (GiB)")
+    ax.set_ylabel("prompt tokens served from the prefix cache (%)")
+    ax.set_title(f"{title}\n(higher is better)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, path)
+
+
+def reuse_distance(panels: Sequence[tuple[Sequence[float], Sequence[float], str]], path: Path, title: str) -> Path:
+    """Share of reused blocks (%) coming back within a distance, one log-x panel per kind of distance:
+    ``(bin edges, weights, x label)``."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(9, 3.8), squeeze=False)
+    for ax, (edges, weights, xlabel) in zip(axes[0], panels, strict=True):
+        total = float(sum(weights)) or 1.0
+        cumulative, running = [0.0], 0.0
+        for weight in weights:
+            running += weight
+            cumulative.append(100.0 * running / total)
+        ax.step(list(edges), cumulative, where="post", color="C0")
+        ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("reused blocks back within it (%)")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}\n(further left: less memory keeps the reuse)", fontsize=9)
+    return _save(fig, path)

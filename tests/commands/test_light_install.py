@@ -86,6 +86,12 @@ def test_waste(waste_run):
     assert json.loads((waste_run / "summary.json").read_text())["points"]
 
 
+def test_reuse(tmp_path):
+    out = tmp_path / "reuse"
+    code, stdout = run_light("reuse", "--max-requests", "100", "--points", "3", "--out", str(out), "--json")
+    assert code == 0 and json.loads(stdout)["kind"] == "reuse" and (out / "reuse.png").exists()
+
+
 def test_capacity_of_a_preset_and_of_a_config_file(tmp_path):
     code, stdout = run_light("capacity", "--model", "llama-2-13b", "--json")
     assert code == 0 and json.loads(stdout)["bytes_per_token"] == 819_200

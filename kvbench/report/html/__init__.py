@@ -22,7 +22,9 @@ from kvbench.fileio import write_text_atomic
 REPORT_FILE = "report.html"
 
 # Run kind -> the module whose build(RunFiles) -> Page draws it.
-BUILDERS = {kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch")}
+BUILDERS = {
+    kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch", "reuse")
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,227 @@
+"""``kvbench reuse``: the prefix hit rate a trace gets for each size of KV memory, on a planned deployment."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from kvbench.commands._options import (
+    COMPUTE_DTYPES,
+    choice,
+    completes,
+    make_console,
+    parse_size,
+    positive_fraction,
+    run_directory,
+)
+from kvbench.commands._run import write_study
+from kvbench.errors import KvbenchError
+from kvbench.models.gpus import GPU_PRESETS
+from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
+from kvbench.report.run_meta import run_meta, summary_document
+from kvbench.studies.capacity import KV_CACHE_DTYPES
+from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
+from kvbench.workload.prefix_trace import (
+    CONVENTIONS,
+    DEFAULT_TRACE_BLOCK,
+    PrefixTrace,
+    builtin_traces,
+    read_prefix_trace,
+    resolve_trace,
+    shared_prefix_trace,
+    trace_from_prompts,
+)
+from kvbench.workload.requests_file import load_requests_jsonl
+
+DEFAULT_TRACE = "mooncake-conversation-1k"
+
+
+def reuse(
+    trace: str | None = typer.Option(
+        None,
+        "--trace",
+        help=f"Hash-id trace (JSONL: timestamp ms, input_length, output_length, hash_ids), or a shipped one "
+        f"(default {DEFAULT_TRACE}: the first 1,000 requests of Mooncake's conversation trace).",
+    ),
+    trace_block_size: int = typer.Option(
+        DEFAULT_TRACE_BLOCK, "--trace-block-size", min=1, help="Prompt tokens per hash id in the trace."
+    ),
+    convention: str = typer.Option(
+        "per-request",
+        "--trace-convention",
+        help="per-request: each line lists every block of its prompt; cumulative: each line of a session_id "
+        "lists the blocks its turn adds after the session's previous prompt.",
+        **choice(CONVENTIONS, "trace convention"),
+    ),
+    requests_file: Path | None = typer.Option(
+        None,
+        "--requests-file",
+        help="JSONL of prompt_token_ids + output_len (optional arrival_time, s): hashed in blocks of --block-size.",
+    ),
+    prefix_groups: int = typer.Option(
+        0, "--prefix-groups", min=0, help="Synthetic workload: requests share one of this many prompt prefixes."
+    ),
+    prefix_len: int = typer.Option(1024, "--prefix-len", min=1, help="Tokens of each shared prefix (synthetic)."),
+    suffix_len: int = typer.Option(256, "--suffix-len", min=1, help="Tokens of each request's own (synthetic)."),
+    output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens per request (synthetic)."),
+    requests: int = typer.Option(1000, "--requests", min=1, help="Requests of the synthetic workload."),
+    rate: float = typer.Option(5.0, "--rate", help="Arrivals per second of the synthetic workload (Poisson)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthetic workload."),
+    max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="Keep the first N requests."),
+    window: str | None = typer.Option(
+        None, "--window", help="Keep the requests arriving in START:END seconds from the trace's first arrival."
+    ),
+    time_scale: float = typer.Option(
+        1.0, "--time-scale", help="Multiply arrival times (0.5: the same requests twice as fast)."
+    ),
+    model: str = typer.Option(
+        "llama-3-8b",
+        "--model",
+        help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
+    ),
+    gpu: str = typer.Option("h100-80g", "--gpu", help="GPU preset.", **completes(GPU_PRESETS)),
+    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB."),
+    utilization: float = typer.Option(
+        0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use."
+    ),
+    kv_cache_memory: str | None = typer.Option(
+        None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes), e.g. 8GiB."
+    ),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES))
+    ),
+    kv_cache_dtype: str = typer.Option(
+        "auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)
+    ),
+    tensor_parallel: int = typer.Option(
+        1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."
+    ),
+    pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="The deployment's KV block size in tokens."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="The scheduler's cap on running requests."),
+    kv_sizes: str | None = typer.Option(
+        None, "--kv-sizes", help="KV memory sizes to simulate besides the default range, e.g. 16GiB,1TiB."
+    ),
+    points: int = typer.Option(
+        DEFAULT_POINTS,
+        "--points",
+        min=0,
+        max=MAX_POINTS,
+        help="KV sizes on the curve, the deployments among them (from 1/8 of the deployment's KV memory to 64x).",
+    ),
+    offload: str | None = typer.Option(
+        None, "--offload", help="A CPU tier of this size behind the GPU cache (write-through, LRU), e.g. 256GiB."
+    ),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/reuse-<time>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
+) -> None:
+    """Prefix hit rate of a trace for each size of KV memory, on a planned deployment.
+
+    Runs the trace at its arrival times through a paged prefix cache (vLLM's eviction: least recently freed
+    first, running requests pinned) at KV sizes around the deployment's, with roofline service times, and says
+    where the deployment sits, what more GPUs or a CPU tier buy, and why (reuse distances)."""
+    out_dir = run_directory(out)
+    sources = [name for name, given in (("--trace", trace), ("--requests-file", requests_file)) if given]
+    if prefix_groups:
+        sources.append("--prefix-groups")
+    if len(sources) > 1:
+        raise KvbenchError(f"{' and '.join(sources)} each give the requests: choose one")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise KvbenchError(f"--time-scale must be a positive number, got {time_scale!r}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise KvbenchError(f"--rate must be a positive number, got {rate!r}")
+    settings = ReuseSettings(
+        model=model,
+        gpu=gpu,
+        gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
+        utilization=utilization,
+        kv_cache_memory=parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory is not None else None,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        kv_sizes=tuple(parse_size(part, "--kv-sizes") for part in kv_sizes.split(",")) if kv_sizes else (),
+        points=points,
+        offload_bytes=parse_size(offload, "--offload") if offload is not None else 0,
+    )
+    console = make_console(stderr=as_json)
+    if requests_file is not None:
+        workload = _requests_file_trace(requests_file, block_size)
+    elif prefix_groups:
+        per_group = -(-requests // prefix_groups)
+        workload = shared_prefix_trace(
+            prefix_groups, per_group, prefix_len, suffix_len, output_len, rate, seed, block_size
+        )
+    else:
+        name = trace or DEFAULT_TRACE
+        workload = read_prefix_trace(resolve_trace(name), trace_block_size, convention)
+        if name in builtin_traces():
+            workload = replace(workload, source=f"{name} (shipped with kvbench)")
+    workload = workload.subset(max_requests, _window(window) if window else None).scaled(time_scale)
+    with console.status("simulating...") as status:
+        found = run_reuse_study(workload, settings, status.update)
+    meta = run_meta(
+        model_name=found["deployment"]["model_name"],
+        gpu=settings.gpu,
+        tensor_parallel_size=tensor_parallel,
+        pipeline_parallel_size=pipeline_parallel,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        time_scale=time_scale,
+        window=window,
+        max_requests=max_requests,
+        simulated=True,
+    )
+    points_rows = found.pop("points")
+    document = summary_document("reuse", meta, points_rows, **found)
+    write_study(
+        "reuse",
+        out_dir,
+        document,
+        as_json,
+        plot=reuse_plot,
+        plot_file=CURVE_FILE,
+        markdown=reuse_markdown,
+        tables=lambda run_dir: print_reuse(console, document, run_dir),
+    )
+
+
+def _window(text: str) -> tuple[float, float]:
+    match = re.fullmatch(r"\s*([0-9.]+)\s*:\s*([0-9.]+|)\s*", text)
+    try:
+        start = float(match.group(1)) if match else math.nan
+        end = float(match.group(2)) if match and match.group(2) else math.inf
+    except ValueError:
+        start = end = math.nan
+    if not (math.isfinite(start) and start >= 0 and end > start):
+        raise KvbenchError(
+            f"--window: cannot read {text!r}; use START:END in seconds, e.g. 600:1200 (END may be left out)"
+        )
+    return start, end
+
+
+def _requests_file_trace(path: Path, block_size: int) -> PrefixTrace:
+    """A requests file as a trace: its rows' arrival_time (s) where given, else all at once."""
+    from kvbench.json_input import loads
+    from kvbench.workload.jsonl import read_text
+
+    items = load_requests_jsonl(path)
+    arrivals = []
+    for line in read_text(path, "requests file").splitlines():
+        if line.strip():
+            value = loads(line).get("arrival_time", 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise KvbenchError(f"{path}: arrival_time must be a non-negative number of seconds, got {value!r}")
+            arrivals.append(float(value))
+    prompts = [(arrival, ids, out, None) for arrival, (ids, out) in zip(arrivals, items, strict=True)]
+    return trace_from_prompts(prompts, block_size, str(path))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reuse")(reuse)

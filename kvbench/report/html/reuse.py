@@ -1,0 +1,69 @@
+"""The report of a reuse run: the prefix hit rate for each size of KV memory, and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvbench.report.html import units
+from kvbench.report.html.common import draw, figures_block, provenance_section
+from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
+from kvbench.report.html.run_files import RunFiles
+from kvbench.report.reuse_report import CURVE_FILE, cell_texts, columns, reuse_plot, title
+
+
+def build(run: RunFiles) -> Page:
+    document = run.document
+    figures = draw(lambda: reuse_plot(document, run.directory / CURVE_FILE))
+    trace = document["trace"]
+    subtitle = (
+        f"trace {trace['source']}: {trace['prompt_tokens']:,} prompt tokens, hash ids of "
+        f"{trace['trace_block_size']} tokens; simulated at the trace's arrival times"
+    )
+    sections = [Section("headline", "Verdict", [verdict(document), curve_table(document)])]
+    if figures:
+        sections.append(Section("plots", "Plots", [figures_block(figures)]))
+    sections.append(Section("model", "What the simulation models", [Text(MODEL_NOTES, tone="note")]))
+    sections.append(provenance_section(document["meta"], run.files()))
+    return Page("reuse", title(document), subtitle, ["SIMULATED"], sections)
+
+
+MODEL_NOTES = [
+    "Requests arrive at the trace's times and are admitted first come, first served while their blocks fit; "
+    "the cached prefix is pinned and the rest of prompt and output taken at once. Free blocks are reused "
+    "least recently freed first, a request's tail first, as vLLM's prefix cache does; computed blocks join "
+    "the cache when the prefill ends. Service times are the GPU's roofline; prefills run one at a time.",
+    "Left out: chunked prefill, preemption and recompute, routing across replicas, the KV of generated tokens "
+    "being reused (a trace's hash ids cover prompts only). docs/REUSE.md says more.",
+]
+
+
+def verdict(document: dict[str, Any]) -> Verdict:
+    asked = document["deployments"][0]
+    unbounded = document["unbounded"]["hit_rate_pct"]
+    headline = (
+        f"{units.pct(asked['hit_rate_pct'])} of prompt tokens served from the prefix cache with "
+        f"{units.nbytes(asked['kv_bytes'])} of KV memory; a cache that never evicts serves {units.pct(unbounded)}"
+    )
+    share = asked["hit_rate_pct"] / unbounded if unbounded else 1.0
+    tone = "good" if share >= 0.9 else "warn"
+    return Verdict(headline, tone, list(document["findings"]))
+
+
+def curve_table(document: dict[str, Any]) -> Table:
+    shown = columns(document)
+    rows = []
+    for point, texts in zip(document["points"], cell_texts(document), strict=True):
+        rows.append(
+            [
+                Cell(text, units.sort_key(point.get(c.field)) if c.field != "label" else text, field=c.field)
+                for c, text in zip(shown, texts, strict=True)
+            ]
+        )
+    return Table(
+        "Hit rate per KV size",
+        [Column(c.label, c.field != "label") for c in shown],
+        rows,
+        id="reuse-table",
+        note="Hit rate: prompt tokens served from cached KV blocks, of all prompt tokens of the requests served. "
+        "Pinned: blocks held by running requests, which the cache cannot keep prefixes in.",
+    )

@@ -1,0 +1,249 @@
+"""Request traces with prefix structure: arrivals, lengths and one hash id per block of prompt tokens.
+
+Equal hash ids at the same place in two prompts mean the same tokens, so the KV blocks of the first can serve
+the second: the format of Mooncake's public traces (``timestamp`` in ms, ``input_length``, ``output_length``,
+``hash_ids`` of 512-token blocks). Two conventions: each row lists every block of its prompt (per-request,
+Mooncake's), or each row of a ``session_id`` lists only the blocks its turn adds after the session's previous
+prompt (cumulative). Other workloads (token-id requests, shared-prefix groups) become the same structure by
+hashing their token blocks; :func:`block_token_ids` turns hash ids back into token ids, the same for every
+consumer, so a trace gives the same reuse in a simulation and on a server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from kvbench.errors import KvbenchError
+from kvbench.workload.jsonl import json_objects, read_text
+
+DEFAULT_TRACE_BLOCK = 512  # Mooncake's traces hash prompts in blocks of 512 tokens
+CONVENTIONS = ("per-request", "cumulative")
+FIRST_TOKEN_ID = 16  # synthesised ids start here: low ids are special tokens in most vocabularies
+MAX_TRACE_REQUESTS = 5_000_000
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_s: float
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]  # one per block of ``block_size`` prompt tokens, the last block maybe partial
+    session: str | None = None
+
+
+@dataclass(frozen=True)
+class PrefixTrace:
+    requests: tuple[TraceRequest, ...]
+    block_size: int  # prompt tokens per hash id
+    source: str  # where it came from, in words
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+
+    def subset(self, max_requests: int | None = None, window_s: tuple[float, float] | None = None) -> PrefixTrace:
+        """The requests arriving in ``window_s`` (seconds from the trace's first arrival, end excluded), the
+        first ``max_requests`` of them; arrival times then count from the first kept request."""
+        requests = list(self.requests)
+        if window_s is not None and requests:
+            start, end = window_s
+            origin = requests[0].arrival_s
+            requests = [r for r in requests if start <= r.arrival_s - origin < end]
+        if max_requests is not None:
+            requests = requests[:max_requests]
+        if not requests:
+            raise KvbenchError(f"{self.source}: no request is left in the window and count asked for")
+        origin = requests[0].arrival_s
+        kept = tuple(replace(r, arrival_s=r.arrival_s - origin) for r in requests)
+        return replace(self, requests=kept)
+
+    def scaled(self, factor: float) -> PrefixTrace:
+        """Arrival times multiplied by ``factor`` (0.5: the same requests twice as fast)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise KvbenchError(f"a time scale must be a positive number, got {factor!r}")
+        return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * factor) for r in self.requests))
+
+
+def builtin_traces() -> dict[str, Path]:
+    """Traces shipped with kvbench (``scenarios/traces``, sources and licences in its README), by name."""
+    folder = resources.files("kvbench.scenarios").joinpath("traces")
+    if not folder.is_dir():
+        return {}
+    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".jsonl")}
+
+
+def resolve_trace(spec: str | Path) -> Path:
+    """A shipped trace's name (``mooncake-conversation-1k``) or a path to a file."""
+    builtin = builtin_traces().get(str(spec))
+    path = builtin or Path(spec)
+    if not path.exists():
+        names = ", ".join(sorted(builtin_traces())) or "none"
+        raise KvbenchError(f"trace not found: {spec} (not a file, nor a trace shipped with kvbench: {names})")
+    return path
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def read_prefix_trace(
+    path: str | Path, block_size: int = DEFAULT_TRACE_BLOCK, convention: str = "per-request"
+) -> PrefixTrace:
+    """A hash-id trace from JSONL; every problem is one line naming the file and line."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise KvbenchError(f"a trace's block size must be a positive integer, got {block_size!r}")
+    if convention not in CONVENTIONS:
+        raise KvbenchError(f"unknown trace convention {convention!r}; choose one of {', '.join(CONVENTIONS)}")
+    source = Path(path)
+    rows = json_objects(source, read_text(source, "trace file"))
+    if not rows:
+        raise KvbenchError(f"trace file {source} holds no requests")
+    if len(rows) > MAX_TRACE_REQUESTS:
+        raise KvbenchError(
+            f"trace file {source} holds {len(rows):,} requests, above the limit of {MAX_TRACE_REQUESTS:,}"
+        )
+    sessions: dict[str, tuple[int, tuple[int, ...]]] = {}  # session -> (prompt tokens, hash ids) of its last turn
+    requests: list[TraceRequest] = []
+    last_ms = -math.inf
+    for where, row in rows:
+        missing = [key for key in ("timestamp", "input_length", "output_length", "hash_ids") if key not in row]
+        if missing:
+            raise KvbenchError(f"{where}: missing field(s) {', '.join(missing)}")
+        stamp = row["timestamp"]
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp) or stamp < 0:
+            raise KvbenchError(f"{where}: timestamp must be a non-negative number of milliseconds, got {stamp!r}")
+        if stamp < last_ms:
+            raise KvbenchError(f"{where}: timestamp {stamp} comes before the previous line's {last_ms:g}")
+        last_ms = stamp
+        input_len = _count(row["input_length"], where, "input_length", 1)
+        output_len = _count(row["output_length"], where, "output_length", 0)
+        hash_ids = _hash_ids(row["hash_ids"], where)
+        session = row.get("session_id")
+        if convention == "cumulative":
+            if session is None:
+                raise KvbenchError(f"{where}: the cumulative convention needs a session_id on every line")
+            prior_len, prior_ids = sessions.get(str(session), (0, ()))
+            kept = prior_ids[: prior_len // block_size]  # the previous prompt's full blocks; a partial one grows
+            input_len += prior_len
+            hash_ids = kept + hash_ids
+        expected = blocks_for(input_len, block_size)
+        if len(hash_ids) != expected:
+            what = "more" if len(hash_ids) > expected else "fewer"
+            raise KvbenchError(
+                f"{where}: {len(hash_ids)} hash ids for {input_len:,} prompt tokens: {what} than the "
+                f"{expected:,} blocks of {block_size} tokens the prompt holds"
+            )
+        if session is not None:
+            sessions[str(session)] = (input_len, hash_ids)
+        requests.append(
+            TraceRequest(stamp / 1000.0, input_len, output_len, hash_ids, None if session is None else str(session))
+        )
+    return PrefixTrace(tuple(requests), block_size, str(source))
+
+
+def _count(value: object, where: str, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive" if least == 1 else "a non-negative"
+        raise KvbenchError(f"{where}: {name} must be {kind} integer, got {value!r}")
+    return value
+
+
+def _hash_ids(value: object, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise KvbenchError(f"{where}: hash_ids must be a list of integers, got {type(value).__name__}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise KvbenchError(f"{where}: hash_ids must hold non-negative integers, got {item!r}")
+    return tuple(value)
+
+
+def trace_from_prompts(
+    prompts: Iterable[tuple[float, Sequence[int], int, str | None]], block_size: int, source: str
+) -> PrefixTrace:
+    """A trace from ``(arrival_s, prompt token ids, output_len, session)``: each block of tokens gets the id of
+    its content and everything before it (a chained hash), so equal ids mean equal prefixes."""
+    ids: dict[tuple[int, tuple[int, ...]], int] = {}
+    requests = []
+    for arrival_s, tokens, output_len, session in prompts:
+        if not tokens:
+            raise KvbenchError(f"{source}: a request has an empty prompt")
+        chain, parent = [], -1
+        for start in range(0, len(tokens), block_size):
+            key = (parent, tuple(tokens[start : start + block_size]))
+            parent = ids.setdefault(key, len(ids))
+            chain.append(parent)
+        requests.append(TraceRequest(float(arrival_s), len(tokens), int(output_len), tuple(chain), session))
+    if not requests:
+        raise KvbenchError(f"{source}: no requests")
+    return PrefixTrace(tuple(sorted(requests, key=lambda r: r.arrival_s)), block_size, source)
+
+
+def shared_prefix_trace(
+    groups: int,
+    per_group: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    rate: float,
+    seed: int,
+    block_size: int,
+) -> PrefixTrace:
+    """``groups`` x ``per_group`` requests, each a group's shared prefix then tokens of its own, arriving as a
+    Poisson process at ``rate`` per second in a seeded random order."""
+    for name, value in (("groups", groups), ("requests per group", per_group), ("prefix length", prefix_len)):
+        if value < 1:
+            raise KvbenchError(f"{name} must be a positive integer, got {value}")
+    if suffix_len < 1 or output_len < 0 or not (math.isfinite(rate) and rate > 0):
+        raise KvbenchError("a shared-prefix workload needs a suffix of at least one token and a positive rate")
+    rng = np.random.default_rng(seed)
+    vocab = 30_000
+    prefixes = [rng.integers(FIRST_TOKEN_ID, vocab, prefix_len).tolist() for _ in range(groups)]
+    order = rng.permutation(groups * per_group)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, len(order)))
+    arrivals -= arrivals[0]
+    prompts = []
+    for arrival, slot in zip(arrivals.tolist(), order.tolist(), strict=True):
+        group = slot // per_group
+        own = rng.integers(FIRST_TOKEN_ID, vocab, suffix_len).tolist()
+        prompts.append((arrival, prefixes[group] + own, output_len, f"group-{group}"))
+    return trace_from_prompts(prompts, block_size, f"{groups} shared-prefix groups of {prefix_len} tokens")
+
+
+def token_digits(vocab_size: int) -> int:
+    """Leading tokens of a synthesised block that spell its hash id (base ``vocab_size - FIRST_TOKEN_ID``), so
+    two ids never give the same block: enough for every id below 2**48."""
+    base = vocab_size - FIRST_TOKEN_ID
+    if base < 2:
+        raise KvbenchError(f"a vocabulary of {vocab_size} token ids leaves none to synthesise prompts from")
+    return max(1, math.ceil(48 / math.log2(base)))
+
+
+def block_token_ids(hash_id: int, block_size: int, vocab_size: int) -> list[int]:
+    """The ``block_size`` token ids of block ``hash_id``: its id spelled in the first tokens, the rest seeded by
+    the id; a function of the three arguments alone."""
+    base = vocab_size - FIRST_TOKEN_ID
+    digits = token_digits(vocab_size)
+    if block_size < digits:
+        raise KvbenchError(f"blocks of {block_size} tokens cannot spell a hash id in a vocabulary of {vocab_size}")
+    if hash_id >= 2**48:
+        raise KvbenchError(f"hash id {hash_id} is above the 2**48 that synthesised prompts can tell apart")
+    spelled, value = [], hash_id
+    for _ in range(digits):
+        value, digit = divmod(value, base)
+        spelled.append(FIRST_TOKEN_ID + digit)
+    rest = np.random.default_rng(hash_id).integers(FIRST_TOKEN_ID, vocab_size, block_size - digits)
+    return spelled + rest.tolist()
+
+
+def prompt_token_ids(request: TraceRequest, block_size: int, vocab_size: int) -> list[int]:
+    """A trace request's prompt: its blocks' tokens, the last block cut to the prompt's length."""
+    tokens: list[int] = []
+    for hash_id in request.hash_ids:
+        tokens += block_token_ids(hash_id, block_size, vocab_size)
+    return tokens[: request.input_len]

@@ -1,0 +1,97 @@
+"""kvbench reuse end to end (the shipped trace, a synthetic workload, a requests file) and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.report.html import write_report
+
+QUICK = ["--max-requests", "200", "--points", "6"]
+
+
+def run_json(args: list[str], capsys) -> dict:
+    assert main(["reuse", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_default_trace_gives_a_curve_a_page_and_its_files(tmp_path, capsys):
+    out = tmp_path / "reuse"
+    document = run_json([*QUICK, "--out", str(out)], capsys)
+    assert document["kind"] == "reuse" and document["meta"]["simulated"] is True
+    points = document["points"]
+    assert len(points) == 6 and [p["kv_blocks"] for p in points] == sorted(p["kv_blocks"] for p in points)
+    unbounded = document["unbounded"]["hit_rate_pct"]
+    assert 0 < unbounded < 100
+    assert all(0 <= p["hit_rate_pct"] <= unbounded + 1e-9 for p in points)
+    assert points[-1]["hit_rate_pct"] == pytest.approx(unbounded)  # 64x the deployment holds everything
+    asked = document["deployments"][0]
+    assert asked["gpus"] == 1 and asked["kv_bytes"] == asked["kv_blocks"] * document["deployment"]["kv_block_bytes"]
+    # Llama-3-8B in bf16: 128 KiB per token, blocks of 16 tokens
+    assert document["deployment"]["kv_block_bytes"] == 16 * 131072
+    assert [t["share_pct"] for t in document["targets"]] == [50, 90, 99]
+    assert document["findings"] and document["reuse_distance"]["reuses"] > 0
+    for name in ("summary.json", "summary.csv", "summary.md", "reuse.png", "reuse_distance.png"):
+        assert (out / name).is_file(), name
+    page = write_report(out)
+    html = page.path.read_text()
+    assert "Hit rate per KV size" in html and "SIMULATED" in html and html.count("<svg") >= 2
+
+
+def test_a_cpu_tier_only_adds_hits(tmp_path, capsys):
+    document = run_json([*QUICK, "--offload", "256GiB", "--out", str(tmp_path / "r")], capsys)
+    for point in document["points"]:
+        assert point["total_hit_rate_pct"] >= point["hit_rate_pct"] - 1e-9
+    assert any(p["total_hit_rate_pct"] > p["hit_rate_pct"] for p in document["points"])
+    assert "CPU tier" in " ".join(document["findings"])
+
+
+def test_shared_prefix_groups(tmp_path, capsys):
+    args = ["--prefix-groups", "4", "--prefix-len", "512", "--suffix-len", "64", "--requests", "200"]
+    document = run_json([*args, "--points", "4", "--out", str(tmp_path / "r")], capsys)
+    # 4 groups: all but the first request of each reuse the 512-token prefix (of 576 prompt tokens)
+    assert document["unbounded"]["hit_rate_pct"] == pytest.approx(100 * (200 - 4) * 512 / (200 * 576))
+
+
+def test_a_requests_file_with_arrival_times(tmp_path, capsys):
+    path = tmp_path / "requests.jsonl"
+    shared = list(range(100, 164))
+    rows = [{"prompt_token_ids": shared + [7 + i] * 16, "output_len": 4, "arrival_time": i * 0.5} for i in range(5)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    document = run_json(["--requests-file", str(path), "--points", "3", "--out", str(tmp_path / "r")], capsys)
+    assert document["trace"]["requests"] == 5
+    assert document["unbounded"]["hit_rate_pct"] == pytest.approx(100 * 4 * 64 / (5 * 80))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trace", "/nonexistent.jsonl"], "trace not found"),
+        (["--block-size", "24"], "not a whole number of KV blocks of 24"),
+        (["--window", "5:2"], "--window: cannot read"),
+        (["--time-scale", "0"], "--time-scale must be a positive"),
+        (["--kv-sizes", "lots"], "--kv-sizes: cannot read"),
+        (["--prefix-groups", "2", "--trace", "mooncake-conversation-1k"], "each give the requests"),
+        (["--model", "llama-2-70b", "--gpu", "l4-24g"], "does not fit"),
+        (["--window", "100000:200000"], "no request is left"),
+    ],
+)
+def test_bad_input_is_one_line(args, message, tmp_path, capfd):
+    assert main(["reuse", *args, "--out", str(tmp_path / "r")]) == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert message in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_trace_line_is_named(tmp_path, capfd):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n')
+    assert main(["reuse", "--trace", str(path), "--out", str(tmp_path / "r")]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err == (
+        f"error: {path}:1: 1 hash ids for 600 prompt tokens: fewer than the 2 blocks of 512 tokens the prompt holds"
+    )
