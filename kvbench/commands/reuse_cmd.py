@@ -28,6 +28,7 @@ from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run
 from kvbench.workload.prefix_trace import (
     CONVENTIONS,
     DEFAULT_TRACE_BLOCK,
+    MAX_TIME_SCALE,
     PrefixTrace,
     builtin_traces,
     read_prefix_trace,
@@ -63,12 +64,22 @@ def reuse(
         help="JSONL of prompt_token_ids + output_len (optional arrival_time, s): hashed in blocks of --block-size.",
     ),
     prefix_groups: int = typer.Option(
-        0, "--prefix-groups", min=0, help="Synthetic workload: requests share one of this many prompt prefixes."
+        0,
+        "--prefix-groups",
+        min=0,
+        max=100_000,
+        help="Synthetic workload: requests share one of this many prompt prefixes.",
     ),
-    prefix_len: int = typer.Option(1024, "--prefix-len", min=1, help="Tokens of each shared prefix (synthetic)."),
-    suffix_len: int = typer.Option(256, "--suffix-len", min=1, help="Tokens of each request's own (synthetic)."),
-    output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens per request (synthetic)."),
-    requests: int = typer.Option(1000, "--requests", min=1, help="Requests of the synthetic workload."),
+    prefix_len: int = typer.Option(
+        1024, "--prefix-len", min=1, max=1_000_000, help="Tokens of each shared prefix (synthetic)."
+    ),
+    suffix_len: int = typer.Option(
+        256, "--suffix-len", min=1, max=1_000_000, help="Tokens of each request's own (synthetic)."
+    ),
+    output_len: int = typer.Option(
+        128, "--output-len", min=1, max=1_000_000, help="Output tokens per request (synthetic)."
+    ),
+    requests: int = typer.Option(1000, "--requests", min=1, max=1_000_000, help="Requests of the synthetic workload."),
     rate: float = typer.Option(5.0, "--rate", help="Arrivals per second of the synthetic workload (Poisson)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthetic workload."),
     max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="Keep the first N requests."),
@@ -130,10 +141,10 @@ def reuse(
         sources.append("--prefix-groups")
     if len(sources) > 1:
         raise KvbenchError(f"{' and '.join(sources)} each give the requests: choose one")
-    if not (math.isfinite(time_scale) and time_scale > 0):
-        raise KvbenchError(f"--time-scale must be a positive number, got {time_scale!r}")
-    if not (math.isfinite(rate) and rate > 0):
-        raise KvbenchError(f"--rate must be a positive number, got {rate!r}")
+    if not (math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
+        raise KvbenchError(f"--time-scale must be above 0 and at most {MAX_TIME_SCALE:,.0f}, got {time_scale!r}")
+    if not (math.isfinite(rate) and 0 < rate <= 1e6):
+        raise KvbenchError(f"--rate must be above 0 and at most 1,000,000 per second, got {rate!r}")
     settings = ReuseSettings(
         model=model,
         gpu=gpu,

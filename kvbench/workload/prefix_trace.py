@@ -26,6 +26,9 @@ DEFAULT_TRACE_BLOCK = 512  # Mooncake's traces hash prompts in blocks of 512 tok
 CONVENTIONS = ("per-request", "cumulative")
 FIRST_TOKEN_ID = 16  # synthesised ids start here: low ids are special tokens in most vocabularies
 MAX_TRACE_REQUESTS = 5_000_000
+MAX_REQUEST_TOKENS = 10_000_000  # a prompt or an output longer than any model's context is a broken line
+MAX_TIMESTAMP_MS = 1e13  # about 300 years: later is a broken line, not a trace
+MAX_TIME_SCALE = 1e6
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,10 @@ class PrefixTrace:
 
     def scaled(self, factor: float) -> PrefixTrace:
         """Arrival times multiplied by ``factor`` (0.5: the same requests twice as fast)."""
-        if not (math.isfinite(factor) and factor > 0):
-            raise KvbenchError(f"a time scale must be a positive number, got {factor!r}")
+        if not (math.isfinite(factor) and 0 < factor <= MAX_TIME_SCALE):
+            raise KvbenchError(
+                f"a time scale must be a number above 0 and at most {MAX_TIME_SCALE:,.0f}, got {factor!r}"
+            )
         return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * factor) for r in self.requests))
 
 
@@ -116,8 +121,10 @@ def read_prefix_trace(
         if missing:
             raise KvbenchError(f"{where}: missing field(s) {', '.join(missing)}")
         stamp = row["timestamp"]
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp) or stamp < 0:
-            raise KvbenchError(f"{where}: timestamp must be a non-negative number of milliseconds, got {stamp!r}")
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp <= MAX_TIMESTAMP_MS:
+            raise KvbenchError(
+                f"{where}: timestamp must be a number of milliseconds from 0 to {MAX_TIMESTAMP_MS:.0e}, got {stamp!r}"
+            )
         if stamp < last_ms:
             raise KvbenchError(f"{where}: timestamp {stamp} comes before the previous line's {last_ms:g}")
         last_ms = stamp
@@ -148,9 +155,8 @@ def read_prefix_trace(
 
 
 def _count(value: object, where: str, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        kind = "a positive" if least == 1 else "a non-negative"
-        raise KvbenchError(f"{where}: {name} must be {kind} integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_REQUEST_TOKENS:
+        raise KvbenchError(f"{where}: {name} must be an integer from {least} to {MAX_REQUEST_TOKENS:,}, got {value!r}")
     return value
 
 

@@ -48,15 +48,17 @@ def test_the_shipped_mooncake_excerpt():
     "bad, message",
     [
         ({"timestamp": 0, "input_length": 10, "output_length": 1}, "missing field(s) hash_ids"),
-        (row(timestamp=-1), "timestamp must be a non-negative"),
-        (row(input_length=-5), "input_length must be a positive integer"),
-        (row(output_length=-1), "output_length must be a non-negative integer"),
-        (row(input_length=True), "input_length must be a positive integer"),
+        (row(timestamp=-1), "timestamp must be a number of milliseconds from 0"),
+        (row(input_length=-5), "input_length must be an integer from 1 to 10,000,000"),
+        (row(output_length=-1), "output_length must be an integer from 0 to"),
+        (row(output_length=10**15), "output_length must be an integer from 0 to"),
+        (row(input_length=True), "input_length must be an integer from 1"),
+        (row(timestamp=1e300), "timestamp must be a number of milliseconds from 0"),
         (row(hash_ids=(0, 1, 2)), "3 hash ids for 1,000 prompt tokens: more than the 2 blocks"),
         (row(hash_ids=(0,)), "1 hash ids for 1,000 prompt tokens: fewer than the 2 blocks"),
         (row(hash_ids=(0, -1)), "hash_ids must hold non-negative integers"),
         ({**row(), "hash_ids": "0,1"}, "hash_ids must be a list"),
-        (row(timestamp=float("inf")), "timestamp must be a non-negative number"),
+        (row(timestamp=float("inf")), "timestamp must be a number of milliseconds"),
     ],
 )
 def test_bad_lines_name_the_line(tmp_path, bad, message):
@@ -103,7 +105,7 @@ def test_subsets_and_time_scaling(tmp_path):
     assert trace.scaled(0.5).requests[-1].arrival_s == 4.5
     with pytest.raises(KvbenchError, match="no request is left"):
         trace.subset(window_s=(100, 200))
-    with pytest.raises(KvbenchError, match="time scale must be a positive"):
+    with pytest.raises(KvbenchError, match="time scale must be a number above 0"):
         trace.scaled(0.0)
 
 
