@@ -71,4 +71,8 @@ METRIC_DIRECTIONS: dict[str, int] = {
     "waste.internal_pct": -1,
     "waste.external_pct": -1,
     **{name: -1 for name in LATENCY_FIELDS},
+    # a reuse run's KV sizes (kvbench reuse): prompt tokens the prefix cache serves, and what it saves
+    "hit_rate_pct": +1,
+    "total_hit_rate_pct": +1,
+    "prefill_time_saved_pct": +1,
 }

@@ -100,3 +100,16 @@ def test_a_bad_trace_line_is_named(tmp_path, capfd):
     assert err == (
         f"error: {path}:1: 1 hash ids for 600 prompt tokens: fewer than the 2 blocks of 512 tokens the prompt holds"
     )
+
+
+def test_compare_judges_the_hit_rates_exactly(tmp_path, capsys):
+    base, head = tmp_path / "base", tmp_path / "head"
+    for out in (base, head):
+        run_json(["--max-requests", "120", "--points", "3", "--out", str(out)], capsys)
+    assert main(["compare", str(base), str(head)]) == 0
+    assert "6 unchanged" in capsys.readouterr().out  # the hit rate and the prefill time saved at 3 sizes
+    summary = json.loads((head / "summary.json").read_text())
+    summary["points"][1]["hit_rate_pct"] -= 0.5
+    (head / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(base), str(head)]) == 1
+    assert "hit_rate_pct" in capsys.readouterr().out
