@@ -122,7 +122,8 @@ def reuse(
         "--points",
         min=0,
         max=MAX_POINTS,
-        help="KV sizes on the curve, the deployments among them (at least those): from 1/8 of the deployment's KV memory to 64x.",
+        help="KV sizes on the curve, the deployments among them (at least those): from 1/8 of the deployment's "
+        "KV memory to 64x.",
     ),
     offload: str | None = typer.Option(
         None, "--offload", help="A CPU tier of this size behind the GPU cache (write-through, LRU), e.g. 256GiB."
