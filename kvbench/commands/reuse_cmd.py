@@ -25,6 +25,7 @@ from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown,
 from kvbench.report.run_meta import run_meta, summary_document
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
+from kvbench.workload.dataset import resolve_dataset
 from kvbench.workload.prefix_trace import (
     CONVENTIONS,
     DEFAULT_TRACE_BLOCK,
@@ -33,7 +34,9 @@ from kvbench.workload.prefix_trace import (
     builtin_traces,
     read_prefix_trace,
     resolve_trace,
+    session_trace,
     shared_prefix_trace,
+    sharegpt_sessions,
     trace_from_prompts,
 )
 from kvbench.workload.requests_file import load_requests_jsonl
@@ -63,6 +66,11 @@ def reuse(
         "--requests-file",
         help="JSONL of prompt_token_ids + output_len (optional arrival_time, s): hashed in blocks of --block-size.",
     ),
+    dataset: Path | None = typer.Option(
+        None,
+        "--dataset",
+        help="ShareGPT JSON: each conversation a session whose turns resend its history (words as tokens).",
+    ),
     prefix_groups: int = typer.Option(
         0,
         "--prefix-groups",
@@ -79,8 +87,14 @@ def reuse(
     output_len: int = typer.Option(
         128, "--output-len", min=1, max=1_000_000, help="Output tokens per request (synthetic)."
     ),
-    requests: int = typer.Option(1000, "--requests", min=1, max=1_000_000, help="Requests of the synthetic workload."),
-    rate: float = typer.Option(5.0, "--rate", help="Arrivals per second of the synthetic workload (Poisson)."),
+    requests: int = typer.Option(
+        1000, "--requests", min=1, max=1_000_000, help="Sessions of the synthetic workload or of --dataset."
+    ),
+    turns: int = typer.Option(1, "--turns", min=1, max=1000, help="Turns per synthetic session (history resent)."),
+    think_time: float = typer.Option(
+        10.0, "--think-time", help="Seconds between a session's turns (synthetic, --dataset)."
+    ),
+    rate: float = typer.Option(5.0, "--rate", help="Sessions starting per second (synthetic, --dataset; Poisson)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthetic workload."),
     max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="Keep the first N requests."),
     window: str | None = typer.Option(
@@ -137,7 +151,8 @@ def reuse(
     first, running requests pinned) at KV sizes around the deployment's, with roofline service times, and says
     where the deployment sits, what more GPUs or a CPU tier buy, and why (reuse distances)."""
     out_dir = run_directory(out)
-    sources = [name for name, given in (("--trace", trace), ("--requests-file", requests_file)) if given]
+    given = (("--trace", trace), ("--requests-file", requests_file), ("--dataset", dataset))
+    sources = [name for name, value in given if value]
     if prefix_groups:
         sources.append("--prefix-groups")
     if len(sources) > 1:
@@ -146,6 +161,10 @@ def reuse(
         raise KvbenchError(f"--time-scale must be above 0 and at most {MAX_TIME_SCALE:,.0f}, got {time_scale!r}")
     if not (math.isfinite(rate) and 0 < rate <= 1e6):
         raise KvbenchError(f"--rate must be above 0 and at most 1,000,000 per second, got {rate!r}")
+    if not (math.isfinite(think_time) and 0 <= think_time <= 86_400):
+        raise KvbenchError(f"--think-time must be 0 to 86,400 seconds, got {think_time!r}")
+    if turns > 1 and not prefix_groups:
+        raise KvbenchError("--turns shapes the synthetic workload: give --prefix-groups too")
     settings = ReuseSettings(
         model=model,
         gpu=gpu,
@@ -165,10 +184,13 @@ def reuse(
     console = make_console(stderr=as_json)
     if requests_file is not None:
         workload = _requests_file_trace(requests_file, block_size)
+    elif dataset is not None:
+        sessions = sharegpt_sessions(resolve_dataset(dataset), requests)
+        workload = session_trace(sessions, rate, think_time, seed, block_size, str(dataset))
     elif prefix_groups:
         per_group = -(-requests // prefix_groups)
         workload = shared_prefix_trace(
-            prefix_groups, per_group, prefix_len, suffix_len, output_len, rate, seed, block_size
+            prefix_groups, per_group, prefix_len, suffix_len, output_len, rate, seed, block_size, turns, think_time
         )
     else:
         name = trace or DEFAULT_TRACE

@@ -1,11 +1,13 @@
 """A trace at its arrival times through one deployment's prefix cache: what the cache serves at a KV size.
 
 Requests are admitted first come, first served while their blocks fit (the cached prefix pinned, the rest of
-prompt and output taken at once) and the running count is under the cap; a request larger than the whole pool
-is refused, as a server refuses it. Prefills run one after another on the GPU, each for the roofline time of
-its uncached tokens; decode runs at the roofline step time of the batch it joins. The cache is
-:class:`~kvbench.kv.prefix_cache.PrefixCache`, optionally backed by a CPU tier that keeps a copy of every
-computed node (write-through, least recently used out) and serves a prefix the GPU lost without recompute.
+prompt and output taken at once) and the running count is under the cap; their prompt blocks join the cache as
+they are taken, as vLLM registers blocks when it allocates them, so a request scheduled next can reuse them. A
+request larger than the whole pool is refused, as a server refuses it. Prefills run one after another on the
+GPU, each for the roofline time of its uncached tokens; decode runs at the roofline step time of the batch it
+joins. The cache is :class:`~kvbench.kv.prefix_cache.PrefixCache`, optionally backed by a CPU tier that keeps a
+copy of every node a request brings (write-through, least recently used out) and serves a prefix the GPU lost
+without recompute.
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ def simulate(
             offloaded = 0
             if cpu is not None:
                 offloaded = cpu.lookup(chained.chains[index], sizes, holding.hit_blocks, limit)
+                for node, size in zip(holding.nodes, holding.sizes, strict=True):
+                    cpu.touch(node, size)
+            cache.register(holding)  # as vLLM does when it allocates them: a later request may reuse them at once
             cached_tokens = holding.hit_blocks * block_size
             reused = cached_tokens + offloaded * block_size
             state.account(index, length, cached_tokens, offloaded * block_size, now - chained.arrivals[index])
@@ -190,10 +195,6 @@ def simulate(
             now, _, kind, index = heapq.heappop(events)
             holding = holdings[index]
             if kind == 0:
-                cache.register(holding)
-                if cpu is not None:
-                    for node, size in zip(holding.nodes, holding.sizes, strict=True):
-                        cpu.touch(node, size)
                 base, per_token, floor = timing.decode_coefficients(len(holdings))
                 step = max(floor, base + per_token * in_flight_tokens)
                 heapq.heappush(events, (now + chained.output_lens[index] * step, order, 1, index))

@@ -3,8 +3,8 @@
 The rules are the paged manager's with vLLM's prefix caching: a request reuses the leading cached blocks of its
 prompt (never the block of its last token), blocks of running requests are pinned, free blocks are reused least
 recently freed first (never-used blocks before any), a finished request frees its tail first so its prefix
-survives longest, and computed blocks join the cache when the prefill ends (a copy already cached stays the
-cached one). A trace names its prompt by blocks of ``sub`` KV blocks ("nodes"); counting each node's cached
+survives longest, and a request's blocks join the cache once taken (a copy already cached stays the cached
+one). A trace names its prompt by blocks of ``sub`` KV blocks ("nodes"); counting each node's cached
 KV blocks instead of holding them one by one keeps a step O(nodes), not O(blocks). One approximation: a node is
 pinned whole while any running request uses part of it.
 """
@@ -77,7 +77,8 @@ class PrefixCache:
         return Holding(list(nodes), list(sizes), hit, hit_nodes, new)
 
     def register(self, holding: Holding) -> None:
-        """The prefill is done: its computed blocks become the cached copy of each node not cached as far."""
+        """The request's blocks become the cached copy of each node not cached as far (vLLM registers blocks as it
+        allocates them, before they are computed)."""
         cached, refs = self.cached, self.refs
         start = max(len(holding.pinned) - 1, 0)  # the nodes before the last one hit are cached in full
         pinned = set(holding.pinned[start:])

@@ -34,7 +34,7 @@ from kvbench.workload.jsonl import read_text
 MIN_TOKENS = 4  # vLLM's ShareGPT sampling drops prompts and answers shorter than this
 HUMAN_ROLES = ("human", "user")
 ASSISTANT_ROLES = ("gpt", "assistant", "chatgpt", "bard", "model")
-_WORDS = re.compile(r"\w+|[^\w\s]")
+WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ class TokenCounter:
         if not texts:
             return []
         if self.tokenizer is None:
-            return [len(_WORDS.findall(text)) for text in texts]
+            return [len(WORD_PATTERN.findall(text)) for text in texts]
         return [len(encoding) for encoding in self._encode(texts, prompts and not self.chat)]
 
     def prompts(self, texts: Sequence[str]) -> tuple[list[int], list[Any] | None]:

@@ -11,6 +11,7 @@ consumer, so a trace gives the same reuse in a simulation and on a server.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
+from kvbench.workload.dataset import ASSISTANT_ROLES, HUMAN_ROLES, WORD_PATTERN
 from kvbench.workload.jsonl import json_objects, read_text
 
 DEFAULT_TRACE_BLOCK = 512  # Mooncake's traces hash prompts in blocks of 512 tokens
@@ -190,6 +193,29 @@ def trace_from_prompts(
     return PrefixTrace(tuple(sorted(requests, key=lambda r: r.arrival_s)), block_size, source)
 
 
+Turn = tuple[list[int], list[int]]  # (the user's new token ids, the answer's token ids)
+
+
+def session_trace(
+    sessions: Sequence[Sequence[Turn]], rate: float, think_s: float, seed: int, block_size: int, source: str
+) -> PrefixTrace:
+    """Multi-turn sessions as a trace: turn k's prompt is every earlier turn's user and answer tokens, then its own
+    user tokens (a chat client resends the history). Sessions start as a Poisson process at ``rate`` per second;
+    each turn arrives ``think_s`` after the one before."""
+    if not (math.isfinite(rate) and rate > 0) or not (math.isfinite(think_s) and think_s >= 0):
+        raise KvbenchError("sessions need a positive arrival rate and a think time of 0 s or more")
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum(rng.exponential(1.0 / rate, len(sessions)))
+    prompts = []
+    for number, (start, turns) in enumerate(zip((starts - starts[0]).tolist(), sessions, strict=True)):
+        history: list[int] = []
+        for index, (user, answer) in enumerate(turns):
+            prompt = history + list(user)
+            prompts.append((start + index * think_s, prompt, len(answer), f"session-{number}"))
+            history = prompt + list(answer)
+    return trace_from_prompts(prompts, block_size, source)
+
+
 def shared_prefix_trace(
     groups: int,
     per_group: int,
@@ -199,26 +225,76 @@ def shared_prefix_trace(
     rate: float,
     seed: int,
     block_size: int,
+    turns: int = 1,
+    think_s: float = 0.0,
 ) -> PrefixTrace:
-    """``groups`` x ``per_group`` requests, each a group's shared prefix then tokens of its own, arriving as a
-    Poisson process at ``rate`` per second in a seeded random order."""
+    """``groups`` x ``per_group`` sessions in a seeded random order, each a group's shared prefix then tokens of
+    its own; with ``turns`` above 1, each later turn adds an answer of ``output_len`` tokens and a user message of
+    ``suffix_len`` to the history it resends."""
     for name, value in (("groups", groups), ("requests per group", per_group), ("prefix length", prefix_len)):
         if value < 1:
             raise KvbenchError(f"{name} must be a positive integer, got {value}")
-    if suffix_len < 1 or output_len < 0 or not (math.isfinite(rate) and rate > 0):
-        raise KvbenchError("a shared-prefix workload needs a suffix of at least one token and a positive rate")
+    if suffix_len < 1 or output_len < 0 or turns < 1:
+        raise KvbenchError("a shared-prefix workload needs a suffix of at least one token and one turn or more")
     rng = np.random.default_rng(seed)
     vocab = 30_000
-    prefixes = [rng.integers(FIRST_TOKEN_ID, vocab, prefix_len).tolist() for _ in range(groups)]
-    order = rng.permutation(groups * per_group)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, len(order)))
-    arrivals -= arrivals[0]
-    prompts = []
-    for arrival, slot in zip(arrivals.tolist(), order.tolist(), strict=True):
-        group = slot // per_group
-        own = rng.integers(FIRST_TOKEN_ID, vocab, suffix_len).tolist()
-        prompts.append((arrival, prefixes[group] + own, output_len, f"group-{group}"))
-    return trace_from_prompts(prompts, block_size, f"{groups} shared-prefix groups of {prefix_len} tokens")
+
+    def tokens(count: int) -> list[int]:
+        return rng.integers(FIRST_TOKEN_ID, vocab, count).tolist()
+
+    prefixes = [tokens(prefix_len) for _ in range(groups)]
+    sessions = []
+    for slot in rng.permutation(groups * per_group).tolist():
+        first = prefixes[slot // per_group] + tokens(suffix_len)
+        sessions.append(
+            [(first, tokens(output_len))] + [(tokens(suffix_len), tokens(output_len)) for _ in range(turns - 1)]
+        )
+    what = f"{groups} shared-prefix groups of {prefix_len} tokens" + (f", {turns} turns each" if turns > 1 else "")
+    return session_trace(sessions, rate, think_s, seed, block_size, what)
+
+
+def sharegpt_sessions(path: Path, limit: int | None = None) -> list[list[Turn]]:
+    """The conversations of a ShareGPT file as sessions of (user, answer) turns, words and punctuation as tokens
+    (each distinct one an id): equal text gives equal ids, which is all prefix reuse needs. A system message
+    opens the first user turn; a user turn without an answer gets an empty one."""
+    try:
+        data = json_input.loads(read_text(path, "dataset"))
+    except json.JSONDecodeError as err:
+        raise KvbenchError(f"dataset {path} is not valid JSON (line {err.lineno}: {err.msg})") from None
+    if not isinstance(data, list):
+        raise KvbenchError(f"dataset {path}: a ShareGPT file is a JSON list of conversations")
+    vocabulary: dict[str, int] = {}
+
+    def ids(text: str) -> list[int]:
+        return [vocabulary.setdefault(word, FIRST_TOKEN_ID + len(vocabulary)) for word in WORD_PATTERN.findall(text)]
+
+    sessions: list[list[Turn]] = []
+    for item in data:
+        turns = item.get("conversations", item.get("messages")) if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            continue
+        session: list[Turn] = []
+        pending: list[int] = []
+        for turn in turns:
+            role = turn.get("from", turn.get("role")) if isinstance(turn, dict) else None
+            text = turn.get("value", turn.get("content")) if isinstance(turn, dict) else None
+            if not isinstance(role, str) or not isinstance(text, str):
+                continue
+            role = role.lower()
+            if role in HUMAN_ROLES or role == "system":
+                pending += ids(text)
+            elif role in ASSISTANT_ROLES and pending:
+                session.append((pending, ids(text)))
+                pending = []
+        if pending:
+            session.append((pending, []))
+        if session:
+            sessions.append(session)
+        if limit is not None and len(sessions) >= limit:
+            break
+    if not sessions:
+        raise KvbenchError(f"dataset {path} holds no conversation with a user turn")
+    return sessions
 
 
 def token_digits(vocab_size: int) -> int:

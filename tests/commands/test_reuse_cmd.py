@@ -113,3 +113,21 @@ def test_compare_judges_the_hit_rates_exactly(tmp_path, capsys):
     (head / "summary.json").write_text(json.dumps(summary))
     assert main(["compare", str(base), str(head)]) == 1
     assert "hit_rate_pct" in capsys.readouterr().out
+
+
+def test_multi_turn_sessions_reuse_their_history(tmp_path, capsys):
+    one = run_json(["--prefix-groups", "1", "--requests", "20", "--points", "2", "--out", str(tmp_path / "a")], capsys)
+    args = ["--prefix-groups", "1", "--requests", "20", "--turns", "4", "--points", "2", "--out", str(tmp_path / "b")]
+    four = run_json(args, capsys)
+    assert four["trace"]["requests"] == 80
+    assert four["unbounded"]["hit_rate_pct"] > one["unbounded"]["hit_rate_pct"]
+
+
+def test_a_sharegpt_dataset(tmp_path, capsys):
+    path = tmp_path / "chat.json"
+    talk = [{"from": "human", "value": "word " * 40}, {"from": "gpt", "value": "reply " * 40}]
+    path.write_text(json.dumps([{"conversations": talk * 3}] * 5))
+    document = run_json(
+        ["--dataset", str(path), "--block-size", "16", "--points", "2", "--out", str(tmp_path / "r")], capsys
+    )
+    assert document["trace"]["requests"] == 15 and document["unbounded"]["hit_rate_pct"] > 50

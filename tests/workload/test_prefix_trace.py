@@ -15,7 +15,9 @@ from kvbench.workload.prefix_trace import (
     prompt_token_ids,
     read_prefix_trace,
     resolve_trace,
+    session_trace,
     shared_prefix_trace,
+    sharegpt_sessions,
     trace_from_prompts,
 )
 
@@ -146,3 +148,40 @@ def test_shared_prefix_groups_share_their_prefix_blocks():
     heads = {r.hash_ids[:4] for r in trace.requests}
     assert len(heads) == 3
     assert all(a.arrival_s <= b.arrival_s for a, b in zip(trace.requests, trace.requests[1:], strict=False))
+
+
+def test_sessions_resend_their_history():
+    sessions = [[([1] * 16, [2] * 16), ([3] * 16, [4] * 8)], [([1] * 16, [5] * 16)]]
+    trace = session_trace(sessions, rate=1.0, think_s=30.0, seed=0, block_size=16, source="test")
+    first, second = (r for r in trace.requests if r.session == "session-0")
+    # turn 2 is turn 1's prompt and answer, then its own message: 48 tokens, its first two blocks turn 1's
+    assert second.input_len == 48 and second.hash_ids[0] == first.hash_ids[0]
+    assert second.arrival_s - first.arrival_s == 30.0 and second.output_len == 8
+    other = next(r for r in trace.requests if r.session == "session-1")
+    assert other.hash_ids[0] == first.hash_ids[0]  # the same first message
+
+
+def test_sharegpt_conversations_become_sessions(tmp_path):
+    path = tmp_path / "sharegpt.json"
+    conversations = [
+        {
+            "conversations": [
+                {"from": "system", "value": "You are terse."},
+                {"from": "human", "value": "Name a prime."},
+                {"from": "gpt", "value": "Seven."},
+                {"from": "human", "value": "Another?"},
+                {"from": "gpt", "value": "Eleven."},
+            ]
+        },
+        {"messages": [{"role": "user", "content": "Hello"}]},
+        {"conversations": "broken"},
+    ]
+    path.write_text(json.dumps(conversations))
+    sessions = sharegpt_sessions(path)
+    assert len(sessions) == 2 and len(sessions[0]) == 2 and sessions[1][0][1] == []
+    system_and_question, answer = sessions[0][0]
+    assert len(system_and_question) == 8 and len(answer) == 2  # words and punctuation are tokens
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "a list"}))
+    with pytest.raises(KvbenchError, match="a ShareGPT file is a JSON list"):
+        sharegpt_sessions(bad)

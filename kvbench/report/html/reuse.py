@@ -30,8 +30,8 @@ def build(run: RunFiles) -> Page:
 MODEL_NOTES = [
     "Requests arrive at the trace's times and are admitted first come, first served while their blocks fit; "
     "the cached prefix is pinned and the rest of prompt and output taken at once. Free blocks are reused "
-    "least recently freed first, a request's tail first, as vLLM's prefix cache does; computed blocks join "
-    "the cache when the prefill ends. Service times are the GPU's roofline; prefills run one at a time.",
+    "least recently freed first, a request's tail first, as vLLM's prefix cache does; a request's blocks join "
+    "the cache when it is scheduled. Service times are the GPU's roofline; prefills run one at a time.",
     "Left out: chunked prefill, preemption and recompute, routing across replicas, the KV of generated tokens "
     "being reused (a trace's hash ids cover prompts only). docs/REUSE.md says more.",
 ]
