@@ -11,6 +11,10 @@ the server's block count (``vllm:cache_config_info``, less the null block) throu
 :func:`kvbench.engine.reuse_sim.simulate`, with a step time fitted to the server's latencies. Goal: within 3
 percentage points at every size.
 
+With ``--groups G`` the trace is synthetic instead: ``--requests`` requests in G groups sharing a prefix of
+``--prefix-len`` tokens, each with ``--suffix-len`` of its own, Poisson arrivals at ``--rate`` per second; KV sizes
+around the G prefixes' blocks then decide how many groups stay cached, which is where eviction order shows.
+
 The model is a small random Llama made here (no download, no tokenizer: prompts are token ids).
 
     python benchmarks/reuse_vs_vllm.py --vllm-python /path/to/vllm-venv/bin/python [--kv-blocks 300,800,2000]
@@ -36,7 +40,7 @@ from kvbench.endpoint.trace_replay import replay_trace
 from kvbench.engine.reuse_sim import ChainedTrace, simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.report.diagnose.servers import read_states
-from kvbench.workload.prefix_trace import PrefixTrace, read_prefix_trace, resolve_trace
+from kvbench.workload.prefix_trace import PrefixTrace, read_prefix_trace, resolve_trace, shared_prefix_trace
 
 VOCAB = 4096
 BLOCK = 32  # vLLM's CPU attention takes block sizes that are multiples of 32
@@ -180,10 +184,20 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--time-scale", type=float, default=0.3)
     parser.add_argument("--kv-blocks", default="300,800,2000", help=f"KV sizes, in blocks of {BLOCK} tokens")
+    parser.add_argument("--groups", type=int, default=0, help="a synthetic shared-prefix trace of this many groups")
+    parser.add_argument("--prefix-len", type=int, default=1024)
+    parser.add_argument("--suffix-len", type=int, default=128)
+    parser.add_argument("--rate", type=float, default=5.0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
-    full = read_prefix_trace(resolve_trace(args.trace))
-    trace = shrunk(full, args.shrink, args.requests, args.max_len, args.time_scale)
+    if args.groups:
+        per_group = -(-args.requests // args.groups)
+        trace = shared_prefix_trace(
+            args.groups, per_group, args.prefix_len, args.suffix_len, args.max_output, args.rate, 0, BLOCK
+        ).subset(max_requests=args.requests)
+    else:
+        full = read_prefix_trace(resolve_trace(args.trace))
+        trace = shrunk(full, args.shrink, args.requests, args.max_len, args.time_scale)
     with tempfile.TemporaryDirectory(prefix="kvbench-reuse-vllm-") as folder:
         work = Path(folder)
         model = tiny_llama(work / "model")

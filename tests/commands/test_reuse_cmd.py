@@ -131,3 +131,13 @@ def test_a_sharegpt_dataset(tmp_path, capsys):
         ["--dataset", str(path), "--block-size", "16", "--points", "2", "--out", str(tmp_path / "r")], capsys
     )
     assert document["trace"]["requests"] == 15 and document["unbounded"]["hit_rate_pct"] > 50
+
+
+@pytest.mark.parametrize("deployment", [[], ["-tp", "2", "--kv-cache-dtype", "fp8"], ["--gpu", "a100-80g", "-pp", "2"]])
+def test_the_deployment_has_capacitys_block_count(deployment, tmp_path, capsys):
+    assert main(["capacity", "--model", "llama-3-8b", "--gpu", "h100-80g", *deployment, "--json"]) == 0
+    strategies = json.loads(capsys.readouterr().out)["strategies"]
+    blocks = next(s["kv_blocks"] for s in strategies if s["strategy"] == "paged-16")
+    args = ["--model", "llama-3-8b", "--gpu", "h100-80g", *deployment, "--max-requests", "50", "--points", "0"]
+    document = run_json([*args, "--out", str(tmp_path / "r")], capsys)
+    assert document["deployments"][0]["kv_blocks"] == blocks
