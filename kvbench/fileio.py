@@ -1,4 +1,6 @@
-"""Atomic file writes: write to a temporary name in the same folder, then rename."""
+"""Atomic file writes (write to a temporary name in the same folder, then rename), and the two rules on paths that
+keep a command to what is its own: an output replaces only a regular file (never a device, a pipe, a link or a
+folder), and a file named by a run directory's own files lies inside that directory."""
 
 from __future__ import annotations
 
@@ -16,9 +18,30 @@ from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 
+def replaceable(path: Path) -> str | None:
+    """Why ``path`` may not be replaced by a written file (it exists and is not a regular file), or None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot be checked ({err.strerror or err})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    return "is not a regular file (a device, a pipe or a socket)"
+
+
 def write_atomic(path: str | os.PathLike, writer: Callable[[Path], object]) -> Path:
-    """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``."""
+    """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``, which must be a new name or a
+    regular file."""
     target = Path(path)
+    refused = replaceable(target)
+    if refused is not None:
+        raise KvbenchError(f"will not write {target}: it {refused}; give the path of a regular file")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -250,3 +273,28 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def run_file(directory: Path, name: object) -> Path:
+    """``directory / name`` for a ``name`` found in a run's own files: a plain file name (no folder part), and the
+    path, links followed, inside ``directory``. Run directories come from others (CI artifacts): nothing they
+    say may make kvbench read elsewhere."""
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or any(c in name for c in "/\\\0")
+        or Path(name).name != name
+    ):
+        raise KvbenchError(f"{directory}: {name!r} is not the name of a file in the run directory")
+    return inside(directory, directory / name)
+
+
+def inside(directory: Path, path: Path) -> Path:
+    """``path`` when it resolves (links followed) inside ``directory``; one line refusing it otherwise."""
+    try:
+        root, resolved = directory.resolve(), path.resolve()
+    except (OSError, RuntimeError) as err:
+        raise KvbenchError(f"cannot resolve {path}: {err}") from None
+    if resolved != root and root not in resolved.parents:
+        raise KvbenchError(f"{path} leads outside the run directory {directory} (a link?); refused")
+    return path

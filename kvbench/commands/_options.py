@@ -4,6 +4,7 @@ one-line errors."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 import typer
 
 from kvbench.errors import KvbenchError
+from kvbench.fileio import replaceable
 from kvbench.models.shapes import DTYPE_BYTES
 from kvbench.values import parse_threads
 
@@ -97,6 +99,9 @@ def writable_file(path: Path | None, option: str) -> Path | None:
         raise KvbenchError(f"{option} is empty; give a file path")
     if path.is_dir():
         raise KvbenchError(f"{option} {path} is a directory; give a file path")
+    refused = replaceable(path)
+    if refused is not None:
+        raise KvbenchError(f"{option} {path} {refused}: kvbench replaces only regular files; give another path")
     folder = path.parent
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -118,6 +123,21 @@ def parse_size(text: str, what: str = "size") -> int:
     if size <= 0:
         raise KvbenchError(f"{what} must be positive, got {text!r}")
     return size
+
+
+def not_an_input(path: Path | None, option: str, inputs: Iterable[Path]) -> Path | None:
+    """Refuse an output path that is one of the files the command reads (``report DIR --out DIR/summary.json``
+    would replace the run's data with its own page)."""
+    if path is None:
+        return None
+    for source in inputs:
+        try:
+            same = path.exists() and source.exists() and os.path.samefile(path, source)
+        except OSError:
+            same = False
+        if same or path.resolve() == source.resolve():
+            raise KvbenchError(f"{option} {path} is {source}, which this command reads; give another path")
+    return path
 
 
 def make_console(stderr: bool = False):

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from kvbench.commands._options import output_file
+from kvbench.commands._options import not_an_input, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
 from kvbench.report.baseline import update_baseline
@@ -101,6 +101,10 @@ def compare_command(
     html_path = output_file(html, "--html")
     head_summary = load_summary(head)
     base_summary = _load_base(base, tolerate_unusable=refresh)
+    inputs = [head_summary.path] + ([base_summary.path] if base_summary is not None else [])
+    inputs += [series for summary in inputs for series in _series_files(summary)]
+    not_an_input(output_path, "--output", inputs)
+    not_an_input(html_path, "--html", inputs)
     comparison = None
     if base_summary is not None:
         comparison = compare(base_summary, head_summary, rules, absolute=absolute, alpha=alpha)
@@ -115,6 +119,13 @@ def compare_command(
         typer.echo(f"baseline updated: {updated}", err=True)
     elif comparison is not None and comparison.failed:
         raise typer.Exit(code=1)
+
+
+def _series_files(summary: Path) -> list[Path]:
+    """The files beside a summary that a compare page draws from (its series), for the outputs to avoid."""
+    from kvbench.report.html.run_files import SERIES_PATTERNS
+
+    return [path for patterns in SERIES_PATTERNS.values() for p in patterns for path in summary.parent.glob(p)]
 
 
 def _rule(text: str):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from kvbench.commands._options import output_file
+from kvbench.commands._options import not_an_input, output_file
 from kvbench.values import human_bytes
 
 HELP = """Build a run's self-contained report.html from its files.
@@ -31,6 +31,9 @@ def report(
     out: str | None = typer.Option(None, "--out", help="Write the page here (default RUN_DIR/report.html)."),
 ) -> None:
     from kvbench.report.html import write_report
+    from kvbench.report.html.run_files import load_run
 
-    written = write_report(run_dir, output_file(out, "--out"))
+    target = output_file(out, "--out")
+    not_an_input(target, "--out", load_run(run_dir).files())
+    written = write_report(run_dir, target)
     typer.echo(f"wrote {written.path} ({human_bytes(written.size_bytes)} in {written.seconds:.1f} s)")

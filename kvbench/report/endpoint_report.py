@@ -9,18 +9,18 @@ latency against the level per target, the server's KV usage against the level, a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from kvbench.fileio import run_file
 from kvbench.report.fields import ms_text
 from kvbench.report.point import Point
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, write_summary
+from kvbench.report.rundir import flatten, markdown_table, read_run_json, write_summary
 
 TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
 COLUMNS = (
@@ -289,9 +289,9 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
         )
     for point in shown:
         name = point.get("timeline_file")
-        path = run_dir / name if name else None
-        if path is not None and path.is_file():
-            data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_run_json(run_dir, name) if name else None
+        if data is not None:
+            path = run_file(run_dir, name)
             written.append(
                 timeline_plot(
                     data,

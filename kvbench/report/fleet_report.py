@@ -7,9 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench import json_input
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, write_summary
+from kvbench.report.rundir import flatten, markdown_table, read_run_json, write_summary
 
 _COLUMNS = (
     "policy",
@@ -121,11 +120,7 @@ def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> di
 
 
 def _read_series(run_dir: Path, policy: str) -> dict | None:
-    path = run_dir / f"fleet-{policy}.json"
-    try:
-        return json_input.loads(json_input.read_text(path))
-    except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
-        return None
+    return read_run_json(run_dir, f"fleet-{policy}.json")
 
 
 def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: dict | None) -> list[Path]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["text.parse_math"] = False  # names from run files are text: "$x$" is not math to typeset
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kvbench.fileio import write_atomic  # noqa: E402

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -12,7 +11,7 @@ from rich.table import Table
 from kvbench.report.fields import ms_text
 from kvbench.report.point import oom_text, shows_figures
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, write_summary
+from kvbench.report.rundir import flatten, markdown_table, read_run_json, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.values import human_bytes
 
@@ -671,12 +670,11 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
             )
     timelines, total_blocks = {}, None
     for engine in engines:
-        path = run_dir / f"timeline-{engine}-c{top}.json"
         reference = next((p.get("reference") or {} for p in ok if p["engine"] == engine), {})
         if reference.get("block_size", meta.get("block_size")) != meta.get("block_size"):
             continue  # blocks of another size are not comparable on one axis
-        if path.exists():
-            data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_run_json(run_dir, f"timeline-{engine}-c{top}.json")
+        if data is not None:
             if engine not in REFERENCE_ENGINES or total_blocks is None:  # the pool of kvbench's own engines
                 total_blocks = data["total_blocks"]
             point = next((p for p in ok if p["engine"] == engine and p["concurrency"] == top), {})

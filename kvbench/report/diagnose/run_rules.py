@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvbench.fileio import run_file
 from kvbench.report.diagnose.findings import (
     Diagnosis,
     Finding,
@@ -111,7 +112,7 @@ def _endpoint_diagnosis(
         )
     timeline_file = str(point.get("timeline_file") or "")
     watch = (
-        directory / ("watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
+        run_file(directory, "watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
         if directory is not None and timeline_file
         else None
     )

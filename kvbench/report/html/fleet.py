@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kvbench.report.diagnose import diagnose_points
@@ -11,6 +10,7 @@ from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
+from kvbench.report.rundir import read_run_json
 
 
 def build(run: RunFiles) -> Page:
@@ -44,11 +44,9 @@ def _series(run: RunFiles, points: list[dict]) -> list[dict]:
     """Each policy's plot series (fleet-<policy>.json), in the order of the points; a missing file is skipped."""
     found = []
     for point in points:
-        path = run.directory / f"fleet-{point.get('policy')}.json"
-        try:
-            found.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
-            continue
+        data = read_run_json(run.directory, f"fleet-{point.get('policy')}.json")
+        if data is not None:
+            found.append(data)
     return found
 
 

@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
+from kvbench.fileio import inside
 from kvbench.report.diagnose.timeline import TIMELINE_FILE
-from kvbench.report.summary_load import SUMMARY_FILE, parse_summary
+from kvbench.report.rundir import run_series
+from kvbench.report.summary_load import MAX_SUMMARY_BYTES, SUMMARY_FILE, parse_summary
 
 # Files a report reads besides summary.json, by the run kind that writes them (listed in its provenance).
 SERIES_PATTERNS = {"sweep": ("timeline-*.json",), "fleet": ("fleet-*.json",)}
@@ -29,7 +32,7 @@ class RunFiles:
             return [self.timeline]
         found = [self.directory / SUMMARY_FILE]
         for pattern in SERIES_PATTERNS.get(self.kind, ()):
-            found += sorted(self.directory.glob(pattern))
+            found += run_series(self.directory, pattern)
         return found
 
 
@@ -55,12 +58,13 @@ def load_run(location: str | Path) -> RunFiles:
 
 
 def _summary_run(path: Path) -> RunFiles:
+    inside(path.parent, path)  # summary.json itself: no link out of its run directory
     try:
-        text = path.read_text(encoding="utf-8")
+        text = json_input.read_text(path, MAX_SUMMARY_BYTES)
     except (OSError, UnicodeDecodeError) as err:
         raise KvbenchError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
     try:
-        document = json.loads(text)
+        document = json_input.loads(text)
     except json.JSONDecodeError as err:
         raise KvbenchError(f"{path} is not valid JSON (line {err.lineno}: {err.msg})") from None
     summary = parse_summary(document, path)  # the schema version, kind, meta and points are checked here

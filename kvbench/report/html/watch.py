@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.report.diagnose.live_rules import seconds
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.timeline import KIND, Timeline, diagnose_timeline, read_timeline
@@ -43,8 +43,8 @@ def _header(path: Path) -> dict[str, Any]:
     """The timeline's first line, when it is the header kvbench watch writes."""
     try:
         with open(path, encoding="utf-8") as lines:
-            first = json.loads(lines.readline() or "{}")
-    except (OSError, json.JSONDecodeError):
+            first = json_input.loads(lines.readline(1 << 20) or "{}")
+    except (OSError, ValueError):
         return {}
     return first if isinstance(first, dict) and first.get("kind") == KIND else {}
 

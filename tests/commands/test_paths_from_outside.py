@@ -1,0 +1,147 @@
+"""Outputs replace only regular files that the command does not read; run directories (received from others)
+never make kvbench read outside them; their text is drawn as text. One error line, exit 2, nothing damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.errors import KvbenchError
+from kvbench.fileio import run_file, write_text_atomic
+from kvbench.report.html import write_report
+from kvbench.report.rundir import read_run_json
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paths") / "sweep"
+    args = ["sweep", "--simulate", "--requests", "12", "--concurrency", "2", "--out", str(out), "--json"]
+    assert main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paths") / "fleet"
+    assert main(["fleet", "--simulate", "--instances", "2", "--requests", "20", "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture()
+def sweep_copy(sweep_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(sweep_run, copy)
+    return copy
+
+
+def one_error_line(capfd) -> str:
+    captured = capfd.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_an_output_never_replaces_a_pipe_or_a_link(sweep_copy, tmp_path, capfd):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    assert main(["report", str(sweep_copy), "--out", str(pipe)]) == 2
+    assert "not a regular file" in one_error_line(capfd)
+    assert pipe.is_fifo()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me")
+    link = tmp_path / "link.html"
+    link.symlink_to(target)
+    assert main(["compare", str(sweep_copy), str(sweep_copy), "--html", str(link)]) == 2
+    assert "symbolic link" in one_error_line(capfd)
+    assert link.is_symlink() and target.read_text() == "keep me"
+
+
+def test_the_one_writer_refuses_what_is_not_a_regular_file(tmp_path):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(KvbenchError, match="not a regular file"):
+        write_text_atomic(pipe, "x")
+    assert pipe.is_fifo()
+
+
+def test_an_output_never_replaces_what_the_command_reads(sweep_copy, capfd):
+    summary = sweep_copy / "summary.json"
+    before = summary.read_bytes()
+    assert main(["report", str(sweep_copy), "--out", str(summary)]) == 2
+    assert "which this command reads" in one_error_line(capfd)
+    timeline = next(sweep_copy.glob("timeline-*.json"))
+    assert main(["report", str(sweep_copy), "--out", str(timeline)]) == 2
+    one_error_line(capfd)
+    assert main(["compare", str(sweep_copy), str(sweep_copy), "--html", str(summary)]) == 2
+    one_error_line(capfd)
+    assert main(["compare", str(sweep_copy), str(sweep_copy), "--output", str(summary)]) == 2
+    one_error_line(capfd)
+    assert summary.read_bytes() == before
+    assert main(["report", str(sweep_copy)]) == 0
+
+
+def test_a_summary_linked_from_outside_is_refused(sweep_run, tmp_path, capfd):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").symlink_to(sweep_run / "summary.json")
+    assert main(["report", str(run)]) == 2
+    assert "leads outside the run directory" in one_error_line(capfd)
+
+
+def test_a_timeline_linked_from_outside_is_refused(sweep_copy, tmp_path, capfd):
+    outside = tmp_path / "secret.json"
+    outside.write_text(json.dumps({"title": "SECRET"}))
+    timeline = next(sweep_copy.glob("timeline-*.json"))
+    timeline.unlink()
+    timeline.symlink_to(outside)
+    assert main(["report", str(sweep_copy)]) == 2
+    assert "leads outside the run directory" in one_error_line(capfd)
+
+
+@pytest.mark.parametrize("name", ["/etc/hostname", "../outside.json", "a/../../b.json", "..", "", None, 7])
+def test_names_from_run_files_never_build_paths(tmp_path, name):
+    with pytest.raises(KvbenchError):
+        run_file(tmp_path, name)
+    with pytest.raises(KvbenchError):
+        read_run_json(tmp_path, name)
+
+
+def test_a_fleet_policy_name_cannot_reach_outside(fleet_run, tmp_path, capfd):
+    run = tmp_path / "fleet"
+    shutil.copytree(fleet_run, run)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "fleet.json").write_text(json.dumps({"policy": "SECRET"}))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["points"][0]["policy"] = "/../../../outside/fleet"
+    (run / "summary.json").write_text(json.dumps(summary))
+    code = main(["report", str(run)])
+    err = capfd.readouterr().err
+    assert code == 2 and "is not the name of a file in the run directory" in err
+    assert "SECRET" not in (run / "report.html").read_text() if (run / "report.html").exists() else True
+
+
+def test_deeply_nested_series_files_are_not_a_traceback(fleet_run, sweep_copy, tmp_path):
+    nested = "[" * 100_000 + "]" * 100_000
+    for path in sweep_copy.glob("timeline-*.json"):
+        path.write_text(nested)
+    assert write_report(sweep_copy).size_bytes > 0
+    run = tmp_path / "fleet"
+    shutil.copytree(fleet_run, run)
+    for path in run.glob("fleet-*.json"):
+        path.write_text(nested)
+    assert write_report(run).size_bytes > 0
+
+
+def test_dollar_signs_in_names_are_drawn_as_text(sweep_copy):
+    summary = json.loads((sweep_copy / "summary.json").read_text())
+    summary["meta"]["scenario"] = "$\\frac{1}{0}$ and $unclosed"  # drawn in every plot's title
+    summary["meta"]["model_name"] = "$^^^$"
+    summary["meta"]["device"] = "a$b"
+    (sweep_copy / "summary.json").write_text(json.dumps(summary))
+    page = write_report(sweep_copy)
+    assert page.size_bytes > 0
