@@ -39,7 +39,8 @@ _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packing on this device and dtype, unless turned off by ``KVBENCH_PACKED_WEIGHTS=0``."""
+    """oneDNN packing on this device and dtype, unless turned off by ``KVBENCH_PACKED_WEIGHTS=0``. oneDNN packs
+    bfloat16 only where the CPU has AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere it raises."""
     if os.environ.get(ENV, "1") == "0":
         return False
     return (
@@ -47,7 +48,13 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
         and dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and (dtype != torch.bfloat16 or _onednn_bf16())
     )
+
+
+def _onednn_bf16() -> bool:
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(probe()) if probe is not None else False
 
 
 def candidate_paths(weight: torch.Tensor) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ decides.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvbench.errors import KvbenchError
@@ -35,7 +36,8 @@ class Parallelism:
 
 
 def _divisors(value: int) -> list[int]:
-    return [d for d in range(1, value + 1) if value % d == 0]
+    small = [d for d in range(1, math.isqrt(value) + 1) if value % d == 0]
+    return sorted(set(small + [value // d for d in small]))
 
 
 def check_parallelism(shape: ModelShape, parallel: Parallelism) -> None:

@@ -116,6 +116,19 @@ class MlaSpec:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
+# Beyond these a config is broken, not a model (the largest have a few hundred layers and heads, vocabularies of
+# a few hundred thousand): refused up front, since layer and head counts are walked one by one.
+SHAPE_LIMITS = {
+    "num_layers": 10_000,
+    "hidden_size": 1 << 20,
+    "num_heads": 1 << 16,
+    "num_kv_heads": 1 << 16,
+    "intermediate_size": 1 << 24,
+    "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 31,
+}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The numbers of a decoder-only transformer that decide its weight and KV-cache bytes."""
@@ -164,6 +177,11 @@ class ModelShape:
             value = getattr(self, name)
             if not _is_positive_int(value):
                 raise KvbenchError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+            if value > SHAPE_LIMITS[name]:
+                raise KvbenchError(
+                    f"model {self.name!r}: {name} of {value:,} is above {SHAPE_LIMITS[name]:,}, more than any "
+                    "model has: a broken config"
+                )
         if self.num_heads % self.num_kv_heads:
             raise KvbenchError(
                 f"model {self.name!r}: num_heads ({self.num_heads}) is not a multiple of num_kv_heads "

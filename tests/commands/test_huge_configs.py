@@ -1,0 +1,67 @@
+"""A config with counts no model has is refused at once, in one line: layer and head counts are walked one by one,
+so 1e9 layers or 2**40 heads would otherwise run for minutes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.models.deployment import _divisors
+
+BASE = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+}
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"num_hidden_layers": 10**9}, "num_layers"),
+        ({"num_attention_heads": 2**40, "num_key_value_heads": 2**40, "hidden_size": 2**47}, "hidden_size"),
+        ({"num_attention_heads": 2**17, "num_key_value_heads": 2**17, "hidden_size": 2**20}, "num_heads"),
+        ({"vocab_size": 10**12}, "vocab_size"),
+    ],
+)
+def test_counts_no_model_has_are_refused_at_once(change, field, tmp_path, capfd):
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **change}))
+    start = time.monotonic()
+    assert main(["capacity", "--model", str(tmp_path), "--json"]) == 2
+    assert time.monotonic() - start < 30
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and field in err and "broken config" in err
+
+
+def test_a_large_real_shape_still_works(tmp_path, capfd):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                **BASE,
+                "num_hidden_layers": 126,
+                "hidden_size": 16384,
+                "num_attention_heads": 128,
+                "intermediate_size": 53248,
+            }
+        )
+    )
+    assert main(["capacity", "--model", str(tmp_path), "--gpu", "h100-80g", "-tp", "8", "--json"]) in (0, 1)
+
+
+@pytest.mark.parametrize("value", [1, 2, 12, 97, 360, 2**20, 2**40])
+def test_divisors(value):
+    expected = [d for d in range(1, min(value, 10**6) + 1) if value % d == 0] if value <= 10**6 else None
+    found = _divisors(value)
+    if expected is not None:
+        assert found == expected
+    assert found[0] == 1 and found[-1] == value and all(value % d == 0 for d in found)
+    if value == 2**40:
+        assert found == [2**k for k in range(41)]
