@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.commands._options import DEVICES, choice, int_list, output_file
-from kvbench.errors import KvbenchError
+from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import json_text, write_text_atomic
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def kernels(
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
     out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
 ) -> None:
@@ -207,6 +207,8 @@ def kernels(
         typer.echo(json_text(result))
     else:
         _render(result, Console())
+    if not any(point["status"] == "ok" for point in result["points"]):
+        raise RunFailed("every point was skipped: nothing was measured (see each point's status)")
 
 
 def _measure(

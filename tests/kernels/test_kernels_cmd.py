@@ -139,3 +139,16 @@ def test_native_backend_refused_where_the_kernels_cannot_build(
 def test_bytes_moved_counts_kv_once_plus_query_and_output() -> None:
     shape = DecodeShape(batch=2, context=10, num_heads=8, num_kv_heads=2, head_dim=4, block_size=16)
     assert shape.bytes_moved(2) == (2 * 2 * 10 * 2 * 4 + 2 * 2 * 8 * 4) * 2
+
+
+def test_a_run_that_measured_nothing_is_not_a_success(capfd):
+    # a context no machine here can hold: every point skipped, said so, exit 1
+    args = ["kernels", "--device", "cpu", "--batch", "64", "--context", "100000000", "--json"]
+    assert main(args) == 1
+    captured = capfd.readouterr()
+    assert '"status": "skipped' in captured.out and "every point was skipped" in captured.err
+
+
+def test_a_negative_seed_is_refused(capfd):
+    assert main(["kernels", "--device", "cpu", "--seed", "-1"]) == 2
+    assert "--seed" in capfd.readouterr().err
