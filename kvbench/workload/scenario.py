@@ -153,6 +153,12 @@ def parse_scenario(data: dict[str, Any], name: str, source: str = "") -> Scenari
         raise KvbenchError(f"{where}: {err}") from None
     if "slots" in budget and budget["slots"] < 1:
         raise KvbenchError(f"{where}: budget.slots must be positive")
+    derived = [key for key in ("model", "gpu", "utilization") if key in budget]
+    if "slots" in budget and derived:
+        raise KvbenchError(
+            f"{where}: [budget] gives slots and {', '.join(derived)}: the slots set the pool, the others would be "
+            "ignored; keep one way"
+        )
     length_fields = {key: data[key] for key in _LENGTH_FIELDS if key in data}
     for key in ("prompt_ratio", "sigma"):
         if key in length_fields:

@@ -77,3 +77,11 @@ def test_token_requests_are_seeded_greedy_and_ignore_eos():
     assert [r.prompt_token_ids for r in first] == [r.prompt_token_ids for r in again]
     assert [len(r.prompt_token_ids) for r in first] == [4, 3] and [r.max_tokens for r in first] == [2, 1]
     assert all(r.sampling.ignore_eos and r.sampling.is_greedy for r in first)
+
+
+def test_a_budget_given_two_ways_is_refused():
+    from kvbench.errors import KvbenchError
+    from kvbench.workload.scenario import parse_scenario
+
+    with pytest.raises(KvbenchError, match=r"\[budget\] gives slots and model, gpu: the slots set the pool"):
+        parse_scenario({"budget": {"slots": 100, "model": "llama-2-13b", "gpu": "a100-80g"}}, "mixed")
