@@ -166,6 +166,10 @@ def compare(
 
 
 def _simulated(base: Summary, head: Summary) -> bool:
+    for summary in (base, head):
+        value = summary.meta.get("simulated", False)
+        if not isinstance(value, bool) and value is not None:
+            raise KvbenchError(f"{summary.path}: meta.simulated must be true or false, got {value!r}")
     flags = [summary.meta.get("simulated") is True for summary in (base, head)]
     if flags[0] != flags[1]:
         simulated, measured = (base, head) if flags[0] else (head, base)

@@ -141,3 +141,16 @@ def test_the_deployment_has_capacitys_block_count(deployment, tmp_path, capsys):
     args = ["--model", "llama-3-8b", "--gpu", "h100-80g", *deployment, "--max-requests", "50", "--points", "0"]
     document = run_json([*args, "--out", str(tmp_path / "r")], capsys)
     assert document["deployments"][0]["kv_blocks"] == blocks
+
+
+def test_compare_refuses_a_simulated_flag_that_is_not_a_boolean(tmp_path, capfd):
+    base = tmp_path / "base"
+    assert main(["reuse", "--max-requests", "60", "--points", "0", "--out", str(base), "--json"]) == 0
+    capfd.readouterr()
+    head = tmp_path / "head"
+    head.mkdir()
+    summary = json.loads((base / "summary.json").read_text())
+    summary["meta"]["simulated"] = "yes"
+    (head / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(base), str(head)]) == 2
+    assert "meta.simulated must be true or false" in capfd.readouterr().err
