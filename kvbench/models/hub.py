@@ -19,7 +19,7 @@ from pathlib import Path
 from kvbench.errors import KvbenchError
 
 # owner/name as the Hub spells repositories: letters, digits, '-', '_', '.'; neither part starts with '.' or '-'
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9_][\w.-]{0,95}")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9_][\w.-]{0,95}", re.ASCII)  # the Hub's ids are ASCII
 _TRUE = {"1", "on", "yes", "true"}
 
 

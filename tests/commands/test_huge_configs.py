@@ -65,3 +65,11 @@ def test_divisors(value):
     assert found[0] == 1 and found[-1] == value and all(value % d == 0 for d in found)
     if value == 2**40:
         assert found == [2**k for k in range(41)]
+
+
+@pytest.mark.parametrize("name", ["owner/n\u00e4me", "\u00f6wner/name"])
+def test_a_non_ascii_hub_id_is_one_line(name, capfd, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["capacity", "--model", name]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
