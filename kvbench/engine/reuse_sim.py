@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.kv.prefix_cache import Holding, PrefixCache
@@ -39,6 +38,21 @@ class ChainedTrace:
     chains: list[list[int]]
     node_count: int
     trace_block: int  # prompt tokens per node
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # what every KV size shares, per setting
+
+    def prepared(self, block_size: int, timing: StepTiming) -> tuple[list[list[int]], list[float]]:
+        """Per request: the KV blocks of each node it can cache, and its prefill seconds with no hit (the same
+        at every KV size, so computed once)."""
+        key = (block_size, timing)
+        if key not in self._memo:
+            sub = self.trace_block // block_size
+            sizes = []
+            for chain, length in zip(self.chains, self.input_lens, strict=True):
+                last = (length - (len(chain) - 1) * self.trace_block) // block_size
+                sizes.append([sub] * (len(chain) - 1) + [last])
+            without = [timing.prefill_seconds([length], [0]) for length in self.input_lens]
+            self._memo[key] = (sizes, without)
+        return self._memo[key]
 
     @classmethod
     def of(cls, trace: PrefixTrace) -> ChainedTrace:
@@ -131,7 +145,7 @@ def simulate(
     offload_blocks: int = 0,
 ) -> ReuseOutcome:
     """Run every request of ``chained`` through a cache of ``kv_blocks`` blocks of ``block_size`` tokens."""
-    sub = chained.trace_block // block_size
+    all_sizes, without_cache = chained.prepared(block_size, timing)
     cache = PrefixCache(kv_blocks, chained.node_count)
     cpu = _CpuTier(offload_blocks) if offload_blocks else None
     waiting: deque[int] = deque()
@@ -144,11 +158,6 @@ def simulate(
     order = 0
     now = 0.0
 
-    def sizes_of(index: int) -> list[int]:
-        chain, length = chained.chains[index], chained.input_lens[index]
-        last = (length - (len(chain) - 1) * chained.trace_block) // block_size
-        return [sub] * (len(chain) - 1) + [last]
-
     def try_admit() -> None:
         nonlocal gpu_free_at, order, in_flight_tokens
         while waiting and len(holdings) < max_running:
@@ -159,7 +168,7 @@ def simulate(
                 waiting.popleft()
                 state.refused += 1
                 continue
-            sizes = sizes_of(index)
+            sizes = all_sizes[index]
             limit = (length - 1) // block_size
             holding = cache.admit(chained.chains[index], sizes, limit, total)
             if holding is None:
@@ -176,7 +185,7 @@ def simulate(
             state.account(index, length, cached_tokens, offloaded * block_size, now - chained.arrivals[index])
             prefill = timing.prefill_seconds([length], [reused])
             state.prefill_s += prefill
-            state.prefill_s_without += timing.prefill_seconds([length], [0])
+            state.prefill_s_without += without_cache[index]
             start = max(now, gpu_free_at)
             gpu_free_at = start + prefill
             holdings[index] = holding
@@ -249,24 +258,6 @@ class _Totals:
         self._since = now
         self.pinned = blocks
         self.pinned_peak = max(self.pinned_peak, blocks)
-
-
-def simulate_sizes(
-    chained: ChainedTrace,
-    block_size: int,
-    sizes: Sequence[int],
-    timing: StepTiming,
-    max_running: int,
-    offload_blocks: int = 0,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[ReuseOutcome]:
-    """One outcome per KV size (in blocks), in the order given."""
-    outcomes = []
-    for done, blocks in enumerate(sizes):
-        outcomes.append(simulate(chained, block_size, blocks, timing, max_running, offload_blocks))
-        if progress is not None:
-            progress(done + 1, len(sizes))
-    return outcomes
 
 
 @dataclass(frozen=True)

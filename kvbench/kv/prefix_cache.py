@@ -94,7 +94,9 @@ class PrefixCache:
                     cached[node] = have = 0
                 refs[node] += 1
                 holding.pinned.append(node)
-            moved = min(size - have, holding.plain)
+            moved = size - have
+            if moved > holding.plain:
+                moved = holding.plain
             cached[node] = have + moved
             holding.plain -= moved
 
@@ -142,18 +144,18 @@ class PrefixCache:
         queue, cached, entry_of = self._queue, self.cached, self._entry_of
         evicted = 0
         while count:
-            entry = next(iter(queue))
-            item = queue[entry]
+            entry, item = queue.popitem(last=False)
             blocks, node = item
             if blocks <= count:
                 count -= blocks
-                del queue[entry]
                 if node >= 0:
                     cached[node] -= blocks  # a node's tail blocks were freed first: they go first
                     evicted += blocks
                     del entry_of[node]
             else:
                 item[0] = blocks - count
+                queue[entry] = item
+                queue.move_to_end(entry, last=False)  # what is left of it stays at the head
                 if node >= 0:
                     cached[node] -= count
                     evicted += count

@@ -113,13 +113,20 @@ def _deployment(shape: ModelShape, gpu: GpuSpec, settings: ReuseSettings, tensor
 
 
 def curve_sizes(planned: Planned, settings: ReuseSettings) -> list[int]:
-    """KV sizes in blocks: the default range (geometric), the deployments, and the sizes asked for."""
+    """KV sizes in blocks: ``points`` sizes spread geometrically over the default range, each deployment taking
+    the place of the nearest one, and the sizes asked for."""
     base = planned.asked.kv_blocks
-    sizes = {d.kv_blocks for d in planned.deployments}
-    spread = settings.points - len(sizes)  # the deployments count among the points
-    if spread > 0:
+    grid: list[float] = []
+    if settings.points:
         low, high = max(1.0, base * SMALLEST_SHARE), base * LARGEST_MULTIPLE
-        sizes.update(int(round(v)) for v in np.geomspace(low, high, spread))
+        grid = [float(v) for v in np.geomspace(low, high, settings.points)]
+    sizes: set[int] = set()
+    for deployment in planned.deployments:
+        if grid:
+            nearest = min(grid, key=lambda v: abs(math.log(v / deployment.kv_blocks)))
+            grid.remove(nearest)
+        sizes.add(deployment.kv_blocks)
+    sizes.update(int(round(v)) for v in grid)
     sizes.update(max(1, nbytes // planned.block_bytes) for nbytes in settings.kv_sizes)
     return sorted(sizes)
 
