@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,13 +211,24 @@ def parse_target(text: str) -> Target:
     if not sep or "://" in name:
         name, url = "", text
     url = url.strip()
+    shown = re.sub(r"//[^/@]*@", "//***@", text)  # a user:password in the URL is never echoed
     try:
         parts = urlsplit(url)
     except ValueError:
-        raise KvbenchError(f"--target {text!r}: not a URL; expected [NAME=]http://HOST:PORT") from None
+        raise KvbenchError(f"--target {shown!r}: not a URL; expected [NAME=]http://HOST:PORT") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise KvbenchError(f"--target {shown!r}: the port must be a number from 1 to 65535") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KvbenchError(f"--target {text!r}: expected [NAME=]http://HOST:PORT")
-    name = name.strip() or parts.netloc
+        raise KvbenchError(f"--target {shown!r}: expected [NAME=]http://HOST:PORT")
+    if parts.username is not None or parts.password is not None:
+        raise KvbenchError(
+            f"--target {shown!r}: a user or password in the URL would be written into results and errors; "
+            "name an environment variable holding an API key with --api-key-env instead"
+        )
+    host = parts.hostname if ":" not in parts.hostname else "ip6-" + parts.hostname.replace(":", "-")
+    name = name.strip() or (f"{host}:{port}" if port is not None else host)
     if not NAME_PATTERN.fullmatch(name):
         raise KvbenchError(f"--target name {name!r}: use letters, digits and . _ : - (at most 64)")
     return Target(url, name=name)
@@ -261,6 +273,10 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
     key_env = values["api_key_env"]
     if key_env is not None and not ENV_PATTERN.fullmatch(key_env):
         raise KvbenchError(f"--api-key-env {key_env!r}: give the NAME of an environment variable, not the key")
+    if key_env is not None and not os.environ.get(key_env, "").strip():
+        raise KvbenchError(
+            f"--api-key-env {key_env}: {key_env} is not set or empty, so no key would be sent; export it first"
+        )
     targets = []
     for text in texts:
         target = parse_target(text)

@@ -253,6 +253,7 @@ def _free_port() -> int:
         (["--target", "http://127.0.0.1:8000", "--find-max"], "give --slo"),
         (["--target", "http://127.0.0.1:8000", "--slo", "ttft=5", "--find-max", "--repeat", "2"], "--find-max bisects"),
         (["--target", "http://127.0.0.1:8000", "--api-key-env", "sk-123"], "NAME of an environment variable"),
+        (["--target", "http://127.0.0.1:8000", "--api-key-env", "KVBENCH_UNSET_KEY"], "is not set or empty"),
         (["--target", "http://127.0.0.1:8000", "--engines", "paged"], "--engines"),
         (["--target", "http://127.0.0.1:8000", "--simulate"], "cannot be simulated"),
         (["--slo", "ttft=5"], "go with --target"),
@@ -264,6 +265,18 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys, monkeyp
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and words in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [("http://[::1]:{port}", "cannot reach"), ("http://user:hunter2@127.0.0.1:{port}", "--api-key-env instead")],
+)
+def test_ipv6_and_credentials_in_a_target_url(url, words, tmp_path, capsys):
+    # an IPv6 loopback is a target like any other; a password in the URL is refused and never echoed
+    port = _free_port()
+    assert main(["sweep", "--target", url.format(port=port), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "hunter2" not in err and "--target name" not in err, err
 
 
 def test_an_unreachable_server_is_one_line_and_exit_2_before_anything_is_written(tmp_path, capsys):
