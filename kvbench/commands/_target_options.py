@@ -27,6 +27,7 @@ from kvbench.errors import KvbenchError
 from kvbench.studies.run_options import EndpointOptions
 
 PANEL = "Servers over HTTP (--target)"
+MIN_RATE = 1e-3  # requests per second: slower, a point of a few hundred requests takes days to arrive
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -250,6 +251,11 @@ def rate_list(text: str) -> tuple[float, ...]:
         except ValueError:
             raise KvbenchError(f"--rate: {item!r} is not a number of requests per second") from None
         _positive(value, "--rate")
+        if value < MIN_RATE:
+            raise KvbenchError(
+                f"--rate {item}: below {MIN_RATE:g} requests per second (one every {1 / MIN_RATE / 60:.0f} minutes) "
+                "a point would wait days for its arrivals; raise the rate"
+            )
         if value in rates:
             raise KvbenchError(f"--rate lists {item} twice; give each rate once")
         rates.append(value)

@@ -249,6 +249,7 @@ def _free_port() -> int:
         (["--target", "http://127.0.0.1:8000", "--slo", "speed=5"], "KEY=MILLISECONDS"),
         (["--target", "http://127.0.0.1:8000", "--rate", "2", "--concurrency", "4"], "choose one"),
         (["--target", "http://127.0.0.1:8000", "--rate", "0"], "positive"),
+        (["--target", "http://127.0.0.1:8000", "--rate", "1e-9"], "a point would wait days"),
         (["--target", "http://127.0.0.1:8000", "--burstiness", "0.5"], "go with --rate"),
         (["--target", "http://127.0.0.1:8000", "--find-max"], "give --slo"),
         (["--target", "http://127.0.0.1:8000", "--slo", "ttft=5", "--find-max", "--repeat", "2"], "--find-max bisects"),
