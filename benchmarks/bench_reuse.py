@@ -62,6 +62,8 @@ def main() -> None:
     print(f"never-evicting hit rate {document['unbounded']['hit_rate_pct']:.2f}%")
     for point in document["points"]:
         print(f"  {point['kv_bytes'] / 2**30:10.1f} GiB  {point['hit_rate_pct']:6.2f}%  {point['label']}")
+    for line in document["findings"]:
+        print(f"- {line}")
 
 
 if __name__ == "__main__":
