@@ -19,8 +19,9 @@ from kvbench.fileio import run_file
 from kvbench.report.fields import ms_text
 from kvbench.report.point import Point
 from kvbench.report.progress import sweep_progress_bars
+from kvbench.report.run_input import read_run_json
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, read_run_json, write_summary
+from kvbench.report.rundir import flatten, markdown_table, write_summary
 
 TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
 COLUMNS = (

@@ -7,8 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
+from kvbench.report.run_input import read_run_json
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, read_run_json, write_summary
+from kvbench.report.rundir import flatten, markdown_table, write_summary
 
 _COLUMNS = (
     "policy",

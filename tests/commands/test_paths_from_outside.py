@@ -13,7 +13,7 @@ from kvbench.cli import main
 from kvbench.errors import KvbenchError
 from kvbench.fileio import run_file, write_text_atomic
 from kvbench.report.html import write_report
-from kvbench.report.rundir import read_run_json
+from kvbench.report.run_input import read_run_json
 
 
 @pytest.fixture(scope="module")

@@ -538,7 +538,9 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
     """``--dtype bf16`` and ``fp16`` on a CPU, with the start-up measurements on (they once crashed the thread probe:
     float32 activations against a half-precision weight): threads and matmul paths measured at the run's dtype,
     printed, kept in the metadata and cached for the next run; at bf16 the C decode attention's prefetch too."""
-    from kvbench.models import decode_prefetch, threads
+    import torch
+
+    from kvbench.models import cpu_linear, decode_prefetch, threads
 
     monkeypatch.delenv("KVBENCH_THREADS", raising=False)
     monkeypatch.delenv("KVBENCH_MATMUL", raising=False)
@@ -546,6 +548,7 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
     monkeypatch.setattr(decode_prefetch, "last_level_cache_bytes", lambda: 1 << 20)  # a small probe pool
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
+    packs_bf16 = cpu_linear.packing_available(torch.device("cpu"), torch.bfloat16)
     for attempt in ("first", "second"):
         out = tmp_path / f"run-{attempt}"
         assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--dtype", dtype]) == 0
@@ -555,7 +558,14 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
         assert ("cached, measured" in meta["threads"]["reason"]) == (attempt == "second")
         assert f"CPU threads: {meta['threads']['threads']} (measured" in printed
         assert "CPU heap: " in printed
-        if dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
+        if dtype == "bf16":
+            prefetch = meta["cpu_decode_prefetch"]
+            assert ("cached, measured" in prefetch["reason"]) == (attempt == "second")
+            assert set(prefetch["timings_us"]) == {"0:L1", "16:L1", "32:L1", "16:L2", "32:L2"}
+            assert f"decode attention prefetch: {prefetch_words(prefetch)} (measured over" in printed
+        if dtype == "bf16" and not packs_bf16:  # oneDNN packs bfloat16 only with AVX-512 (or AVX-NE-CONVERT)
+            assert meta["cpu_matmuls"] is None
+        elif dtype == "bf16":  # oneDNN packs bfloat16: the paths are measured per weight
             plan = meta["cpu_matmuls"]
             assert plan["dtype"] == "bf16" and set(plan["weights"]) == {
                 "qkv_proj",
@@ -566,10 +576,6 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
             }
             assert plan["source"].startswith("cached" if attempt == "second" else "measured now")
             assert "CPU matmul paths, " in printed and "lm_head [512 x 64]" in printed
-            prefetch = meta["cpu_decode_prefetch"]
-            assert ("cached, measured" in prefetch["reason"]) == (attempt == "second")
-            assert set(prefetch["timings_us"]) == {"0:L1", "16:L1", "32:L1", "16:L2", "32:L2"}
-            assert f"decode attention prefetch: {prefetch_words(prefetch)} (measured over" in printed
         else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured
             assert meta["cpu_matmuls"] is None
             assert meta["cpu_decode_prefetch"] is None  # the C decode attention takes float32 and bfloat16

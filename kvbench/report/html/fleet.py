@@ -10,7 +10,7 @@ from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.rundir import read_run_json
+from kvbench.report.run_input import read_run_json
 
 
 def build(run: RunFiles) -> Page:

@@ -12,7 +12,7 @@ from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.fileio import inside
 from kvbench.report.diagnose.timeline import TIMELINE_FILE
-from kvbench.report.rundir import run_series
+from kvbench.report.run_input import run_series
 from kvbench.report.summary_load import MAX_SUMMARY_BYTES, SUMMARY_FILE, parse_summary
 
 # Files a report reads besides summary.json, by the run kind that writes them (listed in its provenance).
