@@ -53,26 +53,31 @@ class DatasetFile:
     skipped: Counter = field(default_factory=Counter)  # reason -> records that could not be read
 
 
-def builtin_datasets() -> dict[str, Path]:
-    """Datasets shipped with kvbench (``scenarios/data``), by name."""
-    folder = resources.files("kvbench.scenarios").joinpath("data")
+def shipped_files(folder_name: str, suffixes: tuple[str, ...]) -> dict[str, Path]:
+    """Files shipped with kvbench in ``scenarios/<folder_name>`` ending in ``suffixes``, by name."""
+    folder = resources.files("kvbench.scenarios").joinpath(folder_name)
     if not folder.is_dir():
         return {}
-    return {
-        Path(entry.name).stem: Path(str(entry))
-        for entry in folder.iterdir()
-        if entry.name.endswith((".json", ".jsonl"))
-    }
+    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(suffixes)}
+
+
+def shipped_or_path(spec: str | Path, shipped: dict[str, Path], what: str) -> Path:
+    """A shipped file's name, or a path to a file; one line naming the shipped ones when it is neither."""
+    path = shipped.get(str(spec)) or Path(spec)
+    if not path.exists():
+        names = ", ".join(sorted(shipped)) or "none"
+        raise KvbenchError(f"{what} not found: {spec} (not a file, nor a {what} shipped with kvbench: {names})")
+    return path
+
+
+def builtin_datasets() -> dict[str, Path]:
+    """Datasets shipped with kvbench (``scenarios/data``), by name."""
+    return shipped_files("data", (".json", ".jsonl"))
 
 
 def resolve_dataset(spec: str | Path) -> Path:
     """A shipped dataset's name (``real-chat``) or a path to a file."""
-    builtin = builtin_datasets().get(str(spec))
-    path = builtin or Path(spec)
-    if not path.exists():
-        names = ", ".join(sorted(builtin_datasets())) or "none"
-        raise KvbenchError(f"dataset not found: {spec} (not a file, nor a dataset shipped with kvbench: {names})")
-    return path
+    return shipped_or_path(spec, builtin_datasets(), "dataset")
 
 
 def read_dataset(path: str | Path) -> DatasetFile:

@@ -15,14 +15,13 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from kvbench import json_input
 from kvbench.errors import KvbenchError
-from kvbench.workload.dataset import ASSISTANT_ROLES, HUMAN_ROLES, WORD_PATTERN
+from kvbench.workload.dataset import ASSISTANT_ROLES, HUMAN_ROLES, WORD_PATTERN, shipped_files, shipped_or_path
 from kvbench.workload.jsonl import json_objects, read_text
 
 DEFAULT_TRACE_BLOCK = 512  # Mooncake's traces hash prompts in blocks of 512 tokens
@@ -80,20 +79,12 @@ class PrefixTrace:
 
 def builtin_traces() -> dict[str, Path]:
     """Traces shipped with kvbench (``scenarios/traces``, sources and licences in its README), by name."""
-    folder = resources.files("kvbench.scenarios").joinpath("traces")
-    if not folder.is_dir():
-        return {}
-    return {Path(entry.name).stem: Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith(".jsonl")}
+    return shipped_files("traces", (".jsonl",))
 
 
 def resolve_trace(spec: str | Path) -> Path:
     """A shipped trace's name (``mooncake-conversation-1k``) or a path to a file."""
-    builtin = builtin_traces().get(str(spec))
-    path = builtin or Path(spec)
-    if not path.exists():
-        names = ", ".join(sorted(builtin_traces())) or "none"
-        raise KvbenchError(f"trace not found: {spec} (not a file, nor a trace shipped with kvbench: {names})")
-    return path
+    return shipped_or_path(spec, builtin_traces(), "trace")
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
