@@ -5,7 +5,7 @@ Goal: Mooncake's whole conversation trace (12,031 requests over an hour) at 20 K
 core, under 1 GiB. The trace is not shipped (the repository keeps its first 1,000 requests); fetch
 ``FAST25-release/traces/conversation_trace.jsonl`` from kvcache-ai/Mooncake and pass its path.
 
-    python benchmarks/bench_reuse.py --trace conversation_trace.jsonl [--points 20 --model llama-3-8b --gpu h100-80g]
+    python benchmarks/bench_reuse.py --trace conversation_trace.jsonl [--points 20 --model llama-3.1-8b --gpu h100-80g]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default="mooncake-conversation-1k")
     parser.add_argument("--points", type=int, default=20)
-    parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--gpu", default="h100-80g")
     args = parser.parse_args()
     stages: list[tuple[str, float]] = []

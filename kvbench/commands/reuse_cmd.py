@@ -104,7 +104,7 @@ def reuse(
         1.0, "--time-scale", help="Multiply arrival times (0.5: the same requests twice as fast)."
     ),
     model: str = typer.Option(
-        "llama-3-8b",
+        "llama-3.1-8b",
         "--model",
         help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
     ),
@@ -128,6 +128,12 @@ def reuse(
     pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="The deployment's KV block size in tokens."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="The scheduler's cap on running requests."),
+    max_model_len: int | None = typer.Option(
+        None,
+        "--max-model-len",
+        min=1,
+        help="Context a request (prompt and output) must fit; longer ones are left out (default: the model's).",
+    ),
     kv_sizes: str | None = typer.Option(
         None, "--kv-sizes", help="KV memory sizes to simulate besides the default range, e.g. 16GiB,1TiB."
     ),
@@ -180,6 +186,7 @@ def reuse(
         kv_sizes=tuple(parse_size(part, "--kv-sizes") for part in kv_sizes.split(",")) if kv_sizes else (),
         points=points,
         offload_bytes=parse_size(offload, "--offload") if offload is not None else 0,
+        max_model_len=max_model_len,
     )
     console = make_console(stderr=as_json)
     if requests_file is not None:

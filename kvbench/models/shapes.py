@@ -503,6 +503,25 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "llama-2-13b": ModelShape("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
     "llama-2-70b": ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     "llama-3-8b": ModelShape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
+    # the same shape with a 128k context (llama3 rope scaling): long prompts, as chat and agent traces send
+    "llama-3.1-8b": ModelShape(
+        "llama-3.1-8b",
+        32,
+        4096,
+        32,
+        8,
+        14336,
+        128256,
+        131072,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
     "opt-13b": ModelShape(
         "opt-13b", 40, 5120, 40, 40, 20480, 50272, 2048, architecture="opt", tie_word_embeddings=True
     ),

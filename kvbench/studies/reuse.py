@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ MAX_DEPLOYMENT_MULTIPLE = 8  # larger deployments marked: up to 8x the GPUs
 
 @dataclass(frozen=True)
 class ReuseSettings:
-    model: str = "llama-3-8b"
+    model: str = "llama-3.1-8b"
     gpu: str = "h100-80g"
     gpu_memory: int | None = None
     utilization: float = 0.9
@@ -51,6 +51,7 @@ class ReuseSettings:
     kv_sizes: tuple[int, ...] = ()  # bytes of KV memory to simulate besides the default range
     points: int = DEFAULT_POINTS  # sizes of the default range (0: only the asked sizes and the deployments)
     offload_bytes: int = 0  # a CPU tier of this many bytes (0: none)
+    max_model_len: int | None = None  # the context a request must fit (None: the model's)
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,6 @@ def run_sizes(
 
 
 def _resized(outcome: ReuseOutcome, blocks: int) -> ReuseOutcome:
-    from dataclasses import replace
-
     return replace(outcome, kv_blocks=blocks)
 
 
@@ -279,6 +278,14 @@ def run_reuse_study(
     if settings.points > MAX_POINTS or settings.points < 0:
         raise KvbenchError(f"the curve takes 0 to {MAX_POINTS} sizes, not {settings.points}")
     planned = plan(settings)
+    context = settings.max_model_len or planned.shape.max_position_embeddings
+    given = trace
+    trace = replace(trace, requests=tuple(r for r in trace.requests if r.input_len + r.output_len <= context))
+    if not trace.requests:
+        raise KvbenchError(
+            f"every request of {given.source} is longer (prompt and output) than the context of {context:,} tokens "
+            f"of {planned.shape.name}: choose a model with a longer context"
+        )
     chained = ChainedTrace.of(trace)
     timing = trace_timing(planned)
     block = settings.block_size
@@ -335,6 +342,10 @@ def run_reuse_study(
             "trace_block_size": trace.block_size,
             "prompt_tokens": sum(r.input_len for r in trace.requests),
             "output_tokens": sum(r.output_len for r in trace.requests),
+            "context_tokens": context,
+            "over_context": len(given.requests) - len(trace.requests),
+            "over_context_prompt_tokens": sum(r.input_len for r in given.requests)
+            - sum(r.input_len for r in trace.requests),
         },
         "deployment": {
             "model_name": planned.shape.name,
@@ -368,6 +379,13 @@ def findings(result: dict[str, Any]) -> list[str]:
     if unbounded <= 0:
         return ["No prompt block of this trace repeats an earlier one: no KV size gives a prefix hit."]
     share = 100.0 * asked["hit_rate_pct"] / unbounded
+    trace = result["trace"]
+    if trace["over_context"]:
+        lines.append(
+            f"{trace['over_context']:,} requests are longer (prompt and output) than the model's context of "
+            f"{trace['context_tokens']:,} tokens and were left out, as a server refuses them; every rate here counts "
+            f"the {trace['requests']:,} others."
+        )
     lines.append(
         f"This deployment ({_gpus(asked['gpus'])}, {human_bytes(asked['kv_bytes'])} of KV memory) serves "
         f"{asked['hit_rate_pct']:.1f}% of prompt tokens from its prefix cache: {share:.0f}% of the "

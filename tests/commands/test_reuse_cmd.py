@@ -154,3 +154,14 @@ def test_compare_refuses_a_simulated_flag_that_is_not_a_boolean(tmp_path, capfd)
     (head / "summary.json").write_text(json.dumps(summary))
     assert main(["compare", str(base), str(head)]) == 2
     assert "meta.simulated must be true or false" in capfd.readouterr().err
+
+
+def test_requests_longer_than_the_context_are_left_out_and_said(tmp_path, capsys):
+    document = run_json(
+        ["--model", "llama-3-8b", "--max-requests", "200", "--points", "0", "--out", str(tmp_path)], capsys
+    )
+    trace = document["trace"]
+    assert trace["context_tokens"] == 8192 and trace["over_context"] > 0
+    assert trace["requests"] + trace["over_context"] == 200
+    assert any("longer (prompt and output) than the model's context of 8,192" in f for f in document["findings"])
+    assert main(["reuse", "--model", "llama-3-8b", "--max-model-len", "16", "--out", str(tmp_path / "x")]) == 2
