@@ -46,6 +46,7 @@ KINDS: dict[str, str] = {
     "generation_tokens_mean": _COUNT,
 }
 _SLACK = 1e-9  # a share computed as 1 - free / total may land a rounding error past 1
+MAX_COUNT = 2.0**53  # past this a float no longer holds every whole number: no server counts that far
 
 # the metric each field is read from, to name it in a message (a field missing here is named as it is)
 METRICS: dict[str, dict[str, str]] = {
@@ -128,6 +129,8 @@ def _out_of_range(value: Any, kind: str) -> str | None:
         return "outside 0-1 (a share, not a percentage)"
     if kind == _COUNT and value < 0:
         return "negative (a count)"
+    if kind == _COUNT and value > MAX_COUNT:
+        return "beyond any count a server keeps (2**53)"
     return None
 
 

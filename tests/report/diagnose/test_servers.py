@@ -176,6 +176,8 @@ def test_readers_never_name_a_flag():
         ("running", -3.0, "negative (a count)"),
         ("preemptions", float("inf"), "infinite"),
         ("waiting", float("nan"), "not a number (NaN)"),
+        ("waiting", 1e308, "beyond any count a server keeps (2**53)"),
+        ("preemptions", 1e300, "beyond any count a server keeps (2**53)"),
     ],
 )
 def test_a_value_outside_its_meaning_is_set_aside_and_named(field, value, why):
