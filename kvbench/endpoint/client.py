@@ -182,6 +182,8 @@ class EndpointClient:
                     "not an event stream (does it stream?)"
                 )
             done = False
+            asked = body.get("max_tokens")
+            most_events = 2 * asked + 16 if isinstance(asked, int) else None  # a server streams at most one per token
             async for chunk in response.content.iter_any():
                 now = clock() - start
                 for data in decoder.feed(chunk):
@@ -192,6 +194,11 @@ class EndpointClient:
                     if event.text is not None:
                         times.append(now)
                         parts.append(event.text)
+                        if most_events is not None and len(times) > most_events:
+                            raise MalformedStream(
+                                f"the server streamed more than {most_events} token events for max_tokens {asked}: "
+                                "cut off"
+                            )
                     if event.finish_reason is not None:
                         record.finish_reason = event.finish_reason
                     if event.completion_tokens is not None:
@@ -208,6 +215,14 @@ class EndpointClient:
             else:
                 done = "[DONE]" in decoder.close()
         record.text = "".join(parts)
+        asked = body.get("max_tokens")
+        if record.output_tokens_from == "usage" and isinstance(asked, int) and (record.output_tokens or 0) > asked:
+            record.fail(
+                "malformed",
+                f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, "
+                "set aside",
+            )
+            return
         if not times:
             record.fail(
                 "malformed",

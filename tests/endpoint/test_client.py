@@ -157,3 +157,19 @@ def test_a_complete_stream_whose_body_never_ends_still_completes():
         record = send(server.url, ids_request(3))
         took = time.perf_counter() - began
     assert record.ok and len(record.token_times) == 3 and took < 10.0
+
+
+def test_more_output_than_max_tokens_is_set_aside():
+    # usage claiming 20 tokens for max_tokens 5 is impossible: the request is flagged, not counted
+    with serve_in_thread(tokens=20) as server:
+        record = send(server.url, ids_request(5))
+    assert not record.ok and record.error_kind == "malformed"
+    assert "reports 20 output tokens for max_tokens 5: impossible" in record.error
+
+
+def test_a_stream_that_never_stops_is_cut_at_max_tokens_plus_a_margin():
+    with serve_in_thread(tokens=100_000) as server:
+        began = time.perf_counter()
+        record = send(server.url, ids_request(5))
+    assert not record.ok and record.error_kind == "malformed" and "more than 26 token events" in record.error
+    assert time.perf_counter() - began < 10 and len(record.token_times) == 27
