@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvbench import __version__
+from kvbench import __version__, json_input
 from kvbench.measure.metrics import KvMetrics
 from kvbench.serve.engine_client import EngineClient, Job
 from kvbench.serve.protocol import (
@@ -93,9 +93,14 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 async def _body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        return json.loads(raw)
+        body = json_input.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a lone surrogate ("\\ud800") is no text
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
+    return body
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -157,6 +157,8 @@ def test_models_health_version_and_metrics(server):
     "body, status, param, words",
     [
         (b"{not json", 400, None, "not valid JSON"),
+        (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None, "not valid JSON"),
+        (b'{"prompt": "\\ud800 x", "max_tokens": 2}', 400, None, "lone surrogate"),
         (b"[1, 2]", 400, None, "must be a JSON object"),
         ({"model": "gpt-4", "prompt": [1]}, 404, "model", "does not exist"),
         ({"prompt": [1], "max_tokens": 10**9}, 400, "max_tokens", "cannot be greater than"),
