@@ -26,8 +26,12 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 KV_DTYPE_BYTES = {**DTYPE_BYTES, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return _is_int(value) and value > 0
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,12 @@ class ModelShape:
                     f"model {self.name!r}: {name} of {value:,} is above {SHAPE_LIMITS[name]:,}, more than any "
                     "model has: a broken config"
                 )
+        eos = self.eos_token_id
+        if eos is not None and (not _is_int(eos) or not 0 <= eos < self.vocab_size):
+            raise KvbenchError(
+                f"model {self.name!r}: eos_token_id {eos!r} is outside its vocabulary of {self.vocab_size:,} ids "
+                "(the model could never produce it, so no answer would end)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise KvbenchError(
                 f"model {self.name!r}: num_heads ({self.num_heads}) is not a multiple of num_kv_heads "

@@ -73,3 +73,10 @@ def test_a_non_ascii_hub_id_is_one_line(name, capfd, monkeypatch):
     assert main(["capacity", "--model", name]) == 2
     err = capfd.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_an_eos_outside_the_vocabulary_is_refused(tmp_path, capfd):
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "eos_token_id": 128256}))
+    assert main(["capacity", "--model", str(tmp_path), "--json"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert "eos_token_id 128256 is outside its vocabulary of 128,256 ids" in err and len(err.splitlines()) == 1
