@@ -104,7 +104,10 @@ def reuse_plot(document: dict[str, Any], path: Path) -> None:
             [p["kv_bytes"] / GIB for p in points],
             [p["total_hit_rate_pct"] for p in points],
         )
-    marks = [(d["kv_bytes"] / GIB, d["hit_rate_pct"], f"{d['gpus']} GPU") for d in document["deployments"]]
+    marks = [
+        (d["kv_bytes"] / GIB, d["hit_rate_pct"], f"{d['gpus']} GPU" + ("s" if d["gpus"] != 1 else ""))
+        for d in document["deployments"]
+    ]
     reuse_curve(series, marks, document["unbounded"]["hit_rate_pct"], path, title(document))
     distance = document["reuse_distance"]
     if distance.get("reuses"):
