@@ -98,7 +98,7 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
         (["--mean-len", "3000"], "exceeds --max-len"),
         (["--block-size", "0"], "--block-size"),
         (["--block-size", "abc"], "--block-size"),
-        (["--model", "gpt-5"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, opt-13b"),
+        (["--model", "gpt-5"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, opt-13b"),
         (["--gpu", "rtx-9090"], "unknown GPU"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
         (["--dtype", "fp8"], "unknown dtype"),
