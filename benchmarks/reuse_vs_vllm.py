@@ -191,10 +191,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     if args.groups:
-        per_group = -(-args.requests // args.groups)
         trace = shared_prefix_trace(
-            args.groups, per_group, args.prefix_len, args.suffix_len, args.max_output, args.rate, 0, BLOCK
-        ).subset(max_requests=args.requests)
+            args.groups, args.requests, args.prefix_len, args.suffix_len, args.max_output, args.rate, 0, BLOCK
+        )
     else:
         full = read_prefix_trace(resolve_trace(args.trace))
         trace = shrunk(full, args.shrink, args.requests, args.max_len, args.time_scale)

@@ -195,9 +195,8 @@ def reuse(
         sessions = sharegpt_sessions(resolve_dataset(dataset), requests)
         workload = session_trace(sessions, rate, think_time, seed, block_size, str(dataset))
     elif prefix_groups:
-        per_group = -(-requests // prefix_groups)
         workload = shared_prefix_trace(
-            prefix_groups, per_group, prefix_len, suffix_len, output_len, rate, seed, block_size, turns, think_time
+            prefix_groups, requests, prefix_len, suffix_len, output_len, rate, seed, block_size, turns, think_time
         )
     else:
         name = trace or DEFAULT_TRACE

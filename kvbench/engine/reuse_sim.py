@@ -79,7 +79,8 @@ class ReuseOutcome:
     kv_blocks: int
     offload_blocks: int
     requests: int  # served
-    refused: int  # larger than the whole pool
+    refused: int  # larger than the whole pool: its prompt tokens count as misses
+    kv_waits: int  # times the head of the queue waited for KV memory
     prompt_tokens: int  # of the requests served
     hit_tokens: int  # served from the GPU cache
     offload_hit_tokens: int  # served from the CPU tier (loaded, not recomputed)
@@ -167,18 +168,20 @@ def simulate(
             if total > kv_blocks:
                 waiting.popleft()
                 state.refused += 1
+                state.prompt_tokens += length  # a miss: the cache served none of it
                 continue
             sizes = all_sizes[index]
             limit = (length - 1) // block_size
             holding = cache.admit(chained.chains[index], sizes, limit, total)
             if holding is None:
+                state.kv_waits += 1
                 return
             waiting.popleft()
             offloaded = 0
             if cpu is not None:
                 offloaded = cpu.lookup(chained.chains[index], sizes, holding.hit_blocks, limit)
-                for node, size in zip(holding.nodes, holding.sizes, strict=True):
-                    cpu.touch(node, size)
+                for node, size in zip(reversed(holding.nodes), reversed(holding.sizes), strict=True):
+                    cpu.touch(node, size)  # the chain's root last: least recently used goes tails first
             cache.register(holding)  # as vLLM does when it allocates them: a later request may reuse them at once
             cached_tokens = holding.hit_blocks * block_size
             reused = cached_tokens + offloaded * block_size
@@ -224,6 +227,7 @@ def simulate(
         offload_blocks=offload_blocks,
         requests=state.served,
         refused=state.refused,
+        kv_waits=state.kv_waits,
         prompt_tokens=state.prompt_tokens,
         hit_tokens=state.hit_tokens,
         offload_hit_tokens=state.offload_tokens,
@@ -239,7 +243,7 @@ def simulate(
 
 class _Totals:
     def __init__(self) -> None:
-        self.served = self.refused = self.prompt_tokens = self.hit_tokens = self.offload_tokens = 0
+        self.served = self.refused = self.prompt_tokens = self.hit_tokens = self.offload_tokens = self.kv_waits = 0
         self.prefill_s = self.prefill_s_without = self.wait_s = 0.0
         self.pinned = self.pinned_peak = 0
         self.pinned_area = 0.0
@@ -281,7 +285,9 @@ def reuse_distances(chained: ChainedTrace, block_size: int) -> ReuseDistances:
     for arrival, chain, length in zip(chained.arrivals, chained.chains, chained.input_lens, strict=True):
         last = len(chain) - 1
         for position, node in enumerate(chain):
-            size = sub if position < last else -(-(length - last * chained.trace_block) // block_size)
+            size = sub if position < last else (length - last * chained.trace_block) // block_size
+            if size == 0:  # a partial last block is never cached: nothing of it can be reused
+                continue
             seen = last_seen.get(node)
             if seen is None:
                 written += size

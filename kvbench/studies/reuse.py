@@ -96,7 +96,7 @@ def plan(settings: ReuseSettings) -> Planned:
         except KvbenchError:
             break
         larger = _deployment(shape, gpu, settings, tensor)
-        if larger is not None:
+        if larger is not None and larger.kv_blocks > deployments[-1].kv_blocks:  # replicated KV heads add none
             deployments.append(larger)
         tensor *= 2
     return Planned(shape, gpu, settings.block_size * shape.bytes_per_token, deployments)
@@ -160,7 +160,12 @@ def run_sizes(
             continue
         outcome = simulate(chained, block_size, blocks, timing, max_running, offload_blocks)
         outcomes[blocks] = outcome
-        if outcome.evicted_blocks == 0 and outcome.refused == 0 and outcome.pinned_blocks_peak < blocks:
+        if (
+            outcome.evicted_blocks == 0
+            and outcome.refused == 0
+            and outcome.kv_waits == 0
+            and outcome.pinned_blocks_peak < blocks
+        ):
             settled = outcome
     return outcomes
 
@@ -179,6 +184,8 @@ def size_for_share(points: list[dict[str, Any]], target_pct: float) -> int | Non
     None beyond the largest size simulated."""
     previous = None
     for point in points:
+        if point["refused"]:  # a size that cannot hold every request is no answer
+            continue
         if point["hit_rate_pct"] >= target_pct:
             if previous is None or point["hit_rate_pct"] == previous["hit_rate_pct"]:
                 return int(point["kv_bytes"])

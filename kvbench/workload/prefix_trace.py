@@ -133,6 +133,11 @@ def read_prefix_trace(
             kept = prior_ids[: prior_len // block_size]  # the previous prompt's full blocks; a partial one grows
             input_len += prior_len
             hash_ids = kept + hash_ids
+            if input_len > MAX_REQUEST_TOKENS:
+                raise KvbenchError(
+                    f"{where}: session {session!s:.40} reaches {input_len:,} prompt tokens, "
+                    f"above {MAX_REQUEST_TOKENS:,}"
+                )
         expected = blocks_for(input_len, block_size)
         if len(hash_ids) != expected:
             what = "more" if len(hash_ids) > expected else "fewer"
@@ -209,7 +214,7 @@ def session_trace(
 
 def shared_prefix_trace(
     groups: int,
-    per_group: int,
+    sessions_count: int,
     prefix_len: int,
     suffix_len: int,
     output_len: int,
@@ -219,10 +224,10 @@ def shared_prefix_trace(
     turns: int = 1,
     think_s: float = 0.0,
 ) -> PrefixTrace:
-    """``groups`` x ``per_group`` sessions in a seeded random order, each a group's shared prefix then tokens of
-    its own; with ``turns`` above 1, each later turn adds an answer of ``output_len`` tokens and a user message of
-    ``suffix_len`` to the history it resends."""
-    for name, value in (("groups", groups), ("requests per group", per_group), ("prefix length", prefix_len)):
+    """``sessions_count`` sessions spread over ``groups`` in a seeded random order, each a group's shared prefix then
+    tokens of its own; with ``turns`` above 1, each later turn adds an answer of ``output_len`` tokens and a user
+    message of ``suffix_len`` to the history it resends."""
+    for name, value in (("groups", groups), ("sessions", sessions_count), ("prefix length", prefix_len)):
         if value < 1:
             raise KvbenchError(f"{name} must be a positive integer, got {value}")
     if suffix_len < 1 or output_len < 0 or turns < 1:
@@ -235,8 +240,8 @@ def shared_prefix_trace(
 
     prefixes = [tokens(prefix_len) for _ in range(groups)]
     sessions = []
-    for slot in rng.permutation(groups * per_group).tolist():
-        first = prefixes[slot // per_group] + tokens(suffix_len)
+    for slot in rng.permutation(sessions_count).tolist():
+        first = prefixes[slot % groups] + tokens(suffix_len)
         sessions.append(
             [(first, tokens(output_len))] + [(tokens(suffix_len), tokens(output_len)) for _ in range(turns - 1)]
         )

@@ -165,3 +165,11 @@ def test_requests_longer_than_the_context_are_left_out_and_said(tmp_path, capsys
     assert trace["requests"] + trace["over_context"] == 200
     assert any("longer (prompt and output) than the model's context of 8,192" in f for f in document["findings"])
     assert main(["reuse", "--model", "llama-3-8b", "--max-model-len", "16", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_larger_deployments_that_add_no_kv_memory_are_not_marked(tmp_path, capsys):
+    # a KV cache set per GPU: past 8 GPUs tensor parallelism replicates Llama's 8 KV heads and adds no block
+    args = ["-tp", "2", "--kv-cache-memory", "8GiB", "--max-requests", "50", "--points", "0", "--out", str(tmp_path)]
+    deployments = run_json(args, capsys)["deployments"]
+    blocks = [d["kv_blocks"] for d in deployments]
+    assert blocks == sorted(set(blocks)) and [d["gpus"] for d in deployments] == [2, 4, 8]

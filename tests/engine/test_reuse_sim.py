@@ -106,3 +106,28 @@ def test_reuse_distances_by_hand():
     assert found.seconds == [12.0, 12.0]
     assert found.new_blocks == [2, 1]
     assert found.weights == [1, 1]
+
+
+def test_a_size_that_made_requests_wait_is_not_taken_for_larger_ones():
+    # two requests at once, 1 prompt block and 7 output blocks each: 10 blocks make the second wait (without
+    # evicting a cached block), 16 hold both at once; the larger size must be simulated, not copied
+    from kvbench.studies.reuse import run_sizes
+
+    rows = [(0.0, [1], 4), (0.0, [2], 4)]
+    chained = ChainedTrace.of(trace_of(rows, block=4, output=28))
+    timing = UniformTiming(step_s=1.0)
+    outcomes = run_sizes(chained, 4, [10, 16], timing, 256, 0, lambda _: None)
+    assert outcomes[10].kv_waits > 0 and outcomes[10].queue_wait_mean_s > 0
+    assert outcomes[16] == simulate(chained, 4, 16, timing, 256)
+    assert outcomes[16].queue_wait_mean_s == 0
+
+
+def test_refused_requests_count_as_misses():
+    # a request larger than the pool is refused: its prompt tokens are misses, so the rate cannot rise above the
+    # never-evicting one by dropping it
+    rows = [(0.0, [1, 2], 16), (1.0, [1, 2], 16), (2.0, list(range(10, 20)), 16)]
+    chained = ChainedTrace.of(trace_of(rows))
+    small = simulate(chained, 16, 4, TIMING, 256)
+    unbounded = simulate(chained, 16, 10**6, TIMING, 256)
+    assert small.refused == 1 and small.prompt_tokens == unbounded.prompt_tokens == 16 * 14
+    assert small.hit_rate <= unbounded.hit_rate

@@ -143,7 +143,8 @@ def test_token_prompts_become_chained_hash_ids():
 
 
 def test_shared_prefix_groups_share_their_prefix_blocks():
-    trace = shared_prefix_trace(3, 4, 64, 16, 8, 10.0, 0, 16)
+    assert len(shared_prefix_trace(3, 10, 64, 16, 8, 10.0, 0, 16).requests) == 10  # exactly as many as asked
+    trace = shared_prefix_trace(3, 12, 64, 16, 8, 10.0, 0, 16)
     assert len(trace.requests) == 12
     heads = {r.hash_ids[:4] for r in trace.requests}
     assert len(heads) == 3

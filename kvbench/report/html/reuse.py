@@ -64,6 +64,7 @@ def curve_table(document: dict[str, Any]) -> Table:
         [Column(c.label, c.field != "label") for c in shown],
         rows,
         id="reuse-table",
-        note="Hit rate: prompt tokens served from cached KV blocks, of all prompt tokens of the requests served. "
+        note="Hit rate: prompt tokens served from cached KV blocks, of all prompt tokens (a refused request's "
+        "are misses). "
         "Pinned: blocks held by running requests, which the cache cannot keep prefixes in.",
     )
