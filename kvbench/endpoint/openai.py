@@ -180,14 +180,15 @@ def parse_event(data: str) -> Event:
     usage = chunk.get("usage")
     prompt_tokens = completion_tokens = None
     if isinstance(usage, dict):
-        prompt_tokens = _count(usage.get("prompt_tokens"))
-        completion_tokens = _count(usage.get("completion_tokens"))
+        prompt_tokens = usage_count(usage.get("prompt_tokens"))
+        completion_tokens = usage_count(usage.get("completion_tokens"))
     if text is None and finish is None and prompt_tokens is None and completion_tokens is None:
         return _EMPTY
     return Event(text, finish if isinstance(finish, str) else None, prompt_tokens, completion_tokens)
 
 
-def _count(value: Any) -> int | None:
+def usage_count(value: Any) -> int | None:
+    """A token count of a ``usage`` object, or None when it is not a non-negative integer."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 

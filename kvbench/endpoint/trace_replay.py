@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from kvbench import json_input
+from kvbench.endpoint.openai import usage_count
 from kvbench.measure.http_fetch import FetchError, fetch, open_session
 from kvbench.workload.prefix_trace import PrefixTrace, prompt_token_ids
 
@@ -40,14 +41,10 @@ def usage_counts(body: bytes) -> tuple[int | None, int | None]:
     usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return None, None
-    prompt = _count(usage.get("prompt_tokens"))
+    prompt = usage_count(usage.get("prompt_tokens"))
     details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return prompt, cached
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def replay_trace(

@@ -185,7 +185,7 @@ def simulate(
             cache.register(holding)  # as vLLM does when it allocates them: a later request may reuse them at once
             cached_tokens = holding.hit_blocks * block_size
             reused = cached_tokens + offloaded * block_size
-            state.account(index, length, cached_tokens, offloaded * block_size, now - chained.arrivals[index])
+            state.account(length, cached_tokens, offloaded * block_size, now - chained.arrivals[index])
             prefill = timing.prefill_seconds([length], [reused])
             state.prefill_s += prefill
             state.prefill_s_without += without_cache[index]
@@ -249,7 +249,7 @@ class _Totals:
         self.pinned_area = 0.0
         self._since = 0.0
 
-    def account(self, index: int, length: int, hit: int, offloaded: int, wait_s: float) -> None:
+    def account(self, length: int, hit: int, offloaded: int, wait_s: float) -> None:
         self.served += 1
         self.prompt_tokens += length
         self.hit_tokens += hit

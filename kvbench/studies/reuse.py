@@ -156,7 +156,7 @@ def run_sizes(
     for done, blocks in enumerate(sorted(sizes), 1):
         progress(f"simulating KV size {done} of {len(sizes)} ({blocks:,} blocks)")
         if settled is not None:
-            outcomes[blocks] = _resized(settled, blocks)
+            outcomes[blocks] = replace(settled, kv_blocks=blocks)
             continue
         outcome = simulate(chained, block_size, blocks, timing, max_running, offload_blocks)
         outcomes[blocks] = outcome
@@ -168,10 +168,6 @@ def run_sizes(
         ):
             settled = outcome
     return outcomes
-
-
-def _resized(outcome: ReuseOutcome, blocks: int) -> ReuseOutcome:
-    return replace(outcome, kv_blocks=blocks)
 
 
 def unbounded_blocks(chained: ChainedTrace, block_size: int) -> int:

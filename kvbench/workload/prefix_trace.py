@@ -21,6 +21,7 @@ import numpy as np
 
 from kvbench import json_input
 from kvbench.errors import KvbenchError
+from kvbench.kv.block_pool import blocks_for
 from kvbench.workload.dataset import ASSISTANT_ROLES, HUMAN_ROLES, WORD_PATTERN, shipped_files, shipped_or_path
 from kvbench.workload.jsonl import json_objects, read_text
 
@@ -85,10 +86,6 @@ def builtin_traces() -> dict[str, Path]:
 def resolve_trace(spec: str | Path) -> Path:
     """A shipped trace's name (``mooncake-conversation-1k``) or a path to a file."""
     return shipped_or_path(spec, builtin_traces(), "trace")
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 def read_prefix_trace(
