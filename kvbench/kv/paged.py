@@ -3,16 +3,33 @@
 A request holds ``ceil(tokens / block_size)`` blocks, so its waste is under one block. Requests can be
 forked (parallel sampling, beam search): the child shares the parent's blocks by ref count, and the first
 write into a shared, partly filled block gets a private copy (copy-on-write). Full blocks can optionally be
-cached by a chained hash of their tokens, so a later request with the same prefix reuses them.
+cached by a chained hash of their tokens, so a later request with the same prefix reuses them: a prompt's full
+blocks are registered when the request is admitted (their KV is written in the step that prefills it, before any
+later step reads it), the rest of its full blocks when it ends, as vLLM registers blocks once they fill.
+With ``events`` set to a list, each change to the cached set is appended to it in the words vLLM's KV event
+stream uses (:class:`CacheEvent`), for a server to publish.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
 from kvbench.kv.manager import BlockCopy
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvent:
+    """One change to the prefix cache: blocks stored (each with its chained hash, in chain order, after
+    ``parent``; ``token_ids`` the blocks' tokens end to end), blocks removed (evicted for reuse), or everything
+    cleared (a reset)."""
+
+    kind: Literal["stored", "removed", "cleared"]
+    hashes: tuple[int, ...] = ()
+    parent: int | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class PagedManager:
@@ -48,6 +65,12 @@ class PagedManager:
         self._hash_to_block: dict[int, int] = {}
         self._block_to_hash: dict[int, int] = {}
         self.prefix_hits = 0  # blocks reused from the prefix cache
+        self.events: list[CacheEvent] | None = None  # a list: every change to the cached set is appended
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose content the prefix cache can hand out (held by a request or free but not yet reused)."""
+        return len(self._block_to_hash)
 
     # -- queries ----------------------------------------------------------------------------------------
     def live_ids(self) -> list[int]:
@@ -84,6 +107,8 @@ class PagedManager:
         cached_hash = self._block_to_hash.pop(block, None)
         if cached_hash is not None:  # reusing an evictable cached block: forget its content
             del self._hash_to_block[cached_hash]
+            if self.events is not None:
+                self.events.append(CacheEvent("removed", (cached_hash,)))
         return block
 
     def allocate(
@@ -101,8 +126,9 @@ class PagedManager:
             raise BlockPoolError(f"request {request_id} already holds blocks")
         table: list[int] = []
         cached_tokens = 0
-        if self.enable_prefix_caching and token_ids is not None:
-            table, cached_tokens = self._lookup_prefix(token_ids, total_tokens)
+        prompt = token_ids if self.enable_prefix_caching else None
+        if prompt is not None:
+            table, cached_tokens = self._lookup_prefix(prompt, total_tokens)
         needed = blocks_for(total_tokens, self.block_size) - len(table)
         if needed > self.pool.num_free:
             self.pool.release_all(table)
@@ -110,6 +136,8 @@ class PagedManager:
         table.extend(self._new_block() for _ in range(needed))
         self.block_tables[request_id] = table
         self.lengths[request_id] = total_tokens
+        if prompt is not None:
+            self._remember_prefix(table, prompt[:total_tokens])
         return cached_tokens
 
     def ensure_capacity(self, request_id: int, total_tokens: int) -> list[BlockCopy]:
@@ -195,11 +223,44 @@ class PagedManager:
 
     def _remember_prefix(self, table: list[int], token_ids: Sequence[int]) -> None:
         full = min(len(token_ids) // self.block_size, len(table))
-        for block, chain_hash in zip(table[:full], self._chain_hashes(token_ids, full), strict=True):
+        stored: list[tuple[int, int]] = []  # (index in the chain, hash) of the blocks registered now
+        hashes = self._chain_hashes(token_ids, full)
+        for index, (block, chain_hash) in enumerate(zip(table[:full], hashes, strict=True)):
             if chain_hash in self._hash_to_block or block in self._block_to_hash:
                 continue
             self._hash_to_block[chain_hash] = block
             self._block_to_hash[block] = chain_hash
+            stored.append((index, chain_hash))
+        if self.events is not None and stored:
+            self._report_stored(stored, hashes, token_ids)
+
+    def _report_stored(self, stored: list[tuple[int, int]], hashes: list[int], token_ids: Sequence[int]) -> None:
+        """One stored event per unbroken run of newly registered blocks (each run names its parent)."""
+        assert self.events is not None
+        size = self.block_size
+        start = 0
+        for at in range(1, len(stored) + 1):
+            if at == len(stored) or stored[at][0] != stored[at - 1][0] + 1:
+                first, last = stored[start][0], stored[at - 1][0]
+                self.events.append(
+                    CacheEvent(
+                        "stored",
+                        tuple(hashes[first : last + 1]),
+                        hashes[first - 1] if first else None,
+                        tuple(token_ids[first * size : (last + 1) * size]),
+                    )
+                )
+                start = at
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's reset does: refused (False) while any block is held."""
+        if self.pool.num_used:
+            return False
+        self._hash_to_block.clear()
+        self._block_to_hash.clear()
+        if self.events is not None:
+            self.events.append(CacheEvent("cleared"))
+        return True
 
     # -- invariants -------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

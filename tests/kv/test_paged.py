@@ -155,6 +155,42 @@ def test_prefix_cache_out_of_blocks_gives_the_cached_blocks_back():
     manager.check_invariants()
 
 
+def test_a_prompts_full_blocks_are_cached_at_admission_and_reported_as_stored():
+    manager = _manager(8, 2, prefix=True)
+    manager.events = []
+    manager.allocate(1, 5, token_ids=[1, 2, 3, 4, 5])
+    stored = manager.events[0]
+    assert (stored.kind, len(stored.hashes), stored.parent, stored.token_ids) == ("stored", 2, None, (1, 2, 3, 4))
+    # a request admitted while the first still runs finds its prefix (the first one's prefill wrote it)
+    assert manager.allocate(2, 5, token_ids=[1, 2, 3, 4, 9]) == 4
+    manager.free(1, [1, 2, 3, 4, 5, 6])  # its third block filled while decoding: stored at its end, after its parent
+    third = manager.events[-1]
+    assert third.kind == "stored" and third.parent == stored.hashes[-1] and third.token_ids == (5, 6)
+    manager.free(2, [1, 2, 3, 4, 9])
+    assert manager.num_cached_blocks == 3
+
+
+def test_evicting_a_cached_block_is_reported_as_removed():
+    manager = _manager(2, 2, prefix=True)
+    manager.events = []
+    manager.allocate(1, 3, token_ids=[1, 2, 3])
+    manager.free(1, [1, 2, 3])
+    (stored,) = manager.events
+    manager.allocate(2, 4, token_ids=[7, 8, 9, 9])  # needs both blocks: the cached one is reused
+    assert manager.events[1].kind == "removed" and manager.events[1].hashes == stored.hashes
+
+
+def test_reset_is_refused_while_a_block_is_held_and_clears_everything_after():
+    manager = _manager(4, 2, prefix=True)
+    manager.events = []
+    manager.allocate(1, 3, token_ids=[1, 2, 3])
+    assert not manager.reset_prefix_cache() and manager.num_cached_blocks == 1
+    manager.free(1, [1, 2, 3])
+    assert manager.reset_prefix_cache()
+    assert manager.num_cached_blocks == 0 and manager.events[-1].kind == "cleared"
+    assert manager.allocate(2, 3, token_ids=[1, 2, 3]) == 0  # nothing is found any more
+
+
 class PagedMachine(RuleBasedStateMachine):
     """Random allocate / fork / append / free (optionally prefix-cached) against a model of every table.
 
@@ -167,6 +203,7 @@ class PagedMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(1, 16), block_size=st.sampled_from([1, 2, 4]))
     def start(self, num_blocks, block_size):
         self.manager = _manager(num_blocks, block_size, self.prefix)
+        self.manager.events = []  # the server's KV event stream: the cached set must follow from it alone
         self.pool = self.manager.pool
         self.bs = block_size
         self.lengths = {}
@@ -350,6 +387,25 @@ class PagedMachine(RuleBasedStateMachine):
             self.manager.free(rid, self.tokens.pop(rid, None))
         assert self.pool.num_free == self.pool.num_blocks  # no leak
         self.manager.check_invariants()
+
+
+    @invariant()
+    def the_events_rebuild_the_cached_set(self):
+        if not hasattr(self, "manager"):
+            return
+        cached: set[int] = set()
+        for event in self.manager.events:
+            if event.kind == "stored":
+                assert not cached & set(event.hashes), "a block stored twice without a removal between"
+                assert len(event.token_ids) == len(event.hashes) * self.bs
+                cached |= set(event.hashes)
+            elif event.kind == "removed":
+                assert set(event.hashes) <= cached, "a block removed that was never stored"
+                cached -= set(event.hashes)
+            else:
+                cached.clear()
+        assert cached == set(self.manager._hash_to_block)
+        assert self.manager.num_cached_blocks == len(cached)
 
 
 class PrefixCachedPagedMachine(PagedMachine):
