@@ -81,6 +81,22 @@ def serve(
         "--grace-period",
         help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503.",
     ),
+    prefix_caching: bool = typer.Option(
+        True,
+        "--prefix-caching/--no-prefix-caching",
+        help="The paged engine reuses the KV of a prompt's leading full blocks another request computed (as vLLM).",
+    ),
+    kv_events: str | None = typer.Option(
+        None,
+        "--kv-events",
+        help="Publish the prefix cache's stored and removed blocks on this ZMQ address, as vLLM's KV events "
+        "(a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH).",
+    ),
+    kv_events_replay: str | None = typer.Option(
+        None,
+        "--kv-events-replay",
+        help="Answer replay requests for missed KV event batches on this ZMQ address (with --kv-events).",
+    ),
     metrics: bool = typer.Option(
         True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."
     ),
@@ -113,6 +129,13 @@ def serve(
             "--admission and --reserve set the contiguous engine's reservation; the paged engine "
             "always queues (it preempts instead of reserving)"
         )
+    caching = prefix_caching and manager_class(engine).supports_prefix_caching
+    if kv_events_replay is not None and kv_events is None:
+        raise KvbenchError("--kv-events-replay replays the stream of --kv-events: give that address too")
+    if kv_events is not None and not caching:
+        raise KvbenchError(
+            "--kv-events publishes the prefix cache's blocks: it needs the paged engine with --prefix-caching"
+        )
     options = ServeOptions(
         model=model,
         engine=check_choice(engine, MANAGERS, "--engine"),
@@ -129,8 +152,24 @@ def serve(
         threads=thread_count(threads),
         seed=seed,
         served_model_name=served_model_name,
+        prefix_caching=caching,
+        kv_events=_zmq_address(kv_events, "--kv-events"),
+        kv_events_replay=_zmq_address(kv_events_replay, "--kv-events-replay"),
     )
+    if options.kv_events is not None and options.kv_events == options.kv_events_replay:
+        raise KvbenchError("--kv-events and --kv-events-replay name the same address")
     _serve(options, host, port, grace_period, metrics, log_interval)
+
+
+def _zmq_address(text: str | None, flag: str) -> str | None:
+    from kvbench.measure.kv_events import parse_endpoint
+
+    if text is None:
+        return None
+    try:
+        return parse_endpoint(text, bind=True)
+    except ValueError as err:
+        raise KvbenchError(f"{flag}: {err}") from None
 
 
 def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, log_interval: float) -> None:
@@ -174,6 +213,9 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
             console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
         if info.heap:
             console.print(info.heap)
+        if info.kv_events:
+            replay = f"; replay on {info.kv_events_replay}" if info.kv_events_replay else ""
+            console.print(f"KV events on {info.kv_events}{replay}")
         console.print(
             f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
             + ("; /metrics" if with_metrics else "")

@@ -12,14 +12,18 @@ PREFIX = "kvbench_"  # every kvbench series starts with it
 BLOCKS_USED = "kvbench_kv_cache_blocks_used"
 BLOCKS_FREE = "kvbench_kv_cache_blocks_free"
 BLOCKS_CAPACITY = "kvbench_kv_cache_blocks_capacity"  # a gauge: `_total` is for counters only
+BLOCK_SIZE = "kvbench_kv_cache_block_size"  # tokens per block
 FRAGMENTATION = "kvbench_kv_cache_fragmentation"
 RUNNING = "kvbench_requests_running"
 WAITING = "kvbench_requests_waiting"
+CACHED_BLOCKS = "kvbench_prefix_cache_blocks"  # blocks whose content the prefix cache can hand out
 # counters
 PREEMPTIONS = "kvbench_num_preemptions_total"
 GENERATED_TOKENS = "kvbench_generated_tokens_total"
 PROMPT_TOKENS = "kvbench_prompt_tokens_total"  # prompts prefilled (counted once, at a request's first token)
 FINISHED = "kvbench_requests_finished_total"
+PREFIX_QUERIES = "kvbench_prefix_cache_queries_total"  # prompt tokens looked up (vLLM's prefix_cache_queries)
+PREFIX_HITS = "kvbench_prefix_cache_hits_total"  # of which the cache held the KV
 # histogram (its series: ``_bucket`` with ``le``, ``_sum``, ``_count``)
 ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
 # a fleet's instances, labelled by engine and state (serving | starting)
@@ -31,13 +35,17 @@ assert all(
         BLOCKS_USED,
         BLOCKS_FREE,
         BLOCKS_CAPACITY,
+        BLOCK_SIZE,
         FRAGMENTATION,
         RUNNING,
         WAITING,
+        CACHED_BLOCKS,
         PREEMPTIONS,
         GENERATED_TOKENS,
         PROMPT_TOKENS,
         FINISHED,
+        PREFIX_QUERIES,
+        PREFIX_HITS,
         ALLOC_LATENCY,
         FLEET_INSTANCES,
     )

@@ -29,14 +29,18 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
 from kvbench.measure.metric_names import (
     ALLOC_LATENCY,
+    BLOCK_SIZE,
     BLOCKS_CAPACITY,
     BLOCKS_FREE,
     BLOCKS_USED,
+    CACHED_BLOCKS,
     FINISHED,
     FLEET_INSTANCES,
     FRAGMENTATION,
     GENERATED_TOKENS,
     PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
     PROMPT_TOKENS,
     RUNNING,
     WAITING,
@@ -101,6 +105,8 @@ class _Run:
     finished_tokens: int = 0
     prompt_tokens: int = 0
     finished_prompt_tokens: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
     steps: int = 0
     last: dict[str, float] = field(default_factory=dict)
     blocks_used_peak: int = 0
@@ -179,6 +185,7 @@ class KvMetrics(MetricsEndpoint):
         self.blocks_used = Gauge(BLOCKS_USED, "KV cache blocks held by live requests.", LABELS, registry=r)
         self.blocks_free = Gauge(BLOCKS_FREE, "KV cache blocks in the free queue.", LABELS, registry=r)
         self.blocks_capacity = Gauge(BLOCKS_CAPACITY, "KV cache blocks in the pool.", LABELS, registry=r)
+        self.block_size = Gauge(BLOCK_SIZE, "Tokens per KV cache block.", LABELS, registry=r)
         self.fragmentation = Gauge(
             FRAGMENTATION, "Online KV fragmentation: 1 - used slots / allocated slots.", LABELS, registry=r
         )
@@ -193,6 +200,13 @@ class KvMetrics(MetricsEndpoint):
         self.finished = Counter(FINISHED, "Requests finished so far.", LABELS, registry=r)
         self.running = Gauge(RUNNING, "Requests running (holding KV blocks).", LABELS, registry=r)
         self.waiting = Gauge(WAITING, "Requests waiting for admission.", LABELS, registry=r)
+        self.cached_blocks = Gauge(
+            CACHED_BLOCKS, "KV blocks whose content the prefix cache can hand out.", LABELS, registry=r
+        )
+        self.prefix_queries = Counter(
+            PREFIX_QUERIES, "Prompt tokens looked up in the prefix cache at admission.", LABELS, registry=r
+        )
+        self.prefix_hits = Counter(PREFIX_HITS, "Prompt tokens the prefix cache held the KV of.", LABELS, registry=r)
         self.alloc_latency = Histogram(
             ALLOC_LATENCY,
             "Seconds per KV block allocation call (admission or growth).",
@@ -244,7 +258,7 @@ class KvMetrics(MetricsEndpoint):
             run = self._runs[engine] = _Run()
         if run.scheduler is not scheduler:  # a new run of the engine: its scheduler counts from zero
             run.scheduler, run.preemptions, run.tokens, run.finished, run.finished_tokens = scheduler, 0, 0, 0, 0
-            run.prompt_tokens = run.finished_prompt_tokens = 0
+            run.prompt_tokens = run.finished_prompt_tokens = run.prefix_queries = run.prefix_hits = 0
         labels = (engine, self.device)
         if clock is not None:
             used = scheduler.used_slots(clock)
@@ -274,11 +288,19 @@ class KvMetrics(MetricsEndpoint):
         self.blocks_used.labels(*labels).set(used_blocks)
         self.blocks_free.labels(*labels).set(free_blocks)
         self.blocks_capacity.labels(*labels).set(total_blocks)
+        self.block_size.labels(*labels).set(pool.block_size)
         self.fragmentation.labels(*labels).set(fragmentation)
         self.running.labels(*labels).set(len(scheduler.running))
         self.waiting.labels(*labels).set(len(scheduler.waiting))
         self.preemptions.labels(*labels).inc(max(0, scheduler.num_preemptions - run.preemptions))
         run.preemptions = max(run.preemptions, scheduler.num_preemptions)
+        manager = scheduler.manager
+        if getattr(manager, "enable_prefix_caching", False):
+            self.cached_blocks.labels(*labels).set(manager.num_cached_blocks)
+            self.prefix_queries.labels(*labels).inc(max(0, scheduler.prefill_tokens - run.prefix_queries))
+            run.prefix_queries = max(run.prefix_queries, scheduler.prefill_tokens)
+            self.prefix_hits.labels(*labels).inc(max(0, scheduler.cached_tokens - run.prefix_hits))
+            run.prefix_hits = max(run.prefix_hits, scheduler.cached_tokens)
         run.steps += 1
         run.blocks_used_peak = max(run.blocks_used_peak, used_blocks)
         run.blocks_free_min = free_blocks if run.blocks_free_min is None else min(run.blocks_free_min, free_blocks)

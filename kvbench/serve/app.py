@@ -198,7 +198,7 @@ async def _complete(state: ServerState, generation: Generation, job: Job, reader
     if job.error is not None:
         raise job.error
     reader.read(state.engine)
-    body = response_body(generation, [reader.result(i) for i in range(generation.num_choices)])
+    body = response_body(generation, [reader.result(i) for i in range(generation.num_choices)], job.cached_tokens())
     return web.Response(body=_dumps(body), content_type="application/json")
 
 
@@ -227,7 +227,7 @@ async def _stream(
             await response.prepare(request)
         if job.done:
             if generation.include_usage:
-                last = usage(prompt_tokens(generation), sum(reader.counted))
+                last = usage(prompt_tokens(generation), sum(reader.counted), job.cached_tokens())
                 parts.append(encoder.event(chunk_body(generation, [], last)))
             parts.append(DONE)
             await response.write(b"".join(parts))
@@ -315,6 +315,15 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """Empty the prefix cache, as vLLM's route does: ``{"success": false}`` while a request holds blocks."""
+    state = request.app[STATE]
+    if state.draining:
+        raise ApiError(503, "the server is shutting down")
+    done = await state.engine.reset_prefix_cache()
+    return web.Response(body=_dumps({"success": done}), content_type="application/json")
+
+
 async def version(request: web.Request) -> web.Response:
     return web.Response(body=_dumps({"version": __version__}), content_type="application/json")
 
@@ -337,6 +346,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     return app
 
 

@@ -56,6 +56,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     done: bool = False
+    cached_tokens: int | None = None  # prompt tokens its first admission found in the prefix cache (a prompt's first)
 
 
 class Job:
@@ -83,10 +84,18 @@ class Job:
     def done(self) -> bool:
         return self.error is not None or self.open == 0
 
-    def _push(self, choice: int, tokens: list[int], finish: str | None, stop: str | int | None) -> bool:
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache, each prompt once (as its prompt tokens are counted)."""
+        return sum(self.choices[index * self.n].cached_tokens or 0 for index in range(len(self.prompts)))
+
+    def _push(
+        self, choice: int, tokens: list[int], finish: str | None, stop: str | int | None, cached: int | None = None
+    ) -> bool:
         state = self.choices[choice]
         if state.done:
             return False
+        if cached is not None:
+            state.cached_tokens = cached
         state.tokens += tokens
         state.unread += len(tokens)
         if finish is not None:
@@ -122,6 +131,8 @@ class EngineInfo:
     reserve: str
     admission: str
     pid: int
+    kv_events: str | None = None  # the ZMQ address its KV events are published on
+    kv_events_replay: str | None = None
 
 
 class EngineClient:
@@ -148,6 +159,7 @@ class EngineClient:
         self._ready: asyncio.Future | None = None
         self._stopped: asyncio.Future | None = None
         self._stopping = False
+        self._resets: dict[int, asyncio.Future] = {}  # reset requests sent, by id, until the engine answers
 
     # -- start and stop -------------------------------------------------------------------------------------
     async def start(self) -> EngineInfo:
@@ -208,6 +220,8 @@ class EngineClient:
             info["reserve"],
             info["admission"],
             info["pid"],
+            info.get("kv_events"),
+            info.get("kv_events_replay"),
         )
         if self.with_metrics:
             self.metrics = KvMetrics(device=self.info.device_name)
@@ -269,6 +283,17 @@ class EngineClient:
             }
         )
 
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache between steps: False when it refuses (a request holds blocks, or the
+        engine has no prefix cache)."""
+        if self.error is not None:
+            raise ApiError(503, f"the engine process has stopped ({self.error})")
+        reset_id = self._sent  # unique: it grows with every message sent
+        future = asyncio.get_running_loop().create_future()
+        self._resets[reset_id] = future
+        self._send({"t": "reset", "id": reset_id})
+        return await future
+
     def release(self, job: Job) -> None:
         """The handler is done with ``job``: withdraw whatever of it still runs (a client gone, a stop string)."""
         self.jobs.pop(job.id, None)
@@ -318,9 +343,9 @@ class EngineClient:
                         state.tokens.append(out[at + 2])
                         state.unread += 1
                         woken[job.id] = job
-        for job_id, choice, tokens, finish, stop in message.get("end", ()):
+        for job_id, choice, tokens, finish, stop, cached in message.get("end", ()):
             job = jobs.get(job_id)
-            if job is not None and job._push(choice, tokens, finish, stop):
+            if job is not None and job._push(choice, tokens, finish, stop, cached):
                 woken[job.id] = job
         for job in woken.values():
             sink = job.sink
@@ -336,7 +361,9 @@ class EngineClient:
         kind = message["t"]
         if kind == "step":
             return
-        if kind == "idle":
+        if kind == "reset":
+            _resolve(self._resets.pop(message["id"], None), bool(message["ok"]))
+        elif kind == "idle":
             self.leak = message["leak"]
             if message["seq"] == self._sent:
                 self._idle.set()
@@ -386,6 +413,9 @@ class EngineClient:
             job._fail(error)
         self._idle.set()
         _fail(self._ready, EngineDied(self.error))
+        for future in self._resets.values():
+            _fail(future, error)
+        self._resets.clear()
         _resolve(self._stopped, None)
         if not self._stopping:
             self.dead.set()

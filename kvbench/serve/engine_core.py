@@ -40,8 +40,10 @@ from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak, assert_drained
+from kvbench.kv.paged import PagedManager
 from kvbench.measure.metrics import online_fragmentation
 from kvbench.serve.channel import BlockingChannel, ChannelClosed, sampling_from_json
+from kvbench.serve.kv_event_publisher import KvEventPublisher, wire_events
 
 FINISH_REASONS = {"length": "length", "eos": "stop", "stop": "stop"}  # the engine's stop reason -> OpenAI's
 STATS_EVERY_S = 0.05  # the counts for /metrics go out at most this often while stepping (always when idle)
@@ -52,25 +54,37 @@ PR_SET_PDEATHSIG = 1
 class CoreJob:
     """One HTTP request's engine requests: the live one serving each choice."""
 
-    __slots__ = ("id", "wake", "live")
+    __slots__ = ("id", "wake", "live", "cached")
 
     def __init__(self, job_id: int, wake: bool) -> None:
         self.id = job_id
         self.wake = wake  # every token goes out as sampled; else a choice's tokens go out when it ends
         self.live: dict[int, Request] = {}  # first choice of the request -> the request
+        self.cached: dict[int, int] = {}  # first choice -> prompt tokens its first admission found cached
 
 
 class EngineCore:
     """The loop over one engine session, talking to the front end through ``channel``."""
 
-    def __init__(self, engine: LLMEngine, channel: BlockingChannel, timed: bool = True) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        channel: BlockingChannel,
+        timed: bool = True,
+        publisher: KvEventPublisher | None = None,
+    ) -> None:
         self.engine = engine
         self.channel = channel
+        self.publisher = publisher
         self.alloc_seconds: list[float] = []
         if timed:  # each block allocation call timed, for the latency histogram
             engine.alloc_observer = self.alloc_seconds.append
         self.session = engine.session(keep_history=False)
         self.session.on_tokens = self._on_tokens
+        self.manager = self.session.scheduler.manager
+        if publisher is not None:
+            assert isinstance(self.manager, PagedManager), "the server refuses KV events without a prefix cache"
+            self.manager.events = []
         self.jobs: dict[int, CoreJob] = {}
         self._owners: dict[int, tuple[CoreJob, int]] = {}  # engine request id -> (job, its first choice)
         self.handled = 0  # messages taken from the front end so far (an idle report says how many)
@@ -80,7 +94,7 @@ class EngineCore:
         self._reported_idle = False
         self._stats_at = 0.0
         self._out: list[int] = []  # this step's tokens: job, choice, token, job, choice, token, ...
-        self._ends: list[list] = []  # [job, choice, tokens, finish reason, stop reason]
+        self._ends: list[list] = []  # [job, choice, tokens, finish reason, stop reason, cached prompt tokens]
         self._fails: list[list] = []  # [job, HTTP status, message]
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -104,6 +118,7 @@ class EngineCore:
                     continue
                 self._reported_idle = False
                 session.step()
+                self._publish_events()
                 self._handle_ended(session.take_ended())
                 now = time.perf_counter()
                 if now - self._stats_at >= STATS_EVERY_S:
@@ -131,6 +146,12 @@ class EngineCore:
             message["fail"], self._fails = self._fails, []
         self.channel.send(message)
 
+    def _publish_events(self) -> None:
+        events = getattr(self.manager, "events", None)
+        if self.publisher is not None and events:
+            self.publisher.publish(wire_events(events, self.manager.block_size))
+            events.clear()
+
     def stats(self, now: float | None = None) -> dict[str, Any]:
         """What /metrics, the progress line and the tests read of the engine (counts since it started), with the
         allocation latencies timed since the last call."""
@@ -139,10 +160,12 @@ class EngineCore:
         scheduler = session.scheduler
         pool = scheduler.manager.pool
         alloc, self.alloc_seconds[:] = list(self.alloc_seconds), []
+        caching = getattr(scheduler.manager, "enable_prefix_caching", False)
         return {
             "used": pool.num_used,
             "free": pool.num_free,
             "capacity": pool.num_blocks,
+            "block_size": pool.block_size,
             "fragmentation": online_fragmentation(scheduler.used_slots(session.clock), scheduler.held_slots()),
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
@@ -152,6 +175,9 @@ class EngineCore:
             "tokens": self.tokens,
             "prompt_tokens": self.prompt_tokens,
             "peak_running": session.peak_running,
+            "prefix_queries": scheduler.prefill_tokens if caching else 0,
+            "prefix_hits": scheduler.cached_tokens,
+            "cached_blocks": getattr(scheduler.manager, "num_cached_blocks", 0),
             "alloc": alloc,
         }
 
@@ -176,6 +202,8 @@ class EngineCore:
                 self._abort(job, message.get("choices"))
         elif kind == "stop":
             self.stopping = True
+        elif kind == "reset":
+            self._reset(message["id"])
         else:
             raise KvbenchError(f"the front end sent a message of unknown kind {kind!r}")
 
@@ -212,6 +240,13 @@ class EngineCore:
                     self._reject(request)
                     return
 
+    def _reset(self, reset_id: int) -> None:
+        """Empty the prefix cache (refused while a request holds blocks, as vLLM refuses) and say so."""
+        reset = getattr(self.manager, "reset_prefix_cache", None)
+        done = bool(reset()) if reset is not None and getattr(self.manager, "enable_prefix_caching", False) else False
+        self._publish_events()
+        self._send("reset", id=reset_id, ok=done)
+
     def _abort(self, job: CoreJob, choices: list[int] | None) -> None:
         for choice, request in list(job.live.items()):
             if choices is None or choice in choices:
@@ -238,6 +273,7 @@ class EngineCore:
             choice = first + request.sample_index
             if request.parent_id is None and len(request.output_token_ids) == 1:
                 self.prompt_tokens += request.prompt_len  # its prefill is done
+                job.cached.setdefault(first, request.num_cached_tokens)
             if request.stop_reason is None:
                 if job.wake:
                     out += (job.id, choice, token)
@@ -251,6 +287,7 @@ class EngineCore:
                     [token] if job.wake else request.output_token_ids,
                     FINISH_REASONS[request.stop_reason],
                     stop,
+                    job.cached.get(choice),
                 ]
             )
         for request in ended:
@@ -306,7 +343,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def ready_info(served, engine: LLMEngine) -> dict[str, Any]:
+def ready_info(served, engine: LLMEngine, publisher: KvEventPublisher | None = None) -> dict[str, Any]:
     """What the front end needs of the engine it serves (the tokenizer it loads itself)."""
     config = served.config
     return {
@@ -324,6 +361,8 @@ def ready_info(served, engine: LLMEngine) -> dict[str, Any]:
         "reserve": config.reserve,
         "admission": config.admission,
         "pid": os.getpid(),
+        "kv_events": publisher.endpoint if publisher else None,
+        "kv_events_replay": publisher.replay_endpoint if publisher else None,
     }
 
 
@@ -359,11 +398,23 @@ def main(argv: list[str]) -> int:
                 }
             )
             return 1
-        core = EngineCore(served.engine, channel, timed=bool(start.get("metrics", True)))
-        channel.send({"t": "ready", "info": ready_info(served, served.engine), "stats": core.stats()})
+        publisher = None
+        if options.kv_events is not None:
+            try:
+                publisher = KvEventPublisher(options.kv_events, options.kv_events_replay)
+            except OSError as err:
+                channel.send({"t": "error", "message": str(err), "exit_code": 2})
+                return 2
+        core = EngineCore(served.engine, channel, timed=bool(start.get("metrics", True)), publisher=publisher)
+        info = ready_info(served, served.engine, publisher)
+        channel.send({"t": "ready", "info": info, "stats": core.stats()})
     except ChannelClosed:
         return 0
-    return core.run(pending)
+    try:
+        return core.run(pending)
+    finally:
+        if publisher is not None:
+            publisher.close()
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 
 The engine process sends its counts with its step messages (at most every few milliseconds while stepping, and
 whenever it goes idle): the KV pool's blocks, the online fragmentation, the requests running and waiting, and its
-running totals (preemptions, finished, aborted, tokens out, prompt tokens prefilled) with the block allocation
-latencies timed since the last report. The front end keeps the newest as an :class:`EngineStats` and feeds
-``KvMetrics``' series from it, so ``/metrics`` answers at once from the front end, with the series ``sweep
---metrics-port`` serves, however long the engine's current step takes.
+running totals (preemptions, finished, aborted, tokens out, prompt tokens prefilled, prefix-cache queries and hits)
+with the block allocation latencies timed since the last report. The front end keeps the newest as an
+:class:`EngineStats` and feeds ``KvMetrics``' series from it, so ``/metrics`` answers at once from the front end,
+with the series ``sweep --metrics-port`` serves, however long the engine's current step takes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class EngineStats:
     used: int = 0  # KV blocks held by live requests
     free: int = 0
     capacity: int = 0
+    block_size: int = 0  # tokens per block
     fragmentation: float = 0.0
     running: int = 0
     waiting: int = 0
@@ -32,6 +33,9 @@ class EngineStats:
     tokens: int = 0
     prompt_tokens: int = 0  # prompts prefilled: a request's, at its first token
     peak_running: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at each admission)
+    prefix_hits: int = 0  # of which it held the KV
+    cached_blocks: int = 0  # blocks the prefix cache can hand out now
 
     @classmethod
     def from_json(cls, values: dict) -> EngineStats:
@@ -46,7 +50,14 @@ def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
     """Every series of the engine present from the start (counters at their first totals)."""
     labels = (engine, metrics.device)
     metrics.alloc_latency.labels(*labels)
-    for counter in (metrics.preemptions, metrics.generated, metrics.prompt, metrics.finished):
+    for counter in (
+        metrics.preemptions,
+        metrics.generated,
+        metrics.prompt,
+        metrics.finished,
+        metrics.prefix_queries,
+        metrics.prefix_hits,
+    ):
         counter.labels(*labels)
     mirror(metrics, engine, EngineStats(), first, ())
 
@@ -59,14 +70,18 @@ def mirror(
     metrics.blocks_used.labels(*labels).set(now.used)
     metrics.blocks_free.labels(*labels).set(now.free)
     metrics.blocks_capacity.labels(*labels).set(now.capacity)
+    metrics.block_size.labels(*labels).set(now.block_size)
     metrics.fragmentation.labels(*labels).set(now.fragmentation)
     metrics.running.labels(*labels).set(now.running)
     metrics.waiting.labels(*labels).set(now.waiting)
+    metrics.cached_blocks.labels(*labels).set(now.cached_blocks)
     for counter, total, last in (
         (metrics.preemptions, now.preemptions, before.preemptions),
         (metrics.generated, now.tokens, before.tokens),
         (metrics.prompt, now.prompt_tokens, before.prompt_tokens),
         (metrics.finished, now.finished, before.finished),
+        (metrics.prefix_queries, now.prefix_queries, before.prefix_queries),
+        (metrics.prefix_hits, now.prefix_hits, before.prefix_hits),
     ):
         if total > last:
             counter.labels(*labels).inc(total - last)

@@ -389,12 +389,17 @@ class ChoiceResult:
     stop_reason: str | int | None = None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage``; with ``cached_tokens``, the prompt tokens the prefix cache served, in
+    ``prompt_tokens_details`` as vLLM reports them."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 def prompt_tokens(generation: Generation) -> int:
@@ -402,7 +407,9 @@ def prompt_tokens(generation: Generation) -> int:
     return sum(len(ids) for ids in generation.prompts)
 
 
-def response_body(generation: Generation, choices: list[ChoiceResult]) -> dict[str, Any]:
+def response_body(
+    generation: Generation, choices: list[ChoiceResult], cached_tokens: int | None = None
+) -> dict[str, Any]:
     """The non-streamed answer: ``text_completion`` or ``chat.completion``."""
     completion_tokens = sum(len(choice.token_ids) for choice in choices)
     rows = []
@@ -423,7 +430,7 @@ def response_body(generation: Generation, choices: list[ChoiceResult]) -> dict[s
         "created": generation.created,
         "model": generation.model,
         "choices": rows,
-        "usage": usage(prompt_tokens(generation), completion_tokens),
+        "usage": usage(prompt_tokens(generation), completion_tokens, cached_tokens),
     }
 
 

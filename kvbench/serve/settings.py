@@ -43,6 +43,9 @@ class ServeOptions:
     threads: int | None = None
     seed: int = 0
     served_model_name: str | None = None
+    prefix_caching: bool = True  # the paged engine's prefix cache (the contiguous engine has none)
+    kv_events: str | None = None  # the ZMQ address the prefix cache's events are published on
+    kv_events_replay: str | None = None  # the ZMQ address that replays missed batches
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the engine process receives them (plain values)."""
@@ -88,6 +91,7 @@ def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | Non
         admission=options.admission,
         max_num_seqs=options.max_num_seqs,
         max_len=max_len,
+        enable_prefix_caching=options.prefix_caching and manager_class(options.engine).supports_prefix_caching,
     )
     sweep_options = SweepOptions(
         engines=(options.engine,),

@@ -93,13 +93,19 @@ def test_a_batch_of_prompts_and_n_samples_make_indexed_choices(server):
     assert status == 200 and [c["index"] for c in answer["choices"]] == list(range(6))
     assert [c["prompt_token_ids"] for c in answer["choices"]] == [PROMPTS[0]] * 3 + [PROMPTS[2]] * 3
     assert all(len(c["token_ids"]) == 5 for c in answer["choices"])
+    cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert answer["usage"] == {
         "prompt_tokens": len(PROMPTS[0]) + len(PROMPTS[2]),
         "total_tokens": 45,
         "completion_tokens": 30,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
     status, _, again = http(server, "/v1/completions", body)
     assert [c["token_ids"] for c in json.loads(again)["choices"]] == [c["token_ids"] for c in answer["choices"]]
+    # the second time each prompt's leading full blocks are cached, counted once per prompt (not per sample)
+    block = 16
+    expected = sum((len(p) - 1) // block * block for p in (PROMPTS[0], PROMPTS[2]))
+    assert json.loads(again)["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
 
 
 def test_stop_token_ids_end_a_choice_with_its_stop_reason(server, expected):

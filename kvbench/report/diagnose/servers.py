@@ -58,6 +58,7 @@ class ServerState:
     prefix_queries: float | None = None  # cumulative prompt tokens looked up in the prefix cache
     prefix_hits: float | None = None  # cumulative prompt tokens found there
     prefix_hit_rate: float | None = None  # SGLang reports the rate itself
+    cached_blocks: float | None = None  # kvbench: blocks the prefix cache can hand out now
     prompt_tokens_mean: float | None = None  # over finished requests
     generation_tokens_mean: float | None = None
     prompt_tokens: float | None = None  # cumulative prompt tokens processed (prefilled)
@@ -175,6 +176,13 @@ def _number(text: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _tokens_per_block(value: float | None) -> int | None:
+    """A block size as a whole number of tokens; None for what cannot be one (NaN, infinite, fractional, < 1)."""
+    if value is None or not math.isfinite(value) or value < 1 or value != int(value):
+        return None
+    return int(value)
+
+
 # -- kvbench ------------------------------------------------------------------------------------------------
 def _kvbench(samples: list[Sample]) -> list[ServerState]:
     states = []
@@ -193,6 +201,7 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
                 "kvbench",
                 dict(key),
                 total_blocks=total,
+                block_size=_tokens_per_block(_value(group, names.BLOCK_SIZE)),
                 usage=1.0 - free / total if free is not None and total > 0 else None,
                 used_blocks=_value(group, names.BLOCKS_USED),
                 fragmentation=_value(group, names.FRAGMENTATION),
@@ -202,6 +211,9 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
                 finished=_value(group, names.FINISHED),
                 generation_tokens=_value(group, names.GENERATED_TOKENS),
                 prompt_tokens=_value(group, names.PROMPT_TOKENS),
+                prefix_queries=_value(group, names.PREFIX_QUERIES),
+                prefix_hits=_value(group, names.PREFIX_HITS),
+                cached_blocks=_value(group, names.CACHED_BLOCKS),
                 alloc_buckets=buckets,
             )
         )

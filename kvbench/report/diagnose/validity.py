@@ -23,6 +23,7 @@ class _Quantities(Protocol):
     used_blocks: float | None
     prefix_queries: float | None
     prefix_hits: float | None
+    cached_blocks: float | None
     alloc_buckets: list[tuple[float, float]]
 
 
@@ -42,6 +43,7 @@ KINDS: dict[str, str] = {
     "prefix_queries": _COUNT,
     "prefix_hits": _COUNT,
     "prefix_hit_rate": _SHARE,
+    "cached_blocks": _COUNT,
     "prompt_tokens_mean": _COUNT,
     "generation_tokens_mean": _COUNT,
 }
@@ -52,6 +54,7 @@ MAX_COUNT = 2.0**53  # past this a float no longer holds every whole number: no 
 METRICS: dict[str, dict[str, str]] = {
     "kvbench": {
         "total_blocks": "kvbench_kv_cache_blocks_capacity",
+        "block_size": "kvbench_kv_cache_block_size",
         "usage": "1 - kvbench_kv_cache_blocks_free / kvbench_kv_cache_blocks_capacity",
         "used_blocks": "kvbench_kv_cache_blocks_used",
         "fragmentation": "kvbench_kv_cache_fragmentation",
@@ -59,6 +62,9 @@ METRICS: dict[str, dict[str, str]] = {
         "waiting": "kvbench_requests_waiting",
         "preemptions": "kvbench_num_preemptions_total",
         "finished": "kvbench_requests_finished_total",
+        "prefix_queries": "kvbench_prefix_cache_queries_total",
+        "prefix_hits": "kvbench_prefix_cache_hits_total",
+        "cached_blocks": "kvbench_prefix_cache_blocks",
         "alloc_buckets": "kvbench_block_alloc_latency_seconds_bucket",
     },
     "vllm": {
@@ -109,6 +115,10 @@ def set_aside_invalid(state: ServerState) -> ServerState:
         _set_aside(state, "block_size", state.block_size, "not a whole number of tokens")
     if state.used_blocks is not None and state.total_blocks is not None and state.used_blocks > state.total_blocks:
         _set_aside(state, "used_blocks", state.used_blocks, f"more than the {state.total_blocks:g} blocks of the pool")
+    if state.cached_blocks is not None and state.total_blocks is not None and state.cached_blocks > state.total_blocks:
+        _set_aside(
+            state, "cached_blocks", state.cached_blocks, f"more than the {state.total_blocks:g} blocks of the pool"
+        )
     if state.prefix_hits is not None and state.prefix_queries is not None and state.prefix_hits > state.prefix_queries:
         _set_aside(state, "prefix_hits", state.prefix_hits, f"more than the {state.prefix_queries:g} tokens looked up")
     why = _bad_buckets(state.alloc_buckets)
