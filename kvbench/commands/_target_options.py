@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,7 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
+from kvbench.measure.kv_events import parse_endpoint
 from kvbench.studies.run_options import EndpointOptions
 
 PANEL = "Servers over HTTP (--target)"
@@ -181,6 +182,37 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
         ),
     ),
     TargetOption(
+        "kv_events",
+        str | None,
+        None,
+        typer.Option(
+            "--kv-events",
+            rich_help_panel=PANEL,
+            help="The server's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH): its "
+            "resident blocks, lifetimes, eviction churn and thrash per point; one target only.",
+        ),
+    ),
+    TargetOption(
+        "kv_events_replay",
+        str | None,
+        None,
+        typer.Option(
+            "--kv-events-replay",
+            rich_help_panel=PANEL,
+            help="The server's replay socket for missed KV event batches (with --kv-events).",
+        ),
+    ),
+    TargetOption(
+        "thrash_window",
+        float,
+        10.0,
+        typer.Option(
+            "--thrash-window",
+            rich_help_panel=PANEL,
+            help="Seconds: a block stored again this soon after the server removed it counts as thrash.",
+        ),
+    ),
+    TargetOption(
         "find_max",
         bool,
         False,
@@ -301,6 +333,16 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         raise KvbenchError(f"--target names must differ: {', '.join(names)} (label them NAME=URL)")
     if values["metrics_url"] is not None and len(targets) > 1:
         raise KvbenchError("--metrics-url names one server's metrics: give it with one --target only")
+    events, replay = (
+        _zmq_address(values["kv_events"], "--kv-events"),
+        _zmq_address(values["kv_events_replay"], "--kv-events-replay"),
+    )
+    if events is not None and len(targets) > 1:
+        raise KvbenchError("--kv-events names one server's KV event stream: give it with one --target only")
+    if replay is not None and events is None:
+        raise KvbenchError("--kv-events-replay replays the stream of --kv-events: give that address too")
+    if events is not None:
+        targets = [replace(targets[0], kv_events=events, kv_events_replay=replay)]
     rates = rate_list(values["rate"]) if values["rate"] is not None else None
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")
@@ -320,9 +362,19 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         scrape_interval_s=_positive(values["scrape_interval"], "--scrape-interval"),
         scrape=not values["no_scrape"],
         reset_prefix_cache=values["reset_prefix_cache"],
+        thrash_window_s=_positive(values["thrash_window"], "--thrash-window"),
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
     )
+
+
+def _zmq_address(text: str | None, flag: str) -> str | None:
+    if text is None:
+        return None
+    try:
+        return parse_endpoint(text, bind=False)
+    except ValueError as err:
+        raise KvbenchError(f"{flag}: {err}") from None
 
 
 def _default(name: str) -> Any:

@@ -28,16 +28,19 @@ recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prome
 http://127.0.0.1:PORT/metrics) of kvbench, vLLM or SGLang; each finding with its evidence and a suggestion
 in the words of the engine diagnosed (kvbench flags for kvbench, vLLM's or SGLang's launch options for theirs).
 
-Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation > 0.3;
-free blocks < 10% of the pool; block allocation latency p99 > 50 ms; more than 0.5 preemptions per
-completed request; reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, fewer
-requests running than offered, or requests waiting while few blocks are free); requests queueing while KV
-usage is below 50% (the scheduler's batch cap; a warning when a timeline shows the queue growing); a
-prefix-cache hit rate below --min-prefix-hit-rate (off by default). A rule the engine's metrics cannot decide
-(vLLM exposes no fragmentation) is listed as not evaluated, with kvbench's estimate of paging's internal
-waste (half a block per running request) marked as an estimate. Thresholds come from --thresholds FILE (TOML
-keys: fragmentation, free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste,
-low_kv_usage, min_prefix_hit_rate, for), then the flags.
+Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation > 0.3; free blocks
+< 10% of the pool; block allocation latency p99 > 50 ms; more than 0.5 preemptions per completed request;
+reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, fewer requests running than
+offered, or requests waiting while few blocks are free); requests queueing while KV usage is below 50% (the
+scheduler's batch cap; a warning when a timeline shows the queue growing); a prefix-cache hit rate below
+--min-prefix-hit-rate (off by default). For a server point that recorded its requests' cached tokens and KV
+events (sweep --target, --kv-events): eviction thrash above --max-thrash-share (0.1), a shared prefix shorter
+than one block, prefix caching off while prompts share prefixes, and a hit rate more than --max-reuse-gap
+(0.2) below what an unbounded cache serves the same requests. A rule the engine's metrics cannot decide (vLLM
+exposes no fragmentation) is listed as not evaluated, with kvbench's estimate of paging's internal waste (half
+a block per running request) marked as an estimate. Thresholds come from --thresholds FILE (TOML keys:
+fragmentation, free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste, low_kv_usage,
+min_prefix_hit_rate, max_thrash_share, max_reuse_gap, for), then the flags.
 
 --emit-prometheus-rules FILE writes the rules over kvbench's metrics as Prometheus alerting rules (YAML);
 alone, it needs no input. Exit codes: 0 (with --check: no warning or critical finding), 1 with --check when
@@ -80,6 +83,12 @@ def diagnose(
     min_prefix_hit_rate: float | None = typer.Option(
         None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."
     ),
+    max_thrash_share: float | None = typer.Option(
+        None, "--max-thrash-share", help="Removed KV blocks stored again soon after, share (default 0.1)."
+    ),
+    max_reuse_gap: float | None = typer.Option(
+        None, "--max-reuse-gap", help="Hit rate below an unbounded cache's on the same requests, share (default 0.2)."
+    ),
     alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
     emit_rules: str | None = typer.Option(
         None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."
@@ -94,6 +103,8 @@ def diagnose(
         reservation_waste=max_reservation_waste,
         low_kv_usage=low_kv_usage,
         min_prefix_hit_rate=min_prefix_hit_rate,
+        max_thrash_share=max_thrash_share,
+        max_reuse_gap=max_reuse_gap,
         alert_for=alert_for,
     )
     if run is not None and url is not None:

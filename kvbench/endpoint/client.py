@@ -42,6 +42,8 @@ class Target:
     api_key_env: str | None = "OPENAI_API_KEY"
     metrics_url: str | None = None  # where its /metrics is; None: URL/metrics
     name: str | None = None  # a label (two targets side by side)
+    kv_events: str | None = None  # the ZMQ address of its KV event stream (vLLM's --kv-events-config endpoint)
+    kv_events_replay: str | None = None  # and of its replay socket
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", check_base_url(self.url))
@@ -68,6 +70,8 @@ class Target:
             "model": self.model,
             "metrics_url": self.scrape_url,
             "api_key_env": self.api_key_env,
+            "kv_events": self.kv_events,
+            "kv_events_replay": self.kv_events_replay,
         }
 
 
@@ -205,6 +209,8 @@ class EndpointClient:
                         record.output_tokens, record.output_tokens_from = event.completion_tokens, "usage"
                     if event.prompt_tokens is not None:
                         record.prompt_tokens, record.prompt_tokens_from = event.prompt_tokens, "usage"
+                    if event.cached_tokens is not None:
+                        record.cached_tokens = event.cached_tokens
                     if event.error is not None:
                         record.fail("server_error", event.error)
                         return
@@ -221,6 +227,13 @@ class EndpointClient:
                 "malformed",
                 f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, "
                 "set aside",
+            )
+            return
+        cached, prompt = record.cached_tokens, record.prompt_tokens
+        if cached is not None and prompt is not None and cached > prompt:
+            record.fail(
+                "malformed",
+                f"the server reports {cached:,} cached tokens of a {prompt:,}-token prompt: impossible, set aside",
             )
             return
         if not times:

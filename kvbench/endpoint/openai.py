@@ -131,6 +131,7 @@ class Event:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # from ``usage``
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # ``usage.prompt_tokens_details.cached_tokens`` (vLLM, SGLang, OpenAI)
     error: str | None = None  # an error the server reported inside the stream
     done: bool = False  # ``[DONE]``: the stream is complete
 
@@ -178,13 +179,20 @@ def parse_event(data: str) -> Event:
         if text is not None and not isinstance(text, str):
             raise MalformedStream(f"an event's generated text is not a string: {_clip(data)}")
     usage = chunk.get("usage")
-    prompt_tokens = completion_tokens = None
+    prompt_tokens = completion_tokens = cached_tokens = None
     if isinstance(usage, dict):
-        prompt_tokens = usage_count(usage.get("prompt_tokens"))
-        completion_tokens = usage_count(usage.get("completion_tokens"))
+        prompt_tokens, completion_tokens, cached_tokens = usage_counts(usage)
     if text is None and finish is None and prompt_tokens is None and completion_tokens is None:
         return _EMPTY
-    return Event(text, finish if isinstance(finish, str) else None, prompt_tokens, completion_tokens)
+    return Event(text, finish if isinstance(finish, str) else None, prompt_tokens, completion_tokens, cached_tokens)
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(prompt, completion, cached prompt) tokens of a ``usage`` object; None for what it does not say (a server
+    that reports no details says nothing of its cache: unknown, never 0)."""
+    details = usage.get("prompt_tokens_details")
+    cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return usage_count(usage.get("prompt_tokens")), usage_count(usage.get("completion_tokens")), cached
 
 
 def usage_count(value: Any) -> int | None:

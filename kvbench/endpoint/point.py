@@ -28,15 +28,18 @@ import aiohttp
 from kvbench.endpoint.cache_reset import NOT_ASKED, reset_prefix_cache
 from kvbench.endpoint.client import EndpointClient, RequestLimits, Target, list_models, open_session
 from kvbench.endpoint.conversation import Conversation
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes, event_figures
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OnRecord, OpenLoop, run_load
 from kvbench.endpoint.metrics import DEFAULT_PERCENTILES, client_metrics
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
+from kvbench.endpoint.prefix_reuse import prefix_reuse, workload_reuse
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.scraper import DEFAULT_INTERVAL_S, MetricsScraper, Scrape
 from kvbench.endpoint.server_metrics import point_server_metrics
 from kvbench.endpoint.timeline import point_timeline
 from kvbench.endpoint.tokens import fill_token_counts
 from kvbench.errors import KvbenchError
+from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 
 
 class EndpointUnusable(KvbenchError):
@@ -55,6 +58,7 @@ class PointSettings:
     limits: RequestLimits = field(default_factory=RequestLimits)
     temperature: float | None = None
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
+    thrash_window_s: float = DEFAULT_THRASH_WINDOW_S  # a block stored again this soon after its removal: thrash
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s > 0):
@@ -89,6 +93,9 @@ class EndpointPoint:
     scrapes: list[Scrape] = field(repr=False, default_factory=list)
     origin: float = 0.0
     scrape_interval_s: float = DEFAULT_INTERVAL_S
+    reuse: dict[str, Any] = field(default_factory=dict)  # per-request cached tokens against the counters
+    kv_events: dict[str, Any] | None = None  # the KV event stream's figures; None: not listened to
+    kv_changes: list[Change] = field(repr=False, default_factory=list)  # the stream's events, compact
 
     @property
     def status(self) -> str:
@@ -110,6 +117,8 @@ class EndpointPoint:
             "metrics": self.metrics,
             "server": self.server,
             "agreement": self.agreement,
+            "reuse": self.reuse,
+            "kv_events": self.kv_events,
         }
 
     def timeline(self, bin_s: float | None = None) -> dict[str, Any]:
@@ -140,6 +149,9 @@ async def run_point(
     async with open_session(settings.limits) as session:
         model = target.model or await _first_model(session, target, api_key)
         client = EndpointClient(target, model, session, settings.limits, api_key, settings.temperature)
+        listener = None
+        if target.kv_events is not None:  # from before the warm-up, so the blocks it stores are known
+            listener = await asyncio.to_thread(KvEventSubscriber(target.kv_events, target.kv_events_replay).start)
         warmup = await _warm_up(client, settings)
         scraper = (
             MetricsScraper(session, target.scrape_url, time.perf_counter(), settings.scrape_interval_s)
@@ -156,22 +168,37 @@ async def run_point(
         if scraper is not None:
             await scraper.settled_scrape()  # the counters' start (the warm-up's counted in full)
             scraper.start()
+        wall_at_start = time.time() - time.perf_counter()  # our Unix clock minus perf_counter
         try:
             load = await run_load(conversations, settings.pattern, client.send, settings.deadline_s, on_record)
         except BaseException:
             if scraper is not None:
                 await scraper.cancel()
+            if listener is not None:
+                await asyncio.to_thread(listener.stop)
             raise
         scrapes: list[Scrape] = []
         if scraper is not None:
             await scraper.stop()
             scraper.restart_clock(load.started)
             scrapes = scraper.scrapes
+        event_log = await asyncio.to_thread(listener.stop) if listener is not None else None
     fill_token_counts(load.records, tokenizer)
     metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles)
     server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
     described = target.describe() | {"model": model}
-    return EndpointPoint(
+    kv_changes = changes(event_log) if event_log is not None else []
+    kv_figures = None
+    if event_log is not None:
+        kv_figures = event_figures(
+            event_log,
+            kv_changes,
+            settings.thrash_window_s,
+            load.started + wall_at_start,
+            load.duration_s,
+            [(s.elapsed_s + load.started + wall_at_start, s.states) for s in scrapes if s.error is None],
+        )
+    point = EndpointPoint(
         described,
         model,
         settings.pattern.describe(),
@@ -188,7 +215,12 @@ async def run_point(
         scrapes,
         load.started,
         settings.scrape_interval_s,
+        prefix_reuse(load.records, server)
+        | {"workload": workload_reuse(conversations, (server or {}).get("block_size"))},
+        kv_figures,
+        kv_changes,
     )
+    return point
 
 
 def run_point_sync(

@@ -53,6 +53,7 @@ class RequestRecord:
     output_tokens_from: str | None = None  # "usage" | "tokenizer" | "events"
     prompt_tokens: int | None = None
     prompt_tokens_from: str | None = None  # "usage" | "workload" | "tokenizer"
+    cached_tokens: int | None = None  # prompt tokens the server's prefix cache served (None: it did not say)
     finish_reason: str | None = None
     text: str = ""  # the generated text (a multi-turn conversation resends it)
     prompt_input: Any = None  # the prompt or messages sent, kept only while its token count is unknown
@@ -104,6 +105,7 @@ class RequestRecord:
             "output_tokens_from": self.output_tokens_from,
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_from": self.prompt_tokens_from,
+            "cached_tokens": self.cached_tokens,
             "finish_reason": self.finish_reason,
             "error_kind": self.error_kind,
             "status": self.status,

@@ -74,6 +74,8 @@ def point_server_metrics(scrapes: Sequence[Scrape], load_end_s: float) -> dict[s
         out[f"{name}_peak"] = max(series) if series else None
         out[f"{name}_mean"] = sum(series) / len(series) if series else None
     out["scrapes_during_load"] = len(during)
+    sizes = [state.block_size for s in ok for state in s.states if state.block_size]
+    out["block_size"] = int(sizes[-1]) if sizes else None
     # counters: the last scrape before the load (else the first one during it) to the closing one
     first = before[-1] if before else (during[0] if during else None)
     last = after[-1] if after else (during[-1] if during else None)

@@ -43,6 +43,9 @@ EXTRA_FIELDS = (
     "request_goodput",
     "slo",
     "cache_reset",
+    "prefix_reuse",
+    "kv_events",
+    "kv_events_file",
     "agreement",
     "server_notes",
     "scrapes",
@@ -125,6 +128,8 @@ def sweep_point(
         request_goodput=m.get("request_goodput"),
         slo=dict(slo) if slo else None,
         cache_reset=endpoint.cache_reset,
+        prefix_reuse=endpoint.reuse,
+        kv_events=endpoint.kv_events,
         agreement=endpoint.agreement,
         server_notes=server.get("notes") or [],
         scrapes={

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from kvbench import json_input
-from kvbench.endpoint.openai import usage_count
+from kvbench.endpoint.openai import usage_counts as openai_usage_counts
 from kvbench.measure.http_fetch import FetchError, fetch, open_session
 from kvbench.workload.prefix_trace import PrefixTrace, prompt_token_ids
 
@@ -41,9 +41,7 @@ def usage_counts(body: bytes) -> tuple[int | None, int | None]:
     usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return None, None
-    prompt = usage_count(usage.get("prompt_tokens"))
-    details = usage.get("prompt_tokens_details")
-    cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    prompt, _, cached = openai_usage_counts(usage)
     return prompt, cached
 
 

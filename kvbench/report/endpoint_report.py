@@ -175,6 +175,7 @@ def findings(points: Sequence[dict[str, Any]]) -> list[str]:
             line += f", preempting from {level_text(preempted[0])}"
         lines.append(line + ".")
     for p in points:
+        lines += reuse_lines(p)
         for kind, verb in (("output", "generating"), ("input", "prefilling")):
             ratio = (p.get("agreement") or {}).get(f"{kind}_tokens_client_over_server")
             if ratio is not None and abs(ratio - 1) > 0.01:
@@ -182,6 +183,40 @@ def findings(points: Sequence[dict[str, Any]]) -> list[str]:
                     f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
                     f"server reports {verb} (another workload on the server, or tokens counted differently)"
                 )
+    return lines
+
+
+def reuse_lines(point: dict[str, Any]) -> list[str]:
+    """A point's prefix reuse in words: the requests' hit rate beside the counters' and the workload's ideal, and
+    what the server's KV events say of eviction; each flag as its own line."""
+    lines = []
+    reuse: dict[str, Any] = point["prefix_reuse"] if isinstance(point.get("prefix_reuse"), dict) else {}
+    where = f"{point['engine']} {level_text(point)}"
+    rate = reuse.get("hit_rate_requests")
+    if isinstance(rate, (int, float)):
+        line = f"{where}: the answers report {rate:.1%} of prompt tokens served from the prefix cache"
+        counters = reuse.get("hit_rate_counters")
+        if isinstance(counters, (int, float)):
+            line += f" (the server's counters: {counters:.1%})"
+        ideal = (reuse.get("workload") or {}).get("ideal_hit_rate")
+        if isinstance(ideal, (int, float)):
+            line += f"; an unbounded cache would serve {ideal:.1%} of these requests'"
+        lines.append(line + ".")
+    if reuse.get("flag"):
+        lines.append(f"{where}: {reuse['flag']}.")
+    events = point.get("kv_events") if isinstance(point.get("kv_events"), dict) else None
+    if events is not None:
+        stored, removed = events.get("kv_blocks_stored"), events.get("kv_blocks_removed")
+        if isinstance(stored, int) and isinstance(removed, int):
+            line = f"{where}: KV events: {stored:,} blocks stored, {removed:,} removed"
+            churn, thrash = events.get("kv_eviction_churn_per_s"), events.get("kv_thrash_share")
+            if removed and isinstance(churn, (int, float)):
+                line += f" ({churn:,.1f}/s)"
+            if isinstance(thrash, (int, float)):
+                line += f", {thrash:.0%} of them stored again within {events.get('kv_thrash_window_s'):g} s"
+            lines.append(line + f"; at most {events.get('kv_resident_blocks_peak') or 0:,} resident.")
+        if events.get("flag"):
+            lines.append(f"{where}: KV events: {events['flag']}.")
     return lines
 
 

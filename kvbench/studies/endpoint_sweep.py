@@ -21,7 +21,8 @@ from kvbench.endpoint.point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
-from kvbench.fileio import append_jsonl
+from kvbench.fileio import append_jsonl, write_text_atomic
+from kvbench.measure.kv_residency import kv_events_text
 from kvbench.report.point import Point
 from kvbench.studies.backends.endpoint import EndpointBackend
 from kvbench.studies.find_max import Search, find_max
@@ -146,6 +147,10 @@ class EndpointSweep:
                 watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
             )
         point.extra["timeline_file"] = f"timeline-{stem}.json"
+        if measured.kv_events is not None:
+            text = kv_events_text(measured.kv_events, measured.kv_changes)
+            write_text_atomic(self.run_dir / f"kv-events-{stem}.jsonl", text)
+            point.extra["kv_events_file"] = f"kv-events-{stem}.jsonl"
         return point, measured
 
     def run(self) -> EndpointRun:

@@ -71,6 +71,7 @@ class EndpointOptions:
     scrape_interval_s: float = 0.5
     scrape: bool = True
     reset_prefix_cache: bool = False
+    thrash_window_s: float = 10.0  # a block stored again this soon after its removal counts as thrash
     find_max: bool = False
     find_max_points: int = 6  # the most points --find-max measures per target
 

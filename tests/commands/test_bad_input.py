@@ -50,6 +50,18 @@ CASES = [
     "kernels --batch 0",
     "diagnose /nonexistent",
     "compare /nonexistent /nonexistent",
+    "serve --kv-events tcp://*:5557",
+    "serve --kv-events 5557 --engine contiguous",
+    "serve --kv-events 5557 --no-prefix-caching",
+    "serve --kv-events-replay 5558",
+    "serve --kv-events 5557 --kv-events-replay 5557",
+    "serve --kv-events udp://127.0.0.1:5557",
+    "sweep --target http://127.0.0.1:1 --kv-events tcp://127.0.0.1:0",
+    "sweep --target http://127.0.0.1:1 --kv-events-replay 5558",
+    "sweep --target http://127.0.0.1:1 --target b=http://127.0.0.1:2 --kv-events 5557",
+    "sweep --target http://127.0.0.1:1 --thrash-window 0",
+    "sweep --kv-events 5557",
+    "diagnose --max-thrash-share 2 /nonexistent",
 ]
 
 

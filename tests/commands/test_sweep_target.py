@@ -16,6 +16,7 @@ import pytest
 from serve_process import start_serve
 
 from kvbench.cli import main
+from kvbench.measure.kv_residency import read_kv_events_text, rebuild
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "endpoint"))
@@ -337,3 +338,72 @@ def test_a_live_vllm_server(tmp_path, capsys):
         assert "vllm" in p["scrapes"]["families"] and p["kv_usage_peak"] is not None
         assert p["agreement"]["output_tokens_client_over_server"] == pytest.approx(1.0, abs=0.02)
     capsys.readouterr()
+
+
+@pytest.fixture(scope="module")
+def events_server(tmp_path_factory) -> Iterator[tuple[str, str, str]]:
+    """``kvbench serve`` publishing its KV events (and answering replays) on ipc sockets."""
+    folder = tmp_path_factory.mktemp("events")
+    events, replay = f"ipc://{folder}/events", f"ipc://{folder}/replay"
+    process, url, _ = start_serve("--kv-events", events, "--kv-events-replay", replay, stdout=subprocess.DEVNULL)
+    try:
+        yield url, events, replay
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def _shared_prefix_requests(path: Path, groups: int = 4, per_group: int = 4) -> Path:
+    with path.open("w") as out:
+        for group in range(groups):
+            prefix = [(group * 131 + i * 17) % 450 + 5 for i in range(70)]  # 4 full blocks of 16 (64 tokens)
+            for index in range(per_group):
+                tail = [(group * 7 + index * 11 + i) % 450 + 5 for i in range(6)]
+                out.write(json.dumps({"prompt_token_ids": prefix + tail, "output_len": 5}) + "\n")
+    return path
+
+
+def test_a_sweep_reads_cached_tokens_per_request_and_the_servers_kv_events(events_server, tmp_path, capsys):
+    url, events, replay = events_server
+    run = tmp_path / "run"
+    requests = _shared_prefix_requests(tmp_path / "requests.jsonl")
+    args = ["sweep", "--target", f"kvb={url}", "--requests-file", str(requests), "--concurrency", "1"]
+    args += ["--kv-events", events, "--kv-events-replay", replay, "--reset-prefix-cache", "--out", str(run)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    (point,) = _points(run)
+    reuse, kv = point["prefix_reuse"], point["kv_events"]
+    # 12 of 16 requests find their group's 4 full prefix blocks; the answers and the counters say the same
+    assert reuse["cached_tokens"] == 12 * 64 and reuse["requests_reporting"] == 16
+    assert reuse["counter_hits"] == 12 * 64 and reuse["difference_tokens"] == 0 and reuse["flag"] is None
+    assert reuse["workload"] == {
+        "block_size": 16,
+        "ideal_cached_tokens": 12 * 64,
+        "ideal_hit_rate": pytest.approx(12 * 64 / (16 * 76)),
+        "requests_sharing_under_one_block": 0,
+    }
+    assert point["cache_reset"]["reset"] is True
+    # the events: 4 prefix blocks per group, and each request's own 5th block (76 + 4 tokens written)
+    assert kv["history_complete"] and kv["lost_batches"] == 0 and kv["flag"] is None
+    assert kv["kv_blocks_stored"] == 4 * 4 + 16 and kv["kv_blocks_removed"] == 0 and kv["kv_cache_resets"] == 0
+    assert kv["resident_minus_server_cached_blocks_max"] == 0
+    figures, rows = read_kv_events_text((run / point["kv_events_file"]).read_text())
+    assert figures == kv and rebuild(rows, 10.0, True).resident_end == kv["kv_resident_blocks_end"]
+    assert "the answers report 63.2% of prompt tokens served from the prefix cache" in out
+    assert "KV events: 32 blocks stored, 0 removed" in out
+    assert main(["diagnose", str(run)]) == 0
+    capsys.readouterr()
+
+
+def test_a_server_that_publishes_no_kv_events_marks_the_point_and_reports_no_figure(kvbench_server, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["sweep", "--target", f"kvb={kvbench_server}", "--requests", "4", "--concurrency", "2"]
+    assert main([*args, "--kv-events", f"ipc://{tmp_path}/silent", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    (point,) = _points(run)
+    assert point["kv_events"]["kv_blocks_stored"] is None and point["kv_events"]["kv_thrash_share"] is None
+    assert "no KV event arrived from ipc://" in point["kv_events"]["flag"] and "no KV event arrived" in out

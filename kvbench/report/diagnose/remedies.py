@@ -102,7 +102,21 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
             "check the host for CPU contention"
         ),
     },
+    "prefix_at_least_one_block": {
+        "kvbench": lambda c: (
+            "make the shared part of prompts at least one block long, or serve with a smaller --block-size"
+            f"{_now(c, 'block_size')}"
+        ),
+        "vllm": lambda c: (
+            "make the shared part of prompts at least one block long, or start vLLM with a smaller --block-size"
+            f"{_now(c, 'block_size')}"
+        ),
+        "sglang": lambda c: (
+            f"make the shared part of prompts at least one page long, or lower --page-size{_now(c, 'block_size')}"
+        ),
+    },
     "enable_prefix_caching": {
+        "kvbench": lambda c: "serve with --prefix-caching (kvbench serve's default) if prompts share a prefix",
         "vllm": lambda c: (
             "start vLLM with --enable-prefix-caching if prompts share a prefix (system prompt, "
             "few-shot examples, multi-turn chat)"

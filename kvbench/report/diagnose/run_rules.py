@@ -18,6 +18,7 @@ from kvbench.report.diagnose.findings import (
     sorted_findings,
 )
 from kvbench.report.diagnose.remedies import render
+from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.timeline import diagnose_timeline
 from kvbench.report.summary_load import load_summary
@@ -110,6 +111,8 @@ def _endpoint_diagnosis(
                 "vllm",
             )
         )
+    reuse, reuse_skipped, reuse_notes = reuse_findings(point, label, thresholds)
+    findings += reuse
     timeline_file = str(point.get("timeline_file") or "")
     watch = (
         run_file(directory, "watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
@@ -122,7 +125,8 @@ def _endpoint_diagnosis(
             thresholds,
             findings,
             1,
-            [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by"],
+            [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by", *reuse_notes],
+            reuse_skipped,
         )
     duration = _num(point.get("duration"))
     live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
@@ -132,8 +136,8 @@ def _endpoint_diagnosis(
         thresholds,
         findings + relabel,
         1,
-        live.notes,
-        [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
+        live.notes + reuse_notes,
+        reuse_skipped + [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
         [replace(m, source=f"{label}: {m.source}") for m in live.measurements],
     )
 

@@ -28,9 +28,19 @@ class Thresholds:
     reservation_waste: float = 0.5  # reservation + internal as a share of the pool
     low_kv_usage: float = 0.5  # requests waiting while KV usage is below this: the batch cap, not memory, limits
     min_prefix_hit_rate: float = 0.0  # prefix-cache hits per queried token below this fire (0: off)
+    max_thrash_share: float = 0.1  # removed KV blocks the server stored again within the thrash window
+    max_reuse_gap: float = 0.2  # hit rate this far below what an unbounded cache serves the same requests
     alert_for: str = "5m"  # Prometheus `for:` of the emitted alerts
 
-    FRACTIONS = ("fragmentation", "free_blocks", "reservation_waste", "low_kv_usage", "min_prefix_hit_rate")
+    FRACTIONS = (
+        "fragmentation",
+        "free_blocks",
+        "reservation_waste",
+        "low_kv_usage",
+        "min_prefix_hit_rate",
+        "max_thrash_share",
+        "max_reuse_gap",
+    )
 
     def validate(self) -> Thresholds:
         for f in fields(self):

@@ -98,6 +98,7 @@ class EndpointBackend:
             pattern,
             warmup=warmup,
             reset_prefix_cache=options.reset_prefix_cache,
+            thrash_window_s=options.thrash_window_s,
             scrape=options.scrape,
             scrape_interval_s=options.scrape_interval_s,
             slo=options.slo,

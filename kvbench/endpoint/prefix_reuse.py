@@ -1,0 +1,138 @@
+"""A point's prefix-cache reuse as its requests report it, beside the server's own counters.
+
+Each answer's ``usage.prompt_tokens_details.cached_tokens`` says how many of its prompt tokens the server's
+prefix cache served (vLLM with ``--enable-prompt-tokens-details``, SGLang, kvbench serve). A server that does
+not say leaves the request's figure unknown, never 0. Over the point: the hit rate from the requests (cached
+over prompt tokens of the requests that said), per conversation turn and per conversation, and the same rate
+from the server's counters (the difference of ``prefix_cache_hits`` over ``prefix_cache_queries`` across the
+load). The two count the same tokens when this client is the server's only one; a gap larger than one block per
+request is flagged with its likely reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvbench.endpoint.conversation import Conversation
+from kvbench.endpoint.record import RequestRecord
+
+
+def prefix_reuse(records: Sequence[RequestRecord], server: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The point's reuse figures (see the module docstring); rates are shares in [0, 1]."""
+    done = [r for r in records if r.ok]
+    known = [r for r in done if r.cached_tokens is not None and r.prompt_tokens]
+    cached = sum(r.cached_tokens or 0 for r in known)
+    prompt = sum(r.prompt_tokens or 0 for r in known)
+    out: dict[str, Any] = {
+        "requests": len(done),
+        "requests_reporting": len(known),
+        "cached_tokens": cached if known else None,
+        "prompt_tokens": prompt if known else None,
+        "hit_rate_requests": cached / prompt if known and prompt else None,
+        "hit_rate_by_turn": _by_turn(known),
+        "hit_rate_by_conversation": _spread(_rates_by(known, lambda r: r.conversation)),
+    }
+    server = server or {}
+    hits, queries = server.get("prefix_cache_hits"), server.get("prefix_cache_queries")
+    out["hit_rate_counters"] = server.get("prefix_cache_hit_rate")
+    out["counter_hits"] = hits
+    out["difference_tokens"] = None
+    out["difference_pct_points"] = None
+    out["flag"] = None
+    if known and len(known) < len(done):
+        out["flag"] = f"{len(done) - len(known)} of {len(done)} answers did not report their cached tokens"
+    if out["hit_rate_requests"] is not None and out["hit_rate_counters"] is not None:
+        out["difference_pct_points"] = (out["hit_rate_requests"] - out["hit_rate_counters"]) * 100.0
+    if known and len(known) == len(done) and isinstance(hits, (int, float)):
+        difference = cached - hits
+        out["difference_tokens"] = difference
+        block = server.get("block_size")
+        if not block:
+            out["flag"] = "the server's block size is unknown: the requests' and the counters' hits are not judged"
+        elif abs(difference) > block * len(done):
+            out["flag"] = _why_apart(difference, hits, queries, prompt, block, len(done))
+    return out
+
+
+def _why_apart(difference: float, hits: float, queries: Any, prompt: int, block: int, requests: int) -> str:
+    side = "more" if difference < 0 else "fewer"
+    reason = (
+        "another client shared the server during the point, or it counts hits it did not report per request"
+        if difference < 0
+        else "the counter counts queries differently (e.g. only the first admission, or a preempted request again)"
+    )
+    if isinstance(queries, (int, float)) and queries > prompt + block * requests:
+        reason = "the server looked up more prompt tokens than these requests sent: another client shared the server"
+    return (
+        f"the server's counters count {abs(difference):,.0f} {side} cached tokens than the answers report "
+        f"(more than one block of {block} per request over {requests} requests): {reason}"
+    )
+
+
+def _rates_by(records: Sequence[RequestRecord], key: Any) -> dict[int, float]:
+    cached: dict[int, int] = defaultdict(int)
+    prompt: dict[int, int] = defaultdict(int)
+    for record in records:
+        cached[key(record)] += record.cached_tokens or 0
+        prompt[key(record)] += record.prompt_tokens or 0
+    return {k: cached[k] / prompt[k] for k in sorted(prompt) if prompt[k]}
+
+
+def _by_turn(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Turn (from 0) -> hit rate; keys are text, as JSON keeps them."""
+    return {str(turn): rate for turn, rate in _rates_by(records, lambda r: r.turn).items()}
+
+
+def _spread(rates: dict[int, float]) -> dict[str, float] | None:
+    if not rates:
+        return None
+    values = sorted(rates.values())
+    return {
+        "conversations": len(values),
+        "min": values[0],
+        "median": statistics.median(values),
+        "max": values[-1],
+    }
+
+
+def workload_reuse(conversations: Sequence[Conversation], block_size: int | None) -> dict[str, Any] | None:
+    """What the workload itself allows, in the order it is sent: the prompt tokens an unbounded prefix cache of
+    ``block_size``-token blocks would serve (each request's leading full blocks that an earlier prompt holds,
+    never the block of its last token), and how many requests start with the same half block as an earlier one
+    yet find no full block of it (a shared prefix shorter than one block: never served). None for text prompts
+    (their tokens are the server's) or an unknown block size."""
+    if not block_size:
+        return None
+    prompts = [c.turns[0].prompt for c in conversations if len(c.turns) == 1]
+    if not prompts or len(prompts) != len(conversations) or any(isinstance(p, str) for p in prompts):
+        return None
+    seen_blocks: set[int] = set()
+    half = max(1, block_size // 2)  # a shared head this long is a real shared prefix (not a lone BOS token)
+    heads: set[int] = set()  # the first ``half`` tokens of every earlier prompt, hashed
+    ideal = total = under_one_block = 0
+    for prompt in prompts:
+        tokens = tuple(prompt)
+        total += len(tokens)
+        usable = (len(tokens) - 1) // block_size
+        parent, hit, chain = 0, 0, []
+        for index in range(len(tokens) // block_size):
+            parent = hash((parent, tokens[index * block_size : (index + 1) * block_size]))
+            chain.append(parent)
+            if index < usable and hit == index and parent in seen_blocks:
+                hit += 1
+        ideal += hit * block_size
+        head = hash(tokens[:half]) if len(tokens) >= half else None
+        if hit == 0 and head is not None and head in heads:
+            under_one_block += 1
+        if head is not None:
+            heads.add(head)
+        seen_blocks.update(chain)
+    return {
+        "block_size": block_size,
+        "ideal_cached_tokens": ideal,
+        "ideal_hit_rate": ideal / total if total else None,
+        "requests_sharing_under_one_block": under_one_block,
+    }
