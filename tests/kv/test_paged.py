@@ -388,7 +388,6 @@ class PagedMachine(RuleBasedStateMachine):
         assert self.pool.num_free == self.pool.num_blocks  # no leak
         self.manager.check_invariants()
 
-
     @invariant()
     def the_events_rebuild_the_cached_set(self):
         if not hasattr(self, "manager"):

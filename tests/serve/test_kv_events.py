@@ -11,12 +11,13 @@ import urllib.request
 from dataclasses import replace
 
 import pytest
-from .conftest import assert_idle_and_drained, engine_of, tiny_options
 
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes
 from kvbench.measure.kv_residency import rebuild
 from kvbench.report.diagnose.servers import read_states
 from kvbench.serve.lifecycle import Server, ServerThread
+
+from .conftest import assert_idle_and_drained, engine_of, tiny_options
 
 BLOCK = 16
 PREFIX = 50  # tokens shared by a group: floor(50 / 16) * 16 = 48 of them can be served from the cache
