@@ -92,6 +92,7 @@ class EngineCore:
         self.prompt_tokens = 0  # of the requests whose first token is out (forked samples share their parent's)
         self.stopping = False
         self._reported_idle = False
+        self._idle_counts_out = False  # the last counts sent are an idle report's
         self._stats_at = 0.0
         self._out: list[int] = []  # this step's tokens: job, choice, token, job, choice, token, ...
         self._ends: list[list] = []  # [job, choice, tokens, finish reason, stop reason, cached prompt tokens]
@@ -112,6 +113,7 @@ class EngineCore:
                     if not self._reported_idle:
                         self._send("idle", seq=self.handled, leak=self._leak(), stats=self.stats())
                         self._reported_idle = True
+                        self._idle_counts_out = True
                 for message in channel.receive(wait=not session.has_work):
                     self._handle(message)
                 if not session.has_work:
@@ -121,7 +123,10 @@ class EngineCore:
                 self._publish_events()
                 self._handle_ended(session.take_ended())
                 now = time.perf_counter()
-                if now - self._stats_at >= STATS_EVERY_S:
+                if self._idle_counts_out or now - self._stats_at >= STATS_EVERY_S:
+                    # the first step after an idle report says so at once: else /metrics would show the idle
+                    # counts (nothing running) for the first STATS_EVERY_S of every burst of work
+                    self._idle_counts_out = False
                     self._send("step", stats=self.stats(now))
                 elif self._out or self._ends or self._fails:
                     self._send("step")
