@@ -36,7 +36,7 @@ from kvbench.endpoint.prefix_reuse import prefix_reuse, workload_reuse
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.scraper import DEFAULT_INTERVAL_S, MetricsScraper, Scrape
 from kvbench.endpoint.server_metrics import point_server_metrics
-from kvbench.endpoint.timeline import point_timeline
+from kvbench.endpoint.timeline import kv_series, point_timeline
 from kvbench.endpoint.tokens import fill_token_counts
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
@@ -96,6 +96,7 @@ class EndpointPoint:
     reuse: dict[str, Any] = field(default_factory=dict)  # per-request cached tokens against the counters
     kv_events: dict[str, Any] | None = None  # the KV event stream's figures; None: not listened to
     kv_changes: list[Change] = field(repr=False, default_factory=list)  # the stream's events, compact
+    wall_origin: float = 0.0  # Unix seconds at ``origin`` (the events are stamped on that clock)
 
     @property
     def status(self) -> str:
@@ -122,14 +123,13 @@ class EndpointPoint:
         }
 
     def timeline(self, bin_s: float | None = None) -> dict[str, Any]:
-        return point_timeline(
-            self.records,
-            self.scrapes,
-            self.origin,
-            self.duration_s,
-            bin_s or self.scrape_interval_s,
-            {"target": self.target, "load": self.load},
+        width = bin_s or self.scrape_interval_s
+        timeline = point_timeline(
+            self.records, self.scrapes, self.origin, self.duration_s, width, {"target": self.target, "load": self.load}
         )
+        if self.kv_events is not None:
+            timeline["kv_events"] = kv_series(self.kv_changes, self.wall_origin, self.duration_s, width)
+        return timeline
 
 
 async def run_point(
@@ -219,6 +219,7 @@ async def run_point(
         | {"workload": workload_reuse(conversations, (server or {}).get("block_size"))},
         kv_figures,
         kv_changes,
+        load.started + wall_at_start,
     )
     return point
 

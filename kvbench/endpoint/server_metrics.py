@@ -137,6 +137,7 @@ def timeline_rows(scrapes: Sequence[Scrape]) -> list[dict[str, Any]]:
             {
                 "elapsed_s": scrape.elapsed_s,
                 "kv_usage": kv_usage(states),
+                "total_blocks": _total(states, "total_blocks"),
                 "running": _total(states, "running"),
                 "waiting": _total(states, "waiting"),
                 "preemptions": _total(states, "preemptions"),

@@ -46,6 +46,7 @@ EXTRA_FIELDS = (
     "prefix_reuse",
     "kv_events",
     "kv_events_file",
+    "requests_file",
     "agreement",
     "server_notes",
     "scrapes",

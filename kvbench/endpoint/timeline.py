@@ -18,6 +18,7 @@ from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.server_metrics import timeline_rows
 from kvbench.fileio import write_json_atomic
+from kvbench.measure.kv_residency import Change, rebuild
 from kvbench.report.diagnose.timeline import append_records, error_record, header_record, sample_records
 
 TIMELINE_VERSION = 1
@@ -96,3 +97,27 @@ def write_watch_timeline(path: str | Path, url: str, interval_s: float, scrapes:
         else:
             append_records(target, sample_records(scrape.elapsed_s, url, scrape.states))
     return target
+
+
+def kv_series(
+    changes: Sequence[Change], wall_origin: float, end_s: float, bin_s: float, most: int = 2000
+) -> dict[str, list]:
+    """The server's resident prefix-cache blocks (from its KV events) after each change within the load, seconds
+    from its start, thinned to at most ``most`` points (the last of each stretch kept); and the blocks it removed
+    per second in bins of ``bin_s`` (as the client series)."""
+    residency = rebuild(changes, window_s=0.0, complete=True, count_from_s=wall_origin)
+    points = [(at - wall_origin, count) for at, count in residency.series if 0.0 <= at - wall_origin <= end_s]
+    step = max(1, math.ceil(len(points) / most))
+    kept = points[step - 1 :: step] if step > 1 else points
+    bins = max(1, math.ceil(end_s / bin_s))
+    removed = [0] * bins
+    for change in changes:
+        at = change.at_s - wall_origin
+        if change.kind == "R" and 0.0 <= at <= end_s:
+            removed[min(bins - 1, int(at // bin_s))] += len(change.hashes)
+    return {
+        "t_s": [t for t, _ in kept],
+        "resident_blocks": [count for _, count in kept],
+        "bin_t_s": [k * bin_s for k in range(bins)],
+        "removed_per_s": [count / bin_s for count in removed],
+    }

@@ -374,10 +374,33 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
                 color="C2",
                 label="server waiting requests",
             )
+        blocks = next((r["total_blocks"] for r in reversed(rows) if r.get("total_blocks")), None)
+        events = timeline.get("kv_events") or {}
+        if blocks and events.get("t_s"):
+            right.step(
+                events["t_s"],
+                [100 * count / blocks for count in events["resident_blocks"]],
+                where="post",
+                color="C4",
+                linestyle="--",
+                label="prefix-cache blocks resident % (KV events)",
+            )
         right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
         right.set_ylim(0, max(105.0, *(r.get("waiting") or 0 for r in waiting)))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
+        removed = (timeline.get("kv_events") or {}).get("removed_per_s") or []
+        if any(removed):
+            ax.plot(
+                [t + bin_s / 2 for t in timeline["kv_events"]["bin_t_s"]],
+                removed,
+                ":",
+                color="C1",
+                label="KV blocks evicted / s (KV events)",
+            )
+            ax.set_ylabel("output tokens / s (client); KV blocks evicted / s", color="C0")
+            own_handles, own_labels = ax.get_legend_handles_labels()
+            handles, labels = own_handles + more_handles, own_labels + more_labels
     else:
         ax.text(
             0.5,

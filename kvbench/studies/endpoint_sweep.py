@@ -21,7 +21,7 @@ from kvbench.endpoint.point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
-from kvbench.fileio import append_jsonl, write_text_atomic
+from kvbench.fileio import append_jsonl, json_text, write_text_atomic
 from kvbench.measure.kv_residency import kv_events_text
 from kvbench.report.point import Point
 from kvbench.studies.backends.endpoint import EndpointBackend
@@ -147,6 +147,9 @@ class EndpointSweep:
                 watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
             )
         point.extra["timeline_file"] = f"timeline-{stem}.json"
+        lines = "".join(json_text(record.as_json(), indent=None) + "\n" for record in measured.records)
+        write_text_atomic(self.run_dir / f"requests-{stem}.jsonl", lines)
+        point.extra["requests_file"] = f"requests-{stem}.jsonl"
         if measured.kv_events is not None:
             text = kv_events_text(measured.kv_events, measured.kv_changes)
             write_text_atomic(self.run_dir / f"kv-events-{stem}.jsonl", text)
