@@ -53,7 +53,9 @@ def _http_get(url: str, timeout: float = 5.0) -> str:
 
 
 @contextmanager
-def vllm_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[VllmRun]:
+def vllm_server(
+    log_dir: Path, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+) -> Iterator[VllmRun]:
     """Start the server, wait for its /health, yield it, stop it (SIGTERM to its session, SIGKILL after 60 s).
 
     Skips when the model directory is missing or the Python cannot import vLLM; fails when the server exits or does
@@ -67,7 +69,7 @@ def vllm_server(log_dir: Path, extra_env: dict[str, str] | None = None) -> Itera
     log = log_dir / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(extra_env or {})}
     command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
+    command += ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", *extra_args]
     with open(log, "wb") as out:  # cwd outside the repository: `python -m` puts the cwd on sys.path, and nothing
         # of this checkout should shadow what vLLM imports
         server = subprocess.Popen(

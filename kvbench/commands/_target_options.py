@@ -193,6 +193,17 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
         ),
     ),
     TargetOption(
+        "kv_events_bind",
+        bool,
+        False,
+        typer.Option(
+            "--kv-events-bind",
+            rich_help_panel=PANEL,
+            help="Listen on the --kv-events address and let the server connect (vLLM connects to a tcp://HOST:PORT "
+            "its --kv-events-config endpoint names; kvbench serve binds its own).",
+        ),
+    ),
+    TargetOption(
         "kv_events_replay",
         str | None,
         None,
@@ -341,8 +352,16 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         raise KvbenchError("--kv-events names one server's KV event stream: give it with one --target only")
     if replay is not None and events is None:
         raise KvbenchError("--kv-events-replay replays the stream of --kv-events: give that address too")
+    if values["kv_events_bind"] and events is None:
+        raise KvbenchError("--kv-events-bind listens on the --kv-events address: give that address too")
     if events is not None:
-        targets = [replace(targets[0], kv_events=events, kv_events_replay=replay)]
+        bind = values["kv_events_bind"]
+        if bind and events.startswith("tcp://") and not _loopback(events):
+            raise KvbenchError(
+                f"--kv-events-bind {events}: kvbench listens on loopback only (127.0.0.1 or [::1]); the server "
+                "connects to it from the same machine"
+            )
+        targets = [replace(targets[0], kv_events=events, kv_events_replay=replay, kv_events_bind=bind)]
     rates = rate_list(values["rate"]) if values["rate"] is not None else None
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")
@@ -366,6 +385,11 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
     )
+
+
+def _loopback(endpoint: str) -> bool:
+    host = endpoint[len("tcp://") :].rpartition(":")[0]
+    return host in ("127.0.0.1", "localhost", "[::1]")
 
 
 def _zmq_address(text: str | None, flag: str) -> str | None:

@@ -44,6 +44,7 @@ class Target:
     name: str | None = None  # a label (two targets side by side)
     kv_events: str | None = None  # the ZMQ address of its KV event stream (vLLM's --kv-events-config endpoint)
     kv_events_replay: str | None = None  # and of its replay socket
+    kv_events_bind: bool = False  # kvbench listens on ``kv_events`` and the server connects to it (vLLM on tcp)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", check_base_url(self.url))
@@ -72,6 +73,7 @@ class Target:
             "api_key_env": self.api_key_env,
             "kv_events": self.kv_events,
             "kv_events_replay": self.kv_events_replay,
+            "kv_events_bind": self.kv_events_bind,
         }
 
 

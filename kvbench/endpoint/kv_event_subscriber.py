@@ -1,11 +1,14 @@
 """Listening to a server's KV event stream (vLLM's ZMQ PUB, or ``kvbench serve --kv-events``) beside a load.
 
-A thread owns the sockets: a SUB socket connected to the stream and, when the server offers one, a DEALER
-socket for its replay endpoint. Every batch is kept in arrival order with its sequence number, the server's
-time and ours. A batch whose sequence number skips ahead means batches were lost on the way (PUB drops what a
-slow reader cannot take): they are asked for again from the replay endpoint and put back in their place;
-what the server no longer keeps stays a gap, counted. Joining a stream already running, the history is asked
-for from sequence 0, so the server's resident blocks can be rebuilt from its start when it still keeps them.
+A thread owns the sockets: a SUB socket on the stream and, when the server offers one, a DEALER socket for its
+replay endpoint. The SUB socket connects to a server that binds its stream (``kvbench serve``, vLLM on an ipc:// or
+wildcard address), or binds the address itself for a server that connects to it (``bind``: vLLM connects to a
+``tcp://HOST:PORT`` it is given, so kvbench listens there on 127.0.0.1 rather than vLLM on every interface). Every
+batch is kept in arrival order with its sequence number, the server's time and ours. A batch whose sequence number
+skips ahead means batches were lost on the way (PUB drops what a slow reader cannot take): they are asked for again
+from the replay endpoint and put back in their place; what the server no longer keeps stays a gap, counted. Joining
+a stream already running, the history is asked for from sequence 0, so the server's resident blocks can be rebuilt
+from its start when it still keeps them.
 
 Nothing a server sends can stop the listening or grow it without bound: a batch that is not a KV event batch
 is counted and set aside with its reason, and past ``max_events`` events the rest are counted, not kept.
@@ -53,6 +56,7 @@ class EventLog:
     endpoint: str
     replay_endpoint: str | None
     started_s: float
+    bound: bool = False  # the SUB socket bound the endpoint (the server connects to it)
     stopped_s: float = 0.0
     batches: list[ReceivedBatch] = field(default_factory=list)
     events: int = 0  # events received, kept or not
@@ -74,9 +78,14 @@ class KvEventSubscriber:
     """``start`` connects and listens in a thread; ``stop`` ends it and returns the :class:`EventLog`."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", max_events: int = MAX_EVENTS
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        max_events: int = MAX_EVENTS,
+        bind: bool = False,
     ) -> None:
-        self.log = EventLog(endpoint, replay_endpoint, time.time(), max_events=max_events)
+        self.log = EventLog(endpoint, replay_endpoint, time.time(), bound=bind, max_events=max_events)
         self._topic = topic.encode()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -85,10 +94,15 @@ class KvEventSubscriber:
         self._next: int | None = None  # the sequence number expected next
 
     def start(self, settle_s: float = 0.2) -> KvEventSubscriber:
-        """Connect and wait ``settle_s`` for the subscription to reach the server (ZMQ's slow-joiner delay)."""
+        """Connect (or bind) and wait ``settle_s`` for the subscription to reach the server (ZMQ's slow-joiner
+        delay; a server that connects to a bound socket retries every 100 ms, so that wait is longer). An address
+        that cannot be bound raises OSError with the reason."""
         self._thread.start()
         self._ready.wait(5.0)
-        time.sleep(settle_s)
+        if self._error is not None:
+            self._thread.join(5.0)
+            raise OSError(f"cannot listen for KV events on {self.log.endpoint}: {self._error}")
+        time.sleep(max(settle_s, 0.5) if self.log.bound else settle_s)
         return self
 
     def stop(self, drain_s: float = 0.3) -> EventLog:
@@ -110,7 +124,10 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024**2)  # a larger message closes the connection, never the memory
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         try:
-            sub.connect(self.log.endpoint)
+            if self.log.bound:
+                sub.bind(self.log.endpoint)
+            else:
+                sub.connect(self.log.endpoint)
             self._ready.set()
             while not self._stop.is_set():
                 if not sub.poll(int(POLL_S * 1000)):
@@ -121,7 +138,7 @@ class KvEventSubscriber:
                     except zmq.Again:
                         break
                     self._take(frames, context)
-        except BaseException as err:  # noqa: BLE001 - given to the caller by stop()
+        except BaseException as err:  # noqa: BLE001 - given to the caller by start() or stop()
             self._error = err
         finally:
             self._ready.set()
@@ -279,11 +296,17 @@ def event_figures(
 
 def stream_flag(log: EventLog, listened_s: float) -> str | None:
     """What makes the stream's figures partial or absent, in one line; None when nothing does."""
+    if not log.received_any and log.bound:
+        return (
+            f"no KV event arrived on {log.endpoint} (listened there) in {listened_s:.0f} s of load: the server "
+            "does not connect to it (vLLM connects to the tcp://HOST:PORT its KV events config names), or it "
+            "stored nothing"
+        )
     if not log.received_any:
         return (
             f"no KV event arrived from {log.endpoint} in {listened_s:.0f} s of load: the server does not publish "
-            "there (vLLM publishes only with KV cache events enabled, on the endpoint its config names), or it "
-            "stored nothing"
+            "there (vLLM binds only an ipc:// or wildcard address; it connects to a tcp://HOST:PORT, which kvbench "
+            "must then listen on), or it stored nothing"
         )
     problems = []
     if log.malformed:

@@ -151,7 +151,11 @@ async def run_point(
         client = EndpointClient(target, model, session, settings.limits, api_key, settings.temperature)
         listener = None
         if target.kv_events is not None:  # from before the warm-up, so the blocks it stores are known
-            listener = await asyncio.to_thread(KvEventSubscriber(target.kv_events, target.kv_events_replay).start)
+            subscriber = KvEventSubscriber(target.kv_events, target.kv_events_replay, bind=target.kv_events_bind)
+            try:
+                listener = await asyncio.to_thread(subscriber.start)
+            except OSError as err:
+                raise KvbenchError(str(err)) from None
         warmup = await _warm_up(client, settings)
         scraper = (
             MetricsScraper(session, target.scrape_url, time.perf_counter(), settings.scrape_interval_s)
