@@ -214,6 +214,20 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
         ),
     ),
     TargetOption(
+        "prefix_hit_rate",
+        float | None,
+        None,
+        typer.Option(
+            "--prefix-hit-rate",
+            min=0.0,
+            max=1.0,
+            rich_help_panel=PANEL,
+            help="Reshape each prompt so this share of its tokens opens with one shared sequence, stored by a "
+            "prewarm request after any --reset-prefix-cache: a workload with this hit rate; the achieved rate is "
+            "reported beside it (completions API, token-id prompts).",
+        ),
+    ),
+    TargetOption(
         "thrash_window",
         float,
         10.0,
@@ -352,6 +366,12 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         raise KvbenchError("--kv-events names one server's KV event stream: give it with one --target only")
     if replay is not None and events is None:
         raise KvbenchError("--kv-events-replay replays the stream of --kv-events: give that address too")
+    if values["prefix_hit_rate"] is not None and values["api"] == "chat":
+        raise KvbenchError("--prefix-hit-rate shapes token-id prompts: it goes with --api completions")
+    if values["prefix_hit_rate"] is not None and values["no_scrape"]:
+        raise KvbenchError(
+            "--prefix-hit-rate is shaped in the server's block size, read from its /metrics: drop --no-scrape"
+        )
     if values["kv_events_bind"] and events is None:
         raise KvbenchError("--kv-events-bind listens on the --kv-events address: give that address too")
     if events is not None:
@@ -382,6 +402,7 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         scrape=not values["no_scrape"],
         reset_prefix_cache=values["reset_prefix_cache"],
         thrash_window_s=_positive(values["thrash_window"], "--thrash-window"),
+        prefix_hit_rate=values["prefix_hit_rate"],
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
     )

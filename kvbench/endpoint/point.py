@@ -38,6 +38,7 @@ from kvbench.endpoint.scraper import DEFAULT_INTERVAL_S, MetricsScraper, Scrape
 from kvbench.endpoint.server_metrics import point_server_metrics
 from kvbench.endpoint.timeline import kv_series, point_timeline
 from kvbench.endpoint.tokens import fill_token_counts
+from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 
@@ -59,6 +60,7 @@ class PointSettings:
     temperature: float | None = None
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
     thrash_window_s: float = DEFAULT_THRASH_WINDOW_S  # a block stored again this soon after its removal: thrash
+    hit_rate: HitRateTarget | None = None  # reshape the prompts to this prefix-cache hit rate, with a prewarm
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s > 0):
@@ -163,12 +165,29 @@ async def run_point(
             else None
         )
         family = None
+        block_size = None
         if scraper is not None:
             first = await scraper.scrape()
             family = next((s.family for s in first.states), None)
+            block_size = next((s.block_size for s in first.states if s.block_size), None)
+        target_plan = None
+        prewarm: list[Conversation] = []
+        if settings.hit_rate is not None:
+            if not block_size:
+                raise KvbenchError(
+                    f"{target.scrape_url} does not give the server's KV block size, which a target hit rate is "
+                    "shaped in (vLLM: cache_config_info; kvbench serve: kvbench_kv_cache_block_size)"
+                )
+            conversations, prewarm, planned = shaped_to_hit_rate(conversations, settings.hit_rate, block_size)
+            target_plan = {"rate": settings.hit_rate.rate, "planned": planned, "block_size": block_size}
         reset = NOT_ASKED
         if settings.reset_prefix_cache:
             reset = await reset_prefix_cache(session, target.url, family, api_key)
+        if prewarm:  # after the reset, before the counters start: its blocks are stored, its tokens uncounted
+            warmed = await run_load(prewarm, ClosedLoop(1), client.send)
+            failed = [r for r in warmed.records if not r.ok]
+            if failed:
+                raise EndpointUnusable(f"the prewarm request failed ({failed[0].reason()})")
         if scraper is not None:
             await scraper.settled_scrape()  # the counters' start (the warm-up's counted in full)
             scraper.start()
@@ -219,8 +238,8 @@ async def run_point(
         scrapes,
         load.started,
         settings.scrape_interval_s,
-        prefix_reuse(load.records, server)
-        | {"workload": workload_reuse(conversations, (server or {}).get("block_size"))},
+        prefix_reuse(load.records, server, target_plan)
+        | {"workload": workload_reuse(conversations, (server or {}).get("block_size"), prewarm)},
         kv_figures,
         kv_changes,
         load.started + wall_at_start,

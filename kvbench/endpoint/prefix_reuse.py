@@ -20,8 +20,11 @@ from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.record import RequestRecord
 
 
-def prefix_reuse(records: Sequence[RequestRecord], server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The point's reuse figures (see the module docstring); rates are shares in [0, 1]."""
+def prefix_reuse(
+    records: Sequence[RequestRecord], server: Mapping[str, Any] | None, target: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The point's reuse figures (see the module docstring); rates are shares in [0, 1]. With a ``target`` hit
+    rate (``rate``, ``planned``, ``block_size``): the achieved rate judged against it."""
     done = [r for r in records if r.ok]
     known = [r for r in done if r.cached_tokens is not None and r.prompt_tokens]
     cached = sum(r.cached_tokens or 0 for r in known)
@@ -54,7 +57,22 @@ def prefix_reuse(records: Sequence[RequestRecord], server: Mapping[str, Any] | N
             out["flag"] = "the server's block size is unknown: the requests' and the counters' hits are not judged"
         elif abs(difference) > block * len(done):
             out["flag"] = _why_apart(difference, hits, queries, prompt, block, len(done))
+    if target is not None:
+        out["target"] = _judged(dict(target), out["hit_rate_requests"], out["hit_rate_counters"], prompt, len(known))
     return out
+
+
+def _judged(
+    target: dict[str, Any], requests_rate: float | None, counters_rate: float | None, prompt: int, count: int
+) -> dict[str, Any]:
+    """The achieved rate against the target, within max(0.5 points, one block over the mean prompt)."""
+    achieved = requests_rate if requests_rate is not None else counters_rate
+    block = target.get("block_size") or 0
+    tolerance = max(0.005, block / (prompt / count)) if count and prompt else 0.005
+    target.update(achieved=achieved, tolerance=tolerance, met=None)
+    if achieved is not None:
+        target["met"] = abs(achieved - target["rate"]) <= tolerance
+    return target
 
 
 def _why_apart(difference: float, hits: float, queries: Any, prompt: int, block: int, requests: int) -> str:
@@ -98,24 +116,29 @@ def _spread(rates: dict[int, float]) -> dict[str, float] | None:
     }
 
 
-def workload_reuse(conversations: Sequence[Conversation], block_size: int | None) -> dict[str, Any] | None:
+def workload_reuse(
+    conversations: Sequence[Conversation], block_size: int | None, before: Sequence[Conversation] = ()
+) -> dict[str, Any] | None:
     """What the workload itself allows, in the order it is sent: the prompt tokens an unbounded prefix cache of
     ``block_size``-token blocks would serve (each request's leading full blocks that an earlier prompt holds,
     never the block of its last token), and how many requests start with the same half block as an earlier one
     yet find no full block of it (a shared prefix shorter than one block: never served). None for text prompts
-    (their tokens are the server's) or an unknown block size."""
+    (their tokens are the server's) or an unknown block size. ``before``: prompts sent earlier (a prewarm), whose
+    blocks the cache holds but whose tokens are not counted."""
     if not block_size:
         return None
     prompts = [c.turns[0].prompt for c in conversations if len(c.turns) == 1]
     if not prompts or len(prompts) != len(conversations) or any(isinstance(p, str) for p in prompts):
         return None
+    earlier = [c.turns[0].prompt for c in before if len(c.turns) == 1 and not isinstance(c.turns[0].prompt, str)]
     seen_blocks: set[int] = set()
     half = max(1, block_size // 2)  # a shared head this long is a real shared prefix (not a lone BOS token)
     heads: set[int] = set()  # the first ``half`` tokens of every earlier prompt, hashed
     ideal = total = under_one_block = 0
-    for prompt in prompts:
+    for index, prompt in enumerate([*earlier, *prompts]):
+        counted = index >= len(earlier)
         tokens = tuple(prompt)
-        total += len(tokens)
+        total += len(tokens) if counted else 0
         usable = (len(tokens) - 1) // block_size
         parent, hit, chain = 0, 0, []
         for index in range(len(tokens) // block_size):
@@ -123,9 +146,9 @@ def workload_reuse(conversations: Sequence[Conversation], block_size: int | None
             chain.append(parent)
             if index < usable and hit == index and parent in seen_blocks:
                 hit += 1
-        ideal += hit * block_size
+        ideal += hit * block_size if counted else 0
         head = hash(tokens[:half]) if len(tokens) >= half else None
-        if hit == 0 and head is not None and head in heads:
+        if counted and hit == 0 and head is not None and head in heads:
             under_one_block += 1
         if head is not None:
             heads.add(head)

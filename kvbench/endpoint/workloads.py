@@ -10,6 +10,8 @@
 - :func:`multi_turn`: conversations of T turns that resend their history, so each turn's prompt is the last
   one's prompt and answer plus a new user turn; groups of them may share a system prompt.
 - :func:`as_text`: token-id prompts decoded to text with the model's tokenizer (for the chat API).
+- :func:`shaped_to_hit_rate`: the sweep's token-id prompts reshaped so that a share of their tokens opens with
+  one shared sequence stored beforehand (a prewarm): a workload with a chosen prefix-cache hit rate.
 
 Synthetic text without a tokenizer is drawn from a list of common one-token English words, so lengths are
 close to, not exactly, the asked token counts; the server's ``usage`` gives the real ones.
@@ -18,7 +20,7 @@ close to, not exactly, the asked token counts; the server's ``usage`` gives the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -175,3 +177,44 @@ def as_text(conversations: Sequence[Conversation], tokenizer: Any) -> list[Conve
         )
         out.append(replace(conversation, turns=turns))
     return out
+
+
+@dataclass(frozen=True)
+class HitRateTarget:
+    """A workload reshaped to a prefix-cache hit rate (``sweep --prefix-hit-rate``)."""
+
+    rate: float  # the share of prompt tokens a server's prefix cache should serve, 0..1
+    vocab_size: int  # prompt ids are drawn below it
+    seed: int = 0
+    first_id: int = 0  # and from it (keep special tokens out)
+
+
+def shaped_to_hit_rate(
+    conversations: Sequence[Conversation], target: HitRateTarget, block_size: int
+) -> tuple[list[Conversation], list[Conversation], float]:
+    """The same prompt lengths and outputs, each prompt opening with the first k blocks of one shared sequence
+    (k = its length times the rate, in whole blocks of ``block_size``, never the block of its last token) and
+    the rest its own; the prewarm that stores that sequence's blocks once before the load; and the rate
+    planned (the tokens served if every prefix block stays cached, over the prompt tokens)."""
+    if not 0.0 <= target.rate <= 1.0:
+        raise KvbenchError(f"a target hit rate is a share from 0 to 1, got {target.rate!r}")
+    prompts = [c.turns[0] for c in conversations]
+    if any(len(c.turns) != 1 for c in conversations) or any(isinstance(t.prompt, str) for t in prompts):
+        raise KvbenchError("a target hit rate shapes token-id prompts of one turn each (the completions API)")
+    rng = np.random.default_rng(target.seed + 7919)
+    blocks = [min(round(target.rate * len(t.prompt) / block_size), (len(t.prompt) - 1) // block_size) for t in prompts]
+    shared = rng.integers(target.first_id, target.vocab_size, max(blocks, default=0) * block_size + 1).tolist()
+    out = []
+    for conversation, turn, k in zip(conversations, prompts, blocks, strict=True):
+        head = shared[: k * block_size]
+        own = rng.integers(target.first_id, target.vocab_size, len(turn.prompt) - len(head)).tolist()
+        if own[0] == shared[len(head)]:  # the shared sequence must end here, not run on by chance
+            own[0] = target.first_id + (own[0] - target.first_id + 1) % (target.vocab_size - target.first_id)
+        prompt = tuple(head + own)
+        out.append(replace(conversation, turns=(replace(turn, prompt=prompt, prompt_len=len(prompt)),)))
+    prewarm = []
+    if max(blocks, default=0):
+        prompt = tuple(shared[: max(blocks) * block_size + 1])  # every shared block full, the last token apart
+        prewarm.append(Conversation(0, (Turn(prompt, 1, len(prompt), True),)))
+    total = sum(len(t.prompt) for t in prompts)
+    return out, prewarm, (sum(blocks) * block_size / total if total else 0.0)

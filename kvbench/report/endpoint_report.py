@@ -200,8 +200,16 @@ def reuse_lines(point: dict[str, Any]) -> list[str]:
             line += f" (the server's counters: {counters:.1%})"
         ideal = (reuse.get("workload") or {}).get("ideal_hit_rate")
         if isinstance(ideal, (int, float)):
-            line += f"; an unbounded cache would serve {ideal:.1%} of these requests'"
+            line += f"; an unbounded cache would serve {ideal:.1%} of the same requests' prompt tokens"
         lines.append(line + ".")
+    target = reuse.get("target") if isinstance(reuse.get("target"), dict) else None
+    if target is not None and isinstance(target.get("achieved"), (int, float)):
+        verdict = "met" if target.get("met") else "MISSED"
+        lines.append(
+            f"{where}: target hit rate {target['rate']:.1%} {verdict}: achieved {target['achieved']:.1%} "
+            f"(planned {target['planned']:.1%} in blocks of {target['block_size']}, tolerance "
+            f"±{target['tolerance']:.1%})."
+        )
     if reuse.get("flag"):
         lines.append(f"{where}: {reuse['flag']}.")
     events = point.get("kv_events") if isinstance(point.get("kv_events"), dict) else None

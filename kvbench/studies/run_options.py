@@ -72,6 +72,7 @@ class EndpointOptions:
     scrape: bool = True
     reset_prefix_cache: bool = False
     thrash_window_s: float = 10.0  # a block stored again this soon after its removal counts as thrash
+    prefix_hit_rate: float | None = None  # reshape the prompts to this prefix-cache hit rate (0..1), prewarmed
     find_max: bool = False
     find_max_points: int = 6  # the most points --find-max measures per target
 

@@ -407,3 +407,20 @@ def test_a_server_that_publishes_no_kv_events_marks_the_point_and_reports_no_fig
     (point,) = _points(run)
     assert point["kv_events"]["kv_blocks_stored"] is None and point["kv_events"]["kv_thrash_share"] is None
     assert "no KV event arrived from ipc://" in point["kv_events"]["flag"] and "no KV event arrived" in out
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5, 0.9])
+def test_a_target_hit_rate_is_achieved_within_a_block_per_mean_prompt(kvbench_server, rate, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["sweep", "--target", f"kvb={kvbench_server}", "--requests", "12", "--concurrency", "3"]
+    assert main([*args, "--prefix-hit-rate", str(rate), "--reset-prefix-cache", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    (point,) = _points(run)
+    target, reuse = point["prefix_reuse"]["target"], point["prefix_reuse"]
+    mean_prompt = point["total_input_tokens"] / point["completed"]
+    tolerance = max(0.005, target["block_size"] / mean_prompt)
+    assert target["rate"] == rate and target["tolerance"] == pytest.approx(tolerance)
+    assert abs(reuse["hit_rate_requests"] - rate) <= tolerance and target["met"] is True
+    assert reuse["hit_rate_requests"] == pytest.approx(target["planned"])  # every shared block stayed cached
+    assert reuse["hit_rate_counters"] == pytest.approx(reuse["hit_rate_requests"])
+    assert f"target hit rate {rate:.1%} met" in out

@@ -127,3 +127,39 @@ def test_a_dataset_sample_keeps_its_prompt_texts(tmp_path: Path):
     ] == [("one two three four five", 6, 5, True), ("six seven eight nine ten eleven", 5, 6, True)]
     eos = from_dataset(sample, max_len=64, stop="eos")
     assert [(c.turns[0].max_tokens, c.turns[0].ignore_eos) for c in eos] == [(59, False), (58, False)]
+
+
+def test_prompts_shaped_to_a_hit_rate_keep_their_lengths_and_share_whole_blocks():
+    from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
+
+    lengths = [40, 100, 17, 250, 64]
+    base = [Conversation(i, (Turn(tuple(range(1, n + 1)), 8),)) for i, n in enumerate(lengths)]
+    for rate in (0.0, 0.5, 0.9, 1.0):
+        shaped, prewarm, planned = shaped_to_hit_rate(base, HitRateTarget(rate, 500, seed=3, first_id=5), 16)
+        assert [len(c.turns[0].prompt) for c in shaped] == lengths
+        assert all(5 <= t < 500 for c in shaped for t in c.turns[0].prompt)
+        # whole blocks of one shared sequence, never the block of the last token
+        shared = [sum(1 for _ in _common_blocks(c.turns[0].prompt, prewarm, 16)) for c in shaped]
+        assert all(k * 16 <= n - 1 for k, n in zip(shared, lengths, strict=True))
+        assert planned == pytest.approx(sum(shared) * 16 / sum(lengths))
+        assert abs(planned - rate) <= 16 / (sum(lengths) / len(lengths)) or rate == 1.0
+        assert (prewarm == []) == (rate == 0.0)
+
+
+def _common_blocks(prompt, prewarm, block):
+    if not prewarm:
+        return
+    stored = prewarm[0].turns[0].prompt
+    for k in range(len(prompt) // block):
+        if prompt[: (k + 1) * block] != stored[: (k + 1) * block]:
+            return
+        yield k
+
+
+def test_a_hit_rate_is_refused_outside_0_1_and_for_text_prompts():
+    from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
+
+    with pytest.raises(KvbenchError):
+        shaped_to_hit_rate([Conversation(0, (Turn((1, 2, 3), 4),))], HitRateTarget(1.5, 100), 16)
+    with pytest.raises(KvbenchError):
+        shaped_to_hit_rate([Conversation(0, (Turn("hello", 4),))], HitRateTarget(0.5, 100), 16)

@@ -21,7 +21,7 @@ from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.load import LoadPattern
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
 from kvbench.endpoint.point import EndpointPoint, PointSettings, run_point_sync
-from kvbench.endpoint.workloads import as_text, from_engine_requests
+from kvbench.endpoint.workloads import HitRateTarget, as_text, from_engine_requests
 from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
@@ -52,6 +52,7 @@ class EndpointBackend:
     dtype_name: str | None = None
     bytes_per_token = 0  # the server's KV bytes are unknown: its usage is read as a share
     interleaved_engines: frozenset[str] = frozenset()  # servers run one after another: each has the machine alone
+    vocab_size = 0  # prompt ids are drawn below it (the vocabulary of --model)
 
     def __init__(self, options: EndpointOptions, base: EngineConfig, tokenizer: Any, seed: int) -> None:
         self.options = options
@@ -99,6 +100,11 @@ class EndpointBackend:
             warmup=warmup,
             reset_prefix_cache=options.reset_prefix_cache,
             thrash_window_s=options.thrash_window_s,
+            hit_rate=(
+                HitRateTarget(options.prefix_hit_rate, self.vocab_size, self.seed)
+                if options.prefix_hit_rate is not None
+                else None
+            ),
             scrape=options.scrape,
             scrape_interval_s=options.scrape_interval_s,
             slo=options.slo,
@@ -187,6 +193,7 @@ def build_endpoint_backend(context: BuildContext) -> BackendSetup:
     shape = resolve_model(options.model)
     tokenizer = context.tokenizer if context.tokenizer is not None else load_tokenizer(options.model)
     backend = EndpointBackend(endpoint, context.base, tokenizer, context.seed)
+    backend.vocab_size = shape.vocab_size
     backend.models.update(models)
     served = ", ".join(dict.fromkeys(models.values()))
     source = (
