@@ -20,14 +20,27 @@ from urllib.parse import urlsplit
 import typer
 
 from kvbench.commands._options import choice
+from kvbench.commands._trace_options import (
+    DEFAULT_CONVENTION,
+    MAX_REQUESTS,
+    TIME_SCALE,
+    TRACE,
+    TRACE_BLOCK_SIZE,
+    TRACE_CONVENTION,
+    WINDOW,
+    in_panel,
+    load_prefix_trace,
+)
 from kvbench.endpoint.client import Target
 from kvbench.endpoint.metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import parse_endpoint
 from kvbench.studies.run_options import EndpointOptions
+from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
 PANEL = "Servers over HTTP (--target)"
+TRACE_SHAPING = ("trace_block_size", "trace_convention", "max_requests", "window", "time_scale")
 MIN_RATE = 1e-3  # requests per second: slower, a point of a few hundred requests takes days to arrive
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -227,6 +240,12 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "reported beside it (completions API, token-id prompts).",
         ),
     ),
+    TargetOption("trace", str | None, None, in_panel(TRACE, PANEL)),
+    TargetOption("trace_block_size", int, DEFAULT_TRACE_BLOCK, in_panel(TRACE_BLOCK_SIZE, PANEL)),
+    TargetOption("trace_convention", str, DEFAULT_CONVENTION, in_panel(TRACE_CONVENTION, PANEL)),
+    TargetOption("max_requests", int | None, None, in_panel(MAX_REQUESTS, PANEL)),
+    TargetOption("window", str | None, None, in_panel(WINDOW, PANEL)),
+    TargetOption("time_scale", float, 1.0, in_panel(TIME_SCALE, PANEL)),
     TargetOption(
         "thrash_window",
         float,
@@ -383,6 +402,25 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
             )
         targets = [replace(targets[0], kv_events=events, kv_events_replay=replay, kv_events_bind=bind)]
     rates = rate_list(values["rate"]) if values["rate"] is not None else None
+    trace = None
+    if values["trace"] is not None:
+        if rates is not None:
+            raise KvbenchError("--trace brings its own arrival times: replay it as recorded, or with --concurrency")
+        if values["prefix_hit_rate"] is not None:
+            raise KvbenchError("--trace and --prefix-hit-rate each shape the prompts: choose one")
+        trace = load_prefix_trace(
+            values["trace"],
+            values["trace_block_size"],
+            values["trace_convention"],
+            values["max_requests"],
+            values["window"],
+            values["time_scale"],
+        )
+        if not trace.requests:
+            raise KvbenchError(f"--trace {values['trace']}: no request is left to replay")
+    elif any(values[name] != _default(name) for name in TRACE_SHAPING):
+        shaping = [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != _default(name)]
+        raise KvbenchError(f"{', '.join(shaping)} shape a --trace: give one")
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")
     if rates is None and (values["burstiness"] != 1.0 or values["max_concurrency"] is not None):
@@ -403,6 +441,8 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         reset_prefix_cache=values["reset_prefix_cache"],
         thrash_window_s=_positive(values["thrash_window"], "--thrash-window"),
         prefix_hit_rate=values["prefix_hit_rate"],
+        trace=trace,
+        trace_timed=trace is not None and not concurrency_given,
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
     )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import replace
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -19,6 +18,18 @@ from kvbench.commands._options import (
     run_directory,
 )
 from kvbench.commands._run import write_study
+from kvbench.commands._trace_options import (
+    DEFAULT_CONVENTION,
+    MAX_REQUESTS,
+    SHIPPED_TRACE,
+    TIME_SCALE,
+    TRACE,
+    TRACE_BLOCK_SIZE,
+    TRACE_CONVENTION,
+    WINDOW,
+    load_prefix_trace,
+    subset,
+)
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GPU_PRESETS
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
@@ -27,13 +38,8 @@ from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
 from kvbench.workload.dataset import resolve_dataset
 from kvbench.workload.prefix_trace import (
-    CONVENTIONS,
     DEFAULT_TRACE_BLOCK,
-    MAX_TIME_SCALE,
     PrefixTrace,
-    builtin_traces,
-    read_prefix_trace,
-    resolve_trace,
     session_trace,
     shared_prefix_trace,
     sharegpt_sessions,
@@ -41,26 +47,11 @@ from kvbench.workload.prefix_trace import (
 )
 from kvbench.workload.requests_file import load_requests_jsonl
 
-DEFAULT_TRACE = "mooncake-conversation-1k"
-
 
 def reuse(
-    trace: str | None = typer.Option(
-        None,
-        "--trace",
-        help=f"Hash-id trace (JSONL: timestamp ms, input_length, output_length, hash_ids), or a shipped one "
-        f"(default {DEFAULT_TRACE}: the first 1,000 requests of Mooncake's conversation trace).",
-    ),
-    trace_block_size: int = typer.Option(
-        DEFAULT_TRACE_BLOCK, "--trace-block-size", min=1, help="Prompt tokens per hash id in the trace."
-    ),
-    convention: str = typer.Option(
-        "per-request",
-        "--trace-convention",
-        help="per-request: each line lists every block of its prompt; cumulative: each line of a session_id "
-        "lists the blocks its turn adds after the session's previous prompt.",
-        **choice(CONVENTIONS, "trace convention"),
-    ),
+    trace: Annotated[str | None, TRACE] = None,
+    trace_block_size: Annotated[int, TRACE_BLOCK_SIZE] = DEFAULT_TRACE_BLOCK,
+    convention: Annotated[str, TRACE_CONVENTION] = DEFAULT_CONVENTION,
     requests_file: Path | None = typer.Option(
         None,
         "--requests-file",
@@ -96,13 +87,9 @@ def reuse(
     ),
     rate: float = typer.Option(5.0, "--rate", help="Sessions starting per second (synthetic, --dataset; Poisson)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthetic workload."),
-    max_requests: int | None = typer.Option(None, "--max-requests", min=1, help="Keep the first N requests."),
-    window: str | None = typer.Option(
-        None, "--window", help="Keep the requests arriving in START:END seconds from the trace's first arrival."
-    ),
-    time_scale: float = typer.Option(
-        1.0, "--time-scale", help="Multiply arrival times (0.5: the same requests twice as fast)."
-    ),
+    max_requests: Annotated[int | None, MAX_REQUESTS] = None,
+    window: Annotated[str | None, WINDOW] = None,
+    time_scale: Annotated[float, TIME_SCALE] = 1.0,
     model: str = typer.Option(
         "llama-3.1-8b",
         "--model",
@@ -153,7 +140,8 @@ def reuse(
 ) -> None:
     """Prefix hit rate of a trace for each size of KV memory, on a planned deployment.
 
-    Runs the trace at its arrival times through a paged prefix cache (vLLM's eviction: least recently freed
+    The trace is --trace, by default the shipped mooncake-conversation-1k. Runs it at its arrival times through a
+    paged prefix cache (vLLM's eviction: least recently freed
     first, running requests pinned) at KV sizes around the deployment's, with roofline service times, and says
     where the deployment sits, what more GPUs or a CPU tier buy, and why (reuse distances)."""
     out_dir = run_directory(out)
@@ -163,8 +151,6 @@ def reuse(
         sources.append("--prefix-groups")
     if len(sources) > 1:
         raise KvbenchError(f"{' and '.join(sources)} each give the requests: choose one")
-    if not (math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
-        raise KvbenchError(f"--time-scale must be above 0 and at most {MAX_TIME_SCALE:,.0f}, got {time_scale!r}")
     if not (math.isfinite(rate) and 0 < rate <= 1e6):
         raise KvbenchError(f"--rate must be above 0 and at most 1,000,000 per second, got {rate!r}")
     if not (math.isfinite(think_time) and 0 <= think_time <= 86_400):
@@ -199,11 +185,8 @@ def reuse(
             prefix_groups, requests, prefix_len, suffix_len, output_len, rate, seed, block_size, turns, think_time
         )
     else:
-        name = trace or DEFAULT_TRACE
-        workload = read_prefix_trace(resolve_trace(name), trace_block_size, convention)
-        if name in builtin_traces():
-            workload = replace(workload, source=f"{name} (shipped with kvbench)")
-    workload = workload.subset(max_requests, _window(window) if window else None).scaled(time_scale)
+        workload = load_prefix_trace(trace or SHIPPED_TRACE, trace_block_size, convention, None, None, 1.0)
+    workload = subset(workload, max_requests, window, time_scale)
     with console.status("simulating...") as status:
         found = run_reuse_study(workload, settings, status.update)
     meta = run_meta(
@@ -230,20 +213,6 @@ def reuse(
         markdown=reuse_markdown,
         tables=lambda run_dir: print_reuse(console, document, run_dir),
     )
-
-
-def _window(text: str) -> tuple[float, float]:
-    match = re.fullmatch(r"\s*([0-9.]+)\s*:\s*([0-9.]+|)\s*", text)
-    try:
-        start = float(match.group(1)) if match else math.nan
-        end = float(match.group(2)) if match and match.group(2) else math.inf
-    except ValueError:
-        start = end = math.nan
-    if not (math.isfinite(start) and start >= 0 and end > start):
-        raise KvbenchError(
-            f"--window: cannot read {text!r}; use START:END in seconds, e.g. 600:1200 (END may be left out)"
-        )
-    return start, end
 
 
 def _requests_file_trace(path: Path, block_size: int) -> PrefixTrace:

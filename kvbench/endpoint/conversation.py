@@ -6,7 +6,8 @@ new user turn. Turn k + 1 cannot be written before turn k's answer is back, so t
 are sent one after another; the load patterns keep conversations, not turns, side by side.
 
 Prompts are text or token ids. Token ids replay exactly the tokens kvbench's own engines run (``completions``
-only); a conversation of several turns needs text, since its history holds the server's answers as text.
+only); a conversation of several turns needs text, since its history holds the server's answers as text, unless
+its turns come from a trace (each turn's ``at_s`` set): a trace's prompt already holds its session's history.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class Turn:
     max_tokens: int  # the reference output length of this turn
     prompt_len: int | None = None  # tokens of this turn's prompt as the workload counted them; None: unknown
     ignore_eos: bool = False  # run to max_tokens (where the server accepts ignore_eos)
+    at_s: float | None = None  # a trace's: when it is sent, seconds from the load's start (and not before the
+    # turn before it is answered); its prompt is then whole, the session's history already in it
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -46,7 +49,8 @@ class Conversation:
         object.__setattr__(self, "turns", tuple(self.turns))
         if not self.turns:
             raise ValueError("a conversation needs at least one turn")
-        if len(self.turns) > 1 and not all(isinstance(t.prompt, str) for t in self.turns):
+        replayed = all(t.at_s is not None for t in self.turns)
+        if len(self.turns) > 1 and not replayed and not all(isinstance(t.prompt, str) for t in self.turns):
             raise ValueError(
                 "a conversation of several turns needs text prompts (its history holds the answers as text)"
             )

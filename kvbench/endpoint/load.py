@@ -4,6 +4,7 @@
   as its current one is done (a single request is a conversation of one turn), so a completion is refilled at
   once and the server sees C requests until the list runs out, never a wave that drains to zero before the
   next is sent.
+- :class:`TraceLoop`: a trace's requests at the times it recorded (``Turn.at_s``), a session's turns in order.
 - :class:`OpenLoop`: conversations arrive at their own times whatever the server does: gamma-distributed gaps
   at ``rate`` per second with vLLM's ``burstiness`` as the shape (1: Poisson), optionally capped at
   ``max_concurrency`` requests in flight (the rest wait in the client, and that wait is recorded). A
@@ -65,7 +66,16 @@ class OpenLoop:
         }
 
 
-LoadPattern = ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class TraceLoop:
+    """A trace at its own times: each turn sent at its ``at_s`` (and a session's next turn not before the one
+    before it is answered)."""
+
+    def describe(self) -> dict:
+        return {"pattern": "trace"}
+
+
+LoadPattern = ClosedLoop | OpenLoop | TraceLoop
 
 
 @dataclass
@@ -97,6 +107,7 @@ class _Run:
         self.in_flight = 0
         self.peak = 0
         self.stop_reason = "the point was stopped"
+        self.started = time.perf_counter()  # the load's start, which a trace's times count from
 
     def _done(self, record: RequestRecord) -> None:
         if record.end is None:
@@ -104,9 +115,15 @@ class _Run:
         if self.on_record is not None:
             self.on_record(record)
 
-    async def conversation(self, conversation: Conversation, arrival: float | None) -> None:
+    async def conversation(self, conversation: Conversation, arrival: float | None, timed: bool = False) -> None:
         answers: list[str] = []
         for turn in range(len(conversation.turns)):
+            at_s = conversation.turns[turn].at_s
+            if timed and at_s is not None and turn > 0:  # a trace's follow-up: at its time, after its answer
+                due = self.started + at_s
+                if due > time.perf_counter():
+                    await asyncio.sleep(due - time.perf_counter())
+                arrival = max(due, arrival or due)
             record = RequestRecord(conversation.index, turn, arrival=arrival)
             if self.semaphore is not None:
                 await self.semaphore.acquire()  # cancelled while waiting here: "not_sent"
@@ -172,7 +189,7 @@ async def run_load(
     if isinstance(pattern, OpenLoop) and pattern.max_concurrency is not None:
         semaphore = asyncio.Semaphore(pattern.max_concurrency)
     run = _Run(conversations, send, on_record, semaphore)
-    result = LoadResult([], time.perf_counter(), 0.0)
+    result = LoadResult([], run.started, 0.0)
     tasks: list[asyncio.Task] = []
 
     async def closed(pattern: ClosedLoop) -> None:
@@ -198,7 +215,28 @@ async def run_load(
             tasks.append(asyncio.ensure_future(run.conversation(conversation, due)))
         await asyncio.gather(*tasks)
 
-    driver = asyncio.ensure_future(closed(pattern) if isinstance(pattern, ClosedLoop) else open_(pattern))
+    async def trace(pattern: TraceLoop) -> None:
+        first = [c.turns[0].at_s for c in conversations]
+        if any(at is None for at in first):
+            raise KvbenchError("a trace replay needs every turn's time")
+        order = sorted(range(len(conversations)), key=lambda i: first[i] or 0.0)
+        result.arrivals = [first[i] or 0.0 for i in order]
+        clock = time.perf_counter
+        for index in order:
+            due = result.started + (first[index] or 0.0)
+            delay = due - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result.max_send_lag_s = max(result.max_send_lag_s, clock() - due)
+            tasks.append(asyncio.ensure_future(run.conversation(conversations[index], due, timed=True)))
+        await asyncio.gather(*tasks)
+
+    if isinstance(pattern, ClosedLoop):
+        driver = asyncio.ensure_future(closed(pattern))
+    elif isinstance(pattern, TraceLoop):
+        driver = asyncio.ensure_future(trace(pattern))
+    else:
+        driver = asyncio.ensure_future(open_(pattern))
     try:
         finished, _ = await asyncio.wait({driver}, timeout=deadline_s)
     except asyncio.CancelledError:

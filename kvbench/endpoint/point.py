@@ -69,9 +69,12 @@ class PointSettings:
     @property
     def warmup_concurrency(self) -> int:
         pattern = self.pattern
-        width = (
-            pattern.concurrency if isinstance(pattern, ClosedLoop) else (pattern.max_concurrency or len(self.warmup))
-        )
+        if isinstance(pattern, ClosedLoop):
+            width = pattern.concurrency
+        elif isinstance(pattern, OpenLoop):
+            width = pattern.max_concurrency or len(self.warmup)
+        else:
+            width = len(self.warmup)
         return max(1, min(width, len(self.warmup) or 1))
 
 

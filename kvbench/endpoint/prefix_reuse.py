@@ -127,10 +127,15 @@ def workload_reuse(
     blocks the cache holds but whose tokens are not counted."""
     if not block_size:
         return None
-    prompts = [c.turns[0].prompt for c in conversations if len(c.turns) == 1]
-    if not prompts or len(prompts) != len(conversations) or any(isinstance(p, str) for p in prompts):
+    turns = [t for c in conversations for t in c.turns]
+    if not turns or any(isinstance(t.prompt, str) for t in turns):
         return None
-    earlier = [c.turns[0].prompt for c in before if len(c.turns) == 1 and not isinstance(c.turns[0].prompt, str)]
+    if any(len(c.turns) > 1 for c in conversations):  # a trace's sessions: every turn a whole prompt, by time
+        if any(t.at_s is None for t in turns):
+            return None
+        turns.sort(key=lambda t: t.at_s or 0.0)
+    prompts = [t.prompt for t in turns]
+    earlier = [t.prompt for c in before for t in c.turns if not isinstance(t.prompt, str)]
     seen_blocks: set[int] = set()
     half = max(1, block_size // 2)  # a shared head this long is a real shared prefix (not a lone BOS token)
     heads: set[int] = set()  # the first ``half`` tokens of every earlier prompt, hashed

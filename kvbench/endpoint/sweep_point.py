@@ -47,6 +47,7 @@ EXTRA_FIELDS = (
     "kv_events",
     "kv_events_file",
     "requests_file",
+    "trace",
     "agreement",
     "server_notes",
     "scrapes",

@@ -10,6 +10,7 @@
 - :func:`multi_turn`: conversations of T turns that resend their history, so each turn's prompt is the last
   one's prompt and answer plus a new user turn; groups of them may share a system prompt.
 - :func:`as_text`: token-id prompts decoded to text with the model's tokenizer (for the chat API).
+- :func:`from_prefix_trace`: a hash-id trace's synthesised prompts at its arrival times, sessions in order.
 - :func:`shaped_to_hit_rate`: the sweep's token-id prompts reshaped so that a share of their tokens opens with
   one shared sequence stored beforehand (a prewarm): a workload with a chosen prefix-cache hit rate.
 
@@ -29,6 +30,7 @@ from kvbench.endpoint.conversation import Conversation, Turn
 from kvbench.engine.request import Request
 from kvbench.errors import KvbenchError
 from kvbench.workload.dataset import DatasetSample
+from kvbench.workload.prefix_trace import PrefixTrace, prompt_token_ids
 
 WORDS = (
     "the of and to in is it that for on with as was at by be this have from or one had not but what all "
@@ -218,3 +220,22 @@ def shaped_to_hit_rate(
         prewarm.append(Conversation(0, (Turn(prompt, 1, len(prompt), True),)))
     total = sum(len(t.prompt) for t in prompts)
     return out, prewarm, (sum(blocks) * block_size / total if total else 0.0)
+
+
+def from_prefix_trace(trace: PrefixTrace, vocab_size: int) -> list[Conversation]:
+    """A hash-id trace as conversations: each request's synthesised token ids (the same as kvbench's own
+    simulation of the trace runs) sent at its arrival time, the requests of one session as the turns of one
+    conversation, in order; ``max_tokens`` its output length (EOS ignored)."""
+    sessions: dict[str, list[Turn]] = {}
+    order: list[list[Turn]] = []
+    for request in trace.requests:
+        prompt = prompt_token_ids(request, trace.block_size, vocab_size)
+        turn = Turn(tuple(prompt), max(1, request.output_len), len(prompt), True, request.arrival_s)
+        if request.session is None:
+            order.append([turn])
+        elif request.session in sessions:
+            sessions[request.session].append(turn)
+        else:
+            sessions[request.session] = [turn]
+            order.append(sessions[request.session])
+    return [Conversation(index, tuple(turns)) for index, turns in enumerate(order)]

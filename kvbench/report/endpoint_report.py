@@ -59,6 +59,8 @@ def level_of(point: dict[str, Any]) -> float:
 
 
 def level_text(point: dict[str, Any]) -> str:
+    if ((point.get("endpoint") or {}).get("load") or {}).get("pattern") == "trace":
+        return "trace"
     rate = point.get("request_rate")
     return f"C={point['concurrency']}" if rate is None else f"{rate:g} req/s"
 
@@ -209,6 +211,12 @@ def reuse_lines(point: dict[str, Any]) -> list[str]:
             f"{where}: target hit rate {target['rate']:.1%} {verdict}: achieved {target['achieved']:.1%} "
             f"(planned {target['planned']:.1%} in blocks of {target['block_size']}, tolerance "
             f"±{target['tolerance']:.1%})."
+        )
+    predicted = (point.get("trace") or {}).get("predicted_hit_rate")
+    if isinstance(predicted, (int, float)):
+        lines.append(
+            f"{where}: kvbench's simulation of the same trace on the server's KV blocks predicts {predicted:.1%} "
+            f"({point['trace']['prediction']})."
         )
     if reuse.get("flag"):
         lines.append(f"{where}: {reuse['flag']}.")

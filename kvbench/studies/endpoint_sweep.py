@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvbench.endpoint.load import ClosedLoop, LoadPattern, OpenLoop
+from kvbench.endpoint.load import ClosedLoop, LoadPattern, OpenLoop, TraceLoop
 from kvbench.endpoint.point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
@@ -28,27 +28,35 @@ from kvbench.studies.backends.endpoint import EndpointBackend
 from kvbench.studies.find_max import Search, find_max
 from kvbench.studies.run_options import EndpointOptions
 from kvbench.studies.sweep_setup import SweepSetup
+from kvbench.studies.trace_prediction import trace_replay_figures
 
 
 @dataclass(frozen=True)
 class Level:
-    """One load level: a concurrency, or a rate (requests/s) with concurrency 0."""
+    """One load level: a concurrency, a rate (requests/s) with concurrency 0, or a trace at its own times."""
 
     concurrency: int
     rate: float | None = None
+    trace: bool = False
 
     def pattern(self, options: EndpointOptions, seed: int) -> LoadPattern:
+        if self.trace:
+            return TraceLoop()
         if self.rate is None:
             return ClosedLoop(self.concurrency)
         return OpenLoop(self.rate, options.burstiness, options.max_concurrency, seed)
 
     @property
     def label(self) -> str:
+        if self.trace:
+            return "trace"
         return f"C={self.concurrency}" if self.rate is None else f"{self.rate:g} req/s"
 
     @property
     def tag(self) -> str:
-        """How file names carry the level: ``c8``, ``r2.5``."""
+        """How file names carry the level: ``c8``, ``r2.5``, ``trace``."""
+        if self.trace:
+            return "trace"
         return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
 
 
@@ -109,6 +117,8 @@ class EndpointSweep:
         self.done = EndpointRun()  # what finished so far: the caller still has it when a later point fails
 
     def levels(self) -> list[Level]:
+        if self.options.trace_timed:
+            return [Level(0, trace=True)]
         if self.options.rates is not None:
             return [Level(0, rate) for rate in self.options.rates]
         return [Level(c) for c in self.setup.levels]
@@ -133,9 +143,12 @@ class EndpointSweep:
         requests = setup.make_requests(level.concurrency if level.rate is None else None)
         warmup = setup.plan(False).make_warmup()
         shown = engine if index is None else f"{engine} run {index + 1}/{self.setup.options.repeat}"
-        on_record = self.progress.start(shown, level, len(requests))
+        trace = self.options.trace
+        on_record = self.progress.start(shown, level, len(trace.requests) if trace else len(requests))
         measured = self.backend.measure(engine, requests, level.pattern(self.options, setup.seed), warmup, on_record)
         point = sweep_point(measured, engine, level.concurrency, setup.spec.name, self.options.slo)
+        if trace is not None:
+            point.extra["trace"] = trace_replay_figures(trace, measured)
         stem = f"{file_name(engine)}-{level.tag}" + ("" if index is None else f"-run{index + 1}")
         timeline = measured.timeline()
         timeline["meta"].update(engine=engine, concurrency=level.concurrency, request_rate=level.rate)

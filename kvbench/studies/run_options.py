@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.endpoint.client import Target
+from kvbench.workload.prefix_trace import PrefixTrace
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class EndpointOptions:
     reset_prefix_cache: bool = False
     thrash_window_s: float = 10.0  # a block stored again this soon after its removal counts as thrash
     prefix_hit_rate: float | None = None  # reshape the prompts to this prefix-cache hit rate (0..1), prewarmed
+    trace: PrefixTrace | None = None  # a hash-id trace replayed instead of the sweep's requests
+    trace_timed: bool = False  # at the trace's own times (else in a closed loop at each concurrency)
     find_max: bool = False
     find_max_points: int = 6  # the most points --find-max measures per target
 

@@ -62,6 +62,13 @@ CASES = [
     "sweep --target http://127.0.0.1:1 --thrash-window 0",
     "sweep --kv-events 5557",
     "diagnose --max-thrash-share 2 /nonexistent",
+    "sweep --target http://127.0.0.1:1 --trace mooncake-conversation-1k --rate 1",
+    "sweep --target http://127.0.0.1:1 --time-scale 0.5",
+    "sweep --target http://127.0.0.1:1 --trace mooncake-conversation-1k --prefix-hit-rate 0.5",
+    "sweep --target http://127.0.0.1:1 --trace /nonexistent.jsonl",
+    "sweep --target http://127.0.0.1:1 --trace mooncake-conversation-1k --window 5:1",
+    "sweep --target http://127.0.0.1:1 --prefix-hit-rate 1.5",
+    "sweep --target http://127.0.0.1:1 --prefix-hit-rate 0.5 --api chat",
 ]
 
 

@@ -424,3 +424,56 @@ def test_a_target_hit_rate_is_achieved_within_a_block_per_mean_prompt(kvbench_se
     assert reuse["hit_rate_requests"] == pytest.approx(target["planned"])  # every shared block stayed cached
     assert reuse["hit_rate_counters"] == pytest.approx(reuse["hit_rate_requests"])
     assert f"target hit rate {rate:.1%} met" in out
+
+
+def _session_trace(path: Path) -> Path:
+    """4 sessions of 3 turns in blocks of 16: every prompt opens with one shared block (a system prompt), each turn
+    resends its session's blocks and adds two; turns 0.4 s apart, sessions 0.2 s apart."""
+    rows = []
+    for session in range(4):
+        ids = [1]
+        for turn in range(3):
+            ids = ids + [1000 * (session + 1) + len(ids) + k for k in range(2)]
+            stamp = session * 200 + turn * 400
+            rows.append(
+                (
+                    stamp,
+                    {
+                        "timestamp": stamp,
+                        "input_length": len(ids) * 16 - 3,
+                        "output_length": 4,
+                        "hash_ids": list(ids),
+                        "session_id": f"s{session}",
+                    },
+                )
+            )
+    rows.sort(key=lambda row: row[0])
+    path.write_text("".join(json.dumps(row) + "\n" for _, row in rows))
+    return path
+
+
+def test_a_trace_is_replayed_at_its_times_and_its_hits_match_the_simulation_and_the_hand_count(
+    events_server, tmp_path, capsys
+):
+    url, events, replay = events_server
+    run = tmp_path / "run"
+    trace = _session_trace(tmp_path / "trace.jsonl")
+    args = ["sweep", "--target", f"kvb={url}", "--trace", str(trace), "--trace-block-size", "16"]
+    assert main([*args, "--reset-prefix-cache", "--kv-events", events, "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    (point,) = _points(run)
+    assert point["endpoint"]["load"] == {"pattern": "trace"} and point["completed"] == 12
+    # by hand: a turn finds the shared block (after the first session's first turn) and every full block of its
+    # session's previous prompt (prompts end 3 tokens into their last block, so that block is never full)
+    prompts = [16 * n - 3 for n in (3, 5, 7)]
+    hits_by_turn = [16, 16 * 2, 16 * 4]  # turn 0: the shared block; later turns: their previous prompt's full blocks
+    expected = (4 * sum(hits_by_turn) - 16) / (4 * sum(prompts))  # the very first request finds nothing
+    reuse = point["prefix_reuse"]
+    assert reuse["hit_rate_requests"] == pytest.approx(expected) == reuse["hit_rate_counters"]
+    assert reuse["workload"]["ideal_hit_rate"] == pytest.approx(expected)
+    assert point["trace"]["requests"] == 12 and point["trace"]["predicted_hit_rate"] == pytest.approx(expected)
+    assert set(reuse["hit_rate_by_turn"]) == {"0", "1", "2"}
+    records = [json.loads(line) for line in (run / point["requests_file"]).read_text().splitlines()]
+    assert sorted(r["cached_tokens"] for r in records if r["turn"] == 2) == [64] * 4
+    assert "kvb trace: kvbench's simulation of the same trace" in out and "kvb trace: the answers report" in out
+    assert (run / "timeline-kvb-trace.json").is_file() and (run / "kv-events-kvb-trace.jsonl").is_file()

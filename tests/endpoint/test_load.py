@@ -167,3 +167,30 @@ def test_failure_kinds_are_known():
 def test_patterns_refuse_values_outside_their_meaning(pattern, message):
     with pytest.raises(KvbenchError, match=message):
         pattern()
+
+
+def test_a_trace_is_sent_at_its_times_and_a_sessions_turns_in_order():
+    from kvbench.endpoint.load import TraceLoop
+
+    # session 0: turns at 0.00 and 0.05 s, its first answer slow (0.12 s): the second waits for it;
+    # session 1: one turn at 0.03 s
+    conversations = [
+        Conversation(0, (Turn((1, 2), 2, at_s=0.0), Turn((1, 2, 3, 4), 2, at_s=0.05))),
+        Conversation(1, (Turn((5, 6), 2, at_s=0.03),)),
+    ]
+    send = Recorder(lambda conv, turn: 0.12 if (conv, turn) == (0, 0) else 0.002)
+    result = asyncio.run(run_load(conversations, TraceLoop(), send))
+    start = result.started
+    assert all(r.ok for r in result.records) and result.arrivals == [0.0, 0.03]
+    assert send.starts[(0, 0)] - start < 0.02
+    assert 0.03 <= send.starts[(1, 0)] - start < 0.06
+    assert send.starts[(0, 1)] - start >= 0.12  # after its answer, though its time (0.05 s) came earlier
+    assert send.answers[(0, 1)] == ["answer 0.0"]
+    assert TraceLoop().describe() == {"pattern": "trace"}
+
+
+def test_a_trace_replay_needs_every_turns_time():
+    from kvbench.endpoint.load import TraceLoop
+
+    with pytest.raises(KvbenchError):
+        asyncio.run(run_load(single(2), TraceLoop(), Recorder()))

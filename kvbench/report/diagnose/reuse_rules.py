@@ -5,7 +5,8 @@ own KV events (eviction churn and thrash).
 Each rule speaks in the server's own options (``remedies``): eviction thrash (removed blocks stored again within
 the thrash window: the cache is too small for the workload's reuse), shared prefixes shorter than one block
 (never served, whatever the memory), prefix caching off while the prompts share prefixes, and a hit rate far
-below the unbounded cache's (eviction, or a scheduling or configuration difference worth a look).
+below the unbounded cache's (eviction, or a scheduling or configuration difference worth a look) or, for a
+replayed trace, below what kvbench's simulation of it predicts with the server's own KV blocks.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ def reuse_findings(
             f"({block} tokens) with it: a block-granular prefix cache never serves such a prefix",
             ("prefix_at_least_one_block",),
             {"requests": short, "block_size": block},
+        )
+    predicted = _share((_mapping(point.get("trace")) or {}).get("predicted_hit_rate"))
+    if predicted is not None and rate is not None and predicted - rate > t.max_reuse_gap:
+        find(
+            "hit_rate_below_prediction",
+            "warning",
+            f"prefix-cache hit rate {pct(rate)}, {pct(predicted - rate)} below the {pct(predicted)} kvbench's "
+            "simulation of the same trace predicts with the server's KV blocks: a scheduling or configuration "
+            "difference worth a look (or a cache shared with other clients)",
+            ("more_kv_memory", "shareable_prefixes"),
+            {"hit_rate": rate, "predicted_hit_rate": predicted},
         )
     if ideal is None or rate is None:
         return findings, skipped, notes

@@ -21,7 +21,7 @@ from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.load import LoadPattern
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
 from kvbench.endpoint.point import EndpointPoint, PointSettings, run_point_sync
-from kvbench.endpoint.workloads import HitRateTarget, as_text, from_engine_requests
+from kvbench.endpoint.workloads import HitRateTarget, as_text, from_engine_requests, from_prefix_trace
 from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request
@@ -82,6 +82,10 @@ class EndpointBackend:
 
     def conversations(self, engine: str, requests: Sequence[Request]) -> list[Conversation]:
         """The requests as the target's API takes them: token ids for completions, text for chat."""
+        if self.options.trace is not None:
+            if self.target(engine).api == "chat":
+                raise KvbenchError("a trace replays token ids: it goes with the completions API")
+            return from_prefix_trace(self.options.trace, self.vocab_size)
         conversations = from_engine_requests(requests)
         if self.target(engine).api == "chat":
             if self.tokenizer is None:
