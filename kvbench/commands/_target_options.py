@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
 from kvbench.commands._options import choice
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
@@ -35,7 +36,6 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
-from kvbench.measure.kv_events import parse_endpoint
 from kvbench.studies.run_options import EndpointOptions
 from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
@@ -194,38 +194,9 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "says whether it was.",
         ),
     ),
-    TargetOption(
-        "kv_events",
-        str | None,
-        None,
-        typer.Option(
-            "--kv-events",
-            rich_help_panel=PANEL,
-            help="The server's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH): its "
-            "resident blocks, lifetimes, eviction churn and thrash per point; one target only.",
-        ),
-    ),
-    TargetOption(
-        "kv_events_bind",
-        bool,
-        False,
-        typer.Option(
-            "--kv-events-bind",
-            rich_help_panel=PANEL,
-            help="Listen on the --kv-events address and let the server connect (vLLM connects to a tcp://HOST:PORT "
-            "its --kv-events-config endpoint names; kvbench serve binds its own).",
-        ),
-    ),
-    TargetOption(
-        "kv_events_replay",
-        str | None,
-        None,
-        typer.Option(
-            "--kv-events-replay",
-            rich_help_panel=PANEL,
-            help="The server's replay socket for missed KV event batches (with --kv-events).",
-        ),
-    ),
+    TargetOption("kv_events", str | None, None, in_panel(KV_EVENTS, PANEL)),
+    TargetOption("kv_events_bind", bool, False, in_panel(KV_EVENTS_BIND, PANEL)),
+    TargetOption("kv_events_replay", str | None, None, in_panel(KV_EVENTS_REPLAY, PANEL)),
     TargetOption(
         "prefix_hit_rate",
         float | None,
@@ -377,30 +348,19 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         raise KvbenchError(f"--target names must differ: {', '.join(names)} (label them NAME=URL)")
     if values["metrics_url"] is not None and len(targets) > 1:
         raise KvbenchError("--metrics-url names one server's metrics: give it with one --target only")
-    events, replay = (
-        _zmq_address(values["kv_events"], "--kv-events"),
-        _zmq_address(values["kv_events_replay"], "--kv-events-replay"),
-    )
-    if events is not None and len(targets) > 1:
+    listen = listening(values["kv_events"], values["kv_events_replay"], values["kv_events_bind"])
+    if listen is not None and len(targets) > 1:
         raise KvbenchError("--kv-events names one server's KV event stream: give it with one --target only")
-    if replay is not None and events is None:
-        raise KvbenchError("--kv-events-replay replays the stream of --kv-events: give that address too")
     if values["prefix_hit_rate"] is not None and values["api"] == "chat":
         raise KvbenchError("--prefix-hit-rate shapes token-id prompts: it goes with --api completions")
     if values["prefix_hit_rate"] is not None and values["no_scrape"]:
         raise KvbenchError(
             "--prefix-hit-rate is shaped in the server's block size, read from its /metrics: drop --no-scrape"
         )
-    if values["kv_events_bind"] and events is None:
-        raise KvbenchError("--kv-events-bind listens on the --kv-events address: give that address too")
-    if events is not None:
-        bind = values["kv_events_bind"]
-        if bind and events.startswith("tcp://") and not _loopback(events):
-            raise KvbenchError(
-                f"--kv-events-bind {events}: kvbench listens on loopback only (127.0.0.1 or [::1]); the server "
-                "connects to it from the same machine"
-            )
-        targets = [replace(targets[0], kv_events=events, kv_events_replay=replay, kv_events_bind=bind)]
+    if listen is not None:
+        targets = [
+            replace(targets[0], kv_events=listen.endpoint, kv_events_replay=listen.replay, kv_events_bind=listen.bind)
+        ]
     rates = rate_list(values["rate"]) if values["rate"] is not None else None
     trace = None
     if values["trace"] is not None:
@@ -446,20 +406,6 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
     )
-
-
-def _loopback(endpoint: str) -> bool:
-    host = endpoint[len("tcp://") :].rpartition(":")[0]
-    return host in ("127.0.0.1", "localhost", "[::1]")
-
-
-def _zmq_address(text: str | None, flag: str) -> str | None:
-    if text is None:
-        return None
-    try:
-        return parse_endpoint(text, bind=False)
-    except ValueError as err:
-        raise KvbenchError(f"{flag}: {err}") from None
 
 
 def _default(name: str) -> Any:

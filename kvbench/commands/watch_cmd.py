@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.live import Live
 
+from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
 from kvbench.commands._options import make_console, run_directory
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
 from kvbench.errors import KvbenchError
-from kvbench.fileio import DirectoryLock
+from kvbench.fileio import DirectoryLock, write_text_atomic
+from kvbench.measure.kv_events import changes
+from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, kv_events_text
 from kvbench.report.diagnose.timeline import TIMELINE_FILE, read_timeline
 from kvbench.report.html import write_report_after_run
 from kvbench.report.rundir import new_run_dir
@@ -21,7 +27,8 @@ requests, preemptions and the prefix-cache hit rate, scraped every --interval se
 table. Each scrape is appended to OUT/timeline.jsonl as it comes; when the watch ends (--duration, or Ctrl-C)
 OUT/watch.png plots the timeline and OUT/report.html shows it with its diagnosis. `kvbench diagnose
 OUT/timeline.jsonl` runs the diagnosis rules over it (a queue that grows while KV usage stays low is seen only
-over time).
+over time). With --kv-events the server's KV event stream is listened to as well: blocks stored and removed per
+second, resident blocks and thrash shown live, and the events kept in OUT/kv-events.jsonl.
 """
 
 
@@ -48,7 +55,11 @@ def watch_command(
     out: str | None = typer.Option(
         None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."
     ),
+    kv_events: Annotated[str | None, KV_EVENTS] = None,
+    kv_events_bind: Annotated[bool, KV_EVENTS_BIND] = False,
+    kv_events_replay: Annotated[str | None, KV_EVENTS_REPLAY] = None,
 ) -> None:
+    listen = listening(kv_events, kv_events_replay, kv_events_bind)
     first = read_endpoint(url)  # a URL that is down or not a metrics page fails here, before any file is made
     out_dir = new_run_dir("watch", run_directory(out))
     timeline = out_dir / TIMELINE_FILE
@@ -56,7 +67,14 @@ def watch_command(
         raise KvbenchError(f"{out_dir} already holds a timeline; choose another --out")
     lock = DirectoryLock(out_dir, "kvbench watch")
     console = make_console()
-    view = WatchView(url, interval, duration)
+    listener = None
+    if listen is not None:
+        try:
+            listener = KvEventSubscriber(listen.endpoint, listen.replay, bind=listen.bind).start()
+        except OSError as err:
+            lock.release()
+            raise KvbenchError(str(err)) from None
+    view = WatchView(url, interval, duration, events=listener.log if listener is not None else None)
     interrupted = False
     with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
 
@@ -69,6 +87,13 @@ def watch_command(
         except KeyboardInterrupt:
             interrupted = True
     console.line()
+    if listener is not None:
+        log = listener.stop()
+        kept = changes(log)
+        figures = event_figures(log, kept, DEFAULT_THRASH_WINDOW_S, log.started_s, log.stopped_s - log.started_s, [])
+        write_text_atomic(out_dir / "kv-events.jsonl", kv_events_text(figures, kept))
+        if figures["flag"]:
+            console.print(f"[yellow]KV events: {figures['flag']}[/yellow]")
     recorded = read_timeline(timeline)
     plot = watch_plot(recorded, out_dir / "watch.png")
     report = write_report_after_run(out_dir)

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from kvbench.measure.kv_events import (
     END_OF_REPLAY,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
+    MAX_KEPT_EVENTS,
+    EventLog,
     MalformedBatch,
+    ReceivedBatch,
     decode_batch,
     sequence_bytes,
     sequence_of,
@@ -36,42 +35,8 @@ from kvbench.measure.kv_events import (
 from kvbench.measure.kv_residency import Change, rebuild
 from kvbench.report.diagnose.servers import ServerState
 
-MAX_EVENTS = 2_000_000  # events kept per listening (a few hundred MB at most); the rest are counted
 REPLAY_TIMEOUT_S = 2.0  # a replay answer that does not end by then is given up (the gap stays)
 POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class ReceivedBatch:
-    seq: int
-    received_s: float  # our clock (Unix seconds) when it arrived, or when its gap was filled
-    batch: EventBatch
-    replayed: bool = False
-
-
-@dataclass
-class EventLog:
-    """What a listening received: the batches in sequence order and what went wrong on the way."""
-
-    endpoint: str
-    replay_endpoint: str | None
-    started_s: float
-    bound: bool = False  # the SUB socket bound the endpoint (the server connects to it)
-    stopped_s: float = 0.0
-    batches: list[ReceivedBatch] = field(default_factory=list)
-    events: int = 0  # events received, kept or not
-    dropped_events: int = 0  # past the cap: counted, not kept
-    malformed: int = 0
-    malformed_reason: str | None = None  # the first one's
-    lost_batches: int = 0  # sequence numbers never received nor replayed
-    replayed_batches: int = 0
-    history_complete: bool = False  # every batch from the server's first (sequence 0) is here
-    restarts: int = 0  # the sequence went back to 0: the server (or its publisher) started again
-    max_events: int = MAX_EVENTS  # kept at most
-
-    @property
-    def received_any(self) -> bool:
-        return bool(self.batches) or self.malformed > 0
 
 
 class KvEventSubscriber:
@@ -82,7 +47,7 @@ class KvEventSubscriber:
         endpoint: str,
         replay_endpoint: str | None = None,
         topic: str = "",
-        max_events: int = MAX_EVENTS,
+        max_events: int = MAX_KEPT_EVENTS,
         bind: bool = False,
     ) -> None:
         self.log = EventLog(endpoint, replay_endpoint, time.time(), bound=bind, max_events=max_events)
@@ -230,24 +195,6 @@ class KvEventSubscriber:
         self.log.malformed += 1
         if self.log.malformed_reason is None:
             self.log.malformed_reason = reason
-
-
-def changes(log: EventLog) -> list[Change]:
-    """The log's events in order as residency changes (bytes hashes written as hex)."""
-    out = []
-    for received in log.batches:
-        for event in received.batch.events:
-            if isinstance(event, BlockStored):
-                out.append(Change(received.received_s, "S", tuple(_key(h) for h in event.block_hashes)))
-            elif isinstance(event, BlockRemoved):
-                out.append(Change(received.received_s, "R", tuple(_key(h) for h in event.block_hashes)))
-            else:
-                out.append(Change(received.received_s, "C"))
-    return out
-
-
-def _key(block_hash: int | bytes) -> int | str:
-    return block_hash.hex() if isinstance(block_hash, bytes) else block_hash
 
 
 def event_figures(

@@ -28,7 +28,7 @@ import aiohttp
 from kvbench.endpoint.cache_reset import NOT_ASKED, reset_prefix_cache
 from kvbench.endpoint.client import EndpointClient, RequestLimits, Target, list_models, open_session
 from kvbench.endpoint.conversation import Conversation
-from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes, event_figures
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OnRecord, OpenLoop, run_load
 from kvbench.endpoint.metrics import DEFAULT_PERCENTILES, client_metrics
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
@@ -40,6 +40,7 @@ from kvbench.endpoint.timeline import kv_series, point_timeline
 from kvbench.endpoint.tokens import fill_token_counts
 from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
 from kvbench.errors import KvbenchError
+from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 
 

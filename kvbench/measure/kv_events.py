@@ -10,11 +10,16 @@ batches still decode; anything else (not msgpack, a wrong type, an unknown event
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import msgspec
+
+from kvbench.measure.kv_residency import Change
 
 BlockHash = int | bytes
 MAX_PAYLOAD_BYTES = 16 * 1024**2  # one batch; a server's step stores a few thousand blocks at most
 END_OF_REPLAY = -1  # the sequence number that ends a replay answer
+MAX_KEPT_EVENTS = 2_000_000  # events a listening keeps (a few hundred MB at most); the rest are counted
 
 
 class MalformedBatch(ValueError):
@@ -101,3 +106,58 @@ def parse_endpoint(text: str, bind: bool) -> str:
     if not bind and int(port) == 0:
         raise ValueError(f"{text!r}: port 0 names no server")
     return text
+
+
+@dataclass(frozen=True)
+class ReceivedBatch:
+    seq: int
+    received_s: float  # our clock (Unix seconds) when it arrived, or when its gap was filled
+    batch: EventBatch
+    replayed: bool = False
+
+
+@dataclass
+class EventLog:
+    """What a listening received: the batches in sequence order and what went wrong on the way."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    started_s: float
+    bound: bool = False  # the SUB socket bound the endpoint (the server connects to it)
+    stopped_s: float = 0.0
+    batches: list[ReceivedBatch] = field(default_factory=list)
+    events: int = 0  # events received, kept or not
+    dropped_events: int = 0  # past the cap: counted, not kept
+    malformed: int = 0
+    malformed_reason: str | None = None  # the first one's
+    lost_batches: int = 0  # sequence numbers never received nor replayed
+    replayed_batches: int = 0
+    history_complete: bool = False  # every batch from the server's first (sequence 0) is here
+    restarts: int = 0  # the sequence went back to 0: the server (or its publisher) started again
+    max_events: int = MAX_KEPT_EVENTS  # kept at most
+
+    @property
+    def received_any(self) -> bool:
+        return bool(self.batches) or self.malformed > 0
+
+
+def changes(log: EventLog) -> list[Change]:
+    """The log's events in order as residency changes (bytes hashes written as hex)."""
+    return changes_of(log.batches)
+
+
+def changes_of(batches: list[ReceivedBatch]) -> list[Change]:
+    out: list[Change] = []
+    for received in batches:
+        for event in received.batch.events:
+            if isinstance(event, BlockStored):
+                out.append(Change(received.received_s, "S", tuple(_key(h) for h in event.block_hashes)))
+            elif isinstance(event, BlockRemoved):
+                out.append(Change(received.received_s, "R", tuple(_key(h) for h in event.block_hashes)))
+            else:
+                out.append(Change(received.received_s, "C"))
+    return out
+
+
+def _key(block_hash: int | bytes) -> int | str:
+    return block_hash.hex() if isinstance(block_hash, bytes) else block_hash

@@ -89,26 +89,22 @@ class Residency:
         }
 
 
-def rebuild(
-    changes: Iterable[Change],
-    window_s: float,
-    complete: bool,
-    span_s: float | None = None,
-    count_from_s: float = float("-inf"),
-) -> Residency:
-    """Replay ``changes`` in order. The counts, lifetimes and thrash cover the changes from ``count_from_s`` on
-    (the resident set follows every change); ``span_s`` is the counted stretch's length (else from the first
-    counted change to the last)."""
-    result = Residency(window_s, complete)
-    resident: dict[Key, float] = {}  # hash -> when it was stored
-    removed_at: dict[Key, float] = {}  # hash -> when it was last removed (not stored since)
-    first = last = None
-    for change in changes:
-        at = change.at_s
-        counted = at >= count_from_s
+class Tracker:
+    """The resident set followed one change at a time (a live view applies changes as they arrive); the counts,
+    lifetimes and thrash cover the changes applied with ``counted``."""
+
+    def __init__(self, window_s: float, complete: bool) -> None:
+        self.result = Residency(window_s, complete)
+        self._resident: dict[Key, float] = {}  # hash -> when it was stored
+        self._removed_at: dict[Key, float] = {}  # hash -> when it was last removed (not stored since)
+        self.first: float | None = None  # the first and last counted change's time
+        self.last: float | None = None
+
+    def apply(self, change: Change, counted: bool = True) -> None:
+        result, resident, removed_at, at = self.result, self._resident, self._removed_at, change.at_s
         if counted:
-            first = at if first is None else first
-            last = at
+            self.first = at if self.first is None else self.first
+            self.last = at
         if change.kind == "S":
             for key in change.hashes:
                 if key in resident:
@@ -121,7 +117,7 @@ def rebuild(
                 if gone is not None:
                     result.stored_again += 1
                     result.restore_gaps_s.append(at - gone)
-                    if at - gone <= window_s:
+                    if at - gone <= result.window_s:
                         result.thrashed += 1
         elif change.kind == "R":
             for key in change.hashes:
@@ -139,7 +135,23 @@ def rebuild(
             removed_at.clear()  # a reset is asked for: what follows is not thrash
         result.series.append((at, len(resident)))
         result.resident_peak = max(result.resident_peak, len(resident))
-    result.resident_end = len(resident)
+        result.resident_end = len(resident)
+
+
+def rebuild(
+    changes: Iterable[Change],
+    window_s: float,
+    complete: bool,
+    span_s: float | None = None,
+    count_from_s: float = float("-inf"),
+) -> Residency:
+    """Replay ``changes`` in order. The counts, lifetimes and thrash cover the changes from ``count_from_s`` on
+    (the resident set follows every change); ``span_s`` is the counted stretch's length (else from the first
+    counted change to the last)."""
+    tracker = Tracker(window_s, complete)
+    for change in changes:
+        tracker.apply(change, change.at_s >= count_from_s)
+    result, first, last = tracker.result, tracker.first, tracker.last
     result.duration_s = span_s if span_s is not None else ((last - first) if first is not None and last else 0.0)
     return result
 

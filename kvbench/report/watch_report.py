@@ -10,6 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from kvbench.measure.kv_events import EventLog, changes_of
+from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Tracker
 from kvbench.report.diagnose.findings import pct
 from kvbench.report.diagnose.servers import ServerState
 from kvbench.report.diagnose.timeline import Timeline
@@ -27,8 +29,15 @@ def _flagged(state: ServerState, fields: tuple[str, ...], cell: str | Text) -> s
 class WatchView:
     """The last ``rows`` scrapes of each engine instance, newest last, redrawn after every scrape."""
 
-    def __init__(self, url: str, interval_s: float, duration_s: float | None, rows: int = 12) -> None:
+    def __init__(
+        self, url: str, interval_s: float, duration_s: float | None, rows: int = 12, events: EventLog | None = None
+    ) -> None:
         self.url = url
+        self.events = events  # a KV event stream being listened to (its log grows in the listener's thread)
+        self._seen = 0  # batches of the log applied so far
+        self._tracker: Tracker | None = None
+        self._events_at = 0.0
+        self.event_line: str | None = None
         self.interval_s = interval_s
         self.duration_s = duration_s
         self.rows = rows
@@ -40,6 +49,8 @@ class WatchView:
 
     def add(self, elapsed_s: float, states: list[ServerState], error: str | None) -> None:
         self.scrapes += 1
+        if self.events is not None:
+            self._take_events(elapsed_s)
         if error is not None:
             self.failed += 1
             self.last_error = error
@@ -48,6 +59,33 @@ class WatchView:
         for state in states:
             self.history.setdefault(state.source, deque(maxlen=self.rows)).append((elapsed_s, state))
 
+    def _take_events(self, elapsed_s: float) -> None:
+        """Stored and removed blocks per second since the last scrape, resident blocks and thrash so far."""
+        log = self.events
+        assert log is not None
+        if self._tracker is None:
+            self._tracker = Tracker(DEFAULT_THRASH_WINDOW_S, log.history_complete)
+        result = self._tracker.result
+        stored, removed = result.stored, result.removed + result.removed_unknown
+        batches = log.batches[self._seen :]  # the listener appends as it goes: take what is there now
+        self._seen += len(batches)
+        for change in changes_of(batches):
+            self._tracker.apply(change)
+        span = elapsed_s - self._events_at if self.scrapes > 1 else 0.0
+        self._events_at = elapsed_s
+        rates = ""
+        if span > 0:
+            now_removed = result.removed + result.removed_unknown
+            rates = (
+                f"{(result.stored - stored) / span:,.0f} stored/s, {(now_removed - removed) / span:,.0f} removed/s; "
+            )
+        thrash = result.thrash_share
+        self.event_line = (
+            f"KV events: {rates}{result.resident_end:,} blocks resident; {result.removed:,} removed so far"
+            + (f", {thrash:.0%} stored again within {DEFAULT_THRASH_WINDOW_S:g} s" if thrash is not None else "")
+            + ("" if log.received_any else f" (nothing received yet from {log.endpoint})")
+        )
+
     def render(self) -> Group:
         until = f"for {self.duration_s:g} s" if self.duration_s is not None else "until Ctrl-C"
         header = Text.from_markup(
@@ -55,6 +93,8 @@ class WatchView:
             f"{until}; {self.scrapes} scrape(s)" + (f", [red]{self.failed} failed[/red]" if self.failed else "")
         )
         parts: list = [header]
+        if self.event_line:
+            parts.append(Text(self.event_line))
         if self.last_error:
             parts.append(Text(f"last scrape failed: {self.last_error}", style="red"))
         parts += [self._table(source, rows) for source, rows in self.history.items()]

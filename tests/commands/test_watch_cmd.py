@@ -114,3 +114,56 @@ def test_bad_interval_or_duration(args, capsys):
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and err.startswith(f"error: Invalid value for '{args[0]}'") and len(err.splitlines()) == 1
+
+
+def test_watch_listens_to_a_kv_event_stream_shows_its_rates_and_keeps_it(
+    tmp_path, metrics_server, vllm_exposition, capsys
+):
+    import threading
+    import time
+
+    import zmq
+
+    from kvbench.measure.kv_events import BlockRemoved, BlockStored, EventBatch, encode_batch, sequence_bytes
+    from kvbench.measure.kv_residency import read_kv_events_text
+
+    server = metrics_server.serve([vllm_exposition(usage=0.5)])
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    address = f"ipc://{tmp_path}/events"
+    pub.bind(address)
+    stop = threading.Event()
+
+    def publish() -> None:  # a block stored every 20 ms, and the one before it removed
+        seq = 0
+        while not stop.is_set() and seq < 200:
+            events = [BlockStored([seq], None, [1] * 4, 4)] + ([BlockRemoved([seq - 1])] if seq else [])
+            pub.send_multipart((b"", sequence_bytes(seq), encode_batch(EventBatch(time.time(), events))))
+            seq += 1
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    out = tmp_path / "w"
+    try:
+        args = ["watch", "--url", server.url, "--interval", "0.3", "--duration", "1.5", "--kv-events", address]
+        assert main([*args, "--out", str(out)]) == 0
+    finally:
+        stop.set()
+        thread.join()
+        pub.close(0)
+        context.term()
+    text = capsys.readouterr().out
+    assert "KV events:" in text and "stored/s" in text and "blocks resident" in text
+    figures, rows = read_kv_events_text((out / "kv-events.jsonl").read_text())
+    assert figures["kv_blocks_stored"] > 10 and figures["kv_blocks_removed"] > 5 and rows
+
+
+def test_watch_refuses_bad_kv_event_options(tmp_path, metrics_server, vllm_exposition, capsys):
+    server = metrics_server.serve([vllm_exposition(usage=0.5)])
+    for extra in (["--kv-events", "tcp://*:5557"], ["--kv-events-replay", "5558"], ["--kv-events-bind"]):
+        assert main(["watch", "--url", server.url, "--duration", "0", "--out", str(tmp_path / "w"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "w").exists()

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import zmq
 
-from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes, event_figures, stream_flag
-from kvbench.measure.kv_events import BlockRemoved, BlockStored, EventBatch, encode_batch, sequence_bytes
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures, stream_flag
+from kvbench.measure.kv_events import BlockRemoved, BlockStored, EventBatch, changes, encode_batch, sequence_bytes
 
 
 @pytest.fixture()

@@ -15,7 +15,8 @@ import pytest
 from vllm_server import _free_port, requires_vllm, vllm_server
 
 from kvbench.cli import main
-from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber
+from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import read_kv_events_text, rebuild
 
 pytestmark = requires_vllm

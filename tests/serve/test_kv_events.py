@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, changes
+from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber
+from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import rebuild
 from kvbench.report.diagnose.servers import read_states
 from kvbench.serve.lifecycle import Server, ServerThread
