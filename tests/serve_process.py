@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,3 +39,32 @@ def start_serve(*extra: str, stdout: int = subprocess.PIPE) -> tuple[subprocess.
             break
     process.kill()
     raise AssertionError(f"kvbench serve did not start: {process.stderr.read()}")
+
+
+@contextmanager
+def serving(*extra: str) -> Iterator[str]:
+    """``kvbench serve`` as :func:`start_serve` starts it, its URL for the block, stopped (and waited for) after."""
+    process, url, _ = start_serve(*extra, stdout=subprocess.DEVNULL)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def write_shared_prefix_requests(
+    path: Path, groups: int, per_group: int, prefix_len: int, tail_len: int, output_len: int, vocab: int = 450
+) -> Path:
+    """A requests file (``prompt_token_ids`` + ``output_len``) of ``groups`` groups sharing a prefix, in group order
+    (a group's first request always before its others); ids from 5 up to ``vocab + 5``."""
+    with path.open("w") as out:
+        for group in range(groups):
+            prefix = [(group * 131 + i * 17) % vocab + 5 for i in range(prefix_len)]
+            for index in range(per_group):
+                tail = [(group * 7 + index * 11 + i) % vocab + 5 for i in range(tail_len)]
+                out.write(json.dumps({"prompt_token_ids": prefix + tail, "output_len": output_len}) + "\n")
+    return path

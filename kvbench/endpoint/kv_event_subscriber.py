@@ -225,17 +225,21 @@ def event_figures(
         "history_complete": log.history_complete,
         **figures,
     }
-    cached_gaps, usage_gaps = [], []
+    cached_gaps, usage_gaps, at_rest = [], [], []
     for at, states in scrapes:
         resident = residency.resident_at(at)
         cached = [s.cached_blocks for s in states if s.cached_blocks is not None]
         if cached:
             cached_gaps.append(resident - sum(cached))
+            if all(s.running == 0 and not s.waiting for s in states):  # nothing in flight: both sides settled
+                at_rest.append(resident - sum(cached))
         total = sum(s.total_blocks or 0 for s in states)
         usage = [s.usage for s in states if s.usage is not None]
         if total and usage:
             usage_gaps.append(resident / total - sum(usage) / len(usage))
+    # under load the server's gauge lags its events by up to its stats interval: the gap at rest is the check
     out["resident_minus_server_cached_blocks_max"] = max(cached_gaps, key=abs) if cached_gaps else None
+    out["resident_minus_server_cached_blocks_at_rest"] = max(at_rest, key=abs) if at_rest else None
     out["resident_share_minus_usage_max"] = max(usage_gaps, key=abs) if usage_gaps else None
     out["flag"] = stream_flag(log, load_duration_s)
     return out

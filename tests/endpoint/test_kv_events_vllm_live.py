@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from serve_process import write_shared_prefix_requests
 from vllm_server import _free_port, requires_vllm, vllm_server
 
 from kvbench.cli import main
@@ -35,13 +36,7 @@ def vllm(tmp_path_factory):
 
 
 def _requests(path: Path) -> Path:
-    with path.open("w") as out:
-        for group in range(GROUPS):
-            prefix = [(group * 131 + i * 17) % 500 + 5 for i in range(PREFIX)]
-            for index in range(PER_GROUP):
-                tail = [(group * 7 + index * 11 + i) % 500 + 5 for i in range(20)]
-                out.write(json.dumps({"prompt_token_ids": prefix + tail, "output_len": 4}) + "\n")
-    return path
+    return write_shared_prefix_requests(path, GROUPS, PER_GROUP, PREFIX, 20, 4, vocab=500)
 
 
 def test_cached_tokens_counters_and_kv_events_agree(vllm, tmp_path, capsys):
