@@ -109,3 +109,14 @@ def test_a_replay_socket_that_never_answers_leaves_the_gap_counted(publisher, tm
     finally:
         silent.close(0)
         context.term()
+
+
+def test_an_address_that_cannot_be_listened_on_is_one_clear_error():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError, match="cannot listen for KV events on tcp://127.0.0.1"):
+            KvEventSubscriber(address, bind=True).start()
