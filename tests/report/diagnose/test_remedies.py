@@ -19,6 +19,7 @@ FAMILY_FLAGS = {
         "--autoscale",
         "--scale-up",
         "--policies",
+        "--prefix-caching",  # kvbench serve's
     },
     "vllm": {
         "--gpu-memory-utilization",
