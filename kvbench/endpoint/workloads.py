@@ -217,7 +217,8 @@ def shaped_to_hit_rate(
     prewarm = []
     if max(blocks, default=0):
         prompt = tuple(shared[: max(blocks) * block_size + 1])  # every shared block full, the last token apart
-        prewarm.append(Conversation(0, (Turn(prompt, 1, len(prompt), True),)))
+        # two output tokens: a one-token answer from a server without a tokenizer can stream no token text at all
+        prewarm.append(Conversation(0, (Turn(prompt, 2, len(prompt), True),)))
     total = sum(len(t.prompt) for t in prompts)
     return out, prewarm, (sum(blocks) * block_size / total if total else 0.0)
 
