@@ -43,6 +43,7 @@ EXTRA_FIELDS = (
     "request_goodput",
     "slo",
     "cache_reset",
+    "cache_state",
     "prefix_reuse",
     "kv_events",
     "kv_events_file",
@@ -53,6 +54,14 @@ EXTRA_FIELDS = (
     "scrapes",
     "max_send_lag_ms",
 )
+
+
+def cache_state(reset: dict[str, Any]) -> str:
+    """The prefix cache as the point's load found it: ``reset`` (emptied, the server confirmed), ``warm`` (not
+    asked: earlier points and the warm-up left their blocks) or ``unknown`` (asked, not confirmed)."""
+    if reset.get("reset") is True:
+        return "reset"
+    return "unknown" if reset.get("asked") else "warm"
 
 
 def is_endpoint_point(point: dict[str, Any]) -> bool:
@@ -130,6 +139,7 @@ def sweep_point(
         request_goodput=m.get("request_goodput"),
         slo=dict(slo) if slo else None,
         cache_reset=endpoint.cache_reset,
+        cache_state=cache_state(endpoint.cache_reset),
         prefix_reuse=endpoint.reuse,
         kv_events=endpoint.kv_events,
         agreement=endpoint.agreement,

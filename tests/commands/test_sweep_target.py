@@ -369,8 +369,12 @@ def test_a_sweep_reads_cached_tokens_per_request_and_the_servers_kv_events(event
     assert figures == kv and rebuild(rows, 10.0, True).resident_end == kv["kv_resident_blocks_end"]
     assert "the answers report 63.2% of prompt tokens served from the prefix cache" in out
     assert "KV events: 32 blocks stored, 0 removed" in out
+    assert point["cache_state"] == "reset"
     assert main(["diagnose", str(run)]) == 0
-    capsys.readouterr()
+    assert "kvb C=1: no block was removed" in capsys.readouterr().out  # the recorded events, re-read
+    (run / point["kv_events_file"]).write_text("not the file\n")
+    assert main(["diagnose", str(run)]) == 0
+    assert "its KV events file cannot be read" in capsys.readouterr().out
 
 
 def test_a_server_that_publishes_no_kv_events_marks_the_point_and_reports_no_figure(kvbench_server, tmp_path, capsys):

@@ -51,3 +51,12 @@ def test_failed_requests_mark_the_point_and_say_how_many_of_each_kind():
     assert point["completed"] == 2 and point["failed"] == 4 and point["failed_by_kind"] == {"http": 4}
     assert point["error"].startswith("4 of 6 requests failed: http 4")
     assert point["kv_usage_peak"] is None and point["preemptions"] is None  # no scrape: unknown, never 0
+
+
+def test_the_cache_state_a_point_found():
+    from kvbench.endpoint.sweep_point import cache_state
+
+    assert cache_state({"asked": True, "reset": True}) == "reset"
+    assert cache_state({"asked": True, "reset": False}) == "unknown"
+    assert cache_state({"asked": True, "reset": None}) == "unknown"
+    assert cache_state({"asked": False, "reset": None}) == "warm"

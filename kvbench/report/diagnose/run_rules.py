@@ -8,7 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvbench.errors import KvbenchError
 from kvbench.fileio import run_file
+from kvbench.json_input import read_text
+from kvbench.measure.kv_residency import read_kv_events_text, rebuild
 from kvbench.report.diagnose.findings import (
     Diagnosis,
     Finding,
@@ -113,6 +116,7 @@ def _endpoint_diagnosis(
         )
     reuse, reuse_skipped, reuse_notes = reuse_findings(point, label, thresholds)
     findings += reuse
+    reuse_measured = _thrash_curve(point, label, directory, reuse_notes)
     timeline_file = str(point.get("timeline_file") or "")
     watch = (
         run_file(directory, "watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
@@ -127,6 +131,7 @@ def _endpoint_diagnosis(
             1,
             [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by", *reuse_notes],
             reuse_skipped,
+            reuse_measured,
         )
     duration = _num(point.get("duration"))
     live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
@@ -138,8 +143,35 @@ def _endpoint_diagnosis(
         1,
         live.notes + reuse_notes,
         reuse_skipped + [replace(n, source=f"{label}: {n.source}") for n in live.not_evaluated],
-        [replace(m, source=f"{label}: {m.source}") for m in live.measurements],
+        reuse_measured + [replace(m, source=f"{label}: {m.source}") for m in live.measurements],
     )
+
+
+THRASH_CURVE_S = (1.0, 10.0, 60.0)  # windows the recorded events are re-read at
+KV_EVENTS_FILE_BYTES = 1 << 30  # 2M events kept at most, a few hundred MB as JSON
+
+
+def _thrash_curve(point: Mapping[str, Any], label: str, directory: Path | None, notes: list[str]) -> list[Measurement]:
+    """The point's recorded KV events re-read: the share of removed blocks stored again within 1, 10 and 60 s
+    (how soon what the server evicts comes back). An unreadable file is a note, never a guess."""
+    name = point.get("kv_events_file")
+    if directory is None or not isinstance(name, str):
+        return []
+    try:
+        _, changes = read_kv_events_text(read_text(run_file(directory, name), max_bytes=KV_EVENTS_FILE_BYTES))
+    except (OSError, ValueError, KvbenchError) as err:
+        notes.append(f"{label}: its KV events file cannot be read: {err}")
+        return []
+    out = []
+    for window in THRASH_CURVE_S:
+        share = rebuild(changes, window, complete=True).thrash_share
+        text = (
+            "no block was removed"
+            if share is None
+            else f"{pct(share)} of the removed KV blocks were stored again within {window:g} s"
+        )
+        out.append(Measurement(label, f"kv_thrash_share_{window:g}s", share, text))
+    return out
 
 
 def _num(value: Any) -> float | None:
