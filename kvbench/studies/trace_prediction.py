@@ -17,6 +17,7 @@ from kvbench.engine.timing import UniformTiming
 from kvbench.workload.prefix_trace import PrefixTrace
 
 MAX_RUNNING = 256  # vLLM's default --max-num-seqs: the server's own is not exposed
+MORE_MEMORY = (2, 4, 8)  # the server's block count times these: what more KV memory would keep
 
 
 def trace_replay_figures(trace: PrefixTrace, measured: EndpointPoint) -> dict[str, Any]:
@@ -28,6 +29,7 @@ def trace_replay_figures(trace: PrefixTrace, measured: EndpointPoint) -> dict[st
         "duration_s": trace.duration_s,
         "trace_block_size": trace.block_size,
         "predicted_hit_rate": None,
+        "predicted_with_more_blocks": [],  # [blocks, hit rate] at 2x, 4x, 8x the server's KV blocks
         "prediction": None,
     }
     states = [state for scrape in measured.scrapes if scrape.error is None for state in scrape.states]
@@ -38,8 +40,12 @@ def trace_replay_figures(trace: PrefixTrace, measured: EndpointPoint) -> dict[st
         out["prediction"] = "the server exposes no KV block count and block size, or no request completed"
         return out
     step_s = statistics.median(r.latency / (r.output_tokens + 1) for r in done if r.latency and r.output_tokens)
-    outcome = simulate(ChainedTrace.of(trace), int(block_size), int(blocks), UniformTiming(step_s), MAX_RUNNING)
-    out["predicted_hit_rate"] = outcome.hit_rate
+    chained, timing = ChainedTrace.of(trace), UniformTiming(step_s)
+    out["predicted_hit_rate"] = simulate(chained, int(block_size), int(blocks), timing, MAX_RUNNING).hit_rate
+    out["predicted_with_more_blocks"] = [
+        [int(blocks) * k, simulate(chained, int(block_size), int(blocks) * k, timing, MAX_RUNNING).hit_rate]
+        for k in MORE_MEMORY
+    ]
     out["prediction"] = (
         f"kvbench's simulation of the trace on {int(blocks):,} blocks of {int(block_size)} tokens, every step "
         f"{step_s * 1000:.1f} ms (the server's median time per token)"

@@ -450,6 +450,7 @@ def test_a_trace_is_replayed_at_its_times_and_its_hits_match_the_simulation_and_
     assert reuse["hit_rate_requests"] == pytest.approx(expected) == reuse["hit_rate_counters"]
     assert reuse["workload"]["ideal_hit_rate"] == pytest.approx(expected)
     assert point["trace"]["requests"] == 12 and point["trace"]["predicted_hit_rate"] == pytest.approx(expected)
+    assert [rate for _, rate in point["trace"]["predicted_with_more_blocks"]] == [pytest.approx(expected)] * 3
     assert set(reuse["hit_rate_by_turn"]) == {"0", "1", "2"}
     records = [json.loads(line) for line in (run / point["requests_file"]).read_text().splitlines()]
     assert sorted(r["cached_tokens"] for r in records if r["turn"] == 2) == [64] * 4

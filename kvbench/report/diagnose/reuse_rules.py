@@ -45,7 +45,7 @@ def reuse_findings(
     if rate is None:
         rate = _share(reuse.get("hit_rate_counters"))
     if events is not None:
-        _thrash(events, t, find, skipped, label)
+        _thrash(events, t, find, skipped, label, _mapping(point.get("trace")))
         if events.get("flag"):
             notes.append(f"{label}: KV events: {events['flag']}")
     if reuse.get("flag"):
@@ -113,7 +113,14 @@ def reuse_findings(
     return findings, skipped, notes
 
 
-def _thrash(events: Mapping[str, Any], t: Thresholds, find: Any, skipped: list[NotEvaluated], label: str) -> None:
+def _thrash(
+    events: Mapping[str, Any],
+    t: Thresholds,
+    find: Any,
+    skipped: list[NotEvaluated],
+    label: str,
+    trace: Mapping[str, Any] | None,
+) -> None:
     share, removed = _share(events.get("kv_thrash_share")), events.get("kv_blocks_removed")
     window = events.get("kv_thrash_window_s")
     if share is None or not isinstance(removed, int) or removed < MIN_REMOVED:
@@ -125,10 +132,21 @@ def _thrash(events: Mapping[str, Any], t: Thresholds, find: Any, skipped: list[N
             "kv_eviction_thrash",
             "warning",
             f"{pct(share)} of the {removed:,} KV blocks the server removed were stored again within {window:g} s "
-            f"({churn:.1f} removals/s): it evicts prefixes it needs again soon",
+            f"({churn:.1f} removals/s): it evicts prefixes it needs again soon{_more_memory(trace)}",
             ("more_kv_memory", "lower_concurrency"),
             {"thrash_share": share, "removed": removed, "window_s": window, "churn_per_s": churn},
         )
+
+
+def _more_memory(trace: Mapping[str, Any] | None) -> str:
+    """What kvbench's simulation of a replayed trace says more KV blocks would keep, in words ('' without one)."""
+    rows = (trace or {}).get("predicted_with_more_blocks") or []
+    now = _share((trace or {}).get("predicted_hit_rate"))
+    steps = [(blocks, rate) for blocks, rate in rows if isinstance(blocks, int) and _share(rate) is not None]
+    if now is None or not steps:
+        return ""
+    said = ", ".join(f"{pct(rate)} with {blocks:,} blocks" for blocks, rate in steps)
+    return f"; kvbench's simulation of the trace predicts {pct(now)} with the server's blocks, {said}"
 
 
 def _mapping(value: Any) -> Mapping[str, Any] | None:

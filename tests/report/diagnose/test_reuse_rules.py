@@ -84,3 +84,16 @@ def test_flags_become_notes():
 def test_values_outside_their_meaning_are_not_judged():
     rules, _, _ = _rules(_point(rate=1.7, ideal=0.6))
     assert rules == {}
+
+
+def test_thrash_on_a_replayed_trace_says_what_more_blocks_would_keep():
+    events = {
+        "kv_thrash_share": 0.4,
+        "kv_blocks_removed": 500,
+        "kv_thrash_window_s": 10.0,
+        "kv_eviction_churn_per_s": 25.0,
+    }
+    point = _point(events=events, predicted=0.45)
+    point["trace"]["predicted_with_more_blocks"] = [[2000, 0.6], [4000, 0.7], [8000, 0.71]]
+    evidence = _rules(point)[0]["kv_eviction_thrash"].evidence
+    assert "predicts 45.0% with the server's blocks, 60.0% with 2,000 blocks, 70.0% with 4,000 blocks" in evidence
