@@ -245,6 +245,16 @@ def _flag(param: Any) -> str:
     return opts[0] if opts else str(getattr(param, "name", "value"))
 
 
+def prefix_caching_option() -> Any:
+    """``--prefix-caching/--no-prefix-caching``, on by default as in vLLM; a declaration per call (a command's
+    help panel is set on it)."""
+    return typer.Option(
+        True,
+        "--prefix-caching/--no-prefix-caching",
+        help="The paged engine's prefix cache: a prompt's leading full blocks another request computed are reused.",
+    )
+
+
 def help_panels(panels: dict[str, Sequence[str]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Group a command's options in its help: ``{panel title: parameter names}``. Put it under
     ``with_run_options`` (the shared options carry panels of their own); a name the command lacks is an error."""

@@ -36,6 +36,7 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
+from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.studies.run_options import EndpointOptions
 from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
@@ -220,7 +221,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
     TargetOption(
         "thrash_window",
         float,
-        10.0,
+        DEFAULT_THRASH_WINDOW_S,
         typer.Option(
             "--thrash-window",
             rich_help_panel=PANEL,
@@ -378,8 +379,7 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         )
         if not trace.requests:
             raise KvbenchError(f"--trace {values['trace']}: no request is left to replay")
-    elif any(values[name] != _default(name) for name in TRACE_SHAPING):
-        shaping = [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != _default(name)]
+    elif shaping := [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != _default(name)]:
         raise KvbenchError(f"{', '.join(shaping)} shape a --trace: give one")
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")

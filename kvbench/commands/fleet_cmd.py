@@ -13,6 +13,7 @@ from kvbench.commands._options import (
     help_panels,
     make_console,
     name_list,
+    prefix_caching_option,
     run_directory,
     writable_file,
 )
@@ -101,9 +102,7 @@ def fleet(
         0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."
     ),
     prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
-    prefix_caching: bool = typer.Option(
-        True, "--prefix-caching/--no-prefix-caching", help="The paged engine's prefix cache."
-    ),
+    prefix_caching: bool = prefix_caching_option(),
     autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
     scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
     scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),

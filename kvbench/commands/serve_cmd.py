@@ -14,6 +14,7 @@ from kvbench.commands._options import (
     make_console,
     parse_size,
     positive_fraction,
+    prefix_caching_option,
     thread_count,
 )
 from kvbench.errors import KvbenchError
@@ -81,11 +82,7 @@ def serve(
         "--grace-period",
         help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503.",
     ),
-    prefix_caching: bool = typer.Option(
-        True,
-        "--prefix-caching/--no-prefix-caching",
-        help="The paged engine reuses the KV of a prompt's leading full blocks another request computed (as vLLM).",
-    ),
+    prefix_caching: bool = prefix_caching_option(),
     kv_events: str | None = typer.Option(
         None,
         "--kv-events",

@@ -225,7 +225,7 @@ async def run_point(
             load.duration_s,
             [(s.elapsed_s + load.started + wall_at_start, s.states) for s in scrapes if s.error is None],
         )
-    point = EndpointPoint(
+    return EndpointPoint(
         described,
         model,
         settings.pattern.describe(),
@@ -248,7 +248,6 @@ async def run_point(
         kv_changes,
         load.started + wall_at_start,
     )
-    return point
 
 
 def run_point_sync(

@@ -116,6 +116,13 @@ class ContiguousManager:
         self.runs: dict[int, tuple[int, int]] = {}  # request id -> (first block, block count)
         self.lengths: dict[int, int] = {}
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return 0  # a slab caches nothing for another request
+
+    def reset_prefix_cache(self) -> bool:
+        return False  # no prefix cache to empty
+
     def reservation_blocks(self, final_length: int) -> int:
         return blocks_for(reservation_tokens(self.policy, final_length, self.max_len), self.block_size)
 

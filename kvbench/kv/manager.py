@@ -112,6 +112,15 @@ class KVManager(Protocol):
 
     def free(self, request_id: int, token_ids: Sequence[int] | None = None) -> None: ...
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose content a prefix cache can hand out (0 without one)."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False when refused (a block is held) or there is no prefix cache."""
+        ...
+
     def check_invariants(self) -> None: ...
 
 

@@ -253,8 +253,9 @@ class PagedManager:
                 start = at
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block, as vLLM's reset does: refused (False) while any block is held."""
-        if self.pool.num_used:
+        """Forget every cached block, as vLLM's reset does: refused (False) while any block is held, or with
+        prefix caching off."""
+        if self.pool.num_used or not self.enable_prefix_caching:
             return False
         self._hash_to_block.clear()
         self._block_to_hash.clear()

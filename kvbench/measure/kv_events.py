@@ -111,7 +111,7 @@ def parse_endpoint(text: str, bind: bool) -> str:
 @dataclass(frozen=True)
 class ReceivedBatch:
     seq: int
-    received_s: float  # our clock (Unix seconds) when it arrived, or when its gap was filled
+    received_s: float  # our clock (Unix seconds) when it arrived; a replayed one's placed by the server's clock
     batch: EventBatch
     replayed: bool = False
 

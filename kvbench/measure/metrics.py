@@ -295,7 +295,7 @@ class KvMetrics(MetricsEndpoint):
         self.preemptions.labels(*labels).inc(max(0, scheduler.num_preemptions - run.preemptions))
         run.preemptions = max(run.preemptions, scheduler.num_preemptions)
         manager = scheduler.manager
-        if getattr(manager, "enable_prefix_caching", False):
+        if manager.enable_prefix_caching:
             self.cached_blocks.labels(*labels).set(manager.num_cached_blocks)
             self.prefix_queries.labels(*labels).inc(max(0, scheduler.prefill_tokens - run.prefix_queries))
             run.prefix_queries = max(run.prefix_queries, scheduler.prefill_tokens)

@@ -405,10 +405,10 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
         right.set_ylim(0, max(105.0, *(r.get("waiting") or 0 for r in waiting)))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-        removed = (timeline.get("kv_events") or {}).get("removed_per_s") or []
+        removed = events.get("removed_per_s") or []
         if any(removed):
             ax.plot(
-                [t + bin_s / 2 for t in timeline["kv_events"]["bin_t_s"]],
+                [t + bin_s / 2 for t in events["bin_t_s"]],
                 removed,
                 ":",
                 color="C1",

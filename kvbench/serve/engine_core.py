@@ -40,7 +40,7 @@ from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak, assert_drained
-from kvbench.kv.paged import PagedManager
+from kvbench.kv.paged import CacheEvent, PagedManager
 from kvbench.measure.metrics import online_fragmentation
 from kvbench.serve.channel import BlockingChannel, ChannelClosed, sampling_from_json
 from kvbench.serve.kv_event_publisher import KvEventPublisher, wire_events
@@ -82,9 +82,10 @@ class EngineCore:
         self.session = engine.session(keep_history=False)
         self.session.on_tokens = self._on_tokens
         self.manager = self.session.scheduler.manager
+        self._events: list[CacheEvent] | None = None  # the manager's changes to its cached set, when published
         if publisher is not None:
             assert isinstance(self.manager, PagedManager), "the server refuses KV events without a prefix cache"
-            self.manager.events = []
+            self.manager.events = self._events = []
         self.jobs: dict[int, CoreJob] = {}
         self._owners: dict[int, tuple[CoreJob, int]] = {}  # engine request id -> (job, its first choice)
         self.handled = 0  # messages taken from the front end so far (an idle report says how many)
@@ -152,10 +153,9 @@ class EngineCore:
         self.channel.send(message)
 
     def _publish_events(self) -> None:
-        events = getattr(self.manager, "events", None)
-        if self.publisher is not None and events:
-            self.publisher.publish(wire_events(events, self.manager.block_size))
-            events.clear()
+        if self.publisher is not None and self._events:
+            self.publisher.publish(wire_events(self._events, self.manager.block_size))
+            self._events.clear()
 
     def stats(self, now: float | None = None) -> dict[str, Any]:
         """What /metrics, the progress line and the tests read of the engine (counts since it started), with the
@@ -163,9 +163,9 @@ class EngineCore:
         self._stats_at = time.perf_counter() if now is None else now
         session = self.session
         scheduler = session.scheduler
-        pool = scheduler.manager.pool
+        manager = scheduler.manager
+        pool = manager.pool
         alloc, self.alloc_seconds[:] = list(self.alloc_seconds), []
-        caching = getattr(scheduler.manager, "enable_prefix_caching", False)
         return {
             "used": pool.num_used,
             "free": pool.num_free,
@@ -180,9 +180,9 @@ class EngineCore:
             "tokens": self.tokens,
             "prompt_tokens": self.prompt_tokens,
             "peak_running": session.peak_running,
-            "prefix_queries": scheduler.prefill_tokens if caching else 0,
+            "prefix_queries": scheduler.prefill_tokens if manager.enable_prefix_caching else 0,
             "prefix_hits": scheduler.cached_tokens,
-            "cached_blocks": getattr(scheduler.manager, "num_cached_blocks", 0),
+            "cached_blocks": manager.num_cached_blocks,
             "alloc": alloc,
         }
 
@@ -247,8 +247,7 @@ class EngineCore:
 
     def _reset(self, reset_id: int) -> None:
         """Empty the prefix cache (refused while a request holds blocks, as vLLM refuses) and say so."""
-        reset = getattr(self.manager, "reset_prefix_cache", None)
-        done = bool(reset()) if reset is not None and getattr(self.manager, "enable_prefix_caching", False) else False
+        done = self.manager.reset_prefix_cache()
         self._publish_events()
         self._send("reset", id=reset_id, ok=done)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.endpoint.client import Target
+from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.workload.prefix_trace import PrefixTrace
 
 
@@ -72,7 +73,7 @@ class EndpointOptions:
     scrape_interval_s: float = 0.5
     scrape: bool = True
     reset_prefix_cache: bool = False
-    thrash_window_s: float = 10.0  # a block stored again this soon after its removal counts as thrash
+    thrash_window_s: float = DEFAULT_THRASH_WINDOW_S  # a block stored again this soon after its removal: thrash
     prefix_hit_rate: float | None = None  # reshape the prompts to this prefix-cache hit rate (0..1), prewarmed
     trace: PrefixTrace | None = None  # a hash-id trace replayed instead of the sweep's requests
     trace_timed: bool = False  # at the trace's own times (else in a closed loop at each concurrency)
