@@ -169,6 +169,16 @@ def _zmq_address(text: str | None, flag: str) -> str | None:
         raise KvbenchError(f"{flag}: {err}") from None
 
 
+def exposed_event_addresses(options) -> list[tuple[str, str]]:
+    """The KV event addresses the server would bind beyond loopback, by flag."""
+    exposed = []
+    for flag, address in (("--kv-events", options.kv_events), ("--kv-events-replay", options.kv_events_replay)):
+        host = (address or "").removeprefix("tcp://").rpartition(":")[0].strip("[]")
+        if address and address.startswith("tcp://") and host not in LOOPBACK:
+            exposed.append((flag, address))
+    return exposed
+
+
 def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, log_interval: float) -> None:
     from kvbench.serve.app import log_to_stderr
     from kvbench.serve.lifecycle import Server, serve_until_signalled
@@ -179,6 +189,8 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
             f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "
             "authentication[/yellow]"
         )
+    for flag, address in exposed_event_addresses(options):
+        console.print(f"[yellow]warning: {flag} {address} is reachable from other machines[/yellow]")
     status = console.status("starting the engine process...")
     server = Server(options, host, port, with_metrics, status.update)
 

@@ -244,3 +244,17 @@ def test_a_killed_engine_process_fails_requests_in_flight_and_the_server_exits_1
     errors = [line for line in lines if "engine process ended" in line]
     assert len(errors) == 1 and errors[0].startswith("error: ") and "killed by SIGKILL" in errors[0], err
     assert "Traceback" not in err
+
+
+def test_kv_event_addresses_beyond_loopback_are_said():
+    from kvbench.commands.serve_cmd import exposed_event_addresses
+    from kvbench.serve.settings import ServeOptions
+
+    near = ServeOptions(kv_events="tcp://127.0.0.1:5557", kv_events_replay="ipc:///tmp/replay")
+    assert exposed_event_addresses(near) == []
+    assert exposed_event_addresses(ServeOptions(kv_events="tcp://[::1]:5557")) == []
+    far = ServeOptions(kv_events="tcp://0.0.0.0:5557", kv_events_replay="tcp://10.0.0.2:5558")
+    assert exposed_event_addresses(far) == [
+        ("--kv-events", "tcp://0.0.0.0:5557"),
+        ("--kv-events-replay", "tcp://10.0.0.2:5558"),
+    ]
