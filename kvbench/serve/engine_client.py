@@ -331,8 +331,21 @@ class EngineClient:
 
     # -- the engine's messages ------------------------------------------------------------------------------
     def _on_message(self, message: dict[str, Any]) -> None:
+        self._take_tokens(message)
+        for job_id, status, text in message.get("fail", ()):
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job._fail(ApiError(status, text))
+        stats = message.get("stats")
+        if stats is not None:
+            self._take_stats(stats)
+        if message["t"] != "step":
+            self._on_control(message)
+
+    def _take_tokens(self, message: dict[str, Any]) -> None:
+        """New tokens and ended choices; each job with news is woken once per message."""
         jobs = self.jobs
-        woken: dict[int, Job] = {}  # jobs with news, each told once per message
+        woken: dict[int, Job] = {}
         out = message.get("out")
         if out:
             for at in range(0, len(out), 3):
@@ -351,16 +364,9 @@ class EngineClient:
             sink = job.sink
             if sink is None or job.done or not sink():
                 job.changed.set()
-        for job_id, status, text in message.get("fail", ()):
-            job = jobs.get(job_id)
-            if job is not None:
-                job._fail(ApiError(status, text))
-        stats = message.get("stats")
-        if stats is not None:
-            self._take_stats(stats)
+
+    def _on_control(self, message: dict[str, Any]) -> None:
         kind = message["t"]
-        if kind == "step":
-            return
         if kind == "reset":
             _resolve(self._resets.pop(message["id"], None), bool(message["ok"]))
         elif kind == "idle":
