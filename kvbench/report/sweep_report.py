@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from rich.table import Table
 
+from kvbench.report.columns import Col, Point, TableSpec
 from kvbench.report.fields import ms_text
 from kvbench.report.point import oom_text, shows_figures
 from kvbench.report.run_input import read_run_json
@@ -204,7 +206,7 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
     )
 
 
-def _per_cpu_second(point: dict) -> float | None:
+def _per_cpu_second(point: Mapping[str, Any]) -> float | None:
     """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
     cpu, tokens = point.get("cpu_time_s"), point.get("total_output_tokens")
     return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.get("duration")) else None
@@ -291,101 +293,83 @@ def article_table(rows: list[dict], simulated: bool) -> Table:
     return table
 
 
-DETAIL_TITLE = "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)"
-DETAIL_COLUMNS = (
-    "engine",
-    "C",
-    "done/rej",
-    "out TPS",
-    "steady TPS",
-    "TTFT p50/p99",
-    "TPOT p50/p99",
-    "peak run",
-    "used/res/int/ext %",
-)  # an OOM or failed point says so where its TPS would be
-WIDE_COLUMNS = (
-    "steady window",
-    "tok/CPU-s",
-    "TTFT mean/std",
-    "TPOT mean/std",
-    "ITL p50/p99",
-    "E2EL p50/p99",
-    "preempt",
-    "KV peak",
-    "frag",
-)
-_HEADERS = {
-    "out TPS": "out\nTPS",
-    "steady TPS": "steady\nTPS",
-    "TTFT p50/p99": "TTFT\np50/p99",
-    "TPOT p50/p99": "TPOT\np50/p99",
-    "peak run": "peak\nrun",
-    "used/res/int/ext %": "used/res/\nint/ext %",
-    "steady window": "steady\nwindow",
-    "tok/CPU-s": "out tok/\nCPU-s",
-    "TTFT mean/std": "TTFT\nmean/std",
-    "TPOT mean/std": "TPOT\nmean/std",
-    "ITL p50/p99": "ITL\np50/p99",
-    "E2EL p50/p99": "E2EL\np50/p99",
-    "KV peak": "KV\npeak",
-}
-
-
-def detail_rows(points: list[dict], wide: bool = False) -> list[list[str]]:
-    """One row per point in :data:`DETAIL_COLUMNS` (and :data:`WIDE_COLUMNS` with ``wide``): the console's
-    per-point table and summary.md's. An OOM point shows its counts and memory, never its throughput or latency."""
-    rows = []
-    for p in points:
-        if p["status"] == "error":
-            row = [p["engine"], str(p["concurrency"]), "-", "error", (p.get("error") or "")[:40]]
-            rows.append(row + [""] * (len(DETAIL_COLUMNS) + (len(WIDE_COLUMNS) if wide else 0) - len(row)))
-            continue
-        figures = shows_figures(p)
-        w = p["waste"]
-        hidden = "OOM" if p["status"] == "oom" else "-"
-        row = [
-            p["engine"],
-            str(p["concurrency"]),
-            f"{p['completed']}/{p['rejected']}",
-            f"{p['output_throughput']:,.0f}" if figures else hidden,
-            _steady_tps(p) if figures else "-",
-            _pair(p, "p50", "p99", "ttft") if figures else "-",
-            _pair(p, "p50", "p99", "tpot") if figures else "-",
-            str(p["peak_running"]),
-            f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}",
-        ]
-        if wide:
-            window = p.get("steady_window_s")
-            row += [
-                f"{window:,.2f} s, {p['steady_window_pct']:.0f}%" if figures and window is not None else "-",
-                f"{_per_cpu_second(p):,.0f}" if figures and _per_cpu_second(p) else "-",
-                _pair(p, "mean", "std", "ttft") if figures else "-",
-                _pair(p, "mean", "std", "tpot") if figures else "-",
-                _pair(p, "p50", "p99", "itl") if figures else "-",
-                _pair(p, "p50", "p99", "e2el") if figures else "-",
-                str(p["preemptions"]),
-                human_bytes(p["kv_peak_allocated_bytes"]),
-                f"{p['fragmentation_mean']:.2f}",
-            ]
-        rows.append(row)
-    return rows
-
-
-def detail_table(points: list[dict], wide: bool = False) -> Table:
-    """The per-point table; its default columns fit a 100-column terminal, ``wide`` adds the rest."""
-    columns = (*DETAIL_COLUMNS, *WIDE_COLUMNS) if wide else DETAIL_COLUMNS
-    caption = None if wide else "more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table"
-    table = Table(title=DETAIL_TITLE, caption=caption, show_edge=False)
-    for column in columns:
-        table.add_column(_HEADERS.get(column, column), justify="left" if column == "engine" else "right", no_wrap=True)
-    for row in detail_rows(points, wide):
-        table.add_row(*row)
-    return table
-
-
-def _steady_tps(point: dict) -> str:
+def _steady_tps(point: Mapping[str, Any]) -> str:
     tps = point.get("steady_output_throughput")
     return "no window" if tps is None else f"{tps:,.0f}"
+
+
+def _engine_label(point: Point) -> str:
+    engine = point["engine"]
+    return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
+
+
+def _waste_shares(point: Point) -> str:
+    w = point["waste"]
+    return f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}"
+
+
+def _steady_window(point: Point) -> str:
+    window = point.get("steady_window_s")
+    return "-" if window is None else f"{window:,.2f} s, {point['steady_window_pct']:.0f}%"
+
+
+def _cpu_second_text(point: Point) -> str:
+    rate = _per_cpu_second(point)
+    return f"{rate:,.0f}" if rate else "-"
+
+
+def _latency(first: str, second: str, kind: str) -> Callable[[Point], str]:
+    return lambda p: _pair(p, first, second, kind)
+
+
+POINT_TABLE = TableSpec(
+    "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)",
+    (
+        Col("engine", _engine_label, "engine", key=True, figure=False, numeric=False),
+        Col("C", lambda p: str(p["concurrency"]), "concurrency", key=True, figure=False),
+        Col("done/rej", lambda p: f"{p['completed']}/{p['rejected']}", "completed", figure=False),
+        Col("out TPS", lambda p: f"{p['output_throughput']:,.0f}", "output_throughput", "out\nTPS"),
+        Col("steady TPS", _steady_tps, "steady_output_throughput", "steady\nTPS"),
+        Col("TTFT p50/p99", _latency("p50", "p99", "ttft"), "p99_ttft_ms", "TTFT\np50/p99"),
+        Col("TPOT p50/p99", _latency("p50", "p99", "tpot"), "p99_tpot_ms", "TPOT\np50/p99"),
+        Col("peak run", lambda p: str(p["peak_running"]), "peak_running", "peak\nrun", figure=False),
+        Col(
+            "used/res/int/ext %",
+            _waste_shares,
+            "waste",
+            "used/res/\nint/ext %",
+            figure=False,
+            sort=lambda p: p["waste"]["token_state_pct"],
+        ),
+        Col("steady window", _steady_window, "steady_window_s", "steady\nwindow", wide=True),
+        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=_per_cpu_second),
+        Col("TTFT mean/std", _latency("mean", "std", "ttft"), "mean_ttft_ms", "TTFT\nmean/std", wide=True),
+        Col("TPOT mean/std", _latency("mean", "std", "tpot"), "mean_tpot_ms", "TPOT\nmean/std", wide=True),
+        Col("ITL p50/p99", _latency("p50", "p99", "itl"), "p99_itl_ms", "ITL\np50/p99", wide=True),
+        Col("E2EL p50/p99", _latency("p50", "p99", "e2el"), "p99_e2el_ms", "E2EL\np50/p99", wide=True, page=True),
+        Col("preempt", lambda p: str(p["preemptions"]), "preemptions", wide=True, page=True, figure=False),
+        Col(
+            "KV peak",
+            lambda p: human_bytes(p["kv_peak_allocated_bytes"]),
+            "kv_peak_allocated_bytes",
+            "KV\npeak",
+            wide=True,
+            page=True,
+            figure=False,
+        ),
+        Col(
+            "frag", lambda p: f"{p['fragmentation_mean']:.2f}", "fragmentation_mean", wide=True, page=True, figure=False
+        ),
+    ),
+    caption="more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table",
+)
+POINT_TABLE_NOTE = (
+    "C: requests in flight; done/rej: requests completed and rejected. Steady TPS: while all C were in flight, "
+    "with that window's length and share of the run. TTFT: time to first token; TPOT: time per output token after "
+    "the first; ITL: between tokens; E2EL: end to end. used/res/int/ext: the KV pool's token states, reservation, "
+    "internal and external fragmentation, time-averaged shares; frag: 1 - used / allocated. A point that ran out "
+    "of KV memory (OOM) or failed shows no throughput or latency: they would describe a lighter load."
+)
 
 
 def steady_warnings(points: list[dict]) -> list[str]:
@@ -482,7 +466,7 @@ def _reservation_caption(meta: dict) -> str:
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
-def _pair(point: dict, first: str, second: str, kind: str) -> str:
+def _pair(point: Mapping[str, Any], first: str, second: str, kind: str) -> str:
     """Two latency statistics of ``kind`` in ms, e.g. ``0.412/0.631`` for p50/p99 of TPOT."""
     a, b = point.get(f"{first}_{kind}_ms"), point.get(f"{second}_{kind}_ms")
     return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
@@ -508,7 +492,7 @@ def print_sweep(
     console.print(article_table(article_rows(points), simulated))
     for line in headline_findings(points, meta):
         console.print(line)
-    console.print(detail_table(points, wide))
+    console.print(POINT_TABLE.rich(points, wide))
     if meta is not None and shows_output_lengths(meta):
         console.print(output_length_table(points, meta))
     for line in steady_warnings(points):
@@ -582,8 +566,8 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         md.append(f"\n{REFERENCE_CAPTION}.\n")
     if findings:
         md.append("\n" + "\n\n".join(findings) + "\n")
-    md.append(f"\n## {DETAIL_TITLE}\n\n")
-    md.append(markdown_table([*DETAIL_COLUMNS, *WIDE_COLUMNS], detail_rows(points, wide=True)))
+    md.append(f"\n## {POINT_TABLE.title}\n\n")
+    md.append(POINT_TABLE.markdown(points))
     write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
     write_plots(run_dir, meta, points)
     return document

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from kvbench.report.columns import TableSpec
 from kvbench.report.diagnose.findings import Diagnosis
 from kvbench.report.figure_capture import CapturedFigure, capture
 from kvbench.report.html import units
@@ -291,3 +292,25 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
     return Section("provenance", "Provenance", [Facts(facts)])
+
+
+def spec_table(spec: TableSpec, points: Sequence[Mapping[str, Any]], id: str, note: str = "") -> Table:
+    """A table described once (:mod:`kvbench.report.columns`) as report.html draws it: every column, sortable by
+    each field's value, a failed point's mark in red and its hidden figures ordered last."""
+    shown = spec.on_page()
+    columns = [Column(c.heading, c.numeric) for c in shown]
+    rows = []
+    for point in points:
+        cells = spec.marked_row(point, shown)
+        rows.append(
+            [
+                Cell(
+                    text,
+                    None if hidden else column.sort_value(point),
+                    "bad" if hidden and text not in ("", "-") else "",
+                    column.field,
+                )
+                for column, (text, hidden) in zip(shown, cells, strict=True)
+            ]
+        )
+    return Table(spec.title, columns, rows, note=note, id=id)

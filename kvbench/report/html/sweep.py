@@ -12,12 +12,15 @@ from kvbench.report.html.common import (
     figures_block,
     findings_section,
     provenance_section,
+    spec_table,
     waterfall_section,
 )
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
+    POINT_TABLE,
+    POINT_TABLE_NOTE,
     REFERENCE_CAPTION,
     REFERENCE_ENGINES,
     article_rows,
@@ -329,94 +332,13 @@ def headline_section(rows: list[dict], points: list[dict], meta: dict) -> Sectio
 
 # -- per point ------------------------------------------------------------------------------------------
 
-POINT_COLUMNS = [
-    Column("engine", False),
-    Column("C"),
-    Column("status", False),
-    Column("done / rejected"),
-    Column("output throughput (tok/s)"),
-    Column("steady throughput (tok/s, share of run)"),
-    Column("TTFT p50 / p99 (ms)"),
-    Column("TPOT p50 / p99 (ms)"),
-    Column("end-to-end p99 (ms)"),
-    Column("peak running"),
-    Column("preempt\u00adions"),
-    Column("KV pool: token states / reservation / internal / external (%)"),
-    Column("fragment\u00adation (0-1)"),
-    Column("KV peak allocated"),
-]
-
-
-def _engine_label(engine: str) -> str:
-    return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
-
-
-def _pair(p: dict, kind: str) -> Cell:
-    """ "p50 / p99" of a latency, sorted by its p99."""
-    low, high = p.get(f"p50_{kind}_ms"), p.get(f"p99_{kind}_ms")
-    text = units.MISSING if low is None and high is None else f"{units.ms_number(low)} / {units.ms_number(high)}"
-    return Cell(text, units.sort_key(high), field=f"{kind}_ms")
-
-
-def point_row(p: dict) -> list[Cell]:
-    """One point in :data:`POINT_COLUMNS`; a failed point says why instead."""
-    status_tone = {"ok": "", "oom": "bad", "error": "bad"}.get(p["status"], "warn")
-    head = [
-        Cell(_engine_label(p["engine"]), p["engine"], field="engine"),
-        Cell(str(p["concurrency"]), p["concurrency"], field="concurrency"),
-        Cell(p["status"].upper() if p["status"] != "ok" else "ok", p["status"], status_tone, "status"),
-    ]
-    if p["status"] == "error":
-        reason = Cell(f"failed: {p.get('error', 'no reason recorded')}", None, "bad", "error")
-        return head + [reason] + [Cell("", None) for _ in POINT_COLUMNS[4:]]
-    waste = p.get("waste") or {}
-    steady = p.get("steady_output_throughput")
-    steady_text = (
-        units.MISSING if steady is None else f"{units.num(steady)} ({units.pct(p.get('steady_window_pct'), 0)})"
-    )
-    shares = " / ".join(
-        units.num(waste.get(key), 0) for key in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")
-    )
-
-    def number(field: str, text: str) -> Cell:
-        return Cell(text, units.sort_key(p.get(field)), field=field)
-
-    return head + [
-        Cell(
-            f"{units.count(p.get('completed'))} / {units.count(p.get('rejected'))}",
-            units.sort_key(p.get("completed")),
-            field="completed",
-        ),
-        number("output_throughput", units.num(p.get("output_throughput"))),
-        Cell(steady_text, units.sort_key(steady), field="steady_output_throughput"),
-        _pair(p, "ttft"),
-        _pair(p, "tpot"),
-        number("p99_e2el_ms", units.ms_number(p.get("p99_e2el_ms"))),
-        number("peak_running", units.count(p.get("peak_running"))),
-        number("preemptions", units.count(p.get("preemptions"))),
-        Cell(shares, units.sort_key(waste.get("token_state_pct")), field="waste"),
-        number("fragmentation_mean", units.num(p.get("fragmentation_mean"), 2)),
-        number("kv_peak_allocated_bytes", units.nbytes(p.get("kv_peak_allocated_bytes"))),
-    ]
-
 
 def points_section(points: list[dict], meta: dict) -> Section:
     blocks: list[Any] = []
     warnings = steady_warnings(points)
     if warnings:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
-    blocks.append(
-        Table(
-            "Every point (select a column heading to sort)",
-            POINT_COLUMNS,
-            [point_row(p) for p in points],
-            id="points-table",
-            note="C: requests in flight. Steady throughput: while all C were in flight, with that "
-            "window's share of the run. TTFT: time to first token; TPOT: time per output token "
-            "after the first. Shares of the KV pool are time-averaged over the run; fragmentation "
-            "is 1 - used / allocated.",
-        )
-    )
+    blocks.append(spec_table(POINT_TABLE, points, "points-table", POINT_TABLE_NOTE))
     if shows_output_lengths(meta):
         rows = [[Cell(text, None) for text in row] for row in output_length_rows(points)]
         blocks.append(

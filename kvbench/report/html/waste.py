@@ -7,12 +7,13 @@ from typing import Any
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.html import units
-from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
+from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.html.sweep import POINT_COLUMNS, point_row
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
+    POINT_TABLE,
+    POINT_TABLE_NOTE,
     output_length_rows,
     output_length_title,
     shows_output_lengths,
@@ -42,13 +43,7 @@ def build(run: RunFiles) -> Page:
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     per_point: list[Any] = [
-        Table(
-            "Every strategy (select a column heading to sort)",
-            POINT_COLUMNS,
-            [point_row(p) for p in points],
-            id="points-table",
-            note="Simulated step times (roofline); shares of the KV pool time-averaged.",
-        )
+        spec_table(POINT_TABLE, points, "points-table", "Simulated step times (roofline). " + POINT_TABLE_NOTE)
     ]
     if shows_output_lengths(meta):
         per_point.append(

@@ -138,8 +138,8 @@ def test_the_page_of_a_sweep_holds_what_a_reader_asks_in_order(sweep_run):
     assert len(points) == len(summary["points"])
     for shown, point in zip(points, summary["points"], strict=True):
         assert shown["engine"] == point["engine"] and int(shown["concurrency"]) == point["concurrency"]
-        assert shown["output_throughput"] == f"{point['output_throughput']:,.1f}"
-        assert shown["completed"] == f"{point['completed']:,} / {point['rejected']:,}"
+        assert shown["output_throughput"] == f"{point['output_throughput']:,.0f}"  # as the console and summary.md
+        assert shown["completed"] == f"{point['completed']}/{point['rejected']}"
     plots = [f.attrs["data-plot"] for f in page.find_all("figure")]
     assert {"throughput.png", "latency.png", "memory.png", "blocks_over_time.png"} <= set(plots)
     assert sorted(p for p in plots if p.startswith("waterfall-")) == sorted(
@@ -222,3 +222,32 @@ def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
     repeated = [{**single[0], "contiguous_tps_ci95": 3.0, "paged_tps_ci95": 2.5}]
     assert "±" not in headline_table(single).note
     assert "± is the 95% confidence interval over repeats" in headline_table(repeated).note
+
+
+def test_a_point_that_ran_out_of_kv_memory_shows_no_figure_in_any_output(oom_sweep_run):
+    """One rule for failed points: the page, summary.md and summary.json's reader all mark the OOM point, and
+    none of them prints its throughput or latency, which describe a lighter load than the one asked for."""
+    summary = json.loads((oom_sweep_run / "summary.json").read_text())
+    oom = next(p for p in summary["points"] if p["status"] == "oom")
+    figures = [
+        f"{oom['output_throughput']:,.0f}",
+        f"{oom['output_throughput']:,.1f}",
+        *(f"{oom[f'p99_{kind}_ms']:.1f}" for kind in ("ttft", "tpot") if oom.get(f"p99_{kind}_ms")),
+    ]
+    page = parse((oom_sweep_run / REPORT_FILE).read_text())
+    row = next(
+        r
+        for r in table_rows(page, "points-table")
+        if r["engine"] == oom["engine"] and int(r["concurrency"]) == oom["concurrency"]
+    )
+    assert row["output_throughput"] == "OOM"
+    assert {row[f] for f in ("steady_output_throughput", "p99_ttft_ms", "p99_tpot_ms", "p99_e2el_ms")} == {"-"}
+    assert row["completed"] == f"{oom['completed']}/{oom['rejected']}"  # what it held is shown
+    markdown_row = next(
+        line
+        for line in (oom_sweep_run / "summary.md").read_text().splitlines()
+        if line.startswith(f"| {oom['engine']} | {oom['concurrency']} |")
+    )
+    assert "| OOM |" in markdown_row
+    for figure in figures:
+        assert figure not in " ".join(row.values()) and f"| {figure} |" not in markdown_row

@@ -1,0 +1,98 @@
+"""A table described once: each column's heading, cell text, field and place, rendered from one description to
+the console, Markdown and report.html, with one rule for a point that failed (its figures never shown).
+
+Adding a column to such a table is one entry in its column tuple; every output picks it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table as RichTable
+
+from kvbench.report.point import shows_figures
+from kvbench.report.rundir import markdown_table
+
+Point = Mapping[str, Any]
+ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column: the text of each cell and where the column shows.
+
+    ``figure`` columns hold what a point measured (throughput, latency): a point that did not finish its load
+    (OOM, error) shows its mark in the first of them and "-" in the rest, in every output. ``key`` columns name
+    the point and are the only ones an error row keeps.
+    """
+
+    heading: str  # Markdown and report.html; with its unit or its table's title giving it
+    text: Callable[[Point], str]
+    field: str = ""  # the summary field shown (report.html's data-field); its value orders the rows there
+    short: str = ""  # the console heading where the full one is too wide (a line break allowed)
+    wide: bool = False  # only in the wide console table and Markdown (and report.html with ``page``)
+    page: bool = False  # a wide column report.html shows too (its table fits 1,280 px without it otherwise)
+    figure: bool = True
+    key: bool = False
+    numeric: bool = True  # right-aligned, and ordered as a number in report.html
+    sort: Callable[[Point], Any] | None = None  # the value report.html orders by (default: the field's value)
+
+    def sort_value(self, point: Point) -> Any:
+        if self.sort is not None:
+            return self.sort(point)
+        return point.get(self.field) if self.field else None
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    title: str
+    columns: tuple[Col, ...]
+    caption: str = ""  # under the narrow console table: what the wide one adds
+
+    def shown(self, wide: bool) -> list[Col]:
+        return [c for c in self.columns if wide or not c.wide]
+
+    def on_page(self) -> list[Col]:
+        return [c for c in self.columns if c.page or not c.wide]
+
+    def row(self, point: Point, wide: bool = True) -> list[str]:
+        """A point's cell texts; a failed point's figures replaced by its mark (OOM, or error and why)."""
+        return [text for text, _ in self.marked_row(point, self.shown(wide))]
+
+    def marked_row(self, point: Point, columns: Sequence[Col]) -> list[tuple[str, bool]]:
+        """Each cell's text and whether it is a failed point's mark or a hidden figure (no value to order by)."""
+        status = point.get("status", "ok")
+        if status == "error":
+            cells = [(c.text(point), False) if c.key else ("", True) for c in columns]
+            free = [i for i, c in enumerate(columns) if not c.key]
+            reason = str(point.get("error") or "no reason recorded")[:ERROR_TEXT_CHARS]
+            for at, text in zip(free, ("error", reason), strict=False):
+                cells[at] = (text, True)
+            return cells
+        if shows_figures(point):
+            return [(c.text(point), False) for c in columns]
+        mark = "OOM" if status == "oom" else str(status)
+        cells, marked = [], False
+        for c in columns:
+            if c.figure:
+                cells.append(("-" if marked else mark, True))
+                marked = True
+            else:
+                cells.append((c.text(point), False))
+        return cells
+
+    def rows(self, points: Sequence[Point], wide: bool = True) -> list[list[str]]:
+        return [self.row(p, wide) for p in points]
+
+    def rich(self, points: Sequence[Point], wide: bool = False) -> RichTable:
+        table = RichTable(title=self.title, caption=None if wide else (self.caption or None), show_edge=False)
+        for c in self.shown(wide):
+            table.add_column(c.short or c.heading, justify="left" if not c.numeric else "right", no_wrap=True)
+        for row in self.rows(points, wide):
+            table.add_row(*row)
+        return table
+
+    def markdown(self, points: Sequence[Point]) -> str:
+        return markdown_table([c.heading for c in self.columns], self.rows(points))
