@@ -15,7 +15,7 @@ from rich.table import Table as RichTable
 from kvbench.report.point import shows_figures
 from kvbench.report.rundir import markdown_table
 
-Point = Mapping[str, Any]
+PointMap = Mapping[str, Any]  # a point as summary.json holds it
 ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell
 
 
@@ -29,7 +29,7 @@ class Col:
     """
 
     heading: str  # Markdown and report.html; with its unit or its table's title giving it
-    text: Callable[[Point], str]
+    text: Callable[[PointMap], str]
     field: str = ""  # the summary field shown (report.html's data-field); its value orders the rows there
     short: str = ""  # the console heading where the full one is too wide (a line break allowed)
     wide: bool = False  # only in the wide console table and Markdown (and report.html with ``page``)
@@ -37,9 +37,9 @@ class Col:
     figure: bool = True
     key: bool = False
     numeric: bool = True  # right-aligned, and ordered as a number in report.html
-    sort: Callable[[Point], Any] | None = None  # the value report.html orders by (default: the field's value)
+    sort: Callable[[PointMap], Any] | None = None  # the value report.html orders by (default: the field's value)
 
-    def sort_value(self, point: Point) -> Any:
+    def sort_value(self, point: PointMap) -> Any:
         if self.sort is not None:
             return self.sort(point)
         return point.get(self.field) if self.field else None
@@ -49,7 +49,13 @@ class Col:
 class TableSpec:
     title: str
     columns: tuple[Col, ...]
-    caption: str = ""  # under the narrow console table: what the wide one adds
+    caption: str = ""  # under the console table
+    narrow_caption: str = ""  # under the narrow console table only: what the wide one adds
+    partial_errors: bool = False  # an error point measured what it completed: its figures stay, in red
+
+    def failed(self, point: PointMap) -> bool:
+        """Whether a point is drawn as failed (red) with its figures kept (``partial_errors``)."""
+        return self.partial_errors and point.get("status", "ok") != "ok"
 
     def shown(self, wide: bool) -> list[Col]:
         return [c for c in self.columns if wide or not c.wide]
@@ -57,13 +63,15 @@ class TableSpec:
     def on_page(self) -> list[Col]:
         return [c for c in self.columns if c.page or not c.wide]
 
-    def row(self, point: Point, wide: bool = True) -> list[str]:
+    def row(self, point: PointMap, wide: bool = True) -> list[str]:
         """A point's cell texts; a failed point's figures replaced by its mark (OOM, or error and why)."""
         return [text for text, _ in self.marked_row(point, self.shown(wide))]
 
-    def marked_row(self, point: Point, columns: Sequence[Col]) -> list[tuple[str, bool]]:
+    def marked_row(self, point: PointMap, columns: Sequence[Col]) -> list[tuple[str, bool]]:
         """Each cell's text and whether it is a failed point's mark or a hidden figure (no value to order by)."""
         status = point.get("status", "ok")
+        if self.partial_errors:
+            return [(c.text(point), False) for c in columns]
         if status == "error":
             cells = [(c.text(point), False) if c.key else ("", True) for c in columns]
             free = [i for i, c in enumerate(columns) if not c.key]
@@ -83,16 +91,17 @@ class TableSpec:
                 cells.append((c.text(point), False))
         return cells
 
-    def rows(self, points: Sequence[Point], wide: bool = True) -> list[list[str]]:
+    def rows(self, points: Sequence[PointMap], wide: bool = True) -> list[list[str]]:
         return [self.row(p, wide) for p in points]
 
-    def rich(self, points: Sequence[Point], wide: bool = False) -> RichTable:
-        table = RichTable(title=self.title, caption=None if wide else (self.caption or None), show_edge=False)
+    def rich(self, points: Sequence[PointMap], wide: bool = False) -> RichTable:
+        caption = " ".join(t for t in (self.caption, "" if wide else self.narrow_caption) if t)
+        table = RichTable(title=self.title, caption=caption or None, show_edge=False)
         for c in self.shown(wide):
             table.add_column(c.short or c.heading, justify="left" if not c.numeric else "right", no_wrap=True)
-        for row in self.rows(points, wide):
-            table.add_row(*row)
+        for point in points:
+            table.add_row(*self.row(point, wide), style="red" if self.failed(point) else None)
         return table
 
-    def markdown(self, points: Sequence[Point]) -> str:
+    def markdown(self, points: Sequence[PointMap]) -> str:
         return markdown_table([c.heading for c in self.columns], self.rows(points))

@@ -16,6 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from kvbench.fileio import run_file
+from kvbench.report.columns import Col, PointMap, TableSpec
 from kvbench.report.fields import ms_text
 from kvbench.report.point import Point
 from kvbench.report.progress import sweep_progress_bars
@@ -23,22 +24,6 @@ from kvbench.report.run_input import read_run_json
 from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, markdown_table, write_summary
 
-TABLE_TITLE = "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)"
-COLUMNS = (
-    "target",
-    "load",
-    "done/fail",
-    "out TPS",
-    "req/s",
-    "TTFT p50/p99",
-    "TPOT p50/p99",
-    "E2EL p50",
-    "SLO met",
-    "KV % peak/mean",
-    "preempt",
-    "run/wait",
-    "prefix hit %",
-)
 FIND_MAX_COLUMNS = (
     "target",
     "highest load meeting the SLO",
@@ -53,12 +38,12 @@ def is_endpoint_run(document: dict[str, Any]) -> bool:
     return isinstance(document.get("endpoint"), dict)
 
 
-def level_of(point: dict[str, Any]) -> float:
+def level_of(point: PointMap) -> float:
     rate = point.get("request_rate")
     return float(point["concurrency"]) if rate is None else float(rate)
 
 
-def level_text(point: dict[str, Any]) -> str:
+def level_text(point: PointMap) -> str:
     if ((point.get("endpoint") or {}).get("load") or {}).get("pattern") == "trace":
         return "trace"
     rate = point.get("request_rate")
@@ -85,49 +70,60 @@ def _count(value: Any) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _pair(point: dict[str, Any], kind: str) -> str:
+def _pair(point: PointMap, kind: str) -> str:
     a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
     return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
 
 
-def point_row(p: dict[str, Any]) -> list[str]:
-    """One point in :data:`COLUMNS` (the console table and summary.md alike)."""
-    goodput = p.get("request_goodput")
-    throughput = p.get("request_throughput")
-    slo = "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
-    failed = p.get("failed") or 0
+def _done(p: PointMap) -> str:
+    return f"{p['completed']:g}/{p.get('failed') or 0}"
+
+
+def _output_tps(p: PointMap) -> str:
+    if not p["completed"]:
+        return "-"
     spread = p.get("output_throughput_ci95")  # --repeat: the 95% CI over the runs
-    return [
-        p["engine"],
-        level_text(p),
-        f"{p['completed']:g}/{failed}",
-        f"{p['output_throughput']:,.0f}" + (f" ± {spread:,.0f}" if spread else "") if p["completed"] else "-",
-        f"{p['request_throughput']:,.2f}",
-        _pair(p, "ttft"),
-        _pair(p, "tpot"),
-        "-" if p.get("p50_e2el_ms") is None else ms_text(p["p50_e2el_ms"]),
-        slo,
-        f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}",
-        _count(p.get("preemptions")),
-        f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}",
-        _pct(p.get("prefix_cache_hit_rate")),
-    ]
+    return f"{p['output_throughput']:,.0f}" + (f" ± {spread:,.0f}" if spread else "")
 
 
-def points_table(points: Sequence[dict[str, Any]]) -> Table:
-    table = Table(
-        title=TABLE_TITLE,
-        show_edge=False,
-        caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
-        "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
-        "given, or the server does not expose it); for a repeated point, done is the mean over the runs, failed their "
-        "sum, and ± the 95% CI of output tok/s",
-    )
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
-    for p in ordered(points):
-        table.add_row(*point_row(p), style="red" if p["status"] != "ok" else None)
-    return table
+def _slo_met(p: PointMap) -> str:
+    goodput, throughput = p.get("request_goodput"), p.get("request_throughput")
+    return "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
+
+
+POINT_TABLE = TableSpec(
+    "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)",
+    (
+        Col("target", lambda p: p["engine"], "engine", key=True, figure=False, numeric=False),
+        Col("load", level_text, "concurrency", key=True, figure=False, numeric=False, sort=level_of),
+        Col("done/fail", _done, "completed", figure=False),
+        Col("out TPS", _output_tps, "output_throughput"),
+        Col("req/s", lambda p: f"{p['request_throughput']:,.2f}", "request_throughput"),
+        Col("TTFT p50/p99", lambda p: _pair(p, "ttft"), "p99_ttft_ms"),
+        Col("TPOT p50/p99", lambda p: _pair(p, "tpot"), "p99_tpot_ms"),
+        Col("E2EL p50", lambda p: ms_text(p.get("p50_e2el_ms")), "p50_e2el_ms"),
+        Col("SLO met", _slo_met, "request_goodput"),
+        Col(
+            "KV % peak/mean",
+            lambda p: f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}",
+            "kv_usage_peak",
+            figure=False,
+        ),
+        Col("preempt", lambda p: _count(p.get("preemptions")), "preemptions", figure=False),
+        Col(
+            "run/wait",
+            lambda p: f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}",
+            "peak_running",
+            figure=False,
+        ),
+        Col("prefix hit %", lambda p: _pct(p.get("prefix_cache_hit_rate")), "prefix_cache_hit_rate", figure=False),
+    ),
+    caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
+    "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
+    "given, or the server does not expose it); for a repeated point, done is the mean over the runs, failed their "
+    "sum, and ± the 95% CI of output tok/s",
+    partial_errors=True,
+)
 
 
 def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
@@ -244,8 +240,8 @@ def markdown(document: dict[str, Any]) -> str:
     ]
     if meta.get("stop_description"):
         md.append(f"Stop: {meta['stop_description']}\n\n")
-    md.append(f"## {TABLE_TITLE}\n\n")
-    md.append(markdown_table(list(COLUMNS), [point_row(p) for p in ordered(points)]))
+    md.append(f"## {POINT_TABLE.title}\n\n")
+    md.append(POINT_TABLE.markdown(ordered(points)))
     searches = document["endpoint"].get("find_max") or []
     if searches:
         md.append("\n## The highest load meeting the SLO\n\n")
@@ -434,7 +430,7 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
 
 def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
     points = document["points"]
-    console.print(points_table(points))
+    console.print(POINT_TABLE.rich(ordered(points)))
     searches = document["endpoint"].get("find_max") or []
     if searches:
         console.print(find_max_table(searches, document["endpoint"].get("slo")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -100,7 +101,7 @@ class Point:
         return cls(engine, concurrency, scenario, status="error", error=error, traceback=traceback)
 
 
-def shows_figures(point: dict[str, Any]) -> bool:
+def shows_figures(point: Mapping[str, Any]) -> bool:
     """Whether a point's throughput, latency and steady figures are shown as figures: only an ok point's.
 
     An OOM point served only the requests its KV memory admitted and rejected the rest, so its figures describe
@@ -110,7 +111,7 @@ def shows_figures(point: dict[str, Any]) -> bool:
     return point.get("status") == "ok"
 
 
-def oom_text(point: dict[str, Any]) -> str:
+def oom_text(point: Mapping[str, Any]) -> str:
     """The mark of an OOM point: how many of its requests were turned away."""
     rejected, completed = point.get("rejected") or 0, point.get("completed") or 0
     return f"OOM: {rejected:,} of {rejected + completed:,} requests rejected"

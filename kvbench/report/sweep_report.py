@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 from rich.table import Table
 
-from kvbench.report.columns import Col, Point, TableSpec
+from kvbench.report.columns import Col, PointMap, TableSpec
 from kvbench.report.fields import ms_text
 from kvbench.report.point import oom_text, shows_figures
 from kvbench.report.run_input import read_run_json
@@ -298,27 +298,27 @@ def _steady_tps(point: Mapping[str, Any]) -> str:
     return "no window" if tps is None else f"{tps:,.0f}"
 
 
-def _engine_label(point: Point) -> str:
+def _engine_label(point: PointMap) -> str:
     engine = point["engine"]
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
 
-def _waste_shares(point: Point) -> str:
+def _waste_shares(point: PointMap) -> str:
     w = point["waste"]
     return f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}"
 
 
-def _steady_window(point: Point) -> str:
+def _steady_window(point: PointMap) -> str:
     window = point.get("steady_window_s")
     return "-" if window is None else f"{window:,.2f} s, {point['steady_window_pct']:.0f}%"
 
 
-def _cpu_second_text(point: Point) -> str:
+def _cpu_second_text(point: PointMap) -> str:
     rate = _per_cpu_second(point)
     return f"{rate:,.0f}" if rate else "-"
 
 
-def _latency(first: str, second: str, kind: str) -> Callable[[Point], str]:
+def _latency(first: str, second: str, kind: str) -> Callable[[PointMap], str]:
     return lambda p: _pair(p, first, second, kind)
 
 
@@ -361,7 +361,7 @@ POINT_TABLE = TableSpec(
             "frag", lambda p: f"{p['fragmentation_mean']:.2f}", "fragmentation_mean", wide=True, page=True, figure=False
         ),
     ),
-    caption="more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table",
+    narrow_caption="more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table",
 )
 POINT_TABLE_NOTE = (
     "C: requests in flight; done/rej: requests completed and rejected. Steady TPS: while all C were in flight, "

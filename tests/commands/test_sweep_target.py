@@ -100,7 +100,7 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
     capsys.readouterr()
     assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text()
-    assert "Each target at each load" in page and "client throughput and server KV usage" in page
+    assert "Servers over HTTP (TPS = output tokens/s" in page and "client throughput and server KV usage" in page
     assert main(["compare", str(run), str(run)]) == 0
 
 

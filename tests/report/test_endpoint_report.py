@@ -3,7 +3,13 @@ server does not expose (never 0), and the find-max rows."""
 
 from __future__ import annotations
 
-from kvbench.report.endpoint_report import COLUMNS, find_max_rows, findings, level_text, ordered, point_row
+from kvbench.report.endpoint_report import POINT_TABLE, find_max_rows, findings, level_text, ordered
+
+COLUMNS = [c.heading for c in POINT_TABLE.columns]
+
+
+def point_row(point):
+    return POINT_TABLE.row(point)
 
 
 def _point(**extra):

@@ -302,12 +302,13 @@ def spec_table(spec: TableSpec, points: Sequence[Mapping[str, Any]], id: str, no
     rows = []
     for point in points:
         cells = spec.marked_row(point, shown)
+        failed = spec.failed(point)
         rows.append(
             [
                 Cell(
                     text,
                     None if hidden else column.sort_value(point),
-                    "bad" if hidden and text not in ("", "-") else "",
+                    "bad" if failed or (hidden and text not in ("", "-")) else "",
                     column.field,
                 )
                 for column, (text, hidden) in zip(shown, cells, strict=True)

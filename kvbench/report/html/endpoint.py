@@ -7,24 +7,16 @@ from typing import Any
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.endpoint_report import (
-    COLUMNS,
     FIND_MAX_COLUMNS,
+    POINT_TABLE,
     find_max_rows,
     level_text,
     ordered,
-    point_row,
     write_endpoint_plots,
 )
-from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
+from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
 from kvbench.report.html.run_files import RunFiles
-
-_FIELDS = {
-    "out TPS": "output_throughput",
-    "req/s": "request_throughput",
-    "SLO met": "request_goodput",
-    "preempt": "preemptions",
-}
 
 
 def build(run: RunFiles) -> Page:
@@ -73,22 +65,12 @@ def verdict(document: dict[str, Any]) -> Verdict:
 
 
 def points_table(points: list[dict[str, Any]]) -> Table:
-    columns = [Column(name, name not in ("target", "load")) for name in COLUMNS]
-    rows = []
-    for p in ordered(points):
-        tone = "bad" if p["status"] != "ok" else ""
-        rows.append(
-            [
-                Cell(text, p.get(_FIELDS.get(name, "")) if name in _FIELDS else None, tone, _FIELDS.get(name, ""))
-                for name, text in zip(COLUMNS, point_row(p), strict=True)
-            ]
-        )
     note = (
         "Latencies in ms (p50/p99), vllm bench serve's definitions; KV use: the server's KV cache usage as its "
         "/metrics reported it, peak and mean over the point, in %; run/wait peak: requests running and "
         "waiting on the server; '-': not measured or not exposed by the server."
     )
-    return Table("Each target at each load", columns, rows, note=note, id="endpoint-table")
+    return spec_table(POINT_TABLE, ordered(points), "endpoint-table", note)
 
 
 def find_max_table(searches: list[dict[str, Any]]) -> Table:
