@@ -141,11 +141,14 @@ def not_an_input(path: Path | None, option: str, inputs: Iterable[Path]) -> Path
 
 
 def make_console(stderr: bool = False):
-    """A rich console; when output goes to a pipe or a CI log, wide enough that tables are not truncated."""
+    """A rich console as wide as ``COLUMNS`` says, else the terminal; to a pipe or a CI log without ``COLUMNS``,
+    wide enough that tables are not truncated."""
+    import os
+
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console = Console(stderr=stderr, width=max(console.width, 160))
     return console
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.table import Table as RichTable
 
+from kvbench.report.fields import value_at
 from kvbench.report.point import shows_figures
 from kvbench.report.rundir import markdown_table
 
@@ -30,7 +31,7 @@ class Col:
 
     heading: str  # Markdown and report.html; with its unit or its table's title giving it
     text: Callable[[PointMap], str]
-    field: str = ""  # the summary field shown (report.html's data-field); its value orders the rows there
+    field: str = ""  # the summary field shown, dotted when nested (report.html's data-field); orders the rows there
     short: str = ""  # the console heading where the full one is too wide (a line break allowed)
     wide: bool = False  # only in the wide console table and Markdown (and report.html with ``page``)
     page: bool = False  # a wide column report.html shows too (its table fits 1,280 px without it otherwise)
@@ -42,7 +43,7 @@ class Col:
     def sort_value(self, point: PointMap) -> Any:
         if self.sort is not None:
             return self.sort(point)
-        return point.get(self.field) if self.field else None
+        return value_at(point, self.field) if self.field else None
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,21 @@ class TableSpec:
         return [self.row(p, wide) for p in points]
 
     def rich(self, points: Sequence[PointMap], wide: bool = False) -> RichTable:
+        """The console table; a column narrows down to its longest word (a heading wraps at spaces, a name at
+        its hyphens never), so at any terminal width a value is whole and rows stay distinct."""
         caption = " ".join(t for t in (self.caption, "" if wide else self.narrow_caption) if t)
         table = RichTable(title=self.title, caption=caption or None, show_edge=False)
-        for c in self.shown(wide):
-            table.add_column(c.short or c.heading, justify="left" if not c.numeric else "right", no_wrap=True)
-        for point in points:
-            table.add_row(*self.row(point, wide), style="red" if self.failed(point) else None)
+        columns = self.shown(wide)
+        rows = [self.row(point, wide) for point in points]
+        for at, c in enumerate(columns):
+            heading = c.short or c.heading
+            words = [w for text in (heading, *(row[at] for row in rows)) for w in text.replace("\n", " ").split(" ")]
+            narrowest = max((len(w) for w in words), default=1)
+            if not c.numeric:  # a name stays on one line: "contigu…" and "contiguous-…" both lose what differs
+                narrowest = max([narrowest, *(len(row[at]) for row in rows)])
+            table.add_column(heading, justify="right" if c.numeric else "left", min_width=narrowest, overflow="fold")
+        for point, row in zip(points, rows, strict=True):
+            table.add_row(*row, style="red" if self.failed(point) else None)
         return table
 
     def markdown(self, points: Sequence[PointMap]) -> str:

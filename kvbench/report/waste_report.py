@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from rich.table import Table
-
+from kvbench.report.columns import Col, PointMap, TableSpec
 from kvbench.report.rundir import markdown_table
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
@@ -43,6 +43,50 @@ def _caption(meta: dict) -> str:
     return "; ".join(parts)
 
 
+def _strategy_label(point: PointMap) -> str:
+    return point["engine"] + (" (hindsight bound)" if point.get("hindsight_bound") else "")
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _effective(point: PointMap) -> str:
+    return _pct(point["effective_usage_pct"])
+
+
+def _share(key: str) -> Col:
+    heading, short = SHARE_HEADINGS[key]
+    return Col(heading, lambda p: _pct(p["waste"][key]), f"waste.{key}", short, figure=False)
+
+
+SHARE_HEADINGS = {  # heading, and the console's where it is wider than the figures under it
+    "token_state_pct": ("token states", "token\nstates"),
+    "reservation_pct": ("reservation", "reserv."),
+    "internal_pct": ("internal", "int."),
+    "external_pct": ("external", "ext."),
+    "free_pct": ("free", ""),
+}
+SHARE_TABLE = TableSpec(
+    "KV pool shares per strategy, time-averaged (% of the pool; simulated)",
+    (
+        Col("strategy", _strategy_label, "engine", key=True, figure=False, numeric=False),
+        Col("effective usage", _effective, "effective_usage_pct", "eff.", figure=False),
+        *(_share(key) for key in SHARE_HEADINGS),
+        Col("mean running", lambda p: f"{p['mean_running']:.1f}", "mean_running", "run\nmean", figure=False),
+        Col("peak running", lambda p: f"{p['peak_running']:,}", "peak_running", "run\npeak", figure=False),
+        Col("out tok/s", lambda p: f"{p['output_throughput']:,.0f}", "output_throughput", "out\ntok/s"),
+        Col("preemptions", lambda p: f"{p['preemptions']:,}", "preemptions", "pre-\nempt", figure=False),
+    ),
+)
+SHARE_NOTE = (
+    "Shares of the KV pool in %, averaged over the run weighted by step time: token states, reservation, "
+    "internal (int.) and external (ext.) fragmentation, free; run: requests running. Effective (eff.) usage, "
+    "the PagedAttention paper's measure: token states over everything allocated or blocked. Output tok/s from "
+    "the roofline simulator."
+)
+
+
 def waste_markdown(document: dict) -> str:
     analytic = document["analytic"]
     meta = document["meta"]
@@ -57,36 +101,7 @@ def waste_markdown(document: dict) -> str:
     head += f"Stop: {stop_text(meta)}.\n\n"
     if meta.get("dataset"):
         head += f"Dataset: {sample_note(meta['dataset'])}.\n\n"
-    rows = [
-        [
-            _strategy_label(p),
-            p["waste"]["token_state_pct"],
-            p["waste"]["reservation_pct"],
-            p["waste"]["internal_pct"],
-            p["waste"]["external_pct"],
-            p["waste"]["free_pct"],
-            p["effective_usage_pct"],
-            p["mean_running"],
-            p["peak_running"],
-            p["output_throughput"],
-        ]
-        for p in document["points"]
-    ]
-    text = head + markdown_table(
-        [
-            "strategy",
-            "token states %",
-            "reservation %",
-            "internal %",
-            "external %",
-            "free %",
-            "effective usage %",
-            "mean running",
-            "peak running",
-            "output tok/s (sim)",
-        ],
-        rows,
-    )
+    text = head + SHARE_TABLE.markdown(document["points"]) + f"\n{SHARE_NOTE}\n"
     if shows_output_lengths(meta):
         text += f"\n## {output_length_title(meta)}\n\n" + markdown_table(
             list(OUTPUT_LENGTH_COLUMNS), output_length_rows(document["points"])
@@ -103,49 +118,19 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
         f"[bold]{analytic['at_mean_len_pct']:.1f}%[/bold]  (at the sampled mean {analytic['sampled_mean_len']:.0f}: "
         f"{analytic['at_sampled_mean_pct']:.1f}%)"
     )
-    table = Table(
-        title=f"Measured KV pool shares, time-averaged — {meta['model']['name']} on {meta['gpu']} "
-        f"(pool {human_bytes(meta['kv_budget_bytes'])}, {meta['pool_slots']:,} token slots, "
-        f"{document['points'][0]['bytes_per_token'] if document['points'] else 0:,} B/token; simulated)",
-        caption=_caption(meta),
+    points = document["points"]
+    console.print(
+        f"{meta['model']['name']} on {meta['gpu']}: pool {human_bytes(meta['kv_budget_bytes'])}, "
+        f"{meta['pool_slots']:,} token slots, {points[0]['bytes_per_token'] if points else 0:,} B/token"
     )
-    for column in (
-        "strategy",
-        "used",
-        "reserv.",
-        "internal",
-        "external",
-        "free",
-        "effective",
-        "running mean/peak",
-        "out tok/s",
-        "preempt",
-    ):
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    for p in document["points"]:
-        w = p["waste"]
-        table.add_row(
-            _strategy_label(p),
-            f"{w['token_state_pct']:.1f}%",
-            f"{w['reservation_pct']:.1f}%",
-            f"{w['internal_pct']:.1f}%",
-            f"{w['external_pct']:.1f}%",
-            f"{w['free_pct']:.1f}%",
-            f"{p['effective_usage_pct']:.1f}%",
-            f"{p['mean_running']:.1f} / {p['peak_running']}",
-            f"{p['output_throughput']:,.0f}",
-            str(p["preemptions"]),
-        )
+    table = SHARE_TABLE.rich(points)
+    table.caption = f"{_caption(meta)}; eff.: effective usage; int./ext.: internal/external fragmentation"
     console.print(table)
     if shows_output_lengths(meta):
         console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
     elif meta.get("stop") == "eos":
         console.print(f"stop {stop_text(meta)}")
     console.print(f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, waste.png")
-
-
-def _strategy_label(point: dict) -> str:
-    return point["engine"] + (" (hindsight bound)" if point.get("hindsight_bound") else "")
 
 
 def waste_plot(document: dict, path: Path) -> None:

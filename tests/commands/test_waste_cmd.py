@@ -315,3 +315,18 @@ def test_deployment_options_refuse_bad_values(capsys, argv, message):
     code, out, err = _run(capsys, *argv, "--requests", "10")
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1
     assert message in err
+
+
+@pytest.mark.parametrize("columns", [100, 120])
+def test_the_table_fits_columns_with_every_strategy_named_whole(capsys, monkeypatch, tmp_path, columns):
+    """COLUMNS is the width off a terminal too (a pipe took 160 whatever it said), and at 100 columns no
+    strategy is cut to "contigu…": rows stay distinct, and no column is dropped."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = _run(capsys, "--requests", "100", "--out", str(tmp_path / "run"))
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    table = lines[lines.index(next(line for line in lines if "strategy" in line)) :]
+    for name in ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16"):
+        (row,) = [line for line in table if line.lstrip().startswith(name + " ")]
+        assert "…" not in row and len(row.split("│")) == 11  # the name and ten figures

@@ -18,7 +18,7 @@ from kvbench.report.sweep_report import (
     output_length_title,
     shows_output_lengths,
 )
-from kvbench.report.waste_report import stop_text, waste_plot
+from kvbench.report.waste_report import SHARE_NOTE, SHARE_TABLE, stop_text, waste_plot
 from kvbench.workload.dataset import sample_note
 
 
@@ -58,10 +58,6 @@ def build(run: RunFiles) -> Page:
     sections.append(Section("points", "Per strategy", per_point))
     sections.append(provenance_section(meta, run.files()))
     return Page("waste", title, subtitle, ["SIMULATED"], sections)
-
-
-def _label(point: dict) -> str:
-    return point["engine"] + (" (hindsight bound)" if point.get("hindsight_bound") else "")
 
 
 def verdict(document: dict) -> Verdict:
@@ -115,75 +111,6 @@ def verdict(document: dict) -> Verdict:
     return Verdict(headline, tone, sentences)
 
 
-SHARE_COLUMNS = [
-    Column("strategy", False),
-    Column("effective usage (%)"),
-    Column("token states (% of pool)"),
-    Column("reservation (%)"),
-    Column("internal (%)"),
-    Column("external (%)"),
-    Column("free (%)"),
-    Column("mean running"),
-    Column("peak running"),
-    Column("output throughput (tok/s, simulated)"),
-    Column("preemptions"),
-]
-
-
-def headline_table(points: list[dict]) -> Table:
-    rows = []
-    for p in points:
-        w = p.get("waste") or {}
-        rows.append(
-            [
-                Cell(_label(p), p["engine"], field="engine"),
-                Cell(
-                    units.pct(p.get("effective_usage_pct")),
-                    units.sort_key(p.get("effective_usage_pct")),
-                    field="effective_usage_pct",
-                ),
-                *(
-                    Cell(units.pct(w.get(key)), units.sort_key(w.get(key)), field=f"waste.{key}")
-                    for key in (
-                        "token_state_pct",
-                        "reservation_pct",
-                        "internal_pct",
-                        "external_pct",
-                        "free_pct",
-                    )
-                ),
-                Cell(
-                    units.num(p.get("mean_running")),
-                    units.sort_key(p.get("mean_running")),
-                    field="mean_running",
-                ),
-                Cell(
-                    units.count(p.get("peak_running")),
-                    units.sort_key(p.get("peak_running")),
-                    field="peak_running",
-                ),
-                Cell(
-                    units.num(p.get("output_throughput")),
-                    units.sort_key(p.get("output_throughput")),
-                    field="output_throughput",
-                ),
-                Cell(
-                    units.count(p.get("preemptions")),
-                    units.sort_key(p.get("preemptions")),
-                    field="preemptions",
-                ),
-            ]
-        )
-    return Table(
-        "KV pool shares per strategy, time-averaged",
-        SHARE_COLUMNS,
-        rows,
-        id="headline-table",
-        note="Shares of the KV pool in %, averaged over the run weighted by step time; effective usage: "
-        "token states over everything allocated or blocked.",
-    )
-
-
 def headline_section(document: dict) -> Section:
     meta = document["meta"]
     notes = [f"Stop: {stop_text(meta)}."]
@@ -192,5 +119,9 @@ def headline_section(document: dict) -> Section:
     return Section(
         "headline",
         "Verdict",
-        [verdict(document), headline_table(document["points"]), Text(notes, tone="note")],
+        [
+            verdict(document),
+            spec_table(SHARE_TABLE, document["points"], "headline-table", SHARE_NOTE),
+            Text(notes, tone="note"),
+        ],
     )

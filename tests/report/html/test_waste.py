@@ -28,9 +28,9 @@ def test_the_headline_is_summary_json_in_words(waste_run):
     assert [r["engine"] for r in rows] == [p["engine"] for p in summary["points"]]
     for row in rows:
         point = points[row["engine"]]
-        assert row["effective_usage_pct"] == f"{point['effective_usage_pct']:.1f}%"
+        assert row["effective_usage_pct"] == f"{point['effective_usage_pct']:.1f}"  # % of the pool, as headed
         for key in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct", "free_pct"):
-            assert row[f"waste.{key}"] == f"{point['waste'][key]:.1f}%"
+            assert row[f"waste.{key}"] == f"{point['waste'][key]:.1f}"
         assert row["peak_running"] == f"{point['peak_running']:,}"
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == ["waste.png"]
     facts = {dt.text(): dd.text() for dt, dd in zip(page.find_all("dt"), page.find_all("dd"), strict=True)}
