@@ -32,7 +32,7 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.conversation import Conversation, Turn
 from kvbench.endpoint.load import ClosedLoop
 from kvbench.endpoint.openai import parse_event
-from kvbench.endpoint.point import PointSettings, run_point_sync
+from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.sse import SSEDecoder
 
 HERE = Path(__file__).parent

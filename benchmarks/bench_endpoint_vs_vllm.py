@@ -45,7 +45,7 @@ from kvbench.endpoint.cache_reset import reset_prefix_cache
 from kvbench.endpoint.client import Target, open_session
 from kvbench.endpoint.conversation import Conversation, Turn
 from kvbench.endpoint.load import ClosedLoop
-from kvbench.endpoint.point import PointSettings, run_point_sync
+from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.scraper import fetch_metrics
 from kvbench.endpoint.vllm_oracle import differences, vllm_metrics
 from kvbench.report.diagnose.servers import read_states

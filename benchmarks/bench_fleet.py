@@ -30,10 +30,10 @@ import numpy as np
 
 from kvbench.report.fleet_report import write_outputs
 from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
-from kvbench.studies.fleet.load import TARGET_USAGE, rate_for_usage
 from kvbench.studies.fleet.results import fleet_point, fleet_series
 from kvbench.studies.fleet.routing import POLICIES
 from kvbench.studies.fleet.study import simulate_policy
+from kvbench.studies.fleet.target_rate import TARGET_USAGE, rate_for_usage
 
 
 def setup_for(rate: float, instances: int, requests: int, policies=tuple(POLICIES)) -> FleetSetup:

@@ -8,7 +8,7 @@ interleaved (the median of each), on bfloat16-valued weights, at fp32 (or bf16 a
 ``--dtype bf16``, where the plain and oneDNN paths and the vdpbf16ps kernel are the candidates); prints each path's
 GFLOP/s and the largest error of each against a float64 product as a share of float32's error bound (fp32 only).
 ``--cold`` empties the cache before each call, as a run over a model larger than the cache finds its weights. This
-is what ``kvbench.models.cpu_choices`` measures at start-up, at more row counts and every path, for reading.
+is what ``kvbench.cpu.cpu_choices`` measures at start-up, at more row counts and every path, for reading.
 ``--clock cpu`` times the thread's CPU time instead of wall time (one thread), which other processes taking the
 core away inflate less.
 
@@ -28,8 +28,8 @@ import time
 
 import torch
 
+from kvbench.cpu import cpu_choices, cpu_linear
 from kvbench.kernels import cpu_native
-from kvbench.models import cpu_choices, cpu_linear
 
 MATRICES = {  # name: (out, in)
     "smollm2 qkv": (960, 576),

@@ -26,7 +26,7 @@ import argparse
 import statistics
 import time
 
-from kvbench.engine.client import ClosedLoop
+from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.sweep_setup import SweepSetup
 

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from kv_cases import make_case, query_start_loc, rel_error  # noqa: E402
 
 from kvbench.kernels import reference, triton_ops  # noqa: E402
-from kvbench.kernels.benchmark import (  # noqa: E402
+from kvbench.studies.kernel_bench import (  # noqa: E402
     HEAD_SHAPES,
     DecodeShape,
     build_inputs,

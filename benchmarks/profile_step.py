@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from kvbench import kernels
+from kvbench.cpu import cpu_choices, cpu_linear
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.kernels import cpu_peak
-from kvbench.models import cpu_choices, cpu_linear
 from kvbench.models.hf_model import build_random_model, round_weights_to_bf16_
 from kvbench.models.runner import matmul_rows
 from kvbench.models.shapes import ModelShape

@@ -23,7 +23,7 @@ def start_serve(*extra: str, stdout: int = subprocess.PIPE) -> tuple[subprocess.
     assert process.stderr is not None
     deadline = time.time() + 120
     engine_pid = None
-    heap_said = False  # a CPU engine process reports its heap policy (kvbench.models.cpu_heap)
+    heap_said = False  # a CPU engine process reports its heap policy (kvbench.cpu.cpu_heap)
     while time.time() < deadline:
         line = process.stderr.readline()
         found = re.search(r"engine process (\d+)", line)

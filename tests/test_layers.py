@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("kvbench.errors", "kvbench.fileio", "kvbench.json_input", "kvbench.private_cache", "kvbench.kv"),
     (
         "kvbench.kernels",
+        "kvbench.cpu",
         "kvbench.models",
         "kvbench.workload",
         "kvbench.scenarios",
@@ -155,7 +156,7 @@ KNOWN_CIRCLES: list[frozenset[str]] = []
 
 
 def _resolve(name: str, modules: set[str]) -> str | None:
-    """The module an import names: ``from kvbench.models import cpu_linear`` names ``kvbench.models.cpu_linear``."""
+    """The module an import names: ``from kvbench.models import shapes`` names ``kvbench.models.shapes``."""
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None

@@ -33,7 +33,7 @@ from kvbench.commands._trace_options import (
     load_prefix_trace,
 )
 from kvbench.endpoint.client import Target
-from kvbench.endpoint.metrics import parse_slo
+from kvbench.endpoint.client_metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S

@@ -21,7 +21,7 @@ from kvbench.commands._run import Run, show
 from kvbench.commands._run_options import with_run_options
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
-from kvbench.measure.metrics import FleetMetrics
+from kvbench.measure.exporter import FleetMetrics
 from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray

@@ -32,7 +32,7 @@ def _device(name: str) -> torch.device:
 
 
 def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
-    from kvbench.kernels.benchmark import DTYPES  # torch loads only when run
+    from kvbench.studies.kernel_bench import DTYPES  # torch loads only when run
 
     if name == "auto":
         name = "fp16" if device.type == "cuda" else "fp32"
@@ -63,7 +63,7 @@ def _native_build() -> str:
 
 
 def _heads(model: str, heads: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
-    from kvbench.kernels.benchmark import HEAD_SHAPES  # torch loads only when run
+    from kvbench.studies.kernel_bench import HEAD_SHAPES  # torch loads only when run
 
     if model not in HEAD_SHAPES:
         raise KvbenchError(f"--model: unknown model {model!r}; choose {', '.join(HEAD_SHAPES)} or give --heads")
@@ -225,7 +225,7 @@ def _measure(
     """The decode points at each (batch, context), next to the device's copy bandwidth."""
     import torch  # loaded only when the command runs: keeps `kvbench --help` fast
 
-    from kvbench.kernels.benchmark import (  # torch loads only when run
+    from kvbench.studies.kernel_bench import (  # torch loads only when run
         DecodeShape,
         copy_bandwidth_gbps,
         run_decode_point,

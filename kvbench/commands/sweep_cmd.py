@@ -22,10 +22,10 @@ from kvbench.commands._options import (
 from kvbench.commands._run import Run, show
 from kvbench.commands._run_options import with_run_options
 from kvbench.commands._target_options import with_target_options
+from kvbench.cpu import cpu_heap
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import check_choice
-from kvbench.measure.metrics import KvMetrics
-from kvbench.models import cpu_heap
+from kvbench.measure.exporter import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.studies.backends.base import Offer

@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from kvbench.endpoint.point import EndpointPoint
+from kvbench.endpoint.run_point import EndpointPoint
 from kvbench.report.point import Point, aggregate_repeats
 from kvbench.report.schema import LATENCY_FIELDS
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from kvbench.engine.client import ClosedLoopClient
 from kvbench.engine.llm_engine import EngineSession, LLMEngine
+from kvbench.engine.load_pattern import ClosedLoopClient
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.kv.manager import assert_drained

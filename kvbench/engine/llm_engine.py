@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvbench.engine.client import Load, LoadClient, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.decode_batch import DecodeBatch
 from kvbench.engine.instance import InstanceStats, instance_stats
+from kvbench.engine.load_pattern import Load, LoadClient, as_load
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.sampling import SamplingParams

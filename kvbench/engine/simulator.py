@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kvbench.engine.client import Load, LoadClient, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.instance import InstanceStats, instance_stats
+from kvbench.engine.load_pattern import Load, LoadClient, as_load
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.engine.scheduler import Scheduler

@@ -6,11 +6,11 @@ their weights are still bfloat16 numbers, so a bfloat16 copy of them is exact an
 multiplies that copy by the activations split into three bfloat16 terms on the AMX tile unit, with float32
 sums: a float32 product (greedy tokens stay those of ``transformers`` in float32) at 3x the decode speed and 2x
 the prefill speed of torch's float32 matmul on the 1.1B shape (``benchmarks/bench_linear_paths.py``). Whether it is
-used at a row count is measured on the machine (:mod:`kvbench.models.cpu_choices`).
+used at a row count is measured on the machine (:mod:`kvbench.cpu.cpu_choices`).
 
 Used where the CPU has AMX and Linux grants it, the C kernels are built, the weight is float32 holding only
 bfloat16 values, and ``KVBENCH_AMX`` is not ``0``. Anything else keeps the float32 path of
-:mod:`kvbench.models.cpu_linear`. With torch on several threads, the output columns are shared among that many
+:mod:`kvbench.cpu.cpu_linear`. With torch on several threads, the output columns are shared among that many
 threads (the kernel runs outside Python's lock).
 """
 

@@ -24,7 +24,7 @@
  *
  * Measured on a Zen 4 core against oneDNN's bfloat16 kernel: ahead at decode sizes, level from a few hundred rows
  * at k = 576 and 0.8-0.95x there at k = 2048; which path (streamed or not, or oneDNN) to use at which row count is
- * measured on the machine (kvbench.models.cpu_choices), not decided here.
+ * measured on the machine (kvbench.cpu.cpu_choices), not decided here.
  */
 #include <stdint.h>
 #include <string.h>

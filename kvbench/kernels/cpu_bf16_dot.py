@@ -6,7 +6,7 @@ read the weight at 35-85% of the memory's rate at one row and ran at 0.4-0.9x th
 prefill sizes the two were level. The kernel sums exact products of bfloat16 pairs in float32 and rounds each
 output to bfloat16 once, after the bias, as oneDNN does: the outputs agree with oneDNN's within bfloat16's rounding
 (the order of the float32 sums differs). Which path each row count takes is measured on the machine
-(:mod:`kvbench.models.cpu_choices`).
+(:mod:`kvbench.cpu.cpu_choices`).
 
 Used where the C kernels were built with AVX-512 BF16, the weight is a bfloat16 CPU matrix, and
 ``KVBENCH_BF16_DOT`` is not ``0``. With torch on several threads, the output columns are shared among them.
@@ -71,7 +71,7 @@ def pack(weight: torch.Tensor, stream: bool = False) -> DotWeight:
     """``weight`` laid out as the kernel reads it: for each 32 output columns, their values in pairs of adjacent
     inputs (``[k/2][32][2]``), zero past the last column and, for an odd k, beside the last input. ``stream``: its
     products are streamed (the kernel's two ways of reading the weight; which is faster at which row count is
-    measured, :mod:`kvbench.models.cpu_choices`)."""
+    measured, :mod:`kvbench.cpu.cpu_choices`)."""
     n, k = weight.shape
     n_pad, k_pad = -(-n // STRIP) * STRIP, k + (k & 1)
     padded = torch.zeros((n_pad, k_pad), dtype=torch.bfloat16)

@@ -23,7 +23,7 @@
  * Measured on a Zen 4 core (float32, bfloat16-valued weights, against oneDNN's packed float32 copy): 1.3-2.3x at one
  * row, where the product waits on memory; before the pair layout and the streamed path, 0.7-0.95x from 16 rows,
  * where oneDNN's tuned kernel wins on arithmetic. Which path to use at which row count is measured per machine
- * (kvbench.models.cpu_choices), not decided here.
+ * (kvbench.cpu.cpu_choices), not decided here.
  */
 #include <stdint.h>
 #include <string.h>

@@ -7,7 +7,7 @@ of them is exact and half the bytes. The kernel widens each weight back to float
 with float32 multiply-adds: a float32 product (within float32's error bound; greedy tokens stay those of
 ``transformers`` in float32) that reads half of what oneDNN's float32 copy does. Where AMX is present,
 :mod:`kvbench.kernels.cpu_amx` does more with the same copy; whether this kernel beats oneDNN's at a row count is
-measured on the machine (:mod:`kvbench.models.cpu_choices`), not assumed: it wins where a step waits on memory
+measured on the machine (:mod:`kvbench.cpu.cpu_choices`), not assumed: it wins where a step waits on memory
 (decode) and may lose where it waits on arithmetic (long prefills).
 
 Used where the C kernels are built, the weight is float32 holding only bfloat16 values, and ``KVBENCH_BF16_WEIGHTS``
@@ -83,7 +83,7 @@ def pack(weight: torch.Tensor, stream: bool = False) -> Bf16Weight:
     """``weight`` with its bfloat16 copy laid out as the kernel reads it: for each 32 output columns, the k rows of
     their 32 values, each row as 16 pairs (column c, column c + 16), zero past the last column. ``stream``: its
     products are streamed (the kernel's two ways of reading the weight; which is faster at which row count is
-    measured, :mod:`kvbench.models.cpu_choices`)."""
+    measured, :mod:`kvbench.cpu.cpu_choices`)."""
     n, k = weight.shape
     n_pad = -(-n // STRIP) * STRIP
     padded = torch.zeros((n_pad, k), dtype=torch.bfloat16)

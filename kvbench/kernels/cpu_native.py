@@ -327,7 +327,7 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
 @dataclass(frozen=True)
 class DecodePrefetch:
     """How the C decode attention prefetches the K/V rows it reads next: ``ahead`` tokens ahead (0: not at all),
-    into the ``level`` 1 (L1) or 2 (L2) cache. Which pays depends on the CPU (kvbench.models.decode_prefetch
+    into the ``level`` 1 (L1) or 2 (L2) cache. Which pays depends on the CPU (kvbench.cpu.decode_prefetch
     measures it)."""
 
     ahead: int

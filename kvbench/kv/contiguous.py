@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvbench.kv.block_pool import BlockPool, BlockPoolError, OutOfBlocks, blocks_for
+from kvbench.kv.extent_pool import RunPool
 from kvbench.kv.manager import BlockCopy
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
-from kvbench.kv.run_pool import RunPool
 
 
 def next_pow2(value: int) -> int:

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from kvbench import kernels
+from kvbench.cpu import cpu_choices, cpu_heap, cpu_linear, decode_prefetch
 from kvbench.kernels import cpu_native
 from kvbench.kv.manager import BlockCopy
-from kvbench.models import cpu_choices, cpu_heap, cpu_linear, decode_prefetch, sampler
+from kvbench.models import sampler
 from kvbench.models.rope import RotaryEmbedding, apply_rotary, rope_config_from_hf
 from kvbench.models.sampler import SamplingSettings
 
@@ -142,7 +143,7 @@ LAYER_MATMULS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 def matmul_weights(model: Any) -> dict[str, torch.Tensor]:
     """The tensors a runner multiplies, by role: the first layer's (q/k/v and gate/up fused, as the runner fuses
-    them: the model's own storage) and the lm_head; what :mod:`kvbench.models.cpu_choices` measures."""
+    them: the model's own storage) and the lm_head; what :mod:`kvbench.cpu.cpu_choices` measures."""
     layer = LayerWeights.from_hf(model.model.layers[0])
     return {**{role: getattr(layer, role) for role in LAYER_MATMULS}, "lm_head": model.lm_head.weight.data}
 
@@ -219,7 +220,7 @@ class ModelRunner:
 
         ``kv_dtype`` defaults to the model's dtype; ``kernel_backend`` ("torch" | "triton") overrides the
         kernels' choice by device (and ``KVBENCH_KERNEL_BACKEND``, read here once rather than per kernel call).
-        ``packed_weights`` (None: wherever oneDNN can, see :mod:`kvbench.models.cpu_linear`) packs the layer and
+        ``packed_weights`` (None: wherever oneDNN can, see :mod:`kvbench.cpu.cpu_linear`) packs the layer and
         lm_head weights once for the CPU's matmuls.
         """
         if num_blocks <= 0 or block_size <= 0:
@@ -276,7 +277,7 @@ class ModelRunner:
 
     def _pack_weights(self, model: Any) -> None:
         """Each matmul weight with the packed copy and the row ranges this CPU's measured plan chose for its role
-        (:mod:`kvbench.models.cpu_choices`; the model's own tensors stay as they are)."""
+        (:mod:`kvbench.cpu.cpu_choices`; the model's own tensors stay as they are)."""
         plan = cpu_choices.plan_for(
             model, {**{role: getattr(self.layers[0], role) for role in LAYER_MATMULS}, "lm_head": self.lm_head}
         )

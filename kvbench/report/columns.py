@@ -14,7 +14,6 @@ from rich.table import Table as RichTable
 
 from kvbench.report.fields import value_at
 from kvbench.report.point import shows_figures
-from kvbench.report.rundir import markdown_table
 
 PointMap = Mapping[str, Any]  # a point as summary.json holds it
 ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell
@@ -115,3 +114,16 @@ class TableSpec:
 
     def markdown(self, points: Sequence[PointMap]) -> str:
         return markdown_table([c.heading for c in self.columns], self.rows(points))
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:,.2f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

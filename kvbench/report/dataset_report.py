@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kvbench.report.rundir import markdown_table
+from kvbench.report.columns import markdown_table
 
 _BAR = 40  # characters of the longest histogram bar
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from rich.table import Table
 
+from kvbench.report.columns import markdown_table
 from kvbench.report.run_input import read_run_json
 from kvbench.report.run_meta import summary_document
-from kvbench.report.rundir import flatten, markdown_table, write_summary
+from kvbench.report.rundir import flatten, write_summary
 
 _COLUMNS = (
     "policy",

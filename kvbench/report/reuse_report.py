@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.rundir import markdown_table
+from kvbench.report.columns import markdown_table
 from kvbench.values import human_bytes
 
 GIB = 1024**3

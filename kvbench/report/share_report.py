@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from kvbench.fileio import json_text
-from kvbench.report.rundir import markdown_table
+from kvbench.report.columns import markdown_table
 from kvbench.values import human_bytes
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.columns import Col, PointMap, TableSpec
-from kvbench.report.rundir import markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
     output_length_rows,

@@ -14,7 +14,7 @@ from kvbench.measure.kv_events import EventLog, changes_of
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Tracker
 from kvbench.report.diagnose.findings import pct
 from kvbench.report.diagnose.servers import ServerState
-from kvbench.report.diagnose.timeline import Timeline
+from kvbench.report.diagnose.watch_timeline import Timeline
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:

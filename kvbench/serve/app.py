@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from kvbench import __version__, json_input
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 from kvbench.serve.engine_client import EngineClient, Job
 from kvbench.serve.protocol import (
     ApiError,

@@ -32,7 +32,7 @@ import kvbench
 from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 from kvbench.serve.channel import FrameProtocol, sampling_to_json
 from kvbench.serve.engine_stats import EngineStats, mirror, start_series
 from kvbench.serve.protocol import ApiError, ModelInfo

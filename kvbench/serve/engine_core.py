@@ -41,7 +41,7 @@ from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak, assert_drained
 from kvbench.kv.paged import CacheEvent, PagedManager
-from kvbench.measure.metrics import online_fragmentation
+from kvbench.measure.exporter import online_fragmentation
 from kvbench.serve.channel import BlockingChannel, ChannelClosed, sampling_from_json
 from kvbench.serve.kv_event_publisher import KvEventPublisher, wire_events
 

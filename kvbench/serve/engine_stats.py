@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 
 
 @dataclass(frozen=True)

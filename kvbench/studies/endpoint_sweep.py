@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OpenLoop, TraceLoop
-from kvbench.endpoint.point import EndpointPoint
+from kvbench.endpoint.run_point import EndpointPoint
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline

@@ -9,12 +9,13 @@ from typing import Any
 import torch
 
 from kvbench import kernels
+from kvbench.cpu import cpu_choices, cpu_heap, cpu_linear, decode_prefetch
+from kvbench.cpu.cpu_choices import MatmulPlan
+from kvbench.cpu.decode_prefetch import PrefetchChoice
+from kvbench.cpu.threads import ThreadChoice, choose_threads
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
-from kvbench.models import cpu_choices, cpu_heap, cpu_linear, decode_prefetch
-from kvbench.models.cpu_choices import MatmulPlan
-from kvbench.models.decode_prefetch import PrefetchChoice
 from kvbench.models.gguf_file import is_gguf
 from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.hf_model import (
@@ -28,7 +29,6 @@ from kvbench.models.hf_model import (
 )
 from kvbench.models.resolve import is_hub_only, resolve_model
 from kvbench.models.shapes import MODEL_PRESETS, ModelShape
-from kvbench.models.threads import ThreadChoice, choose_threads
 from kvbench.models.tokenizers import load_tokenizer, stop_token_ids
 from kvbench.preflight import (
     check_context_length,
@@ -110,7 +110,7 @@ def load_model(
     else:
         model = load_local_model(Path(spec), device=torch_device, dtype=torch_dtype)
     choice = plan = prefetch = None
-    if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.models.threads), or as asked
+    if torch_device.type == "cpu":  # the thread count by measurement (see kvbench.cpu.threads), or as asked
         choice = choose_threads(
             shape.hidden_size,
             shape.intermediate_size,
@@ -137,7 +137,7 @@ def load_model(
 
 def _matmul_plan(model: Any, device: torch.device, dtype: torch.dtype) -> MatmulPlan | None:
     """Each matmul weight's path by row count on this CPU at the chosen threads (measured or cached; see
-    kvbench.models.cpu_choices), kept on the model for its runners; None where nothing is packed."""
+    kvbench.cpu.cpu_choices), kept on the model for its runners; None where nothing is packed."""
     from kvbench.models.runner import matmul_weights
 
     if not cpu_linear.packing_available(device, dtype):

@@ -55,7 +55,7 @@ class SweepOptions(RunOptions):
     engines: tuple[str, ...] = ("paged", "contiguous")
     stop: str | None = None  # eos | length (default: eos for a real model with a tokenizer)
     repeat: int = 1
-    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.models.threads)
+    threads: int | None = None  # CPU intra-op threads; None: measured (kvbench.cpu.threads)
     endpoint: EndpointOptions | None = None  # servers over HTTP instead of engines in this process
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench import json_input
-from kvbench.engine.client import ClosedLoop
+from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic

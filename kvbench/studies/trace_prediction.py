@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from kvbench.endpoint.point import EndpointPoint
+from kvbench.endpoint.run_point import EndpointPoint
 from kvbench.engine.reuse_sim import ChainedTrace, simulate
 from kvbench.engine.timing import UniformTiming
 from kvbench.workload.prefix_trace import PrefixTrace

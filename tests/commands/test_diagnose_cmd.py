@@ -14,7 +14,7 @@ from kvbench.engine.request import Request
 from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 from kvbench.report.schema import SCHEMA_VERSION
 
 

@@ -540,7 +540,7 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
     printed, kept in the metadata and cached for the next run; at bf16 the C decode attention's prefetch too."""
     import torch
 
-    from kvbench.models import cpu_linear, decode_prefetch, threads
+    from kvbench.cpu import cpu_linear, decode_prefetch, threads
 
     monkeypatch.delenv("KVBENCH_THREADS", raising=False)
     monkeypatch.delenv("KVBENCH_MATMUL", raising=False)

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvbench.cli import main
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 
 
 @pytest.fixture()
@@ -173,7 +173,7 @@ def test_metrics_need_the_tensor_engine(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags", [["--metrics-port", "0"], ["--metrics-file", "m.prom"]])
 def test_ray_with_metrics_is_refused_before_any_work(flags, tmp_path, monkeypatch, capfd):
-    from kvbench.measure import metrics as metrics_module
+    from kvbench.measure import exporter as metrics_module
     from kvbench.studies.sweep_setup import SweepSetup
 
     def no_work(*args, **kwargs):

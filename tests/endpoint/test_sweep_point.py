@@ -7,7 +7,7 @@ from fake_server import serve_in_thread
 
 from kvbench.endpoint.client import Target
 from kvbench.endpoint.load import ClosedLoop, OpenLoop
-from kvbench.endpoint.point import PointSettings, run_point_sync
+from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.sweep_point import is_endpoint_point, sweep_point
 from kvbench.endpoint.workloads import shared_prefix
 from kvbench.report.schema import LATENCY_FIELDS

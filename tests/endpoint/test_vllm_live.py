@@ -16,7 +16,7 @@ from vllm_server import MODEL, requires_vllm, vllm_server
 
 from kvbench.endpoint.client import Target
 from kvbench.endpoint.load import ClosedLoop, OpenLoop
-from kvbench.endpoint.point import PointSettings, run_point_sync
+from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.workloads import multi_turn, shared_prefix
 
 pytestmark = requires_vllm

@@ -12,9 +12,9 @@ import pytest
 from fake_server import serve_in_thread
 
 from kvbench.endpoint.client import Target
+from kvbench.endpoint.client_metrics import client_metrics
 from kvbench.endpoint.load import ClosedLoop
-from kvbench.endpoint.metrics import client_metrics
-from kvbench.endpoint.point import PointSettings, run_point_sync
+from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.vllm_oracle import differences, vllm_metrics
 from kvbench.endpoint.workloads import shared_prefix
 

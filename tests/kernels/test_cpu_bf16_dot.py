@@ -7,8 +7,8 @@ import pytest
 import torch
 from isa_variants import runnable_variants
 
+from kvbench.cpu import cpu_linear
 from kvbench.kernels import cpu_bf16_dot, cpu_native
-from kvbench.models import cpu_linear
 
 UNIT_F32, UNIT_BF16 = 2.0**-24, 2.0**-8  # unit roundoffs
 

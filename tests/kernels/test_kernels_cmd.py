@@ -8,7 +8,7 @@ import pytest
 
 from kvbench.cli import main
 from kvbench.kernels import cpu_native
-from kvbench.kernels.benchmark import DecodeShape
+from kvbench.studies.kernel_bench import DecodeShape
 
 TINY = [
     "kernels",

@@ -267,7 +267,7 @@ def test_runner_uses_the_model_parameters() -> None:
 
 def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None:
     """oneDNN-packed matmul weights (the CPU default) match plain ones; the model's tensors are untouched."""
-    from kvbench.models import cpu_linear
+    from kvbench.cpu import cpu_linear
 
     if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):
         pytest.skip("oneDNN packing unavailable here")
@@ -297,8 +297,8 @@ def test_packed_weights_give_the_same_logits_and_leave_the_model_alone() -> None
 
 def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights holding bfloat16 values (a published checkpoint's) run on the AMX kernel, tokens unchanged."""
+    from kvbench.cpu import cpu_linear
     from kvbench.kernels import cpu_amx
-    from kvbench.models import cpu_linear
 
     if not cpu_amx.available():
         pytest.skip(f"AMX kernel unavailable here: {cpu_amx.unavailable_reason()}")
@@ -326,8 +326,8 @@ def test_bf16_valued_weights_take_the_amx_kernel_and_keep_transformers_tokens(mo
 def test_a_bf16_model_on_the_vdpbf16ps_kernel_agrees_with_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 run forced onto the vdpbf16ps kernel: the weights take it, and a prefill's and a decode step's logits
     stay as close to transformers' as bf16 on oneDNN does (test_half_precision_runs_and_agrees)."""
+    from kvbench.cpu import cpu_choices
     from kvbench.kernels import cpu_bf16_dot
-    from kvbench.models import cpu_choices
 
     if not cpu_bf16_dot.available():
         pytest.skip(f"the vdpbf16ps kernel is unavailable here: {cpu_bf16_dot.unavailable_reason()}")
@@ -412,7 +412,7 @@ def test_matmul_rows_bound_the_row_counts_a_packed_weight_meets() -> None:
 
 def test_a_prefill_multiplies_packed_weights_at_bucketed_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A prefill step of an odd token count reaches oneDNN padded to its bucket, and its logits are unchanged."""
-    from kvbench.models import cpu_linear
+    from kvbench.cpu import cpu_linear
     from kvbench.models.runner import matmul_rows
 
     if not cpu_linear.packing_available(torch.device("cpu"), torch.float32):

@@ -12,7 +12,7 @@ from kvbench.engine.scheduler import Scheduler
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.contiguous import ContiguousManager
-from kvbench.measure.metrics import KvMetrics
+from kvbench.measure.exporter import KvMetrics
 from kvbench.report.diagnose import (
     Thresholds,
     alerting_rules,

@@ -15,7 +15,7 @@ from kvbench.report.diagnose.live_rules import Window, diagnose_states, diagnose
 from kvbench.report.diagnose.run_rules import diagnose_points, diagnose_run
 from kvbench.report.diagnose.servers import FAMILIES, ServerState, read_states
 from kvbench.report.diagnose.thresholds import Thresholds, load_thresholds
-from kvbench.report.diagnose.timeline import diagnose_timeline, read_timeline, timeline_path
+from kvbench.report.diagnose.watch_timeline import diagnose_timeline, read_timeline, timeline_path
 
 __all__ = [
     "FAMILIES",

@@ -23,7 +23,7 @@ from kvbench.report.diagnose.findings import (
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.diagnose.timeline import diagnose_timeline
+from kvbench.report.diagnose.watch_timeline import diagnose_timeline
 from kvbench.report.summary_load import load_summary
 
 

@@ -23,7 +23,8 @@ REPORT_FILE = "report.html"
 
 # Run kind -> the module whose build(RunFiles) -> Page draws it.
 BUILDERS = {
-    kind: f"kvbench.report.html.{kind}" for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch", "reuse")
+    kind: f"kvbench.report.html.{kind}_page"
+    for kind in ("sweep", "waste", "share", "dataset", "fleet", "watch", "reuse")
 }
 
 
@@ -100,7 +101,7 @@ def write_report_after_run(run_dir: Path) -> Written | None:
 
 
 def write_compare_report(comparison, out: str | Path) -> Written:
-    from kvbench.report.html.compare import build
+    from kvbench.report.html.compare_page import build
     from kvbench.report.html.render import render_page
 
     start = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import Any
 from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.fileio import inside
-from kvbench.report.diagnose.timeline import TIMELINE_FILE
+from kvbench.report.diagnose.watch_timeline import TIMELINE_FILE
 from kvbench.report.run_input import run_series
 from kvbench.report.summary_load import MAX_SUMMARY_BYTES, SUMMARY_FILE, parse_summary
 

@@ -7,7 +7,7 @@ the vocabulary, the device and the KV budget every engine of the run shares; the
 the provider's model and pool size).
 
 A point is run as ``backend.run(engine, requests, load, on_step)``: ``load`` is the pattern (closed loop, open
-loop: ``kvbench.engine.client``), the backend only the transport that carries it.
+loop: ``kvbench.engine.load_pattern``), the backend only the transport that carries it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvbench.engine.client import ClosedLoop, Load
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import ClosedLoop, Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError

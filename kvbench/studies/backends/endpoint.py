@@ -20,10 +20,10 @@ from kvbench.endpoint.client import RequestLimits, Target, list_models, open_ses
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.load import LoadPattern
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
-from kvbench.endpoint.point import EndpointPoint, PointSettings, run_point_sync
+from kvbench.endpoint.run_point import EndpointPoint, PointSettings, run_point_sync
 from kvbench.endpoint.workloads import HitRateTarget, as_text, from_engine_requests, from_prefix_trace
-from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError

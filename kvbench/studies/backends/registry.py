@@ -10,7 +10,7 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvbench.engine.client import Load
+from kvbench.engine.load_pattern import Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError

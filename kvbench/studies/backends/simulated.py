@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.engine.simulator import simulate

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import torch
 
-from kvbench.engine.client import Load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.interleave import run_interleaved
 from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.load_pattern import Load
 from kvbench.engine.request import Request
 from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError

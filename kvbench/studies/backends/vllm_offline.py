@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.engine.client import Load, as_load
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import Load, as_load
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.result import RunResult, TokenCurve, steady_of
 from kvbench.errors import KvbenchError
@@ -196,7 +196,7 @@ def drive(
     clock: Callable[[], float] = time.perf_counter,
 ) -> RunResult:
     """Run ``requests`` through vLLM's ``LLMEngine`` under ``load`` (an integer: that many in flight, closed loop),
-    sent by kvbench's own client (``kvbench.engine.client``).
+    sent by kvbench's own client (``kvbench.engine.load_pattern``).
 
     Times follow kvbench's engines: a request arrives when it is submitted, a token counts when ``step()``
     returns it, a step lasts from one loop turn to the next. KV held = vLLM's usage x its usable blocks, split

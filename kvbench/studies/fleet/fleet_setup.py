@@ -25,8 +25,8 @@ from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.limits import check_arrival_span, check_rate, check_settings
-from kvbench.studies.fleet.load import WAVES, LoadEstimate, rate_for_usage
 from kvbench.studies.fleet.routing import POLICIES
+from kvbench.studies.fleet.target_rate import WAVES, LoadEstimate, rate_for_usage
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions
 from kvbench.studies.run_requests import RequestChoice, Workload, resolve_requests

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvbench.engine.client import OpenLoopClient
+from kvbench.engine.load_pattern import OpenLoopClient
 from kvbench.engine.request import Request
 from kvbench.studies.fleet.actor import InstanceSpec, Report
 from kvbench.studies.fleet.core import (

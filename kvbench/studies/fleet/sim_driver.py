@@ -17,7 +17,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from kvbench.engine.client import OpenLoopClient
+from kvbench.engine.load_pattern import OpenLoopClient
 from kvbench.engine.request import Request
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError

@@ -9,7 +9,7 @@ from report_page import by_id, headings, parse, section_ids, table_headers, tabl
 
 from kvbench.cli import main
 from kvbench.report.html import REPORT_FILE, render_run
-from kvbench.report.html.sweep import verdict
+from kvbench.report.html.sweep_page import verdict
 
 
 def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
@@ -208,7 +208,7 @@ def test_kvbench_report_rebuilds_the_same_page(tmp_path, sweep_run, capsys):
 
 
 def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
-    from kvbench.report.html.sweep import headline_table
+    from kvbench.report.html.sweep_page import headline_table
 
     single = [
         {

@@ -23,7 +23,7 @@ def test_the_end_of_a_run_writes_the_report_unless_told_not_to(tmp_path, monkeyp
 
 
 def test_a_report_that_fails_costs_the_run_nothing(tmp_path, monkeypatch, capsys):
-    import kvbench.report.html.waste as waste_page
+    import kvbench.report.html.waste_page as waste_page
 
     def broken(run):
         raise RuntimeError("a bug in the page")

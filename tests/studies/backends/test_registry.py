@@ -10,7 +10,7 @@ import pytest
 
 from kvbench.cli import main
 from kvbench.commands import sweep_cmd  # noqa: F401  (defined before a test registers a backend, as a user's is)
-from kvbench.engine.client import Load
+from kvbench.engine.load_pattern import Load
 from kvbench.errors import KvbenchError
 from kvbench.studies.backends import registry
 from kvbench.studies.backends.base import BackendSetup, BackendSpec, BuildContext, Need, Offer

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from kvbench.engine.client import ClosedLoop, OpenLoop
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import ClosedLoop, OpenLoop
 from kvbench.engine.request import RequestStatus
 from kvbench.errors import KvbenchError
 from kvbench.report.point import point_from_result

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.engine.client import ClosedLoop
 from kvbench.engine.config import EngineConfig
+from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import RequestStatus
 from kvbench.report.point import point_from_result
 from kvbench.studies.backends.vllm_offline import VllmBackend, vllm_settings

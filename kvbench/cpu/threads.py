@@ -8,7 +8,7 @@ the median of its rounds, not the best, since a thread hand-off that often waits
 even if it sometimes does not.
 Given the model's matmul as the engine will run it (``cpu_linear.probe_linear``: oneDNN-packed, or the AMX
 kernel, whose threads share the columns their own way), that is what is timed, at the model's dtype. With
-``cache=True`` the timings are kept per machine and model shape (:mod:`kvbench.models.measured_cache`) and a later
+``cache=True`` the timings are kept per machine and model shape (:mod:`kvbench.cpu.measured_cache`) and a later
 run reuses them; the reason printed says which.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvbench.cpu import measured_cache
 from kvbench.kernels.cpu_native import cpu_signature
-from kvbench.models import measured_cache
 from kvbench.values import parse_threads
 
 ROUNDS = 7  # interleaved rounds per candidate; the median of each is compared (what a run will mostly see)

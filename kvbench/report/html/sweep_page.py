@@ -37,9 +37,9 @@ TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (
 def build(run: RunFiles) -> Page:
     document = run.document
     if isinstance(document.get("endpoint"), dict):  # servers over HTTP (sweep --target): a page of their own
-        from kvbench.report.html import endpoint
+        from kvbench.report.html import endpoint_page
 
-        return endpoint.build(run)
+        return endpoint_page.build(run)
     meta, points = document["meta"], document["points"]
     rows = document.get("article_table") or article_rows(points)
     simulated = bool(meta.get("simulated"))

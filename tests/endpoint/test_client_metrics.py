@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.endpoint.metrics import client_metrics, parse_slo, percentile_name
+from kvbench.endpoint.client_metrics import client_metrics, parse_slo, percentile_name
 from kvbench.endpoint.record import RequestRecord
 from kvbench.errors import KvbenchError
 

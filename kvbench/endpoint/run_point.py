@@ -27,10 +27,10 @@ import aiohttp
 
 from kvbench.endpoint.cache_reset import NOT_ASKED, reset_prefix_cache
 from kvbench.endpoint.client import EndpointClient, RequestLimits, Target, list_models, open_session
+from kvbench.endpoint.client_metrics import DEFAULT_PERCENTILES, client_metrics
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
 from kvbench.endpoint.load import ClosedLoop, LoadPattern, OnRecord, OpenLoop, run_load
-from kvbench.endpoint.metrics import DEFAULT_PERCENTILES, client_metrics
 from kvbench.endpoint.openai import api_key_from_env, check_key_transport
 from kvbench.endpoint.prefix_reuse import prefix_reuse, workload_reuse
 from kvbench.endpoint.record import RequestRecord

@@ -8,7 +8,7 @@ than that. So the choice is made by timing the kernel at start-up on a pool of t
 heads, head_dim, block size, dtype), twice the size of the last-level cache so that every call reads it from
 memory as a long decode does, with the blocks scattered as a pool's are once requests have come and gone. Each
 candidate runs in interleaved rounds (the minimum of each counts); one other than the previous fixed setting must
-be :data:`TIE` faster to be taken. The choice is cached per machine and shape (:mod:`kvbench.models.measured_cache`)
+be :data:`TIE` faster to be taken. The choice is cached per machine and shape (:mod:`kvbench.cpu.measured_cache`)
 and printed with its timings; ``KVBENCH_DECODE_PREFETCH=off|16:L1|32:L2`` (any distance) forces one.
 """
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.cpu import measured_cache
+from kvbench.cpu.cpu_choices import last_level_cache_bytes
 from kvbench.kernels import cpu_native
 from kvbench.kernels.cpu_native import DEFAULT_PREFETCH, DecodePrefetch
-from kvbench.models import measured_cache
-from kvbench.models.cpu_choices import last_level_cache_bytes
 
 ENV = "KVBENCH_DECODE_PREFETCH"
 CANDIDATES = (

@@ -7,8 +7,8 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
-from kvbench.studies.fleet.load import TARGET_USAGE, WAVES, blocks_held_sum, rate_for_usage
 from kvbench.studies.fleet.study import simulate_policy
+from kvbench.studies.fleet.target_rate import TARGET_USAGE, WAVES, blocks_held_sum, rate_for_usage
 
 
 def test_blocks_held_over_a_requests_decode_steps_by_hand():

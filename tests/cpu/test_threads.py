@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.cpu import threads as threads_module
+from kvbench.cpu.threads import choose_threads, parse_threads
 from kvbench.errors import KvbenchError
-from kvbench.models import threads as threads_module
-from kvbench.models.threads import choose_threads, parse_threads
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +44,8 @@ def test_auto_measures_and_keeps_the_faster(monkeypatch):
 
 def test_auto_times_the_engines_own_matmul(monkeypatch):
     """The thread choice times the weight as the runner multiplies it: AMX for bfloat16 values, else oneDNN."""
+    from kvbench.cpu import cpu_linear
     from kvbench.kernels import cpu_amx
-    from kvbench.models import cpu_linear
 
     monkeypatch.delenv(threads_module.ENV, raising=False)
     monkeypatch.setattr(threads_module, "available_cores", lambda: 2)
@@ -73,7 +73,7 @@ def test_auto_times_the_engines_own_matmul(monkeypatch):
 def test_half_precision_models_are_timed_at_their_dtype(monkeypatch, dtype):
     """The probe multiplies activations of the model's dtype (float32 ones against a bfloat16 weight made oneDNN
     fail and float16 ones F.linear)."""
-    from kvbench.models import cpu_linear
+    from kvbench.cpu import cpu_linear
 
     monkeypatch.delenv(threads_module.ENV, raising=False)
     monkeypatch.setattr(threads_module, "available_cores", lambda: 2)

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from kvbench.models import cpu_heap
+from kvbench.cpu import cpu_heap
 
 # In a fresh process: optionally apply the policy, then allocate, touch and free a 64 MiB tensor round after round
 # (what prefill steps do with each activation), and count each round's minor page faults.
 _ROUNDS = """
 import json, resource, sys
 import torch
-from kvbench.models import cpu_heap
+from kvbench.cpu import cpu_heap
 policy = cpu_heap.keep_freed_memory() if sys.argv[1] == "apply" else None
 ROUNDS = int(sys.argv[2])
 faults = []

@@ -16,12 +16,12 @@ from fake_server import config_json, serve_in_thread
 
 from kvbench.endpoint.client import RequestLimits, Target
 from kvbench.endpoint.load import ClosedLoop, OpenLoop
-from kvbench.endpoint.point import EndpointUnusable, PointSettings, run_point_sync
+from kvbench.endpoint.run_point import EndpointUnusable, PointSettings, run_point_sync
 from kvbench.endpoint.timeline import write_watch_timeline
 from kvbench.endpoint.workloads import multi_turn, shared_prefix
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.diagnose.timeline import diagnose_timeline
+from kvbench.report.diagnose.watch_timeline import diagnose_timeline
 
 FAST = RequestLimits(timeout_s=10.0, stall_s=1.0, connect_s=2.0)
 

@@ -8,7 +8,7 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose import Thresholds, diagnose_timeline, read_states, read_timeline, timeline_path
-from kvbench.report.diagnose.timeline import (
+from kvbench.report.diagnose.watch_timeline import (
     append_records,
     during,
     error_record,

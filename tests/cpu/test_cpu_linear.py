@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.cpu import cpu_linear
 from kvbench.kernels import cpu_bf16_dot, cpu_bf16_weights
-from kvbench.models import cpu_linear
 
 KERNELS = {  # the kernel's module, its two paths, the dtype its weights and activations have
     "bf16-weights": (cpu_bf16_weights, cpu_linear.BF16W, cpu_linear.BF16W_STREAM, torch.float32),

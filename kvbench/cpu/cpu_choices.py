@@ -1,6 +1,6 @@
 """Which matmul path each of a model's weights takes at each row count, measured on this CPU at start-up.
 
-The paths (:mod:`kvbench.models.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, for
+The paths (:mod:`kvbench.cpu.cpu_linear`: the plain weight through torch's BLAS, oneDNN's packed copy, for
 bfloat16-valued float32 weights the bfloat16-weight kernel or AMX, for bfloat16 weights the vdpbf16ps kernel; both
 kernels read their copy two ways, streamed or not, timed as two paths) differ by machine, by 2-3x and in either
 direction, so none is chosen by a rule. For each weight the runner multiplies (the model's first layer stands for
@@ -12,7 +12,7 @@ fastest at the most row counts is the weight's main one, and another takes a row
 :data:`TIE` faster (a weight may so keep two packed copies, counted by pre-flight, or none when the plain weight won
 everywhere). A step's row count takes the choice of the nearest row count measured (on a log scale).
 
-The plan is cached per machine and model shape (:mod:`kvbench.models.measured_cache`) and printed with its
+The plan is cached per machine and model shape (:mod:`kvbench.cpu.measured_cache`) and printed with its
 timings. ``KVBENCH_MATMUL=plain|oneDNN|bf16-weights|bf16-weights-stream|AMX|bf16-dot|bf16-dot-stream|packed``
 forces one path everywhere for tests and A/B benchmarks (the kernels' paths only where their kernel takes the
 weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.cpu import cpu_linear, measured_cache
+from kvbench.cpu.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 from kvbench.kernels import cpu_native, cpu_peak
-from kvbench.models import cpu_linear, measured_cache
-from kvbench.models.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 
 ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills

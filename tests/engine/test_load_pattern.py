@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.engine.client import ClosedLoop, ClosedLoopClient, OpenLoop, OpenLoopClient, as_load
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
+from kvbench.engine.load_pattern import ClosedLoop, ClosedLoopClient, OpenLoop, OpenLoopClient, as_load
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.engine.sampling import SamplingParams
 from kvbench.engine.simulator import SimulatedInstance, simulate

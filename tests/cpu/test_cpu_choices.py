@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.models import cpu_choices, cpu_linear
-from kvbench.models.cpu_choices import MatmulChoice
-from kvbench.models.cpu_linear import BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
+from kvbench.cpu import cpu_choices, cpu_linear
+from kvbench.cpu.cpu_choices import MatmulChoice
+from kvbench.cpu.cpu_linear import BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 
 ROWS = cpu_choices.ROWS
 

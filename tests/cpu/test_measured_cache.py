@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from kvbench.models import measured_cache
+from kvbench.cpu import measured_cache
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from kvbench.engine.step_log import StepLog
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
-from kvbench.measure.metrics import KvMetrics, online_fragmentation, quantile, written_slots
+from kvbench.measure.exporter import KvMetrics, online_fragmentation, quantile, written_slots
 from kvbench.models.hf_model import build_random_model
 from kvbench.models.shapes import ModelShape
 
@@ -207,7 +207,7 @@ def test_quantile_and_fragmentation_edges():
 
 def test_fleet_metrics_label_each_instance_and_diagnose_reads_them_one_by_one():
     from kvbench.engine.instance import InstanceStats
-    from kvbench.measure.metrics import FleetMetrics
+    from kvbench.measure.exporter import FleetMetrics
     from kvbench.report.diagnose import diagnose_states, load_thresholds, read_states
 
     def stats(free, preemptions=0, finished=0):

@@ -11,7 +11,7 @@ for a bfloat16 weight (a bfloat16 run), on a CPU with AVX-512 BF16, a copy in pa
 Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
 faster than the packed one from 1,024 rows on; on a Zen 4 (where torch's BLAS takes a slow path) the packed one was
 2.2-2.5x faster at every row count, and the bfloat16 copy 1.3-2x faster than oneDNN's at one row but slower from a
-few dozen. So no threshold is built in: :mod:`kvbench.models.cpu_choices` times the paths on the model's own weights
+few dozen. So no threshold is built in: :mod:`kvbench.cpu.cpu_choices` times the paths on the model's own weights
 at start-up and each weight carries its routes, the path each row count takes (:class:`RoutedWeight`). The packed
 copies a weight's routes use are kept beside the model's own weights (the ``transformers`` model keeps working for
 reference runs), once per model, shared by every runner over it; a weight whose plain path won at every row count
@@ -105,7 +105,7 @@ Routes = tuple[tuple[int, int, str], ...]  # (lo, hi, path): steps of lo <= rows
 @dataclass(frozen=True)
 class RoutedWeight:
     """A linear weight as the runner multiplies it: the packed copies it keeps and which path each row count takes
-    (measured on this machine: :mod:`kvbench.models.cpu_choices`)."""
+    (measured on this machine: :mod:`kvbench.cpu.cpu_choices`)."""
 
     plain: torch.Tensor
     copies: dict[str, PackedCopy]  # path -> copy

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.cpu import decode_prefetch
+from kvbench.cpu.decode_prefetch import CANDIDATES, ENV, TIE, choose, parse
 from kvbench.kernels import cpu_native
 from kvbench.kernels.cpu_native import DEFAULT_PREFETCH, DecodePrefetch
-from kvbench.models import decode_prefetch
-from kvbench.models.decode_prefetch import CANDIDATES, ENV, TIE, choose, parse
 
 needs_kernels = pytest.mark.skipif(not cpu_native.available(), reason="the C kernels do not build here")
 
