@@ -1,9 +1,10 @@
 """What to change, said in the words of the engine being diagnosed.
 
 A rule names its remedies by key (``more_kv_memory``, ``smaller_blocks`` ...); :func:`render` phrases them for
-one engine family, with the settings the engine reported (``now 128``). kvbench's own runs are told which
-kvbench flags to change; a vLLM or SGLang server is told which of *its* launch options to change. A remedy
-a family has no phrasing for is left out, never replaced by another engine's flag.
+one engine family, with the settings the engine reported (``now 128``). kvbench's own runs are told which flags
+of the command that made them to change (``command`` in the context: a waste run has no ``--engines``); a
+kvbench server, like a vLLM or SGLang one, is told which of its launch options to change. A remedy a family
+has no phrasing for is left out, never replaced by another engine's or another command's flag.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 Context = Mapping[str, Any]
-Phrase = Callable[[Context], str]
+Phrase = Callable[[Context], str | None]  # None: no such knob where the context says
 
 
 def _now(context: Context, key: str, unit: str = "") -> str:
@@ -20,24 +21,63 @@ def _now(context: Context, key: str, unit: str = "") -> str:
     return f" (now {value}{unit})" if value not in (None, "", "None", "?") else ""
 
 
-def _kvbench_layout(context: Context) -> str:
-    reserve = context.get("reserve") or "max"
+SERVER = "serve"  # the command whose flags a live kvbench server's remedies name: how it was started
+
+
+def _command(context: Context) -> str:
+    """The kvbench command whose flags a suggestion names: the one that made the run, else the server's."""
+    return str(context.get("command") or SERVER)
+
+
+def _kvbench_more_memory(context: Context) -> str | None:
+    command = _command(context)
+    if command in ("sweep", "fleet"):
+        return "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization)"
+    if command == "waste":
+        return "give the KV cache more memory (a larger --gpu-memory-utilization, or a larger --gpu-memory)"
+    if command == SERVER:
+        return "give the KV cache more memory (start kvbench serve with a larger --kv-memory)"
+    return None
+
+
+def _kvbench_layout(context: Context) -> str | None:
+    reserve, max_len, command = context.get("reserve") or "max", _now(context, "max_len"), _command(context)
+    if command == "sweep":
+        return (
+            f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
+            f"--reserve {reserve} (pow2 or oracle); or a scenario with a lower max_len{max_len}"
+        )
+    if command == "waste":
+        return f"compare the paged strategies in the same table; or a lower --max-len{max_len}"
+    if command == "fleet":
+        return (
+            f"use the paged engine (--engine paged) instead of contiguous slabs; or reserve less than "
+            f"--reserve {reserve} (pow2 or oracle)"
+        )
+    if command == "share":
+        return f"reserve less than --reserve {reserve} (pow2 or oracle); or a lower --max-len{max_len}"
     return (
-        f"use the paged engine (--engines paged) instead of contiguous slabs; or reserve less than "
-        f"--reserve {reserve} (pow2 or oracle); or a lower max-len{_now(context, 'max_len')}"
+        f"start kvbench serve with the paged engine (--engine paged), or reserving less than --reserve {reserve} "
+        f"(pow2 or oracle), or a lower --max-len{max_len}"
     )
 
 
 def _kvbench_smaller_blocks(context: Context) -> str:
     size = context.get("block_size")
     now = f"now {size}; " if size not in (None, "", "?") else ""
-    return f"use a smaller --block-size ({now}16-32 work best)"
+    where = "start kvbench serve with " if _command(context) == SERVER else "use "
+    return f"{where}a smaller --block-size ({now}16-32 work best)"
+
+
+def _kvbench_larger_blocks(context: Context) -> str:
+    where = "start kvbench serve with " if _command(context) == SERVER else "use "
+    return f"{where}a larger --block-size (fewer allocations)"
 
 
 # remedy key -> engine family -> phrasing
 REMEDIES: dict[str, dict[str, Phrase]] = {
     "more_kv_memory": {
-        "kvbench": lambda c: "give the KV cache more memory (a larger --kv-memory or --gpu-memory-utilization)",
+        "kvbench": _kvbench_more_memory,
         "vllm": lambda c: (
             "give the KV cache more memory: raise --gpu-memory-utilization"
             f"{_now(c, 'gpu_memory_utilization')} or set --kv-cache-memory-bytes"
@@ -63,8 +103,15 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         ),
     },
     "route_to_free": {
-        family: (lambda c: "route new requests to the instance with the most free KV blocks")
-        for family in ("kvbench", "vllm", "sglang")
+        "kvbench": lambda c: (
+            "route new requests to the instance with the most free KV blocks"
+            if _command(c) in ("fleet", SERVER)
+            else None  # one engine: there is no other instance
+        ),
+        **{
+            family: (lambda c: "route new requests to the instance with the most free KV blocks")
+            for family in ("vllm", "sglang")
+        },
     },
     "add_instance": {
         "kvbench": lambda c: "add capacity (kvbench fleet --autoscale adds an instance above --scale-up usage)",
@@ -94,7 +141,7 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         "sglang": lambda c: f"use a smaller --page-size{_now(c, 'block_size')}",
     },
     "larger_blocks": {
-        "kvbench": lambda c: "use a larger --block-size (fewer allocations)",
+        "kvbench": _kvbench_larger_blocks,
     },
     "check_host": {
         "kvbench": lambda c: (
@@ -104,8 +151,8 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
     },
     "prefix_at_least_one_block": {
         "kvbench": lambda c: (
-            "make the shared part of prompts at least one block long, or serve with a smaller --block-size"
-            f"{_now(c, 'block_size')}"
+            "make the shared part of prompts at least one block long, or start kvbench serve with a smaller "
+            f"--block-size{_now(c, 'block_size')}"
         ),
         "vllm": lambda c: (
             "make the shared part of prompts at least one block long, or start vLLM with a smaller --block-size"
@@ -116,7 +163,7 @@ REMEDIES: dict[str, dict[str, Phrase]] = {
         ),
     },
     "enable_prefix_caching": {
-        "kvbench": lambda c: "serve with --prefix-caching (kvbench serve's default) if prompts share a prefix",
+        "kvbench": lambda c: "start kvbench serve with --prefix-caching (its default) if prompts share a prefix",
         "vllm": lambda c: (
             "start vLLM with --enable-prefix-caching if prompts share a prefix (system prompt, "
             "few-shot examples, multi-turn chat)"

@@ -27,7 +27,15 @@ from kvbench.report.diagnose.watch_timeline import diagnose_timeline
 from kvbench.report.summary_load import load_summary
 
 
+def _command_of(meta: Mapping[str, Any]) -> str | None:
+    """The kvbench command that made a run (``meta.command`` is ``kvbench <command> ...``): its flags are the
+    ones a suggestion may name."""
+    words = str(meta.get("command") or "").split()
+    return words[1] if len(words) > 1 and words[0] == "kvbench" else None
+
+
 def _finding(
+    command: str | None,
     rule: str,
     severity: str,
     label: str,
@@ -36,8 +44,9 @@ def _finding(
     values: dict,
     context: Mapping[str, Any] | None = None,
 ) -> Finding:
-    """A finding on a kvbench run: its remedies name kvbench's own settings (a sweep sizes every engine's
-    KV budget, vLLM's reference column included)."""
+    """A finding on a kvbench run: its remedies name the settings of the command that made it (a sweep sizes
+    every engine's KV budget, vLLM's reference column included)."""
+    context = {**(context or {}), "command": command}
     return Finding(rule, severity, label, evidence, render(remedies, "kvbench", context), values, remedies)
 
 
@@ -72,6 +81,7 @@ def diagnose_points(
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
             findings.append(
                 _finding(
+                    _command_of(meta),
                     "point_failed",
                     "critical",
                     label,
@@ -82,7 +92,14 @@ def diagnose_points(
             )
             continue
         checked += 1
-        for rule in _POINT_RULES:
+        rules = _POINT_RULES
+        if _command_of(meta) == "waste":  # it fills the pool on purpose: only how each strategy lays it out counts
+            rules = _LAYOUT_RULES
+            notes.append(
+                "a waste run fills the KV pool on purpose to measure its shares: free blocks, capped "
+                "concurrency, preemptions and allocation latency are not judged"
+            )
+        for rule in rules:
             finding = rule(point, meta, thresholds, label)
             if finding is not None:
                 findings.append(finding)
@@ -195,6 +212,7 @@ def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
         return None
     remedies, context = _layout(point, meta)
     return _finding(
+        _command_of(meta),
         "fragmentation",
         "warning",
         label,
@@ -224,6 +242,7 @@ def _rule_free_blocks(point, meta, t: Thresholds, label) -> Finding | None:
     pool, peak = _num(point.get("kv_pool_bytes")), _num(point.get("kv_peak_allocated_bytes"))
     at_peak = f"; at peak allocation {pct(1 - peak / pool)} were free" if pool and peak is not None else ""
     return _finding(
+        _command_of(meta),
         "free_blocks",
         "warning",
         label,
@@ -239,6 +258,7 @@ def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
     if p99 is None or p99 * 1000 <= t.alloc_latency_p99_ms:
         return None
     return _finding(
+        _command_of(meta),
         "alloc_latency",
         "critical",
         label,
@@ -258,6 +278,7 @@ def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
     if rate <= t.preemptions_per_request:
         return None
     return _finding(
+        _command_of(meta),
         "preemption_storm",
         "warning",
         label,
@@ -278,6 +299,7 @@ def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
         return None
     remedies, context = _layout(point, meta)
     return _finding(
+        _command_of(meta),
         "reservation_waste",
         "warning",
         label,
@@ -301,6 +323,7 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
         if peak is not None and concurrency is not None:
             evidence += f" (peak running {peak:.0f} of concurrency {concurrency:.0f})"
         return _finding(
+            _command_of(meta),
             "concurrency_capped",
             "critical",
             label,
@@ -318,6 +341,7 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     if peak >= offered or peak >= meta.get("max_num_seqs", 256):
         return None
     return _finding(
+        _command_of(meta),
         "concurrency_capped",
         "warning",
         label,
@@ -339,6 +363,7 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
         if free is not None and free < t.free_blocks:
             findings.append(
                 _finding(
+                    "fleet",
                     "free_blocks",
                     "warning",
                     f"{label} instance {instance.get('index')}",
@@ -353,6 +378,7 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
     if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
         findings.append(
             _finding(
+                "fleet",
                 "fleet_imbalance",
                 "warning",
                 label,
@@ -373,6 +399,7 @@ _POINT_RULES = (
     _rule_reservation,
     _rule_capped,
 )
+_LAYOUT_RULES = (_rule_fragmentation, _rule_reservation)
 
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
