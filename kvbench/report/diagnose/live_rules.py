@@ -327,8 +327,18 @@ def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
 
 
 def _measure_state(w: Window, out: _Out) -> None:
+    """What the engine held: at its one scrape, or over a window its peak and mean (a point or a watch is read
+    for its busiest moment and its average, not for where the last scrape happened to fall)."""
     s = out.state
-    if s.usage is not None:
+    usage, running, waiting = w.gauge("usage"), w.gauge("running"), w.gauge("waiting")
+    if len(usage) > 1:
+        out.measure(
+            "kv_usage",
+            max(usage),
+            f"KV usage peak {pct(max(usage))}, mean {pct(sum(usage) / len(usage))} over {len(usage)} scrapes"
+            + (f" ({s.total_blocks:.0f} blocks)" if s.total_blocks else ""),
+        )
+    elif s.usage is not None:
         blocks = (
             (
                 f", {s.free_blocks:.0f} of {s.total_blocks:.0f} blocks free"
@@ -338,9 +348,16 @@ def _measure_state(w: Window, out: _Out) -> None:
             else ""
         )
         out.measure("kv_usage", s.usage, f"KV usage {pct(s.usage)}{blocks}")
-    if s.running is not None:
-        waiting = "" if s.waiting is None else f", {s.waiting:.0f} waiting"
-        out.measure("running", s.running, f"{s.running:.0f} running{waiting}")
+    if len(running) > 1:
+        queued = f"; waiting peak {max(waiting):.0f}, mean {sum(waiting) / len(waiting):.1f}" if waiting else ""
+        out.measure(
+            "running",
+            max(running),
+            f"running peak {max(running):.0f}, mean {sum(running) / len(running):.1f}{queued}",
+        )
+    elif s.running is not None:
+        queued = "" if s.waiting is None else f", {s.waiting:.0f} waiting"
+        out.measure("running", s.running, f"{s.running:.0f} running{queued}")
     if s.prompt_tokens_mean is not None and s.generation_tokens_mean is not None:
         out.measure(
             "mean_request_tokens",

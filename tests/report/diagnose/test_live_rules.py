@@ -154,3 +154,19 @@ def test_free_blocks_judged_when_the_last_scrape_has_no_valid_usage(vllm_exposit
     steps = [{"usage": 0.96}, {"usage": 0.97}, {"usage": 37.5}]
     finding = by_rule(diagnose_windows([window(vllm_exposition, steps)], Thresholds()))["free_blocks"]
     assert "in 2 of 2 scrapes" in finding.evidence and "KV usage 97.0% (3.0%)" in finding.evidence
+
+
+def test_a_window_is_quoted_by_its_peak_and_mean_not_its_last_scrape(vllm_exposition):
+    """A point whose load ended before its last scrape read "1 running, KV usage 0.7%" beside a run table that
+    said a peak of 4 running and 3%: over a window, the busiest moment and the average are what is quoted."""
+    steps = [
+        {"usage": 0.01, "running": 1, "waiting": 0},
+        {"usage": 0.03, "running": 4, "waiting": 2},
+        {"usage": 0.02, "running": 3, "waiting": 0},
+        {"usage": 0.007, "running": 1, "waiting": 0},
+    ]
+    measured = {m.name: m for m in diagnose_windows([window(vllm_exposition, steps)], Thresholds()).measurements}
+    usage, running = measured["kv_usage"], measured["running"]
+    assert usage.value == pytest.approx(0.03) and running.value == 4
+    assert "KV usage peak 3.0%, mean 1.7% over 4 scrapes" in usage.text
+    assert "running peak 4, mean 2.2; waiting peak 2, mean 0.5" in running.text
