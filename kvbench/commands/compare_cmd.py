@@ -12,9 +12,9 @@ from kvbench.commands._options import not_an_input, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
 from kvbench.report.baseline import update_baseline
-from kvbench.report.compare import DEFAULT_ALPHA, Comparison, compare
+from kvbench.report.compare import DEFAULT_ALPHA, DEFAULT_MIN_DURATION_S, Comparison, compare
 from kvbench.report.compare_policy import parse_rule
-from kvbench.report.compare_render import ReportFormat, render, summary_line, to_rich_table
+from kvbench.report.compare_render import ReportFormat, render, summary_line, to_rich_table, to_summary
 from kvbench.report.summary_load import Summary, load_summary
 
 HELP = """Compare HEAD's run with BASE's; exit 1 on a regression or a missing point.
@@ -37,6 +37,12 @@ within x2.5 from single runs; p99 latency ratios reported, not gated; absolute t
 latency (--absolute) reported, not gated. With --repeat samples (4 vs 4 or more, so that a
 Mann-Whitney U test can reach --alpha) a ratio change must be significant and beyond x1.35 (p99
 ratios: x8). memory.* is judged (within 10%) only with --absolute. A --fail-on rule gates any metric.
+A measured point that ran under --min-duration (2 s) on either side is too short to time on a shared
+machine: its timing-dependent metrics are reported, not gated, and the report says so. Runs made on
+machines loaded differently (the engines' share of a core over their steps) are noted.
+
+The terminal gets a few lines (the verdict, notes and what changed); --verbose or --output FILE gives the
+full Markdown table.
 
 A metric that is a string, a bool, NaN or infinite is unusable input (exit 2); one with a value on
 one side and null on the other fails. Rows that are reported but not gated have the verdict "info".
@@ -86,6 +92,17 @@ def compare_command(
         "runs anyway; in measured runs gated only by --fail-on).",
     ),
     alpha: float = typer.Option(DEFAULT_ALPHA, "--alpha", help="Significance level of the Mann-Whitney U test."),
+    min_duration: float = typer.Option(
+        DEFAULT_MIN_DURATION_S,
+        "--min-duration",
+        min=0.0,
+        metavar="SECONDS",
+        help="A measured point that ran shorter than this on either side is too short to time on a shared "
+        "machine: its timing-dependent metrics are reported, not gated (a --fail-on rule still gates them).",
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print the full Markdown table instead of the few-line summary."
+    ),
     refresh: bool = typer.Option(
         False, "--update-baseline", help="After reporting, copy HEAD's summary.json onto BASE and exit 0."
     ),
@@ -107,8 +124,10 @@ def compare_command(
     not_an_input(html_path, "--html", inputs)
     comparison = None
     if base_summary is not None:
-        comparison = compare(base_summary, head_summary, rules, absolute=absolute, alpha=alpha)
-        _emit(comparison, fmt, output_path)
+        comparison = compare(
+            base_summary, head_summary, rules, absolute=absolute, alpha=alpha, min_duration_s=min_duration
+        )
+        _emit(comparison, fmt, output_path, verbose)
         if html_path is not None:
             from kvbench.report.html import write_compare_report
 
@@ -145,11 +164,13 @@ def _load_base(base: Path, *, tolerate_unusable: bool) -> Summary | None:
         return None
 
 
-def _emit(comparison: Comparison, fmt: ReportFormat, output: Path | None) -> None:
+def _emit(comparison: Comparison, fmt: ReportFormat, output: Path | None, verbose: bool) -> None:
     if output is not None:
         write_text_atomic(output, render(comparison, fmt))
         typer.echo(f"{summary_line(comparison)} (report: {output})")
     elif fmt is ReportFormat.table and sys.stdout.isatty():
         Console().print(to_rich_table(comparison))
+    elif fmt is ReportFormat.markdown and not verbose:
+        typer.echo(to_summary(comparison), nl=False)
     else:
         typer.echo(render(comparison, fmt), nl=False)

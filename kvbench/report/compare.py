@@ -7,6 +7,11 @@ judged, and with what tolerance, is ``compare_policy``'s business. A noisy metri
 ``MIN_SAMPLES`` repeat samples on both sides, enough for Mann-Whitney U to reach ``alpha`` (3 vs 3
 cannot: its smallest two-sided p is 0.1), is only called changed when the test finds the change
 significant *and* it passes the threshold; otherwise its single-run tolerance applies to the means.
+
+A measured point shorter than ``min_duration_s`` on either side is too short to time on a shared machine (a few
+scheduler stalls decide its throughput): its timing-dependent metrics are reported, not gated, and say so.
+Two runs whose engines had a core for very different shares of their steps' time were made on machines loaded
+differently, which the comparison notes.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from kvbench.report.summary_load import PointKey, Summary
 from kvbench.values import is_number
 
 DEFAULT_ALPHA = 0.05
+DEFAULT_MIN_DURATION_S = 2.0  # a measured point shorter than this is too short to time on a shared machine
+BUSY_CORE_SHARE = 0.8  # engines that had a core for less of their steps' time than this ran on a busy machine
+LOAD_GAP = 0.2  # core shares further apart than this: the two machines were loaded differently
 MIN_SAMPLES = 3
 EXACT_TEST_MAX_SIZE = 20  # exact Mann-Whitney p-values for untied samples up to this size
 POINT_METRIC = "(point)"  # the metric name of a missing/new point's row
@@ -85,6 +93,7 @@ class Measured:
 
     status: str | None
     metrics: Mapping[str, Observation]
+    duration_s: float | None = None  # how long it ran (a ratio point: its shorter side); None: not recorded
 
 
 @dataclass(frozen=True)
@@ -138,10 +147,13 @@ def compare(
     *,
     absolute: bool = False,
     alpha: float = DEFAULT_ALPHA,
+    min_duration_s: float = DEFAULT_MIN_DURATION_S,
 ) -> Comparison:
     """Judge ``head`` against ``base``. Raises KvbenchError when they cannot be compared."""
     if not 0 < alpha < 1:
         raise KvbenchError(f"the significance level alpha must be between 0 and 1, got {alpha}")
+    if not is_number(min_duration_s, finite=True) or min_duration_s < 0:
+        raise KvbenchError(f"the minimum duration must be a non-negative number of seconds, got {min_duration_s}")
     if base.kind != head.kind:
         raise KvbenchError(f"cannot compare a {base.kind!r} run ({base.path}) with a {head.kind!r} run ({head.path})")
     simulated = _simulated(base, head)
@@ -161,8 +173,49 @@ def compare(
         elif key not in base_points:
             rows.append(Row(key, POINT_METRIC, Verdict.NEW, note="point absent from base"))
         else:
-            rows.extend(_compare_point(key, base_points[key], head_points[key], policy_of, rules, alpha))
-    return Comparison(base, head, tuple(rows), alpha, simulated, _meta_notes(base, head))
+            short = None if simulated else _too_short(base_points[key], head_points[key], min_duration_s)
+            rows.extend(_compare_point(key, base_points[key], head_points[key], policy_of, rules, alpha, short))
+    notes = _meta_notes(base, head) + (() if simulated else _load_notes(base, head))
+    return Comparison(base, head, tuple(rows), alpha, simulated, notes)
+
+
+def _too_short(base: Measured, head: Measured, min_duration_s: float) -> str | None:
+    """Why a point's timing cannot be judged (it ran too briefly on either side), or None."""
+    durations = [m.duration_s for m in (base, head) if m.duration_s is not None]
+    if not durations or min(durations) >= min_duration_s:
+        return None
+    ran = " and ".join(f"{d:.2g} s" for d in (base.duration_s, head.duration_s) if d is not None)
+    return (
+        f"too short to judge on this machine: the point ran {ran} (under {min_duration_s:g} s); "
+        "send more requests per point"
+    )
+
+
+def _core_share(summary: Summary) -> float | None:
+    """The share of their steps' wall time the run's engines had a core for (CPU runs that record it)."""
+    cpu = wall = 0.0
+    for point in summary.points.values():
+        used, took = point.get("cpu_time_s"), point.get("duration")
+        if point.get("status") == "ok" and is_number(used, finite=True) and is_number(took, finite=True) and took > 0:
+            cpu, wall = cpu + used, wall + took
+    threads = summary.meta.get("threads")
+    per_core = threads if is_number(threads, finite=True) and threads >= 1 else 1
+    return cpu / wall / per_core if wall > 0 else None
+
+
+def _load_notes(base: Summary, head: Summary) -> tuple[str, ...]:
+    old, new = _core_share(base), _core_share(head)
+    if old is None or new is None:
+        return ()
+    shares = f"base's engines had a core for {old:.0%} of their steps' time, head's for {new:.0%}"
+    if abs(old - new) > LOAD_GAP:
+        return (
+            f"the machines were loaded differently: {shares} (a busy machine slows both engines of a point, "
+            "unevenly); timing differences may be the machine's",
+        )
+    if min(old, new) < BUSY_CORE_SHARE:
+        return (f"a busy machine: {shares}; timing is noisier than on a quiet one",)
+    return ()
 
 
 def _simulated(base: Summary, head: Summary) -> bool:
@@ -211,7 +264,8 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
     status = point.get("status")
     if status is not None and (problem := status_problem(status)):
         raise KvbenchError(f"{where}: status is {_shown(status)}, {problem}")
-    return Measured(status, metrics)
+    duration = point.get("duration")
+    return Measured(status, metrics, float(duration) if is_number(duration, finite=True) else None)
 
 
 def _samples(raw: Any, where: str) -> tuple[float, ...]:
@@ -245,7 +299,8 @@ def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measure
             }
             if metrics:
                 key = PointKey(f"{num_key.engine}/{den_key.engine}", num_key.concurrency, num_key.scenario)
-                ratios[key] = Measured(None, metrics)
+                durations = [d for d in (num.duration_s, den.duration_s) if d is not None]
+                ratios[key] = Measured(None, metrics, min(durations) if durations else None)
     return ratios
 
 
@@ -268,6 +323,7 @@ def _compare_point(
     judged: Judged,
     rules: tuple[Rule, ...],
     alpha: float,
+    too_short: str | None = None,
 ) -> list[Row]:
     rows: list[Row] = []
     if base.status is not None or head.status is not None:
@@ -283,7 +339,7 @@ def _compare_point(
         row = _unjudgeable_row(key, name, old, new)
         if row is None:
             assert old is not None and new is not None  # else _unjudgeable_row has a row for it
-            row = _judge(key, name, policies[name], old, new, rules, alpha)
+            row = _judge(key, name, policies[name], old, new, rules, alpha, too_short)
         rows.append(row)
     return rows
 
@@ -316,10 +372,13 @@ def _judge(
     head: Observation,
     rules: tuple[Rule, ...],
     alpha: float,
+    too_short: str | None = None,
 ) -> Row:
     assert base.value is not None and head.value is not None  # see _unjudgeable_row
     old, new = float(base.value), float(head.value)
     rule = matching_rule(name, rules)
+    if too_short is not None and rule is None and policy.timed:
+        return Row(key, name, Verdict.INFO, old, new, "not gated", None, too_short)
     p_value, note = _significance(policy, base.samples, head.samples, alpha)
     threshold = rule or (policy.single if p_value is None else policy.sampled)
     if threshold is None:

@@ -157,6 +157,7 @@ class MetricPolicy:
     noisy: bool = False  # timing-dependent: repeat samples are tested
     by_default: bool = True  # judged without --absolute or a rule naming it
     ungated_note: str = SINGLE_RUN_NOTE  # why a metric without a threshold is only reported
+    timed: bool = False  # depends on step times: too short a point cannot judge it
 
 
 def ratio_metric_name(numerator: str, denominator: str, metric: str) -> str:
@@ -174,12 +175,14 @@ def metric_policy(name: str, *, simulated: bool) -> MetricPolicy | None:
     if simulated or name in (*COUNT_METRICS, *PEAK_BYTES_METRICS, *SHARE_METRICS):
         return MetricPolicy(direction, EXACT)
     if name in TIME_WEIGHTED_METRICS:
-        return MetricPolicy(direction, _time_weighted_threshold(name))
+        return MetricPolicy(direction, _time_weighted_threshold(name), timed=True)
     if ratio_of in THROUGHPUT_METRICS:
-        return MetricPolicy(direction, RATIO_SINGLE, RATIO_SAMPLED, noisy=True)
+        return MetricPolicy(direction, RATIO_SINGLE, RATIO_SAMPLED, noisy=True, timed=True)
     if ratio_of is not None:  # a tail-latency ratio
-        return MetricPolicy(direction, None, TAIL_RATIO_SAMPLED, noisy=True)
-    return MetricPolicy(direction, None, None, noisy=True, by_default=False, ungated_note=ABSOLUTE_TIMING_NOTE)
+        return MetricPolicy(direction, None, TAIL_RATIO_SAMPLED, noisy=True, timed=True)
+    return MetricPolicy(
+        direction, None, None, noisy=True, by_default=False, ungated_note=ABSOLUTE_TIMING_NOTE, timed=True
+    )
 
 
 def _ratio_base(name: str) -> str | None:

@@ -44,6 +44,31 @@ def render(comparison: Comparison, fmt: ReportFormat) -> str:
     return buffer.getvalue()
 
 
+SUMMARY_ROWS = 10  # changed rows the terminal summary lists before pointing at the full report
+
+
+def to_summary(comparison: Comparison) -> str:
+    """A few lines for a terminal or a CI log: the verdict, the notes, what changed (the first
+    :data:`SUMMARY_ROWS`), and where the full table is."""
+    changed = sorted(
+        (row for row in comparison.rows if row.verdict in CHANGED), key=lambda row: VERDICT_ORDER.index(row.verdict)
+    )
+    lines = [summary_line(comparison), *(f"note: {note}" for note in comparison.notes)]
+    for row in changed[:SUMMARY_ROWS]:
+        change = format_change(row)
+        lines.append(
+            f"  {row.verdict.value}: {row.point.label} {row.metric} {format_value(row.base)} -> "
+            f"{format_value(row.head)}" + (f", {change}" if change else "") + (f"; {row.note}" if row.note else "")
+        )
+    if len(changed) > SUMMARY_ROWS:
+        lines.append(f"  ... and {len(changed) - SUMMARY_ROWS} more")
+    short = sum(row.verdict is Verdict.INFO and row.note.startswith("too short") for row in comparison.rows)
+    if short:
+        lines.append(f"  {short} timing metric(s) of points too short to judge on this machine: reported, not gated")
+    lines.append("the full table: --verbose, or --output FILE (Markdown)")
+    return "\n".join(lines) + "\n"
+
+
 def summary_line(comparison: Comparison) -> str:
     """``kvbench compare: FAIL - 1 regressed, 1 missing, ...``: the verdict and the count of each kind."""
     counts = comparison.counts

@@ -11,7 +11,9 @@ import pytest
 from kvbench.cli import main
 
 
-def write_run(root: Path, name: str, paged_throughput: float, internal_pct: float = 4.0) -> Path:
+def write_run(root: Path, name: str, paged_throughput: float, internal_pct: float = 4.0, **timing: float) -> Path:
+    """A two-point sweep; ``timing`` adds each point's ``duration`` and ``cpu_time_s``."""
+
     def point(engine: str, throughput: float, internal: float) -> dict:
         return {
             "engine": engine,
@@ -21,6 +23,7 @@ def write_run(root: Path, name: str, paged_throughput: float, internal_pct: floa
             "completed": 40,
             "output_throughput": throughput,
             "waste": {"internal_pct": internal},
+            **timing,
         }
 
     summary = {
@@ -37,10 +40,46 @@ def write_run(root: Path, name: str, paged_throughput: float, internal_pct: floa
 
 def test_unchanged_run_exits_zero_with_markdown(tmp_path, capsys):
     base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 40.5)
-    assert main(["compare", str(base), str(head)]) == 0
+    assert main(["compare", str(base), str(head), "--verbose"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("**kvbench compare: PASS")
     assert "| point | metric | base | head | change | verdict | rule |" in out
+
+
+def test_the_terminal_gets_a_few_lines_and_where_the_full_table_is(tmp_path, capsys):
+    base, head = write_run(tmp_path, "base", 41.0), write_run(tmp_path, "head", 41.0, internal_pct=8.0)
+    assert main(["compare", str(base), str(head)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("kvbench compare: FAIL - 1 regressed") and len(lines) <= 6
+    assert any(line.startswith("  regressed: paged c=10") and "waste.internal_pct" in line for line in lines)
+    assert lines[-1] == "the full table: --verbose, or --output FILE (Markdown)"
+
+
+def test_a_point_too_short_to_time_is_reported_not_failed_and_a_long_drop_still_fails(tmp_path, capsys):
+    """Two ci-smoke runs of the same code failed with 3 regressions: their points ran well under a second, where
+    a few scheduler stalls decide the throughput. Judged only where a point ran long enough to time."""
+    drop = {"paged_throughput": 10.0}  # paged/contiguous x4.1 lower: beyond a single run's x2.5
+    base = write_run(tmp_path, "base", 41.0, duration=0.3, cpu_time_s=0.3)
+    head = write_run(tmp_path, "head", **drop, duration=0.4, cpu_time_s=0.4)
+    assert main(["compare", str(base), str(head)]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "too short to judge on this machine" in out
+    rule = "paged_over_contiguous_output_throughput:5%"  # an explicit rule still gates it
+    assert main(["compare", str(base), str(head), "--fail-on", rule]) == 1
+    long_base = write_run(tmp_path, "long-base", 41.0, duration=30.0, cpu_time_s=29.0)
+    long_head = write_run(tmp_path, "long-head", **drop, duration=30.0, cpu_time_s=29.0)
+    assert main(["compare", str(long_base), str(long_head)]) == 1
+    assert main(["compare", str(base), str(head), "--min-duration", "0.1"]) == 1
+
+
+def test_machines_loaded_differently_are_named(tmp_path, capsys):
+    base = write_run(tmp_path, "base", 41.0, duration=10.0, cpu_time_s=9.8)
+    head = write_run(tmp_path, "head", 40.0, duration=10.0, cpu_time_s=4.5)
+    assert main(["compare", str(base), str(head)]) == 0
+    assert (
+        "note: the machines were loaded differently: base's engines had a core for 98% of their steps' time, "
+        "head's for 45%" in capsys.readouterr().out
+    )
 
 
 def test_regression_exits_one(tmp_path, capsys):
@@ -209,6 +248,10 @@ def test_a_measured_sweep_passes_against_itself(tmp_path, capsys):
     assert main(["sweep", "--scenario", "ci-smoke", "--out", str(run), "--json"]) == 0
     capsys.readouterr()
     assert main(["compare", str(run), str(run), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    short = {row["metric"] for row in report["rows"] if "too short to judge" in row["note"]}
+    assert "paged_over_contiguous_output_throughput" in short  # ci-smoke's points run well under 2 s
+    assert main(["compare", str(run), str(run), "--format", "json", "--min-duration", "0"]) == 0
     report = json.loads(capsys.readouterr().out)
     judged = {row["metric"] for row in report["rows"] if row["verdict"] == "unchanged"}
     assert {

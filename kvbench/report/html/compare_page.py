@@ -139,21 +139,38 @@ def headline_section(comparison: Comparison) -> Section:
 
 
 def metrics_section(comparison: Comparison) -> Section:
+    """Every compared metric, worst first; the unchanged ones in a table drawn closed (a sweep has dozens, each
+    judged the same way)."""
     rows = _ordered(comparison.rows)
-    return Section(
-        "points",
-        "Every compared metric",
-        [
-            Table(
-                f"All {len(rows)} compared metrics, worst verdict first (select a column heading to sort)",
-                COLUMNS,
-                [_row(r) for r in rows],
-                id="metrics-table",
-                note="head / base: the ratio of the two values; change: head - base (relative to base). Info rows are "
-                "reported but not gated.",
-            )
-        ],
+    judged = [r for r in rows if r.verdict is not Verdict.UNCHANGED]
+    unchanged = [r for r in rows if r.verdict is Verdict.UNCHANGED]
+    note = (
+        "head / base: the ratio of the two values; change: head - base (relative to base). Info rows are reported "
+        "but not gated."
     )
+    tables = []
+    if judged:
+        tables.append(
+            Table(
+                f"{len(judged)} metrics that changed or are only reported, worst verdict first (select a column "
+                "heading to sort)",
+                COLUMNS,
+                [_row(r) for r in judged],
+                id="metrics-table",
+                note=note,
+            )
+        )
+    if unchanged:
+        tables.append(
+            Table(
+                f"{len(unchanged)} unchanged metrics (select to show)",
+                COLUMNS,
+                [_row(r) for r in unchanged],
+                id="unchanged-table",
+                collapsed=True,
+            )
+        )
+    return Section("points", "Every compared metric", tables)
 
 
 def provenance(comparison: Comparison) -> Section:

@@ -51,6 +51,7 @@ class Table:
     note: str = ""
     sortable: bool = True
     id: str = ""
+    collapsed: bool = False  # drawn closed, its caption the line that opens it (rows a reader rarely needs)
     kind: str = "table"
 
 

@@ -59,7 +59,10 @@ def test_the_compare_page_leads_with_the_verdict(compare_report, sweep_run, regr
     assert completed["point"] == "paged c=4 quick" and completed["verdict"] == "regressed"
     assert completed["base"] == "6" and completed["head"] == "5" and completed["ratio"] == "×0.83"
     assert completed["why"] == "judged exactly: deterministic for the same seed and settings"
-    assert len(table_rows(page, "metrics-table")) == len(judged["rows"])
+    unchanged = [r for r in judged["rows"] if r["verdict"] == "unchanged"]
+    assert len(table_rows(page, "metrics-table")) == len(judged["rows"]) - len(unchanged)
+    assert len(table_rows(page, "unchanged-table")) == len(unchanged) > 0  # drawn closed, one click away
+    assert by_id(page, "unchanged-table").parent.parent.tag == "details"
     assert [f.attrs["data-plot"] for f in page.find_all("figure")] == [
         "compare_throughput.png",
         "compare_ratio.png",
