@@ -97,6 +97,13 @@ def sweep(
     wide: bool = typer.Option(
         False, "--wide", help="Print every column of the per-point table (summary.md always has them)."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Print the CPU's start-up measurements in full (each weight's matmul timings, the prefetch's); "
+        "summary.json and report.html always have them.",
+    ),
     on_ray: bool = typer.Option(
         False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."
     ),
@@ -142,7 +149,7 @@ def sweep(
     with console.status("preparing the sweep...") as status:
         setup = SweepSetup.resolve(options, status.update)
     sweep_run = Run("sweep")
-    failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console)
+    failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console, verbose)
     run_dir, points = sweep_run.opened.path, sweep_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     sweep_run.opened.release()
@@ -182,6 +189,7 @@ def _measure(
     live: LiveMetrics,
     ray: RayFanOut,
     console,
+    verbose: bool = False,
 ) -> PointFailed | None:
     """Every point into ``run`` (its directory, its points); the point that stopped the sweep, if one did.
     From the first line the backend holds processes (vLLM) and the metrics a port: both are let go at the end."""
@@ -202,7 +210,7 @@ def _measure(
         run.hold(lambda: _stop_metrics(metrics, live.path, console))
         for note in notes:
             console.print(note)
-        _print_intro(console, setup)
+        _print_intro(console, setup, verbose)
         try:
             run.points = _points(setup, run_dir, resume, continue_on_error, metrics, ray, console)
         except PointFailed as err:
@@ -267,7 +275,28 @@ def _prepare_results(run_dir, resume: bool) -> list[str]:
     return notes
 
 
-def _print_intro(console, setup: SweepSetup) -> None:
+def _cpu_lines(setup: SweepSetup, verbose: bool) -> list[str]:
+    """What the CPU's start-up measurements chose: one line, or with ``verbose`` each choice and its timings."""
+    threads, heap = setup.backend.threads, cpu_heap.current()
+    loaded = setup.backend.loaded
+    plan = loaded.matmul_plan if loaded is not None else None
+    prefetch = loaded.decode_prefetch if loaded is not None else None
+    if verbose:
+        lines = [f"CPU threads: {threads['threads']} ({threads['reason']})"] if threads else []
+        lines += [heap.describe()] if heap is not None else []
+        lines += plan.lines() if plan is not None else []
+        return lines + ([prefetch.line()] if prefetch is not None else [])
+    parts = [f"{threads['threads']} thread(s) ({threads['reason']})"] if threads else []
+    parts += [plan.summary()] if plan is not None else []
+    parts += [f"decode prefetch {prefetch.prefetch.describe()}"] if prefetch is not None else []
+    parts += ["freed memory kept for the next step"] if heap is not None and heap.kept else []
+    if not parts:
+        return []
+    detail = "; --verbose for the timings" if plan is not None or prefetch is not None else ""
+    return [f"CPU: {'; '.join(parts)}{detail}"]
+
+
+def _print_intro(console, setup: SweepSetup, verbose: bool = False) -> None:
     if setup.skipped is not None:
         console.print(
             f"[yellow]warning: {setup.skipped.sentence(f'records of {setup.options.requests_file}')}[/yellow]"
@@ -287,17 +316,8 @@ def _print_intro(console, setup: SweepSetup) -> None:
     console.print(f"stop: {setup.stop_text}")
     if setup.workload.dataset is not None:
         console.print(f"dataset: {setup.workload.dataset.note()}")
-    threads = setup.backend.threads
-    if threads:
-        console.print(f"CPU threads: {threads['threads']} ({threads['reason']})")
-    if (heap := cpu_heap.current()) is not None:
-        console.print(heap.describe())
-    plan = setup.backend.loaded.matmul_plan if setup.backend.loaded is not None else None
-    if plan is not None:  # the CPU's measured matmul paths, with their timings
-        for line in plan.lines():
-            console.print(line, markup=False, highlight=False)
-    if setup.backend.loaded is not None and (prefetch := setup.backend.loaded.decode_prefetch) is not None:
-        console.print(prefetch.line(), markup=False, highlight=False)
+    for line in _cpu_lines(setup, verbose):
+        console.print(line, markup=False, highlight=False)
     for note in setup.backends.notes():  # a reference column says what it is
         console.print(f"[dim]{note}[/dim]")
 

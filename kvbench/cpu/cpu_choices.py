@@ -138,6 +138,17 @@ class MatmulPlan:
             for path in choice.copies
         ]
 
+    def summary(self) -> str:
+        """One line: which paths the weights take, e.g. ``oneDNN-packed for 5 of 7 weights, plain for 2``."""
+        used: dict[str, int] = {}
+        for choice in self.choices.values():
+            for path in dict.fromkeys(choice.paths):
+                used[path] = used.get(path, 0) + 1
+        parts = [f"{path} for {count}" for path, count in sorted(used.items(), key=lambda item: -item[1])]
+        if parts:
+            parts[0] += f" of {len(self.choices)} weights"
+        return f"matmul paths {', '.join(parts)} ({self.source})"
+
     def lines(self) -> list[str]:
         """The plan as printed: a heading with its provenance, then one line per weight."""
         return [

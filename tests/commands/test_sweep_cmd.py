@@ -551,7 +551,8 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
     packs_bf16 = cpu_linear.packing_available(torch.device("cpu"), torch.bfloat16)
     for attempt in ("first", "second"):
         out = tmp_path / f"run-{attempt}"
-        assert run(["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--dtype", dtype]) == 0
+        args = ["--scenario", scenario, "--out", str(out), "--concurrency", "2", "--dtype", dtype, "--verbose"]
+        assert run(args) == 0
         meta = json.loads((out / "summary.json").read_text())["meta"]
         printed = capsys.readouterr().out
         assert "measured the model's" in meta["threads"]["reason"]
@@ -579,3 +580,8 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
         else:  # nothing to pack at fp16 on a CPU: the plain weights, nothing measured
             assert meta["cpu_matmuls"] is None
             assert meta["cpu_decode_prefetch"] is None  # the C decode attention takes float32 and bfloat16
+    # without --verbose the measurements are one line, ahead of the table rather than a screen of timings
+    assert run(["--scenario", scenario, "--out", str(tmp_path / "quiet"), "--concurrency", "2", "--dtype", dtype]) == 0
+    printed = capsys.readouterr().out
+    (cpu_line,) = [line for line in printed.splitlines() if line.startswith("CPU")]
+    assert cpu_line.startswith(f"CPU: {meta['threads']['threads']} thread(s)") and "CPU threads:" not in printed

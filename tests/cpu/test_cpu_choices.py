@@ -103,6 +103,10 @@ def test_measured_on_the_weights_then_cached(measuring, tmp_path) -> None:
     assert lines[0].startswith(f"CPU matmul paths, {plan.threads} thread(s), fp32 (measured now")
     assert lines[1].startswith("  o_proj [96 x 64]: ") and "us plain/oneDNN-packed: 1 row " in lines[1]
     assert plan.as_dict()["weights"]["o_proj"]["timings_us"]["1"][PLAIN] == o_proj.timings_us[1][PLAIN]
+    used = {path for choice in plan.choices.values() for path in choice.paths}  # the one line the sweep prints
+    summary = plan.summary()
+    assert summary.startswith("matmul paths ") and summary.endswith(f"({plan.source})")
+    assert all(f"{path} for " in summary for path in used) and f"of {len(plan.choices)} weights" in summary
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -92,9 +92,9 @@ def diagnose_points(
             )
             continue
         checked += 1
-        rules = _POINT_RULES
-        if _command_of(meta) == "waste":  # it fills the pool on purpose: only how each strategy lays it out counts
-            rules = _LAYOUT_RULES
+        waste = _command_of(meta) == "waste"  # it fills the pool on purpose: only each strategy's layout counts
+        rules: tuple[Callable[..., Finding | None], ...] = _LAYOUT_RULES if waste else _POINT_RULES
+        if waste:
             notes.append(
                 "a waste run fills the KV pool on purpose to measure its shares: free blocks, capped "
                 "concurrency, preemptions and allocation latency are not judged"
