@@ -106,19 +106,24 @@ def strategy_table(document: dict[str, Any]) -> Table:
         f"Concurrent requests of {document['mean_len']:,} tokens and of max-len {document['max_len']:,}; "
         f"longest context at concurrency {concurrency}" + (f" (capped at max-num-seqs {cap})" if cap else "")
     )
-    table = Table(title=title)
+    table = Table(
+        title=title,
+        caption=f"concurrent at {document['max_len']:,}: whole requests of max-len; in brackets vLLM's \"maximum "
+        "concurrency\" figure for the same pool (KV token slots / max-len, unrounded, as vLLM logs it at start-up); "
+        "longest context: the longest request each of that many concurrent requests can have",
+    )
     columns = (
         "strategy",
         "slots / request",
         "max concurrent",
         "token states at capacity",
-        f"concurrent at {document['max_len']:,}",
+        f"concurrent at {document['max_len']:,} (vLLM)",
         f"longest context x{concurrency}",
     )
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in document["strategies"]:
-        ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"
+        ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"  # vLLM's "Maximum concurrency ... : 238.93x"
         longest = f"{row['longest_context']:,}" + (" (model)" if row["longest_context_limited_by"] == "model" else "")
         table.add_row(
             row["strategy"],

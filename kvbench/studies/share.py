@@ -268,8 +268,8 @@ def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement
 
 
 ANCHORS = {
-    "parallel": "article: n=5 costs +40% memory instead of +500%; paper: sharing saves 6.1-9.8% (Alpaca), "
-    "16.2-30.5% (ShareGPT)",
+    "parallel": "article: n=5 costs 1.4x the memory of one sample instead of 5x; paper: sharing saves 6.1-9.8% "
+    "(Alpaca), 16.2-30.5% (ShareGPT)",
     "beam": "article: beam width 4 costs 2.1x instead of 4x; paper: sharing saves 37.6-55.2% (Alpaca), "
     "44.3-66.3% (ShareGPT)",
 }
@@ -416,5 +416,6 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
         stop=stop,
         dataset=dataset,
         output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])),
+        prompt_len_mean=float(np.mean([len(t) for t in texts])),
     )
     return summary_document("share", meta, points, savings=savings(measured, singles))

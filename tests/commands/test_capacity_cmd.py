@@ -52,6 +52,7 @@ def test_capacity_table_on_the_terminal(capsys, monkeypatch):
     code, out, err = _run(capsys, "--model", "llama-2-7b", "--gpu", "a10g-24g")
     assert code == 0, err
     assert "llama-2-7b" in out and "KV budget" in out and "paged-16" in out and "contiguous-max" in out
+    assert "(vLLM)" in out and 'vLLM\'s "maximum concurrency" figure' in " ".join(out.split())  # the x says what it is
 
 
 def test_capacity_with_a_config_dir(capsys, tmp_path):

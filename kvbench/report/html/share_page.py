@@ -6,7 +6,7 @@ from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.share_report import share_plot
+from kvbench.report.share_report import cost_explanation, share_plot
 
 WORDS = {"parallel": "parallel sampling", "beam": "beam search"}
 
@@ -53,6 +53,8 @@ def verdict(document: dict) -> Verdict:
             if identical
             else "The samples differed with and without sharing: the comparison is not like for like."
         )
+    if (why := cost_explanation(document)) is not None:
+        sentences.append(why[len("why: ") :].capitalize() + ".")
     if meta.get("anchors"):
         sentences.append(f"For comparison — {meta['anchors']}.")
     tone = "good" if (mean or 0) > 0 and identical is not False else "warn"
