@@ -43,6 +43,16 @@ def check_target_run(options: SweepOptions, engines: str, resume: bool, on_ray: 
         raise KvbenchError(
             "--find-max bisects on one measurement per level; --repeat goes with a sweep of fixed levels"
         )
+    endpoint = options.endpoint
+    sized = endpoint is not None and (endpoint.input_len is not None or endpoint.output_len is not None)
+    if sized and (options.requests_file is not None or options.dataset is not None):
+        raise KvbenchError("--input-len/--output-len size drawn requests, not --requests-file or --dataset")
+    if sized and endpoint is not None and (endpoint.trace is not None or endpoint.prefix_hit_rate is not None):
+        raise KvbenchError(
+            "--input-len/--output-len size drawn requests; --trace and --prefix-hit-rate shape their own"
+        )
+    if endpoint is not None and endpoint.output_len is not None and options.stop == "eos":
+        raise KvbenchError("--output-len asks each answer for its length: it goes with --stop length")
 
 
 def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wide: bool) -> None:
@@ -56,7 +66,8 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
         pin_run_config(run_dir, setup.pinned_config(), resume=False)
         for note in setup.backends.notes():
             console.print(f"[dim]{note}[/dim]")
-        console.print(f"targets: {_targets_text(options)}; stop: {setup.stop_text}", markup=False, highlight=False)
+        console.print(f"targets: {_targets_text(options, setup)}", markup=False, highlight=False)
+        console.print(f"requests: {_requests_text(setup)}; stop: {setup.stop_text}", markup=False, highlight=False)
         sweep = EndpointSweep(setup, run_dir, EndpointConsoleProgress(console))
         stopped: KvbenchError | None = None  # a server that stopped answering after some points
         try:
@@ -86,11 +97,26 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
         )
 
 
-def _targets_text(options: SweepOptions) -> str:
+def _targets_text(options: SweepOptions, setup: SweepSetup) -> str:
+    """The targets and the model(s) they serve (what /v1/models listed and the requests name)."""
     endpoint = options.endpoint
     if endpoint is None:
         return ""
-    return ", ".join(f"{name} = {target.url}" for name, target in zip(endpoint.names, endpoint.targets, strict=True))
+    urls = ", ".join(f"{name} = {target.url}" for name, target in zip(endpoint.names, endpoint.targets, strict=True))
+    return f"{urls}; serving {setup.model_name}"
+
+
+def _requests_text(setup: SweepSetup) -> str:
+    """How long the prompts and answers are: the numbers a reader sizes the run by."""
+    pairs = setup.workload.pairs
+    prompts, answers = [p for p, _ in pairs], [o for _, o in pairs]
+    counts = sorted(set(setup.counts.values()))
+    per_point = f"{counts[0]} per point" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} per point"
+    return (
+        f"{per_point}, prompts {min(prompts):,}-{max(prompts):,} tokens (mean {sum(prompts) / len(prompts):,.0f}), "
+        f"answers {min(answers):,}-{max(answers):,} (mean {sum(answers) / len(answers):,.0f}), max-len "
+        f"{setup.config.max_len:,}"
+    )
 
 
 def _level(point: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.studies.run_options import EndpointOptions
+from kvbench.workload.lengths import TokenRange
 from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
 PANEL = "Servers over HTTP (--target)"
@@ -107,6 +108,42 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--metrics-url",
             rich_help_panel=PANEL,
             help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.",
+        ),
+    ),
+    TargetOption(
+        "input_len",
+        str | None,
+        None,
+        typer.Option(
+            "--input-len",
+            metavar="N|LO:HI",
+            rich_help_panel=PANEL,
+            help="Each prompt's length in tokens, fixed or drawn uniformly from LO:HI (vllm bench serve's "
+            "--random-input-len; default: the scenario's lengths).",
+        ),
+    ),
+    TargetOption(
+        "output_len",
+        str | None,
+        None,
+        typer.Option(
+            "--output-len",
+            metavar="N|LO:HI",
+            rich_help_panel=PANEL,
+            help="Each answer's length asked for (max_tokens), fixed or drawn from LO:HI (vllm bench serve's "
+            "--random-output-len).",
+        ),
+    ),
+    TargetOption(
+        "max_len",
+        int | None,
+        None,
+        typer.Option(
+            "--max-len",
+            min=2,
+            rich_help_panel=PANEL,
+            help="Prompt and answer together at most this many tokens: the served model's context (default: "
+            "the scenario's max-len).",
         ),
     ),
     TargetOption(
@@ -405,6 +442,9 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         trace_timed=trace is not None and not concurrency_given,
         find_max=values["find_max"],
         find_max_points=values["find_max_points"],
+        input_len=TokenRange.parse(values["input_len"], "--input-len") if values["input_len"] else None,
+        output_len=TokenRange.parse(values["output_len"], "--output-len") if values["output_len"] else None,
+        max_len=values["max_len"],
     )
 
 

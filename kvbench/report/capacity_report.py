@@ -109,7 +109,7 @@ def strategy_table(document: dict[str, Any]) -> Table:
     table = Table(
         title=title,
         caption=f"concurrent at {document['max_len']:,}: whole requests of max-len; in brackets vLLM's \"maximum "
-        "concurrency\" figure for the same pool (KV token slots / max-len, unrounded, as vLLM logs it at start-up); "
+        'concurrency" figure for the same pool (KV token slots / max-len, unrounded, as vLLM logs it at start-up); '
         "longest context: the longest request each of that many concurrent requests can have",
     )
     columns = (

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvbench.endpoint.client import Target
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
+from kvbench.workload.lengths import TokenRange
 from kvbench.workload.prefix_trace import PrefixTrace
 
 
@@ -79,6 +80,9 @@ class EndpointOptions:
     trace_timed: bool = False  # at the trace's own times (else in a closed loop at each concurrency)
     find_max: bool = False
     find_max_points: int = 6  # the most points --find-max measures per target
+    input_len: TokenRange | None = None  # each prompt's length, fixed or drawn (None: the scenario's lengths)
+    output_len: TokenRange | None = None  # each answer's length asked for (max_tokens)
+    max_len: int | None = None  # prompt + answer at most (None: the scenario's max-len)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from kvbench.models.tokenizers import has_tokenizer, load_tokenizer
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.arrivals import recorded_arrivals
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
-from kvbench.workload.lengths import load_trace
+from kvbench.workload.lengths import TokenRange, load_trace, sized_pairs
 from kvbench.workload.requests_file import load_requests_jsonl
 from kvbench.workload.scenario import Scenario
 
@@ -62,6 +62,15 @@ def stop_reason_text(stop: str, model: str, simulate: bool, chosen: bool) -> str
         )
     )
     return "length: every request runs to its drawn or reference output length, EOS ignored" + why
+
+
+def server_stop_text(stop: str) -> str:
+    """The stop mode as a server over HTTP is asked for it (its model, not kvbench's, decides EOS)."""
+    if stop == "eos":
+        return "eos: each answer ends where the served model stops it, or at max_tokens = max-len - prompt"
+    return (
+        "length: each request asks for its drawn output length (max_tokens, with ignore_eos where the server takes it)"
+    )
 
 
 def check_stop(stop: str, reserve: str) -> None:
@@ -121,6 +130,21 @@ class Workload:
                 params = SamplingParams(max_tokens=self.max_len - len(prompt))
             out.append(make_request(index, prompt, params))
         return out
+
+
+def sized_workload(workload: Workload, prompt: TokenRange | None, output: TokenRange | None, seed: int) -> Workload:
+    """The drawn requests with their prompt and answer lengths as asked (seeded, random token ids), like
+    ``vllm bench serve``'s random dataset; prompt and answer together must fit max-len."""
+    if workload.prompt_ids is not None or workload.dataset is not None or workload.source is not None:
+        raise KvbenchError("prompt and answer lengths size drawn requests, not a file's or a dataset's: choose one")
+    pairs = sized_pairs(workload.pairs, prompt, output, seed + 2)
+    longest = max(p + o for p, o in pairs)
+    if longest > workload.max_len:
+        raise KvbenchError(
+            f"a prompt and its answer reach {longest:,} tokens, past the max-len of {workload.max_len:,}: "
+            "shorten them or raise max-len to the server's context"
+        )
+    return replace(workload, pairs=pairs)
 
 
 def token_requests(pairs: Sequence[tuple[int, int]], vocab_size: int, seed: int) -> list[Request]:

@@ -9,7 +9,7 @@ resume must match) and the run metadata of ``summary.json``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from kvbench.studies.run_requests import (
     check_stop,
     default_stop,
     resolve_requests,
+    server_stop_text,
+    sized_workload,
     stop_reason_text,
 )
 from kvbench.studies.sweep import SweepPlan
@@ -82,9 +84,19 @@ class SweepSetup:
                 f"scenario {spec.name} samples {spec.samples} per request: parallel sampling runs on "
                 "the tensor engine only, not in simulation"
             )
+        endpoint = options.endpoint
+        if endpoint is not None and endpoint.max_len is not None:  # a server's context, not the scenario's
+            spec = replace(
+                spec,
+                lengths=replace(
+                    spec.lengths, max_len=endpoint.max_len, mean_len=min(spec.lengths.mean_len, endpoint.max_len)
+                ),
+            )
         max_len = spec.lengths.max_len
         choice = RequestChoice(requests_file=options.requests_file, dataset=options.dataset)
         workload, tokenizer = resolve_requests(choice, spec, options.model, max(counts.values()), seed, stop, status)
+        if endpoint is not None and (endpoint.input_len is not None or endpoint.output_len is not None):
+            workload = sized_workload(workload, endpoint.input_len, endpoint.output_len, seed)
         if options.requests_file is not None:  # a requests file is replayed exactly, at every point
             counts = dict.fromkeys(levels, len(workload.pairs))
         else:
@@ -118,7 +130,11 @@ class SweepSetup:
             built.budget_source,
         )
         workload.check_vocabulary(built.vocab_size)
-        text = stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
+        text = (
+            server_stop_text(stop)
+            if endpoint is not None
+            else stop_reason_text(stop, options.model, options.simulate, options.stop is not None)
+        )
         return cls(
             options=options,
             spec=spec,

@@ -61,6 +61,43 @@ class LengthSpec:
         return [(int(p), int(t - p)) for p, t in zip(prompts, totals, strict=True)]
 
 
+@dataclass(frozen=True)
+class TokenRange:
+    """A length fixed (``N``) or drawn uniformly from ``LO:HI`` inclusive, as ``vllm bench serve``'s random
+    dataset sizes its prompts and answers."""
+
+    low: int
+    high: int
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> TokenRange:
+        low_text, sep, high_text = text.strip().partition(":")
+        try:
+            low = int(low_text)
+            high = int(high_text) if sep else low
+        except ValueError:
+            raise KvbenchError(f"{what} {text!r}: give a token count N or a range LO:HI") from None
+        if low < 1 or high < low:
+            raise KvbenchError(f"{what} {text!r}: lengths are at least 1 token, LO no more than HI")
+        return cls(low, high)
+
+    def draw(self, rng: np.random.Generator, count: int) -> list[int]:
+        return [int(v) for v in rng.integers(self.low, self.high + 1, count)]
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}:{self.high}"
+
+
+def sized_pairs(
+    pairs: list[tuple[int, int]], prompt: TokenRange | None, output: TokenRange | None, seed: int
+) -> list[tuple[int, int]]:
+    """``pairs`` with their prompt and/or output lengths drawn from the given ranges (seeded), the rest kept."""
+    rng = np.random.default_rng(seed)
+    prompts = prompt.draw(rng, len(pairs)) if prompt is not None else [p for p, _ in pairs]
+    outputs = output.draw(rng, len(pairs)) if output is not None else [o for _, o in pairs]
+    return list(zip(prompts, outputs, strict=True))
+
+
 def load_trace(path: str | Path) -> list[tuple[int, int]]:
     """Read (prompt_len, output_len) pairs from a CSV or JSONL trace.
 

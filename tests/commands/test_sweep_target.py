@@ -104,6 +104,42 @@ def test_a_sweep_of_kvbench_serve_measures_every_request_and_reads_its_kv_cache(
     assert main(["compare", str(run), str(run)]) == 0
 
 
+def test_prompt_and_answer_lengths_size_a_server_run_and_the_header_names_what_it_serves(
+    kvbench_server, tmp_path, capsys
+):
+    """vllm bench serve's --random-input-len/--random-output-len: a server run sized to a few seconds, its header
+    naming the served model and the lengths, not the local default's tokenizer."""
+    run = tmp_path / "run"
+    args = ["--input-len", "12", "--output-len", "3:5", "--max-len", "64", "--requests", "6", "--concurrency", "2"]
+    assert main(["sweep", "--target", f"local={kvbench_server}", *args, "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"targets: local = {kvbench_server}; serving tiny-served" in out
+    assert "requests: 6 per point, prompts 12-12 tokens (mean 12), answers 3-5" in out and "max-len 64" in out
+    assert "has no tokenizer" not in out and "stop: length: each request asks for its drawn output length" in out
+    assert "ignore_eos where the server takes it" in " ".join(out.split())
+    (point,) = _points(run)
+    assert point["total_input_tokens"] == 6 * 12 and 6 * 3 <= point["total_output_tokens"] <= 6 * 5
+    assert (
+        main(
+            [
+                "sweep",
+                "--target",
+                f"local={kvbench_server}",
+                "--input-len",
+                "60",
+                "--output-len",
+                "8",
+                "--max-len",
+                "64",
+                "--out",
+                str(tmp_path / "long"),
+            ]
+        )
+        == 2
+    )
+    assert "past the max-len of 64" in capsys.readouterr().err
+
+
 def test_two_targets_run_side_by_side_in_an_open_loop(kvbench_server, tmp_path, capsys):
     run = tmp_path / "run"
     assert (
@@ -250,6 +286,13 @@ def _free_port() -> int:
         (["--target", "http://127.0.0.1:8000", "--engines", "paged"], "--engines"),
         (["--target", "http://127.0.0.1:8000", "--simulate"], "cannot be simulated"),
         (["--slo", "ttft=5"], "go with --target"),
+        (["--target", "http://127.0.0.1:8000", "--input-len", "ten"], "a token count N or a range LO:HI"),
+        (["--target", "http://127.0.0.1:8000", "--output-len", "9:3"], "LO no more than HI"),
+        (["--target", "http://127.0.0.1:8000", "--output-len", "0"], "at least 1 token"),
+        (["--target", "http://127.0.0.1:8000", "--max-len", "1"], "--max-len"),
+        (["--target", "http://127.0.0.1:8000", "--output-len", "8", "--stop", "eos"], "goes with --stop length"),
+        (["--target", "http://127.0.0.1:8000", "--input-len", "8", "--dataset", "real-chat"], "not --requests-file"),
+        (["--input-len", "8"], "go with --target"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys, monkeypatch):
