@@ -198,9 +198,10 @@ def _core_share(summary: Summary) -> float | None:
         used, took = point.get("cpu_time_s"), point.get("duration")
         if point.get("status") == "ok" and is_number(used, finite=True) and is_number(took, finite=True) and took > 0:
             cpu, wall = cpu + used, wall + took
-    threads = summary.meta.get("threads")
-    per_core = threads if is_number(threads, finite=True) and threads >= 1 else 1
-    return cpu / wall / per_core if wall > 0 else None
+    threads = summary.meta.get("threads")  # {"threads": N, "reason": ...} as a CPU run records it
+    count = threads.get("threads") if isinstance(threads, Mapping) else threads
+    per_core = count if is_number(count, finite=True) and count >= 1 else 1
+    return min(1.0, cpu / wall / per_core) if wall > 0 else None
 
 
 def _load_notes(base: Summary, head: Summary) -> tuple[str, ...]:

@@ -80,6 +80,14 @@ def test_machines_loaded_differently_are_named(tmp_path, capsys):
         "note: the machines were loaded differently: base's engines had a core for 98% of their steps' time, "
         "head's for 45%" in capsys.readouterr().out
     )
+    for run in (base, head):  # two threads: CPU seconds count per core (a quiet 2-thread run read 199%)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["meta"]["threads"] = {"threads": 2, "reason": "measured"}
+        for point in summary["points"]:
+            point["cpu_time_s"] *= 2
+        (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(base), str(head)]) == 0
+    assert "had a core for 98% of their steps' time, head's for 45%" in capsys.readouterr().out
 
 
 def test_regression_exits_one(tmp_path, capsys):
