@@ -48,7 +48,7 @@ from kvbench.endpoint.load import ClosedLoop
 from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.scraper import fetch_metrics
 from kvbench.endpoint.vllm_oracle import differences, vllm_metrics
-from kvbench.report.diagnose.servers import read_states
+from kvbench.results.servers import read_states
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 VLLM_BENCH = (

@@ -27,7 +27,7 @@ from rich.table import Table
 
 
 def _cpu_model() -> str:
-    from kvbench.report.environment import cpu_model
+    from kvbench.results.environment import cpu_model
 
     return cpu_model() or platform.processor() or "unknown CPU"
 

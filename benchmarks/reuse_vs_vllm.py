@@ -39,7 +39,7 @@ from pathlib import Path
 from kvbench.endpoint.trace_replay import replay_trace
 from kvbench.engine.reuse_sim import ChainedTrace, simulate
 from kvbench.engine.timing import UniformTiming
-from kvbench.report.diagnose.servers import read_states
+from kvbench.results.servers import read_states
 from kvbench.workload.prefix_trace import PrefixTrace, read_prefix_trace, resolve_trace, shared_prefix_trace
 
 VOCAB = 4096

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "kvbench.values",
     ),
     ("kvbench.engine",),
+    ("kvbench.results",),
     ("kvbench.report",),
     ("kvbench.endpoint",),
     ("kvbench.studies", "kvbench.serve"),

@@ -15,7 +15,7 @@ from kvbench.report.baseline import update_baseline
 from kvbench.report.compare import DEFAULT_ALPHA, DEFAULT_MIN_DURATION_S, Comparison, compare
 from kvbench.report.compare_policy import parse_rule
 from kvbench.report.compare_render import ReportFormat, render, summary_line, to_rich_table, to_summary
-from kvbench.report.summary_load import Summary, load_summary
+from kvbench.results.summary_load import Summary, load_summary
 
 HELP = """Compare HEAD's run with BASE's; exit 1 on a regression or a missing point.
 
@@ -171,6 +171,6 @@ def _emit(comparison: Comparison, fmt: ReportFormat, output: Path | None, verbos
     elif fmt is ReportFormat.table and sys.stdout.isatty():
         Console().print(to_rich_table(comparison))
     elif fmt is ReportFormat.markdown and not verbose:
-        typer.echo(to_summary(comparison), nl=False)
+        typer.echo(to_summary(comparison) + "the full table: --verbose, or --output FILE (Markdown)")
     else:
         typer.echo(render(comparison, fmt), nl=False)

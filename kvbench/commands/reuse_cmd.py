@@ -33,7 +33,7 @@ from kvbench.commands._trace_options import (
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GPU_PRESETS
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
-from kvbench.report.run_meta import run_meta, summary_document
+from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
 from kvbench.workload.dataset import resolve_dataset

@@ -14,10 +14,11 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import DirectoryLock, write_text_atomic
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, kv_events_text
-from kvbench.report.diagnose.watch_timeline import TIMELINE_FILE, read_timeline
+from kvbench.report.diagnose.watch_timeline import read_timeline
 from kvbench.report.html import write_report_after_run
 from kvbench.report.rundir import new_run_dir
 from kvbench.report.watch_report import WatchView, watch_plot
+from kvbench.results.watch_records import TIMELINE_FILE
 from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
 
 HELP = """Watch a live metrics endpoint's KV cache, recorded as a timeline and a plot.

@@ -33,7 +33,7 @@ from kvbench.measure.kv_events import (
     sequence_of,
 )
 from kvbench.measure.kv_residency import Change, rebuild
-from kvbench.report.diagnose.servers import ServerState
+from kvbench.results.servers import ServerState
 
 REPLAY_TIMEOUT_S = 2.0  # a replay answer that does not end by then is given up (the gap stays)
 POLL_S = 0.05

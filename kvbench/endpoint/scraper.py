@@ -1,7 +1,7 @@
 """Scraping a server's ``/metrics`` beside the load, at fixed ticks, into engine states.
 
-Each scrape is parsed by ``report/diagnose/exposition.py`` and read by the engine families of
-``report/diagnose/servers.py`` (kvbench, vLLM, SGLang), as ``kvbench watch`` reads them. A scrape that fails
+Each scrape is parsed by ``results/exposition.py`` and read by the engine families of
+``results/servers.py`` (kvbench, vLLM, SGLang), as ``kvbench watch`` reads them. A scrape that fails
 (the endpoint is gone, slow, or answers something else) is recorded with its reason and the scraping goes on:
 a server under load may miss a scrape, and the load must never wait for one.
 
@@ -26,8 +26,8 @@ import aiohttp
 
 from kvbench.endpoint.http_body import read_body
 from kvbench.errors import KvbenchError
-from kvbench.report.diagnose.exposition import MAX_BODY_BYTES
-from kvbench.report.diagnose.servers import ServerState, read_states
+from kvbench.results.exposition import MAX_BODY_BYTES
+from kvbench.results.servers import ServerState, read_states
 
 DEFAULT_INTERVAL_S = 0.5
 

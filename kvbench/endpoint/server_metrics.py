@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvbench.endpoint.scraper import Scrape
-from kvbench.report.diagnose.servers import ServerState
+from kvbench.results.servers import ServerState
 
 COUNTERS = (
     "preemptions",

@@ -16,8 +16,8 @@ from collections import Counter
 from typing import Any
 
 from kvbench.endpoint.run_point import EndpointPoint
-from kvbench.report.point import Point, aggregate_repeats
-from kvbench.report.schema import LATENCY_FIELDS
+from kvbench.results.point import Point, aggregate_repeats
+from kvbench.results.schema import LATENCY_FIELDS
 
 ENDPOINT_FIELD = "endpoint"  # {url, api, model, load}: marks a point measured over HTTP
 SERVER_FIELDS = (

@@ -19,7 +19,7 @@ from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.server_metrics import timeline_rows
 from kvbench.fileio import write_json_atomic
 from kvbench.measure.kv_residency import Change, rebuild
-from kvbench.report.diagnose.watch_timeline import append_records, error_record, header_record, sample_records
+from kvbench.results.watch_records import append_records, error_record, header_record, sample_records
 
 TIMELINE_VERSION = 1
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from kvbench.fileio import write_text_atomic
-from kvbench.report.summary_load import SUMMARY_FILE, Summary
+from kvbench.results.summary_load import SUMMARY_FILE, Summary
 
 
 def baseline_file(location: str | os.PathLike) -> Path:

@@ -12,8 +12,8 @@ from typing import Any
 
 from rich.table import Table as RichTable
 
-from kvbench.report.fields import value_at
-from kvbench.report.point import shows_figures
+from kvbench.results.fields import value_at
+from kvbench.results.point import shows_figures
 
 PointMap = Mapping[str, Any]  # a point as summary.json holds it
 ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell

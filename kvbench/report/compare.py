@@ -36,9 +36,9 @@ from kvbench.report.compare_policy import (
     metric_policy,
     ratio_metric_name,
 )
-from kvbench.report.fields import lookup
-from kvbench.report.point_check import metric_problem, status_problem
-from kvbench.report.summary_load import PointKey, Summary
+from kvbench.results.fields import lookup
+from kvbench.results.point_check import metric_problem, status_problem
+from kvbench.results.summary_load import PointKey, Summary
 from kvbench.values import is_number
 
 DEFAULT_ALPHA = 0.05

@@ -44,7 +44,7 @@ from enum import Enum
 from fnmatch import fnmatchcase
 
 from kvbench.errors import KvbenchError
-from kvbench.report.schema import LATENCY_KINDS, MEMORY_FIELDS, METRIC_DIRECTIONS
+from kvbench.results.schema import LATENCY_KINDS, MEMORY_FIELDS, METRIC_DIRECTIONS
 
 COUNT_METRICS = ("completed", "rejected", "preemptions", "peak_running", "max_concurrency")
 PEAK_BYTES_METRICS = ("kv_peak_allocated_bytes", "kv_peak_used_bytes", "kv_pool_bytes")

@@ -49,7 +49,7 @@ SUMMARY_ROWS = 10  # changed rows the terminal summary lists before pointing at 
 
 def to_summary(comparison: Comparison) -> str:
     """A few lines for a terminal or a CI log: the verdict, the notes, what changed (the first
-    :data:`SUMMARY_ROWS`), and where the full table is."""
+    :data:`SUMMARY_ROWS`); the command says where the full table is."""
     changed = sorted(
         (row for row in comparison.rows if row.verdict in CHANGED), key=lambda row: VERDICT_ORDER.index(row.verdict)
     )
@@ -65,7 +65,6 @@ def to_summary(comparison: Comparison) -> str:
     short = sum(row.verdict is Verdict.INFO and row.note.startswith("too short") for row in comparison.rows)
     if short:
         lines.append(f"  {short} timing metric(s) of points too short to judge on this machine: reported, not gated")
-    lines.append("the full table: --verbose, or --output FILE (Markdown)")
     return "\n".join(lines) + "\n"
 
 

@@ -17,12 +17,12 @@ from rich.table import Table
 
 from kvbench.fileio import run_file
 from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
-from kvbench.report.fields import ms_text
-from kvbench.report.point import Point
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
-from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, write_summary
+from kvbench.results.fields import ms_text
+from kvbench.results.point import Point
+from kvbench.results.run_meta import summary_document
 
 FIND_MAX_COLUMNS = (
     "target",

@@ -9,8 +9,8 @@ from rich.table import Table
 
 from kvbench.report.columns import markdown_table
 from kvbench.report.run_input import read_run_json
-from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, write_summary
+from kvbench.results.run_meta import summary_document
 
 _COLUMNS = (
     "policy",

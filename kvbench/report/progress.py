@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kvbench.report.point import Point, oom_text, shows_figures
+from kvbench.results.point import Point, oom_text, shows_figures
 
 
 def sweep_progress_bars(console) -> Progress:
@@ -71,7 +71,7 @@ class SweepProgress:
 
 def point_line(point: Point) -> str:
     """A finished point in one console line; an OOM point is marked, with no throughput figure (see
-    :func:`kvbench.report.point.shows_figures`)."""
+    :func:`kvbench.results.point.shows_figures`)."""
     data = point.to_json()
     head = f"{point.engine:>10} C={point.concurrency:<4} {point.status:<4}"
     counts = f"{point.completed} done, {point.rejected} rejected, {point.preemptions} preemptions"

@@ -10,12 +10,12 @@ from typing import Any, TypeGuard
 from rich.table import Table
 
 from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
-from kvbench.report.fields import ms_text
-from kvbench.report.point import oom_text, shows_figures
 from kvbench.report.run_input import read_run_json
-from kvbench.report.run_meta import summary_document
 from kvbench.report.rundir import flatten, write_summary
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
+from kvbench.results.fields import ms_text
+from kvbench.results.point import oom_text, shows_figures
+from kvbench.results.run_meta import summary_document
 from kvbench.values import human_bytes
 
 

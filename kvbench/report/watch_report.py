@@ -13,8 +13,8 @@ from rich.text import Text
 from kvbench.measure.kv_events import EventLog, changes_of
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Tracker
 from kvbench.report.diagnose.findings import pct
-from kvbench.report.diagnose.servers import ServerState
 from kvbench.report.diagnose.watch_timeline import Timeline
+from kvbench.results.servers import ServerState
 
 
 def _num(value: float | None, fmt: str = "{:,.0f}") -> str:

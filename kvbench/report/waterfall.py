@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.fields import value_at
-from kvbench.report.point import oom_text
+from kvbench.results.fields import value_at
+from kvbench.results.point import oom_text
 from kvbench.values import human_bytes
 
 GAP_FREE = "free KV blocks (external fragmentation included)"

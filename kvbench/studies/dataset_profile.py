@@ -15,7 +15,7 @@ import numpy as np
 
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
-from kvbench.report.run_meta import run_meta, summary_document
+from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 HISTOGRAM_BINS = 12

@@ -23,7 +23,7 @@ from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
 from kvbench.fileio import append_jsonl, json_text, write_text_atomic
 from kvbench.measure.kv_residency import kv_events_text
-from kvbench.report.point import Point
+from kvbench.results.point import Point
 from kvbench.studies.backends.endpoint import EndpointBackend
 from kvbench.studies.find_max import Search, find_max
 from kvbench.studies.run_options import EndpointOptions

@@ -28,7 +28,7 @@ from kvbench.preflight import (
     check_requests_for_host,
     check_run_counts,
 )
-from kvbench.report.run_meta import run_meta, summary_document
+from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.studies.local_model import load_model, packed_weight_bytes
 from kvbench.studies.run_requests import random_prompts
 from kvbench.workload.dataset import TokenCounter, sample_dataset

@@ -18,8 +18,8 @@ from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
-from kvbench.report.point import Point, aggregate_repeats, point_from_result, timeline_of
-from kvbench.report.schema import INTERLEAVED_FIELD
+from kvbench.results.point import Point, aggregate_repeats, point_from_result, timeline_of
+from kvbench.results.schema import INTERLEAVED_FIELD
 from kvbench.studies.backends.base import PointBackend
 
 

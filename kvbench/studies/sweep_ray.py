@@ -17,7 +17,7 @@ from typing import Any
 
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
-from kvbench.report.point import Point
+from kvbench.results.point import Point
 from kvbench.studies.fleet.ray_runtime import actor_resources, gpus_available, ray_session, uses_gpu
 from kvbench.studies.sweep import PointFailed, _run_point, load_finished, ordered_points
 from kvbench.studies.sweep_setup import SweepOptions, SweepSetup

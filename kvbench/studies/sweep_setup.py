@@ -21,7 +21,7 @@ from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.factory import manager_class
 from kvbench.models.gguf_file import gguf_fingerprint, is_gguf
 from kvbench.preflight import check_concurrency, check_requests_for_host, check_run_counts
-from kvbench.report.run_meta import run_meta
+from kvbench.results.run_meta import run_meta
 from kvbench.studies.backends.base import BuildContext, Offer, PointBackend
 from kvbench.studies.backends.registry import RunBackends, choose_backends
 from kvbench.studies.run_options import SweepOptions

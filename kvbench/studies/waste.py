@@ -20,8 +20,8 @@ from kvbench.models.deployment import Parallelism, deployment_budget
 from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length, check_run_counts
-from kvbench.report.point import point_from_result
-from kvbench.report.run_meta import run_meta, summary_document
+from kvbench.results.point import point_from_result
+from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.errors import KvbenchError
-from kvbench.report.diagnose.exposition import scrape
-from kvbench.report.diagnose.servers import ServerState, read_states
-from kvbench.report.diagnose.watch_timeline import append_records, error_record, header_record, sample_records
+from kvbench.results.exposition import scrape
+from kvbench.results.servers import ServerState, read_states
+from kvbench.results.watch_records import append_records, error_record, header_record, sample_records
 
 
 @dataclass(frozen=True)

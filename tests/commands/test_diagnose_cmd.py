@@ -15,7 +15,7 @@ from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
 from kvbench.measure.exporter import KvMetrics
-from kvbench.report.schema import SCHEMA_VERSION
+from kvbench.results.schema import SCHEMA_VERSION
 
 
 def point(engine: str, concurrency: int, **changes) -> dict:

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from kvbench.cli import main
-from kvbench.report.schema import SCHEMA_VERSION
+from kvbench.results.schema import SCHEMA_VERSION
 
 ARGS = ["fleet", "--simulate", "--instances", "3", "--rate", "30", "--requests", "300", "--tick", "0.5"]
 

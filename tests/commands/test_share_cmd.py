@@ -78,7 +78,7 @@ def test_share_budget_too_small_is_one_line(capsys):
 
 
 def test_share_summary_points_have_unique_keys(tmp_path):
-    from kvbench.report.summary_load import load_summary
+    from kvbench.results.summary_load import load_summary
 
     args = [
         "share",

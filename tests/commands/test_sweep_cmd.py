@@ -8,7 +8,7 @@ import math
 import pytest
 
 from kvbench.cli import main
-from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
+from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS, POINT_FIELDS, SCHEMA_VERSION, WASTE_FIELDS
 from kvbench.studies.backends.simulated import SimulatedBackend
 from kvbench.studies.backends.tensor import TensorBackend
 

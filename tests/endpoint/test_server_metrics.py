@@ -8,7 +8,7 @@ import pytest
 
 from kvbench.endpoint.scraper import Scrape
 from kvbench.endpoint.server_metrics import kv_usage, point_server_metrics, timeline_rows
-from kvbench.report.diagnose.servers import ServerState, read_states
+from kvbench.results.servers import ServerState, read_states
 
 RECORDED = Path(__file__).parents[1] / "report" / "diagnose" / "data"
 

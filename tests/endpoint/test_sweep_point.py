@@ -10,7 +10,7 @@ from kvbench.endpoint.load import ClosedLoop, OpenLoop
 from kvbench.endpoint.run_point import PointSettings, run_point_sync
 from kvbench.endpoint.sweep_point import is_endpoint_point, sweep_point
 from kvbench.endpoint.workloads import shared_prefix
-from kvbench.report.schema import LATENCY_FIELDS
+from kvbench.results.schema import LATENCY_FIELDS
 
 
 def _conversations(n: int = 8):

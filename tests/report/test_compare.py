@@ -19,7 +19,7 @@ from kvbench.report.baseline import update_baseline
 from kvbench.report.compare import Comparison, Verdict, compare, mann_whitney_p, min_two_sided_p
 from kvbench.report.compare_policy import Mode, Threshold, metric_policy, parse_rule
 from kvbench.report.compare_render import to_json, to_junit, to_markdown
-from kvbench.report.summary_load import PointKey, load_summary, parse_summary
+from kvbench.results.summary_load import PointKey, load_summary, parse_summary
 
 RATIO = "paged_over_contiguous_output_throughput"
 REAL_RUNS = Path(__file__).parent / "data"

@@ -276,4 +276,5 @@ def test_waste_run_suggestions_know_contiguous_strategies_and_paged_block_sizes(
         _json.dumps({"schema_version": 1, "kind": "waste", "meta": {"max_len": 2048}, "points": points})
     )
     text = _json.dumps(diagnose_run(tmp_path, Thresholds()).as_dict())
-    assert "instead of contiguous slabs" in text and "now 16" in text and "now ?" not in text
+    assert "compare the paged strategies in the same table" in text and "now 16" in text and "now ?" not in text
+    assert "--engines" not in text and "--reserve" not in text  # flags waste does not take

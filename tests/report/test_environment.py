@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-from kvbench.report import environment
-from kvbench.report.run_meta import run_meta
+from kvbench.results import environment
+from kvbench.results.run_meta import run_meta
 
 
 def test_the_host_and_packages_are_recorded():

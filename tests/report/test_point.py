@@ -3,8 +3,8 @@
 import pytest
 from scipy import stats
 
-from kvbench.report.point import Point, aggregate_repeats, t95
-from kvbench.report.schema import LATENCY_FIELDS, POINT_FIELDS
+from kvbench.results.point import Point, aggregate_repeats, t95
+from kvbench.results.schema import LATENCY_FIELDS, POINT_FIELDS
 
 
 def _point(**changes) -> Point:
@@ -72,7 +72,7 @@ def test_points_carry_steady_figures_output_lengths_and_the_hindsight_bound():
     from kvbench.engine.request import Request
     from kvbench.engine.simulator import simulate
     from kvbench.engine.timing import UniformTiming
-    from kvbench.report.point import point_from_result
+    from kvbench.results.point import point_from_result
 
     config = EngineConfig(engine="contiguous", block_size=1, num_blocks=200, max_len=32)
     requests = [Request(i, 4, 28, eos_after=e) for i, e in enumerate([2, 6, 3, 10, 5, 4])]

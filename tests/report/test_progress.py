@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvbench.report.point import Point
 from kvbench.report.progress import point_line
+from kvbench.results.point import Point
 
 
 def test_an_ok_point_prints_its_figures():

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from kvbench.report import plots
 from kvbench.report import sweep_report as report
-from kvbench.report.point import oom_text, shows_figures
+from kvbench.results.point import oom_text, shows_figures
 
 MiB = 1024**2
 

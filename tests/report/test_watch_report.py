@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from kvbench.report.diagnose.servers import ServerState
-from kvbench.report.diagnose.validity import set_aside_invalid
 from kvbench.report.watch_report import WatchView
+from kvbench.results.servers import ServerState
+from kvbench.results.validity import set_aside_invalid
 
 
 def _rendered(view: WatchView) -> str:

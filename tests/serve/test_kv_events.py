@@ -15,7 +15,7 @@ import pytest
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import rebuild
-from kvbench.report.diagnose.servers import read_states
+from kvbench.results.servers import read_states
 from kvbench.serve.lifecycle import Server, ServerThread
 
 from .conftest import assert_idle_and_drained, engine_of, tiny_options

@@ -9,7 +9,7 @@ import pytest
 
 from kvbench.endpoint.scraper import Scrape
 from kvbench.errors import KvbenchError
-from kvbench.report.diagnose.servers import ServerState
+from kvbench.results.servers import ServerState
 from kvbench.studies.find_max import find_max, limit_of, meets_slo
 
 

@@ -9,13 +9,13 @@ cache has room (the scheduler's batch cap).
 """
 
 from kvbench.report.diagnose.alerts import alerting_rules, rules_yaml
-from kvbench.report.diagnose.exposition import Sample, histogram_quantile, parse_samples, scrape
 from kvbench.report.diagnose.findings import SEVERITIES, Diagnosis, Finding, Measurement, NotEvaluated
 from kvbench.report.diagnose.live_rules import Window, diagnose_states, diagnose_url, diagnose_windows
 from kvbench.report.diagnose.run_rules import diagnose_points, diagnose_run
-from kvbench.report.diagnose.servers import FAMILIES, ServerState, read_states
 from kvbench.report.diagnose.thresholds import Thresholds, load_thresholds
 from kvbench.report.diagnose.watch_timeline import diagnose_timeline, read_timeline, timeline_path
+from kvbench.results.exposition import Sample, histogram_quantile, parse_samples, scrape
+from kvbench.results.servers import FAMILIES, ServerState, read_states
 
 __all__ = [
     "FAMILIES",

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvbench.report.diagnose.exposition import histogram_quantile, scrape
 from kvbench.report.diagnose.findings import (
     Diagnosis,
     Finding,
@@ -23,8 +22,9 @@ from kvbench.report.diagnose.findings import (
     sorted_findings,
 )
 from kvbench.report.diagnose.remedies import render
-from kvbench.report.diagnose.servers import ServerState, read_states
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.results.exposition import histogram_quantile, scrape
+from kvbench.results.servers import ServerState, read_states
 
 NO_FRAGMENTATION = {
     "vllm": "vLLM exposes no fragmentation metric: kv_cache_usage_perc counts blocks in use, not how full they are",

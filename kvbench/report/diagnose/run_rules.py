@@ -24,7 +24,7 @@ from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import diagnose_timeline
-from kvbench.report.summary_load import load_summary
+from kvbench.results.summary_load import load_summary
 
 
 def _command_of(meta: Mapping[str, Any]) -> str | None:
@@ -56,9 +56,15 @@ def diagnose_points(
     thresholds: Thresholds,
     source: str = "",
     directory: Path | None = None,
+    kind: str | None = None,
 ) -> Diagnosis:
     """The rules over each point; a point measured against a server over HTTP is judged by the live rules over
-    the scrapes it recorded (``watch-*.jsonl`` in ``directory``), as ``kvbench diagnose`` judges a watch."""
+    the scrapes it recorded (``watch-*.jsonl`` in ``directory``), as ``kvbench diagnose`` judges a watch.
+    ``kind`` (the summary's: sweep, waste, fleet) names the command whose flags advice may use when the run's
+    metadata does not record its command line."""
+    if _command_of(meta) is None and kind is not None:  # an older run: its kind names the command that made it
+        meta = {**meta, "command": f"kvbench {kind}"}
+    command = _command_of(meta)
     findings: list[Finding] = []
     notes: list[str] = []
     skipped: list[NotEvaluated] = []
@@ -81,7 +87,7 @@ def diagnose_points(
         if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
             findings.append(
                 _finding(
-                    _command_of(meta),
+                    command,
                     "point_failed",
                     "critical",
                     label,
@@ -92,7 +98,7 @@ def diagnose_points(
             )
             continue
         checked += 1
-        waste = _command_of(meta) == "waste"  # it fills the pool on purpose: only each strategy's layout counts
+        waste = command == "waste"  # it fills the pool on purpose: only each strategy's layout counts
         rules: tuple[Callable[..., Finding | None], ...] = _LAYOUT_RULES if waste else _POINT_RULES
         if waste:
             notes.append(
@@ -404,4 +410,6 @@ _LAYOUT_RULES = (_rule_fragmentation, _rule_reservation)
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
     summary = load_summary(location)
-    return diagnose_points(summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent)
+    return diagnose_points(
+        summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent, summary.kind
+    )

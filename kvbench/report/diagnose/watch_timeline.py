@@ -1,58 +1,21 @@
-"""The timeline ``kvbench watch`` records: one JSON line per engine instance per scrape, appended as it goes.
+"""Reading and judging the timeline ``kvbench watch`` records (its lines: :mod:`kvbench.results.watch_records`).
 
-A line is ``{"elapsed_s", "time", "url", "state"}`` (``state``: a :class:`ServerState` record), or a scrape
-that failed, ``{"elapsed_s", "time", "url", "error"}``. The first line is a header (``"kind":
-"kvbench-watch"``, with the run's ``meta``). Lines are appended and flushed one by one, so a watch cut short
-keeps every finished scrape; a torn last line (a write cut short) is set aside when read, a broken line before
-it is an error.
+A watch cut short keeps every finished scrape; a torn last line (a write cut short) is set aside when read, a
+broken line before it is an error.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from kvbench import json_input
 from kvbench.errors import KvbenchError
-from kvbench.fileio import append_jsonl
 from kvbench.report.diagnose.findings import Diagnosis
 from kvbench.report.diagnose.live_rules import Window, diagnose_windows, seconds
-from kvbench.report.diagnose.servers import ServerState
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.run_meta import run_meta
-
-KIND = "kvbench-watch"
-VERSION = 1
-TIMELINE_FILE = "timeline.jsonl"
-
-
-def header_record(url: str, interval_s: float) -> dict[str, Any]:
-    """The first line: what was watched, how often, and the run's provenance (command, versions, host)."""
-    return {
-        "kind": KIND,
-        "version": VERSION,
-        "url": url,
-        "interval_s": interval_s,
-        "started": time.time(),
-        "meta": run_meta(),
-    }
-
-
-def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:
-    now = time.time()
-    return [{"elapsed_s": elapsed_s, "time": now, "url": url, "state": state.record()} for state in states]
-
-
-def error_record(elapsed_s: float, url: str, error: str) -> dict[str, Any]:
-    return {"elapsed_s": elapsed_s, "time": time.time(), "url": url, "error": error}
-
-
-def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    for record in records:
-        append_jsonl(path, record)
+from kvbench.results.servers import ServerState
+from kvbench.results.watch_records import KIND, TIMELINE_FILE
 
 
 def timeline_path(location: str | Path) -> Path | None:

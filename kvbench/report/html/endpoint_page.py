@@ -29,7 +29,7 @@ def build(run: RunFiles) -> Page:
     plots = [f for f in figures if f not in timelines]
     sections = [
         Section("headline", "Verdict", [verdict(document), points_table(points)]),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), run.directory)),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), run.directory, "sweep")),
     ]
     searches = (document.get("endpoint") or {}).get("find_max") or []
     if searches:

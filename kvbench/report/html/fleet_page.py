@@ -28,7 +28,7 @@ def build(run: RunFiles) -> Page:
     series = _series(run, points)
     sections = [
         headline_section(points, meta),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory)), "policies"),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="fleet"), "policies"),
     ]
     if series:
         from kvbench.report.fleet_report import write_plots

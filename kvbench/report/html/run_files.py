@@ -11,9 +11,9 @@ from typing import Any
 from kvbench import json_input
 from kvbench.errors import KvbenchError
 from kvbench.fileio import inside
-from kvbench.report.diagnose.watch_timeline import TIMELINE_FILE
 from kvbench.report.run_input import run_series
-from kvbench.report.summary_load import MAX_SUMMARY_BYTES, SUMMARY_FILE, parse_summary
+from kvbench.results.summary_load import MAX_SUMMARY_BYTES, SUMMARY_FILE, parse_summary
+from kvbench.results.watch_records import TIMELINE_FILE
 
 # Files a report reads besides summary.json, by the run kind that writes them (listed in its provenance).
 SERIES_PATTERNS = {"sweep": ("timeline-*.json",), "fleet": ("fleet-*.json",)}

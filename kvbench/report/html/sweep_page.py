@@ -57,7 +57,7 @@ def build(run: RunFiles) -> Page:
 
     sections = [
         headline_section(rows, points, meta),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory))),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))

@@ -38,7 +38,7 @@ def build(run: RunFiles) -> Page:
     figures = draw(lambda: waste_plot(document, run.directory / "waste.png"))
     sections = [
         headline_section(document),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory)), "strategies"),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="waste"), "strategies"),
     ]
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))

@@ -8,12 +8,13 @@ from typing import Any
 from kvbench import json_input
 from kvbench.report.diagnose.live_rules import seconds
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.diagnose.watch_timeline import KIND, Timeline, diagnose_timeline, read_timeline
+from kvbench.report.diagnose.watch_timeline import Timeline, diagnose_timeline, read_timeline
 from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Fact, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.report.watch_report import watch_plot
+from kvbench.results.watch_records import KIND
 
 MAX_ROWS = 400  # scrapes listed per instance (the last ones); the plot and the summary use them all
 

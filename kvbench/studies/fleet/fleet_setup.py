@@ -20,7 +20,7 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
-from kvbench.report.run_meta import run_meta
+from kvbench.results.run_meta import run_meta
 from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings

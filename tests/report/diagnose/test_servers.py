@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.report.diagnose import servers
-from kvbench.report.diagnose.exposition import parse_samples
-from kvbench.report.diagnose.servers import ServerState, read_states
-from kvbench.report.diagnose.validity import set_aside_invalid
+from kvbench.results import servers
+from kvbench.results.exposition import parse_samples
+from kvbench.results.servers import ServerState, read_states
+from kvbench.results.validity import set_aside_invalid
 
 DATA = Path(__file__).parent / "data"
 

@@ -8,13 +8,8 @@ import pytest
 
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose import Thresholds, diagnose_timeline, read_states, read_timeline, timeline_path
-from kvbench.report.diagnose.watch_timeline import (
-    append_records,
-    during,
-    error_record,
-    header_record,
-    sample_records,
-)
+from kvbench.report.diagnose.watch_timeline import during
+from kvbench.results.watch_records import append_records, error_record, header_record, sample_records
 
 
 def write(path, vllm_exposition, steps) -> None:

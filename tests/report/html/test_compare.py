@@ -6,7 +6,7 @@ from report_page import by_id, parse, section_ids, table_rows
 
 from kvbench.report.compare import Row, Verdict
 from kvbench.report.html.compare_page import ratio, why
-from kvbench.report.summary_load import PointKey
+from kvbench.results.summary_load import PointKey
 
 KEY = PointKey("paged", 4, "quick")
 

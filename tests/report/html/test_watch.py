@@ -5,8 +5,8 @@ from __future__ import annotations
 from report_page import by_id, parse, section_ids, table_rows
 
 from kvbench.report.diagnose import read_states
-from kvbench.report.diagnose.watch_timeline import append_records, error_record, header_record, sample_records
 from kvbench.report.html import write_report
+from kvbench.results.watch_records import append_records, error_record, header_record, sample_records
 
 URL = "http://127.0.0.1:8000/metrics"
 

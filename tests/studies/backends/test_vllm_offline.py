@@ -11,7 +11,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.load_pattern import ClosedLoop, OpenLoop
 from kvbench.engine.request import RequestStatus
 from kvbench.errors import KvbenchError
-from kvbench.report.point import point_from_result
+from kvbench.results.point import point_from_result
 from kvbench.studies.backends.registry import RoutedBackend, choose_backends
 from kvbench.studies.backends.vllm_offline import (
     INSTALL_HINT,

@@ -16,7 +16,7 @@ import pytest
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import RequestStatus
-from kvbench.report.point import point_from_result
+from kvbench.results.point import point_from_result
 from kvbench.studies.backends.vllm_offline import VllmBackend, vllm_settings
 from kvbench.studies.run_requests import token_requests
 

@@ -18,7 +18,7 @@ import numpy as np
 from scipy import stats
 
 from kvbench.engine.result import RunResult
-from kvbench.report.schema import LATENCY_FIELDS, MEMORY_FIELDS
+from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS
 from kvbench.values import is_number
 
 # headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench import __version__
-from kvbench.report.environment import host_info, package_versions
-from kvbench.report.schema import SCHEMA_VERSION
+from kvbench.results.environment import host_info, package_versions
+from kvbench.results.schema import SCHEMA_VERSION
 
 
 def git_revision() -> str | None:
@@ -40,7 +40,7 @@ def _version(module: str) -> str | None:
 
 def run_meta(**fields: Any) -> dict[str, Any]:
     """What a reader needs to reproduce the run: command line, versions, device, revision, the host and the
-    package versions (``report/environment.py``), plus ``fields``."""
+    package versions (``results/environment.py``), plus ``fields``."""
     meta = {
         "command": " ".join(["kvbench", *sys.argv[1:]]),
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -30,8 +30,8 @@ from typing import Any
 
 from kvbench.errors import KvbenchError
 from kvbench.measure import metric_names as names
-from kvbench.report.diagnose.exposition import Sample, parse_samples
-from kvbench.report.diagnose.validity import set_aside_invalid
+from kvbench.results.exposition import Sample, parse_samples
+from kvbench.results.validity import set_aside_invalid
 from kvbench.values import printable
 
 FAMILIES = ("kvbench", "vllm", "sglang")

@@ -1,4 +1,4 @@
-"""Read a run's ``summary.json`` (the results schema of ``kvbench.report.schema``) and check its shape.
+"""Read a run's ``summary.json`` (the results schema of ``kvbench.results.schema``) and check its shape.
 
 Every run kind kvbench writes (sweep, waste, share) is a list of points keyed by (engine, concurrency,
 scenario); the values of the metrics are checked by ``compare``, which knows which ones it judges.
@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from kvbench import json_input
 from kvbench.errors import KvbenchError
-from kvbench.report.schema import SCHEMA_VERSION
+from kvbench.results.schema import SCHEMA_VERSION
 
 SUMMARY_FILE = "summary.json"
 

@@ -1,4 +1,4 @@
-"""What each quantity of a :class:`~kvbench.report.diagnose.servers.ServerState` can mean, and the values that
+"""What each quantity of a :class:`~kvbench.results.servers.ServerState` can mean, and the values that
 cannot be it: a share outside 0-1 (vLLM's ``kv_cache_usage_perc`` is a fraction despite its name, so 37.5 is
 not 37.5%), a negative count, NaN, a histogram whose buckets are not cumulative. Such a value is set aside
 (the field becomes None, so no rule judges it and nothing reports it as measured) and named in

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbench.report.schema import POINT_STATUSES
+from kvbench.results.schema import POINT_STATUSES
 
 COUNT_FIELDS = ("completed", "rejected", "preemptions", "peak_running", "max_concurrency")
 FRACTION_FIELDS = ("fragmentation_mean",)
