@@ -442,6 +442,9 @@ def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, 
     )
 
 
+PLAIN_PROGRESS_EVERY_S = 5.0  # off a terminal, a point's progress line at most this often
+
+
 class EndpointConsoleProgress:
     """A progress bar per point (requests done, output tok/s so far) and a line per finished point."""
 
@@ -459,15 +462,27 @@ class EndpointConsoleProgress:
             self.bars.remove_task(self.task)
         self.task = self.bars.add_task(f"{engine} {level.label}", total=total, tps="")
         started = time.perf_counter()
-        state = {"done": 0, "tokens": 0}
+        state: dict[str, float] = {"done": 0, "tokens": 0, "said": started}
+        plain = not self.console.is_terminal  # a CI log or a pipe: no bar is drawn, so lines say how far it got
 
         def on_record(record: Any) -> None:
             state["done"] += 1
             state["tokens"] += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
-            elapsed = time.perf_counter() - started
+            now = time.perf_counter()
+            elapsed = now - started
             self.bars.update(
                 self.task, completed=state["done"], tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else ""
             )
+            if plain and (now - state["said"] >= PLAIN_PROGRESS_EVERY_S or state["done"] == total):
+                state["said"] = now
+                left = elapsed / state["done"] * (total - state["done"])
+                self.console.print(
+                    f"{engine} {level.label}: {state['done']:.0f}/{total} requests, "
+                    f"{state['tokens'] / elapsed if elapsed > 0 else 0:,.0f} output tok/s, "
+                    f"{elapsed:,.0f} s so far, about {left:,.0f} s left",
+                    markup=False,
+                    highlight=False,
+                )
 
         return on_record
 

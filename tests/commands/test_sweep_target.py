@@ -117,6 +117,7 @@ def test_prompt_and_answer_lengths_size_a_server_run_and_the_header_names_what_i
     assert "requests: 6 per point, prompts 12-12 tokens (mean 12), answers 3-5" in out and "max-len 64" in out
     assert "has no tokenizer" not in out and "stop: length: each request asks for its drawn output length" in out
     assert "ignore_eos where the server takes it" in " ".join(out.split())
+    assert "local C=2: 6/6 requests, " in out and "s left" in out  # off a terminal, progress is said in lines
     (point,) = _points(run)
     assert point["total_input_tokens"] == 6 * 12 and 6 * 3 <= point["total_output_tokens"] <= 6 * 5
     assert (
