@@ -111,6 +111,18 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
         ),
     ),
     TargetOption(
+        "point_timeout",
+        float | None,
+        None,
+        typer.Option(
+            "--point-timeout",
+            metavar="SECONDS",
+            rich_help_panel=PANEL,
+            help="Stop each point after this long: requests in flight are cancelled and the rest not sent, each "
+            "recorded as such, and the point is marked stopped at its time limit (default: none).",
+        ),
+    ),
+    TargetOption(
         "input_len",
         str | None,
         None,
@@ -433,6 +445,9 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         slo=slo,
         slo_attainment=values["slo_attainment"],
         request_timeout_s=_positive(values["request_timeout"], "--request-timeout"),
+        point_timeout_s=(
+            _positive(values["point_timeout"], "--point-timeout") if values["point_timeout"] is not None else None
+        ),
         scrape_interval_s=_positive(values["scrape_interval"], "--scrape-interval"),
         scrape=not values["no_scrape"],
         reset_prefix_cache=values["reset_prefix_cache"],

@@ -86,12 +86,16 @@ def client_metrics(
     duration_s: float,
     slo: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    stopped_kinds: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """The point's client metrics (see the module docstring). Token counts must be filled in first."""
+    """The point's client metrics (see the module docstring). Token counts must be filled in first.
+    Requests whose error kind is in ``stopped_kinds`` were cut by the point's own time limit: counted as
+    ``stopped``, not ``failed``."""
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"a point's duration must be positive, got {duration_s}")
     done = [r for r in records if r.ok]
-    failed = [r for r in records if not r.ok]
+    stopped = [r for r in records if not r.ok and r.error_kind in stopped_kinds]
+    failed = [r for r in records if not r.ok and r.error_kind not in stopped_kinds]
     if any(r.output_tokens is None for r in done):
         raise ValueError("output token counts are missing: fill them in first (tokens.fill_token_counts)")
     ttfts = [t for r in done if (t := r.ttft) is not None]  # both set on every completed request
@@ -105,6 +109,7 @@ def client_metrics(
         "requests": len(records),
         "completed": len(done),
         "failed": len(failed),
+        "stopped": len(stopped),
         "failed_by_kind": dict(Counter(r.error_kind for r in failed)),
         "failure_examples": _examples(failed),
         "duration": duration_s,

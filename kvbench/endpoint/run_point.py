@@ -43,6 +43,8 @@ from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 
+STOPPED_KINDS = frozenset({"cancelled", "not_sent"})  # what a point's time limit leaves: in flight, or never sent
+
 
 class EndpointUnusable(KvbenchError):
     """Every warm-up request failed: the target cannot serve this workload (the reason says why)."""
@@ -211,7 +213,8 @@ async def run_point(
             scrapes = scraper.scrapes
         event_log = await asyncio.to_thread(listener.stop) if listener is not None else None
     fill_token_counts(load.records, tokenizer)
-    metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles)
+    cut = STOPPED_KINDS if load.stopped_at_deadline else frozenset()  # the time limit asked for, not a failure
+    metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
     server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
     described = target.describe() | {"model": model}
     kv_changes = changes(event_log) if event_log is not None else []

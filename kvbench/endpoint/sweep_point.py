@@ -38,6 +38,7 @@ EXTRA_FIELDS = (
     "request_rate",
     *SERVER_FIELDS,
     "failed",
+    "stopped",
     "failed_by_kind",
     "failure_examples",
     "request_goodput",
@@ -134,6 +135,7 @@ def sweep_point(
         point.extra[name] = server.get(name)
     point.extra.update(
         failed=m["failed"],
+        stopped=m.get("stopped") or 0,
         failed_by_kind=m.get("failed_by_kind") or {},
         failure_examples=m.get("failure_examples") or [],
         request_goodput=m.get("request_goodput"),
@@ -176,6 +178,7 @@ def combine_repeats(points: list[Point]) -> Point:
     for e in extras:
         kinds.update(e.get("failed_by_kind") or {})
     merged.extra["failed"] = sum(e.get("failed") or 0 for e in extras)
+    merged.extra["stopped"] = sum(e.get("stopped") or 0 for e in extras)
     merged.extra["failed_by_kind"] = dict(kinds)
     examples = [f"run {i}: {text}" for i, e in enumerate(extras, 1) for text in e.get("failure_examples") or []]
     merged.extra["failure_examples"] = examples[:6]

@@ -76,7 +76,8 @@ def _pair(point: PointMap, kind: str) -> str:
 
 
 def _done(p: PointMap) -> str:
-    return f"{p['completed']:g}/{p.get('failed') or 0}"
+    stopped = p.get("stopped") or 0  # cut by the point's time limit: neither done nor failed
+    return f"{p['completed']:g}/{p.get('failed') or 0}" + (f" +{stopped} cut" if stopped else "")
 
 
 def _output_tps(p: PointMap) -> str:
@@ -119,7 +120,8 @@ POINT_TABLE = TableSpec(
         Col("prefix hit %", lambda p: _pct(p.get("prefix_cache_hit_rate")), "prefix_cache_hit_rate", figure=False),
     ),
     caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
-    "run/wait: peak requests running and waiting on the server; '-': not measured (no SLO "
+    "run/wait: peak requests running and waiting on the server; +N cut: requests the point's time limit "
+    "stopped before they ended; '-': not measured (no SLO "
     "given, or the server does not expose it); for a repeated point, done is the mean over the runs, failed their "
     "sum, and ± the 95% CI of output tok/s",
     partial_errors=True,

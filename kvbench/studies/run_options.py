@@ -71,6 +71,7 @@ class EndpointOptions:
     slo: dict[str, float] | None = None  # milliseconds by ttft, tpot, e2el
     slo_attainment: float = 0.9  # the share of requests that must meet the SLO for a point to meet it
     request_timeout_s: float = 600.0
+    point_timeout_s: float | None = None  # stop a point after this long; what was left is recorded as not sent
     scrape_interval_s: float = 0.5
     scrape: bool = True
     reset_prefix_cache: bool = False

@@ -141,6 +141,32 @@ def test_prompt_and_answer_lengths_size_a_server_run_and_the_header_names_what_i
     assert "past the max-len of 64" in capsys.readouterr().err
 
 
+def test_a_point_time_limit_ends_the_point_and_counts_what_it_cut_not_as_failures(kvbench_server, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = [
+        "--input-len",
+        "16",
+        "--output-len",
+        "64",
+        "--requests",
+        "40",
+        "--concurrency",
+        "1",
+        "--point-timeout",
+        "0.5",
+    ]
+    assert main(["sweep", "--target", f"local={kvbench_server}", *args, "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    (point,) = _points(run)
+    assert point["endpoint"]["stopped_at_deadline"] is True and point["status"] == "ok"
+    assert point["failed"] == 0 and point["completed"] + point["stopped"] == 40 and point["stopped"] > 0
+    assert 0.5 <= point["duration"] < 5
+    assert f"{point['completed']}/0 +{point['stopped']} cut" in out
+    records = [json.loads(line) for line in (run / "requests-local-c1.jsonl").read_text().splitlines()]
+    cut = [r["error_kind"] for r in records if not r["ok"]]
+    assert len(cut) == point["stopped"] and set(cut) <= {"cancelled", "not_sent"}
+
+
 def test_two_targets_run_side_by_side_in_an_open_loop(kvbench_server, tmp_path, capsys):
     run = tmp_path / "run"
     assert (
@@ -294,6 +320,7 @@ def _free_port() -> int:
         (["--target", "http://127.0.0.1:8000", "--output-len", "8", "--stop", "eos"], "goes with --stop length"),
         (["--target", "http://127.0.0.1:8000", "--input-len", "8", "--dataset", "real-chat"], "not --requests-file"),
         (["--input-len", "8"], "go with --target"),
+        (["--target", "http://127.0.0.1:8000", "--point-timeout", "0"], "--point-timeout must be a positive"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys, monkeypatch):

@@ -113,6 +113,7 @@ class EndpointBackend:
             scrape_interval_s=options.scrape_interval_s,
             slo=options.slo,
             limits=RequestLimits(timeout_s=options.request_timeout_s),
+            deadline_s=options.point_timeout_s,
         )
 
     def measure(
