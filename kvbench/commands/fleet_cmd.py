@@ -22,7 +22,7 @@ from kvbench.commands._run_options import with_run_options
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.exporter import FleetMetrics
-from kvbench.report.fleet_report import fleet_table, instance_table, write_outputs
+from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_table, write_outputs
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
 from kvbench.studies.fleet.routing import POLICIES
@@ -230,7 +230,7 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     points = fleet_run.points
     document = write_outputs(run_dir, setup.meta(), points)
     fleet_run.opened.release()
-    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate))
+    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, document["meta"]))
     failed = [p for p in points if p["status"] == "error"]
     if failed:
         raise RunFailed(
@@ -256,11 +256,15 @@ def _keep_interrupted(run: Run, setup, policies: int) -> None:
     typer.echo(note, err=True)
 
 
-def _tables(console, points: list[dict], run_dir: Path, simulated: bool) -> None:
-    console.print(fleet_table(points, simulated))
+def _tables(console, points: list[dict], run_dir: Path, simulated: bool, meta: dict) -> None:
     for point in points:
         if len(point["instances"]) <= 16:
             console.print(instance_table(point))
+    console.print(fleet_table(points, simulated))  # the policies side by side last, under them the conclusion
+    headline, tone, sentences = fleet_verdict(points, meta)
+    console.print(f"[bold]{headline}[/bold]")
+    for sentence in sentences[:-1]:  # the last is the page's standing caveat
+        console.print(sentence, markup=False, highlight=False)
     console.print(
         f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
         "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)"

@@ -8,9 +8,77 @@ from typing import Any
 from rich.table import Table
 
 from kvbench.report.columns import markdown_table
+from kvbench.report.html import units
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary
 from kvbench.results.run_meta import summary_document
+
+TIE_SHARE = 0.10  # p99 TTFTs this close (of the worst) name no winner: one seed's arrivals decide less than that
+LOAD_REACHED_SHARE = 0.5  # a run whose busiest policy kept less than this share of the usage aimed at is said short
+
+
+def fleet_verdict(points: list[dict], meta: dict) -> tuple[str, str, list[str]]:
+    """The fleet's verdict, written once for the console and report.html: (headline, tone, sentences)."""
+    ok = [p for p in points if p.get("status") == "ok" and p.get("p99_ttft_ms") is not None]
+    failed = [p["policy"] for p in points if p.get("status") != "ok"]
+    sentences = []
+    if not ok:
+        return "No routing policy completed", "bad", [f"failed: {', '.join(failed)}"] if failed else []
+    best = min(ok, key=lambda p: p["p99_ttft_ms"])
+    if len(ok) == 1:
+        headline = f"{best['policy']}: p99 time to first token {units.ms(best['p99_ttft_ms'])}"
+        tone = "neutral"
+    elif (worst := max(ok, key=lambda p: p["p99_ttft_ms"]))["p99_ttft_ms"] - best["p99_ttft_ms"] <= TIE_SHARE * worst[
+        "p99_ttft_ms"
+    ]:
+        headline = (
+            f"No routing policy stood out: p99 time to first token {units.ms(best['p99_ttft_ms'])} to "
+            f"{units.ms(worst['p99_ttft_ms'])} across {len(ok)} policies, within {TIE_SHARE:.0%} on one seed's "
+            "arrivals"
+        )
+        tone = "neutral"
+    else:
+        headline = (
+            f"{best['policy']} had the lowest p99 time to first token: {units.ms(best['p99_ttft_ms'])}, "
+            f"against {units.ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+        )
+        tone = "good"
+        sentences.append(
+            f"Under {best['policy']}: {units.count(best.get('preemptions'))} preemptions, free blocks differed by "
+            f"{units.count(best.get('free_blocks_imbalance_mean'))} blocks between the emptiest and the fullest "
+            f"instance on average, mean KV usage {units.share(best.get('kv_usage_mean'), 0)}. Under "
+            f"{worst['policy']}: {units.count(worst.get('preemptions'))} preemptions, imbalance "
+            f"{units.count(worst.get('free_blocks_imbalance_mean'))} blocks."
+        )
+    for p in ok:
+        if p.get("rejected"):
+            sentences.append(
+                f"{p['policy']} rejected {units.count(p['rejected'])} of "
+                f"{units.count(p['rejected'] + p['completed'])} requests."
+            )
+    if failed:
+        sentences.append(f"Failed: {', '.join(failed)}.")
+        tone = "warn"
+    shortfall = _load_shortfall(ok, meta)
+    if shortfall:
+        sentences.insert(0, shortfall)
+        tone = "warn"
+    sentences.append("Every policy served the same arrivals; one seed and one workload: run it on yours.")
+    return headline, tone, sentences
+
+
+def _load_shortfall(ok: list[dict], meta: dict) -> str | None:
+    """A run that aimed at a share of the KV blocks and stayed far below it: its policies barely differ."""
+    aimed = (meta.get("rate_chosen") or {}).get("usage")
+    reached = max((p["kv_usage_mean"] for p in ok if p.get("kv_usage_mean") is not None), default=None)
+    if not aimed or reached is None or reached >= LOAD_REACHED_SHARE * aimed:
+        return None
+    return (
+        f"The rate aimed at about {aimed:.0%} of the KV blocks in use; the busiest policy reached {reached:.0%} on "
+        f"average ({aimed / max(reached, 1e-9):.1f}x short): too few requests to fill the fleet, so its policies "
+        "differ little; send more requests per run."
+    )
+
 
 _COLUMNS = (
     "policy",
@@ -65,8 +133,12 @@ def fleet_table(points: list[dict], simulated: bool) -> Table:
         title="Routing policies on the same arrivals (latency: lower is better; imbalance = max - min free "
         "blocks across instances)" + (" — SIMULATED" if simulated else "")
     )
-    for column in _COLUMNS:
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    longest = max((len(str(p.get("policy", ""))) for p in points), default=6)
+    for column in _COLUMNS:  # a policy's name stays whole: "most-fr…" and "prefix-…" read alike
+        if column == "policy":
+            table.add_column(column, justify="left", no_wrap=True, min_width=longest)
+        else:
+            table.add_column(column, justify="right")
     for row in policy_rows(points):
         table.add_row(*row)
     return table

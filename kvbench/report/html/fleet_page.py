@@ -6,6 +6,7 @@ from typing import Any
 
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.report.fleet_report import fleet_verdict
 from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
@@ -50,41 +51,8 @@ def _series(run: RunFiles, points: list[dict]) -> list[dict]:
     return found
 
 
-def verdict(points: list[dict]) -> Verdict:
-    ok = [p for p in points if p.get("status") == "ok" and p.get("p99_ttft_ms") is not None]
-    failed = [p["policy"] for p in points if p.get("status") != "ok"]
-    sentences = []
-    if not ok:
-        return Verdict("No routing policy completed", "bad", [f"failed: {', '.join(failed)}"] if failed else [])
-    best = min(ok, key=lambda p: p["p99_ttft_ms"])
-    if len(ok) == 1:
-        headline = f"{best['policy']}: p99 time to first token {units.ms(best['p99_ttft_ms'])}"
-        tone = "neutral"
-    else:
-        worst = max(ok, key=lambda p: p["p99_ttft_ms"])
-        headline = (
-            f"{best['policy']} had the lowest p99 time to first token: {units.ms(best['p99_ttft_ms'])}, "
-            f"against {units.ms(worst['p99_ttft_ms'])} for {worst['policy']}"
-        )
-        tone = "good"
-        sentences.append(
-            f"Under {best['policy']}: {units.count(best.get('preemptions'))} preemptions, free blocks differed by "
-            f"{units.count(best.get('free_blocks_imbalance_mean'))} blocks between the emptiest and the fullest "
-            f"instance on average, mean KV usage {units.share(best.get('kv_usage_mean'), 0)}. Under "
-            f"{worst['policy']}: {units.count(worst.get('preemptions'))} preemptions, imbalance "
-            f"{units.count(worst.get('free_blocks_imbalance_mean'))} blocks."
-        )
-    for p in ok:
-        if p.get("rejected"):
-            sentences.append(
-                f"{p['policy']} rejected {units.count(p['rejected'])} of "
-                f"{units.count(p['rejected'] + p['completed'])} requests."
-            )
-    if failed:
-        sentences.append(f"Failed: {', '.join(failed)}.")
-        tone = "warn"
-    sentences.append("Every policy served the same arrivals; one seed and one workload: run it on yours.")
-    return Verdict(headline, tone, sentences)
+def verdict(points: list[dict], meta: dict) -> Verdict:
+    return Verdict(*fleet_verdict(points, meta))
 
 
 POLICY_COLUMNS = [
@@ -141,7 +109,7 @@ def policy_row(p: dict) -> list[Cell]:
 
 def headline_section(points: list[dict], meta: dict) -> Section:
     blocks: list[Any] = [
-        verdict(points),
+        verdict(points, meta),
         Table(
             "Routing policies on the same arrivals",
             POLICY_COLUMNS,

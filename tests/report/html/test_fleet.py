@@ -20,10 +20,13 @@ def test_the_headline_names_the_best_policy_from_summary_json(fleet_run):
     def ms(v):
         return f"{v:,.0f} ms" if v >= 100 else f"{v:,.1f} ms"
 
-    assert by_id(page, "verdict-headline").text() == (
-        f"{best['policy']} had the lowest p99 time to first token: {ms(best['p99_ttft_ms'])}, against "
-        f"{ms(worst['p99_ttft_ms'])} for {worst['policy']}"
-    )
+    if worst["p99_ttft_ms"] - best["p99_ttft_ms"] <= 0.10 * worst["p99_ttft_ms"]:  # within one seed's noise
+        assert by_id(page, "verdict-headline").text().startswith("No routing policy stood out")
+    else:
+        assert by_id(page, "verdict-headline").text() == (
+            f"{best['policy']} had the lowest p99 time to first token: {ms(best['p99_ttft_ms'])}, against "
+            f"{ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+        )
     rows = table_rows(page, "headline-table")
     assert [r["policy"] for r in rows] == [p["policy"] for p in points]
     for row, point in zip(rows, points, strict=True):
@@ -49,3 +52,26 @@ def test_a_missing_series_file_leaves_its_policy_out_of_the_plots(fleet_run, cop
     page = parse(render_run(run))
     usage = page.find("figure", data_plot="fleet_usage.png")
     assert "most-free-blocks" in usage.text() and "round-robin" not in usage.find("figcaption").text()
+
+
+def _policy(name, p99, usage=0.8):
+    return {"policy": name, "status": "ok", "p99_ttft_ms": p99, "kv_usage_mean": usage, "completed": 10, "rejected": 0}
+
+
+def test_a_winner_is_named_only_outside_the_runs_noise_and_a_load_never_reached_is_said():
+    """61.5 ms against 63.4 ms on one seed's arrivals names no winner; a run that aimed at 85% of the KV blocks
+    and kept 13% in use says so, and by how much."""
+    from kvbench.report.fleet_report import fleet_verdict
+
+    headline, tone, _ = fleet_verdict([_policy("round-robin", 61.5), _policy("random", 63.4)], {})
+    assert headline.startswith("No routing policy stood out: p99 time to first token 61.5 ms to 63.4 ms")
+    assert tone == "neutral"
+    headline, _, _ = fleet_verdict([_policy("round-robin", 61.5), _policy("random", 119.0)], {})
+    assert headline.startswith("round-robin had the lowest p99 time to first token")
+    meta = {"rate_chosen": {"usage": 0.85, "running_per_instance": 40}}
+    _, tone, sentences = fleet_verdict([_policy("a", 61.5, 0.13), _policy("b", 119.0, 0.12)], meta)
+    assert tone == "warn" and sentences[0].startswith(
+        "The rate aimed at about 85% of the KV blocks in use; the busiest policy reached 13% on average (6.5x short)"
+    )
+    _, _, sentences = fleet_verdict([_policy("a", 61.5, 0.80), _policy("b", 119.0, 0.75)], meta)
+    assert not any("aimed" in s for s in sentences)
