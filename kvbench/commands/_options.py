@@ -248,6 +248,22 @@ def _flag(param: Any) -> str:
     return opts[0] if opts else str(getattr(param, "name", "value"))
 
 
+def json_option(help: str) -> Any:
+    """``--json``, declared once: the command's result as JSON on stdout (``help`` says which)."""
+    return typer.Option(False, "--json", help=help)
+
+
+def out_option(help: str) -> Any:
+    """``--out``, declared once: where the command writes (``help`` says what and its default)."""
+    return typer.Option(None, "--out", help=help)
+
+
+def seed_option(help: str, annotated: bool = False, **panel: Any) -> Any:
+    """``--seed``, declared once: a non-negative seed (``help`` says of what); ``annotated`` for an
+    ``Annotated[...]`` parameter, whose default is the parameter's own."""
+    return typer.Option(*(() if annotated else (0,)), "--seed", min=0, help=help, **panel)
+
+
 def prefix_caching_option() -> Any:
     """``--prefix-caching/--no-prefix-caching``, on by default as in vLLM; a declaration per call (a command's
     help panel is set on it)."""

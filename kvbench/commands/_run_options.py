@@ -30,6 +30,7 @@ from kvbench.commands._options import (
     device_choice,
     parse_size,
     positive_fraction,
+    seed_option,
 )
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.models.gpus import GPU_PRESETS
@@ -88,11 +89,10 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "seed",
         int | None,
         None,
-        typer.Option(
-            "--seed",
-            min=0,
+        seed_option(
+            "Seed of lengths, prompts and weights (default: the scenario's, else 0).",
+            annotated=True,
             rich_help_panel=REQUESTS_PANEL,
-            help="Seed of lengths, prompts and weights (default: the scenario's, else 0).",
         ),
     ),
     SharedOption(

@@ -9,6 +9,7 @@ from kvbench.commands._options import (
     choice,
     completes,
     int_list,
+    json_option,
     make_console,
     parse_size,
     positive_fraction,
@@ -78,7 +79,7 @@ def capacity(
         None, "--max-num-seqs", min=1, help="The scheduler's cap on running requests (default: KV memory alone)."
     ),
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests at once for the longest-context column."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    as_json: bool = json_option("Print JSON on stdout."),
 ) -> None:
     """Weights, KV budget and the requests each KV strategy holds, per GPU.
 

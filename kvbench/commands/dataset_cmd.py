@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kvbench.commands._options import int_list, make_console, run_directory
+from kvbench.commands._options import int_list, json_option, make_console, out_option, run_directory, seed_option
 from kvbench.commands._run import write_study
 from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
 from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
@@ -23,12 +23,12 @@ def dataset(
     requests: int | None = typer.Option(
         None, "--requests", min=1, help="Draw this many requests with --seed (default: every usable record)."
     ),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the draw."),
+    seed: int = seed_option("Seed of the draw."),
     block_sizes: str = typer.Option(
         "16", "--block-size", help="Paged block size(s) for the estimate, e.g. 16 or 8,16,32."
     ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/dataset-<time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    out: str | None = out_option("Run directory (default reports/dataset-<time>)."),
+    as_json: bool = json_option("Print the summary as JSON on stdout."),
 ) -> None:
     """Prompt and answer lengths of a dataset and the waste estimate they imply.
 

@@ -11,8 +11,10 @@ from kvbench.commands._options import (
     choice,
     choice_list,
     help_panels,
+    json_option,
     make_console,
     name_list,
+    out_option,
     prefix_caching_option,
     run_directory,
     writable_file,
@@ -128,8 +130,8 @@ def fleet(
         min=1,
         help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray.",
     ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/fleet-<time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    out: str | None = out_option("Run directory (default reports/fleet-<time>)."),
+    as_json: bool = json_option("Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."
     ),

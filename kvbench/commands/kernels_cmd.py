@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import DEVICES, choice, int_list, output_file
+from kvbench.commands._options import DEVICES, choice, int_list, json_option, out_option, output_file, seed_option
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import json_text, write_text_atomic
 
@@ -150,9 +150,9 @@ def kernels(
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout instead of a table."),
-    out: str | None = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    seed: int = seed_option("Seed of the random inputs."),
+    as_json: bool = json_option("Print the result as JSON on stdout instead of a table."),
+    out: str | None = out_option("Also write the JSON result to this file."),
 ) -> None:
     """Time paged decode attention: GB/s achieved and ratio to contiguous SDPA.
 

@@ -12,10 +12,13 @@ from kvbench.commands._options import (
     COMPUTE_DTYPES,
     choice,
     completes,
+    json_option,
     make_console,
+    out_option,
     parse_size,
     positive_fraction,
     run_directory,
+    seed_option,
 )
 from kvbench.commands._run import write_study
 from kvbench.commands._trace_options import (
@@ -86,7 +89,7 @@ def reuse(
         10.0, "--think-time", help="Seconds between a session's turns (synthetic, --dataset)."
     ),
     rate: float = typer.Option(5.0, "--rate", help="Sessions starting per second (synthetic, --dataset; Poisson)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the synthetic workload."),
+    seed: int = seed_option("Seed of the synthetic workload."),
     max_requests: Annotated[int | None, MAX_REQUESTS] = None,
     window: Annotated[str | None, WINDOW] = None,
     time_scale: Annotated[float, TIME_SCALE] = 1.0,
@@ -135,8 +138,8 @@ def reuse(
     offload: str | None = typer.Option(
         None, "--offload", help="A CPU tier of this size behind the GPU cache (write-through, LRU), e.g. 256GiB."
     ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/reuse-<time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
+    out: str | None = out_option("Run directory (default reports/reuse-<time>)."),
+    as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
 ) -> None:
     """Prefix hit rate of a trace for each size of KV memory, on a planned deployment.
 

@@ -15,6 +15,7 @@ from kvbench.commands._options import (
     parse_size,
     positive_fraction,
     prefix_caching_option,
+    seed_option,
     thread_count,
 )
 from kvbench.errors import KvbenchError
@@ -76,7 +77,7 @@ def serve(
     threads: str = typer.Option(
         "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
     ),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of a preset's random weights."),
+    seed: int = seed_option("Seed of a preset's random weights."),
     grace_period: float = typer.Option(
         30.0,
         "--grace-period",

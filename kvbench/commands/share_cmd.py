@@ -6,7 +6,16 @@ import math
 
 import typer
 
-from kvbench.commands._options import choice, device_choice, make_console, run_directory, thread_count
+from kvbench.commands._options import (
+    choice,
+    device_choice,
+    json_option,
+    make_console,
+    out_option,
+    run_directory,
+    seed_option,
+    thread_count,
+)
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
@@ -32,7 +41,7 @@ def share(
     device: str = typer.Option(
         "auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()
     ),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of prompts, weights and samplers."),
+    seed: int = seed_option("Seed of prompts, weights and samplers."),
     threads: str = typer.Option(
         "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
     ),
@@ -48,8 +57,8 @@ def share(
         "with a tokenizer); length: every sample runs --output-len tokens.",
         **choice(STOP_MODES),
     ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/share-<time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    out: str | None = out_option("Run directory (default reports/share-<time>)."),
+    as_json: bool = json_option("Print the summary as JSON on stdout."),
 ) -> None:
     """KV memory with and without block sharing, for parallel sampling and beam search.
 

@@ -13,8 +13,10 @@ from kvbench.commands._options import (
     choice_list,
     help_panels,
     int_list,
+    json_option,
     make_console,
     name_list,
+    out_option,
     output_file,
     run_directory,
     thread_count,
@@ -77,12 +79,12 @@ def sweep(
     threads: str = typer.Option(
         "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
     ),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/sweep-<time>)."),
+    out: str | None = out_option("Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(
         False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print summary.json on stdout."),
+    as_json: bool = json_option("Print summary.json on stdout."),
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."
     ),

@@ -12,11 +12,14 @@ from kvbench.commands._options import (
     choice_list,
     completes,
     int_list,
+    json_option,
     make_console,
     name_list,
+    out_option,
     parse_size,
     positive_fraction,
     run_directory,
+    seed_option,
 )
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
@@ -109,9 +112,9 @@ def waste(
         help="Comma-separated strategies.",
         **choice_list(STRATEGY_NAMES, "strategies"),
     ),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the length sampler."),
-    out: str | None = typer.Option(None, "--out", help="Run directory (default reports/waste-<time>)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout instead of tables."),
+    seed: int = seed_option("Seed of the length sampler."),
+    out: str | None = out_option("Run directory (default reports/waste-<time>)."),
+    as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
 ) -> None:
     """Where KV memory goes per strategy: token states, reservation and fragmentation.
 

@@ -8,7 +8,7 @@ import typer
 from rich.live import Live
 
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
-from kvbench.commands._options import make_console, run_directory
+from kvbench.commands._options import make_console, out_option, run_directory
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
 from kvbench.errors import KvbenchError
 from kvbench.fileio import DirectoryLock, write_text_atomic
@@ -53,9 +53,7 @@ def watch_command(
         max=MAX_DURATION_S,
         help="Stop after this many seconds, at most 30 days (default: at Ctrl-C).",
     ),
-    out: str | None = typer.Option(
-        None, "--out", help="Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."
-    ),
+    out: str | None = out_option("Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
     kv_events: Annotated[str | None, KV_EVENTS] = None,
     kv_events_bind: Annotated[bool, KV_EVENTS_BIND] = False,
     kv_events_replay: Annotated[str | None, KV_EVENTS_REPLAY] = None,
