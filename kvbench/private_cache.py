@@ -17,6 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from kvbench import env_settings
 from kvbench.errors import KvbenchError
 
 ENV = "KVBENCH_CACHE_DIR"
@@ -29,7 +30,7 @@ class UnsafeCache(KvbenchError):
 
 def cache_dir() -> Path:
     """Where kvbench keeps its cache (not created here: see :func:`private_dir`)."""
-    base = os.environ.get(ENV) or os.path.join(
+    base = env_settings.read(ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvbench"
     )
     return Path(base)

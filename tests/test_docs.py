@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import COMMANDS
+from kvbench.env_settings import VARIABLES
 from kvbench.models.gpus import GPU_PRESETS
 from kvbench.models.shapes import MODEL_PRESETS
 
@@ -60,3 +61,18 @@ def test_every_link_between_pages_lands(page):
         assert where.exists(), f"{page.name}: {target} names no file"
         if anchor and where.suffix == ".md":
             assert anchor in _anchors(where), f"{page.name}: {target} names no heading of {where.name}"
+
+
+def test_every_environment_variable_is_read_through_the_registry_and_documented():
+    """A KVBENCH_* name in the package is one of env_settings' VARIABLES, and docs/COMMANDS.md lists exactly those."""
+    package = ROOT / "kvbench"
+    named = {m for path in package.rglob("*.py") for m in re.findall(r"KVBENCH_[A-Z0-9_]+", path.read_text())}
+    assert named <= set(VARIABLES), named - set(VARIABLES)
+    documented = re.findall(r"(?m)^\| `(KVBENCH_[A-Z0-9_]+)` \|", (ROOT / "docs" / "COMMANDS.md").read_text())
+    assert documented == list(VARIABLES)
+    direct = [
+        path.name
+        for path in package.rglob("*.py")
+        if path.name != "env_settings.py" and re.search(r"os\.(environ|getenv)[^\n]*KVBENCH_", path.read_text())
+    ]
+    assert direct == []  # read where used, a variable escapes the list

@@ -14,7 +14,14 @@ PACKAGE = ROOT / "kvbench"
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, ...]] = [
-    ("kvbench.errors", "kvbench.fileio", "kvbench.json_input", "kvbench.private_cache", "kvbench.kv"),
+    (
+        "kvbench.errors",
+        "kvbench.env_settings",
+        "kvbench.fileio",
+        "kvbench.json_input",
+        "kvbench.private_cache",
+        "kvbench.kv",
+    ),
     (
         "kvbench.kernels",
         "kvbench.cpu",

@@ -21,12 +21,12 @@ weight, else oneDNN; ``packed``: AMX where it takes the weight, else oneDNN).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from kvbench import env_settings
 from kvbench.cpu import cpu_linear, measured_cache
 from kvbench.cpu.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 from kvbench.kernels import cpu_native, cpu_peak
@@ -293,7 +293,7 @@ def measure_plan(weights: dict[str, torch.Tensor], model_bytes: int = 0) -> Matm
     forced, cached or measured now. A model of ``model_bytes`` larger than the last-level cache is timed with its
     weights out of the cache, as its run reads them."""
     candidates = {role: cpu_linear.candidate_paths(weight) for role, weight in weights.items()}
-    forced = os.environ.get(FORCE_ENV)
+    forced = env_settings.read(FORCE_ENV)
     if forced:
         return _forced(weights, candidates, forced)
     dtype = next(iter(weights.values())).dtype

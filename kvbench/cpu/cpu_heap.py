@@ -27,6 +27,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from kvbench import env_settings
+
 ENV = "KVBENCH_KEEP_FREED_MEMORY"
 THP_ENV = "THP_MEM_ALLOC_ENABLE"  # torch's: large CPU blocks aligned to 2 MiB for huge pages (set in kvbench/__init__)
 # glibc's mallopt parameters (malloc.h)
@@ -64,7 +66,7 @@ def current() -> HeapPolicy | None:
 
 
 def _apply() -> HeapPolicy:
-    if os.environ.get(ENV, "1") == "0":
+    if env_settings.read(ENV, "1") == "0":
         return HeapPolicy(False, f"{ENV}=0")
     if os.environ.get(THP_ENV) != "1":
         return HeapPolicy(False, f"{THP_ENV} is not 1: torch's large blocks would not be reused")

@@ -20,13 +20,13 @@ gets none. ``KVBENCH_PACKED_WEIGHTS=0`` turns packing off.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from kvbench import env_settings
 from kvbench.kernels import cpu_amx, cpu_bf16_dot, cpu_bf16_weights
 
 ENV = "KVBENCH_PACKED_WEIGHTS"
@@ -41,7 +41,7 @@ _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packing on this device and dtype, unless turned off by ``KVBENCH_PACKED_WEIGHTS=0``. oneDNN packs
     bfloat16 only where the CPU has AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere it raises."""
-    if os.environ.get(ENV, "1") == "0":
+    if env_settings.read(ENV, "1") == "0":
         return False
     return (
         device.type == "cpu"

@@ -14,12 +14,12 @@ and printed with its timings; ``KVBENCH_DECODE_PREFETCH=off|16:L1|32:L2`` (any d
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from kvbench import env_settings
 from kvbench.cpu import measured_cache
 from kvbench.cpu.cpu_choices import last_level_cache_bytes
 from kvbench.kernels import cpu_native
@@ -125,7 +125,7 @@ def _decide(timings: dict[str, float]) -> DecodePrefetch:
 
 def choose(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> PrefetchChoice:
     """The decode attention's prefetch for this KV shape on this CPU: forced by :data:`ENV`, cached or measured."""
-    forced = os.environ.get(ENV)
+    forced = env_settings.read(ENV)
     if forced:
         return PrefetchChoice(parse(forced), f"set by {ENV}")
     pool_bytes = min(2 * last_level_cache_bytes(), MAX_POOL_BYTES)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbench import private_cache
+from kvbench import env_settings, private_cache
 
 REMEASURE_ENV = "KVBENCH_REMEASURE"
 VERSION = 1
@@ -85,7 +85,7 @@ def measured(kind: str, descriptor: dict, measure: Callable[[], dict], check: Ca
     path: Path | None = None
     try:
         path = private_cache.private_dir() / f"{kind}-{_digest(descriptor)}.json"
-        data = None if os.environ.get(REMEASURE_ENV) == "1" else private_cache.read_bytes(path)
+        data = None if env_settings.read(REMEASURE_ENV) == "1" else private_cache.read_bytes(path)
     except private_cache.UnsafeCache as error:
         private_cache.note(f"measuring the CPU choices without caching them: {error}")
         path, data = None, None

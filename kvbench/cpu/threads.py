@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvbench import env_settings
 from kvbench.cpu import measured_cache
 from kvbench.kernels.cpu_native import cpu_signature
 from kvbench.values import parse_threads
@@ -67,8 +68,8 @@ def choose_threads(
     ``probe``, called only when there is something to measure, returns the model's own gate/up-sized matmul as
     the engine runs it and that path's name (for the reason); without it a random ``[2 x intermediate, hidden]``
     weight goes through ``F.linear``. Activations are of ``dtype``, the model's."""
-    if requested is None and os.environ.get(ENV):
-        requested = parse_threads(os.environ[ENV])
+    if requested is None and (given := env_settings.read(ENV)):
+        requested = parse_threads(given)
         if requested is not None:
             torch.set_num_threads(requested)
             return ThreadChoice(requested, f"set by {ENV}")

@@ -17,7 +17,6 @@ threads (the kernel runs outside Python's lock).
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import TypedDict
 
 import torch
 
+from kvbench import env_settings
 from kvbench.kernels import cpu_native
 
 ENV = "KVBENCH_AMX"
@@ -53,7 +53,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False, or None."""
-    if os.environ.get(ENV, "1") == "0":
+    if env_settings.read(ENV, "1") == "0":
         return f"turned off by {ENV}=0"
     lib = cpu_native._load()
     if lib is None:

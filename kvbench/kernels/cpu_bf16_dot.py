@@ -14,11 +14,11 @@ Used where the C kernels were built with AVX-512 BF16, the weight is a bfloat16 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from kvbench import env_settings
 from kvbench.kernels import cpu_bf16_weights, cpu_native
 
 ENV = "KVBENCH_BF16_DOT"
@@ -29,7 +29,7 @@ _INSTRUCTION_SET = cpu_native.ISA_BITS[4]
 
 def unavailable_reason() -> str | None:
     """Why the kernel cannot run here, or None."""
-    if os.environ.get(ENV, "1") == "0":
+    if env_settings.read(ENV, "1") == "0":
         return f"turned off by {ENV}=0"
     if cpu_native._load() is None:
         return cpu_native.unavailable_reason()

@@ -16,7 +16,6 @@ is not ``0``. With torch on several threads, the output columns are shared among
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ from typing import TypedDict
 
 import torch
 
+from kvbench import env_settings
 from kvbench.kernels import cpu_amx, cpu_native
 
 ENV = "KVBENCH_BF16_WEIGHTS"
@@ -43,7 +43,7 @@ _lock = threading.Lock()
 
 def unavailable_reason() -> str | None:
     """Why the kernel cannot run here, or None."""
-    if os.environ.get(ENV, "1") == "0":
+    if env_settings.read(ENV, "1") == "0":
         return f"turned off by {ENV}=0"
     if cpu_native._load() is None:
         return cpu_native.unavailable_reason()

@@ -36,7 +36,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from kvbench import private_cache
+from kvbench import env_settings, private_cache
 
 ENV = "KVBENCH_NATIVE_KERNELS"
 ISA_ENV = "KVBENCH_CPU_ISA"
@@ -106,7 +106,7 @@ def cpu_signature() -> str:
 def _isa_flags() -> tuple[str, tuple[str, ...]]:
     """The variant asked for (``KVBENCH_CPU_ISA``, default native) and its compiler flags; RuntimeError if this
     machine cannot run it."""
-    name = os.environ.get(ISA_ENV, "native") or "native"
+    name = env_settings.read(ISA_ENV, "native") or "native"
     if name not in ISA_VARIANTS:
         raise RuntimeError(f"unknown {ISA_ENV}={name!r}; choose {', '.join(ISA_VARIANTS)}")
     flags, needs = ISA_VARIANTS[name]
@@ -241,7 +241,7 @@ def _load() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state or "reason" in _state:
             return _state.get("lib")
-        if os.environ.get(ENV, "1") == "0":
+        if env_settings.read(ENV, "1") == "0":
             _state["reason"] = f"turned off by {ENV}=0"
             return None
         try:

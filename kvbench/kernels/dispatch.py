@@ -14,17 +14,16 @@ the planners return None for them.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from kvbench import env_settings
 from kvbench.kernels import cpu_native, reference
 
 BACKENDS = ("torch", "triton", "native")
 
 
 def resolve_backend(device: torch.device, backend: str | None = None) -> str:
-    chosen = backend or os.environ.get("KVBENCH_KERNEL_BACKEND")
+    chosen = backend or env_settings.read("KVBENCH_KERNEL_BACKEND")
     if chosen is None:
         if device.type == "cuda":
             chosen = "triton"

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvbench import env_settings
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, RequestStatus, make_request
 from kvbench.errors import KvbenchError
@@ -134,7 +135,7 @@ class EngineCore:
         except ChannelClosed:  # the front end is gone: nobody to serve
             return 0
         except BaseException as err:  # noqa: BLE001 - a failed step ends the engine with its reason
-            if os.environ.get("KVBENCH_DEBUG"):
+            if env_settings.read("KVBENCH_DEBUG"):
                 traceback.print_exc()
             try:
                 channel.send({"t": "crash", "error": crash_reason(err)})
@@ -392,7 +393,7 @@ def main(argv: list[str]) -> int:
             channel.send({"t": "error", "message": str(err), "exit_code": err.exit_code})
             return err.exit_code
         except Exception as err:  # noqa: BLE001 - a loader's failure is one line for the front end to print
-            if os.environ.get("KVBENCH_DEBUG"):
+            if env_settings.read("KVBENCH_DEBUG"):
                 traceback.print_exc()
             channel.send(
                 {

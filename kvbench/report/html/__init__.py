@@ -10,12 +10,12 @@ memory), the per-point tables, the memory waterfall and the provenance. ``compar
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench import env_settings
 from kvbench.errors import KvbenchError
 from kvbench.fileio import write_text_atomic
 
@@ -75,7 +75,7 @@ _OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
 
 def report_after_runs() -> bool:
     """Whether runs end by writing report.html (``KVBENCH_REPORT``, on unless "0")."""
-    value = os.environ.get(REPORT_ENV, "1").strip().lower()
+    value = (env_settings.read(REPORT_ENV) or "1").strip().lower()
     if value in _OFF:
         return False
     if value not in _ON:
