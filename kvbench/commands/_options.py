@@ -248,6 +248,40 @@ def _flag(param: Any) -> str:
     return opts[0] if opts else str(getattr(param, "name", "value"))
 
 
+def _declared(default: Any, annotated: bool, *decls: str, **settings: Any) -> Any:
+    """One ``typer.Option``; for an ``Annotated[...]`` parameter (``annotated``) without a default of its own."""
+    panel = {k: v for k, v in settings.items() if v is not None}
+    return typer.Option(*decls, **panel) if annotated else typer.Option(default, *decls, **panel)
+
+
+def gpu_option(default: str | None, help: str, annotated: bool = False, rich_help_panel: str | None = None) -> Any:
+    """``--gpu``, declared once: a GPU preset, completed from the presets."""
+    from kvbench.models.gpus import GPU_PRESETS
+
+    return _declared(default, annotated, "--gpu", help=help, rich_help_panel=rich_help_panel, **completes(GPU_PRESETS))
+
+
+def device_option(annotated: bool = False, rich_help_panel: str | None = None) -> Any:
+    """``--device``, declared once: where a model runs."""
+    help = "auto: CUDA when available, else the CPU (also cuda:N)."
+    return _declared("auto", annotated, "--device", help=help, rich_help_panel=rich_help_panel, **device_choice())
+
+
+def gpu_memory_utilization_option(
+    default: float | None, help: str, annotated: bool = False, rich_help_panel: str | None = None
+) -> Any:
+    """``--gpu-memory-utilization``, declared once: a share of GPU memory in (0, 1]."""
+    return _declared(
+        default,
+        annotated,
+        "--gpu-memory-utilization",
+        max=1.0,
+        callback=positive_fraction,
+        help=help,
+        rich_help_panel=rich_help_panel,
+    )
+
+
 def json_option(help: str) -> Any:
     """``--json``, declared once: the command's result as JSON on stdout (``help`` says which)."""
     return typer.Option(False, "--json", help=help)
@@ -258,10 +292,9 @@ def out_option(help: str) -> Any:
     return typer.Option(None, "--out", help=help)
 
 
-def seed_option(help: str, annotated: bool = False, **panel: Any) -> Any:
-    """``--seed``, declared once: a non-negative seed (``help`` says of what); ``annotated`` for an
-    ``Annotated[...]`` parameter, whose default is the parameter's own."""
-    return typer.Option(*(() if annotated else (0,)), "--seed", min=0, help=help, **panel)
+def seed_option(help: str, annotated: bool = False, rich_help_panel: str | None = None) -> Any:
+    """``--seed``, declared once: a non-negative seed (``help`` says of what)."""
+    return _declared(0, annotated, "--seed", min=0, help=help, rich_help_panel=rich_help_panel)
 
 
 def prefix_caching_option() -> Any:

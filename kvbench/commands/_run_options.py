@@ -25,15 +25,14 @@ import typer
 
 from kvbench.commands._options import (
     choice,
-    completes,
     compute_dtype_choice,
-    device_choice,
+    device_option,
+    gpu_memory_utilization_option,
+    gpu_option,
     parse_size,
-    positive_fraction,
     seed_option,
 )
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
-from kvbench.models.gpus import GPU_PRESETS
 from kvbench.studies.run_options import RunOptions
 
 
@@ -109,12 +108,7 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "device",
         str,
         "auto",
-        typer.Option(
-            "--device",
-            rich_help_panel=MODEL_PANEL,
-            help="auto: CUDA when available, else the CPU (also cuda:N).",
-            **device_choice(),
-        ),
+        device_option(annotated=True, rich_help_panel=MODEL_PANEL),
     ),
     SharedOption(
         "dtype",
@@ -141,7 +135,7 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "gpu",
         str,
         "a100-80g",
-        typer.Option("--gpu", rich_help_panel=MODEL_PANEL, help="GPU preset for --simulate.", **completes(GPU_PRESETS)),
+        gpu_option(None, "GPU preset for --simulate.", annotated=True, rich_help_panel=MODEL_PANEL),
     ),
     SharedOption(
         "kv_memory",
@@ -155,12 +149,8 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "utilization",
         float | None,
         None,
-        typer.Option(
-            "--gpu-memory-utilization",
-            max=1.0,
-            callback=positive_fraction,
-            rich_help_panel=POOL_PANEL,
-            help="On CUDA: size the pools like vLLM from real free memory.",
+        gpu_memory_utilization_option(
+            None, "On CUDA: size the pools like vLLM from real free memory.", annotated=True, rich_help_panel=POOL_PANEL
         ),
     ),
     SharedOption(

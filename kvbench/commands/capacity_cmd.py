@@ -7,16 +7,16 @@ import typer
 from kvbench.commands._options import (
     COMPUTE_DTYPES,
     choice,
-    completes,
+    gpu_memory_utilization_option,
+    gpu_option,
     int_list,
     json_option,
     make_console,
     parse_size,
-    positive_fraction,
 )
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
-from kvbench.models.gpus import CUSTOM, GPU_PRESETS
+from kvbench.models.gpus import CUSTOM
 from kvbench.report.capacity_report import print_capacity
 from kvbench.studies.capacity import KV_CACHE_DTYPES, CapacitySettings, run_capacity_study
 
@@ -30,23 +30,15 @@ def capacity(
         help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; "
         "HF_HUB_OFFLINE=1: the local cache only).",
     ),
-    gpu: str | None = typer.Option(
-        None,
-        "--gpu",
-        help=f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory).",
-        **completes(GPU_PRESETS),
+    gpu: str | None = gpu_option(
+        None, f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory)."
     ),
     gpu_memory: str | None = typer.Option(
         None,
         "--gpu-memory",
         help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu.",
     ),
-    utilization: float = typer.Option(
-        0.9,
-        "--gpu-memory-utilization",
-        callback=positive_fraction,
-        help="Share of GPU memory the engine may use, in (0, 1].",
-    ),
+    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory the engine may use, in (0, 1]."),
     kv_cache_memory: str | None = typer.Option(
         None,
         "--kv-cache-memory",

@@ -11,12 +11,12 @@ import typer
 from kvbench.commands._options import (
     COMPUTE_DTYPES,
     choice,
-    completes,
+    gpu_memory_utilization_option,
+    gpu_option,
     json_option,
     make_console,
     out_option,
     parse_size,
-    positive_fraction,
     run_directory,
     seed_option,
 )
@@ -34,7 +34,6 @@ from kvbench.commands._trace_options import (
     subset,
 )
 from kvbench.errors import KvbenchError
-from kvbench.models.gpus import GPU_PRESETS
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
 from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.studies.capacity import KV_CACHE_DTYPES
@@ -98,11 +97,9 @@ def reuse(
         "--model",
         help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
     ),
-    gpu: str = typer.Option("h100-80g", "--gpu", help="GPU preset.", **completes(GPU_PRESETS)),
+    gpu: str = gpu_option("h100-80g", "GPU preset."),
     gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB."),
-    utilization: float = typer.Option(
-        0.9, "--gpu-memory-utilization", callback=positive_fraction, help="Share of GPU memory the engine may use."
-    ),
+    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory the engine may use."),
     kv_cache_memory: str | None = typer.Option(
         None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes), e.g. 8GiB."
     ),

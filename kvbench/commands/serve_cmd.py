@@ -10,10 +10,10 @@ import typer
 from kvbench.commands._options import (
     choice,
     compute_dtype_choice,
-    device_choice,
+    device_option,
+    gpu_memory_utilization_option,
     make_console,
     parse_size,
-    positive_fraction,
     prefix_caching_option,
     seed_option,
     thread_count,
@@ -41,21 +41,15 @@ def serve(
         "--served-model-name",
         help="The model name clients send and /v1/models lists (default: --model as given).",
     ),
-    device: str = typer.Option(
-        "auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()
-    ),
+    device: str = device_option(),
     dtype: str | None = typer.Option(
         None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()
     ),
     kv_memory: str | None = typer.Option(
         None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."
     ),
-    utilization: float | None = typer.Option(
-        None,
-        "--gpu-memory-utilization",
-        max=1.0,
-        callback=positive_fraction,
-        help="On CUDA: size the pool like vLLM from real free memory.",
+    utilization: float | None = gpu_memory_utilization_option(
+        None, "On CUDA: size the pool like vLLM from real free memory."
     ),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
     reserve: str = typer.Option(

@@ -8,7 +8,7 @@ import typer
 
 from kvbench.commands._options import (
     choice,
-    device_choice,
+    device_option,
     json_option,
     make_console,
     out_option,
@@ -38,9 +38,7 @@ def share(
     num_blocks: int = typer.Option(4096, "--num-blocks", min=1, help="KV pool size in blocks."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
     model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
-    device: str = typer.Option(
-        "auto", "--device", help="auto: CUDA when available, else the CPU (also cuda:N).", **device_choice()
-    ),
+    device: str = device_option(),
     seed: int = seed_option("Seed of prompts, weights and samplers."),
     threads: str = typer.Option(
         "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."

@@ -10,21 +10,20 @@ from kvbench.commands._options import (
     COMPUTE_DTYPES,
     choice,
     choice_list,
-    completes,
+    gpu_memory_utilization_option,
+    gpu_option,
     int_list,
     json_option,
     make_console,
     name_list,
     out_option,
     parse_size,
-    positive_fraction,
     run_directory,
     seed_option,
 )
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import check_choice
-from kvbench.models.gpus import GPU_PRESETS
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.run_requests import STOP_MODES
@@ -48,18 +47,11 @@ def waste(
         "--model",
         help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
     ),
-    gpu: str = typer.Option(
-        "a100-80g", "--gpu", help="GPU preset whose memory sets the KV budget.", **completes(GPU_PRESETS)
-    ),
+    gpu: str = gpu_option("a100-80g", "GPU preset whose memory sets the KV budget."),
     gpu_memory: str | None = typer.Option(
         None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."
     ),
-    utilization: float = typer.Option(
-        0.9,
-        "--gpu-memory-utilization",
-        callback=positive_fraction,
-        help="Share of GPU memory kvbench may use, in (0, 1].",
-    ),
+    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory kvbench may use, in (0, 1]."),
     dtype: str = typer.Option(
         "auto",
         "--dtype",
