@@ -232,7 +232,7 @@ def _reference_figure(row: dict, engine: str) -> str:
     return units.tok_s(row.get(f"{engine}_tps")) if status == "ok" else str(status)
 
 
-def headline_table(rows: list[dict]) -> Table:
+def headline_table(rows: list[dict], meta: dict | None = None) -> Table:
     references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
     columns = [
         Column("concurrency (requests in flight)"),
@@ -253,7 +253,7 @@ def headline_table(rows: list[dict]) -> Table:
             Cell(
                 units.signed_pct(r.get("gain_pct")),
                 units.sort_key(r.get("gain_pct")),
-                _gain_tone(r),
+                _gain_tone(r, meta or {}),
                 field="gain_pct",
             ),
             Cell(
@@ -278,11 +278,14 @@ def headline_table(rows: list[dict]) -> Table:
     return Table("Paged vs contiguous at each concurrency", columns, body, note=note, id="headline-table")
 
 
-def _gain_tone(row: dict) -> str:
+def _gain_tone(row: dict, meta: dict) -> str:
+    """Green or red only where the verdict calls the gain a difference: a single measured run's -5% is noise."""
     gain = row.get("gain_pct")
-    if gain is None:
+    if gain is None or row.get("paged_tps") is None or row.get("contiguous_tps") is None:
         return ""
-    return "good" if gain >= TIE_PCT else "bad" if gain <= -TIE_PCT else ""
+    if not _distinguishable(row, meta):
+        return ""
+    return "good" if gain > 0 else "bad"
 
 
 def _tps_cell(row: dict, engine: str) -> Cell:
@@ -316,7 +319,7 @@ def _steady_cell(row: dict, engine: str) -> Cell:
 
 
 def headline_section(rows: list[dict], points: list[dict], meta: dict) -> Section:
-    blocks: list[Any] = [verdict(rows, points, meta), headline_table(rows)]
+    blocks: list[Any] = [verdict(rows, points, meta), headline_table(rows, meta)]
     if meta.get("stop_description") or meta.get("budget_source"):
         blocks.append(
             Text(

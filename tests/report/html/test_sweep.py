@@ -251,3 +251,20 @@ def test_a_point_that_ran_out_of_kv_memory_shows_no_figure_in_any_output(oom_swe
     assert "| OOM |" in markdown_row
     for figure in figures:
         assert figure not in " ".join(row.values()) and f"| {figure} |" not in markdown_row
+
+
+def test_a_gain_is_coloured_only_where_the_verdict_calls_it_a_difference():
+    """A single measured run's -5% is noise to the text beside the table: it is not drawn red."""
+    from kvbench.report.html.sweep_page import headline_table
+
+    row = {"concurrency": 10, "contiguous_tps": 100.0, "paged_tps": 95.0, "gain_pct": -5.0}
+    row.update(contiguous_status="ok", paged_status="ok", kv_memory_reduction_pct=60.0)
+
+    def tone(meta, **extra):
+        cells = headline_table([{**row, **extra}], meta).rows[0]
+        return next(c.tone for c in cells if c.field == "gain_pct")
+
+    assert tone({}) == ""  # one measured run: cannot tell
+    assert tone({"simulated": True}) == "bad"  # exact
+    assert tone({}, paged_tps_ci95=1.0, contiguous_tps_ci95=1.0) == "bad"  # beyond the confidence intervals
+    assert tone({}, paged_tps_ci95=4.0, contiguous_tps_ci95=4.0) == ""  # within them
