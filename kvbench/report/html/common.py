@@ -162,6 +162,7 @@ _SHOWN = {
     "simulated",
     "scenario_source",
     "bytes_per_token",
+    "cpu_matmuls",  # a table of its own below the facts
 }
 
 
@@ -291,7 +292,40 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
     if listed:
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
-    return Section("provenance", "Provenance", [Facts(facts)])
+    blocks: list[Any] = [Facts(facts)]
+    if (plan := cpu_matmul_table(meta.get("cpu_matmuls"))) is not None:
+        blocks.append(plan)
+    return Section("provenance", "Provenance", blocks)
+
+
+def cpu_matmul_table(plan: Any) -> Table | None:
+    """The CPU's measured matmul paths, one row per weight (they read as a 20-line paragraph among the facts)."""
+    if not isinstance(plan, Mapping) or not isinstance(plan.get("weights"), Mapping):
+        return None
+    rows = []
+    for role, choice in plan["weights"].items():
+        if not isinstance(choice, Mapping):
+            continue
+        shape = "x".join(str(n) for n in choice.get("shape") or [])
+        spans: list[str] = []
+        for rows_at, path in zip(choice.get("rows") or [], choice.get("paths") or [], strict=False):
+            if spans and spans[-1].startswith(f"{path} "):
+                spans[-1] = f"{path} {spans[-1].split(' ', 1)[1].split('-')[0]}-{rows_at}"
+            else:
+                spans.append(f"{path} {rows_at}")
+        timings = choice.get("timings_us") or {}
+        timed = "; ".join(
+            f"{rows_at}: " + ", ".join(f"{name} {us:,.0f}" for name, us in by_path.items())
+            for rows_at, by_path in timings.items()
+            if isinstance(by_path, Mapping)
+        )
+        rows.append([Cell(str(role)), Cell(shape), Cell(", ".join(spans)), Cell(timed)])
+    caption = (
+        f"CPU matmul paths, {plan.get('threads')} thread(s), {plan.get('dtype')} ({plan.get('source')}): the path "
+        "each weight takes by row count, and the timings that chose it"
+    )
+    columns = [Column("weight", False), Column("shape", False), Column("path by rows", False)]
+    return Table(caption, [*columns, Column("µs per call by rows", False)], rows, sortable=False, id="cpu-matmuls")
 
 
 def spec_table(spec: TableSpec, points: Sequence[Mapping[str, Any]], id: str, note: str = "") -> Table:

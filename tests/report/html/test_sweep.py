@@ -268,3 +268,13 @@ def test_a_gain_is_coloured_only_where_the_verdict_calls_it_a_difference():
     assert tone({"simulated": True}) == "bad"  # exact
     assert tone({}, paged_tps_ci95=1.0, contiguous_tps_ci95=1.0) == "bad"  # beyond the confidence intervals
     assert tone({}, paged_tps_ci95=4.0, contiguous_tps_ci95=4.0) == ""  # within them
+
+
+def test_the_cpu_matmul_timings_are_a_table_not_a_paragraph(sweep_run):
+    meta = json.loads((sweep_run / "summary.json").read_text())["meta"]
+    page = parse((sweep_run / REPORT_FILE).read_text())
+    facts = [dt.text() for dt in page.find_all("dt")]
+    assert "cpu matmuls" not in facts
+    if meta.get("cpu_matmuls"):  # a CPU whose oneDNN packs: the measured paths, one row per weight
+        rows = by_id(page, "cpu-matmuls").find("tbody").find_all("tr")
+        assert len(rows) == len(meta["cpu_matmuls"]["weights"])
