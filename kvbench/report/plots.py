@@ -177,8 +177,6 @@ def lines(
     {label: [(x, text)]} points of a series that have no figure (OOM), marked on the x axis, never drawn.
     ``errors``: {label: half-widths, one per point} drawn as error bars (a spread over repeated runs). An axis of
     whole numbers only (concurrency levels) ticks whole numbers."""
-    from matplotlib.ticker import MaxNLocator
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = {}
     for index, (label, (xs, ys)) in enumerate(series.items()):
@@ -197,10 +195,8 @@ def lines(
     if logx:
         ax.set_xscale("log")
         plain_log_ticks(ax.xaxis)
-    elif any(len(xs) for xs, _ in series.values()) and all(
-        float(x).is_integer() for xs, _ in series.values() for x in xs
-    ):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        _whole_ticks(ax, series.values())
     _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)], logx, y=hline is None)
     _no_values(ax, series.values())
     if hline is not None:
@@ -213,6 +209,15 @@ def lines(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _whole_ticks(ax, series: Iterable[tuple[Sequence[float], Sequence[float]]]) -> None:
+    """An x axis of whole numbers only (concurrency levels) ticks whole numbers: no C=1.5 between 1 and 2."""
+    from matplotlib.ticker import MaxNLocator
+
+    xs = [x for values, _ in series for x in values]
+    if xs and all(float(x).is_integer() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plain_log_ticks(axis) -> None:
@@ -279,6 +284,7 @@ def line_panels(
         for group, points in (marks or {}).items():
             mark_points(ax, points, colours[group], f"{group}: OOM, no figure")
         _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)])
+        _whole_ticks(ax, [*series.values(), *_mark_series(marks)])
         _no_values(ax, series.values())
         ax.set_title(panel, fontsize=9)
         ax.set_xlabel(xlabel)

@@ -110,3 +110,11 @@ def test_repeated_points_draw_their_spread_and_levels_tick_whole_numbers(tmp_pat
     (bars,) = [c for c in ax.collections if c.get_segments()]
     assert [segment[:, 1].tolist() for segment in bars.get_segments()] == [[718.0, 2368.0], [883.0, 3269.0]]
     assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_latency_panels_over_concurrency_tick_whole_numbers(tmp_path, drawn):
+    """A server sweep at C=1 and C=4 drew its latency panels with ticks at 1.5 and 2.5."""
+    panels = {"TTFT": {"local p50": ([1, 4], [5.0, 9.0])}, "TPOT": {"local p50": ([1, 4], [2.0, 3.0])}}
+    plots.line_panels(panels, tmp_path / "t.png", "t", "concurrency", "ms", "lower")
+    for ax in drawn[0].axes:
+        assert all(float(t).is_integer() for t in ax.get_xticks())
