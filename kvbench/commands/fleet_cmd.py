@@ -269,7 +269,7 @@ def _tables(console, points: list[dict], run_dir: Path, simulated: bool, meta: d
         console.print(sentence, markup=False, highlight=False)
     console.print(
         f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
-        "(fleet_usage.png, fleet_ttft_cdf.png, fleet_instances.png)"
+        "(fleet_usage.png, fleet_ttft_cdf.png, and fleet_instances.png where the fleet scaled)"
     )
 
 

@@ -234,6 +234,9 @@ def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: d
             logx=True,
         )
     )
+    counts = {n + m for s in series for _, n, m in s["instances"]}
+    if len(counts) < 2:  # nothing scaled: a flat line at the fleet's size says nothing the table does not
+        return paths
     paths.append(
         plots.lines(
             {s["policy"]: ([t for t, _, _ in s["instances"]], [n + m for _, n, m in s["instances"]]) for s in series},

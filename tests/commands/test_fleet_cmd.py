@@ -23,11 +23,11 @@ def test_simulated_fleet_writes_every_output_and_diagnose_reads_it(tmp_path, cap
         "results.jsonl",
         "fleet_usage.png",
         "fleet_ttft_cdf.png",
-        "fleet_instances.png",
         "fleet-round-robin.json",
         "fleet-most-free-blocks.json",
     ):
         assert (out / name).is_file(), name
+    assert not (out / "fleet_instances.png").exists()  # a fixed fleet: no flat line of its size
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((out / "summary.json").read_text())
@@ -87,6 +87,7 @@ def test_autoscaling_simulated_fleet_reports_instances_over_time(tmp_path):
     point = json.loads((out / "summary.json").read_text())["points"][0]
     assert point["scale_ups"] >= 1 and point["instances_peak"] >= 2
     assert point["instance_seconds"] < point["instances_peak"] * point["elapsed_s"]
+    assert (out / "fleet_instances.png").is_file()  # it scaled: the instances over time are drawn
 
 
 def test_fleet_runs_the_shipped_dataset_sample_and_says_so(tmp_path, capsys):

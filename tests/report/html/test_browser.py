@@ -85,10 +85,16 @@ def _check_headline(request, name, page) -> None:
     elif name == "fleet_run":
         points = summary["points"]
         best, worst = min(points, key=lambda p: p["p99_ttft_ms"]), max(points, key=lambda p: p["p99_ttft_ms"])
-        assert shown == (
-            f"{best['policy']} had the lowest p99 time to first token: {_ms(best['p99_ttft_ms'])}, "
-            f"against {_ms(worst['p99_ttft_ms'])} for {worst['policy']}"
-        )
+        if worst["p99_ttft_ms"] - best["p99_ttft_ms"] <= 0.10 * worst["p99_ttft_ms"]:  # no winner within the noise
+            assert shown == (
+                f"No routing policy stood out: p99 time to first token {_ms(best['p99_ttft_ms'])} to "
+                f"{_ms(worst['p99_ttft_ms'])} across {len(points)} policies, within 10% on one seed's arrivals"
+            )
+        else:
+            assert shown == (
+                f"{best['policy']} had the lowest p99 time to first token: {_ms(best['p99_ttft_ms'])}, "
+                f"against {_ms(worst['p99_ttft_ms'])} for {worst['policy']}"
+            )
 
 
 def _compare_json(base, head) -> dict:
