@@ -200,7 +200,9 @@ def reuse_lines(point: dict[str, Any]) -> list[str]:
             line += f" (the server's counters: {counters:.1%})"
         ideal = (reuse.get("workload") or {}).get("ideal_hit_rate")
         if isinstance(ideal, (int, float)):
-            line += f"; an unbounded cache would serve {ideal:.1%} of the same requests' prompt tokens"
+            line += f"; an unbounded cache starting empty would serve {ideal:.1%} of the same requests' prompt tokens"
+            if point.get("cache_state") != "reset" and rate > ideal + 0.01:
+                line += " (this point's cache was not emptied first: it reused what earlier points left)"
         lines.append(line + ".")
     target = reuse.get("target") if isinstance(reuse.get("target"), dict) else None
     if target is not None and isinstance(target.get("achieved"), (int, float)):

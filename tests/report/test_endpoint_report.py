@@ -3,7 +3,7 @@ server does not expose (never 0), and the find-max rows."""
 
 from __future__ import annotations
 
-from kvbench.report.endpoint_report import POINT_TABLE, find_max_rows, findings, level_text, ordered
+from kvbench.report.endpoint_report import POINT_TABLE, find_max_rows, findings, level_text, ordered, reuse_lines
 
 COLUMNS = [c.heading for c in POINT_TABLE.columns]
 
@@ -100,3 +100,13 @@ def test_find_max_rows():
     assert find_max_rows([search]) == [["vllm", "C=12", "C=13", "kv_full", "KV usage peaked at 100%", "more memory"]]
     none = {**search, "by": "rate", "best": None, "first_miss": 0.5, "limit": None, "stopped": "even the lowest"}
     assert find_max_rows([none]) == [["vllm", "none", "0.5 req/s", "-", "even the lowest", "-"]]
+
+
+def test_hits_above_the_empty_cache_ideal_say_they_came_from_earlier_points():
+    """C=4 after C=1 on the same requests: the answers report 75% cached where an empty cache would serve 0%."""
+    reuse = {"hit_rate_requests": 0.75, "hit_rate_counters": 0.75, "workload": {"ideal_hit_rate": 0.0}}
+    (line,) = reuse_lines(_point(concurrency=4, prefix_reuse=reuse, cache_state="warm"))
+    assert "an unbounded cache starting empty would serve 0.0%" in line
+    assert "reused what earlier points left" in line
+    (line,) = reuse_lines(_point(concurrency=4, prefix_reuse={**reuse, "hit_rate_requests": 0.0}, cache_state="reset"))
+    assert "earlier points" not in line
