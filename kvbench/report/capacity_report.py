@@ -123,7 +123,7 @@ def strategy_table(document: dict[str, Any]) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in document["strategies"]:
-        ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"  # vLLM's "Maximum concurrency ... : 238.93x"
+        ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"  # vLLM's "maximum concurrency" figure, unrounded
         longest = f"{row['longest_context']:,}" + (" (model)" if row["longest_context_limited_by"] == "model" else "")
         table.add_row(
             row["strategy"],
