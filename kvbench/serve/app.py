@@ -24,6 +24,7 @@ from aiohttp import web
 
 from kvbench import __version__, json_input
 from kvbench.measure.exporter import KvMetrics
+from kvbench.serve.connections import ConnectionLimits, read_body
 from kvbench.serve.engine_client import EngineClient, Job
 from kvbench.serve.protocol import (
     ApiError,
@@ -55,6 +56,7 @@ class ServerState:
     engine: EngineClient
     metrics: KvMetrics | None = None
     draining: bool = False
+    limits: ConnectionLimits = ConnectionLimits()
 
 
 STATE = web.AppKey("state", ServerState)
@@ -76,8 +78,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as err:
-        retry = {"Retry-After": "1"} if err.status == 503 else None
-        return error_response(err, retry)
+        # a 503 may be retried; after a 408 the rest of the body may still come, so the connection ends
+        headers = {503: {"Retry-After": "1"}, 408: {"Connection": "close"}}.get(err.status)
+        return error_response(err, headers)
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -91,7 +94,7 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> Any:
-    raw = await request.read()
+    raw = await read_body(request, request.app[STATE].limits)
     try:
         body = json_input.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

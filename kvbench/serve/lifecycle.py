@@ -24,6 +24,7 @@ from aiohttp import web
 
 from kvbench.errors import KvbenchError
 from kvbench.serve.app import ServerState, build_app, log
+from kvbench.serve.connections import ConnectionLimits, LimitedSite
 from kvbench.serve.engine_client import EngineClient, EngineDied, EngineInfo
 from kvbench.serve.protocol import ApiError
 from kvbench.serve.settings import ServeOptions
@@ -48,13 +49,16 @@ class Server:
         port: int = 8000,
         metrics: bool = True,
         on_status: Callable[[str], Any] | None = None,
+        limits: ConnectionLimits = ConnectionLimits(),
     ) -> None:
         self.options = options
         self.host = host
         self.port = port
+        self.limits = limits
         self.engine = EngineClient(options, metrics, on_status)
         self.state: ServerState | None = None
         self._runner: web.AppRunner | None = None
+        self.site: LimitedSite | None = None
         self._stopped: ShutdownReport | None = None
 
     @property
@@ -73,10 +77,16 @@ class Server:
         one)."""
         engine = self.engine
         info = await engine.start()
-        self.state = ServerState(info.model, engine, engine.metrics)
-        runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
+        self.state = ServerState(info.model, engine, engine.metrics, limits=self.limits)
+        runner = web.AppRunner(
+            build_app(self.state),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=5.0,
+            keepalive_timeout=self.limits.header_timeout_s,  # also bounds the wait for a new connection's headers
+        )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        site = LimitedSite(runner, self.host, self.port, self.limits)
         try:
             await site.start()
         except OSError as err:
@@ -86,7 +96,8 @@ class Server:
                 raise KvbenchError(f"port {self.port} on {self.host} is already in use") from None
             raise KvbenchError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
         self._runner = runner
-        self.port = runner.addresses[0][1]  # the one picked for port 0
+        self.site = site
+        self.port = site.port  # the one picked for port 0
 
     async def shutdown(self, grace_s: float, hurry: asyncio.Event | None = None) -> ShutdownReport:
         """Stop admitting, let requests in flight finish for ``grace_s`` (or until ``hurry`` is set), withdraw

@@ -26,6 +26,7 @@ _ERROR_TYPES = {
     400: "BadRequestError",
     404: "NotFoundError",
     405: "MethodNotAllowed",
+    408: "RequestTimeout",
     413: "RequestTooLarge",
     429: "TooManyRequests",
     500: "InternalServerError",

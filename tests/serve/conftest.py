@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from kvbench.serve.connections import ConnectionLimits
 from kvbench.serve.lifecycle import Server, ServerThread
 from kvbench.serve.settings import ServeOptions
 from kvbench.studies.local_model import load_model
@@ -60,9 +61,10 @@ def running_server(
     max_len: int = 256,
     admission: str = "queue",
     max_num_seqs: int = 256,
+    limits: ConnectionLimits = ConnectionLimits(),
 ):
     options = tiny_options(loaded, engine, num_blocks, block_size, max_len, admission, max_num_seqs)
-    server = ServerThread(Server(options, "127.0.0.1", 0)).start()
+    server = ServerThread(Server(options, "127.0.0.1", 0, limits=limits)).start()
     try:
         yield server
     finally:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import aiohttp
 import pytest
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.sampling import SamplingParams
+from kvbench.serve.connections import ConnectionLimits
 from kvbench.studies.local_model import build_engine
 
 from .conftest import assert_idle_and_drained, engine_of, running_server
@@ -254,3 +256,86 @@ def _post(server, body: dict) -> dict:
                 return await response.json()
 
     return asyncio.run(ask())
+
+
+SMALL_LIMITS = ConnectionLimits(max_connections=8, header_timeout_s=1.0, body_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def strict_server(tiny_model):
+    """A server with tight limits on clients, so that the tests of them take seconds."""
+    with running_server(tiny_model, limits=SMALL_LIMITS) as server:
+        yield server
+
+
+def _connect(server) -> socket.socket:
+    port = int(server.url.rsplit(":", 1)[1])
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (at most 10 s)."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One answer with a Content-Length (the server may keep reading what is left of the body for a while)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_connection_whose_headers_never_end_is_closed_after_the_header_timeout(strict_server):
+    sockets = [_connect(strict_server) for _ in range(5)]
+    for sock in sockets:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+    for sock in sockets:
+        assert _read_all(sock) == b""  # closed by the server, within the socket's 10 s timeout
+        sock.close()
+    assert _wait_sync(lambda: strict_server.server.site.open_connections == 0)
+    _still_answers(strict_server)
+
+
+def test_a_body_shorter_than_its_content_length_is_answered_408(strict_server):
+    with _connect(strict_server) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"prompt": [1'
+        )
+        answer = _read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"did not arrive within 1s" in answer
+    assert_idle_and_drained(strict_server)
+    _still_answers(strict_server)
+
+
+def test_connections_past_the_limit_are_answered_503_and_closed(strict_server):
+    held = [_connect(strict_server) for _ in range(SMALL_LIMITS.max_connections)]
+    try:
+        assert _wait_sync(lambda: strict_server.server.site.open_connections == SMALL_LIMITS.max_connections)
+        refused_before = strict_server.server.site.refused_connections
+        with _connect(strict_server) as extra:
+            answer = _read_all(extra)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 503
+        assert strict_server.server.site.refused_connections == refused_before + 1
+    finally:
+        for sock in held:
+            sock.close()
+    assert _wait_sync(lambda: strict_server.server.site.open_connections == 0)
+    _still_answers(strict_server)
+
+
+def _wait_sync(predicate, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
