@@ -4,6 +4,7 @@ against a live vLLM (``KVBENCH_VLLM_URL``)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import socket
@@ -248,6 +249,25 @@ def test_failed_requests_are_counted_by_kind_and_the_run_exits_1(tmp_path, capsy
     assert (run / "summary.json").is_file()  # the run's report is written before it fails
     assert main(["diagnose", str(run), "--check"]) == 1  # the failed requests are a critical finding
     assert "requests_failed" in capsys.readouterr().out
+
+
+def test_a_run_whose_every_scrape_failed_still_gets_its_page_saying_so(tmp_path, capsys, monkeypatch):
+    """Every /metrics scrape answers 503: the run still writes report.html (never announces a page it did not
+    write), the page and diagnose say that no scrape succeeded, and ``kvbench report`` rebuilds it."""
+    monkeypatch.setenv("KVBENCH_REPORT", "1")
+    with serve_in_thread(metrics_fail_after=0, itl_s=0.001) as server:
+        run = tmp_path / "run"
+        args = ["sweep", "--target", f"t={server.url}", "--concurrency", "2", "--requests", "4"]
+        assert main([*args, "--scrape-interval", "0.05", "--out", str(run)]) == 0
+    captured = capsys.readouterr()
+    assert "not written" not in captured.err and "report.html" in captured.out
+    page = html.unescape((run / "report.html").read_text())
+    assert "scrapes of the server's /metrics failed" in page
+    (run / "report.html").unlink()
+    assert main(["report", str(run)]) == 0 and (run / "report.html").is_file()
+    assert main(["diagnose", str(run)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "scrapes of the server's /metrics failed: nothing to judge its KV cache by" in said
 
 
 def test_repeat_runs_each_point_k_times_and_counts_every_failure(tmp_path, capsys):

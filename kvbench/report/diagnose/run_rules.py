@@ -23,7 +23,7 @@ from kvbench.report.diagnose.findings import (
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.diagnose.watch_timeline import diagnose_timeline
+from kvbench.report.diagnose.watch_timeline import NoScrapes, diagnose_timeline
 from kvbench.results.summary_load import load_summary
 
 
@@ -146,18 +146,18 @@ def _endpoint_diagnosis(
         if directory is not None and timeline_file
         else None
     )
-    if watch is None or not watch.is_file():
+    live, missing = None, "no recorded scrapes of the server's /metrics to judge its KV cache by"
+    if watch is not None and watch.is_file():
+        duration = _num(point.get("duration"))
+        try:
+            live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
+        except NoScrapes as err:
+            failed = f"all {err.failed} scrapes of the server's /metrics failed" if err.failed else "no scrape"
+            missing = f"{failed}: nothing to judge its KV cache by"
+    if live is None:
         return Diagnosis(
-            label,
-            thresholds,
-            findings,
-            1,
-            [f"{label}: no recorded scrapes of the server's /metrics to judge its KV cache by", *reuse_notes],
-            reuse_skipped,
-            reuse_measured,
+            label, thresholds, findings, 1, [f"{label}: {missing}", *reuse_notes], reuse_skipped, reuse_measured
         )
-    duration = _num(point.get("duration"))
-    live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
     relabel = [replace(f, source=f"{label}: {f.source}") for f in live.findings]
     return Diagnosis(
         label,

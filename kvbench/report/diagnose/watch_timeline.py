@@ -39,6 +39,14 @@ class Timeline:
         self.url = url
 
 
+class NoScrapes(KvbenchError):
+    """A timeline without one successful scrape (``failed`` of them failed): nothing of the server to judge."""
+
+    def __init__(self, message: str, failed: int) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 def read_timeline(location: str | Path) -> Timeline:
     path = Path(location)
     try:
@@ -73,7 +81,8 @@ def read_timeline(location: str | Path) -> Timeline:
             raise KvbenchError(f"{path}:{number}: {what}; a timeline is the JSONL file kvbench watch writes") from None
         windows.setdefault(state.source, Window([])).samples.append((float(elapsed), state))
     if not windows:
-        raise KvbenchError(f"{path} holds no scrapes: a timeline is the JSONL file kvbench watch writes")
+        failed = f" ({errors} failed)" if errors else ""
+        raise NoScrapes(f"{path} holds no scrapes{failed}: a timeline is the JSONL file kvbench watch writes", errors)
     return Timeline(path, windows, errors, torn, url)
 
 
