@@ -25,6 +25,7 @@ from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.exporter import FleetMetrics
 from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_table, write_outputs
+from kvbench.report.rundir import wrote_line
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
 from kvbench.studies.fleet.routing import POLICIES
@@ -267,10 +268,8 @@ def _tables(console, points: list[dict], run_dir: Path, simulated: bool, meta: d
     console.print(f"[bold]{headline}[/bold]")
     for sentence in sentences[:-1]:  # the last is the page's standing caveat
         console.print(sentence, markup=False, highlight=False)
-    console.print(
-        f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, results.jsonl and plots "
-        "(fleet_usage.png, fleet_ttft_cdf.png, and fleet_instances.png where the fleet scaled)"
-    )
+    plots = "fleet_usage.png, fleet_ttft_cdf.png, and fleet_instances.png where the fleet scaled"
+    console.print(wrote_line(run_dir, f"summary.json, summary.csv, summary.md, results.jsonl, {plots}"))
 
 
 def _stop_metrics(metrics, path: Path | None) -> None:

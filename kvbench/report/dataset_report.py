@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from kvbench.report.columns import markdown_table
+from kvbench.report.rundir import wrote_line
 
 _BAR = 40  # characters of the longest histogram bar
 
@@ -68,7 +69,7 @@ def print_dataset(console, document: dict, run_dir: Path) -> None:
     for which in ("prompt", "output"):
         console.print(histogram_table(document, which))
     console.print(waste_table(document))
-    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, lengths.png)")
+    console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, lengths.png"))
 
 
 def dataset_markdown(document: dict) -> str:

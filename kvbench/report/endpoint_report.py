@@ -19,7 +19,7 @@ from kvbench.fileio import run_file
 from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
-from kvbench.report.rundir import flatten, write_summary
+from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point
 from kvbench.results.run_meta import summary_document
@@ -440,10 +440,8 @@ def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, 
         console.print(find_max_table(searches, document["endpoint"].get("slo")))
     for line in document.get("findings") or []:
         console.print(line, markup=False, highlight=False)
-    console.print(
-        f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, "
-        "timeline-*.json, watch-*.jsonl, *.png)"
-    )
+    files = "summary.json, summary.csv, summary.md, results.jsonl, timeline-*.json, watch-*.jsonl, *.png"
+    console.print(wrote_line(run_dir, files))
 
 
 PLAIN_PROGRESS_EVERY_S = 5.0  # off a terminal, a point's progress line at most this often

@@ -38,6 +38,14 @@ def write_summary(run_dir: Path, document: dict[str, Any], csv_rows: list[dict[s
     write_report_after_run(run_dir)
 
 
+def wrote_line(run_dir: Path, files: str) -> str:
+    """The line a run ends with: the files it wrote, report.html among them only where this run wrote it."""
+    from kvbench.report.html import written_after_run
+
+    page = "report.html, " if written_after_run(run_dir) else ""
+    return f"wrote {run_dir}/ ({page}{files})"
+
+
 def flatten(point: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested dicts become dotted columns (``waste.internal_pct``) for CSV."""
     flat: dict[str, Any] = {}

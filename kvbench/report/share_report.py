@@ -8,6 +8,7 @@ from rich.table import Table
 
 from kvbench.fileio import json_text
 from kvbench.report.columns import markdown_table
+from kvbench.report.rundir import wrote_line
 from kvbench.values import human_bytes
 
 
@@ -86,7 +87,7 @@ def print_share(console, document: dict, run_dir: Path) -> None:
     if (why := cost_explanation(document)) is not None:
         console.print(why)
     console.print(f"anchors — {meta['anchors']}")
-    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, share.png)")
+    console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, share.png"))
 
 
 def share_plot(document: dict, path: Path) -> None:

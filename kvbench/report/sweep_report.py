@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
 from kvbench.report.run_input import read_run_json
-from kvbench.report.rundir import flatten, write_summary
+from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.fields import ms_text
 from kvbench.results.point import oom_text, shows_figures
@@ -503,7 +503,7 @@ def print_sweep(
         for point in points:
             if point.get("waterfall"):
                 console.print(waterfall_table(point))
-    console.print(f"wrote {run_dir}/ (report.html, summary.json, summary.csv, summary.md, results.jsonl, *.png)")
+    console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, results.jsonl, *.png"))
 
 
 def scenarios_table(scenarios: dict) -> Table:

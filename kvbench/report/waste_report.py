@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
+from kvbench.report.rundir import wrote_line
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
     output_length_rows,
@@ -129,7 +130,7 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
         console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
     elif meta.get("stop") == "eos":
         console.print(f"stop {stop_text(meta)}")
-    console.print(f"wrote {run_dir}/report.html, summary.json, summary.csv, summary.md, waste.png")
+    console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, waste.png"))
 
 
 def waste_plot(document: dict, path: Path) -> None:

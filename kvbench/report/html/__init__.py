@@ -83,14 +83,26 @@ def report_after_runs() -> bool:
     return True
 
 
+_WRITTEN_AFTER_RUN: set[Path] = set()  # the run directories whose page this process wrote at the end of a run
+
+
+def written_after_run(run_dir: Path) -> bool:
+    """Whether this process wrote ``run_dir``'s page at the end of its run (the run's last line names it only
+    then: a page that failed, or one left from an earlier run there, is not this run's)."""
+    return run_dir.resolve() in _WRITTEN_AFTER_RUN
+
+
 def write_report_after_run(run_dir: Path) -> Written | None:
     """At the end of a run, right after its summary is written: the report, or a one-line warning on stderr if
     it cannot be built (the run's results are already safe; ``kvbench report`` can build it later). None when
     it was not written (``KVBENCH_REPORT=0``, or it failed)."""
+    _WRITTEN_AFTER_RUN.discard(run_dir.resolve())
     if not report_after_runs():
         return None
     try:
-        return write_report(run_dir)
+        written = write_report(run_dir)
+        _WRITTEN_AFTER_RUN.add(run_dir.resolve())
+        return written
     except Exception as err:  # a report must never cost a run its results, its plots or its exit code
         print(
             f"warning: {run_dir}/{REPORT_FILE} not written ({type(err).__name__}: {err}); "

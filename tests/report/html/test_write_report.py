@@ -35,3 +35,24 @@ def test_a_report_that_fails_costs_the_run_nothing(tmp_path, monkeypatch, capsys
     assert "warning: " in err and "report.html not written (RuntimeError: a bug in the page)" in err
     assert f"kvbench report {tmp_path / 'run'}" in err
     assert (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / REPORT_FILE).exists()
+
+
+def test_the_last_line_names_report_html_only_when_this_run_wrote_it(tmp_path, monkeypatch, capsys):
+    """A page that failed is not announced, even where an earlier run left one in the same directory."""
+    import kvbench.report.html.waste_page as waste_page
+
+    monkeypatch.setenv("KVBENCH_REPORT", "1")
+    monkeypatch.setenv("COLUMNS", "400")
+    run = tmp_path / "run"
+    args = ["waste", "--requests", "50", "--strategies", "contiguous-max,paged", "--out", str(run)]
+    assert main(args) == 0
+    assert f"wrote {run}/ (report.html, summary.json" in capsys.readouterr().out
+
+    def broken(run):
+        raise RuntimeError("a bug in the page")
+
+    monkeypatch.setattr(waste_page, "build", broken)
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "report.html not written" in captured.err
+    assert f"wrote {run}/ (summary.json" in captured.out and "report.html," not in captured.out
