@@ -12,11 +12,11 @@ point records whether the cache was reset, next to the hit rate it measured.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
 
+from kvbench import json_input
 from kvbench.endpoint.http_body import read_body
 from kvbench.endpoint.openai import error_message, headers
 
@@ -85,7 +85,7 @@ async def reset_prefix_cache(
 def _confirmed(body: bytes) -> bool:
     """vLLM answers {"success": true|false}; SGLang answers plain text."""
     try:
-        data = json.loads(body)
+        data = json_input.loads(body)
     except ValueError:
         return True
     return not (isinstance(data, dict) and data.get("success") is False)

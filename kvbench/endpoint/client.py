@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from kvbench import json_input
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.http_body import read_body
 from kvbench.endpoint.openai import APIS, DONE, check_base_url, error_message, headers, parse_event, payload
@@ -321,10 +322,8 @@ async def list_models(
     except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as err:
         kind, message = failure_of(err, RequestLimits(timeout_s=timeout_s))
         raise KvbenchError(f"cannot reach {url}: {message}") from None
-    import json
-
     try:
-        data = json.loads(text)
+        data = json_input.loads(text)
         names = [str(item["id"]) for item in data["data"]]
     except (ValueError, KeyError, TypeError):
         raise KvbenchError(f"{url} did not answer with an OpenAI model list") from None

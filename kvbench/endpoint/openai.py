@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvbench import json_input
 from kvbench.endpoint.sse import MalformedStream
 from kvbench.errors import KvbenchError
 
@@ -145,7 +146,7 @@ def parse_event(data: str) -> Event:
     if data == "[DONE]":
         return DONE
     try:
-        chunk = json.loads(data)
+        chunk = json_input.loads(data)
     except ValueError:
         raise MalformedStream(f"an event is not JSON: {_clip(data)}") from None
     if not isinstance(chunk, dict):
@@ -205,7 +206,7 @@ def error_message(body: bytes) -> str:
     ``{"detail": ...}``, or the text itself)."""
     text = body.decode("utf-8", "replace").strip()
     try:
-        data = json.loads(text)
+        data = json_input.loads(text)
     except ValueError:
         return _clip(text) if text else ""
     if isinstance(data, dict):

@@ -5,7 +5,7 @@ It streams ``/v1/completions`` and ``/v1/chat/completions`` (one SSE event per t
 simulated over 16-token blocks, prompt and generation token counters, a TTFT histogram), ``/v1/models`` and
 ``POST /reset_prefix_cache``. Faults are planned per request by arrival order (``faults``: a cycle of fault
 names, "" for a normal request): ``500``, ``429``, ``stall`` (stops after ``fault_tokens`` tokens), ``close``
-(drops the connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``error_event``
+(drops the connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``nested`` (an event nested 100,000 levels deep), ``error_event``
 (an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish reason), ``json`` (answers
 without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
 ``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends.
@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 BLOCK = 16
+NESTED = b"[" * 100_000 + b"]" * 100_000  # JSON nested past any parser's recursion
 
 
 @dataclass
@@ -47,6 +48,7 @@ class FakeConfig:
     chunk_all: bool = False  # write the whole stream at once (the benchmark's instant server)
     refuse_ignore_eos: bool = False  # answer 400 to a request with ignore_eos, as a strict server does
     metrics_stall_after: int | None = None  # /metrics stops answering after that many scrapes
+    models_nested: bool = False  # /v1/models answers JSON nested 100,000 levels deep
     announce: bool = False  # print "REQUEST <n>" as each completion request arrives (a process's stdout)
 
 
@@ -170,7 +172,7 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                 return b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
 
             for k in range(total):
-                if fault in ("stall", "close", "malformed", "error_event") and k == config.fault_tokens:
+                if fault in ("stall", "close", "malformed", "nested", "error_event") and k == config.fault_tokens:
                     if fault == "stall":
                         await response.write(b"".join(out))
                         await asyncio.sleep(config.stall_s)
@@ -181,6 +183,9 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                         return response
                     if fault == "malformed":
                         out.append(b"data: {not json\n\n")
+                        break
+                    if fault == "nested":
+                        out.append(event(NESTED))
                         break
                     out.append(event({"error": {"message": "planned error inside the stream", "code": 500}}))
                     break
@@ -233,6 +238,8 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
         return web.Response(text=metrics_text(state), content_type="text/plain")
 
     async def models(request: web.Request) -> web.Response:
+        if config.models_nested:
+            return web.Response(body=NESTED, content_type="application/json")
         return web.json_response({"object": "list", "data": [{"id": config.model, "object": "model"}]})
 
     async def reset(request: web.Request) -> web.Response:

@@ -90,6 +90,7 @@ def test_without_usage_the_counts_are_left_for_later():
         ("stall", "stall", None, "no data for 0.5 s"),
         ("close", "disconnect", None, "cut short"),
         ("malformed", "malformed", None, "not JSON"),
+        ("nested", "malformed", None, "not JSON"),
         ("error_event", "server_error", None, "planned error inside the stream"),
         ("no_done", "disconnect", None, "without its end"),
         ("json", "malformed", None, "not an event stream"),
@@ -128,6 +129,8 @@ def test_the_model_list():
         assert asyncio.run(names(server.url)) == ["my-model"]
     with pytest.raises(KvbenchError, match="cannot reach"):
         asyncio.run(names("http://127.0.0.1:9"))
+    with serve_in_thread(models_nested=True) as server, pytest.raises(KvbenchError, match="not answer with an OpenAI"):
+        asyncio.run(names(server.url))  # nested past recursion: one line, not a RecursionError
 
 
 @pytest.mark.parametrize(
