@@ -3,11 +3,11 @@
 It streams ``/v1/completions`` and ``/v1/chat/completions`` (one SSE event per token, ``usage`` at the end,
 ``[DONE]``), serves vLLM-named ``/metrics`` (running and waiting requests, KV usage, preemptions, a prefix cache
 simulated over 16-token blocks, prompt and generation token counters, a TTFT histogram), ``/v1/models`` and
-``POST /reset_prefix_cache``. Faults are planned per request by arrival order (``faults``: a cycle of fault
-names, "" for a normal request): ``500``, ``429``, ``stall`` (stops after ``fault_tokens`` tokens), ``close``
-(drops the connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``nested`` (an event nested 100,000 levels deep), ``error_event``
-(an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish reason), ``json`` (answers
-without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
+``POST /reset_prefix_cache``. Faults are planned per request by arrival order (``faults``: a cycle of fault names,
+"" for a normal request): ``500``, ``429``, ``stall`` (stops after ``fault_tokens`` tokens), ``close`` (drops the
+connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``nested`` (an event nested
+100,000 levels deep), ``error_event`` (an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish
+reason), ``json`` (answers without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
 ``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends.
 ``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
 
