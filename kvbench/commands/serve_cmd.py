@@ -176,9 +176,10 @@ def exposed_event_addresses(options) -> list[tuple[str, str]]:
 
 def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, log_interval: float) -> None:
     from kvbench.serve.app import log_to_stderr
-    from kvbench.serve.lifecycle import Server, serve_until_signalled
+    from kvbench.serve.lifecycle import Server, check_listenable, serve_until_signalled
 
     console = make_console(stderr=True)
+    check_listenable(host, port)  # an address this machine lacks fails here, not after the model loads
     if host not in LOOPBACK:
         console.print(
             f"[yellow]warning: --host {host} makes the server reachable from other machines; it has no "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,28 @@ class ShutdownReport:
     finished_in_grace: int
     aborted: int
     seconds: float
+
+
+def listen_error(host: str, port: int, err: OSError) -> KvbenchError:
+    if err.errno == errno.EADDRINUSE:
+        return KvbenchError(f"port {port} on {host} is already in use")
+    return KvbenchError(f"cannot listen on {host}:{port}: {err.strerror or err}")
+
+
+def check_listenable(host: str, port: int) -> None:
+    """Bind ``host:port`` for a moment, so that an address this machine does not have (or a port in use) is
+    refused before the model loads, and before any warning about who could reach it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise KvbenchError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the site binds it
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise listen_error(host, port, err) from None
 
 
 class Server:
@@ -92,9 +115,7 @@ class Server:
         except OSError as err:
             await runner.cleanup()
             await engine.stop()
-            if err.errno == errno.EADDRINUSE:
-                raise KvbenchError(f"port {self.port} on {self.host} is already in use") from None
-            raise KvbenchError(f"cannot listen on {self.host}:{self.port}: {err.strerror or err}") from None
+            raise listen_error(self.host, self.port, err) from None
         self._runner = runner
         self.site = site
         self.port = site.port  # the one picked for port 0

@@ -53,6 +53,15 @@ def test_a_port_in_use_is_refused(capfd):
     assert f"port {port} on 127.0.0.1 is already in use" in capfd.readouterr().err
 
 
+def test_an_address_this_machine_lacks_is_refused_before_the_model_loads_and_without_a_warning(capfd):
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): no machine has it, so binding it fails here and nothing is sent
+    assert main(["serve", "--host", "192.0.2.1", "--device", "cpu", "--threads", "1"]) == 2
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "error: cannot listen on 192.0.2.1:8000: Cannot assign requested address"
+    ]
+
+
 def _start(*extra: str) -> tuple[subprocess.Popen, str]:
     process, url, _ = _start_with_engine(*extra)
     return process, url
