@@ -50,11 +50,11 @@ def write_atomic(path: str | os.PathLike, writer: Callable[[Path], object]) -> P
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        writer(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
         try:
+            writer(tmp)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are meant to be shared
             os.replace(tmp, target)
-        except OSError as err:  # e.g. the target is a directory
+        except OSError as err:  # a full disk, a quota, the target turned into a directory: said with the path
             raise KvbenchError(f"cannot write {target}: {err.strerror or err}") from None
     finally:
         if tmp.exists():

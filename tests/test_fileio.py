@@ -1,16 +1,18 @@
 """The run-directory lock: exclusive, never written through a planted link or into another user's file, and
-gone once released (a finished run keeps no stale lock file)."""
+gone once released (a finished run keeps no stale lock file); a write that fails says which file."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+from pathlib import Path
 
 import pytest
 
 from kvbench.cli import main
 from kvbench.errors import KvbenchError
-from kvbench.fileio import DirectoryLock
+from kvbench.fileio import DirectoryLock, write_atomic
 
 LOCK = DirectoryLock.FILE
 
@@ -131,3 +133,32 @@ def test_a_finished_run_keeps_no_lock_file(args, tmp_path, capfd):
     out = tmp_path / "run"
     assert main([*args, "--out", str(out)]) == 0
     assert (out / "summary.json").exists() and not (out / LOCK).exists()
+
+
+def test_a_full_disk_while_writing_names_the_file_and_keeps_what_was_there(tmp_path):
+    target = tmp_path / "summary.json"
+    target.write_text("the earlier run's summary")
+
+    def full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no file name
+
+    with pytest.raises(KvbenchError) as raised:
+        write_atomic(target, full)
+    assert str(raised.value) == f"cannot write {target}: No space left on device"
+    assert target.read_text() == "the earlier run's summary"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left behind
+
+
+def test_a_full_disk_during_a_run_is_one_line_with_the_path(tmp_path, monkeypatch, capsys):
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.startswith(".summary.json."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    assert main(["waste", "--requests", "20", "--out", str(tmp_path / "r")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: cannot write {tmp_path / 'r' / 'summary.json'}: No space left on device"]
