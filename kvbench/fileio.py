@@ -192,8 +192,12 @@ class DirectoryLock:
             os.close(fd)  # released (and removed) by its holder meanwhile: lock the file now at that name
         else:
             raise KvbenchError(f"cannot lock {directory}: its lock file keeps being replaced")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()}".encode())
+        except OSError as err:  # a full disk: nothing of ours is left behind
+            _unlock(fd, self.path, os.getpid())
+            raise KvbenchError(f"cannot write {self.path}: {err.strerror or err}") from None
         self._fd: int | None = fd
         self._finalizer = weakref.finalize(self, _unlock, fd, self.path, os.getpid())  # also at exit, on errors
 

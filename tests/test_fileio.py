@@ -162,3 +162,14 @@ def test_a_full_disk_during_a_run_is_one_line_with_the_path(tmp_path, monkeypatc
     assert main(["waste", "--requests", "20", "--out", str(tmp_path / "r")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"error: cannot write {tmp_path / 'r' / 'summary.json'}: No space left on device"]
+
+
+def test_a_lock_that_cannot_be_written_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
+    def full(fd, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "ftruncate", full)
+    with pytest.raises(KvbenchError) as raised:
+        DirectoryLock(tmp_path)
+    assert str(raised.value) == f"cannot write {tmp_path / LOCK}: No space left on device"
+    assert not (tmp_path / LOCK).exists()
