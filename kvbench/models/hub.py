@@ -75,8 +75,11 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
                 )
             return path
         try:
-            get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint))
+            url = hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint)
+            _check_answer(repo_id, url, get_hf_file_metadata(url))
             return Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=cache, endpoint=endpoint))
+        except KvbenchError:  # an answer refused by _check_answer: said as it is, not as an unreachable Hub
+            raise
         except hub_errors.GatedRepoError:
             raise KvbenchError(
                 f"{repo_id} is a gated model and {where} has no copy of its config.json: accept its "
@@ -106,16 +109,53 @@ def hub_config_path(repo_id: str, revision: str | None = None) -> Path:
             ) from None
 
 
+_GIT_HASH = re.compile(r"[0-9a-f]{40}")  # a commit, or the blob of a file kept in git
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob's hash, or an LFS/Xet file's sha256
+_HUB_CDN = (".hf.co", ".huggingface.co")  # where huggingface.co sends large files
+
+
+def _check_answer(repo_id: str, url: str, metadata) -> None:
+    """Refuse a Hub answer before huggingface_hub stores anything by it: a redirect away from http(s) or to
+    another host (the Hub's own CDN aside), and a commit or ETag that is not a hash. huggingface_hub builds cache
+    paths from those two, so ``../`` in one would make it write outside the cache."""
+    from urllib.parse import urlsplit
+
+    asked, location = urlsplit(url), urlsplit(metadata.location or url)
+    if location.scheme not in ("http", "https"):
+        raise KvbenchError(
+            f"{repo_id}: the Hub at {asked.scheme}://{asked.netloc} redirected config.json to a {location.scheme}: "
+            "address; kvbench reads it only over http(s) (check HF_ENDPOINT)"
+        )
+    host = (location.hostname or "").lower()
+    if host != (asked.hostname or "").lower() and not host.endswith(_HUB_CDN):
+        raise KvbenchError(
+            f"{repo_id}: the Hub at {asked.scheme}://{asked.netloc} redirected config.json to another host "
+            f"({location.hostname}); kvbench follows no redirect off the Hub (check HF_ENDPOINT)"
+        )
+    for what, value, form in (("a commit", metadata.commit_hash, _GIT_HASH), ("an ETag", metadata.etag, _ETAG)):
+        if not isinstance(value, str) or not form.fullmatch(value):
+            raise KvbenchError(
+                f"{repo_id}: the Hub at {asked.scheme}://{asked.netloc} answered config.json with {what} that "
+                f"is not a hash ({ascii(str(value))[:80]}); refused before anything is stored (check HF_ENDPOINT)"
+            )
+
+
 @contextmanager
 def _quiet_hub() -> Iterator[None]:
-    """huggingface_hub's warnings (retries, fall-backs) held back: kvbench says what happened in its own line."""
+    """huggingface_hub's warnings (retries, fall-backs) held back: kvbench says what happened in its own line.
+    Its offline switch follows ``HF_HUB_OFFLINE`` as it is now: the library reads it once, at import, so a process
+    that imported it offline would otherwise stay offline."""
+    from huggingface_hub import constants
+
     logger = logging.getLogger("huggingface_hub")
-    level = logger.level
+    level, was_offline = logger.level, constants.HF_HUB_OFFLINE
     logger.setLevel(logging.ERROR + 10)
+    constants.HF_HUB_OFFLINE = offline()
     try:
         yield
     finally:
         logger.setLevel(level)
+        constants.HF_HUB_OFFLINE = was_offline
 
 
 def _first_line(err: BaseException) -> str:

@@ -3,8 +3,10 @@ closed port on 127.0.0.1, so nothing reaches the network."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,68 @@ def test_a_run_refuses_a_hub_id_before_asking_the_hub(hub_cache):
 
     with pytest.raises(KvbenchError, match="a run needs the checkpoint's files on disk"):
         load_model("acme/missing")
+
+
+GOOD_CONFIG = json.dumps(llama_8b()).encode()
+
+
+class _HostileHub(http.server.BaseHTTPRequestHandler):
+    """A Hub on 127.0.0.1 answering config.json as ``answer`` says: well, or with a path in its commit or ETag,
+    or a redirect off the Hub."""
+
+    answer = "ok"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._reply(with_body=False)
+
+    def do_GET(self) -> None:
+        self._reply(with_body=True)
+
+    def _reply(self, with_body: bool) -> None:
+        redirect = {"file": "file:///etc/passwd", "host": "http://127.0.0.2:9/x/config.json"}.get(self.answer)
+        if redirect:
+            self.send_response(302)
+            self.send_header("Location", redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        etag = "../../../../escaped-etag" if self.answer == "etag" else "a" * 40
+        commit = "../../../../escaped-commit" if self.answer == "commit" else COMMIT
+        self.send_response(200)
+        self.send_header("ETag", f'"{etag}"')
+        self.send_header("X-Repo-Commit", commit)
+        self.send_header("Content-Length", str(len(GOOD_CONFIG)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(GOOD_CONFIG)
+
+
+@pytest.mark.parametrize(
+    "answer, said",
+    [
+        ("etag", "answered config.json with an ETag that is not a hash"),
+        ("commit", "answered config.json with a commit that is not a hash"),
+        ("file", "redirected config.json to a file: address"),
+        ("host", "redirected config.json to another host (127.0.0.2)"),
+    ],
+)
+def test_a_hostile_hub_answer_is_refused_before_anything_is_stored(answer, said, hub_cache, monkeypatch, tmp_path):
+    handler = type("Hub", (_HostileHub,), {"answer": answer})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(KvbenchError) as raised:
+            resolve_model("someone/model-x")
+        assert said in str(raised.value) and "check HF_ENDPOINT" in str(raised.value)
+        # nothing written outside the cache: the paths those answers name lead four levels up, out of it
+        assert not list(tmp_path.parent.glob("escaped-*"))
+        stored = [p for p in hub_cache.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG"]
+        assert not [p for p in stored if "config" in p.name or "escaped" in str(p)]
+        handler.answer = "ok"  # the same Hub answering well is read
+        assert resolve_model("someone/model-x").num_layers == llama_8b()["num_hidden_layers"]
+    finally:
+        server.shutdown()
