@@ -178,5 +178,20 @@ def actor_resources(device: str, simulate: bool, gpus: int, workers: int, cpus: 
     return {"num_gpus": 1}
 
 
+def check_gpus_here(device: str, simulate: bool, address: str | None, workers: int) -> None:
+    """Before an embedded cluster starts: a CUDA run needs a GPU per worker on this machine (Ray would count
+    the same GPUs, but only after its start-up)."""
+    if address is not None or not uses_gpu(device, simulate, 0):
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < workers:
+        raise KvbenchError(
+            f"{workers} CUDA workers need a GPU each, and this machine has {gpus}: run on fewer "
+            "instances or workers, on the CPU, or on a Ray cluster with GPUs (--ray-address)"
+        )
+
+
 def gpus_available(ray) -> int:
     return int(ray.cluster_resources().get("GPU", 0))

@@ -18,7 +18,7 @@ from kvbench.studies.fleet.core import FleetRun
 from kvbench.studies.fleet.fleet_setup import FleetSetup
 from kvbench.studies.fleet.pool import InstancePool
 from kvbench.studies.fleet.ray_driver import RayFleet
-from kvbench.studies.fleet.ray_runtime import ray_session
+from kvbench.studies.fleet.ray_runtime import check_gpus_here, ray_session
 from kvbench.studies.fleet.results import fleet_point, fleet_series
 from kvbench.studies.fleet.routing import make_policy
 from kvbench.studies.fleet.sim_driver import SimulatedFleet
@@ -96,6 +96,7 @@ def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, m
     if pool is not None:
         _run_policies(setup, record, faults, metrics, pool, RayFleet)
         return
+    check_gpus_here(options.device, False, options.ray_address, options.instances)
     with (
         ray_session(options.ray_address, options.ray_cpus) as ray,
         InstancePool(ray, setup.instance_spec(), options.cpus_per_instance, options.instances) as own,

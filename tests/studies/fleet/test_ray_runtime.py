@@ -54,6 +54,24 @@ def test_cuda_workers_beyond_the_clusters_gpus_are_refused_not_left_waiting(gpus
         actor_resources("cuda", False, gpus=gpus, workers=3)
 
 
+def test_fleet_on_cuda_without_the_gpus_here_fails_before_ray_starts(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from kvbench.cli import main
+    from kvbench.studies.fleet import study
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(study, "ray_session", _no_ray)  # reaching Ray at all fails the test
+    args = ["fleet", "--device", "cuda", "--instances", "2", "--requests", "2", "--rate", "1"]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
+    assert "2 CUDA workers need a GPU each, and this machine has 1" in capsys.readouterr().err
+
+
+def _no_ray(*args, **kwargs):
+    raise AssertionError("Ray was started")
+
+
 class _FakeRay:
     def __init__(self, gpus: int) -> None:
         self.gpus = gpus
