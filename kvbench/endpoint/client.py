@@ -12,6 +12,7 @@ Token counts come from the stream's ``usage``; where a server sends none they ar
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -107,6 +108,18 @@ def open_session(limits: RequestLimits | None = None) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector, timeout=limits.client_timeout(), trust_env=False, auto_decompress=False
     )
+
+
+TEMPLATE_TOKENS = 1024  # what a chat template and special tokens may add to a prompt, generously
+
+
+def most_prompt_tokens(body: dict[str, Any]) -> int:
+    """The most tokens the prompt ``body`` sends can count: its ids, or one per UTF-8 byte of its text (a
+    tokenizer never splits finer than bytes), plus what a template may add. A count above it is impossible."""
+    prompt = body.get("prompt", body.get("messages"))
+    if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
+        return len(prompt) + TEMPLATE_TOKENS
+    return len(json.dumps(prompt, ensure_ascii=False).encode("utf-8")) + TEMPLATE_TOKENS
 
 
 @dataclass
@@ -230,6 +243,14 @@ class EndpointClient:
                 "malformed",
                 f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, "
                 "set aside",
+            )
+            return
+        bound = most_prompt_tokens(body)
+        if record.prompt_tokens_from == "usage" and (record.prompt_tokens or 0) > bound:
+            record.fail(
+                "malformed",
+                f"the server reports {record.prompt_tokens:,} prompt tokens for a prompt that holds at most "
+                f"{bound:,}: impossible, set aside",
             )
             return
         cached, prompt = record.cached_tokens, record.prompt_tokens

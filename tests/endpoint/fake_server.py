@@ -48,6 +48,7 @@ class FakeConfig:
     chunk_all: bool = False  # write the whole stream at once (the benchmark's instant server)
     refuse_ignore_eos: bool = False  # answer 400 to a request with ignore_eos, as a strict server does
     metrics_stall_after: int | None = None  # /metrics stops answering after that many scrapes
+    prompt_tokens_claim: int | None = None  # the usage's prompt_tokens, whatever the prompt was
     models_nested: bool = False  # /v1/models answers JSON nested 100,000 levels deep
     announce: bool = False  # print "REQUEST <n>" as each completion request arrives (a process's stdout)
 
@@ -212,7 +213,7 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                             {
                                 "choices": [],
                                 "usage": {
-                                    "prompt_tokens": len(ids),
+                                    "prompt_tokens": config.prompt_tokens_claim or len(ids),
                                     "completion_tokens": total,
                                     "total_tokens": len(ids) + total,
                                 },

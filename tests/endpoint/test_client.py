@@ -170,6 +170,15 @@ def test_more_output_than_max_tokens_is_set_aside():
     assert "reports 20 output tokens for max_tokens 5: impossible" in record.error
 
 
+def test_more_prompt_tokens_than_the_prompt_can_hold_are_set_aside():
+    with serve_in_thread(prompt_tokens_claim=1_000_000) as server:
+        record = send(server.url, ids_request(5))  # four token ids
+    assert not record.ok and record.error_kind == "malformed"
+    assert "reports 1,000,000 prompt tokens for a prompt that holds at most 1,028: impossible" in record.error
+    with serve_in_thread(prompt_tokens_claim=40) as server:  # a template's tokens on top: possible
+        assert send(server.url, ids_request(5)).ok
+
+
 def test_a_stream_that_never_stops_is_cut_at_max_tokens_plus_a_margin():
     with serve_in_thread(tokens=100_000) as server:
         began = time.perf_counter()
