@@ -2,16 +2,19 @@
 timelines): the one reader every such file goes through.
 
 Python's ``json`` parses nesting by recursion: ten thousand ``[`` end in a ``RecursionError`` traceback, and a
-document just under that depth breaks whatever walks it next. :func:`loads` refuses nesting deeper than
-:data:`MAX_DEPTH` (no kvbench file needs more than a handful of levels) as a ``json.JSONDecodeError``, so every
-caller's existing "not valid JSON" path reports it in one line. :func:`read_text` reads a file as UTF-8 with or
-without a byte-order mark (Windows editors write one), refusing one larger than the caller allows.
+document just under that depth breaks whatever walks it next. :func:`loads` measures nesting first, in one pass
+without recursion, and refuses more than :data:`MAX_DEPTH` levels (no kvbench file needs more than a handful) as a
+``json.JSONDecodeError``, so every caller's existing "not valid JSON" path reports it in one line.
+:func:`read_text` reads a file as UTF-8 with or without a byte-order mark (Windows editors write one), refusing one
+larger than the caller allows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +32,24 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         text = bytes(text).decode("utf-8-sig")
     elif text.startswith(_BOM):
         text = text[1:]
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0) from None
-    if _deeper_than(data, max_depth):
+    if text.count("[") + text.count("{") > max_depth and _nesting(text) > max_depth:  # counts first: cheap
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
-    return data
+    try:
+        return json.loads(text)
+    except RecursionError:  # a caller already deep in its own stack
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0) from None
 
 
-def _deeper_than(data: Any, max_depth: int) -> bool:
-    """Whether lists and objects nest more than ``max_depth`` levels (walked without recursion)."""
-    stack = [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        if depth > max_depth:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included: its brackets are text
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nesting(text: str) -> int:
+    """How deep lists and objects nest in ``text``, read in one pass without recursion (the strings taken out
+    first, then the brackets summed, in C-speed passes: about as long again as parsing takes)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
 def read_text(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> str:
