@@ -110,6 +110,7 @@ def open_session(limits: RequestLimits | None = None) -> aiohttp.ClientSession:
     )
 
 
+STREAM_BYTES_PER_TOKEN = 16 << 10  # an event is a few hundred bytes; a stream past this per token is not one
 TEMPLATE_TOKENS = 1024  # what a chat template and special tokens may add to a prompt, generously
 
 
@@ -204,8 +205,15 @@ class EndpointClient:
             done = False
             asked = body.get("max_tokens")
             most_events = 2 * asked + 16 if isinstance(asked, int) else None  # a server streams at most one per token
+            most_bytes = (asked if isinstance(asked, int) else 4096) * STREAM_BYTES_PER_TOKEN + (1 << 20)
+            received = 0
             async for chunk in response.content.iter_any():
                 now = clock() - start
+                received += len(chunk)
+                if received > most_bytes:
+                    raise MalformedStream(
+                        f"the server streamed more than {most_bytes >> 20} MiB for max_tokens {asked}: cut off"
+                    )
                 for data in decoder.feed(chunk):
                     event = parse_event(data)
                     if event is DONE:

@@ -48,6 +48,7 @@ class FakeConfig:
     chunk_all: bool = False  # write the whole stream at once (the benchmark's instant server)
     refuse_ignore_eos: bool = False  # answer 400 to a request with ignore_eos, as a strict server does
     metrics_stall_after: int | None = None  # /metrics stops answering after that many scrapes
+    token_text_bytes: int = 0  # padding on each token's text (a server whose events are huge)
     prompt_tokens_claim: int | None = None  # the usage's prompt_tokens, whatever the prompt was
     models_nested: bool = False  # /v1/models answers JSON nested 100,000 levels deep
     announce: bool = False  # print "REQUEST <n>" as each completion request arrives (a process's stdout)
@@ -190,7 +191,7 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                         break
                     out.append(event({"error": {"message": "planned error inside the stream", "code": 500}}))
                     break
-                text = f" w{number}_{k}"
+                text = f" w{number}_{k}" + "x" * config.token_text_bytes
                 finish = "length" if k == total - 1 and fault != "no_done" else None
                 if chat:
                     chunk = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}

@@ -170,6 +170,14 @@ def test_more_output_than_max_tokens_is_set_aside():
     assert "reports 20 output tokens for max_tokens 5: impossible" in record.error
 
 
+def test_a_stream_of_huge_events_is_cut_at_a_size_scaled_from_max_tokens():
+    with serve_in_thread(token_text_bytes=1 << 20) as server:  # 1 MiB of text per token event
+        record = send(server.url, ids_request(5))
+    assert not record.ok and record.error_kind == "malformed"
+    assert "streamed more than 1 MiB for max_tokens 5: cut off" in record.error
+    assert len(record.token_times) <= 2  # what was kept before the cut
+
+
 def test_more_prompt_tokens_than_the_prompt_can_hold_are_set_aside():
     with serve_in_thread(prompt_tokens_claim=1_000_000) as server:
         record = send(server.url, ids_request(5))  # four token ids
