@@ -123,6 +123,25 @@ def most_prompt_tokens(body: dict[str, Any]) -> int:
     return len(json.dumps(prompt, ensure_ascii=False).encode("utf-8")) + TEMPLATE_TOKENS
 
 
+def impossible_counts(record: RequestRecord, body: dict[str, Any]) -> str | None:
+    """Why the counts a server reported for ``body`` cannot be true (then the request is set aside), or None."""
+    asked = body.get("max_tokens")
+    if record.output_tokens_from == "usage" and isinstance(asked, int) and (record.output_tokens or 0) > asked:
+        return (
+            f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, set aside"
+        )
+    bound = most_prompt_tokens(body)
+    if record.prompt_tokens_from == "usage" and (record.prompt_tokens or 0) > bound:
+        return (
+            f"the server reports {record.prompt_tokens:,} prompt tokens for a prompt that holds at most {bound:,}: "
+            "impossible, set aside"
+        )
+    cached, prompt = record.cached_tokens, record.prompt_tokens
+    if cached is not None and prompt is not None and cached > prompt:
+        return f"the server reports {cached:,} cached tokens of a {prompt:,}-token prompt: impossible, set aside"
+    return None
+
+
 @dataclass
 class EndpointClient:
     target: Target
@@ -245,28 +264,9 @@ class EndpointClient:
             else:
                 done = "[DONE]" in decoder.close()
         record.text = "".join(parts)
-        asked = body.get("max_tokens")
-        if record.output_tokens_from == "usage" and isinstance(asked, int) and (record.output_tokens or 0) > asked:
-            record.fail(
-                "malformed",
-                f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, "
-                "set aside",
-            )
-            return
-        bound = most_prompt_tokens(body)
-        if record.prompt_tokens_from == "usage" and (record.prompt_tokens or 0) > bound:
-            record.fail(
-                "malformed",
-                f"the server reports {record.prompt_tokens:,} prompt tokens for a prompt that holds at most "
-                f"{bound:,}: impossible, set aside",
-            )
-            return
-        cached, prompt = record.cached_tokens, record.prompt_tokens
-        if cached is not None and prompt is not None and cached > prompt:
-            record.fail(
-                "malformed",
-                f"the server reports {cached:,} cached tokens of a {prompt:,}-token prompt: impossible, set aside",
-            )
+        impossible = impossible_counts(record, body)
+        if impossible is not None:
+            record.fail("malformed", impossible)
             return
         if not times:
             record.fail(
