@@ -14,7 +14,7 @@ from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.fields import ms_text
-from kvbench.results.point import oom_text, shows_figures
+from kvbench.results.point import oom_text, shows_figures, with_figures_hidden
 from kvbench.results.run_meta import summary_document
 from kvbench.values import human_bytes
 
@@ -568,7 +568,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         md.append("\n" + "\n\n".join(findings) + "\n")
     md.append(f"\n## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(points))
-    write_summary(run_dir, document, [flatten(p) for p in points], "".join(md))
+    write_summary(run_dir, document, [flatten(with_figures_hidden(p)) for p in points], "".join(md))
     write_plots(run_dir, meta, points)
     return document
 

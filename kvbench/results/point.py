@@ -111,6 +111,22 @@ def shows_figures(point: Mapping[str, Any]) -> bool:
     return point.get("status") == "ok"
 
 
+LOAD_FIGURES = (*REPEATED_FIELDS, "steady_output_throughput", "duration", "cpu_time_s")  # what the load's speed was
+
+
+def with_figures_hidden(point: Mapping[str, Any]) -> dict[str, Any]:
+    """The point as a table row shows it: a point that did not run its whole load (:func:`shows_figures`) keeps
+    its keys, status and memory, and its speed and latency figures (and their spread) are blanked."""
+    row = dict(point)
+    if not shows_figures(point):
+        for name in LOAD_FIGURES:
+            for variant in (name, f"{name}_std", f"{name}_ci95"):
+                if variant in row:
+                    row[variant] = None
+        row.pop("samples", None)
+    return row
+
+
 def oom_text(point: Mapping[str, Any]) -> str:
     """The mark of an OOM point: how many of its requests were turned away."""
     rejected, completed = point.get("rejected") or 0, point.get("completed") or 0

@@ -3,6 +3,8 @@ summary.json, the sections in the reader's order, the plots and waterfalls inlin
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 from report_page import by_id, headings, parse, section_ids, table_headers, table_rows
@@ -251,6 +253,12 @@ def test_a_point_that_ran_out_of_kv_memory_shows_no_figure_in_any_output(oom_swe
     assert "| OOM |" in markdown_row
     for figure in figures:
         assert figure not in " ".join(row.values()) and f"| {figure} |" not in markdown_row
+    csv_rows = list(csv.DictReader(io.StringIO((oom_sweep_run / "summary.csv").read_text())))
+    csv_row = next(r for r in csv_rows if r["engine"] == oom["engine"] and int(r["concurrency"]) == oom["concurrency"])
+    assert csv_row["status"] == "oom" and int(csv_row["completed"]) == oom["completed"]
+    for name in ("output_throughput", "steady_output_throughput", "p99_ttft_ms", "p99_tpot_ms", "duration"):
+        assert csv_row.get(name, "") == "", name  # blank in the spreadsheet too
+    assert any(r["status"] == "ok" and r["output_throughput"] for r in csv_rows)  # an ok point keeps its figures
 
 
 def test_a_gain_is_coloured_only_where_the_verdict_calls_it_a_difference():
