@@ -2,8 +2,8 @@
 
 The model, device, dtype, threads and KV budget go through the sweep's own loading and sizing
 (``studies.local_model``, ``studies.backends.tensor.build_tensor_backend``): the same flags mean the same pool.
-Without a KV memory
-size the pool is the article scenario's budget, as in ``sweep``. The pool must hold one request of the full
+Without a KV memory size the pool is, on a CPU, a share of the memory available (as vLLM's CPU backend sizes its
+cache), and on a GPU the article scenario's budget, as in ``sweep``. The pool must hold one request of the full
 max-len (the contiguous engine's reservation under ``reserve max``), as vLLM refuses a cache that cannot.
 """
 
@@ -105,7 +105,7 @@ def load_served_engine(options: ServeOptions, status: Callable[[str], Any] | Non
         threads=options.threads,
     )
     setup = build_tensor_backend(
-        BuildContext(sweep_options, base, load_scenario(DEFAULT_SCENARIO), options.seed, status)
+        BuildContext(sweep_options, base, load_scenario(DEFAULT_SCENARIO), options.seed, status, server=True)
     )
     backend, device_name, vocab, source = setup.backend, setup.device_name, setup.vocab_size, setup.budget_source
     assert isinstance(backend, TensorBackend)  # what build_tensor_backend builds: engines and a loaded model

@@ -1,5 +1,6 @@
 """The KV pool of a run, sized in one place: the KV memory size asked for, else the run's default budget
-(a GPU preset's, a CUDA device's free memory, or the scenario's), in whole blocks."""
+(a GPU preset's, a CUDA device's free memory, a server's share of this CPU's memory, or the scenario's), in whole
+blocks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GpuSpec, kv_budget
 from kvbench.models.shapes import ModelShape
 from kvbench.preflight import check_run_counts
+from kvbench.values import human_bytes
 from kvbench.workload.scenario import Scenario
 
 Budget = tuple[int, str]  # KV bytes, and where they come from in words
@@ -47,6 +49,22 @@ def gpu_preset_budget(shape: ModelShape, gpu: GpuSpec, utilization: float) -> Bu
     if kv_bytes <= 0:
         raise KvbenchError(f"{shape.name} does not fit on {gpu.name} at {utilization} utilization")
     return kv_bytes, f"{shape.name} {shape.dtype} on {gpu.name} at {utilization} utilization"
+
+
+CPU_KV_SHARE = 0.25  # of the memory available once the weights are loaded
+CPU_KV_CAP = 4 << 30  # vLLM's CPU KV space for years when VLLM_CPU_KVCACHE_SPACE was not set
+
+
+def cpu_server_budget(available_bytes: int) -> Budget:
+    """What a server on a CPU takes for its KV cache when not told: a quarter of the memory available now, at
+    most 4 GiB. vLLM's CPU backend sizes its cache from the machine's memory the same way (4 GiB by default for
+    years, half the RAM in later releases); the rest stays for the weights' copies, activations and the system."""
+    kv_bytes = min(CPU_KV_CAP, int(available_bytes * CPU_KV_SHARE))
+    available, cap = human_bytes(available_bytes, "GiB"), human_bytes(CPU_KV_CAP, "GiB")
+    return kv_bytes, (
+        f"{human_bytes(kv_bytes, 'GiB')} of this CPU's memory ({CPU_KV_SHARE:.0%} of the {available} available, "
+        f"at most {cap}; --kv-memory sets it)"
+    )
 
 
 def scenario_budget(spec: Scenario, bytes_per_token: int) -> Budget:

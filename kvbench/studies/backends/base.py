@@ -133,6 +133,7 @@ class BuildContext:
     status: Callable[[str], Any] | None = None  # progress lines while loading
     tokenizer: Any = None  # already loaded to count a dataset (handed on to the model loader)
     provider: BackendSetup | None = None  # for a backend that joins the run: the provider's setup
+    server: bool = False  # a server's pool: on a CPU without a size, a share of this machine's memory
 
 
 @dataclass(frozen=True)

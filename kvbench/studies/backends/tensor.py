@@ -17,9 +17,9 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.kv.policies import MANAGERS
 from kvbench.measure.probes import MemorySampler
-from kvbench.preflight import check_kv_pool_for_device
+from kvbench.preflight import available_host_bytes, check_kv_pool_for_device
 from kvbench.studies.backends.base import BackendSetup, BackendSpec, BuildContext, Need, Offer, OnStep
-from kvbench.studies.kv_budget import Budget, scenario_budget, size_pool
+from kvbench.studies.kv_budget import Budget, cpu_server_budget, scenario_budget, size_pool
 from kvbench.studies.local_model import (
     LoadedModel,
     build_engine,
@@ -116,6 +116,8 @@ def build_tensor_backend(context: BuildContext) -> BackendSetup:
     engines = len(options.engines)
 
     def default() -> Budget:
+        if options.utilization is None and context.server and loaded.device.type == "cpu":
+            return cpu_server_budget(available_host_bytes())
         if options.utilization is None:
             return scenario_budget(context.scenario, loaded.shape.bytes_per_token)
         if loaded.device.type != "cuda":
