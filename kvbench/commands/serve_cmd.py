@@ -46,7 +46,12 @@ def serve(
         None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()
     ),
     kv_memory: str | None = typer.Option(
-        None, "--kv-memory", help="KV pool size, e.g. 64MiB (default: the article scenario's budget, as sweep)."
+        None,
+        "--kv-memory",
+        help=(
+            "KV pool size, e.g. 64MiB (default: on a CPU a quarter of the memory available, at most 4GiB; "
+            "on a GPU the article scenario's budget)."
+        ),
     ),
     utilization: float | None = gpu_memory_utilization_option(
         None, "On CUDA: size the pool like vLLM from real free memory."
