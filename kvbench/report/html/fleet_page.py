@@ -59,18 +59,18 @@ POLICY_COLUMNS = [
     Column("policy", False),
     Column("completed"),
     Column("rejected"),
-    Column("output throughput (tok/s)"),
+    Column("output (tok/s)"),
     Column("TTFT p50 (ms)"),
     Column("TTFT p99 (ms)"),
     Column("TPOT p50 (ms)"),
     Column("TPOT p99 (ms)"),
     Column("preemptions"),
-    Column("KV usage, mean (%)"),
-    Column("imbalance, mean (free blocks)"),
-    Column("imbalance, p99 (free blocks)"),
+    Column("KV usage mean (%)"),
+    Column("imbalance mean (blocks)"),
+    Column("imbalance p99 (blocks)"),
     Column("queued, peak"),
-    Column("instance-seconds (s)"),
-    Column("prefix hit rate (%)"),
+    Column("instance-seconds"),
+    Column("prefix hits (%)"),
 ]
 
 
@@ -115,8 +115,9 @@ def headline_section(points: list[dict], meta: dict) -> Section:
             POLICY_COLUMNS,
             [policy_row(p) for p in points],
             id="headline-table",
-            note="Latency: lower is better. Imbalance: the most minus the fewest free KV blocks "
-            "across the serving instances, sampled over the run.",
+            note="Output: generated tokens per second, higher is better. Latency: lower is better. Imbalance: the "
+            "most minus the fewest free KV blocks across the serving instances, sampled over the run. Prefix hits: "
+            "the share of prompt tokens served from the prefix cache.",
         ),
     ]
     if meta.get("autoscale"):
@@ -141,10 +142,10 @@ INSTANCE_COLUMNS = [
     Column("routed"),
     Column("finished"),
     Column("preemptions"),
-    Column("KV usage, mean (%)"),
+    Column("KV usage mean (%)"),
     Column("KV usage, peak (%)"),
     Column("free blocks, min"),
-    Column("prefix hit rate (%)"),
+    Column("prefix hits (%)"),
     Column("start-up (s)"),
     Column("failure", False),
 ]

@@ -123,6 +123,46 @@ def dataset_run(runs_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reuse_run(runs_root) -> Path:
+    out = runs_root / "reuse"
+    _run(["reuse", "--max-requests", "200", "--points", "5", "--out", str(out), "--json"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def endpoint_run(runs_root) -> Path:
+    """A server sweep (``sweep --target``) against the endpoint tests' fake server, on 127.0.0.1."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "endpoint"))
+    from fake_server import serve_in_thread
+
+    out = runs_root / "endpoint"
+    with serve_in_thread(itl_s=0.002) as server:
+        _run(
+            [
+                "sweep",
+                "--target",
+                f"fake={server.url}",
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+                "--input-len",
+                "32",
+                "--output-len",
+                "16",
+                "--scrape-interval",
+                "0.05",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
 def regressed_head(runs_root, sweep_run) -> Path:
     """The sweep's summary with one deterministic count changed: compare calls it a regression."""
     head = runs_root / "sweep-head"

@@ -1,6 +1,7 @@
-"""The reports of a short sweep, a waste run, a fleet run and a compare, opened in headless Chromium: no console
-error, no request but the file itself, every plot drawn and not blank, the headline equal to summary.json, tables
-that sort, a phone-width window without sideways scrolling, plots that fit a printed page. A screenshot of each
+"""The report of every run kind (a short sweep, one with an OOM point, waste, fleet, share, dataset, reuse, a server
+sweep) and of a compare, opened in headless Chromium: no console error, no request but the file itself, every plot
+drawn and not blank, the headline equal to summary.json, tables that sort and fit 1,280 px, a phone-width window
+without sideways scrolling, plots that fit a printed page. A screenshot of each
 page (and its PDF) is kept in the test's tmp dir; the paths are printed.
 
 Skipped, saying why, where no Chromium is installed; CI installs Debian's chromium (.ci/run).
@@ -23,7 +24,17 @@ pytestmark = pytest.mark.skipif(
     "install Debian's chromium (apt-get install -y chromium) to open the reports in a browser",
 )
 
-CASES = ["sweep_run", "waste_run", "fleet_run", "compare_report"]
+CASES = [
+    "sweep_run",
+    "oom_sweep_run",
+    "waste_run",
+    "fleet_run",
+    "share_run",
+    "dataset_run",
+    "reuse_run",
+    "endpoint_run",
+    "compare_report",
+]
 PHONE_WIDTH = 390
 A4_CONTENT_PX = 718  # 210 mm - 2 x 12 mm margins, at 96 px per inch
 
@@ -149,6 +160,11 @@ def test_the_report_opens_in_a_real_browser(request, browser, name, tmp_path):
       return [first, second];
     })()""")
     assert sorted_ok == ["ascending", "descending"]
+
+    overflowing = page.evaluate("""Array.from(document.querySelectorAll('.table-wrap'))
+      .filter(w => w.scrollWidth > w.clientWidth + 1)
+      .map(w => [w.querySelector('table') && w.querySelector('table').id, w.scrollWidth, w.clientWidth])""")
+    assert overflowing == [], overflowing  # every table fits a 1,280 px window without scrolling sideways
 
     screenshot = page.screenshot(tmp_path / f"{name}-1280.png")
     print(f"screenshot of the {name} report: {screenshot}")
