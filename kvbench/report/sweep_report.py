@@ -109,9 +109,9 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
     for concurrency, paged, contiguous in fewer:
         ratio = paged["output_throughput"] / contiguous["output_throughput"]
         lines.append(
-            f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at "
-            f"once (the rest waited for a slab) where paging held {paged['peak_running']}: paged TPS "
-            f"{ratio:.2f}x contiguous, {_memory_phrase(paged, contiguous)}."
+            f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at once; "
+            f"the rest waited for a slab, where paging held {paged['peak_running']}. Paged ran at {ratio:.2f}x "
+            f"contiguous's speed. Paging used {_memory_phrase(paged, contiguous)}."
         )
     for concurrency, paged, contiguous in oom:
         reserve = meta.get("reserve")
@@ -126,11 +126,11 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
         share = f" ({100 * contiguous['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
         paged_share = f" ({100 * paged['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
         lines.append(
-            f"At C={concurrency} the contiguous baseline ran out of KV memory: {why}, it held "
+            f"At C={concurrency} the contiguous baseline ran out of KV memory. {why[0].upper()}{why[1:]}, it held "
             f"{contiguous['peak_running']} requests at once in {human_bytes(contiguous['kv_peak_allocated_bytes'])}"
-            f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,} "
-            f"(OOM); paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
-            f"{paged_share}: this is where paging wins."
+            f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,}. "
+            f"Paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
+            f"{paged_share}. This is where paging wins."
         )
     return lines
 
@@ -141,7 +141,6 @@ BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time th
 def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, threads: int = 1) -> str:
     where = ", ".join(f"C={c}" for c, _, _ in equal)
     ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
-    figures = ", ".join(f"{r:.2f}x" for r in ratios)
     repeated = all(
         p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None for _, p, c in equal
     )
@@ -151,12 +150,15 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
         [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] if cpu else []
     )
     busy = bool(shares) and min(shares) < BUSY_SHARE
-    note = ""
+    sentences = [
+        f"At equal batch ({where}) both engines held the same requests.",
+        f"Paged ran at {_listed(ratios)} contiguous's speed.",
+    ]
     if simulated:
-        verdict = (
-            "equal by construction: the simulator gives both the same steps and roofline step times"
+        sentences.append(
+            "That is equal by construction: the simulator gives both the same steps and roofline step times."
             if all(abs(r - 1) < 1e-9 for r in ratios)
-            else "as the simulator's step times give them"
+            else "That is as the simulator's step times give it."
         )
     elif repeated:
         apart = [
@@ -164,46 +166,46 @@ def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, t
             > p["output_throughput_ci95"] + c["output_throughput_ci95"]
             for _, p, c in equal
         ]
-        verdict = (
-            "equal: the 95% confidence intervals overlap"
+        sentences.append(
+            "That is equal: the 95% confidence intervals overlap."
             if not any(apart)
-            else "different where the 95% confidence intervals do not overlap: "
+            else "They differ where the 95% confidence intervals do not overlap: "
             + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a)
+            + "."
         )
     else:
         judged = ratios
         if busy:
             assert cpu is not None  # busy is read from the CPU times
             judged = cpu
-            note = (
-                f", but the machine was busy (the engines had a core for {100 * min(shares):.0f}% of their "
-                "steps' wall time at the least; the rest was waiting, which falls unevenly): per CPU-second of "
-                f"their steps paged did {', '.join(f'{r:.2f}x' for r in cpu)}"
-            )
-        if all(abs(r - 1) <= EQUAL_WITHIN for r in judged):
-            verdict = (
-                f"equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine "
-                "(repeated points give confidence intervals)"
-            )
-        else:
-            verdict = (
-                f"not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run (repeated points tell a "
-                "real difference from noise)"
-            )
+            sentences += [
+                f"The machine was busy: the engines had a core for {100 * min(shares):.0f}% of their steps' wall "
+                "time at the least, and the waiting falls unevenly.",
+                f"Per CPU-second of their steps, paged did {_listed(cpu)} contiguous's work.",
+            ]
+        sentences.append(
+            f"That is equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine; "
+            "repeated points give confidence intervals."
+            if all(abs(r - 1) <= EQUAL_WITHIN for r in judged)
+            else f"That is not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run; repeated points tell a "
+            "real difference from noise."
+        )
     reductions = [
         100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"])
         for _, p, c in equal
         if _positive(c.get("kv_peak_allocated_bytes"))
     ]
-    memory = ""
     if reductions:
         low, high = min(reductions), max(reductions)
         span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
-        memory = f", while paging allocated {span} less KV memory at peak"
-    return (
-        f"At equal batch ({where}: both engines held the same requests) paged TPS was {figures} contiguous's"
-        f"{note}: {verdict}{memory}."
-    )
+        sentences.append(f"Paging allocated {span} less KV memory at peak.")
+    return " ".join(sentences)
+
+
+def _listed(ratios: list[float]) -> str:
+    """0.99x; 0.99x and 1.01x; 0.99x, 1.01x and 0.98x."""
+    texts = [f"{r:.2f}x" for r in ratios]
+    return texts[0] if len(texts) == 1 else f"{', '.join(texts[:-1])} and {texts[-1]}"
 
 
 def _per_cpu_second(point: Mapping[str, Any]) -> float | None:

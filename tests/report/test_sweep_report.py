@@ -81,13 +81,17 @@ def test_the_finding_in_words_is_computed_from_the_run():
     lines = report.headline_findings(article_points(), {"reserve": "max", "max_len": 2048})
     assert len(lines) == 2
     equal, oom = lines
-    assert "At equal batch (C=10, C=30" in equal and "0.99x, 1.01x" in equal
+    assert equal.startswith("At equal batch (C=10, C=30) both engines held the same requests. Paged ran at 0.99x and ")
+    assert "1.01x contiguous's speed." in equal
     assert "equal within the ±10%" in equal and "60-70% less KV memory" in equal
     assert "At C=50 the contiguous baseline ran out of KV memory" in oom
     assert (
-        "reserving max-len (2,048 tokens)" in oom and "held 30 requests at once in 29.70 MiB (99% of the pool)" in oom
+        "Reserving max-len (2,048 tokens)" in oom and "held 30 requests at once in 29.70 MiB (99% of the pool)" in oom
     )
-    assert "rejected 170 of 200" in oom and "paging held all 50 in 13.70 MiB (46% of the pool)" in oom
+    assert "rejected 170 of 200." in oom and "Paging held all 50 in 13.70 MiB (46% of the pool)." in oom
+    # short sentences: no sentence of either finding runs past 30 words
+    for finding in lines:
+        assert max(len(sentence.split()) for sentence in finding.split(". ")) <= 30, finding
 
 
 def test_the_finding_says_when_single_runs_differ_and_judges_repeats_by_their_intervals():
@@ -217,7 +221,7 @@ def test_on_a_busy_machine_the_verdict_is_judged_per_cpu_second():
     paged = _point("paged", 30, output_throughput=8_000.0, total_output_tokens=30_000, duration=3.75, cpu_time_s=1.5)
     contiguous = _point("contiguous", 30, total_output_tokens=30_000, duration=3.0, cpu_time_s=1.52)
     (line,) = report.headline_findings([paged, contiguous], {"threads": {"threads": 1}})
-    assert "paged TPS was 0.80x contiguous's, but the machine was busy" in line
+    assert "Paged ran at 0.80x contiguous's speed. The machine was busy" in line
     assert "a core for 40% of their steps' wall time" in line and "paged did 1.01x" in line
     assert "equal within the ±10%" in line
     quiet = [dict(paged, cpu_time_s=3.7, output_throughput=8_000.0), dict(contiguous, cpu_time_s=2.95)]
