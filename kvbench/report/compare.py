@@ -94,6 +94,7 @@ class Measured:
     status: str | None
     metrics: Mapping[str, Observation]
     duration_s: float | None = None  # how long it ran (a ratio point: its shorter side); None: not recorded
+    interleaved_with: tuple[str, ...] = ()  # the engines it ran step for step with (a ratio point: both sides')
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,9 @@ def _measure(summary: Summary, key: PointKey, point: Mapping[str, Any], judged: 
     if status is not None and (problem := status_problem(status)):
         raise KvbenchError(f"{where}: status is {_shown(status)}, {problem}")
     duration = point.get("duration")
-    return Measured(status, metrics, float(duration) if is_number(duration, finite=True) else None)
+    partners = point.get("interleaved_with")
+    interleaved = tuple(str(e) for e in partners) if isinstance(partners, list) else ()
+    return Measured(status, metrics, float(duration) if is_number(duration, finite=True) else None, interleaved)
 
 
 def _samples(raw: Any, where: str) -> tuple[float, ...]:
@@ -301,7 +304,9 @@ def _ratio_points(points: Mapping[PointKey, Measured]) -> dict[PointKey, Measure
             if metrics:
                 key = PointKey(f"{num_key.engine}/{den_key.engine}", num_key.concurrency, num_key.scenario)
                 durations = [d for d in (num.duration_s, den.duration_s) if d is not None]
-                ratios[key] = Measured(None, metrics, min(durations) if durations else None)
+                together = den_key.engine in num.interleaved_with and num_key.engine in den.interleaved_with
+                partners = (num_key.engine, den_key.engine) if together else ()
+                ratios[key] = Measured(None, metrics, min(durations) if durations else None, partners)
     return ratios
 
 
@@ -340,7 +345,8 @@ def _compare_point(
         row = _unjudgeable_row(key, name, old, new)
         if row is None:
             assert old is not None and new is not None  # else _unjudgeable_row has a row for it
-            row = _judge(key, name, policies[name], old, new, rules, alpha, too_short)
+            both = bool(base.interleaved_with) and bool(head.interleaved_with)
+            row = _judge(key, name, policies[name], old, new, rules, alpha, too_short, both)
         rows.append(row)
     return rows
 
@@ -374,14 +380,18 @@ def _judge(
     rules: tuple[Rule, ...],
     alpha: float,
     too_short: str | None = None,
+    interleaved: bool = False,
 ) -> Row:
+    """The metric's verdict. A ratio of engines that ran step for step in both runs (``interleaved``) shared the
+    machine's load within each run, so its single-run tolerance is the tighter one."""
     assert base.value is not None and head.value is not None  # see _unjudgeable_row
     old, new = float(base.value), float(head.value)
     rule = matching_rule(name, rules)
     if too_short is not None and rule is None and policy.timed:
         return Row(key, name, Verdict.INFO, old, new, "not gated", None, too_short)
     p_value, note = _significance(policy, base.samples, head.samples, alpha)
-    threshold = rule or (policy.single if p_value is None else policy.sampled)
+    single = policy.single_interleaved if interleaved and policy.single_interleaved else policy.single
+    threshold = rule or (single if p_value is None else policy.sampled)
     if threshold is None:
         note = "; ".join(part for part in (policy.ungated_note, note) if part)
         return Row(key, name, Verdict.INFO, old, new, "not gated", p_value, note)
