@@ -33,8 +33,9 @@ kv_mean_allocated_bytes, fragmentation_mean, mean_running), throughput, latency 
 Simulated runs (meta.simulated: roofline step times) are deterministic in these too: all judged
 exactly, absolute throughput and latency included. In measured runs they are noisy, and the
 defaults have margin over identical CPU sweeps: time-weighted means within x1.6; throughput ratios
-within x1.35 from single runs whose engines stepped in turn (x2.5 where they ran one after the other); p99 latency ratios reported, not gated; absolute throughput and
-latency (--absolute) reported, not gated. With --repeat samples (4 vs 4 or more, so that a
+within x1.35 from single runs whose engines stepped in turn (x2.5 where they ran one after the
+other); p99 latency ratios reported, not gated; absolute throughput and latency (--absolute)
+reported, not gated. With --repeat samples (4 vs 4 or more, so that a
 Mann-Whitney U test can reach --alpha) a ratio change must be significant and beyond x1.35 (p99
 ratios: x8). memory.* is judged (within 10%) only with --absolute. A --fail-on rule gates any metric.
 A measured point that ran under --min-duration (2 s) on either side is too short to time on a shared
