@@ -288,13 +288,20 @@ def _cpu_lines(setup: SweepSetup, verbose: bool) -> list[str]:
         lines += [heap.describe()] if heap is not None else []
         lines += plan.lines() if plan is not None else []
         return lines + ([prefetch.line()] if prefetch is not None else [])
-    parts = [f"{threads['threads']} thread(s) ({threads['reason']})"] if threads else []
-    parts += [plan.summary()] if plan is not None else []
+    parts = []
+    if threads:
+        count = threads["threads"]
+        given = " (set by the user)" if str(threads["reason"]).startswith("set") else ""
+        parts.append(f"{count} thread{'s' if count != 1 else ''}{given}")
+    parts += [plan.brief()] if plan is not None else []
     parts += [f"decode prefetch {prefetch.prefetch.describe()}"] if prefetch is not None else []
     parts += ["freed memory kept for the next step"] if heap is not None and heap.kept else []
     if not parts:
         return []
-    detail = "; --verbose for the timings" if plan is not None or prefetch is not None else ""
+    measured = plan is not None or prefetch is not None
+    cached = plan is not None and plan.source.startswith("cached")
+    detail = ("; chosen by cached measurements" if cached else "; measured at start-up") if measured else ""
+    detail += "; --verbose for the timings" if measured else ""
     return [f"CPU: {'; '.join(parts)}{detail}"]
 
 

@@ -149,6 +149,11 @@ class MatmulPlan:
             parts[0] += f" of {len(self.choices)} weights"
         return f"matmul paths {', '.join(parts)} ({self.source})"
 
+    def brief(self) -> str:
+        """A few words: the paths the weights take, e.g. ``matmuls by row count: oneDNN-packed, plain``."""
+        used = dict.fromkeys(path for choice in self.choices.values() for path in choice.paths)
+        return f"matmuls by row count: {', '.join(used)}" if len(used) > 1 else f"matmuls {next(iter(used), 'plain')}"
+
     def lines(self) -> list[str]:
         """The plan as printed: a heading with its provenance, then one line per weight."""
         return [

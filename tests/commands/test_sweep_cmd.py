@@ -584,4 +584,6 @@ def test_half_precision_sweeps_measure_their_cpu_choices_and_run(scenario, tmp_p
     assert run(["--scenario", scenario, "--out", str(tmp_path / "quiet"), "--concurrency", "2", "--dtype", dtype]) == 0
     printed = capsys.readouterr().out
     (cpu_line,) = [line for line in printed.splitlines() if line.startswith("CPU")]
-    assert cpu_line.startswith(f"CPU: {meta['threads']['threads']} thread(s)") and "CPU threads:" not in printed
+    count = meta["threads"]["threads"]
+    assert cpu_line.startswith(f"CPU: {count} thread{'s' if count != 1 else ''}") and "CPU threads:" not in printed
+    assert " us" not in cpu_line and "measures again" not in cpu_line  # no timings, no provenance repeated
