@@ -316,6 +316,7 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
             "output tokens / s",
             "higher",
             errors=spread,
+            from_zero=True,
         )
     )
     written.append(

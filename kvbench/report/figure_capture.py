@@ -77,7 +77,16 @@ def figure_title(fig) -> str:
     for ax in fig.get_axes():
         if ax.get_visible() and ax.get_title().strip():
             parts.append(ax.get_title())
-    return " — ".join(" ".join(part.split()) for part in parts)
+    return " — ".join(_one_line(part) for part in parts)
+
+
+def _one_line(title: str) -> str:
+    """A title's lines as one: joined by a dash, a line in parentheses (a comment on the one above) by a space."""
+    lines = [" ".join(line.split()) for line in title.splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    for line in lines[1:]:
+        text += f" {line}" if line.startswith("(") else f" — {line}"
+    return text
 
 
 def render(fig, name: str) -> CapturedFigure:

@@ -215,7 +215,8 @@ def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: d
             "time since the first arrival (s)",
             "blocks in use (% of the instance's pool)",
             100 * up,
-            "lines close together: balanced; one line high while others idle: the router missed free memory",
+            "lines close together: balanced, which is better; one line high while others idle: the router missed "
+            "free memory",
         )
     ]
     paths.append(

@@ -172,11 +172,13 @@ def lines(
     steps: bool = False,
     marks: dict[str, Sequence[tuple[float, str]]] | None = None,
     errors: Mapping[str, Sequence[float]] | None = None,
+    from_zero: bool = False,
 ) -> Path:
     """One line per series: {label: (x values, y values)}; ``better`` is 'higher' or 'lower'. ``marks``:
     {label: [(x, text)]} points of a series that have no figure (OOM), marked on the x axis, never drawn.
     ``errors``: {label: half-widths, one per point} drawn as error bars (a spread over repeated runs). An axis of
-    whole numbers only (concurrency levels) ticks whole numbers."""
+    whole numbers only (concurrency levels) ticks whole numbers. ``from_zero``: the y axis starts at 0, for values
+    read against each other as ratios (throughputs), which a cut axis would exaggerate."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = {}
     for index, (label, (xs, ys)) in enumerate(series.items()):
@@ -199,6 +201,8 @@ def lines(
         _whole_ticks(ax, series.values())
     _open_flat_ranges(ax, [*series.values(), *_mark_series(marks)], logx, y=hline is None)
     _no_values(ax, series.values())
+    if from_zero:
+        ax.set_ylim(bottom=0)
     if hline is not None:
         ax.axhline(hline, color="#c62828", linewidth=1, linestyle=":", label="pool size")
     ax.set_xlabel(xlabel)

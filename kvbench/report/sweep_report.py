@@ -622,6 +622,7 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
         "output tokens / s",
         "higher",
         marks=marks,
+        from_zero=True,
     )
     plots.line_panels(
         latency_series,
@@ -677,4 +678,5 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
             "the same work in fewer blocks is better",
             markers=False,
             hline=total_blocks,
+            from_zero=True,
         )
