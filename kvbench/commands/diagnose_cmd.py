@@ -20,6 +20,7 @@ from kvbench.report.diagnose import (
     rules_yaml,
     timeline_path,
 )
+from kvbench.report.diagnose.findings import grouped
 
 HELP = """Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint.
 
@@ -161,8 +162,15 @@ def _print(console: Console, diagnosis: Diagnosis) -> None:
         f"[bold]kvbench diagnose[/bold]: {len(diagnosis.findings)} finding(s) in {diagnosis.checked} "
         f"point(s)/series of {escape(diagnosis.source)}"
     )
-    for finding in diagnosis.findings:
-        style = _STYLE.get(finding.severity, "default")
-        console.print(f"\n[{style}]{finding.severity.upper()}[/] {finding.rule}  [bold]{escape(finding.source)}[/bold]")
-        console.print(f"  evidence:   {escape(finding.evidence)}", soft_wrap=True)
-        console.print(f"  suggestion: {escape(finding.suggestion)}", soft_wrap=True)
+    for group in grouped(diagnosis.findings):
+        style = _STYLE.get(group.severity, "default")
+        head = f"\n[{style}]{group.severity.upper()}[/] {group.rule}  "
+        if len(group.cases) == 1:
+            ((source, evidence),) = group.cases
+            console.print(f"{head}[bold]{escape(source)}[/bold]")
+            console.print(f"  evidence:   {escape(evidence)}", soft_wrap=True)
+        else:
+            console.print(f"{head}[bold]{len(group.cases)} points[/bold]")
+            for source, evidence in group.cases:
+                console.print(f"  [bold]{escape(source)}[/bold]: {escape(evidence)}", soft_wrap=True)
+        console.print(f"  suggestion: {escape(group.suggestion)}", soft_wrap=True)

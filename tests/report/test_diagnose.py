@@ -278,3 +278,28 @@ def test_waste_run_suggestions_know_contiguous_strategies_and_paged_block_sizes(
     text = _json.dumps(diagnose_run(tmp_path, Thresholds()).as_dict())
     assert "compare the paged strategies in the same table" in text and "now 16" in text and "now ?" not in text
     assert "--engines" not in text and "--reserve" not in text  # flags waste does not take
+
+
+def test_findings_are_grouped_by_rule_and_ranked_worst_and_widest_first():
+    from kvbench.report.diagnose.findings import Finding, grouped
+
+    def finding(rule: str, severity: str, source: str) -> Finding:
+        return Finding(rule, severity, source, f"{rule} at {source}", f"fix {rule}", {})
+
+    findings = [
+        finding("free_blocks", "warning", "contiguous C=30"),
+        finding("fragmentation", "warning", "contiguous C=10"),
+        finding("fragmentation", "warning", "contiguous C=30"),
+        finding("concurrency_capped", "critical", "contiguous C=50"),
+        finding("fragmentation", "warning", "contiguous C=50"),
+        finding("preemptions", "info", "paged C=50"),
+    ]
+    groups = grouped(findings)
+    assert [(g.severity, g.rule, len(g.cases)) for g in groups] == [
+        ("critical", "concurrency_capped", 1),
+        ("warning", "fragmentation", 3),
+        ("warning", "free_blocks", 1),
+        ("info", "preemptions", 1),
+    ]
+    assert [source for source, _ in groups[1].cases] == ["contiguous C=10", "contiguous C=30", "contiguous C=50"]
+    assert sum(len(g.cases) for g in groups) == len(findings)  # nothing lost by grouping

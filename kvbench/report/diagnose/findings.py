@@ -28,6 +28,32 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class FindingGroup:
+    """One rule with one suggestion over every point or series it fired on: a reader acts once per group."""
+
+    rule: str
+    severity: str
+    suggestion: str
+    cases: tuple[tuple[str, str], ...]  # (source, evidence) of each finding, in the diagnosis' order
+
+
+def grouped(findings: Iterable[Finding]) -> list[FindingGroup]:
+    """Findings of one rule and suggestion together; the worst severity first, then the groups that fired on
+    the most points, then the order the rules were checked in."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault((finding.severity, finding.rule, finding.suggestion), []).append(finding)
+    order = {severity: rank for rank, severity in enumerate(SEVERITIES)}
+    ranked = sorted(
+        enumerate(groups.items()), key=lambda item: (order.get(item[1][0][0], len(order)), -len(item[1][1]), item[0])
+    )
+    return [
+        FindingGroup(rule, severity, suggestion, tuple((f.source, f.evidence) for f in members))
+        for _, ((severity, rule, suggestion), members) in ranked
+    ]
+
+
+@dataclass(frozen=True)
 class NotEvaluated:
     """A rule the data cannot decide: said plainly instead of guessed."""
 

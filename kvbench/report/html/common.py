@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.report.columns import TableSpec
-from kvbench.report.diagnose.findings import Diagnosis
+from kvbench.report.diagnose.findings import Diagnosis, grouped
 from kvbench.report.figure_capture import CapturedFigure, capture
 from kvbench.report.html import units
 from kvbench.report.html.page import (
@@ -47,8 +47,9 @@ def figures_block(figures: Iterable[CapturedFigure], captions: Mapping[str, str]
 
 
 def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
-    """``kvbench diagnose``'s findings on this run, worst first, each with its evidence and a suggestion."""
-    items = [FindingItem(f.severity, f.rule, f.source, f.evidence, f.suggestion) for f in diagnosis.findings]
+    """``kvbench diagnose``'s findings on this run, grouped by rule and worst first: the evidence of each point it
+    fired on, and its suggestion once."""
+    items = [FindingItem(g.severity, g.rule, list(g.cases), g.suggestion) for g in grouped(diagnosis.findings)]
     counts = {
         severity: sum(f.severity == severity for f in diagnosis.findings)
         for severity in ("critical", "warning", "info")

@@ -78,8 +78,7 @@ class Figures:
 class FindingItem:
     severity: str  # critical | warning | info
     rule: str
-    source: str
-    evidence: str
+    cases: list[tuple[str, str]]  # (source, evidence) of each point or series the rule fired on
     suggestion: str
 
 
