@@ -38,6 +38,10 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         return json.loads(text)
     except RecursionError:  # a caller already deep in its own stack
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts (4,300): no kvbench figure has them
+        raise json.JSONDecodeError("a number with more digits than can be read", text, 0) from None
 
 
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included: its brackets are text

@@ -114,12 +114,18 @@ def writable_file(path: Path | None, option: str) -> Path | None:
     return path
 
 
+MAX_SIZE_BYTES = float(1 << 60)  # 1 EiB: no memory size a run could mean is larger
+
+
 def parse_size(text: str, what: str = "size") -> int:
     """``"2GiB"``, ``"512MB"``, ``"1e9"`` -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", text or "")
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise KvbenchError(f"{what}: cannot read {text!r}; use e.g. 512MiB, 2GiB or a byte count")
-    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not value < MAX_SIZE_BYTES:  # 1e999GiB reads as infinity
+        raise KvbenchError(f"{what} {text!r} is more than any machine holds (at most 1 EiB)")
+    size = int(value)
     if size <= 0:
         raise KvbenchError(f"{what} must be positive, got {text!r}")
     return size
@@ -153,10 +159,13 @@ def make_console(stderr: bool = False):
     return console
 
 
+MIN_UTILIZATION = 0.01  # below 1% of a GPU no model's weights fit: a smaller share is a typo, not a setting
+
+
 def positive_fraction(value: float | None) -> float | None:
-    """A Typer callback for shares such as --gpu-memory-utilization: in (0, 1]."""
-    if value is not None and not 0 < value <= 1:
-        raise typer.BadParameter(f"{value} is not in (0, 1]")
+    """A Typer callback for shares such as --gpu-memory-utilization: in [0.01, 1]."""
+    if value is not None and not MIN_UTILIZATION <= value <= 1:
+        raise typer.BadParameter(f"{value} is not in [{MIN_UTILIZATION}, 1]")
     return value
 
 
@@ -270,7 +279,7 @@ def device_option(annotated: bool = False, rich_help_panel: str | None = None) -
 def gpu_memory_utilization_option(
     default: float | None, help: str, annotated: bool = False, rich_help_panel: str | None = None
 ) -> Any:
-    """``--gpu-memory-utilization``, declared once: a share of GPU memory in (0, 1]."""
+    """``--gpu-memory-utilization``, declared once: a share of GPU memory in [0.01, 1]."""
     return _declared(
         default,
         annotated,

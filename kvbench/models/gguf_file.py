@@ -169,15 +169,19 @@ class _Cursor:
         self._need(length)
         self.pos += length
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise KvbenchError(
+                    f"malformed GGUF file {self.path}: metadata arrays nested deeper than {MAX_ARRAY_DEPTH} levels"
+                )
             item_type, count = self.scalar("<I"), self.scalar("<Q")
             if count <= SHORT_ARRAY:
-                return [self.value(item_type) for _ in range(count)]
+                return [self.value(item_type, depth + 1) for _ in range(count)]
             if item_type in _SCALARS:
                 width = struct.calcsize(_SCALARS[item_type])
                 self._need(width * count)
@@ -187,9 +191,12 @@ class _Cursor:
                     self.skip_string()
             else:
                 for _ in range(count):
-                    self.value(item_type)
+                    self.value(item_type, depth + 1)
             return ArrayInfo(item_type, count)
         raise KvbenchError(f"malformed GGUF file {self.path}: unknown metadata value type {kind}")
+
+
+MAX_ARRAY_DEPTH = 8  # llama.cpp writes flat arrays; nesting deeper than this is no model's metadata
 
 
 def read_gguf_header(path: str | Path) -> GgufHeader:

@@ -142,7 +142,7 @@ def model_type_of(config: dict[str, Any]) -> str:
     architectures = config.get("architectures") or []
     if isinstance(architectures, list):
         for name in architectures:
-            if name in _ARCHITECTURE_CLASSES:
+            if isinstance(name, str) and name in _ARCHITECTURE_CLASSES:
                 return _ARCHITECTURE_CLASSES[name]
     return "llama"
 

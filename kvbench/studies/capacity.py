@@ -16,6 +16,7 @@ The pool of a paged strategy is first cut into whole blocks, as vLLM's is; its "
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,7 +273,7 @@ def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: C
         reasons[0]["gpu_memory_needed_bytes"] = (
             (per_gpu + (settings.kv_cache_memory or kv_need))
             if settings.kv_cache_memory
-            else int(-(-(per_gpu + kv_need) // settings.utilization))
+            else math.ceil((per_gpu + kv_need) / settings.utilization)
         )
     return reasons
 

@@ -120,6 +120,8 @@ def load_scenario(spec: str) -> Scenario:
         raise KvbenchError(f"scenario {path}: invalid TOML ({err})") from None
     except RecursionError:  # tomllib parses nested arrays and tables by recursion
         raise KvbenchError(f"scenario {path}: invalid TOML (nested too deep)") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise KvbenchError(f"scenario {path}: invalid TOML (a number too long to read)") from None
     return parse_scenario(data, name=path.stem, source=str(path))
 
 

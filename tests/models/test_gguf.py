@@ -227,3 +227,31 @@ def test_weight_bytes_of_a_mixed_quantization_file(tmp_path):
     for tensor, end in zip(sorted(header.tensors, key=lambda t: t.offset), ends, strict=True):
         assert -(-tensor_nbytes(tensor) // 32) * 32 == -(-(end - tensor.offset) // 32) * 32  # aligned extents
     assert "Q8_0" in shape.weight_format.describe() and shape.num_parameters * 2 > shape.weight_bytes
+
+
+def test_metadata_arrays_nested_past_any_model_are_refused_in_one_line(tmp_path):
+    """A header of arrays within arrays, 10,000 deep: refused before the reader recurses that far."""
+    import struct
+
+    key = b"general.nested"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
+    nested = struct.pack("<IQ", 9, 1) * 10_000 + struct.pack("<IQ", 0, 0)
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(header + nested)
+    with pytest.raises(KvbenchError, match="metadata arrays nested deeper than 8 levels"):
+        shape_from_gguf(path)
+
+
+def test_an_architecture_list_of_objects_is_no_architecture(tmp_path):
+    config = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": 512,
+        "max_position_embeddings": 512,
+        "architectures": [{"a": 1}, ["LlamaForCausalLM"]],
+    }
+    from kvbench.models.hf_config import model_type_of
+
+    assert model_type_of(config) == "llama"  # the default, as for a config that names none

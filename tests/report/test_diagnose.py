@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -303,3 +304,17 @@ def test_findings_are_grouped_by_rule_and_ranked_worst_and_widest_first():
     ]
     assert [source for source, _ in groups[1].cases] == ["contiguous C=10", "contiguous C=30", "contiguous C=50"]
     assert sum(len(g.cases) for g in groups) == len(findings)  # nothing lost by grouping
+
+
+def test_a_summary_with_a_mistyped_field_is_one_error_line(tmp_path, capfd):
+    from kvbench.cli import main
+
+    run = tmp_path / "run"
+    assert main(["waste", "--requests", "20", "--strategies", "contiguous-max,paged", "--json", "--out", str(run)]) == 0
+    capfd.readouterr()
+    summary = json.loads((run / "summary.json").read_text())
+    summary["points"][0]["waste"] = "a string where an object goes"
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["diagnose", str(run)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot diagnose it, its points lack or mistype a field" in err

@@ -410,6 +410,12 @@ _LAYOUT_RULES = (_rule_fragmentation, _rule_reservation)
 
 def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
     summary = load_summary(location)
-    return diagnose_points(
-        summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent, summary.kind
-    )
+    try:
+        return diagnose_points(
+            summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent, summary.kind
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        # a summary edited by hand, or written by another version: say what is wrong, in one line
+        raise KvbenchError(
+            f"{summary.path}: cannot diagnose it, its points lack or mistype a field ({type(err).__name__}: {err})"
+        ) from None

@@ -73,6 +73,8 @@ def load_thresholds(path: Path | None, **overrides: Any) -> Thresholds:
             raise KvbenchError(f"thresholds file {path} is not valid TOML: {err}") from None
         except RecursionError:  # tomllib parses nested arrays and tables by recursion
             raise KvbenchError(f"thresholds file {path} is not valid TOML: nested too deep") from None
+        except ValueError:  # an integer of more digits than Python converts
+            raise KvbenchError(f"thresholds file {path} is not valid TOML: a number too long to read") from None
         table = data.get("thresholds", data) if isinstance(data.get("thresholds"), dict) else data
         known = {f.name for f in fields(Thresholds)}
         values: dict[str, Any] = {}
