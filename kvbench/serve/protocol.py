@@ -327,6 +327,7 @@ def parse_generation(body: Any, kind: Kind, model: ModelInfo) -> Generation:
     top_k = _int(body, "top_k", 0)
     if top_k < -1:
         raise bad(f"top_k must be -1 or 0 (disabled) or at least 1, got {top_k}", "top_k")
+    top_k = min(top_k, model.vocab_size)  # more than the vocabulary keeps every token (the sampler's int64 too)
     seed = _int(body, "seed", None)
     if seed is not None and not 0 <= seed < 2**63:
         raise bad(f"seed must be between 0 and 2**63 - 1, got {seed}", "seed")

@@ -25,6 +25,7 @@ RUNS = [
 NO_DIRECTION = ("lengths.png", "waterfall-", "kv_usage.png")
 DIRECTION_WORDS = ("better", "further left: less memory")
 MIN_TICK_POINTS = 8.0  # at the page's size a figure is shown at most at its own width: 8 pt stays legible
+MIN_TEXT_POINTS = 7.0  # annotations and legends beside the data may be a little smaller, never the 5 px of old
 COUNT_LABELS = ("concurrency", "requests", "blocks in use", "instances")  # axes that count whole things
 FROM_ZERO = ("output tokens / s", "share of kv pool", "blocks in use", "(%)")  # read as ratios or shares
 
@@ -61,6 +62,9 @@ def test_every_plot_passes_the_checklist(request, run, monkeypatch):
         if not name.startswith(NO_DIRECTION):
             said = " ".join([title, *labels]).lower()
             assert any(word in said for word in DIRECTION_WORDS), f"{name}: which way is better is not said"
+        texts = [t for t in fig.findobj(match=lambda artist: hasattr(artist, "get_fontsize")) if t.get_text()]
+        smallest = min(texts, key=lambda t: t.get_fontsize())
+        assert smallest.get_fontsize() >= MIN_TEXT_POINTS, f"{name}: {smallest.get_text()!r} is too small to read"
         for ax in axes:
             ticks = [t for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
             assert min(t.get_fontsize() for t in ticks) >= MIN_TICK_POINTS, f"{name}: tick labels too small"
