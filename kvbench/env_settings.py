@@ -31,7 +31,9 @@ VARIABLES: dict[str, str] = {
 
 
 def read(name: str, default: str | None = None) -> str | None:
-    """The variable's value (``default`` when unset); a name not in :data:`VARIABLES` is a programming error."""
+    """The variable's value (``default`` when unset or empty: ``NAME= kvbench ...`` unsets it, as shells mean it);
+    a name not in :data:`VARIABLES` is a programming error."""
     if name not in VARIABLES:
         raise KeyError(f"{name} is not one of kvbench's environment variables (kvbench/env_settings.py)")
-    return os.environ.get(name, default)
+    value = os.environ.get(name)
+    return default if value is None or not value.strip() else value

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,10 @@ def read_text(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> str:
     """A file's text as UTF-8, a byte-order mark dropped; a file over ``max_bytes`` is refused in one line.
     ``OSError`` and ``UnicodeDecodeError`` reach the caller, who names the file's role."""
     source = Path(path)
-    size = source.stat().st_size
+    info = source.stat()
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read for ever; a device never ends
+        raise KvbenchError(f"{source} is not a regular file")
+    size = info.st_size
     if size > max_bytes:
         raise KvbenchError(f"{source} is {size:,} bytes, more than the {max_bytes:,} this file may hold")
     with source.open("rb") as handle:

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from kvbench.commands._options import not_an_input, output_file
 from kvbench.errors import KvbenchError
-from kvbench.fileio import write_text_atomic
-from kvbench.report.baseline import update_baseline
+from kvbench.fileio import replaceable, write_text_atomic
+from kvbench.report.baseline import baseline_file, update_baseline
 from kvbench.report.compare import DEFAULT_ALPHA, DEFAULT_MIN_DURATION_S, Comparison, compare
 from kvbench.report.compare_policy import parse_rule
 from kvbench.report.compare_render import ReportFormat, render, summary_line, to_rich_table, to_summary
@@ -161,6 +161,9 @@ def _load_base(base: Path, *, tolerate_unusable: bool) -> Summary | None:
     except KvbenchError as err:
         if not tolerate_unusable:
             raise
+        target = baseline_file(base)
+        if (refused := replaceable(target)) is not None:  # nothing to read and nowhere to write: one error
+            raise KvbenchError(f"no usable baseline ({err}), and {target} {refused}") from None
         typer.echo(f"no usable baseline ({err}); writing a fresh one", err=True)
         return None
 

@@ -22,8 +22,9 @@ import torch
 from kvbench import env_settings
 from kvbench.cpu import measured_cache
 from kvbench.cpu.cpu_choices import last_level_cache_bytes
+from kvbench.errors import KvbenchError
 from kvbench.kernels import cpu_native
-from kvbench.kernels.cpu_native import DEFAULT_PREFETCH, DecodePrefetch
+from kvbench.kernels.cpu_native import DEFAULT_PREFETCH, MAX_PREFETCH_AHEAD, DecodePrefetch
 
 ENV = "KVBENCH_DECODE_PREFETCH"
 CANDIDATES = (
@@ -61,13 +62,15 @@ class PrefetchChoice:
 
 
 def parse(text: str) -> DecodePrefetch:
-    """``off`` or ``TOKENS:L1`` / ``TOKENS:L2``; ValueError with a one-line message otherwise."""
+    """``off`` or ``TOKENS:L1`` / ``TOKENS:L2``; a one-line ``KvbenchError`` otherwise (the text is the user's)."""
     value = text.strip().lower()
     if value == "off":
         return DecodePrefetch(0, 1)
     ahead, _, level = value.partition(":")
-    if not ahead.isdigit() or level not in ("l1", "l2"):
-        raise ValueError(f"{ENV}={text!r}: say off, or tokens ahead and a cache level, e.g. 16:L1 or 32:L2")
+    if not (ahead.isascii() and ahead.isdigit()) or level not in ("l1", "l2") or int(ahead) > MAX_PREFETCH_AHEAD:
+        raise KvbenchError(
+            f"{ENV}={text!r}: say off, or 0 to {MAX_PREFETCH_AHEAD} tokens ahead and a cache level, e.g. 16:L1 or 32:L2"
+        )
     return DecodePrefetch(int(ahead), int(level[1]))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from kvbench import env_settings
+from kvbench.errors import KvbenchError
 from kvbench.kernels import cpu_native, reference
 
 BACKENDS = ("torch", "triton", "native")
@@ -29,8 +30,8 @@ def resolve_backend(device: torch.device, backend: str | None = None) -> str:
             chosen = "triton"
         else:
             chosen = "native" if device.type == "cpu" and cpu_native.available() else "torch"
-    if chosen not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {chosen!r}; choose one of {', '.join(BACKENDS)}")
+    if chosen not in BACKENDS:  # from the user: KVBENCH_KERNEL_BACKEND or an option
+        raise KvbenchError(f"unknown kernel backend {chosen!r}; choose one of {', '.join(BACKENDS)}")
     return chosen
 
 

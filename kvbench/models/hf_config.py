@@ -23,7 +23,7 @@ from kvbench.models.rope_params import (
     is_positive_int,
     split_rope_scaling,
 )
-from kvbench.models.shapes import MlaSpec, ModelShape, MoeSpec
+from kvbench.models.shapes import SHAPE_LIMITS, MlaSpec, ModelShape, MoeSpec
 from kvbench.values import is_number
 
 _DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -62,6 +62,14 @@ def read_config_json(config_path: Path) -> dict[str, Any]:
     return config
 
 
+# the config fields whose counts a reader walks (layers, heads), limited as the shape is
+_READ_LIMITS = {
+    "num_hidden_layers": SHAPE_LIMITS["num_layers"],
+    "num_attention_heads": SHAPE_LIMITS["num_heads"],
+    "num_key_value_heads": SHAPE_LIMITS["num_kv_heads"],
+}
+
+
 class ConfigFields:
     """Typed reads from one config; a failure is a one-line error naming the file and the field."""
 
@@ -86,6 +94,9 @@ class ConfigFields:
             return default
         if not is_positive_int(value):
             raise self.error(f"{name} must be a positive integer, got {value!r}")
+        limit = _READ_LIMITS.get(name)
+        if limit is not None and value > limit:  # before anything walks the layers or heads one by one
+            raise self.error(f"{name} of {value:,} is above {limit:,}, more than any model has: a broken config")
         return value
 
     def positive_number(self, name: str, default: float) -> float:

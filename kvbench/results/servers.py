@@ -115,6 +115,8 @@ class ServerState:
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> ServerState:
+        if not isinstance(data, dict):
+            raise ValueError("not a server state: a state is a JSON object")
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         if values.get("family") not in FAMILIES or not isinstance(values.get("labels"), dict):

@@ -17,6 +17,9 @@ from kvbench.workload.jsonl import json_objects, read_text
 DISTRIBUTIONS = ("fixed", "uniform", "exponential", "lognormal")
 
 
+MAX_SIGMA = 10.0  # a lognormal spread of e**10 already puts nearly every length at 1 or max-len
+
+
 @dataclass(frozen=True)
 class LengthSpec:
     """Total lengths (prompt + output) with the given mean, clipped to [2, max_len], split by prompt_ratio."""
@@ -38,8 +41,8 @@ class LengthSpec:
             raise KvbenchError(f"mean length must be between 2 and max-len ({self.max_len}), got {self.mean_len}")
         if not 0.0 < self.prompt_ratio < 1.0:
             raise KvbenchError(f"prompt ratio must be between 0 and 1 (exclusive), got {self.prompt_ratio}")
-        if self.sigma < 0:
-            raise KvbenchError(f"sigma must be non-negative, got {self.sigma}")
+        if not 0 <= self.sigma <= MAX_SIGMA:  # NaN fails too
+            raise KvbenchError(f"sigma must be between 0 and {MAX_SIGMA:g}, got {self.sigma}")
 
     def sample(self, count: int, seed: int) -> list[tuple[int, int]]:
         """``count`` (prompt_len, output_len) pairs, each at least 1, summing to at most max_len."""

@@ -209,6 +209,9 @@ def session_trace(
     return trace_from_prompts(prompts, block_size, source)
 
 
+MAX_SYNTHETIC_TOKENS = 50_000_000  # prompt tokens a synthetic workload spells out (about 400 MB of lists)
+
+
 def shared_prefix_trace(
     groups: int,
     sessions_count: int,
@@ -229,6 +232,14 @@ def shared_prefix_trace(
             raise KvbenchError(f"{name} must be a positive integer, got {value}")
     if suffix_len < 1 or output_len < 0 or turns < 1:
         raise KvbenchError("a shared-prefix workload needs a suffix of at least one token and one turn or more")
+    per_turn = suffix_len + output_len  # each later turn resends the history, which grows by this much
+    prompt_tokens = sessions_count * (turns * (prefix_len + suffix_len) + per_turn * turns * (turns - 1) // 2)
+    if prompt_tokens > MAX_SYNTHETIC_TOKENS:
+        raise KvbenchError(
+            f"a shared-prefix workload of {prompt_tokens:,} prompt tokens ({sessions_count:,} sessions x {turns:,} "
+            f"turns) is more than kvbench synthesises ({MAX_SYNTHETIC_TOKENS:,}): fewer sessions or turns, or "
+            "shorter prefixes; a trace file (hash ids) holds longer workloads"
+        )
     rng = np.random.default_rng(seed)
     vocab = 30_000
 

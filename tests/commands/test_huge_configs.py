@@ -26,10 +26,25 @@ BASE = {
 @pytest.mark.parametrize(
     "change, field",
     [
-        ({"num_hidden_layers": 10**9}, "num_layers"),
-        ({"num_attention_heads": 2**40, "num_key_value_heads": 2**40, "hidden_size": 2**47}, "hidden_size"),
-        ({"num_attention_heads": 2**17, "num_key_value_heads": 2**17, "hidden_size": 2**20}, "num_heads"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+        ({"num_attention_heads": 2**40, "num_key_value_heads": 2**40, "hidden_size": 2**47}, "num_attention_heads"),
+        ({"num_attention_heads": 2**17, "num_key_value_heads": 2**17, "hidden_size": 2**20}, "num_attention_heads"),
+        ({"hidden_size": 2**30}, "hidden_size"),
         ({"vocab_size": 10**12}, "vocab_size"),
+        (  # a DeepSeek reader listed its MoE layers one by one before any limit held
+            {
+                "model_type": "deepseek_v3",
+                "num_hidden_layers": 10**9,
+                "kv_lora_rank": 512,
+                "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 128,
+                "v_head_dim": 128,
+                "n_routed_experts": 256,
+                "num_experts_per_tok": 8,
+                "moe_intermediate_size": 2048,
+            },
+            "num_hidden_layers",
+        ),
     ],
 )
 def test_counts_no_model_has_are_refused_at_once(change, field, tmp_path, capfd):

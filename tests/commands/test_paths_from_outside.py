@@ -145,3 +145,21 @@ def test_dollar_signs_in_names_are_drawn_as_text(sweep_copy):
     (sweep_copy / "summary.json").write_text(json.dumps(summary))
     page = write_report(sweep_copy)
     assert page.size_bytes > 0
+
+
+def test_a_pipe_given_or_planted_as_a_run_file_is_refused_not_waited_on(sweep_copy, tmp_path, capfd):
+    """Opening a FIFO for reading waits for a writer for ever: every JSON from outside must be a regular file."""
+    pipe = tmp_path / "summary.json"
+    os.mkfifo(pipe)
+    for args in (["diagnose", str(pipe)], ["compare", str(pipe), str(sweep_copy)]):
+        assert main(args) == 2, args
+        assert "is not a regular file" in one_error_line(capfd)
+    assert main(["report", str(pipe)]) == 2
+    assert "is not a run directory" in one_error_line(capfd)
+    assert main(["compare", str(pipe), str(sweep_copy), "--update-baseline"]) == 2  # nothing to read, nowhere to write
+    err = one_error_line(capfd)
+    assert "no usable baseline" in err and "is not a regular file" in err
+    (sweep_copy / "summary.json").unlink()
+    os.mkfifo(sweep_copy / "summary.json")  # planted in a run directory: no summary to read
+    assert main(["diagnose", str(sweep_copy)]) == 2
+    assert "no summary.json" in one_error_line(capfd)

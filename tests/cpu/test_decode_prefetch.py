@@ -8,6 +8,7 @@ import torch
 
 from kvbench.cpu import decode_prefetch
 from kvbench.cpu.decode_prefetch import CANDIDATES, ENV, TIE, choose, parse
+from kvbench.errors import KvbenchError
 from kvbench.kernels import cpu_native
 from kvbench.kernels.cpu_native import DEFAULT_PREFETCH, DecodePrefetch
 
@@ -17,8 +18,8 @@ needs_kernels = pytest.mark.skipif(not cpu_native.available(), reason="the C ker
 def test_parse_and_refuse():
     assert parse("off") == DecodePrefetch(0, 1)
     assert parse("16:L1") == DecodePrefetch(16, 1) and parse(" 32:l2 ") == DecodePrefetch(32, 2)
-    for bad in ("", "16", "16:L3", "L1:16", "-4:L1", "1.5:L2", "on"):
-        with pytest.raises(ValueError, match=ENV) as caught:
+    for bad in ("", "16", "16:L3", "L1:16", "-4:L1", "1.5:L2", "on", "99999999999999999999:L1", "١٦:L1"):
+        with pytest.raises(KvbenchError, match=ENV) as caught:
             parse(bad)
         assert "\n" not in str(caught.value)
     for ahead, level in ((-1, 1), (16, 0), (16, 3), (cpu_native.MAX_PREFETCH_AHEAD + 1, 2)):

@@ -7,6 +7,7 @@ import torch
 from kv_cases import make_case, poisoned_like
 
 from kvbench import kernels
+from kvbench.errors import KvbenchError
 from kvbench.kernels import cpu_native, reference
 
 
@@ -21,7 +22,7 @@ def test_device_decides_and_overrides_win(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_unknown_backend_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown kernel backend"):
+    with pytest.raises(KvbenchError, match="unknown kernel backend"):
         kernels.resolve_backend(torch.device("cpu"), "cuda-graphs")
 
 

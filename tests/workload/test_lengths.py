@@ -59,6 +59,8 @@ def test_different_seeds_differ():
         ({"prompt_ratio": 0.0}, "prompt ratio"),
         ({"prompt_ratio": 1.0}, "prompt ratio"),
         ({"sigma": -1.0}, "sigma"),
+        ({"sigma": 1e300}, "sigma must be between 0 and 10"),  # its square overflowed the lognormal's mean
+        ({"sigma": float("nan")}, "sigma"),
     ],
 )
 def test_bad_specs_are_refused(kwargs, message):

@@ -142,6 +142,12 @@ def test_token_prompts_become_chained_hash_ids():
     assert third[1] != first[1]
 
 
+def test_a_synthetic_workload_past_what_is_spelled_out_is_refused_at_once():
+    """A million sessions of a thousand turns resending million-token prefixes: refused before any list is built."""
+    with pytest.raises(KvbenchError, match="is more than kvbench synthesises"):
+        shared_prefix_trace(5, 1_000_000, 1_000_000, 16, 8, 10.0, 0, 16, turns=1000)
+
+
 def test_shared_prefix_groups_share_their_prefix_blocks():
     assert len(shared_prefix_trace(3, 10, 64, 16, 8, 10.0, 0, 16).requests) == 10  # exactly as many as asked
     trace = shared_prefix_trace(3, 12, 64, 16, 8, 10.0, 0, 16)

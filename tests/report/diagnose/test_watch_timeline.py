@@ -56,6 +56,7 @@ def test_a_torn_last_line_is_set_aside(tmp_path, vllm_exposition):
         ('{"elapsed_s": 0, "state": {"family": "vllm"}}\n', "not a timeline record"),
         ('{"elapsed_s": "soon", "state": {}}\n{"kind": "kvbench-watch"}\n', "not a timeline record"),
         ("[1, 2]\n", "not a timeline record"),
+        ('{"elapsed_s": 0, "state": [1, 2]}\n', "not a timeline record"),  # a state that is no object
         ('{"kind": "kvbench-watch", "version": 1}\n', "holds no scrapes"),
         ("", "holds no scrapes"),
     ],

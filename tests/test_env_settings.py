@@ -1,0 +1,29 @@
+"""kvbench's environment variables: each declared once, an empty value meaning unset, a value outside its meaning
+one error line naming the variable (never a traceback)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench import env_settings
+from kvbench.cli import main
+
+
+def test_an_empty_or_blank_value_is_unset(monkeypatch):
+    for value in ("", "  "):
+        monkeypatch.setenv("KVBENCH_KERNEL_BACKEND", value)
+        assert env_settings.read("KVBENCH_KERNEL_BACKEND") is None
+        assert env_settings.read("KVBENCH_KERNEL_BACKEND", "torch") == "torch"
+    monkeypatch.setenv("KVBENCH_KERNEL_BACKEND", "native")
+    assert env_settings.read("KVBENCH_KERNEL_BACKEND") == "native"
+    with pytest.raises(KeyError):
+        env_settings.read("KVBENCH_NOT_DECLARED")
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1e999", "x" * 5000])
+def test_a_kernel_backend_outside_its_choices_is_one_error_line(value, monkeypatch, capfd):
+    monkeypatch.setenv("KVBENCH_KERNEL_BACKEND", value)
+    args = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1", "--context", "64", "--reps", "1"]
+    assert main([*args, "--warmup", "0"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: unknown kernel backend")
