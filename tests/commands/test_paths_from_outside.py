@@ -156,6 +156,8 @@ def test_a_pipe_given_or_planted_as_a_run_file_is_refused_not_waited_on(sweep_co
         assert "is not a regular file" in one_error_line(capfd)
     assert main(["report", str(pipe)]) == 2
     assert "is not a run directory" in one_error_line(capfd)
+    assert main(["diagnose", str(sweep_copy), "--thresholds", str(pipe)]) == 2
+    assert "is not a regular file" in one_error_line(capfd)
     assert main(["compare", str(pipe), str(sweep_copy), "--update-baseline"]) == 2  # nothing to read, nowhere to write
     err = one_error_line(capfd)
     assert "no usable baseline" in err and "is not a regular file" in err

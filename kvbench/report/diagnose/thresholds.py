@@ -14,6 +14,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, published as tomli
     import tomli as tomllib
 
+from kvbench import json_input
 from kvbench.errors import KvbenchError
 
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
@@ -59,12 +60,15 @@ class Thresholds:
         return asdict(self)
 
 
+THRESHOLDS_FILE_BYTES = 1 << 20  # a thresholds file is a few lines
+
+
 def load_thresholds(path: Path | None, **overrides: Any) -> Thresholds:
     """Defaults, then a TOML file (top-level keys or a [thresholds] table), then non-None ``overrides``."""
     thresholds = Thresholds()
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))  # a byte-order mark dropped
+            data = tomllib.loads(json_input.read_text(path, THRESHOLDS_FILE_BYTES))  # a byte-order mark dropped
         except OSError as err:
             raise KvbenchError(f"cannot read thresholds file {path}: {err.strerror or err}") from None
         except UnicodeDecodeError:

@@ -50,7 +50,7 @@ class NoScrapes(KvbenchError):
 def read_timeline(location: str | Path) -> Timeline:
     path = Path(location)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = json_input.read_text(path)  # a regular file only: a FIFO would wait for a writer for ever
     except FileNotFoundError:
         raise KvbenchError(f"{location}: no such timeline file") from None
     except (OSError, UnicodeDecodeError) as err:

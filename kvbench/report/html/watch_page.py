@@ -42,6 +42,8 @@ def build(run: RunFiles) -> Page:
 
 def _header(path: Path) -> dict[str, Any]:
     """The timeline's first line, when it is the header kvbench watch writes."""
+    if not path.is_file():  # read_timeline has said why already
+        return {}
     try:
         with open(path, encoding="utf-8") as lines:
             first = json_input.loads(lines.readline(1 << 20) or "{}")
