@@ -111,9 +111,15 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
     """
     target = Path(path)
     line = json_text(record, indent=None) + "\n"
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "ab+") as handle:
+        fd = os.open(target, flags, 0o644)  # a link is refused (ELOOP), a FIFO without a reader too (ENXIO)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise KvbenchError(f"will not append to {target}: it is not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "ab+") as handle:
             if handle.tell() > 0:
                 handle.seek(-1, os.SEEK_END)
                 if handle.read(1) != b"\n":
@@ -122,6 +128,8 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise KvbenchError(f"will not append to {target}: it is a symbolic link") from None
         raise KvbenchError(f"cannot write {target}: {err.strerror or err}") from None
 
 

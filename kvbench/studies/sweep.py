@@ -17,7 +17,7 @@ from kvbench import json_input
 from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
-from kvbench.fileio import append_jsonl, set_aside_torn_tail, write_json_atomic
+from kvbench.fileio import append_jsonl, run_file, set_aside_torn_tail, write_json_atomic
 from kvbench.results.point import Point, aggregate_repeats, point_from_result, timeline_of
 from kvbench.results.schema import INTERLEAVED_FIELD
 from kvbench.studies.backends.base import PointBackend
@@ -45,6 +45,7 @@ def pin_run_config(run_dir: Path, config: dict[str, Any], resume: bool) -> None:
     """Record what a run directory's points were measured with; refuse to resume it with other settings."""
     path = run_dir / RUN_CONFIG
     if resume and path.exists():
+        run_file(run_dir, RUN_CONFIG)  # a link leading out of the run directory is refused
         try:
             recorded = json_input.loads(json_input.read_text(path))
         except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
@@ -63,6 +64,8 @@ def recover_results(results_path: Path) -> str | None:
     Returns the torn text (for a warning) or None. A broken line before the last one is not a torn write
     but a damaged file: ``load_finished`` refuses it.
     """
+    if results_path.exists():
+        run_file(results_path.parent, results_path.name)  # a link leading out of the run directory is refused
     return set_aside_torn_tail(results_path)
 
 
@@ -71,6 +74,7 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
     finished: dict[tuple[str, int, str], dict[str, Any]] = {}
     if not results_path.exists():
         return finished
+    run_file(results_path.parent, results_path.name)  # a link leading out of the run directory is refused
     try:
         text = json_input.read_text(results_path)
     except (OSError, UnicodeDecodeError) as err:

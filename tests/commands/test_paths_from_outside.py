@@ -165,3 +165,36 @@ def test_a_pipe_given_or_planted_as_a_run_file_is_refused_not_waited_on(sweep_co
     os.mkfifo(sweep_copy / "summary.json")  # planted in a run directory: no summary to read
     assert main(["diagnose", str(sweep_copy)]) == 2
     assert "no summary.json" in one_error_line(capfd)
+
+
+def test_a_resume_never_reads_or_appends_through_links_leaving_the_run(sweep_copy, tmp_path, capfd):
+    """results.jsonl and sweep-config.json linked to files elsewhere: the resume is refused, the files untouched."""
+    for name in ("results.jsonl", "sweep-config.json"):
+        run = tmp_path / f"run-{name}"
+        shutil.copytree(sweep_copy, run)
+        outside = tmp_path / f"outside-{name}"
+        (run / name).rename(outside)
+        (run / name).symlink_to(outside)
+        before = outside.read_bytes()
+        args = ["sweep", "--simulate", "--requests", "12", "--concurrency", "2,4", "--out", str(run), "--resume"]
+        assert main(args) == 2, name
+        assert "leads outside the run directory" in one_error_line(capfd)
+        assert outside.read_bytes() == before
+
+
+def test_the_one_appender_refuses_a_link_and_a_pipe(tmp_path):
+    from kvbench.fileio import append_jsonl
+
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text('{"a": 1}\n')
+    link = tmp_path / "results.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(KvbenchError, match="symbolic link"):
+        append_jsonl(link, {"b": 2})
+    pipe = tmp_path / "pipe.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(KvbenchError):
+        append_jsonl(pipe, {"b": 2})
+    assert target.read_text() == '{"a": 1}\n' and pipe.is_fifo()
+    append_jsonl(tmp_path / "new.jsonl", {"c": 3})
+    assert (tmp_path / "new.jsonl").read_text() == '{"c": 3}\n'
