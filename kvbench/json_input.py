@@ -35,6 +35,8 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         text = text[1:]
     if text.count("[") + text.count("{") > max_depth and _nesting(text) > max_depth:  # counts first: cheap
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
+    if "\\u" in text and (lone := _LONE_SURROGATE.search(text)) is not None:  # no text: it cannot be written
+        raise json.JSONDecodeError("a lone surrogate (\\ud800-\\udfff) is not text", text, lone.start())
     try:
         return json.loads(text)
     except RecursionError:  # a caller already deep in its own stack
@@ -45,6 +47,10 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         raise json.JSONDecodeError("a number with more digits than can be read", text, 0) from None
 
 
+_LONE_SURROGATE = re.compile(  # an escaped high surrogate without its low one, or a low one without its high
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included: its brackets are text
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}

@@ -13,11 +13,16 @@ from kvbench.errors import KvbenchError
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
+FLOAT_MAX_INT = int(1.7976931348623157e308)  # ints beyond this have no float: as unusable as infinity
+
+
 def is_number(value: Any, *, finite: bool) -> TypeGuard[float]:
     """An int or float, never a bool (which Python counts as an int); with ``finite`` not NaN or infinity
     either. Every caller says which it needs: JSON has no NaN, but Python's json module reads one."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
+    if isinstance(value, int):  # every int is finite; one past float's range would overflow isfinite
+        return not finite or abs(value) <= FLOAT_MAX_INT
     return math.isfinite(value) or not finite
 
 

@@ -28,6 +28,8 @@ class SSEDecoder:
         self._pending_cr = False  # the last chunk ended in CR: a LF at the start of the next one belongs to it
 
     def feed(self, chunk: bytes) -> list[str]:
+        if not chunk:  # nothing new: a pending CR still waits for the LF that may follow it
+            return []
         if self._pending_cr:
             self._pending_cr = False
             if chunk.startswith(b"\n"):
@@ -42,6 +44,8 @@ class SSEDecoder:
             self._buffer = buffer
             return []
         *events, self._buffer = buffer.split(b"\n\n")
+        if len(self._buffer) > MAX_EVENT_BYTES:  # the rest, after the events this chunk completed, is held too
+            raise MalformedStream(f"an event longer than {MAX_EVENT_BYTES >> 20} MiB without an end")
         out = []
         for event in events:
             data = _event_data(event)

@@ -54,13 +54,13 @@ def parse_samples(text: str, source: str = "the exposition") -> list[Sample]:
         raise KvbenchError(f"{source} is an HTML page, not Prometheus exposition text")
     try:
         families = list(text_string_to_metric_families(text))
+        return [
+            Sample(sample.name, dict(sample.labels), float(sample.value))  # a whole number of 309 digits overflows
+            for family in families
+            for sample in family.samples
+        ]
     except Exception as err:
         raise KvbenchError(f"{source} is not Prometheus exposition text: {_first_line(str(err))}") from None
-    return [
-        Sample(sample.name, dict(sample.labels), float(sample.value))
-        for family in families
-        for sample in family.samples
-    ]
 
 
 def _first_line(text: str, limit: int = 120) -> str:

@@ -150,6 +150,14 @@ def read_states(text: str, source: str = "the exposition") -> list[ServerState]:
     return states
 
 
+def _bound(text: str | None) -> float | None:
+    """A histogram bucket's upper bound (``le``), or None when the label is not a number."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 def _group(samples: Iterable[Sample], key_labels: tuple[str, ...]) -> dict[tuple, list[Sample]]:
     groups: dict[tuple, list[Sample]] = {}
     for sample in samples:
@@ -194,9 +202,9 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
             continue
         free = _value(group, names.BLOCKS_FREE)
         buckets = sorted(
-            (float(s.labels["le"]), s.value)
+            (le, s.value)
             for s in group
-            if s.name == f"{names.ALLOC_LATENCY}_bucket" and "le" in s.labels
+            if s.name == f"{names.ALLOC_LATENCY}_bucket" and (le := _bound(s.labels.get("le"))) is not None
         )
         states.append(
             ServerState(
@@ -295,7 +303,7 @@ def _sglang(samples: list[Sample]) -> list[ServerState]:
                 "sglang",
                 dict(key),
                 total_blocks=tokens / page if tokens and page else tokens,
-                block_size=int(page) if page else None,
+                block_size=int(page) if page and math.isfinite(page) else None,
                 usage=usage,
                 running=running,
                 waiting=_value(group, "sglang:num_queue_reqs"),

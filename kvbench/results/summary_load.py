@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from kvbench import json_input
 from kvbench.errors import KvbenchError
+from kvbench.results.point_check import point_problem
 from kvbench.results.schema import SCHEMA_VERSION
 
 SUMMARY_FILE = "summary.json"
@@ -55,6 +56,9 @@ def summary_path(location: str | os.PathLike) -> Path:
     return path
 
 
+MAX_CONCURRENCY = 10**9  # requests in flight at once: no run reaches it
+
+
 def load_summary(location: str | os.PathLike) -> Summary:
     path = summary_path(location)
     try:
@@ -85,6 +89,8 @@ def parse_summary(data: Any, path: Path) -> Summary:
     keyed: dict[PointKey, Mapping[str, Any]] = {}
     for index, point in enumerate(points):
         key = _point_key(point, default_scenario, f"{path}: point {index}")
+        if (problem := point_problem(point)) is not None:
+            raise KvbenchError(f"{path}: point {key.label}: {problem}; kvbench never writes that")
         if key in keyed:
             raise KvbenchError(f"{path}: two points for {key.label}")
         keyed[key] = point
@@ -102,6 +108,8 @@ def _point_key(point: Any, default_scenario: str, where: str) -> PointKey:
         raise KvbenchError(f"{where} has no integer concurrency")
     if concurrency < 0:
         raise KvbenchError(f"{where} has concurrency {concurrency}, below 0 (0 is an open-loop point)")
+    if concurrency > MAX_CONCURRENCY:
+        raise KvbenchError(f"{where} has a concurrency above {MAX_CONCURRENCY:,}, more than any run holds")
     if not isinstance(scenario, str):
         raise KvbenchError(f"{where} has a non-string scenario")
     return PointKey(engine, concurrency, scenario)

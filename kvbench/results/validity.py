@@ -46,8 +46,13 @@ KINDS: dict[str, str] = {
     "cached_blocks": _COUNT,
     "prompt_tokens_mean": _COUNT,
     "generation_tokens_mean": _COUNT,
+    "prompt_tokens": _COUNT,
+    "generation_tokens": _COUNT,
+    "ttft_sum_s": _COUNT,  # seconds summed: never negative, never past what a count could hold
+    "ttft_count": _COUNT,
 }
 _SLACK = 1e-9  # a share computed as 1 - free / total may land a rounding error past 1
+MAX_BLOCK_SIZE = 1 << 20  # tokens per block: servers use 1 to a few thousand
 MAX_COUNT = 2.0**53  # past this a float no longer holds every whole number: no server counts that far
 
 # the metric each field is read from, to name it in a message (a field missing here is named as it is)
@@ -109,7 +114,7 @@ def set_aside_invalid(state: ServerState) -> ServerState:
             _set_aside(state, field, value, why)
     if state.block_size is not None and (
         not is_number(state.block_size, finite=True)
-        or state.block_size < 1
+        or not 1 <= state.block_size <= MAX_BLOCK_SIZE
         or state.block_size != int(state.block_size)
     ):
         _set_aside(state, "block_size", state.block_size, "not a whole number of tokens")

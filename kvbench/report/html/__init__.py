@@ -47,11 +47,19 @@ def build_page(location: str | Path):
         )
     try:
         return importlib.import_module(module).build(run)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as err:
+        _close_figures()
         # a summary edited by hand, or written by another version: say what is wrong, in one line
         raise KvbenchError(
             f"{run.directory}: cannot build its report, its files lack or mistype a field ({type(err).__name__}: {err})"
         ) from None
+
+
+def _close_figures() -> None:
+    """A plot that failed half drawn leaves its figure open: closed, so failures cannot pile figures up."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")
 
 
 def render_run(location: str | Path) -> str:
