@@ -21,6 +21,7 @@ from kvbench.commands._options import (
     seed_option,
 )
 from kvbench.commands._run import write_study
+from kvbench.commands._target_options import MIN_RATE
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
     MAX_REQUESTS,
@@ -151,8 +152,8 @@ def reuse(
         sources.append("--prefix-groups")
     if len(sources) > 1:
         raise KvbenchError(f"{' and '.join(sources)} each give the requests: choose one")
-    if not (math.isfinite(rate) and 0 < rate <= 1e6):
-        raise KvbenchError(f"--rate must be above 0 and at most 1,000,000 per second, got {rate!r}")
+    if not (math.isfinite(rate) and MIN_RATE <= rate <= 1e6):  # slower, the sessions' arrivals span years
+        raise KvbenchError(f"--rate must be between {MIN_RATE:g} and 1,000,000 per second, got {rate!r}")
     if not (math.isfinite(think_time) and 0 <= think_time <= 86_400):
         raise KvbenchError(f"--think-time must be 0 to 86,400 seconds, got {think_time!r}")
     if turns > 1 and not prefix_groups:

@@ -73,7 +73,7 @@ def test_a_requests_file_with_arrival_times(tmp_path, capsys):
         (["--window", "5:2"], "--window: cannot read"),
         (["--time-scale", "0"], "--time-scale must be above 0"),
         (["--time-scale", "1e300"], "--time-scale must be above 0"),
-        (["--prefix-groups", "2", "--rate", "nan"], "--rate must be above 0"),
+        (["--prefix-groups", "2", "--rate", "nan"], "--rate must be between 0.001 and"),
         (["--prefix-groups", "2", "--requests", "1000000000"], "--requests"),
         (["--offload", "1B"], "holds no KV block"),
         (["--trace-block-size", "0"], "--trace-block-size"),

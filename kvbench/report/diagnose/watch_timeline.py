@@ -16,6 +16,7 @@ from kvbench.report.diagnose.live_rules import Window, diagnose_windows, seconds
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.results.servers import ServerState
 from kvbench.results.watch_records import KIND, TIMELINE_FILE
+from kvbench.values import is_number
 
 
 def timeline_path(location: str | Path) -> Path | None:
@@ -47,6 +48,9 @@ class NoScrapes(KvbenchError):
         self.failed = failed
 
 
+MAX_ELAPSED_S = 1e9  # about 30 years: a watch that long was not recorded
+
+
 def read_timeline(location: str | Path) -> Timeline:
     path = Path(location)
     try:
@@ -70,9 +74,12 @@ def read_timeline(location: str | Path) -> Timeline:
                 errors += 1
                 continue
             elapsed = record["elapsed_s"]
-            if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
-                raise ValueError("elapsed_s is not a number")
+            if not is_number(elapsed, finite=True) or abs(elapsed) > MAX_ELAPSED_S:  # before the load: negative
+                raise ValueError("elapsed_s is not a finite number of seconds")
             state = ServerState.from_record(record["state"])
+            samples = windows[state.source].samples if state.source in windows else []
+            if samples and elapsed < samples[-1][0]:
+                raise ValueError(f"elapsed_s goes back from {samples[-1][0]:g} to {elapsed:g}")
         except (ValueError, KeyError, TypeError) as err:
             if index == len(lines) - 1 and index > 0 and not text.endswith("\n"):
                 torn = True  # the last write was cut short

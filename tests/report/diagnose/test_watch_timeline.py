@@ -57,6 +57,8 @@ def test_a_torn_last_line_is_set_aside(tmp_path, vllm_exposition):
         ('{"elapsed_s": "soon", "state": {}}\n{"kind": "kvbench-watch"}\n', "not a timeline record"),
         ("[1, 2]\n", "not a timeline record"),
         ('{"elapsed_s": 0, "state": [1, 2]}\n', "not a timeline record"),  # a state that is no object
+        ('{"elapsed_s": NaN, "state": {}}\n{"kind": "kvbench-watch"}\n', "not a finite number of seconds"),
+        ('{"elapsed_s": 1e300, "state": {}}\n{"kind": "kvbench-watch"}\n', "not a finite number of seconds"),
         ('{"kind": "kvbench-watch", "version": 1}\n', "holds no scrapes"),
         ("", "holds no scrapes"),
     ],
@@ -93,3 +95,11 @@ def test_a_load_window_reads_the_server_under_load_not_idle_after_it(tmp_path, v
     trimmed = during(window, 0.0, 2.2)
     assert trimmed is not None and [t for t, _ in trimmed.samples] == [-0.5, 0.0, 1.0, 2.0]
     assert during(window, 10.0, 11.0) is None  # no scrape inside: the caller keeps the whole timeline
+
+
+def test_a_timeline_whose_time_goes_back_is_a_one_line_error(tmp_path, vllm_exposition):
+    path = tmp_path / "timeline.jsonl"
+    write(path, vllm_exposition, [(10.0, {}), (9.0, {}), (11.0, {})])  # "over -4.0 s" was printed from this
+    with pytest.raises(KvbenchError, match="elapsed_s goes back from 10 to 9") as err:
+        read_timeline(path)
+    assert len(str(err.value).splitlines()) == 1
