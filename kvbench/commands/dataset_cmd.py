@@ -6,6 +6,7 @@ import typer
 
 from kvbench.commands._options import int_list, json_option, make_console, out_option, run_directory, seed_option
 from kvbench.commands._run import write_study
+from kvbench.errors import KvbenchError
 from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
 from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
 
@@ -36,8 +37,13 @@ def dataset(
 
     Records that cannot be read, or are too short or too long, are counted and left out, as in a run.
     """
+    from kvbench.models.resolve import resolve_model
     from kvbench.models.tokenizers import load_tokenizer  # transformers and torch load only when run
 
+    resolve_model(model)  # a model that does not exist is refused, not read as a preset without a tokenizer
+    sizes = tuple(int_list(block_sizes, "--block-size"))
+    if any(size > max_len for size in sizes):
+        raise KvbenchError(f"--block-size {max(sizes)} is above --max-len {max_len}: one block would outgrow a request")
     out_dir = run_directory(out)
     settings = DatasetSettings(
         path=path,
@@ -45,7 +51,7 @@ def dataset(
         max_len=max_len,
         requests=requests,
         seed=seed,
-        block_sizes=tuple(int_list(block_sizes, "--block-size")),
+        block_sizes=sizes,
     )
     console = make_console(stderr=as_json)
     with console.status("reading the dataset..."):

@@ -76,6 +76,9 @@ CASES = [
     "waste --requests 20 --gpu-memory 1e999GiB",
     "reuse --points 2 --kv-sizes 1e999GiB",
     "reuse --points 2 --offload 1e999GiB",
+    "reuse --points 2 --prefix-groups 2 --rate 1e-300",
+    "dataset real-chat --model /nonexistent",
+    "dataset real-chat --block-size 100000",
 ]
 
 
