@@ -114,8 +114,15 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_NOTED: set[str] = set()
+
+
 def note(text: str) -> None:
-    """One line on stderr for something the user should know about the cache that stops nothing."""
+    """One line on stderr for something the user should know about the cache that stops nothing (once per
+    process: each measurement that cannot be cached would say the same)."""
     import sys
 
+    if text in _NOTED:
+        return
+    _NOTED.add(text)
     print(f"kvbench: note: {text}", file=sys.stderr, flush=True)

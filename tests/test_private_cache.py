@@ -67,3 +67,11 @@ def test_files_are_written_atomically_privately_and_read_back_only_when_safe(tmp
     with pytest.raises(UnsafeCache, match="not a regular file"):
         private_cache.check_file(folder / "sub")
     assert private_cache.sha256_hex(b"two") == __import__("hashlib").sha256(b"two").hexdigest()
+
+
+def test_a_note_about_the_cache_is_said_once_per_process(capsys):
+    from kvbench import private_cache
+
+    private_cache.note("measuring without caching: a test note")
+    private_cache.note("measuring without caching: a test note")
+    assert capsys.readouterr().err.count("a test note") == 1

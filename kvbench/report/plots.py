@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -11,6 +12,12 @@ import matplotlib
 matplotlib.use("Agg")
 matplotlib.rcParams["text.parse_math"] = False  # names from run files are text: "$x$" is not math to typeset
 import matplotlib.pyplot as plt  # noqa: E402
+
+# What matplotlib says of data from outside (an empty legend, a layout it cannot fit, ticks of a range near the
+# float limit) is not the user's to read: the figure is drawn regardless, and the run's checks judge the data.
+for _said in ("No artists with labels found", "Tight layout not applied", "Attempting to set identical"):
+    warnings.filterwarnings("ignore", message=_said, category=UserWarning)
+warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning, module=r"matplotlib\.")
 
 from kvbench.fileio import write_atomic  # noqa: E402
 from kvbench.report import figure_capture  # noqa: E402
