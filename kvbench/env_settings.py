@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from kvbench.errors import KvbenchError
+
 VARIABLES: dict[str, str] = {
     "KVBENCH_REPORT": "0 (or off, false, no): runs skip report.html at their end; `kvbench report` builds it later",
     "KVBENCH_THREADS": "a thread count the automatic choice takes instead of measuring one at start-up",
@@ -28,6 +30,21 @@ VARIABLES: dict[str, str] = {
     "KVBENCH_KERNEL_BACKEND": "forces the KV ops' backend: torch, native or triton",
     "KVBENCH_DEBUG": "1: `kvbench serve`'s engine process prints a failed step's traceback",
 }
+
+
+_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off variable (1/0, on/off, true/false, yes/no; unset or empty: ``default``); anything else is refused
+    in one line naming it, never read as on."""
+    value = read(name)
+    if value is None:
+        return default
+    text = value.strip().lower()
+    if text in _ON or text in _OFF:
+        return text in _ON
+    raise KvbenchError(f"{name}={value[:40]!r} is neither on nor off; set it to 1 or 0 (or unset it)")
 
 
 def read(name: str, default: str | None = None) -> str | None:

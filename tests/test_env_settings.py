@@ -27,3 +27,18 @@ def test_a_kernel_backend_outside_its_choices_is_one_error_line(value, monkeypat
     assert main([*args, "--warmup", "0"]) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: unknown kernel backend")
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("0", False), ("off", False), ("YES", True), ("", True)])
+def test_a_switch_reads_on_and_off_and_empty_as_its_default(value, on, monkeypatch):
+    monkeypatch.setenv("KVBENCH_AMX", value)
+    assert env_settings.switch("KVBENCH_AMX", True) is on
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "2", "1e999"])
+def test_a_switch_outside_on_and_off_is_refused_naming_the_variable(value, monkeypatch):
+    from kvbench.errors import KvbenchError
+
+    monkeypatch.setenv("KVBENCH_AMX", value)
+    with pytest.raises(KvbenchError, match="KVBENCH_AMX=.* is neither on nor off"):
+        env_settings.switch("KVBENCH_AMX", True)

@@ -43,7 +43,7 @@ def int_list(text: str, what: str, minimum: int = 1) -> list[int]:
         raise KvbenchError(f"{what} is empty; give a comma-separated list of integers such as 10,30,50")
     values = []
     for item in items:
-        if not re.fullmatch(r"[+-]?\d+", item):
+        if not re.fullmatch(r"[+-]?[0-9]+", item):  # ASCII digits: "٣" is not a concurrency anyone typed
             raise KvbenchError(f"{what}: {item!r} is not an integer")
         value = int(item)
         if value < minimum:

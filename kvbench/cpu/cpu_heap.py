@@ -66,7 +66,7 @@ def current() -> HeapPolicy | None:
 
 
 def _apply() -> HeapPolicy:
-    if env_settings.read(ENV, "1") == "0":
+    if not env_settings.switch(ENV, True):
         return HeapPolicy(False, f"{ENV}=0")
     if os.environ.get(THP_ENV) != "1":
         return HeapPolicy(False, f"{THP_ENV} is not 1: torch's large blocks would not be reused")

@@ -41,7 +41,7 @@ _CACHE_ATTR = "_kvbench_packed_weights"  # on the model: packed copies by (data_
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packing on this device and dtype, unless turned off by ``KVBENCH_PACKED_WEIGHTS=0``. oneDNN packs
     bfloat16 only where the CPU has AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere it raises."""
-    if env_settings.read(ENV, "1") == "0":
+    if not env_settings.switch(ENV, True):
         return False
     return (
         device.type == "cpu"

@@ -85,7 +85,7 @@ def measured(kind: str, descriptor: dict, measure: Callable[[], dict], check: Ca
     path: Path | None = None
     try:
         path = private_cache.private_dir() / f"{kind}-{_digest(descriptor)}.json"
-        data = None if env_settings.read(REMEASURE_ENV) == "1" else private_cache.read_bytes(path)
+        data = None if env_settings.switch(REMEASURE_ENV, False) else private_cache.read_bytes(path)
     except private_cache.UnsafeCache as error:
         private_cache.note(f"measuring the CPU choices without caching them: {error}")
         path, data = None, None

@@ -53,7 +53,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False, or None."""
-    if env_settings.read(ENV, "1") == "0":
+    if not env_settings.switch(ENV, True):
         return f"turned off by {ENV}=0"
     lib = cpu_native._load()
     if lib is None:

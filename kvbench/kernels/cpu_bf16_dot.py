@@ -29,7 +29,7 @@ _INSTRUCTION_SET = cpu_native.ISA_BITS[4]
 
 def unavailable_reason() -> str | None:
     """Why the kernel cannot run here, or None."""
-    if env_settings.read(ENV, "1") == "0":
+    if not env_settings.switch(ENV, True):
         return f"turned off by {ENV}=0"
     if cpu_native._load() is None:
         return cpu_native.unavailable_reason()

@@ -37,6 +37,7 @@ from typing import Any, TypedDict
 import torch
 
 from kvbench import env_settings, private_cache
+from kvbench.errors import KvbenchError
 
 ENV = "KVBENCH_NATIVE_KERNELS"
 ISA_ENV = "KVBENCH_CPU_ISA"
@@ -107,8 +108,8 @@ def _isa_flags() -> tuple[str, tuple[str, ...]]:
     """The variant asked for (``KVBENCH_CPU_ISA``, default native) and its compiler flags; RuntimeError if this
     machine cannot run it."""
     name = env_settings.read(ISA_ENV, "native") or "native"
-    if name not in ISA_VARIANTS:
-        raise RuntimeError(f"unknown {ISA_ENV}={name!r}; choose {', '.join(ISA_VARIANTS)}")
+    if name not in ISA_VARIANTS:  # the user's typo: said, not a silent fall-back to torch
+        raise KvbenchError(f"unknown {ISA_ENV}={name!r}; choose {', '.join(ISA_VARIANTS)}")
     flags, needs = ISA_VARIANTS[name]
     if name != "native":
         if platform.machine() not in ("x86_64", "AMD64"):
@@ -241,7 +242,7 @@ def _load() -> ctypes.CDLL | None:
     with _lock:
         if "lib" in _state or "reason" in _state:
             return _state.get("lib")
-        if env_settings.read(ENV, "1") == "0":
+        if not env_settings.switch(ENV, True):
             _state["reason"] = f"turned off by {ENV}=0"
             return None
         try:

@@ -63,7 +63,7 @@ def cpu_server_budget(available_bytes: int) -> Budget:
     available, cap = human_bytes(available_bytes, "GiB"), human_bytes(CPU_KV_CAP, "GiB")
     return kv_bytes, (
         f"{human_bytes(kv_bytes, 'GiB')} of this CPU's memory ({CPU_KV_SHARE:.0%} of the {available} available, "
-        f"at most {cap}; --kv-memory sets it)"
+        f"at most {cap}; a KV memory size given sets it)"
     )
 
 

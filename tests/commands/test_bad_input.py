@@ -79,6 +79,7 @@ CASES = [
     "reuse --points 2 --prefix-groups 2 --rate 1e-300",
     "dataset real-chat --model /nonexistent",
     "dataset real-chat --block-size 100000",
+    "sweep --simulate --concurrency ٣",
 ]
 
 

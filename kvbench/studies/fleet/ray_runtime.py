@@ -189,7 +189,7 @@ def check_gpus_here(device: str, simulate: bool, address: str | None, workers: i
     if gpus < workers:
         raise KvbenchError(
             f"{workers} CUDA workers need a GPU each, and this machine has {gpus}: run on fewer "
-            "instances or workers, on the CPU, or on a Ray cluster with GPUs (--ray-address)"
+            "instances or workers, on the CPU, or on a Ray cluster that has the GPUs"
         )
 
 
