@@ -55,9 +55,11 @@ def int_list(text: str, what: str, minimum: int = 1) -> list[int]:
 
 
 def name_list(text: str, what: str, allowed: tuple[str, ...]) -> list[str]:
-    names = [item.strip() for item in text.split(",") if item.strip()]
-    if not names:
+    names = [item.strip() for item in text.split(",")]
+    if not any(names):
         raise KvbenchError(f"{what} is empty; choose from {', '.join(allowed)}")
+    if not all(names):  # "a,,b": a name left out, not a list to guess at
+        raise KvbenchError(f"{what} {text!r} has an empty item; give names separated by single commas")
     singular = what[:-3] + "y" if what.endswith("ies") else what.removesuffix("s")  # strategies -> strategy
     for index, name in enumerate(names):
         if name not in allowed:

@@ -371,7 +371,8 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
             if name != "target" and value != _default(name)
         ]
         if given:
-            raise KvbenchError(f"{', '.join(given)} go with --target (a server over HTTP)")
+            verb = "goes" if len(given) == 1 else "go"
+            raise KvbenchError(f"{', '.join(given)} {verb} with --target (a server over HTTP)")
         return None
     key_env = values["api_key_env"]
     if key_env is not None and not ENV_PATTERN.fullmatch(key_env):

@@ -38,7 +38,7 @@ def capacity(
         "--gpu-memory",
         help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu.",
     ),
-    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory the engine may use, in (0, 1]."),
+    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory the engine may use, in [0.01, 1]."),
     kv_cache_memory: str | None = typer.Option(
         None,
         "--kv-cache-memory",
@@ -81,7 +81,7 @@ def capacity(
         raise KvbenchError(f"--mean-len ({mean_len}) exceeds --max-len ({max_len})")
     settings = CapacitySettings(
         model=model,
-        gpu=gpu or (CUSTOM if gpu_memory is not None else DEFAULT_GPU),
+        gpu=gpu if gpu is not None else (CUSTOM if gpu_memory is not None else DEFAULT_GPU),  # "" is an unknown GPU
         utilization=utilization,
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,

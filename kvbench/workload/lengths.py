@@ -107,8 +107,10 @@ def load_trace(path: str | Path) -> list[tuple[int, int]]:
     Columns/keys: ``prompt_len`` (or ``prompt_token_ids``, a list) and ``output_len`` (or ``max_tokens``).
     """
     trace = Path(path)
-    if not trace.is_file():
+    if not trace.exists():
         raise KvbenchError(f"trace file not found: {trace}")
+    if not trace.is_file():
+        raise KvbenchError(f"trace file {trace} is not a regular file")
     text = read_text(trace, "trace file")
     if trace.suffix.lower() == ".csv":
         rows = list(csv.DictReader(text.splitlines()))

@@ -80,6 +80,8 @@ CASES = [
     "dataset real-chat --model /nonexistent",
     "dataset real-chat --block-size 100000",
     "sweep --simulate --concurrency ٣",
+    "fleet --simulate --policies round-robin,,random",
+    "waste --trace /tmp",
 ]
 
 
