@@ -13,6 +13,7 @@ import json
 
 import pytest
 from browser import Chromium, find_chromium
+from run_kinds import RUN_KINDS
 
 from kvbench.cli import main
 from kvbench.report.html import REPORT_FILE
@@ -24,17 +25,7 @@ pytestmark = pytest.mark.skipif(
     "install Debian's chromium (apt-get install -y chromium) to open the reports in a browser",
 )
 
-CASES = [
-    "sweep_run",
-    "oom_sweep_run",
-    "waste_run",
-    "fleet_run",
-    "share_run",
-    "dataset_run",
-    "reuse_run",
-    "endpoint_run",
-    "compare_report",
-]
+CASES = [*RUN_KINDS, "compare_report"]
 PHONE_WIDTH = 390
 A4_CONTENT_PX = 718  # 210 mm - 2 x 12 mm margins, at 96 px per inch
 

@@ -7,20 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from run_kinds import RUN_KINDS
 
 from kvbench.report import figure_capture
 from kvbench.report.html import build_page
 
-RUNS = [
-    "sweep_run",
-    "oom_sweep_run",
-    "waste_run",
-    "fleet_run",
-    "share_run",
-    "dataset_run",
-    "reuse_run",
-    "endpoint_run",
-]
+RUNS = RUN_KINDS
 # plots that describe rather than rank (no side of them is better; the server's KV usage says what its top means)
 NO_DIRECTION = ("lengths.png", "waterfall-", "kv_usage.png")
 DIRECTION_WORDS = ("better", "further left: less memory")
