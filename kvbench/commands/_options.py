@@ -116,6 +116,7 @@ def writable_file(path: Path | None, option: str) -> Path | None:
     return path
 
 
+MIN_RATE = 1e-3  # requests (or sessions) per second: slower, a run of a few hundred takes days to arrive
 MAX_SIZE_BYTES = float(1 << 60)  # 1 EiB: no memory size a run could mean is larger
 
 

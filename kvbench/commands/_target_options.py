@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import typer
 
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
-from kvbench.commands._options import choice
+from kvbench.commands._options import MIN_RATE, choice
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
     MAX_REQUESTS,
@@ -43,7 +43,6 @@ from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
 PANEL = "Servers over HTTP (--target)"
 TRACE_SHAPING = ("trace_block_size", "trace_convention", "max_requests", "window", "time_scale")
-MIN_RATE = 1e-3  # requests per second: slower, a point of a few hundred requests takes days to arrive
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -10,6 +10,7 @@ import typer
 
 from kvbench.commands._options import (
     COMPUTE_DTYPES,
+    MIN_RATE,
     choice,
     gpu_memory_utilization_option,
     gpu_option,
@@ -21,7 +22,6 @@ from kvbench.commands._options import (
     seed_option,
 )
 from kvbench.commands._run import write_study
-from kvbench.commands._target_options import MIN_RATE
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
     MAX_REQUESTS,

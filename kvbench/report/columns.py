@@ -116,6 +116,13 @@ class TableSpec:
         return markdown_table([c.heading for c in self.columns], self.rows(points))
 
 
+def print_whole(console: Any, table: RichTable) -> None:
+    """Print ``table`` with every column: one wider than the console (off a terminal, 160 columns) is laid out at
+    its own width and left to the terminal to wrap, never cropped at the edge (the right-hand columns vanished)."""
+    needed = console.measure(table).minimum
+    console.print(table, width=max(console.width, needed), crop=False)
+
+
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
     def cell(value: Any) -> str:
         if value is None:

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from kvbench.fileio import run_file
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
@@ -435,7 +435,7 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
 
 def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
     points = document["points"]
-    console.print(POINT_TABLE.rich(ordered(points)))
+    print_whole(console, POINT_TABLE.rich(ordered(points)))
     searches = document["endpoint"].get("find_max") or []
     if searches:
         console.print(find_max_table(searches, document["endpoint"].get("slo")))

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 from rich.table import Table
 
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
@@ -494,7 +494,7 @@ def print_sweep(
     console.print(article_table(article_rows(points), simulated))
     for line in headline_findings(points, meta):
         console.print(line)
-    console.print(POINT_TABLE.rich(points, wide))
+    print_whole(console, POINT_TABLE.rich(points, wide))
     if meta is not None and shows_output_lengths(meta):
         console.print(output_length_table(points, meta))
     for line in steady_warnings(points):

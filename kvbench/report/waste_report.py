@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.report.sweep_report import (
     OUTPUT_LENGTH_COLUMNS,
@@ -125,7 +125,7 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
     )
     table = SHARE_TABLE.rich(points)
     table.caption = f"{_caption(meta)}; eff.: effective usage; int./ext.: internal/external fragmentation"
-    console.print(table)
+    print_whole(console, table)
     if shows_output_lengths(meta):
         console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
     elif meta.get("stop") == "eos":
