@@ -65,9 +65,10 @@ def figure_markup(figure: CapturedFigure, label_id: str) -> Markup:
     title = html.escape(figure.title or figure.name, quote=True)
     if figure.is_svg:
         svg = _SVG_OPEN.sub(f'<svg role="img" aria-labelledby="{label_id}" class="plot"', figure.data, count=1)
-        return Markup(svg)
+        return Markup(f'<div class="plot-scroll">{svg}</div>')
     return Markup(
-        f'<img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" aria-describedby="{label_id}">'
+        f'<div class="plot-scroll"><img class="plot" src="data:{figure.mime};base64,{figure.data}" alt="{title}" '
+        f'aria-describedby="{label_id}"></div>'
     )
 
 
