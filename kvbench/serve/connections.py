@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from kvbench.serve.protocol import ApiError
 
@@ -47,6 +48,9 @@ async def read_body(request: web.BaseRequest, limits: ConnectionLimits) -> bytes
             return await request.read()
     except (TimeoutError, asyncio.TimeoutError):
         raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g}s") from None
+    except RequestPayloadError as err:  # a body aiohttp cannot decode (gzip that is not): the client's, a 400
+        said = " ".join(str(err).split()).removeprefix("400, message: ")
+        raise ApiError(400, f"the request body cannot be read: {said}") from None
 
 
 class _Counted(asyncio.Protocol):

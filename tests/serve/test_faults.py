@@ -339,3 +339,18 @@ def _wait_sync(predicate, seconds: float = 10.0) -> bool:
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.02)
     return predicate()
+
+
+def test_a_body_that_cannot_be_decoded_is_a_400_not_a_500(strict_server):
+    """Content-Encoding gzip over bytes that are not gzip: the client's fault, answered so."""
+    body = b"this is not gzip at all"
+    with _connect(strict_server) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        answer = _read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
+    assert b"the request body cannot be read" in answer
+    _still_answers(strict_server)

@@ -127,8 +127,8 @@ def test_malformed_traces_give_one_line_errors(tmp_path, name, text, message):
 def test_missing_and_unreadable_traces(tmp_path):
     with pytest.raises(KvbenchError, match="trace file not found"):
         load_trace(tmp_path / "nope.jsonl")
-    with pytest.raises(KvbenchError, match="trace file not found"):
-        load_trace(tmp_path)  # a directory
+    with pytest.raises(KvbenchError, match="is not a regular file"):
+        load_trace(tmp_path)  # a directory: said as such, not as missing
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(KvbenchError, match="cannot read trace"):
