@@ -52,6 +52,9 @@ def printable(text: str, limit: int | None = None) -> str:
     return out if limit is None or len(out) <= limit else out[:limit] + "..."
 
 
+MAX_THREADS = 4096  # more than any machine's cores: a thread pool that large fails to start, not to run
+
+
 def parse_threads(text: str | int | None) -> int | None:
     """``auto`` (or None) -> None; a positive integer -> itself; anything else is a one-line error."""
     if text is None or text == "auto":
@@ -60,6 +63,6 @@ def parse_threads(text: str | int | None) -> int | None:
         threads = int(text)
     except (TypeError, ValueError):
         raise KvbenchError(f"threads must be a positive integer or auto, got {text!r}") from None
-    if threads < 1:
-        raise KvbenchError(f"threads must be a positive integer or auto, got {threads}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise KvbenchError(f"threads must be between 1 and {MAX_THREADS:,} or auto, got {threads}")
     return threads

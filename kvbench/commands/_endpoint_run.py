@@ -17,6 +17,7 @@ from kvbench.studies.endpoint_sweep import EndpointSweep
 from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.sweep import pin_run_config
 from kvbench.studies.sweep_setup import SweepSetup
+from kvbench.values import printable
 
 DEFAULT_ENGINES = "paged,contiguous"
 
@@ -103,7 +104,7 @@ def _targets_text(options: SweepOptions, setup: SweepSetup) -> str:
     if endpoint is None:
         return ""
     urls = ", ".join(f"{name} = {target.url}" for name, target in zip(endpoint.names, endpoint.targets, strict=True))
-    return f"{urls}; serving {setup.model_name}"
+    return f"{urls}; serving {printable(setup.model_name)}"
 
 
 def _requests_text(setup: SweepSetup) -> str:

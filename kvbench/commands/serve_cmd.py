@@ -21,6 +21,7 @@ from kvbench.commands._options import (
 from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.values import printable
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -208,7 +209,7 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
             )
         )
         console.print(
-            f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {model.name} "
+            f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {printable(model.name)} "
             f"({tokenizer}); max-len {model.max_len}"
         )
         console.print(

@@ -123,9 +123,15 @@ def most_prompt_tokens(body: dict[str, Any]) -> int:
     return len(json.dumps(prompt, ensure_ascii=False).encode("utf-8")) + TEMPLATE_TOKENS
 
 
-def impossible_counts(record: RequestRecord, body: dict[str, Any]) -> str | None:
-    """Why the counts a server reported for ``body`` cannot be true (then the request is set aside), or None."""
+def impossible_counts(record: RequestRecord, body: dict[str, Any], texts: int = 0) -> str | None:
+    """Why the counts a server reported for ``body`` cannot be true (then the request is set aside), or None.
+    ``texts``: the events that carried text, each at least one token."""
     asked = body.get("max_tokens")
+    if record.output_tokens_from == "usage" and record.output_tokens is not None and record.output_tokens < texts:
+        return (
+            f"the server reports {record.output_tokens:,} output tokens after streaming {texts:,} events of text: "
+            "impossible, set aside"
+        )
     if record.output_tokens_from == "usage" and isinstance(asked, int) and (record.output_tokens or 0) > asked:
         return (
             f"the server reports {record.output_tokens:,} output tokens for max_tokens {asked}: impossible, set aside"
@@ -264,7 +270,7 @@ class EndpointClient:
             else:
                 done = "[DONE]" in decoder.close()
         record.text = "".join(parts)
-        impossible = impossible_counts(record, body)
+        impossible = impossible_counts(record, body, sum(1 for part in parts if part))
         if impossible is not None:
             record.fail("malformed", impossible)
             return

@@ -23,6 +23,7 @@ from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point
 from kvbench.results.run_meta import summary_document
+from kvbench.values import printable
 
 FIND_MAX_COLUMNS = (
     "target",
@@ -271,7 +272,7 @@ def write_endpoint_outputs(
 
 
 def _tag(meta: dict[str, Any]) -> str:
-    return f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
+    return printable(f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}")
 
 
 def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]]) -> list[Path]:
@@ -403,7 +404,7 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
                 label="prefix-cache blocks resident % (KV events)",
             )
         right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
-        right.set_ylim(0, max(105.0, *(r.get("waiting") or 0 for r in waiting)))
+        right.set_ylim(0, max([105.0, *(r.get("waiting") or 0 for r in waiting)]))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
         removed = events.get("removed_per_s") or []

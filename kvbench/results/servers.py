@@ -173,6 +173,16 @@ def _value(samples: list[Sample], name: str, where: Callable[[dict], bool] | Non
     return sum(found) if found else None
 
 
+def _gauge(samples: list[Sample], name: str, doubled: dict[str, str]) -> float | None:
+    """A gauge's one value; a page that gives it twice for one engine (its samples would add up to a share of
+    70% from 30% and 40%) is recorded in ``doubled`` and gives no value."""
+    found = [s.value for s in samples if s.name == name]
+    if len(found) > 1:
+        doubled[name] = f"given {len(found)} times for one engine: no value can be read"
+        return None
+    return found[0] if found else None
+
+
 def _mean(samples: list[Sample], histogram: str) -> float | None:
     total, count = _value(samples, f"{histogram}_sum"), _value(samples, f"{histogram}_count")
     return total / count if total is not None and count else None
@@ -237,9 +247,10 @@ _VLLM_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # curre
 def _vllm(samples: list[Sample]) -> list[ServerState]:
     states = []
     for key, group in _group(samples, ("engine",)).items():
-        usage = next((v for name in _VLLM_USAGE if (v := _value(group, name)) is not None), None)
-        running = _value(group, "vllm:num_requests_running")
-        if usage is None and running is None:
+        doubled: dict[str, str] = {}
+        usage = next((v for name in _VLLM_USAGE if (v := _gauge(group, name, doubled)) is not None), None)
+        running = _gauge(group, "vllm:num_requests_running", doubled)
+        if usage is None and running is None and not doubled:
             continue  # e.g. admission_rejections, which carries no engine label
         info = next((s.labels for s in group if s.name == "vllm:cache_config_info"), {})
         config = {k: v for k, v in info.items() if k != "engine"}
@@ -266,7 +277,7 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
                 block_size=int(block_size) if block_size else None,
                 usage=usage,
                 running=running,
-                waiting=_value(group, "vllm:num_requests_waiting"),
+                waiting=_gauge(group, "vllm:num_requests_waiting", doubled),
                 waiting_capacity=_value(
                     group, "vllm:num_requests_waiting_by_reason", lambda labels: labels.get("reason") == "capacity"
                 ),
@@ -283,6 +294,9 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
                 config=config,
             )
         )
+        fields = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+        for name, why in doubled.items():
+            states[-1].invalid[fields.get(name, "usage")] = f"{name} {why}"
     return states
 
 

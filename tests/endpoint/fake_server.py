@@ -50,6 +50,7 @@ class FakeConfig:
     metrics_stall_after: int | None = None  # /metrics stops answering after that many scrapes
     token_text_bytes: int = 0  # padding on each token's text (a server whose events are huge)
     prompt_tokens_claim: int | None = None  # the usage's prompt_tokens, whatever the prompt was
+    completion_tokens_claim: int | None = None  # the usage's completion_tokens, whatever was streamed
     models_nested: bool = False  # /v1/models answers JSON nested 100,000 levels deep
     announce: bool = False  # print "REQUEST <n>" as each completion request arrives (a process's stdout)
 
@@ -215,7 +216,9 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                                 "choices": [],
                                 "usage": {
                                     "prompt_tokens": config.prompt_tokens_claim or len(ids),
-                                    "completion_tokens": total,
+                                    "completion_tokens": total
+                                    if config.completion_tokens_claim is None
+                                    else config.completion_tokens_claim,
                                     "total_tokens": len(ids) + total,
                                 },
                             }

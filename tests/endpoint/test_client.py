@@ -178,6 +178,13 @@ def test_a_stream_of_huge_events_is_cut_at_a_size_scaled_from_max_tokens():
     assert len(record.token_times) <= 2  # what was kept before the cut
 
 
+def test_fewer_output_tokens_than_the_events_of_text_streamed_are_set_aside():
+    with serve_in_thread(completion_tokens_claim=0) as server:
+        record = send(server.url, ids_request(4))  # four events of text, then a usage of 0 tokens
+    assert not record.ok and record.error_kind == "malformed"
+    assert "reports 0 output tokens after streaming 4 events of text: impossible" in record.error
+
+
 def test_more_prompt_tokens_than_the_prompt_can_hold_are_set_aside():
     with serve_in_thread(prompt_tokens_claim=1_000_000) as server:
         record = send(server.url, ids_request(5))  # four token ids

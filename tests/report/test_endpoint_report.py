@@ -110,3 +110,16 @@ def test_hits_above_the_empty_cache_ideal_say_they_came_from_earlier_points():
     assert "reused what earlier points left" in line
     (line,) = reuse_lines(_point(concurrency=4, prefix_reuse={**reuse, "hit_rate_requests": 0.0}, cache_state="reset"))
     assert "earlier points" not in line
+
+
+def test_a_timeline_with_usage_but_no_waiting_series_still_draws(tmp_path):
+    """A server whose /metrics has a KV usage gauge and no waiting gauge: the plot is drawn (it raised TypeError)."""
+    from kvbench.report.endpoint_report import timeline_plot
+
+    timeline = {
+        "bin_s": 0.5,
+        "client": {"t_s": [0.0, 0.5], "output_tokens_per_s": [10.0, 12.0]},
+        "server": [{"elapsed_s": 0.1, "kv_usage": 0.3}, {"elapsed_s": 0.6, "kv_usage": 0.4}],
+    }
+    path = timeline_plot(timeline, tmp_path / "timeline.png", "usage only")
+    assert path.is_file() and path.stat().st_size > 0

@@ -238,3 +238,15 @@ def test_the_counters_outside_the_validity_table_are_counts_too(text):
         for field in ("prompt_tokens", "generation_tokens", "ttft_count", "ttft_sum_s"):
             value = getattr(state, field)
             assert value is None or (math.isfinite(value) and 0 <= value <= MAX_COUNT), (field, value)
+
+
+def test_a_gauge_given_twice_for_one_engine_is_set_aside_never_summed():
+    """30% and 40% for one engine (two models, or a duplicated series) are not a usage of 70%."""
+    page = (
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.3\n'
+        'vllm:kv_cache_usage_perc{model_name="other"} 0.4\n'
+        'vllm:num_requests_running{model_name="m"} 3\n'
+    )
+    (state,) = read_states(page)
+    assert state.usage is None and "given 2 times for one engine" in state.invalid["usage"]
+    assert state.running == 3
