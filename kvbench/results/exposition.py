@@ -65,7 +65,7 @@ def parse_samples(text: str, source: str = "the exposition") -> list[Sample]:
 
 def _first_line(text: str, limit: int = 120) -> str:
     line = text.strip().splitlines()[0] if text.strip() else "unreadable"
-    return line if len(line) <= limit else line[:limit] + "..."
+    return printable(line, limit)  # a binary page's NUL and 0xFF bytes are written out, never sent to the terminal
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

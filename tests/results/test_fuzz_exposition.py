@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -250,3 +251,10 @@ def test_a_gauge_given_twice_for_one_engine_is_set_aside_never_summed():
     (state,) = read_states(page)
     assert state.usage is None and "given 2 times for one engine" in state.invalid["usage"]
     assert state.running == 3
+
+
+def test_a_binary_page_is_one_line_with_its_bytes_written_out():
+    with pytest.raises(KvbenchError) as raised:
+        parse_samples("\x00\xff\xfe" * 100)
+    said = str(raised.value)
+    assert len(said.splitlines()) == 1 and "\x00" not in said and "\\x00" in said and len(said) < 200
