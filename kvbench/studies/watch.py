@@ -64,7 +64,8 @@ def watch(
         count += 1
         on_scrape(current)
         due = count * settings.interval_s
-        if settings.duration_s is not None and due > settings.duration_s + 1e-9:
+        over = settings.duration_s is not None and clock() - start >= settings.duration_s  # slow scrapes ate it
+        if settings.duration_s is not None and (due > settings.duration_s + 1e-9 or over):
             return count
         sleep(max(0.0, start + due - clock()))
         elapsed = clock() - start

@@ -167,3 +167,21 @@ def test_watch_refuses_bad_kv_event_options(tmp_path, metrics_server, vllm_expos
         err = capsys.readouterr().err
         assert err.startswith("error:") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "w").exists()
+
+
+def test_slow_scrapes_end_the_watch_at_its_duration_not_after_its_count(tmp_path, monkeypatch):
+    """Scrapes of 4 s each on a 1 s interval: a 4 s watch ends after about 4 s of wall time, not after 5 scrapes
+    (20 s); the clock here is simulated, each scrape advancing it by 4 s."""
+    from kvbench.studies import watch as watch_module
+    from kvbench.studies.watch import WatchSettings, watch
+
+    now = [0.0]
+
+    def slow_read(url, timeout):
+        now[0] += 4.0
+        return []
+
+    monkeypatch.setattr(watch_module, "read_endpoint", slow_read)
+    settings = WatchSettings("http://127.0.0.1:1/metrics", 1.0, 4.0, tmp_path / "timeline.jsonl")
+    count = watch(settings, [], lambda scrape: None, clock=lambda: now[0], sleep=lambda s: None)
+    assert count == 2 and now[0] == 4.0  # the first (given) scrape, one slow one, then the duration is spent
