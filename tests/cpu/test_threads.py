@@ -19,8 +19,11 @@ def _restore_threads():
 
 def test_parse():
     assert parse_threads("auto") is None and parse_threads(None) is None and parse_threads("2") == 2
-    for bad in ("0", "-1", "two", "1.5"):
+    for bad in ("two", "1.5"):
         with pytest.raises(KvbenchError, match="positive integer or auto"):
+            parse_threads(bad)
+    for bad in ("0", "-1", "99999"):  # 99,999 threads start no pool: refused up front
+        with pytest.raises(KvbenchError, match="between 1 and 4,096 or auto"):
             parse_threads(bad)
 
 
