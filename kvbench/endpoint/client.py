@@ -15,7 +15,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,7 +232,7 @@ class EndpointClient:
             most_events = 2 * asked + 16 if isinstance(asked, int) else None  # a server streams at most one per token
             most_bytes = (asked if isinstance(asked, int) else 4096) * STREAM_BYTES_PER_TOKEN + (1 << 20)
             received = 0
-            async for chunk in response.content.iter_any():
+            async for chunk in _chunks(response.content, self.limits.stall_s):
                 now = clock() - start
                 received += len(chunk)
                 if received > most_bytes:
@@ -310,6 +310,24 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
         response.close()
 
 
+async def _chunks(content: aiohttp.StreamReader, stall_s: float) -> AsyncIterator[bytes]:
+    """The body's bytes as they come, each read under the stall deadline of its own: aiohttp's socket-read
+    timeout stops once the connection is lost, and a body cut by a malformed chunk then waited for the whole
+    request's deadline (600 s) instead of failing as a stall."""
+    clock = asyncio.get_running_loop().time
+    while True:
+        began = clock()
+        try:
+            chunk = await asyncio.wait_for(content.readany(), stall_s)
+        except (asyncio.TimeoutError, TimeoutError):
+            if clock() - began < stall_s:  # the request's own deadline, which aiohttp enforces: not a stall
+                raise
+            raise aiohttp.ServerTimeoutError(f"no data for {stall_s:g} s") from None
+        if not chunk:
+            return
+        yield chunk
+
+
 def failure_of(err: BaseException, limits: RequestLimits) -> tuple[str, str]:
     """The failure kind and a one-line message for an exception raised while a request ran."""
     if isinstance(err, aiohttp.ConnectionTimeoutError):
@@ -326,6 +344,8 @@ def failure_of(err: BaseException, limits: RequestLimits) -> tuple[str, str]:
         return "disconnect", "the connection closed mid-stream (the response body was cut short)"
     if isinstance(err, aiohttp.ServerDisconnectedError):
         return "disconnect", "the server closed the connection before answering"
+    if isinstance(err, RuntimeError) and "Connection closed" in str(err):  # aiohttp's word for a body cut short
+        return "disconnect", "the connection closed mid-stream (the response body was cut short)"
     if isinstance(err, (aiohttp.ClientOSError, ConnectionError)):
         return "disconnect", f"the connection broke ({_short(err)})"
     if isinstance(err, aiohttp.ClientResponseError):  # an unreadable status line or headers

@@ -5,10 +5,11 @@ It streams ``/v1/completions`` and ``/v1/chat/completions`` (one SSE event per t
 simulated over 16-token blocks, prompt and generation token counters, a TTFT histogram), ``/v1/models`` and
 ``POST /reset_prefix_cache``. Faults are planned per request by arrival order (``faults``: a cycle of fault names,
 "" for a normal request): ``500``, ``429``, ``stall`` (stops after ``fault_tokens`` tokens), ``close`` (drops the
-connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``nested`` (an event nested
-100,000 levels deep), ``error_event`` (an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish
-reason), ``json`` (answers without streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes;
-``metrics_stall_after``: it stops answering. ``done_stall``: a complete stream whose body never ends.
+connection after ``fault_tokens`` tokens), ``malformed`` (an event that is not JSON), ``badchunk`` (a chunk size
+that is no number, then the connection closes), ``nested`` (an event nested 100,000 levels deep), ``error_event``
+(an error inside the stream), ``no_done`` (ends without ``[DONE]`` or a finish reason), ``json`` (answers without
+streaming). ``metrics_fail_after``: /metrics answers 503 after that many scrapes; ``metrics_stall_after``: it stops
+answering. ``done_stall``: a complete stream whose body never ends.
 ``refuse_ignore_eos``: a request with ``ignore_eos`` gets a 400.
 
 Run in a thread of the test process (:func:`serve_in_thread`) or as a process that can be killed
@@ -175,7 +176,10 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                 return b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
 
             for k in range(total):
-                if fault in ("stall", "close", "malformed", "nested", "error_event") and k == config.fault_tokens:
+                if (
+                    fault in ("stall", "close", "malformed", "nested", "error_event", "badchunk")
+                    and k == config.fault_tokens
+                ):
                     if fault == "stall":
                         await response.write(b"".join(out))
                         await asyncio.sleep(config.stall_s)
@@ -183,6 +187,11 @@ def build_app(config: FakeConfig) -> tuple[web.Application, FakeState]:
                     if fault == "close":
                         await response.write(b"".join(out))
                         request.transport.abort()
+                        return response
+                    if fault == "badchunk":  # a chunk size that is no number, then the connection closes
+                        await response.write(b"".join(out))
+                        request.transport.write(b"zz\r\nxx\r\n")
+                        request.transport.close()
                         return response
                     if fault == "malformed":
                         out.append(b"data: {not json\n\n")

@@ -91,6 +91,7 @@ def test_without_usage_the_counts_are_left_for_later():
         ("close", "disconnect", None, "cut short"),
         ("malformed", "malformed", None, "not JSON"),
         ("nested", "malformed", None, "not JSON"),
+        ("badchunk", "stall", None, "no data for 0.5 s"),  # waited for the whole deadline: aiohttp never woke it
         ("error_event", "server_error", None, "planned error inside the stream"),
         ("no_done", "disconnect", None, "without its end"),
         ("json", "malformed", None, "not an event stream"),
