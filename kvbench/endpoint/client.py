@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -318,7 +319,11 @@ async def _chunks(content: aiohttp.StreamReader, stall_s: float) -> AsyncIterato
     while True:
         began = clock()
         try:
-            chunk = await asyncio.wait_for(content.readany(), stall_s)
+            if sys.version_info >= (3, 11):  # in this task: wait_for could swallow a cancellation (a point's end)
+                async with asyncio.timeout(stall_s):
+                    chunk = await content.readany()
+            else:
+                chunk = await asyncio.wait_for(content.readany(), stall_s)
         except (asyncio.TimeoutError, TimeoutError):
             if clock() - began < stall_s:  # the request's own deadline, which aiohttp enforces: not a stall
                 raise
