@@ -32,7 +32,7 @@ VARIABLES: dict[str, str] = {
 }
 
 
-_ON, _OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+ON_WORDS, OFF_WORDS = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
 def switch(name: str, default: bool) -> bool:
@@ -42,8 +42,8 @@ def switch(name: str, default: bool) -> bool:
     if value is None:
         return default
     text = value.strip().lower()
-    if text in _ON or text in _OFF:
-        return text in _ON
+    if text in ON_WORDS or text in OFF_WORDS:
+        return text in ON_WORDS
     raise KvbenchError(f"{name}={value[:40]!r} is neither on nor off; set it to 1 or 0 (or unset it)")
 
 

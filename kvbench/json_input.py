@@ -58,7 +58,7 @@ _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 def _nesting(text: str) -> int:
     """How deep lists and objects nest in ``text``, read in one pass without recursion (the strings taken out
-    first, then the brackets summed, in C-speed passes: about as long again as parsing takes)."""
+    first, then the brackets summed, in C-speed passes)."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 

@@ -298,11 +298,11 @@ def _cpu_lines(setup: SweepSetup, verbose: bool) -> list[str]:
     parts += ["freed memory kept for the next step"] if heap is not None and heap.kept else []
     if not parts:
         return []
-    measured = plan is not None or prefetch is not None
+    if plan is None and prefetch is None:  # nothing measured: nothing more to say
+        return [f"CPU: {'; '.join(parts)}"]
     cached = plan is not None and plan.source.startswith("cached")
-    detail = ("; chosen by cached measurements" if cached else "; measured at start-up") if measured else ""
-    detail += "; --verbose for the timings" if measured else ""
-    return [f"CPU: {'; '.join(parts)}{detail}"]
+    parts.append("chosen by cached measurements" if cached else "measured at start-up")
+    return [f"CPU: {'; '.join(parts)}; --verbose for the timings"]
 
 
 def _print_intro(console, setup: SweepSetup, verbose: bool = False) -> None:

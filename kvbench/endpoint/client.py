@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from kvbench.endpoint.openai import APIS, DONE, check_base_url, error_message, h
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.sse import MalformedStream, SSEDecoder
 from kvbench.errors import KvbenchError
+from kvbench.measure.http_fetch import within
 
 ERROR_BODY_BYTES = 4096  # what is read of an error response, for its reason
 DRAIN_S = 1.0  # how long the end of a body may take after [DONE]
@@ -314,16 +314,12 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
 async def _chunks(content: aiohttp.StreamReader, stall_s: float) -> AsyncIterator[bytes]:
     """The body's bytes as they come, each read under the stall deadline of its own: aiohttp's socket-read
     timeout stops once the connection is lost, and a body cut by a malformed chunk then waited for the whole
-    request's deadline (600 s) instead of failing as a stall."""
+    request's deadline instead of failing as a stall."""
     clock = asyncio.get_running_loop().time
     while True:
         began = clock()
         try:
-            if sys.version_info >= (3, 11):  # in this task: wait_for could swallow a cancellation (a point's end)
-                async with asyncio.timeout(stall_s):
-                    chunk = await content.readany()
-            else:
-                chunk = await asyncio.wait_for(content.readany(), stall_s)
+            chunk = await within(content.readany(), stall_s)  # a point's end (a cancellation) goes through
         except (asyncio.TimeoutError, TimeoutError):
             if clock() - began < stall_s:  # the request's own deadline, which aiohttp enforces: not a stall
                 raise

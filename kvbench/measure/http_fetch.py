@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from kvbench.errors import KvbenchError
 from kvbench.values import printable
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import aiohttp
@@ -193,6 +197,15 @@ async def _read_body(response, max_bytes: int, url: str) -> bytes:
             f"{url}: the body ended after {len(data):,} of the {declared:,} bytes its Content-Length announced"
         )
     return data
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result within ``seconds`` (else TimeoutError), awaited in this task where Python has
+    ``asyncio.timeout``: ``wait_for`` runs it in a task of its own, which can swallow a cancellation."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 def fetch_sync(url: str, **kwargs: Any) -> FetchResult:

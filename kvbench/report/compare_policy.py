@@ -145,7 +145,7 @@ TIME_WEIGHTED_THRESHOLDS = {
 RATIO_SINGLE = Threshold(2.5, Mode.FACTOR)
 RATIO_SAMPLED = Threshold(1.35, Mode.FACTOR)  # a 30% drop is x1.43
 # One run of engines stepped in turn (interleaved): both see the same load, so their ratio holds where each
-# engine's own throughput does not (busy Zen 1, two runs with a core 49% and 81% of the time: ratios within x1.15).
+# engine's own throughput does not (docs/REPORT.md gives the spread measured).
 RATIO_INTERLEAVED = Threshold(1.35, Mode.FACTOR)
 TAIL_RATIO_SAMPLED = Threshold(8.0, Mode.FACTOR)
 SINGLE_RUN_NOTE = "single run: too noisy to gate (repeat each point 4+ times, or gate it with an explicit rule)"

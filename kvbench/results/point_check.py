@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbench.results.schema import POINT_STATUSES
+from kvbench.values import is_number
 
 MAX_COUNT = 2**53  # past this a float no longer holds every whole number
 COUNT_FIELDS = ("completed", "rejected", "preemptions", "peak_running", "max_concurrency")
@@ -51,7 +52,7 @@ def bound_problem(name: str, value: float) -> str | None:
 def point_problem(point: dict[str, Any]) -> str | None:
     """The first of a recorded point's figures that cannot be true (``name is value, why``), or None: counts,
     shares, fractions, throughputs, latencies and bytes, where present and not null."""
-    fields: list[tuple[str, Any]] = [(name, point.get(name)) for name in point]
+    fields: list[tuple[str, Any]] = list(point.items())
     waste = point.get("waste")
     if isinstance(waste, dict):
         fields += [(f"waste.{name}", value) for name, value in waste.items() if name.endswith("_pct")]
@@ -61,16 +62,7 @@ def point_problem(point: dict[str, Any]) -> str | None:
         ) or name.endswith(CHECKED_SUFFIXES)
         if not judged or value is None or isinstance(value, dict):  # a dict is a group of figures (waste_peak_pct)
             continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or value != value
-            or value
-            in (
-                float("inf"),
-                float("-inf"),
-            )
-        ):
+        if not is_number(value, finite=True):
             return f"metric {name} is {_shown(value)}, not a number"
         problem = metric_problem(name, value) or bound_problem(name, value)
         if problem:

@@ -173,12 +173,12 @@ def _value(samples: list[Sample], name: str, where: Callable[[dict], bool] | Non
     return sum(found) if found else None
 
 
-def _gauge(samples: list[Sample], name: str, doubled: dict[str, str]) -> float | None:
+def _gauge(samples: list[Sample], name: str, field: str, doubled: dict[str, str]) -> float | None:
     """A gauge's one value; a page that gives it twice for one engine (its samples would add up to a share of
     70% from 30% and 40%) is recorded in ``doubled`` and gives no value."""
     found = [s.value for s in samples if s.name == name]
     if len(found) > 1:
-        doubled[name] = f"given {len(found)} times for one engine: no value can be read"
+        doubled[field] = f"{name} given {len(found)} times for one engine: no value can be read"
         return None
     return found[0] if found else None
 
@@ -248,8 +248,8 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
     states = []
     for key, group in _group(samples, ("engine",)).items():
         doubled: dict[str, str] = {}
-        usage = next((v for name in _VLLM_USAGE if (v := _gauge(group, name, doubled)) is not None), None)
-        running = _gauge(group, "vllm:num_requests_running", doubled)
+        usage = next((v for name in _VLLM_USAGE if (v := _gauge(group, name, "usage", doubled)) is not None), None)
+        running = _gauge(group, "vllm:num_requests_running", "running", doubled)
         if usage is None and running is None and not doubled:
             continue  # e.g. admission_rejections, which carries no engine label
         info = next((s.labels for s in group if s.name == "vllm:cache_config_info"), {})
@@ -277,7 +277,7 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
                 block_size=int(block_size) if block_size else None,
                 usage=usage,
                 running=running,
-                waiting=_gauge(group, "vllm:num_requests_waiting", doubled),
+                waiting=_gauge(group, "vllm:num_requests_waiting", "waiting", doubled),
                 waiting_capacity=_value(
                     group, "vllm:num_requests_waiting_by_reason", lambda labels: labels.get("reason") == "capacity"
                 ),
@@ -294,9 +294,7 @@ def _vllm(samples: list[Sample]) -> list[ServerState]:
                 config=config,
             )
         )
-        fields = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
-        for name, why in doubled.items():
-            states[-1].invalid[fields.get(name, "usage")] = f"{name} {why}"
+        states[-1].invalid.update(doubled)
     return states
 
 

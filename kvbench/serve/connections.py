@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from kvbench.measure.http_fetch import within
 from kvbench.serve.protocol import ApiError
 
 
@@ -42,10 +42,7 @@ class ConnectionLimits:
 async def read_body(request: web.BaseRequest, limits: ConnectionLimits) -> bytes:
     """The request's body; a 408 when it has not all arrived within the limit."""
     try:
-        if sys.version_info < (3, 11):
-            return await asyncio.wait_for(request.read(), limits.body_timeout_s)
-        async with asyncio.timeout(limits.body_timeout_s):  # in this task: a body already here is read at once
-            return await request.read()
+        return await within(request.read(), limits.body_timeout_s)  # a body already here is read at once
     except (TimeoutError, asyncio.TimeoutError):
         raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g}s") from None
     except RequestPayloadError as err:  # a body aiohttp cannot decode (gzip that is not): the client's, a 400

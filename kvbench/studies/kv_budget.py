@@ -52,13 +52,13 @@ def gpu_preset_budget(shape: ModelShape, gpu: GpuSpec, utilization: float) -> Bu
 
 
 CPU_KV_SHARE = 0.25  # of the memory available once the weights are loaded
-CPU_KV_CAP = 4 << 30  # vLLM's CPU KV space for years when VLLM_CPU_KVCACHE_SPACE was not set
+CPU_KV_CAP = 4 << 30  # vLLM's CPU KV space when VLLM_CPU_KVCACHE_SPACE is not set
 
 
 def cpu_server_budget(available_bytes: int) -> Budget:
     """What a server on a CPU takes for its KV cache when not told: a quarter of the memory available now, at
-    most 4 GiB. vLLM's CPU backend sizes its cache from the machine's memory the same way (4 GiB by default for
-    years, half the RAM in later releases); the rest stays for the weights' copies, activations and the system."""
+    most 4 GiB, as vLLM's CPU backend sizes its cache from the machine's memory; the rest stays for the weights'
+    copies, activations and the system."""
     kv_bytes = min(CPU_KV_CAP, int(available_bytes * CPU_KV_SHARE))
     available, cap = human_bytes(available_bytes, "GiB"), human_bytes(CPU_KV_CAP, "GiB")
     return kv_bytes, (

@@ -78,7 +78,7 @@ def write_report(location: str | Path, out: str | Path | None = None) -> Written
 
 
 REPORT_ENV = "KVBENCH_REPORT"  # "0" (or off, false, no): runs skip report.html; kvbench report builds it later
-_OFF, _ON = ("0", "off", "false", "no"), ("", "1", "on", "true", "yes")
+_OFF, _ON = env_settings.OFF_WORDS, ("", *env_settings.ON_WORDS)
 
 
 def report_after_runs() -> bool:
