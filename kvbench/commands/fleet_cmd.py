@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
+from kvbench.commands._kv_event_options import listening
 from kvbench.commands._options import (
     choice,
     choice_list,
@@ -21,15 +23,18 @@ from kvbench.commands._options import (
 )
 from kvbench.commands._run import Run, show
 from kvbench.commands._run_options import with_run_options
+from kvbench.commands._target_options import parse_target
+from kvbench.endpoint.client import RequestLimits
+from kvbench.endpoint.client_metrics import parse_slo
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.exporter import FleetMetrics
-from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_table, write_outputs
+from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_table, simulator_table, write_outputs
 from kvbench.report.rundir import wrote_line
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
-from kvbench.studies.fleet.routing import POLICIES
-from kvbench.studies.run_options import RunOptions, run_fields
+from kvbench.studies.fleet.routing import DEFAULT_POLICIES, POLICIES, KvWeights
+from kvbench.studies.run_options import RunOptions, ServerOptions, run_fields
 
 HELP = """Several instances behind a router: every routing policy on the same arrivals.
 
@@ -37,7 +42,17 @@ Run N engine instances behind a router, fed by one open-loop arrival process (Po
 req/s, or the arrival times of a --trace / --requests-file; a --dataset, or a scenario's dataset, gives the
 prompts and arrives at --rate), and compare routing policies side by side on the same arrivals: round-robin, random
 (seeded), least-requests, most-free-blocks (the most free KV blocks, net of
-queued prefills) and prefix-affinity (a prompt prefix sticks to one instance, within a load cap).
+queued prefills), prefix-affinity (a prompt prefix sticks to one instance, within a load cap), and two KV-aware
+ones that weigh the prompt blocks an instance already holds against its load (--prefix-weight, --load-weight):
+approx-prefix (where the router sent them, remembered for --prefix-ttl seconds) and precise-prefix (what each
+instance's KV events say it holds).
+
+--target NAME=URL (repeated) routes to servers you run instead (vLLM, SGLang, kvbench serve: any
+OpenAI-compatible one): each request goes where the policy says, from each server's /metrics scraped every
+--scrape-interval, the router's own count of what it sent, and (--kv-events NAME=ADDRESS) each server's KV events.
+Prefix caches are reset between policies; a server that dies is marked, the run goes on without it and ends with
+exit 1. The same arrivals then run through the simulator with the servers' KV pools and step times fitted to the
+run (simulator-check.json), to show how far the simulator is from the real fleet.
 
 Instances are the tensor engine as Ray actors (ray.init() starts a local cluster on 127.0.0.1; --ray-address
 joins one; one GPU per actor with --device cuda, else one CPU thread each), or with --simulate the tensor-free
@@ -71,7 +86,8 @@ def _positive(value: float | None, option: str) -> float | None:
 )
 @help_panels(
     {
-        "Fleet": ("instances", "policies", "engine"),
+        "Fleet": ("instances", "policies", "engine", "prefix_weight", "load_weight", "prefix_ttl", "slo"),
+        "Servers over HTTP (--target)": ("targets", "kv_events", "scrape_interval", "request_timeout"),
         "Requests": ("rate", "trace", "prefix_groups", "prefix_len"),
         "KV pool": ("prefix_caching",),
         "Autoscaling": (
@@ -89,12 +105,46 @@ def _positive(value: float | None, option: str) -> float | None:
     }
 )
 def fleet(
-    instances: int = typer.Option(2, "--instances", min=1, max=1024, help="Instances to start with."),
-    policies: str = typer.Option(
-        "round-robin,random,least-requests,most-free-blocks,prefix-affinity",
+    instances: int | None = typer.Option(
+        None, "--instances", min=1, max=1024, help="Instances to start with (default 2; with --target, one per server)."
+    ),
+    policies: str | None = typer.Option(
+        None,
         "--policies",
-        help="Routing policies to compare, comma-separated.",
+        help=f"Routing policies to compare, comma-separated (default: {','.join(DEFAULT_POLICIES)}, and "
+        "precise-prefix where the instances' KV events are heard: --simulate, or --kv-events for every --target).",
         **choice_list(tuple(POLICIES), "policies"),
+    ),
+    prefix_weight: float = typer.Option(
+        KvWeights.prefix, "--prefix-weight", help="KV-aware policies: cost per prompt block the instance must prefill."
+    ),
+    load_weight: float = typer.Option(
+        KvWeights.load, "--load-weight", help="KV-aware policies: cost per block in use or queued on the instance."
+    ),
+    prefix_ttl: float = typer.Option(
+        KvWeights.ttl_s, "--prefix-ttl", help="approx-prefix: seconds the router counts blocks it sent as held."
+    ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="Objectives in ms for goodput, e.g. ttft=500,tpot=50 (requests/s meeting all)."
+    ),
+    targets: list[str] | None = typer.Option(
+        None,
+        "--target",
+        metavar="[NAME=]URL",
+        help="A server to route to instead of kvbench's own instances (repeat for each; NAME labels it).",
+    ),
+    kv_events: list[str] | None = typer.Option(
+        None,
+        "--kv-events",
+        metavar="[NAME=]ADDRESS",
+        help="A --target's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH), for "
+        "precise-prefix (repeat for each server).",
+    ),
+    scrape_interval: float = typer.Option(
+        0.5, "--scrape-interval", help="With --target: seconds between scrapes of each server's /metrics."
+    ),
+    request_timeout: float = typer.Option(
+        600.0, "--request-timeout", help="With --target: seconds a request may take before it fails."
     ),
     rate: float | None = typer.Option(
         None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."
@@ -146,6 +196,17 @@ def fleet(
 
     _positive(rate, "--rate")
     _positive(tick, "--tick")
+    weights = _weights(prefix_weight, load_weight, prefix_ttl)
+    servers = _servers(targets, kv_events, scrape_interval, request_timeout)
+    if servers is not None:
+        _check_servers(
+            servers, instances, run, autoscale, engine, ray_tasks or ray_address is not None or ray_cpus is not None
+        )
+        instances = len(servers.targets)
+    instances = instances if instances is not None else 2
+    if policies is None:
+        heard = run.simulate or (servers is not None and all(t.kv_events for t in servers.targets))
+        policies = ",".join(DEFAULT_POLICIES + (("precise-prefix",) if heard else ()))
     if startup < 0 or not math.isfinite(startup):
         raise KvbenchError(f"--startup-s must be a non-negative number, got {startup:g}")
     scaling = _autoscale(instances, scale_up, scale_down, scale_window, min_instances, max_instances)
@@ -153,7 +214,11 @@ def fleet(
         raise KvbenchError("give --requests-file or --trace, not both")
     if (prefix_groups > 0) != (prefix_len > 0):
         raise KvbenchError("--prefix-groups and --prefix-len go together: give both, or neither")
-    _check_where(run.simulate, ray_tasks, ray_address, ray_cpus, metrics_port is not None or metrics_file is not None)
+    metrics_asked = metrics_port is not None or metrics_file is not None
+    if servers is not None and metrics_asked:
+        raise KvbenchError("--metrics-port/--metrics-file export kvbench's own instances; servers export their own")
+    if servers is None:
+        _check_where(run.simulate, ray_tasks, ray_address, ray_cpus, metrics_asked)
     options = FleetOptions(
         **run_fields(run),
         engine=check_choice(engine, MANAGERS, "--engine"),
@@ -170,8 +235,73 @@ def fleet(
         ray_cpus=ray_cpus,
         simulate_on_ray=ray_tasks,
         autoscale=scaling if autoscale else None,
+        servers=servers,
+        weights=weights,
+        slo=parse_slo(slo) if slo is not None else None,
     )
     _run(options, run_directory(out), as_json, metrics_port, writable_file(metrics_file, "--metrics-file"))
+
+
+def _weights(prefix: float, load: float, ttl: float) -> KvWeights:
+    for value, option in ((prefix, "--prefix-weight"), (load, "--load-weight")):
+        if not (math.isfinite(value) and value >= 0):
+            raise KvbenchError(f"{option} must be a non-negative number, got {value:g}")
+    if prefix == 0 and load == 0:
+        raise KvbenchError("--prefix-weight and --load-weight are both 0: the KV-aware policies would weigh nothing")
+    _positive(ttl, "--prefix-ttl")
+    return KvWeights(prefix, load, ttl)
+
+
+def _servers(
+    targets: list[str] | None, kv_events: list[str] | None, interval: float, timeout: float
+) -> ServerOptions | None:
+    """The --target servers with their event streams, checked; None without --target."""
+    if not targets:
+        if kv_events:
+            raise KvbenchError("--kv-events names a --target's KV event stream: give the servers with --target")
+        return None
+    parsed = [parse_target(text) for text in targets]
+    names = [str(t.name) for t in parsed]
+    if len(set(names)) != len(names):
+        raise KvbenchError(f"--target names must differ: {', '.join(names)} (label them NAME=URL)")
+    streams: dict[str, str] = {}
+    for text in kv_events or []:
+        name, sep, address = text.partition("=")
+        if not sep or "://" in name:  # a bare address: the one server's
+            if len(parsed) > 1:
+                raise KvbenchError(f"--kv-events {text!r}: name its server, NAME=ADDRESS, with several --target")
+            name, address = names[0], text
+        if name not in names:
+            raise KvbenchError(f"--kv-events {text!r}: no --target is named {name!r} (names: {', '.join(names)})")
+        if name in streams:
+            raise KvbenchError(f"--kv-events names {name!r} twice")
+        listen = listening(address, None, False)
+        assert listen is not None
+        streams[name] = listen.endpoint
+    return ServerOptions(
+        tuple(replace(t, kv_events=streams.get(str(t.name))) for t in parsed),
+        _positive(interval, "--scrape-interval") or interval,
+        RequestLimits(timeout_s=_positive(timeout, "--request-timeout") or timeout),
+    )
+
+
+def _check_servers(
+    servers: ServerOptions, instances: int | None, run: RunOptions, autoscale: bool, engine: str, ray: bool
+) -> None:
+    """What a fleet of servers cannot take: the servers are what they are."""
+    given = len(servers.targets)
+    if instances is not None and instances != given:
+        raise KvbenchError(f"--instances {instances} with {given} --target: the servers are the instances")
+    for asked, flag in (
+        (run.simulate, "--simulate"),
+        (autoscale, "--autoscale"),
+        (ray, "--ray/--ray-address/--ray-cpus"),
+        (run.kv_memory is not None, "--kv-memory"),
+        (run.device not in ("cpu", "auto"), "--device"),
+        (engine != "paged", "--engine"),
+    ):
+        if asked:
+            raise KvbenchError(f"{flag} sets up kvbench's own instances; with --target the servers are already set up")
 
 
 def _autoscale(
@@ -234,6 +364,13 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     document = write_outputs(run_dir, setup.meta(), points)
     fleet_run.opened.release()
     show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, document["meta"]))
+    died = [(p["policy"], i) for p in points for i in p["instances"] if i.get("failure") and i.get("name")]
+    if died:
+        policy, server = died[0]
+        raise RunFailed(
+            f"server {server['name']} died under {policy}: {server['failure']}; the figures of the others are kept "
+            f"in {run_dir}"
+        )
     failed = [p for p in points if p["status"] == "error"]
     if failed:
         raise RunFailed(
@@ -264,12 +401,15 @@ def _tables(console, points: list[dict], run_dir: Path, simulated: bool, meta: d
         if len(point["instances"]) <= 16:
             console.print(instance_table(point))
     console.print(fleet_table(points, simulated))  # the policies side by side last, under them the conclusion
+    if meta.get("simulator_check"):
+        console.print(simulator_table(meta["simulator_check"]))
     headline, tone, sentences = fleet_verdict(points, meta)
     console.print(f"[bold]{headline}[/bold]")
     for sentence in sentences[:-1]:  # the last is the page's standing caveat
         console.print(sentence, markup=False, highlight=False)
     plots = "fleet_usage.png, fleet_ttft_cdf.png, and fleet_instances.png where the fleet scaled"
-    console.print(wrote_line(run_dir, f"summary.json, summary.csv, summary.md, results.jsonl, {plots}"))
+    check = ", simulator-check.json" if meta.get("simulator_check") else ""
+    console.print(wrote_line(run_dir, f"summary.json, summary.csv, summary.md, results.jsonl{check}, {plots}"))
 
 
 def _stop_metrics(metrics, path: Path | None) -> None:
@@ -290,6 +430,13 @@ def _intro(console, setup) -> None:
         )
     if setup.dataset is not None:
         console.print(f"dataset: {setup.dataset.note()}")
+    if setup.options.servers is not None:
+        names = ", ".join(f"{t.name}={t.url}" for t in setup.options.servers.targets)
+        console.print(
+            f"{len(setup.options.servers.targets)} servers over HTTP ({names}); {len(setup.pairs)} requests, "
+            f"arrivals: {setup.arrival_source}; prompts drawn in the vocabulary of {setup.model_name}"
+        )
+        return
     console.print(
         f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
         f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
@@ -306,7 +453,7 @@ def _done_line(point: dict) -> str:
 
 
 def _metrics(setup, port: int | None, console):
-    if setup.options.simulate:
+    if setup.options.simulate or setup.options.servers is not None:
         return None
     metrics = FleetMetrics(setup.config.engine, setup.options.device)
     if port is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -25,6 +26,7 @@ import zmq
 from kvbench.measure.kv_events import (
     END_OF_REPLAY,
     MAX_KEPT_EVENTS,
+    EventBatch,
     EventLog,
     MalformedBatch,
     ReceivedBatch,
@@ -49,7 +51,11 @@ class KvEventSubscriber:
         topic: str = "",
         max_events: int = MAX_KEPT_EVENTS,
         bind: bool = False,
+        on_batch: Callable[[EventBatch], None] | None = None,
     ) -> None:
+        """``on_batch``: called in the listening thread with every batch, in sequence order, kept or not (a
+        router's live view of the server's blocks)."""
+        self.on_batch = on_batch
         self.log = EventLog(endpoint, replay_endpoint, time.time(), bound=bind, max_events=max_events)
         self._topic = topic.encode()
         self._stop = threading.Event()
@@ -184,6 +190,8 @@ class KvEventSubscriber:
         return recovered
 
     def _keep(self, received: ReceivedBatch) -> None:
+        if self.on_batch is not None:
+            self.on_batch(received.batch)
         count = len(received.batch.events)
         self.log.events += count
         if self.log.events > self.log.max_events:

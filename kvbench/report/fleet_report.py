@@ -59,12 +59,114 @@ def fleet_verdict(points: list[dict], meta: dict) -> tuple[str, str, list[str]]:
     if failed:
         sentences.append(f"Failed: {', '.join(failed)}.")
         tone = "warn"
+    sentences.extend(reuse_sentences(ok))
+    check = meta.get("simulator_check")
+    if check:
+        sentences.append(simulator_sentence(check))
     shortfall = _load_shortfall(ok, meta)
     if shortfall:
         sentences.insert(0, shortfall)
         tone = "warn"
     sentences.append("Every policy served the same arrivals; one seed and one workload: run it on yours.")
     return headline, tone, sentences
+
+
+def reuse_sentences(ok: list[dict]) -> list[str]:
+    """Which policy kept the most prompt tokens cached, preempted least and (with an SLO) met it most often,
+    each against round-robin (else the first policy), from the run's own figures."""
+    if len(ok) < 2:
+        return []
+    base = next((p for p in ok if p["policy"] == "round-robin"), ok[0])
+    out = []
+    best = max(ok, key=lambda p: p.get("prefix_hit_rate") or 0.0)
+    gain = (best.get("prefix_hit_rate") or 0.0) - (base.get("prefix_hit_rate") or 0.0)
+    if best is not base and gain >= 0.01:
+        out.append(
+            f"{best['policy']} found {units.share(best['prefix_hit_rate'], 0)} of prompt tokens in the prefix cache "
+            f"against {units.share(base['prefix_hit_rate'], 0)} under {base['policy']} "
+            f"(+{100 * gain:.0f} points): those tokens were not computed again; its median time to first token was "
+            f"{units.ms(best.get('p50_ttft_ms'))} against {units.ms(base.get('p50_ttft_ms'))}."
+        )
+    fewest = min(ok, key=lambda p: p.get("preemptions") or 0)
+    if fewest is not base and (fewest.get("preemptions") or 0) < (base.get("preemptions") or 0):
+        out.append(
+            f"{fewest['policy']} preempted {units.count(fewest['preemptions'])} requests against "
+            f"{units.count(base['preemptions'])} under {base['policy']}: requests went where KV blocks were free, "
+            "so fewer ran out of them mid-answer."
+        )
+    if all(p.get("request_goodput") is not None for p in ok):
+        top = max(ok, key=lambda p: p["request_goodput"])
+        out.append(
+            f"{top['policy']} met the SLO for {units.share(top.get('slo_met_share'), 0)} of requests "
+            f"({top['request_goodput']:.2f} requests/s of goodput) against "
+            f"{units.share(base.get('slo_met_share'), 0)} under {base['policy']}."
+        )
+    return out
+
+
+SIM_COLUMNS = (
+    "policy",
+    "share per instance, real / simulated",
+    "prefix hit, real / sim",
+    "preempt, real / sim",
+    "p50 TTFT ms, real / sim",
+    "within 5 points",
+)
+
+
+def simulator_rows(check: dict) -> list[list[str]]:
+    """The simulator against the real run, a row per policy (the console, summary.md and report.html)."""
+    rows = []
+    for row in check.get("policies", []):
+        if row.get("skipped"):
+            rows.append([row["policy"], f"not compared: {row['skipped']}", "", "", "", ""])
+            continue
+        shares = " ".join(
+            f"{100 * a:.0f}/{100 * b:.0f}%" for a, b in zip(row["share_real"], row["share_simulated"], strict=True)
+        )
+        rows.append(
+            [
+                row["policy"],
+                shares,
+                f"{_pct(row['hit_rate_real'])} / {_pct(row['hit_rate_simulated'])}",
+                f"{row['preemptions_real']} / {row['preemptions_simulated']}",
+                f"{_ms(row['p50_ttft_ms_real'])} / {_ms(row['p50_ttft_ms_simulated'])}",
+                "yes" if row["agrees"] else "no",
+            ]
+        )
+    return rows
+
+
+def simulator_sentence(check: dict) -> str:
+    compared = [row for row in check.get("policies", []) if not row.get("skipped")]
+    timing = check.get("timing", {})
+    fitted = (
+        f"step times fitted to this run (decode {1000 * timing.get('decode_s', 0):.2f} ms a step, prefill "
+        f"{1e6 * timing.get('prefill_per_token_s', 0):.1f} us a token)"
+    )
+    if not compared:
+        return "The simulator was not compared with this run: a server died under every policy."
+    off = [row for row in compared if not row["agrees"]]
+    if not off:
+        return (
+            f"The simulator, given these servers' KV pools and {fitted}, matched every policy's share of requests "
+            "per instance and its prefix hit rate within 5 points."
+        )
+    worst = max(off, key=lambda r: max(r["share_gap_points"], abs(r["hit_rate_gap_points"])))
+    return (
+        f"The simulator, given these servers' KV pools and {fitted}, was more than 5 points off for "
+        f"{len(off)} of {len(compared)} policies, most under {worst['policy']} (share {worst['share_gap_points']:.0f} "
+        f"points, hit rate {worst['hit_rate_gap_points']:+.0f} points): trust its answers for this fleet less there."
+    )
+
+
+def simulator_table(check: dict) -> Table:
+    table = Table(title="The simulator against this run (same arrivals, the servers' KV pools, fitted step times)")
+    for column in SIM_COLUMNS:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in simulator_rows(check):
+        table.add_row(*row)
+    return table
 
 
 def _load_shortfall(ok: list[dict], meta: dict) -> str | None:
@@ -161,7 +263,7 @@ def instance_table(point: dict) -> Table:
         table.add_column(column, justify="left" if column in ("state", "failure") else "right")
     for inst in point["instances"]:
         table.add_row(
-            str(inst["index"]),
+            instance_label(inst),
             inst["state"],
             str(inst["routed"]),
             str(inst["finished"]),
@@ -175,6 +277,11 @@ def instance_table(point: dict) -> Table:
     return table
 
 
+def instance_label(inst: dict) -> str:
+    """An instance's number, and a server's name where it has one."""
+    return f"{inst['index']} {inst['name']}" if inst.get("name") else str(inst["index"])
+
+
 def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> dict[str, Any]:
     """summary.json/csv/md and the plots; returns the summary document."""
     document = summary_document("fleet", meta, points)
@@ -185,6 +292,10 @@ def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> di
         f"engine), {meta.get('requests')} requests, arrivals: {meta.get('arrivals')}\n\n"
         + markdown_table(list(_COLUMNS), policy_rows(points))
     )
+    if meta.get("simulator_check"):
+        markdown += "\n\n## The simulator against this run\n\n" + markdown_table(
+            list(SIM_COLUMNS), simulator_rows(meta["simulator_check"])
+        )
     write_summary(run_dir, document, rows, markdown)
     read = [_read_series(run_dir, p["policy"]) for p in points]
     series = [s for s in read if s is not None]

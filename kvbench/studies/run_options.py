@@ -6,11 +6,11 @@ extend it); None means "the scenario's".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvbench.endpoint.client import Target
+from kvbench.endpoint.client import RequestLimits, Target
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.workload.lengths import TokenRange
 from kvbench.workload.prefix_trace import PrefixTrace
@@ -88,6 +88,15 @@ class EndpointOptions:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(target.name or target.url for target in self.targets)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """A fleet of OpenAI-compatible servers (``fleet --target``): kvbench's load generator routes to them."""
+
+    targets: tuple[Target, ...]
+    scrape_interval_s: float = 0.5
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 def run_fields(options: RunOptions) -> dict[str, Any]:

@@ -6,7 +6,13 @@ from typing import Any
 
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.fleet_report import fleet_verdict
+from kvbench.report.fleet_report import (
+    SIM_COLUMNS,
+    fleet_verdict,
+    instance_label,
+    simulator_rows,
+    simulator_sentence,
+)
 from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
@@ -19,10 +25,17 @@ def build(run: RunFiles) -> Page:
     meta, points = document["meta"], document["points"]
     simulated = bool(meta.get("simulated"))
     badges = (["SIMULATED"] if simulated else []) + (["INTERRUPTED"] if meta.get("interrupted") else [])
-    title = (
-        f"kvbench fleet: {meta.get('instances', '?')} instances of {meta.get('model_name', '?')} behind a "
-        f"router — {len(points)} routing polic{'y' if len(points) == 1 else 'ies'}"
-    )
+    policies = f"{len(points)} routing polic{'y' if len(points) == 1 else 'ies'}"
+    if meta.get("servers"):
+        names = ", ".join(str(server.get("name")) for server in meta["servers"])
+        title = (
+            f"kvbench fleet: {len(meta['servers'])} servers over HTTP ({names}) behind kvbench's router — {policies}"
+        )
+    else:
+        title = (
+            f"kvbench fleet: {meta.get('instances', '?')} instances of {meta.get('model_name', '?')} behind a "
+            f"router — {policies}"
+        )
     subtitle = f"arrivals: {meta.get('arrivals', '?')}; {units.count(meta.get('requests'))} requests"
     if meta.get("budget_source"):
         subtitle += f"; KV pool: {meta['budget_source']}"
@@ -36,6 +49,8 @@ def build(run: RunFiles) -> Page:
 
         figures = draw(lambda: write_plots(run.directory, series, simulated, meta.get("autoscale")))
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
+    if meta.get("simulator_check"):
+        sections.append(simulator_section(meta["simulator_check"]))
     sections.append(points_section(points))
     sections.append(provenance_section(meta, run.files()))
     return Page("fleet", title, subtitle, badges, sections)
@@ -157,7 +172,7 @@ def _instance_row(inst: dict) -> list[Cell]:
         return Cell(units.MISSING if value is None else units.num(100 * value), units.sort_key(value))
 
     return [
-        Cell(str(inst.get("index")), inst.get("index")),
+        Cell(instance_label(inst), inst.get("index")),
         Cell(str(inst.get("state", ""))),
         Cell(units.count(inst.get("routed")), units.sort_key(inst.get("routed"))),
         Cell(units.count(inst.get("finished")), units.sort_key(inst.get("finished"))),
@@ -169,6 +184,21 @@ def _instance_row(inst: dict) -> list[Cell]:
         Cell(units.num(inst.get("startup_s"), 2), units.sort_key(inst.get("startup_s"))),
         Cell(inst.get("failure") or "", None, "bad" if inst.get("failure") else ""),
     ]
+
+
+def simulator_section(check: dict) -> Section:
+    columns = [Column(name, False) for name in SIM_COLUMNS]
+    rows = [[Cell(text) for text in row] for row in simulator_rows(check)]
+    note = simulator_sentence(check) + (
+        " The same arrivals ran through the simulator with one instance per server, each given the smallest "
+        "server's KV pool in blocks and the step times fitted to this run; its router read the instances at every "
+        "scrape interval, as this run's did."
+    )
+    return Section(
+        "simulator",
+        "The simulator against this run",
+        [Table("The simulator against this run", columns, rows, id="simulator-table", note=note)],
+    )
 
 
 def points_section(points: list[dict]) -> Section:

@@ -39,6 +39,8 @@ class InstanceSlot:
     last_end: float = 0.0  # when its latest request ended
     drained_at: float | None = None  # when the router stopped sending to it
     final_stats: InstanceStats | None = None
+    name: str | None = None  # a server's label (a fleet of servers over HTTP)
+    seen: InstanceStats | None = None  # what the router last read, where it reads at intervals (None: ``stats``)
     _view: InstanceView | None = field(default=None, repr=False, compare=False)
     _view_of: InstanceStats | None = field(default=None, repr=False, compare=False)
 
@@ -49,7 +51,7 @@ class InstanceSlot:
     def view(self) -> InstanceView:
         """What the router sees; made again only when the report, the requests in flight or the blocks in
         transit changed (a router reads every instance at every arrival, most unchanged since the last)."""
-        stats, in_flight = self.stats, len(self.outstanding)
+        stats, in_flight = self.seen or self.stats, len(self.outstanding)
         assert stats is not None, "the router sees only instances that have reported"
         cached = self._view
         if (
@@ -88,7 +90,7 @@ class FleetRouter:
         serving = [slot for slot in slots if slot.state == SERVING and slot.stats is not None]
         if not serving:
             return None
-        slot = serving[self.policy.choose(request, [s.view() for s in serving])]
+        slot = serving[self.policy.choose(request, [s.view() for s in serving], request.arrival_time)]
         slot.outstanding[request.request_id] = request
         slot.routed += 1
         slot.transit_blocks += self.blocks(request)

@@ -25,10 +25,10 @@ from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.limits import check_arrival_span, check_rate, check_settings
-from kvbench.studies.fleet.routing import POLICIES
+from kvbench.studies.fleet.routing import POLICIES, KvWeights
 from kvbench.studies.fleet.target_rate import WAVES, LoadEstimate, rate_for_usage
 from kvbench.studies.kv_budget import scenario_budget, size_pool
-from kvbench.studies.run_options import RunOptions
+from kvbench.studies.run_options import RunOptions, ServerOptions
 from kvbench.studies.run_requests import RequestChoice, Workload, resolve_requests
 from kvbench.workload.admissible import Skipped
 from kvbench.workload.arrivals import poisson_arrivals
@@ -56,6 +56,9 @@ class FleetOptions(RunOptions):
     ray_cpus: int | None = None
     cpus_per_instance: float = 1.0  # CPUs a CPU actor reserves in Ray (it runs one torch thread whatever this is)
     simulate_on_ray: bool = False  # --simulate: each policy a Ray task
+    servers: ServerOptions | None = None  # real servers over HTTP instead of kvbench's own instances
+    weights: KvWeights = KvWeights()  # the KV-aware policies'
+    slo: dict[str, float] | None = None  # milliseconds by ttft, tpot, e2el: goodput counts the requests meeting all
 
 
 @dataclass
@@ -129,7 +132,7 @@ class FleetSetup:
                 "requests file whose rows carry arrival_time"
             )
         check_arrival_span(times, options.simulate, arrival_source)
-        if not options.simulate:
+        if not options.simulate and options.servers is None:
             check_requests_for_host(len(pairs), sum(p for p, _ in pairs), sum(o for _, o in pairs))
         return cls(
             options,
@@ -226,6 +229,12 @@ class FleetSetup:
             stop="length",
             ray_address=options.ray_address,
             rate_chosen=self.extra.get("rate_chosen"),
+            servers=None
+            if options.servers is None
+            else [{"name": t.name, "url": t.url, "kv_events": t.kv_events} for t in options.servers.targets],
+            kv_weights={"prefix": options.weights.prefix, "load": options.weights.load, "ttl_s": options.weights.ttl_s},
+            slo_ms=options.slo,
+            simulator_check=self.extra.get("simulator_check"),
         )
 
 
@@ -277,6 +286,10 @@ def _budget(options: FleetOptions, spec: Scenario, base: EngineConfig) -> FleetB
             machine.shape.vocab_size,
             machine.timing,
         )
+    if options.servers is not None:  # each server has its own pool; the model only says the vocabulary
+        shape = resolve_model(options.model)
+        source = "each server's own (read from its metrics)"
+        return FleetBudget(base, shape.name, "servers over HTTP", source, shape.bytes_per_token, shape.vocab_size, None)
     if options.utilization is not None:
         raise KvbenchError(
             "a KV budget from GPU memory utilization is for simulated fleets; give each instance's "

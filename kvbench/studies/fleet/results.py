@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from kvbench.engine.latency import request_latencies, summarise
-from kvbench.engine.request import RequestStatus
+from kvbench.engine.request import Request, RequestStatus
 from kvbench.studies.fleet.core import FleetRun, InstanceSlot
 
 MAX_SERIES_POINTS = 600  # per instance, in the timeline file
 CDF_POINTS = 400
 
 
-def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
-    """The results-schema point of one policy's run."""
+def fleet_point(run: FleetRun, engine: str, scenario: str, slo: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The results-schema point of one policy's run; with ``slo`` (milliseconds by ttft, tpot, e2el) its
+    goodput: finished requests per second that met every objective."""
     finished = [r for r in run.requests if r.status is RequestStatus.FINISHED]
     rejected = [r for r in run.requests if r.status is RequestStatus.REJECTED]
     span = run.end_s
@@ -82,12 +84,27 @@ def fleet_point(run: FleetRun, engine: str, scenario: str) -> dict[str, Any]:
         "instances": instances,
         "simulated": run.simulated,
     }
+    if slo:
+        met = sum(_meets(request, slo) for request in finished)
+        point["slo_ms"] = dict(slo)
+        point["request_goodput"] = met / span if span > 0 else 0.0
+        point["slo_met_share"] = met / len(run.requests) if run.requests else None
     if not finished:
         reason = rejected[0].reject_reason if rejected else "no request ran"
         point["error"] = f"no request completed ({len(rejected)} rejected, e.g. {reason})"
     if run.notes:
         point["notes"] = list(run.notes)
     return point
+
+
+def _meets(request: Request, slo: Mapping[str, float]) -> bool:
+    """Every objective met (times from the request's arrival, as ``request_latencies`` counts them)."""
+    assert request.first_token_time is not None and request.finish_time is not None
+    ttft = request.first_token_time - request.arrival_time
+    e2el = request.finish_time - request.arrival_time
+    tpot = (e2el - ttft) / (request.num_outputs - 1) if request.num_outputs > 1 else 0.0
+    observed = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+    return all(observed[key] * 1000.0 <= limit for key, limit in slo.items())
 
 
 def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
@@ -101,6 +118,7 @@ def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
     usage_mean = _mean(usage, weights)  # None without samples
     return {
         "index": slot.index,
+        "name": slot.name,
         "state": slot.state,
         "routed": slot.routed,
         "finished": stats.finished if stats else 0,

@@ -21,6 +21,7 @@ from kvbench.engine.load_pattern import OpenLoopClient
 from kvbench.engine.request import Request
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.errors import KvbenchError
+from kvbench.kv.paged import PagedManager
 from kvbench.studies.fleet.core import (
     DRAINING,
     SERVING,
@@ -34,7 +35,8 @@ from kvbench.studies.fleet.core import (
     drain_choice,
     reject,
 )
-from kvbench.studies.fleet.routing import RoutingPolicy
+from kvbench.studies.fleet.prefix_index import HeldBlocks, feed_events
+from kvbench.studies.fleet.routing import PrecisePrefix, RoutingPolicy
 
 MAX_SAMPLES = 5_000_000  # instance usage samples kept for the figures and plots (~0.5 GB)
 
@@ -49,9 +51,13 @@ class SimulatedFleet:
         autoscale: AutoscaleSettings | None = None,
         startup_s: float = 0.0,
         tick_s: float = 1.0,
+        reports_at_ticks: bool = False,
     ) -> None:
-        """``make_instance(t)`` builds an idle instance whose clock starts at ``t``."""
-        self.make_instance = make_instance
+        """``make_instance(t)`` builds an idle instance whose clock starts at ``t``. ``reports_at_ticks``: the
+        router reads each instance only at the ticks, as a router scraping real servers does (else at once)."""
+        self.reports_at_ticks = reports_at_ticks
+        self.held = policy.held if isinstance(policy, PrecisePrefix) else None  # fed from the managers' events
+        self.make_instance = self._publishing(make_instance) if self.held is not None else make_instance
         self.router = FleetRouter(policy, block_size)
         self.scaler = Autoscaler(autoscale) if autoscale is not None else None
         self.startup_s = startup_s
@@ -69,6 +75,32 @@ class SimulatedFleet:
         self._changing: list[InstanceSlot] = []  # slots starting or draining (few, and only with autoscaling)
         self._ticks = 0  # ticks taken; tick k is at k * tick_s (usage samples and autoscaling decisions)
         self.client: OpenLoopClient | None = None
+
+    @staticmethod
+    def _publishing(make_instance: Callable[[float], SimulatedInstance]) -> Callable[[float], SimulatedInstance]:
+        """Instances whose KV managers record their cache events, as a server publishes them."""
+
+        def make(t: float) -> SimulatedInstance:
+            instance = make_instance(t)
+            manager = instance.scheduler.manager
+            if not isinstance(manager, PagedManager) or not manager.enable_prefix_caching:
+                raise KvbenchError("precise-prefix reads the instances' prefix-cache events, and prefix caching is off")
+            manager.events = []
+            return instance
+
+        return make
+
+    def _hear_events(self) -> None:
+        """What every instance's cache stored and removed since the last arrival, into the precise view."""
+        assert self.held is not None
+        for slot in self.slots:
+            if slot.handle is None:
+                continue
+            manager = slot.handle.scheduler.manager
+            assert isinstance(manager, PagedManager)
+            if manager.events:
+                feed_events(self.held.setdefault(slot.index, HeldBlocks()), manager.events, manager.block_size)
+                manager.events.clear()
 
     def _serving_slot(self, index: int, t: float) -> InstanceSlot:
         instance = self.make_instance(t)
@@ -131,6 +163,8 @@ class SimulatedFleet:
                 serving += 1
                 s = slot.stats
                 assert s is not None  # an instance reports as it becomes ready
+                if self.reports_at_ticks:  # the scrape: everything routed so far shows in it
+                    slot.seen, slot.transit_blocks = s, 0
                 self.samples.append((t, slot.index, s.used_blocks, s.total_blocks, s.running, s.waiting))
             elif slot.state == STARTING:
                 starting += 1
@@ -189,6 +223,8 @@ class SimulatedFleet:
             self.tick(self._ticks * self.tick_s)
             self._ticks = self._skip_idle(self._ticks + 1, t)
         self.advance(t)
+        if self.held is not None:
+            self._hear_events()
         slot = self.router.choose(request, self.slots)
         if slot is None:
             self.ended.append(reject(request, "no instance was serving when it arrived", "no_instance"))
@@ -198,7 +234,8 @@ class SimulatedFleet:
         self.placement[request.request_id] = slot.index
         slot.handle.submit(request, t)
         slot.stats = slot.handle.stats()
-        slot.transit_blocks = 0  # a simulated instance reports at once
+        if not self.reports_at_ticks:
+            slot.transit_blocks = 0  # a simulated instance reports at once
         self._touched.add(slot.index)
         return True
 

@@ -2,13 +2,16 @@
 
 Simulated fleets run in this process (or, asked to, one Ray task per policy); real ones run their instances
 as Ray actors that load the model once and serve every policy in turn (a fresh pool and prefix cache per
-policy). Each policy's point is appended to ``results.jsonl`` as soon as it is done, so an interrupted run
-keeps what it measured; actors and Ray are shut down however the run ends.
+policy); a fleet of servers over HTTP is routed from this process, its prefix caches reset between policies,
+and then checked against the simulator given its measured step times and KV budgets (``sim_check``). Each
+policy's point is appended to ``results.jsonl`` as soon as it is done, so an interrupted run keeps what it
+measured; actors and Ray are shut down however the run ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,9 @@ from kvbench.studies.fleet.pool import InstancePool
 from kvbench.studies.fleet.ray_driver import RayFleet
 from kvbench.studies.fleet.ray_runtime import check_gpus_here, ray_session
 from kvbench.studies.fleet.results import fleet_point, fleet_series
-from kvbench.studies.fleet.routing import make_policy
+from kvbench.studies.fleet.routing import RoutingPolicy, make_policy, needs_kv_events
+from kvbench.studies.fleet.server_driver import ServerFleet, run_policies
+from kvbench.studies.fleet.sim_check import check_simulator
 from kvbench.studies.fleet.sim_driver import SimulatedFleet
 
 Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests in all)
@@ -43,17 +48,34 @@ def run_fleet(
     if results.exists():
         raise KvbenchError(f"{run_dir} already holds results; choose another run directory")
     points: list[dict[str, Any]] = []
+    runs: list[FleetRun] = []
 
     def record(run: FleetRun) -> None:
         run.check_complete(len(setup.pairs))
-        point = fleet_point(run, setup.config.engine, setup.spec.name)
+        runs.append(run)
+        point = fleet_point(run, setup.config.engine, setup.spec.name, setup.options.slo)
         write_json_atomic(run_dir / f"fleet-{run.policy}.json", fleet_series(run))
         append_jsonl(results, point)
         points.append(point)
         if on_point is not None:
             on_point(point)
 
-    if setup.options.simulate and not setup.options.simulate_on_ray:
+    if setup.options.servers is not None:
+        fleet = _run_on_servers(setup, record)
+        if runs:
+            check = check_simulator(
+                runs,
+                points,
+                setup.arrivals(),
+                setup.config,
+                [(server.total_blocks, fleet.block_size) for server in fleet.servers],
+                setup.seed,
+                setup.options.weights,
+                setup.options.servers.scrape_interval_s,
+            )
+            write_json_atomic(run_dir / "simulator-check.json", check)
+            setup.extra["simulator_check"] = check
+    elif setup.options.simulate and not setup.options.simulate_on_ray:
         for name in setup.options.policies:
             record(simulate_policy(setup, name))
     elif setup.options.simulate:
@@ -63,11 +85,27 @@ def run_fleet(
     return points
 
 
+def _run_on_servers(setup: FleetSetup, record: Callable[[FleetRun], None]) -> ServerFleet:
+    """Every policy on the servers, one after the other (the servers are probed once, first)."""
+    servers = setup.options.servers
+    assert servers is not None
+    fleet = ServerFleet(servers.targets, servers.limits, servers.scrape_interval_s, setup.config.block_size)
+
+    def policies() -> Iterator[tuple[str, RoutingPolicy]]:  # made once the servers said their block size
+        for name in setup.options.policies:
+            yield name, make_policy(name, setup.seed, fleet.block_size, setup.options.weights)
+
+    asyncio.run(run_policies(fleet, policies, setup.arrivals, record))
+    return fleet
+
+
 def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
     options = setup.options
+    if needs_kv_events(name) and not options.prefix_caching:
+        raise KvbenchError("precise-prefix reads the instances' prefix-cache events, and prefix caching is off")
     fleet = SimulatedFleet(
         setup.make_simulated_instance,
-        make_policy(name, setup.seed, setup.config.block_size),
+        make_policy(name, setup.seed, setup.config.block_size, options.weights),
         options.instances,
         setup.config.block_size,
         options.autoscale,
@@ -106,9 +144,14 @@ def _run_on_ray(setup: FleetSetup, record: Callable[[FleetRun], None], faults, m
 
 def _run_policies(setup: FleetSetup, record, faults, metrics, pool, fleet_class) -> None:
     options = setup.options
+    if unheard := [name for name in options.policies if needs_kv_events(name)]:
+        raise KvbenchError(
+            f"{unheard[0]} reads each instance's KV events, which kvbench's own instances on Ray do not publish: "
+            "run it simulated, or on servers that publish them"
+        )
     for number, name in enumerate(options.policies):
         base = pool.base(options.instances)  # a base instance that died under the last policy is replaced
-        policy = make_policy(name, setup.seed, setup.config.block_size)
+        policy = make_policy(name, setup.seed, setup.config.block_size, options.weights)
         fleet = fleet_class(
             pool.ray,
             pool.new_actor,

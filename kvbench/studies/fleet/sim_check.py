@@ -1,0 +1,136 @@
+"""The simulator against a real fleet: the same arrivals through simulated instances given the servers' KV
+budgets and step times fitted to the real run's requests, policy by policy, and where the two disagree.
+
+What makes a simulated answer for 256 instances believable is that it matches a real fleet of two where both
+can be run: the share of requests each instance took, the cluster's prefix hit rate and the preemptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+
+from kvbench.engine.config import EngineConfig
+from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.simulator import SimulatedInstance
+from kvbench.engine.timing import MeasuredTiming
+from kvbench.errors import KvbenchError
+from kvbench.studies.fleet.core import FleetRun
+from kvbench.studies.fleet.results import fleet_point
+from kvbench.studies.fleet.routing import KvWeights, make_policy
+from kvbench.studies.fleet.sim_driver import SimulatedFleet
+
+AGREEMENT_POINTS = 5.0  # share and hit rate within this many percentage points: the simulator agrees
+
+
+def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
+    """Step times from the finished requests of every run: the decode step is the median time per output token
+    after the first; the prefill a least-squares line of time to first token against the tokens not cached,
+    fitted again on the half of the requests closest below it (those that queued least)."""
+    done = [
+        r
+        for run in runs
+        for r in run.requests
+        if r.status is RequestStatus.FINISHED and r.first_token_time is not None and r.finish_time is not None
+    ]
+    if not done:
+        raise KvbenchError("no request finished on the servers: there are no step times to fit the simulator to")
+    first = [float(r.first_token_time or 0.0) for r in done]
+    per_token = [
+        (float(r.finish_time or 0.0) - t) / (r.num_outputs - 1)
+        for r, t in zip(done, first, strict=True)
+        if r.num_outputs > 1
+    ]
+    decode = float(np.median(per_token)) if per_token else 0.0
+    uncached = np.array([r.prompt_len - r.num_cached_tokens for r in done], dtype=np.float64)
+    ttft = np.array([t - r.arrival_time for r, t in zip(done, first, strict=True)], dtype=np.float64)
+    base, slope = _line(uncached, ttft)
+    keep = ttft - (base + slope * uncached) <= np.median(ttft - (base + slope * uncached))
+    if keep.sum() >= 2:
+        base, slope = _line(uncached[keep], ttft[keep])
+    return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0))
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    if len(x) < 2 or float(np.ptp(x)) == 0.0:
+        return float(np.median(y)), 0.0
+    slope, base = np.polyfit(x, y, 1)
+    return float(base), float(slope)
+
+
+def check_simulator(
+    runs: Sequence[FleetRun],
+    points: Sequence[dict[str, Any]],
+    arrivals: Sequence[tuple[float, Request]],
+    config: EngineConfig,
+    servers: Sequence[tuple[int, int]],
+    seed: int,
+    weights: KvWeights,
+    scrape_interval_s: float,
+) -> dict[str, Any]:
+    """Each real policy beside the simulator's run of it. ``servers``: (total blocks, block size) of each server;
+    ``arrivals``: the requests as the real run replayed them (fresh copies); the simulated router reads its
+    instances every ``scrape_interval_s``, as the real one scraped them."""
+    timing = fit_timing(runs)
+    block_size = servers[0][1]
+    sim_config = replace(
+        config, block_size=block_size, num_blocks=min(total for total, _ in servers), enable_prefix_caching=True
+    )
+    policies = []
+    for run, real in zip(runs, points, strict=True):
+        if any(slot.failure for slot in run.slots):
+            policies.append({"policy": run.policy, "skipped": "a server died during the real run"})
+            continue
+        requests = [
+            (t, Request(r.request_id, r.prompt_len, r.max_tokens, prompt_token_ids=r.prompt_token_ids))
+            for t, r in arrivals
+        ]
+
+        def make(start: float) -> SimulatedInstance:
+            return SimulatedInstance(
+                sim_config.build_manager(), timing, sim_config, keep_timeline=False, start_time=start
+            )
+
+        fleet = SimulatedFleet(
+            make,
+            make_policy(run.policy, seed, block_size, weights),
+            len(servers),
+            block_size,
+            None,
+            0.0,
+            scrape_interval_s,
+            reports_at_ticks=True,  # the real router read the servers at each scrape
+        )
+        simulated = fleet_point(fleet.run(requests, run.policy), config.engine, "")
+        policies.append(compare(run.policy, real, simulated))
+    return {"timing": asdict(timing), "blocks_per_instance": sim_config.num_blocks, "policies": policies}
+
+
+def compare(policy: str, real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """The figures side by side, and the gaps in percentage points."""
+    real_share, sim_share = _shares(real), _shares(simulated)
+    share_gap = max((abs(a - b) for a, b in zip(real_share, sim_share, strict=True)), default=0.0) * 100
+    hit_gap = (real["prefix_hit_rate"] - simulated["prefix_hit_rate"]) * 100
+    return {
+        "policy": policy,
+        "share_real": real_share,
+        "share_simulated": sim_share,
+        "share_gap_points": share_gap,
+        "hit_rate_real": real["prefix_hit_rate"],
+        "hit_rate_simulated": simulated["prefix_hit_rate"],
+        "hit_rate_gap_points": hit_gap,
+        "preemptions_real": real["preemptions"],
+        "preemptions_simulated": simulated["preemptions"],
+        "p50_ttft_ms_real": real.get("p50_ttft_ms"),
+        "p50_ttft_ms_simulated": simulated.get("p50_ttft_ms"),
+        "agrees": share_gap <= AGREEMENT_POINTS and abs(hit_gap) <= AGREEMENT_POINTS,
+    }
+
+
+def _shares(point: dict[str, Any]) -> list[float]:
+    routed = [instance["routed"] for instance in point["instances"]]
+    total = sum(routed)
+    return [count / total if total else 0.0 for count in routed]
