@@ -33,7 +33,7 @@ from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_tab
 from kvbench.report.rundir import wrote_line
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
-from kvbench.studies.fleet.routing import DEFAULT_POLICIES, POLICIES, KvWeights
+from kvbench.studies.fleet.routing import DEFAULT_POLICIES, POLICIES, KvWeights, needs_kv_events
 from kvbench.studies.run_options import RunOptions, ServerOptions, run_fields
 
 HELP = """Several instances behind a router: every routing policy on the same arrivals.
@@ -204,9 +204,13 @@ def fleet(
         )
         instances = len(servers.targets)
     instances = instances if instances is not None else 2
+    heard = run.simulate or (servers is not None and all(t.kv_events for t in servers.targets))
     if policies is None:
-        heard = run.simulate or (servers is not None and all(t.kv_events for t in servers.targets))
         policies = ",".join(DEFAULT_POLICIES + (("precise-prefix",) if heard else ()))
+    chosen = tuple(name_list(policies, "policies", tuple(POLICIES)))
+    if not heard and (unheard := [name for name in chosen if needs_kv_events(name)]):
+        where = "give --kv-events for every --target" if servers is not None else "run it with --simulate"
+        raise KvbenchError(f"{unheard[0]} reads each instance's KV events: {where}")
     if startup < 0 or not math.isfinite(startup):
         raise KvbenchError(f"--startup-s must be a non-negative number, got {startup:g}")
     scaling = _autoscale(instances, scale_up, scale_down, scale_window, min_instances, max_instances)
@@ -225,7 +229,7 @@ def fleet(
         trace=trace,
         rate=rate,
         instances=instances,
-        policies=tuple(name_list(policies, "policies", tuple(POLICIES))),
+        policies=chosen,
         startup_s=startup,
         tick_s=tick,
         prefix_groups=prefix_groups,

@@ -25,7 +25,7 @@ from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.limits import check_arrival_span, check_rate, check_settings
-from kvbench.studies.fleet.routing import POLICIES, KvWeights
+from kvbench.studies.fleet.routing import DEFAULT_POLICIES, KvWeights
 from kvbench.studies.fleet.target_rate import WAVES, LoadEstimate, rate_for_usage
 from kvbench.studies.kv_budget import scenario_budget, size_pool
 from kvbench.studies.run_options import RunOptions, ServerOptions
@@ -45,7 +45,7 @@ class FleetOptions(RunOptions):
     trace: Path | None = None
     rate: float | None = None
     instances: int = 2
-    policies: tuple[str, ...] = tuple(POLICIES)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     autoscale: AutoscaleSettings | None = None
     startup_s: float = 0.0  # simulated instances: the start-up time of an added one
     tick_s: float | None = None  # samples and autoscaling decisions; None: by the run's length

@@ -220,4 +220,5 @@ def fleet_series(run: FleetRun) -> dict[str, Any]:
         "ttft_cdf": cdf,
         "instances": [[t, serving, starting] for t, serving, starting in run.fleet_samples],
         "events": [[t, kind, index] for t, kind, index in run.events],
+        "placement": [run.placement.get(r.request_id) for r in run.requests],  # the instance of each request
     }

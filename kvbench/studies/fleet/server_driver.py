@@ -5,10 +5,10 @@ Each arrival goes, at its time on the wall clock, to the server the policy picks
 each server's ``/metrics`` scraped every interval (KV usage, running, waiting), the requests it sent there and
 has not seen end, and, for ``precise-prefix``, the blocks each server holds as its KV event stream tells
 (``prefix_index.HeldBlocks``, fed from the listening thread). Every policy replays the same requests at the same
-offsets after every server's prefix cache was reset. A server that refuses connections, or whose ``/metrics``
-fails three scrapes in a row, is marked dead with the reason; the router stops sending to it, a request it never
-reached goes once to another server, and the run goes on. Every request ends as one record, on the server that
-had it.
+offsets after every server's prefix cache was reset. A server that refuses connections, fails three requests
+in a row, or whose ``/metrics`` fails three scrapes in a row, is marked dead with the reason; the router stops
+sending to it, a request it never reached goes once to another server, and the run goes on. Every request ends
+as one record, on the server that had it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from kvbench.studies.fleet.prefix_index import HeldBlocks, feed_events
 from kvbench.studies.fleet.routing import PrecisePrefix, RoutingPolicy
 
 SCRAPES_TO_DEATH = 3  # failed scrapes in a row that mark a server dead
+FAILURES_TO_DEATH = 3  # failed requests in a row (after a connection, an error answer) that mark it failing
 PROBE_TIMEOUT_S = 2.0
 CONNECTION_FAILURES = frozenset({"connect", "disconnect"})
 
@@ -71,6 +72,7 @@ class _Tally:
     cached_tokens: int = 0
     uncounted: int = 0  # finished requests whose answer did not say how many prompt tokens were cached
     scrape_failures: int = 0
+    failures_in_row: int = 0
     base: ServerState | None = None  # the scrape before the policy's load (the counters' start)
     last: ServerState | None = None
     sent_at: dict[int, float] = field(default_factory=dict)  # request id -> when it was sent (fleet clock)
@@ -298,10 +300,14 @@ class _PolicyRun:
         slot.outstanding.pop(request.request_id, None)
         tally.sent_at.pop(request.request_id, None)
         if record.ok:
+            tally.failures_in_row = 0
             self._finished(slot, request, record)
             return
+        tally.failures_in_row += 1
         if record.error_kind in CONNECTION_FAILURES:
             await self._check_alive(slot, record.reason())
+        if tally.failures_in_row >= FAILURES_TO_DEATH:
+            self._died(slot, f"{FAILURES_TO_DEATH} requests in a row failed, the last: {record.reason()}", self.now())
         if record.error_kind == "connect" and slot.state == DEAD and not tried:  # it never reached that server
             self.rerouted += 1
             await self._route(request, tried | {slot.index})

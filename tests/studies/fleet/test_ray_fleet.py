@@ -18,7 +18,7 @@ from kvbench.engine.request import RequestStatus  # noqa: E402
 from kvbench.studies.fleet.core import AutoscaleSettings  # noqa: E402
 from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup  # noqa: E402
 from kvbench.studies.fleet.pool import InstancePool  # noqa: E402
-from kvbench.studies.fleet.routing import POLICIES  # noqa: E402
+from kvbench.studies.fleet.routing import DEFAULT_POLICIES  # noqa: E402
 from kvbench.studies.fleet.study import run_fleet  # noqa: E402
 
 SCENARIO = """
@@ -65,14 +65,14 @@ def _run(scenario, tmp_path, pool, faults=(), **changes):
 
 def test_every_request_ends_exactly_once_under_every_policy(scenario, tmp_path, pool):
     setup, points = _run(scenario, tmp_path, pool, rate=40.0, requests=40)
-    assert [p["policy"] for p in points] == list(POLICIES)
+    assert [p["policy"] for p in points] == list(DEFAULT_POLICIES)
     for point in points:  # run_fleet checked each run: 40 distinct requests, each finished or rejected with a reason
         assert point["completed"] == 40 and point["rejected"] == 0, point["policy"]
         assert sum(i["routed"] for i in point["instances"]) == 40
         assert all(i["startup_s"] > 0 for i in point["instances"])  # measured when the actors loaded
         assert point["p50_ttft_ms"] > 0 and point["output_throughput"] > 0
         assert point["simulated"] is False and point["routed_after_drain"] == 0
-    for policy in POLICIES:
+    for policy in DEFAULT_POLICIES:
         assert (tmp_path / f"fleet-{policy}.json").is_file()
 
 

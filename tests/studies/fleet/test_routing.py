@@ -65,6 +65,14 @@ def test_prefix_affinity_keeps_its_choice_when_another_instance_leaves():
 
 
 def test_registry_and_unknown_names():
-    assert set(POLICIES) == {"round-robin", "random", "least-requests", "most-free-blocks", "prefix-affinity"}
+    assert set(POLICIES) == {
+        "round-robin",
+        "random",
+        "least-requests",
+        "most-free-blocks",
+        "prefix-affinity",
+        "approx-prefix",
+        "precise-prefix",
+    }
     with pytest.raises(KvbenchError, match="unknown routing policy 'fastest'"):
         make_policy("fastest")

@@ -1,0 +1,172 @@
+"""``kvbench fleet --target``: routing across servers over HTTP, against the fake OpenAI server (fast, and able to
+fail on purpose): every request ends once on the server that had it, a failing or killed server is marked and the
+run goes on without it, and every flag that cannot go with servers is refused in one line.
+
+The same command against ``kvbench serve`` replicas with their KV events is ``tests/serve/test_fleet_servers.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.studies.fleet.routing import DEFAULT_POLICIES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "endpoint"))
+from fake_server import config_json, serve_in_thread  # noqa: E402
+
+FAKE = str(Path(__file__).resolve().parents[2] / "endpoint" / "fake_server.py")
+
+
+def requests_file(path: Path, count: int, gap_s: float, groups: int = 3, prompt: int = 40, output: int = 6) -> Path:
+    """``count`` requests ``gap_s`` apart, group ``i % groups`` sharing its first 32 tokens."""
+    with path.open("w") as out:
+        for index in range(count):
+            group = index % groups
+            ids = [(group * 101 + t * 7) % 400 + 5 for t in range(32)] + [(index * 13 + t) % 400 + 5 for t in range(8)]
+            row = {"prompt_token_ids": ids[:prompt], "output_len": output, "arrival_time": index * gap_s}
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def fleet(capsys, *args: str) -> tuple[int, str]:
+    """Exit code and everything printed (stdout, then stderr, where one-line errors go)."""
+    code = main(["fleet", *args])
+    printed = capsys.readouterr()
+    return code, printed.out + printed.err
+
+
+def test_every_policy_runs_over_http_and_every_request_ends_once(tmp_path, capsys):
+    file = requests_file(tmp_path / "requests.jsonl", 18, 0.02)
+    with serve_in_thread(ttft_s=0.005, itl_s=0.001) as a, serve_in_thread(ttft_s=0.005, itl_s=0.001) as b:
+        code, output = fleet(
+            capsys,
+            "--target", f"a={a.url}", "--target", f"b={b.url}", "--requests-file", str(file),
+            "--scrape-interval", "0.05", "--slo", "ttft=1000", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+        assert a.state.resets >= len(DEFAULT_POLICIES) and b.state.resets >= len(DEFAULT_POLICIES)
+    assert code == 0, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    points = summary["points"]
+    assert [p["policy"] for p in points] == list(DEFAULT_POLICIES)  # no KV events heard: precise-prefix left out
+    for point in points:
+        assert point["completed"] == 18 and point["rejected"] == 0, point["policy"]
+        assert [s["name"] for s in point["instances"]] == ["a", "b"]
+        assert [s["routed"] for s in point["instances"]] == [s["finished"] for s in point["instances"]]
+        assert sum(s["routed"] for s in point["instances"]) == 18
+        assert point["request_goodput"] > 0 and point["slo_met_share"] == 1.0
+        series = json.loads((tmp_path / "run" / f"fleet-{point['policy']}.json").read_text())
+        routed = [s["routed"] for s in point["instances"]]
+        assert [series["placement"].count(index) for index in (0, 1)] == routed
+    round_robin = points[0]["instances"]
+    assert [s["routed"] for s in round_robin] == [9, 9]
+    assert summary["meta"]["servers"] == [
+        {"name": "a", "url": a.url, "kv_events": None},
+        {"name": "b", "url": b.url, "kv_events": None},
+    ]
+    check = json.loads((tmp_path / "run" / "simulator-check.json").read_text())
+    assert [row["policy"] for row in check["policies"]] == list(DEFAULT_POLICIES)
+    assert check["policies"][0]["share_real"] == [0.5, 0.5] == check["policies"][0]["share_simulated"]
+    assert check["timing"]["decode_s"] > 0 and check["blocks_per_instance"] == 1000
+    assert "The simulator against this run" in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_a_server_that_fails_every_request_is_marked_and_the_others_serve_the_rest(tmp_path, capsys):
+    file = requests_file(tmp_path / "requests.jsonl", 20, 0.03)
+    with serve_in_thread(ttft_s=0.002) as good, serve_in_thread(faults=["500"]) as bad:
+        code, output = fleet(
+            capsys,
+            "--target", f"good={good.url}", "--target", f"bad={bad.url}", "--requests-file", str(file),
+            "--policies", "round-robin", "--scrape-interval", "0.05", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert code == 1, output
+    assert "server bad died under round-robin: 3 requests in a row failed" in output.replace("\n", " ")
+    (point,) = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    good_server, bad_server = point["instances"]
+    assert bad_server["state"] == "dead" and bad_server["routed"] == 3 and bad_server["finished"] == 0
+    assert good_server["routed"] == good_server["finished"] == 17 == point["completed"]
+    assert point["rejected"] == 3 and point["rejected_by_reason"] == {"http": 3}
+
+
+def test_a_server_killed_mid_run_ends_the_run_with_exit_1_naming_it_and_keeps_the_rest(tmp_path, capsys):
+    file = requests_file(tmp_path / "requests.jsonl", 40, 0.05)
+    process = subprocess.Popen(
+        [sys.executable, FAKE, config_json(ttft_s=0.002, itl_s=0.002)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline().split()[1])
+        killer = threading.Timer(0.8, process.kill)
+        with serve_in_thread(ttft_s=0.002, itl_s=0.002) as alive:
+            started = time.perf_counter()
+            killer.start()
+            code, output = fleet(
+            capsys,
+                "--target", f"alive={alive.url}", "--target", f"doomed=http://127.0.0.1:{port}",
+                "--requests-file", str(file), "--policies", "round-robin,least-requests",
+                "--scrape-interval", "0.1", "--out", str(tmp_path / "run"),
+            )  # fmt: skip
+        assert time.perf_counter() - started < 60
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 1, output
+    assert "server doomed died under round-robin" in output.replace("\n", " ")
+    points = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert [p["policy"] for p in points] == ["round-robin", "least-requests"]
+    first, second = points
+    assert first["completed"] + first["rejected"] == 40 and first["completed"] >= 38
+    alive_server, doomed = first["instances"]
+    assert doomed["state"] == "dead" and 0 < doomed["routed"] < 20
+    assert alive_server["finished"] == alive_server["routed"]
+    assert second["completed"] == 40 and second["instances"][1]["routed"] == 0  # dead since the first policy
+    assert second["instances"][1]["failure"] == "dead since an earlier policy"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-events", "5557"], "--kv-events names a --target's KV event stream"),
+        (["--target", "a=http://127.0.0.1:9", "--kv-events", "c=5557"], "no --target is named 'c'"),
+        (
+            ["--target", "a=http://127.0.0.1:9", "--target", "b=http://127.0.0.1:10", "--kv-events", "5557"],
+            "name its server",
+        ),
+        (["--target", "a=http://127.0.0.1:9", "--target", "a=http://127.0.0.1:10"], "--target names must differ"),
+        (["--target", "a=http://127.0.0.1:9", "--instances", "3"], "--instances 3 with 1 --target"),
+        (["--target", "a=http://127.0.0.1:9", "--simulate"], "--simulate sets up kvbench's own instances"),
+        (["--target", "a=http://127.0.0.1:9", "--autoscale"], "--autoscale sets up kvbench's own instances"),
+        (["--target", "a=http://127.0.0.1:9", "--kv-memory", "4MiB"], "--kv-memory sets up"),
+        (["--target", "a=http://127.0.0.1:9", "--metrics-port", "0"], "servers export their own"),
+        (["--target", "a=http://127.0.0.1:9", "--policies", "precise-prefix"], "give --kv-events for every --target"),
+        (["--policies", "precise-prefix"], "run it with --simulate"),
+        (["--prefix-weight", "-1"], "--prefix-weight must be a non-negative number"),
+        (["--prefix-weight", "0", "--load-weight", "0"], "would weigh nothing"),
+        (["--prefix-ttl", "0"], "--prefix-ttl must be a positive number"),
+        (["--slo", "ttft=abc"], "not a number of milliseconds"),
+        (["--target", "ftp://127.0.0.1:9"], "expected [NAME=]http://HOST:PORT"),
+        (["--target", "a=http://127.0.0.1:9", "--scrape-interval", "0"], "--scrape-interval must be a positive"),
+    ],
+)
+def test_what_cannot_go_with_servers_is_refused_in_one_line(args, message, tmp_path, capsys):
+    code, output = fleet(capsys, *args, "--out", str(tmp_path / "run"))
+    assert code != 0 and message in output.replace("\n", " "), output
+    assert "Traceback" not in output and not (tmp_path / "run").exists()
+
+
+def test_a_server_that_cannot_be_reached_is_refused_before_any_load(tmp_path, capsys):
+    with serve_in_thread() as a:
+        code, output = fleet(
+            capsys,
+            "--target", f"a={a.url}", "--target", "gone=http://127.0.0.1:9", "--rate", "5", "--requests", "4",
+            "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+        assert a.state.count == 0
+    assert code != 0 and "gone:" in output and "Traceback" not in output
