@@ -103,7 +103,19 @@ CHOICES = [  # (command line before the option, option, its values)
     (["sweep"], "--reserve", ("max", "pow2", "oracle")),
     (["sweep"], "--admission", ("queue", "reject")),
     (["fleet"], "--engine", ("paged", "contiguous")),
-    (["fleet"], "--policies", ("round-robin", "random", "least-requests", "most-free-blocks", "prefix-affinity")),
+    (
+        ["fleet"],
+        "--policies",
+        (
+            "round-robin",
+            "random",
+            "least-requests",
+            "most-free-blocks",
+            "prefix-affinity",
+            "approx-prefix",
+            "precise-prefix",
+        ),
+    ),
     (["serve"], "--engine", ("paged", "contiguous")),
     (["serve"], "--device", ("auto", "cpu", "cuda")),
     (["serve"], "--dtype", ("fp32", "fp16", "bf16")),
@@ -151,7 +163,7 @@ def test_each_fixed_choice_is_listed_in_the_help_and_completed(command, option, 
         (
             ["fleet", "--simulate", "--policies", "fastest"],
             "error: unknown policy 'fastest'; choose from round-robin, "
-            "random, least-requests, most-free-blocks, prefix-affinity",
+            "random, least-requests, most-free-blocks, prefix-affinity, approx-prefix, precise-prefix",
         ),
         (
             ["kernels", "--backend", "cublas"],
