@@ -92,7 +92,8 @@ def main() -> None:
     replicas = []
     try:
         for _ in range(2):
-            replicas.append(start_replica(args.kv_memory, args.prefix + args.tail + 512))
+            longest = args.prefix + args.tail + int(args.output.split(":")[1])
+            replicas.append(start_replica(args.kv_memory, longest))
         command = [sys.executable, "-m", "kvbench.cli", "fleet", "--requests-file", str(requests)]
         for name, (_, url, events) in zip("ab", replicas, strict=True):
             command += ["--target", f"{name}={url}", "--kv-events", f"{name}={events}"]

@@ -371,9 +371,11 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     died = [(p["policy"], i) for p in points for i in p["instances"] if i.get("failure") and i.get("name")]
     if died:
         policy, server = died[0]
+        skipped = len(options.policies) - len(points)
+        left = f"; {skipped} policies not run, every server having died" if skipped else ""
         raise RunFailed(
             f"server {server['name']} died under {policy}: {server['failure']}; the figures of the others are kept "
-            f"in {run_dir}"
+            f"in {run_dir}{left}"
         )
     failed = [p for p in points if p["status"] == "error"]
     if failed:

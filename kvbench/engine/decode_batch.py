@@ -32,6 +32,7 @@ class DecodeBatch:
         self.generators: list = []  # each request's random generator (None for greedy), in batch order
         self._changed_tables: list[int] = []
         self._rows: dict[int, int] = {}
+        self._admit_seqs: list[int] = []
         self._longs = np.zeros(0, dtype=np.int64)  # tokens | positions | slots
         self._ints = np.zeros(0, dtype=np.int32)  # context lens | query starts | block tables [B, W]
         self._width = 0
@@ -57,7 +58,10 @@ class DecodeBatch:
         On the CPU the returned tensors share memory with the batch's arrays: they hold this step's values
         until the next call (the engine consumes a step before asking for the next one).
         """
-        same = batch == self.requests  # identity per element: same requests, same order (never empty)
+        # identity per element (same requests, same order; never empty), each in the same admission: one
+        # preempted and admitted again since has new blocks and a recomputed context
+        same = batch == self.requests
+        same = same and all(r.admit_seq == seq for r, seq in zip(batch, self._admit_seqs, strict=True))
         if same and (self._max_position + 1) // self.block_size < self._width:  # the longest stays in its blocks
             self._advance(batch, table_of)
         else:
@@ -87,6 +91,7 @@ class DecodeBatch:
         self._max_position = int(positions.max())
         self._write_tokens_and_slots(batch)
         self.requests = list(batch)
+        self._admit_seqs = [r.admit_seq for r in batch]
         self._rows = {r.request_id: row for row, r in enumerate(batch)}
         self.params = [r.sampling for r in batch]
         self.generators = [generators[r.request_id] for r in batch]
@@ -108,8 +113,10 @@ class DecodeBatch:
         rows = self._table_rows
         width = self._width
         for request_id in self._changed_tables:
+            row = self._rows.get(request_id)
+            if row is None:  # given room, then preempted in the same step (a newcomer, the newest): not here
+                continue
             table = table_of(request_id)[:width]
-            row = self._rows[request_id]
             rows[row, : len(table)] = table
             rows[row, len(table) :] = 0
         self._write_tokens_and_slots(batch)

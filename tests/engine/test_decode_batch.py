@@ -168,3 +168,27 @@ def test_plan_free_kernels_read_the_kept_batch(model, other: str) -> None:
         result = engine.run(_requests(2, params), 2)
         outputs[backend] = [r.output_token_ids for r in result.requests]
     assert outputs[other] == outputs["torch"]
+
+
+@pytest.mark.parametrize(("num_blocks", "prompt_len", "added_at"), [(8, 4, 9), (8, 8, 6), (8, 8, 7), (7, 8, 23)])
+def test_a_newcomer_that_preempts_itself_leaves_the_kept_batch_as_it_was(
+    model, monkeypatch: pytest.MonkeyPatch, num_blocks: int, prompt_len: int, added_at: int
+) -> None:
+    """A request admitted as the pool runs dry, its prompt filling its last block, needs a new block at its first
+    decode step; an older request takes the last one, and the newcomer, the newest, is preempted: the batch is
+    the one before it came, and the table it was given room in must not be read (``kvbench serve``'s engine
+    failed here with a KeyError under a shared-prefix load)."""
+    sizes = _checked_steps(monkeypatch)
+    config = EngineConfig(engine="paged", block_size=4, num_blocks=num_blocks, max_len=64)
+    session = LLMEngine(model, config).session()
+    session.add(make_request(0, [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True)))
+    session.add(make_request(2, [9, 8, 7, 6, 5], SamplingParams(max_tokens=20, ignore_eos=True)))
+    newcomer = make_request(1, list(range(4, 4 + prompt_len)), SamplingParams(max_tokens=6, ignore_eos=True))
+    steps = 0
+    while session.has_work or steps <= added_at:
+        if steps == added_at:
+            session.add(newcomer)
+        if session.has_work:
+            session.step()
+        steps += 1
+    assert len(newcomer.output_token_ids) == 6 and newcomer.num_preemptions > 0 and sizes

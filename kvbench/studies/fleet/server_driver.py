@@ -169,8 +169,9 @@ class ServerFleet:
             self.session = None
 
     # -- one policy -----------------------------------------------------------------------------------------
-    async def run(self, policy: RoutingPolicy, arrivals: Sequence[tuple[float, Request]], name: str) -> FleetRun:
-        """Reset every live server's prefix cache, replay ``arrivals`` through ``policy``, and record the run."""
+    async def run(self, policy: RoutingPolicy, arrivals: Sequence[tuple[float, Request]], name: str) -> FleetRun | None:
+        """Reset every live server's prefix cache, replay ``arrivals`` through ``policy``, and record the run;
+        None when every server has died (the policies left are not run)."""
         assert self.session is not None, "open() first"
         if isinstance(policy, PrecisePrefix):
             missing = [s.name for s in self.servers if s.dead is None and s.subscriber is None]
@@ -180,7 +181,7 @@ class ServerFleet:
         notes: list[str] = []
         live = [server for server in self.servers if server.dead is None]
         if not live:
-            raise KvbenchError("every server has died; nothing left to route to")
+            return None
         for server, reset in zip(
             live,
             await asyncio.gather(*(self._reset(server) for server in live)),
@@ -448,6 +449,9 @@ async def run_policies(
     try:
         await fleet.open()
         for name, policy in policies():
-            record(await fleet.run(policy, arrivals(), name))
+            run = await fleet.run(policy, arrivals(), name)
+            if run is None:
+                break
+            record(run)
     finally:
         await fleet.close()
