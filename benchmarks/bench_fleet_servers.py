@@ -7,6 +7,7 @@ ones. The questions: does prefix affinity raise the hit rate, does most-free-blo
 simulator within 5 points of the real fleet?
 
     python benchmarks/bench_fleet_servers.py [--out reports/bench-fleet-servers] [--requests 400] [--rate 12]
+        [--model tiny | PATH.gguf] [--kv-memory 2MiB] [--groups 12 --prefix 384 --tail 32 --output 32:384]
 
 Everything listens on 127.0.0.1; the replicas are stopped however the run ends.
 """
@@ -33,9 +34,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_replica(kv_memory: str, max_len: int) -> tuple[subprocess.Popen, str, str]:
+def start_replica(model: str, kv_memory: str, max_len: int) -> tuple[subprocess.Popen, str, str]:
     events = f"tcp://127.0.0.1:{free_port()}"
-    command = [sys.executable, "-m", "kvbench.cli", "serve", "--port", "0", "--kv-memory", kv_memory]
+    command = [sys.executable, "-m", "kvbench.cli", "serve", "--model", model, "--port", "0", "--kv-memory", kv_memory]
     command += ["--max-len", str(max_len), "--threads", "1", "--log-interval", "0", "--kv-events", events]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
@@ -51,19 +52,25 @@ def start_replica(kv_memory: str, max_len: int) -> tuple[subprocess.Popen, str, 
     raise SystemExit(f"kvbench serve did not start: {process.stderr.read()}")
 
 
+def span(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    return int(low), int(high or low)
+
+
 def write_requests(path: Path, args: argparse.Namespace) -> None:
-    """``--groups`` prefixes of ``--prefix`` tokens, each prompt one of them plus ``--tail`` tokens of its own,
+    """``--groups`` prefixes of ``--prefix`` tokens, each prompt one of them plus a ``--tail`` of its own,
     outputs drawn from ``--output``, Poisson arrivals at ``--rate``; popular groups more often (Zipf 1.1)."""
     rng = np.random.default_rng(args.seed)
     weights = 1.0 / np.arange(1, args.groups + 1) ** 1.1
     groups = rng.choice(args.groups, size=args.requests, p=weights / weights.sum())
-    low, high = (int(x) for x in args.output.split(":"))
+    low, high = span(args.output)
+    tail_low, tail_high = span(args.tail)
     times = np.cumsum(rng.exponential(1.0 / args.rate, args.requests))
     times -= times[0]
     with path.open("w") as out:
         for index, group in enumerate(groups):
             prefix = np.random.default_rng(1000 + int(group)).integers(5, 400, args.prefix).tolist()
-            tail = rng.integers(5, 400, args.tail).tolist()
+            tail = rng.integers(5, 400, int(rng.integers(tail_low, tail_high + 1))).tolist()
             row = {
                 "prompt_token_ids": prefix + tail,
                 "output_len": int(rng.integers(low, high + 1)),
@@ -79,10 +86,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=12.0)
     parser.add_argument("--groups", type=int, default=12)
     parser.add_argument("--prefix", type=int, default=384, help="tokens of each shared prefix")
-    parser.add_argument("--tail", type=int, default=32)
+    parser.add_argument("--tail", default="32", help="tokens of each prompt after its prefix, N or LOW:HIGH")
     parser.add_argument("--output", default="32:384", help="output lengths, LOW:HIGH")
     parser.add_argument("--kv-memory", default="2MiB", help="each replica's KV pool")
+    parser.add_argument("--model", default="tiny", help="what each replica serves: a preset or a checkpoint")
     parser.add_argument("--load-weight", default="0.2")
+    parser.add_argument("--scrape-interval", default="0.1")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out = Path(args.out)
@@ -92,14 +101,14 @@ def main() -> None:
     replicas = []
     try:
         for _ in range(2):
-            longest = args.prefix + args.tail + int(args.output.split(":")[1])
-            replicas.append(start_replica(args.kv_memory, longest))
+            longest = args.prefix + span(args.tail)[1] + span(args.output)[1]
+            replicas.append(start_replica(args.model, args.kv_memory, longest))
         command = [sys.executable, "-m", "kvbench.cli", "fleet", "--requests-file", str(requests)]
         for name, (_, url, events) in zip("ab", replicas, strict=True):
             command += ["--target", f"{name}={url}", "--kv-events", f"{name}={events}"]
         run = out / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-        command += ["--policies", POLICIES, "--scrape-interval", "0.25", "--load-weight", args.load_weight]
-        command += ["--out", str(run)]
+        command += ["--policies", POLICIES, "--scrape-interval", args.scrape_interval]
+        command += ["--load-weight", args.load_weight, "--out", str(run)]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         wall = time.perf_counter() - started
@@ -121,7 +130,8 @@ def report(run: Path, wall: float, args: argparse.Namespace) -> None:
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
     print(
         f"CPU: {model}; {args.requests} requests at {args.rate:g} req/s, {args.groups} prefix groups of "
-        f"{args.prefix} tokens, outputs {args.output}, KV {args.kv_memory} per replica; {wall:.0f} s wall"
+        f"{args.prefix} tokens, tails {args.tail}, outputs {args.output}, {args.model} with KV {args.kv_memory} per "
+        f"replica; {wall:.0f} s wall"
     )
     base = points["round-robin"]
     print("policy             hit  vs RR  preempt vs RR  p50/p99 TTFT ms  share a/b | simulated: share hit preempt ok")

@@ -48,6 +48,7 @@ class Request:
     admit_seq: int = -1  # admission order; preemption takes the newest first
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # tokens of its last admission whose KV a prefix cache held (not recomputed)
+    first_cached_tokens: int | None = None  # the same at its first admission (what a server's answer reports)
     reject_reason: str | None = None
     reject_kind: str | None = (
         None  # "too_long" (over max-len), "pool" (larger than the whole pool), "oom" (no room now)

@@ -110,6 +110,8 @@ class Scheduler:
                 break
             self.waiting_tokens -= prefill
             request.num_cached_tokens = cached
+            if request.first_cached_tokens is None:
+                request.first_cached_tokens = cached
             self.prefill_tokens += prefill
             self.cached_tokens += cached
             if self.alloc_observer is not None:

@@ -104,9 +104,19 @@ def check_simulator(
             scrape_interval_s,
             reports_at_ticks=True,  # the real router read the servers at each scrape
         )
-        simulated = fleet_point(fleet.run(requests, run.policy), config.engine, "")
+        sim_run = fleet.run(requests, run.policy)
+        simulated = fleet_point(sim_run, config.engine, "")
+        simulated["prefix_hit_rate"] = answered_hit_rate(sim_run)
         policies.append(compare(run.policy, real, simulated))
     return {"timing": asdict(timing), "blocks_per_instance": sim_config.num_blocks, "policies": policies}
+
+
+def answered_hit_rate(run: FleetRun) -> float:
+    """Cached prompt tokens over prompt tokens, each request counted at its first admission: what servers report
+    in their answers (the instances' own counters count a preempted request's prefill again)."""
+    done = [r for r in run.requests if r.status is RequestStatus.FINISHED]
+    prompt = sum(r.prompt_len for r in done)
+    return sum(r.first_cached_tokens or 0 for r in done) / prompt if prompt else 0.0
 
 
 def compare(policy: str, real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
