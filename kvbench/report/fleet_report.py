@@ -308,6 +308,11 @@ def _read_series(run_dir: Path, policy: str) -> dict | None:
     return read_run_json(run_dir, f"fleet-{policy}.json")
 
 
+def _series_label(series: dict, index: str) -> str:
+    name = (series.get("names") or {}).get(index)
+    return f"instance {index} ({name})" if name else f"instance {index}"
+
+
 def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: dict | None) -> list[Path]:
     from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
@@ -317,7 +322,7 @@ def write_plots(run_dir: Path, series: list[dict], simulated: bool, autoscale: d
         plots.usage_panels(
             {
                 s["policy"]: {
-                    f"instance {i}": ([t for t, _ in xs], [100 * u for _, u in xs]) for i, xs in s["usage"].items()
+                    _series_label(s, i): ([t for t, _ in xs], [100 * u for _, u in xs]) for i, xs in s["usage"].items()
                 }
                 for s in series
             },

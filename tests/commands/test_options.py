@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from kvbench.cli import load_command, main
 from kvbench.commands._options import DEVICES, choice, choice_list, completes, help_panels
+from kvbench.studies.fleet.routing import POLICIES
 
 
 def _app(**option) -> tuple[typer.Typer, list]:
@@ -103,19 +104,7 @@ CHOICES = [  # (command line before the option, option, its values)
     (["sweep"], "--reserve", ("max", "pow2", "oracle")),
     (["sweep"], "--admission", ("queue", "reject")),
     (["fleet"], "--engine", ("paged", "contiguous")),
-    (
-        ["fleet"],
-        "--policies",
-        (
-            "round-robin",
-            "random",
-            "least-requests",
-            "most-free-blocks",
-            "prefix-affinity",
-            "approx-prefix",
-            "precise-prefix",
-        ),
-    ),
+    (["fleet"], "--policies", tuple(POLICIES)),  # the registry, in its order (tests/studies/fleet names them)
     (["serve"], "--engine", ("paged", "contiguous")),
     (["serve"], "--device", ("auto", "cpu", "cuda")),
     (["serve"], "--dtype", ("fp32", "fp16", "bf16")),

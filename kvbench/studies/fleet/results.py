@@ -221,4 +221,5 @@ def fleet_series(run: FleetRun) -> dict[str, Any]:
         "instances": [[t, serving, starting] for t, serving, starting in run.fleet_samples],
         "events": [[t, kind, index] for t, kind, index in run.events],
         "placement": [run.placement.get(r.request_id) for r in run.requests],  # the instance of each request
+        "names": {str(slot.index): slot.name for slot in run.slots if slot.name},  # a server's label
     }
