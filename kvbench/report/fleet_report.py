@@ -13,6 +13,8 @@ from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary
 from kvbench.results.run_meta import summary_document
 
+DEAD_BEFORE = "dead since an earlier policy"  # the failure of an instance lost under a policy before this one
+
 TIE_SHARE = 0.10  # p99 TTFTs this close (of the worst) name no winner: one seed's arrivals decide less than that
 LOAD_REACHED_SHARE = 0.5  # a run whose busiest policy kept less than this share of the usage aimed at is said short
 
@@ -63,12 +65,35 @@ def fleet_verdict(points: list[dict], meta: dict) -> tuple[str, str, list[str]]:
     check = meta.get("simulator_check")
     if check:
         sentences.append(simulator_sentence(check))
+    deaths = died(points)
+    if deaths:
+        sentences.insert(0, deaths)
+        tone = "warn"
     shortfall = _load_shortfall(ok, meta)
     if shortfall:
         sentences.insert(0, shortfall)
         tone = "warn"
     sentences.append("Every policy served the same arrivals; one seed and one workload: run it on yours.")
     return headline, tone, sentences
+
+
+def died(points: list[dict]) -> str | None:
+    """Which instances died and under which policy: the policies after ran on fewer, not on equal terms."""
+    found = [
+        (p["policy"], instance)
+        for p in points
+        for instance in p.get("instances", [])
+        if instance.get("failure") and instance.get("failure") != DEAD_BEFORE
+    ]
+    if not found:
+        return None
+    named = "; ".join(
+        f"{i.get('name') or 'instance ' + str(i['index'])} under {policy} ({i['failure']})" for policy, i in found
+    )
+    return (
+        f"{len(found)} instance{'s' if len(found) > 1 else ''} died: {named}. The policies from then on ran on "
+        "fewer instances: their figures are not comparable with the others'."
+    )
 
 
 def reuse_sentences(ok: list[dict]) -> list[str]:

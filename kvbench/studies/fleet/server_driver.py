@@ -32,6 +32,7 @@ from kvbench.engine.request import Request, RequestStatus
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import blocks_for
 from kvbench.measure.kv_events import EventBatch
+from kvbench.report.fleet_report import DEAD_BEFORE
 from kvbench.results.servers import ServerState, read_states
 from kvbench.studies.fleet.core import DEAD, SERVING, FleetRouter, FleetRun, InstanceSlot, reject
 from kvbench.studies.fleet.prefix_index import HeldBlocks, feed_events
@@ -242,7 +243,7 @@ class _PolicyRun:
         for server in fleet.servers:
             slot = InstanceSlot(server.index, server, SERVING, started_at=0.0, ready_at=0.0, name=server.name)
             if server.dead is not None:
-                slot.state, slot.failure, slot.stopped_at = DEAD, "dead since an earlier policy", 0.0
+                slot.state, slot.failure, slot.stopped_at = DEAD, DEAD_BEFORE, 0.0
             else:
                 state = next(live)
                 if isinstance(state, str):
