@@ -29,7 +29,14 @@ from kvbench.endpoint.client_metrics import parse_slo
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.exporter import FleetMetrics
-from kvbench.report.fleet_report import fleet_table, fleet_verdict, instance_table, simulator_table, write_outputs
+from kvbench.report.fleet_report import (
+    DEAD_BEFORE,
+    fleet_table,
+    fleet_verdict,
+    instance_table,
+    simulator_table,
+    write_outputs,
+)
 from kvbench.report.rundir import wrote_line
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
@@ -368,15 +375,16 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     document = write_outputs(run_dir, setup.meta(), points)
     fleet_run.opened.release()
     show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, document["meta"]))
-    died = [(p["policy"], i) for p in points for i in p["instances"] if i.get("failure") and i.get("name")]
+    died = [
+        f"server {i['name']} died under {p['policy']}: {i['failure']}"
+        for p in points
+        for i in p["instances"]
+        if i.get("failure") and i.get("name") and i["failure"] != DEAD_BEFORE
+    ]
     if died:
-        policy, server = died[0]
         skipped = len(options.policies) - len(points)
         left = f"; {skipped} policies not run, every server having died" if skipped else ""
-        raise RunFailed(
-            f"server {server['name']} died under {policy}: {server['failure']}; the figures of the others are kept "
-            f"in {run_dir}{left}"
-        )
+        raise RunFailed(f"{'; '.join(died)}; the figures of the others are kept in {run_dir}{left}")
     failed = [p for p in points if p["status"] == "error"]
     if failed:
         raise RunFailed(

@@ -65,6 +65,10 @@ def fleet_verdict(points: list[dict], meta: dict) -> tuple[str, str, list[str]]:
     check = meta.get("simulator_check")
     if check:
         sentences.append(simulator_sentence(check))
+    for p in points:
+        for note in p.get("notes") or []:
+            sentences.append(f"{p['policy']}: {note}.")
+            tone = "warn" if tone != "bad" else tone
     deaths = died(points)
     if deaths:
         sentences.insert(0, deaths)
@@ -177,11 +181,13 @@ def simulator_sentence(check: dict) -> str:
             f"The simulator, given these servers' KV pools and {fitted}, matched every policy's share of requests "
             "per instance and its prefix hit rate within 5 points."
         )
-    worst = max(off, key=lambda r: max(r["share_gap_points"], abs(r["hit_rate_gap_points"])))
+    worst = max(off, key=lambda r: max(r["share_gap_points"], abs(r["hit_rate_gap_points"] or 0.0)))
+    hit = worst["hit_rate_gap_points"]
     return (
         f"The simulator, given these servers' KV pools and {fitted}, was more than 5 points off for "
         f"{len(off)} of {len(compared)} policies, most under {worst['policy']} (share {worst['share_gap_points']:.0f} "
-        f"points, hit rate {worst['hit_rate_gap_points']:+.0f} points): trust its answers for this fleet less there."
+        f"points, hit rate {'unknown' if hit is None else f'{hit:+.0f} points'}): trust its answers for this fleet "
+        "less there."
     )
 
 

@@ -61,6 +61,9 @@ class FleetOptions(RunOptions):
     slo: dict[str, float] | None = None  # milliseconds by ttft, tpot, e2el: goodput counts the requests meeting all
 
 
+SERVER_OWN = ("kv_pool_slots", "kv_blocks_per_instance", "reserve", "admission", "max_prefill_tokens", "max_num_seqs")
+
+
 @dataclass
 class FleetSetup:
     options: FleetOptions
@@ -184,6 +187,13 @@ class FleetSetup:
         return float(min(5.0, max(0.05, span / 400)))
 
     def meta(self) -> dict[str, Any]:
+        meta = self._meta()
+        if self.options.servers is not None:  # the servers' own settings are theirs: none of kvbench's instances
+            for key in SERVER_OWN:
+                meta.pop(key, None)
+        return meta
+
+    def _meta(self) -> dict[str, Any]:
         options, config = self.options, self.config
         autoscale = options.autoscale
         return run_meta(

@@ -79,7 +79,7 @@ def fleet_point(run: FleetRun, engine: str, scenario: str, slo: Mapping[str, flo
         ),
         "scale_ups": sum(1 for _, kind, _ in run.events if kind == "up"),
         "scale_downs": sum(1 for _, kind, _ in run.events if kind == "down"),
-        "prefix_hit_rate": cached / prompt_tokens if prompt_tokens else 0.0,
+        "prefix_hit_rate": cached / prompt_tokens if prompt_tokens else None,  # None: nothing counted
         "routed_after_drain": sum(slot.routed_after_drain for slot in run.slots),
         "instances": instances,
         "simulated": run.simulated,
@@ -130,7 +130,7 @@ def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:
         "free_blocks_min": min(free, default=None),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
-        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "prefix_hit_rate": cached / prompt if prompt else None,
         "started_at_s": slot.started_at,
         "ready_at_s": slot.ready_at,
         "stopped_at_s": slot.stopped_at,

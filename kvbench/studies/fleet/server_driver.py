@@ -56,6 +56,7 @@ class Server:
     total_blocks: int = 0
     held: HeldBlocks = field(default_factory=HeldBlocks)  # its resident blocks, from its KV events
     subscriber: KvEventSubscriber | None = None
+    heard: int = 0  # KV event batches heard so far
     dead: str | None = None  # why it was given up (it stays given up for the policies after)
 
     @property
@@ -73,7 +74,9 @@ class _Tally:
     cached_tokens: int = 0
     uncounted: int = 0  # finished requests whose answer did not say how many prompt tokens were cached
     scrape_failures: int = 0
-    failures_in_row: int = 0
+    outcomes: list[bool | None] = field(default_factory=list)  # each request sent here, in send order: ok, or None
+    usage_unread: str | None = None  # why its KV usage could not be read (the router keeps its last reading)
+    hits_unread: str | None = None  # why its prefix-cache counters could not be used
     base: ServerState | None = None  # the scrape before the policy's load (the counters' start)
     last: ServerState | None = None
     sent_at: dict[int, float] = field(default_factory=dict)  # request id -> when it was sent (fleet clock)
@@ -133,6 +136,7 @@ class ServerFleet:
 
     def _listener(self, server: Server) -> Callable[[EventBatch], None]:
         def heard(batch: EventBatch) -> None:
+            server.heard += 1
             feed_events(server.held, batch.events, self.block_size)
 
         return heard
@@ -193,8 +197,13 @@ class ServerFleet:
                     f"{server.name}: prefix cache not reset before {name} ({reset['detail']}): blocks an earlier "
                     "policy left may raise its hit rate"
                 )
-        run = _PolicyRun(self, policy, name, notes)
-        return await run.go(arrivals)
+        heard = {server.index: server.heard for server in live}
+        run = await _PolicyRun(self, policy, name, notes).go(arrivals)
+        if isinstance(policy, PrecisePrefix):
+            for server in live:
+                if server.dead is None and server.heard == heard[server.index]:
+                    notes.append(f"no KV event came from {server.name}: it was routed by its load alone")
+        return run
 
     async def _reset(self, server: Server) -> dict:
         assert self.session is not None
@@ -298,17 +307,18 @@ class _PolicyRun:
         self.placement[request.request_id] = slot.index
         tally = self.tallies[slot.index]
         tally.sent_at[request.request_id] = self.now()
+        order = len(tally.outcomes)
+        tally.outcomes.append(None)
         record = await self._send(slot, request)
         slot.outstanding.pop(request.request_id, None)
         tally.sent_at.pop(request.request_id, None)
+        tally.outcomes[order] = record.ok
         if record.ok:
-            tally.failures_in_row = 0
             self._finished(slot, request, record)
             return
-        tally.failures_in_row += 1
         if record.error_kind in CONNECTION_FAILURES:
             await self._check_alive(slot, record.reason())
-        if tally.failures_in_row >= FAILURES_TO_DEATH:
+        if _failed_in_a_row(tally.outcomes, order) >= FAILURES_TO_DEATH:
             self._died(slot, f"{FAILURES_TO_DEATH} requests in a row failed, the last: {record.reason()}", self.now())
         if record.error_kind == "connect" and slot.state == DEAD and not tried:  # it never reached that server
             self.rerouted += 1
@@ -357,7 +367,36 @@ class _PolicyRun:
         slot.state, slot.failure, slot.stopped_at = DEAD, reason, t
         slot.handle.dead = f"died under {self.name}: {reason}"
         self.events.append((t, "died", slot.index))
-        self.notes.append(f"{slot.handle.name} died at {t:.1f} s ({reason}); the router stopped sending to it")
+
+    def _counted_hits(self, slot: InstanceSlot, state: ServerState) -> tuple[int, int]:
+        """(prompt tokens looked up, of which cached) from the server's counters over this policy; (0, 0), with a
+        note, where they cannot be true (gone backwards, more hits than lookups, missing): the hit rate is then
+        unknown, never 0%."""
+        tally = self.tallies[slot.index]
+        base = tally.base
+        queries = (
+            None if base is None or state.prefix_queries is None else state.prefix_queries - (base.prefix_queries or 0)
+        )
+        hits = None if base is None or state.prefix_hits is None else state.prefix_hits - (base.prefix_hits or 0)
+        if queries is not None and hits is not None and 0 <= hits <= queries:
+            return int(queries), int(hits)
+        if tally.hits_unread is None:
+            tally.hits_unread = "its answers gave no cached token counts and its prefix-cache counters " + (
+                "are missing"
+                if queries is None or hits is None
+                else f"cannot be true ({hits:g} hits of {queries:g} lookups since the policy began)"
+            )
+            self.notes.append(f"{slot.handle.name}: prefix hit rate unknown under {self.name}: {tally.hits_unread}")
+        return 0, 0
+
+    def _usage_unread(self, slot: InstanceSlot, state: ServerState) -> None:
+        tally = self.tallies[slot.index]
+        if tally.usage_unread is None:
+            why = "; ".join(f"{k}: {v}" for k, v in state.invalid.items()) or "its metrics give no KV usage"
+            tally.usage_unread = why
+            self.notes.append(
+                f"{slot.handle.name}: KV usage unread under {self.name} ({why}); the router kept its last reading"
+            )
 
     # -- what the router reads ------------------------------------------------------------------------------
     async def _scrape_loop(self) -> None:
@@ -384,6 +423,9 @@ class _PolicyRun:
             slot.stats = self._stats(slot, state, t)
             if final:
                 slot.final_stats = slot.stats
+            if state.free_blocks is None:  # no usage to plot; the router keeps its last reading
+                self._usage_unread(slot, state)
+                continue
             stats = slot.stats
             self.samples.append((t, slot.index, stats.used_blocks, stats.total_blocks, stats.running, stats.waiting))
         for slot in self.slots:  # a dead server's last report stands as its final one
@@ -399,7 +441,10 @@ class _PolicyRun:
         assert state is not None
         tally.last = state
         total = int(state.total_blocks or slot.handle.total_blocks)
-        free = total if state.free_blocks is None else int(round(state.free_blocks))
+        if state.free_blocks is not None:
+            free = int(round(state.free_blocks))
+        else:  # unread: the last reading stands; none yet, the server counts as full (never as empty)
+            free = slot.stats.free_blocks if slot.stats is not None else 0
         outstanding = [r for r in slot.outstanding.values()]
         sent_after = [r for r in outstanding if tally.sent_at.get(r.request_id, 0.0) > t]
         waiting = int(state.waiting or 0)
@@ -412,9 +457,8 @@ class _PolicyRun:
         base = tally.base
         preemptions = int((state.preemptions or 0) - ((base.preemptions or 0) if base else 0))
         prompt, cached = tally.prompt_tokens, tally.cached_tokens
-        if tally.finished and tally.uncounted == tally.finished and base is not None and state.prefix_queries:
-            prompt = int(state.prefix_queries - (base.prefix_queries or 0))  # the server's counters instead
-            cached = int((state.prefix_hits or 0) - (base.prefix_hits or 0))
+        if tally.finished and tally.uncounted == tally.finished:  # the answers did not say: the server's counters
+            prompt, cached = self._counted_hits(slot, state)
         return InstanceStats(
             time=t,
             total_blocks=total,
@@ -428,6 +472,18 @@ class _PolicyRun:
             prompt_tokens=prompt,
             cached_tokens=cached,
         )
+
+
+def _failed_in_a_row(outcomes: list[bool | None], at: int) -> int:
+    """The run of failures around ``at``, in the order the requests were sent: a success, or a request still in
+    flight, sent between two failures breaks it (a quick refusal can end before a slow success sent earlier)."""
+    start = at
+    while start > 0 and outcomes[start - 1] is False:
+        start -= 1
+    end = at
+    while end + 1 < len(outcomes) and outcomes[end + 1] is False:
+        end += 1
+    return end - start + 1
 
 
 def _one_state(states: list[ServerState]) -> ServerState:

@@ -123,7 +123,8 @@ def compare(policy: str, real: dict[str, Any], simulated: dict[str, Any]) -> dic
     """The figures side by side, and the gaps in percentage points."""
     real_share, sim_share = _shares(real), _shares(simulated)
     share_gap = max((abs(a - b) for a, b in zip(real_share, sim_share, strict=True)), default=0.0) * 100
-    hit_gap = (real["prefix_hit_rate"] - simulated["prefix_hit_rate"]) * 100
+    known = real["prefix_hit_rate"] is not None
+    hit_gap = (real["prefix_hit_rate"] - simulated["prefix_hit_rate"]) * 100 if known else None
     return {
         "policy": policy,
         "share_real": real_share,
@@ -136,7 +137,7 @@ def compare(policy: str, real: dict[str, Any], simulated: dict[str, Any]) -> dic
         "preemptions_simulated": simulated["preemptions"],
         "p50_ttft_ms_real": real.get("p50_ttft_ms"),
         "p50_ttft_ms_simulated": simulated.get("p50_ttft_ms"),
-        "agrees": share_gap <= AGREEMENT_POINTS and abs(hit_gap) <= AGREEMENT_POINTS,
+        "agrees": share_gap <= AGREEMENT_POINTS and (hit_gap is None or abs(hit_gap) <= AGREEMENT_POINTS),
     }
 
 

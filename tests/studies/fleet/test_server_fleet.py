@@ -19,6 +19,7 @@ from kvbench.cli import main
 from kvbench.studies.fleet.routing import DEFAULT_POLICIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "endpoint"))
+import fake_server  # noqa: E402
 from fake_server import config_json, serve_in_thread  # noqa: E402
 
 FAKE = str(Path(__file__).resolve().parents[2] / "endpoint" / "fake_server.py")
@@ -178,3 +179,85 @@ def test_a_server_that_cannot_be_reached_is_refused_before_any_load(tmp_path, ca
         )  # fmt: skip
         assert a.state.count == 0
     assert code != 0 and "gone:" in output and "Traceback" not in output
+
+
+def _lying(monkeypatch, replace_line) -> None:
+    """The fake servers' /metrics with each line passed through ``replace_line(line, scrape number)``."""
+    honest = fake_server.metrics_text
+    scrapes = {"n": 0}
+
+    def lying(state) -> str:
+        scrapes["n"] += 1
+        lines = honest(state).split("\n")
+        return "\n".join(line if line.startswith("#") else replace_line(line, scrapes["n"]) for line in lines)
+
+    monkeypatch.setattr(fake_server, "metrics_text", lying)
+
+
+@pytest.mark.parametrize(
+    ("name", "replace_line", "note"),
+    [
+        (
+            "counters that go back",  # an engine restarted: the counters start again below the policy's base
+            lambda line, n: line.rsplit(" ", 1)[0] + f" {1e6 if n <= 3 else 0}" if "prefix_cache" in line else line,
+            "prefix hit rate unknown",
+        ),
+        (
+            "more hits than lookups",
+            lambda line, n: line.rsplit(" ", 1)[0] + " 1e9" if "prefix_cache_hits" in line else line,
+            "prefix hit rate unknown",
+        ),
+        (
+            "a usage of 170%",
+            lambda line, n: line.rsplit(" ", 1)[0] + " 1.7" if "kv_cache_usage_perc" in line else line,
+            "KV usage unread",
+        ),
+    ],
+)
+def test_figures_a_server_cannot_mean_are_unknown_never_reported(
+    tmp_path, capsys, monkeypatch, name, replace_line, note
+):
+    file = requests_file(tmp_path / "requests.jsonl", 12, 0.03)
+    _lying(monkeypatch, replace_line)
+    with serve_in_thread(ttft_s=0.002) as a:
+        code, output = fleet(
+            capsys, "--target", f"a={a.url}", "--requests-file", str(file), "--policies", "round-robin",
+            "--scrape-interval", "0.05", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert code == 0, output
+    (point,) = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    (server,) = point["instances"]
+    assert any(note in line for line in point["notes"]), point["notes"]
+    assert note in output.replace("\n", " ")  # the verdict says it
+    if "hit rate" in note:
+        assert server["prefix_hit_rate"] is None and point["prefix_hit_rate"] is None
+    else:
+        assert server["usage_peak"] is None and point["completed"] == 12
+    for value in (point["prefix_hit_rate"], server["prefix_hit_rate"], server["usage_peak"]):
+        assert value is None or 0 <= value <= 1
+
+
+def test_failures_are_counted_in_the_order_they_were_sent(tmp_path, capsys):
+    """One request in three refused (429) and answered at once, the others slow: finishing, two refusals can
+    overtake the success sent between them; the server is not dead for that."""
+    file = requests_file(tmp_path / "requests.jsonl", 30, 0.01)
+    with serve_in_thread(itl_s=0.01, faults=["", "", "429"]) as flaky:
+        code, output = fleet(
+            capsys, "--target", f"flaky={flaky.url}", "--requests-file", str(file), "--policies", "round-robin",
+            "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert code == 0, output
+    (point,) = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert point["instances"][0]["state"] == "serving" and point["rejected"] == 10 and point["completed"] == 20
+
+
+def test_precise_prefix_says_when_a_server_sent_no_kv_event(tmp_path, capsys):
+    file = requests_file(tmp_path / "requests.jsonl", 6, 0.02)
+    with serve_in_thread() as a:
+        code, output = fleet(
+            capsys, "--target", f"a={a.url}", "--kv-events", f"a=ipc://{tmp_path}/silent",
+            "--requests-file", str(file), "--policies", "precise-prefix", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert code == 0, output
+    (point,) = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert point["notes"] == ["no KV event came from a: it was routed by its load alone"]
