@@ -37,6 +37,7 @@ from kvbench.measure.kv_events import (
 from kvbench.measure.kv_residency import Change, rebuild
 from kvbench.results.servers import ServerState
 
+EVENT_DELIVERY_S = 0.2  # an event may reach us this long after a scrape showed its effect (another socket)
 REPLAY_TIMEOUT_S = 2.0  # a replay answer that does not end by then is given up (the gap stays)
 POLL_S = 0.05
 
@@ -239,8 +240,10 @@ def event_figures(
         cached = [s.cached_blocks for s in states if s.cached_blocks is not None]
         if cached:
             cached_gaps.append(resident - sum(cached))
-            if all(s.running == 0 and not s.waiting for s in states):  # nothing in flight: both sides settled
-                at_rest.append(resident - sum(cached))
+            if all(s.running == 0 and not s.waiting for s in states):  # nothing in flight: both sides settled,
+                # the events allowed the moment they take to arrive (another socket than the metrics')
+                late = residency.resident_at(at + EVENT_DELIVERY_S)
+                at_rest.append(min(resident - sum(cached), late - sum(cached), key=abs))
         total = sum(s.total_blocks or 0 for s in states)
         usage = [s.usage for s in states if s.usage is not None]
         if total and usage:

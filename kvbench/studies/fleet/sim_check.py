@@ -24,12 +24,15 @@ from kvbench.studies.fleet.routing import KvWeights, make_policy
 from kvbench.studies.fleet.sim_driver import SimulatedFleet
 
 AGREEMENT_POINTS = 5.0  # share and hit rate within this many percentage points: the simulator agrees
+LOWER_ROUNDS = 3  # times the prefill line is fitted again on the half of the requests below it
+MIN_FIT_POINTS = 8
 
 
 def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
     """Step times from the finished requests of every run: the decode step is the median time per output token
     after the first; the prefill a least-squares line of time to first token against the tokens not cached,
-    fitted again on the half of the requests closest below it (those that queued least)."""
+    fitted again, up to three times, on the half of the requests below it (those that queued least: under load
+    the time to first token is mostly queueing)."""
     done = [
         r
         for run in runs
@@ -48,9 +51,12 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
     uncached = np.array([r.prompt_len - r.num_cached_tokens for r in done], dtype=np.float64)
     ttft = np.array([t - r.arrival_time for r, t in zip(done, first, strict=True)], dtype=np.float64)
     base, slope = _line(uncached, ttft)
-    keep = ttft - (base + slope * uncached) <= np.median(ttft - (base + slope * uncached))
-    if keep.sum() >= 2:
-        base, slope = _line(uncached[keep], ttft[keep])
+    for _ in range(LOWER_ROUNDS):  # towards the lower envelope: the requests that queued least
+        keep = ttft - (base + slope * uncached) <= np.median(ttft - (base + slope * uncached))
+        if keep.sum() < MIN_FIT_POINTS:
+            break
+        uncached, ttft = uncached[keep], ttft[keep]
+        base, slope = _line(uncached, ttft)
     return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0))
 
 
