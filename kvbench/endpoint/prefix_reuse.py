@@ -56,7 +56,7 @@ def prefix_reuse(
         if not block:
             out["flag"] = "the server's block size is unknown: the requests' and the counters' hits are not judged"
         elif abs(difference) > block * len(done):
-            out["flag"] = _why_apart(difference, hits, queries, prompt, block, len(done))
+            out["flag"] = _why_apart(difference, hits, queries, prompt, block, len(done), server.get("preemptions"))
     if target is not None:
         out["target"] = _judged(dict(target), out["hit_rate_requests"], out["hit_rate_counters"], prompt, len(known))
     return out
@@ -75,7 +75,9 @@ def _judged(
     return target
 
 
-def _why_apart(difference: float, hits: float, queries: Any, prompt: int, block: int, requests: int) -> str:
+def _why_apart(
+    difference: float, hits: float, queries: Any, prompt: int, block: int, requests: int, preemptions: Any = None
+) -> str:
     side = "more" if difference < 0 else "fewer"
     reason = (
         "another client shared the server during the point, or it counts hits it did not report per request"
@@ -84,6 +86,13 @@ def _why_apart(difference: float, hits: float, queries: Any, prompt: int, block:
     )
     if isinstance(queries, (int, float)) and queries > prompt + block * requests:
         reason = "the server looked up more prompt tokens than these requests sent: another client shared the server"
+    if difference < 0 and isinstance(preemptions, (int, float)) and preemptions > 0:
+        # a preempted request's prompt is looked up (and hit) again when it is admitted again; its answer counts once
+        reason = (
+            f"the server preempted {preemptions:,.0f} times during the point, and counts the prompt of a preempted "
+            "request again when it is admitted again (its answer reports the first admission), or another client "
+            "shared the server"
+        )
     return (
         f"the server's counters count {abs(difference):,.0f} {side} cached tokens than the answers report "
         f"(more than one block of {block} per request over {requests} requests): {reason}"

@@ -45,6 +45,13 @@ def test_counters_more_than_a_block_per_request_apart_are_flagged_with_the_likel
     assert out["flag"] is not None and reason in out["flag"]
 
 
+def test_counters_ahead_of_the_answers_under_preemption_name_the_re_admissions_first():
+    records = [_record(i, 100, 48) for i in range(3)]
+    server = {"prefix_cache_hits": 400, "prefix_cache_queries": 2000, "block_size": 16, "preemptions": 12}
+    flag = prefix_reuse(records, server)["flag"]
+    assert flag.startswith("the server's counters count 256 more cached tokens") and "preempted 12 times" in flag
+
+
 def test_within_a_block_per_request_is_not_flagged_and_an_unknown_block_size_is_said():
     records = [_record(i, 100, 48) for i in range(3)]
     assert prefix_reuse(records, {"prefix_cache_hits": 144 + 40, "block_size": 16})["flag"] is None
