@@ -38,19 +38,21 @@ def read_endpoint(url: str, timeout_s: float = 5.0) -> list[ServerState]:
     return read_states(scrape(url, timeout_s), url)
 
 
-_sleep = time.sleep  # the pause between scrapes (tests replace it)
+_sleep = time.sleep  # the pause between scrapes (tests replace it, and the clock, with a virtual one)
+_clock = time.monotonic
 
 
 def watch(
     settings: WatchSettings,
     first: list[ServerState],
     on_scrape: Callable[[Scrape], None],
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] | None = None,
     sleep: Callable[[float], None] | None = None,
 ) -> int:
     """Record ``first`` (the scrape that checked the URL) and then one scrape per interval; returns how many
     were recorded. Scrapes are due at fixed ticks from the start, so a slow one does not shift the rest."""
     sleep = sleep or _sleep
+    clock = clock or _clock
     start = clock()
     append_records(settings.timeline, [header_record(settings.url, settings.interval_s)])
     count = 0

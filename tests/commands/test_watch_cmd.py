@@ -23,7 +23,7 @@ def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(
 ):
     import kvbench.studies.watch as watch_study
 
-    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)  # scrape back to back: the test needs no pauses
+    _virtual_time(monkeypatch, watch_study)  # scrape back to back, on a clock a slow machine cannot run out
     server = metrics_server.serve(queue_growing(vllm_exposition))
     out = tmp_path / "w"
     assert main(["watch", "--url", server.url, "--interval", "0.05", "--duration", "0.3", "--out", str(out)]) == 0
@@ -72,7 +72,7 @@ def test_a_failed_scrape_mid_watch_is_recorded_and_the_watch_goes_on(
 ):
     import kvbench.studies.watch as watch_study
 
-    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)
+    _virtual_time(monkeypatch, watch_study)
     server = metrics_server.serve([vllm_exposition(), "<html>busy</html>", vllm_exposition()])
     out = tmp_path / "w"
     assert main(["watch", "--url", server.url, "--interval", "0.1", "--duration", "0.2", "--out", str(out)]) == 0
@@ -185,3 +185,10 @@ def test_slow_scrapes_end_the_watch_at_its_duration_not_after_its_count(tmp_path
     settings = WatchSettings("http://127.0.0.1:1/metrics", 1.0, 4.0, tmp_path / "timeline.jsonl")
     count = watch(settings, [], lambda scrape: None, clock=lambda: now[0], sleep=lambda s: None)
     assert count == 2 and now[0] == 4.0  # the first (given) scrape, one slow one, then the duration is spent
+
+
+def _virtual_time(monkeypatch, watch_study) -> None:
+    """The watch's pauses advance a clock of their own instead of waiting: a scrape takes no time on it."""
+    now = [0.0]
+    monkeypatch.setattr(watch_study, "_clock", lambda: now[0])
+    monkeypatch.setattr(watch_study, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
