@@ -289,10 +289,12 @@ def _servers(
         listen = listening(address, None, False)
         assert listen is not None
         streams[name] = listen.endpoint
+    _positive(interval, "--scrape-interval")
+    _positive(timeout, "--request-timeout")
     return ServerOptions(
         tuple(replace(t, kv_events=streams.get(str(t.name))) for t in parsed),
-        _positive(interval, "--scrape-interval") or interval,
-        RequestLimits(timeout_s=_positive(timeout, "--request-timeout") or timeout),
+        interval,
+        RequestLimits(timeout_s=timeout),
     )
 
 

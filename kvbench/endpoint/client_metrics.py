@@ -132,7 +132,12 @@ def client_metrics(
 
 def _meets(record: RequestRecord, slo: Mapping[str, float]) -> bool:
     assert record.ttft is not None and record.latency is not None  # set on every completed request
-    observed = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.latency}
+    return meets_slo(record.ttft, record.tpot or 0.0, record.latency, slo)
+
+
+def meets_slo(ttft_s: float, tpot_s: float, e2el_s: float, slo: Mapping[str, float]) -> bool:
+    """Every objective of ``slo`` (milliseconds by ttft, tpot, e2el) met by a request's times in seconds."""
+    observed = {"ttft": ttft_s, "tpot": tpot_s, "e2el": e2el_s}
     return all(observed[key] * 1000.0 <= limit for key, limit in slo.items())
 
 

@@ -32,7 +32,6 @@ class DecodeBatch:
         self.generators: list = []  # each request's random generator (None for greedy), in batch order
         self._changed_tables: list[int] = []
         self._rows: dict[int, int] = {}
-        self._admit_seqs: list[int] = []
         self._longs = np.zeros(0, dtype=np.int64)  # tokens | positions | slots
         self._ints = np.zeros(0, dtype=np.int32)  # context lens | query starts | block tables [B, W]
         self._width = 0
@@ -41,6 +40,11 @@ class DecodeBatch:
         self._row_index = np.zeros(0, dtype=np.int64)
         self._step: StepInput | None = None  # the runner's view of the arrays above
         self._bias: np.ndarray | None = None  # [B, W * block_size]: 0 visible, -inf not yet written
+
+    def forget(self) -> None:
+        """Rebuild at the next step: a request preempted and admitted again has new blocks and a recomputed
+        context, though the batch may hold the same requests in the same order as before."""
+        self.requests = []
 
     def table_changed(self, request_id: int) -> None:
         """``request_id`` was given a block or a copy-on-write copy: its table row is read again."""
@@ -58,10 +62,7 @@ class DecodeBatch:
         On the CPU the returned tensors share memory with the batch's arrays: they hold this step's values
         until the next call (the engine consumes a step before asking for the next one).
         """
-        # identity per element (same requests, same order; never empty), each in the same admission: one
-        # preempted and admitted again since has new blocks and a recomputed context
-        same = batch == self.requests
-        same = same and all(r.admit_seq == seq for r, seq in zip(batch, self._admit_seqs, strict=True))
+        same = batch == self.requests  # identity per element: same requests, same order (never empty)
         if same and (self._max_position + 1) // self.block_size < self._width:  # the longest stays in its blocks
             self._advance(batch, table_of)
         else:
@@ -91,7 +92,6 @@ class DecodeBatch:
         self._max_position = int(positions.max())
         self._write_tokens_and_slots(batch)
         self.requests = list(batch)
-        self._admit_seqs = [r.admit_seq for r in batch]
         self._rows = {r.request_id: row for row, r in enumerate(batch)}
         self.params = [r.sampling for r in batch]
         self.generators = [generators[r.request_id] for r in batch]

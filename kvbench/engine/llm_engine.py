@@ -258,6 +258,8 @@ class LLMEngine:
     def _prefill_step(self, run: EngineSession, admitted: list[Request]) -> list[tuple[Request, int]]:
         """The admitted requests' prompts (and outputs kept across a preemption) through the model."""
         table = run.scheduler.manager.block_table
+        if any(r.num_preemptions for r in admitted):  # admitted again: its row in the kept batch is stale
+            run.decode_batch.forget()
         # a prefix-cache hit holds the KV of the first num_cached_tokens already: only the rest is computed
         step = self.runner.build_step(
             [(r.prefill_token_ids()[r.num_cached_tokens :], r.num_cached_tokens, table(r.request_id)) for r in admitted]

@@ -176,8 +176,7 @@ def test_a_newcomer_that_preempts_itself_leaves_the_kept_batch_as_it_was(
 ) -> None:
     """A request admitted as the pool runs dry, its prompt filling its last block, needs a new block at its first
     decode step; an older request takes the last one, and the newcomer, the newest, is preempted: the batch is
-    the one before it came, and the table it was given room in must not be read (``kvbench serve``'s engine
-    failed here with a KeyError under a shared-prefix load)."""
+    the one before it came, and the table it was given room in (freed with it) must not be read."""
     sizes = _checked_steps(monkeypatch)
     config = EngineConfig(engine="paged", block_size=4, num_blocks=num_blocks, max_len=64)
     session = LLMEngine(model, config).session()

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kvbench.endpoint.client_metrics import meets_slo
 from kvbench.engine.latency import request_latencies, summarise
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.studies.fleet.core import FleetRun, InstanceSlot
@@ -103,8 +104,7 @@ def _meets(request: Request, slo: Mapping[str, float]) -> bool:
     ttft = request.first_token_time - request.arrival_time
     e2el = request.finish_time - request.arrival_time
     tpot = (e2el - ttft) / (request.num_outputs - 1) if request.num_outputs > 1 else 0.0
-    observed = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
-    return all(observed[key] * 1000.0 <= limit for key, limit in slo.items())
+    return meets_slo(ttft, tpot, e2el, slo)
 
 
 def _instance_summary(slot: InstanceSlot, run: FleetRun) -> dict[str, Any]:

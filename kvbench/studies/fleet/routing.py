@@ -147,7 +147,7 @@ class KvAware(RoutingPolicy):
         costs = []
         for view in views:
             prefill = blocks - self.overlap(keys, view.index, now)
-            load = view.total_blocks - view.free_blocks + view.queued_blocks
+            load = view.total_blocks - view.effective_free_blocks  # in use, and queued here
             costs.append((self.prefix_weight * prefill + self.load_weight * load, view.in_flight, view.index))
         pos = min(range(len(views)), key=costs.__getitem__)
         self.sent(keys, views[pos].index, now)

@@ -91,13 +91,11 @@ class ServerFleet:
         limits: RequestLimits,
         scrape_interval_s: float,
         block_size: int,
-        on_note: Callable[[str], None] | None = None,
     ) -> None:
         self.servers = [Server(index, target) for index, target in enumerate(targets)]
         self.limits = limits
         self.scrape_interval_s = scrape_interval_s
         self.block_size = block_size  # the router's block, until the servers say theirs
-        self.on_note = on_note
         self.session: aiohttp.ClientSession | None = None
         self.api_key: str | None = None
 
@@ -228,9 +226,10 @@ class _PolicyRun:
         self.name = name
         self.notes = notes
         self.router = FleetRouter(policy, fleet.block_size)
+        session = fleet.session
+        assert session is not None, "the fleet is open"
         self.clients = {
-            s.index: EndpointClient(s.target, s.model, fleet.session, fleet.limits, fleet.api_key, 0.0)  # type: ignore[arg-type]
-            for s in fleet.servers
+            s.index: EndpointClient(s.target, s.model, session, fleet.limits, fleet.api_key, 0.0) for s in fleet.servers
         }
         self.tallies = {s.index: _Tally() for s in fleet.servers}
         self.slots: list[InstanceSlot] = []
@@ -445,15 +444,10 @@ class _PolicyRun:
             free = int(round(state.free_blocks))
         else:  # unread: the last reading stands; none yet, the server counts as full (never as empty)
             free = slot.stats.free_blocks if slot.stats is not None else 0
-        outstanding = [r for r in slot.outstanding.values()]
-        sent_after = [r for r in outstanding if tally.sent_at.get(r.request_id, 0.0) > t]
+        blocks = {rid: blocks_for(r.prompt_len, self.fleet.block_size) for rid, r in slot.outstanding.items()}
         waiting = int(state.waiting or 0)
-        mean_blocks = (
-            sum(blocks_for(r.prompt_len, self.fleet.block_size) for r in outstanding) / len(outstanding)
-            if outstanding
-            else 0.0
-        )
-        slot.transit_blocks = sum(blocks_for(r.prompt_len, self.fleet.block_size) for r in sent_after)
+        mean_blocks = sum(blocks.values()) / len(blocks) if blocks else 0.0
+        slot.transit_blocks = sum(n for rid, n in blocks.items() if tally.sent_at.get(rid, 0.0) > t)
         base = tally.base
         preemptions = int((state.preemptions or 0) - ((base.preemptions or 0) if base else 0))
         prompt, cached = tally.prompt_tokens, tally.cached_tokens

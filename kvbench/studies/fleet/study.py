@@ -101,8 +101,6 @@ def _run_on_servers(setup: FleetSetup, record: Callable[[FleetRun], None]) -> Se
 
 def simulate_policy(setup: FleetSetup, name: str) -> FleetRun:
     options = setup.options
-    if needs_kv_events(name) and not options.prefix_caching:
-        raise KvbenchError("precise-prefix reads the instances' prefix-cache events, and prefix caching is off")
     fleet = SimulatedFleet(
         setup.make_simulated_instance,
         make_policy(name, setup.seed, setup.config.block_size, options.weights),
