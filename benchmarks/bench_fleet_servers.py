@@ -7,7 +7,8 @@ ones. The questions: does prefix affinity raise the hit rate, does most-free-blo
 simulator within 5 points of the real fleet?
 
     python benchmarks/bench_fleet_servers.py [--out reports/bench-fleet-servers] [--requests 400] [--rate 12]
-        [--model tiny | PATH.gguf] [--kv-memory 2MiB] [--groups 12 --prefix 384 --tail 32 --output 32:384]
+        [--model tiny | PATH.gguf] [--kv-memory 2MiB | 1MiB,3MiB] [--groups 12 --prefix 384 --tail 32 --output 32:384]
+        [--policies round-robin,most-free-blocks]
 
 Everything listens on 127.0.0.1; the replicas are stopped however the run ends.
 """
@@ -58,18 +59,21 @@ def span(text: str) -> tuple[int, int]:
 
 
 def write_requests(path: Path, args: argparse.Namespace) -> None:
-    """``--groups`` prefixes of ``--prefix`` tokens, each prompt one of them plus a ``--tail`` of its own,
+    """``--groups`` prefixes of ``--prefix`` tokens (each group its own length), each prompt one of them plus a
+    ``--tail`` of its own,
     outputs drawn from ``--output``, Poisson arrivals at ``--rate``; popular groups more often (Zipf 1.1)."""
     rng = np.random.default_rng(args.seed)
     weights = 1.0 / np.arange(1, args.groups + 1) ** 1.1
     groups = rng.choice(args.groups, size=args.requests, p=weights / weights.sum())
     low, high = span(args.output)
     tail_low, tail_high = span(args.tail)
+    prefix_low, prefix_high = span(args.prefix)
+    lengths = np.random.default_rng([args.seed, 2]).integers(prefix_low, prefix_high + 1, args.groups)
     times = np.cumsum(rng.exponential(1.0 / args.rate, args.requests))
     times -= times[0]
     with path.open("w") as out:
         for index, group in enumerate(groups):
-            prefix = np.random.default_rng(1000 + int(group)).integers(5, 400, args.prefix).tolist()
+            prefix = np.random.default_rng(1000 + int(group)).integers(5, 400, int(lengths[group])).tolist()
             tail = rng.integers(5, 400, int(rng.integers(tail_low, tail_high + 1))).tolist()
             row = {
                 "prompt_token_ids": prefix + tail,
@@ -85,14 +89,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rate", type=float, default=12.0)
     parser.add_argument("--groups", type=int, default=12)
-    parser.add_argument("--prefix", type=int, default=384, help="tokens of each shared prefix")
+    parser.add_argument("--prefix", default="384", help="tokens of each group's shared prefix, N or LOW:HIGH")
     parser.add_argument("--tail", default="32", help="tokens of each prompt after its prefix, N or LOW:HIGH")
     parser.add_argument("--output", default="32:384", help="output lengths, LOW:HIGH")
-    parser.add_argument("--kv-memory", default="2MiB", help="each replica's KV pool")
+    parser.add_argument("--kv-memory", default="2MiB", help="each replica's KV pool, or A,B for pools of two sizes")
     parser.add_argument("--model", default="tiny", help="what each replica serves: a preset or a checkpoint")
     parser.add_argument("--load-weight", default="0.2")
     parser.add_argument("--scrape-interval", default="0.1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", default=POLICIES, help="the policies to run, round-robin among them")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,14 +105,17 @@ def main() -> None:
     write_requests(requests, args)
     replicas = []
     try:
-        for _ in range(2):
-            longest = args.prefix + span(args.tail)[1] + span(args.output)[1]
-            replicas.append(start_replica(args.model, args.kv_memory, longest))
+        pools = args.kv_memory.split(",")
+        if len(pools) > 2:
+            parser.error("--kv-memory takes one pool for both replicas, or two")
+        for pool in pools * 2 if len(pools) == 1 else pools:
+            longest = span(args.prefix)[1] + span(args.tail)[1] + span(args.output)[1]
+            replicas.append(start_replica(args.model, pool, longest))
         command = [sys.executable, "-m", "kvbench.cli", "fleet", "--requests-file", str(requests)]
         for name, (_, url, events) in zip("ab", replicas, strict=True):
             command += ["--target", f"{name}={url}", "--kv-events", f"{name}={events}"]
         run = out / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-        command += ["--policies", POLICIES, "--scrape-interval", args.scrape_interval]
+        command += ["--policies", args.policies, "--scrape-interval", args.scrape_interval]
         command += ["--load-weight", args.load_weight, "--out", str(run)]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)

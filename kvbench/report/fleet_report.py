@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from kvbench.report.columns import markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table
 from kvbench.report.html import units
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary
@@ -120,8 +122,7 @@ def reuse_sentences(ok: list[dict]) -> list[str]:
     if fewest is not base and (fewest.get("preemptions") or 0) < (base.get("preemptions") or 0):
         out.append(
             f"{fewest['policy']} preempted {units.count(fewest['preemptions'])} requests against "
-            f"{units.count(base['preemptions'])} under {base['policy']}: requests went where KV blocks were free, "
-            "so fewer ran out of them mid-answer."
+            f"{units.count(base['preemptions'])} under {base['policy']}: {_split_sentence(fewest, base)}"
         )
     if all(p.get("request_goodput") is not None for p in ok):
         top = max(ok, key=lambda p: p["request_goodput"])
@@ -131,6 +132,29 @@ def reuse_sentences(ok: list[dict]) -> list[str]:
             f"{units.share(base.get('slo_met_share'), 0)} under {base['policy']}."
         )
     return out
+
+
+def _split_sentence(fewest: dict, base: dict) -> str:
+    """How the two policies divided the requests, beside each instance's KV pool: the run's own reason why one
+    preempted less (a policy that sends requests in proportion to the pools fills the smaller one less)."""
+    instances = fewest.get("instances") or []
+    routed = [i.get("routed") or 0 for i in instances]
+    base_routed = [i.get("routed") or 0 for i in base.get("instances") or []]
+    if len(routed) < 2 or len(base_routed) != len(routed) or not sum(routed) or not sum(base_routed):
+        return "fewer requests ran out of KV blocks mid-answer."
+    names = "/".join(str(i.get("name") or i.get("index")) for i in instances)
+    text = (
+        f"it sent {_shares_text(routed)} of the requests to {names}, where {base['policy']} sent "
+        f"{_shares_text(base_routed)}"
+    )
+    pools = [i.get("total_blocks") for i in instances]
+    if all(isinstance(n, int) for n in pools) and len(set(pools)) > 1:
+        text += f"; their KV pools hold {'/'.join(units.count(n) for n in pools)} blocks"
+    return text + "."
+
+
+def _shares_text(counts: list[int]) -> str:
+    return "/".join(f"{100 * n / sum(counts):.0f}" for n in counts) + "%"
 
 
 SIM_COLUMNS = (
@@ -157,9 +181,9 @@ def simulator_rows(check: dict) -> list[list[str]]:
             [
                 row["policy"],
                 shares,
-                f"{_pct(row['hit_rate_real'])} / {_pct(row['hit_rate_simulated'])}",
+                f"{units.share(row['hit_rate_real'], 0)} / {units.share(row['hit_rate_simulated'], 0)}",
                 f"{row['preemptions_real']} / {row['preemptions_simulated']}",
-                f"{_ms(row['p50_ttft_ms_real'])} / {_ms(row['p50_ttft_ms_simulated'])}",
+                f"{units.ms_number(row['p50_ttft_ms_real'])} / {units.ms_number(row['p50_ttft_ms_simulated'])}",
                 "yes" if row["agrees"] else "no",
             ]
         )
@@ -213,104 +237,88 @@ def _load_shortfall(ok: list[dict], meta: dict) -> str | None:
     )
 
 
-_COLUMNS = (
-    "policy",
-    "done/rej",
-    "out tok/s",
-    "p50/p99 TTFT ms",
-    "p50/p99 TPOT ms",
-    "preempt",
-    "KV use mean",
-    "imbalance mean/p99 (blocks)",
-    "queued peak",
-    "inst-s",
-    "prefix hit",
+def _policy_name(p: PointMap) -> str:
+    return str(p["policy"]) + ("" if p.get("status", "ok") == "ok" else f" ({str(p.get('status')).upper()})")
+
+
+def _rejected(p: PointMap) -> str:
+    return units.count(p.get("rejected")) + (f" ({p['rerouted']} re-routed)" if p.get("rerouted") else "")
+
+
+def _percent(field: str) -> Callable[[PointMap], str]:
+    """A share in [0, 1] as a number under a heading that says %."""
+    return lambda p: units.MISSING if p.get(field) is None else units.num(100 * p[field])
+
+
+def _figure(heading: str, field: str, text: Callable[[Any], str], short: str = "", wide: bool = False) -> Col:
+    return Col(heading, lambda p: text(p.get(field)), field=field, short=short, wide=wide, page=wide)
+
+
+POLICY_TABLE = TableSpec(
+    title="Routing policies on the same arrivals (latency: lower is better; imbalance = max - min free blocks "
+    "across instances)",
+    columns=(
+        Col("policy", _policy_name, field="policy", figure=False, key=True, numeric=False),
+        _figure("completed", "completed", units.count, short="done"),
+        Col("rejected", _rejected, field="rejected", short="rej"),
+        _figure("output (tok/s)", "output_throughput", units.num, short="out tok/s"),
+        _figure("TTFT p50 (ms)", "p50_ttft_ms", units.ms_number),
+        _figure("TTFT p99 (ms)", "p99_ttft_ms", units.ms_number),
+        _figure("TPOT p50 (ms)", "p50_tpot_ms", units.ms_number, wide=True),
+        _figure("TPOT p99 (ms)", "p99_tpot_ms", units.ms_number),
+        _figure("preemptions", "preemptions", units.count, short="preempt"),
+        Col("KV usage mean (%)", _percent("kv_usage_mean"), field="kv_usage_mean", short="KV use mean %"),
+        _figure("imbalance mean (blocks)", "free_blocks_imbalance_mean", units.count),
+        _figure("imbalance p99 (blocks)", "free_blocks_imbalance_p99", units.count, wide=True),
+        _figure("queued, peak", "queued_peak", units.count, wide=True),
+        _figure("instance-seconds", "instance_seconds", units.num, short="inst-s", wide=True),
+        Col("prefix hits (%)", _percent("prefix_hit_rate"), field="prefix_hit_rate", short="prefix hit %"),
+    ),
+    partial_errors=True,  # a policy that failed part way keeps what it measured, in red
+)
+POLICY_TABLE_NOTE = (
+    "Output: generated tokens per second, higher is better. Latency: lower is better. Imbalance: the most minus "
+    "the fewest free KV blocks across the serving instances, sampled over the run. Prefix hits: the share of "
+    "prompt tokens served from the prefix cache."
 )
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+def instance_label(inst: PointMap) -> str:
+    """An instance's number, and a server's name where it has one."""
+    return f"{inst['index']} {inst['name']}" if inst.get("name") else str(inst["index"])
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
+def _startup(inst: PointMap) -> str:
+    return units.num(inst.get("startup_s"), 2)
 
 
-def _num(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def policy_rows(points: list[dict]) -> list[list[str]]:
-    rows = []
-    for p in points:
-        rows.append(
-            [
-                p["policy"] + (" (ERROR)" if p["status"] == "error" else ""),
-                f"{p['completed']}/{p['rejected']}" + (f" ({p['rerouted']} re-routed)" if p.get("rerouted") else ""),
-                _num(p["output_throughput"], 1),
-                f"{_ms(p['p50_ttft_ms'])} / {_ms(p['p99_ttft_ms'])}",
-                f"{_ms(p['p50_tpot_ms'])} / {_ms(p['p99_tpot_ms'])}",
-                str(p["preemptions"]),
-                _pct(p["kv_usage_mean"]),
-                f"{_num(p['free_blocks_imbalance_mean'])} / {_num(p['free_blocks_imbalance_p99'])}",
-                _num(p["queued_peak"]),
-                _num(p["instance_seconds"], 1),
-                _pct(p["prefix_hit_rate"]),
-            ]
-        )
-    return rows
+INSTANCE_TABLE = TableSpec(
+    title="Instances",
+    columns=(
+        Col("instance", instance_label, field="index", figure=False, key=True),
+        Col("state", lambda i: str(i.get("state", "")), field="state", figure=False, numeric=False),
+        _figure("KV pool (blocks)", "total_blocks", units.count, short="KV pool blocks"),
+        _figure("routed", "routed", units.count),
+        _figure("finished", "finished", units.count),
+        _figure("preemptions", "preemptions", units.count, short="preempt"),
+        Col("KV usage mean (%)", _percent("usage_mean"), field="usage_mean", short="KV use mean %"),
+        Col("KV usage peak (%)", _percent("usage_peak"), field="usage_peak", short="KV use peak %"),
+        _figure("free blocks, min", "free_blocks_min", units.count, short="min free blocks"),
+        Col("prefix hits (%)", _percent("prefix_hit_rate"), field="prefix_hit_rate", short="prefix hit %"),
+        Col("start-up (s)", _startup, field="startup_s", short="start-up s"),
+        Col("failure", lambda i: str(i.get("failure") or ""), field="failure", figure=False, numeric=False),
+    ),
+    partial_errors=True,
+)
 
 
 def fleet_table(points: list[dict], simulated: bool) -> Table:
-    table = Table(
-        title="Routing policies on the same arrivals (latency: lower is better; imbalance = max - min free "
-        "blocks across instances)" + (" — SIMULATED" if simulated else "")
-    )
-    longest = max((len(str(p.get("policy", ""))) for p in points), default=6)
-    for column in _COLUMNS:  # a policy's name stays whole: "most-fr…" and "prefix-…" read alike
-        if column == "policy":
-            table.add_column(column, justify="left", no_wrap=True, min_width=longest)
-        else:
-            table.add_column(column, justify="right")
-    for row in policy_rows(points):
-        table.add_row(*row)
-    return table
+    spec = replace(POLICY_TABLE, title=POLICY_TABLE.title + (" — SIMULATED" if simulated else ""))
+    return spec.rich(points)
 
 
 def instance_table(point: dict) -> Table:
-    table = Table(title=f"Instances under {point['policy']}")
-    for column in (
-        "instance",
-        "state",
-        "routed",
-        "finished",
-        "preempt",
-        "KV use mean/peak",
-        "min free blocks",
-        "prefix hit",
-        "start-up s",
-        "failure",
-    ):
-        table.add_column(column, justify="left" if column in ("state", "failure") else "right")
-    for inst in point["instances"]:
-        table.add_row(
-            instance_label(inst),
-            inst["state"],
-            str(inst["routed"]),
-            str(inst["finished"]),
-            str(inst["preemptions"]),
-            f"{_pct(inst['usage_mean'])} / {_pct(inst['usage_peak'])}",
-            _num(inst["free_blocks_min"]),
-            _pct(inst["prefix_hit_rate"]),
-            _num(inst["startup_s"], 2),
-            inst["failure"] or "",
-        )
-    return table
-
-
-def instance_label(inst: dict) -> str:
-    """An instance's number, and a server's name where it has one."""
-    return f"{inst['index']} {inst['name']}" if inst.get("name") else str(inst["index"])
+    return replace(INSTANCE_TABLE, title=f"Instances under {point['policy']}").rich(point["instances"])
 
 
 def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> dict[str, Any]:
@@ -321,7 +329,7 @@ def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[dict]) -> di
         f"# kvbench fleet{' (SIMULATED)' if meta.get('simulated') else ''}\n\n"
         f"{meta.get('instances')} instances of {meta.get('model_name')} ({meta.get('engines', ['?'])[0]} "
         f"engine), {meta.get('requests')} requests, arrivals: {meta.get('arrivals')}\n\n"
-        + markdown_table(list(_COLUMNS), policy_rows(points))
+        + POLICY_TABLE.markdown(points)
     )
     if meta.get("simulator_check"):
         markdown += "\n\n## The simulator against this run\n\n" + markdown_table(

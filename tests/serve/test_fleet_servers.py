@@ -74,7 +74,7 @@ def test_every_policy_runs_on_two_replicas_and_every_request_ends_once(replicas,
         assert sum(server["routed"] for server in point["instances"]) == 12
         assert not point.get("notes"), point["notes"]  # every prefix cache was reset before every policy
     check = json.loads((tmp_path / "run" / "simulator-check.json").read_text())
-    assert check["blocks_per_instance"] == 96 and len(check["policies"]) == len(POLICIES)
+    assert check["blocks_per_instance"] == [96, 96] and len(check["policies"]) == len(POLICIES)
 
 
 def test_precise_prefix_sends_every_request_of_a_group_to_the_replica_holding_its_blocks(replicas, tmp_path, capsys):

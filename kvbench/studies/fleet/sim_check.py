@@ -7,7 +7,7 @@ can be run: the share of requests each instance took, the cluster's prefix hit r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -77,14 +77,14 @@ def check_simulator(
     weights: KvWeights,
     scrape_interval_s: float,
 ) -> dict[str, Any]:
-    """Each real policy beside the simulator's run of it. ``servers``: (total blocks, block size) of each server;
-    ``arrivals``: the requests as the real run replayed them (fresh copies); the simulated router reads its
-    instances every ``scrape_interval_s``, as the real one scraped them."""
+    """Each real policy beside the simulator's run of it. ``servers``: (total blocks, block size) of each server,
+    each twin given its server's pool; ``arrivals``: the requests as the real run replayed them (fresh copies); the
+    simulated router reads its instances every ``scrape_interval_s``, as the real one scraped them."""
     timing = fit_timing(runs)
     block_size = servers[0][1]
-    sim_config = replace(
-        config, block_size=block_size, num_blocks=min(total for total, _ in servers), enable_prefix_caching=True
-    )
+    configs = [
+        replace(config, block_size=block_size, num_blocks=total, enable_prefix_caching=True) for total, _ in servers
+    ]
     policies = []
     for run, real in zip(runs, points, strict=True):
         if any(slot.failure for slot in run.slots):
@@ -95,13 +95,8 @@ def check_simulator(
             for t, r in arrivals
         ]
 
-        def make(start: float) -> SimulatedInstance:
-            return SimulatedInstance(
-                sim_config.build_manager(), timing, sim_config, keep_timeline=False, start_time=start
-            )
-
         fleet = SimulatedFleet(
-            make,
+            _twins(configs, timing),
             make_policy(run.policy, seed, block_size, weights),
             len(servers),
             block_size,
@@ -114,7 +109,19 @@ def check_simulator(
         simulated = fleet_point(sim_run, config.engine, "")
         simulated["prefix_hit_rate"] = answered_hit_rate(sim_run)
         policies.append(compare(run.policy, real, simulated))
-    return {"timing": asdict(timing), "blocks_per_instance": sim_config.num_blocks, "policies": policies}
+    return {"timing": asdict(timing), "blocks_per_instance": [c.num_blocks for c in configs], "policies": policies}
+
+
+def _twins(configs: Sequence[EngineConfig], timing: MeasuredTiming) -> Callable[[float], SimulatedInstance]:
+    """The servers' twins, one per call: without autoscaling a fleet builds its instances once, in order."""
+    built: list[SimulatedInstance] = []
+
+    def make(start: float) -> SimulatedInstance:
+        own = configs[len(built)]
+        built.append(SimulatedInstance(own.build_manager(), timing, own, keep_timeline=False, start_time=start))
+        return built[-1]
+
+    return make
 
 
 def answered_hit_rate(run: FleetRun) -> float:

@@ -74,3 +74,23 @@ def test_a_winner_is_named_only_outside_the_runs_noise_and_a_load_never_reached_
     )
     _, _, sentences = fleet_verdict([_policy("a", 61.5, 0.80), _policy("b", 119.0, 0.75)], meta)
     assert not any("aimed" in s for s in sentences)
+
+
+def test_fewer_preemptions_are_explained_by_how_each_policy_split_the_requests_beside_the_pools():
+    """The reason comes from the run: most-free-blocks sent a third to the server with half the pool, where
+    round-robin sent half; with equal pools no pool sizes are quoted, and without instances no split is claimed."""
+    from kvbench.report.fleet_report import reuse_sentences
+
+    def point(name, preemptions, routed, pools=(128, 256)):
+        instances = [{"name": n, "routed": r, "total_blocks": b} for n, r, b in zip("ab", routed, pools, strict=True)]
+        return {**_policy(name, 100.0), "preemptions": preemptions, "instances": instances}
+
+    sentences = reuse_sentences([point("round-robin", 45, [150, 150]), point("most-free-blocks", 12, [100, 200])])
+    assert sentences == [
+        "most-free-blocks preempted 12 requests against 45 under round-robin: it sent 33/67% of the requests to a/b, "
+        "where round-robin sent 50/50%; their KV pools hold 128/256 blocks."
+    ]
+    equal = [point("round-robin", 45, [150, 150], (96, 96)), point("most-free-blocks", 30, [140, 160], (96, 96))]
+    assert reuse_sentences(equal)[0].endswith("it sent 47/53% of the requests to a/b, where round-robin sent 50/50%.")
+    bare = [{**_policy("round-robin", 1.0), "preemptions": 4}, {**_policy("least-requests", 1.0), "preemptions": 1}]
+    assert reuse_sentences(bare)[0].endswith("under round-robin: fewer requests ran out of KV blocks mid-answer.")

@@ -74,8 +74,25 @@ def test_every_policy_runs_over_http_and_every_request_ends_once(tmp_path, capsy
     check = json.loads((tmp_path / "run" / "simulator-check.json").read_text())
     assert [row["policy"] for row in check["policies"]] == list(DEFAULT_POLICIES)
     assert check["policies"][0]["share_real"] == [0.5, 0.5] == check["policies"][0]["share_simulated"]
-    assert check["timing"]["decode_s"] > 0 and check["blocks_per_instance"] == 1000
+    assert check["timing"]["decode_s"] > 0 and check["blocks_per_instance"] == [1000, 1000]
     assert "The simulator against this run" in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_most_free_blocks_follows_the_larger_pool_and_the_simulator_gives_each_twin_its_servers_pool(tmp_path, capsys):
+    file = requests_file(tmp_path / "requests.jsonl", 24, 0.02)
+    big = serve_in_thread(ttft_s=0.005, itl_s=0.002)
+    with big as a, serve_in_thread(ttft_s=0.005, itl_s=0.002, capacity_blocks=60) as b:
+        code, output = fleet(
+            capsys,
+            "--target", f"a={a.url}", "--target", f"b={b.url}", "--requests-file", str(file),
+            "--policies", "most-free-blocks", "--scrape-interval", "0.05", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert code == 0, output
+    (point,) = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert [s["routed"] for s in point["instances"]] == [24, 0]  # a's 1,000 free blocks always beat b's 60
+    check = json.loads((tmp_path / "run" / "simulator-check.json").read_text())
+    assert check["blocks_per_instance"] == [1000, 60]  # each twin its own server's pool, not the smaller for both
+    assert check["policies"][0]["share_simulated"] == [1.0, 0.0]
 
 
 def test_a_server_that_fails_every_request_is_marked_and_the_others_serve_the_rest(tmp_path, capsys):
