@@ -1,28 +1,18 @@
 """The options every run command shares (the requests, the model and where it runs, the KV pool), declared once.
 
-``@with_run_options()`` adds them to a command's signature, after its own options, and hands the command one
-parsed :class:`~kvbench.studies.run_options.RunOptions` as its ``run`` argument::
-
-    @with_run_options(defaults={"device": "cpu"})
-    def fleet(instances: int = typer.Option(2, "--instances"), *, run: RunOptions) -> None:
-        options = FleetOptions(**run_fields(run), instances=instances)
-
-A command may give an option another default or help text (``defaults``, ``helps``); its flag, type, range and
-parsing stay the ones declared here.
+``@RUN_OPTIONS.add()`` (:mod:`kvbench.commands._option_group`) adds them to a command's signature, after its own
+options, and hands the command one parsed :class:`~kvbench.studies.run_options.RunOptions` as its ``run``
+argument.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
+from kvbench.commands._option_group import OptionGroup, SharedOption
 from kvbench.commands._options import (
     choice,
     compute_dtype_choice,
@@ -34,15 +24,6 @@ from kvbench.commands._options import (
 )
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.studies.run_options import RunOptions
-
-
-@dataclass(frozen=True)
-class SharedOption:
-    name: str  # the parameter's name
-    annotation: Any
-    default: Any
-    option: Any  # the typer.Option declaration (flag, range, help)
-
 
 REQUESTS_PANEL, MODEL_PANEL, POOL_PANEL = "Requests", "Model and device", "KV pool"
 
@@ -200,42 +181,4 @@ def parse_run_options(values: dict[str, Any]) -> RunOptions:
     )
 
 
-def with_run_options(
-    defaults: dict[str, Any] | None = None, helps: dict[str, str] | None = None
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add :data:`SHARED_OPTIONS` to the decorated command (which takes ``run: RunOptions`` among its keyword
-    arguments); ``defaults`` and ``helps`` change an option's default or help text for this command only."""
-    defaults, helps = defaults or {}, helps or {}
-    names = {shared.name for shared in SHARED_OPTIONS}
-    unknown = (set(defaults) | set(helps)) - names
-    if unknown:
-        raise ValueError(f"no shared option named {', '.join(sorted(unknown))}")
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "run"]
-        shared = []
-        for option in SHARED_OPTIONS:
-            declared = copy.copy(option.option)
-            if option.name in helps:
-                declared.help = helps[option.name]
-            shared.append(
-                inspect.Parameter(
-                    option.name,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=defaults.get(option.name, option.default),
-                    annotation=Annotated[option.annotation, declared],
-                )
-            )
-
-        @functools.wraps(command)
-        def command_with_run_options(**values: Any) -> Any:
-            run = parse_run_options({name: values.pop(name) for name in names})
-            return command(**values, run=run)
-
-        parameters = [*own, *shared]
-        # inspect (and so typer) reads __signature__, which a function's declared type does not name
-        command_with_run_options.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command_with_run_options.__annotations__ = {p.name: p.annotation for p in parameters}
-        return command_with_run_options
-
-    return decorate
+RUN_OPTIONS = OptionGroup(SHARED_OPTIONS, "run", lambda values, _: parse_run_options(values))

@@ -1,25 +1,23 @@
 """``sweep --target [NAME=]URL`` and its options, declared once: servers over HTTP as the sweep's engines.
 
-``@with_target_options`` adds them to a command's signature (help panel "Servers over HTTP") and hands the
-command one parsed :class:`~kvbench.studies.run_options.EndpointOptions` (None without ``--target``) as its
-``endpoint`` argument. Every value is checked here, with one-line errors naming the flag.
+``@TARGETS.add()`` (:mod:`kvbench.commands._option_group`) adds them to a command's signature (help panel
+"Servers over HTTP") and hands the command one parsed :class:`~kvbench.studies.run_options.EndpointOptions` (None
+without ``--target``) as its ``endpoint`` argument. Every value is checked here, with one-line errors naming the flag.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from dataclasses import replace
+from typing import Any
 from urllib.parse import urlsplit
 
 import typer
 
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
+from kvbench.commands._option_group import OptionGroup, SharedOption
 from kvbench.commands._options import MIN_RATE, choice
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
@@ -47,16 +45,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-@dataclass(frozen=True)
-class TargetOption:
-    name: str
-    annotation: Any
-    default: Any
-    option: Any
-
-
-TARGET_OPTIONS: tuple[TargetOption, ...] = (
-    TargetOption(
+TARGET_OPTIONS: tuple[SharedOption, ...] = (
+    SharedOption(
         "target",
         list[str] | None,
         None,
@@ -68,7 +58,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "(repeatable; NAME labels its column, default HOST:PORT).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "api",
         str,
         "completions",
@@ -79,7 +69,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             **choice(tuple(APIS)),
         ),
     ),
-    TargetOption(
+    SharedOption(
         "model_name",
         str | None,
         None,
@@ -89,7 +79,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="The model name requests carry (default: the first one /v1/models lists).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "api_key_env",
         str | None,
         None,
@@ -99,7 +89,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Environment variable holding the API key (sent only over https or to loopback; default: none).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "metrics_url",
         str | None,
         None,
@@ -109,7 +99,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "point_timeout",
         float | None,
         None,
@@ -121,7 +111,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "recorded as such, and the point is marked stopped at its time limit (default: none).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "input_len",
         str | None,
         None,
@@ -133,7 +123,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--random-input-len; default: the scenario's lengths).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "output_len",
         str | None,
         None,
@@ -145,7 +135,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--random-output-len).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "max_len",
         int | None,
         None,
@@ -157,7 +147,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "the scenario's max-len).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "slo",
         str | None,
         None,
@@ -165,7 +155,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--slo", rich_help_panel=PANEL, help="Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50."
         ),
     ),
-    TargetOption(
+    SharedOption(
         "slo_attainment",
         float,
         0.9,
@@ -177,7 +167,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Share of requests that must meet every objective for a point to meet the SLO.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "rate",
         str | None,
         None,
@@ -188,7 +178,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "burstiness",
         float,
         1.0,
@@ -198,7 +188,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="With --rate: the gamma shape of the gaps between arrivals (1: Poisson; <1 burstier), as vLLM's.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "max_concurrency",
         int | None,
         None,
@@ -206,7 +196,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--max-concurrency", min=1, rich_help_panel=PANEL, help="With --rate: the most requests in flight."
         ),
     ),
-    TargetOption(
+    SharedOption(
         "request_timeout",
         float,
         600.0,
@@ -216,7 +206,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Seconds one request may take; past it, it fails (timeout).",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "scrape_interval",
         float,
         0.5,
@@ -224,7 +214,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--scrape-interval", rich_help_panel=PANEL, help="Seconds between scrapes of the server's /metrics."
         ),
     ),
-    TargetOption(
+    SharedOption(
         "no_scrape",
         bool,
         False,
@@ -232,7 +222,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "--no-scrape", rich_help_panel=PANEL, help="Do not read the server's /metrics (client figures only)."
         ),
     ),
-    TargetOption(
+    SharedOption(
         "reset_prefix_cache",
         bool,
         False,
@@ -243,10 +233,10 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "says whether it was.",
         ),
     ),
-    TargetOption("kv_events", str | None, None, in_panel(KV_EVENTS, PANEL)),
-    TargetOption("kv_events_bind", bool, False, in_panel(KV_EVENTS_BIND, PANEL)),
-    TargetOption("kv_events_replay", str | None, None, in_panel(KV_EVENTS_REPLAY, PANEL)),
-    TargetOption(
+    SharedOption("kv_events", str | None, None, in_panel(KV_EVENTS, PANEL)),
+    SharedOption("kv_events_bind", bool, False, in_panel(KV_EVENTS_BIND, PANEL)),
+    SharedOption("kv_events_replay", str | None, None, in_panel(KV_EVENTS_REPLAY, PANEL)),
+    SharedOption(
         "prefix_hit_rate",
         float | None,
         None,
@@ -260,13 +250,13 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "reported beside it (completions API, token-id prompts).",
         ),
     ),
-    TargetOption("trace", str | None, None, in_panel(TRACE, PANEL)),
-    TargetOption("trace_block_size", int, DEFAULT_TRACE_BLOCK, in_panel(TRACE_BLOCK_SIZE, PANEL)),
-    TargetOption("trace_convention", str, DEFAULT_CONVENTION, in_panel(TRACE_CONVENTION, PANEL)),
-    TargetOption("max_requests", int | None, None, in_panel(MAX_REQUESTS, PANEL)),
-    TargetOption("window", str | None, None, in_panel(WINDOW, PANEL)),
-    TargetOption("time_scale", float, 1.0, in_panel(TIME_SCALE, PANEL)),
-    TargetOption(
+    SharedOption("trace", str | None, None, in_panel(TRACE, PANEL)),
+    SharedOption("trace_block_size", int, DEFAULT_TRACE_BLOCK, in_panel(TRACE_BLOCK_SIZE, PANEL)),
+    SharedOption("trace_convention", str, DEFAULT_CONVENTION, in_panel(TRACE_CONVENTION, PANEL)),
+    SharedOption("max_requests", int | None, None, in_panel(MAX_REQUESTS, PANEL)),
+    SharedOption("window", str | None, None, in_panel(WINDOW, PANEL)),
+    SharedOption("time_scale", float, 1.0, in_panel(TIME_SCALE, PANEL)),
+    SharedOption(
         "thrash_window",
         float,
         DEFAULT_THRASH_WINDOW_S,
@@ -276,7 +266,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             help="Seconds: a block stored again this soon after the server removed it counts as thrash.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "find_max",
         bool,
         False,
@@ -287,7 +277,7 @@ TARGET_OPTIONS: tuple[TargetOption, ...] = (
             "limits the server there.",
         ),
     ),
-    TargetOption(
+    SharedOption(
         "find_max_points",
         int,
         6,
@@ -367,7 +357,7 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         given = [
             f"--{name.replace('_', '-')}"
             for name, value in values.items()
-            if name != "target" and value != _default(name)
+            if name != "target" and value != TARGETS.default(name)
         ]
         if given:
             verb = "goes" if len(given) == 1 else "go"
@@ -428,7 +418,7 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         )
         if not trace.requests:
             raise KvbenchError(f"--trace {values['trace']}: no request is left to replay")
-    elif shaping := [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != _default(name)]:
+    elif shaping := [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != TARGETS.default(name)]:
         raise KvbenchError(f"{', '.join(shaping)} shape a --trace: give one")
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")
@@ -463,32 +453,9 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
     )
 
 
-def _default(name: str) -> Any:
-    return next(option.default for option in TARGET_OPTIONS if option.name == name)
-
-
-def with_target_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add :data:`TARGET_OPTIONS` to ``command`` (which takes ``endpoint: EndpointOptions | None`` and a
-    ``concurrency`` option); put it under ``with_run_options``."""
-    names = [option.name for option in TARGET_OPTIONS]
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "endpoint"]
-    added = [
-        inspect.Parameter(
-            o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=Annotated[o.annotation, o.option]
-        )
-        for o in TARGET_OPTIONS
-    ]
-
-    @functools.wraps(command)
-    def command_with_targets(**values: Any) -> Any:
-        endpoint = parse_target_options(
-            {name: values.pop(name) for name in names}, values.get("concurrency") is not None
-        )
-        return command(**values, endpoint=endpoint)
-
-    keyword = [p for p in own if p.kind == inspect.Parameter.KEYWORD_ONLY]
-    positional = [p for p in own if p.kind != inspect.Parameter.KEYWORD_ONLY]
-    parameters = [*positional, *added, *keyword]
-    command_with_targets.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    command_with_targets.__annotations__ = {p.name: p.annotation for p in parameters}
-    return command_with_targets
+TARGETS = OptionGroup(
+    TARGET_OPTIONS,
+    "endpoint",
+    lambda values, others: parse_target_options(values, others.get("concurrency") is not None),
+    before_keywords=True,
+)

@@ -22,7 +22,7 @@ from kvbench.commands._options import (
     writable_file,
 )
 from kvbench.commands._run import Run, show
-from kvbench.commands._run_options import with_run_options
+from kvbench.commands._run_options import RUN_OPTIONS
 from kvbench.commands._target_options import parse_target
 from kvbench.endpoint.client import RequestLimits
 from kvbench.endpoint.client_metrics import parse_slo
@@ -77,7 +77,7 @@ def _positive(value: float | None, option: str) -> float | None:
     return value
 
 
-@with_run_options(
+@RUN_OPTIONS.add(
     defaults={"device": "cpu"},
     helps={
         "device": "cpu | cuda (each actor's device).",

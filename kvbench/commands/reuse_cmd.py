@@ -8,12 +8,9 @@ from typing import Annotated
 
 import typer
 
+from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
 from kvbench.commands._options import (
-    COMPUTE_DTYPES,
     MIN_RATE,
-    choice,
-    gpu_memory_utilization_option,
-    gpu_option,
     json_option,
     make_console,
     out_option,
@@ -37,7 +34,6 @@ from kvbench.commands._trace_options import (
 from kvbench.errors import KvbenchError
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
 from kvbench.results.run_meta import run_meta, summary_document
-from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
 from kvbench.workload.dataset import resolve_dataset
 from kvbench.workload.prefix_trace import (
@@ -51,6 +47,7 @@ from kvbench.workload.prefix_trace import (
 from kvbench.workload.requests_file import load_requests_jsonl
 
 
+@DEPLOYMENT.add(settings=ReuseSettings)
 def reuse(
     trace: Annotated[str | None, TRACE] = None,
     trace_block_size: Annotated[int, TRACE_BLOCK_SIZE] = DEFAULT_TRACE_BLOCK,
@@ -93,27 +90,6 @@ def reuse(
     max_requests: Annotated[int | None, MAX_REQUESTS] = None,
     window: Annotated[str | None, WINDOW] = None,
     time_scale: Annotated[float, TIME_SCALE] = 1.0,
-    model: str = typer.Option(
-        "llama-3.1-8b",
-        "--model",
-        help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
-    ),
-    gpu: str = gpu_option("h100-80g", "GPU preset."),
-    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB."),
-    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory the engine may use."),
-    kv_cache_memory: str | None = typer.Option(
-        None, "--kv-cache-memory", help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes), e.g. 8GiB."
-    ),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="The model's dtype (auto: the checkpoint's).", **choice(("auto", *COMPUTE_DTYPES))
-    ),
-    kv_cache_dtype: str = typer.Option(
-        "auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)
-    ),
-    tensor_parallel: int = typer.Option(
-        1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across."
-    ),
-    pipeline_parallel: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="The deployment's KV block size in tokens."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="The scheduler's cap on running requests."),
     max_model_len: int | None = typer.Option(
@@ -138,6 +114,8 @@ def reuse(
     ),
     out: str | None = out_option("Run directory (default reports/reuse-<time>)."),
     as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
+    *,
+    deployment: Deployment,
 ) -> None:
     """Prefix hit rate of a trace for each size of KV memory, on a planned deployment.
 
@@ -159,15 +137,7 @@ def reuse(
     if turns > 1 and not prefix_groups:
         raise KvbenchError("--turns shapes the synthetic workload: give --prefix-groups too")
     settings = ReuseSettings(
-        model=model,
-        gpu=gpu,
-        gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
-        utilization=utilization,
-        kv_cache_memory=parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory is not None else None,
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
+        **deployment_fields(deployment, ReuseSettings),
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         kv_sizes=tuple(parse_size(part, "--kv-sizes") for part in kv_sizes.split(",")) if kv_sizes else (),
@@ -193,9 +163,9 @@ def reuse(
     meta = run_meta(
         model_name=found["deployment"]["model_name"],
         gpu=settings.gpu,
-        tensor_parallel_size=tensor_parallel,
-        pipeline_parallel_size=pipeline_parallel,
-        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel_size=deployment.tensor_parallel,
+        pipeline_parallel_size=deployment.pipeline_parallel,
+        kv_cache_dtype=deployment.kv_cache_dtype,
         block_size=block_size,
         time_scale=time_scale,
         window=window,

@@ -22,8 +22,8 @@ from kvbench.commands._options import (
     thread_count,
 )
 from kvbench.commands._run import Run, show
-from kvbench.commands._run_options import with_run_options
-from kvbench.commands._target_options import with_target_options
+from kvbench.commands._run_options import RUN_OPTIONS
+from kvbench.commands._target_options import TARGETS
 from kvbench.cpu import cpu_heap
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import check_choice
@@ -40,7 +40,7 @@ from kvbench.studies.sweep_ray import run_sweep_on_ray
 from kvbench.studies.sweep_setup import SweepSetup
 
 
-@with_run_options(
+@RUN_OPTIONS.add(
     helps={
         "requests": "Requests per point (default: the scenario's).",
         "dataset": "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', "
@@ -56,7 +56,7 @@ from kvbench.studies.sweep_setup import SweepSetup
         "Ray": ("on_ray", "ray_workers", "ray_address"),
     }
 )
-@with_target_options
+@TARGETS.add()
 def sweep(
     concurrency: str | None = typer.Option(
         None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."

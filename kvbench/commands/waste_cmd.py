@@ -6,18 +6,15 @@ from pathlib import Path
 
 import typer
 
+from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
 from kvbench.commands._options import (
-    COMPUTE_DTYPES,
     choice,
     choice_list,
-    gpu_memory_utilization_option,
-    gpu_option,
     int_list,
     json_option,
     make_console,
     name_list,
     out_option,
-    parse_size,
     run_directory,
     seed_option,
 )
@@ -25,7 +22,6 @@ from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import check_choice
 from kvbench.report.waste_report import print_waste, waste_markdown, waste_plot
-from kvbench.studies.capacity import KV_CACHE_DTYPES
 from kvbench.studies.run_requests import STOP_MODES
 from kvbench.studies.waste import (
     STRATEGY_NAMES,
@@ -40,33 +36,13 @@ from kvbench.workload.lengths import DISTRIBUTIONS
 DEFAULT_REQUESTS = 2000
 
 
+@DEPLOYMENT.add(
+    settings=WasteSettings,
+    without=("kv_cache_memory",),
+    helps={"gpu": "GPU preset whose memory sets the KV budget."},
+)
 def waste(
     max_len: int = typer.Option(2048, "--max-len", min=2, help="Model context limit; contiguous-max reserves this."),
-    model: str = typer.Option(
-        "llama-2-13b",
-        "--model",
-        help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name).",
-    ),
-    gpu: str = gpu_option("a100-80g", "GPU preset whose memory sets the KV budget."),
-    gpu_memory: str | None = typer.Option(
-        None, "--gpu-memory", help="Memory of one GPU, e.g. 141GiB (the preset's bandwidth stays)."
-    ),
-    utilization: float = gpu_memory_utilization_option(0.9, "Share of GPU memory kvbench may use, in (0, 1]."),
-    dtype: str = typer.Option(
-        "auto",
-        "--dtype",
-        help="The model's dtype (auto: the checkpoint's).",
-        **choice(("auto", *COMPUTE_DTYPES), "dtype"),
-    ),
-    kv_cache_dtype: str = typer.Option(
-        "auto", "--kv-cache-dtype", help="The KV cache's dtype (auto: the model's).", **choice(KV_CACHE_DTYPES)
-    ),
-    tensor_parallel: int = typer.Option(
-        1, "--tensor-parallel-size", "-tp", min=1, help="GPUs each layer is split across: the pool is one GPU's."
-    ),
-    pipeline_parallel: int = typer.Option(
-        1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages: the pool is the tightest stage's."
-    ),
     mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
     distribution: str = typer.Option(
         "lognormal", "--distribution", help="Length distribution.", **choice(DISTRIBUTIONS, "length distribution")
@@ -107,6 +83,8 @@ def waste(
     seed: int = seed_option("Seed of the length sampler."),
     out: str | None = out_option("Run directory (default reports/waste-<time>)."),
     as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
+    *,
+    deployment: Deployment,
 ) -> None:
     """Where KV memory goes per strategy: token states, reservation and fragmentation.
 
@@ -117,16 +95,12 @@ def waste(
     if dataset is not None and trace is not None:
         raise KvbenchError("--dataset and --trace both give the requests: choose one")
     check_choice(stop, STOP_MODES, "--stop")
-    check_choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
     chosen = parse_strategies(
         name_list(strategies, "strategies", STRATEGY_NAMES), int_list(block_sizes, "--block-size")
     )
     settings = WasteSettings(
+        **deployment_fields(deployment, WasteSettings),
         max_len=max_len,
-        model=model,
-        gpu=gpu,
-        utilization=utilization,
-        dtype=dtype,
         mean_len=mean_len,
         distribution=distribution,
         prompt_ratio=prompt_ratio,
@@ -138,10 +112,6 @@ def waste(
         dataset=dataset,
         stop=stop,
         requests_given=requests is not None,
-        tensor_parallel=tensor_parallel,
-        pipeline_parallel=pipeline_parallel,
-        kv_cache_dtype=kv_cache_dtype,
-        gpu_memory=parse_size(gpu_memory, "--gpu-memory") if gpu_memory is not None else None,
     )
     console = make_console(stderr=as_json)
     checked = waste_budget(settings)  # the model, the GPU and a pool every strategy can simulate: before any work

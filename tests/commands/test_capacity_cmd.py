@@ -87,7 +87,7 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
         (["--pipeline-parallel-size", "41"], "pipeline parallel size 41 exceeds the 40 layers"),
         (
             ["--kv-cache-dtype", "fp4"],
-            "unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8",
+            "unknown --kv-cache-dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8",
         ),
         (["--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
         (["--gpu-memory", "0GiB"], "--gpu-memory must be positive"),
@@ -102,7 +102,7 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
         (["--model", "gpt-5"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, opt-13b"),
         (["--gpu", "rtx-9090"], "unknown GPU"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
-        (["--dtype", "fp8"], "unknown dtype"),
+        (["--dtype", "fp8"], "unknown --dtype 'fp8'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):

@@ -160,7 +160,8 @@ def test_each_fixed_choice_is_listed_in_the_help_and_completed(command, option, 
         ),
         (
             ["capacity", "--kv-cache-dtype", "fp4"],
-            "error: unknown KV cache dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, int8",
+            "error: unknown --kv-cache-dtype 'fp4'; choose one of auto, fp32, fp16, bf16, fp8, fp8_e4m3, fp8_e5m2, "
+            "int8",
         ),
     ],
 )

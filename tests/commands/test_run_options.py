@@ -1,4 +1,5 @@
-"""The options sweep and fleet share, declared once, and the run lifecycle both go through."""
+"""The options sweep and fleet share, declared once, and the run lifecycle both go through; the option groups that
+declare options once for several commands (run, deployment)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvbench.commands._run import Run
-from kvbench.commands._run_options import SHARED_OPTIONS, with_run_options
+from kvbench.commands._run_options import RUN_OPTIONS, SHARED_OPTIONS
 from kvbench.errors import KvbenchError
 from kvbench.fileio import DirectoryLock
 from kvbench.studies.run_options import RunOptions
@@ -16,7 +17,7 @@ from kvbench.studies.run_options import RunOptions
 def _app(**overrides) -> tuple[typer.Typer, list]:
     seen: list = []
 
-    @with_run_options(**overrides)
+    @RUN_OPTIONS.add(**overrides)
     def command(width: int = typer.Option(3, "--width"), *, run: RunOptions) -> None:
         seen.append((width, run))
 
@@ -47,7 +48,7 @@ def test_a_command_changes_a_default_or_a_help_text_but_not_the_flag():
     CliRunner().invoke(app, [])
     assert seen[0][1].device == "cpu"
     with pytest.raises(ValueError, match="no shared option named colour"):
-        with_run_options(defaults={"colour": "red"})
+        RUN_OPTIONS.add(defaults={"colour": "red"})
 
 
 @pytest.mark.parametrize(
@@ -62,6 +63,28 @@ def test_bad_shared_values_name_their_flag(args, message):
     app, _ = _app()
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, KvbenchError) and message in str(result.exception)
+
+
+def test_a_group_takes_its_defaults_from_the_settings_dataclass_and_leaves_out_what_a_command_lacks():
+    """waste has no --kv-cache-memory (parsed as unset), reuse's model and GPU defaults are ReuseSettings', and a
+    size that does not parse names its flag in each command that shares it."""
+    from kvbench.cli import app
+    from kvbench.commands._deployment_options import DEPLOYMENT
+    from kvbench.commands._option_group import settings_defaults
+    from kvbench.studies.reuse import ReuseSettings
+
+    runner = CliRunner()
+    wide = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}
+    waste_help = runner.invoke(app, ["waste", "--help"], env=wide).output
+    assert "--tensor-parallel-size" in waste_help and "--kv-cache-memory" not in waste_help
+    reuse_help = runner.invoke(app, ["reuse", "--help"], env=wide).output
+    assert f"[default: {ReuseSettings.model}]" in reuse_help and f"[default: {ReuseSettings.gpu}]" in reuse_help
+    assert settings_defaults(ReuseSettings, DEPLOYMENT.names)["gpu"] == ReuseSettings.gpu
+    for command in ("capacity", "waste", "reuse"):
+        result = runner.invoke(app, [command, "--gpu-memory", "plenty"])
+        assert result.exit_code != 0 and "--gpu-memory: cannot read 'plenty'" in str(result.exception or "")
+    with pytest.raises(ValueError, match="no shared option named colour"):
+        DEPLOYMENT.add(without=("colour",))
 
 
 def test_a_run_that_measured_nothing_leaves_no_directory_and_lets_go_in_reverse(tmp_path):

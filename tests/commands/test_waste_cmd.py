@@ -173,7 +173,7 @@ def test_a_trace_with_nothing_runnable_is_refused(tmp_path, capsys):
         (["--block-size", "16,16"], "--block-size lists 16 twice"),
         (["--model", "llama-9-1t"], "tiny, llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, opt-13b"),
         (["--gpu", "tpu"], "unknown GPU 'tpu'"),
-        (["--dtype", "int4"], "unknown dtype"),
+        (["--dtype", "int4"], "unknown --dtype 'int4'"),
         (["--gpu-memory-utilization", "0"], "gpu-memory-utilization"),
         (["--distribution", "zipf"], "unknown length distribution"),
         (["--prompt-ratio", "1.5"], "prompt ratio"),

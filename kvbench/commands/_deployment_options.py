@@ -1,0 +1,139 @@
+"""The deployment a model-free study sizes (``capacity``, ``waste``, ``reuse``), declared once: the model, the GPU
+and its memory, the dtypes and the parallelism. ``@DEPLOYMENT.add()`` hands a command one parsed
+:class:`Deployment` as its ``deployment`` argument."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import typer
+
+from kvbench.commands._option_group import OptionGroup, SharedOption
+from kvbench.commands._options import COMPUTE_DTYPES, choice, gpu_memory_utilization_option, gpu_option, parse_size
+from kvbench.studies.capacity import KV_CACHE_DTYPES
+
+PANEL = "Deployment"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: str
+    gpu: str | None  # a preset; None where the command picks one
+    gpu_memory: int | None  # bytes of one GPU, where given
+    utilization: float
+    kv_cache_memory: int | None  # bytes of KV cache per GPU, where set directly
+    dtype: str
+    kv_cache_dtype: str
+    tensor_parallel: int
+    pipeline_parallel: int
+
+
+DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
+    SharedOption(
+        "model",
+        str,
+        "llama-2-13b",
+        typer.Option(
+            "--model",
+            rich_help_panel=PANEL,
+            help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; "
+            "HF_HUB_OFFLINE=1: the local cache only).",
+        ),
+    ),
+    SharedOption("gpu", str | None, None, gpu_option(None, "GPU preset.", annotated=True, rich_help_panel=PANEL)),
+    SharedOption(
+        "gpu_memory",
+        str | None,
+        None,
+        typer.Option(
+            "--gpu-memory",
+            rich_help_panel=PANEL,
+            help="Memory of one GPU, e.g. 141GiB: a GPU not listed, or what nvidia-smi shows for --gpu (the "
+            "preset's bandwidth stays).",
+        ),
+    ),
+    SharedOption(
+        "utilization",
+        float,
+        0.9,
+        gpu_memory_utilization_option(
+            None, "Share of GPU memory the engine may use, in [0.01, 1].", annotated=True, rich_help_panel=PANEL
+        ),
+    ),
+    SharedOption(
+        "kv_cache_memory",
+        str | None,
+        None,
+        typer.Option(
+            "--kv-cache-memory",
+            rich_help_panel=PANEL,
+            help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 8GiB.",
+        ),
+    ),
+    SharedOption(
+        "dtype",
+        str,
+        "auto",
+        typer.Option(
+            "--dtype",
+            rich_help_panel=PANEL,
+            help="The model's dtype (auto: the checkpoint's).",
+            **choice(("auto", *COMPUTE_DTYPES)),
+        ),
+    ),
+    SharedOption(
+        "kv_cache_dtype",
+        str,
+        "auto",
+        typer.Option(
+            "--kv-cache-dtype",
+            rich_help_panel=PANEL,
+            help="The KV cache's dtype (auto: the model's).",
+            **choice(KV_CACHE_DTYPES),
+        ),
+    ),
+    SharedOption(
+        "tensor_parallel",
+        int,
+        1,
+        typer.Option(
+            "--tensor-parallel-size",
+            "-tp",
+            min=1,
+            rich_help_panel=PANEL,
+            help="GPUs each layer is split across (the pool is one GPU's).",
+        ),
+    ),
+    SharedOption(
+        "pipeline_parallel",
+        int,
+        1,
+        typer.Option(
+            "--pipeline-parallel-size",
+            "-pp",
+            min=1,
+            rich_help_panel=PANEL,
+            help="Pipeline stages, runs of layers (the pool is the tightest stage's).",
+        ),
+    ),
+)
+
+
+def parse_deployment(values: dict[str, Any]) -> Deployment:
+    """The options as typed and parsed (sizes in bytes; one-line errors naming the flag)."""
+    sizes = {"gpu_memory": "--gpu-memory", "kv_cache_memory": "--kv-cache-memory"}
+    parsed = {
+        name: parse_size(values[name], flag) if values[name] is not None else None for name, flag in sizes.items()
+    }
+    return Deployment(**{**values, **parsed})
+
+
+DEPLOYMENT = OptionGroup(DEPLOYMENT_OPTIONS, "deployment", lambda values, _: parse_deployment(values))
+
+
+def deployment_fields(deployment: Deployment, settings: type) -> dict[str, Any]:
+    """The deployment's values that the study's ``settings`` dataclass has fields for (a gpu of None left to the
+    settings' default)."""
+    names = {f.name for f in fields(settings)}
+    return {k: v for k, v in asdict(deployment).items() if k in names and not (k == "gpu" and v is None)}

@@ -1,0 +1,107 @@
+"""Options declared once and shared by commands: a group is added to each command's signature and handed to it
+parsed, as one typed argument, so a flag's name, type, range and parsing live in one place.
+
+    RUN = OptionGroup(SHARED_OPTIONS, "run", parse_run_options)
+
+    @RUN.add(defaults={"device": "cpu"})
+    def fleet(instances: int = typer.Option(2, "--instances"), *, run: RunOptions) -> None: ...
+
+A command may give a shared option another default or help text (``defaults``, ``helps``) or leave some out
+(``without``: they are parsed at their defaults); the flag itself stays the group's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, dataclass, fields
+from typing import Annotated, Any
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    name: str  # the parameter's name
+    annotation: Any
+    default: Any
+    option: Any  # the typer.Option declaration (flag, range, help)
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    options: tuple[SharedOption, ...]
+    argument: str  # the command's keyword argument that receives the parsed group
+    parse: Callable[[dict[str, Any], dict[str, Any]], Any]  # (the group's values, the command's others) -> parsed
+    before_keywords: bool = False  # listed before the command's own keyword-only options (else after all of them)
+
+    def __post_init__(self) -> None:
+        names = [option.name for option in self.options]
+        if len(set(names)) != len(names):
+            raise ValueError(f"an option group declares a name twice: {names}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(option.name for option in self.options)
+
+    def default(self, name: str) -> Any:
+        return next(option.default for option in self.options if option.name == name)
+
+    def add(
+        self,
+        defaults: dict[str, Any] | None = None,
+        helps: dict[str, str] | None = None,
+        without: Iterable[str] = (),
+        settings: type | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator adding the group's options to a command. ``settings``: the dataclass the command fills,
+        whose field defaults become the options' defaults (declared there once); ``defaults`` and ``helps`` change
+        an option's default or help text for this command only; ``without`` leaves options out (parsed at their
+        defaults)."""
+        defaults = {**(settings_defaults(settings, self.names) if settings else {}), **(defaults or {})}
+        helps, left_out = helps or {}, set(without)
+        unknown = (set(defaults) | set(helps) | left_out) - set(self.names)
+        if unknown:
+            raise ValueError(f"no shared option named {', '.join(sorted(unknown))}")
+
+        def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+            own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != self.argument]
+            added = []
+            for option in self.options:
+                if option.name in left_out:
+                    continue
+                declared = copy.copy(option.option)
+                if option.name in helps:
+                    declared.help = helps[option.name]
+                added.append(
+                    inspect.Parameter(
+                        option.name,
+                        inspect.Parameter.KEYWORD_ONLY,
+                        default=defaults.get(option.name, option.default),
+                        annotation=Annotated[option.annotation, declared],
+                    )
+                )
+
+            @functools.wraps(command)
+            def command_with_group(**values: Any) -> Any:
+                group = {o.name: values.pop(o.name) if o.name not in left_out else o.default for o in self.options}
+                return command(**values, **{self.argument: self.parse(group, values)})
+
+            if self.before_keywords:
+                keyword = [p for p in own if p.kind == inspect.Parameter.KEYWORD_ONLY]
+                positional = [p for p in own if p.kind != inspect.Parameter.KEYWORD_ONLY]
+                parameters = [*positional, *added, *keyword]
+            else:
+                parameters = [*own, *added]
+            # inspect (and so typer) reads __signature__, which a function's declared type does not name
+            command_with_group.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+            command_with_group.__annotations__ = {p.name: p.annotation for p in parameters}
+            return command_with_group
+
+        return decorate
+
+
+def settings_defaults(settings: type, names: Iterable[str]) -> dict[str, Any]:
+    """The defaults a settings dataclass gives the fields named like options (a field without one gives none)."""
+    wanted = set(names)
+    return {f.name: f.default for f in fields(settings) if f.name in wanted and f.default is not MISSING}
