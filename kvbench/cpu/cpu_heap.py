@@ -1,13 +1,11 @@
 """The process heap on a CPU engine: memory a step frees is kept for the next step, not handed back to the kernel.
 
 glibc's malloc serves every block above 32 MiB with its own ``mmap`` and unmaps it on ``free``, and trims the heap's
-top once enough of it is free. A prefill step's activations are such blocks (6,400 tokens through TinyLlama-1.1B's
-gate/up projection: 288 MiB), so every step, every layer, faults its buffers in afresh and the kernel zeroes each
-page: measured on a 2-vCPU AMD EPYC VM, 156,000 page faults (huge pages) and 12.4 s of system time in a 72 s
-prefill of 50 x 128 tokens, and an engine that kept its freed memory ran the same prefill in 59 s with 960 faults
-(any benchmark compares the two with ``KVBENCH_KEEP_FREED_MEMORY=0``). What torch's CUDA caching allocator does
-for a GPU, this does for the CPU heap: ``mallopt`` turns off ``mmap`` for large blocks and heap trimming, so a freed
-block is reused by the next step.
+top once enough of it is free. A prefill step's activations are such blocks, so every step, every layer, faults
+its buffers in afresh and the kernel zeroes each page (the cost, measured: docs/CPU_RESULTS.md, "Why the CPU
+choices are measured"; any benchmark compares the two with ``KVBENCH_KEEP_FREED_MEMORY=0``). What torch's CUDA
+caching allocator does for a GPU, this does for the CPU heap: ``mallopt`` turns off ``mmap`` for large blocks and
+heap trimming, so a freed block is reused by the next step.
 
 It is done only where torch asks for its large blocks aligned to 2 MiB for transparent huge pages
 (``THP_MEM_ALLOC_ENABLE=1``, which kvbench sets unless the user chose otherwise): glibc 2.36 reuses a freed block for

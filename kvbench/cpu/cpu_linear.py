@@ -8,10 +8,8 @@ read it (:mod:`kvbench.kernels.cpu_bf16_weights`) or, on a CPU with AMX, on the 
 for a bfloat16 weight (a bfloat16 run), on a CPU with AVX-512 BF16, a copy in pairs for ``vdpbf16ps``
 (:mod:`kvbench.kernels.cpu_bf16_dot`).
 
-Which is fastest depends on the CPU and the row count, by a lot: on a Sapphire Rapids the plain weight was 3-17%
-faster than the packed one from 1,024 rows on; on a Zen 4 (where torch's BLAS takes a slow path) the packed one was
-2.2-2.5x faster at every row count, and the bfloat16 copy 1.3-2x faster than oneDNN's at one row but slower from a
-few dozen. So no threshold is built in: :mod:`kvbench.cpu.cpu_choices` times the paths on the model's own weights
+Which is fastest depends on the CPU and the row count, by a lot (docs/CPU_RESULTS.md, "Why the CPU choices are
+measured"), so no threshold is built in: :mod:`kvbench.cpu.cpu_choices` times the paths on the model's own weights
 at start-up and each weight carries its routes, the path each row count takes (:class:`RoutedWeight`). The packed
 copies a weight's routes use are kept beside the model's own weights (the ``transformers`` model keeps working for
 reference runs), once per model, shared by every runner over it; a weight whose plain path won at every row count

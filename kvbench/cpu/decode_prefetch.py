@@ -2,14 +2,14 @@
 
 A decode step reads every running context's K and V rows block by block through its block table; the blocks lie
 anywhere in the pool, where the hardware prefetcher, which follows streams, cannot guess the next one, so the
-kernel prefetches the rows some tokens ahead itself. What pays differs by CPU: on a Sapphire Rapids 16 tokens
-ahead into L1 was 1.3x faster than none; on an EPYC Zen 4 16 or 32 tokens ahead into L2 was 1.15-1.45x faster
-than that. So the choice is made by timing the kernel at start-up on a pool of the model's KV shape (query and KV
-heads, head_dim, block size, dtype), twice the size of the last-level cache so that every call reads it from
-memory as a long decode does, with the blocks scattered as a pool's are once requests have come and gone. Each
-candidate runs in interleaved rounds (the minimum of each counts); one other than the previous fixed setting must
-be :data:`TIE` faster to be taken. The choice is cached per machine and shape (:mod:`kvbench.cpu.measured_cache`)
-and printed with its timings; ``KVBENCH_DECODE_PREFETCH=off|16:L1|32:L2`` (any distance) forces one.
+kernel prefetches the rows some tokens ahead itself. What pays differs by CPU (docs/CPU_RESULTS.md, "Why the CPU
+choices are measured"), so the choice is made by timing the kernel at start-up on a pool of the model's KV shape
+(query and KV heads, head_dim, block size, dtype), twice the size of the last-level cache so that every call reads
+it from memory as a long decode does, with the blocks scattered as a pool's are once requests have come and gone.
+Each candidate runs in interleaved rounds (the minimum of each counts); one other than the previous fixed setting
+must be :data:`TIE` faster to be taken. The choice is cached per machine and shape
+(:mod:`kvbench.cpu.measured_cache`) and printed with its timings; ``KVBENCH_DECODE_PREFETCH=off|16:L1|32:L2`` (any
+distance) forces one.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """How many CPU threads the model's matmuls use: decided by measuring them, not by a rule of thumb.
 
-Measured on a shared 2-core VM: a 135M-class model (hidden 576) decoded 16 requests at 55 output tok/s with one
-thread and 26 tok/s with two, because each intra-op thread hand-off can wait for a time slice the other core's
-load holds. On a quiet machine with larger matrices two threads may win. So ``auto`` times the model's own
-decode-sized matmul with each candidate thread count, interleaved, and keeps the fastest (fewer threads on a tie):
-the median of its rounds, not the best, since a thread hand-off that often waits for a time slice makes a run slow
-even if it sometimes does not.
+On a shared machine a thread hand-off can wait for a time slice another process holds, so more threads can be
+slower (docs/CPU_RESULTS.md, "Why the CPU choices are measured"). ``auto`` times the model's own decode-sized
+matmul with each candidate thread count, interleaved, and keeps the fastest (fewer threads on a tie): the median
+of its rounds, not the best, since a hand-off that often waits makes a run slow even if it sometimes does not.
 Given the model's matmul as the engine will run it (``cpu_linear.probe_linear``: oneDNN-packed, or the AMX
 kernel, whose threads share the columns their own way), that is what is timed, at the model's dtype. With
 ``cache=True`` the timings are kept per machine and model shape (:mod:`kvbench.cpu.measured_cache`) and a later
