@@ -321,7 +321,7 @@ def prefix_caching_option() -> Any:
 
 def help_panels(panels: dict[str, Sequence[str]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Group a command's options in its help: ``{panel title: parameter names}``. Put it under
-    ``with_run_options`` (the shared options carry panels of their own); a name the command lacks is an error."""
+    ``RUN_OPTIONS`` (the shared options carry panels of their own); a name the command lacks is an error."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         parameters = inspect.signature(command).parameters
