@@ -53,14 +53,15 @@ class OptionGroup:
         helps: dict[str, str] | None = None,
         without: Iterable[str] = (),
         settings: type | None = None,
+        panels: dict[str, str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A decorator adding the group's options to a command. ``settings``: the dataclass the command fills,
         whose field defaults become the options' defaults (declared there once); ``defaults`` and ``helps`` change
-        an option's default or help text for this command only; ``without`` leaves options out (parsed at their
-        defaults)."""
+        an option's default or help text for this command only, ``panels`` the ``--help`` panel it shows in;
+        ``without`` leaves options out (parsed at their defaults)."""
         defaults = {**(settings_defaults(settings, self.names) if settings else {}), **(defaults or {})}
-        helps, left_out = helps or {}, set(without)
-        unknown = (set(defaults) | set(helps) | left_out) - set(self.names)
+        helps, panels, left_out = helps or {}, panels or {}, set(without)
+        unknown = (set(defaults) | set(helps) | set(panels) | left_out) - set(self.names)
         if unknown:
             raise ValueError(f"no shared option named {', '.join(sorted(unknown))}")
 
@@ -73,6 +74,8 @@ class OptionGroup:
                 declared = copy.copy(option.option)
                 if option.name in helps:
                     declared.help = helps[option.name]
+                if option.name in panels:
+                    declared.rich_help_panel = panels[option.name]
                 added.append(
                     inspect.Parameter(
                         option.name,

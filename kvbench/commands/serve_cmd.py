@@ -4,35 +4,44 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import TypeVar
 
 import typer
 
 from kvbench.commands._options import (
     choice,
-    compute_dtype_choice,
-    device_option,
-    gpu_memory_utilization_option,
     make_console,
-    parse_size,
     prefix_caching_option,
-    seed_option,
     thread_count,
 )
+from kvbench.commands._run_options import MODEL_PANEL, RUN_OPTIONS
 from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
-from kvbench.kv.policies import ADMISSION_MODES, MANAGERS, RESERVATION_POLICIES, check_choice
+from kvbench.kv.policies import MANAGERS, check_choice
+from kvbench.studies.run_options import RunOptions
 from kvbench.values import printable
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+T = TypeVar("T")
 
 
+@RUN_OPTIONS.add(
+    defaults={"block_size": 16, "reserve": "max", "admission": "queue", "seed": 0},
+    helps={
+        "model": "Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat).",
+        "seed": "Seed of a preset's random weights.",
+        "kv_memory": "KV pool size, e.g. 64MiB (default: on a CPU a quarter of the memory available, at most 4GiB; "
+        "on a GPU the article scenario's budget).",
+        "utilization": "On CUDA: size the pool like vLLM from real free memory.",
+        "block_size": "Tokens per KV block.",
+        "reserve": "What a contiguous request reserves.",
+        "admission": "Contiguous when the pool is full: requests wait (queue) or get a 503 at once (reject).",
+    },
+    panels={"seed": MODEL_PANEL},
+    without=("scenario", "requests", "requests_file", "dataset", "simulate", "gpu"),
+)
 def serve(
     engine: str = typer.Option("paged", "--engine", help="The KV manager of the served engine.", **choice(MANAGERS)),
-    model: str = typer.Option(
-        "tiny",
-        "--model",
-        help="Preset (random weights: token-id prompts only), local checkpoint dir or GGUF file (text and chat).",
-    ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."
     ),
@@ -41,31 +50,6 @@ def serve(
         None,
         "--served-model-name",
         help="The model name clients send and /v1/models lists (default: --model as given).",
-    ),
-    device: str = device_option(),
-    dtype: str | None = typer.Option(
-        None, "--dtype", help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).", **compute_dtype_choice()
-    ),
-    kv_memory: str | None = typer.Option(
-        None,
-        "--kv-memory",
-        help=(
-            "KV pool size, e.g. 64MiB (default: on a CPU a quarter of the memory available, at most 4GiB; "
-            "on a GPU the article scenario's budget)."
-        ),
-    ),
-    utilization: float | None = gpu_memory_utilization_option(
-        None, "On CUDA: size the pool like vLLM from real free memory."
-    ),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option(
-        "max", "--reserve", help="What a contiguous request reserves.", **choice(RESERVATION_POLICIES)
-    ),
-    admission: str = typer.Option(
-        "queue",
-        "--admission",
-        help="Contiguous when the pool is full: requests wait (queue) or get a 503 at once (reject).",
-        **choice(ADMISSION_MODES),
     ),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Requests running at once."),
     max_len: int | None = typer.Option(
@@ -77,7 +61,6 @@ def serve(
     threads: str = typer.Option(
         "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
     ),
-    seed: int = seed_option("Seed of a preset's random weights."),
     grace_period: float = typer.Option(
         30.0,
         "--grace-period",
@@ -101,6 +84,8 @@ def serve(
     log_interval: float = typer.Option(
         10.0, "--log-interval", help="Seconds between progress lines while busy (0: none)."
     ),
+    *,
+    run: RunOptions,
 ) -> None:
     """Serve one engine over the OpenAI API, with live Prometheus metrics.
 
@@ -122,7 +107,7 @@ def serve(
         raise KvbenchError("--host is empty; give an address such as 127.0.0.1")
     if served_model_name is not None and not served_model_name.strip():
         raise KvbenchError("--served-model-name is empty")
-    if not manager_class(engine).reserves_up_front and (admission != "queue" or reserve != "max"):
+    if not manager_class(engine).reserves_up_front and (run.admission != "queue" or run.reserve != "max"):
         raise KvbenchError(
             "--admission and --reserve set the contiguous engine's reservation; the paged engine "
             "always queues (it preempts instead of reserving)"
@@ -135,20 +120,20 @@ def serve(
             "--kv-events publishes the prefix cache's blocks: it needs the paged engine with --prefix-caching"
         )
     options = ServeOptions(
-        model=model,
+        model=run.model,
         engine=check_choice(engine, MANAGERS, "--engine"),
-        device=device,
-        dtype=dtype,
-        kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
-        kv_memory_text=kv_memory,
-        utilization=utilization,
-        block_size=block_size,
-        reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve"),
-        admission=check_choice(admission, ADMISSION_MODES, "--admission"),
+        device=run.device,
+        dtype=run.dtype,
+        kv_memory_bytes=run.kv_memory_bytes,
+        kv_memory_text=run.kv_memory_text,
+        utilization=run.utilization,
+        block_size=_given(run.block_size),
+        reserve=_given(run.reserve),
+        admission=_given(run.admission),
         max_num_seqs=max_num_seqs,
         max_len=max_len,
         threads=thread_count(threads),
-        seed=seed,
+        seed=_given(run.seed),
         served_model_name=served_model_name,
         prefix_caching=caching,
         kv_events=_zmq_address(kv_events, "--kv-events"),
@@ -157,6 +142,12 @@ def serve(
     if options.kv_events is not None and options.kv_events == options.kv_events_replay:
         raise KvbenchError("--kv-events and --kv-events-replay name the same address")
     _serve(options, host, port, grace_period, metrics, log_interval)
+
+
+def _given(value: T | None) -> T:
+    """A shared option to which serve gives a default of its own: never unset here."""
+    assert value is not None
+    return value
 
 
 def _zmq_address(text: str | None, flag: str) -> str | None:

@@ -108,3 +108,22 @@ def test_a_run_keeps_a_directory_with_points_and_exits_130_on_ctrl_c(tmp_path):
         raise KeyboardInterrupt
     assert stopped.value.exit_code == 130 and notes == ["kept"]
     assert (tmp_path / "kept" / "results.jsonl").exists() and (tmp_path / "kept" / DirectoryLock.FILE).exists()
+
+
+@pytest.mark.parametrize("command", ["sweep", "fleet", "serve"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kv-memory", "lots"], "error: --kv-memory: cannot read 'lots'"),
+        (["--block-size", "0"], "--block-size"),
+        (["--dtype", "fp64"], "error: unknown dtype 'fp64'"),
+    ],
+)
+def test_sweep_fleet_and_serve_share_one_declaration_of_the_pool_and_model_options(capsys, command, args, message):
+    """The three commands take these flags from one declaration (RUN_OPTIONS): the same value is refused the
+    same way, in one line, before anything starts."""
+    from kvbench.cli import main
+
+    code = main([command, *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
