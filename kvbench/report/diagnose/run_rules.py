@@ -358,7 +358,8 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     )
 
 
-IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool
+IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool (pools of
+# different sizes: the spread of the instances' mean usage)
 
 
 def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
@@ -379,7 +380,10 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
                     {"free_share_mean": free, "threshold": t.free_blocks},
                 )
             )
-    total = max((_num(i.get("total_blocks")) or 0 for i in point.get("instances") or []), default=0)
+    pools = {_num(i.get("total_blocks")) for i in point.get("instances") or []}
+    if len(pools) > 1:  # pools of different sizes: their free blocks differ however well they are loaded
+        return findings + _usage_spread(point, label)
+    total = max((p or 0 for p in pools), default=0)
     imbalance = _num(point.get("free_blocks_imbalance_mean"))
     if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
         findings.append(
@@ -395,6 +399,29 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
             )
         )
     return findings
+
+
+def _usage_spread(point, label: str) -> list[Finding]:
+    """The imbalance of instances with pools of different sizes: the spread of their mean KV usage, in points."""
+    instances = point.get("instances") or []
+    usages = [_num(i.get("usage_mean")) for i in instances]
+    known = [u for u in usages if u is not None]
+    if len(known) < 2 or max(known) - min(known) <= IMBALANCE_SHARE:
+        return []
+    spread = max(known) - min(known)
+    pools = "/".join(f"{_num(i.get('total_blocks')) or 0:,.0f}" for i in instances)
+    return [
+        _finding(
+            "fleet",
+            "fleet_imbalance",
+            "warning",
+            label,
+            f"mean KV usage differed by {100 * spread:.0f} points between the fullest and the emptiest instance "
+            f"(pools of {pools} blocks; > {100 * IMBALANCE_SHARE:.0f} points)",
+            ("route_by_free_blocks",),
+            {"usage_spread": spread, "threshold": IMBALANCE_SHARE},
+        )
+    ]
 
 
 _POINT_RULES = (
