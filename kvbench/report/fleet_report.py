@@ -194,13 +194,8 @@ def simulator_sentence(check: dict) -> str:
     compared = [row for row in check.get("policies", []) if not row.get("skipped")]
     timing = check.get("timing", {})
     fitted = (
-        f"step times fitted to this run (decode {1000 * timing.get('decode_s', 0):.2f} ms a step"
-        + (
-            f" + {1000 * timing['decode_per_running_s']:.3f} ms per request running"
-            if timing.get("decode_per_running_s")
-            else ""
-        )
-        + f", prefill {1e6 * timing.get('prefill_per_token_s', 0):.1f} us a token)"
+        f"step times fitted to this run (decode {1000 * timing.get('decode_s', 0):.2f} ms a step, prefill "
+        f"{1e6 * timing.get('prefill_per_token_s', 0):.1f} us a token)"
     )
     if not compared:
         return "The simulator was not compared with this run: a server died under every policy."

@@ -12,7 +12,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import theilslopes
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
@@ -30,11 +29,10 @@ MIN_FIT_POINTS = 8
 
 
 def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
-    """Step times from the finished requests of every run: the decode step a line of the time per output token
-    after the first against the requests running beside it on its server (:func:`_decode_line`); the prefill a
-    least-squares line of time to first token against the tokens not cached, fitted again, up to three times, on
-    the half of the requests below it (those that queued least: under load the time to first token is mostly
-    queueing)."""
+    """Step times from the finished requests of every run: the decode step is the median time per output token
+    after the first; the prefill a least-squares line of time to first token against the tokens not cached,
+    fitted again, up to three times, on the half of the requests below it (those that queued least: under load
+    the time to first token is mostly queueing)."""
     done = [
         r
         for run in runs
@@ -44,7 +42,12 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
     if not done:
         raise KvbenchError("no request finished on the servers: there are no step times to fit the simulator to")
     first = [float(r.first_token_time or 0.0) for r in done]
-    decode, per_running = _decode_line(runs)
+    per_token = [
+        (float(r.finish_time or 0.0) - t) / (r.num_outputs - 1)
+        for r, t in zip(done, first, strict=True)
+        if r.num_outputs > 1
+    ]
+    decode = float(np.median(per_token)) if per_token else 0.0
     uncached = np.array([r.prompt_len - r.num_cached_tokens for r in done], dtype=np.float64)
     ttft = np.array([t - r.arrival_time for r, t in zip(done, first, strict=True)], dtype=np.float64)
     base, slope = _line(uncached, ttft)
@@ -54,39 +57,7 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
             break
         uncached, ttft = uncached[keep], ttft[keep]
         base, slope = _line(uncached, ttft)
-    return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0), per_running)
-
-
-def _decode_line(runs: Sequence[FleetRun]) -> tuple[float, float]:
-    """(seconds a decode step, seconds more per request in the batch): the time per output token of each finished
-    request against the mean count its server reported running over its decode, a median-of-slopes line (a
-    preempted request's stall is an outlier, not a trend). A decode step grows with its batch: with one time
-    for every step, a simulated server with a larger pool ran its bigger batches as fast as its smaller twin.
-    Without running counts, or with no trend, the median time per output token."""
-    per_token, running = [], []
-    for run in runs:
-        reported: dict[int, list[tuple[float, int]]] = {}
-        for t, index, _used, _total, count, _waiting in getattr(run, "samples", ()):
-            reported.setdefault(index, []).append((t, count))
-        placement = getattr(run, "placement", {})
-        for r in run.requests:
-            if r.status is not RequestStatus.FINISHED or r.num_outputs < 2 or r.first_token_time is None:
-                continue
-            start, end = float(r.first_token_time), float(r.finish_time or 0.0)
-            per_token.append((end - start) / (r.num_outputs - 1))
-            counts = [c for t, c in reported.get(placement.get(r.request_id, -1), []) if start <= t <= end]
-            running.append(float(np.mean(counts)) if counts else float("nan"))
-    if not per_token:
-        return 0.0, 0.0
-    median = float(np.median(per_token))
-    x, y = np.array(running), np.array(per_token)
-    known = ~np.isnan(x)
-    if known.sum() < MIN_FIT_POINTS or float(np.ptp(x[known])) == 0.0:
-        return median, 0.0
-    slope, intercept, _low, _high = theilslopes(y[known], x[known])
-    if not slope > 0:
-        return median, 0.0
-    return max(float(intercept), 1e-6), float(slope)
+    return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0))
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

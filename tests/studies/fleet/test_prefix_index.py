@@ -173,34 +173,3 @@ def test_a_router_that_reads_at_intervals_sees_the_last_report_not_the_instance_
     assert slot.view().free_blocks == 10
     slot.seen = scraped
     assert slot.view().free_blocks == 90
-
-
-def test_the_decode_step_is_fitted_against_the_batch_its_server_was_running():
-    """Requests on a server running 12 take longer per token than on one running 4: the fitted step grows by
-    what each request in the batch adds, and a few preempted requests' stalls do not bend the line."""
-    base, per_running = 0.002, 0.0005
-    rng = np.random.default_rng(1)
-    requests, placement = [], {}
-    for rid in range(120):
-        instance = rid % 2
-        running = (4, 12)[instance]
-        outputs = int(rng.integers(5, 60))
-        request = Request(rid, 64, outputs, arrival_time=rid * 0.05)
-        request.first_token_time = request.arrival_time + 0.01
-        stall = 5.0 if rid % 17 == 0 else 1.0  # preempted: waited out part of its decode
-        request.finish_time = request.first_token_time + stall * (base + per_running * running) * (outputs - 1)
-        request.num_outputs, request.status = outputs, request.status.FINISHED
-        requests.append(request)
-        placement[rid] = instance
-    end = max(r.finish_time for r in requests) + 1
-    samples = [(t / 10, i, 0, 100, (4, 12)[i], 0) for t in range(int(end * 10) + 1) for i in (0, 1)]
-
-    class Run:  # what fit_timing reads of a fleet run
-        pass
-
-    run = Run()
-    run.requests, run.placement, run.samples = requests, placement, samples  # type: ignore[attr-defined]
-    fitted = fit_timing([run])  # type: ignore[list-item]
-    assert fitted.decode_per_running_s == pytest.approx(per_running, rel=0.01)
-    assert fitted.decode_s == pytest.approx(base, rel=0.02)
-    assert fitted.decode_coefficients(12)[0] == pytest.approx(base + 12 * per_running, rel=0.01)
