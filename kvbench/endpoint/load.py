@@ -107,6 +107,7 @@ class _Run:
         self.in_flight = 0
         self.peak = 0
         self.stop_reason = "the point was stopped"
+        self.stopped = False  # set before cancelling: a cancellation the client swallowed must not send more
         self.started = time.perf_counter()  # the load's start, which a trace's times count from
 
     def _done(self, record: RequestRecord) -> None:
@@ -124,6 +125,8 @@ class _Run:
                 if due > time.perf_counter():
                     await asyncio.sleep(due - time.perf_counter())
                 arrival = max(due, arrival or due)
+            if self.stopped:  # left for records() to mark "not_sent"
+                return
             record = RequestRecord(conversation.index, turn, arrival=arrival)
             if self.semaphore is not None:
                 await self.semaphore.acquire()  # cancelled while waiting here: "not_sent"
@@ -196,7 +199,7 @@ async def run_load(
         queue = list(reversed(conversations))
 
         async def worker() -> None:
-            while queue:
+            while queue and not run.stopped:
                 await run.conversation(queue.pop(), None)
 
         workers = [asyncio.ensure_future(worker()) for _ in range(min(pattern.concurrency, len(conversations)))]
@@ -240,11 +243,11 @@ async def run_load(
     try:
         finished, _ = await asyncio.wait({driver}, timeout=deadline_s)
     except asyncio.CancelledError:
-        run.stop_reason = "the point was interrupted"
+        run.stop_reason, run.stopped = "the point was interrupted", True
         await _cancel([driver, *tasks])
         raise
     if not finished:
-        run.stop_reason = f"the point's time limit ({deadline_s:g} s) ran out"
+        run.stop_reason, run.stopped = f"the point's time limit ({deadline_s:g} s) ran out", True
         result.stopped_at_deadline = True
         await _cancel([driver, *tasks])
     else:

@@ -133,6 +133,28 @@ def test_a_deadline_cancels_what_is_in_flight_and_accounts_for_the_rest():
     assert sorted((r.conversation, r.turn) for r in seen) == [(i, 0) for i in range(10)]  # each reported once
 
 
+def test_a_cancellation_the_client_swallows_sends_nothing_more_after_the_deadline():
+    """Python 3.11's wait_for can swallow a cancellation that meets a read finishing at the same moment: the
+    request then ends as if answered, and its worker must not go on sending the rest of the point's requests (a
+    CI run saw a 0.5 s point send all 200)."""
+    sent: list[int] = []
+
+    async def send(conversation, turn, answers, record: RequestRecord) -> RequestRecord:
+        record.start = time.perf_counter()
+        sent.append(conversation.index)
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:  # swallowed, as the race does: answered after all
+            pass
+        record.end = time.perf_counter()
+        return record
+
+    result = asyncio.run(run_load(single(50), ClosedLoop(2), send, deadline_s=0.3))
+    assert result.stopped_at_deadline and result.duration_s < 2.0
+    kinds = [r.error_kind for r in result.records]
+    assert len(sent) <= 4 and kinds.count("not_sent") == 50 - len(sent)  # nothing sent after the deadline
+
+
 def test_an_interrupted_load_marks_what_was_in_flight_before_it_propagates():
     send = Recorder(lambda conv, turn: 10.0)
     seen: list[RequestRecord] = []
