@@ -108,8 +108,8 @@ def main() -> None:
         pools = args.kv_memory.split(",")
         if len(pools) > 2:
             parser.error("--kv-memory takes one pool for both replicas, or two")
+        longest = span(args.prefix)[1] + span(args.tail)[1] + span(args.output)[1]
         for pool in pools * 2 if len(pools) == 1 else pools:
-            longest = span(args.prefix)[1] + span(args.tail)[1] + span(args.output)[1]
             replicas.append(start_replica(args.model, pool, longest))
         command = [sys.executable, "-m", "kvbench.cli", "fleet", "--requests-file", str(requests)]
         for name, (_, url, events) in zip("ab", replicas, strict=True):

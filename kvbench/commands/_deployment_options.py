@@ -133,7 +133,6 @@ DEPLOYMENT = OptionGroup(DEPLOYMENT_OPTIONS, "deployment", lambda values, _: par
 
 
 def deployment_fields(deployment: Deployment, settings: type) -> dict[str, Any]:
-    """The deployment's values that the study's ``settings`` dataclass has fields for (a gpu of None left to the
-    settings' default)."""
+    """The deployment's values that the study's ``settings`` dataclass has fields for."""
     names = {f.name for f in fields(settings)}
-    return {k: v for k, v in asdict(deployment).items() if k in names and not (k == "gpu" and v is None)}
+    return {k: v for k, v in asdict(deployment).items() if k in names}

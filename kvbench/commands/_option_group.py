@@ -1,7 +1,7 @@
 """Options declared once and shared by commands: a group is added to each command's signature and handed to it
 parsed, as one typed argument, so a flag's name, type, range and parsing live in one place.
 
-    RUN = OptionGroup(SHARED_OPTIONS, "run", parse_run_options)
+    RUN = OptionGroup(SHARED_OPTIONS, "run", lambda values, others: parse_run_options(values))
 
     @RUN.add(defaults={"device": "cpu"})
     def fleet(instances: int = typer.Option(2, "--instances"), *, run: RunOptions) -> None: ...

@@ -30,7 +30,7 @@ from kvbench.errors import KvbenchError, RunFailed
 from kvbench.kv.policies import MANAGERS, check_choice
 from kvbench.measure.exporter import FleetMetrics
 from kvbench.report.fleet_report import (
-    DEAD_BEFORE,
+    deaths,
     fleet_table,
     fleet_verdict,
     instance_table,
@@ -377,12 +377,7 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     document = write_outputs(run_dir, setup.meta(), points)
     fleet_run.opened.release()
     show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, document["meta"]))
-    died = [
-        f"server {i['name']} died under {p['policy']}: {i['failure']}"
-        for p in points
-        for i in p["instances"]
-        if i.get("failure") and i.get("name") and i["failure"] != DEAD_BEFORE
-    ]
+    died = [f"server {i['name']} died under {policy}: {i['failure']}" for policy, i in deaths(points) if i.get("name")]
     if died:
         skipped = len(options.policies) - len(points)
         left = f"; {skipped} policies not run, every server having died" if skipped else ""

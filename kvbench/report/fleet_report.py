@@ -83,14 +83,19 @@ def fleet_verdict(points: list[dict], meta: dict) -> tuple[str, str, list[str]]:
     return headline, tone, sentences
 
 
-def died(points: list[dict]) -> str | None:
-    """Which instances died and under which policy: the policies after ran on fewer, not on equal terms."""
-    found = [
+def deaths(points: list[dict]) -> list[tuple[str, dict]]:
+    """(policy, instance) of each instance that died under that policy (not those dead since an earlier one)."""
+    return [
         (p["policy"], instance)
         for p in points
         for instance in p.get("instances", [])
         if instance.get("failure") and instance.get("failure") != DEAD_BEFORE
     ]
+
+
+def died(points: list[dict]) -> str | None:
+    """Which instances died and under which policy: the policies after ran on fewer, not on equal terms."""
+    found = deaths(points)
     if not found:
         return None
     named = "; ".join(

@@ -358,8 +358,7 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     )
 
 
-IMBALANCE_SHARE = 0.25  # mean max - min free blocks across instances, as a share of one instance's pool (pools of
-# different sizes: the spread of the instances' mean usage)
+IMBALANCE_SHARE = 0.25  # mean free-block spread over one pool (pools of different sizes: mean usage spread)
 
 
 def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
@@ -404,11 +403,10 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
 def _usage_spread(point, label: str) -> list[Finding]:
     """The imbalance of instances with pools of different sizes: the spread of their mean KV usage, in points."""
     instances = point.get("instances") or []
-    usages = [_num(i.get("usage_mean")) for i in instances]
-    known = [u for u in usages if u is not None]
-    if len(known) < 2 or max(known) - min(known) <= IMBALANCE_SHARE:
+    known = [u for u in (_num(i.get("usage_mean")) for i in instances) if u is not None]
+    spread = max(known) - min(known) if len(known) > 1 else 0.0
+    if spread <= IMBALANCE_SHARE:
         return []
-    spread = max(known) - min(known)
     pools = "/".join(f"{_num(i.get('total_blocks')) or 0:,.0f}" for i in instances)
     return [
         _finding(
