@@ -9,8 +9,9 @@ from typing import Any
 
 import typer
 
+from kvbench.commands._flags import DTYPE, GPU, GPU_MEMORY_UTILIZATION, MODEL
 from kvbench.commands._option_group import OptionGroup, SharedOption
-from kvbench.commands._options import COMPUTE_DTYPES, choice, gpu_memory_utilization_option, gpu_option, parse_size
+from kvbench.commands._options import choice, parse_size
 from kvbench.studies.capacity import KV_CACHE_DTYPES
 
 PANEL = "Deployment"
@@ -34,14 +35,9 @@ DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
         "model",
         str,
         "llama-2-13b",
-        typer.Option(
-            "--model",
-            rich_help_panel=PANEL,
-            help="Preset, local checkpoint dir / config.json / GGUF file, or a Hugging Face id (owner/name; "
-            "HF_HUB_OFFLINE=1: the local cache only).",
-        ),
+        MODEL.annotated(panel=PANEL),
     ),
-    SharedOption("gpu", str | None, None, gpu_option(None, "GPU preset.", annotated=True, rich_help_panel=PANEL)),
+    SharedOption("gpu", str | None, None, GPU.annotated(panel=PANEL)),
     SharedOption(
         "gpu_memory",
         str | None,
@@ -57,9 +53,7 @@ DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
         "utilization",
         float,
         0.9,
-        gpu_memory_utilization_option(
-            None, "Share of GPU memory the engine may use, in [0.01, 1].", annotated=True, rich_help_panel=PANEL
-        ),
+        GPU_MEMORY_UTILIZATION.annotated(panel=PANEL),
     ),
     SharedOption(
         "kv_cache_memory",
@@ -75,12 +69,7 @@ DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
         "dtype",
         str,
         "auto",
-        typer.Option(
-            "--dtype",
-            rich_help_panel=PANEL,
-            help="The model's dtype (auto: the checkpoint's).",
-            **choice(("auto", *COMPUTE_DTYPES)),
-        ),
+        DTYPE.annotated("The model's dtype (auto: the checkpoint's).", PANEL),
     ),
     SharedOption(
         "kv_cache_dtype",
@@ -126,7 +115,7 @@ def parse_deployment(values: dict[str, Any]) -> Deployment:
     parsed = {
         name: parse_size(values[name], flag) if values[name] is not None else None for name, flag in sizes.items()
     }
-    return Deployment(**{**values, **parsed})
+    return Deployment(**{**values, **parsed, "dtype": values["dtype"].lower()})
 
 
 DEPLOYMENT = OptionGroup(DEPLOYMENT_OPTIONS, "deployment", lambda values, _: parse_deployment(values))

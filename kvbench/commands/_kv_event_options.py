@@ -7,23 +7,21 @@ from dataclasses import dataclass
 
 import typer
 
+from kvbench.commands import _flags
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import parse_endpoint
 
 # Annotated style (``name: Annotated[type, OPTION] = default``)
-KV_EVENTS = typer.Option(
-    "--kv-events",
-    help="The server's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH): its resident "
-    "blocks, lifetimes, eviction churn and thrash.",
+KV_EVENTS = _flags.KV_EVENTS.annotated(
+    "The server's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH): its resident "
+    "blocks, lifetimes, eviction churn and thrash."
 )
 KV_EVENTS_BIND = typer.Option(
     "--kv-events-bind",
     help="Listen on the --kv-events address and let the server connect (vLLM connects to a tcp://HOST:PORT its "
     "--kv-events-config endpoint names; kvbench serve binds its own).",
 )
-KV_EVENTS_REPLAY = typer.Option(
-    "--kv-events-replay", help="The server's replay socket for missed KV event batches (with --kv-events)."
-)
+KV_EVENTS_REPLAY = _flags.KV_EVENTS_REPLAY.annotated()
 
 
 @dataclass(frozen=True)

@@ -236,13 +236,13 @@ def choice_list(values: Sequence[str] | Callable[[], Sequence[str]], what: str) 
     return {"metavar": _metavar(tuple(current())) + ",...", "callback": check, "autocompletion": complete}
 
 
-def completes(values: Iterable[str]) -> dict[str, Any]:
-    """``typer.Option`` keywords that complete an option from a long list of known values (GPU presets) and
-    leave its help and its checks as they are."""
-    values = tuple(values)
+def completes(values: Iterable[str] | Callable[[], Iterable[str]]) -> dict[str, Any]:
+    """``typer.Option`` keywords that complete an option from a long list of known values (GPU presets; a callable
+    is asked when the shell asks) and leave its help and its checks as they are."""
+    current = values if callable(values) else (lambda: tuple(values))
 
     def complete(incomplete: str) -> list[str]:
-        return [value for value in values if value.startswith(incomplete)]
+        return [value for value in current() if value.startswith(incomplete)]
 
     return {"autocompletion": complete}
 
@@ -258,65 +258,6 @@ def _flag(param: Any) -> str:
     """The parameter's long flag (``--reserve``), as errors name it."""
     opts = [opt for opt in getattr(param, "opts", ()) if opt.startswith("--")]
     return opts[0] if opts else str(getattr(param, "name", "value"))
-
-
-def _declared(default: Any, annotated: bool, *decls: str, **settings: Any) -> Any:
-    """One ``typer.Option``; for an ``Annotated[...]`` parameter (``annotated``) without a default of its own."""
-    panel = {k: v for k, v in settings.items() if v is not None}
-    return typer.Option(*decls, **panel) if annotated else typer.Option(default, *decls, **panel)
-
-
-def gpu_option(default: str | None, help: str, annotated: bool = False, rich_help_panel: str | None = None) -> Any:
-    """``--gpu``, declared once: a GPU preset, completed from the presets."""
-    from kvbench.models.gpus import GPU_PRESETS
-
-    return _declared(default, annotated, "--gpu", help=help, rich_help_panel=rich_help_panel, **completes(GPU_PRESETS))
-
-
-def device_option(annotated: bool = False, rich_help_panel: str | None = None) -> Any:
-    """``--device``, declared once: where a model runs."""
-    help = "auto: CUDA when available, else the CPU (also cuda:N)."
-    return _declared("auto", annotated, "--device", help=help, rich_help_panel=rich_help_panel, **device_choice())
-
-
-def gpu_memory_utilization_option(
-    default: float | None, help: str, annotated: bool = False, rich_help_panel: str | None = None
-) -> Any:
-    """``--gpu-memory-utilization``, declared once: a share of GPU memory in [0.01, 1]."""
-    return _declared(
-        default,
-        annotated,
-        "--gpu-memory-utilization",
-        max=1.0,
-        callback=positive_fraction,
-        help=help,
-        rich_help_panel=rich_help_panel,
-    )
-
-
-def json_option(help: str) -> Any:
-    """``--json``, declared once: the command's result as JSON on stdout (``help`` says which)."""
-    return typer.Option(False, "--json", help=help)
-
-
-def out_option(help: str) -> Any:
-    """``--out``, declared once: where the command writes (``help`` says what and its default)."""
-    return typer.Option(None, "--out", help=help)
-
-
-def seed_option(help: str, annotated: bool = False, rich_help_panel: str | None = None) -> Any:
-    """``--seed``, declared once: a non-negative seed (``help`` says of what)."""
-    return _declared(0, annotated, "--seed", min=0, help=help, rich_help_panel=rich_help_panel)
-
-
-def prefix_caching_option() -> Any:
-    """``--prefix-caching/--no-prefix-caching``, on by default as in vLLM; a declaration per call (a command's
-    help panel is set on it)."""
-    return typer.Option(
-        True,
-        "--prefix-caching/--no-prefix-caching",
-        help="The paged engine's prefix cache: a prompt's leading full blocks another request computed are reused.",
-    )
 
 
 def help_panels(panels: dict[str, Sequence[str]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -12,16 +12,21 @@ from typing import Any
 
 import typer
 
-from kvbench.commands._option_group import OptionGroup, SharedOption
-from kvbench.commands._options import (
-    choice,
-    compute_dtype_choice,
-    device_option,
-    gpu_memory_utilization_option,
-    gpu_option,
-    parse_size,
-    seed_option,
+from kvbench.commands._flags import (
+    BLOCK_SIZE,
+    DATASET,
+    DEVICE,
+    DTYPE,
+    GPU,
+    GPU_MEMORY_UTILIZATION,
+    MODEL,
+    REQUESTS,
+    REQUESTS_FILE,
+    RESERVE,
+    SEED,
 )
+from kvbench.commands._option_group import OptionGroup, SharedOption
+from kvbench.commands._options import choice, parse_size
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.studies.run_options import RunOptions
 
@@ -42,65 +47,51 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "requests",
         int | None,
         None,
-        typer.Option("--requests", min=1, rich_help_panel=REQUESTS_PANEL, help="Requests (default: the scenario's)."),
+        REQUESTS.annotated("Requests to run (default: the scenario's).", REQUESTS_PANEL),
     ),
     SharedOption(
         "requests_file",
         Path | None,
         None,
-        typer.Option(
-            "--requests-file",
-            rich_help_panel=REQUESTS_PANEL,
-            help="JSONL of {prompt_token_ids, output_len} to replay exactly instead of the scenario's lengths.",
-        ),
+        REQUESTS_FILE.annotated(panel=REQUESTS_PANEL),
     ),
     SharedOption(
         "dataset",
         str | None,
         None,
-        typer.Option(
-            "--dataset",
-            rich_help_panel=REQUESTS_PANEL,
-            help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
+        DATASET.annotated(
+            "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
             "the scenario's dataset, if any), tokenized with the model's tokenizer.",
+            REQUESTS_PANEL,
         ),
     ),
     SharedOption(
         "seed",
         int | None,
         None,
-        seed_option(
-            "Seed of lengths, prompts and weights (default: the scenario's, else 0).",
-            annotated=True,
-            rich_help_panel=REQUESTS_PANEL,
-        ),
+        SEED.annotated("Seed of lengths, prompts and weights (default: the scenario's, else 0).", REQUESTS_PANEL),
     ),
     SharedOption(
         "model",
         str,
         "tiny",
-        typer.Option(
-            "--model",
-            rich_help_panel=MODEL_PANEL,
-            help="Preset or local checkpoint dir (tensor engine); with --simulate the shape to simulate.",
+        MODEL.annotated(
+            "Preset, local checkpoint dir / config.json / GGUF file (tensor engine); with --simulate the shape to "
+            "simulate.",
+            MODEL_PANEL,
         ),
     ),
     SharedOption(
         "device",
         str,
         "auto",
-        device_option(annotated=True, rich_help_panel=MODEL_PANEL),
+        DEVICE.annotated(panel=MODEL_PANEL),
     ),
     SharedOption(
         "dtype",
         str | None,
         None,
-        typer.Option(
-            "--dtype",
-            rich_help_panel=MODEL_PANEL,
-            help="Compute dtype (default: fp32 on CPU, fp16 on CUDA).",
-            **compute_dtype_choice(),
-        ),
+        DTYPE.annotated("The dtype the model computes in (auto: fp32 on CPU, fp16 on CUDA).", MODEL_PANEL),
     ),
     SharedOption(
         "simulate",
@@ -116,7 +107,7 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "gpu",
         str,
         "a100-80g",
-        gpu_option(None, "GPU preset for --simulate.", annotated=True, rich_help_panel=MODEL_PANEL),
+        GPU.annotated("GPU preset for --simulate.", MODEL_PANEL),
     ),
     SharedOption(
         "kv_memory",
@@ -130,28 +121,19 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = (
         "utilization",
         float | None,
         None,
-        gpu_memory_utilization_option(
-            None, "On CUDA: size the pools like vLLM from real free memory.", annotated=True, rich_help_panel=POOL_PANEL
-        ),
+        GPU_MEMORY_UTILIZATION.annotated("On CUDA: size the pools like vLLM from real free memory.", POOL_PANEL),
     ),
     SharedOption(
         "block_size",
         int | None,
         None,
-        typer.Option(
-            "--block-size", min=1, rich_help_panel=POOL_PANEL, help="Tokens per KV block (default: the scenario's)."
-        ),
+        BLOCK_SIZE.annotated("Tokens per KV block (default: the scenario's).", POOL_PANEL),
     ),
     SharedOption(
         "reserve",
         str | None,
         None,
-        typer.Option(
-            "--reserve",
-            rich_help_panel=POOL_PANEL,
-            help="What a contiguous request reserves (default: the scenario's).",
-            **choice(RESERVATION_POLICIES),
-        ),
+        RESERVE.annotated("What a contiguous request reserves (default: the scenario's).", POOL_PANEL),
     ),
     SharedOption(
         "admission",
@@ -172,8 +154,10 @@ def parse_run_options(values: dict[str, Any]) -> RunOptions:
     values = dict(values)
     kv_memory = values.pop("kv_memory")
     reserve, admission = values.pop("reserve"), values.pop("admission")
+    dtype = values.pop("dtype")
     return RunOptions(
         **values,
+        dtype=None if dtype is None or dtype.lower() == "auto" else dtype,
         kv_memory_bytes=parse_size(kv_memory, "--kv-memory") if kv_memory else None,
         kv_memory_text=kv_memory,
         reserve=check_choice(reserve, RESERVATION_POLICIES, "--reserve") if reserve else None,

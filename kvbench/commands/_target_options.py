@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from kvbench.commands._flags import MAX_LEN, OUTPUT_LEN, RATE, REQUEST_TIMEOUT, SCRAPE_INTERVAL, SLO, TARGET
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
 from kvbench.commands._option_group import OptionGroup, SharedOption
 from kvbench.commands._options import MIN_RATE, choice
@@ -50,12 +51,10 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = (
         "target",
         list[str] | None,
         None,
-        typer.Option(
-            "--target",
-            metavar="[NAME=]URL",
-            rich_help_panel=PANEL,
-            help="An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
+        TARGET.annotated(
+            "An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
             "(repeatable; NAME labels its column, default HOST:PORT).",
+            PANEL,
         ),
     ),
     SharedOption(
@@ -127,33 +126,26 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = (
         "output_len",
         str | None,
         None,
-        typer.Option(
-            "--output-len",
-            metavar="N|LO:HI",
-            rich_help_panel=PANEL,
-            help="Each answer's length asked for (max_tokens), fixed or drawn from LO:HI (vllm bench serve's "
-            "--random-output-len).",
+        OUTPUT_LEN.annotated(
+            "Each answer's length asked for (max_tokens): N, or LO:HI drawn (vllm bench serve's --random-output-len).",
+            PANEL,
         ),
     ),
     SharedOption(
         "max_len",
         int | None,
         None,
-        typer.Option(
-            "--max-len",
-            min=2,
-            rich_help_panel=PANEL,
-            help="Prompt and answer together at most this many tokens: the served model's context (default: "
-            "the scenario's max-len).",
+        MAX_LEN.annotated(
+            "Prompt and answer together at most this many tokens: the served model's context (default: the "
+            "scenario's max-len).",
+            PANEL,
         ),
     ),
     SharedOption(
         "slo",
         str | None,
         None,
-        typer.Option(
-            "--slo", rich_help_panel=PANEL, help="Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50."
-        ),
+        SLO.annotated("Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50.", PANEL),
     ),
     SharedOption(
         "slo_attainment",
@@ -171,11 +163,8 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = (
         "rate",
         str | None,
         None,
-        typer.Option(
-            "--rate",
-            metavar="R1,R2,...",
-            rich_help_panel=PANEL,
-            help="Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.",
+        RATE.annotated(
+            "Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.", PANEL
         ),
     ),
     SharedOption(
@@ -200,19 +189,13 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = (
         "request_timeout",
         float,
         600.0,
-        typer.Option(
-            "--request-timeout",
-            rich_help_panel=PANEL,
-            help="Seconds one request may take; past it, it fails (timeout).",
-        ),
+        REQUEST_TIMEOUT.annotated(panel=PANEL),
     ),
     SharedOption(
         "scrape_interval",
         float,
         0.5,
-        typer.Option(
-            "--scrape-interval", rich_help_panel=PANEL, help="Seconds between scrapes of the server's /metrics."
-        ),
+        SCRAPE_INTERVAL.annotated(panel=PANEL),
     ),
     SharedOption(
         "no_scrape",

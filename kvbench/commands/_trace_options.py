@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from kvbench.commands import _flags
 from kvbench.commands._options import choice
 from kvbench.errors import KvbenchError
 from kvbench.workload.prefix_trace import (
@@ -26,10 +27,9 @@ from kvbench.workload.prefix_trace import (
 SHIPPED_TRACE = "mooncake-conversation-1k"
 
 # Annotated style (``name: Annotated[type, OPTION] = default``): the same declaration in every command's signature
-TRACE = typer.Option(
-    "--trace",
-    help=f"Hash-id trace (JSONL: timestamp ms, input_length, output_length, hash_ids), or a shipped one: "
-    f"{SHIPPED_TRACE} (the first 1,000 requests of Mooncake's conversation trace).",
+TRACE = _flags.TRACE.annotated(
+    f"Hash-id trace (JSONL: timestamp ms, input_length, output_length, hash_ids), or a shipped one: "
+    f"{SHIPPED_TRACE} (the first 1,000 requests of Mooncake's conversation trace)."
 )
 TRACE_BLOCK_SIZE = typer.Option("--trace-block-size", min=1, help="Prompt tokens per hash id in the trace.")
 TRACE_CONVENTION = typer.Option(

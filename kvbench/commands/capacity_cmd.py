@@ -5,9 +5,9 @@ from __future__ import annotations
 import typer
 
 from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
+from kvbench.commands._flags import BLOCK_SIZE, CONCURRENCY, JSON, MAX_LEN, MAX_NUM_SEQS, MEAN_LEN
 from kvbench.commands._options import (
     int_list,
-    json_option,
     make_console,
 )
 from kvbench.errors import KvbenchError
@@ -25,16 +25,14 @@ DEFAULT_GPU = "a100-80g"
     helps={"gpu": f"GPU preset (default {DEFAULT_GPU}, or with --gpu-memory alone a GPU of that memory)."},
 )
 def capacity(
-    max_len: int = typer.Option(
-        2048, "--max-len", "--max-model-len", min=1, help="Context limit (contiguous-max reserves this)."
+    max_len: int = MAX_LEN(2048),
+    mean_len: int = MEAN_LEN(500),
+    block_sizes: str = BLOCK_SIZE("16", "Tokens per KV block; a list compares several, e.g. 8,16,32."),
+    max_num_seqs: int | None = MAX_NUM_SEQS(
+        None, "The scheduler's cap on running requests (default: KV memory alone)."
     ),
-    mean_len: int = typer.Option(500, "--mean-len", min=1, help="Final length of a typical request, in tokens."),
-    block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
-    max_num_seqs: int | None = typer.Option(
-        None, "--max-num-seqs", min=1, help="The scheduler's cap on running requests (default: KV memory alone)."
-    ),
-    concurrency: int = typer.Option(1, "--concurrency", min=1, help="Requests at once for the longest-context column."),
-    as_json: bool = json_option("Print JSON on stdout."),
+    concurrency: int = CONCURRENCY(1, "Requests at once for the longest-context column."),
+    as_json: bool = JSON(False, "Print JSON on stdout."),
     *,
     deployment: Deployment,
 ) -> None:

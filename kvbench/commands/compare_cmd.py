@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from kvbench.commands._flags import VERBOSE
 from kvbench.commands._options import not_an_input, output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import replaceable, write_text_atomic
@@ -101,9 +102,7 @@ def compare_command(
         help="A measured point that ran shorter than this on either side is too short to time on a shared "
         "machine: its timing-dependent metrics are reported, not gated (a --fail-on rule still gates them).",
     ),
-    verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Print the full Markdown table instead of the few-line summary."
-    ),
+    verbose: bool = VERBOSE(False, "Print the full Markdown table instead of the few-line summary."),
     refresh: bool = typer.Option(
         False, "--update-baseline", help="After reporting, copy HEAD's summary.json onto BASE and exit 0."
     ),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from kvbench.commands._options import int_list, json_option, make_console, out_option, run_directory, seed_option
+from kvbench.commands._flags import BLOCK_SIZE, JSON, MAX_LEN, MODEL, OUT, REQUESTS, SEED
+from kvbench.commands._options import int_list, make_console, run_directory
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.report.dataset_report import dataset_markdown, dataset_plot, print_dataset
@@ -13,23 +14,15 @@ from kvbench.studies.dataset_profile import DatasetSettings, describe_dataset
 
 def dataset(
     path: str = typer.Argument(..., help="ShareGPT JSON or {prompt, output_len} JSONL file, or 'real-chat' (shipped)."),
-    model: str = typer.Option(
-        "tiny",
-        "--model",
-        help="Whose tokenizer counts tokens: a GGUF file or a checkpoint dir (presets count words and punctuation).",
+    model: str = MODEL(
+        "tiny", "Whose tokenizer counts tokens: a GGUF file or a checkpoint dir (presets count words and punctuation)."
     ),
-    max_len: int = typer.Option(
-        2048, "--max-len", min=2, help="Context limit: longer records are dropped, and contiguous-max reserves this."
-    ),
-    requests: int | None = typer.Option(
-        None, "--requests", min=1, help="Draw this many requests with --seed (default: every usable record)."
-    ),
-    seed: int = seed_option("Seed of the draw."),
-    block_sizes: str = typer.Option(
-        "16", "--block-size", help="Paged block size(s) for the estimate, e.g. 16 or 8,16,32."
-    ),
-    out: str | None = out_option("Run directory (default reports/dataset-<time>)."),
-    as_json: bool = json_option("Print the summary as JSON on stdout."),
+    max_len: int = MAX_LEN(2048, "Context limit: longer records are dropped, and contiguous-max reserves this."),
+    requests: int | None = REQUESTS(None, "Draw this many requests with --seed (default: every usable record)."),
+    seed: int = SEED(0, "Seed of the draw."),
+    block_sizes: str = BLOCK_SIZE("16", "Tokens per KV block for the estimate; a list compares several, e.g. 8,16,32."),
+    out: str | None = OUT(None, "Run directory (default reports/dataset-<time>)."),
+    as_json: bool = JSON(False, "Print the summary as JSON on stdout."),
 ) -> None:
     """Prompt and answer lengths of a dataset and the waste estimate they imply.
 

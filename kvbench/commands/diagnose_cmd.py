@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.commands._options import json_option, output_file
+from kvbench.commands._flags import JSON, URL
+from kvbench.commands._options import output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
 from kvbench.report.diagnose import (
@@ -57,11 +58,9 @@ def register(app: typer.Typer) -> None:
 
 def diagnose(
     run: Path | None = typer.Argument(None, help="Run directory, summary.json, or a kvbench watch timeline (.jsonl)."),
-    url: str | None = typer.Option(
-        None, "--url", help="Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."
-    ),
+    url: str | None = URL(None, "Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
-    as_json: bool = json_option("Print the diagnosis as JSON on stdout."),
+    as_json: bool = JSON(False, "Print the diagnosis as JSON on stdout."),
     thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
     max_fragmentation: float | None = typer.Option(
         None, "--max-fragmentation", help="Online fragmentation limit (default 0.3)."

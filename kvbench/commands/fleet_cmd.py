@@ -8,16 +8,31 @@ from pathlib import Path
 
 import typer
 
+from kvbench.commands._flags import (
+    ENGINE,
+    JSON,
+    KV_EVENTS,
+    METRICS_FILE,
+    METRICS_PORT,
+    OUT,
+    PREFIX_CACHING,
+    PREFIX_GROUPS,
+    PREFIX_LEN,
+    RATE,
+    RAY,
+    RAY_ADDRESS,
+    REQUEST_TIMEOUT,
+    SCRAPE_INTERVAL,
+    SLO,
+    TARGET,
+    TRACE,
+)
 from kvbench.commands._kv_event_options import listening
 from kvbench.commands._options import (
-    choice,
     choice_list,
     help_panels,
-    json_option,
     make_console,
     name_list,
-    out_option,
-    prefix_caching_option,
     run_directory,
     writable_file,
 )
@@ -131,38 +146,23 @@ def fleet(
     prefix_ttl: float = typer.Option(
         KvWeights.ttl_s, "--prefix-ttl", help="approx-prefix: seconds the router counts blocks it sent as held."
     ),
-    slo: str | None = typer.Option(
-        None, "--slo", help="Objectives in ms for goodput, e.g. ttft=500,tpot=50 (requests/s meeting all)."
+    slo: str | None = SLO(None),
+    targets: list[str] | None = TARGET(
+        None, "A server to route to instead of kvbench's own instances: [NAME=]http://HOST:PORT (repeat for each)."
     ),
-    targets: list[str] | None = typer.Option(
+    kv_events: list[str] | None = KV_EVENTS(
         None,
-        "--target",
-        metavar="[NAME=]URL",
-        help="A server to route to instead of kvbench's own instances (repeat for each; NAME labels it).",
+        "A --target's KV event stream, [NAME=]ADDRESS (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH), "
+        "for precise-prefix (repeat for each server).",
     ),
-    kv_events: list[str] | None = typer.Option(
-        None,
-        "--kv-events",
-        metavar="[NAME=]ADDRESS",
-        help="A --target's KV event stream (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH), for "
-        "precise-prefix (repeat for each server).",
-    ),
-    scrape_interval: float = typer.Option(
-        0.5, "--scrape-interval", help="With --target: seconds between scrapes of each server's /metrics."
-    ),
-    request_timeout: float = typer.Option(
-        600.0, "--request-timeout", help="With --target: seconds a request may take before it fails."
-    ),
-    rate: float | None = typer.Option(
-        None, "--rate", help="Poisson arrivals, requests per second (default: the file's arrival times)."
-    ),
-    engine: str = typer.Option("paged", "--engine", help="The KV manager of every instance.", **choice(MANAGERS)),
-    trace: Path | None = typer.Option(None, "--trace", help="CSV/JSONL of prompt_len + output_len (+ arrival_time)."),
-    prefix_groups: int = typer.Option(
-        0, "--prefix-groups", min=0, help="Prompts start with one of this many shared prefixes."
-    ),
-    prefix_len: int = typer.Option(0, "--prefix-len", min=0, help="Tokens of each shared prefix."),
-    prefix_caching: bool = prefix_caching_option(),
+    scrape_interval: float = SCRAPE_INTERVAL(0.5, "With --target: seconds between scrapes of each server's /metrics."),
+    request_timeout: float = REQUEST_TIMEOUT(600.0, "With --target: seconds a request may take before it fails."),
+    rate: float | None = RATE(None, "Poisson arrivals, requests per second (default: the file's arrival times)."),
+    engine: str = ENGINE("paged", "The KV manager of every instance."),
+    trace: Path | None = TRACE(None),
+    prefix_groups: int = PREFIX_GROUPS(0),
+    prefix_len: int = PREFIX_LEN(0),
+    prefix_caching: bool = PREFIX_CACHING(True),
     autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
     scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
     scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),
@@ -175,11 +175,10 @@ def fleet(
         20.0, "--startup-s", help="--simulate: seconds an added instance takes to start (real ones are measured)."
     ),
     tick: float | None = typer.Option(None, "--tick", help="Seconds between usage samples and autoscaling decisions."),
-    ray_tasks: bool = typer.Option(False, "--ray", help="--simulate: run each policy as a Ray task."),
-    ray_address: str | None = typer.Option(
+    ray_tasks: bool = RAY(False, "--simulate: run each policy as a Ray task."),
+    ray_address: str | None = RAY_ADDRESS(
         None,
-        "--ray-address",
-        help="Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray "
+        "Join this Ray cluster (HOST:PORT) instead of starting one; with --simulate only together with --ray "
         "(refused without it). Checked before anything runs.",
     ),
     ray_cpus: int | None = typer.Option(
@@ -188,14 +187,12 @@ def fleet(
         min=1,
         help="CPUs of the local Ray cluster (default: all); with --simulate only together with --ray.",
     ),
-    out: str | None = out_option("Run directory (default reports/fleet-<time>)."),
-    as_json: bool = json_option("Print summary.json on stdout."),
-    metrics_port: int | None = typer.Option(
-        None, "--metrics-port", min=0, max=65535, help="Serve live metrics (label instance) on this port."
+    out: str | None = OUT(None, "Run directory (default reports/fleet-<time>)."),
+    as_json: bool = JSON(False, "Print summary.json on stdout."),
+    metrics_port: int | None = METRICS_PORT(
+        None, "Serve live metrics (label instance) on this port (0: any free one)."
     ),
-    metrics_file: Path | None = typer.Option(
-        None, "--metrics-file", help="Write the Prometheus exposition here at the end."
-    ),
+    metrics_file: Path | None = METRICS_FILE(None),
     *,
     run: RunOptions,
 ) -> None:

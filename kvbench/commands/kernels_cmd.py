@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._options import DEVICES, choice, int_list, json_option, out_option, output_file, seed_option
+from kvbench.commands._flags import BLOCK_SIZE, DEVICE, DTYPE, JSON, MODEL, OUT, SEED
+from kvbench.commands._options import choice, int_list, output_file
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import json_text, write_text_atomic
 
@@ -22,18 +23,20 @@ GPU_BATCHES, GPU_CONTEXTS = "1,8,64", "512,2048,4096"
 def _device(name: str) -> torch.device:
     import torch  # loaded only when the command runs: keeps `kvbench --help` fast
 
+    name = name.lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise KvbenchError("--device cuda: no CUDA device is available")
-    if name not in ("cpu", "cuda"):
-        raise KvbenchError(f"--device: unknown device {name!r}; choose auto, cpu or cuda")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise KvbenchError(f"--device {name}: no CUDA device is available")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise KvbenchError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(name)
 
 
 def _dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
     from kvbench.studies.kernel_bench import DTYPES  # torch loads only when run
 
+    name = name.lower()
     if name == "auto":
         name = "fp16" if device.type == "cuda" else "fp32"
     if name not in DTYPES:
@@ -126,11 +129,9 @@ def _render(result: dict, console: Console) -> None:
 
 
 def kernels(
-    device_name: str = typer.Option("auto", "--device", help="auto: cuda when available.", **choice(DEVICES, "device")),
-    dtype_name: str = typer.Option(
-        "auto", "--dtype", help="auto: fp16 on cuda, fp32 on cpu.", **choice(("auto", "fp32", "fp16", "bf16"), "dtype")
-    ),
-    model: str = typer.Option("llama-2-13b", "--model", help="Head shapes: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
+    device_name: str = DEVICE("auto"),
+    dtype_name: str = DTYPE("auto", "The dtype of the inputs (auto: fp16 on CUDA, fp32 on a CPU)."),
+    model: str = MODEL("llama-2-13b", "Head shapes of a preset: llama-2-13b, llama-2-7b, llama-3-8b, tiny."),
     heads: int | None = typer.Option(None, "--heads", help="Query heads (overrides --model)."),
     kv_heads: int | None = typer.Option(None, "--kv-heads", help="KV heads (default: --heads, or the model's)."),
     head_dim: int | None = typer.Option(None, "--head-dim", help="Head dimension (overrides --model)."),
@@ -140,7 +141,7 @@ def kernels(
     contexts: str | None = typer.Option(
         None, "--context", help=f"Context lengths (default cuda {GPU_CONTEXTS}, cpu {CPU_CONTEXTS})."
     ),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
+    block_size: int = BLOCK_SIZE(16),
     backend_name: str = typer.Option(
         "auto",
         "--backend",
@@ -150,9 +151,9 @@ def kernels(
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
     reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
-    seed: int = seed_option("Seed of the random inputs."),
-    as_json: bool = json_option("Print the result as JSON on stdout instead of a table."),
-    out: str | None = out_option("Also write the JSON result to this file."),
+    seed: int = SEED(0, "Seed of the random inputs."),
+    as_json: bool = JSON(False, "Print the result as JSON on stdout instead of a table."),
+    out: str | None = OUT(None, "Also write the JSON result to this file."),
 ) -> None:
     """Time paged decode attention: GB/s achieved and ratio to contiguous SDPA.
 

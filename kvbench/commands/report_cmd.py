@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from kvbench.commands._options import not_an_input, out_option, output_file
+from kvbench.commands._flags import OUT
+from kvbench.commands._options import not_an_input, output_file
 from kvbench.values import human_bytes
 
 HELP = """Build a run's self-contained report.html from its files.
@@ -28,7 +29,7 @@ def register(app: typer.Typer) -> None:
 
 def report(
     run_dir: Path = typer.Argument(..., help="Run directory (or its summary.json, or a watch's timeline.jsonl)."),
-    out: str | None = out_option("Write the page here (default RUN_DIR/report.html)."),
+    out: str | None = OUT(None, "Write the page here (default RUN_DIR/report.html)."),
 ) -> None:
     from kvbench.report.html import write_report
     from kvbench.report.html.run_files import load_run

@@ -9,14 +9,26 @@ from typing import Annotated
 import typer
 
 from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
+from kvbench.commands._flags import (
+    BLOCK_SIZE,
+    DATASET,
+    JSON,
+    MAX_LEN,
+    MAX_NUM_SEQS,
+    OUT,
+    OUTPUT_LEN,
+    PREFIX_GROUPS,
+    PREFIX_LEN,
+    RATE,
+    REQUESTS,
+    REQUESTS_FILE,
+    SEED,
+)
 from kvbench.commands._options import (
     MIN_RATE,
-    json_option,
     make_console,
-    out_option,
     parse_size,
     run_directory,
-    seed_option,
 )
 from kvbench.commands._run import write_study
 from kvbench.commands._trace_options import (
@@ -46,57 +58,42 @@ from kvbench.workload.prefix_trace import (
 )
 from kvbench.workload.requests_file import load_requests_jsonl
 
+MAX_PREFIX_GROUPS = 100_000
+MAX_TOKENS = 1_000_000  # a synthetic request's lengths and the sessions drawn: beyond, the trace does not fit memory
+
 
 @DEPLOYMENT.add(settings=ReuseSettings)
 def reuse(
     trace: Annotated[str | None, TRACE] = None,
     trace_block_size: Annotated[int, TRACE_BLOCK_SIZE] = DEFAULT_TRACE_BLOCK,
     convention: Annotated[str, TRACE_CONVENTION] = DEFAULT_CONVENTION,
-    requests_file: Path | None = typer.Option(
+    requests_file: Path | None = REQUESTS_FILE(
         None,
-        "--requests-file",
-        help="JSONL of prompt_token_ids + output_len (optional arrival_time, s): hashed in blocks of --block-size.",
+        "JSONL of prompt_token_ids + output_len (optional arrival_time, s): hashed in blocks of --block-size.",
     ),
-    dataset: Path | None = typer.Option(
-        None,
-        "--dataset",
-        help="ShareGPT JSON: each conversation a session whose turns resend its history (words as tokens).",
+    dataset: Path | None = DATASET(
+        None, "ShareGPT JSON: each conversation a session whose turns resend its history (words as tokens)."
     ),
-    prefix_groups: int = typer.Option(
-        0,
-        "--prefix-groups",
-        min=0,
-        max=100_000,
-        help="Synthetic workload: requests share one of this many prompt prefixes.",
-    ),
-    prefix_len: int = typer.Option(
-        1024, "--prefix-len", min=1, max=1_000_000, help="Tokens of each shared prefix (synthetic)."
-    ),
+    prefix_groups: int = PREFIX_GROUPS(0),
+    prefix_len: int = PREFIX_LEN(1024),
     suffix_len: int = typer.Option(
         256, "--suffix-len", min=1, max=1_000_000, help="Tokens of each request's own (synthetic)."
     ),
-    output_len: int = typer.Option(
-        128, "--output-len", min=1, max=1_000_000, help="Output tokens per request (synthetic)."
-    ),
-    requests: int = typer.Option(
-        1000, "--requests", min=1, max=1_000_000, help="Sessions of the synthetic workload or of --dataset."
-    ),
+    output_len: int = OUTPUT_LEN(128, "Output tokens per request (synthetic)."),
+    requests: int = REQUESTS(1000, "Sessions of the synthetic workload or of --dataset."),
     turns: int = typer.Option(1, "--turns", min=1, max=1000, help="Turns per synthetic session (history resent)."),
     think_time: float = typer.Option(
         10.0, "--think-time", help="Seconds between a session's turns (synthetic, --dataset)."
     ),
-    rate: float = typer.Option(5.0, "--rate", help="Sessions starting per second (synthetic, --dataset; Poisson)."),
-    seed: int = seed_option("Seed of the synthetic workload."),
+    rate: float = RATE(5.0, "Sessions starting per second (synthetic, --dataset; Poisson)."),
+    seed: int = SEED(0, "Seed of the synthetic workload."),
     max_requests: Annotated[int | None, MAX_REQUESTS] = None,
     window: Annotated[str | None, WINDOW] = None,
     time_scale: Annotated[float, TIME_SCALE] = 1.0,
-    block_size: int = typer.Option(16, "--block-size", min=1, help="The deployment's KV block size in tokens."),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="The scheduler's cap on running requests."),
-    max_model_len: int | None = typer.Option(
-        None,
-        "--max-model-len",
-        min=1,
-        help="Context a request (prompt and output) must fit; longer ones are left out (default: the model's).",
+    block_size: int = BLOCK_SIZE(16, "The deployment's KV block size in tokens."),
+    max_num_seqs: int = MAX_NUM_SEQS(256),
+    max_model_len: int | None = MAX_LEN(
+        None, "Context a request (prompt and output) must fit; longer ones are left out (default: the model's)."
     ),
     kv_sizes: str | None = typer.Option(
         None, "--kv-sizes", help="KV memory sizes to simulate besides the default range, e.g. 16GiB,1TiB."
@@ -112,8 +109,8 @@ def reuse(
     offload: str | None = typer.Option(
         None, "--offload", help="A CPU tier of this size behind the GPU cache (write-through, LRU), e.g. 256GiB."
     ),
-    out: str | None = out_option("Run directory (default reports/reuse-<time>)."),
-    as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
+    out: str | None = OUT(None, "Run directory (default reports/reuse-<time>)."),
+    as_json: bool = JSON(False, "Print the summary as JSON on stdout instead of tables."),
     *,
     deployment: Deployment,
 ) -> None:
@@ -134,6 +131,17 @@ def reuse(
         raise KvbenchError(f"--rate must be between {MIN_RATE:g} and 1,000,000 per second, got {rate!r}")
     if not (math.isfinite(think_time) and 0 <= think_time <= 86_400):
         raise KvbenchError(f"--think-time must be 0 to 86,400 seconds, got {think_time!r}")
+    limits = (
+        ("--prefix-groups", prefix_groups, MAX_PREFIX_GROUPS),  # each group's prefix is drawn up front
+        ("--prefix-len", prefix_len, MAX_TOKENS),
+        ("--output-len", output_len, MAX_TOKENS),
+        ("--requests", requests, MAX_TOKENS),
+    )
+    for flag, value, limit in limits:
+        if value > limit:
+            raise KvbenchError(f"{flag}: at most {limit:,}, got {value:,}")
+    if prefix_groups and prefix_len < 1:
+        raise KvbenchError("--prefix-groups shares a prefix: give --prefix-len 1 or more")
     if turns > 1 and not prefix_groups:
         raise KvbenchError("--turns shapes the synthetic workload: give --prefix-groups too")
     settings = ReuseSettings(

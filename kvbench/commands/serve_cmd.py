@@ -8,12 +8,8 @@ from typing import TypeVar
 
 import typer
 
-from kvbench.commands._options import (
-    choice,
-    make_console,
-    prefix_caching_option,
-    thread_count,
-)
+from kvbench.commands._flags import ENGINE, KV_EVENTS, KV_EVENTS_REPLAY, MAX_LEN, MAX_NUM_SEQS, PREFIX_CACHING, THREADS
+from kvbench.commands._options import make_console, thread_count
 from kvbench.commands._run_options import MODEL_PANEL, RUN_OPTIONS
 from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
@@ -41,7 +37,7 @@ T = TypeVar("T")
     without=("scenario", "requests", "requests_file", "dataset", "simulate", "gpu"),
 )
 def serve(
-    engine: str = typer.Option("paged", "--engine", help="The KV manager of the served engine.", **choice(MANAGERS)),
+    engine: str = ENGINE("paged"),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to bind (loopback by default; another one is reachable from elsewhere)."
     ),
@@ -51,32 +47,24 @@ def serve(
         "--served-model-name",
         help="The model name clients send and /v1/models lists (default: --model as given).",
     ),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Requests running at once."),
-    max_len: int | None = typer.Option(
-        None,
-        "--max-len",
-        min=2,
-        help="Prompt + output tokens of one request (default 2048, or the model's context if shorter).",
+    max_num_seqs: int = MAX_NUM_SEQS(256),
+    max_len: int | None = MAX_LEN(
+        None, "Prompt + output tokens of one request (default 2048, or the model's context if shorter)."
     ),
-    threads: str = typer.Option(
-        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
-    ),
+    threads: str = THREADS("auto"),
     grace_period: float = typer.Option(
         30.0,
         "--grace-period",
         help="Seconds requests in flight may still run after SIGTERM / Ctrl-C; the rest get a 503.",
     ),
-    prefix_caching: bool = prefix_caching_option(),
-    kv_events: str | None = typer.Option(
+    prefix_caching: bool = PREFIX_CACHING(True),
+    kv_events: str | None = KV_EVENTS(
         None,
-        "--kv-events",
-        help="Publish the prefix cache's stored and removed blocks on this ZMQ address, as vLLM's KV events "
-        "(a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH).",
+        "Publish the prefix cache's stored and removed blocks on this ZMQ address, as vLLM's KV events (a port on "
+        "127.0.0.1, tcp://HOST:PORT or ipc://PATH).",
     ),
-    kv_events_replay: str | None = typer.Option(
-        None,
-        "--kv-events-replay",
-        help="Answer replay requests for missed KV event batches on this ZMQ address (with --kv-events).",
+    kv_events_replay: str | None = KV_EVENTS_REPLAY(
+        None, "Answer replay requests for missed KV event batches on this ZMQ address (with --kv-events)."
     ),
     metrics: bool = typer.Option(
         True, "--metrics/--no-metrics", help="Serve kvbench's Prometheus metrics on /metrics."

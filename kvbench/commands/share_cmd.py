@@ -6,16 +6,21 @@ import math
 
 import typer
 
-from kvbench.commands._options import (
-    choice,
-    device_option,
-    json_option,
-    make_console,
-    out_option,
-    run_directory,
-    seed_option,
-    thread_count,
+from kvbench.commands._flags import (
+    BLOCK_SIZE,
+    DATASET,
+    DEVICE,
+    JSON,
+    MAX_LEN,
+    MODEL,
+    OUT,
+    OUTPUT_LEN,
+    RESERVE,
+    SEED,
+    STOP,
+    THREADS,
 )
+from kvbench.commands._options import make_console, run_directory, thread_count
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import RESERVATION_POLICIES, check_choice
@@ -29,34 +34,26 @@ def share(
     beam: int | None = typer.Option(None, "--beam", min=1, help="Beam search: beam width."),
     prompts: int = typer.Option(8, "--prompts", min=1, help="Number of prompts."),
     prompt_len: int = typer.Option(64, "--prompt-len", min=1, help="Mean prompt length (uniform +-50%)."),
-    output_len: int = typer.Option(64, "--output-len", min=1, help="Tokens generated per sample / beam."),
-    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
-    reserve: str = typer.Option(
-        "oracle", "--reserve", help="What a contiguous copy reserves.", **choice(RESERVATION_POLICIES)
-    ),
-    max_len: int = typer.Option(2048, "--max-len", min=2, help="Context limit (contiguous max reservation)."),
+    output_len: int = OUTPUT_LEN(64, "Tokens generated per sample / beam."),
+    block_size: int = BLOCK_SIZE(16),
+    reserve: str = RESERVE("oracle", "What a contiguous copy reserves."),
+    max_len: int = MAX_LEN(2048),
     num_blocks: int = typer.Option(4096, "--num-blocks", min=1, help="KV pool size in blocks."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", help="Beam search length penalty."),
-    model: str = typer.Option("tiny", "--model", help="Preset (random weights) or local checkpoint dir."),
-    device: str = device_option(),
-    seed: int = seed_option("Seed of prompts, weights and samplers."),
-    threads: str = typer.Option(
-        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
+    model: str = MODEL("tiny", "Preset (random weights) or local checkpoint dir."),
+    device: str = DEVICE("auto"),
+    seed: int = SEED(0, "Seed of prompts, weights and samplers."),
+    threads: str = THREADS("auto"),
+    dataset: str | None = DATASET(
+        None, "Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids."
     ),
-    dataset: str | None = typer.Option(
+    stop: str | None = STOP(
         None,
-        "--dataset",
-        help="Prompts from a ShareGPT JSON or {prompt} JSONL file (or 'real-chat') instead of random token ids.",
+        "eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model with a "
+        "tokenizer); length: every sample runs --output-len tokens.",
     ),
-    stop: str | None = typer.Option(
-        None,
-        "--stop",
-        help="eos: samples end at the model's EOS, at most --output-len tokens (default for --n on a real model "
-        "with a tokenizer); length: every sample runs --output-len tokens.",
-        **choice(STOP_MODES),
-    ),
-    out: str | None = out_option("Run directory (default reports/share-<time>)."),
-    as_json: bool = json_option("Print the summary as JSON on stdout."),
+    out: str | None = OUT(None, "Run directory (default reports/share-<time>)."),
+    as_json: bool = JSON(False, "Print the summary as JSON on stdout."),
 ) -> None:
     """KV memory with and without block sharing, for parallel sampling and beam search.
 

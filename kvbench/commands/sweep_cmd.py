@@ -8,15 +8,24 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._endpoint_run import check_target_run, sweep_targets
+from kvbench.commands._flags import (
+    CONCURRENCY,
+    JSON,
+    METRICS_FILE,
+    METRICS_PORT,
+    OUT,
+    RAY,
+    RAY_ADDRESS,
+    STOP,
+    THREADS,
+    VERBOSE,
+)
 from kvbench.commands._options import (
-    choice,
     choice_list,
     help_panels,
     int_list,
-    json_option,
     make_console,
     name_list,
-    out_option,
     output_file,
     run_directory,
     thread_count,
@@ -58,9 +67,7 @@ from kvbench.studies.sweep_setup import SweepSetup
 )
 @TARGETS.add()
 def sweep(
-    concurrency: str | None = typer.Option(
-        None, "--concurrency", help="Comma-separated concurrency levels (default: the scenario's)."
-    ),
+    concurrency: str | None = CONCURRENCY(None, "Comma-separated concurrency levels (default: the scenario's)."),
     engines: str = typer.Option(
         "paged,contiguous",
         "--engines",
@@ -68,30 +75,22 @@ def sweep(
         "installed and --model DIR).",
         **choice_list(engine_names, "engines"),
     ),
-    stop: str | None = typer.Option(
+    stop: str | None = STOP(
         None,
-        "--stop",
-        help="eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run "
-        "to the drawn/reference length, EOS ignored.",
-        **choice(STOP_MODES),
+        "eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the "
+        "drawn/reference length, EOS ignored.",
     ),
     repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
-    threads: str = typer.Option(
-        "auto", "--threads", help="CPU threads for the model's matmuls: a number, or auto (measured at start)."
-    ),
-    out: str | None = out_option("Run directory (default reports/sweep-<time>)."),
+    threads: str = THREADS("auto"),
+    out: str | None = OUT(None, "Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
     continue_on_error: bool = typer.Option(
         False, "--continue-on-error", help="Record a failed point and go on (the run still exits 1)."
     ),
-    as_json: bool = json_option("Print summary.json on stdout."),
-    metrics_port: int | None = typer.Option(
-        None, "--metrics-port", min=0, max=65535, help="Serve live Prometheus metrics on this port (0: any free one)."
-    ),
+    as_json: bool = JSON(False, "Print summary.json on stdout."),
+    metrics_port: int | None = METRICS_PORT(None),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds to."),
-    metrics_file: str | None = typer.Option(
-        None, "--metrics-file", help="Write the Prometheus exposition text here at the end."
-    ),
+    metrics_file: str | None = METRICS_FILE(None),
     metrics_optional: bool = typer.Option(
         False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."
     ),
@@ -99,20 +98,14 @@ def sweep(
     wide: bool = typer.Option(
         False, "--wide", help="Print every column of the per-point table (summary.md always has them)."
     ),
-    verbose: bool = typer.Option(
+    verbose: bool = VERBOSE(
         False,
-        "--verbose",
-        "-v",
-        help="Print the CPU's start-up measurements in full (each weight's matmul timings, the prefetch's); "
-        "summary.json and report.html always have them.",
+        "Print the CPU's start-up measurements in full (each weight's matmul timings, the prefetch's); summary.json "
+        "and report.html always have them.",
     ),
-    on_ray: bool = typer.Option(
-        False, "--ray", help="Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."
-    ),
+    on_ray: bool = RAY(False, "Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
-    ray_address: str | None = typer.Option(
-        None, "--ray-address", help="With --ray: join this cluster (HOST:PORT) instead of a local one."
-    ),
+    ray_address: str | None = RAY_ADDRESS(None),
     *,
     run: RunOptions,
     endpoint: EndpointOptions | None,

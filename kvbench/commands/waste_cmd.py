@@ -7,17 +7,20 @@ from pathlib import Path
 import typer
 
 from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
-from kvbench.commands._options import (
-    choice,
-    choice_list,
-    int_list,
-    json_option,
-    make_console,
-    name_list,
-    out_option,
-    run_directory,
-    seed_option,
+from kvbench.commands._flags import (
+    BLOCK_SIZE,
+    CONCURRENCY,
+    DATASET,
+    JSON,
+    MAX_LEN,
+    MEAN_LEN,
+    OUT,
+    REQUESTS,
+    SEED,
+    STOP,
+    TRACE,
 )
+from kvbench.commands._options import choice, choice_list, int_list, make_console, name_list, run_directory
 from kvbench.commands._run import write_study
 from kvbench.errors import KvbenchError
 from kvbench.kv.policies import check_choice
@@ -42,47 +45,37 @@ DEFAULT_REQUESTS = 2000
     helps={"gpu": "GPU preset whose memory sets the KV budget."},
 )
 def waste(
-    max_len: int = typer.Option(2048, "--max-len", min=2, help="Model context limit; contiguous-max reserves this."),
-    mean_len: int = typer.Option(500, "--mean-len", help="Mean total length (prompt + output) in tokens."),
+    max_len: int = MAX_LEN(2048),
+    mean_len: int = MEAN_LEN(500),
     distribution: str = typer.Option(
         "lognormal", "--distribution", help="Length distribution.", **choice(DISTRIBUTIONS, "length distribution")
     ),
     prompt_ratio: float = typer.Option(0.5, "--prompt-ratio", help="Share of each request's length that is prompt."),
-    trace: Path | None = typer.Option(
-        None, "--trace", help="CSV/JSONL of prompt_len,output_len instead of a distribution."
-    ),
-    dataset: str | None = typer.Option(
+    trace: Path | None = TRACE(None),
+    dataset: str | None = DATASET(
         None,
-        "--dataset",
-        help="ShareGPT JSON or {prompt, output_len} JSONL (or 'real-chat'): real prompts and answer lengths, "
-        "tokenized with --model's tokenizer when it has one.",
+        "Real prompts and answer lengths from a ShareGPT JSON or {prompt, output_len} JSONL file (or "
+        "'real-chat'), tokenized with --model's tokenizer when it has one.",
     ),
-    stop: str = typer.Option(
+    stop: str = STOP(
         "length",
-        "--stop",
-        help="length: reserve knowing each length (as before); eos: answers end at their length but reservations "
-        "plan for max-len - prompt (the oracle becomes a hindsight bound).",
-        **choice(STOP_MODES),
+        "length: reserve knowing each length; eos: answers end at their length but reservations plan for "
+        "max-len - prompt (the oracle becomes a hindsight bound).",
     ),
-    requests: int | None = typer.Option(
-        None,
-        "--requests",
-        min=1,
-        help=f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own).",
+    requests: int | None = REQUESTS(
+        None, f"Requests to simulate per strategy (default {DEFAULT_REQUESTS}; a --trace sets its own)."
     ),
-    concurrency: int = typer.Option(
-        256, "--concurrency", min=1, help="Requests in flight (closed loop) and batch cap."
-    ),
-    block_sizes: str = typer.Option("16", "--block-size", help="Paged block size(s), e.g. 16 or 8,16,32."),
+    concurrency: int = CONCURRENCY(256, "Requests in flight (closed loop) and the batch cap."),
+    block_sizes: str = BLOCK_SIZE("16", "Tokens per KV block; a list compares several, e.g. 8,16,32."),
     strategies: str = typer.Option(
         ",".join(STRATEGY_NAMES),
         "--strategies",
         help="Comma-separated strategies.",
         **choice_list(STRATEGY_NAMES, "strategies"),
     ),
-    seed: int = seed_option("Seed of the length sampler."),
-    out: str | None = out_option("Run directory (default reports/waste-<time>)."),
-    as_json: bool = json_option("Print the summary as JSON on stdout instead of tables."),
+    seed: int = SEED(0, "Seed of the length sampler."),
+    out: str | None = OUT(None, "Run directory (default reports/waste-<time>)."),
+    as_json: bool = JSON(False, "Print the summary as JSON on stdout instead of tables."),
     *,
     deployment: Deployment,
 ) -> None:

@@ -7,8 +7,9 @@ from typing import Annotated
 import typer
 from rich.live import Live
 
+from kvbench.commands._flags import OUT, URL
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
-from kvbench.commands._options import make_console, out_option, run_directory
+from kvbench.commands._options import make_console, run_directory
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
 from kvbench.errors import KvbenchError
 from kvbench.fileio import DirectoryLock, write_text_atomic
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
 
 def watch_command(
-    url: str = typer.Option(..., "--url", help="Metrics endpoint, e.g. http://127.0.0.1:8000/metrics."),
+    url: str = URL(...),
     interval: float = typer.Option(
         1.0, "--interval", min=0.05, max=MAX_INTERVAL_S, help="Seconds between scrapes (0.05 to 3600)."
     ),
@@ -53,7 +54,7 @@ def watch_command(
         max=MAX_DURATION_S,
         help="Stop after this many seconds, at most 30 days (default: at Ctrl-C).",
     ),
-    out: str | None = out_option("Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
+    out: str | None = OUT(None, "Folder for timeline.jsonl and watch.png (default reports/watch-<time>)."),
     kv_events: Annotated[str | None, KV_EVENTS] = None,
     kv_events_bind: Annotated[bool, KV_EVENTS_BIND] = False,
     kv_events_replay: Annotated[str | None, KV_EVENTS_REPLAY] = None,

@@ -31,7 +31,8 @@ from kvbench.models.tokenizers import has_tokenizer, load_tokenizer
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.arrivals import recorded_arrivals
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
-from kvbench.workload.lengths import TokenRange, load_trace, sized_pairs
+from kvbench.workload.lengths import TokenRange, sized_pairs
+from kvbench.workload.request_trace import trace_lengths
 from kvbench.workload.requests_file import load_requests_jsonl
 from kvbench.workload.scenario import Scenario
 
@@ -233,9 +234,9 @@ def resolve_requests(
             choice.requests_file,
         ), None
     if choice.trace is not None:  # lengths only
-        lengths = load_trace(choice.trace)
+        lengths, recorded = trace_lengths(choice.trace)
         kept, skipped = within_max_len(lengths, max_len, f"records of {choice.trace}")
-        times = recorded_arrivals(choice.trace) if arrivals else None
+        times = recorded if arrivals else None
         return Workload(
             [lengths[i] for i in kept],
             None,

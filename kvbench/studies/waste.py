@@ -25,7 +25,8 @@ from kvbench.results.run_meta import run_meta, summary_document
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
-from kvbench.workload.lengths import LengthSpec, load_trace
+from kvbench.workload.lengths import LengthSpec
+from kvbench.workload.request_trace import trace_lengths
 
 CONTIGUOUS_STRATEGIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
 STRATEGY_NAMES = (*CONTIGUOUS_STRATEGIES, "paged")
@@ -174,7 +175,7 @@ def waste_workload(settings: WasteSettings) -> WasteWorkload:
         )
         return WasteWorkload(sample.pairs, f"dataset {sample.path.name}", None, sample)
     if settings.trace is not None:
-        pairs = load_trace(settings.trace)
+        pairs, _ = trace_lengths(settings.trace)
         kept, skipped = within_max_len(pairs, settings.max_len, f"requests of trace {settings.trace}")
         return WasteWorkload([pairs[index] for index in kept], f"trace {settings.trace}", skipped)
     lengths = LengthSpec(settings.mean_len, settings.max_len, settings.distribution, settings.prompt_ratio)

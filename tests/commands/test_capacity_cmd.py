@@ -76,8 +76,8 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
     "argv, message",
     [
         (["--mean-len", "0"], "'--mean-len': Input should be greater than or equal to 1"),
-        (["--max-len", "-5"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
-        (["--max-model-len", "0"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 1"),
+        (["--max-len", "-5"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 2"),
+        (["--max-model-len", "0"], "'--max-len' / '--max-model-len': Input should be greater than or equal to 2"),
         (["--tensor-parallel-size", "0"], "Input should be greater than or equal to 1"),
         (
             ["--tensor-parallel-size", "3"],

@@ -116,7 +116,7 @@ def test_a_run_keeps_a_directory_with_points_and_exits_130_on_ctrl_c(tmp_path):
     [
         (["--kv-memory", "lots"], "error: --kv-memory: cannot read 'lots'"),
         (["--block-size", "0"], "--block-size"),
-        (["--dtype", "fp64"], "error: unknown dtype 'fp64'"),
+        (["--dtype", "fp64"], "error: unknown --dtype 'fp64'"),
     ],
 )
 def test_sweep_fleet_and_serve_share_one_declaration_of_the_pool_and_model_options(capsys, command, args, message):

@@ -157,8 +157,8 @@ def test_a_trace_with_nothing_runnable_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--mean-len", "0"], "mean length"),
-        (["--mean-len", "-3"], "mean length"),
+        (["--mean-len", "0"], "'--mean-len': Input should be greater than or equal to 1"),
+        (["--mean-len", "-3"], "'--mean-len': Input should be greater than or equal to 1"),
         (["--mean-len", "5000"], "mean length"),
         (["--max-len", "-5"], "--max-len"),
         (["--max-len", "0"], "--max-len"),
