@@ -107,7 +107,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         (["--context", ""], "--context"),
         (["--model", "gpt-5"], "unknown model"),
         (["--heads", "6", "--kv-heads", "4"], "not a multiple"),
-        (["--dtype", "fp64"], "unknown dtype"),
+        (["--dtype", "fp64"], "unknown --dtype"),
         (["--splits", "0"], "--splits"),
         (["--block-size", "0"], "--block-size"),
         (["--backend", "triton"], "needs --device cuda"),
