@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rich.table import Table as RichTable
 
@@ -16,11 +16,12 @@ from kvbench.results.fields import value_at
 from kvbench.results.point import shows_figures
 
 PointMap = Mapping[str, Any]  # a point as summary.json holds it
+Row = TypeVar("Row")  # what a table's rows are: points (with a status) or a table's own typed rows
 ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell
 
 
 @dataclass(frozen=True)
-class Col:
+class Col(Generic[Row]):
     """One column: the text of each cell and where the column shows.
 
     ``figure`` columns hold what a point measured (throughput, latency): a point that did not finish its load
@@ -29,7 +30,7 @@ class Col:
     """
 
     heading: str  # Markdown and report.html; with its unit or its table's title giving it
-    text: Callable[[PointMap], str]
+    text: Callable[[Row], str]
     field: str = ""  # the summary field shown, dotted when nested (report.html's data-field); orders the rows there
     short: str = ""  # the console heading where the full one is too wide (a line break allowed)
     wide: bool = False  # only in the wide console table and Markdown (and report.html with ``page``)
@@ -37,40 +38,42 @@ class Col:
     figure: bool = True
     key: bool = False
     numeric: bool = True  # right-aligned, and ordered as a number in report.html
-    sort: Callable[[PointMap], Any] | None = None  # the value report.html orders by (default: the field's value)
+    sort: Callable[[Row], Any] | None = None  # the value report.html orders by (default: the field's value)
+    tone: Callable[[Row], str] | None = None  # report.html's colour of a cell: good, bad, muted, or none ("")
 
-    def sort_value(self, point: PointMap) -> Any:
+    def sort_value(self, row: Row) -> Any:
         if self.sort is not None:
-            return self.sort(point)
-        return value_at(point, self.field) if self.field else None
+            return self.sort(row)
+        return value_at(row, self.field) if self.field and isinstance(row, Mapping) else None
 
 
 @dataclass(frozen=True)
-class TableSpec:
+class TableSpec(Generic[Row]):
     title: str
-    columns: tuple[Col, ...]
+    columns: tuple[Col[Row], ...]
     caption: str = ""  # under the console table
     narrow_caption: str = ""  # under the narrow console table only: what the wide one adds
     partial_errors: bool = False  # an error point measured what it completed: its figures stay, in red
 
-    def failed(self, point: PointMap) -> bool:
+    def failed(self, point: Row) -> bool:
         """Whether a point is drawn as failed (red) with its figures kept (``partial_errors``)."""
-        return self.partial_errors and point.get("status", "ok") != "ok"
+        return self.partial_errors and _status(point) != "ok"
 
-    def shown(self, wide: bool) -> list[Col]:
+    def shown(self, wide: bool) -> list[Col[Row]]:
         return [c for c in self.columns if wide or not c.wide]
 
-    def on_page(self) -> list[Col]:
+    def on_page(self) -> list[Col[Row]]:
         return [c for c in self.columns if c.page or not c.wide]
 
-    def row(self, point: PointMap, wide: bool = True) -> list[str]:
+    def row(self, point: Row, wide: bool = True) -> list[str]:
         """A point's cell texts; a failed point's figures replaced by its mark (OOM, or error and why)."""
         return [text for text, _ in self.marked_row(point, self.shown(wide))]
 
-    def marked_row(self, point: PointMap, columns: Sequence[Col]) -> list[tuple[str, bool]]:
-        """Each cell's text and whether it is a failed point's mark or a hidden figure (no value to order by)."""
-        status = point.get("status", "ok")
-        if self.partial_errors:
+    def marked_row(self, point: Row, columns: Sequence[Col[Row]]) -> list[tuple[str, bool]]:
+        """Each cell's text and whether it is a failed point's mark or a hidden figure (no value to order by).
+        A row that is not a point (no status) shows every cell as its column writes it."""
+        status = _status(point)
+        if self.partial_errors or not isinstance(point, Mapping):
             return [(c.text(point), False) for c in columns]
         if status == "error":
             cells = [(c.text(point), False) if c.key else ("", True) for c in columns]
@@ -91,10 +94,10 @@ class TableSpec:
                 cells.append((c.text(point), False))
         return cells
 
-    def rows(self, points: Sequence[PointMap], wide: bool = True) -> list[list[str]]:
+    def rows(self, points: Sequence[Row], wide: bool = True) -> list[list[str]]:
         return [self.row(p, wide) for p in points]
 
-    def rich(self, points: Sequence[PointMap], wide: bool = False) -> RichTable:
+    def rich(self, points: Sequence[Row], wide: bool = False) -> RichTable:
         """The console table; a column narrows down to its longest word (a heading wraps at spaces, a name at
         its hyphens never), so at any terminal width a value is whole and rows stay distinct."""
         caption = " ".join(t for t in (self.caption, "" if wide else self.narrow_caption) if t)
@@ -112,8 +115,13 @@ class TableSpec:
             table.add_row(*row, style="red" if self.failed(point) else None)
         return table
 
-    def markdown(self, points: Sequence[PointMap]) -> str:
+    def markdown(self, points: Sequence[Row]) -> str:
         return markdown_table([c.heading for c in self.columns], self.rows(points))
+
+
+def _status(row: Any) -> str:
+    """A point's status; a row that is not a point is "ok"."""
+    return str(row.get("status", "ok")) if isinstance(row, Mapping) else "ok"
 
 
 def print_whole(console: Any, table: RichTable) -> None:

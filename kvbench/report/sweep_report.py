@@ -3,83 +3,33 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from rich.table import Table
 
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
+from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
+from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.fields import ms_text
 from kvbench.results.point import oom_text, shows_figures, with_figures_hidden
 from kvbench.results.run_meta import summary_document
 from kvbench.values import human_bytes
 
 
-def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
+def points_by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
+    """The points by (engine, concurrency)."""
     return {(p["engine"], p["concurrency"]): p for p in points}
 
 
-REFERENCE_ENGINES = {"vllm": "vLLM"}  # external engines shown as a reference column (their own kernels and scheduler)
 REFERENCE_CAPTION = (
     "vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
     "warm-up and KV budget: a reference, not a controlled A/B"
 )
-
-
-def article_rows(points: list[dict]) -> list[dict[str, Any]]:
-    """Per concurrency: contiguous TPS (or OOM), paged TPS with gain %, KV memory reduction, TPS ratio; and the
-    TPS of a reference engine (vLLM) when the sweep ran one."""
-    by_key = _by_key(points)
-    rows = []
-    for concurrency in sorted({p["concurrency"] for p in points}):
-        paged = by_key.get(("paged", concurrency))
-        contiguous = by_key.get(("contiguous", concurrency))
-        row: dict[str, Any] = {
-            "concurrency": concurrency,
-            "contiguous_tps": None,
-            "contiguous_status": None,
-            "paged_tps": None,
-            "paged_status": None,
-            "gain_pct": None,
-            "kv_memory_reduction_pct": None,
-            "paged_over_contiguous_tps": None,
-        }
-        if contiguous:
-            row["contiguous_status"] = contiguous["status"]
-            row["contiguous_tps"] = contiguous.get("output_throughput")
-            row["contiguous_tps_ci95"] = contiguous.get("output_throughput_ci95")
-            row["contiguous_steady_tps"] = contiguous.get("steady_output_throughput")
-        if paged:
-            row["paged_status"] = paged["status"]
-            row["paged_tps"] = paged.get("output_throughput")
-            row["paged_tps_ci95"] = paged.get("output_throughput_ci95")
-            row["paged_steady_tps"] = paged.get("steady_output_throughput")
-        if (
-            paged
-            and contiguous
-            and paged["status"] == "ok"
-            and contiguous["status"] == "ok"
-            and _positive(contiguous.get("output_throughput"))
-            and _positive(contiguous.get("kv_peak_allocated_bytes"))
-        ):
-            ratio = paged["output_throughput"] / contiguous["output_throughput"]
-            row["paged_over_contiguous_tps"] = ratio
-            row["gain_pct"] = 100 * (ratio - 1)
-            row["kv_memory_reduction_pct"] = 100 * (
-                1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"]
-            )
-        for engine in REFERENCE_ENGINES:
-            reference = by_key.get((engine, concurrency))
-            if reference:
-                row[f"{engine}_status"] = reference["status"]
-                row[f"{engine}_tps"] = reference.get("output_throughput")
-                row[f"{engine}_tps_ci95"] = reference.get("output_throughput_ci95")
-        rows.append(row)
-    return rows
+TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
 
 
 EQUAL_WITHIN = 0.10  # a single run's paged/contiguous TPS ratio varies about this much on a shared CPU
@@ -89,7 +39,7 @@ def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]
     """The article table in words, computed from the run: how the engines compare where both held the same
     batch, and where the contiguous baseline ran out of KV memory (how many requests each held, in how much)."""
     meta = meta or {}
-    by_key = _by_key(points)
+    by_key = points_by_key(points)
     equal: list[tuple[int, dict, dict]] = []  # (concurrency, paged point, contiguous point)
     fewer: list[tuple[int, dict, dict]] = []
     oom = []
@@ -224,75 +174,139 @@ def _memory_phrase(paged: dict, contiguous: dict) -> str:
     )
 
 
-def _references(rows: list[dict]) -> list[str]:
-    return [engine for engine in REFERENCE_ENGINES if any(row.get(f"{engine}_status") for row in rows)]
+def references(rows: Sequence[ArticleRow]) -> list[str]:
+    """The reference engines (vLLM) that ran at some concurrency of the sweep."""
+    return [engine for engine in REFERENCE_ENGINES if any(row.status(engine) for row in rows)]
 
 
 def _positive(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def _tps_cell(tps: float | None, status: str | None, ci95: float | None = None) -> str:
-    if status is None:
-        return "-"
-    if status == "oom":
-        return "OOM"
-    if status == "error":
-        return "error"
-    return f"{tps:,.1f}" + (f" ± {ci95:,.1f}" if ci95 else "")
+def distinguishable(row: ArticleRow, simulated: bool) -> bool | None:
+    """Whether a throughput gain can be told from noise: simulated runs are exact; repeated points have 95%
+    confidence intervals; a single measured run cannot say (None)."""
+    paged, contiguous = row.figures("paged"), row.figures("contiguous")
+    if row.gain_pct is None or paged is None or contiguous is None or paged.tps is None or contiguous.tps is None:
+        return None
+    if simulated:
+        return abs(row.gain_pct) >= TIE_PCT
+    if paged.tps_ci95 is None or contiguous.tps_ci95 is None:
+        return None
+    return abs(paged.tps - contiguous.tps) > paged.tps_ci95 + contiguous.tps_ci95
 
 
-def _steady_cell(tps: float | None, status: str | None) -> str:
-    if status is None or status == "error":
-        return "-"
-    if status == "oom":
-        return "OOM"
-    return "no window" if tps is None else f"{tps:,.1f}"
+def _tps_text(engine: str) -> Callable[[ArticleRow], str]:
+    def text(row: ArticleRow) -> str:
+        figures = row.figures(engine)
+        if figures is None:
+            return "-"
+        if not figures.ok:
+            return "OOM" if figures.status == "oom" else figures.status
+        spread = f" ± {figures.tps_ci95:,.1f}" if figures.tps_ci95 else ""
+        return "-" if figures.tps is None else f"{figures.tps:,.1f}{spread}"
+
+    return text
 
 
-def _repeated(rows: list[dict]) -> bool:
-    """Whether the rows carry a spread over repeats (``--repeat`` 2 or more)."""
-    return any(row.get(key) is not None for row in rows for key in row if key.endswith("_tps_ci95"))
+def _steady_text(engine: str) -> Callable[[ArticleRow], str]:
+    def text(row: ArticleRow) -> str:
+        figures = row.figures(engine)
+        if figures is None or figures.status == "error":
+            return "-"
+        if figures.status == "oom":
+            return "OOM"
+        return "no window" if figures.steady_tps is None else f"{figures.steady_tps:,.1f}"
+
+    return text
 
 
-def article_table(rows: list[dict], simulated: bool) -> Table:
-    references = _references(rows)
-    steady_note = (
-        "TPS: output tokens/s over the whole run; steady: while all C requests were in flight "
-        "(ramp-up and draining tail left out)"
+def _status_tone(engine: str) -> Callable[[ArticleRow], str]:
+    def tone(row: ArticleRow) -> str:
+        status = row.status(engine)
+        return "muted" if status is None else "" if status == "ok" else "bad"
+
+    return tone
+
+
+def _tps_sort(engine: str, steady: bool = False) -> Callable[[ArticleRow], float | None]:
+    """Ordered by the figure; an engine that ran out of memory or failed first, one that did not run last."""
+
+    def sort(row: ArticleRow) -> float | None:
+        figures = row.figures(engine)
+        if figures is None:
+            return None
+        value = figures.steady_tps if steady else figures.tps
+        return value if figures.ok and _positive(value) else -1.0 if not figures.ok else None
+
+    return sort
+
+
+def _gain_text(row: ArticleRow) -> str:
+    gain = row.gain_pct
+    return "-" if gain is None else "0%" if round(gain) == 0 else f"{gain:+.0f}%"
+
+
+def article_spec(rows: Sequence[ArticleRow], simulated: bool) -> TableSpec[ArticleRow]:
+    """The article's table, as the console, summary.md and report.html show it: each engine's output
+    throughput at each concurrency, paged against contiguous, and the steady throughput."""
+
+    def gain_tone(row: ArticleRow) -> str:  # coloured only where the gain is told from noise
+        judged = distinguishable(row, simulated)
+        return "" if not judged or row.gain_pct is None else "good" if row.gain_pct > 0 else "bad"
+
+    shown_references = references(rows)
+    qualifiers = ([] if simulated else ["measured"]) + (
+        ["± is the 95% CI over repeats"] if any(row.repeated for row in rows) else []
     )
-    spread = "; ± is the 95% CI over repeats" if _repeated(rows) else ""
-    title = f"Paged vs contiguous ({'simulated' if simulated else 'measured'}{spread})"
-    table = Table(
-        title=title + (" — SIMULATED" if simulated else ""),
-        caption=steady_note + (f". {REFERENCE_CAPTION}" if references else ""),
+    caption = (
+        "TPS: output tokens/s over the whole point; steady: while all C requests were in flight (ramp-up and "
+        "draining tail left out). OOM: the engine rejected requests for lack of KV memory"
+        + (f". {REFERENCE_CAPTION}" if shown_references else "")
     )
-    for column in (
-        "concurrency",
-        "contiguous TPS",
-        "paged TPS",
-        "KV memory reduction",
-        "steady TPS contiguous",
-        "steady TPS paged",
-        *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references),
-    ):
-        table.add_column(column, justify="right")
-    for row in rows:
-        paged = _tps_cell(row["paged_tps"], row["paged_status"], row.get("paged_tps_ci95"))
-        if row["gain_pct"] is not None:
-            paged += f" ({row['gain_pct']:+.0f}%)"
-        reduction = "-" if row["kv_memory_reduction_pct"] is None else f"{row['kv_memory_reduction_pct']:.0f}%"
-        contiguous = _tps_cell(row["contiguous_tps"], row["contiguous_status"], row.get("contiguous_tps_ci95"))
-        table.add_row(
-            str(row["concurrency"]),
-            contiguous,
-            paged,
-            reduction,
-            _steady_cell(row.get("contiguous_steady_tps"), row["contiguous_status"]),
-            _steady_cell(row.get("paged_steady_tps"), row["paged_status"]),
-            *(_tps_cell(row.get(f"{e}_tps"), row.get(f"{e}_status"), row.get(f"{e}_tps_ci95")) for e in references),
-        )
-    return table
+    columns: list[Col[ArticleRow]] = [
+        Col("concurrency", lambda r: str(r.concurrency), "concurrency", key=True, sort=lambda r: r.concurrency),
+        *(
+            Col(f"{e} TPS", _tps_text(e), f"{e}_tps", sort=_tps_sort(e), tone=_status_tone(e))
+            for e in ("contiguous", "paged")
+        ),
+        Col("gain %", _gain_text, "gain_pct", sort=lambda r: r.gain_pct, tone=gain_tone),
+        Col(
+            "KV memory reduction",
+            lambda r: "-" if r.kv_memory_reduction_pct is None else f"{r.kv_memory_reduction_pct:.0f}%",
+            "kv_memory_reduction_pct",
+            sort=lambda r: r.kv_memory_reduction_pct,
+        ),
+        Col(
+            "paged/contiguous",
+            lambda r: "-" if r.paged_over_contiguous_tps is None else f"{r.paged_over_contiguous_tps:.2f}x",
+            "paged_over_contiguous_tps",
+            wide=True,
+            sort=lambda r: r.paged_over_contiguous_tps,
+        ),
+        *(
+            Col(
+                f"steady TPS {e}",
+                _steady_text(e),
+                f"{e}_steady_tps",
+                sort=_tps_sort(e, steady=True),
+                tone=_status_tone(e),
+            )
+            for e in ("contiguous", "paged")
+        ),
+        *(
+            Col(f"{REFERENCE_ENGINES[e]} TPS (reference)", _tps_text(e), f"{e}_tps", sort=_tps_sort(e))
+            for e in shown_references
+        ),
+    ]
+    title = "Paged vs contiguous at each concurrency" + (f" ({'; '.join(qualifiers)})" if qualifiers else "")
+    title += " — SIMULATED" if simulated else ""
+    return TableSpec(title, tuple(columns), caption)
+
+
+def article_table(rows: Sequence[ArticleRow], simulated: bool) -> Table:
+    """The article's table on the console."""
+    return article_spec(rows, simulated).rich(rows)
 
 
 def _steady_tps(point: Mapping[str, Any]) -> str:
@@ -491,7 +505,7 @@ def print_sweep(
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
-    console.print(article_table(article_rows(points), simulated))
+    print_whole(console, article_table(article_rows(points), simulated))
     for line in headline_findings(points, meta):
         console.print(line)
     print_whole(console, POINT_TABLE.rich(points, wide))
@@ -523,49 +537,17 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
             point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
     rows = article_rows(points)
     findings = headline_findings(points, meta)
-    document = summary_document("sweep", meta, points, article_table=rows, findings=findings)
-    simulated = " (simulated)" if meta.get("simulated") else ""
+    document = summary_document("sweep", meta, points, article_table=[row.to_json() for row in rows], findings=findings)
+    simulated = bool(meta.get("simulated"))
     md = [
-        f"# kvbench sweep{simulated}\n\n{meta.get('scenario_description', '')}\n\nKV budget: "
-        f"{meta.get('budget_source', '')}\n\n"
+        f"# kvbench sweep{' (simulated)' if simulated else ''}\n\n{meta.get('scenario_description', '')}\n\n"
+        f"KV budget: {meta.get('budget_source', '')}\n\n"
     ]
-    references = _references(rows)
     if meta.get("stop_description"):
         md.append(f"Stop: {meta['stop_description']}\n\n")
-    md.append(
-        markdown_table(
-            [
-                "concurrency",
-                "contiguous TPS",
-                "paged TPS",
-                "gain %",
-                "KV memory reduction %",
-                "paged/contiguous",
-                "steady TPS contiguous",
-                "steady TPS paged",
-                *(f"{REFERENCE_ENGINES[e]} TPS (reference)" for e in references),
-            ],
-            [
-                [
-                    r["concurrency"],
-                    _tps_cell(r["contiguous_tps"], r["contiguous_status"]),
-                    _tps_cell(r["paged_tps"], r["paged_status"]),
-                    r["gain_pct"],
-                    r["kv_memory_reduction_pct"],
-                    r["paged_over_contiguous_tps"],
-                    _steady_cell(r.get("contiguous_steady_tps"), r["contiguous_status"]),
-                    _steady_cell(r.get("paged_steady_tps"), r["paged_status"]),
-                    *(_tps_cell(r.get(f"{e}_tps"), r.get(f"{e}_status")) for e in references),
-                ]
-                for r in rows
-            ],
-        )
-    )
-    md.append(
-        "\nSteady TPS: output tokens/s while all C requests were in flight (ramp-up and draining tail left out).\n"
-    )
-    if references:
-        md.append(f"\n{REFERENCE_CAPTION}.\n")
+    spec = article_spec(rows, simulated)
+    md.append(spec.markdown(rows))
+    md.append(f"\n{spec.caption}.\n")
     if findings:
         md.append("\n" + "\n\n".join(findings) + "\n")
     md.append(f"\n## {POINT_TABLE.title}\n\n")

@@ -53,4 +53,6 @@ def test_waste_and_a_simulated_fleet_take_the_shipped_trace(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["meta"]["workload"].startswith("trace mooncake-conversation-1k")
     args = ["fleet", "--simulate", "--trace", "mooncake-conversation-1k", "--policies", "round-robin", "--json"]
     assert main([*args, "--out", str(tmp_path / "f")]) == 0
-    assert json.loads(capsys.readouterr().out)["meta"]["arrivals"] == "arrival times recorded in mooncake-conversation-1k"
+    assert (
+        json.loads(capsys.readouterr().out)["meta"]["arrivals"] == "arrival times recorded in mooncake-conversation-1k"
+    )

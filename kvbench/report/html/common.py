@@ -7,7 +7,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.columns import TableSpec
+from kvbench.report.columns import Col, Row, TableSpec
 from kvbench.report.diagnose.findings import Diagnosis, grouped
 from kvbench.report.figure_capture import CapturedFigure, capture
 from kvbench.report.html import units
@@ -329,7 +329,11 @@ def cpu_matmul_table(plan: Any) -> Table | None:
     return Table(caption, [*columns, Column("µs per call by rows", False)], rows, sortable=False, id="cpu-matmuls")
 
 
-def spec_table(spec: TableSpec, points: Sequence[Mapping[str, Any]], id: str, note: str = "") -> Table:
+def _tone(column: Col[Row], row: Row, hidden: bool) -> str:
+    return column.tone(row) if column.tone is not None and not hidden else ""
+
+
+def spec_table(spec: TableSpec[Row], points: Sequence[Row], id: str, note: str = "") -> Table:
     """A table described once (:mod:`kvbench.report.columns`) as report.html draws it: every column, sortable by
     each field's value, a failed point's mark in red and its hidden figures ordered last."""
     shown = spec.on_page()
@@ -343,7 +347,7 @@ def spec_table(spec: TableSpec, points: Sequence[Mapping[str, Any]], id: str, no
                 Cell(
                     text,
                     None if hidden else column.sort_value(point),
-                    "bad" if failed or (hidden and text not in ("", "-")) else "",
+                    "bad" if failed or (hidden and text not in ("", "-")) else _tone(column, point, hidden),
                     column.field,
                 )
                 for column, (text, hidden) in zip(shown, cells, strict=True)

@@ -22,16 +22,17 @@ from kvbench.report.sweep_report import (
     POINT_TABLE,
     POINT_TABLE_NOTE,
     REFERENCE_CAPTION,
-    REFERENCE_ENGINES,
-    article_rows,
+    article_spec,
+    distinguishable,
     output_length_rows,
     output_length_title,
+    points_by_key,
+    references,
     shows_output_lengths,
     steady_warnings,
     write_plots,
 )
-
-TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
+from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 
 
 def build(run: RunFiles) -> Page:
@@ -41,7 +42,8 @@ def build(run: RunFiles) -> Page:
 
         return endpoint_page.build(run)
     meta, points = document["meta"], document["points"]
-    rows = document.get("article_table") or article_rows(points)
+    saved = document.get("article_table")
+    rows = [ArticleRow.from_json(row) for row in saved] if saved else article_rows(points)
     simulated = bool(meta.get("simulated"))
     badges = ["SIMULATED"] if simulated else []
     if meta.get("interrupted"):
@@ -72,10 +74,6 @@ def build(run: RunFiles) -> Page:
 # -- the headline ---------------------------------------------------------------------------------------
 
 
-def _by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
-    return {(p["engine"], p["concurrency"]): p for p in points}
-
-
 def _levels(values: list[int]) -> str:
     return ", ".join(f"C={c}" for c in values)
 
@@ -94,28 +92,13 @@ def _reservation_words(meta: dict) -> str:
     return "exactly each request's length (an oracle no real engine has)"
 
 
-def _distinguishable(row: dict, meta: dict) -> bool | None:
-    """Whether a throughput gain can be told from noise: simulated runs are exact; repeated points have 95%
-    confidence intervals; a single measured run cannot say (None)."""
-    if meta.get("simulated"):
-        return abs(row["gain_pct"]) >= TIE_PCT
-    ci_p, ci_c = row.get("paged_tps_ci95"), row.get("contiguous_tps_ci95")
-    if ci_p is None or ci_c is None:
-        return None
-    return abs(row["paged_tps"] - row["contiguous_tps"]) > ci_p + ci_c
-
-
-def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
+def verdict(rows: list[ArticleRow], points: list[dict], meta: dict) -> Verdict:
     """Where paging wins and why, in words, from the article-shaped rows and the points."""
-    by_key = _by_key(points)
-    compared = [r for r in rows if r.get("gain_pct") is not None]
-    contiguous_oom = [
-        r["concurrency"] for r in rows if r.get("contiguous_status") == "oom" and r.get("paged_status") == "ok"
-    ]
-    paged_oom = [
-        r["concurrency"] for r in rows if r.get("paged_status") == "oom" and r.get("contiguous_status") == "ok"
-    ]
-    reductions = [r["kv_memory_reduction_pct"] for r in compared if r.get("kv_memory_reduction_pct") is not None]
+    by_key = points_by_key(points)
+    compared = [r for r in rows if r.gain_pct is not None]
+    contiguous_oom = [r.concurrency for r in rows if r.status("contiguous") == "oom" and r.status("paged") == "ok"]
+    paged_oom = [r.concurrency for r in rows if r.status("paged") == "oom" and r.status("contiguous") == "ok"]
+    reductions = [r.kv_memory_reduction_pct for r in compared if r.kv_memory_reduction_pct is not None]
     sentences: list[str] = []
 
     if not compared and not contiguous_oom and not paged_oom:
@@ -159,7 +142,7 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
     if reductions and not headline.startswith("Paging served"):
         sentences.append(
             f"KV memory at peak: paged needed {_span(reductions, lambda v: f'{v:.0f}%')} less than "
-            f"contiguous where both completed ({_levels([r['concurrency'] for r in compared])})."
+            f"contiguous where both completed ({_levels([r.concurrency for r in compared])})."
         )
     for c in contiguous_oom:
         cont, paged = by_key.get(("contiguous", c), {}), by_key.get(("paged", c), {})
@@ -174,35 +157,34 @@ def verdict(rows: list[dict], points: list[dict], meta: dict) -> Verdict:
     why = _why(rows, by_key, meta, contiguous_oom)
     if why:
         sentences.append(why)
-    references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
-    for engine in references:
-        cells = [f"{_reference_figure(r, engine)} at C={r['concurrency']}" for r in rows if r.get(f"{engine}_status")]
+    for engine in references(rows):
+        cells = [f"{_reference_figure(r, engine)} at C={r.concurrency}" for r in rows if r.status(engine)]
         sentences.append(f"{REFERENCE_ENGINES[engine]} (reference): {', '.join(cells)}. {REFERENCE_CAPTION}.")
     return Verdict(headline, tone, sentences)
 
 
-def _throughput_sentences(compared: list[dict], meta: dict) -> list[str]:
+def _throughput_sentences(compared: list[ArticleRow], meta: dict) -> list[str]:
     if not compared:
         return []
-    parts = [f"{r['gain_pct']:+.0f}% at C={r['concurrency']}" for r in compared]
+    parts = [f"{r.gain_pct:+.0f}% at C={r.concurrency}" for r in compared]
     text = f"Output throughput, paged vs contiguous: {', '.join(parts)}."
-    judged = [_distinguishable(r, meta) for r in compared]
+    judged = [distinguishable(r, bool(meta.get("simulated"))) for r in compared]
     if all(j is None for j in judged):
         text += (
             " One measured run per point: a throughput difference this size may be the machine's noise; "
             "repeat the points for confidence intervals, or compare runs with kvbench compare."
         )
     else:
-        same = [r["concurrency"] for r, j in zip(compared, judged, strict=True) if j is False]
+        same = [r.concurrency for r, j in zip(compared, judged, strict=True) if j is False]
         if same:
             basis = "simulated: exact" if meta.get("simulated") else "within the 95% confidence intervals"
             text += f" On par at {_levels(same)} ({basis})."
     return [text]
 
 
-def _why(rows: list[dict], by_key: dict, meta: dict, contiguous_oom: list[int]) -> str:
+def _why(rows: list[ArticleRow], by_key: dict, meta: dict, contiguous_oom: list[int]) -> str:
     """The memory behind the result, at the concurrency that shows it best (the first OOM, else the highest)."""
-    candidates = contiguous_oom or [r["concurrency"] for r in rows if r.get("gain_pct") is not None]
+    candidates = contiguous_oom or [r.concurrency for r in rows if r.gain_pct is not None]
     if not candidates:
         return ""
     c = candidates[0] if contiguous_oom else candidates[-1]
@@ -226,99 +208,19 @@ def _why(rows: list[dict], by_key: dict, meta: dict, contiguous_oom: list[int]) 
     return text
 
 
-def _reference_figure(row: dict, engine: str) -> str:
+def _reference_figure(row: ArticleRow, engine: str) -> str:
     """A reference engine's throughput at a point, or its status where it has none."""
-    status = row.get(f"{engine}_status")
-    return units.tok_s(row.get(f"{engine}_tps")) if status == "ok" else str(status)
+    figures = row.figures(engine)
+    return units.tok_s(figures.tps) if figures and figures.ok else str(row.status(engine))
 
 
-def headline_table(rows: list[dict], meta: dict | None = None) -> Table:
-    references = [e for e in REFERENCE_ENGINES if any(r.get(f"{e}_status") for r in rows)]
-    columns = [
-        Column("concurrency (requests in flight)"),
-        Column("contiguous output throughput"),
-        Column("paged output throughput"),
-        Column("paged vs contiguous"),
-        Column("KV memory reduction at peak"),
-        Column("steady throughput, contiguous"),
-        Column("steady throughput, paged"),
-        *(Column(f"{REFERENCE_ENGINES[e]} output throughput (reference)") for e in references),
-    ]
-    body = []
-    for r in rows:
-        cells = [
-            Cell(str(r["concurrency"]), r["concurrency"], field="concurrency"),
-            _tps_cell(r, "contiguous"),
-            _tps_cell(r, "paged"),
-            Cell(
-                units.signed_pct(r.get("gain_pct")),
-                units.sort_key(r.get("gain_pct")),
-                _gain_tone(r, meta or {}),
-                field="gain_pct",
-            ),
-            Cell(
-                units.pct(r.get("kv_memory_reduction_pct"), 0),
-                units.sort_key(r.get("kv_memory_reduction_pct")),
-                field="kv_memory_reduction_pct",
-            ),
-            _steady_cell(r, "contiguous"),
-            _steady_cell(r, "paged"),
-        ]
-        cells += [_tps_cell(r, e) for e in references]
-        body.append(cells)
-    repeated = any(r.get(f"{engine}_tps_ci95") for r in rows for engine in ("contiguous", "paged", *references))
-    spread = "; ± is the 95% confidence interval over repeats" if repeated else ""
-    note = (
-        "Output throughput: output tokens per second over the whole point; steady: while all C requests were in "
-        f"flight (ramp-up and draining tail left out){spread}. OOM: the engine rejected requests for lack of KV "
-        "memory."
-    )
-    if references:
-        note += f" {REFERENCE_CAPTION}."
-    return Table("Paged vs contiguous at each concurrency", columns, body, note=note, id="headline-table")
+def headline_table(rows: list[ArticleRow], meta: dict | None = None) -> Table:
+    """The article's table (:func:`~kvbench.report.sweep_report.article_spec`) as the page draws it."""
+    spec = article_spec(rows, bool((meta or {}).get("simulated")))
+    return spec_table(spec, rows, "headline-table", f"{spec.caption}.")
 
 
-def _gain_tone(row: dict, meta: dict) -> str:
-    """Green or red only where the verdict calls the gain a difference: a single measured run's -5% is noise."""
-    gain = row.get("gain_pct")
-    if gain is None or row.get("paged_tps") is None or row.get("contiguous_tps") is None:
-        return ""
-    if not _distinguishable(row, meta):
-        return ""
-    return "good" if gain > 0 else "bad"
-
-
-def _tps_cell(row: dict, engine: str) -> Cell:
-    status = row.get(f"{engine}_status")
-    field = f"{engine}_tps"
-    if status is None:
-        return Cell(units.MISSING, None, "muted", field)
-    if status != "ok":
-        return Cell(status.upper(), -1, "bad", field)
-    text = units.tok_s(row.get(field))
-    ci = row.get(f"{engine}_tps_ci95")
-    if ci:
-        text = f"{units.num(row.get(field))} ± {units.num(ci)} tok/s"
-    return Cell(text, units.sort_key(row.get(field)), "", field)
-
-
-def _steady_cell(row: dict, engine: str) -> Cell:
-    status = row.get(f"{engine}_status")
-    field = f"{engine}_steady_tps"
-    if status is None or status == "error":
-        return Cell(units.MISSING, None, "muted", field)
-    if status == "oom":
-        return Cell("OOM", -1, "bad", field)
-    value = row.get(field)
-    return Cell(
-        "no full-load window" if value is None else units.tok_s(value),
-        units.sort_key(value),
-        "muted" if value is None else "",
-        field,
-    )
-
-
-def headline_section(rows: list[dict], points: list[dict], meta: dict) -> Section:
+def headline_section(rows: list[ArticleRow], points: list[dict], meta: dict) -> Section:
     blocks: list[Any] = [verdict(rows, points, meta), headline_table(rows, meta)]
     if meta.get("stop_description") or meta.get("budget_source"):
         blocks.append(

@@ -12,20 +12,23 @@ from report_page import by_id, headings, parse, section_ids, table_headers, tabl
 from kvbench.cli import main
 from kvbench.report.html import REPORT_FILE, render_run
 from kvbench.report.html.sweep_page import verdict
+from kvbench.results.article import ArticleRow
 
 
 def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
     gain = None if cont_status != "ok" or paged_status != "ok" else 100 * (paged_tps / cont_tps - 1)
-    return {
-        "concurrency": c,
-        "contiguous_tps": cont_tps,
-        "contiguous_status": cont_status,
-        "paged_tps": paged_tps,
-        "paged_status": paged_status,
-        "gain_pct": gain,
-        "kv_memory_reduction_pct": reduction if gain is not None else None,
-        **extra,
-    }
+    return ArticleRow.from_json(
+        {
+            "concurrency": c,
+            "contiguous_tps": cont_tps,
+            "contiguous_status": cont_status,
+            "paged_tps": paged_tps,
+            "paged_status": paged_status,
+            "gain_pct": gain,
+            "kv_memory_reduction_pct": reduction if gain is not None else None,
+            **extra,
+        }
+    )
 
 
 def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservation=0.0, internal=0.0, tps=100.0):
@@ -99,15 +102,17 @@ def test_verdict_flags_a_paged_oom_and_a_one_engine_sweep():
     )
     assert v.tone == "bad" and "paged engine ran out of KV memory at C=10" in v.headline
     rows = [
-        {
-            "concurrency": 4,
-            "contiguous_tps": None,
-            "contiguous_status": None,
-            "paged_tps": 50.0,
-            "paged_status": "ok",
-            "gain_pct": None,
-            "kv_memory_reduction_pct": None,
-        }
+        ArticleRow.from_json(
+            {
+                "concurrency": 4,
+                "contiguous_tps": None,
+                "contiguous_status": None,
+                "paged_tps": 50.0,
+                "paged_status": "ok",
+                "gain_pct": None,
+                "kv_memory_reduction_pct": None,
+            }
+        )
     ]
     v = verdict(rows, [_point("paged", 4, tps=50.0)], META)
     assert v.tone == "neutral" and "no paged/contiguous pair" in v.headline
@@ -118,7 +123,7 @@ def _expected_tps(row, engine):
     status = row.get(f"{engine}_status")
     if status != "ok":
         return status.upper()
-    return f"{row[f'{engine}_tps']:,.1f} tok/s"
+    return f"{row[f'{engine}_tps']:,.1f}"
 
 
 def test_the_page_of_a_sweep_holds_what_a_reader_asks_in_order(sweep_run):
@@ -182,8 +187,8 @@ def test_a_reference_engine_gets_its_column_and_its_caveat(sweep_run, copy_run):
     del summary["article_table"]  # rebuilt from the points
     (run / "summary.json").write_text(json.dumps(summary))
     page = parse(render_run(run))
-    assert table_headers(page, "headline-table")[-1] == "vLLM output throughput (reference)"
-    assert [r["vllm_tps"] for r in table_rows(page, "headline-table")] == ["1,001.5 tok/s", "1,003.5 tok/s"]
+    assert table_headers(page, "headline-table")[-1] == "vLLM TPS (reference)"
+    assert [r["vllm_tps"] for r in table_rows(page, "headline-table")] == ["1,001.5", "1,003.5"]
     assert "vLLM (reference): 1,001.5 tok/s at C=2, 1,003.5 tok/s at C=4" in by_id(page, "verdict").text()
     engines = [r["engine"] for r in table_rows(page, "points-table")]
     assert engines.count("vllm (reference)") == 2
@@ -197,7 +202,7 @@ def test_the_oom_sweep_reads_as_the_article(oom_sweep_run):
         "contiguous ran out of KV memory, paged served all 60 requests"
     )
     row = table_rows(page, "headline-table")[-1]
-    assert row["contiguous_tps"] == "OOM" and row["gain_pct"] == "–"
+    assert row["contiguous_tps"] == "OOM" and row["gain_pct"] == "-"
     finding = page.find("li", **{"class": "finding severity-critical"})
     assert finding is not None and "contiguous C=50" in finding.text()
 
@@ -209,7 +214,7 @@ def test_kvbench_report_rebuilds_the_same_page(tmp_path, sweep_run, capsys):
     assert f"wrote {rebuilt}" in capsys.readouterr().out
 
 
-def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
+def test_the_headline_title_speaks_of_plus_minus_only_over_repeats():
     from kvbench.report.html.sweep_page import headline_table
 
     single = [
@@ -222,8 +227,8 @@ def test_the_headline_note_speaks_of_plus_minus_only_over_repeats():
         }
     ]
     repeated = [{**single[0], "contiguous_tps_ci95": 3.0, "paged_tps_ci95": 2.5}]
-    assert "±" not in headline_table(single).note
-    assert "± is the 95% confidence interval over repeats" in headline_table(repeated).note
+    assert "±" not in headline_table([ArticleRow.from_json(single[0])]).caption
+    assert "± is the 95% CI over repeats" in headline_table([ArticleRow.from_json(repeated[0])]).caption
 
 
 def test_a_point_that_ran_out_of_kv_memory_shows_no_figure_in_any_output(oom_sweep_run):
@@ -269,7 +274,7 @@ def test_a_gain_is_coloured_only_where_the_verdict_calls_it_a_difference():
     row.update(contiguous_status="ok", paged_status="ok", kv_memory_reduction_pct=60.0)
 
     def tone(meta, **extra):
-        cells = headline_table([{**row, **extra}], meta).rows[0]
+        cells = headline_table([ArticleRow.from_json({**row, **extra})], meta).rows[0]
         return next(c.tone for c in cells if c.field == "gain_pct")
 
     assert tone({}) == ""  # one measured run: cannot tell
