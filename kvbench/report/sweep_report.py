@@ -12,6 +12,7 @@ from rich.table import Table
 from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
+from kvbench.report.sweep_verdict import REFERENCE_CAPTION, per_cpu_second, references, sweep_verdict
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.fields import ms_text
@@ -19,164 +20,7 @@ from kvbench.results.point import oom_text, shows_figures, with_figures_hidden
 from kvbench.results.run_meta import summary_document
 from kvbench.values import human_bytes
 
-
-def points_by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
-    """The points by (engine, concurrency)."""
-    return {(p["engine"], p["concurrency"]): p for p in points}
-
-
-REFERENCE_CAPTION = (
-    "vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
-    "warm-up and KV budget: a reference, not a controlled A/B"
-)
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
-
-
-EQUAL_WITHIN = 0.10  # a single run's paged/contiguous TPS ratio varies about this much on a shared CPU
-
-
-def headline_findings(points: list[dict], meta: dict | None = None) -> list[str]:
-    """The article table in words, computed from the run: how the engines compare where both held the same
-    batch, and where the contiguous baseline ran out of KV memory (how many requests each held, in how much)."""
-    meta = meta or {}
-    by_key = points_by_key(points)
-    equal: list[tuple[int, dict, dict]] = []  # (concurrency, paged point, contiguous point)
-    fewer: list[tuple[int, dict, dict]] = []
-    oom = []
-    for concurrency in sorted({p["concurrency"] for p in points}):
-        paged, contiguous = by_key.get(("paged", concurrency)), by_key.get(("contiguous", concurrency))
-        if not paged or not contiguous or paged["status"] != "ok":
-            continue
-        if contiguous["status"] == "oom":
-            oom.append((concurrency, paged, contiguous))
-        elif contiguous["status"] == "ok" and _positive(contiguous.get("output_throughput")):
-            held_fewer = contiguous["peak_running"] < paged["peak_running"]
-            (fewer if held_fewer else equal).append((concurrency, paged, contiguous))
-    lines = []
-    if equal:
-        threads = (meta.get("threads") or {}).get("threads") or 1
-        lines.append(_equal_batch_finding(equal, bool(meta.get("simulated")), threads))
-    for concurrency, paged, contiguous in fewer:
-        ratio = paged["output_throughput"] / contiguous["output_throughput"]
-        lines.append(
-            f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at once; "
-            f"the rest waited for a slab, where paging held {paged['peak_running']}. Paged ran at {ratio:.2f}x "
-            f"contiguous's speed. Paging used {_memory_phrase(paged, contiguous)}."
-        )
-    for concurrency, paged, contiguous in oom:
-        reserve = meta.get("reserve")
-        why = (
-            f"reserving max-len ({meta['max_len']:,} tokens) per request"
-            if reserve == "max" and meta.get("max_len")
-            else f"reserving by policy {reserve} per request"
-            if reserve
-            else "reserving a slab per request"
-        )
-        pool = contiguous.get("kv_pool_bytes") or 0
-        share = f" ({100 * contiguous['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
-        paged_share = f" ({100 * paged['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
-        lines.append(
-            f"At C={concurrency} the contiguous baseline ran out of KV memory. {why[0].upper()}{why[1:]}, it held "
-            f"{contiguous['peak_running']} requests at once in {human_bytes(contiguous['kv_peak_allocated_bytes'])}"
-            f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,}. "
-            f"Paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
-            f"{paged_share}. This is where paging wins."
-        )
-    return lines
-
-
-BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time than this: the machine was busy
-
-
-def _equal_batch_finding(equal: list[tuple[int, dict, dict]], simulated: bool, threads: int = 1) -> str:
-    where = ", ".join(f"C={c}" for c, _, _ in equal)
-    ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
-    repeated = all(
-        p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None for _, p, c in equal
-    )
-    per_cpu = [(_per_cpu_second(p), _per_cpu_second(c)) for _, p, c in equal]
-    cpu = [a / b for a, b in per_cpu if a and b] if all(a and b for a, b in per_cpu) else None
-    shares = (
-        [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] if cpu else []
-    )
-    busy = bool(shares) and min(shares) < BUSY_SHARE
-    sentences = [
-        f"At equal batch ({where}) both engines held the same requests.",
-        f"Paged ran at {_listed(ratios)} contiguous's speed.",
-    ]
-    if simulated:
-        sentences.append(
-            "That is equal by construction: the simulator gives both the same steps and roofline step times."
-            if all(abs(r - 1) < 1e-9 for r in ratios)
-            else "That is as the simulator's step times give it."
-        )
-    elif repeated:
-        apart = [
-            abs(p["output_throughput"] - c["output_throughput"])
-            > p["output_throughput_ci95"] + c["output_throughput_ci95"]
-            for _, p, c in equal
-        ]
-        sentences.append(
-            "That is equal: the 95% confidence intervals overlap."
-            if not any(apart)
-            else "They differ where the 95% confidence intervals do not overlap: "
-            + ", ".join(f"C={c}" for (c, _, _), a in zip(equal, apart, strict=True) if a)
-            + "."
-        )
-    else:
-        judged = ratios
-        if busy:
-            assert cpu is not None  # busy is read from the CPU times
-            judged = cpu
-            sentences += [
-                f"The machine was busy: the engines had a core for {100 * min(shares):.0f}% of their steps' wall "
-                "time at the least, and the waiting falls unevenly.",
-                f"Per CPU-second of their steps, paged did {_listed(cpu)} contiguous's work.",
-            ]
-        sentences.append(
-            f"That is equal within the ±{100 * EQUAL_WITHIN:.0f}% one run varies by on a shared machine; "
-            "repeated points give confidence intervals."
-            if all(abs(r - 1) <= EQUAL_WITHIN for r in judged)
-            else f"That is not equal within ±{100 * EQUAL_WITHIN:.0f}% in this single run; repeated points tell a "
-            "real difference from noise."
-        )
-    reductions = [
-        100 * (1 - p["kv_peak_allocated_bytes"] / c["kv_peak_allocated_bytes"])
-        for _, p, c in equal
-        if _positive(c.get("kv_peak_allocated_bytes"))
-    ]
-    if reductions:
-        low, high = min(reductions), max(reductions)
-        span = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
-        sentences.append(f"Paging allocated {span} less KV memory at peak.")
-    return " ".join(sentences)
-
-
-def _listed(ratios: list[float]) -> str:
-    """0.99x; 0.99x and 1.01x; 0.99x, 1.01x and 0.98x."""
-    texts = [f"{r:.2f}x" for r in ratios]
-    return texts[0] if len(texts) == 1 else f"{', '.join(texts[:-1])} and {texts[-1]}"
-
-
-def _per_cpu_second(point: Mapping[str, Any]) -> float | None:
-    """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
-    cpu, tokens = point.get("cpu_time_s"), point.get("total_output_tokens")
-    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.get("duration")) else None
-
-
-def _memory_phrase(paged: dict, contiguous: dict) -> str:
-    if not _positive(contiguous.get("kv_peak_allocated_bytes")):
-        return "KV memory not measured"
-    reduction = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
-    return (
-        f"{human_bytes(paged['kv_peak_allocated_bytes'])} of KV memory at peak against "
-        f"{human_bytes(contiguous['kv_peak_allocated_bytes'])} ({reduction:.0f}% less)"
-    )
-
-
-def references(rows: Sequence[ArticleRow]) -> list[str]:
-    """The reference engines (vLLM) that ran at some concurrency of the sweep."""
-    return [engine for engine in REFERENCE_ENGINES if any(row.status(engine) for row in rows)]
 
 
 def _positive(value: Any) -> TypeGuard[float]:
@@ -330,7 +174,7 @@ def _steady_window(point: PointMap) -> str:
 
 
 def _cpu_second_text(point: PointMap) -> str:
-    rate = _per_cpu_second(point)
+    rate = per_cpu_second(point)
     return f"{rate:,.0f}" if rate else "-"
 
 
@@ -358,7 +202,7 @@ POINT_TABLE = TableSpec(
             sort=lambda p: p["waste"]["token_state_pct"],
         ),
         Col("steady window", _steady_window, "steady_window_s", "steady\nwindow", wide=True),
-        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=_per_cpu_second),
+        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=per_cpu_second),
         Col("TTFT mean/std", _latency("mean", "std", "ttft"), "mean_ttft_ms", "TTFT\nmean/std", wide=True),
         Col("TPOT mean/std", _latency("mean", "std", "tpot"), "mean_tpot_ms", "TPOT\nmean/std", wide=True),
         Col("ITL p50/p99", _latency("p50", "p99", "itl"), "p99_itl_ms", "ITL\np50/p99", wide=True),
@@ -505,8 +349,11 @@ def print_sweep(
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
-    print_whole(console, article_table(article_rows(points), simulated))
-    for line in headline_findings(points, meta):
+    rows = article_rows(points)
+    print_whole(console, article_table(rows, simulated))
+    verdict = sweep_verdict(rows, points, meta)
+    console.print(f"[bold]{verdict.headline}[/bold]")
+    for line in verdict.sentences:
         console.print(line)
     print_whole(console, POINT_TABLE.rich(points, wide))
     if meta is not None and shows_output_lengths(meta):
@@ -536,8 +383,10 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         if point.get("status") != "error":
             point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
     rows = article_rows(points)
-    findings = headline_findings(points, meta)
-    document = summary_document("sweep", meta, points, article_table=[row.to_json() for row in rows], findings=findings)
+    verdict = sweep_verdict(rows, points, meta)
+    document = summary_document(
+        "sweep", meta, points, article_table=[row.to_json() for row in rows], findings=verdict.lines
+    )
     simulated = bool(meta.get("simulated"))
     md = [
         f"# kvbench sweep{' (simulated)' if simulated else ''}\n\n{meta.get('scenario_description', '')}\n\n"
@@ -548,8 +397,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     spec = article_spec(rows, simulated)
     md.append(spec.markdown(rows))
     md.append(f"\n{spec.caption}.\n")
-    if findings:
-        md.append("\n" + "\n\n".join(findings) + "\n")
+    md.append(f"\n**{verdict.headline}**\n\n" + "".join(f"{line}\n\n" for line in verdict.sentences).rstrip() + "\n")
     md.append(f"\n## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(points))
     write_summary(run_dir, document, [flatten(with_figures_hidden(p)) for p in points], "".join(md))

@@ -7,6 +7,8 @@ from rich.console import Console
 
 from kvbench.report import plots
 from kvbench.report import sweep_report as report
+from kvbench.report.sweep_verdict import sweep_verdict
+from kvbench.results.article import article_rows
 from kvbench.results.point import oom_text, shows_figures
 
 MiB = 1024**2
@@ -77,39 +79,49 @@ def article_points() -> list[dict]:
     ]
 
 
+def findings(points: list[dict], meta: dict | None = None) -> list[str]:
+    """The verdict's sentences after its headline."""
+    return sweep_verdict(article_rows(points), points, meta).sentences
+
+
 def test_the_finding_in_words_is_computed_from_the_run():
-    lines = report.headline_findings(article_points(), {"reserve": "max", "max_len": 2048})
-    assert len(lines) == 2
-    equal, oom = lines
+    points = article_points()
+    verdict = sweep_verdict(article_rows(points), points, {"reserve": "max", "max_len": 2048})
+    assert verdict.headline.startswith("Paging held the load the contiguous baseline could not: at C=50")
+    assert verdict.tone == "good"
+    memory, equal, oom, *_ = verdict.sentences
+    assert (
+        memory == "KV memory at peak: paged needed 60% to 70% less than contiguous where both completed (C=10, C=30)."
+    )
     assert equal.startswith("At equal batch (C=10, C=30) both engines held the same requests. Paged ran at 0.99x and ")
     assert "1.01x contiguous's speed." in equal
-    assert "equal within the ±10%" in equal and "60-70% less KV memory" in equal
+    assert "equal within the ±10%" in equal and "less KV memory" not in equal  # said once, the sentence before
     assert "At C=50 the contiguous baseline ran out of KV memory" in oom
     assert (
         "Reserving max-len (2,048 tokens)" in oom and "held 30 requests at once in 29.70 MiB (99% of the pool)" in oom
     )
     assert "rejected 170 of 200." in oom and "Paging held all 50 in 13.70 MiB (46% of the pool)." in oom
     # short sentences: no sentence of either finding runs past 30 words
-    for finding in lines:
+    for finding in verdict.sentences:
         assert max(len(sentence.split()) for sentence in finding.split(". ")) <= 30, finding
 
 
 def test_the_finding_says_when_single_runs_differ_and_judges_repeats_by_their_intervals():
     points = article_points()[:2]
     points[0]["output_throughput"] = 7_000.0
-    assert "not equal within ±10% in this single run" in report.headline_findings(points)[0]
+    assert "not equal within ±10% in this single run" in findings(points)[0]
     for point, ci in zip(points, (200.0, 300.0), strict=True):
         point["output_throughput_ci95"] = ci
-    assert "do not overlap: C=10" in report.headline_findings(points)[0]
+    assert "do not overlap: C=10" in findings(points)[0]
     points[0]["output_throughput"] = 9_600.0
-    assert "equal: the 95% confidence intervals overlap" in report.headline_findings(points)[0]
+    assert "equal: the 95% confidence intervals overlap" in findings(points)[0]
     same = [_point("paged", 10), _point("contiguous", 10)]
-    assert "equal by construction" in report.headline_findings(same, {"simulated": True})[0]
+    assert "equal by construction" in findings(same, {"simulated": True})[0]
 
 
 def test_a_baseline_that_queued_is_a_batch_difference_not_equal_batch():
     points = [_point("paged", 50), _point("contiguous", 50, peak_running=30, output_throughput=6_000.0)]
-    (line,) = report.headline_findings(points)
+    line = findings(points)[0]
     assert "held only 30 requests at once" in line and "where paging held 50" in line and "1.67x" in line
 
 
@@ -220,10 +232,10 @@ def test_on_a_busy_machine_the_verdict_is_judged_per_cpu_second():
     work, and the finding says so (and why the wall figure is off)."""
     paged = _point("paged", 30, output_throughput=8_000.0, total_output_tokens=30_000, duration=3.75, cpu_time_s=1.5)
     contiguous = _point("contiguous", 30, total_output_tokens=30_000, duration=3.0, cpu_time_s=1.52)
-    (line,) = report.headline_findings([paged, contiguous], {"threads": {"threads": 1}})
+    line = findings([paged, contiguous], {"threads": {"threads": 1}})[0]
     assert "Paged ran at 0.80x contiguous's speed. The machine was busy" in line
     assert "a core for 40% of their steps' wall time" in line and "paged did 1.01x" in line
     assert "equal within the ±10%" in line
     quiet = [dict(paged, cpu_time_s=3.7, output_throughput=8_000.0), dict(contiguous, cpu_time_s=2.95)]
-    assert "busy" not in report.headline_findings(quiet)[0]  # a quiet machine: the wall clock is judged
-    assert "not equal within ±10%" in report.headline_findings(quiet)[0]
+    assert "busy" not in findings(quiet)[0]  # a quiet machine: the wall clock is judged
+    assert "not equal within ±10%" in findings(quiet)[0]

@@ -11,7 +11,7 @@ from report_page import by_id, headings, parse, section_ids, table_headers, tabl
 
 from kvbench.cli import main
 from kvbench.report.html import REPORT_FILE, render_run
-from kvbench.report.html.sweep_page import verdict
+from kvbench.report.sweep_verdict import sweep_verdict as verdict
 from kvbench.results.article import ArticleRow
 
 
@@ -40,6 +40,8 @@ def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservat
         "rejected": rejected,
         "peak_running": peak if peak is not None else c,
         "output_throughput": tps,
+        "kv_pool_bytes": 1 << 30,
+        "kv_peak_allocated_bytes": (1 << 30) * (reservation + internal + 10) // 100,
         "waste": {
             "token_state_pct": 10.0,
             "reservation_pct": reservation,
@@ -69,29 +71,31 @@ def test_verdict_names_the_oom_the_memory_and_why():
     )
     text = " ".join(v.sentences)
     assert "paged needed 63% less than contiguous where both completed (C=10)" in text
-    assert (
-        "At C=50 the contiguous baseline rejected 30 of 60 requests for lack of KV memory (at most 30 ran at "
-        "once); paged completed 60 at 1,173.8 tok/s with at most 50 running." in text
-    )
-    assert "0% at C=10" in text and "On par at C=10 (simulated: exact)" in text
+    assert "At C=50 the contiguous baseline ran out of KV memory. Reserving max-len (2,048 tokens) per request" in text
+    assert "it held 30 requests at once" in text and "rejected 30 of 60. Paging held all 50" in text
+    assert "At equal batch (C=10)" in text and "equal by construction" in text
     assert "reserves max-len (2,048 token slots) for every request" in text
-    assert "held 41.9% of its KV pool on average" in text and "against 0.3% for paged" in text
+    assert "held 41.9% of its KV pool on average" in text and "Paged held 0.3% that way" in text
     assert "at most 50 against 30" in text
 
 
 def test_verdict_of_a_measured_single_run_warns_that_throughput_may_be_noise():
     rows = [_row(10, 100.0, 130.0, reduction=70.0)]
-    points = [_point("contiguous", 10, reservation=5, internal=50), _point("paged", 10)]
+    points = [_point("contiguous", 10, reservation=5, internal=50), _point("paged", 10, tps=130.0)]
     v = verdict(rows, points, {**META, "simulated": False})
     assert v.headline == "Paging served the same requests with 70% less KV memory at peak"
     text = " ".join(v.sentences)
-    assert "+30% at C=10" in text and "may be the machine's noise" in text
+    assert "Paged ran at 1.30x contiguous's speed" in text
+    assert "not equal within ±10% in this single run; repeated points tell a real difference from noise" in text
 
 
 def test_verdict_with_confidence_intervals_calls_an_overlap_on_par():
     rows = [_row(10, 100.0, 104.0, contiguous_tps_ci95=5.0, paged_tps_ci95=5.0)]
-    v = verdict(rows, [_point("contiguous", 10), _point("paged", 10)], {**META, "simulated": False})
-    assert "On par at C=10 (within the 95% confidence intervals)" in " ".join(v.sentences)
+    points = [_point("contiguous", 10), _point("paged", 10, tps=104.0)]
+    for point in points:
+        point["output_throughput_ci95"] = 5.0
+    v = verdict(rows, points, {**META, "simulated": False})
+    assert "That is equal: the 95% confidence intervals overlap." in " ".join(v.sentences)
 
 
 def test_verdict_flags_a_paged_oom_and_a_one_engine_sweep():
