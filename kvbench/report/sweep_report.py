@@ -16,7 +16,7 @@ from kvbench.report.sweep_verdict import REFERENCE_CAPTION, per_cpu_second, refe
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.fields import ms_text
-from kvbench.results.point import oom_text, shows_figures, with_figures_hidden
+from kvbench.results.point import Point, oom_text, shows_figures, with_figures_hidden
 from kvbench.results.run_meta import summary_document
 from kvbench.values import human_bytes
 
@@ -173,8 +173,12 @@ def _steady_window(point: PointMap) -> str:
     return "-" if window is None else f"{window:,.2f} s, {point['steady_window_pct']:.0f}%"
 
 
+def _cpu_second(point: PointMap) -> float | None:
+    return per_cpu_second(Point.from_json(point))
+
+
 def _cpu_second_text(point: PointMap) -> str:
-    rate = per_cpu_second(point)
+    rate = _cpu_second(point)
     return f"{rate:,.0f}" if rate else "-"
 
 
@@ -182,7 +186,7 @@ def _latency(first: str, second: str, kind: str) -> Callable[[PointMap], str]:
     return lambda p: _pair(p, first, second, kind)
 
 
-POINT_TABLE = TableSpec(
+POINT_TABLE: TableSpec[PointMap] = TableSpec(
     "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)",
     (
         Col("engine", _engine_label, "engine", key=True, figure=False, numeric=False),
@@ -202,7 +206,7 @@ POINT_TABLE = TableSpec(
             sort=lambda p: p["waste"]["token_state_pct"],
         ),
         Col("steady window", _steady_window, "steady_window_s", "steady\nwindow", wide=True),
-        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=per_cpu_second),
+        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=_cpu_second),
         Col("TTFT mean/std", _latency("mean", "std", "ttft"), "mean_ttft_ms", "TTFT\nmean/std", wide=True),
         Col("TPOT mean/std", _latency("mean", "std", "tpot"), "mean_tpot_ms", "TPOT\nmean/std", wide=True),
         Col("ITL p50/p99", _latency("p50", "p99", "itl"), "p99_itl_ms", "ITL\np50/p99", wide=True),
@@ -351,7 +355,7 @@ def print_sweep(
     point's memory waterfall."""
     rows = article_rows(points)
     print_whole(console, article_table(rows, simulated))
-    verdict = sweep_verdict(rows, points, meta)
+    verdict = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
     console.print(f"[bold]{verdict.headline}[/bold]")
     for line in verdict.sentences:
         console.print(line)
@@ -383,7 +387,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         if point.get("status") != "error":
             point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
     rows = article_rows(points)
-    verdict = sweep_verdict(rows, points, meta)
+    verdict = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
     document = summary_document(
         "sweep", meta, points, article_table=[row.to_json() for row in rows], findings=verdict.lines
     )

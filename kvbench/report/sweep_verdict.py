@@ -3,14 +3,15 @@ verdict all show :func:`sweep_verdict`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
+from kvbench.results.point import Point
 from kvbench.values import human_bytes, is_number
 
-Pair = tuple[int, dict, dict]  # (concurrency, paged point, contiguous point)
+Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
 REFERENCE_CAPTION = (
     "vLLM: its own kernels, scheduler and memory manager on the same requests, closed loop, "
     "warm-up and KV budget: a reference, not a controlled A/B"
@@ -29,9 +30,9 @@ class SweepVerdict:
         return [self.headline, *self.sentences]
 
 
-def points_by_key(points: list[dict]) -> dict[tuple[str, int], dict]:
+def points_by_key(points: Sequence[Point]) -> dict[tuple[str, int], Point]:
     """The points by (engine, concurrency)."""
-    return {(p["engine"], p["concurrency"]): p for p in points}
+    return {(p.engine, p.concurrency): p for p in points}
 
 
 EQUAL_WITHIN = 0.10  # a single run's paged/contiguous TPS ratio varies about this much on a shared CPU
@@ -40,15 +41,11 @@ BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time th
 
 def _equal_batch_finding(equal: list[Pair], simulated: bool, threads: int = 1) -> str:
     where = ", ".join(f"C={c}" for c, _, _ in equal)
-    ratios = [paged["output_throughput"] / contiguous["output_throughput"] for _, paged, contiguous in equal]
-    repeated = all(
-        p.get("output_throughput_ci95") is not None and c.get("output_throughput_ci95") is not None for _, p, c in equal
-    )
+    ratios = [paged.output_throughput / contiguous.output_throughput for _, paged, contiguous in equal]
+    spreads = [(p.ci95("output_throughput"), c.ci95("output_throughput")) for _, p, c in equal]
     per_cpu = [(per_cpu_second(p), per_cpu_second(c)) for _, p, c in equal]
     cpu = [a / b for a, b in per_cpu if a and b] if all(a and b for a, b in per_cpu) else None
-    shares = (
-        [point["cpu_time_s"] / (point["duration"] * threads) for _, p, c in equal for point in (p, c)] if cpu else []
-    )
+    shares = [(p.cpu_time_s or 0) / (p.duration * threads) for _, *pair in equal for p in pair] if cpu else []
     busy = bool(shares) and min(shares) < BUSY_SHARE
     sentences = [
         f"At equal batch ({where}) both engines held the same requests.",
@@ -60,11 +57,10 @@ def _equal_batch_finding(equal: list[Pair], simulated: bool, threads: int = 1) -
             if all(abs(r - 1) < 1e-9 for r in ratios)
             else "That is as the simulator's step times give it."
         )
-    elif repeated:
+    elif all(a is not None and b is not None for a, b in spreads):
         apart = [
-            abs(p["output_throughput"] - c["output_throughput"])
-            > p["output_throughput_ci95"] + c["output_throughput_ci95"]
-            for _, p, c in equal
+            abs(p.output_throughput - c.output_throughput) > (a or 0) + (b or 0)
+            for (_, p, c), (a, b) in zip(equal, spreads, strict=True)
         ]
         sentences.append(
             "That is equal: the 95% confidence intervals overlap."
@@ -99,51 +95,49 @@ def _listed(ratios: list[float]) -> str:
     return texts[0] if len(texts) == 1 else f"{', '.join(texts[:-1])} and {texts[-1]}"
 
 
-def per_cpu_second(point: Mapping[str, Any]) -> float | None:
+def per_cpu_second(point: Point) -> float | None:
     """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
-    cpu, tokens = point.get("cpu_time_s"), point.get("total_output_tokens")
-    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.get("duration")) else None
+    cpu, tokens = point.cpu_time_s, point.total_output_tokens
+    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.duration) else None
 
 
-def _memory_phrase(paged: dict, contiguous: dict) -> str:
-    if not _positive(contiguous.get("kv_peak_allocated_bytes")):
+def _memory_phrase(paged: Point, contiguous: Point) -> str:
+    used, held = paged.kv_peak_allocated_bytes, contiguous.kv_peak_allocated_bytes
+    if not _positive(held) or used is None:
         return "KV memory not measured"
-    reduction = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
-    return (
-        f"{human_bytes(paged['kv_peak_allocated_bytes'])} of KV memory at peak against "
-        f"{human_bytes(contiguous['kv_peak_allocated_bytes'])} ({reduction:.0f}% less)"
-    )
+    reduction = 100 * (1 - used / held)
+    return f"{human_bytes(used)} of KV memory at peak against {human_bytes(held)} ({reduction:.0f}% less)"
 
 
-def _pairs(points: list[dict]) -> tuple[list[Pair], list[Pair], list[Pair]]:
+def _pairs(points: Sequence[Point]) -> tuple[list[Pair], list[Pair], list[Pair]]:
     """The (concurrency, paged, contiguous) pairs where paged ran its whole load: both holding the same batch,
     contiguous holding fewer requests at once, and contiguous out of KV memory."""
     by_key = points_by_key(points)
     equal: list[Pair] = []
     fewer: list[Pair] = []
     oom: list[Pair] = []
-    for concurrency in sorted({p["concurrency"] for p in points}):
+    for concurrency in sorted({p.concurrency for p in points}):
         paged, contiguous = by_key.get(("paged", concurrency)), by_key.get(("contiguous", concurrency))
-        if not paged or not contiguous or paged["status"] != "ok":
+        if not paged or not contiguous or paged.status != "ok":
             continue
-        if contiguous["status"] == "oom":
+        if contiguous.status == "oom":
             oom.append((concurrency, paged, contiguous))
-        elif contiguous["status"] == "ok" and _positive(contiguous.get("output_throughput")):
-            held_fewer = contiguous["peak_running"] < paged["peak_running"]
+        elif contiguous.status == "ok" and _positive(contiguous.output_throughput):
+            held_fewer = (contiguous.peak_running or 0) < (paged.peak_running or 0)
             (fewer if held_fewer else equal).append((concurrency, paged, contiguous))
     return equal, fewer, oom
 
 
-def _fewer_sentence(concurrency: int, paged: dict, contiguous: dict) -> str:
-    ratio = paged["output_throughput"] / contiguous["output_throughput"]
+def _fewer_sentence(concurrency: int, paged: Point, contiguous: Point) -> str:
+    ratio = paged.output_throughput / contiguous.output_throughput
     return (
-        f"At C={concurrency} the contiguous baseline held only {contiguous['peak_running']} requests at once; "
-        f"the rest waited for a slab, where paging held {paged['peak_running']}. Paged ran at {ratio:.2f}x "
+        f"At C={concurrency} the contiguous baseline held only {contiguous.peak_running} requests at once; "
+        f"the rest waited for a slab, where paging held {paged.peak_running}. Paged ran at {ratio:.2f}x "
         f"contiguous's speed. Paging used {_memory_phrase(paged, contiguous)}."
     )
 
 
-def _oom_sentence(concurrency: int, paged: dict, contiguous: dict, meta: dict) -> str:
+def _oom_sentence(concurrency: int, paged: Point, contiguous: Point, meta: dict) -> str:
     reserve = meta.get("reserve")
     why = (
         f"reserving max-len ({meta['max_len']:,} tokens) per request"
@@ -152,15 +146,15 @@ def _oom_sentence(concurrency: int, paged: dict, contiguous: dict, meta: dict) -
         if reserve
         else "reserving a slab per request"
     )
-    pool = contiguous.get("kv_pool_bytes") or 0
-    share = f" ({100 * contiguous['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
-    paged_share = f" ({100 * paged['kv_peak_allocated_bytes'] / pool:.0f}% of the pool)" if pool else ""
+    pool = contiguous.kv_pool_bytes or 0
+    held, used = contiguous.kv_peak_allocated_bytes or 0, paged.kv_peak_allocated_bytes or 0
+    share = f" ({100 * held / pool:.0f}% of the pool)" if pool else ""
+    paged_share = f" ({100 * used / pool:.0f}% of the pool)" if pool else ""
     return (
         f"At C={concurrency} the contiguous baseline ran out of KV memory. {why[0].upper()}{why[1:]}, it held "
-        f"{contiguous['peak_running']} requests at once in {human_bytes(contiguous['kv_peak_allocated_bytes'])}"
-        f"{share} and rejected {contiguous['rejected']:,} of {contiguous['rejected'] + contiguous['completed']:,}. "
-        f"Paging held all {paged['peak_running']} in {human_bytes(paged['kv_peak_allocated_bytes'])}"
-        f"{paged_share}. This is where paging wins."
+        f"{contiguous.peak_running} requests at once in {human_bytes(held)}{share} and rejected "
+        f"{contiguous.rejected:,} of {contiguous.rejected + contiguous.completed:,}. "
+        f"Paging held all {paged.peak_running} in {human_bytes(used)}{paged_share}. This is where paging wins."
     )
 
 
@@ -182,7 +176,7 @@ def _reservation_words(meta: dict) -> str:
     return "exactly each request's length (an oracle no real engine has)"
 
 
-def sweep_verdict(rows: list[ArticleRow], points: list[dict], meta: dict | None = None) -> SweepVerdict:
+def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: dict | None = None) -> SweepVerdict:
     """Where paging wins and why, in words, from the article's rows and the points: the headline, how the engines
     compare where both held the same batch, where the contiguous baseline held fewer or ran out of KV memory, the
     memory behind it and a reference engine's figures."""
@@ -195,24 +189,24 @@ def sweep_verdict(rows: list[ArticleRow], points: list[dict], meta: dict | None 
     sentences: list[str] = []
 
     if not compared and not contiguous_oom and not paged_oom:
-        engines = sorted({p["engine"] for p in points})
-        ok = [p for p in points if p["status"] == "ok"]
+        engines = sorted({p.engine for p in points})
+        ok = [p for p in points if p.status == "ok"]
         headline = (
             f"A sweep of {', '.join(engines) or 'no engine'}: no paged/contiguous pair to compare"
             if points
             else "The sweep recorded no point"
         )
         for p in ok:
-            sentences.append(f"{p['engine']} at C={p['concurrency']}: {_tok_s(p.get('output_throughput'))}.")
+            sentences.append(f"{p.engine} at C={p.concurrency}: {_tok_s(p.output_throughput)}.")
         return SweepVerdict(headline, "neutral", sentences)
 
     if contiguous_oom:
         top = contiguous_oom[0]
-        paged = by_key.get(("paged", top), {})
-        served = paged.get("completed") or 0
+        top_paged = by_key.get(("paged", top))
+        served = top_paged.completed if top_paged else 0
         headline = (
             f"Paging held the load the contiguous baseline could not: at {_levels(contiguous_oom)} "
-            f"contiguous ran out of KV memory, paged served {'all ' if not paged.get('rejected') else ''}"
+            f"contiguous ran out of KV memory, paged served {'all ' if top_paged and not top_paged.rejected else ''}"
             f"{served:,} request{'s' if served != 1 else ''}"
         )
         tone = "good"
@@ -252,16 +246,18 @@ def sweep_verdict(rows: list[ArticleRow], points: list[dict], meta: dict | None 
     return SweepVerdict(headline, tone, sentences)
 
 
-def _why(rows: list[ArticleRow], by_key: dict, meta: dict, contiguous_oom: list[int]) -> str:
+def _why(
+    rows: Sequence[ArticleRow], by_key: dict[tuple[str, int], Point], meta: dict, contiguous_oom: list[int]
+) -> str:
     """The memory behind the result, at the concurrency that shows it best (the first OOM, else the highest)."""
     candidates = contiguous_oom or [r.concurrency for r in rows if r.gain_pct is not None]
     if not candidates:
         return ""
     c = candidates[0] if contiguous_oom else candidates[-1]
     cont, paged = by_key.get(("contiguous", c)), by_key.get(("paged", c))
-    if not cont or not paged or not cont.get("waste") or not paged.get("waste"):
+    if not cont or not paged or not cont.waste or not paged.waste:
         return ""
-    cw, pw = cont["waste"], paged["waste"]
+    cw, pw = cont.waste, paged.waste
     held_c = (cw.get("reservation_pct") or 0) + (cw.get("internal_pct") or 0)
     held_p = (pw.get("reservation_pct") or 0) + (pw.get("internal_pct") or 0)
     block = meta.get("block_size")
@@ -271,10 +267,10 @@ def _why(rows: list[ArticleRow], by_key: dict, meta: dict, contiguous_oom: list[
         f"{cw.get('token_state_pct', 0):.1f}%). Paged held {held_p:.1f}% that way, allocating blocks "
         f"{f'of {block} tokens ' if block else ''}as they fill (token states {pw.get('token_state_pct', 0):.1f}%)."
     )
-    if (paged.get("peak_running") or 0) > (cont.get("peak_running") or 0):
+    if (paged.peak_running or 0) > (cont.peak_running or 0):
         text += (
             f" The memory paging leaves free lets more requests run at once: at most "
-            f"{paged['peak_running']} against {cont['peak_running']}."
+            f"{paged.peak_running} against {cont.peak_running}."
         )
     return text
 

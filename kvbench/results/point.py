@@ -96,6 +96,23 @@ class Point:
         return out
 
     @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Point:
+        """A point as ``summary.json`` or ``results.jsonl`` holds it: the top-level latency statistics back into
+        ``latencies``, the fields a study added into ``extra``; a field an older run did not write keeps its
+        empty value."""
+        own = {f.name for f in fields(cls)} - {"latencies", "extra"}
+        known = {name: data[name] for name in own if name in data}
+        known.setdefault("scenario", "")  # hand-made points (tests, other tools) may leave it out
+        latencies = {name: data.get(name) for name in LATENCY_FIELDS}
+        extra = {key: value for key, value in data.items() if key not in own and key not in latencies}
+        return cls(**known, latencies=latencies, extra=extra)
+
+    def ci95(self, name: str) -> float | None:
+        """With --repeat: the 95% confidence interval's half-width of a headline figure (None for a single run)."""
+        value = self.extra.get(f"{name}_ci95")
+        return float(value) if is_number(value, finite=True) else None
+
+    @classmethod
     def failed(cls, engine: str, concurrency: int, scenario: str, error: str, traceback: str | None = None) -> Point:
         """A point that measured nothing: its figures stay at their empty values, the error says why."""
         return cls(engine, concurrency, scenario, status="error", error=error, traceback=traceback)

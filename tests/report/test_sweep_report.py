@@ -9,7 +9,7 @@ from kvbench.report import plots
 from kvbench.report import sweep_report as report
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import article_rows
-from kvbench.results.point import oom_text, shows_figures
+from kvbench.results.point import Point, oom_text, shows_figures
 
 MiB = 1024**2
 
@@ -81,12 +81,13 @@ def article_points() -> list[dict]:
 
 def findings(points: list[dict], meta: dict | None = None) -> list[str]:
     """The verdict's sentences after its headline."""
-    return sweep_verdict(article_rows(points), points, meta).sentences
+    return sweep_verdict(article_rows(points), [Point.from_json(p) for p in points], meta).sentences
 
 
 def test_the_finding_in_words_is_computed_from_the_run():
     points = article_points()
-    verdict = sweep_verdict(article_rows(points), points, {"reserve": "max", "max_len": 2048})
+    typed = [Point.from_json(p) for p in points]
+    verdict = sweep_verdict(article_rows(points), typed, {"reserve": "max", "max_len": 2048})
     assert verdict.headline.startswith("Paging held the load the contiguous baseline could not: at C=50")
     assert verdict.tone == "good"
     memory, equal, oom, *_ = verdict.sentences

@@ -29,6 +29,7 @@ from kvbench.report.sweep_report import (
 )
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow, article_rows
+from kvbench.results.point import Point
 
 
 def build(run: RunFiles) -> Page:
@@ -77,7 +78,7 @@ def headline_table(rows: list[ArticleRow], meta: dict | None = None) -> Table:
 
 
 def headline_section(rows: list[ArticleRow], points: list[dict], meta: dict) -> Section:
-    said = sweep_verdict(rows, points, meta)
+    said = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
     blocks: list[Any] = [Verdict(said.headline, said.tone, said.sentences), headline_table(rows, meta)]
     if meta.get("stop_description") or meta.get("budget_source"):
         blocks.append(

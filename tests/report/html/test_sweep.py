@@ -11,8 +11,9 @@ from report_page import by_id, headings, parse, section_ids, table_headers, tabl
 
 from kvbench.cli import main
 from kvbench.report.html import REPORT_FILE, render_run
-from kvbench.report.sweep_verdict import sweep_verdict as verdict
+from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow
+from kvbench.results.point import Point
 
 
 def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
@@ -50,6 +51,10 @@ def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservat
             "free_pct": 50.0,
         },
     }
+
+
+def verdict(rows, points, meta):
+    return sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
 
 
 META = {"simulated": True, "reserve": "max", "max_len": 2048, "block_size": 16}
