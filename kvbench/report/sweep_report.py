@@ -236,22 +236,20 @@ POINT_TABLE_NOTE = (
 )
 
 
-def steady_warnings(points: list[dict]) -> list[str]:
+def steady_warnings(points: Sequence[Point]) -> list[str]:
     """Points whose full-load window is missing or short: their whole-run TPS is mostly ramp-up and tail."""
     lines = []
-    points = [p for p in points if p["status"] == "ok"]  # an OOM point's answer is OOM, not a throughput
-    missing = [p for p in points if p.get("steady_output_throughput") is None]
+    ok = [p for p in points if p.status == "ok"]  # an OOM point's answer is OOM, not a throughput
+    missing = [p for p in ok if p.steady_output_throughput is None]
     if missing:
-        names = ", ".join(
-            f"{p['engine']} C={p['concurrency']} ({p['completed'] + p['rejected']} requests)" for p in missing
-        )
+        names = ", ".join(f"{p.engine} C={p.concurrency} ({p.completed + p.rejected} requests)" for p in missing)
         lines.append(
             f"no steady window at {names}: the closed loop never held all its requests in flight (fewer "
             "requests than the concurrency); send more requests per point"
         )
-    short = [p for p in points if (p.get("steady_window_pct") or 100) < 25]
+    short = [(p, p.steady_window_pct) for p in ok if p.steady_window_pct is not None and p.steady_window_pct < 25]
     if short:
-        names = ", ".join(f"{p['engine']} C={p['concurrency']} ({p['steady_window_pct']:.0f}%)" for p in short)
+        names = ", ".join(f"{p.engine} C={p.concurrency} ({pct:.0f}%)" for p, pct in short)
         lines.append(
             f"short steady window at {names}: the whole-run TPS there is mostly ramp-up and draining tail; "
             "compare the steady TPS, or send more requests per point"
@@ -282,32 +280,32 @@ def output_length_title(meta: dict) -> str:
     return f"Output lengths {how}, and the KV memory they left unused"
 
 
-def output_length_rows(points: list[dict]) -> list[list[str]]:
+def output_length_rows(points: Sequence[Point]) -> list[list[str]]:
     """One row per measured point, in :data:`OUTPUT_LENGTH_COLUMNS` (the console table and Markdown alike)."""
     rows = []
     for p in points:
-        if p.get("status") == "error" or p.get("output_len_mean") is None:
+        if p.status == "error" or p.output_len_mean is None:
             continue
         lengths = (
-            f"{p['output_len_mean']:,.0f} / {p['output_len_p50']:,.0f} / {p['output_len_p90']:,.0f} / "
-            f"{p['output_len_max']:,}"
+            f"{p.output_len_mean:,.0f} / {p.output_len_p50 or 0:,.0f} / {p.output_len_p90 or 0:,.0f} / "
+            f"{p.output_len_max or 0:,}"
         )
-        oracle = p.get("kv_hindsight_oracle_peak_bytes")
+        oracle = p.extra.get("kv_hindsight_oracle_peak_bytes")
         rows.append(
             [
-                p["engine"],
-                str(p["concurrency"]),
+                p.engine,
+                str(p.concurrency),
                 lengths,
-                f"{p.get('stopped_at_eos', 0)}/{p['completed']}",
-                f"{p['waste']['internal_pct']:.1f}",
-                human_bytes(p["kv_peak_allocated_bytes"]),
+                f"{p.stopped_at_eos}/{p.completed}",
+                f"{p.waste['internal_pct']:.1f}",
+                human_bytes(p.kv_peak_allocated_bytes or 0),
                 "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)",
             ]
         )
     return rows
 
 
-def output_length_table(points: list[dict], meta: dict, caption: str | None = None) -> Table:
+def output_length_table(points: Sequence[Point], meta: dict, caption: str | None = None) -> Table:
     """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused;
     ``caption`` replaces the sweep's note on how the contiguous baseline reserves."""
     table = Table(title=output_length_title(meta), caption=caption or _reservation_caption(meta))
@@ -353,16 +351,16 @@ def print_sweep(
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
-    rows = article_rows(points)
+    rows, typed = article_rows(points), [Point.from_json(p) for p in points]
     print_whole(console, article_table(rows, simulated))
-    verdict = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
+    verdict = sweep_verdict(rows, typed, meta)
     console.print(f"[bold]{verdict.headline}[/bold]")
     for line in verdict.sentences:
         console.print(line)
     print_whole(console, POINT_TABLE.rich(points, wide))
     if meta is not None and shows_output_lengths(meta):
-        console.print(output_length_table(points, meta))
-    for line in steady_warnings(points):
+        console.print(output_length_table(typed, meta))
+    for line in steady_warnings(typed):
         console.print(f"[yellow]warning: {line}[/yellow]")
     if waterfall:
         from kvbench.report.waterfall import waterfall_table
@@ -413,24 +411,26 @@ def _plot_label(engine: str) -> str:
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
 
-def plot_series(points: list[dict]) -> tuple[dict, dict, dict]:
+def plot_series(points: Sequence[Point]) -> tuple[dict, dict, dict]:
     """What throughput.png and latency.png draw: throughput {engine: (concurrency, TPS)}, latency
     {panel: {"engine p50": (concurrency, ms)}} and the OOM marks {engine: [(concurrency, text)]}. Only ok
     points are drawn; an OOM point is a mark, never a point on a line."""
     series: dict[str, tuple[list, list]] = {}
     latency: dict[str, dict] = {"time to first token (TTFT)": {}, "time per output token (TPOT)": {}}
     marks: dict[str, list[tuple[float, str]]] = {}
-    for engine in sorted({p["engine"] for p in points}):
+    for engine in sorted({p.engine for p in points}):
         label = _plot_label(engine)
-        mine = sorted((p for p in points if p["engine"] == engine), key=lambda p: p["concurrency"])
-        shown = [p for p in mine if shows_figures(p)]
-        series[label] = ([p["concurrency"] for p in shown], [p["output_throughput"] for p in shown])
-        timed = [p for p in shown if p.get("p50_tpot_ms") is not None]
+        mine = sorted((p for p in points if p.engine == engine), key=lambda p: p.concurrency)
+        shown = [p for p in mine if p.status == "ok"]
+        series[label] = ([p.concurrency for p in shown], [p.output_throughput for p in shown])
+        timed = [p for p in shown if p.latencies.get("p50_tpot_ms") is not None]
         for stat in ("p50", "p99"):
-            xs = [p["concurrency"] for p in timed]
-            latency["time to first token (TTFT)"][f"{label} {stat}"] = (xs, [p[f"{stat}_ttft_ms"] for p in timed])
-            latency["time per output token (TPOT)"][f"{label} {stat}"] = (xs, [p[f"{stat}_tpot_ms"] for p in timed])
-        oom = [(p["concurrency"], f"OOM ({p['rejected']:,} rejected)") for p in mine if p["status"] == "oom"]
+            xs = [p.concurrency for p in timed]
+            for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
+                latency[panel][f"{label} {stat}"] = (xs, [p.latencies[f"{stat}_{kind}_ms"] for p in timed])
+        oom: list[tuple[float, str]] = [
+            (p.concurrency, f"OOM ({p.rejected:,} rejected)") for p in mine if p.status == "oom"
+        ]
         if oom:
             marks[label] = oom
     return series, latency, marks
@@ -447,7 +447,7 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
     tag = f"{meta.get('model_name', '')} on {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
     tag += " — SIMULATED" if meta.get("simulated") else ""
     engines = sorted({p["engine"] for p in ok})
-    series, latency_series, marks = plot_series(ok)
+    series, latency_series, marks = plot_series([Point.from_json(p) for p in ok])
     plots.lines(
         series,
         run_dir / "throughput.png",

@@ -14,6 +14,7 @@ from kvbench.report.sweep_report import (
     output_length_title,
     shows_output_lengths,
 )
+from kvbench.results.point import Point
 from kvbench.values import human_bytes
 from kvbench.workload.dataset import left_out, sample_note
 
@@ -104,7 +105,7 @@ def waste_markdown(document: dict) -> str:
     text = head + SHARE_TABLE.markdown(document["points"]) + f"\n{SHARE_NOTE}\n"
     if shows_output_lengths(meta):
         text += f"\n## {output_length_title(meta)}\n\n" + markdown_table(
-            list(OUTPUT_LENGTH_COLUMNS), output_length_rows(document["points"])
+            list(OUTPUT_LENGTH_COLUMNS), output_length_rows([Point.from_json(p) for p in document["points"]])
         )
     return text
 
@@ -127,7 +128,11 @@ def print_waste(console, document: dict, run_dir: Path) -> None:
     table.caption = f"{_caption(meta)}; eff.: effective usage; int./ext.: internal/external fragmentation"
     print_whole(console, table)
     if shows_output_lengths(meta):
-        console.print(output_length_table(document["points"], meta, caption=f"stop {stop_text(meta)}"))
+        console.print(
+            output_length_table(
+                [Point.from_json(p) for p in document["points"]], meta, caption=f"stop {stop_text(meta)}"
+            )
+        )
     elif meta.get("stop") == "eos":
         console.print(f"stop {stop_text(meta)}")
     console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, waste.png"))

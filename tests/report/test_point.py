@@ -38,6 +38,17 @@ def test_the_json_form_flattens_latencies_and_leaves_out_unset_reasons():
     assert failed["status"] == "error" and failed["error"] == "RuntimeError: boom" and failed["completed"] == 0
 
 
+def test_a_point_read_back_from_its_json_is_the_same_point():
+    point = _point(p99_tpot_ms=0.7, status_reason="oom: the slab did not fit")
+    point.extra.update(output_throughput_ci95=1.5, waterfall={"levels": [1, 2]})
+    data = point.to_json()
+    back = Point.from_json(data)
+    assert back == point and back.to_json() == data
+    assert back.ci95("output_throughput") == 1.5 and back.ci95("p99_ttft_ms") is None
+    older = {key: value for key, value in data.items() if key not in ("cpu_time_s", "p99_tpot_ms")}
+    assert Point.from_json(older).cpu_time_s is None and Point.from_json(older).latencies["p99_tpot_ms"] is None
+
+
 def test_repeats_average_metrics_keep_the_worst_status_and_maximise_peaks():
     a = _point()
     b = _point(

@@ -163,7 +163,7 @@ def test_one_rule_for_oom_points():
     oom = points[-1]
     assert not shows_figures(oom) and shows_figures(points[0])
     assert oom_text(oom) == "OOM: 170 of 200 requests rejected"
-    series, latency, marks = report.plot_series(points)
+    series, latency, marks = report.plot_series([Point.from_json(p) for p in points])
     assert series["contiguous"] == ([10, 30], [10_000.0, 10_000.0]) and series["paged"][0] == [10, 30, 50]
     assert all(
         50 not in xs for panel in latency.values() for label, (xs, _) in panel.items() if label.startswith("contiguous")

@@ -98,12 +98,13 @@ def headline_section(rows: list[ArticleRow], points: list[dict], meta: dict) -> 
 
 def points_section(points: list[dict], meta: dict) -> Section:
     blocks: list[Any] = []
-    warnings = steady_warnings(points)
+    typed = [Point.from_json(p) for p in points]
+    warnings = steady_warnings(typed)
     if warnings:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
     blocks.append(spec_table(POINT_TABLE, points, "points-table", POINT_TABLE_NOTE))
     if shows_output_lengths(meta):
-        rows = [[Cell(text, None) for text in row] for row in output_length_rows(points)]
+        rows = [[Cell(text, None) for text in row] for row in output_length_rows(typed)]
         blocks.append(
             Table(
                 output_length_title(meta),

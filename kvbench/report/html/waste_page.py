@@ -19,6 +19,7 @@ from kvbench.report.sweep_report import (
     shows_output_lengths,
 )
 from kvbench.report.waste_report import SHARE_NOTE, SHARE_TABLE, stop_text, waste_plot
+from kvbench.results.point import Point
 from kvbench.workload.dataset import sample_note
 
 
@@ -50,7 +51,7 @@ def build(run: RunFiles) -> Page:
             Table(
                 output_length_title(meta),
                 [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],
-                [[Cell(text) for text in row] for row in output_length_rows(points)],
+                [[Cell(text) for text in row] for row in output_length_rows([Point.from_json(p) for p in points])],
                 id="output-lengths-table",
                 note=f"Stop {stop_text(meta)}.",
             )
