@@ -24,6 +24,7 @@ from kvbench.report.html.page import (
     Table,
     Text,
 )
+from kvbench.results.provenance import GpuFacts, HostFacts, Provenance
 
 SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
 
@@ -191,26 +192,26 @@ def shape_text(shape: Mapping[str, Any]) -> str:
     return text
 
 
-def _host_text(host: Mapping[str, Any]) -> str:
-    parts = [str(host["cpu"])] if host.get("cpu") else []
-    if host.get("cores"):
-        parts.append(f"{host['cores']} usable cores")
-    if host.get("memory_bytes"):
-        parts.append(f"{units.nbytes(host['memory_bytes'])} memory")
-    if host.get("machine"):
-        parts.append(str(host["machine"]))
+def _host_text(host: HostFacts) -> str:
+    parts = [host.cpu] if host.cpu else []
+    if host.cores:
+        parts.append(f"{host.cores} usable cores")
+    if host.memory_bytes:
+        parts.append(f"{units.nbytes(host.memory_bytes)} memory")
+    if host.machine:
+        parts.append(host.machine)
     return ", ".join(parts)
 
 
-def _gpu_text(gpu: Mapping[str, Any]) -> str:
-    text = f"{gpu.get('name')}"
-    if gpu.get("count", 1) > 1:
-        text += f" (×{gpu['count']})"
-    if gpu.get("memory_bytes"):
-        text += f", {units.nbytes(gpu['memory_bytes'])}"
-    text += f"; NVIDIA driver {gpu.get('driver') or 'unknown'}"
-    if gpu.get("cuda"):
-        text += f", CUDA {gpu['cuda']} (torch build)"
+def _gpu_text(gpu: GpuFacts) -> str:
+    text = f"{gpu.name}"
+    if gpu.count > 1:
+        text += f" (×{gpu.count})"
+    if gpu.memory_bytes:
+        text += f", {units.nbytes(gpu.memory_bytes)}"
+    text += f"; NVIDIA driver {gpu.driver or 'unknown'}"
+    if gpu.cuda:
+        text += f", CUDA {gpu.cuda} (torch build)"
     return text
 
 
@@ -231,47 +232,34 @@ def _value_text(value: Any) -> str:
 def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     """How the run was made: command line, date, kvbench version and commit, model and shape, device, host,
     threads, packages; then every other setting the run recorded."""
+    made = Provenance.from_meta(meta)
     facts: list[Fact] = []
-    if meta.get("command"):
-        facts.append(Fact("command line", str(meta["command"]), code=True))
-    if meta.get("created_utc"):
-        facts.append(Fact("date (UTC)", str(meta["created_utc"])))
-    facts.append(Fact("kvbench version", str(meta.get("kvbench_version") or "unknown")))
-    facts.append(Fact("git commit", str(meta.get("git_revision") or "not recorded (not a git checkout)"), code=True))
-    model = meta.get("model") if isinstance(meta.get("model"), dict) else None
-    name = meta.get("model_name") or (model or {}).get("name") or meta.get("model")
-    if name:
-        facts.append(Fact("model", str(name)))
-    shape = meta.get("model_shape") if isinstance(meta.get("model_shape"), dict) else model
-    if shape:
-        facts.append(Fact("model shape", shape_text(shape)))
-    elif meta.get("bytes_per_token"):
-        facts.append(Fact("model shape", f"{units.nbytes(meta['bytes_per_token'])} of KV per token"))
-    device = meta.get("device") or meta.get("gpu")
-    if device:
-        simulated = meta.get("simulated") and "simulated" not in str(device)
-        facts.append(Fact("device", f"{device}{' (simulated)' if simulated else ''}"))
-    host = found if isinstance(found := meta.get("host"), dict) else {}
-    if host.get("gpu"):
-        facts.append(Fact("GPU and driver", _gpu_text(host["gpu"])))
-    elif host:
+    if made.command:
+        facts.append(Fact("command line", made.command, code=True))
+    if made.created_utc:
+        facts.append(Fact("date (UTC)", made.created_utc))
+    facts.append(Fact("kvbench version", made.kvbench_version or "unknown"))
+    facts.append(Fact("git commit", made.git_revision or "not recorded (not a git checkout)", code=True))
+    if made.model_name:
+        facts.append(Fact("model", str(made.model_name)))
+    if made.shape:
+        facts.append(Fact("model shape", shape_text(made.shape)))
+    elif made.bytes_per_token:
+        facts.append(Fact("model shape", f"{units.nbytes(made.bytes_per_token)} of KV per token"))
+    if made.device:
+        simulated = made.simulated and "simulated" not in str(made.device)
+        facts.append(Fact("device", f"{made.device}{' (simulated)' if simulated else ''}"))
+    if made.host and made.host.gpu:
+        facts.append(Fact("GPU and driver", _gpu_text(made.host.gpu)))
+    elif made.host:
         facts.append(Fact("GPU and driver", "none used by this run"))
-    if host:
-        facts.append(Fact("host", _host_text(host)))
-    threads = meta.get("threads")
-    if isinstance(threads, dict) and threads.get("threads"):
-        facts.append(Fact("CPU threads", f"{threads['threads']} ({threads.get('reason', '')})"))
-    if meta.get("platform"):
-        facts.append(Fact("platform", str(meta["platform"])))
-    versions = {
-        "python": meta.get("python_version"),
-        "torch": meta.get("torch_version"),
-        "transformers": meta.get("transformers_version"),
-        "triton": meta.get("triton_version"),
-    }
-    packages = listing if isinstance(listing := meta.get("packages"), dict) else {}
-    versions.update(packages)
-    listed = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    if made.host:
+        facts.append(Fact("host", _host_text(made.host)))
+    if made.threads:
+        facts.append(Fact("CPU threads", f"{made.threads} ({made.threads_reason})"))
+    if made.platform:
+        facts.append(Fact("platform", made.platform))
+    listed = ", ".join(f"{name} {version}" for name, version in made.versions.items())
     if listed:
         facts.append(Fact("packages", listed))
     for key, value in meta.items():

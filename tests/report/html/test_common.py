@@ -60,6 +60,21 @@ def test_provenance_of_a_gpu_run():
     assert "threads" not in {k.lower() for k in facts} and "CPU threads" not in facts
 
 
+def test_provenance_of_a_file_whose_values_are_of_the_wrong_kind_shows_them_as_not_recorded():
+    """Another tool's summary.json: a GPU recorded as text, a count of null, threads as a list."""
+    odd = {
+        **GPU_META,
+        "host": {"cpu": "Some CPU", "cores": "many", "gpu": {"name": "X", "count": None}},
+        "threads": [4],
+        "packages": ["torch"],
+    }
+    facts = {f.label: f.value for f in provenance_facts(odd)}
+    assert facts["GPU and driver"] == "X; NVIDIA driver unknown" and facts["host"] == "Some CPU"
+    assert "CPU threads" not in facts and "packages" not in facts
+    facts = {f.label: f.value for f in provenance_facts({**odd, "host": {"gpu": "H200"}})}
+    assert facts["GPU and driver"] == "none used by this run"
+
+
 def test_the_waterfall_of_each_point_is_a_table_beside_its_plot():
     point = {
         "engine": "paged",
