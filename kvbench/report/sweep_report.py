@@ -383,7 +383,8 @@ def scenarios_table(scenarios: dict) -> Table:
 def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     for point in points:  # the memory waterfall of every measured point (additive field)
         if point.get("status") != "error":
-            point["waterfall"] = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
+            levels = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
+            point["waterfall"] = [level.to_json() for level in levels]
     rows = article_rows(points)
     verdict = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
     document = summary_document(

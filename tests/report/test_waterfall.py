@@ -16,6 +16,7 @@ from kvbench.report.waterfall import (
     waterfall_plot_name,
     waterfall_table,
 )
+from kvbench.results.waterfall_level import WaterfallLevel
 
 MIB = 1024**2
 
@@ -56,26 +57,26 @@ def cuda_point() -> dict:
 
 
 def assert_monotone(levels):
-    measured = [lv["bytes"] for lv in levels if lv["bytes"] is not None]
+    measured = [lv.bytes for lv in levels if lv.bytes is not None]
     assert measured == sorted(measured, reverse=True), measured
 
 
 def test_cpu_levels_are_monotone_with_named_gaps():
     levels = waterfall_levels(cpu_point())
     assert (
-        [lv["level"] for lv in levels]
+        [lv.level for lv in levels]
         == [name for name, _, _ in CPU_LEVELS]
         == ["process RSS", "KV pool", "KV allocated", "token states"]
     )
     assert_monotone(levels)
-    assert [lv["bytes"] for lv in levels] == [900 * MIB, 64 * MIB, 40 * MIB, 36 * MIB]
-    assert [lv["gap_bytes"] for lv in levels] == [836 * MIB, 24 * MIB, 4 * MIB, None]
-    assert levels[0]["gap_name"] == "rest of the process: weights, activations, Python"
-    assert levels[1]["gap_name"].startswith("free KV blocks")
-    assert levels[2]["gap_name"] == "reservation + internal"
-    assert levels[3]["gap_name"] is None
-    assert all(lv["reason"] is None for lv in levels)
-    json.dumps(levels)  # goes into summary.json as is
+    assert [lv.bytes for lv in levels] == [900 * MIB, 64 * MIB, 40 * MIB, 36 * MIB]
+    assert [lv.gap_bytes for lv in levels] == [836 * MIB, 24 * MIB, 4 * MIB, None]
+    assert levels[0].gap_name == "rest of the process: weights, activations, Python"
+    assert levels[1].gap_name.startswith("free KV blocks")
+    assert levels[2].gap_name == "reservation + internal"
+    assert levels[3].gap_name is None
+    assert all(lv.reason is None for lv in levels)
+    assert [WaterfallLevel.from_json(json.loads(json.dumps(lv.to_json()))) for lv in levels] == levels  # summary.json
 
 
 def test_unmeasurable_levels_are_null_with_a_reason_and_never_crash():
@@ -83,10 +84,10 @@ def test_unmeasurable_levels_are_null_with_a_reason_and_never_crash():
     point["memory"]["rss_peak_bytes"] = None
     del point["kv_peak_used_bytes"]  # a point from an older kvbench
     levels = waterfall_levels(point)
-    assert levels[0]["bytes"] is None and "RSS" in levels[0]["reason"] and levels[0]["gap_bytes"] is None
-    assert levels[-1]["bytes"] is None and "older" in levels[-1]["reason"]
-    assert levels[2]["gap_bytes"] is None  # no inner level to subtract
-    assert levels[1]["gap_bytes"] == 24 * MIB
+    assert levels[0].bytes is None and "RSS" in levels[0].reason and levels[0].gap_bytes is None
+    assert levels[-1].bytes is None and "older" in levels[-1].reason
+    assert levels[2].gap_bytes is None  # no inner level to subtract
+    assert levels[1].gap_bytes == 24 * MIB
     assert waterfall_levels({"engine": "x", "concurrency": 1})  # nothing at all: all null, still a waterfall
 
 
@@ -94,7 +95,7 @@ def test_cuda_layout_names_every_gap_and_nvml_missing_is_null():
     levels = waterfall_levels(cuda_point())
     assert device_kind(cuda_point()) == "cuda" and device_kind(cpu_point()) == "cpu"
     assert (
-        [lv["level"] for lv in levels]
+        [lv.level for lv in levels]
         == [name for name, _, _ in CUDA_LEVELS]
         == [
             "NVML device used",
@@ -107,27 +108,27 @@ def test_cuda_layout_names_every_gap_and_nvml_missing_is_null():
         ]
     )
     assert_monotone(levels)
-    gaps = {lv["level"]: lv["gap_name"] for lv in levels}
+    gaps = {lv.level: lv.gap_name for lv in levels}
     assert gaps["NVML process used"] == "CUDA context and other libraries"
     assert gaps["torch reserved"] == "caching-allocator slack"
     assert gaps["torch allocated"] == "weights and activations"
     reserved = levels[2]
-    assert reserved["gap_bytes"] == 1000 * MIB and reserved["inactive_split_bytes"] == 100 * MIB
-    assert "inactive_split" in reserved["gap_note"]
+    assert reserved.gap_bytes == 1000 * MIB and reserved.inactive_split_bytes == 100 * MIB
+    assert "inactive_split" in reserved.gap_note
 
     point = cuda_point()
     point["memory"].update(nvml_used_peak_bytes=None, nvml_process_peak_bytes=None)  # torch.cuda but no NVML
     levels = waterfall_levels(point)
-    assert levels[0]["bytes"] is None and levels[1]["bytes"] is None and "NVML" in levels[0]["reason"]
-    assert levels[2]["bytes"] == 7000 * MIB
+    assert levels[0].bytes is None and levels[1].bytes is None and "NVML" in levels[0].reason
+    assert levels[2].bytes == 7000 * MIB
 
 
 def test_simulated_points_say_so_and_peaks_out_of_step_are_flagged():
     levels = waterfall_levels(cpu_point(), device="simulated")
-    assert levels[0]["level"] == "NVML device used" and "simulated" in levels[0]["reason"]
-    assert levels[4]["bytes"] == 64 * MIB
+    assert levels[0].level == "NVML device used" and "simulated" in levels[0].reason
+    assert levels[4].bytes == 64 * MIB
     levels = waterfall_levels(cpu_point(memory={"rss_peak_bytes": 10 * MIB}))  # RSS peak below the pool
-    assert levels[0]["gap_bytes"] < 0 and "different instants" in levels[0]["gap_note"]
+    assert levels[0].gap_bytes < 0 and "different instants" in levels[0].gap_note
 
 
 @pytest.mark.parametrize("point", [cpu_point(), cuda_point(), cpu_point(memory={})])

@@ -87,25 +87,28 @@ def findings_section(diagnosis: Diagnosis, what: str = "point(s)") -> Section:
 def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, CapturedFigure]) -> Section | None:
     """Every measured point's memory waterfall: the levels from the process (or device) down to token states,
     each gap named, as a table beside its plot."""
-    from kvbench.report.waterfall import TITLE_BASIS, point_label, waterfall_plot_name
+    from kvbench.report.waterfall import TITLE_BASIS, levels_of, point_label, waterfall_plot_name
 
     subsections = []
     for point in points:
-        levels = point.get("waterfall")
-        if not levels:
+        if not point.get("waterfall"):
             continue
         rows = []
-        for level in levels:
-            size = units.nbytes(level.get("bytes")) if level.get("bytes") is not None else "not measured"
-            gap = level.get("gap_name") or "—"
-            if level.get("gap_note"):
-                gap += f" ({level['gap_note']})"
+        for level in levels_of(point):
+            measured = level.bytes is not None
+            gap = level.gap_name or "—"
+            if level.gap_note:
+                gap += f" ({level.gap_note})"
             rows.append(
                 [
-                    Cell(level["level"]),
-                    Cell(size, level.get("bytes"), "" if level.get("bytes") is not None else "muted"),
-                    Cell(gap if level.get("bytes") is not None else (level.get("reason") or gap)),
-                    Cell(units.nbytes(level.get("gap_bytes")), level.get("gap_bytes")),
+                    Cell(level.level),
+                    Cell(
+                        units.nbytes(level.bytes) if measured else "not measured",
+                        level.bytes,
+                        "" if measured else "muted",
+                    ),
+                    Cell(gap if measured else (level.reason or gap)),
+                    Cell(units.nbytes(level.gap_bytes), level.gap_bytes),
                 ]
             )
         table = Table(

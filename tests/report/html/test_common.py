@@ -84,7 +84,7 @@ def test_the_waterfall_of_each_point_is_a_table_beside_its_plot():
         "kv_peak_used_bytes": 500,
         "memory": {"rss_peak_bytes": 5000},
     }
-    point["waterfall"] = waterfall_levels(point)
+    point["waterfall"] = [level.to_json() for level in waterfall_levels(point)]
     section = waterfall_section([point, {"engine": "x", "concurrency": 1, "status": "error"}], {})
     (sub,) = section.subsections
     assert sub.title == "paged C=8" and sub.layout == "pair"
