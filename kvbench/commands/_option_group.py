@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Any
 
@@ -102,6 +103,23 @@ class OptionGroup:
             return command_with_group
 
         return decorate
+
+
+def from_settings(settings: type, declarations: Mapping[str, Any]) -> tuple[SharedOption, ...]:
+    """Shared options, in ``declarations``' order, whose type and default are the settings dataclass's fields of
+    the same names (declared there once); each declaration is the flag (``Flag.annotated(...)`` or a
+    ``typer.Option``), or a whole :class:`SharedOption` where the settings hold the value in another form."""
+    hints = typing.get_type_hints(settings)
+    defaults = {f.name: f.default for f in fields(settings)}
+    options = []
+    for name, declared in declarations.items():
+        if isinstance(declared, SharedOption):
+            options.append(declared)
+        elif name not in defaults or defaults[name] is MISSING:
+            raise ValueError(f"{settings.__name__} has no field {name!r} with a default for an option")
+        else:
+            options.append(SharedOption(name, hints[name], defaults[name], declared))
+    return tuple(options)
 
 
 def settings_defaults(settings: type, names: Iterable[str]) -> dict[str, Any]:

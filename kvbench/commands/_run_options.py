@@ -7,7 +7,6 @@ argument.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -25,127 +24,67 @@ from kvbench.commands._flags import (
     RESERVE,
     SEED,
 )
-from kvbench.commands._option_group import OptionGroup, SharedOption
+from kvbench.commands._option_group import OptionGroup, SharedOption, from_settings
 from kvbench.commands._options import choice, parse_size
 from kvbench.kv.policies import ADMISSION_MODES, RESERVATION_POLICIES, check_choice
 from kvbench.studies.run_options import RunOptions
 
 REQUESTS_PANEL, MODEL_PANEL, POOL_PANEL = "Requests", "Model and device", "KV pool"
 
-SHARED_OPTIONS: tuple[SharedOption, ...] = (
-    SharedOption(
-        "scenario",
-        str,
-        "article",
-        typer.Option(
+# each option's type and default are RunOptions' (declared there once); the pool's size is typed as text here
+SHARED_OPTIONS: tuple[SharedOption, ...] = from_settings(
+    RunOptions,
+    {
+        "scenario": typer.Option(
             "--scenario",
             rich_help_panel=REQUESTS_PANEL,
             help="Built-in scenario name (see `kvbench scenarios`) or a TOML file.",
         ),
-    ),
-    SharedOption(
-        "requests",
-        int | None,
-        None,
-        REQUESTS.annotated("Requests to run (default: the scenario's).", REQUESTS_PANEL),
-    ),
-    SharedOption(
-        "requests_file",
-        Path | None,
-        None,
-        REQUESTS_FILE.annotated(panel=REQUESTS_PANEL),
-    ),
-    SharedOption(
-        "dataset",
-        str | None,
-        None,
-        DATASET.annotated(
+        "requests": REQUESTS.annotated("Requests to run (default: the scenario's).", REQUESTS_PANEL),
+        "requests_file": REQUESTS_FILE.annotated(panel=REQUESTS_PANEL),
+        "dataset": DATASET.annotated(
             "Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file (or 'real-chat', shipped; default: "
             "the scenario's dataset, if any), tokenized with the model's tokenizer.",
             REQUESTS_PANEL,
         ),
-    ),
-    SharedOption(
-        "seed",
-        int | None,
-        None,
-        SEED.annotated("Seed of lengths, prompts and weights (default: the scenario's, else 0).", REQUESTS_PANEL),
-    ),
-    SharedOption(
-        "model",
-        str,
-        "tiny",
-        MODEL.annotated(
+        "seed": SEED.annotated(
+            "Seed of lengths, prompts and weights (default: the scenario's, else 0).", REQUESTS_PANEL
+        ),
+        "model": MODEL.annotated(
             "Preset, local checkpoint dir / config.json / GGUF file (tensor engine); with --simulate the shape to "
             "simulate.",
             MODEL_PANEL,
         ),
-    ),
-    SharedOption(
-        "device",
-        str,
-        "auto",
-        DEVICE.annotated(panel=MODEL_PANEL),
-    ),
-    SharedOption(
-        "dtype",
-        str | None,
-        None,
-        DTYPE.annotated("The dtype the model computes in (auto: fp32 on CPU, fp16 on CUDA).", MODEL_PANEL),
-    ),
-    SharedOption(
-        "simulate",
-        bool,
-        False,
-        typer.Option(
+        "device": DEVICE.annotated(panel=MODEL_PANEL),
+        "dtype": DTYPE.annotated("The dtype the model computes in (auto: fp32 on CPU, fp16 on CUDA).", MODEL_PANEL),
+        "simulate": typer.Option(
             "--simulate",
             rich_help_panel=MODEL_PANEL,
             help="Tensor-free simulator with a GPU preset and roofline step times.",
         ),
-    ),
-    SharedOption(
-        "gpu",
-        str,
-        "a100-80g",
-        GPU.annotated("GPU preset for --simulate.", MODEL_PANEL),
-    ),
-    SharedOption(
-        "kv_memory",
-        str | None,
-        None,
-        typer.Option(
-            "--kv-memory", rich_help_panel=POOL_PANEL, help="KV pool size, e.g. 64MiB (default: the scenario's budget)."
+        "gpu": GPU.annotated("GPU preset for --simulate.", MODEL_PANEL),
+        "kv_memory": SharedOption(
+            "kv_memory",
+            str | None,
+            None,
+            typer.Option(
+                "--kv-memory",
+                rich_help_panel=POOL_PANEL,
+                help="KV pool size, e.g. 64MiB (default: the scenario's budget).",
+            ),
         ),
-    ),
-    SharedOption(
-        "utilization",
-        float | None,
-        None,
-        GPU_MEMORY_UTILIZATION.annotated("On CUDA: size the pools like vLLM from real free memory.", POOL_PANEL),
-    ),
-    SharedOption(
-        "block_size",
-        int | None,
-        None,
-        BLOCK_SIZE.annotated("Tokens per KV block (default: the scenario's).", POOL_PANEL),
-    ),
-    SharedOption(
-        "reserve",
-        str | None,
-        None,
-        RESERVE.annotated("What a contiguous request reserves (default: the scenario's).", POOL_PANEL),
-    ),
-    SharedOption(
-        "admission",
-        str | None,
-        None,
-        typer.Option(
+        "utilization": GPU_MEMORY_UTILIZATION.annotated(
+            "On CUDA: size the pools like vLLM from real free memory.", POOL_PANEL
+        ),
+        "block_size": BLOCK_SIZE.annotated("Tokens per KV block (default: the scenario's).", POOL_PANEL),
+        "reserve": RESERVE.annotated("What a contiguous request reserves (default: the scenario's).", POOL_PANEL),
+        "admission": typer.Option(
             "--admission",
             rich_help_panel=POOL_PANEL,
             help="Contiguous when memory is short: requests wait (queue) or are refused as OOM (reject).",
             **choice(ADMISSION_MODES),
         ),
-    ),
+    },
 )
 
 

@@ -3,10 +3,14 @@ declare options once for several commands (run, deployment)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from kvbench.commands._option_group import SharedOption, from_settings
 from kvbench.commands._run import Run
 from kvbench.commands._run_options import RUN_OPTIONS, SHARED_OPTIONS
 from kvbench.errors import KvbenchError
@@ -85,6 +89,29 @@ def test_a_group_takes_its_defaults_from_the_settings_dataclass_and_leaves_out_w
         assert result.exit_code != 0 and "--gpu-memory: cannot read 'plenty'" in str(result.exception or "")
     with pytest.raises(ValueError, match="no shared option named colour"):
         DEPLOYMENT.add(without=("colour",))
+
+
+@dataclass
+class Settings:
+    width: int = 3
+    source: Path | None = None
+
+
+def test_shared_options_take_their_type_and_default_from_the_settings_dataclass():
+    width, source, size = from_settings(
+        Settings,
+        {
+            "width": typer.Option("--width"),
+            "source": typer.Option("--source"),
+            "size": SharedOption("size", str | None, None, typer.Option("--size")),  # held in another form
+        },
+    )
+    assert (width.annotation, width.default) == (int, 3) and (source.annotation, source.default) == (Path | None, None)
+    assert size.name == "size" and size.default is None
+    with pytest.raises(ValueError, match="no field 'height'"):
+        from_settings(Settings, {"height": typer.Option("--height")})
+    run_defaults = {o.name: o.default for o in SHARED_OPTIONS}
+    assert run_defaults["model"] == RunOptions.model and run_defaults["gpu"] == RunOptions.gpu  # one declaration
 
 
 def test_a_run_that_measured_nothing_leaves_no_directory_and_lets_go_in_reverse(tmp_path):
