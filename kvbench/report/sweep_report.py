@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -257,17 +258,6 @@ def steady_warnings(points: Sequence[Point]) -> list[str]:
     return lines
 
 
-OUTPUT_LENGTH_COLUMNS = (
-    "engine",
-    "C",
-    "output len mean/p50/p90/max",
-    "ended at EOS",
-    "internal %",
-    "KV peak",
-    "hindsight oracle KV peak",
-)
-
-
 def output_length_title(meta: dict) -> str:
     if meta.get("stop", "length") == "eos":
         how = (
@@ -280,40 +270,66 @@ def output_length_title(meta: dict) -> str:
     return f"Output lengths {how}, and the KV memory they left unused"
 
 
-def output_length_rows(points: Sequence[Point]) -> list[list[str]]:
-    """One row per measured point, in :data:`OUTPUT_LENGTH_COLUMNS` (the console table and Markdown alike)."""
-    rows = []
-    for p in points:
-        if p.status == "error" or p.output_len_mean is None:
-            continue
-        lengths = (
-            f"{p.output_len_mean:,.0f} / {p.output_len_p50 or 0:,.0f} / {p.output_len_p90 or 0:,.0f} / "
-            f"{p.output_len_max or 0:,}"
-        )
-        oracle = p.extra.get("kv_hindsight_oracle_peak_bytes")
-        rows.append(
-            [
-                p.engine,
-                str(p.concurrency),
-                lengths,
-                f"{p.stopped_at_eos}/{p.completed}",
-                f"{p.waste['internal_pct']:.1f}",
-                human_bytes(p.kv_peak_allocated_bytes or 0),
-                "-" if oracle is None else f"{human_bytes(oracle)} (not runnable)",
-            ]
-        )
-    return rows
+def _lengths_text(p: Point) -> str:
+    return (
+        f"{p.output_len_mean or 0:,.0f} / {p.output_len_p50 or 0:,.0f} / {p.output_len_p90 or 0:,.0f} / "
+        f"{p.output_len_max or 0:,}"
+    )
+
+
+def _oracle_peak(p: Point) -> int | None:
+    value = p.extra.get("kv_hindsight_oracle_peak_bytes")
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+OUTPUT_LENGTH_TABLE: TableSpec[Point] = TableSpec(
+    "Output lengths",  # each run's title and caption: output_length_spec
+    (
+        Col("engine", lambda p: p.engine, "engine", key=True, numeric=False, sort=lambda p: p.engine),
+        Col("C", lambda p: str(p.concurrency), "concurrency", key=True, sort=lambda p: p.concurrency),
+        Col("output len mean/p50/p90/max", _lengths_text, "output_len_mean", sort=lambda p: p.output_len_mean),
+        Col(
+            "ended at EOS",
+            lambda p: f"{p.stopped_at_eos}/{p.completed}",
+            "stopped_at_eos",
+            sort=lambda p: p.stopped_at_eos,
+        ),
+        Col(
+            "internal %",
+            lambda p: f"{p.waste['internal_pct']:.1f}",
+            "waste.internal_pct",
+            sort=lambda p: p.waste.get("internal_pct"),
+        ),
+        Col(
+            "KV peak",
+            lambda p: human_bytes(p.kv_peak_allocated_bytes or 0),
+            "kv_peak_allocated_bytes",
+            sort=lambda p: p.kv_peak_allocated_bytes,
+        ),
+        Col(
+            "hindsight oracle KV peak",
+            lambda p: "-" if (peak := _oracle_peak(p)) is None else f"{human_bytes(peak)} (not runnable)",
+            "kv_hindsight_oracle_peak_bytes",
+            sort=_oracle_peak,
+        ),
+    ),
+)
+
+
+def output_length_spec(meta: dict, caption: str | None = None) -> TableSpec[Point]:
+    """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused, as the
+    console, summary.md and the page show them; ``caption`` replaces the sweep's note on how the contiguous
+    baseline reserves."""
+    return replace(OUTPUT_LENGTH_TABLE, title=output_length_title(meta), caption=caption or _reservation_caption(meta))
+
+
+def with_output_lengths(points: Sequence[Point]) -> list[Point]:
+    """The points that measured their output lengths (an error point measured nothing)."""
+    return [p for p in points if p.status != "error" and p.output_len_mean is not None]
 
 
 def output_length_table(points: Sequence[Point], meta: dict, caption: str | None = None) -> Table:
-    """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused;
-    ``caption`` replaces the sweep's note on how the contiguous baseline reserves."""
-    table = Table(title=output_length_title(meta), caption=caption or _reservation_caption(meta))
-    for column in OUTPUT_LENGTH_COLUMNS:
-        table.add_column(column, justify="left" if column == "engine" else "right")
-    for row in output_length_rows(points):
-        table.add_row(*row)
-    return table
+    return output_length_spec(meta, caption).rich(with_output_lengths(points))
 
 
 def _reservation_caption(meta: dict) -> str:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
+from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.report.sweep_report import (
-    OUTPUT_LENGTH_COLUMNS,
-    output_length_rows,
+    output_length_spec,
     output_length_table,
     output_length_title,
     shows_output_lengths,
+    with_output_lengths,
 )
 from kvbench.results.point import Point
 from kvbench.values import human_bytes
@@ -104,9 +104,8 @@ def waste_markdown(document: dict) -> str:
         head += f"Dataset: {sample_note(meta['dataset'])}.\n\n"
     text = head + SHARE_TABLE.markdown(document["points"]) + f"\n{SHARE_NOTE}\n"
     if shows_output_lengths(meta):
-        text += f"\n## {output_length_title(meta)}\n\n" + markdown_table(
-            list(OUTPUT_LENGTH_COLUMNS), output_length_rows([Point.from_json(p) for p in document["points"]])
-        )
+        lengths = with_output_lengths([Point.from_json(p) for p in document["points"]])
+        text += f"\n## {output_length_title(meta)}\n\n" + output_length_spec(meta).markdown(lengths)
     return text
 
 

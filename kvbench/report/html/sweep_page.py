@@ -14,17 +14,16 @@ from kvbench.report.html.common import (
     spec_table,
     waterfall_section,
 )
-from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
+from kvbench.report.html.page import Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.report.sweep_report import (
-    OUTPUT_LENGTH_COLUMNS,
     POINT_TABLE,
     POINT_TABLE_NOTE,
     article_spec,
-    output_length_rows,
-    output_length_title,
+    output_length_spec,
     shows_output_lengths,
     steady_warnings,
+    with_output_lengths,
     write_plots,
 )
 from kvbench.report.sweep_verdict import sweep_verdict
@@ -104,14 +103,7 @@ def points_section(points: list[dict], meta: dict) -> Section:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
     blocks.append(spec_table(POINT_TABLE, points, "points-table", POINT_TABLE_NOTE))
     if shows_output_lengths(meta):
-        rows = [[Cell(text, None) for text in row] for row in output_length_rows(typed)]
-        blocks.append(
-            Table(
-                output_length_title(meta),
-                [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],
-                rows,
-                id="output-lengths-table",
-                note="Output lengths in tokens; internal: % of the KV pool, time-averaged.",
-            )
-        )
+        spec = output_length_spec(meta)
+        note = "Output lengths in tokens; internal: % of the KV pool, time-averaged."
+        blocks.append(spec_table(spec, with_output_lengths(typed), "output-lengths-table", note))
     return Section("points", "Per point", blocks)

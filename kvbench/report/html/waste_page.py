@@ -8,15 +8,14 @@ from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
-from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
+from kvbench.report.html.page import Page, Section, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.report.sweep_report import (
-    OUTPUT_LENGTH_COLUMNS,
     POINT_TABLE,
     POINT_TABLE_NOTE,
-    output_length_rows,
-    output_length_title,
+    output_length_spec,
     shows_output_lengths,
+    with_output_lengths,
 )
 from kvbench.report.waste_report import SHARE_NOTE, SHARE_TABLE, stop_text, waste_plot
 from kvbench.results.point import Point
@@ -47,15 +46,9 @@ def build(run: RunFiles) -> Page:
         spec_table(POINT_TABLE, points, "points-table", "Simulated step times (roofline). " + POINT_TABLE_NOTE)
     ]
     if shows_output_lengths(meta):
-        per_point.append(
-            Table(
-                output_length_title(meta),
-                [Column(c, c != "engine") for c in OUTPUT_LENGTH_COLUMNS],
-                [[Cell(text) for text in row] for row in output_length_rows([Point.from_json(p) for p in points])],
-                id="output-lengths-table",
-                note=f"Stop {stop_text(meta)}.",
-            )
-        )
+        lengths = with_output_lengths([Point.from_json(p) for p in points])
+        spec = output_length_spec(meta, f"Stop {stop_text(meta)}.")
+        per_point.append(spec_table(spec, lengths, "output-lengths-table", spec.caption))
     sections.append(Section("points", "Per strategy", per_point))
     sections.append(provenance_section(meta, run.files()))
     return Page("waste", title, subtitle, ["SIMULATED"], sections)
