@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 from rich.table import Table as RichTable
 
 from kvbench.results.fields import value_at
-from kvbench.results.point import shows_figures
+from kvbench.results.point import Point
 
 PointMap = Mapping[str, Any]  # a point as summary.json holds it
 Row = TypeVar("Row")  # what a table's rows are: points (with a status) or a table's own typed rows
@@ -44,7 +44,11 @@ class Col(Generic[Row]):
     def sort_value(self, row: Row) -> Any:
         if self.sort is not None:
             return self.sort(row)
-        return value_at(row, self.field) if self.field and isinstance(row, Mapping) else None
+        if not self.field:
+            return None
+        if isinstance(row, Point):
+            return row.value(self.field)
+        return value_at(row, self.field) if isinstance(row, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class TableSpec(Generic[Row]):
 
     def failed(self, point: Row) -> bool:
         """Whether a point is drawn as failed (red) with its figures kept (``partial_errors``)."""
-        return self.partial_errors and _status(point) != "ok"
+        return self.partial_errors and _status(point) not in ("ok", None)
 
     def shown(self, wide: bool) -> list[Col[Row]]:
         return [c for c in self.columns if wide or not c.wide]
@@ -73,16 +77,16 @@ class TableSpec(Generic[Row]):
         """Each cell's text and whether it is a failed point's mark or a hidden figure (no value to order by).
         A row that is not a point (no status) shows every cell as its column writes it."""
         status = _status(point)
-        if self.partial_errors or not isinstance(point, Mapping):
+        if self.partial_errors or status is None:
             return [(c.text(point), False) for c in columns]
         if status == "error":
             cells = [(c.text(point), False) if c.key else ("", True) for c in columns]
             free = [i for i, c in enumerate(columns) if not c.key]
-            reason = str(point.get("error") or "no reason recorded")[:ERROR_TEXT_CHARS]
+            reason = str(_error(point) or "no reason recorded")[:ERROR_TEXT_CHARS]
             for at, text in zip(free, ("error", reason), strict=False):
                 cells[at] = (text, True)
             return cells
-        if shows_figures(point):
+        if status == "ok":  # only an ok point's figures are shown (results.point.shows_figures)
             return [(c.text(point), False) for c in columns]
         mark = "OOM" if status == "oom" else str(status)
         cells, marked = [], False
@@ -119,9 +123,15 @@ class TableSpec(Generic[Row]):
         return markdown_table([c.heading for c in self.columns], self.rows(points))
 
 
-def _status(row: Any) -> str:
-    """A point's status; a row that is not a point is "ok"."""
-    return str(row.get("status", "ok")) if isinstance(row, Mapping) else "ok"
+def _status(row: Any) -> str | None:
+    """A point's status (a JSON point, or a typed ``Point``); None for a row that is not a point."""
+    if isinstance(row, Mapping):
+        return str(row.get("status", "ok"))
+    return row.status if isinstance(row, Point) else None
+
+
+def _error(row: Any) -> Any:
+    return row.get("error") if isinstance(row, Mapping) else getattr(row, "error", None)
 
 
 def print_whole(console: Any, table: RichTable) -> None:

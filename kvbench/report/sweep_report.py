@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from rich.table import Table
 
-from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
+from kvbench.report.columns import Col, TableSpec, print_whole
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.sweep_verdict import REFERENCE_CAPTION, per_cpu_second, references, sweep_verdict
@@ -154,77 +154,75 @@ def article_table(rows: Sequence[ArticleRow], simulated: bool) -> Table:
     return article_spec(rows, simulated).rich(rows)
 
 
-def _steady_tps(point: Mapping[str, Any]) -> str:
-    tps = point.get("steady_output_throughput")
+def _steady_tps(point: Point) -> str:
+    tps = point.steady_output_throughput
     return "no window" if tps is None else f"{tps:,.0f}"
 
 
-def _engine_label(point: PointMap) -> str:
-    engine = point["engine"]
-    return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
+def _engine_label(point: Point) -> str:
+    return f"{point.engine} (reference)" if point.engine in REFERENCE_ENGINES else point.engine
 
 
-def _waste_shares(point: PointMap) -> str:
-    w = point["waste"]
+def _waste_shares(point: Point) -> str:
+    w = point.waste
     return f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}"
 
 
-def _steady_window(point: PointMap) -> str:
-    window = point.get("steady_window_s")
-    return "-" if window is None else f"{window:,.2f} s, {point['steady_window_pct']:.0f}%"
+def _steady_window(point: Point) -> str:
+    window = point.steady_window_s
+    return "-" if window is None else f"{window:,.2f} s, {point.steady_window_pct or 0:.0f}%"
 
 
-def _cpu_second(point: PointMap) -> float | None:
-    return per_cpu_second(Point.from_json(point))
-
-
-def _cpu_second_text(point: PointMap) -> str:
-    rate = _cpu_second(point)
+def _cpu_second_text(point: Point) -> str:
+    rate = per_cpu_second(point)
     return f"{rate:,.0f}" if rate else "-"
 
 
-def _latency(first: str, second: str, kind: str) -> Callable[[PointMap], str]:
-    return lambda p: _pair(p, first, second, kind)
+def _latency(first: str, second: str, kind: str) -> Callable[[Point], str]:
+    def text(point: Point) -> str:
+        """Two latency statistics of ``kind`` in ms, e.g. ``0.412/0.631`` for p50/p99 of TPOT."""
+        a, b = point.latencies.get(f"{first}_{kind}_ms"), point.latencies.get(f"{second}_{kind}_ms")
+        return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
+
+    return text
 
 
-POINT_TABLE: TableSpec[PointMap] = TableSpec(
+POINT_TABLE: TableSpec[Point] = TableSpec(
     "Per point (TPS = output tokens/s; latencies in ms; waste = % of pool, time-averaged)",
     (
         Col("engine", _engine_label, "engine", key=True, figure=False, numeric=False),
-        Col("C", lambda p: str(p["concurrency"]), "concurrency", key=True, figure=False),
-        Col("done/rej", lambda p: f"{p['completed']}/{p['rejected']}", "completed", figure=False),
-        Col("out TPS", lambda p: f"{p['output_throughput']:,.0f}", "output_throughput", "out\nTPS"),
+        Col("C", lambda p: str(p.concurrency), "concurrency", key=True, figure=False),
+        Col("done/rej", lambda p: f"{p.completed}/{p.rejected}", "completed", figure=False),
+        Col("out TPS", lambda p: f"{p.output_throughput:,.0f}", "output_throughput", "out\nTPS"),
         Col("steady TPS", _steady_tps, "steady_output_throughput", "steady\nTPS"),
         Col("TTFT p50/p99", _latency("p50", "p99", "ttft"), "p99_ttft_ms", "TTFT\np50/p99"),
         Col("TPOT p50/p99", _latency("p50", "p99", "tpot"), "p99_tpot_ms", "TPOT\np50/p99"),
-        Col("peak run", lambda p: str(p["peak_running"]), "peak_running", "peak\nrun", figure=False),
+        Col("peak run", lambda p: str(p.peak_running), "peak_running", "peak\nrun", figure=False),
         Col(
             "used/res/int/ext %",
             _waste_shares,
             "waste",
             "used/res/\nint/ext %",
             figure=False,
-            sort=lambda p: p["waste"]["token_state_pct"],
+            sort=lambda p: p.waste["token_state_pct"],
         ),
         Col("steady window", _steady_window, "steady_window_s", "steady\nwindow", wide=True),
-        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=_cpu_second),
+        Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=per_cpu_second),
         Col("TTFT mean/std", _latency("mean", "std", "ttft"), "mean_ttft_ms", "TTFT\nmean/std", wide=True),
         Col("TPOT mean/std", _latency("mean", "std", "tpot"), "mean_tpot_ms", "TPOT\nmean/std", wide=True),
         Col("ITL p50/p99", _latency("p50", "p99", "itl"), "p99_itl_ms", "ITL\np50/p99", wide=True),
         Col("E2EL p50/p99", _latency("p50", "p99", "e2el"), "p99_e2el_ms", "E2EL\np50/p99", wide=True, page=True),
-        Col("preempt", lambda p: str(p["preemptions"]), "preemptions", wide=True, page=True, figure=False),
+        Col("preempt", lambda p: str(p.preemptions), "preemptions", wide=True, page=True, figure=False),
         Col(
             "KV peak",
-            lambda p: human_bytes(p["kv_peak_allocated_bytes"]),
+            lambda p: human_bytes(p.kv_peak_allocated_bytes),
             "kv_peak_allocated_bytes",
             "KV\npeak",
             wide=True,
             page=True,
             figure=False,
         ),
-        Col(
-            "frag", lambda p: f"{p['fragmentation_mean']:.2f}", "fragmentation_mean", wide=True, page=True, figure=False
-        ),
+        Col("frag", lambda p: f"{p.fragmentation_mean:.2f}", "fragmentation_mean", wide=True, page=True, figure=False),
     ),
     narrow_caption="more columns (mean/std, ITL, E2EL, tok per CPU-s, preemptions): summary.md, wide table",
 )
@@ -344,12 +342,6 @@ def _reservation_caption(meta: dict) -> str:
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
-def _pair(point: Mapping[str, Any], first: str, second: str, kind: str) -> str:
-    """Two latency statistics of ``kind`` in ms, e.g. ``0.412/0.631`` for p50/p99 of TPOT."""
-    a, b = point.get(f"{first}_{kind}_ms"), point.get(f"{second}_{kind}_ms")
-    return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
-
-
 def shows_output_lengths(meta: dict) -> bool:
     """Runs whose lengths came from the model or from real data show what occurred (table and plot)."""
     return meta.get("stop") == "eos" or bool(meta.get("dataset"))
@@ -373,7 +365,7 @@ def print_sweep(
     console.print(f"[bold]{verdict.headline}[/bold]")
     for line in verdict.sentences:
         console.print(line)
-    print_whole(console, POINT_TABLE.rich(points, wide))
+    print_whole(console, POINT_TABLE.rich(typed, wide))
     if meta is not None and shows_output_lengths(meta):
         console.print(output_length_table(typed, meta))
     for line in steady_warnings(typed):
@@ -418,7 +410,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     md.append(f"\n{spec.caption}.\n")
     md.append(f"\n**{verdict.headline}**\n\n" + "".join(f"{line}\n\n" for line in verdict.sentences).rstrip() + "\n")
     md.append(f"\n## {POINT_TABLE.title}\n\n")
-    md.append(POINT_TABLE.markdown(points))
+    md.append(POINT_TABLE.markdown([Point.from_json(p) for p in points]))
     write_summary(run_dir, document, [flatten(with_figures_hidden(p)) for p in points], "".join(md))
     write_plots(run_dir, meta, points)
     return document

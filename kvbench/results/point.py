@@ -18,6 +18,7 @@ import numpy as np
 from scipy import stats
 
 from kvbench.engine.result import RunResult
+from kvbench.results.fields import value_at
 from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS
 from kvbench.values import is_number
 
@@ -106,6 +107,10 @@ class Point:
         latencies = {name: data.get(name) for name in LATENCY_FIELDS}
         extra = {key: value for key, value in data.items() if key not in own and key not in latencies}
         return cls(**known, latencies=latencies, extra=extra)
+
+    def value(self, dotted: str) -> Any:
+        """A field of the JSON form by its dotted name (``waste.internal_pct``, ``p99_ttft_ms``), None if absent."""
+        return value_at(self.to_json(), dotted)
 
     def ci95(self, name: str) -> float | None:
         """With --repeat: the 95% confidence interval's half-width of a headline figure (None for a single run)."""

@@ -143,7 +143,7 @@ def test_the_per_point_table_fits_100_columns_one_line_per_point():
     points = article_points()
     points[0].update(output_throughput=123_456.7, p50_ttft_ms=12_345.0, p99_ttft_ms=98_765.0, completed=12_000)
     console = Console(width=100, record=True)
-    console.print(report.POINT_TABLE.rich(points))
+    console.print(report.POINT_TABLE.rich([Point.from_json(p) for p in points]))
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= 100
     rows = [line for line in lines if line.lstrip().startswith(("paged", "contiguous"))]
@@ -153,7 +153,7 @@ def test_the_per_point_table_fits_100_columns_one_line_per_point():
     oom_row = next(row for row in rows if "30/170" in row)
     assert "OOM" in oom_row and "13,345" not in oom_row and "23,441" not in oom_row
     wide = Console(width=250, record=True)
-    wide.print(report.POINT_TABLE.rich(points, wide=True))
+    wide.print(report.POINT_TABLE.rich([Point.from_json(p) for p in points], wide=True))
     text = wide.export_text()
     assert "E2EL" in text and "preempt" in text and "29.70 MiB" in text
 

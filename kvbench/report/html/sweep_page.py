@@ -101,7 +101,7 @@ def points_section(points: list[dict], meta: dict) -> Section:
     warnings = steady_warnings(typed)
     if warnings:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
-    blocks.append(spec_table(POINT_TABLE, points, "points-table", POINT_TABLE_NOTE))
+    blocks.append(spec_table(POINT_TABLE, typed, "points-table", POINT_TABLE_NOTE))
     if shows_output_lengths(meta):
         spec = output_length_spec(meta)
         note = "Output lengths in tokens; internal: % of the KV pool, time-averaged."

@@ -43,7 +43,12 @@ def build(run: RunFiles) -> Page:
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     per_point: list[Any] = [
-        spec_table(POINT_TABLE, points, "points-table", "Simulated step times (roofline). " + POINT_TABLE_NOTE)
+        spec_table(
+            POINT_TABLE,
+            [Point.from_json(p) for p in points],
+            "points-table",
+            "Simulated step times (roofline). " + POINT_TABLE_NOTE,
+        )
     ]
     if shows_output_lengths(meta):
         lengths = with_output_lengths([Point.from_json(p) for p in points])
