@@ -4,24 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
 from kvbench.fileio import json_text
-from kvbench.report.columns import markdown_table
+from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.values import human_bytes
 
 
+def share_spec(document: dict) -> TableSpec[PointMap]:
+    """KV blocks and memory per mode, and the cost of the run's width against width 1, as the console,
+    summary.md and the page show them."""
+    meta, savings = document["meta"], document.get("savings") or {}
+    width = meta.get("width")
+
+    def cost(p: PointMap) -> float | None:
+        return savings.get(f"{p['engine']}_cost_vs_width1_mean") if p.get("width") == width and width != 1 else None
+
+    columns: tuple[Col[PointMap], ...] = (
+        Col("mode", lambda p: str(p["engine"]), "engine", key=True, numeric=False),
+        Col("width", lambda p: str(p.get("width")), "width"),
+        Col("mean blocks", lambda p: f"{p['mean_blocks']:,.1f}", "mean_blocks"),
+        Col("peak blocks", lambda p: f"{p['peak_blocks']:,}", "peak_blocks"),
+        Col("mean KV memory", lambda p: human_bytes(p.get("mean_bytes")), "mean_bytes"),
+        Col("peak KV memory", lambda p: human_bytes(p.get("peak_bytes")), "peak_bytes"),
+        Col("cost vs width 1 (mean)", lambda p: "-" if (c := cost(p)) is None else f"{c:.2f}x", "", sort=cost),
+    )
+    title = (
+        f"KV blocks, {meta.get('kind')} width {width} vs 1 ({meta.get('prompts')} prompts, ~{meta.get('prompt_len')} "
+        f"prompt + {meta.get('output_len')} output tokens, block {meta.get('block_size')}, {meta.get('model_name')})"
+    )
+    return TableSpec(title, columns, SHARE_NOTE)
+
+
+SHARE_NOTE = (
+    "Memory saved by sharing, as the PagedAttention paper defines it: 1 - shared / private blocks for the same samples."
+)
+
+
 def share_markdown(document: dict) -> str:
     meta = document["meta"]
-    rows = [
-        [p["engine"], p["width"], p["mean_blocks"], p["peak_blocks"], human_bytes(p["mean_bytes"])]
-        for p in document["points"]
-    ]
     return (
         f"# kvbench share ({meta['kind']}, width {meta['width']})\n\n"
-        + markdown_table(["mode", "width", "mean blocks", "peak blocks", "mean bytes"], rows)
-        + "\n"
+        + share_spec(document).markdown(document["points"])
+        + f"\n{SHARE_NOTE}\n\n"
         + json_text(document["savings"])
         + "\n"
     )
@@ -53,24 +77,7 @@ def cost_explanation(document: dict) -> str | None:
 
 def print_share(console, document: dict, run_dir: Path) -> None:
     meta, ratios = document["meta"], document["savings"]
-    kind, width = meta["kind"], meta["width"]
-    table = Table(
-        title=f"KV blocks, {kind} width {width} vs 1 ({meta['prompts']} prompts, ~{meta['prompt_len']} "
-        f"prompt + {meta['output_len']} output tokens, block {meta['block_size']}, {meta['model_name']})"
-    )
-    for column in ("mode", "width", "mean blocks", "peak blocks", "mean memory", "cost vs width 1"):
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    for p in document["points"]:
-        cost = ratios.get(f"{p['engine']}_cost_vs_width1_mean") if p["width"] == width and width != 1 else None
-        table.add_row(
-            p["engine"],
-            str(p["width"]),
-            f"{p['mean_blocks']:,.1f}",
-            str(p["peak_blocks"]),
-            human_bytes(p["mean_bytes"]),
-            "-" if cost is None else f"{cost:.2f}x",
-        )
-    console.print(table)
+    print_whole(console, share_spec(document).rich(document["points"]))
     console.print(
         f"memory saved by sharing (paper's definition): {_pct(ratios['saved_by_sharing_pct_mean'])} "
         f"step-averaged, {_pct(ratios['saved_by_sharing_pct_peak'])} at peak"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kvbench.report.html import units
-from kvbench.report.html.common import draw, figures_block, provenance_section
-from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
+from kvbench.report.html.common import draw, figures_block, provenance_section, spec_table
+from kvbench.report.html.page import Page, Section, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.share_report import cost_explanation, share_plot
+from kvbench.report.share_report import cost_explanation, share_plot, share_spec
 
 WORDS = {"parallel": "parallel sampling", "beam": "beam search"}
 
@@ -61,46 +61,10 @@ def verdict(document: dict) -> Verdict:
     return Verdict(headline, tone, sentences)
 
 
-COLUMNS = [
-    Column("mode", False),
-    Column("width"),
-    Column("mean blocks"),
-    Column("peak blocks"),
-    Column("mean KV memory"),
-    Column("peak KV memory"),
-    Column("cost vs width 1 (mean)"),
-]
-
-
 def headline_section(document: dict) -> Section:
-    meta, savings = document["meta"], document.get("savings") or {}
-    width = meta.get("width")
-    rows = []
-    for p in document["points"]:
-        cost = savings.get(f"{p['engine']}_cost_vs_width1_mean") if p.get("width") == width and width != 1 else None
-        rows.append(
-            [
-                Cell(p["engine"], p["engine"], field="engine"),
-                Cell(str(p.get("width")), p.get("width"), field="width"),
-                Cell(units.num(p.get("mean_blocks")), units.sort_key(p.get("mean_blocks")), field="mean_blocks"),
-                Cell(
-                    units.count(p.get("peak_blocks")),
-                    units.sort_key(p.get("peak_blocks")),
-                    field="peak_blocks",
-                ),
-                Cell(units.nbytes(p.get("mean_bytes")), units.sort_key(p.get("mean_bytes")), field="mean_bytes"),
-                Cell(units.nbytes(p.get("peak_bytes")), units.sort_key(p.get("peak_bytes")), field="peak_bytes"),
-                Cell(units.times(cost) if cost is not None else units.MISSING, units.sort_key(cost)),
-            ]
-        )
-    table = Table(
-        "KV blocks per mode",
-        COLUMNS,
-        rows,
-        id="headline-table",
-        note="Memory saved by sharing, as the PagedAttention paper defines it: 1 - shared / private "
-        "blocks for the same samples.",
-    )
+    meta = document["meta"]
+    spec = share_spec(document)
+    table = spec_table(spec, document["points"], "headline-table", spec.caption)
     blocks = [verdict(document), table]
     if meta.get("stop") == "eos":
         blocks.append(
