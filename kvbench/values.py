@@ -26,6 +26,11 @@ def is_number(value: Any, *, finite: bool) -> TypeGuard[float]:
     return math.isfinite(value) or not finite
 
 
+def is_positive(value: Any) -> TypeGuard[float]:
+    """A finite number above zero (a measured throughput, size or duration that can divide)."""
+    return is_number(value, finite=True) and value > 0
+
+
 def human_bytes(count: float | None, unit: str | None = None) -> str:
     """``1536`` -> ``1.50 KiB``; None -> ``-``; ``unit`` fixes the unit (``"GiB"``: figures a message adds up
     read in one unit)."""

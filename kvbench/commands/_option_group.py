@@ -110,12 +110,12 @@ def from_settings(settings: type, declarations: Mapping[str, Any]) -> tuple[Shar
     the same names (declared there once); each declaration is the flag (``Flag.annotated(...)`` or a
     ``typer.Option``), or a whole :class:`SharedOption` where the settings hold the value in another form."""
     hints = typing.get_type_hints(settings)
-    defaults = {f.name: f.default for f in fields(settings)}
+    defaults = settings_defaults(settings, declarations)
     options = []
     for name, declared in declarations.items():
         if isinstance(declared, SharedOption):
             options.append(declared)
-        elif name not in defaults or defaults[name] is MISSING:
+        elif name not in defaults:
             raise ValueError(f"{settings.__name__} has no field {name!r} with a default for an option")
         else:
             options.append(SharedOption(name, hints[name], defaults[name], declared))

@@ -211,11 +211,6 @@ def device_choice() -> dict[str, Any]:
     return choice(DEVICES, "device", case_sensitive=False, also=r"cuda:\d+")
 
 
-def compute_dtype_choice() -> dict[str, Any]:
-    """:func:`choice` of the dtype a model computes in, in any case, as the engines read it."""
-    return choice(COMPUTE_DTYPES, "dtype", case_sensitive=False)
-
-
 def choice_list(values: Sequence[str] | Callable[[], Sequence[str]], what: str) -> dict[str, Any]:
     """``typer.Option`` keywords for a comma-separated list drawn from a fixed set (``--engines paged,vllm``):
     shown as ``<a|b|c>,...``, completed item by item, checked as :func:`name_list` checks it. A callable is asked

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeGuard
 
 from rich.table import Table
 
@@ -19,13 +17,9 @@ from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point, oom_text, shows_figures, with_figures_hidden
 from kvbench.results.run_meta import summary_document
-from kvbench.values import human_bytes
+from kvbench.values import human_bytes, is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
-
-
-def _positive(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def distinguishable(row: ArticleRow, simulated: bool) -> bool | None:
@@ -81,8 +75,10 @@ def _tps_sort(engine: str, steady: bool = False) -> Callable[[ArticleRow], float
         figures = row.figures(engine)
         if figures is None:
             return None
+        if not figures.ok:
+            return -1.0
         value = figures.steady_tps if steady else figures.tps
-        return value if figures.ok and _positive(value) else -1.0 if not figures.ok else None
+        return value if is_positive(value) else None
 
     return sort
 
@@ -393,8 +389,8 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
         if point.get("status") != "error":
             levels = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
             point["waterfall"] = [level.to_json() for level in levels]
-    rows = article_rows(points)
-    verdict = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
+    rows, typed = article_rows(points), [Point.from_json(p) for p in points]
+    verdict = sweep_verdict(rows, typed, meta)
     document = summary_document(
         "sweep", meta, points, article_table=[row.to_json() for row in rows], findings=verdict.lines
     )
@@ -410,7 +406,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     md.append(f"\n{spec.caption}.\n")
     md.append(f"\n**{verdict.headline}**\n\n" + "".join(f"{line}\n\n" for line in verdict.sentences).rstrip() + "\n")
     md.append(f"\n## {POINT_TABLE.title}\n\n")
-    md.append(POINT_TABLE.markdown([Point.from_json(p) for p in points]))
+    md.append(POINT_TABLE.markdown(typed))
     write_summary(run_dir, document, [flatten(with_figures_hidden(p)) for p in points], "".join(md))
     write_plots(run_dir, meta, points)
     return document

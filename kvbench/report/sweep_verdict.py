@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
-from kvbench.values import human_bytes, is_number
+from kvbench.values import human_bytes, is_number, is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
 REFERENCE_CAPTION = (
@@ -98,12 +98,12 @@ def _listed(ratios: list[float]) -> str:
 def per_cpu_second(point: Point) -> float | None:
     """Output tokens per CPU-second of the point's steps (None where CPU time was not measured)."""
     cpu, tokens = point.cpu_time_s, point.total_output_tokens
-    return tokens / cpu if _positive(cpu) and _positive(tokens) and _positive(point.duration) else None
+    return tokens / cpu if is_positive(cpu) and is_positive(tokens) and is_positive(point.duration) else None
 
 
 def _memory_phrase(paged: Point, contiguous: Point) -> str:
     used, held = paged.kv_peak_allocated_bytes, contiguous.kv_peak_allocated_bytes
-    if not _positive(held) or used is None:
+    if not is_positive(held) or used is None:
         return "KV memory not measured"
     reduction = 100 * (1 - used / held)
     return f"{human_bytes(used)} of KV memory at peak against {human_bytes(held)} ({reduction:.0f}% less)"
@@ -122,7 +122,7 @@ def _pairs(points: Sequence[Point]) -> tuple[list[Pair], list[Pair], list[Pair]]
             continue
         if contiguous.status == "oom":
             oom.append((concurrency, paged, contiguous))
-        elif contiguous.status == "ok" and _positive(contiguous.output_throughput):
+        elif contiguous.status == "ok" and is_positive(contiguous.output_throughput):
             held_fewer = (contiguous.peak_running or 0) < (paged.peak_running or 0)
             (fewer if held_fewer else equal).append((concurrency, paged, contiguous))
     return equal, fewer, oom
@@ -284,10 +284,6 @@ def _reference_figure(row: ArticleRow, engine: str) -> str:
 def references(rows: Sequence[ArticleRow]) -> list[str]:
     """The reference engines (vLLM) that ran at some concurrency of the sweep."""
     return [engine for engine in REFERENCE_ENGINES if any(row.status(engine) for row in rows)]
-
-
-def _positive(value: Any) -> TypeGuard[float]:
-    return is_number(value, finite=True) and value > 0
 
 
 def _tok_s(value: Any) -> str:

@@ -4,10 +4,11 @@ against contiguous: the throughput ratio and the KV memory saved at peak. ``summ
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvbench.values import is_positive
 
 COMPARED = ("contiguous", "paged")  # the engines the table compares, in its order
 REFERENCE_ENGINES = {"vllm": "vLLM"}  # external engines shown as a reference column (their own kernels and scheduler)
@@ -115,15 +116,11 @@ def article_rows(points: Sequence[Mapping[str, Any]]) -> list[ArticleRow]:
             paged
             and contiguous
             and paged["status"] == contiguous["status"] == "ok"
-            and _positive(contiguous.get("output_throughput"))
-            and _positive(contiguous.get("kv_peak_allocated_bytes"))
+            and is_positive(contiguous.get("output_throughput"))
+            and is_positive(contiguous.get("kv_peak_allocated_bytes"))
         ):
             ratio = paged["output_throughput"] / contiguous["output_throughput"]
             reduction = 100 * (1 - paged["kv_peak_allocated_bytes"] / contiguous["kv_peak_allocated_bytes"])
             row = ArticleRow(concurrency, engines, 100 * (ratio - 1), reduction, ratio)
         rows.append(row)
     return rows
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -53,13 +53,14 @@ def build(run: RunFiles) -> Page:
     waterfalls = {f.name: f for f in figures if f.name.startswith("waterfall-")}
     plots = [f for f in figures if f.name not in waterfalls]
 
+    typed = [Point.from_json(p) for p in points]
     sections = [
-        headline_section(rows, points, meta),
+        headline_section(rows, typed, meta),
         findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
-    sections.append(points_section(points, meta))
+    sections.append(points_section(typed, meta))
     waterfall = waterfall_section(points, waterfalls)
     if waterfall is not None:
         sections.append(waterfall)
@@ -76,8 +77,8 @@ def headline_table(rows: list[ArticleRow], meta: dict | None = None) -> Table:
     return spec_table(spec, rows, "headline-table", f"{spec.caption}.")
 
 
-def headline_section(rows: list[ArticleRow], points: list[dict], meta: dict) -> Section:
-    said = sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
+def headline_section(rows: list[ArticleRow], points: list[Point], meta: dict) -> Section:
+    said = sweep_verdict(rows, points, meta)
     blocks: list[Any] = [Verdict(said.headline, said.tone, said.sentences), headline_table(rows, meta)]
     if meta.get("stop_description") or meta.get("budget_source"):
         blocks.append(
@@ -95,9 +96,8 @@ def headline_section(rows: list[ArticleRow], points: list[dict], meta: dict) -> 
 # -- per point ------------------------------------------------------------------------------------------
 
 
-def points_section(points: list[dict], meta: dict) -> Section:
+def points_section(typed: list[Point], meta: dict) -> Section:
     blocks: list[Any] = []
-    typed = [Point.from_json(p) for p in points]
     warnings = steady_warnings(typed)
     if warnings:
         blocks.append(Text([w[0].upper() + w[1:] + "." for w in warnings], tone="warn"))
