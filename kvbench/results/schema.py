@@ -40,15 +40,14 @@ POINT_FIELDS = (
     "fragmentation_mean",
     "memory",  # {MEMORY_FIELDS}, null where not measurable
 )
-# Added without a version bump (new fields only): the full-load window of the closed loop, the output lengths
-# that occurred (decided by EOS or drawn), and for contiguous points the hindsight oracle bound.
+# Optional fields of version 1 (a reader finds them absent in some files): the full-load window of the closed
+# loop, the output lengths that occurred (decided by EOS or drawn), and for contiguous points the hindsight bound.
 STEADY_FIELDS = ("steady_output_throughput", "steady_window_s", "steady_window_pct")
 OUTPUT_LENGTH_FIELDS = ("output_len_mean", "output_len_p50", "output_len_p90", "output_len_max", "stopped_at_eos")
 HINDSIGHT_FIELDS = ("kv_hindsight_oracle_peak_bytes", "kv_hindsight_oracle_mean_bytes")
-# Also added without a bump: vllm bench serve's duration, total_input_tokens, total_output_tokens and the median_
-# and std_ latency statistics (percentiles interpolate linearly, as numpy and vLLM do; earlier runs took the lower
-# rank); the engines a point ran interleaved with and the CPU seconds of its steps (cpu_time_s, CPU devices); a
-# sweep summary's "findings" (its article table in words).
+# Also optional: vllm bench serve's duration, total_input_tokens, total_output_tokens and the median_ and std_
+# latency statistics (percentiles interpolate linearly, as numpy and vLLM do); the engines a point ran interleaved
+# with and the CPU seconds of its steps (cpu_time_s, CPU devices); a sweep summary's "findings".
 INTERLEAVED_FIELD = "interleaved_with"
 
 POINT_STATUSES = ("ok", "oom", "error")
