@@ -44,25 +44,23 @@ def main() -> None:
     trace = read_prefix_trace(resolve_trace(args.trace))
     stages.append(("read the trace", time.process_time() - cpu))
     cpu = time.process_time()
-    document = run_reuse_study(trace, ReuseSettings(model=args.model, gpu=args.gpu, points=args.points))
+    curve = run_reuse_study(trace, ReuseSettings(model=args.model, gpu=args.gpu, points=args.points))
     total_cpu = time.process_time() - start
-    sizes = len(document["points"])
+    sizes = len(curve.points)
     stages.append((f"the study ({sizes} KV sizes, the never-evicting run, reuse distances)", time.process_time() - cpu))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"CPU: {cpu_model()}")
-    print(
-        f"trace: {args.trace}, {len(trace.requests):,} requests, {document['trace']['prompt_tokens']:,} prompt tokens"
-    )
+    print(f"trace: {args.trace}, {len(trace.requests):,} requests, {curve.trace.prompt_tokens:,} prompt tokens")
     for what, seconds in stages:
         print(f"  {what}: {seconds:.2f} s CPU")
     print(
         f"total: {total_cpu:.2f} s CPU ({time.perf_counter() - wall:.2f} s wall), {total_cpu / sizes:.2f} s per KV "
         f"size; peak RSS {peak_mib:,.0f} MiB (goals: under 30 s for 20 sizes, under 1,024 MiB)"
     )
-    print(f"never-evicting hit rate {document['unbounded']['hit_rate_pct']:.2f}%")
-    for point in document["points"]:
-        print(f"  {point['kv_bytes'] / 2**30:10.1f} GiB  {point['hit_rate_pct']:6.2f}%  {point['label']}")
-    for line in document["findings"]:
+    print(f"never-evicting hit rate {curve.unbounded.hit_rate_pct:.2f}%")
+    for point in curve.points:
+        print(f"  {point.kv_bytes / 2**30:10.1f} GiB  {point.hit_rate_pct:6.2f}%  {point.label}")
+    for line in curve.findings:
         print(f"- {line}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -45,7 +46,7 @@ from kvbench.commands._trace_options import (
 )
 from kvbench.errors import KvbenchError
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
-from kvbench.results.run_meta import run_meta, summary_document
+from kvbench.results.run_meta import run_meta
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
 from kvbench.workload.dataset import resolve_dataset
 from kvbench.workload.prefix_trace import (
@@ -169,7 +170,7 @@ def reuse(
     with console.status("simulating...") as status:
         found = run_reuse_study(workload, settings, status.update)
     meta = run_meta(
-        model_name=found["deployment"]["model_name"],
+        model_name=found.deployment.model_name,
         gpu=settings.gpu,
         tensor_parallel_size=deployment.tensor_parallel,
         pipeline_parallel_size=deployment.pipeline_parallel,
@@ -180,17 +181,16 @@ def reuse(
         max_requests=max_requests,
         simulated=True,
     )
-    points_rows = found.pop("points")
-    document = summary_document("reuse", meta, points_rows, **found)
+    curve = replace(found, meta=meta)
     write_study(
         "reuse",
         out_dir,
-        document,
+        curve.to_json(),
         as_json,
-        plot=reuse_plot,
+        plot=lambda _, path: reuse_plot(curve, path),
         plot_file=CURVE_FILE,
-        markdown=reuse_markdown,
-        tables=lambda run_dir: print_reuse(console, document, run_dir),
+        markdown=lambda _: reuse_markdown(curve),
+        tables=lambda run_dir: print_reuse(console, curve, run_dir),
     )
 
 

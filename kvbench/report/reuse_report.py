@@ -3,120 +3,118 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.table import Table
 
-from kvbench.report.columns import markdown_table
+from kvbench.report.columns import Col, TableSpec
+from kvbench.report.html.units import sort_key
+from kvbench.results.reuse_curve import CurvePoint, ReuseCurve
 from kvbench.values import human_bytes
 
 GIB = 1024**3
 CURVE_FILE = "reuse.png"
 DISTANCE_FILE = "reuse_distance.png"
+TABLE_TITLE = "Hit rate per KV size"  # report.html's caption; the console's title is the run's (:func:`title`)
+
+Value = TypeVar("Value")
 
 
-def _pct(value: Any) -> str:
+def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
-def _seconds(value: Any) -> str:
+def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-@dataclass(frozen=True)
-class ReuseColumn:
-    field: str
-    label: str  # with its unit
-    text: Callable[[Any], str]
-    offload: bool = False  # only when the run had a CPU tier
+def _column(
+    heading: str, field: str, value: Callable[[CurvePoint], Value], text: Callable[[Value], str]
+) -> Col[CurvePoint]:
+    """A numeric column: the text of a point's value, ordered in report.html by the value."""
+    return Col(heading, lambda p: text(value(p)), field, sort=lambda p: sort_key(value(p)))
 
 
-COLUMNS = (
-    ReuseColumn("kv_bytes", "KV memory", lambda v: human_bytes(v)),
-    ReuseColumn("kv_blocks", "KV blocks", lambda v: f"{v:,}"),
-    ReuseColumn("label", "deployment", lambda v: v or ""),
-    ReuseColumn("hit_rate_pct", "prefix hit rate", _pct),
-    ReuseColumn("share_of_unbounded_pct", "share of never-evicting", _pct),
-    ReuseColumn("total_hit_rate_pct", "with CPU tier", _pct, offload=True),
-    ReuseColumn("prefill_time_saved_pct", "prefill time saved", _pct),
-    ReuseColumn("pinned_peak_pct", "pinned by running (peak)", _pct),
-    ReuseColumn("queue_wait_mean_s", "mean wait (s)", _seconds),
-    ReuseColumn("refused", "refused (too long)", lambda v: f"{v:,}"),
+KV_MEMORY = _column("KV memory", "kv_bytes", lambda p: p.kv_bytes, human_bytes)
+KV_BLOCKS = _column("KV blocks", "kv_blocks", lambda p: p.kv_blocks, lambda v: f"{v:,}")
+DEPLOYMENT = Col[CurvePoint]("deployment", lambda p: p.label, "label", numeric=False)
+HIT_RATE = _column("prefix hit rate", "hit_rate_pct", lambda p: p.hit_rate_pct, _pct)
+SHARE = _column("share of never-evicting", "share_of_unbounded_pct", lambda p: p.share_of_unbounded_pct, _pct)
+WITH_TIER = _column("with CPU tier", "total_hit_rate_pct", lambda p: p.total_hit_rate_pct, _pct)
+REST = (
+    _column("prefill time saved", "prefill_time_saved_pct", lambda p: p.prefill_time_saved_pct, _pct),
+    _column("pinned by running (peak)", "pinned_peak_pct", lambda p: p.pinned_peak_pct, _pct),
+    _column("mean wait (s)", "queue_wait_mean_s", lambda p: p.queue_wait_mean_s, _seconds),
+    _column("refused (too long)", "refused", lambda p: p.refused, lambda v: f"{v:,}"),
 )
 
 
-def columns(document: dict[str, Any]) -> list[ReuseColumn]:
-    offload = bool(document["deployment"].get("offload_bytes"))
-    return [c for c in COLUMNS if offload or not c.offload]
+def curve_spec(curve: ReuseCurve) -> TableSpec[CurvePoint]:
+    """The curve's table as the console, summary.md and report.html show it: the CPU tier's column only when the
+    run had one."""
+    tier = (WITH_TIER,) if curve.offload else ()
+    return TableSpec(TABLE_TITLE, (KV_MEMORY, KV_BLOCKS, DEPLOYMENT, HIT_RATE, SHARE, *tier, *REST))
 
 
-def cell_texts(document: dict[str, Any]) -> list[list[str]]:
-    shown = columns(document)
-    return [[c.text(point.get(c.field)) for c in shown] for point in document["points"]]
-
-
-def title(document: dict[str, Any]) -> str:
-    deployment, trace = document["deployment"], document["trace"]
+def title(curve: ReuseCurve) -> str:
+    deployment, trace = curve.deployment, curve.trace
     return (
-        f"Prefix reuse: {deployment['model_name']} on {deployment['gpu']}, blocks of {deployment['block_size']} "
-        f"tokens; {trace['requests']:,} requests over {trace['duration_s'] / 60:,.1f} min"
+        f"Prefix reuse: {deployment.model_name} on {deployment.gpu}, blocks of {deployment.block_size} "
+        f"tokens; {trace.requests:,} requests over {trace.duration_s / 60:,.1f} min"
     )
 
 
-def print_reuse(console: Any, document: dict[str, Any], run_dir: Path | None = None) -> None:
-    table = Table(title=title(document), title_justify="left")
-    for column in columns(document):
-        table.add_column(column.label, justify="left" if column.field == "label" else "right")
-    for row in cell_texts(document):
+def print_reuse(console: Any, curve: ReuseCurve, run_dir: Path | None = None) -> None:
+    spec = curve_spec(curve)
+    table = Table(title=title(curve), title_justify="left")
+    for column in spec.columns:
+        table.add_column(column.heading, justify="right" if column.numeric else "left")
+    for row in spec.rows(curve.points):
         table.add_row(*row)
     console.print(table)
-    unbounded = document["unbounded"]
-    console.print(f"A cache that never evicts: {unbounded['hit_rate_pct']:.1f}% of prompt tokens.")
-    for line in document["findings"]:
+    console.print(f"A cache that never evicts: {curve.unbounded.hit_rate_pct:.1f}% of prompt tokens.")
+    for line in curve.findings:
         console.print(f"- {line}")
     if run_dir is not None:
         console.print(f"wrote {run_dir}/ (summary.json, summary.csv, summary.md, {CURVE_FILE}, {DISTANCE_FILE})")
 
 
-def reuse_markdown(document: dict[str, Any]) -> str:
-    trace = document["trace"]
+def reuse_markdown(curve: ReuseCurve) -> str:
+    trace = curve.trace
     head = (
-        f"# kvbench reuse\n\n{title(document)} (simulated).\n\nTrace: {trace['source']}, "
-        f"{trace['prompt_tokens']:,} prompt tokens in blocks of {trace['trace_block_size']} per hash id.\n\n"
-        f"A cache that never evicts serves {document['unbounded']['hit_rate_pct']:.1f}% of prompt tokens.\n\n"
+        f"# kvbench reuse\n\n{title(curve)} (simulated).\n\nTrace: {trace.source}, "
+        f"{trace.prompt_tokens:,} prompt tokens in blocks of {trace.trace_block_size} per hash id.\n\n"
+        f"A cache that never evicts serves {curve.unbounded.hit_rate_pct:.1f}% of prompt tokens.\n\n"
     )
-    table = markdown_table([c.label for c in columns(document)], cell_texts(document))
-    findings = "\n".join(f"- {line}" for line in document["findings"])
+    table = curve_spec(curve).markdown(curve.points)
+    findings = "\n".join(f"- {line}" for line in curve.findings)
     return f"{head}{table}\n{findings}\n"
 
 
-def reuse_plot(document: dict[str, Any], path: Path) -> None:
+def reuse_plot(curve: ReuseCurve, path: Path) -> None:
     """The curve at ``path`` and the reuse distances beside it."""
     from kvbench.report.plots import reuse_curve, reuse_distance
 
-    points = document["points"]
-    series = {"GPU prefix cache": ([p["kv_bytes"] / GIB for p in points], [p["hit_rate_pct"] for p in points])}
-    offload = document["deployment"].get("offload_bytes")
-    if offload:
-        series[f"with a {human_bytes(offload)} CPU tier"] = (
-            [p["kv_bytes"] / GIB for p in points],
-            [p["total_hit_rate_pct"] for p in points],
-        )
+    points = curve.points
+    sizes = [p.kv_bytes / GIB for p in points]
+    series = {"GPU prefix cache": (sizes, [p.hit_rate_pct for p in points])}
+    offload = curve.deployment.offload_bytes
+    totals = [p.tier.total_hit_rate_pct for p in points if p.tier is not None]
+    if offload and len(totals) == len(points):
+        series[f"with a {human_bytes(offload)} CPU tier"] = (sizes, totals)
     marks = [
-        (d["kv_bytes"] / GIB, d["hit_rate_pct"], f"{d['gpus']} GPU" + ("s" if d["gpus"] != 1 else ""))
-        for d in document["deployments"]
+        (d.kv_bytes / GIB, d.hit_rate_pct, f"{d.gpus} GPU" + ("s" if d.gpus != 1 else "")) for d in curve.deployments
     ]
-    reuse_curve(series, marks, document["unbounded"]["hit_rate_pct"], path, title(document))
-    distance = document["reuse_distance"]
-    if distance.get("reuses"):
-        seconds, written = distance["seconds_histogram"], distance["new_kv_bytes_histogram"]
+    reuse_curve(series, marks, curve.unbounded.hit_rate_pct, path, title(curve))
+    distance = curve.reuse_distance
+    seconds, written = distance.seconds_histogram, distance.new_kv_bytes_histogram
+    if distance.reuses and seconds is not None and written is not None:
         reuse_distance(
             [
-                (seconds["edges"], seconds["blocks"], "time since the block's last use (s; 0 in the first bin)"),
-                ([e / GIB for e in written["edges"]], written["blocks"], "new KV written in between (GiB)"),
+                (seconds.edges, seconds.blocks, "time since the block's last use (s; 0 in the first bin)"),
+                ([e / GIB for e in written.edges], written.blocks, "new KV written in between (GiB)"),
             ],
             path.with_name(DISTANCE_FILE),
-            f"Reuse distance of {distance['reused_blocks']:,} reused KV blocks",
+            f"Reuse distance of {distance.reused_blocks:,} reused KV blocks",
         )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,18 @@ from kvbench.models.deployment import Parallelism, check_parallelism, deployment
 from kvbench.models.gpus import GpuSpec, resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import ModelShape
+from kvbench.results.reuse_curve import (
+    CurvePoint,
+    DeploymentMark,
+    LogHistogram,
+    NeverEvicting,
+    ReuseCurve,
+    ReuseDistance,
+    ReuseSetup,
+    ReuseTrace,
+    ShareTarget,
+    TierFigures,
+)
 from kvbench.values import human_bytes
 from kvbench.workload.prefix_trace import PrefixTrace
 
@@ -175,61 +186,64 @@ def unbounded_blocks(chained: ChainedTrace, block_size: int) -> int:
     return sum(-(-(n + o) // block_size) for n, o in zip(chained.input_lens, chained.output_lens, strict=True))
 
 
-def size_for_share(points: list[dict[str, Any]], target_pct: float) -> int | None:
+def size_for_share(points: Sequence[CurvePoint], target_pct: float) -> int | None:
     """KV bytes where the curve first reaches ``target_pct`` (interpolated in log size between simulated sizes);
     None beyond the largest size simulated."""
-    previous = None
+    previous: CurvePoint | None = None
     for point in points:
-        if point["refused"]:  # a size that cannot hold every request is no answer
+        if point.refused:  # a size that cannot hold every request is no answer
             continue
-        if point["hit_rate_pct"] >= target_pct:
-            if previous is None or point["hit_rate_pct"] == previous["hit_rate_pct"]:
-                return int(point["kv_bytes"])
-            low, high = math.log(previous["kv_bytes"]), math.log(point["kv_bytes"])
-            share = (target_pct - previous["hit_rate_pct"]) / (point["hit_rate_pct"] - previous["hit_rate_pct"])
+        if point.hit_rate_pct >= target_pct:
+            if previous is None or point.hit_rate_pct == previous.hit_rate_pct:
+                return int(point.kv_bytes)
+            low, high = math.log(previous.kv_bytes), math.log(point.kv_bytes)
+            share = (target_pct - previous.hit_rate_pct) / (point.hit_rate_pct - previous.hit_rate_pct)
             return int(math.exp(low + share * (high - low)))
         previous = point
     return None
 
 
-def point_row(outcome: ReuseOutcome, planned: Planned, unbounded_pct: float, label: str) -> dict[str, Any]:
+def curve_point(outcome: ReuseOutcome, planned: Planned, unbounded_pct: float, label: str) -> CurvePoint:
     saved_s = outcome.prefill_s_without_cache - outcome.prefill_s
     hit_pct = 100.0 * outcome.hit_rate
-    row: dict[str, Any] = {
-        "engine": f"kv-{outcome.kv_blocks}-blocks",
-        "concurrency": 0,  # the trace's own arrivals: an open-loop point
-        "label": label,
-        "kv_blocks": outcome.kv_blocks,
-        "kv_bytes": outcome.kv_blocks * planned.block_bytes,
-        "hit_rate_pct": hit_pct,
-        "share_of_unbounded_pct": 100.0 * hit_pct / unbounded_pct if unbounded_pct else None,
-        "hit_tokens": outcome.hit_tokens,
-        "prompt_tokens": outcome.prompt_tokens,
-        "prefill_tokens_saved": outcome.hit_tokens + outcome.offload_hit_tokens,
-        "prefill_s_saved": saved_s,
-        "prefill_time_saved_pct": 100.0 * saved_s / outcome.prefill_s_without_cache
+    tier = None
+    if outcome.offload_blocks:
+        tier = TierFigures(
+            outcome.offload_blocks * planned.block_bytes,
+            100.0 * outcome.offload_hit_tokens / max(outcome.prompt_tokens, 1),
+            100.0 * outcome.total_hit_rate,
+        )
+    return CurvePoint(
+        engine=f"kv-{outcome.kv_blocks}-blocks",
+        label=label,
+        kv_blocks=outcome.kv_blocks,
+        kv_bytes=outcome.kv_blocks * planned.block_bytes,
+        hit_rate_pct=hit_pct,
+        share_of_unbounded_pct=100.0 * hit_pct / unbounded_pct if unbounded_pct else None,
+        hit_tokens=outcome.hit_tokens,
+        prompt_tokens=outcome.prompt_tokens,
+        prefill_tokens_saved=outcome.hit_tokens + outcome.offload_hit_tokens,
+        prefill_s_saved=saved_s,
+        prefill_time_saved_pct=100.0 * saved_s / outcome.prefill_s_without_cache
         if outcome.prefill_s_without_cache
         else 0.0,
-        "pinned_blocks_peak": outcome.pinned_blocks_peak,
-        "pinned_blocks_mean": outcome.pinned_blocks_mean,
-        "pinned_peak_pct": 100.0 * outcome.pinned_blocks_peak / outcome.kv_blocks,
-        "evicted_blocks": outcome.evicted_blocks,
-        "requests": outcome.requests,
-        "refused": outcome.refused,
-        "queue_wait_mean_s": outcome.queue_wait_mean_s,
-    }
-    if outcome.offload_blocks:
-        row["offload_bytes"] = outcome.offload_blocks * planned.block_bytes
-        row["offload_hit_rate_pct"] = 100.0 * outcome.offload_hit_tokens / max(outcome.prompt_tokens, 1)
-        row["total_hit_rate_pct"] = 100.0 * outcome.total_hit_rate
-    return row
+        pinned_blocks_peak=outcome.pinned_blocks_peak,
+        pinned_blocks_mean=outcome.pinned_blocks_mean,
+        pinned_peak_pct=100.0 * outcome.pinned_blocks_peak / outcome.kv_blocks,
+        evicted_blocks=outcome.evicted_blocks,
+        requests=outcome.requests,
+        refused=outcome.refused,
+        queue_wait_mean_s=outcome.queue_wait_mean_s,
+        concurrency=0,  # the trace's own arrivals: an open-loop point
+        tier=tier,
+    )
 
 
-def distance_summary(chained: ChainedTrace, block_size: int, block_bytes: int) -> dict[str, Any]:
+def distance_summary(chained: ChainedTrace, block_size: int, block_bytes: int) -> ReuseDistance:
     """Quantiles of the reuse distance, weighted by the blocks each reuse covers."""
     found = reuse_distances(chained, block_size)
     if not found.seconds:
-        return {"reuses": 0}
+        return ReuseDistance(reuses=0)
     weights = np.asarray(found.weights, dtype=float)
     quantiles = (0.5, 0.9, 0.99)
 
@@ -242,23 +256,23 @@ def distance_summary(chained: ChainedTrace, block_size: int, block_bytes: int) -
 
     seconds = weighted(found.seconds)
     written = [b * block_bytes for b in weighted(found.new_blocks)]
-    return {
-        "reuses": len(found.seconds),
-        "reused_blocks": int(weights.sum()),
-        "seconds_p50": seconds[0],
-        "seconds_p90": seconds[1],
-        "seconds_p99": seconds[2],
-        "new_kv_bytes_p50": written[0],
-        "new_kv_bytes_p90": written[1],
-        "new_kv_bytes_p99": written[2],
-        "seconds_histogram": _log_histogram(np.asarray(found.seconds, dtype=float), weights, 0.1),
-        "new_kv_bytes_histogram": _log_histogram(
+    return ReuseDistance(
+        reuses=len(found.seconds),
+        reused_blocks=int(weights.sum()),
+        seconds_p50=seconds[0],
+        seconds_p90=seconds[1],
+        seconds_p99=seconds[2],
+        new_kv_bytes_p50=written[0],
+        new_kv_bytes_p90=written[1],
+        new_kv_bytes_p99=written[2],
+        seconds_histogram=_log_histogram(np.asarray(found.seconds, dtype=float), weights, 0.1),
+        new_kv_bytes_histogram=_log_histogram(
             np.asarray(found.new_blocks, dtype=float) * block_bytes, weights, float(block_bytes)
         ),
-    }
+    )
 
 
-def _log_histogram(values: np.ndarray, weights: np.ndarray, floor: float, bins: int = 40) -> dict[str, list[float]]:
+def _log_histogram(values: np.ndarray, weights: np.ndarray, floor: float, bins: int = 40) -> LogHistogram:
     """Weighted counts over log-spaced bins from ``floor`` (or the least value above 0, if smaller); values at
     or below the first edge, zero included, fall in the first bin."""
     positive = values[values > 0]
@@ -266,13 +280,13 @@ def _log_histogram(values: np.ndarray, weights: np.ndarray, floor: float, bins: 
     high = max(float(values.max()), low * 1.0001)
     edges = np.geomspace(low, high, bins + 1)
     counts, _ = np.histogram(np.clip(values, low, high), bins=edges, weights=weights)
-    return {"edges": [float(e) for e in edges], "blocks": [float(c) for c in counts]}
+    return LogHistogram([float(e) for e in edges], [float(c) for c in counts])
 
 
 def run_reuse_study(
     trace: PrefixTrace, settings: ReuseSettings, progress: Callable[[str], None] = lambda _: None
-) -> dict[str, Any]:
-    """The curve, the deployments on it and the findings, as the summary's fields (no metadata)."""
+) -> ReuseCurve:
+    """The curve, the deployments on it and the findings (no metadata: the command adds the run's)."""
     if trace.block_size % settings.block_size:
         raise KvbenchError(
             f"the trace's blocks of {trace.block_size} tokens are not a whole number of KV blocks of "
@@ -306,129 +320,122 @@ def run_reuse_study(
     for blocks in sizes:
         deployment = deployment_blocks.get(blocks)
         label = f"{deployment.gpus} x {planned.gpu.name}" if deployment is not None else ""
-        points.append(point_row(outcomes[blocks], planned, unbounded_pct, label))
+        points.append(curve_point(outcomes[blocks], planned, unbounded_pct, label))
     if offload_blocks:
         with_tier = run_sizes(chained, block, sizes, timing, settings.max_num_seqs, offload_blocks, progress)
-        for row, blocks in zip(points, sizes, strict=True):
-            tier = point_row(with_tier[blocks], planned, unbounded_pct, row["label"])
-            row["offload_bytes"] = tier["offload_bytes"]
-            row["offload_hit_rate_pct"] = tier["offload_hit_rate_pct"]
-            row["total_hit_rate_pct"] = tier["total_hit_rate_pct"]
+        points = [
+            replace(point, tier=curve_point(with_tier[blocks], planned, unbounded_pct, point.label).tier)
+            for point, blocks in zip(points, sizes, strict=True)
+        ]
     progress("measuring reuse distances")
     distances = distance_summary(chained, block, planned.block_bytes)
     targets = [
-        {
-            "share_pct": share,
-            "hit_rate_pct": unbounded_pct * share / 100.0,
-            "kv_bytes": size_for_share(points, unbounded_pct * share / 100.0),
-        }
+        ShareTarget(
+            share_pct=share,
+            hit_rate_pct=unbounded_pct * share / 100.0,
+            kv_bytes=size_for_share(points, unbounded_pct * share / 100.0),
+        )
         for share in TARGET_SHARES
     ]
-    by_blocks = {p["kv_blocks"]: p for p in points}
+    by_blocks = {p.kv_blocks: p for p in points}
     deployments = [
-        {
-            "gpus": d.gpus,
-            "tensor_parallel_size": d.tensor,
-            "pipeline_parallel_size": d.pipeline,
-            "kv_blocks": d.kv_blocks,
-            "kv_bytes": d.kv_blocks * planned.block_bytes,
-            "hit_rate_pct": by_blocks[d.kv_blocks]["hit_rate_pct"],
-            "total_hit_rate_pct": by_blocks[d.kv_blocks].get("total_hit_rate_pct"),
-        }
+        DeploymentMark(
+            gpus=d.gpus,
+            tensor_parallel_size=d.tensor,
+            pipeline_parallel_size=d.pipeline,
+            kv_blocks=d.kv_blocks,
+            kv_bytes=d.kv_blocks * planned.block_bytes,
+            hit_rate_pct=by_blocks[d.kv_blocks].hit_rate_pct,
+            total_hit_rate_pct=by_blocks[d.kv_blocks].total_hit_rate_pct,
+        )
         for d in planned.deployments
     ]
-    result = {
-        "trace": {
-            "source": trace.source,
-            "requests": len(trace.requests),
-            "duration_s": trace.duration_s,
-            "trace_block_size": trace.block_size,
-            "prompt_tokens": sum(r.input_len for r in trace.requests),
-            "output_tokens": sum(r.output_len for r in trace.requests),
-            "context_tokens": context,
-            "over_context": len(given.requests) - len(trace.requests),
-            "over_context_prompt_tokens": sum(r.input_len for r in given.requests)
+    curve = ReuseCurve(
+        trace=ReuseTrace(
+            source=trace.source,
+            requests=len(trace.requests),
+            duration_s=trace.duration_s,
+            trace_block_size=trace.block_size,
+            prompt_tokens=sum(r.input_len for r in trace.requests),
+            output_tokens=sum(r.output_len for r in trace.requests),
+            context_tokens=context,
+            over_context=len(given.requests) - len(trace.requests),
+            over_context_prompt_tokens=sum(r.input_len for r in given.requests)
             - sum(r.input_len for r in trace.requests),
-        },
-        "deployment": {
-            "model_name": planned.shape.name,
-            "gpu": planned.gpu.name,
-            "block_size": block,
-            "kv_block_bytes": planned.block_bytes,
-            "kv_bytes_per_token": planned.shape.bytes_per_token,
-            "max_num_seqs": settings.max_num_seqs,
-            "offload_bytes": offload_blocks * planned.block_bytes,
-        },
-        "unbounded": {
-            "hit_rate_pct": unbounded_pct,
-            "kv_blocks_peak": unbounded.pinned_blocks_peak,
-            "prefill_s_saved": unbounded.prefill_s_without_cache - unbounded.prefill_s,
-        },
-        "deployments": deployments,
-        "targets": targets,
-        "reuse_distance": distances,
-        "points": points,
-    }
-    result["findings"] = findings(result)
-    return result
+        ),
+        deployment=ReuseSetup(
+            model_name=planned.shape.name,
+            gpu=planned.gpu.name,
+            block_size=block,
+            kv_block_bytes=planned.block_bytes,
+            kv_bytes_per_token=planned.shape.bytes_per_token,
+            max_num_seqs=settings.max_num_seqs,
+            offload_bytes=offload_blocks * planned.block_bytes,
+        ),
+        unbounded=NeverEvicting(
+            hit_rate_pct=unbounded_pct,
+            kv_blocks_peak=unbounded.pinned_blocks_peak,
+            prefill_s_saved=unbounded.prefill_s_without_cache - unbounded.prefill_s,
+        ),
+        deployments=deployments,
+        targets=targets,
+        reuse_distance=distances,
+        points=points,
+    )
+    return replace(curve, findings=findings(curve))
 
 
-def findings(result: dict[str, Any]) -> list[str]:
+def findings(curve: ReuseCurve) -> list[str]:
     """The curve in words: where the deployment sits, what more memory buys, and why."""
-    unbounded = result["unbounded"]["hit_rate_pct"]
-    deployments = result["deployments"]
-    asked = deployments[0]
+    unbounded = curve.unbounded.hit_rate_pct
+    asked = curve.asked
     lines = []
     if unbounded <= 0:
         return ["No prompt block of this trace repeats an earlier one: no KV size gives a prefix hit."]
-    share = 100.0 * asked["hit_rate_pct"] / unbounded
-    trace = result["trace"]
-    if trace["over_context"]:
+    share = 100.0 * asked.hit_rate_pct / unbounded
+    trace = curve.trace
+    if trace.over_context:
         lines.append(
-            f"{trace['over_context']:,} requests are longer (prompt and output) than the model's context of "
-            f"{trace['context_tokens']:,} tokens and were left out, as a server refuses them; every rate here counts "
-            f"the {trace['requests']:,} others."
+            f"{trace.over_context:,} requests are longer (prompt and output) than the model's context of "
+            f"{trace.context_tokens:,} tokens and were left out, as a server refuses them; every rate here counts "
+            f"the {trace.requests:,} others."
         )
     lines.append(
-        f"This deployment ({_gpus(asked['gpus'])}, {human_bytes(asked['kv_bytes'])} of KV memory) serves "
-        f"{asked['hit_rate_pct']:.1f}% of prompt tokens from its prefix cache: {share:.0f}% of the "
+        f"This deployment ({_gpus(asked.gpus)}, {human_bytes(asked.kv_bytes)} of KV memory) serves "
+        f"{asked.hit_rate_pct:.1f}% of prompt tokens from its prefix cache: {share:.0f}% of the "
         f"{unbounded:.1f}% a cache that never evicts would serve."
     )
-    point = next(p for p in result["points"] if p["kv_blocks"] == asked["kv_blocks"])
-    if point["pinned_peak_pct"] >= OVERLOADED_PINNED_PCT and point["queue_wait_mean_s"] > 0:
+    point = curve.point_at(asked.kv_blocks)
+    if point.pinned_peak_pct >= OVERLOADED_PINNED_PCT and point.queue_wait_mean_s > 0:
         lines.append(
-            f"At the trace's arrival rate it is overloaded: requests waited {point['queue_wait_mean_s']:,.1f} s "
-            f"on average for KV memory, and running requests pinned {point['pinned_peak_pct']:.0f}% of it at "
+            f"At the trace's arrival rate it is overloaded: requests waited {point.queue_wait_mean_s:,.1f} s "
+            f"on average for KV memory, and running requests pinned {point.pinned_peak_pct:.0f}% of it at "
             "the peak, leaving no room to keep prefixes; its hit rate is bounded by load before memory (slow "
             "the arrivals down, or add replicas, to see the cache alone)."
         )
-    for larger in deployments[1:]:
-        gain = larger["hit_rate_pct"] - asked["hit_rate_pct"]
+    for larger in curve.deployments[1:]:
+        gain = larger.hit_rate_pct - asked.hit_rate_pct
         lines.append(
-            f"With {_gpus(larger['gpus'])} (tensor parallel {larger['tensor_parallel_size']}) the KV memory is "
-            f"{human_bytes(larger['kv_bytes'])} and the hit rate {larger['hit_rate_pct']:.1f}% "
+            f"With {_gpus(larger.gpus)} (tensor parallel {larger.tensor_parallel_size}) the KV memory is "
+            f"{human_bytes(larger.kv_bytes)} and the hit rate {larger.hit_rate_pct:.1f}% "
             f"({gain:+.1f} points)."
         )
-    if asked.get("total_hit_rate_pct") is not None:
-        gain = asked["total_hit_rate_pct"] - asked["hit_rate_pct"]
-        tier = result["deployment"]["offload_bytes"]
+    if asked.total_hit_rate_pct is not None:
+        gain = asked.total_hit_rate_pct - asked.hit_rate_pct
+        tier = curve.deployment.offload_bytes
         lines.append(
-            f"A CPU tier of {human_bytes(tier)} adds {gain:.1f} points here ({asked['total_hit_rate_pct']:.1f}% "
+            f"A CPU tier of {human_bytes(tier)} adds {gain:.1f} points here ({asked.total_hit_rate_pct:.1f}% "
             "served without recompute): prefixes the GPU evicted come back from host memory."
         )
-    for target in result["targets"]:
-        where = (
-            human_bytes(target["kv_bytes"])
-            if target["kv_bytes"] is not None
-            else "more than the largest size simulated"
-        )
-        lines.append(f"{target['share_pct']}% of the reachable reuse ({target['hit_rate_pct']:.1f}%) needs {where}.")
-    distance = result["reuse_distance"]
-    if distance.get("reuses"):
+    for target in curve.targets:
+        where = human_bytes(target.kv_bytes) if target.kv_bytes is not None else "more than the largest size simulated"
+        lines.append(f"{target.share_pct}% of the reachable reuse ({target.hit_rate_pct:.1f}%) needs {where}.")
+    distance = curve.reuse_distance
+    if distance.reuses:
         lines.append(
-            f"Why: half of the reused blocks come back within {distance['seconds_p50']:.0f} s of their last use, "
-            f"after {human_bytes(distance['new_kv_bytes_p50'])} of new KV was written; 90% within "
-            f"{distance['seconds_p90']:.0f} s and {human_bytes(distance['new_kv_bytes_p90'])}. A cache smaller "
+            f"Why: half of the reused blocks come back within {distance.seconds_p50:.0f} s of their last use, "
+            f"after {human_bytes(distance.new_kv_bytes_p50)} of new KV was written; 90% within "
+            f"{distance.seconds_p90:.0f} s and {human_bytes(distance.new_kv_bytes_p90)}. A cache smaller "
             "than the KV written in between has evicted the block by then (least recently used goes first)."
         )
     return lines

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvbench.report.html import units
-from kvbench.report.html.common import draw, figures_block, provenance_section
-from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
+from kvbench.report.html.common import draw, figures_block, provenance_section, spec_table
+from kvbench.report.html.page import Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.reuse_report import CURVE_FILE, cell_texts, columns, reuse_plot, title
+from kvbench.report.reuse_report import CURVE_FILE, curve_spec, reuse_plot, title
+from kvbench.results.reuse_curve import ReuseCurve
 
 
 def build(run: RunFiles) -> Page:
-    document = run.document
-    figures = draw(lambda: reuse_plot(document, run.directory / CURVE_FILE))
-    trace = document["trace"]
+    curve = ReuseCurve.from_json(run.document)
+    figures = draw(lambda: reuse_plot(curve, run.directory / CURVE_FILE))
+    trace = curve.trace
     subtitle = (
-        f"trace {trace['source']}: {trace['prompt_tokens']:,} prompt tokens, hash ids of "
-        f"{trace['trace_block_size']} tokens; simulated at the trace's arrival times"
+        f"trace {trace.source}: {trace.prompt_tokens:,} prompt tokens, hash ids of "
+        f"{trace.trace_block_size} tokens; simulated at the trace's arrival times"
     )
-    sections = [Section("headline", "Verdict", [verdict(document), curve_table(document)])]
+    sections = [Section("headline", "Verdict", [verdict(curve), curve_table(curve)])]
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     sections.append(Section("model", "What the simulation models", [Text(MODEL_NOTES, tone="note")]))
-    sections.append(provenance_section(document["meta"], run.files()))
-    return Page("reuse", title(document), subtitle, ["SIMULATED"], sections)
+    sections.append(provenance_section(curve.meta, run.files()))
+    return Page("reuse", title(curve), subtitle, ["SIMULATED"], sections)
 
 
 MODEL_NOTES = [
@@ -37,34 +36,24 @@ MODEL_NOTES = [
 ]
 
 
-def verdict(document: dict[str, Any]) -> Verdict:
-    asked = document["deployments"][0]
-    unbounded = document["unbounded"]["hit_rate_pct"]
+def verdict(curve: ReuseCurve) -> Verdict:
+    asked = curve.asked
+    unbounded = curve.unbounded.hit_rate_pct
     headline = (
-        f"{units.pct(asked['hit_rate_pct'])} of prompt tokens served from the prefix cache with "
-        f"{units.nbytes(asked['kv_bytes'])} of KV memory; a cache that never evicts serves {units.pct(unbounded)}"
+        f"{units.pct(asked.hit_rate_pct)} of prompt tokens served from the prefix cache with "
+        f"{units.nbytes(asked.kv_bytes)} of KV memory; a cache that never evicts serves {units.pct(unbounded)}"
     )
-    share = asked["hit_rate_pct"] / unbounded if unbounded else 1.0
+    share = asked.hit_rate_pct / unbounded if unbounded else 1.0
     tone = "good" if share >= 0.9 else "warn"
-    return Verdict(headline, tone, list(document["findings"]))
+    return Verdict(headline, tone, list(curve.findings))
 
 
-def curve_table(document: dict[str, Any]) -> Table:
-    shown = columns(document)
-    rows = []
-    for point, texts in zip(document["points"], cell_texts(document), strict=True):
-        rows.append(
-            [
-                Cell(text, units.sort_key(point.get(c.field)) if c.field != "label" else text, field=c.field)
-                for c, text in zip(shown, texts, strict=True)
-            ]
-        )
-    return Table(
-        "Hit rate per KV size",
-        [Column(c.label, c.field != "label") for c in shown],
-        rows,
-        id="reuse-table",
-        note="Hit rate: prompt tokens served from cached KV blocks, of all prompt tokens (a refused request's "
+def curve_table(curve: ReuseCurve) -> Table:
+    return spec_table(
+        curve_spec(curve),
+        curve.points,
+        "reuse-table",
+        "Hit rate: prompt tokens served from cached KV blocks, of all prompt tokens (a refused request's "
         "are misses). "
         "Pinned: blocks held by running requests, which the cache cannot keep prefixes in.",
     )
