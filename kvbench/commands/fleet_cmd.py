@@ -155,8 +155,12 @@ def fleet(
         "A --target's KV event stream, [NAME=]ADDRESS (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH), "
         "for precise-prefix (repeat for each server).",
     ),
-    scrape_interval: float = SCRAPE_INTERVAL(0.5, "With --target: seconds between scrapes of each server's /metrics."),
-    request_timeout: float = REQUEST_TIMEOUT(600.0, "With --target: seconds a request may take before it fails."),
+    scrape_interval: float = SCRAPE_INTERVAL(
+        ServerOptions.scrape_interval_s, "With --target: seconds between scrapes of each server's /metrics."
+    ),
+    request_timeout: float = REQUEST_TIMEOUT(
+        RequestLimits.timeout_s, "With --target: seconds a request may take before it fails."
+    ),
     rate: float | None = RATE(None, "Poisson arrivals, requests per second (default: the file's arrival times)."),
     engine: str = ENGINE("paged", "The KV manager of every instance."),
     trace: Path | None = TRACE(None),
