@@ -168,10 +168,18 @@ def fleet(
     prefix_len: int = PREFIX_LEN(0),
     prefix_caching: bool = PREFIX_CACHING(True),
     autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
-    scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
-    scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),
-    scale_window: float = typer.Option(5.0, "--scale-window", help="Seconds usage must stay past a threshold."),
-    min_instances: int = typer.Option(1, "--min-instances", min=1, help="Autoscaling floor."),
+    scale_up: float = typer.Option(
+        AutoscaleSettings.scale_up, "--scale-up", help="Add an instance above this block usage (0-1]."
+    ),
+    scale_down: float = typer.Option(
+        AutoscaleSettings.scale_down, "--scale-down", help="Drain and remove one below this block usage."
+    ),
+    scale_window: float = typer.Option(
+        AutoscaleSettings.window_s, "--scale-window", help="Seconds usage must stay past a threshold."
+    ),
+    min_instances: int = typer.Option(
+        AutoscaleSettings.min_instances, "--min-instances", min=1, help="Autoscaling floor."
+    ),
     max_instances: int | None = typer.Option(
         None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."
     ),
