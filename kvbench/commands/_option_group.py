@@ -23,10 +23,15 @@ from typing import Annotated, Any
 
 @dataclass(frozen=True)
 class SharedOption:
-    name: str  # the parameter's name
+    name: str  # the parameter's name (a settings field's, where the flag is named otherwise)
     annotation: Any
     default: Any
     option: Any  # the typer.Option declaration (flag, range, help)
+
+    @property
+    def flag(self) -> str:
+        """The flag as ``--help`` shows it first, for one-line errors naming it."""
+        return flag_name(self.option)
 
 
 @dataclass(frozen=True)
@@ -105,21 +110,34 @@ class OptionGroup:
         return decorate
 
 
-def from_settings(settings: type, declarations: Mapping[str, Any]) -> tuple[SharedOption, ...]:
+def from_settings(settings: type | tuple[type, ...], declarations: Mapping[str, Any]) -> tuple[SharedOption, ...]:
     """Shared options, in ``declarations``' order, whose type and default are the settings dataclass's fields of
     the same names (declared there once); each declaration is the flag (``Flag.annotated(...)`` or a
-    ``typer.Option``), or a whole :class:`SharedOption` where the settings hold the value in another form."""
-    hints = typing.get_type_hints(settings)
-    defaults = settings_defaults(settings, declarations)
+    ``typer.Option``), or a whole :class:`SharedOption` where the settings hold the value in another form.
+    Of several settings the first with a field of that name gives it (the command line's form ahead of the parsed
+    one). The parameter is named as the field, whatever its flag (``request_timeout_s``: ``--request-timeout``)."""
+    classes = settings if isinstance(settings, tuple) else (settings,)
+    found: dict[str, tuple[Any, Any]] = {}  # a field's type and default by its name
+    for one in classes:
+        hints = typing.get_type_hints(one)
+        for name, default in settings_defaults(one, declarations).items():
+            found.setdefault(name, (hints[name], default))
     options = []
     for name, declared in declarations.items():
         if isinstance(declared, SharedOption):
             options.append(declared)
-        elif name not in defaults:
-            raise ValueError(f"{settings.__name__} has no field {name!r} with a default for an option")
+        elif name not in found:
+            names = " or ".join(one.__name__ for one in classes)
+            raise ValueError(f"{names} has no field {name!r} with a default for an option")
         else:
-            options.append(SharedOption(name, hints[name], defaults[name], declared))
+            options.append(SharedOption(name, *found[name], declared))
     return tuple(options)
+
+
+def flag_name(option: Any) -> str:
+    """The first flag a ``typer.Option`` declares (``Annotated`` style carries it as its default)."""
+    names = [option.default, *(option.param_decls or ())]
+    return next(name for name in names if isinstance(name, str) and name.startswith("-"))
 
 
 def settings_defaults(settings: type, names: Iterable[str]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 ``@TARGETS.add()`` (:mod:`kvbench.commands._option_group`) adds them to a command's signature (help panel
 "Servers over HTTP") and hands the command one parsed :class:`~kvbench.studies.run_options.EndpointOptions` (None
-without ``--target``) as its ``endpoint`` argument. Every value is checked here, with one-line errors naming the flag.
+without ``--target``) as its ``endpoint`` argument. Each option's type and default are a field's of
+``EndpointOptions``, or of :class:`TargetArgs` where the command line gives the value in another form (text parsed
+here). Every value is checked here, with one-line errors naming the flag.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +20,7 @@ import typer
 
 from kvbench.commands._flags import MAX_LEN, OUTPUT_LEN, RATE, REQUEST_TIMEOUT, SCRAPE_INTERVAL, SLO, TARGET
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
-from kvbench.commands._option_group import OptionGroup, SharedOption
+from kvbench.commands._option_group import OptionGroup, SharedOption, flag_name, from_settings
 from kvbench.commands._options import MIN_RATE, choice
 from kvbench.commands._trace_options import (
     DEFAULT_CONVENTION,
@@ -35,195 +37,127 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.client_metrics import parse_slo
 from kvbench.endpoint.openai import APIS
 from kvbench.errors import KvbenchError
-from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.studies.run_options import EndpointOptions
 from kvbench.workload.lengths import TokenRange
 from kvbench.workload.prefix_trace import DEFAULT_TRACE_BLOCK
 
 PANEL = "Servers over HTTP (--target)"
-TRACE_SHAPING = ("trace_block_size", "trace_convention", "max_requests", "window", "time_scale")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-TARGET_OPTIONS: tuple[SharedOption, ...] = (
-    SharedOption(
-        "target",
-        list[str] | None,
-        None,
-        TARGET.annotated(
+@dataclass(frozen=True)
+class TargetArgs:
+    """The ``--target`` options :class:`EndpointOptions` holds in another form, as the command line gives them."""
+
+    target: list[str] | None = None  # [NAME=]URL, a server each
+    api: str = "completions"
+    model_name: str | None = None
+    api_key_env: str | None = None
+    metrics_url: str | None = None
+    input_len: str | None = None  # N or LO:HI
+    output_len: str | None = None
+    slo: str | None = None  # KEY=MS pairs
+    rate: str | None = None  # comma-separated requests per second
+    no_scrape: bool = False
+    kv_events: str | None = None
+    kv_events_bind: bool = False
+    kv_events_replay: str | None = None
+    trace: str | None = None  # a file or a shipped trace's name
+    trace_block_size: int = DEFAULT_TRACE_BLOCK
+    trace_convention: str = DEFAULT_CONVENTION
+    max_requests: int | None = None
+    window: str | None = None  # START:END seconds
+    time_scale: float = 1.0
+
+
+# each option's type and default are TargetArgs' where the command line gives another form, else EndpointOptions'
+TARGET_OPTIONS: tuple[SharedOption, ...] = from_settings(
+    (TargetArgs, EndpointOptions),
+    {
+        "target": TARGET.annotated(
             "An OpenAI-compatible server to benchmark instead of the in-process engines: [NAME=]http://HOST:PORT "
             "(repeatable; NAME labels its column, default HOST:PORT).",
             PANEL,
         ),
-    ),
-    SharedOption(
-        "api",
-        str,
-        "completions",
-        typer.Option(
+        "api": typer.Option(
             "--api",
             rich_help_panel=PANEL,
             help="The API the load uses: /v1/completions or /v1/chat/completions.",
             **choice(tuple(APIS)),
         ),
-    ),
-    SharedOption(
-        "model_name",
-        str | None,
-        None,
-        typer.Option(
+        "model_name": typer.Option(
             "--model-name",
             rich_help_panel=PANEL,
             help="The model name requests carry (default: the first one /v1/models lists).",
         ),
-    ),
-    SharedOption(
-        "api_key_env",
-        str | None,
-        None,
-        typer.Option(
+        "api_key_env": typer.Option(
             "--api-key-env",
             rich_help_panel=PANEL,
             help="Environment variable holding the API key (sent only over https or to loopback; default: none).",
         ),
-    ),
-    SharedOption(
-        "metrics_url",
-        str | None,
-        None,
-        typer.Option(
+        "metrics_url": typer.Option(
             "--metrics-url",
             rich_help_panel=PANEL,
             help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.",
         ),
-    ),
-    SharedOption(
-        "point_timeout",
-        float | None,
-        None,
-        typer.Option(
+        "point_timeout_s": typer.Option(
             "--point-timeout",
             metavar="SECONDS",
             rich_help_panel=PANEL,
             help="Stop each point after this long: requests in flight are cancelled and the rest not sent, each "
             "recorded as such, and the point is marked stopped at its time limit (default: none).",
         ),
-    ),
-    SharedOption(
-        "input_len",
-        str | None,
-        None,
-        typer.Option(
+        "input_len": typer.Option(
             "--input-len",
             metavar="N|LO:HI",
             rich_help_panel=PANEL,
             help="Each prompt's length in tokens, fixed or drawn uniformly from LO:HI (vllm bench serve's "
             "--random-input-len; default: the scenario's lengths).",
         ),
-    ),
-    SharedOption(
-        "output_len",
-        str | None,
-        None,
-        OUTPUT_LEN.annotated(
+        "output_len": OUTPUT_LEN.annotated(
             "Each answer's length asked for (max_tokens): N, or LO:HI drawn (vllm bench serve's --random-output-len).",
             PANEL,
         ),
-    ),
-    SharedOption(
-        "max_len",
-        int | None,
-        None,
-        MAX_LEN.annotated(
+        "max_len": MAX_LEN.annotated(
             "Prompt and answer together at most this many tokens: the served model's context (default: the "
             "scenario's max-len).",
             PANEL,
         ),
-    ),
-    SharedOption(
-        "slo",
-        str | None,
-        None,
-        SLO.annotated("Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50.", PANEL),
-    ),
-    SharedOption(
-        "slo_attainment",
-        float,
-        0.9,
-        typer.Option(
+        "slo": SLO.annotated("Objectives in ms for goodput and --find-max, e.g. ttft=500,tpot=50.", PANEL),
+        "slo_attainment": typer.Option(
             "--slo-attainment",
             min=0.0,
             max=1.0,
             rich_help_panel=PANEL,
             help="Share of requests that must meet every objective for a point to meet the SLO.",
         ),
-    ),
-    SharedOption(
-        "rate",
-        str | None,
-        None,
-        RATE.annotated(
+        "rate": RATE.annotated(
             "Open loop instead of --concurrency: comma-separated request rates (req/s), Poisson arrivals.", PANEL
         ),
-    ),
-    SharedOption(
-        "burstiness",
-        float,
-        1.0,
-        typer.Option(
+        "burstiness": typer.Option(
             "--burstiness",
             rich_help_panel=PANEL,
             help="With --rate: the gamma shape of the gaps between arrivals (1: Poisson; <1 burstier), as vLLM's.",
         ),
-    ),
-    SharedOption(
-        "max_concurrency",
-        int | None,
-        None,
-        typer.Option(
+        "max_concurrency": typer.Option(
             "--max-concurrency", min=1, rich_help_panel=PANEL, help="With --rate: the most requests in flight."
         ),
-    ),
-    SharedOption(
-        "request_timeout",
-        float,
-        600.0,
-        REQUEST_TIMEOUT.annotated(panel=PANEL),
-    ),
-    SharedOption(
-        "scrape_interval",
-        float,
-        0.5,
-        SCRAPE_INTERVAL.annotated(panel=PANEL),
-    ),
-    SharedOption(
-        "no_scrape",
-        bool,
-        False,
-        typer.Option(
+        "request_timeout_s": REQUEST_TIMEOUT.annotated(panel=PANEL),
+        "scrape_interval_s": SCRAPE_INTERVAL.annotated(panel=PANEL),
+        "no_scrape": typer.Option(
             "--no-scrape", rich_help_panel=PANEL, help="Do not read the server's /metrics (client figures only)."
         ),
-    ),
-    SharedOption(
-        "reset_prefix_cache",
-        bool,
-        False,
-        typer.Option(
+        "reset_prefix_cache": typer.Option(
             "--reset-prefix-cache",
             rich_help_panel=PANEL,
             help="Empty the server's prefix cache before each point (vLLM needs VLLM_SERVER_DEV_MODE=1); each point "
             "says whether it was.",
         ),
-    ),
-    SharedOption("kv_events", str | None, None, in_panel(KV_EVENTS, PANEL)),
-    SharedOption("kv_events_bind", bool, False, in_panel(KV_EVENTS_BIND, PANEL)),
-    SharedOption("kv_events_replay", str | None, None, in_panel(KV_EVENTS_REPLAY, PANEL)),
-    SharedOption(
-        "prefix_hit_rate",
-        float | None,
-        None,
-        typer.Option(
+        "kv_events": in_panel(KV_EVENTS, PANEL),
+        "kv_events_bind": in_panel(KV_EVENTS_BIND, PANEL),
+        "kv_events_replay": in_panel(KV_EVENTS_REPLAY, PANEL),
+        "prefix_hit_rate": typer.Option(
             "--prefix-hit-rate",
             min=0.0,
             max=1.0,
@@ -232,47 +166,34 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = (
             "prewarm request after any --reset-prefix-cache: a workload with this hit rate; the achieved rate is "
             "reported beside it (completions API, token-id prompts).",
         ),
-    ),
-    SharedOption("trace", str | None, None, in_panel(TRACE, PANEL)),
-    SharedOption("trace_block_size", int, DEFAULT_TRACE_BLOCK, in_panel(TRACE_BLOCK_SIZE, PANEL)),
-    SharedOption("trace_convention", str, DEFAULT_CONVENTION, in_panel(TRACE_CONVENTION, PANEL)),
-    SharedOption("max_requests", int | None, None, in_panel(MAX_REQUESTS, PANEL)),
-    SharedOption("window", str | None, None, in_panel(WINDOW, PANEL)),
-    SharedOption("time_scale", float, 1.0, in_panel(TIME_SCALE, PANEL)),
-    SharedOption(
-        "thrash_window",
-        float,
-        DEFAULT_THRASH_WINDOW_S,
-        typer.Option(
+        "trace": in_panel(TRACE, PANEL),
+        "trace_block_size": in_panel(TRACE_BLOCK_SIZE, PANEL),
+        "trace_convention": in_panel(TRACE_CONVENTION, PANEL),
+        "max_requests": in_panel(MAX_REQUESTS, PANEL),
+        "window": in_panel(WINDOW, PANEL),
+        "time_scale": in_panel(TIME_SCALE, PANEL),
+        "thrash_window_s": typer.Option(
             "--thrash-window",
             rich_help_panel=PANEL,
             help="Seconds: a block stored again this soon after the server removed it counts as thrash.",
         ),
-    ),
-    SharedOption(
-        "find_max",
-        bool,
-        False,
-        typer.Option(
+        "find_max": typer.Option(
             "--find-max",
             rich_help_panel=PANEL,
             help="Bisect between the lowest and highest level for the highest one meeting --slo, and say what "
             "limits the server there.",
         ),
-    ),
-    SharedOption(
-        "find_max_points",
-        int,
-        6,
-        typer.Option(
+        "find_max_points": typer.Option(
             "--find-max-points",
             min=2,
             max=32,
             rich_help_panel=PANEL,
             help="The most points --find-max measures per target.",
         ),
-    ),
+    },
 )
+ARGS = frozenset(f.name for f in fields(TargetArgs))  # the options given in TargetArgs' form
+TRACE_SHAPING = tuple(flag_name(o) for o in (TRACE_BLOCK_SIZE, TRACE_CONVENTION, MAX_REQUESTS, WINDOW, TIME_SCALE))
 
 
 def parse_target(text: str) -> Target:
@@ -335,18 +256,15 @@ def rate_list(text: str) -> tuple[float, ...]:
 
 def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> EndpointOptions | None:
     """The options as typed, checked; None without ``--target`` (then every other target option is refused)."""
-    texts = values["target"] or []
-    if not texts:
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name, value in values.items()
-            if name != "target" and value != TARGETS.default(name)
-        ]
-        if given:
-            verb = "goes" if len(given) == 1 else "go"
-            raise KvbenchError(f"{', '.join(given)} {verb} with --target (a server over HTTP)")
+    changed = [o.flag for o in TARGET_OPTIONS if o.flag != TARGET.names[0] and values[o.name] != o.default]
+    given = TargetArgs(**{name: value for name, value in values.items() if name in ARGS})
+    asked = EndpointOptions(targets=(), **{name: value for name, value in values.items() if name not in ARGS})
+    if not given.target:
+        if changed:
+            verb = "goes" if len(changed) == 1 else "go"
+            raise KvbenchError(f"{', '.join(changed)} {verb} with --target (a server over HTTP)")
         return None
-    key_env = values["api_key_env"]
+    key_env = given.api_key_env
     if key_env is not None and not ENV_PATTERN.fullmatch(key_env):
         raise KvbenchError(f"--api-key-env {key_env!r}: give the NAME of an environment variable, not the key")
     if key_env is not None and not os.environ.get(key_env, "").strip():
@@ -354,29 +272,29 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
             f"--api-key-env {key_env}: {key_env} is not set or empty, so no key would be sent; export it first"
         )
     targets = []
-    for text in texts:
+    for text in given.target:
         target = parse_target(text)
         targets.append(
             Target(
                 target.url,
-                api=values["api"],
-                model=values["model_name"],
+                api=given.api,
+                model=given.model_name,
                 api_key_env=key_env,
-                metrics_url=values["metrics_url"],
+                metrics_url=given.metrics_url,
                 name=target.name,
             )
         )
     names = [str(t.name) for t in targets]  # parse_target names every target
     if len(set(names)) != len(names):
         raise KvbenchError(f"--target names must differ: {', '.join(names)} (label them NAME=URL)")
-    if values["metrics_url"] is not None and len(targets) > 1:
+    if given.metrics_url is not None and len(targets) > 1:
         raise KvbenchError("--metrics-url names one server's metrics: give it with one --target only")
-    listen = listening(values["kv_events"], values["kv_events_replay"], values["kv_events_bind"])
+    listen = listening(given.kv_events, given.kv_events_replay, given.kv_events_bind)
     if listen is not None and len(targets) > 1:
         raise KvbenchError("--kv-events names one server's KV event stream: give it with one --target only")
-    if values["prefix_hit_rate"] is not None and values["api"] == "chat":
+    if asked.prefix_hit_rate is not None and given.api == "chat":
         raise KvbenchError("--prefix-hit-rate shapes token-id prompts: it goes with --api completions")
-    if values["prefix_hit_rate"] is not None and values["no_scrape"]:
+    if asked.prefix_hit_rate is not None and given.no_scrape:
         raise KvbenchError(
             "--prefix-hit-rate is shaped in the server's block size, read from its /metrics: drop --no-scrape"
         )
@@ -384,55 +302,49 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         targets = [
             replace(targets[0], kv_events=listen.endpoint, kv_events_replay=listen.replay, kv_events_bind=listen.bind)
         ]
-    rates = rate_list(values["rate"]) if values["rate"] is not None else None
+    rates = rate_list(given.rate) if given.rate is not None else None
     trace = None
-    if values["trace"] is not None:
+    if given.trace is not None:
         if rates is not None:
             raise KvbenchError("--trace brings its own arrival times: replay it as recorded, or with --concurrency")
-        if values["prefix_hit_rate"] is not None:
+        if asked.prefix_hit_rate is not None:
             raise KvbenchError("--trace and --prefix-hit-rate each shape the prompts: choose one")
         trace = load_prefix_trace(
-            values["trace"],
-            values["trace_block_size"],
-            values["trace_convention"],
-            values["max_requests"],
-            values["window"],
-            values["time_scale"],
+            given.trace,
+            given.trace_block_size,
+            given.trace_convention,
+            given.max_requests,
+            given.window,
+            given.time_scale,
         )
         if not trace.requests:
-            raise KvbenchError(f"--trace {values['trace']}: no request is left to replay")
-    elif shaping := [f"--{name.replace('_', '-')}" for name in TRACE_SHAPING if values[name] != TARGETS.default(name)]:
+            raise KvbenchError(f"--trace {given.trace}: no request is left to replay")
+    elif shaping := [flag for flag in changed if flag in TRACE_SHAPING]:
         raise KvbenchError(f"{', '.join(shaping)} shape a --trace: give one")
     if rates is not None and concurrency_given:
         raise KvbenchError("--rate (open loop) and --concurrency (closed loop) are two kinds of level: choose one")
-    if rates is None and (values["burstiness"] != 1.0 or values["max_concurrency"] is not None):
+    if rates is None and (asked.burstiness != EndpointOptions.burstiness or asked.max_concurrency is not None):
         raise KvbenchError("--burstiness and --max-concurrency shape the open loop: they go with --rate")
-    slo = parse_slo(values["slo"]) if values["slo"] is not None else None
-    if values["find_max"] and slo is None:
+    slo = parse_slo(given.slo) if given.slo is not None else None
+    if asked.find_max and slo is None:
         raise KvbenchError("--find-max looks for the highest load meeting an SLO: give --slo, e.g. ttft=500,tpot=50")
-    return EndpointOptions(
+    return replace(
+        asked,
         targets=tuple(targets),
         rates=rates,
-        burstiness=_positive(values["burstiness"], "--burstiness"),
-        max_concurrency=values["max_concurrency"],
+        burstiness=_positive(asked.burstiness, "--burstiness"),
         slo=slo,
-        slo_attainment=values["slo_attainment"],
-        request_timeout_s=_positive(values["request_timeout"], "--request-timeout"),
+        request_timeout_s=_positive(asked.request_timeout_s, "--request-timeout"),
         point_timeout_s=(
-            _positive(values["point_timeout"], "--point-timeout") if values["point_timeout"] is not None else None
+            _positive(asked.point_timeout_s, "--point-timeout") if asked.point_timeout_s is not None else None
         ),
-        scrape_interval_s=_positive(values["scrape_interval"], "--scrape-interval"),
-        scrape=not values["no_scrape"],
-        reset_prefix_cache=values["reset_prefix_cache"],
-        thrash_window_s=_positive(values["thrash_window"], "--thrash-window"),
-        prefix_hit_rate=values["prefix_hit_rate"],
+        scrape_interval_s=_positive(asked.scrape_interval_s, "--scrape-interval"),
+        scrape=not given.no_scrape,
+        thrash_window_s=_positive(asked.thrash_window_s, "--thrash-window"),
         trace=trace,
         trace_timed=trace is not None and not concurrency_given,
-        find_max=values["find_max"],
-        find_max_points=values["find_max_points"],
-        input_len=TokenRange.parse(values["input_len"], "--input-len") if values["input_len"] else None,
-        output_len=TokenRange.parse(values["output_len"], "--output-len") if values["output_len"] else None,
-        max_len=values["max_len"],
+        input_len=TokenRange.parse(given.input_len, "--input-len") if given.input_len else None,
+        output_len=TokenRange.parse(given.output_len, "--output-len") if given.output_len else None,
     )
 
 

@@ -155,8 +155,12 @@ def fleet(
         "A --target's KV event stream, [NAME=]ADDRESS (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH), "
         "for precise-prefix (repeat for each server).",
     ),
-    scrape_interval: float = SCRAPE_INTERVAL(0.5, "With --target: seconds between scrapes of each server's /metrics."),
-    request_timeout: float = REQUEST_TIMEOUT(600.0, "With --target: seconds a request may take before it fails."),
+    scrape_interval: float = SCRAPE_INTERVAL(
+        ServerOptions.scrape_interval_s, "With --target: seconds between scrapes of each server's /metrics."
+    ),
+    request_timeout: float = REQUEST_TIMEOUT(
+        RequestLimits.timeout_s, "With --target: seconds a request may take before it fails."
+    ),
     rate: float | None = RATE(None, "Poisson arrivals, requests per second (default: the file's arrival times)."),
     engine: str = ENGINE("paged", "The KV manager of every instance."),
     trace: Path | None = TRACE(None),
@@ -164,10 +168,18 @@ def fleet(
     prefix_len: int = PREFIX_LEN(0),
     prefix_caching: bool = PREFIX_CACHING(True),
     autoscale: bool = typer.Option(False, "--autoscale", help="Add and remove instances by fleet block usage."),
-    scale_up: float = typer.Option(0.8, "--scale-up", help="Add an instance above this block usage (0-1]."),
-    scale_down: float = typer.Option(0.3, "--scale-down", help="Drain and remove one below this block usage."),
-    scale_window: float = typer.Option(5.0, "--scale-window", help="Seconds usage must stay past a threshold."),
-    min_instances: int = typer.Option(1, "--min-instances", min=1, help="Autoscaling floor."),
+    scale_up: float = typer.Option(
+        AutoscaleSettings.scale_up, "--scale-up", help="Add an instance above this block usage (0-1]."
+    ),
+    scale_down: float = typer.Option(
+        AutoscaleSettings.scale_down, "--scale-down", help="Drain and remove one below this block usage."
+    ),
+    scale_window: float = typer.Option(
+        AutoscaleSettings.window_s, "--scale-window", help="Seconds usage must stay past a threshold."
+    ),
+    min_instances: int = typer.Option(
+        AutoscaleSettings.min_instances, "--min-instances", min=1, help="Autoscaling floor."
+    ),
     max_instances: int | None = typer.Option(
         None, "--max-instances", min=1, help="Autoscaling ceiling (default 2 x --instances)."
     ),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.endpoint.client import RequestLimits, Target
+from kvbench.endpoint.scraper import DEFAULT_INTERVAL_S
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S
 from kvbench.workload.lengths import TokenRange
 from kvbench.workload.prefix_trace import PrefixTrace
@@ -70,9 +71,9 @@ class EndpointOptions:
     max_concurrency: int | None = None  # the open loop's cap on requests in flight
     slo: dict[str, float] | None = None  # milliseconds by ttft, tpot, e2el
     slo_attainment: float = 0.9  # the share of requests that must meet the SLO for a point to meet it
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = RequestLimits.timeout_s
     point_timeout_s: float | None = None  # stop a point after this long; what was left is recorded as not sent
-    scrape_interval_s: float = 0.5
+    scrape_interval_s: float = DEFAULT_INTERVAL_S
     scrape: bool = True
     reset_prefix_cache: bool = False
     thrash_window_s: float = DEFAULT_THRASH_WINDOW_S  # a block stored again this soon after its removal: thrash
@@ -95,7 +96,7 @@ class ServerOptions:
     """A fleet of OpenAI-compatible servers (``fleet --target``): kvbench's load generator routes to them."""
 
     targets: tuple[Target, ...]
-    scrape_interval_s: float = 0.5
+    scrape_interval_s: float = DEFAULT_INTERVAL_S
     limits: RequestLimits = field(default_factory=RequestLimits)
 
 

@@ -114,6 +114,35 @@ def test_shared_options_take_their_type_and_default_from_the_settings_dataclass(
     assert run_defaults["model"] == RunOptions.model and run_defaults["gpu"] == RunOptions.gpu  # one declaration
 
 
+@dataclass
+class Given:
+    width: str = "3"  # as typed, where Settings holds it parsed
+    colour: str = "red"
+
+
+def test_of_several_settings_the_first_with_the_field_gives_the_option_and_a_field_keeps_its_name():
+    width, colour, source = from_settings(
+        (Given, Settings),
+        {"width": typer.Option("--width"), "colour": typer.Option("--colour"), "source": typer.Option("--from")},
+    )
+    assert (width.annotation, width.default) == (str, "3") and colour.default == "red"
+    assert (source.name, source.flag, source.default) == ("source", "--from", None)
+    with pytest.raises(ValueError, match="Given or Settings has no field 'height'"):
+        from_settings((Given, Settings), {"height": typer.Option("--height")})
+
+
+def test_the_target_options_take_endpoint_options_defaults_and_name_their_flags():
+    from kvbench.commands._target_options import TARGET_OPTIONS
+    from kvbench.studies.run_options import EndpointOptions
+
+    by_flag = {o.flag: o for o in TARGET_OPTIONS}
+    assert len(by_flag) == len(TARGET_OPTIONS)
+    timeout = by_flag["--request-timeout"]
+    assert (timeout.name, timeout.default) == ("request_timeout_s", EndpointOptions.request_timeout_s)
+    assert by_flag["--thrash-window"].default == EndpointOptions.thrash_window_s
+    assert (by_flag["--rate"].annotation, by_flag["--max-len"].default) == (str | None, None)  # the text, parsed later
+
+
 def test_a_run_that_measured_nothing_leaves_no_directory_and_lets_go_in_reverse(tmp_path):
     released: list[str] = []
     run = Run("sweep")
