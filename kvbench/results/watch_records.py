@@ -79,13 +79,46 @@ def read_header(path: Path) -> WatchHeader | None:
     return WatchHeader.from_json(first)
 
 
+@dataclass(frozen=True)
+class WatchScrape:
+    """A line after the header: one engine instance at one scrape, or a scrape that failed (``error``)."""
+
+    elapsed_s: float  # seconds since the watch's first scrape
+    time: float  # epoch seconds
+    url: str
+    state: ServerState | None = None
+    error: str | None = None  # why the scrape failed (then no state)
+
+    def to_json(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"elapsed_s": self.elapsed_s, "time": self.time, "url": self.url}
+        if self.state is not None:
+            line["state"] = self.state.record()
+        else:
+            line["error"] = self.error
+        return line
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WatchScrape:
+        """A scrape line; ValueError when it is none (no elapsed time, neither a state nor an error)."""
+        if "elapsed_s" not in data or ("state" not in data and "error" not in data):
+            raise ValueError("not a scrape: it needs elapsed_s and a state or an error")
+        error = data.get("error")
+        return cls(
+            data["elapsed_s"],
+            data.get("time", 0.0),
+            str(data.get("url", "")),
+            None if "error" in data else ServerState.from_record(data["state"]),
+            None if error is None else str(error),
+        )
+
+
 def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:
     now = time.time()
-    return [{"elapsed_s": elapsed_s, "time": now, "url": url, "state": state.record()} for state in states]
+    return [WatchScrape(elapsed_s, now, url, state).to_json() for state in states]
 
 
 def error_record(elapsed_s: float, url: str, error: str) -> dict[str, Any]:
-    return {"elapsed_s": elapsed_s, "time": time.time(), "url": url, "error": error}
+    return WatchScrape(elapsed_s, time.time(), url, error=error).to_json()
 
 
 def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
