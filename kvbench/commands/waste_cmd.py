@@ -125,16 +125,16 @@ def waste(
     if trace is not None and requests is not None:
         console.print("[yellow]warning: --requests is ignored with --trace (the trace sets the requests)[/yellow]")
     with console.status("simulating...") as status:
-        document = run_waste_study(settings, workload, status.update)
+        study = run_waste_study(settings, workload, status.update)
     write_study(
         "waste",
         out_dir,
-        document,
+        study.to_json(),
         as_json,
-        plot=waste_plot,
+        plot=lambda _, path: waste_plot(study, path),
         plot_file="waste.png",
-        markdown=waste_markdown,
-        tables=lambda run_dir: print_waste(console, document, run_dir),
+        markdown=lambda _: waste_markdown(study),
+        tables=lambda run_dir: print_waste(console, study, run_dir),
     )
 
 

@@ -18,9 +18,33 @@ time and a memory time that grows with the KV read).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Generic, TypeVar
 
-PARTS = ("used", "reserved", "internal", "external", "free")
+N = TypeVar("N", int, float)
+
+
+@dataclass
+class PoolParts(Generic[N]):
+    """One figure per part of the pool (slot-seconds, peak slots, shares)."""
+
+    used: N
+    reserved: N
+    internal: N
+    external: N
+    free: N
+
+    @property
+    def occupied(self) -> N:
+        """Every part but the free one: what live requests hold or block."""
+        return self.used + self.reserved + self.internal + self.external
+
+    def as_dict(self) -> dict[str, N]:
+        """By part name, in the order of :data:`PARTS`."""
+        return asdict(self)
+
+
+PARTS = tuple(f.name for f in fields(PoolParts))
 
 
 def _sum_j(k: int) -> int:
@@ -38,8 +62,8 @@ class WasteAccountant:
     keep_timeline: bool = True
     elapsed_s: float = 0.0
     steps: int = 0
-    slot_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
-    peak: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    slot_seconds: PoolParts[float] = field(default_factory=lambda: PoolParts(0.0, 0.0, 0.0, 0.0, 0.0))
+    peak: PoolParts[int] = field(default_factory=lambda: PoolParts(0, 0, 0, 0, 0))
     peak_allocated: int = 0
     peak_needed: int = 0  # peak of used + reserved: what slabs of exactly each real length would hold (hindsight)
     fragmentation_seconds: float = 0.0
@@ -101,17 +125,18 @@ class WasteAccountant:
         time = t0 * s0 + dt * s1
         used_time = used0 * t0 * s0 + (used0 * dt + grow * t0) * s1 + grow * dt * s2
         free = self.pool_slots - held - external
-        self.slot_seconds["used"] += used_time
-        self.slot_seconds["reserved"] += (capped_held) * time - used_time
-        self.slot_seconds["internal"] += internal * time
-        self.slot_seconds["external"] += external * time
-        self.slot_seconds["free"] += free * time
+        seconds, peak = self.slot_seconds, self.peak
+        seconds.used += used_time
+        seconds.reserved += (capped_held) * time - used_time
+        seconds.internal += internal * time
+        seconds.external += external * time
+        seconds.free += free * time
         used_last = used0 + grow * (k - 1)
-        self.peak["used"] = max(self.peak["used"], used_last, used0)
-        self.peak["reserved"] = max(self.peak["reserved"], capped_held - min(used0, used_last))
-        self.peak["internal"] = max(self.peak["internal"], internal)
-        self.peak["external"] = max(self.peak["external"], external)
-        self.peak["free"] = max(self.peak["free"], free)
+        peak.used = max(peak.used, used_last, used0)
+        peak.reserved = max(peak.reserved, capped_held - min(used0, used_last))
+        peak.internal = max(peak.internal, internal)
+        peak.external = max(peak.external, external)
+        peak.free = max(peak.free, free)
         self.peak_allocated = max(self.peak_allocated, held)
         self.peak_needed = max(self.peak_needed, capped_held)
         if held > 0:  # the time integral of 1 - used/held, exact also when step times grow
@@ -125,20 +150,31 @@ class WasteAccountant:
         return time
 
     # -- results ----------------------------------------------------------------------------------------
-    def shares_pct(self) -> dict[str, float]:
+    def shares_pct(self) -> PoolParts[float]:
         """Time-averaged share of the pool per part, in percent (they add up to 100)."""
         denom = self.pool_slots * self.elapsed_s
         if denom <= 0:
-            return dict.fromkeys(PARTS, 0.0)
-        return {part: 100.0 * self.slot_seconds[part] / denom for part in PARTS}
+            return PoolParts(0.0, 0.0, 0.0, 0.0, 0.0)
+        s = self.slot_seconds
+        return PoolParts(
+            100.0 * s.used / denom,
+            100.0 * s.reserved / denom,
+            100.0 * s.internal / denom,
+            100.0 * s.external / denom,
+            100.0 * s.free / denom,
+        )
 
-    def mean_slots(self, part: str) -> float:
-        return self.slot_seconds[part] / self.elapsed_s if self.elapsed_s > 0 else 0.0
+    def mean_slots(self) -> PoolParts[float]:
+        """Time-averaged slots per part."""
+        if self.elapsed_s <= 0:
+            return PoolParts(0.0, 0.0, 0.0, 0.0, 0.0)
+        s, t = self.slot_seconds, self.elapsed_s
+        return PoolParts(s.used / t, s.reserved / t, s.internal / t, s.external / t, s.free / t)
 
     def effective_usage(self) -> float:
         """The paper's effective memory usage: used / (used + reserved + internal + external)."""
-        occupied = sum(self.slot_seconds[p] for p in ("used", "reserved", "internal", "external"))
-        return self.slot_seconds["used"] / occupied if occupied > 0 else 0.0
+        occupied = self.slot_seconds.occupied
+        return self.slot_seconds.used / occupied if occupied > 0 else 0.0
 
     def fragmentation_mean(self) -> float:
         """Time average of the online fragmentation 1 - used / allocated (over steps with allocations)."""
@@ -151,9 +187,9 @@ class WasteAccountant:
         """The results schema's waste block: shares of the pool, time-averaged, in percent."""
         shares = self.shares_pct()
         return {
-            "token_state_pct": shares["used"],
-            "reservation_pct": shares["reserved"],
-            "internal_pct": shares["internal"],
-            "external_pct": shares["external"],
-            "free_pct": shares["free"],
+            "token_state_pct": shares.used,
+            "reservation_pct": shares.reserved,
+            "internal_pct": shares.internal,
+            "external_pct": shares.external,
+            "free_pct": shares.free,
         }

@@ -94,6 +94,18 @@ def quantile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+@dataclass(frozen=True)
+class _Gauges:
+    """The gauges' values at the run's last step."""
+
+    blocks_used: int
+    blocks_free: int
+    blocks_total: int
+    fragmentation: float
+    running: int
+    waiting: int
+
+
 @dataclass
 class _Run:
     """Per-run state: counters are deltas of the scheduler's own totals; peaks for the results."""
@@ -108,7 +120,7 @@ class _Run:
     prefix_queries: int = 0
     prefix_hits: int = 0
     steps: int = 0
-    last: dict[str, float] = field(default_factory=dict)
+    last: _Gauges | None = None  # None until the first step
     blocks_used_peak: int = 0
     blocks_free_min: int | None = None
     fragmentation_max: float = 0.0
@@ -305,14 +317,9 @@ class KvMetrics(MetricsEndpoint):
         run.blocks_used_peak = max(run.blocks_used_peak, used_blocks)
         run.blocks_free_min = free_blocks if run.blocks_free_min is None else min(run.blocks_free_min, free_blocks)
         run.fragmentation_max = max(run.fragmentation_max, fragmentation)
-        run.last = {
-            "blocks_used": used_blocks,
-            "blocks_free": free_blocks,
-            "blocks_total": total_blocks,
-            "fragmentation": fragmentation,
-            "running": len(scheduler.running),
-            "waiting": len(scheduler.waiting),
-        }
+        run.last = _Gauges(
+            used_blocks, free_blocks, total_blocks, fragmentation, len(scheduler.running), len(scheduler.waiting)
+        )
 
     def run_values(self, engine: str) -> dict[str, Any]:
         """The run's final gauge values, its counter increments and its peaks (results ``metrics`` dict)."""
@@ -320,12 +327,12 @@ class KvMetrics(MetricsEndpoint):
         latencies = sorted(run.alloc_seconds)
         last = run.last
         return {
-            "kv_cache_blocks_used": last.get("blocks_used"),
-            "kv_cache_blocks_free": last.get("blocks_free"),
-            "kv_cache_blocks_total": last.get("blocks_total"),
-            "kv_cache_fragmentation": last.get("fragmentation"),
-            "requests_running": last.get("running"),
-            "requests_waiting": last.get("waiting"),
+            "kv_cache_blocks_used": last.blocks_used if last else None,
+            "kv_cache_blocks_free": last.blocks_free if last else None,
+            "kv_cache_blocks_total": last.blocks_total if last else None,
+            "kv_cache_fragmentation": last.fragmentation if last else None,
+            "requests_running": last.running if last else None,
+            "requests_waiting": last.waiting if last else None,
             "num_preemptions": run.preemptions,
             "generated_tokens": run.tokens,
             "prompt_tokens": run.prompt_tokens,

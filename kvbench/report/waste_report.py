@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from kvbench.report.columns import Col, PointMap, TableSpec, print_whole
+from kvbench.report.columns import Col, TableSpec, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.report.sweep_report import (
     output_length_spec,
@@ -14,7 +13,8 @@ from kvbench.report.sweep_report import (
     shows_output_lengths,
     with_output_lengths,
 )
-from kvbench.results.point import Point
+from kvbench.results.strategy_point import StrategyPoint
+from kvbench.results.waste_study import WasteMeta, WasteStudy
 from kvbench.values import human_bytes
 from kvbench.workload.dataset import left_out, sample_note
 
@@ -25,16 +25,15 @@ EOS_NOTE = (
 LENGTH_NOTE = "every request runs to its drawn or reference output length, and each strategy reserves knowing it"
 
 
-def stop_text(meta: dict) -> str:
+def stop_text(stop: str) -> str:
     """The stop mode and what it means for the strategies' reservations."""
-    stop = meta.get("stop", "length")
     return f"{stop}: {EOS_NOTE if stop == 'eos' else LENGTH_NOTE}"
 
 
-def _caption(meta: dict) -> str:
+def _caption(meta: WasteMeta) -> str:
     """Under the table: the stop mode, and what a dataset's filter left out."""
-    parts = [f"stop {meta.get('stop', 'length')}"]
-    dataset = meta.get("dataset")
+    parts = [f"stop {meta.stop}"]
+    dataset = meta.dataset
     if dataset:
         lost = left_out(dataset)
         parts.append(
@@ -44,21 +43,17 @@ def _caption(meta: dict) -> str:
     return "; ".join(parts)
 
 
-def _strategy_label(point: PointMap) -> str:
-    return point["engine"] + (" (hindsight bound)" if point.get("hindsight_bound") else "")
+def strategy_label(point: StrategyPoint) -> str:
+    return point.engine + (" (hindsight bound)" if point.hindsight_bound else "")
 
 
-def _pct(value: Any) -> str:
+def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _effective(point: PointMap) -> str:
-    return _pct(point["effective_usage_pct"])
-
-
-def _share(key: str) -> Col:
+def _share(key: str) -> Col[StrategyPoint]:
     heading, short = SHARE_HEADINGS[key]
-    return Col(heading, lambda p: _pct(p["waste"][key]), f"waste.{key}", short, figure=False)
+    return Col(heading, lambda p: _pct(p.waste[key]), f"waste.{key}", short, figure=False)
 
 
 SHARE_HEADINGS = {  # heading, and the console's where it is wider than the figures under it
@@ -68,16 +63,16 @@ SHARE_HEADINGS = {  # heading, and the console's where it is wider than the figu
     "external_pct": ("external", "ext."),
     "free_pct": ("free", ""),
 }
-SHARE_TABLE = TableSpec(
+SHARE_TABLE: TableSpec[StrategyPoint] = TableSpec(
     "KV pool shares per strategy, time-averaged (% of the pool; simulated)",
     (
-        Col("strategy", _strategy_label, "engine", key=True, figure=False, numeric=False),
-        Col("effective usage", _effective, "effective_usage_pct", "eff.", figure=False),
+        Col("strategy", strategy_label, "engine", key=True, figure=False, numeric=False),
+        Col("effective usage", lambda p: _pct(p.effective_usage_pct), "effective_usage_pct", "eff.", figure=False),
         *(_share(key) for key in SHARE_HEADINGS),
-        Col("mean running", lambda p: f"{p['mean_running']:.1f}", "mean_running", "run\nmean", figure=False),
-        Col("peak running", lambda p: f"{p['peak_running']:,}", "peak_running", "run\npeak", figure=False),
-        Col("out tok/s", lambda p: f"{p['output_throughput']:,.0f}", "output_throughput", "out\ntok/s"),
-        Col("preemptions", lambda p: f"{p['preemptions']:,}", "preemptions", "pre-\nempt", figure=False),
+        Col("mean running", lambda p: f"{p.mean_running:.1f}", "mean_running", "run\nmean", figure=False),
+        Col("peak running", lambda p: f"{p.peak_running:,}", "peak_running", "run\npeak", figure=False),
+        Col("out tok/s", lambda p: f"{p.output_throughput:,.0f}", "output_throughput", "out\ntok/s"),
+        Col("preemptions", lambda p: f"{p.preemptions:,}", "preemptions", "pre-\nempt", figure=False),
     ),
 )
 SHARE_NOTE = (
@@ -88,64 +83,62 @@ SHARE_NOTE = (
 )
 
 
-def waste_markdown(document: dict) -> str:
-    analytic = document["analytic"]
-    meta = document["meta"]
+def waste_markdown(study: WasteStudy) -> str:
+    meta = study.meta
     head = (
-        f"# kvbench waste\n\nModel {meta['model']['name']} ({meta['model']['dtype']}), GPU {meta['gpu']}, "
-        f"max-len {meta['max_len']}, {meta['workload']}, {meta['requests']} requests, "
-        f"concurrency {meta['concurrency']} (simulated).\n\n"
-        f"Analytic estimate (max-len reservation): {analytic['at_mean_len_pct']:.1f}% wasted at mean length "
-        f"{analytic['mean_len']}; {analytic['at_sampled_mean_pct']:.1f}% at the sampled mean "
-        f"{analytic['sampled_mean_len']:.0f}.\n\n"
+        f"# kvbench waste\n\nModel {meta.model_name} ({meta.model_dtype}), GPU {meta.gpu}, "
+        f"max-len {meta.max_len}, {meta.workload}, {meta.requests} requests, "
+        f"concurrency {meta.concurrency} (simulated).\n\n"
     )
-    head += f"Stop: {stop_text(meta)}.\n\n"
-    if meta.get("dataset"):
-        head += f"Dataset: {sample_note(meta['dataset'])}.\n\n"
-    text = head + SHARE_TABLE.markdown(document["points"]) + f"\n{SHARE_NOTE}\n"
-    if shows_output_lengths(meta):
-        lengths = with_output_lengths([Point.from_json(p) for p in document["points"]])
-        text += f"\n## {output_length_title(meta)}\n\n" + output_length_spec(meta).markdown(lengths)
+    if (analytic := study.analytic) is not None:
+        head += (
+            f"Analytic estimate (max-len reservation): {analytic.at_mean_len_pct:.1f}% wasted at mean length "
+            f"{analytic.mean_len}; {analytic.at_sampled_mean_pct:.1f}% at the sampled mean "
+            f"{analytic.sampled_mean_len:.0f}.\n\n"
+        )
+    head += f"Stop: {stop_text(meta.stop)}.\n\n"
+    if meta.dataset:
+        head += f"Dataset: {sample_note(meta.dataset)}.\n\n"
+    text = head + SHARE_TABLE.markdown(study.points) + f"\n{SHARE_NOTE}\n"
+    written = meta.to_json()
+    if shows_output_lengths(written):
+        lengths = with_output_lengths(study.points)
+        text += f"\n## {output_length_title(written)}\n\n" + output_length_spec(written).markdown(lengths)
     return text
 
 
-def print_waste(console, document: dict, run_dir: Path) -> None:
-    analytic = document["analytic"]
-    meta = document["meta"]
+def print_waste(console, study: WasteStudy, run_dir: Path) -> None:
+    meta, points = study.meta, study.points
+    if (analytic := study.analytic) is not None:
+        console.print(
+            f"[bold]Analytic estimate[/bold] (article: reserve max-len for everyone): "
+            f"waste = (max_len - actual) / max_len = ({meta.max_len} - {analytic.mean_len}) / {meta.max_len} = "
+            f"[bold]{analytic.at_mean_len_pct:.1f}%[/bold]  (at the sampled mean {analytic.sampled_mean_len:.0f}: "
+            f"{analytic.at_sampled_mean_pct:.1f}%)"
+        )
     console.print(
-        f"[bold]Analytic estimate[/bold] (article: reserve max-len for everyone): "
-        f"waste = (max_len - actual) / max_len = ({meta['max_len']} - {analytic['mean_len']}) / {meta['max_len']} = "
-        f"[bold]{analytic['at_mean_len_pct']:.1f}%[/bold]  (at the sampled mean {analytic['sampled_mean_len']:.0f}: "
-        f"{analytic['at_sampled_mean_pct']:.1f}%)"
-    )
-    points = document["points"]
-    console.print(
-        f"{meta['model']['name']} on {meta['gpu']}: pool {human_bytes(meta['kv_budget_bytes'])}, "
-        f"{meta['pool_slots']:,} token slots, {points[0]['bytes_per_token'] if points else 0:,} B/token"
+        f"{meta.model_name} on {meta.gpu}: pool {human_bytes(meta.kv_budget_bytes)}, "
+        f"{meta.pool_slots:,} token slots, {points[0].bytes_per_token if points else 0:,} B/token"
     )
     table = SHARE_TABLE.rich(points)
     table.caption = f"{_caption(meta)}; eff.: effective usage; int./ext.: internal/external fragmentation"
     print_whole(console, table)
-    if shows_output_lengths(meta):
-        console.print(
-            output_length_table(
-                [Point.from_json(p) for p in document["points"]], meta, caption=f"stop {stop_text(meta)}"
-            )
-        )
-    elif meta.get("stop") == "eos":
-        console.print(f"stop {stop_text(meta)}")
+    written = meta.to_json()
+    if shows_output_lengths(written):
+        console.print(output_length_table(points, written, caption=f"stop {stop_text(meta.stop)}"))
+    elif meta.stop == "eos":
+        console.print(f"stop {stop_text(meta.stop)}")
     console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, waste.png"))
 
 
-def waste_plot(document: dict, path: Path) -> None:
+def waste_plot(study: WasteStudy, path: Path) -> None:
     from kvbench.report.plots import waste_breakdown  # matplotlib loads only when a plot is drawn
 
-    meta, points = document["meta"], document["points"]
-    model = meta["model"]
-    title = f"KV pool breakdown: {model['name']} {model['dtype']} on {meta['gpu']}, max-len {meta['max_len']}"
-    subtitle = f"{meta['workload']}; {meta['requests']} requests, concurrency {meta['concurrency']}; simulated"
-    if meta.get("stop") == "eos":
+    meta, points = study.meta, study.points
+    title = f"KV pool breakdown: {meta.model_name} {meta.model_dtype} on {meta.gpu}, max-len {meta.max_len}"
+    subtitle = f"{meta.workload}; {meta.requests} requests, concurrency {meta.concurrency}; simulated"
+    if meta.stop == "eos":
         subtitle += "; answers end at EOS, reservations plan for max-len"
     waste_breakdown(
-        [_strategy_label(p).replace(" (", "\n(") for p in points], [p["waste"] for p in points], path, title, subtitle
+        [strategy_label(p).replace(" (", "\n(") for p in points], [p.waste for p in points], path, title, subtitle
     )

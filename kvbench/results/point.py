@@ -164,6 +164,7 @@ def point_from_result(
     memory: dict[str, Any] | None = None,
 ) -> Point:
     acct = result.accountant
+    mean = acct.mean_slots()
     rejected = result.rejected
     oom = [r for r in rejected if r.reject_kind in ("oom", "pool")]  # no memory now, or never enough
     counts: dict[str, Any] = {**result.throughput(), **result.totals()}  # figures named as Point's fields
@@ -182,12 +183,13 @@ def point_from_result(
         mean_running=acct.mean_running(),
         kv_pool_bytes=result.pool_slots * bytes_per_token,
         kv_peak_allocated_bytes=acct.peak_allocated * bytes_per_token,
-        kv_mean_allocated_bytes=sum(acct.mean_slots(p) for p in ("used", "reserved", "internal")) * bytes_per_token,
-        kv_mean_used_bytes=acct.mean_slots("used") * bytes_per_token,
-        kv_peak_used_bytes=acct.peak["used"] * bytes_per_token,
+        kv_mean_allocated_bytes=(mean.used + mean.reserved + mean.internal) * bytes_per_token,
+        kv_mean_used_bytes=mean.used * bytes_per_token,
+        kv_peak_used_bytes=acct.peak.used * bytes_per_token,
         waste=acct.waste_pct(),
         waste_peak_pct={
-            part: 100.0 * slots / result.pool_slots if result.pool_slots else None for part, slots in acct.peak.items()
+            part: 100.0 * slots / result.pool_slots if result.pool_slots else None
+            for part, slots in acct.peak.as_dict().items()
         },
         effective_usage_pct=100 * acct.effective_usage(),
         fragmentation_mean=acct.fragmentation_mean(),
@@ -200,9 +202,7 @@ def point_from_result(
     point.extra.update(result.extras.get("point", {}))  # fields a backend adds (an external engine's details)
     if engine.startswith("contiguous"):  # what slabs of exactly each real length would have held: a bound
         point.extra["kv_hindsight_oracle_peak_bytes"] = acct.peak_needed * bytes_per_token
-        point.extra["kv_hindsight_oracle_mean_bytes"] = (
-            acct.mean_slots("used") + acct.mean_slots("reserved")
-        ) * bytes_per_token
+        point.extra["kv_hindsight_oracle_mean_bytes"] = (mean.used + mean.reserved) * bytes_per_token
     if oom:
         point.status_reason = f"{len(oom)} request(s) rejected: {oom[0].reject_reason}"
     elif not result.completed:  # a point with nothing done has no figures to show: say why, never "ok"

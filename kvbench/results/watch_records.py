@@ -9,10 +9,12 @@ that failed, ``{"elapsed_s", "time", "url", "error"}``. The first line is a head
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench import json_input
 from kvbench.fileio import append_jsonl
 from kvbench.results.run_meta import run_meta
 from kvbench.results.servers import ServerState
@@ -22,25 +24,101 @@ VERSION = 1
 TIMELINE_FILE = "timeline.jsonl"
 
 
+MAX_HEADER_CHARS = 1 << 20  # the header's line is read up to this long
+
+
+@dataclass(frozen=True)
+class WatchHeader:
+    """The first line: what was watched, how often, and the run's provenance (command, versions, host).
+    A field an older header lacks reads None (``meta``: empty)."""
+
+    url: str | None = None
+    interval_s: float | None = None  # seconds between scrapes
+    started: float | None = None  # epoch seconds
+    meta: Mapping[str, Any] = field(default_factory=dict)  # results.run_meta.run_meta
+    version: int | None = VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": KIND,
+            "version": self.version,
+            "url": self.url,
+            "interval_s": self.interval_s,
+            "started": self.started,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> WatchHeader | None:
+        """The header a line holds; None when the line is not one (a scrape, another tool's record)."""
+        if not isinstance(data, dict) or data.get("kind") != KIND:
+            return None
+        meta = data.get("meta")
+        return cls(
+            data.get("url"),
+            data.get("interval_s"),
+            data.get("started"),
+            meta if isinstance(meta, dict) else {},
+            data.get("version"),
+        )
+
+
 def header_record(url: str, interval_s: float) -> dict[str, Any]:
-    """The first line: what was watched, how often, and the run's provenance (command, versions, host)."""
-    return {
-        "kind": KIND,
-        "version": VERSION,
-        "url": url,
-        "interval_s": interval_s,
-        "started": time.time(),
-        "meta": run_meta(),
-    }
+    return WatchHeader(url, interval_s, time.time(), run_meta()).to_json()
+
+
+def read_header(path: Path) -> WatchHeader | None:
+    """The timeline's header: its first line, when that is the header kvbench watch writes."""
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as lines:
+            first = json_input.loads(lines.readline(MAX_HEADER_CHARS) or "{}")
+    except (OSError, ValueError):
+        return None
+    return WatchHeader.from_json(first)
+
+
+@dataclass(frozen=True)
+class WatchScrape:
+    """A line after the header: one engine instance at one scrape, or a scrape that failed (``error``)."""
+
+    elapsed_s: float  # seconds since the watch's first scrape
+    time: float  # epoch seconds
+    url: str
+    state: ServerState | None = None
+    error: str | None = None  # why the scrape failed (then no state)
+
+    def to_json(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"elapsed_s": self.elapsed_s, "time": self.time, "url": self.url}
+        if self.state is not None:
+            line["state"] = self.state.record()
+        else:
+            line["error"] = self.error
+        return line
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WatchScrape:
+        """A scrape line; ValueError when it is none (no elapsed time, neither a state nor an error)."""
+        if "elapsed_s" not in data or ("state" not in data and "error" not in data):
+            raise ValueError("not a scrape: it needs elapsed_s and a state or an error")
+        error = data.get("error")
+        return cls(
+            data["elapsed_s"],
+            data.get("time", 0.0),
+            str(data.get("url", "")),
+            None if "error" in data else ServerState.from_record(data["state"]),
+            None if error is None else str(error),
+        )
 
 
 def sample_records(elapsed_s: float, url: str, states: Iterable[ServerState]) -> list[dict[str, Any]]:
     now = time.time()
-    return [{"elapsed_s": elapsed_s, "time": now, "url": url, "state": state.record()} for state in states]
+    return [WatchScrape(elapsed_s, now, url, state).to_json() for state in states]
 
 
 def error_record(elapsed_s: float, url: str, error: str) -> dict[str, Any]:
-    return {"elapsed_s": elapsed_s, "time": time.time(), "url": url, "error": error}
+    return WatchScrape(elapsed_s, time.time(), url, error=error).to_json()
 
 
 def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:

@@ -21,7 +21,9 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_context_length, check_run_counts
 from kvbench.results.point import point_from_result
-from kvbench.results.run_meta import run_meta, summary_document
+from kvbench.results.run_meta import run_meta
+from kvbench.results.strategy_point import StrategyPoint
+from kvbench.results.waste_study import WasteAnalytic, WasteMeta, WasteStudy
 from kvbench.values import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
@@ -237,8 +239,8 @@ def waste_budget(settings: WasteSettings) -> WasteBudget:
 
 def run_waste_study(
     settings: WasteSettings, workload: WasteWorkload, progress: Callable[[str], Any] | None = None
-) -> dict[str, Any]:
-    """Simulate every strategy on the model's KV budget; the summary document (``kind: waste``)."""
+) -> WasteStudy:
+    """Simulate every strategy on the model's KV budget: the study, whose ``to_json`` is its ``summary.json``."""
     checked = waste_budget(settings)
     shape, device, pool_slots, timing = checked.shape, checked.device, checked.pool_slots, checked.timing
     pairs = workload.pairs
@@ -250,24 +252,24 @@ def run_waste_study(
             strategy, pairs, pool_slots, settings.max_len, settings.concurrency, timing, stop=settings.stop
         )
         point = point_from_result(result, strategy.name, settings.concurrency, "waste", shape.bytes_per_token)
-        point.extra.update(
-            max_concurrency=result.peak_running,
-            bytes_per_token=shape.bytes_per_token,
-            simulated_seconds=result.accountant.elapsed_s,
+        points.append(
+            StrategyPoint.of(
+                point,
+                max_concurrency=result.peak_running,
+                bytes_per_token=shape.bytes_per_token,
+                simulated_seconds=result.accountant.elapsed_s,
+                hindsight_bound=is_hindsight(strategy, settings.stop),
+            )
         )
-        if is_hindsight(strategy, settings.stop):
-            point.extra["hindsight_bound"] = True
-        points.append(point.to_json())
     actual_mean = sum(p + o for p, o in pairs) / len(pairs)
     measured = settings.trace is not None or settings.dataset is not None
     mean_len = round(actual_mean) if measured else settings.mean_len  # a trace's or a dataset's own mean
-    analytic = {
-        "formula": "(max_len - actual_len) / max_len",
-        "at_mean_len_pct": 100 * analytic_waste(mean_len, settings.max_len),
-        "at_sampled_mean_pct": 100 * analytic_waste(actual_mean, settings.max_len),
-        "mean_len": mean_len,
-        "sampled_mean_len": actual_mean,
-    }
+    analytic = WasteAnalytic(
+        at_mean_len_pct=100 * analytic_waste(mean_len, settings.max_len),
+        at_sampled_mean_pct=100 * analytic_waste(actual_mean, settings.max_len),
+        mean_len=mean_len,
+        sampled_mean_len=actual_mean,
+    )
     meta = run_meta(
         model=shape.to_dict(),
         gpu=_gpus(settings, device.name),
@@ -286,7 +288,7 @@ def run_waste_study(
         dataset=workload.dataset.as_dict() if workload.dataset else None,
         **_deployment_meta(settings, shape),
     )
-    return summary_document("waste", meta, points, analytic=analytic)
+    return WasteStudy(WasteMeta.from_json(meta), analytic, points)
 
 
 def _gpus(settings: WasteSettings, name: str) -> str:

@@ -63,9 +63,9 @@ def test_parallel_samples_are_identical_with_and_without_sharing_and_use_fewer_b
     assert len({tuple(v) for v in got.values()}) > len(prompts)  # the samples do differ from each other
     assert shared.accountant.peak_allocated < unshared.accountant.peak_allocated
     shares = shared.accountant.shares_pct()  # shared slots counted once: the parts still add up to the pool
-    assert sum(shares.values()) == pytest.approx(100.0)
-    assert shared.accountant.peak["used"] < unshared.accountant.peak["used"]  # the prompt is stored once
-    assert all(value >= 0 for value in shared.accountant.slot_seconds.values())
+    assert sum(shares.as_dict().values()) == pytest.approx(100.0)
+    assert shared.accountant.peak.used < unshared.accountant.peak.used  # the prompt is stored once
+    assert all(value >= 0 for value in shared.accountant.slot_seconds.as_dict().values())
 
 
 def test_parallel_sampling_under_preemption_still_matches(model):

@@ -265,9 +265,9 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     manager.check_invariants()
     acct = result.accountant
     if acct.elapsed_s:
-        assert sum(acct.shares_pct().values()) == pytest.approx(100.0)
+        assert sum(acct.shares_pct().as_dict().values()) == pytest.approx(100.0)
     if kind == "paged":
-        assert acct.slot_seconds["external"] == 0.0
+        assert acct.slot_seconds.external == 0.0
 
     # the same workload, one step at a time
     ref_manager = _build(kind, num_blocks, block_size, policy, max_len)
@@ -277,7 +277,9 @@ def _check_against_reference(kind, num_blocks, block_size, policy, pairs, concur
     assert acct.steps == ref.steps
     assert acct.elapsed_s == pytest.approx(ref.elapsed_s, rel=1e-9)
     for part in PARTS:
-        assert acct.slot_seconds[part] == pytest.approx(ref.slot_seconds[part], rel=1e-9, abs=1e-9), part
+        assert acct.slot_seconds.as_dict()[part] == pytest.approx(
+            ref.slot_seconds.as_dict()[part], rel=1e-9, abs=1e-9
+        ), part
     assert acct.peak == ref.peak
     assert acct.peak_allocated == ref.peak_allocated
     assert acct.fragmentation_mean() == pytest.approx(ref.fragmentation_mean(), rel=1e-9, abs=1e-12)
@@ -345,7 +347,7 @@ def test_requests_bigger_than_the_pool_are_rejected_not_stalled():
     requests = _requests([(2, 2), (3, 1)])
     result = simulate(requests, manager, UniformTiming(1.0), 2, EngineConfig(max_len=16))
     assert len(result.rejected) == 2 and all("whole pool" in r.reject_reason for r in requests)
-    assert result.elapsed_s == 0.0 and result.accountant.shares_pct()["used"] == 0.0
+    assert result.elapsed_s == 0.0 and result.accountant.shares_pct().used == 0.0
 
 
 def test_result_throughput_and_latency_fields():
@@ -401,8 +403,8 @@ def test_eos_lengths_leave_the_max_reservation_mostly_internal():
         results[kind] = simulate(_requests(pairs), manager, UniformTiming(1.0), 2, EngineConfig(max_len=32))
     contiguous = results["contiguous"].accountant.shares_pct()
     paged = results["paged"].accountant.shares_pct()
-    assert contiguous["internal"] > 3 * contiguous["used"]
-    assert paged["internal"] < paged["used"]
+    assert contiguous.internal > 3 * contiguous.used
+    assert paged.internal < paged.used
     assert all(r.final_kv_len == 7 for r in results["contiguous"].requests)
 
 

@@ -15,7 +15,7 @@ from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.simulator import simulate
 from kvbench.engine.timing import UniformTiming
-from kvbench.kv.accounting import PARTS, WasteAccountant
+from kvbench.kv.accounting import PARTS, PoolParts, WasteAccountant
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.contiguous import ContiguousManager
 from kvbench.kv.paged import PagedManager
@@ -27,16 +27,22 @@ def test_single_span_by_hand():
     # final lengths (so 2 internal); 4 external; free = 20 - 12 - 4 = 4.
     total = acct.add_span(3, used0=5, grow=2, capped_held=10, internal=2, external=4, held=12, running=2, base_s=2.0)
     assert total == 6.0 and acct.elapsed_s == 6.0 and acct.steps == 3
-    assert acct.slot_seconds == {"used": 42.0, "reserved": 18.0, "internal": 12.0, "external": 24.0, "free": 24.0}
-    assert acct.shares_pct() == pytest.approx(
+    assert acct.slot_seconds.as_dict() == {
+        "used": 42.0,
+        "reserved": 18.0,
+        "internal": 12.0,
+        "external": 24.0,
+        "free": 24.0,
+    }
+    assert acct.shares_pct().as_dict() == pytest.approx(
         {"used": 35.0, "reserved": 15.0, "internal": 10.0, "external": 20.0, "free": 20.0}
     )
-    assert acct.peak == {"used": 9, "reserved": 5, "internal": 2, "external": 4, "free": 4}
+    assert acct.peak.as_dict() == {"used": 9, "reserved": 5, "internal": 2, "external": 4, "free": 4}
     assert acct.peak_allocated == 12
     # online fragmentation 1 - used/held at used 5, 7, 9 of 12: (7 + 5 + 3) / 12 / 3
     assert acct.fragmentation_mean() == pytest.approx(15 / 36)
     assert acct.effective_usage() == pytest.approx(42 / 96)
-    assert acct.mean_slots("used") == 7.0 and acct.mean_running() == 2.0
+    assert acct.mean_slots().used == 7.0 and acct.mean_running() == 2.0
     assert acct.timeline == [(0.0, 3, 5)]
     assert acct.waste_pct() == pytest.approx(
         {"token_state_pct": 35.0, "reservation_pct": 15.0, "internal_pct": 10.0, "external_pct": 20.0, "free_pct": 20.0}
@@ -46,9 +52,9 @@ def test_single_span_by_hand():
 def test_empty_accountant_and_zero_length_span():
     acct = WasteAccountant(16, 4)
     assert acct.add_span(0, used0=1, grow=1, capped_held=1, internal=0, external=0, held=4, running=1, base_s=1) == 0
-    assert acct.shares_pct() == dict.fromkeys(PARTS, 0.0)
+    assert acct.shares_pct().as_dict() == dict.fromkeys(PARTS, 0.0)
     assert acct.fragmentation_mean() == 0.0 and acct.effective_usage() == 0.0 and acct.mean_running() == 0.0
-    assert acct.mean_slots("used") == 0.0
+    assert acct.mean_slots().used == 0.0
 
 
 def _step_by_step(pool, spans):
@@ -114,8 +120,8 @@ def test_closed_form_spans_equal_the_step_by_step_sum(case):
     slot_s, elapsed, frag, alloc_s = _step_by_step(pool, spans)
     assert total == pytest.approx(elapsed, rel=1e-9) and acct.elapsed_s == pytest.approx(elapsed, rel=1e-9)
     for part in PARTS:
-        assert acct.slot_seconds[part] == pytest.approx(slot_s[part], rel=1e-9, abs=1e-9)
-    assert sum(acct.shares_pct().values()) == pytest.approx(100.0)
+        assert acct.slot_seconds.as_dict()[part] == pytest.approx(slot_s[part], rel=1e-9, abs=1e-9)
+    assert sum(acct.shares_pct().as_dict().values()) == pytest.approx(100.0)
     assert acct.steps == sum(s[0] for s in spans)
     if alloc_s:  # the time average of 1 - used/held, weighted by each step's own time
         assert acct.fragmentation_mean() == pytest.approx(frag / alloc_s, rel=1e-9)
@@ -139,9 +145,9 @@ def test_roofline_split_by_hand():
         floor_s=3.0,
     )
     assert total == 18.0
-    assert acct.slot_seconds["used"] == 0 * 3 + 1 * 3 + 2 * 3 + 3 * 4 + 4 * 5
-    assert acct.slot_seconds["reserved"] == 10 * 18 - 41
-    assert acct.slot_seconds["free"] == 90 * 18
+    assert acct.slot_seconds.used == 0 * 3 + 1 * 3 + 2 * 3 + 3 * 4 + 4 * 5
+    assert acct.slot_seconds.reserved == 10 * 18 - 41
+    assert acct.slot_seconds.free == 90 * 18
 
 
 def _run(requests, manager, concurrency, max_len):
@@ -169,15 +175,21 @@ def test_hand_computed_paged_trace():
     a, b = Request(0, 3, 3), Request(1, 2, 2)
     acct, result = _run([a, b], PagedManager(BlockPool(4, 4)), concurrency=2, max_len=16)
     assert acct.elapsed_s == 3.0 and acct.steps == 3
-    assert acct.slot_seconds == {"used": 17.0, "reserved": 2.0, "internal": 5.0, "external": 0.0, "free": 24.0}
-    assert acct.shares_pct() == {
+    assert acct.slot_seconds.as_dict() == {
+        "used": 17.0,
+        "reserved": 2.0,
+        "internal": 5.0,
+        "external": 0.0,
+        "free": 24.0,
+    }
+    assert acct.shares_pct().as_dict() == {
         "used": 100 * 17 / 48,
         "reserved": 100 * 2 / 48,
         "internal": 100 * 5 / 48,
         "external": 0.0,
         "free": 50.0,
     }
-    assert acct.peak == {"used": 7, "reserved": 2, "internal": 3, "external": 0, "free": 8}
+    assert acct.peak.as_dict() == {"used": 7, "reserved": 2, "internal": 3, "external": 0, "free": 8}
     assert acct.peak_allocated == 8
     assert acct.fragmentation_mean() == pytest.approx((3 / 8 + 1 / 8 + 3 / 8) / 3)
     assert acct.effective_usage() == pytest.approx(17 / 24)
@@ -208,9 +220,21 @@ def test_hand_computed_contiguous_trace_with_external_fragmentation():
     manager = ContiguousManager(BlockPool(10, 1), "oracle", max_len=16)
     acct, result = _run(reqs, manager, concurrency=4, max_len=16)
     assert acct.elapsed_s == 5.0
-    assert acct.slot_seconds == {"used": 23.0, "reserved": 8.0, "internal": 0.0, "external": 3.0, "free": 16.0}
-    assert acct.shares_pct() == {"used": 46.0, "reserved": 16.0, "internal": 0.0, "external": 6.0, "free": 32.0}
-    assert acct.peak == {"used": 7, "reserved": 5, "internal": 0, "external": 3, "free": 7}
+    assert acct.slot_seconds.as_dict() == {
+        "used": 23.0,
+        "reserved": 8.0,
+        "internal": 0.0,
+        "external": 3.0,
+        "free": 16.0,
+    }
+    assert acct.shares_pct().as_dict() == {
+        "used": 46.0,
+        "reserved": 16.0,
+        "internal": 0.0,
+        "external": 6.0,
+        "free": 32.0,
+    }
+    assert acct.peak.as_dict() == {"used": 7, "reserved": 5, "internal": 0, "external": 3, "free": 7}
     assert acct.peak_allocated == 9
     assert acct.fragmentation_mean() == pytest.approx((5 / 9 + 2 / 9 + 0 + 1 / 3 + 0) / 5)
     assert acct.effective_usage() == pytest.approx(23 / 34)
@@ -227,8 +251,15 @@ def test_hand_computed_contiguous_max_trace_has_internal_waste():
     # Totals over 2 s x 16 = 32: used 9, reserved 1, internal 14, external 0, free 8.
     a, b = Request(0, 2, 2), Request(1, 4, 1)
     acct, _ = _run([a, b], ContiguousManager(BlockPool(16, 1), "max", max_len=8), concurrency=2, max_len=8)
-    assert acct.slot_seconds == {"used": 9.0, "reserved": 1.0, "internal": 14.0, "external": 0.0, "free": 8.0}
-    assert acct.peak == {"used": 6, "reserved": 1, "internal": 9, "external": 0, "free": 8}
+    assert acct.slot_seconds.as_dict() == {"used": 9.0, "reserved": 1.0, "internal": 14.0, "external": 0.0, "free": 8.0}
+    assert acct.peak.as_dict() == {"used": 6, "reserved": 1, "internal": 9, "external": 0, "free": 8}
     assert acct.fragmentation_mean() == pytest.approx((1 - 6 / 16 + 1 - 3 / 8) / 2)
     assert (a.final_kv_len, b.final_kv_len) == (3, 4)
-    assert math.isclose(sum(acct.shares_pct().values()), 100.0)
+    assert math.isclose(sum(acct.shares_pct().as_dict().values()), 100.0)
+
+
+def test_pool_parts_name_the_parts_in_order_and_add_up_what_is_occupied():
+    parts = PoolParts(used=4, reserved=3, internal=2, external=1, free=10)
+    assert PARTS == ("used", "reserved", "internal", "external", "free")
+    assert list(parts.as_dict()) == list(PARTS) and parts.as_dict()["free"] == 10
+    assert parts.occupied == 10

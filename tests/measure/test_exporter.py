@@ -193,6 +193,7 @@ def test_allocations_are_timed_only_inside_a_run_and_cost_nothing_when_unset():
     scheduler.admit(0)
     values = metrics.end_run("paged")
     assert values["block_alloc_count"] == 1 and values["block_alloc_latency_max_seconds"] < 0.5
+    assert values["kv_cache_blocks_used"] is None and values["requests_waiting"] is None  # no step observed
     observer(0.5)  # after end_run: not recorded
     assert metrics.run_values("paged")["block_alloc_count"] == 1
     assert Scheduler.alloc_observer is None  # the default: no timing at all

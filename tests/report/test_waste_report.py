@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from kvbench.report.waste_report import print_waste, waste_markdown
+from kvbench.results.waste_study import WasteStudy
 from kvbench.studies.waste import (
     STRATEGY_NAMES,
     WasteSettings,
@@ -19,17 +20,17 @@ from kvbench.studies.waste import (
 )
 
 
-def run_waste(**changes) -> dict:
+def run_waste(**changes) -> WasteStudy:
     settings = WasteSettings(strategies=tuple(parse_strategies(list(STRATEGY_NAMES), [16])), **changes)
     return run_waste_study(settings, waste_workload(settings))
 
 
 @pytest.fixture(scope="module")
-def eos_document() -> dict:
+def eos_document() -> WasteStudy:
     return run_waste(dataset="real-chat", stop="eos", max_len=1024, concurrency=16, requests_given=False)
 
 
-def _console_text(document: dict, tmp_path) -> str:
+def _console_text(document: WasteStudy, tmp_path) -> str:
     out = io.StringIO()
     print_waste(Console(file=out, width=200), document, tmp_path)
     return out.getvalue()
@@ -39,10 +40,10 @@ def test_summary_md_gives_stop_mode_dropped_records_and_output_lengths(eos_docum
     text = waste_markdown(eos_document)
     assert "Stop: eos: answers end at their real length" in text
     assert "Dataset: 48 requests from 48 of the 52 records of real-chat.json; left out: 4 shorter than 4 tokens" in text
-    paged = next(p for p in eos_document["points"] if p["engine"] == "paged-16")
+    paged = next(p for p in eos_document.points if p.engine == "paged-16")
     lengths = (
-        f"{paged['output_len_mean']:,.0f} / {paged['output_len_p50']:,.0f} / {paged['output_len_p90']:,.0f} / "
-        f"{paged['output_len_max']:,}"
+        f"{paged.output_len_mean:,.0f} / {paged.output_len_p50:,.0f} / {paged.output_len_p90:,.0f} / "
+        f"{paged.output_len_max:,}"
     )
     assert "## Output lengths ending at EOS" in text and f"| paged-16 | 16 | {lengths} | 48/48 |" in text
 

@@ -18,87 +18,89 @@ from kvbench.report.sweep_report import (
     with_output_lengths,
 )
 from kvbench.report.waste_report import SHARE_NOTE, SHARE_TABLE, stop_text, waste_plot
-from kvbench.results.point import Point
+from kvbench.results.strategy_point import StrategyPoint
+from kvbench.results.waste_study import WasteStudy
 from kvbench.workload.dataset import sample_note
 
 
 def build(run: RunFiles) -> Page:
-    document = run.document
-    meta, points = document["meta"], document["points"]
-    model = meta.get("model") or {}
+    study = WasteStudy.from_json(run.document)
+    meta, points = study.meta, study.points
+    written = meta.to_json()
     title = (
-        f"kvbench waste: where KV memory goes — {model.get('name', '?')} {model.get('dtype', '')} on "
-        f"{meta.get('gpu', '?')}, max-len {meta.get('max_len', '?')}"
+        f"kvbench waste: where KV memory goes — {_or(meta.model_name, '?')} {_or(meta.model_dtype, '')} on "
+        f"{_or(meta.gpu, '?')}, max-len {_or(meta.max_len, '?')}"
     )
     subtitle = (
-        f"{meta.get('workload', '')}; {units.count(meta.get('requests'))} requests, "
-        f"{units.count(meta.get('concurrency'))} in flight; KV pool {units.nbytes(meta.get('kv_budget_bytes'))} "
-        f"({units.count(meta.get('pool_slots'))} token slots)"
+        f"{_or(meta.workload, '')}; {units.count(meta.requests)} requests, "
+        f"{units.count(meta.concurrency)} in flight; KV pool {units.nbytes(meta.kv_budget_bytes)} "
+        f"({units.count(meta.pool_slots)} token slots)"
     )
-    figures = draw(lambda: waste_plot(document, run.directory / "waste.png"))
+    figures = draw(lambda: waste_plot(study, run.directory / "waste.png"))
     sections = [
-        headline_section(document),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="waste"), "strategies"),
+        headline_section(study),
+        findings_section(
+            diagnose_points([p.to_json() for p in points], written, Thresholds(), str(run.directory), kind="waste"),
+            "strategies",
+        ),
     ]
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     per_point: list[Any] = [
-        spec_table(
-            POINT_TABLE,
-            [Point.from_json(p) for p in points],
-            "points-table",
-            "Simulated step times (roofline). " + POINT_TABLE_NOTE,
-        )
+        spec_table(POINT_TABLE, points, "points-table", "Simulated step times (roofline). " + POINT_TABLE_NOTE)
     ]
-    if shows_output_lengths(meta):
-        lengths = with_output_lengths([Point.from_json(p) for p in points])
-        spec = output_length_spec(meta, f"Stop {stop_text(meta)}.")
+    if shows_output_lengths(written):
+        lengths = with_output_lengths(points)
+        spec = output_length_spec(written, f"Stop {stop_text(meta.stop)}.")
         per_point.append(spec_table(spec, lengths, "output-lengths-table", spec.caption))
     sections.append(Section("points", "Per strategy", per_point))
-    sections.append(provenance_section(meta, run.files()))
+    sections.append(provenance_section(written, run.files()))
     return Page("waste", title, subtitle, ["SIMULATED"], sections)
 
 
-def verdict(document: dict) -> Verdict:
-    meta, points, analytic = document["meta"], document["points"], document.get("analytic") or {}
-    ok = [p for p in points if p.get("status") == "ok" and p.get("effective_usage_pct") is not None]
-    paged = [p for p in ok if p["engine"].startswith("paged")]
-    contiguous = [p for p in ok if p["engine"].startswith("contiguous") and not p.get("hindsight_bound")]
+def _or(value: Any, missing: str) -> Any:
+    """A recorded value as the title shows it; ``missing`` where the run did not record it."""
+    return missing if value is None else value
+
+
+def verdict(study: WasteStudy) -> Verdict:
+    meta, analytic = study.meta, study.analytic
+    ok = [p for p in study.points if p.status == "ok" and p.effective_usage_pct is not None]
+    paged = [p for p in ok if p.engine.startswith("paged")]
+    contiguous = [p for p in ok if p.engine.startswith("contiguous") and not p.hindsight_bound]
     sentences = []
-    estimate = analytic.get("at_mean_len_pct")
-    if estimate is not None:
+    if analytic is not None and analytic.at_mean_len_pct is not None:
         sentences.append(
             f"The article's estimate for a max-len reservation: (max-len − mean length) / max-len = "
-            f"({meta.get('max_len')} − {analytic.get('mean_len')}) / {meta.get('max_len')} = "
-            f"{estimate:.1f}% of its slots wasted ({analytic.get('at_sampled_mean_pct', 0):.1f}% at this "
-            f"run's sampled mean of {analytic.get('sampled_mean_len', 0):,.0f} tokens)."
+            f"({meta.max_len} − {analytic.mean_len}) / {meta.max_len} = "
+            f"{analytic.at_mean_len_pct:.1f}% of its slots wasted ({analytic.at_sampled_mean_pct:.1f}% at this "
+            f"run's sampled mean of {analytic.sampled_mean_len:,.0f} tokens)."
         )
-    best = max(paged, key=lambda p: p["effective_usage_pct"], default=None)
-    worst = next((p for p in contiguous if p["engine"] == "contiguous-max"), None) or min(
-        contiguous, key=lambda p: p["effective_usage_pct"], default=None
+    best = max(paged, key=_effective, default=None)
+    worst = next((p for p in contiguous if p.engine == "contiguous-max"), None) or min(
+        contiguous, key=_effective, default=None
     )
     if best is not None and worst is not None:
-        headline = (
-            f"Effective KV memory usage: {best['engine']} {best['effective_usage_pct']:.1f}%, "
-            f"{worst['engine']} {worst['effective_usage_pct']:.1f}%"
-        )
-        held = worst["waste"]["reservation_pct"] + worst["waste"]["internal_pct"]
+        best_usage, worst_usage = _effective(best), _effective(worst)
+        headline = f"Effective KV memory usage: {best.engine} {best_usage:.1f}%, {worst.engine} {worst_usage:.1f}%"
+        shares = worst.shares
+        held = (shares.reservation_pct or 0.0) + (shares.internal_pct or 0.0)
         sentences.append(
-            f"Measured: {worst['engine']} held token states in {worst['waste']['token_state_pct']:.1f}% of the pool "
+            f"Measured: {worst.engine} held token states in {shares.token_state_pct:.1f}% of the pool "
             f"on average while reservation and internal fragmentation took {held:.1f}%, so "
-            f"{100 - worst['effective_usage_pct']:.1f}% of what it allocated was waste; {best['engine']} wasted "
-            f"{100 - best['effective_usage_pct']:.1f}% (internal fragmentation {best['waste']['internal_pct']:.2f}%)."
+            f"{100 - worst_usage:.1f}% of what it allocated was waste; {best.engine} wasted "
+            f"{100 - best_usage:.1f}% (internal fragmentation {best.shares.internal_pct:.2f}%)."
         )
-        if best.get("peak_running") and worst.get("peak_running"):
+        if best.peak_running and worst.peak_running:
             sentences.append(
-                f"The same pool held {best['peak_running']:,} requests at once with {best['engine']} "
-                f"against {worst['peak_running']:,} with {worst['engine']}."
+                f"The same pool held {best.peak_running:,} requests at once with {best.engine} "
+                f"against {worst.peak_running:,} with {worst.engine}."
             )
-        tone = "good" if best["effective_usage_pct"] > worst["effective_usage_pct"] else "warn"
+        tone = "good" if best_usage > worst_usage else "warn"
     else:
         named = ok[0] if ok else None
         headline = (
-            f"Effective KV memory usage: {named['engine']} {named['effective_usage_pct']:.1f}%"
+            f"Effective KV memory usage: {named.engine} {named.effective_usage_pct:.1f}%"
             if named
             else "No strategy completed"
         )
@@ -110,17 +112,23 @@ def verdict(document: dict) -> Verdict:
     return Verdict(headline, tone, sentences)
 
 
-def headline_section(document: dict) -> Section:
-    meta = document["meta"]
-    notes = [f"Stop: {stop_text(meta)}."]
-    if meta.get("dataset"):
-        notes.append(f"Dataset: {sample_note(meta['dataset'])}.")
+def _effective(point: StrategyPoint) -> float:
+    """A point's effective usage (%), of the points that measured one."""
+    assert point.effective_usage_pct is not None
+    return point.effective_usage_pct
+
+
+def headline_section(study: WasteStudy) -> Section:
+    meta = study.meta
+    notes = [f"Stop: {stop_text(meta.stop)}."]
+    if meta.dataset:
+        notes.append(f"Dataset: {sample_note(meta.dataset)}.")
     return Section(
         "headline",
         "Verdict",
         [
-            verdict(document),
-            spec_table(SHARE_TABLE, document["points"], "headline-table", SHARE_NOTE),
+            verdict(study),
+            spec_table(SHARE_TABLE, study.points, "headline-table", SHARE_NOTE),
             Text(notes, tone="note"),
         ],
     )

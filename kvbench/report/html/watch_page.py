@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from kvbench import json_input
 from kvbench.report.diagnose.live_rules import seconds
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import Timeline, diagnose_timeline, read_timeline
@@ -14,7 +12,8 @@ from kvbench.report.html.common import draw, figures_block, findings_section, pr
 from kvbench.report.html.page import Cell, Column, Fact, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.report.watch_report import watch_plot
-from kvbench.results.watch_records import KIND
+from kvbench.results.watch_records import read_header
+from kvbench.results.watch_summary import InstanceSummary
 
 MAX_ROWS = 400  # scrapes listed per instance (the last ones); the plot and the summary use them all
 
@@ -22,8 +21,7 @@ MAX_ROWS = 400  # scrapes listed per instance (the last ones); the plot and the 
 def build(run: RunFiles) -> Page:
     assert run.timeline is not None  # a watch run is its timeline
     timeline = read_timeline(run.timeline)
-    header = _header(run.timeline)
-    meta = found if isinstance(found := header.get("meta"), dict) else {}
+    header = read_header(run.timeline)  # None: read_timeline has said why already, or it has no header
     sources = list(timeline.windows)
     title = f"kvbench watch: {timeline.url or run.timeline.name}"
     subtitle = f"{len(sources)} engine instance{'s' if len(sources) != 1 else ''}: {'; '.join(sources)}"
@@ -34,47 +32,17 @@ def build(run: RunFiles) -> Page:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     sections.append(scrapes_section(timeline))
     extra = [Fact("endpoint", timeline.url, code=True)] if timeline.url else []
-    if header.get("interval_s"):
-        extra.append(Fact("scrape interval", f"{header['interval_s']:g} s"))
-    sections.append(provenance_section(meta, run.files(), extra))
+    if header is not None and header.interval_s:
+        extra.append(Fact("scrape interval", f"{header.interval_s:g} s"))
+    sections.append(provenance_section(header.meta if header is not None else {}, run.files(), extra))
     return Page("watch", title, subtitle, [], sections)
 
 
-def _header(path: Path) -> dict[str, Any]:
-    """The timeline's first line, when it is the header kvbench watch writes."""
-    if not path.is_file():  # read_timeline has said why already
-        return {}
-    try:
-        with open(path, encoding="utf-8") as lines:
-            first = json_input.loads(lines.readline(1 << 20) or "{}")
-    except (OSError, ValueError):
-        return {}
-    return first if isinstance(first, dict) and first.get("kind") == KIND else {}
-
-
-def _summary(samples) -> dict[str, Any]:
-    states = [s for _, s in samples]
-    usage = [s.usage for s in states if s.usage is not None]
-    waiting = [s.waiting for s in states if s.waiting is not None]
-    running = [s.running for s in states if s.running is not None]
-    preempted = [s.preemptions for s in states if s.preemptions is not None]
-    return {
-        "scrapes": len(states),
-        "span_s": samples[-1][0] - samples[0][0] if samples else 0.0,
-        "usage_mean": sum(usage) / len(usage) if usage else None,
-        "usage_peak": max(usage) if usage else None,
-        "running_peak": max(running) if running else None,
-        "waiting_peak": max(waiting) if waiting else None,
-        "preemptions": (preempted[-1] - preempted[0]) if len(preempted) > 1 else None,
-        "family": states[-1].family_name if states else "",
-    }
-
-
 def verdict(timeline: Timeline) -> Verdict:
-    summaries = {source: _summary(w.samples) for source, w in timeline.windows.items()}
-    peaks = [(s["usage_peak"], source) for source, s in summaries.items() if s["usage_peak"] is not None]
-    scrapes = max(s["scrapes"] for s in summaries.values())
-    span = max(s["span_s"] for s in summaries.values())
+    summaries = {source: InstanceSummary.of(w.samples) for source, w in timeline.windows.items()}
+    peaks = [(s.usage_peak, source) for source, s in summaries.items() if s.usage_peak is not None]
+    scrapes = max(s.scrapes for s in summaries.values())
+    span = max(s.span_s for s in summaries.values())
     if peaks:
         peak, source = max(peaks)
         headline = f"KV cache usage peaked at {units.share(peak)} ({source}) over {scrapes} scrapes in {seconds(span)}"
@@ -85,10 +53,10 @@ def verdict(timeline: Timeline) -> Verdict:
     sentences = []
     for source, s in summaries.items():
         parts = [
-            f"mean KV usage {units.share(s['usage_mean'])}" if s["usage_mean"] is not None else None,
-            f"at most {units.count(s['running_peak'])} running" if s["running_peak"] is not None else None,
-            f"at most {units.count(s['waiting_peak'])} waiting" if s["waiting_peak"] is not None else None,
-            f"{units.count(s['preemptions'])} new preemptions" if s["preemptions"] is not None else None,
+            f"mean KV usage {units.share(s.usage_mean)}" if s.usage_mean is not None else None,
+            f"at most {units.count(s.running_peak)} running" if s.running_peak is not None else None,
+            f"at most {units.count(s.waiting_peak)} waiting" if s.waiting_peak is not None else None,
+            f"{units.count(s.preemptions)} new preemptions" if s.preemptions is not None else None,
         ]
         sentences.append(f"{source}: {', '.join(p for p in parts if p)}.")
     if timeline.errors:
@@ -113,26 +81,26 @@ SUMMARY_COLUMNS = [
 def headline_section(timeline: Timeline) -> Section:
     rows = []
     for source, window in timeline.windows.items():
-        s = _summary(window.samples)
+        s = InstanceSummary.of(window.samples)
         rows.append(
             [
                 Cell(source, field="instance"),
-                Cell(s["family"], field="engine"),
-                Cell(units.count(s["scrapes"]), s["scrapes"], field="scrapes"),
-                Cell(units.num(s["span_s"]), s["span_s"], field="span_s"),
+                Cell(s.family, field="engine"),
+                Cell(units.count(s.scrapes), s.scrapes, field="scrapes"),
+                Cell(units.num(s.span_s), s.span_s, field="span_s"),
                 Cell(
-                    units.num(100 * s["usage_mean"]) if s["usage_mean"] is not None else units.MISSING,
-                    units.sort_key(s["usage_mean"]),
+                    units.num(100 * s.usage_mean) if s.usage_mean is not None else units.MISSING,
+                    units.sort_key(s.usage_mean),
                     field="usage_mean",
                 ),
                 Cell(
-                    units.num(100 * s["usage_peak"]) if s["usage_peak"] is not None else units.MISSING,
-                    units.sort_key(s["usage_peak"]),
+                    units.num(100 * s.usage_peak) if s.usage_peak is not None else units.MISSING,
+                    units.sort_key(s.usage_peak),
                     field="usage_peak",
                 ),
-                Cell(units.count(s["running_peak"]), units.sort_key(s["running_peak"]), field="running_peak"),
-                Cell(units.count(s["waiting_peak"]), units.sort_key(s["waiting_peak"]), field="waiting_peak"),
-                Cell(units.count(s["preemptions"]), units.sort_key(s["preemptions"]), field="preemptions"),
+                Cell(units.count(s.running_peak), units.sort_key(s.running_peak), field="running_peak"),
+                Cell(units.count(s.waiting_peak), units.sort_key(s.waiting_peak), field="waiting_peak"),
+                Cell(units.count(s.preemptions), units.sort_key(s.preemptions), field="preemptions"),
             ]
         )
     blocks: list[Any] = [

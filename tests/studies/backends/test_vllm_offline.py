@@ -112,7 +112,7 @@ def test_one_request_is_accounted_exactly_with_hindsight(fake_vllm):
     (request,) = token_requests([(20, 6)], 1000, 0)
     result = drive(fake_vllm, build(fake_vllm).llm_engine, [request], 1, 64, 16, clock=Clock())
     acct = result.accountant
-    assert acct.peak["used"] == 24 and acct.peak["reserved"] == 5 and acct.peak["internal"] == 7
+    assert acct.peak.used == 24 and acct.peak.reserved == 5 and acct.peak.internal == 7
     assert acct.peak_allocated == 32 and acct.steps == 6  # five steps running, the last one drained
     assert request.final_kv_len == 25
 
