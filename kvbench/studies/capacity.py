@@ -296,7 +296,7 @@ def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
     binding = budget.binding
     reasons = not_fitting_reasons(shape, budget, settings)
     per_gpu_weights = max(s.share.weight_bytes for s in budget.stages)
-    fits_budget = budget.weights_fit
+    weights_fit = budget.weights_fit
     return CapacityResult(
         model=ModelRecord.of(shape),
         gpu=gpu.name,
@@ -324,9 +324,9 @@ def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
         concurrency=settings.concurrency,
         context_length=shape.context_length,
         reasons=reasons,
-        strategies=strategy_rows(budget.stages, settings, shape.context_length) if fits_budget else [],
-        kv_token_slots=budget.token_slots if fits_budget else None,
-        fits_one_max_len_request=_fits_max_len(budget.stages, settings.max_len) if fits_budget else None,
+        strategies=strategy_rows(budget.stages, settings, shape.context_length) if weights_fit else [],
+        kv_token_slots=budget.token_slots if weights_fit else None,
+        fits_one_max_len_request=_fits_max_len(budget.stages, settings.max_len) if weights_fit else None,
     )
 
 
