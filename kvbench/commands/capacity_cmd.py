@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 from kvbench.commands._deployment_options import DEPLOYMENT, Deployment, deployment_fields
@@ -14,6 +16,7 @@ from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text
 from kvbench.models.gpus import CUSTOM
 from kvbench.report.capacity_report import print_capacity
+from kvbench.results.capacity_result import NotFitting
 from kvbench.studies.capacity import CapacitySettings, run_capacity_study
 
 DEFAULT_GPU = "a100-80g"
@@ -55,30 +58,31 @@ def capacity(
     )
     result = run_capacity_study(settings)
     if result.reasons:
-        result.document["suggestions"] = _suggestions(result.reasons[0], settings)
+        result = replace(result, suggestions=_suggestions(result.reasons[0], settings))
     if as_json:
-        typer.echo(json_text(result.document))
+        typer.echo(json_text(result.to_json()))
     else:
         console = make_console()
-        print_capacity(console, result.document)
-        for line in result.document.get("suggestions", []):
+        print_capacity(console, result)
+        for line in result.suggestions or ():
             console.print(f"  try {line}")
     if not result.fits:
         raise typer.Exit(code=1)
 
 
-def _suggestions(reason: dict, settings: CapacitySettings) -> list[str]:
+def _suggestions(reason: NotFitting, settings: CapacitySettings) -> list[str]:
     """What to change, in this command's options, from the numbers of the first reason."""
     lines = []
-    tensor = reason.get("smallest_fitting_tensor_parallel_size")
+    tensor = reason.smallest_fitting_tensor_parallel_size
     if tensor:
         lines.append(f"--tensor-parallel-size {tensor}")
-    if reason["kind"] == "max_len":
-        if reason["longest_context"]:
-            lines.append(f"--max-model-len {reason['longest_context']}")
+    if reason.kind == "max_len":
+        if reason.longest_context:
+            lines.append(f"--max-model-len {reason.longest_context}")
         if settings.kv_cache_dtype == "auto":
             lines.append("--kv-cache-dtype fp8 (halves a 16-bit KV cache)")
-    lines.append(f"a GPU with at least {reason['gpu_memory_needed_bytes'] / 1024**3:,.1f} GiB (--gpu-memory)")
+    needed = reason.gpu_memory_needed_bytes or 0  # the first reason always says it
+    lines.append(f"a GPU with at least {needed / 1024**3:,.1f} GiB (--gpu-memory)")
     return lines
 
 

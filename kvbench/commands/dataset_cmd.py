@@ -48,16 +48,16 @@ def dataset(
     )
     console = make_console(stderr=as_json)
     with console.status("reading the dataset..."):
-        document = describe_dataset(settings, load_tokenizer(model))
+        result = describe_dataset(settings, load_tokenizer(model))
     write_study(
         "dataset",
         out_dir,
-        document,
+        result.to_json(),
         as_json,
-        plot=dataset_plot,
+        plot=lambda _, path: dataset_plot(result, path),
         plot_file="lengths.png",
-        markdown=dataset_markdown,
-        tables=lambda run_dir: print_dataset(console, document, run_dir),
+        markdown=lambda _: dataset_markdown(result),
+        tables=lambda run_dir: print_dataset(console, result, run_dir),
     )
 
 

@@ -89,16 +89,16 @@ def share(
     )
     console = make_console(stderr=as_json)
     with console.status("loading the model...") as status:
-        document = run_share_study(settings, status.update)
+        result = run_share_study(settings, status.update)
     write_study(
         "share",
         out_dir,
-        document,
+        result.to_json(),
         as_json,
-        plot=share_plot,
+        plot=lambda _, path: share_plot(result, path),
         plot_file="share.png",
-        markdown=share_markdown,
-        tables=lambda run_dir: print_share(console, document, run_dir),
+        markdown=lambda _: share_markdown(result),
+        tables=lambda run_dir: print_share(console, result, run_dir),
         flat_rows=False,
     )
 

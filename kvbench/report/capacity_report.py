@@ -2,113 +2,106 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
+from kvbench.results.capacity_result import CapacityResult
 from kvbench.values import human_bytes
 
 
-def model_line(document: dict[str, Any]) -> str:
-    model = document["model"]
-    parts = [f"[bold]{model['name']}[/bold] {model['dtype']}: {model['num_parameters'] / 1e9:.2f} B parameters"]
-    if "active_parameters" in model:
-        parts[0] += f" ({model['active_parameters'] / 1e9:.2f} B active)"
-    weights = f"weights {human_bytes(document['weight_bytes'])}"
-    if "weight_format" in model:
-        weights += f" ({model['weight_format']['description']})"
+def model_line(result: CapacityResult) -> str:
+    model = result.model
+    parts = [f"[bold]{model.name}[/bold] {model.dtype}: {model.num_parameters / 1e9:.2f} B parameters"]
+    if model.active_parameters is not None:
+        parts[0] += f" ({model.active_parameters / 1e9:.2f} B active)"
+    weights = f"weights {human_bytes(result.weight_bytes)}"
+    if model.weight_format is not None:
+        weights += f" ({model.weight_format})"
     parts.append(weights)
-    kv = f"KV {document['bytes_per_token']:,} B per token ({document['kv_dtype_bytes']} B values"
-    if "mla" in model:
-        kv += f", latent attention: {model['mla']['kv_lora_rank'] + model['mla']['qk_rope_head_dim']} per layer"
+    kv = f"KV {result.bytes_per_token:,} B per token ({result.kv_dtype_bytes} B values"
+    if model.latent_values is not None:
+        kv += f", latent attention: {model.latent_values} per layer"
     kv += ")"
-    if model.get("sliding_window"):
-        kv += (
-            f"; {len(model['sliding_layers'])} of {model['num_layers']} layers keep a window of "
-            f"{model['sliding_window']:,} tokens"
-        )
+    if model.sliding_window:
+        kv += f"; {model.sliding_layers} of {model.num_layers} layers keep a window of {model.sliding_window:,} tokens"
     parts.append(kv)
     return "; ".join(parts)
 
 
-def deployment_line(document: dict[str, Any]) -> str:
-    gpus = document["gpus"]
+def deployment_line(result: CapacityResult) -> str:
+    gpus = result.gpus
     shape = f"{gpus} x " if gpus > 1 else ""
     split = []
-    if document["tensor_parallel_size"] > 1:
-        split.append(f"tensor parallel {document['tensor_parallel_size']}")
-    if document["pipeline_parallel_size"] > 1:
-        split.append(f"pipeline parallel {document['pipeline_parallel_size']}")
-    head = f"[bold]{shape}{document['gpu']}[/bold]" + (f" ({', '.join(split)})" if split else "")
-    if document.get("kv_cache_memory_bytes"):
-        budget = f"KV cache set to {human_bytes(document['kv_cache_memory_bytes'])} per GPU"
+    if result.tensor_parallel_size > 1:
+        split.append(f"tensor parallel {result.tensor_parallel_size}")
+    if result.pipeline_parallel_size > 1:
+        split.append(f"pipeline parallel {result.pipeline_parallel_size}")
+    head = f"[bold]{shape}{result.gpu}[/bold]" + (f" ({', '.join(split)})" if split else "")
+    if result.kv_cache_memory_bytes:
+        budget = f"KV cache set to {human_bytes(result.kv_cache_memory_bytes)} per GPU"
     else:
         budget = (
-            f"{human_bytes(document['gpu_memory_bytes'])} x {document['gpu_memory_utilization']} = "
-            f"{human_bytes(document['usable_bytes'])} usable - weights "
-            f"{human_bytes(document['weight_bytes_per_gpu'])} - activations "
-            f"{human_bytes(document['activation_reserve_bytes'])} = KV budget "
-            f"{human_bytes(document['kv_budget_bytes'])} per GPU"
+            f"{human_bytes(result.gpu_memory_bytes)} x {result.gpu_memory_utilization} = "
+            f"{human_bytes(result.usable_bytes)} usable - weights "
+            f"{human_bytes(result.weight_bytes_per_gpu)} - activations "
+            f"{human_bytes(result.activation_reserve_bytes)} = KV budget "
+            f"{human_bytes(result.kv_budget_bytes)} per GPU"
         )
     return f"{head}: {budget}"
 
 
-def kv_heads_line(document: dict[str, Any]) -> str | None:
+def kv_heads_line(result: CapacityResult) -> str | None:
     """A note when tensor parallelism replicates KV heads or latent attention copies the cache."""
-    copies = document["kv_head_replication"]
+    copies = result.kv_head_replication
     if copies <= 1:
         return None
-    if "mla" in document["model"]:
+    if result.model.latent_values is not None:
         return (
-            f"latent attention: each of the {document['tensor_parallel_size']} GPUs of a stage keeps the whole "
+            f"latent attention: each of the {result.tensor_parallel_size} GPUs of a stage keeps the whole "
             "latent cache (it is shared by all heads, so tensor parallelism does not split it)"
         )
     return (
-        f"tensor parallelism {document['tensor_parallel_size']} exceeds the {document['model']['num_kv_heads']} "
-        f"KV heads: each GPU keeps {document['kv_heads_per_gpu']} head, so every KV head is stored {copies} times"
+        f"tensor parallelism {result.tensor_parallel_size} exceeds the {result.model.num_kv_heads} "
+        f"KV heads: each GPU keeps {result.kv_heads_per_gpu} head, so every KV head is stored {copies} times"
     )
 
 
-def print_capacity(console, document: dict[str, Any]) -> None:
-    console.print(model_line(document))
-    console.print(deployment_line(document))
-    note = kv_heads_line(document)
+def print_capacity(console, result: CapacityResult) -> None:
+    console.print(model_line(result))
+    console.print(deployment_line(result))
+    note = kv_heads_line(result)
     if note:
         console.print(f"[yellow]{note}[/yellow]")
-    if len(document["stages"]) > 1:
+    if len(result.stages) > 1:
         console.print(
             "pipeline stages: "
             + "; ".join(
-                f"layers {s['layers'][0]}-{s['layers'][1] - 1}: weights {human_bytes(s['weight_bytes'])}, "
-                f"KV budget {human_bytes(max(s['kv_budget_bytes'], 0))}"
-                for s in document["stages"]
+                f"layers {s.layers[0]}-{s.layers[1] - 1}: weights {human_bytes(s.weight_bytes)}, "
+                f"KV budget {human_bytes(max(s.kv_budget_bytes, 0))}"
+                for s in result.stages
             )
         )
-    if document["strategies"]:
-        growing = (
-            " if every layer grew (the windowed ones stop at their window)"
-            if document["model"].get("sliding_window")
-            else ""
-        )
+    if result.strategies:
+        growing = " if every layer grew (the windowed ones stop at their window)" if result.model.sliding_window else ""
+        slots = result.kv_token_slots
         console.print(
-            f"KV budget holds {document['kv_token_slots']:,} token slots per GPU{growing} "
-            f"({document['kv_bytes_per_token_per_gpu']:,} B per token on a GPU)"
+            f"KV budget holds {slots:,} token slots per GPU{growing} "
+            f"({result.kv_bytes_per_token_per_gpu:,} B per token on a GPU)"
         )
-        console.print(strategy_table(document))
-    for reason in document["reasons"]:
-        console.print(f"[bold red]does not fit:[/bold red] {reason['message']}")
+        console.print(strategy_table(result))
+    for reason in result.reasons:
+        console.print(f"[bold red]does not fit:[/bold red] {reason.message}")
 
 
-def strategy_table(document: dict[str, Any]) -> Table:
-    concurrency = document["concurrency"]
-    cap = document.get("max_num_seqs")
+def strategy_table(result: CapacityResult) -> Table:
+    concurrency, max_len = result.concurrency, result.max_len
+    cap = result.max_num_seqs
     title = (
-        f"Concurrent requests of {document['mean_len']:,} tokens and of max-len {document['max_len']:,}; "
+        f"Concurrent requests of {result.mean_len:,} tokens and of max-len {max_len:,}; "
         f"longest context at concurrency {concurrency}" + (f" (capped at max-num-seqs {cap})" if cap else "")
     )
     table = Table(
         title=title,
-        caption=f"concurrent at {document['max_len']:,}: whole requests of max-len; in brackets vLLM's \"maximum "
+        caption=f"concurrent at {max_len:,}: whole requests of max-len; in brackets vLLM's \"maximum "
         'concurrency" figure for the same pool (KV token slots / max-len, unrounded, as vLLM logs it at start-up); '
         "longest context: the longest request each of that many concurrent requests can have",
     )
@@ -117,20 +110,20 @@ def strategy_table(document: dict[str, Any]) -> Table:
         "slots / request",
         "max concurrent",
         "token states at capacity",
-        f"concurrent at {document['max_len']:,} (vLLM)",
+        f"concurrent at {max_len:,} (vLLM)",
         f"longest context x{concurrency}",
     )
     for column in columns:
         table.add_column(column, justify="left" if column == "strategy" else "right")
-    for row in document["strategies"]:
-        ratio = f" ({row['concurrency_ratio_at_max_len']:.2f}x)"  # vLLM's "maximum concurrency" figure, unrounded
-        longest = f"{row['longest_context']:,}" + (" (model)" if row["longest_context_limited_by"] == "model" else "")
+    for row in result.strategies:
+        ratio = f" ({row.concurrency_ratio_at_max_len:.2f}x)"  # vLLM's "maximum concurrency" figure, unrounded
+        longest = f"{row.longest_context:,}" + (" (model)" if row.longest_context_limited_by == "model" else "")
         table.add_row(
-            row["strategy"],
-            f"{row['slots_per_request']:,}",
-            f"{row['max_concurrency']:,}",
-            f"{row['token_state_pct_at_capacity']:.1f}%",
-            f"{row['max_concurrency_at_max_len']:,}{ratio}",
+            row.strategy,
+            f"{row.slots_per_request:,}",
+            f"{row.max_concurrency:,}",
+            f"{row.token_state_pct_at_capacity:.1f}%",
+            f"{row.max_concurrency_at_max_len:,}{ratio}",
             longest,
         )
     return table

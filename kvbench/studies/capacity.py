@@ -17,8 +17,7 @@ The pool of a paged strategy is first cut into whole blocks, as vLLM's is; its "
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, replace
 
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import blocks_for
@@ -37,6 +36,7 @@ from kvbench.models.gpus import resolve_gpu
 from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import KV_DTYPE_BYTES, ModelShape
 from kvbench.preflight import check_context_length
+from kvbench.results.capacity_result import CapacityResult, ModelRecord, NotFitting, StageRecord, StrategyRow
 from kvbench.values import human_bytes
 
 CONTIGUOUS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
@@ -131,7 +131,7 @@ def longest_context(strategy: Strategy, stages: list[StageBudget], concurrency: 
     return low
 
 
-def strategy_rows(stages: list[StageBudget], settings: CapacitySettings, context_limit: int) -> list[dict[str, Any]]:
+def strategy_rows(stages: list[StageBudget], settings: CapacitySettings, context_limit: int) -> list[StrategyRow]:
     """One row per strategy: its holding and concurrency at the mean length, at max-len, and its longest context
     at the asked concurrency."""
     rows = []
@@ -142,28 +142,33 @@ def strategy_rows(stages: list[StageBudget], settings: CapacitySettings, context
         at_max = concurrency_at(strategy, stages, max_len, max_len)
         useful = at_mean * binding.share.kv_bytes(mean_len, min(mean_len, binding.share.window or mean_len))
         pool = strategy.pool_bytes(binding)
-        row: dict[str, Any] = {
-            "strategy": strategy.name,
-            "slots_per_request": strategy.slots(mean_len, max_len),
-            "bytes_per_request": strategy.request_bytes(binding, mean_len, max_len),
-            "max_concurrency": _capped(at_mean, settings.max_num_seqs),
-            "kv_max_concurrency": at_mean,
-            "token_state_pct_at_capacity": 100.0 * useful / pool if pool else 0.0,
-            "max_concurrency_at_max_len": _capped(at_max, settings.max_num_seqs),
-            "concurrency_ratio_at_max_len": concurrency_ratio(strategy, stages, max_len),
-            "longest_context": longest_context(strategy, stages, settings.concurrency, context_limit),
-            "limited_by": "max_num_seqs"
-            if settings.max_num_seqs is not None and at_mean > settings.max_num_seqs
-            else "kv_cache",
-        }
-        if strategy.block_size:
-            row["block_size"] = strategy.block_size
-            row["kv_blocks"] = min(
-                strategy.pool_bytes(s) // (strategy.block_size * s.share.bytes_per_token) for s in stages
+        ratio = concurrency_ratio(strategy, stages, max_len)
+        longest = longest_context(strategy, stages, settings.concurrency, context_limit)
+        blocks = (
+            min(strategy.pool_bytes(s) // (strategy.block_size * s.share.bytes_per_token) for s in stages)
+            if strategy.block_size
+            else None
+        )
+        rows.append(
+            StrategyRow(
+                strategy=strategy.name,
+                slots_per_request=strategy.slots(mean_len, max_len),
+                bytes_per_request=strategy.request_bytes(binding, mean_len, max_len),
+                max_concurrency=_capped(at_mean, settings.max_num_seqs),
+                kv_max_concurrency=at_mean,
+                token_state_pct_at_capacity=100.0 * useful / pool if pool else 0.0,
+                max_concurrency_at_max_len=_capped(at_max, settings.max_num_seqs),
+                concurrency_ratio_at_max_len=ratio,
+                longest_context=longest,
+                limited_by="max_num_seqs"
+                if settings.max_num_seqs is not None and at_mean > settings.max_num_seqs
+                else "kv_cache",
+                longest_context_limited_by="model" if longest >= context_limit else "kv_cache",
+                block_size=strategy.block_size or None,
+                kv_blocks=blocks,
+                kv_cache_tokens=int(ratio * max_len) if strategy.block_size else None,
             )
-            row["kv_cache_tokens"] = int(row["concurrency_ratio_at_max_len"] * max_len)
-        row["longest_context_limited_by"] = "model" if row["longest_context"] >= context_limit else "kv_cache"
-        rows.append(row)
+        )
     return rows
 
 
@@ -214,9 +219,9 @@ def _where(stage: StageBudget, pipeline: int) -> str:
     return f" on pipeline stage {stage.share.stage} (layers {layers.start}-{layers.stop - 1})" if pipeline > 1 else ""
 
 
-def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: CapacitySettings) -> list[dict]:
+def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: CapacitySettings) -> list[NotFitting]:
     """Why the deployment cannot serve the model, each reason with its numbers; empty when it can."""
-    reasons: list[dict[str, Any]] = []
+    reasons: list[NotFitting] = []
     pipeline = settings.pipeline_parallel
     if not budget.weights_fit:
         stage = budget.binding
@@ -229,16 +234,15 @@ def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: C
             f"{human_bytes(stage.device_bytes)})"
         )
         reasons.append(
-            {
-                "kind": "weights",
-                "message": f"weights {human_bytes(share.weight_bytes)} + activations "
-                f"{human_bytes(share.activation_bytes)}"
+            NotFitting(
+                "weights",
+                f"weights {human_bytes(share.weight_bytes)} + activations {human_bytes(share.activation_bytes)}"
                 f"{kv_part} per GPU{_where(stage, pipeline)} exceed {room} by {human_bytes(-stage.kv_bytes)}",
-                "weight_bytes_per_gpu": share.weight_bytes,
-                "activation_bytes_per_gpu": share.activation_bytes,
-                "usable_bytes": stage.usable_bytes,
-                "short_bytes": -stage.kv_bytes,
-            }
+                weight_bytes_per_gpu=share.weight_bytes,
+                activation_bytes_per_gpu=share.activation_bytes,
+                usable_bytes=stage.usable_bytes,
+                short_bytes=-stage.kv_bytes,
+            )
         )
     elif not _fits_max_len(budget.stages, settings.max_len):
         stage = min(
@@ -252,44 +256,37 @@ def not_fitting_reasons(shape: ModelShape, budget: DeploymentBudget, settings: C
         need = oracle.request_bytes(stage, settings.max_len, settings.max_len)
         longest = longest_context(oracle, budget.stages, 1, settings.max_len)
         reasons.append(
-            {
-                "kind": "max_len",
-                "message": f"the KV budget of {human_bytes(stage.kv_bytes)} per GPU{_where(stage, pipeline)} cannot "
-                f"hold "
+            NotFitting(
+                "max_len",
+                f"the KV budget of {human_bytes(stage.kv_bytes)} per GPU{_where(stage, pipeline)} cannot hold "
                 f"one request of max-len {settings.max_len:,} tokens ({human_bytes(need)}); the longest it "
                 f"holds is {longest:,} tokens",
-                "kv_budget_bytes": stage.kv_bytes,
-                "request_bytes": need,
-                "longest_context": longest,
-            }
+                kv_budget_bytes=stage.kv_bytes,
+                request_bytes=need,
+                longest_context=longest,
+            )
         )
     if reasons:
-        reasons[0]["smallest_fitting_tensor_parallel_size"] = _smallest_fitting_tensor_parallel(shape, settings)
         per_gpu = max(s.share.weight_bytes + s.share.activation_bytes for s in budget.stages)
         kv_need = max(
             s.share.kv_bytes(settings.max_len, min(settings.max_len, s.share.window or settings.max_len))
             for s in budget.stages
         )
-        reasons[0]["gpu_memory_needed_bytes"] = (
+        needed = (
             (per_gpu + (settings.kv_cache_memory or kv_need))
             if settings.kv_cache_memory
             else math.ceil((per_gpu + kv_need) / settings.utilization)
         )
+        reasons[0] = replace(
+            reasons[0],
+            smallest_fitting_tensor_parallel_size=_smallest_fitting_tensor_parallel(shape, settings),
+            gpu_memory_needed_bytes=needed,
+        )
     return reasons
 
 
-@dataclass
-class CapacityResult:
-    document: dict[str, Any]
-    reasons: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return not self.reasons
-
-
 def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
-    """The capacity document (``fits``, per-GPU budget, strategies, or the reasons it does not fit)."""
+    """The capacity result (per-GPU budget, strategies, or the reasons it does not fit)."""
     if settings.mean_len > settings.max_len:
         raise KvbenchError(f"mean length ({settings.mean_len}) exceeds max-len ({settings.max_len})")
     if settings.concurrency < 1:
@@ -299,44 +296,50 @@ def run_capacity_study(settings: CapacitySettings) -> CapacityResult:
     binding = budget.binding
     reasons = not_fitting_reasons(shape, budget, settings)
     per_gpu_weights = max(s.share.weight_bytes for s in budget.stages)
-    document: dict[str, Any] = {
-        "model": shape.to_dict(),
-        "gpu": gpu.name,
-        "gpu_memory_bytes": gpu.memory_bytes,
-        "gpu_memory_utilization": settings.utilization,
-        "kv_cache_memory_bytes": settings.kv_cache_memory,
-        "tensor_parallel_size": parallel.tensor,
-        "pipeline_parallel_size": parallel.pipeline,
-        "gpus": parallel.gpus,
-        "kv_cache_dtype": settings.kv_cache_dtype,
-        "kv_dtype_bytes": shape.kv_dtype_bytes,
-        "kv_heads_per_gpu": kv_heads_per_gpu(shape, parallel.tensor),
-        "kv_head_replication": kv_replication(shape, parallel.tensor),
-        "usable_bytes": binding.usable_bytes,
-        "weight_bytes": shape.weight_bytes,
-        "weight_bytes_per_gpu": per_gpu_weights,
-        "activation_reserve_bytes": binding.share.activation_bytes,
-        "kv_budget_bytes": max(binding.kv_bytes, 0),
-        "bytes_per_token": shape.bytes_per_token,
-        "kv_bytes_per_token_per_gpu": binding.share.bytes_per_token,
-        "stages": [
-            dict(s.share.to_dict(), usable_bytes=s.usable_bytes, kv_budget_bytes=s.kv_bytes) for s in budget.stages
-        ],
-        "max_len": settings.max_len,
-        "mean_len": settings.mean_len,
-        "max_num_seqs": settings.max_num_seqs,
-        "concurrency": settings.concurrency,
-        "context_length": shape.context_length,
-        "fits": not reasons,
-        "reasons": reasons,
-        "strategies": [],
-    }
-    if budget.weights_fit:
-        document["kv_token_slots"] = budget.token_slots
-        document["strategies"] = strategy_rows(budget.stages, settings, shape.context_length)
-        document["fits_one_max_len_request"] = _fits_max_len(budget.stages, settings.max_len)
-    if reasons:
-        document["verdict"] = f"{shape.name} does not fit on {parallel.gpus} x {gpu.name}: " + "; ".join(
-            r["message"] for r in reasons
-        )
-    return CapacityResult(document, reasons)
+    weights_fit = budget.weights_fit
+    return CapacityResult(
+        model=ModelRecord.of(shape),
+        gpu=gpu.name,
+        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_memory_utilization=settings.utilization,
+        kv_cache_memory_bytes=settings.kv_cache_memory,
+        tensor_parallel_size=parallel.tensor,
+        pipeline_parallel_size=parallel.pipeline,
+        gpus=parallel.gpus,
+        kv_cache_dtype=settings.kv_cache_dtype,
+        kv_dtype_bytes=shape.kv_dtype_bytes,
+        kv_heads_per_gpu=kv_heads_per_gpu(shape, parallel.tensor),
+        kv_head_replication=kv_replication(shape, parallel.tensor),
+        usable_bytes=binding.usable_bytes,
+        weight_bytes=shape.weight_bytes,
+        weight_bytes_per_gpu=per_gpu_weights,
+        activation_reserve_bytes=binding.share.activation_bytes,
+        kv_budget_bytes=max(binding.kv_bytes, 0),
+        bytes_per_token=shape.bytes_per_token,
+        kv_bytes_per_token_per_gpu=binding.share.bytes_per_token,
+        stages=[_stage_record(s) for s in budget.stages],
+        max_len=settings.max_len,
+        mean_len=settings.mean_len,
+        max_num_seqs=settings.max_num_seqs,
+        concurrency=settings.concurrency,
+        context_length=shape.context_length,
+        reasons=reasons,
+        strategies=strategy_rows(budget.stages, settings, shape.context_length) if weights_fit else [],
+        kv_token_slots=budget.token_slots if weights_fit else None,
+        fits_one_max_len_request=_fits_max_len(budget.stages, settings.max_len) if weights_fit else None,
+    )
+
+
+def _stage_record(stage: StageBudget) -> StageRecord:
+    share = stage.share
+    return StageRecord(
+        share.stage,
+        (share.layers.start, share.layers.stop),
+        share.weight_bytes,
+        share.activation_bytes,
+        share.full_layers,
+        share.window_layers,
+        share.bytes_per_token,
+        stage.usable_bytes,
+        stage.kv_bytes,
+    )

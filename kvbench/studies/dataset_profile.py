@@ -15,7 +15,16 @@ import numpy as np
 
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
-from kvbench.results.run_meta import run_meta, summary_document
+from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.dataset_result import (
+    AnalyticWaste,
+    DatasetMeta,
+    DatasetResult,
+    LengthHistogram,
+    LengthStats,
+    WasteEstimate,
+)
+from kvbench.results.run_meta import run_meta
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 
 HISTOGRAM_BINS = 12
@@ -31,25 +40,25 @@ class DatasetSettings:
     block_sizes: tuple[int, ...] = (16,)
 
 
-def length_stats(values: np.ndarray) -> dict[str, float]:
-    return {
-        "count": int(values.size),
-        "mean": float(values.mean()),
-        "p50": float(np.percentile(values, 50)),
-        "p90": float(np.percentile(values, 90)),
-        "p99": float(np.percentile(values, 99)),
-        "min": int(values.min()),
-        "max": int(values.max()),
-    }
+def length_stats(values: np.ndarray) -> LengthStats:
+    return LengthStats(
+        count=int(values.size),
+        mean=float(values.mean()),
+        p50=float(np.percentile(values, 50)),
+        p90=float(np.percentile(values, 90)),
+        p99=float(np.percentile(values, 99)),
+        min=int(values.min()),
+        max=int(values.max()),
+    )
 
 
-def histogram(values: np.ndarray, top: int) -> dict[str, list]:
+def histogram(values: np.ndarray, top: int) -> LengthHistogram:
     edges = np.linspace(0, max(top, 1), HISTOGRAM_BINS + 1)
     counts, _ = np.histogram(np.clip(values, 0, top), bins=edges)
-    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+    return LengthHistogram([float(e) for e in edges], [int(c) for c in counts])
 
 
-def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ...]) -> list[WasteEstimate]:
     """Share of what each strategy holds at a request's end that is never written, over all requests."""
     written = float(totals.sum())
     held = {
@@ -58,19 +67,10 @@ def waste_estimates(totals: np.ndarray, max_len: int, block_sizes: tuple[int, ..
     }
     for block_size in block_sizes:
         held[f"paged-{block_size}"] = float(sum(blocks_for(int(t), block_size) * block_size for t in totals))
-    return [
-        {
-            "engine": name,
-            "concurrency": 1,
-            "held_tokens": slots,
-            "written_tokens": written,
-            "waste_pct": 100.0 * (1 - written / slots),
-        }
-        for name, slots in held.items()
-    ]
+    return [WasteEstimate(name, slots, written, 100.0 * (1 - written / slots)) for name, slots in held.items()]
 
 
-def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> dict[str, Any]:
+def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> DatasetResult:
     """The summary document (``kind: dataset``) of the requests a run of this dataset would draw."""
     sample = sample_dataset(
         settings.path,
@@ -85,27 +85,22 @@ def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> dict[s
     totals = prompts + outputs
     top = int(totals.max())
     mean_total = float(totals.mean())
-    meta = run_meta(
-        scenario="dataset",
-        dataset=sample.as_dict(),
+    meta = DatasetMeta(
+        run_meta(),
+        DatasetDraw.from_json(sample.as_dict()),
         model=settings.model,
         max_len=settings.max_len,
         seed=settings.seed,
         note=sample.note(),
     )
-    analytic = {
-        "formula": "(max_len - actual_len) / max_len",
-        "mean_len": mean_total,
-        "at_mean_len_pct": 100.0 * (settings.max_len - mean_total) / settings.max_len,
-    }
+    analytic = AnalyticWaste(
+        "(max_len - actual_len) / max_len", mean_total, 100.0 * (settings.max_len - mean_total) / settings.max_len
+    )
     lengths = {"prompt": length_stats(prompts), "output": length_stats(outputs), "total": length_stats(totals)}
     histograms = {
         "prompt": histogram(prompts, int(prompts.max())),
         "output": histogram(outputs, int(outputs.max())),
         "total": histogram(totals, max(top, settings.max_len)),
     }
-    points = [
-        {**row, "scenario": "dataset", "status": "ok"}
-        for row in waste_estimates(totals, settings.max_len, settings.block_sizes)
-    ]
-    return summary_document("dataset", meta, points, lengths=lengths, histograms=histograms, analytic=analytic)
+    points = waste_estimates(totals, settings.max_len, settings.block_sizes)
+    return DatasetResult(meta, lengths, histograms, analytic, points)

@@ -28,7 +28,9 @@ from kvbench.preflight import (
     check_requests_for_host,
     check_run_counts,
 )
-from kvbench.results.run_meta import run_meta, summary_document
+from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.run_meta import run_meta
+from kvbench.results.share_result import ShareMeta, ShareResult, ShareRow, ShareSavings, WidthCost
 from kvbench.studies.local_model import load_model, packed_weight_bytes
 from kvbench.studies.run_requests import random_prompts
 from kvbench.workload.dataset import TokenCounter, sample_dataset
@@ -44,16 +46,18 @@ class ShareMeasurement:
     bytes_per_token: int
     outputs: list[list[int]]
 
-    def as_dict(self) -> dict:
+    def row(self, scenario: str) -> ShareRow:
+        """The measurement as the summary's point of ``scenario``."""
         per_block = self.block_size * self.bytes_per_token
-        return {
-            "mode": self.mode,
-            "width": self.width,
-            "mean_blocks": self.mean_blocks,
-            "peak_blocks": self.peak_blocks,
-            "mean_bytes": self.mean_blocks * per_block,
-            "peak_bytes": self.peak_blocks * per_block,
-        }
+        return ShareRow(
+            self.mode,
+            self.width,
+            self.mean_blocks,
+            self.peak_blocks,
+            self.mean_blocks * per_block,
+            self.peak_blocks * per_block,
+            scenario,
+        )
 
 
 def longest_prompt(mean_len: int) -> int:
@@ -249,22 +253,20 @@ def _saved(without: float, with_sharing: float) -> float | None:
     return 100 * (without - with_sharing) / without if without > 0 else None
 
 
-def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement]) -> dict:
+def savings(measurements: list[ShareMeasurement], singles: list[ShareMeasurement]) -> ShareSavings:
     """Saved-by-sharing ratios and the cost of width w relative to width 1, per mode (mean blocks)."""
     by_mode = {m.mode: m for m in measurements}
     single = {m.mode: m for m in singles}
     shared = by_mode["paged-shared"]
     unshared = by_mode.get("paged-unshared") or by_mode["paged-copy"]
-    out = {
-        "saved_by_sharing_pct_mean": _saved(unshared.mean_blocks, shared.mean_blocks),
-        "saved_by_sharing_pct_peak": _saved(unshared.peak_blocks, shared.peak_blocks),
-    }
+    costs = {}
     for mode, m in by_mode.items():
         base = single.get(mode)
         if base is not None and base.mean_blocks > 0:
-            out[f"{mode}_cost_vs_width1_mean"] = m.mean_blocks / base.mean_blocks
-            out[f"{mode}_cost_vs_width1_peak"] = m.peak_blocks / base.peak_blocks
-    return out
+            costs[mode] = WidthCost(m.mean_blocks / base.mean_blocks, m.peak_blocks / base.peak_blocks)
+    return ShareSavings(
+        _saved(unshared.mean_blocks, shared.mean_blocks), _saved(unshared.peak_blocks, shared.peak_blocks), costs
+    )
 
 
 ANCHORS = {
@@ -295,7 +297,7 @@ class ShareSettings:
     stop: str | None = None  # eos | length; None: eos for parallel sampling on a real model with a tokenizer
 
 
-def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dict | None]:
+def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], DatasetDraw | None]:
     """The prompts: drawn from a dataset (token ids with the model's tokenizer, random ids of its word counts
     without one), or random ids around ``prompt_len``; and the dataset's record for the summary."""
     if settings.dataset is None:
@@ -313,7 +315,7 @@ def share_prompts(settings: ShareSettings, loaded) -> tuple[list[list[int]], dic
     else:  # a tokenizer encodes every prompt
         ids = [r.prompt_token_ids for r in sample.requests if r.prompt_token_ids is not None]
         assert len(ids) == len(sample.requests)
-    return ids, sample.as_dict()
+    return ids, DatasetDraw.from_json(sample.as_dict())
 
 
 def share_stop(settings: ShareSettings, loaded) -> str:
@@ -328,7 +330,7 @@ def share_stop(settings: ShareSettings, loaded) -> str:
     return stop
 
 
-def run_share_study(settings: ShareSettings, progress=None) -> dict:
+def run_share_study(settings: ShareSettings, progress=None) -> ShareResult:
     """Width ``w`` and width 1 in every mode; the summary document (``kind: share``)."""
     kind, width, seed = settings.kind, settings.width, settings.seed
     check_run_counts(
@@ -393,11 +395,9 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
     measured = measure(width)
     singles = measured if width == 1 else measure(1)
     reported = measured if width == 1 else measured + singles  # width 1 is its own baseline: one point per mode
-    points = [
-        {**m.as_dict(), "engine": m.mode, "concurrency": m.width, "scenario": f"share-{kind}", "status": "ok"}
-        for m in reported
-    ]
-    meta = run_meta(
+    points = [m.row(f"share-{kind}") for m in reported]
+    meta = ShareMeta(
+        run_meta(),
         kind=kind,
         width=width,
         prompts=settings.prompts,
@@ -410,7 +410,7 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
         seed=seed,
         anchors=ANCHORS[kind],
         model_shape=loaded.shape.to_dict(),
-        outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
+        outputs_identical=measured[0].outputs == measured[1].outputs,
         threads=loaded.threads.as_dict() if loaded.threads else None,
         cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
         stop=stop,
@@ -418,4 +418,4 @@ def run_share_study(settings: ShareSettings, progress=None) -> dict:
         output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])),
         prompt_len_mean=float(np.mean([len(t) for t in texts])),
     )
-    return summary_document("share", meta, points, savings=savings(measured, singles))
+    return ShareResult(meta, savings(measured, singles), points)

@@ -140,8 +140,8 @@ def test_sharing_saves_blocks_for_beams_and_samples(model):
     by_mode = {m.mode: m for m in beams}
     assert by_mode["paged-shared"].outputs == by_mode["paged-copy"].outputs == by_mode["contiguous"].outputs
     ratios = savings(beams, singles)
-    assert 0 < ratios["saved_by_sharing_pct_mean"] < 100
-    assert ratios["paged-shared_cost_vs_width1_mean"] < ratios["paged-copy_cost_vs_width1_mean"]
+    assert ratios.saved_pct_mean is not None and 0 < ratios.saved_pct_mean < 100
+    assert ratios.costs["paged-shared"].mean < ratios.costs["paged-copy"].mean
     samples = parallel_sampling(model, config, prompts, 3, 8, 0, SHAPE.bytes_per_token)
     by_mode = {m.mode: m for m in samples}
     assert by_mode["paged-shared"].outputs == by_mode["paged-unshared"].outputs == by_mode["contiguous"].outputs

@@ -6,14 +6,18 @@ from __future__ import annotations
 import pytest
 
 from kvbench.report.share_report import cost_explanation
+from kvbench.results.share_result import ShareResult
 from kvbench.studies.share import ANCHORS
 
 
 def _document(**meta):
-    return {
-        "meta": {"kind": "parallel", "width": 5, "prompt_len_mean": 54.0, "output_len_mean": 64.0, **meta},
-        "savings": {"paged-shared_cost_vs_width1_mean": 2.83, "paged-shared_cost_vs_width1_peak": 3.39},
-    }
+    """A hand-made share document with only what the explanation reads."""
+    return ShareResult.from_json(
+        {
+            "meta": {"kind": "parallel", "width": 5, "prompt_len_mean": 54.0, "output_len_mean": 64.0, **meta},
+            "savings": {"paged-shared_cost_vs_width1_mean": 2.83, "paged-shared_cost_vs_width1_peak": 3.39},
+        }
+    )
 
 
 def test_the_cost_of_n_samples_is_explained_by_prompt_and_answer_lengths():
