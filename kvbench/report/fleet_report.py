@@ -16,7 +16,7 @@ from kvbench.report.rundir import flatten, write_summary
 from kvbench.results.fleet_meta import FleetAutoscale, FleetMeta
 from kvbench.results.fleet_point import FleetInstance, FleetPoint
 from kvbench.results.fleet_series import FleetSeries
-from kvbench.results.run_meta import summary_document
+from kvbench.results.fleet_summary import FleetSummary
 from kvbench.results.simulator_check import SimulatorCheck
 
 R = TypeVar("R")  # a table's row: a policy's point or an instance
@@ -366,8 +366,8 @@ def instance_table(point: FleetPoint) -> Table:
 
 def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[FleetPoint]) -> dict[str, Any]:
     """summary.json/csv/md and the plots; returns the summary document."""
-    document = summary_document("fleet", meta, [p.to_json() for p in points])
-    fleet = FleetMeta.from_json(meta)
+    summary = FleetSummary(meta, points)
+    document, fleet = summary.to_json(), summary.fleet
     rows = [flatten(p.to_json(instances=False)) for p in points]
     markdown = (
         f"# kvbench fleet{' (SIMULATED)' if fleet.simulated else ''}\n\n"

@@ -14,6 +14,7 @@ from kvbench.engine.timing import MeasuredTiming
 from kvbench.results.fleet_meta import FleetAutoscale, FleetMeta, RateChosen
 from kvbench.results.fleet_point import FleetInstance, FleetPoint
 from kvbench.results.fleet_series import FleetSeries
+from kvbench.results.fleet_summary import FleetSummary
 from kvbench.results.simulator_check import PolicyCheck, SimulatorCheck
 
 TARGET_RUN = json.loads((Path(__file__).parent / "data" / "fleet_target_run.json").read_text())
@@ -53,8 +54,9 @@ def test_a_simulated_runs_files_read_back_and_write_the_same_text(simulated_run)
         assert [i.routed for i in typed.instances] == [i["routed"] for i in point["instances"]]
         series = json.loads((simulated_run / f"fleet-{typed.policy}.json").read_text())
         _same(series, FleetSeries.from_json(series))
+    _same(summary, FleetSummary.from_json(summary))
     meta = summary["meta"]
-    fleet = FleetMeta.from_json(meta)
+    fleet = FleetSummary.from_json(summary).fleet
     assert fleet.simulated and not fleet.interrupted and fleet.engine == meta["engines"][0]
     assert fleet.instances == 2 and fleet.requests == meta["requests"] and fleet.simulator_check is None
     assert fleet.autoscale is not None and fleet.rate_chosen is not None
@@ -123,6 +125,7 @@ def test_a_check_and_metadata_missing_parts_read_defaults():
     assert check.policies[0].to_json() == {"policy": "random", "skipped": "a server died"}
     assert PolicyCheck.from_json({"policy": "p", "skipped": ""}).skipped is None  # an empty reason compares it
     meta = FleetMeta.from_json({})
+    assert FleetSummary.from_json({}) == FleetSummary({}, []) and FleetSummary({}).fleet == meta
     assert meta == FleetMeta() and meta.engine == "?" and meta.autoscale is None and meta.rate_chosen is None
     assert FleetMeta.from_json({"autoscale": {}, "rate_chosen": {}}).autoscale is None  # empty: none recorded
     assert FleetAutoscale.from_json({"scale_up": 0.8}).to_json()["scale_down"] is None

@@ -24,13 +24,13 @@ from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, V
 from kvbench.report.html.run_files import RunFiles
 from kvbench.results.fleet_meta import FleetMeta
 from kvbench.results.fleet_point import FleetPoint
+from kvbench.results.fleet_summary import FleetSummary
 from kvbench.results.simulator_check import SimulatorCheck
 
 
 def build(run: RunFiles) -> Page:
-    document = run.document
-    meta = FleetMeta.from_json(document["meta"])
-    points = [FleetPoint.from_json(point) for point in document["points"]]
+    summary = FleetSummary.from_json(run.document)
+    meta, points = summary.fleet, summary.points
     badges = (["SIMULATED"] if meta.simulated else []) + (["INTERRUPTED"] if meta.interrupted else [])
     policies = f"{len(points)} routing polic{'y' if len(points) == 1 else 'ies'}"
     if meta.servers:
@@ -48,7 +48,8 @@ def build(run: RunFiles) -> Page:
     sections = [
         headline_section(points, meta),
         findings_section(
-            diagnose_points(document["points"], document["meta"], Thresholds(), str(run.directory), kind="fleet"),
+            # the rules read the points as summary.json holds them (a fleet's, a sweep's or a watch's)
+            diagnose_points(run.document["points"], summary.meta, Thresholds(), str(run.directory), kind="fleet"),
             "policies",
         ),
     ]
@@ -58,7 +59,7 @@ def build(run: RunFiles) -> Page:
     if meta.simulator_check is not None:
         sections.append(simulator_section(meta.simulator_check))
     sections.append(points_section(points))
-    sections.append(provenance_section(document["meta"], run.files()))
+    sections.append(provenance_section(summary.meta, run.files()))
     return Page("fleet", title, subtitle, badges, sections)
 
 
