@@ -53,6 +53,8 @@ from kvbench.report.fleet_report import (
     write_outputs,
 )
 from kvbench.report.rundir import wrote_line
+from kvbench.results.fleet_meta import FleetMeta
+from kvbench.results.fleet_point import FleetPoint
 from kvbench.studies.fleet.core import AutoscaleSettings
 from kvbench.studies.fleet.ray_runtime import prepare_ray
 from kvbench.studies.fleet.routing import DEFAULT_POLICIES, POLICIES, KvWeights, needs_kv_events
@@ -366,12 +368,14 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
     with console.status("preparing the fleet..."):
         setup = FleetSetup.resolve(options)
     fleet_run = Run("fleet")
+    points: list[FleetPoint] = []
 
-    def on_point(point: dict) -> None:  # each policy's point as it finishes (results.jsonl has them too)
-        fleet_run.points.append(point)
+    def on_point(point: FleetPoint) -> None:  # each policy's point as it finishes (results.jsonl has them too)
+        points.append(point)
+        fleet_run.points.append(point.to_json())  # what the run measured: an error then keeps its directory
         console.print(_done_line(point))
 
-    with fleet_run.guarded(lambda: _keep_interrupted(fleet_run, setup, len(options.policies))):
+    with fleet_run.guarded(lambda: _keep_interrupted(fleet_run, points, setup, len(options.policies))):
         run_dir = fleet_run.open(out_dir)
         if (run_dir / "results.jsonl").exists():
             raise KvbenchError(f"{run_dir} already holds results; choose another --out")
@@ -382,32 +386,31 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
             run_fleet(
                 setup, run_dir, on_point=on_point, metrics=metrics
             )  # the actors and Ray shut down however it ends
-    points = fleet_run.points
-    document = write_outputs(run_dir, setup.meta(), points)
+    meta = setup.meta()
+    document = write_outputs(run_dir, meta, points)
     fleet_run.opened.release()
-    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, document["meta"]))
-    died = [f"server {i['name']} died under {policy}: {i['failure']}" for policy, i in deaths(points) if i.get("name")]
+    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, FleetMeta.from_json(meta)))
+    died = [f"server {i.name} died under {policy}: {i.failure}" for policy, i in deaths(points) if i.name]
     if died:
         skipped = len(options.policies) - len(points)
         left = f"; {skipped} policies not run, every server having died" if skipped else ""
         raise RunFailed(f"{'; '.join(died)}; the figures of the others are kept in {run_dir}{left}")
-    failed = [p for p in points if p["status"] == "error"]
+    failed = [p for p in points if p.status == "error"]
     if failed:
         raise RunFailed(
-            f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0]['policy']}: "
-            f"{failed[0].get('error')}"
+            f"{len(failed)} of {len(points)} policies completed no request, e.g. {failed[0].policy}: {failed[0].error}"
         )
 
 
-def _keep_interrupted(run: Run, setup, policies: int) -> None:
+def _keep_interrupted(run: Run, points: list[FleetPoint], setup, policies: int) -> None:
     """Ctrl-C: write the summary of the policies that finished (or discard an empty run)."""
     if run.dir is None:
         note = "interrupted before any policy finished; nothing was written"
-    elif run.points:
-        write_outputs(run.dir.path, {**setup.meta(), "interrupted": True}, run.points)
+    elif points:
+        write_outputs(run.dir.path, {**setup.meta(), "interrupted": True}, points)
         run.dir.release()
         note = (
-            f"interrupted: {len(run.points)} of {policies} policies finished; their summary is in "
+            f"interrupted: {len(points)} of {policies} policies finished; their summary is in "
             f"{run.dir.path}/summary.json"
         )
     else:
@@ -416,19 +419,19 @@ def _keep_interrupted(run: Run, setup, policies: int) -> None:
     typer.echo(note, err=True)
 
 
-def _tables(console, points: list[dict], run_dir: Path, simulated: bool, meta: dict) -> None:
+def _tables(console, points: list[FleetPoint], run_dir: Path, simulated: bool, meta: FleetMeta) -> None:
     for point in points:
-        if len(point["instances"]) <= 16:
+        if len(point.instances) <= 16:
             console.print(instance_table(point))
     console.print(fleet_table(points, simulated))  # the policies side by side last, under them the conclusion
-    if meta.get("simulator_check"):
-        console.print(simulator_table(meta["simulator_check"]))
+    if meta.simulator_check is not None:
+        console.print(simulator_table(meta.simulator_check))
     headline, tone, sentences = fleet_verdict(points, meta)
     console.print(f"[bold]{headline}[/bold]")
     for sentence in sentences[:-1]:  # the last is the page's standing caveat
         console.print(sentence, markup=False, highlight=False)
     plots = "fleet_usage.png, fleet_ttft_cdf.png, and fleet_instances.png where the fleet scaled"
-    check = ", simulator-check.json" if meta.get("simulator_check") else ""
+    check = ", simulator-check.json" if meta.simulator_check is not None else ""
     console.print(wrote_line(run_dir, f"summary.json, summary.csv, summary.md, results.jsonl{check}, {plots}"))
 
 
@@ -460,15 +463,15 @@ def _intro(console, setup) -> None:
     console.print(
         f"{setup.options.instances} x {setup.model_name} ({setup.config.engine}); KV pool: "
         f"{setup.budget_source}; {len(setup.pairs)} requests, arrivals: {setup.arrival_source}"
-        + ("; --rate sets another" if setup.extra.get("rate_chosen") else "")
+        + ("; --rate sets another" if setup.rate_chosen is not None else "")
     )
 
 
-def _done_line(point: dict) -> str:
+def _done_line(point: FleetPoint) -> str:
     return (
-        f"{point['policy']:>17}: {point['completed']} done, {point['rejected']} rejected, "
-        f"p99 TTFT {point['p99_ttft_ms'] or 0:,.0f} ms, {point['preemptions']} preemptions, "
-        f"{point['output_throughput']:,.1f} output tok/s"
+        f"{point.policy:>17}: {point.completed} done, {point.rejected} rejected, "
+        f"p99 TTFT {point.p99_ttft_ms or 0:,.0f} ms, {point.preemptions} preemptions, "
+        f"{point.output_throughput:,.1f} output tok/s"
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 from rich.table import Table as RichTable
 
 from kvbench.results.fields import value_at
+from kvbench.results.fleet_point import FleetPoint
 from kvbench.results.point import Point
 
 PointMap = Mapping[str, Any]  # a point as summary.json holds it
@@ -124,10 +125,10 @@ class TableSpec(Generic[Row]):
 
 
 def _status(row: Any) -> str | None:
-    """A point's status (a JSON point, or a typed ``Point``); None for a row that is not a point."""
+    """A point's status (a JSON point, or a typed ``Point`` or ``FleetPoint``); None for a row that is not a point."""
     if isinstance(row, Mapping):
         return str(row.get("status", "ok"))
-    return row.status if isinstance(row, Point) else None
+    return row.status if isinstance(row, (Point, FleetPoint)) else None
 
 
 def _error(row: Any) -> Any:

@@ -13,80 +13,79 @@ from kvbench.report.fleet_report import (
     POLICY_TABLE_NOTE,
     SIM_COLUMNS,
     fleet_verdict,
+    read_series,
     simulator_rows,
     simulator_sentence,
+    write_plots,
 )
 from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
-from kvbench.report.run_input import read_run_json
+from kvbench.results.fleet_meta import FleetMeta
+from kvbench.results.fleet_point import FleetPoint
+from kvbench.results.fleet_summary import FleetSummary
+from kvbench.results.simulator_check import SimulatorCheck
 
 
 def build(run: RunFiles) -> Page:
-    document = run.document
-    meta, points = document["meta"], document["points"]
-    simulated = bool(meta.get("simulated"))
-    badges = (["SIMULATED"] if simulated else []) + (["INTERRUPTED"] if meta.get("interrupted") else [])
+    summary = FleetSummary.from_json(run.document)
+    meta, points = summary.fleet, summary.points
+    badges = (["SIMULATED"] if meta.simulated else []) + (["INTERRUPTED"] if meta.interrupted else [])
     policies = f"{len(points)} routing polic{'y' if len(points) == 1 else 'ies'}"
-    if meta.get("servers"):
-        names = ", ".join(str(server.get("name")) for server in meta["servers"])
-        title = (
-            f"kvbench fleet: {len(meta['servers'])} servers over HTTP ({names}) behind kvbench's router — {policies}"
-        )
+    if meta.servers:
+        names = ", ".join(str(server.name) for server in meta.servers)
+        title = f"kvbench fleet: {len(meta.servers)} servers over HTTP ({names}) behind kvbench's router — {policies}"
     else:
         title = (
-            f"kvbench fleet: {meta.get('instances', '?')} instances of {meta.get('model_name', '?')} behind a "
+            f"kvbench fleet: {_or_unknown(meta.instances)} instances of {_or_unknown(meta.model_name)} behind a "
             f"router — {policies}"
         )
-    subtitle = f"arrivals: {meta.get('arrivals', '?')}; {units.count(meta.get('requests'))} requests"
-    if meta.get("budget_source"):
-        subtitle += f"; KV pool: {meta['budget_source']}"
-    series = _series(run, points)
+    subtitle = f"arrivals: {_or_unknown(meta.arrivals)}; {units.count(meta.requests)} requests"
+    if meta.budget_source:
+        subtitle += f"; KV pool: {meta.budget_source}"
+    series = [found for point in points if (found := read_series(run.directory, point.policy)) is not None]
     sections = [
         headline_section(points, meta),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="fleet"), "policies"),
+        findings_section(
+            # the rules read the points as summary.json holds them (a fleet's, a sweep's or a watch's)
+            diagnose_points(run.document["points"], summary.meta, Thresholds(), str(run.directory), kind="fleet"),
+            "policies",
+        ),
     ]
     if series:
-        from kvbench.report.fleet_report import write_plots
-
-        figures = draw(lambda: write_plots(run.directory, series, simulated, meta.get("autoscale")))
+        figures = draw(lambda: write_plots(run.directory, series, meta.simulated, meta.autoscale))
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
-    if meta.get("simulator_check"):
-        sections.append(simulator_section(meta["simulator_check"]))
+    if meta.simulator_check is not None:
+        sections.append(simulator_section(meta.simulator_check))
     sections.append(points_section(points))
-    sections.append(provenance_section(meta, run.files()))
+    sections.append(provenance_section(summary.meta, run.files()))
     return Page("fleet", title, subtitle, badges, sections)
 
 
-def _series(run: RunFiles, points: list[dict]) -> list[dict]:
-    """Each policy's plot series (fleet-<policy>.json), in the order of the points; a missing file is skipped."""
-    found = []
-    for point in points:
-        data = read_run_json(run.directory, f"fleet-{point.get('policy')}.json")
-        if data is not None:
-            found.append(data)
-    return found
+def _or_unknown(value: object) -> str:
+    """A setting the run did not record shows as "?"."""
+    return "?" if value is None else str(value)
 
 
-def verdict(points: list[dict], meta: dict) -> Verdict:
+def verdict(points: list[FleetPoint], meta: FleetMeta) -> Verdict:
     return Verdict(*fleet_verdict(points, meta))
 
 
-def headline_section(points: list[dict], meta: dict) -> Section:
+def headline_section(points: list[FleetPoint], meta: FleetMeta) -> Section:
     blocks: list[Any] = [
         verdict(points, meta),
         spec_table(POLICY_TABLE, points, "headline-table", POLICY_TABLE_NOTE),
     ]
-    if meta.get("autoscale"):
-        a = meta["autoscale"]
+    if meta.autoscale is not None:
+        a = meta.autoscale
         blocks.append(
             Text(
                 [
-                    f"Autoscaling: add an instance above {units.share(a.get('scale_up'), 0)} fleet block usage, "
-                    f"drain one below {units.share(a.get('scale_down'), 0)}, over {a.get('window_s')} s "
-                    f"windows; {a.get('min_instances')} to {a.get('max_instances')} instances; start-up "
-                    f"{a.get('startup_s')}."
+                    f"Autoscaling: add an instance above {units.share(a.scale_up, 0)} fleet block usage, "
+                    f"drain one below {units.share(a.scale_down, 0)}, over {a.window_s} s "
+                    f"windows; {a.min_instances} to {a.max_instances} instances; start-up "
+                    f"{a.startup_s}."
                 ],
                 tone="note",
             )
@@ -94,7 +93,7 @@ def headline_section(points: list[dict], meta: dict) -> Section:
     return Section("headline", "Verdict", blocks)
 
 
-def simulator_section(check: dict) -> Section:
+def simulator_section(check: SimulatorCheck) -> Section:
     columns = [Column(name, False) for name in SIM_COLUMNS]
     rows = [[Cell(text) for text in row] for row in simulator_rows(check)]
     note = simulator_sentence(check) + (
@@ -109,16 +108,15 @@ def simulator_section(check: dict) -> Section:
     )
 
 
-def points_section(points: list[dict]) -> Section:
+def points_section(points: list[FleetPoint]) -> Section:
     subsections = []
     for p in points:
-        instances = p.get("instances") or []
-        if instances:
+        if p.instances:
             subsections.append(
                 Section(
-                    f"instances-{p['policy']}",
-                    f"Instances under {p['policy']}",
-                    [spec_table(replace(INSTANCE_TABLE, title=f"Instances under {p['policy']}"), instances, "")],
+                    f"instances-{p.policy}",
+                    f"Instances under {p.policy}",
+                    [spec_table(replace(INSTANCE_TABLE, title=f"Instances under {p.policy}"), p.instances, "")],
                 )
             )
     return Section("points", "Per instance", [], subsections)

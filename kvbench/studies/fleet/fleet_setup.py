@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.factory import manager_class
 from kvbench.models.resolve import resolve_model
 from kvbench.preflight import check_requests_for_host, check_run_counts
+from kvbench.results.fleet_meta import FleetAutoscale, FleetServer, RateChosen
 from kvbench.results.run_meta import run_meta
+from kvbench.results.simulator_check import SimulatorCheck
 from kvbench.studies.backends.simulated import simulated_machine
 from kvbench.studies.fleet.actor import InstanceSpec
 from kvbench.studies.fleet.core import AutoscaleSettings
@@ -82,7 +84,8 @@ class FleetSetup:
     skipped: Skipped | None = None
     timing: Any = None  # simulated: the roofline of the GPU preset
     dataset: DatasetSample | None = None  # the prompts' dataset, and what it dropped
-    extra: dict[str, Any] = field(default_factory=dict)
+    rate_chosen: RateChosen | None = None  # the rate kvbench chose from the fleet's capacity (no --rate)
+    simulator_check: SimulatorCheck | None = None  # servers: the simulator against the real run, once it ran
 
     @classmethod
     def resolve(cls, options: FleetOptions) -> FleetSetup:
@@ -113,11 +116,11 @@ class FleetSetup:
         budget = _budget(options, spec, base)
         vocab = budget.vocab_size
         workload = _workload(options, spec, seed, vocab)
-        extra: dict[str, Any] = {}
+        rate_chosen = None
         load = None
         if options.rate is None and workload.arrival_times is None and options.simulate:  # rate from capacity
             options, workload, load = _loaded(options, spec, seed, vocab, budget, workload)
-            extra["rate_chosen"] = {"usage": load.usage, "running_per_instance": load.running_per_instance}
+            rate_chosen = RateChosen(load.usage, load.running_per_instance)
         pairs, file_times = workload.pairs, workload.arrival_times
         if options.rate is not None:
             check_rate(options.rate, len(pairs), options.simulate)  # before drawing arrivals that never end
@@ -154,7 +157,7 @@ class FleetSetup:
             workload.skipped,
             budget.timing,
             workload.dataset,
-            extra,
+            rate_chosen,
         )
 
     # -- requests ---------------------------------------------------------------------------------------
@@ -226,25 +229,25 @@ class FleetSetup:
             tick_s=self.tick_s(),
             autoscale=None
             if autoscale is None
-            else {
-                "scale_up": autoscale.scale_up,
-                "scale_down": autoscale.scale_down,
-                "window_s": autoscale.window_s,
-                "min_instances": autoscale.min_instances,
-                "max_instances": autoscale.max_instances,
-                "startup_s": options.startup_s if options.simulate else "measured",
-            },
+            else FleetAutoscale(
+                autoscale.scale_up,
+                autoscale.scale_down,
+                autoscale.window_s,
+                autoscale.min_instances,
+                autoscale.max_instances,
+                options.startup_s if options.simulate else "measured",
+            ).to_json(),
             skipped_requests=self.skipped.as_dict() if self.skipped else None,
             dataset=self.dataset.as_dict() if self.dataset else None,
             stop="length",
             ray_address=options.ray_address,
-            rate_chosen=self.extra.get("rate_chosen"),
+            rate_chosen=None if self.rate_chosen is None else self.rate_chosen.to_json(),
             servers=None
             if options.servers is None
-            else [{"name": t.name, "url": t.url, "kv_events": t.kv_events} for t in options.servers.targets],
+            else [FleetServer(t.name, t.url, t.kv_events).to_json() for t in options.servers.targets],
             kv_weights={"prefix": options.weights.prefix, "load": options.weights.load, "ttl_s": options.weights.ttl_s},
             slo_ms=options.slo,
-            simulator_check=self.extra.get("simulator_check"),
+            simulator_check=None if self.simulator_check is None else self.simulator_check.to_json(),
         )
 
 

@@ -8,8 +8,7 @@ can be run: the share of requests each instance took, the cluster's prefix hit r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
@@ -18,6 +17,8 @@ from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.simulator import SimulatedInstance
 from kvbench.engine.timing import MeasuredTiming
 from kvbench.errors import KvbenchError
+from kvbench.results.fleet_point import FleetPoint
+from kvbench.results.simulator_check import PolicyCheck, SimulatorCheck
 from kvbench.studies.fleet.core import FleetRun
 from kvbench.studies.fleet.results import fleet_point
 from kvbench.studies.fleet.routing import KvWeights, make_policy
@@ -69,14 +70,14 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def check_simulator(
     runs: Sequence[FleetRun],
-    points: Sequence[dict[str, Any]],
+    points: Sequence[FleetPoint],
     arrivals: Sequence[tuple[float, Request]],
     config: EngineConfig,
     servers: Sequence[tuple[int, int]],
     seed: int,
     weights: KvWeights,
     scrape_interval_s: float,
-) -> dict[str, Any]:
+) -> SimulatorCheck:
     """Each real policy beside the simulator's run of it. ``servers``: (total blocks, block size) of each server,
     each twin given its server's pool; ``arrivals``: the requests as the real run replayed them (fresh copies); the
     simulated router reads its instances every ``scrape_interval_s``, as the real one scraped them."""
@@ -85,10 +86,10 @@ def check_simulator(
     configs = [
         replace(config, block_size=block_size, num_blocks=total, enable_prefix_caching=True) for total, _ in servers
     ]
-    policies = []
+    policies: list[PolicyCheck] = []
     for run, real in zip(runs, points, strict=True):
         if any(slot.failure for slot in run.slots):
-            policies.append({"policy": run.policy, "skipped": "a server died during the real run"})
+            policies.append(PolicyCheck(run.policy, skipped="a server died during the real run"))
             continue
         requests = [
             (t, Request(r.request_id, r.prompt_len, r.max_tokens, prompt_token_ids=r.prompt_token_ids))
@@ -106,10 +107,9 @@ def check_simulator(
             reports_at_ticks=True,  # the real router read the servers at each scrape
         )
         sim_run = fleet.run(requests, run.policy)
-        simulated = fleet_point(sim_run, config.engine, "")
-        simulated["prefix_hit_rate"] = answered_hit_rate(sim_run)
+        simulated = replace(fleet_point(sim_run, config.engine, ""), prefix_hit_rate=answered_hit_rate(sim_run))
         policies.append(compare(run.policy, real, simulated))
-    return {"timing": asdict(timing), "blocks_per_instance": [c.num_blocks for c in configs], "policies": policies}
+    return SimulatorCheck(timing, [c.num_blocks for c in configs], policies)
 
 
 def _twins(configs: Sequence[EngineConfig], timing: MeasuredTiming) -> Callable[[float], SimulatedInstance]:
@@ -132,29 +132,29 @@ def answered_hit_rate(run: FleetRun) -> float:
     return sum(r.first_cached_tokens or 0 for r in done) / prompt if prompt else 0.0
 
 
-def compare(policy: str, real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+def compare(policy: str, real: FleetPoint, simulated: FleetPoint) -> PolicyCheck:
     """The figures side by side, and the gaps in percentage points."""
     real_share, sim_share = _shares(real), _shares(simulated)
     share_gap = max((abs(a - b) for a, b in zip(real_share, sim_share, strict=True)), default=0.0) * 100
-    known = real["prefix_hit_rate"] is not None
-    hit_gap = (real["prefix_hit_rate"] - simulated["prefix_hit_rate"]) * 100 if known else None
-    return {
-        "policy": policy,
-        "share_real": real_share,
-        "share_simulated": sim_share,
-        "share_gap_points": share_gap,
-        "hit_rate_real": real["prefix_hit_rate"],
-        "hit_rate_simulated": simulated["prefix_hit_rate"],
-        "hit_rate_gap_points": hit_gap,
-        "preemptions_real": real["preemptions"],
-        "preemptions_simulated": simulated["preemptions"],
-        "p50_ttft_ms_real": real.get("p50_ttft_ms"),
-        "p50_ttft_ms_simulated": simulated.get("p50_ttft_ms"),
-        "agrees": share_gap <= AGREEMENT_POINTS and (hit_gap is None or abs(hit_gap) <= AGREEMENT_POINTS),
-    }
+    real_hit, sim_hit = real.prefix_hit_rate, simulated.prefix_hit_rate
+    hit_gap = (real_hit - sim_hit) * 100 if real_hit is not None and sim_hit is not None else None
+    return PolicyCheck(
+        policy=policy,
+        share_real=real_share,
+        share_simulated=sim_share,
+        share_gap_points=share_gap,
+        hit_rate_real=real_hit,
+        hit_rate_simulated=sim_hit,
+        hit_rate_gap_points=hit_gap,
+        preemptions_real=real.preemptions,
+        preemptions_simulated=simulated.preemptions,
+        p50_ttft_ms_real=real.p50_ttft_ms,
+        p50_ttft_ms_simulated=simulated.p50_ttft_ms,
+        agrees=share_gap <= AGREEMENT_POINTS and (hit_gap is None or abs(hit_gap) <= AGREEMENT_POINTS),
+    )
 
 
-def _shares(point: dict[str, Any]) -> list[float]:
-    routed = [instance["routed"] for instance in point["instances"]]
+def _shares(point: FleetPoint) -> list[float]:
+    routed = [instance.routed for instance in point.instances]
     total = sum(routed)
     return [count / total if total else 0.0 for count in routed]

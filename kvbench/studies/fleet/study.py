@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, write_json_atomic
+from kvbench.results.fleet_point import FleetPoint
 from kvbench.studies.fleet.core import FleetRun
 from kvbench.studies.fleet.fleet_setup import FleetSetup
 from kvbench.studies.fleet.pool import InstancePool
@@ -34,11 +34,11 @@ Progress = Callable[[str, int, int], None]  # (policy, requests ended, requests 
 def run_fleet(
     setup: FleetSetup,
     run_dir: Path,
-    on_point: Callable[[dict], None] | None = None,
+    on_point: Callable[[FleetPoint], None] | None = None,
     faults: Sequence[tuple[float, int]] = (),
     metrics=None,
     pool=None,
-) -> list[dict[str, Any]]:
+) -> list[FleetPoint]:
     """Every policy's point, in the order asked; each also written to results.jsonl and its series file.
 
     ``faults``: (seconds, instance) actors killed during the first policy (tests); ``pool``: instances already
@@ -47,15 +47,15 @@ def run_fleet(
     results = run_dir / "results.jsonl"
     if results.exists():
         raise KvbenchError(f"{run_dir} already holds results; choose another run directory")
-    points: list[dict[str, Any]] = []
+    points: list[FleetPoint] = []
     runs: list[FleetRun] = []
 
     def record(run: FleetRun) -> None:
         run.check_complete(len(setup.pairs))
         runs.append(run)
         point = fleet_point(run, setup.config.engine, setup.spec.name, setup.options.slo)
-        write_json_atomic(run_dir / f"fleet-{run.policy}.json", fleet_series(run))
-        append_jsonl(results, point)
+        write_json_atomic(run_dir / f"fleet-{run.policy}.json", fleet_series(run).to_json())
+        append_jsonl(results, point.to_json())
         points.append(point)
         if on_point is not None:
             on_point(point)
@@ -73,8 +73,8 @@ def run_fleet(
                 setup.options.weights,
                 setup.options.servers.scrape_interval_s,
             )
-            write_json_atomic(run_dir / "simulator-check.json", check)
-            setup.extra["simulator_check"] = check
+            write_json_atomic(run_dir / "simulator-check.json", check.to_json())
+            setup.simulator_check = check
     elif setup.options.simulate and not setup.options.simulate_on_ray:
         for name in setup.options.policies:
             record(simulate_policy(setup, name))

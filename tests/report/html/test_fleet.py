@@ -57,40 +57,53 @@ def _policy(name, p99, usage=0.8):
     return {"policy": name, "status": "ok", "p99_ttft_ms": p99, "kv_usage_mean": usage, "completed": 10, "rejected": 0}
 
 
+def _verdict(points, meta):
+    """The verdict of points and metadata as summary.json holds them."""
+    from kvbench.report.fleet_report import fleet_verdict
+    from kvbench.results.fleet_meta import FleetMeta
+    from kvbench.results.fleet_point import FleetPoint
+
+    return fleet_verdict([FleetPoint.from_json(p) for p in points], FleetMeta.from_json(meta))
+
+
+def _reuse(points):
+    from kvbench.report.fleet_report import reuse_sentences
+    from kvbench.results.fleet_point import FleetPoint
+
+    return reuse_sentences([FleetPoint.from_json(p) for p in points])
+
+
 def test_a_winner_is_named_only_outside_the_runs_noise_and_a_load_never_reached_is_said():
     """61.5 ms against 63.4 ms on one seed's arrivals names no winner; a run that aimed at 85% of the KV blocks
     and kept 13% in use says so, and by how much."""
-    from kvbench.report.fleet_report import fleet_verdict
-
-    headline, tone, _ = fleet_verdict([_policy("round-robin", 61.5), _policy("random", 63.4)], {})
+    headline, tone, _ = _verdict([_policy("round-robin", 61.5), _policy("random", 63.4)], {})
     assert headline.startswith("No routing policy stood out: p99 time to first token 61.5 ms to 63.4 ms")
     assert tone == "neutral"
-    headline, _, _ = fleet_verdict([_policy("round-robin", 61.5), _policy("random", 119.0)], {})
+    headline, _, _ = _verdict([_policy("round-robin", 61.5), _policy("random", 119.0)], {})
     assert headline.startswith("round-robin had the lowest p99 time to first token")
     meta = {"rate_chosen": {"usage": 0.85, "running_per_instance": 40}}
-    _, tone, sentences = fleet_verdict([_policy("a", 61.5, 0.13), _policy("b", 119.0, 0.12)], meta)
+    _, tone, sentences = _verdict([_policy("a", 61.5, 0.13), _policy("b", 119.0, 0.12)], meta)
     assert tone == "warn" and sentences[0].startswith(
         "The rate aimed at about 85% of the KV blocks in use; the busiest policy reached 13% on average (6.5x short)"
     )
-    _, _, sentences = fleet_verdict([_policy("a", 61.5, 0.80), _policy("b", 119.0, 0.75)], meta)
+    _, _, sentences = _verdict([_policy("a", 61.5, 0.80), _policy("b", 119.0, 0.75)], meta)
     assert not any("aimed" in s for s in sentences)
 
 
 def test_fewer_preemptions_are_explained_by_how_each_policy_split_the_requests_beside_the_pools():
     """The reason comes from the run: most-free-blocks sent a third to the server with half the pool, where
     round-robin sent half; with equal pools no pool sizes are quoted, and without instances no split is claimed."""
-    from kvbench.report.fleet_report import reuse_sentences
 
     def point(name, preemptions, routed, pools=(128, 256)):
         instances = [{"name": n, "routed": r, "total_blocks": b} for n, r, b in zip("ab", routed, pools, strict=True)]
         return {**_policy(name, 100.0), "preemptions": preemptions, "instances": instances}
 
-    sentences = reuse_sentences([point("round-robin", 45, [150, 150]), point("most-free-blocks", 12, [100, 200])])
+    sentences = _reuse([point("round-robin", 45, [150, 150]), point("most-free-blocks", 12, [100, 200])])
     assert sentences == [
         "most-free-blocks preempted 12 requests against 45 under round-robin: it sent 33/67% of the requests to a/b, "
         "where round-robin sent 50/50%; their KV pools hold 128/256 blocks."
     ]
     equal = [point("round-robin", 45, [150, 150], (96, 96)), point("most-free-blocks", 30, [140, 160], (96, 96))]
-    assert reuse_sentences(equal)[0].endswith("it sent 47/53% of the requests to a/b, where round-robin sent 50/50%.")
+    assert _reuse(equal)[0].endswith("it sent 47/53% of the requests to a/b, where round-robin sent 50/50%.")
     bare = [{**_policy("round-robin", 1.0), "preemptions": 4}, {**_policy("least-requests", 1.0), "preemptions": 1}]
-    assert reuse_sentences(bare)[0].endswith("under round-robin: fewer requests ran out of KV blocks mid-answer.")
+    assert _reuse(bare)[0].endswith("under round-robin: fewer requests ran out of KV blocks mid-answer.")

@@ -59,19 +59,19 @@ def _run(scenario, tmp_path, pool, faults=(), **changes):
     setup = FleetSetup.resolve(options)
     points = run_fleet(setup, tmp_path, faults=faults, pool=pool)
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert [p["policy"] for p in lines] == [p["policy"] for p in points]
+    assert lines == [p.to_json() for p in points]  # each point as written when it finished
     return setup, points
 
 
 def test_every_request_ends_exactly_once_under_every_policy(scenario, tmp_path, pool):
     setup, points = _run(scenario, tmp_path, pool, rate=40.0, requests=40)
-    assert [p["policy"] for p in points] == list(DEFAULT_POLICIES)
+    assert [p.policy for p in points] == list(DEFAULT_POLICIES)
     for point in points:  # run_fleet checked each run: 40 distinct requests, each finished or rejected with a reason
-        assert point["completed"] == 40 and point["rejected"] == 0, point["policy"]
-        assert sum(i["routed"] for i in point["instances"]) == 40
-        assert all(i["startup_s"] > 0 for i in point["instances"])  # measured when the actors loaded
-        assert point["p50_ttft_ms"] > 0 and point["output_throughput"] > 0
-        assert point["simulated"] is False and point["routed_after_drain"] == 0
+        assert point.completed == 40 and point.rejected == 0, point.policy
+        assert sum(i.routed for i in point.instances) == 40
+        assert all(i.startup_s > 0 for i in point.instances)  # measured when the actors loaded
+        assert point.p50_ttft_ms > 0 and point.output_throughput > 0
+        assert point.simulated is False and point.routed_after_drain == 0
     for policy in DEFAULT_POLICIES:
         assert (tmp_path / f"fleet-{policy}.json").is_file()
 
@@ -97,12 +97,12 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after(scen
         scenario, run_dir, pool, requests_file=path, policies=("most-free-blocks",), autoscale=settings, instances=1
     )
     point = points[0]
-    assert point["completed"] == len(burst) + len(trickle)
-    assert point["scale_ups"] >= 1 and point["scale_downs"] >= 1
-    added = point["instances"][1]
-    assert added["startup_s"] > 0 and added["ready_at_s"] > added["started_at_s"]  # measured, not assumed
-    removed = [i for i in point["instances"] if i["state"] == "stopped"]
-    assert removed and all(i["routed_after_drain"] == 0 for i in removed) and point["routed_after_drain"] == 0
+    assert point.completed == len(burst) + len(trickle)
+    assert point.scale_ups >= 1 and point.scale_downs >= 1
+    added = point.instances[1]
+    assert added.startup_s > 0 and added.ready_at_s > added.started_at_s  # measured, not assumed
+    removed = [i for i in point.instances if i.state == "stopped"]
+    assert removed and all(i.routed_after_drain == 0 for i in removed) and point.routed_after_drain == 0
     series = json.loads((run_dir / "fleet-most-free-blocks.json").read_text())
     kinds = [kind for _, kind, _ in series["events"]]
     assert kinds.index("up") < kinds.index("ready") < kinds.index("down") < kinds.index("stopped")
@@ -114,10 +114,10 @@ def test_killing_an_instance_mid_run_reroutes_or_fails_its_requests_with_a_reaso
         scenario, tmp_path, pool, faults=[(0.4, 1)], rate=40.0, requests=40, policies=("round-robin",)
     )
     point = points[0]
-    dead = point["instances"][1]
-    assert dead["state"] == "dead" and "instance 1 failed" in dead["failure"]
-    assert point["completed"] + point["rejected"] == 40  # none silently lost (run_fleet checked each one)
-    assert point["rerouted"] + point["rejected_by_reason"].get("instance_failed", 0) > 0
+    dead = point.instances[1]
+    assert dead.state == "dead" and "instance 1 failed" in dead.failure
+    assert point.completed + point.rejected == 40  # none silently lost (run_fleet checked each one)
+    assert point.rerouted + point.rejected_by_reason.get("instance_failed", 0) > 0
     series = json.loads((tmp_path / "fleet-round-robin.json").read_text())
     kinds = [kind for _, kind, _ in series["events"]]
     assert "killed" in kinds and "died" in kinds

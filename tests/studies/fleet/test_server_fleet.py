@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import main
+from kvbench.results.fleet_meta import FleetMeta
+from kvbench.results.fleet_summary import FleetSummary
+from kvbench.results.simulator_check import SimulatorCheck
 from kvbench.studies.fleet.routing import DEFAULT_POLICIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "endpoint"))
@@ -76,6 +79,10 @@ def test_every_policy_runs_over_http_and_every_request_ends_once(tmp_path, capsy
     assert check["policies"][0]["share_real"] == [0.5, 0.5] == check["policies"][0]["share_simulated"]
     assert check["timing"]["decode_s"] > 0 and check["blocks_per_instance"] == [1000, 1000]
     assert "The simulator against this run" in (tmp_path / "run" / "summary.md").read_text()
+    # the typed results write these files back key for key (kvbench.results.fleet_point, simulator_check)
+    assert json.dumps(FleetSummary.from_json(summary).to_json()) == json.dumps(summary)
+    assert json.dumps(SimulatorCheck.from_json(check).to_json()) == json.dumps(check)
+    assert FleetMeta.from_json(summary["meta"]).simulator_check == SimulatorCheck.from_json(check)
 
 
 def test_most_free_blocks_follows_the_larger_pool_and_the_simulator_gives_each_twin_its_servers_pool(tmp_path, capsys):

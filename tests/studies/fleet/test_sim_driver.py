@@ -51,14 +51,14 @@ def test_every_request_ends_exactly_once_under_every_policy(policy):
     assert all(r.reject_reason for r in run.requests if r.status is RequestStatus.REJECTED)
     assert [r.request_id for r in run.requests] == list(range(300))
     point = fleet_point(run, "paged", "test")
-    assert point["completed"] == 297 and point["rejected"] == 3 and point["rejected_by_reason"] == {"too_long": 3}
-    assert sum(i["routed"] for i in point["instances"]) == 300
-    assert point["p99_ttft_ms"] >= point["p50_ttft_ms"] > 0 and point["output_throughput"] > 0
-    assert point["instance_seconds"] == pytest.approx(3 * run.end_s)
+    assert point.completed == 297 and point.rejected == 3 and point.rejected_by_reason == {"too_long": 3}
+    assert sum(i.routed for i in point.instances) == 300
+    assert point.p99_ttft_ms >= point.p50_ttft_ms > 0 and point.output_throughput > 0
+    assert point.instance_seconds == pytest.approx(3 * run.end_s)
     for slot in run.slots:
         assert slot.stats.free_blocks == slot.stats.total_blocks  # every block back (cached ones are free)
     series = fleet_series(run)
-    assert set(series["usage"]) == {"0", "1", "2"} and series["ttft_cdf"][-1][1] == 1.0
+    assert set(series.usage) == {"0", "1", "2"} and series.ttft_cdf[-1][1] == 1.0
 
 
 def test_the_same_arrivals_give_the_same_run():
@@ -74,7 +74,7 @@ def test_prefix_affinity_hits_the_prefix_cache_more_than_round_robin():
             arrivals(300, 30.0, prefixes=4), policy
         )
         points[policy] = fleet_point(run, "paged", "x")
-    assert points["prefix-affinity"]["prefix_hit_rate"] > points["round-robin"]["prefix_hit_rate"] > 0
+    assert points["prefix-affinity"].prefix_hit_rate > points["round-robin"].prefix_hit_rate > 0
 
 
 def test_most_free_blocks_balances_block_usage_better_than_round_robin():
@@ -83,7 +83,7 @@ def test_most_free_blocks_balances_block_usage_better_than_round_robin():
         run = SimulatedFleet(make_instance, make_policy(policy, 0, 16), 4, 16, tick_s=0.1).run(
             arrivals(600, 90.0), policy
         )
-        imbalance[policy] = fleet_point(run, "paged", "x")["free_blocks_imbalance_mean"]
+        imbalance[policy] = fleet_point(run, "paged", "x").free_blocks_imbalance_mean
     assert imbalance["most-free-blocks"] < imbalance["round-robin"]
 
 
@@ -111,8 +111,8 @@ def test_autoscaling_adds_an_instance_above_80_percent_and_removes_it_after():
         drained_at = next(t for t, kind, i in run.events if kind == "down" and i == index)
         assert not [r for r in run.requests if run.placement.get(r.request_id) == index and r.arrival_time > drained_at]
     point = fleet_point(run, "paged", "x")
-    assert point["scale_ups"] >= 1 and point["scale_downs"] >= 1 and point["routed_after_drain"] == 0
-    assert point["instance_seconds"] < 3 * run.end_s
+    assert point.scale_ups >= 1 and point.scale_downs >= 1 and point.routed_after_drain == 0
+    assert point.instance_seconds < 3 * run.end_s
 
 
 def test_a_draining_instance_is_never_chosen():
@@ -148,8 +148,8 @@ def test_an_idle_gap_skipped_gives_the_figures_of_every_tick_taken(policy, autos
     assert len(skipped.fleet_samples) < len(every.fleet_samples) / 5  # ~1,600 ticks for the gap alone
     assert sum(skipped.tick_weight(t) for t, _, _ in skipped.fleet_samples) == len(every.fleet_samples)
     point, reference = fleet_point(skipped, "paged", "t"), fleet_point(every, "paged", "t")
-    assert _differences(point, reference) == []
-    assert point["scale_downs"] == (2 if autoscale else 0)  # the autoscaler still drains idle instances in the gap
+    assert _differences(point.to_json(), reference.to_json()) == []
+    assert point.scale_downs == (2 if autoscale else 0)  # the autoscaler still drains idle instances in the gap
 
 
 def _differences(mine, theirs, where: str = "") -> list[str]:
@@ -187,7 +187,7 @@ def test_a_one_year_gap_costs_what_its_requests_cost(monkeypatch):
     assert run.end_s > year and len(run.fleet_samples) < 200
     assert steps["n"] < 2_000  # 20 requests' prefills and decode spans; every instance x tick would be 8e9
     point = fleet_point(run, "paged", "t")
-    assert point["instances_mean"] == 256 and 0 < point["kv_usage_mean"] < 1e-5  # a time average over a year
+    assert point.instances_mean == 256 and 0 < point.kv_usage_mean < 1e-5  # a time average over a year
 
 
 def test_idle_instances_are_not_stepped(monkeypatch):
