@@ -20,7 +20,7 @@ A failure in a step is sent as the reason, in one line with where it was raised 
 stderr only with ``KVBENCH_DEBUG=1``), and the process exits 1.
 
 Run as ``python -m kvbench.serve.engine_core FD PARENT_PID``: FD is its end of the channel; the first message
-is the server's settings (``ServeOptions``).
+is the server's settings (``StartEngine``; the messages both ways are in ``serve/engine_messages.py``).
 """
 
 from __future__ import annotations
