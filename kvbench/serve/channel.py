@@ -1,9 +1,10 @@
-"""The channel between the HTTP front end and its engine process: JSON messages in length-prefixed frames over a
+"""The channel between the HTTP front end and its engine process: messages in length-prefixed frames over a
 Unix stream socket pair.
 
 Why this encoding: both ends are kvbench, but a message is data, never code, so nothing is unpickled (a frame is
-4 bytes of length, big-endian, then one JSON value in UTF-8); JSON holds every message's parts (token ids,
-reasons, counts, error text) and encodes a step's message in microseconds (a list of plain ints per step).
+4 bytes of length, big-endian, then one message as JSON in UTF-8, ``serve/engine_messages.py``); JSON holds every
+message's parts (token ids, reasons, counts, error text) and encodes a step's message in microseconds (a list of
+plain ints per step). Each end decodes frames into the messages it takes, so a frame that is none is refused there.
 Why a socket pair: it is inherited by the engine process as one file descriptor, it is duplex, and the front
 end reads and writes it through asyncio's transports, so the event loop never blocks on the engine (the engine
 process, which may block, uses the plain socket: ``BlockingChannel``). The end of either process closes its end:
@@ -13,18 +14,18 @@ the other reads EOF.
 from __future__ import annotations
 
 import asyncio
-import json
 import select
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from typing import Generic, TypeVar
 
-from kvbench.engine.sampling import SamplingParams
+from kvbench.serve.engine_messages import Command, Report, encode
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 30  # a frame past this is a broken stream, not a message
+
+In = TypeVar("In")  # the messages an end takes
 
 
 class ChannelClosed(Exception):
@@ -35,31 +36,25 @@ class ChannelError(Exception):
     """The stream holds something that is not a frame of ours."""
 
 
-def encode(message: Any) -> bytes:
-    """One frame: the length of the JSON text, then the text."""
-    payload = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+def frame(message: Command | Report) -> bytes:
+    """One frame: the length of the message's JSON, then the JSON."""
+    payload = encode(message)
     return HEADER.pack(len(payload)) + payload
 
 
-def sampling_to_json(params: SamplingParams) -> dict[str, Any]:
-    return asdict(params)
+class FrameBuffer(Generic[In]):
+    """Bytes as they arrive -> the complete messages among them (a frame may arrive in pieces), each decoded by
+    ``decode`` (which raises ``ValueError`` for a frame that holds none)."""
 
-
-def sampling_from_json(values: dict[str, Any]) -> SamplingParams:
-    """Checked again as the engine builds them (``SamplingParams`` refuses what is out of range)."""
-    return SamplingParams(**{**values, "stop_token_ids": tuple(values.get("stop_token_ids", ()))})
-
-
-class FrameBuffer:
-    """Bytes as they arrive -> the complete messages among them (a frame may arrive in pieces)."""
-
-    def __init__(self) -> None:
+    def __init__(self, decode: Callable[[bytes], In]) -> None:
         self._data = bytearray()
+        self._decode = decode
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes) -> list[In]:
         buffer = self._data
         buffer += data
-        messages, at, size = [], 0, len(buffer)
+        messages: list[In] = []
+        at, size = 0, len(buffer)
         while size - at >= 4:
             (length,) = HEADER.unpack_from(buffer, at)
             if length > MAX_FRAME:
@@ -68,32 +63,32 @@ class FrameBuffer:
             if end > size:
                 break
             try:
-                messages.append(json.loads(bytes(buffer[at + 4 : end])))
-            except ValueError as err:  # broken JSON or UTF-8
-                raise ChannelError(f"a frame that is not JSON: {err}") from None
+                messages.append(self._decode(bytes(buffer[at + 4 : end])))
+            except ValueError as err:  # broken JSON or UTF-8, or no message of ours
+                raise ChannelError(f"a frame that is not a message: {err}") from None
             at = end
         if at:
             del buffer[:at]
         return messages
 
 
-class BlockingChannel:
+class BlockingChannel(Generic[In]):
     """The engine process's end: ``send`` writes a frame (blocking while the front end's buffer is full),
     ``receive`` returns the messages that arrived (waiting for one when ``wait``)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, decode: Callable[[bytes], In]) -> None:
         self.sock = sock
-        self._frames = FrameBuffer()
+        self._frames = FrameBuffer(decode)
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Command | Report) -> None:
         try:
-            self.sock.sendall(encode(message))
+            self.sock.sendall(frame(message))
         except (BrokenPipeError, ConnectionResetError) as err:
             raise ChannelClosed(str(err)) from None
 
-    def receive(self, wait: bool) -> list[Any]:
+    def receive(self, wait: bool) -> list[In]:
         """Every message that has arrived; with ``wait``, block until at least one has."""
-        messages: list[Any] = []
+        messages: list[In] = []
         while True:
             ready = select.select([self.sock], [], [], None if wait and not messages else 0)[0]
             if not ready:
@@ -112,15 +107,20 @@ class BlockingChannel:
         self.sock.close()
 
 
-class FrameProtocol(asyncio.Protocol):
+class FrameProtocol(asyncio.Protocol, Generic[In]):
     """The front end's end, on its event loop: each arriving message goes to ``on_message``; the end of the
     stream (or a broken one) to ``on_closed`` with the reason."""
 
-    def __init__(self, on_message: Callable[[Any], None], on_closed: Callable[[str | None], None]) -> None:
+    def __init__(
+        self,
+        decode: Callable[[bytes], In],
+        on_message: Callable[[In], None],
+        on_closed: Callable[[str | None], None],
+    ) -> None:
         self.on_message = on_message
         self.on_closed = on_closed
         self.transport: asyncio.Transport | None = None
-        self._frames = FrameBuffer()
+        self._frames = FrameBuffer(decode)
         self._closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -142,9 +142,9 @@ class FrameProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._close(str(exc) if exc is not None else None)
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Command | Report) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode(message))
+            self.transport.write(frame(message))
 
     def close(self) -> None:
         if self.transport is not None:

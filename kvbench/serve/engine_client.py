@@ -33,7 +33,27 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak
 from kvbench.measure.exporter import KvMetrics
-from kvbench.serve.channel import FrameProtocol, sampling_to_json
+from kvbench.serve.channel import FrameProtocol
+from kvbench.serve.engine_messages import (
+    AbortJob,
+    Command,
+    Crashed,
+    EngineFacts,
+    EngineReport,
+    IdleReport,
+    LoadFailed,
+    LoadStatus,
+    Ready,
+    Report,
+    ResetDone,
+    ResetPrefixCache,
+    StartEngine,
+    StepReport,
+    StopEngine,
+    StoppedReport,
+    SubmitJob,
+    decode_report,
+)
 from kvbench.serve.engine_stats import EngineStats, mirror, start_series
 from kvbench.serve.protocol import ApiError, ModelInfo
 from kvbench.serve.settings import ServeOptions
@@ -124,7 +144,7 @@ class EngineInfo:
     engine: str
     device_name: str
     budget_source: str
-    threads: dict | None
+    threads: dict[str, Any] | None  # the CPU threads chosen and why (None: not a CPU engine)
     heap: str | None  # the CPU heap policy, as its process described it (None: not a CPU engine)
     num_blocks: int
     block_size: int
@@ -152,14 +172,14 @@ class EngineClient:
         self.leak: str | None = None  # the drained check's complaint at the last idle report or the stop
         self.dead = asyncio.Event()  # the engine process ended without being told to
         self.process: asyncio.subprocess.Process | None = None
-        self._channel: FrameProtocol | None = None
+        self._channel: FrameProtocol[Report] | None = None
         self._next_job = 0
         self._sent = 0  # messages sent to the engine (an idle report says how many it has taken)
         self._idle = threading.Event()
-        self._ready: asyncio.Future | None = None
+        self._ready: asyncio.Future[EngineFacts] | None = None
         self._stopped: asyncio.Future | None = None
         self._stopping = False
-        self._resets: dict[int, asyncio.Future] = {}  # reset requests sent, by id, until the engine answers
+        self._resets: dict[int, asyncio.Future[bool]] = {}  # reset requests sent, by id, until the engine answers
 
     # -- start and stop -------------------------------------------------------------------------------------
     async def start(self) -> EngineInfo:
@@ -189,9 +209,9 @@ class EngineClient:
             theirs.close()
         try:
             _, self._channel = await loop.create_unix_connection(
-                lambda: FrameProtocol(self._on_message, self._on_closed), sock=ours
+                lambda: FrameProtocol(decode_report, self._on_message, self._on_closed), sock=ours
             )
-            self._channel.send({"t": "start", "options": self.options.to_json(), "metrics": self.with_metrics})
+            self._channel.send(StartEngine(self.options, self.with_metrics))
             tokenizer = loop.run_in_executor(None, _load_tokenizer, self.options.model)
             try:
                 info = await self._ready
@@ -199,29 +219,29 @@ class EngineClient:
                 tokenizer.cancel()
                 raise
             model = ModelInfo(
-                name=info["name"],
-                max_len=info["max_len"],
-                vocab_size=info["vocab_size"],
+                name=info.name,
+                max_len=info.max_len,
+                vocab_size=info.vocab_size,
                 tokenizer=await tokenizer,
-                parallel_sampling=info["parallel_sampling"],
+                parallel_sampling=info.parallel_sampling,
             )
         except BaseException:
             await self._kill()
             raise
         self.info = EngineInfo(
             model,
-            info["engine"],
-            info["device_name"],
-            info["budget_source"],
-            info["threads"],
-            info["heap"],
-            info["num_blocks"],
-            info["block_size"],
-            info["reserve"],
-            info["admission"],
-            info["pid"],
-            info.get("kv_events"),
-            info.get("kv_events_replay"),
+            info.engine,
+            info.device_name,
+            info.budget_source,
+            info.threads,
+            info.heap,
+            info.num_blocks,
+            info.block_size,
+            info.reserve,
+            info.admission,
+            info.pid,
+            info.kv_events,
+            info.kv_events_replay,
         )
         if self.with_metrics:
             self.metrics = KvMetrics(device=self.info.device_name)
@@ -236,7 +256,7 @@ class EngineClient:
         assert self._stopped is not None  # set when the process starts
         if self.error is None and not self._stopped.done():
             self._stopping = True
-            self._send({"t": "stop"})
+            self._send(StopEngine())
             try:
                 await asyncio.wait_for(asyncio.shield(self._stopped), timeout)
             except TimeoutError:
@@ -271,17 +291,7 @@ class EngineClient:
             raise ApiError(503, f"the engine process has stopped ({self.error}); the server is shutting down")
         job.id, self._next_job = self._next_job, self._next_job + 1
         self.jobs[job.id] = job
-        self._send(
-            {
-                "t": "submit",
-                "job": job.id,
-                "prompts": job.prompts,
-                "params": [sampling_to_json(params) for params in job.params],
-                "n": job.n,
-                "fork": job.fork,
-                "wake": job.wake_per_token,
-            }
-        )
+        self._send(SubmitJob(job.id, job.prompts, job.params, job.n, job.fork, job.wake_per_token))
 
     async def reset_prefix_cache(self) -> bool:
         """Empty the engine's prefix cache between steps: False when it refuses (a request holds blocks, or the
@@ -289,9 +299,9 @@ class EngineClient:
         if self.error is not None:
             raise ApiError(503, f"the engine process has stopped ({self.error})")
         reset_id = self._sent  # unique: it grows with every message sent
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._resets[reset_id] = future
-        self._send({"t": "reset", "id": reset_id})
+        self._send(ResetPrefixCache(reset_id))
         return await future
 
     def release(self, job: Job) -> None:
@@ -304,7 +314,7 @@ class EngineClient:
     def abort(self, job: Job, choices: Iterable[int] | None = None) -> None:
         """Withdraw a job (or some of its choices): their blocks are freed before the engine's next step."""
         if self.error is None:
-            self._send({"t": "abort", "job": job.id, "choices": None if choices is None else list(choices)})
+            self._send(AbortJob(job.id, None if choices is None else list(choices)))
 
     def abort_all(self, error: ApiError) -> None:
         """Shutdown past its grace period: every job fails with ``error`` and its requests are withdrawn."""
@@ -323,30 +333,30 @@ class EngineClient:
         if self.leak is not None:
             raise KVLeak(self.leak)
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: Command) -> None:
         self._idle.clear()
         self._sent += 1
         assert self._channel is not None, "start() comes first"
         self._channel.send(message)
 
     # -- the engine's messages ------------------------------------------------------------------------------
-    def _on_message(self, message: dict[str, Any]) -> None:
-        self._take_tokens(message)
-        for job_id, status, text in message.get("fail", ()):
-            job = self.jobs.get(job_id)
-            if job is not None:
-                job._fail(ApiError(status, text))
-        stats = message.get("stats")
-        if stats is not None:
-            self._take_stats(stats)
-        if message["t"] != "step":
+    def _on_message(self, message: Report) -> None:
+        if isinstance(message, EngineReport):
+            self._take_tokens(message)
+            for failure in message.fail:
+                job = self.jobs.get(failure.job)
+                if job is not None:
+                    job._fail(ApiError(failure.status, failure.message))
+            if message.stats is not None:
+                self._take_stats(message.stats)
+        if not isinstance(message, StepReport):
             self._on_control(message)
 
-    def _take_tokens(self, message: dict[str, Any]) -> None:
+    def _take_tokens(self, message: EngineReport) -> None:
         """New tokens and ended choices; each job with news is woken once per message."""
         jobs = self.jobs
         woken: dict[int, Job] = {}
-        out = message.get("out")
+        out = message.out
         if out:
             for at in range(0, len(out), 3):
                 job = jobs.get(out[at])
@@ -356,42 +366,40 @@ class EngineClient:
                         state.tokens.append(out[at + 2])
                         state.unread += 1
                         woken[job.id] = job
-        for job_id, choice, tokens, finish, stop, cached in message.get("end", ()):
-            job = jobs.get(job_id)
-            if job is not None and job._push(choice, tokens, finish, stop, cached):
+        for end in message.end:
+            job = jobs.get(end.job)
+            if job is not None and job._push(end.choice, end.tokens, end.finish, end.stop, end.cached):
                 woken[job.id] = job
         for job in woken.values():
             sink = job.sink
             if sink is None or job.done or not sink():
                 job.changed.set()
 
-    def _on_control(self, message: dict[str, Any]) -> None:
-        kind = message["t"]
-        if kind == "reset":
-            _resolve(self._resets.pop(message["id"], None), bool(message["ok"]))
-        elif kind == "idle":
-            self.leak = message["leak"]
-            if message["seq"] == self._sent:
+    def _on_control(self, message: Report) -> None:
+        if isinstance(message, ResetDone):
+            _resolve(self._resets.pop(message.id, None), message.ok)
+        elif isinstance(message, IdleReport):
+            self.leak = message.leak
+            if message.seq == self._sent:
                 self._idle.set()
-        elif kind == "stopped":
-            self.leak = message["leak"]
+        elif isinstance(message, StoppedReport):
+            self.leak = message.leak
             self._idle.set()
             _resolve(self._stopped, None)
-        elif kind == "ready":
-            _resolve(self._ready, message["info"])
-        elif kind == "status":
+        elif isinstance(message, Ready):
+            _resolve(self._ready, message.info)
+        elif isinstance(message, LoadStatus):
             if self.on_status is not None:
-                self.on_status(str(message["text"]))
-        elif kind == "error":  # refused or failed while loading
-            error_type = KvbenchError if message.get("exit_code") == 2 else EngineDied
-            _fail(self._ready, error_type(str(message["message"])))
-        elif kind == "crash":
-            self._died(f"the engine failed: {message['error']}")
+                self.on_status(message.text)
+        elif isinstance(message, LoadFailed):  # refused or failed while loading
+            error_type = KvbenchError if message.exit_code == 2 else EngineDied
+            _fail(self._ready, error_type(message.message))
+        elif isinstance(message, Crashed):
+            self._died(f"the engine failed: {message.error}")
 
-    def _take_stats(self, values: dict[str, Any]) -> None:
-        now = EngineStats.from_json(values)
+    def _take_stats(self, now: EngineStats) -> None:
         if self.metrics is not None and self.info is not None:
-            mirror(self.metrics, self.info.engine, self.stats, now, values.get("alloc", ()))
+            mirror(self.metrics, self.info.engine, self.stats, now, now.alloc)
         self.stats = now
 
     def _on_closed(self, reason: str | None) -> None:

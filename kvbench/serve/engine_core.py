@@ -20,7 +20,7 @@ A failure in a step is sent as the reason, in one line with where it was raised 
 stderr only with ``KVBENCH_DEBUG=1``), and the process exits 1.
 
 Run as ``python -m kvbench.serve.engine_core FD PARENT_PID``: FD is its end of the channel; the first message
-is the server's settings (``ServeOptions``).
+is the server's settings (``StartEngine``; the messages both ways are in ``serve/engine_messages.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from kvbench import env_settings
 from kvbench.engine.llm_engine import LLMEngine
@@ -43,8 +42,31 @@ from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak, assert_drained
 from kvbench.kv.paged import CacheEvent, PagedManager
 from kvbench.measure.exporter import online_fragmentation
-from kvbench.serve.channel import BlockingChannel, ChannelClosed, sampling_from_json
+from kvbench.serve.channel import BlockingChannel, ChannelClosed
+from kvbench.serve.engine_messages import (
+    AbortJob,
+    ChoiceEnd,
+    Command,
+    Crashed,
+    EngineFacts,
+    IdleReport,
+    JobFailure,
+    LoadFailed,
+    LoadStatus,
+    LoopReport,
+    Ready,
+    ResetDone,
+    ResetPrefixCache,
+    StartEngine,
+    StepReport,
+    StopEngine,
+    StoppedReport,
+    SubmitJob,
+    decode_command,
+)
+from kvbench.serve.engine_stats import EngineStats
 from kvbench.serve.kv_event_publisher import KvEventPublisher, wire_events
+from kvbench.serve.settings import ServedEngine
 
 FINISH_REASONS = {"length": "length", "eos": "stop", "stop": "stop"}  # the engine's stop reason -> OpenAI's
 STATS_EVERY_S = 0.05  # the counts for /metrics go out at most this often while stepping (always when idle)
@@ -70,7 +92,7 @@ class EngineCore:
     def __init__(
         self,
         engine: LLMEngine,
-        channel: BlockingChannel,
+        channel: BlockingChannel[Command],
         timed: bool = True,
         publisher: KvEventPublisher | None = None,
     ) -> None:
@@ -97,11 +119,11 @@ class EngineCore:
         self._idle_counts_out = False  # the last counts sent are an idle report's
         self._stats_at = 0.0
         self._out: list[int] = []  # this step's tokens: job, choice, token, job, choice, token, ...
-        self._ends: list[list] = []  # [job, choice, tokens, finish reason, stop reason, cached prompt tokens]
-        self._fails: list[list] = []  # [job, HTTP status, message]
+        self._ends: list[ChoiceEnd] = []  # the choices that ended since the last message
+        self._fails: list[JobFailure] = []  # the jobs refused since the last message
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def run(self, pending: Sequence[Any] = ()) -> int:
+    def run(self, pending: Sequence[Command] = ()) -> int:
         """Serve until told to stop (0) or the channel closes (0); a failure is reported and returns 1."""
         session, channel = self.session, self.channel
         try:
@@ -110,10 +132,10 @@ class EngineCore:
             while True:
                 if not session.has_work:
                     if self.stopping:
-                        self._send("stopped", leak=self._leak(), stats=self.stats())
+                        self._send(StoppedReport(leak=self._leak(), stats=self.stats()))
                         return 0
                     if not self._reported_idle:
-                        self._send("idle", seq=self.handled, leak=self._leak(), stats=self.stats())
+                        self._send(IdleReport(seq=self.handled, leak=self._leak(), stats=self.stats()))
                         self._reported_idle = True
                         self._idle_counts_out = True
                 for message in channel.receive(wait=not session.has_work):
@@ -129,36 +151,33 @@ class EngineCore:
                     # the first step after an idle report says so at once: else /metrics would show the idle
                     # counts (nothing running) for the first STATS_EVERY_S of every burst of work
                     self._idle_counts_out = False
-                    self._send("step", stats=self.stats(now))
+                    self._send(StepReport(stats=self.stats(now)))
                 elif self._out or self._ends or self._fails:
-                    self._send("step")
+                    self._send(StepReport())
         except ChannelClosed:  # the front end is gone: nobody to serve
             return 0
         except BaseException as err:  # noqa: BLE001 - a failed step ends the engine with its reason
             if env_settings.read("KVBENCH_DEBUG"):
                 traceback.print_exc()
             try:
-                channel.send({"t": "crash", "error": crash_reason(err)})
+                channel.send(Crashed(crash_reason(err)))
             except (ChannelClosed, OSError):
                 pass
             return 1
 
-    def _send(self, kind: str, **parts: Any) -> None:
-        message: dict[str, Any] = {"t": kind, **parts}
-        if self._out:
-            message["out"], self._out = self._out, []
-        if self._ends:
-            message["end"], self._ends = self._ends, []
-        if self._fails:
-            message["fail"], self._fails = self._fails, []
-        self.channel.send(message)
+    def _send(self, report: LoopReport) -> None:
+        """``report`` with the tokens, ends and refusals since the last one."""
+        report.out, self._out = self._out, []
+        report.end, self._ends = self._ends, []
+        report.fail, self._fails = self._fails, []
+        self.channel.send(report)
 
     def _publish_events(self) -> None:
         if self.publisher is not None and self._events:
             self.publisher.publish(wire_events(self._events, self.manager.block_size))
             self._events.clear()
 
-    def stats(self, now: float | None = None) -> dict[str, Any]:
+    def stats(self, now: float | None = None) -> EngineStats:
         """What /metrics, the progress line and the tests read of the engine (counts since it started), with the
         allocation latencies timed since the last call."""
         self._stats_at = time.perf_counter() if now is None else now
@@ -167,25 +186,25 @@ class EngineCore:
         manager = scheduler.manager
         pool = manager.pool
         alloc, self.alloc_seconds[:] = list(self.alloc_seconds), []
-        return {
-            "used": pool.num_used,
-            "free": pool.num_free,
-            "capacity": pool.num_blocks,
-            "block_size": pool.block_size,
-            "fragmentation": online_fragmentation(scheduler.used_slots(session.clock), scheduler.held_slots()),
-            "running": len(scheduler.running),
-            "waiting": len(scheduler.waiting),
-            "preemptions": scheduler.num_preemptions,
-            "finished": scheduler.num_finished,
-            "aborted": scheduler.num_aborted,
-            "tokens": self.tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "peak_running": session.peak_running,
-            "prefix_queries": scheduler.prefill_tokens if manager.enable_prefix_caching else 0,
-            "prefix_hits": scheduler.cached_tokens,
-            "cached_blocks": manager.num_cached_blocks,
-            "alloc": alloc,
-        }
+        return EngineStats(
+            used=pool.num_used,
+            free=pool.num_free,
+            capacity=pool.num_blocks,
+            block_size=pool.block_size,
+            fragmentation=online_fragmentation(scheduler.used_slots(session.clock), scheduler.held_slots()),
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            preemptions=scheduler.num_preemptions,
+            finished=scheduler.num_finished,
+            aborted=scheduler.num_aborted,
+            tokens=self.tokens,
+            prompt_tokens=self.prompt_tokens,
+            peak_running=session.peak_running,
+            prefix_queries=scheduler.prefill_tokens if manager.enable_prefix_caching else 0,
+            prefix_hits=scheduler.cached_tokens,
+            cached_blocks=manager.num_cached_blocks,
+            alloc=alloc,
+        )
 
     def _leak(self) -> str | None:
         """The KV manager's drained check while idle: None, or what leaked."""
@@ -196,32 +215,30 @@ class EngineCore:
         return None
 
     # -- the front end's messages ---------------------------------------------------------------------------
-    def _handle(self, message: dict[str, Any]) -> None:
+    def _handle(self, message: Command) -> None:
         self.handled += 1
         self._reported_idle = False
-        kind = message["t"]
-        if kind == "submit":
+        if isinstance(message, SubmitJob):
             self._submit(message)
-        elif kind == "abort":
-            job = self.jobs.get(message["job"])
+        elif isinstance(message, AbortJob):
+            job = self.jobs.get(message.job)
             if job is not None:
-                self._abort(job, message.get("choices"))
-        elif kind == "stop":
+                self._abort(job, message.choices)
+        elif isinstance(message, StopEngine):
             self.stopping = True
-        elif kind == "reset":
-            self._reset(message["id"])
+        elif isinstance(message, ResetPrefixCache):
+            self._reset(message.id)
         else:
-            raise KvbenchError(f"the front end sent a message of unknown kind {kind!r}")
+            raise KvbenchError(f"the front end sent a {type(message).__name__} message after the start")
 
-    def _submit(self, message: dict[str, Any]) -> None:
+    def _submit(self, message: SubmitJob) -> None:
         session = self.session
-        job = CoreJob(message["job"], message["wake"])
+        job = CoreJob(message.job, message.wake)
         self.jobs[job.id] = job
         now = session.now()
-        n = message["n"]
-        fork = message["fork"] and n > 1
-        for index, (ids, values) in enumerate(zip(message["prompts"], message["params"], strict=True)):
-            params = sampling_from_json(values)
+        n = message.n
+        fork = message.fork and n > 1
+        for index, (ids, params) in enumerate(zip(message.prompts, message.params, strict=True)):
             if fork:  # the paged engine forks the samples of a prompt from one, sharing its prompt blocks
                 requests = [(index * n, make_request(0, ids, params, num_samples=n))]
             else:
@@ -250,7 +267,7 @@ class EngineCore:
         """Empty the prefix cache (refused while a request holds blocks, as vLLM refuses) and say so."""
         done = self.manager.reset_prefix_cache()
         self._publish_events()
-        self._send("reset", id=reset_id, ok=done)
+        self._send(ResetDone(id=reset_id, ok=done))
 
     def _abort(self, job: CoreJob, choices: list[int] | None) -> None:
         for choice, request in list(job.live.items()):
@@ -286,14 +303,14 @@ class EngineCore:
             ended.append(request)  # forgotten after the loop: a sample forked this step finds its parent
             stop = request.output_token_ids[-1] if request.stop_reason == "stop" else None
             self._ends.append(
-                [
+                ChoiceEnd(
                     job.id,
                     choice,
                     [token] if job.wake else request.output_token_ids,
                     FINISH_REASONS[request.stop_reason],
                     stop,
                     job.cached.get(choice),
-                ]
+                )
             )
         for request in ended:
             job, first = owners.pop(request.request_id)
@@ -324,7 +341,7 @@ class EngineCore:
             )
         else:
             status, message = 400, f"the request cannot run: {request.reject_reason}"
-        self._fails.append([job.id, status, message])
+        self._fails.append(JobFailure(job.id, status, message))
 
 
 # -- the process ----------------------------------------------------------------------------------------------
@@ -348,31 +365,31 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def ready_info(served, engine: LLMEngine, publisher: KvEventPublisher | None = None) -> dict[str, Any]:
+def ready_info(served: ServedEngine, engine: LLMEngine, publisher: KvEventPublisher | None = None) -> EngineFacts:
     """What the front end needs of the engine it serves (the tokenizer it loads itself)."""
     config = served.config
-    return {
-        "name": served.info.name,
-        "max_len": served.info.max_len,
-        "vocab_size": served.info.vocab_size,
-        "parallel_sampling": served.info.parallel_sampling,
-        "engine": engine.name,
-        "device_name": served.device_name,
-        "budget_source": served.budget_source,
-        "threads": served.threads,
-        "heap": policy.describe() if (policy := engine.runner.heap_policy) else None,
-        "num_blocks": config.num_blocks,
-        "block_size": config.block_size,
-        "reserve": config.reserve,
-        "admission": config.admission,
-        "pid": os.getpid(),
-        "kv_events": publisher.endpoint if publisher else None,
-        "kv_events_replay": publisher.replay_endpoint if publisher else None,
-    }
+    return EngineFacts(
+        name=served.info.name,
+        max_len=served.info.max_len,
+        vocab_size=served.info.vocab_size,
+        parallel_sampling=served.info.parallel_sampling,
+        engine=engine.name,
+        device_name=served.device_name,
+        budget_source=served.budget_source,
+        threads=served.threads,
+        heap=policy.describe() if (policy := engine.runner.heap_policy) else None,
+        num_blocks=config.num_blocks,
+        block_size=config.block_size,
+        reserve=config.reserve,
+        admission=config.admission,
+        pid=os.getpid(),
+        kv_events=publisher.endpoint if publisher else None,
+        kv_events_replay=publisher.replay_endpoint if publisher else None,
+    )
 
 
 def main(argv: list[str]) -> int:
-    from kvbench.serve.settings import ServeOptions, load_served_engine
+    from kvbench.serve.settings import load_served_engine
 
     fd, parent_pid = int(argv[0]), int(argv[1])
     _die_with_parent(parent_pid)
@@ -383,36 +400,31 @@ def main(argv: list[str]) -> int:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     except OSError:
         pass
-    channel = BlockingChannel(sock)
+    channel = BlockingChannel(sock, decode_command)
     try:
         start, *pending = channel.receive(wait=True)
         try:
-            options = ServeOptions.from_json(start["options"])
-            served = load_served_engine(options, lambda text: channel.send({"t": "status", "text": text}))
+            if not isinstance(start, StartEngine):
+                raise KvbenchError(f"the front end sent a {type(start).__name__} message before the start")
+            options = start.options
+            served = load_served_engine(options, lambda text: channel.send(LoadStatus(text)))
         except KvbenchError as err:
-            channel.send({"t": "error", "message": str(err), "exit_code": err.exit_code})
+            channel.send(LoadFailed(str(err), err.exit_code))
             return err.exit_code
         except Exception as err:  # noqa: BLE001 - a loader's failure is one line for the front end to print
             if env_settings.read("KVBENCH_DEBUG"):
                 traceback.print_exc()
-            channel.send(
-                {
-                    "t": "error",
-                    "message": f"the engine process failed while loading: {crash_reason(err)}",
-                    "exit_code": 1,
-                }
-            )
+            channel.send(LoadFailed(f"the engine process failed while loading: {crash_reason(err)}", 1))
             return 1
         publisher = None
         if options.kv_events is not None:
             try:
                 publisher = KvEventPublisher(options.kv_events, options.kv_events_replay)
             except OSError as err:
-                channel.send({"t": "error", "message": str(err), "exit_code": 2})
+                channel.send(LoadFailed(str(err), 2))
                 return 2
-        core = EngineCore(served.engine, channel, timed=bool(start.get("metrics", True)), publisher=publisher)
-        info = ready_info(served, served.engine, publisher)
-        channel.send({"t": "ready", "info": info, "stats": core.stats()})
+        core = EngineCore(served.engine, channel, timed=start.metrics, publisher=publisher)
+        channel.send(Ready(info=ready_info(served, served.engine, publisher), stats=core.stats()))
     except ChannelClosed:
         return 0
     try:

@@ -11,14 +11,15 @@ with the series ``sweep --metrics-port`` serves, however long the engine's curre
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+
+import msgspec
 
 from kvbench.measure.exporter import KvMetrics
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """The engine's state at its last report; the totals count from the engine's start."""
+class EngineStats(msgspec.Struct, frozen=True):
+    """The engine's state at its last report; the totals count from the engine's start (a JSON object in the
+    engine's messages)."""
 
     used: int = 0  # KV blocks held by live requests
     free: int = 0
@@ -36,10 +37,7 @@ class EngineStats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at each admission)
     prefix_hits: int = 0  # of which it held the KV
     cached_blocks: int = 0  # blocks the prefix cache can hand out now
-
-    @classmethod
-    def from_json(cls, values: dict) -> EngineStats:
-        return cls(**{f.name: values[f.name] for f in fields(cls)})
+    alloc: list[float] = []  # seconds of each block allocation call timed since the last report
 
     @property
     def usage(self) -> float:

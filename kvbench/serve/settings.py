@@ -10,7 +10,7 @@ max-len (the contiguous engine's reservation under ``reserve max``), as vLLM ref
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvbench.kv.factory import manager_class
@@ -46,15 +46,6 @@ class ServeOptions:
     prefix_caching: bool = True  # the paged engine's prefix cache (the contiguous engine has none)
     kv_events: str | None = None  # the ZMQ address the prefix cache's events are published on
     kv_events_replay: str | None = None  # the ZMQ address that replays missed batches
-
-    def to_json(self) -> dict[str, Any]:
-        """The settings as the engine process receives them (plain values)."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, values: dict[str, Any]) -> ServeOptions:
-        known = {f.name for f in fields(cls)}
-        return cls(**{name: value for name, value in values.items() if name in known})
 
 
 @dataclass

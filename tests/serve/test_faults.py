@@ -207,7 +207,7 @@ def test_an_engine_that_fails_answers_500_then_503_in_one_line_and_stops_the_ser
         raw, late_status, late_body, health_status = asyncio.run(scenario())
         error = json.loads(raw.split("\n\n")[-3].removeprefix("data: "))["error"]
         assert error["code"] == 500 and "unknown kind 'bogus'" in error["message"]
-        assert "\n" not in error["message"] and "engine_core.py:" in error["message"]  # one line, with where
+        assert "\n" not in error["message"] and "engine_messages.py:" in error["message"]  # one line, with where
         assert late_status == 503 and "engine process has stopped" in late_body["error"]["message"]
         assert health_status == 503
         assert not engine.alive and engine.process.returncode == 1
