@@ -18,6 +18,7 @@ from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, run_file, set_aside_torn_tail, write_json_atomic
+from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.point import Point, aggregate_repeats, point_from_result, timeline_of
 from kvbench.results.schema import INTERLEAVED_FIELD
 from kvbench.studies.backends.base import PointBackend
@@ -256,15 +257,8 @@ def _on_step(progress, engines: list[str], concurrency: int, repeat: int, reques
 
 
 def _write_timeline(run_dir: Path, engine: str, concurrency: int, result) -> None:
-    write_json_atomic(
-        run_dir / f"timeline-{engine}-c{concurrency}.json",
-        {
-            "engine": engine,
-            "concurrency": concurrency,
-            "total_blocks": result.pool_slots // result.block_size,
-            "time_s_blocks": timeline_of(result),
-        },
-    )
+    timeline = BlockTimeline(engine, concurrency, result.pool_slots // result.block_size, timeline_of(result))
+    write_json_atomic(run_dir / f"timeline-{engine}-c{concurrency}.json", timeline.to_json())
 
 
 def _run_point(
