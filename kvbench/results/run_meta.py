@@ -14,6 +14,7 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.results.environment import host_info, package_versions
+from kvbench.results.matmul_plan_record import MatmulPlanRecord
 from kvbench.results.schema import SCHEMA_VERSION
 from kvbench.values import is_number
 
@@ -86,6 +87,7 @@ class RunMeta:
     block_size: int | None = None  # tokens per KV block
     threads: float | None = None  # CPU threads of the engines' steps (None: not a CPU run, or not recorded)
     from_dataset: bool = False  # the requests came from a dataset file
+    cpu_matmuls: MatmulPlanRecord | None = None  # the CPU's measured matmul plan (None: not a CPU run)
     recorded: Mapping[str, Any] = field(default_factory=dict)  # the record as written
 
     @property
@@ -112,6 +114,7 @@ class RunMeta:
             block_size=_integer(data.get("block_size")),
             threads=count if is_number(count, finite=True) else None,
             from_dataset=bool(data.get("dataset")),
+            cpu_matmuls=MatmulPlanRecord.recorded(data.get("cpu_matmuls")),
             recorded=dict(data),
         )
 
