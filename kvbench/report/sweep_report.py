@@ -18,7 +18,8 @@ from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point, oom_text, with_figures_hidden
-from kvbench.results.run_meta import RunMeta, summary_document
+from kvbench.results.run_meta import RunMeta
+from kvbench.results.sweep_summary import SweepSummary
 from kvbench.values import human_bytes, is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
@@ -397,9 +398,7 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
             point["waterfall"] = [level.to_json() for level in levels]
     rows, typed = article_rows(points), [Point.from_json(p) for p in points]
     verdict = sweep_verdict(rows, typed, run)
-    document = summary_document(
-        "sweep", meta, points, article_table=[row.to_json() for row in rows], findings=verdict.lines
-    )
+    document = SweepSummary(run, points, rows, verdict.lines).to_json()
     simulated = run.simulated
     md = [
         f"# kvbench sweep{' (simulated)' if simulated else ''}\n\n{run.scenario_description}\n\n"

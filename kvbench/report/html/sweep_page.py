@@ -31,6 +31,7 @@ from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow, article_rows
 from kvbench.results.point import Point
 from kvbench.results.run_meta import RunMeta
+from kvbench.results.sweep_summary import SweepSummary
 
 
 def build(run: RunFiles) -> Page:
@@ -39,34 +40,33 @@ def build(run: RunFiles) -> Page:
         from kvbench.report.html import endpoint_page
 
         return endpoint_page.build(run)
-    meta, points = document["meta"], document["points"]
-    typed_meta = RunMeta.from_json(meta)
-    saved = document.get("article_table")
-    rows = [ArticleRow.from_json(row) for row in saved] if saved else article_rows(points)
-    badges = ["SIMULATED"] if typed_meta.simulated else []
-    if typed_meta.interrupted:
+    summary = SweepSummary.from_json(document)
+    meta, points = summary.meta, summary.points
+    rows = summary.article_table or article_rows(points)
+    badges = ["SIMULATED"] if meta.simulated else []
+    if meta.interrupted:
         badges.append("INTERRUPTED")
-    title = f"kvbench sweep: paged vs contiguous — {_shown(typed_meta.model_name)} on {_shown(typed_meta.device)}"
-    subtitle = f"scenario {_shown(typed_meta.scenario)}"
-    if typed_meta.scenario_description:
-        subtitle += f": {typed_meta.scenario_description}"
+    title = f"kvbench sweep: paged vs contiguous — {_shown(meta.model_name)} on {_shown(meta.device)}"
+    subtitle = f"scenario {_shown(meta.scenario)}"
+    if meta.scenario_description:
+        subtitle += f": {meta.scenario_description}"
 
-    figures = draw(lambda: write_plots(run.directory, typed_meta, points))
+    figures = draw(lambda: write_plots(run.directory, meta, points))
     waterfalls = {f.name: f for f in figures if f.name.startswith("waterfall-")}
     plots = [f for f in figures if f.name not in waterfalls]
 
-    typed = [Point.from_json(p) for p in points]
+    typed = summary.typed_points
     sections = [
-        headline_section(rows, typed, typed_meta),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
+        headline_section(rows, typed, meta),
+        findings_section(diagnose_points(points, meta.to_json(), Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
-    sections.append(points_section(typed, typed_meta))
+    sections.append(points_section(typed, meta))
     waterfall = waterfall_section(points, waterfalls)
     if waterfall is not None:
         sections.append(waterfall)
-    sections.append(provenance_section(meta, run.files()))
+    sections.append(provenance_section(meta.to_json(), run.files()))
     return Page("sweep", title, subtitle, badges, sections)
 
 
