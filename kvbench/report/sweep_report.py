@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
@@ -18,7 +17,7 @@ from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point, oom_text, with_figures_hidden
-from kvbench.results.run_meta import RunMeta
+from kvbench.results.run_meta import MetaLike, RunMeta
 from kvbench.results.sweep_summary import SweepSummary
 from kvbench.values import human_bytes, is_positive
 
@@ -253,9 +252,6 @@ def steady_warnings(points: Sequence[Point]) -> list[str]:
             "compare the steady TPS, or send more requests per point"
         )
     return lines
-
-
-MetaLike = RunMeta | Mapping[str, Any]  # a run's meta, typed or as summary.json holds it
 
 
 def output_length_title(meta: MetaLike) -> str:

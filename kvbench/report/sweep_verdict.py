@@ -3,13 +3,13 @@ verdict all show :func:`sweep_verdict`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
-from kvbench.results.run_meta import RunMeta
+from kvbench.results.run_meta import MetaLike, RunMeta
 from kvbench.values import human_bytes, is_number, is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
@@ -177,9 +177,7 @@ def _reservation_words(meta: RunMeta) -> str:
     return "exactly each request's length (an oracle no real engine has)"
 
 
-def sweep_verdict(
-    rows: Sequence[ArticleRow], points: Sequence[Point], meta: RunMeta | Mapping[str, Any] | None = None
-) -> SweepVerdict:
+def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: MetaLike | None = None) -> SweepVerdict:
     """Where paging wins and why, in words, from the article's rows and the points: the headline, how the engines
     compare where both held the same batch, where the contiguous baseline held fewer or ran out of KV memory, the
     memory behind it and a reference engine's figures."""

@@ -127,6 +127,9 @@ class RunMeta:
         return dict(self.recorded)
 
 
+MetaLike = RunMeta | Mapping[str, Any]  # a run's meta, typed or as summary.json holds it (RunMeta.of types it)
+
+
 def _shown(data: Mapping[str, Any], key: str) -> str | None:
     """A recorded value as text, as a title shows it; None where the run did not record it."""
     return str(data[key]) if key in data else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from kvbench.report.diagnose import diagnose_points
@@ -30,7 +29,7 @@ from kvbench.report.sweep_report import (
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow, article_rows
 from kvbench.results.point import Point
-from kvbench.results.run_meta import RunMeta
+from kvbench.results.run_meta import MetaLike, RunMeta
 from kvbench.results.sweep_summary import SweepSummary
 
 
@@ -78,7 +77,7 @@ def _shown(value: str | None) -> str:
 # -- the headline ---------------------------------------------------------------------------------------
 
 
-def headline_table(rows: list[ArticleRow], meta: RunMeta | Mapping[str, Any] | None = None) -> Table:
+def headline_table(rows: list[ArticleRow], meta: MetaLike | None = None) -> Table:
     """The article's table (:func:`~kvbench.report.sweep_report.article_spec`) as the page draws it."""
     spec = article_spec(rows, RunMeta.of(meta).simulated)
     return spec_table(spec, rows, "headline-table", f"{spec.caption}.")
