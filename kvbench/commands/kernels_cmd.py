@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -12,6 +13,7 @@ from kvbench.commands._flags import BLOCK_SIZE, DEVICE, DTYPE, JSON, MODEL, OUT,
 from kvbench.commands._options import choice, int_list, output_file
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import json_text, write_text_atomic
+from kvbench.results.decode_benchmark import DecodeBenchmark, DecodePoint
 
 if TYPE_CHECKING:
     import torch
@@ -93,31 +95,31 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _render(result: dict, console: Console) -> None:
-    copy = result["copy_bandwidth_gbps"]
-    on_cpu = result["device"] == "cpu"
+def _render(result: DecodeBenchmark, console: Console) -> None:
+    copy = result.copy_bandwidth_gbps
+    on_cpu = result.on_cpu
     share = "% read" if on_cpu else "% copy"
     title = (
-        f"decode attention: {result['model']} ({result['num_heads']} q / {result['num_kv_heads']} kv heads, "
-        f"d={result['head_dim']}), {result['dtype']}, block {result['block_size']}, "
-        f"{result['backend']} on {result['device_name']}"
+        f"decode attention: {result.model} ({result.num_heads} q / {result.num_kv_heads} kv heads, "
+        f"d={result.head_dim}), {result.dtype}, block {result.block_size}, "
+        f"{result.backend} on {result.device_name}"
     )
     table = Table(title=title)
     for name in ("batch", "ctx", "paged ms", "SDPA ms", "ratio", "paged GB/s", "SDPA GB/s", share, "splits"):
         table.add_column(name, justify="right")
-    for point in result["points"]:
-        if point["status"] != "ok":
-            table.add_row(str(point["batch"]), str(point["context"]), point["status"], *[""] * 6)
+    for point in result.points:
+        if not point.ok:
+            table.add_row(str(point.batch), str(point.context), point.status, *[""] * 6)
             continue
         table.add_row(
-            str(point["batch"]), str(point["context"]), _fmt(point["paged_ms"]), _fmt(point["contiguous_ms"]),
-            _fmt(point["paged_over_contiguous"], 2), _fmt(point["paged_gbps"], 1), _fmt(point["contiguous_gbps"], 1),
-            _fmt(point["pct_of_read_bandwidth" if on_cpu else "pct_of_copy_bandwidth"], 1),
-            "-" if point["num_splits"] is None else str(point["num_splits"]),
+            str(point.batch), str(point.context), _fmt(point.paged_ms), _fmt(point.contiguous_ms),
+            _fmt(point.paged_over_contiguous, 2), _fmt(point.paged_gbps, 1), _fmt(point.contiguous_gbps, 1),
+            _fmt(point.pct_of_read_bandwidth if on_cpu else point.pct_of_copy_bandwidth, 1),
+            "-" if point.num_splits is None else str(point.num_splits),
         )  # fmt: skip
     console.print(table)
-    if result.get("native_build"):
-        console.print(result["native_build"])
+    if result.native_build:
+        console.print(result.native_build)
     console.print("ratio = paged time / contiguous SDPA time")
     if on_cpu:
         console.print(
@@ -186,30 +188,39 @@ def kernels(
         reps,
         seed,
     )
-    result = {
-        "benchmark": "paged_decode_attention",
-        "device": device.type,
-        "device_name": measured["device_name"],
-        "backend": backend,
-        "dtype": dtype_label,
-        "model": model if heads is None and head_dim is None else "custom",
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "head_dim": dim,
-        "block_size": block_size,
-        "copy_bandwidth_gbps": measured["copy_bandwidth_gbps"],
-        "native_build": _native_build() if backend == "native" else None,
-        "torch_version": measured["torch_version"],
-        "points": measured["points"],
-    }
+    result = DecodeBenchmark(
+        device=device.type,
+        device_name=measured.device_name,
+        backend=backend,
+        dtype=dtype_label,
+        model=model if heads is None and head_dim is None else "custom",
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=dim,
+        block_size=block_size,
+        copy_bandwidth_gbps=measured.copy_bandwidth_gbps,
+        native_build=_native_build() if backend == "native" else None,
+        torch_version=measured.torch_version,
+        points=measured.points,
+    )
     if out_path is not None:
-        write_text_atomic(out_path, json_text(result) + "\n")
+        write_text_atomic(out_path, json_text(result.to_json()) + "\n")
     if as_json:
-        typer.echo(json_text(result))
+        typer.echo(json_text(result.to_json()))
     else:
         _render(result, Console())
-    if not any(point["status"] == "ok" for point in result["points"]):
+    if not any(point.ok for point in result.points):
         raise RunFailed("every point was skipped: nothing was measured (see each point's status)")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the benchmark measured on the device, before the run's settings join it."""
+
+    device_name: str  # the GPU's name, or cpu
+    copy_bandwidth_gbps: float | None  # CUDA only
+    torch_version: str
+    points: list[DecodePoint]
 
 
 def _measure(
@@ -222,7 +233,7 @@ def _measure(
     warmup: int,
     reps: int,
     seed: int,
-) -> dict[str, Any]:
+) -> Measured:
     """The decode points at each (batch, context), next to the device's copy bandwidth."""
     import torch  # loaded only when the command runs: keeps `kvbench --help` fast
 
@@ -244,15 +255,15 @@ def _measure(
             copy_gbps=copy_gbps,
             num_splits=num_splits,
             seed=seed,
-        ).to_dict()
+        )
         for batch, context in sizes
     ]
-    return {
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "copy_bandwidth_gbps": copy_gbps,
-        "torch_version": torch.__version__,
-        "points": points,
-    }
+    return Measured(
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        copy_gbps,
+        torch.__version__,
+        points,
+    )
 
 
 def register(app: typer.Typer) -> None:

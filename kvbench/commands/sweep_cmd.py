@@ -39,6 +39,7 @@ from kvbench.kv.policies import check_choice
 from kvbench.measure.exporter import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.sweep_report import print_sweep, write_outputs
+from kvbench.results.point import Point
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
 from kvbench.studies.fleet import ray_runtime
@@ -146,13 +147,10 @@ def sweep(
     sweep_run = Run("sweep")
     failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console, verbose)
     run_dir, points = sweep_run.opened.path, sweep_run.points
-    document = write_outputs(run_dir, setup.meta(), points)
+    meta = setup.meta()
+    document = write_outputs(run_dir, meta, points)
     sweep_run.opened.release()
-    show(
-        document,
-        as_json,
-        lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, document["meta"], wide),
-    )
+    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, meta, wide))
     _fail_on_errors(failed, points, run_dir)
 
 
@@ -226,10 +224,15 @@ def _points(
                 resume,
                 ray.workers,
                 ray.address,
-                on_point=lambda p: console.print(f"{p['engine']:>10} C={p['concurrency']:<4} {p['status']:<4} done"),
+                on_point=lambda p: console.print(_done_line(Point.from_json(p))),
             )
     with sweep_progress_bars(console) as bars:
         return run_sweep(setup.plan(continue_on_error), setup.backend, run_dir, resume, SweepProgress(bars, metrics))
+
+
+def _done_line(point: Point) -> str:
+    """A point a Ray worker finished, as the console lists it."""
+    return f"{point.engine:>10} C={point.concurrency:<4} {point.status:<4} done"
 
 
 def _check_run_options(
@@ -327,18 +330,19 @@ def _print_intro(console, setup: SweepSetup, verbose: bool = False) -> None:
 def _fail_on_errors(failed: PointFailed | None, points: list[dict], run_dir: Path) -> None:
     if failed is not None:
         raise RunFailed(
-            f"point {failed.point['engine']} C={failed.point['concurrency']} failed: "
-            f"{failed.point['error']} (recorded; --continue-on-error goes on past failures)"
+            f"point {failed.point.engine} C={failed.point.concurrency} failed: "
+            f"{failed.point.error} (recorded; --continue-on-error goes on past failures)"
         )
-    errors = [p for p in points if p["status"] == "error"]
+    typed = [Point.from_json(p) for p in points]
+    errors = [p for p in typed if p.status == "error"]
     if errors:
         first = errors[0]
         raise RunFailed(
             f"{len(errors)} of {len(points)} points failed (recorded in {run_dir}/results.jsonl), e.g. "
-            f"{first['engine']} C={first['concurrency']}: {first.get('error', 'no reason')}"
+            f"{first.engine} C={first.concurrency}: {first.error or 'no reason'}"
         )
-    if points and not any(p.get("completed") for p in points):  # an OOM beside completed points is a result
-        rejected = sum(p.get("rejected") or 0 for p in points)
+    if typed and not any(p.completed for p in typed):  # an OOM beside completed points is a result
+        rejected = sum(p.rejected or 0 for p in typed)
         raise RunFailed(
             f"no point completed a single request ({len(points)} point(s), {rejected:,} request(s) "
             f"rejected, recorded in {run_dir}): the sweep measured nothing; give the KV pool more "

@@ -37,7 +37,9 @@ from kvbench.report.compare_policy import (
     ratio_metric_name,
 )
 from kvbench.results.fields import lookup
+from kvbench.results.point import Point
 from kvbench.results.point_check import metric_problem, status_problem
+from kvbench.results.run_meta import RunMeta
 from kvbench.results.summary_load import PointKey, Summary
 from kvbench.values import is_number
 
@@ -134,7 +136,12 @@ class Comparison:
 
     @property
     def counts(self) -> dict[str, int]:
-        return {v.value: sum(row.verdict is v for row in self.rows) for v in Verdict}
+        """How many rows got each verdict, by the verdict's name (every verdict, 0 where none got it)."""
+        return {v.value: self.count(v) for v in Verdict}
+
+    def count(self, verdict: Verdict) -> int:
+        """How many rows got ``verdict``."""
+        return sum(row.verdict is verdict for row in self.rows)
 
     @property
     def failed(self) -> bool:
@@ -195,13 +202,12 @@ def _too_short(base: Measured, head: Measured, min_duration_s: float) -> str | N
 def _core_share(summary: Summary) -> float | None:
     """The share of their steps' wall time the run's engines had a core for (CPU runs that record it)."""
     cpu = wall = 0.0
-    for point in summary.points.values():
-        used, took = point.get("cpu_time_s"), point.get("duration")
-        if point.get("status") == "ok" and is_number(used, finite=True) and is_number(took, finite=True) and took > 0:
+    for point in map(Point.from_json, summary.points.values()):
+        used, took = point.cpu_time_s, point.duration
+        if point.status == "ok" and is_number(used, finite=True) and is_number(took, finite=True) and took > 0:
             cpu, wall = cpu + used, wall + took
-    threads = summary.meta.get("threads")  # {"threads": N, "reason": ...} as a CPU run records it
-    count = threads.get("threads") if isinstance(threads, Mapping) else threads
-    per_core = count if is_number(count, finite=True) and count >= 1 else 1
+    count = RunMeta.from_json(summary.meta).threads
+    per_core = count if count is not None and count >= 1 else 1
     return min(1.0, cpu / wall / per_core) if wall > 0 else None
 
 
@@ -221,11 +227,11 @@ def _load_notes(base: Summary, head: Summary) -> tuple[str, ...]:
 
 
 def _simulated(base: Summary, head: Summary) -> bool:
-    for summary in (base, head):
+    for summary in (base, head):  # the record as written: RunMeta reads any value as a truth
         value = summary.meta.get("simulated", False)
         if not isinstance(value, bool) and value is not None:
             raise KvbenchError(f"{summary.path}: meta.simulated must be true or false, got {value!r}")
-    flags = [summary.meta.get("simulated") is True for summary in (base, head)]
+    flags = [RunMeta.from_json(summary.meta).simulated for summary in (base, head)]
     if flags[0] != flags[1]:
         simulated, measured = (base, head) if flags[0] else (head, base)
         raise KvbenchError(f"cannot compare a simulated run ({simulated.path}) with a measured run ({measured.path})")

@@ -70,8 +70,7 @@ def to_summary(comparison: Comparison) -> str:
 
 def summary_line(comparison: Comparison) -> str:
     """``kvbench compare: FAIL - 1 regressed, 1 missing, ...``: the verdict and the count of each kind."""
-    counts = comparison.counts
-    parts = ", ".join(f"{counts[v.value]} {v.value}" for v in VERDICT_ORDER)
+    parts = ", ".join(f"{comparison.count(v)} {v.value}" for v in VERDICT_ORDER)
     return f"kvbench compare: {'FAIL' if comparison.failed else 'PASS'} - {parts}"
 
 

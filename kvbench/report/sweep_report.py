@@ -14,9 +14,11 @@ from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.report.sweep_verdict import REFERENCE_CAPTION, per_cpu_second, references, sweep_verdict
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
+from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.fields import ms_text
-from kvbench.results.point import Point, oom_text, shows_figures, with_figures_hidden
-from kvbench.results.run_meta import summary_document
+from kvbench.results.point import Point, oom_text, with_figures_hidden
+from kvbench.results.run_meta import MetaLike, RunMeta
+from kvbench.results.sweep_summary import SweepSummary
 from kvbench.values import human_bytes, is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
@@ -252,13 +254,10 @@ def steady_warnings(points: Sequence[Point]) -> list[str]:
     return lines
 
 
-def output_length_title(meta: dict) -> str:
-    if meta.get("stop", "length") == "eos":
-        how = (
-            "ending at EOS at each reference length (simulated)"
-            if meta.get("simulated")
-            else "decided by the model (EOS)"
-        )
+def output_length_title(meta: MetaLike) -> str:
+    run = RunMeta.of(meta)
+    if run.stop == "eos":
+        how = "ending at EOS at each reference length (simulated)" if run.simulated else "decided by the model (EOS)"
     else:
         how = "drawn or reference, EOS ignored"
     return f"Output lengths {how}, and the KV memory they left unused"
@@ -310,11 +309,12 @@ OUTPUT_LENGTH_TABLE: TableSpec[Point] = TableSpec(
 )
 
 
-def output_length_spec(meta: dict, caption: str | None = None) -> TableSpec[Point]:
+def output_length_spec(meta: MetaLike, caption: str | None = None) -> TableSpec[Point]:
     """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused, as the
     console, summary.md and the page show them; ``caption`` replaces the sweep's note on how the contiguous
     baseline reserves."""
-    return replace(OUTPUT_LENGTH_TABLE, title=output_length_title(meta), caption=caption or _reservation_caption(meta))
+    run = RunMeta.of(meta)
+    return replace(OUTPUT_LENGTH_TABLE, title=output_length_title(run), caption=caption or _reservation_caption(run))
 
 
 def with_output_lengths(points: Sequence[Point]) -> list[Point]:
@@ -322,13 +322,13 @@ def with_output_lengths(points: Sequence[Point]) -> list[Point]:
     return [p for p in points if p.status != "error" and p.output_len_mean is not None]
 
 
-def output_length_table(points: Sequence[Point], meta: dict, caption: str | None = None) -> Table:
+def output_length_table(points: Sequence[Point], meta: MetaLike, caption: str | None = None) -> Table:
     return output_length_spec(meta, caption).rich(with_output_lengths(points))
 
 
-def _reservation_caption(meta: dict) -> str:
-    max_len, reserve = meta.get("max_len"), meta.get("reserve", "max")
-    if meta.get("stop") == "eos":
+def _reservation_caption(meta: RunMeta) -> str:
+    max_len, reserve = meta.max_len, meta.reserve_policy
+    if meta.stop == "eos":
         plan = f"max-len {max_len}" if reserve == "max" else f"the next power of two of max-len {max_len}"
         return (
             f"The contiguous baseline cannot know where an answer ends: it reserves {plan} per request "
@@ -338,9 +338,10 @@ def _reservation_caption(meta: dict) -> str:
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
-def shows_output_lengths(meta: dict) -> bool:
+def shows_output_lengths(meta: MetaLike) -> bool:
     """Runs whose lengths came from the model or from real data show what occurred (table and plot)."""
-    return meta.get("stop") == "eos" or bool(meta.get("dataset"))
+    run = RunMeta.of(meta)
+    return run.stop == "eos" or run.from_dataset
 
 
 def print_sweep(
@@ -349,28 +350,29 @@ def print_sweep(
     simulated: bool,
     waterfall: bool,
     run_dir: Path,
-    meta: dict | None = None,
+    meta: MetaLike | None = None,
     wide: bool = False,
 ) -> None:
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
     rows, typed = article_rows(points), [Point.from_json(p) for p in points]
+    run = None if meta is None else RunMeta.of(meta)
     print_whole(console, article_table(rows, simulated))
-    verdict = sweep_verdict(rows, typed, meta)
+    verdict = sweep_verdict(rows, typed, run)
     console.print(f"[bold]{verdict.headline}[/bold]")
     for line in verdict.sentences:
         console.print(line)
     print_whole(console, POINT_TABLE.rich(typed, wide))
-    if meta is not None and shows_output_lengths(meta):
-        console.print(output_length_table(typed, meta))
+    if run is not None and shows_output_lengths(run):
+        console.print(output_length_table(typed, run))
     for line in steady_warnings(typed):
         console.print(f"[yellow]warning: {line}[/yellow]")
     if waterfall:
         from kvbench.report.waterfall import waterfall_table
 
         for point in points:
-            if point.get("waterfall"):
+            if point.get("waterfall"):  # the levels the waterfall module reads from the point
                 console.print(waterfall_table(point))
     console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, results.jsonl, *.png"))
 
@@ -385,22 +387,21 @@ def scenarios_table(scenarios: dict) -> Table:
 
 
 def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
+    run = RunMeta.from_json(meta)
     for point in points:  # the memory waterfall of every measured point (additive field)
-        if point.get("status") != "error":
-            levels = waterfall_levels(point, "simulated" if meta.get("simulated") else None)
+        if Point.from_json(point).status != "error":
+            levels = waterfall_levels(point, "simulated" if run.simulated else None)
             point["waterfall"] = [level.to_json() for level in levels]
     rows, typed = article_rows(points), [Point.from_json(p) for p in points]
-    verdict = sweep_verdict(rows, typed, meta)
-    document = summary_document(
-        "sweep", meta, points, article_table=[row.to_json() for row in rows], findings=verdict.lines
-    )
-    simulated = bool(meta.get("simulated"))
+    verdict = sweep_verdict(rows, typed, run)
+    document = SweepSummary(run, points, rows, verdict.lines).to_json()
+    simulated = run.simulated
     md = [
-        f"# kvbench sweep{' (simulated)' if simulated else ''}\n\n{meta.get('scenario_description', '')}\n\n"
-        f"KV budget: {meta.get('budget_source', '')}\n\n"
+        f"# kvbench sweep{' (simulated)' if simulated else ''}\n\n{run.scenario_description}\n\n"
+        f"KV budget: {run.budget_source}\n\n"
     ]
-    if meta.get("stop_description"):
-        md.append(f"Stop: {meta['stop_description']}\n\n")
+    if run.stop_description:
+        md.append(f"Stop: {run.stop_description}\n\n")
     spec = article_spec(rows, simulated)
     md.append(spec.markdown(rows))
     md.append(f"\n{spec.caption}.\n")
@@ -408,8 +409,12 @@ def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
     md.append(f"\n## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(typed))
     write_summary(run_dir, document, [flatten(with_figures_hidden(p)) for p in points], "".join(md))
-    write_plots(run_dir, meta, points)
+    write_plots(run_dir, run, points)
     return document
+
+
+def _recorded(value: str | None) -> str:
+    return "" if value is None else value
 
 
 def _plot_label(engine: str) -> str:
@@ -441,18 +446,20 @@ def plot_series(points: Sequence[Point]) -> tuple[dict, dict, dict]:
     return series, latency, marks
 
 
-def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
+def write_plots(run_dir: Path, meta: MetaLike, points: list[dict]) -> None:
     """The sweep's PNG plots, from its points and the timeline files in ``run_dir`` (the HTML report draws the
     same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
 
-    ok = [p for p in points if p["status"] != "error"]
-    if not ok:
+    run = RunMeta.of(meta)
+    measured = [(typed, point) for point in points if (typed := Point.from_json(point)).status != "error"]
+    if not measured:
         return
-    tag = f"{meta.get('model_name', '')} on {meta.get('device', '')}, scenario {meta.get('scenario', '')}"
-    tag += " — SIMULATED" if meta.get("simulated") else ""
-    engines = sorted({p["engine"] for p in ok})
-    series, latency_series, marks = plot_series([Point.from_json(p) for p in ok])
+    ok = [typed for typed, _ in measured]
+    tag = f"{_recorded(run.model_name)} on {_recorded(run.device)}, scenario {_recorded(run.scenario)}"
+    tag += " — SIMULATED" if run.simulated else ""
+    engines = sorted({p.engine for p in ok})
+    series, latency_series, marks = plot_series(ok)
     plots.lines(
         series,
         run_dir / "throughput.png",
@@ -472,41 +479,43 @@ def write_plots(run_dir: Path, meta: dict, points: list[dict]) -> None:
         "lower",
         marks=marks,
     )
-    ordered = sorted(ok, key=lambda p: (p["concurrency"], p["engine"]))
+    ordered = sorted(measured, key=lambda pair: (pair[0].concurrency, pair[0].engine))
     plots.waste_breakdown(
-        [f"{p['engine']}\nC={p['concurrency']}" for p in ordered],
-        [p["waste"] for p in ordered],
+        [f"{p.engine}\nC={p.concurrency}" for p, _ in ordered],
+        [p.waste for p, _ in ordered],
         run_dir / "memory.png",
         "KV memory breakdown per point",
         tag,
-        marks=[None if shows_figures(p) else "OOM" for p in ordered],
+        marks=[None if p.status == "ok" else "OOM" for p, _ in ordered],
     )
-    for point in ordered:
+    for _, point in ordered:  # the waterfall module reads the point's levels from its JSON form
         waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
-    top = max(p["concurrency"] for p in ok)
-    if shows_output_lengths(meta):
-        at_top = {p["engine"]: p for p in ok if p["concurrency"] == top}
+    top = max(p.concurrency for p in ok)
+    if shows_output_lengths(run):
+        at_top = {p.engine: point for p, point in measured if p.concurrency == top}
         if at_top:
             plots.output_lengths_and_waste(
                 at_top,
                 run_dir / "output_lengths.png",
                 f"Output lengths that occurred and the KV memory they left unused, C={top}\n{tag}",
-                meta.get("stop", "length"),
-                meta.get("max_len"),
-                bool(meta.get("simulated")),
+                run.stop,
+                run.max_len,
+                run.simulated,
             )
     timelines, total_blocks = {}, None
     for engine in engines:
-        reference = next((p.get("reference") or {} for p in ok if p["engine"] == engine), {})
-        if reference.get("block_size", meta.get("block_size")) != meta.get("block_size"):
+        reference = next((p.extra.get("reference") or {} for p in ok if p.engine == engine), {})
+        if reference.get("block_size", run.block_size) != run.block_size:
             continue  # blocks of another size are not comparable on one axis
         data = read_run_json(run_dir, f"timeline-{engine}-c{top}.json")
         if data is not None:
+            timeline = BlockTimeline.from_json(data)
             if engine not in REFERENCE_ENGINES or total_blocks is None:  # the pool of kvbench's own engines
-                total_blocks = data["total_blocks"]
-            point = next((p for p in ok if p["engine"] == engine and p["concurrency"] == top), {})
-            label = _plot_label(engine) + ("" if shows_figures(point) else f" ({oom_text(point)})")
-            timelines[label] = ([t for t, _ in data["time_s_blocks"]], [b for _, b in data["time_s_blocks"]])
+                total_blocks = timeline.total_blocks
+            at = next((p for p in ok if p.engine == engine and p.concurrency == top), None)
+            shown = at is not None and at.status == "ok"
+            label = _plot_label(engine) + ("" if shown else f" ({oom_text(at.to_json() if at else {})})")
+            timelines[label] = (timeline.times, timeline.blocks)
     if timelines:
         plots.lines(
             timelines,

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
+from kvbench.results.run_meta import MetaLike, RunMeta
 from kvbench.values import human_bytes, is_number, is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
@@ -39,7 +40,7 @@ EQUAL_WITHIN = 0.10  # a single run's paged/contiguous TPS ratio varies about th
 BUSY_SHARE = 0.8  # the engines had a core for less of their steps' wall time than this: the machine was busy
 
 
-def _equal_batch_finding(equal: list[Pair], simulated: bool, threads: int = 1) -> str:
+def _equal_batch_finding(equal: list[Pair], simulated: bool, threads: float = 1) -> str:
     where = ", ".join(f"C={c}" for c, _, _ in equal)
     ratios = [paged.output_throughput / contiguous.output_throughput for _, paged, contiguous in equal]
     spreads = [(p.ci95("output_throughput"), c.ci95("output_throughput")) for _, p, c in equal]
@@ -137,11 +138,11 @@ def _fewer_sentence(concurrency: int, paged: Point, contiguous: Point) -> str:
     )
 
 
-def _oom_sentence(concurrency: int, paged: Point, contiguous: Point, meta: dict) -> str:
-    reserve = meta.get("reserve")
+def _oom_sentence(concurrency: int, paged: Point, contiguous: Point, meta: RunMeta) -> str:
+    reserve = meta.reserve
     why = (
-        f"reserving max-len ({meta['max_len']:,} tokens) per request"
-        if reserve == "max" and meta.get("max_len")
+        f"reserving max-len ({meta.max_len:,} tokens) per request"
+        if reserve == "max" and meta.max_len
         else f"reserving by policy {reserve} per request"
         if reserve
         else "reserving a slab per request"
@@ -167,8 +168,8 @@ def _span(values: list[float], fmt) -> str:
     return fmt(low) if abs(high - low) < 0.5 else f"{fmt(low)} to {fmt(high)}"
 
 
-def _reservation_words(meta: dict) -> str:
-    reserve, max_len = meta.get("reserve", "max"), meta.get("max_len")
+def _reservation_words(meta: RunMeta) -> str:
+    reserve, max_len = meta.reserve_policy, meta.max_len
     if reserve == "max":
         return f"max-len ({max_len:,} token slots) for every request" if max_len else "max-len for every request"
     if reserve == "pow2":
@@ -176,11 +177,11 @@ def _reservation_words(meta: dict) -> str:
     return "exactly each request's length (an oracle no real engine has)"
 
 
-def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: dict | None = None) -> SweepVerdict:
+def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: MetaLike | None = None) -> SweepVerdict:
     """Where paging wins and why, in words, from the article's rows and the points: the headline, how the engines
     compare where both held the same batch, where the contiguous baseline held fewer or ran out of KV memory, the
     memory behind it and a reference engine's figures."""
-    meta = meta or {}
+    run = RunMeta.of(meta)
     by_key = points_by_key(points)
     compared = [r for r in rows if r.gain_pct is not None]
     contiguous_oom = [r.concurrency for r in rows if r.status("contiguous") == "oom" and r.status("paged") == "ok"]
@@ -233,11 +234,10 @@ def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: dic
         )
     equal, fewer, oom = _pairs(points)
     if equal:
-        threads = (meta.get("threads") or {}).get("threads") or 1
-        sentences.append(_equal_batch_finding(equal, bool(meta.get("simulated")), threads))
+        sentences.append(_equal_batch_finding(equal, run.simulated, run.threads or 1))
     sentences += [_fewer_sentence(*pair) for pair in fewer]
-    sentences += [_oom_sentence(*pair, meta) for pair in oom]
-    why = _why(rows, by_key, meta, contiguous_oom)
+    sentences += [_oom_sentence(*pair, run) for pair in oom]
+    why = _why(rows, by_key, run, contiguous_oom)
     if why:
         sentences.append(why)
     for engine in references(rows):
@@ -247,7 +247,7 @@ def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: dic
 
 
 def _why(
-    rows: Sequence[ArticleRow], by_key: dict[tuple[str, int], Point], meta: dict, contiguous_oom: list[int]
+    rows: Sequence[ArticleRow], by_key: dict[tuple[str, int], Point], meta: RunMeta, contiguous_oom: list[int]
 ) -> str:
     """The memory behind the result, at the concurrency that shows it best (the first OOM, else the highest)."""
     candidates = contiguous_oom or [r.concurrency for r in rows if r.gain_pct is not None]
@@ -260,7 +260,7 @@ def _why(
     cw, pw = cont.waste, paged.waste
     held_c = (cw.get("reservation_pct") or 0) + (cw.get("internal_pct") or 0)
     held_p = (pw.get("reservation_pct") or 0) + (pw.get("internal_pct") or 0)
-    block = meta.get("block_size")
+    block = meta.block_size
     text = (
         f"Why: the contiguous baseline reserves {_reservation_words(meta)} when it admits it. At C={c}, "
         f"reservation and internal fragmentation held {held_c:.1f}% of its KV pool on average (token states "

@@ -18,12 +18,13 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kvbench.kernels import dispatch
+from kvbench.results.decode_benchmark import DecodePoint
 
 # (query heads, KV heads, head_dim) of models people benchmark paged attention with.
 HEAD_SHAPES: dict[str, tuple[int, int, int]] = {
@@ -58,27 +59,6 @@ class DecodeShape:
     def bytes_needed(self, element_size: int) -> int:
         """Rough footprint of one benchmark point: paged caches, contiguous copies and slack."""
         return int(2.5 * 2 * self.batch * self.context * self.num_kv_heads * self.head_dim * element_size)
-
-
-@dataclass
-class DecodePoint:
-    """One benchmark row; times in milliseconds, bandwidth in GB/s (1e9 bytes)."""
-
-    batch: int
-    context: int
-    status: str  # ok | skipped: <why>
-    paged_ms: float | None = None
-    contiguous_ms: float | None = None
-    paged_over_contiguous: float | None = None
-    paged_gbps: float | None = None
-    contiguous_gbps: float | None = None
-    pct_of_copy_bandwidth: float | None = None  # CUDA: of the measured copy bandwidth
-    reference_gbps: float | None = None  # CPU: torch reading the point's bytes
-    pct_of_read_bandwidth: float | None = None  # CPU: paged GB/s as a share of reference_gbps
-    num_splits: int | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from kvbench.engine.load_pattern import ClosedLoop
 from kvbench.engine.request import Request, make_request
 from kvbench.errors import KvbenchError
 from kvbench.fileio import append_jsonl, run_file, set_aside_torn_tail, write_json_atomic
+from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.point import Point, aggregate_repeats, point_from_result, timeline_of
 from kvbench.results.schema import INTERLEAVED_FIELD
 from kvbench.studies.backends.base import PointBackend
@@ -90,8 +91,9 @@ def load_finished(results_path: Path) -> dict[tuple[str, int, str], dict[str, An
             raise KvbenchError(
                 f"{results_path}:{number}: not a sweep point (engine, concurrency, status); cannot resume from it"
             )
-        if point.get("status") in ("ok", "oom"):
-            finished[(point["engine"], point["concurrency"], point.get("scenario", ""))] = point
+        typed = Point.from_json(point)
+        if typed.status in ("ok", "oom"):
+            finished[(typed.engine, typed.concurrency, typed.scenario)] = point
     return finished
 
 
@@ -127,7 +129,7 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
             for point in done:
                 append_jsonl(results_path, point)
                 points.append(point)
-            failed = next((point for point in done if point["status"] == "error"), None)
+            failed = next((point for point in done if Point.from_json(point).status == "error"), None)
             if failed is not None and not plan.continue_on_error:
                 raise PointFailed(failed, ordered_points([*earlier, *points]))
     return ordered_points([*earlier, *points])
@@ -135,7 +137,12 @@ def run_sweep(plan: SweepPlan, backend: PointBackend, run_dir: Path, resume: boo
 
 def ordered_points(points: list[dict]) -> list[dict]:
     """Points by concurrency, then engine name: the order of the tables."""
-    return sorted(points, key=lambda p: (p["concurrency"], p["engine"]))
+
+    def order(point: dict) -> tuple[int, str]:
+        typed = Point.from_json(point)
+        return typed.concurrency, typed.engine
+
+    return sorted(points, key=order)
 
 
 def parallel_samples(requests: list[Request], samples: int, forked: bool) -> list[Request]:
@@ -161,8 +168,8 @@ class PointFailed(Exception):
     """A point failed and --continue-on-error was not given; earlier points are already saved."""
 
     def __init__(self, point: dict, points: list[dict]) -> None:
-        super().__init__(point["error"])
-        self.point = point
+        self.point = Point.from_json(point)
+        super().__init__(self.point.error)
         self.points = points  # every point of the run directory, the failed one included
 
 
@@ -256,15 +263,8 @@ def _on_step(progress, engines: list[str], concurrency: int, repeat: int, reques
 
 
 def _write_timeline(run_dir: Path, engine: str, concurrency: int, result) -> None:
-    write_json_atomic(
-        run_dir / f"timeline-{engine}-c{concurrency}.json",
-        {
-            "engine": engine,
-            "concurrency": concurrency,
-            "total_blocks": result.pool_slots // result.block_size,
-            "time_s_blocks": timeline_of(result),
-        },
-    )
+    timeline = BlockTimeline(engine, concurrency, result.pool_slots // result.block_size, timeline_of(result))
+    write_json_atomic(run_dir / f"timeline-{engine}-c{concurrency}.json", timeline.to_json())
 
 
 def _run_point(

@@ -418,6 +418,8 @@ def test_missing_point_fails_and_new_point_is_reported(tmp_path):
     assert row(comparison, "paged", 50, "(point)").verdict is Verdict.NEW
     assert comparison.failed
     assert comparison.counts["missing"] == 2 and comparison.counts["new"] == 1
+    assert comparison.count(Verdict.MISSING) == 2 and comparison.count(Verdict.NEW) == 1
+    assert comparison.count(Verdict.REGRESSED) == comparison.counts["regressed"]
 
 
 def test_new_point_alone_passes(tmp_path):

@@ -24,7 +24,10 @@ from kvbench.report.html.page import (
     Table,
     Text,
 )
+from kvbench.results.matmul_plan_record import MatmulPlanRecord
+from kvbench.results.model_shape_facts import ModelShapeFacts
 from kvbench.results.provenance import GpuFacts, HostFacts, Provenance
+from kvbench.results.run_meta import RunMeta
 
 SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
 
@@ -171,27 +174,28 @@ _SHOWN = {
 }
 
 
-def shape_text(shape: Mapping[str, Any]) -> str:
+def shape_text(shape: ModelShapeFacts) -> str:
     """ "40 layers, hidden 5,120, 40 heads (40 KV heads) x 128, fp16: 800.00 KiB of KV per token"."""
     parts = []
-    if shape.get("architecture"):
-        parts.append(str(shape["architecture"]))
-    if shape.get("num_layers"):
-        parts.append(f"{shape['num_layers']} layers")
-    if shape.get("hidden_size"):
-        parts.append(f"hidden {shape['hidden_size']:,}")
-    if shape.get("num_heads"):
-        heads = f"{shape['num_heads']} heads ({shape.get('num_kv_heads', shape['num_heads'])} KV heads)"
-        if shape.get("head_dim"):
-            heads += f" × {shape['head_dim']}"
+    if shape.architecture:
+        parts.append(shape.architecture)
+    if shape.num_layers:
+        parts.append(f"{shape.num_layers} layers")
+    if shape.hidden_size:
+        parts.append(f"hidden {shape.hidden_size:,}")
+    if shape.num_heads:
+        kv_heads = shape.num_heads if shape.num_kv_heads is None else shape.num_kv_heads
+        heads = f"{shape.num_heads} heads ({kv_heads} KV heads)"
+        if shape.head_dim:
+            heads += f" × {shape.head_dim}"
         parts.append(heads)
-    if shape.get("num_parameters"):
-        parts.append(f"{shape['num_parameters'] / 1e9:,.2f} B parameters")
+    if shape.num_parameters:
+        parts.append(f"{shape.num_parameters / 1e9:,.2f} B parameters")
     text = ", ".join(parts)
-    if shape.get("dtype"):
-        text += f", {shape['dtype']}"
-    if shape.get("bytes_per_token"):
-        text += f": {units.nbytes(shape['bytes_per_token'])} of KV per token"
+    if shape.dtype:
+        text += f", {shape.dtype}"
+    if shape.bytes_per_token:
+        text += f": {units.nbytes(shape.bytes_per_token)} of KV per token"
     return text
 
 
@@ -246,7 +250,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if made.model_name:
         facts.append(Fact("model", str(made.model_name)))
     if made.shape:
-        facts.append(Fact("model shape", shape_text(made.shape)))
+        facts.append(Fact("model shape", shape_text(ModelShapeFacts.from_json(made.shape))))
     elif made.bytes_per_token:
         facts.append(Fact("model shape", f"{units.nbytes(made.bytes_per_token)} of KV per token"))
     if made.device:
@@ -285,35 +289,29 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
     blocks: list[Any] = [Facts(facts)]
-    if (plan := cpu_matmul_table(meta.get("cpu_matmuls"))) is not None:
-        blocks.append(plan)
+    if (plan := RunMeta.of(meta).cpu_matmuls) is not None:
+        blocks.append(cpu_matmul_table(plan))
     return Section("provenance", "Provenance", blocks)
 
 
-def cpu_matmul_table(plan: Any) -> Table | None:
+def cpu_matmul_table(plan: MatmulPlanRecord) -> Table:
     """The CPU's measured matmul paths, one row per weight (they read as a 20-line paragraph among the facts)."""
-    if not isinstance(plan, Mapping) or not isinstance(plan.get("weights"), Mapping):
-        return None
     rows = []
-    for role, choice in plan["weights"].items():
-        if not isinstance(choice, Mapping):
-            continue
-        shape = "x".join(str(n) for n in choice.get("shape") or [])
+    for role, choice in plan.weights.items():
+        shape = "x".join(str(n) for n in choice.shape)
         spans: list[str] = []
-        for rows_at, path in zip(choice.get("rows") or [], choice.get("paths") or [], strict=False):
+        for rows_at, path in zip(choice.rows, choice.paths, strict=False):
             if spans and spans[-1].startswith(f"{path} "):
                 spans[-1] = f"{path} {spans[-1].split(' ', 1)[1].split('-')[0]}-{rows_at}"
             else:
                 spans.append(f"{path} {rows_at}")
-        timings = choice.get("timings_us") or {}
         timed = "; ".join(
             f"{rows_at}: " + ", ".join(f"{name} {us:,.0f}" for name, us in by_path.items())
-            for rows_at, by_path in timings.items()
-            if isinstance(by_path, Mapping)
+            for rows_at, by_path in choice.timings_us.items()
         )
-        rows.append([Cell(str(role)), Cell(shape), Cell(", ".join(spans)), Cell(timed)])
+        rows.append([Cell(role), Cell(shape), Cell(", ".join(spans)), Cell(timed)])
     caption = (
-        f"CPU matmul paths, {plan.get('threads')} thread(s), {plan.get('dtype')} ({plan.get('source')}): the path "
+        f"CPU matmul paths, {plan.threads} thread(s), {plan.dtype} ({plan.source}): the path "
         "each weight takes by row count, and the timings that chose it"
     )
     columns = [Column("weight", False), Column("shape", False), Column("path by rows", False)]

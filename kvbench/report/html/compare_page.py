@@ -19,6 +19,8 @@ from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, provenance_facts
 from kvbench.report.html.page import Cell, Column, Facts, Page, Section, Table, Text
 from kvbench.report.html.page import Verdict as Headline
+from kvbench.results.point import Point
+from kvbench.results.summary_load import Summary
 from kvbench.values import is_number
 
 VERDICT_TONES = {
@@ -106,16 +108,15 @@ def _ordered(rows) -> list[Row]:
 
 
 def headline_section(comparison: Comparison) -> Section:
-    counts = comparison.counts
-    failing = counts["regressed"] + counts["missing"]
+    failing = comparison.count(Verdict.REGRESSED) + comparison.count(Verdict.MISSING)
     judged = len(comparison.rows)
     if comparison.failed:
-        parts = [f"{counts[v]} {v}" for v in ("regressed", "missing") if counts[v]]
+        parts = [f"{n} {v.value}" for v in (Verdict.REGRESSED, Verdict.MISSING) if (n := comparison.count(v))]
         headline = f"FAIL: {' and '.join(parts)} of {judged} compared metrics"
     else:
         headline = f"PASS: no regression in {judged} compared metrics"
-        if counts["improved"]:
-            headline += f" ({counts['improved']} improved)"
+        if improved := comparison.count(Verdict.IMPROVED):
+            headline += f" ({improved} improved)"
     sentences = [
         f"{summary_line(comparison)}.",
         f"{policy_line(comparison)[0].upper()}{policy_line(comparison)[1:]}.",
@@ -184,8 +185,10 @@ def provenance(comparison: Comparison) -> Section:
 # -- plots: the two runs side by side, drawn by the run kinds' own plot functions ----------------------------
 
 
-def _ok_points(summary) -> list[dict]:
-    return [dict(p) for p in summary.points.values() if p.get("status") == "ok"]
+def _ok_points(summary: Summary) -> list[Point]:
+    """The summary's points that ran their whole load (a point that records no status is not counted as one)."""
+    typed = [Point.from_json(p) for p in summary.points.values() if "status" in p]
+    return [p for p in typed if p.status == "ok"]
 
 
 def _plot(comparison: Comparison) -> None:
@@ -201,16 +204,13 @@ def _sweep_plot(comparison: Comparison) -> None:
     series = {}
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
         points = _ok_points(summary)
-        for engine in sorted({p["engine"] for p in points}):
+        for engine in sorted({p.engine for p in points}):
             mine = sorted(
-                (p for p in points if p["engine"] == engine and p.get("output_throughput") is not None),
-                key=lambda p: p["concurrency"],
+                (p for p in points if p.engine == engine and p.output_throughput is not None),
+                key=lambda p: p.concurrency,
             )
             if mine:
-                series[f"{engine} ({name})"] = (
-                    [p["concurrency"] for p in mine],
-                    [p["output_throughput"] for p in mine],
-                )
+                series[f"{engine} ({name})"] = ([p.concurrency for p in mine], [p.output_throughput for p in mine])
     if series:
         plots.lines(
             series,
@@ -222,15 +222,10 @@ def _sweep_plot(comparison: Comparison) -> None:
         )
     ratios = {}
     for name, summary in (("base", comparison.base), ("head", comparison.head)):
-        by_key = {(p["engine"], p["concurrency"]): p for p in _ok_points(summary)}
+        by_key = {(p.engine, p.concurrency): p for p in _ok_points(summary)}
         levels = sorted(c for engine, c in by_key if engine == "paged" and ("contiguous", c) in by_key)
         throughputs = [
-            (
-                c,
-                by_key[("paged", c)].get("output_throughput"),
-                by_key[("contiguous", c)].get("output_throughput"),
-            )
-            for c in levels
+            (c, by_key[("paged", c)].output_throughput, by_key[("contiguous", c)].output_throughput) for c in levels
         ]
         pairs = [
             (c, p / q) for c, p, q in throughputs if is_number(p, finite=True) and is_number(q, finite=True) and q > 0
@@ -253,24 +248,24 @@ def _waste_plot(comparison: Comparison) -> None:
 
     labels, wastes = [], []
     base, head = _ok_points(comparison.base), _ok_points(comparison.head)
-    heads = {p["engine"]: p for p in head}
+    heads = {p.engine: p for p in head}
     for point in base:
-        for name, p in (("base", point), ("head", heads.get(point["engine"]))):
-            if p is not None and p.get("waste"):
-                labels.append(f"{p['engine']}\n{name}")
-                wastes.append(p["waste"])
+        for name, p in (("base", point), ("head", heads.get(point.engine))):
+            if p is not None and p.waste:
+                labels.append(f"{p.engine}\n{name}")
+                wastes.append(p.waste)
     if labels:
         plots.waste_breakdown(
             labels, wastes, Path("compare_waste.png"), "KV pool breakdown per strategy, base and head"
         )
 
 
-def _bars_plot(metric: str, title: str, ylabel: str, label: Callable[[dict], str]):
+def _bars_plot(metric: str, title: str, ylabel: str, label: Callable[[Point], str]):
     def draw_bars(comparison: Comparison) -> None:
         from kvbench.report import plots
 
-        base: dict[str, Any] = {label(p): p.get(metric) for p in _ok_points(comparison.base)}
-        head: dict[str, Any] = {label(p): p.get(metric) for p in _ok_points(comparison.head)}
+        base: dict[str, Any] = {label(p): p.value(metric) for p in _ok_points(comparison.base)}
+        head: dict[str, Any] = {label(p): p.value(metric) for p in _ok_points(comparison.head)}
         names = [n for n in base if is_number(base[n], finite=True) and is_number(head.get(n), finite=True)]
         if names:
             plots.bars(
@@ -292,12 +287,12 @@ _PLOTTERS: dict[str, Callable[[Comparison], Any]] = {
         "p99_ttft_ms",
         "p99 time to first token per routing policy, base and head",
         "TTFT p99 (ms)",
-        lambda p: str(p.get("policy") or p["engine"]),
+        lambda p: str(p.extra.get("policy") or p.engine),  # a fleet point's routing policy
     ),
     "share": _bars_plot(
         "mean_blocks",
         "Mean KV blocks per mode, base and head",
         "KV blocks in use",
-        lambda p: f"{p['engine']} width {p.get('width')}",
+        lambda p: f"{p.engine} width {p.extra.get('width')}",  # a share point's width
     ),
 }

@@ -29,6 +29,8 @@ from kvbench.report.sweep_report import (
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow, article_rows
 from kvbench.results.point import Point
+from kvbench.results.run_meta import MetaLike, RunMeta
+from kvbench.results.sweep_summary import SweepSummary
 
 
 def build(run: RunFiles) -> Page:
@@ -37,26 +39,25 @@ def build(run: RunFiles) -> Page:
         from kvbench.report.html import endpoint_page
 
         return endpoint_page.build(run)
-    meta, points = document["meta"], document["points"]
-    saved = document.get("article_table")
-    rows = [ArticleRow.from_json(row) for row in saved] if saved else article_rows(points)
-    simulated = bool(meta.get("simulated"))
-    badges = ["SIMULATED"] if simulated else []
-    if meta.get("interrupted"):
+    summary = SweepSummary.from_json(document)
+    meta, points = summary.meta, summary.points
+    rows = summary.article_table or article_rows(points)
+    badges = ["SIMULATED"] if meta.simulated else []
+    if meta.interrupted:
         badges.append("INTERRUPTED")
-    title = f"kvbench sweep: paged vs contiguous — {meta.get('model_name', '?')} on {meta.get('device', '?')}"
-    subtitle = f"scenario {meta.get('scenario', '?')}"
-    if meta.get("scenario_description"):
-        subtitle += f": {meta['scenario_description']}"
+    title = f"kvbench sweep: paged vs contiguous — {_shown(meta.model_name)} on {_shown(meta.device)}"
+    subtitle = f"scenario {_shown(meta.scenario)}"
+    if meta.scenario_description:
+        subtitle += f": {meta.scenario_description}"
 
     figures = draw(lambda: write_plots(run.directory, meta, points))
     waterfalls = {f.name: f for f in figures if f.name.startswith("waterfall-")}
     plots = [f for f in figures if f.name not in waterfalls]
 
-    typed = [Point.from_json(p) for p in points]
+    typed = summary.typed_points
     sections = [
         headline_section(rows, typed, meta),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
+        findings_section(diagnose_points(points, meta.to_json(), Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
@@ -64,28 +65,33 @@ def build(run: RunFiles) -> Page:
     waterfall = waterfall_section(points, waterfalls)
     if waterfall is not None:
         sections.append(waterfall)
-    sections.append(provenance_section(meta, run.files()))
+    sections.append(provenance_section(meta.to_json(), run.files()))
     return Page("sweep", title, subtitle, badges, sections)
+
+
+def _shown(value: str | None) -> str:
+    """A recorded name as the title shows it; ``?`` where the run did not record it."""
+    return "?" if value is None else value
 
 
 # -- the headline ---------------------------------------------------------------------------------------
 
 
-def headline_table(rows: list[ArticleRow], meta: dict | None = None) -> Table:
+def headline_table(rows: list[ArticleRow], meta: MetaLike | None = None) -> Table:
     """The article's table (:func:`~kvbench.report.sweep_report.article_spec`) as the page draws it."""
-    spec = article_spec(rows, bool((meta or {}).get("simulated")))
+    spec = article_spec(rows, RunMeta.of(meta).simulated)
     return spec_table(spec, rows, "headline-table", f"{spec.caption}.")
 
 
-def headline_section(rows: list[ArticleRow], points: list[Point], meta: dict) -> Section:
+def headline_section(rows: list[ArticleRow], points: list[Point], meta: RunMeta) -> Section:
     said = sweep_verdict(rows, points, meta)
     blocks: list[Any] = [Verdict(said.headline, said.tone, said.sentences), headline_table(rows, meta)]
-    if meta.get("stop_description") or meta.get("budget_source"):
+    if meta.stop_description or meta.budget_source:
         blocks.append(
             Text(
                 [
-                    f"KV budget: {meta['budget_source']}." if meta.get("budget_source") else "",
-                    f"Stop: {meta['stop_description']}." if meta.get("stop_description") else "",
+                    f"KV budget: {meta.budget_source}." if meta.budget_source else "",
+                    f"Stop: {meta.stop_description}." if meta.stop_description else "",
                 ],
                 tone="note",
             )
@@ -96,7 +102,7 @@ def headline_section(rows: list[ArticleRow], points: list[Point], meta: dict) ->
 # -- per point ------------------------------------------------------------------------------------------
 
 
-def points_section(typed: list[Point], meta: dict) -> Section:
+def points_section(typed: list[Point], meta: RunMeta) -> Section:
     blocks: list[Any] = []
     warnings = steady_warnings(typed)
     if warnings:
