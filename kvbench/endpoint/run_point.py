@@ -42,6 +42,9 @@ from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
+from kvbench.results.client_figures import ClientMetrics
+from kvbench.results.endpoint_figures import Agreement, ServerFigures
+from kvbench.results.prefix_reuse_figures import PrefixReuse
 
 STOPPED_KINDS = frozenset({"cancelled", "not_sent"})  # what a point's time limit leaves: in flight, or never sent
 
@@ -96,12 +99,12 @@ class EndpointPoint:
     peak_in_flight: int
     max_send_lag_ms: float
     stopped_at_deadline: bool
-    agreement: dict[str, Any]
+    agreement: Agreement
     records: list[RequestRecord] = field(repr=False, default_factory=list)
     scrapes: list[Scrape] = field(repr=False, default_factory=list)
     origin: float = 0.0
     scrape_interval_s: float = DEFAULT_INTERVAL_S
-    reuse: dict[str, Any] = field(default_factory=dict)  # per-request cached tokens against the counters
+    reuse: PrefixReuse | None = None  # per-request cached tokens against the counters
     kv_events: dict[str, Any] | None = None  # the KV event stream's figures; None: not listened to
     kv_changes: list[Change] = field(repr=False, default_factory=list)  # the stream's events, compact
     wall_origin: float = 0.0  # Unix seconds at ``origin`` (the events are stamped on that clock)
@@ -125,8 +128,8 @@ class EndpointPoint:
             "cache_reset": self.cache_reset,
             "metrics": self.metrics,
             "server": self.server,
-            "agreement": self.agreement,
-            "reuse": self.reuse,
+            "agreement": self.agreement.to_json(),
+            "reuse": self.reuse.to_json() if self.reuse else {},
             "kv_events": self.kv_events,
         }
 
@@ -245,8 +248,10 @@ async def run_point(
         scrapes,
         load.started,
         settings.scrape_interval_s,
-        prefix_reuse(load.records, server, target_plan)
-        | {"workload": workload_reuse(conversations, (server or {}).get("block_size"), prewarm)},
+        replace(
+            prefix_reuse(load.records, server, target_plan),
+            workload=workload_reuse(conversations, (server or {}).get("block_size"), prewarm),
+        ),
         kv_figures,
         kv_changes,
         load.started + wall_at_start,
@@ -303,24 +308,25 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
     return base
 
 
-def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
+def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> Agreement:
     """How the client's figures and the server's own line up over the point: output and prompt tokens the
     client counted (from ``usage``) against the tokens the server generated and prefilled, and the client's mean
     TTFT against the server's (the client's includes the network and the HTTP layer, so it is the larger)."""
     if not server:
-        return {}
-    out: dict[str, Any] = {}
-    for kind, client_key, server_key in (
-        ("output", "total_output_tokens", "server_generation_tokens"),
-        ("input", "total_input_tokens", "server_prompt_tokens"),
-    ):
-        client_tokens, server_tokens = metrics.get(client_key), server.get(server_key)
-        if client_tokens and server_tokens and not metrics.get("failed"):  # a failed request's tokens: server only
-            out[f"{kind}_tokens_client_over_server"] = client_tokens / server_tokens
-    client_ttft, server_ttft = metrics.get("mean_ttft_ms"), server.get("server_mean_ttft_ms")
-    if client_ttft is not None and server_ttft is not None:
-        out["mean_ttft_client_minus_server_ms"] = client_ttft - server_ttft
-    return out
+        return Agreement()
+    client, figures = ClientMetrics.from_json(metrics), ServerFigures.from_json(server)
+
+    def ratio(client_tokens: float | None, server_tokens: float | None) -> float | None:
+        if client_tokens and server_tokens and not client.failed:  # a failed request's tokens: server only
+            return client_tokens / server_tokens
+        return None
+
+    client_ttft, server_ttft = client.latency("mean_ttft_ms"), figures.server_mean_ttft_ms
+    return Agreement(
+        ratio(client.total_output_tokens, figures.server_generation_tokens),
+        ratio(client.total_input_tokens, figures.server_prompt_tokens),
+        client_ttft - server_ttft if client_ttft is not None and server_ttft is not None else None,
+    )
 
 
 __all__ = [

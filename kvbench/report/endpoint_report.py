@@ -16,12 +16,15 @@ from typing import Any
 from rich.table import Table
 
 from kvbench.fileio import run_file
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
+from kvbench.report.columns import Col, TableSpec, markdown_table, print_whole
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
+from kvbench.results.endpoint_figures import EndpointFigures, slo_share
 from kvbench.results.fields import ms_text
+from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
+from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import summary_document
 from kvbench.values import printable
 
@@ -39,28 +42,29 @@ def is_endpoint_run(document: dict[str, Any]) -> bool:
     return isinstance(document.get("endpoint"), dict)
 
 
-def level_of(point: PointMap) -> float:
-    rate = point.get("request_rate")
-    return float(point["concurrency"]) if rate is None else float(rate)
+def level_of(point: Point) -> float:
+    rate = EndpointFigures.of(point).request_rate
+    return float(point.concurrency) if rate is None else float(rate)
 
 
-def level_text(point: PointMap) -> str:
-    if ((point.get("endpoint") or {}).get("load") or {}).get("pattern") == "trace":
+def level_text(point: Point) -> str:
+    figures = EndpointFigures.of(point)
+    if figures.pattern == "trace":
         return "trace"
-    rate = point.get("request_rate")
-    return f"C={point['concurrency']}" if rate is None else f"{rate:g} req/s"
+    rate = figures.request_rate
+    return f"C={point.concurrency}" if rate is None else f"{rate:g} req/s"
 
 
-def level_axis(points: Sequence[dict[str, Any]]) -> str:
+def level_axis(points: Sequence[Point]) -> str:
     return (
         "request rate (requests / s)"
-        if any(p.get("request_rate") is not None for p in points)
+        if any(EndpointFigures.of(p).request_rate is not None for p in points)
         else "concurrency (requests in flight)"
     )
 
 
-def ordered(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(points, key=lambda p: (level_of(p), p["engine"]))
+def ordered(points: Sequence[Point]) -> list[Point]:
+    return sorted(points, key=lambda p: (level_of(p), p.engine))
 
 
 def _pct(share: Any) -> str:
@@ -71,54 +75,59 @@ def _count(value: Any) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _pair(point: PointMap, kind: str) -> str:
-    a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
+def _pair(point: Point, kind: str) -> str:
+    a, b = point.latencies.get(f"p50_{kind}_ms"), point.latencies.get(f"p99_{kind}_ms")
     return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
 
 
-def _done(p: PointMap) -> str:
-    stopped = p.get("stopped") or 0  # cut by the point's time limit: neither done nor failed
-    return f"{p['completed']:g}/{p.get('failed') or 0}" + (f" +{stopped} cut" if stopped else "")
+def _done(p: Point) -> str:
+    figures = EndpointFigures.of(p)
+    stopped = figures.stopped  # cut by the point's time limit: neither done nor failed
+    return f"{p.completed:g}/{figures.failed}" + (f" +{stopped} cut" if stopped else "")
 
 
-def _output_tps(p: PointMap) -> str:
-    if not p["completed"]:
+def _output_tps(p: Point) -> str:
+    if not p.completed:
         return "-"
-    spread = p.get("output_throughput_ci95")  # --repeat: the 95% CI over the runs
-    return f"{p['output_throughput']:,.0f}" + (f" ± {spread:,.0f}" if spread else "")
+    spread = p.ci95("output_throughput")  # --repeat: the 95% CI over the runs
+    return f"{p.output_throughput:,.0f}" + (f" ± {spread:,.0f}" if spread else "")
 
 
-def _slo_met(p: PointMap) -> str:
-    goodput, throughput = p.get("request_goodput"), p.get("request_throughput")
-    return "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
+def _slo_met(p: Point) -> str:
+    share = slo_share(p)
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
-POINT_TABLE = TableSpec(
+def _kv_usage(p: Point) -> str:
+    server = EndpointFigures.of(p).server
+    return f"{_pct(server.kv_usage_peak)}/{_pct(server.kv_usage_mean)}"
+
+
+def _running_waiting(p: Point) -> str:
+    return f"{_count(p.peak_running)}/{_count(EndpointFigures.of(p).server.waiting_peak)}"
+
+
+POINT_TABLE: TableSpec[Point] = TableSpec(
     "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)",
     (
-        Col("target", lambda p: p["engine"], "engine", key=True, figure=False, numeric=False),
+        Col("target", lambda p: p.engine, "engine", key=True, figure=False, numeric=False),
         Col("load", level_text, "concurrency", key=True, figure=False, numeric=False, sort=level_of),
         Col("done/fail", _done, "completed", figure=False),
         Col("out TPS", _output_tps, "output_throughput"),
-        Col("req/s", lambda p: f"{p['request_throughput']:,.2f}", "request_throughput"),
+        Col("req/s", lambda p: f"{p.request_throughput:,.2f}", "request_throughput"),
         Col("TTFT p50/p99", lambda p: _pair(p, "ttft"), "p99_ttft_ms"),
         Col("TPOT p50/p99", lambda p: _pair(p, "tpot"), "p99_tpot_ms"),
-        Col("E2EL p50", lambda p: ms_text(p.get("p50_e2el_ms")), "p50_e2el_ms"),
+        Col("E2EL p50", lambda p: ms_text(p.latencies.get("p50_e2el_ms")), "p50_e2el_ms"),
         Col("SLO met", _slo_met, "request_goodput"),
+        Col("KV % peak/mean", _kv_usage, "kv_usage_peak", figure=False),
+        Col("preempt", lambda p: _count(p.preemptions), "preemptions", figure=False),
+        Col("run/wait", _running_waiting, "peak_running", figure=False),
         Col(
-            "KV % peak/mean",
-            lambda p: f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}",
-            "kv_usage_peak",
+            "prefix hit %",
+            lambda p: _pct(EndpointFigures.of(p).server.prefix_cache_hit_rate),
+            "prefix_cache_hit_rate",
             figure=False,
         ),
-        Col("preempt", lambda p: _count(p.get("preemptions")), "preemptions", figure=False),
-        Col(
-            "run/wait",
-            lambda p: f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}",
-            "peak_running",
-            figure=False,
-        ),
-        Col("prefix hit %", lambda p: _pct(p.get("prefix_cache_hit_rate")), "prefix_cache_hit_rate", figure=False),
     ),
     caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
     "run/wait: peak requests running and waiting on the server; +N cut: requests the point's time limit "
@@ -129,27 +138,26 @@ POINT_TABLE = TableSpec(
 )
 
 
-def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
+def find_max_rows(searches: Sequence[Search]) -> list[list[str]]:
     rows = []
     for s in searches:
-        unit = (lambda v: f"C={int(v)}") if s["by"] == "concurrency" else (lambda v: f"{v:g} req/s")
-        limit = s.get("limit") or {}
-        best = "none" if s["best"] is None else unit(s["best"])
-        miss = "-" if s["first_miss"] is None else unit(s["first_miss"])
+        limit = s.limit
+        best = "none" if s.best is None else s.level_text(s.best)
+        miss = "-" if s.first_miss is None else s.level_text(s.first_miss)
         rows.append(
             [
-                s["engine"],
+                s.engine,
                 best,
                 miss,
-                limit.get("kind", "-"),
-                limit.get("evidence") or s.get("stopped", ""),
-                limit.get("suggestion", "-"),
+                limit.kind if limit else "-",
+                (limit.evidence if limit else "") or s.stopped,
+                limit.suggestion if limit else "-",
             ]
         )
     return rows
 
 
-def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | None) -> Table:
+def find_max_table(searches: Sequence[Search], slo: dict[str, Any] | None) -> Table:
     objectives = ", ".join(f"{k} <= {v:g} ms" for k, v in (slo or {}).items())
     table = Table(title=f"The highest load meeting the SLO ({objectives})")
     for column in FIND_MAX_COLUMNS:
@@ -159,86 +167,93 @@ def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | Non
     return table
 
 
-def findings(points: Sequence[dict[str, Any]]) -> list[str]:
+def findings(points: Sequence[Point]) -> list[str]:
     """What the points say in words: the best throughput per target, KV saturation, failures, agreement."""
     lines = []
-    for engine in sorted({p["engine"] for p in points}):
-        mine = [p for p in points if p["engine"] == engine and p["completed"]]
+    for engine in sorted({p.engine for p in points}):
+        mine = [p for p in points if p.engine == engine and p.completed]
         if not mine:
             continue
-        best = max(mine, key=lambda p: p["output_throughput"])
-        line = f"{engine}: at most {best['output_throughput']:,.0f} output tok/s (at {level_text(best)})"
-        full = [p for p in mine if (p.get("kv_usage_peak") or 0) >= 0.95]
+        best = max(mine, key=lambda p: p.output_throughput)
+        line = f"{engine}: at most {best.output_throughput:,.0f} output tok/s (at {level_text(best)})"
+        full = [p for p in mine if (EndpointFigures.of(p).server.kv_usage_peak or 0) >= 0.95]
         if full:
             line += f"; its KV cache was full (>= 95%) from {level_text(full[0])}"
-        preempted = [p for p in mine if (p.get("preemptions") or 0) > 0]
+        preempted = [p for p in mine if (p.preemptions or 0) > 0]
         if preempted:
             line += f", preempting from {level_text(preempted[0])}"
         lines.append(line + ".")
     for p in points:
         lines += reuse_lines(p)
+        agreement = EndpointFigures.of(p).agreement
         for kind, verb in (("output", "generating"), ("input", "prefilling")):
-            ratio = (p.get("agreement") or {}).get(f"{kind}_tokens_client_over_server")
+            ratio = agreement.tokens_client_over_server(kind)
             if ratio is not None and abs(ratio - 1) > 0.01:
                 lines.append(
-                    f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
+                    f"{p.engine} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
                     f"server reports {verb} (another workload on the server, or tokens counted differently)"
                 )
     return lines
 
 
-def reuse_lines(point: dict[str, Any]) -> list[str]:
+def reuse_lines(point: Point) -> list[str]:
     """A point's prefix reuse in words: the requests' hit rate beside the counters' and the workload's ideal, and
     what the server's KV events say of eviction; each flag as its own line."""
     lines = []
-    reuse: dict[str, Any] = point["prefix_reuse"] if isinstance(point.get("prefix_reuse"), dict) else {}
-    where = f"{point['engine']} {level_text(point)}"
-    rate = reuse.get("hit_rate_requests")
-    if isinstance(rate, (int, float)):
+    figures = EndpointFigures.of(point)
+    reuse = figures.prefix_reuse or PrefixReuse()
+    where = f"{point.engine} {level_text(point)}"
+    rate = reuse.hit_rate_requests
+    if rate is not None:
         line = f"{where}: the answers report {rate:.1%} of prompt tokens served from the prefix cache"
-        counters = reuse.get("hit_rate_counters")
-        if isinstance(counters, (int, float)):
+        counters = reuse.hit_rate_counters
+        if counters is not None:
             line += f" (the server's counters: {counters:.1%})"
-        ideal = (reuse.get("workload") or {}).get("ideal_hit_rate")
-        if isinstance(ideal, (int, float)):
+        ideal = reuse.workload.ideal_hit_rate if reuse.workload else None
+        if ideal is not None:
             line += f"; an unbounded cache starting empty would serve {ideal:.1%} of the same requests' prompt tokens"
-            if point.get("cache_state") != "reset" and rate > ideal + 0.01:
+            if figures.cache_state != "reset" and rate > ideal + 0.01:
                 line += " (this point's cache was not emptied first: it reused what earlier points left)"
         lines.append(line + ".")
-    target = reuse.get("target") if isinstance(reuse.get("target"), dict) else None
-    if target is not None and isinstance(target.get("achieved"), (int, float)):
-        verdict = "met" if target.get("met") else "MISSED"
+    target = reuse.target
+    if target is not None and target.achieved is not None:
+        verdict = "met" if target.met else "MISSED"
         lines.append(
-            f"{where}: target hit rate {target['rate']:.1%} {verdict}: achieved {target['achieved']:.1%} "
-            f"(planned {target['planned']:.1%} in blocks of {target['block_size']}, tolerance "
-            f"±{target['tolerance']:.1%})."
+            f"{where}: target hit rate {target.rate:.1%} {verdict}: achieved {target.achieved:.1%} "
+            f"(planned {target.planned:.1%} in blocks of {target.block_size}, tolerance "
+            f"±{target.tolerance:.1%})."
         )
-    predicted = (point.get("trace") or {}).get("predicted_hit_rate")
-    if isinstance(predicted, (int, float)):
+    trace = figures.trace
+    if trace is not None and trace.predicted_hit_rate is not None:
         lines.append(
-            f"{where}: kvbench's simulation of the same trace on the server's KV blocks predicts {predicted:.1%} "
-            f"({point['trace']['prediction']})."
+            f"{where}: kvbench's simulation of the same trace on the server's KV blocks predicts "
+            f"{trace.predicted_hit_rate:.1%} ({trace.prediction})."
         )
-    if reuse.get("flag"):
-        lines.append(f"{where}: {reuse['flag']}.")
-    events = point.get("kv_events") if isinstance(point.get("kv_events"), dict) else None
+    if reuse.flag:
+        lines.append(f"{where}: {reuse.flag}.")
+    events = figures.kv_events
     if events is not None:
-        stored, removed = events.get("kv_blocks_stored"), events.get("kv_blocks_removed")
-        if isinstance(stored, int) and isinstance(removed, int):
+        stored, removed = events.kv_blocks_stored, events.kv_blocks_removed
+        if stored is not None and removed is not None:
             line = f"{where}: KV events: {stored:,} blocks stored, {removed:,} removed"
-            churn, thrash = events.get("kv_eviction_churn_per_s"), events.get("kv_thrash_share")
-            if removed and isinstance(churn, (int, float)):
+            churn, thrash = events.kv_eviction_churn_per_s, events.kv_thrash_share
+            if removed and churn is not None:
                 line += f" ({churn:,.1f}/s)"
-            if isinstance(thrash, (int, float)):
-                line += f", {thrash:.0%} of them stored again within {events.get('kv_thrash_window_s'):g} s"
-            lines.append(line + f"; at most {events.get('kv_resident_blocks_peak') or 0:,} resident.")
-        if events.get("flag"):
-            lines.append(f"{where}: KV events: {events['flag']}.")
+            if thrash is not None:
+                line += f", {thrash:.0%} of them stored again within {events.kv_thrash_window_s:g} s"
+            lines.append(line + f"; at most {events.kv_resident_blocks_peak or 0:,} resident.")
+        if events.flag:
+            lines.append(f"{where}: KV events: {events.flag}.")
     return lines
 
 
+def searches_of(document: dict[str, Any]) -> list[Search]:
+    """The ``--find-max`` searches a summary holds (none for a sweep of fixed levels)."""
+    return [Search.from_json(search) for search in document["endpoint"].get("find_max") or []]
+
+
 def markdown(document: dict[str, Any]) -> str:
-    meta, points = document["meta"], document["points"]
+    meta, points = document["meta"], [Point.from_json(p) for p in document["points"]]
     md = [
         f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
         f"scenario {meta.get('scenario', '')}\n\n"
@@ -247,7 +262,7 @@ def markdown(document: dict[str, Any]) -> str:
         md.append(f"Stop: {meta['stop_description']}\n\n")
     md.append(f"## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(ordered(points)))
-    searches = document["endpoint"].get("find_max") or []
+    searches = searches_of(document)
     if searches:
         md.append("\n## The highest load meeting the SLO\n\n")
         md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
@@ -258,16 +273,21 @@ def markdown(document: dict[str, Any]) -> str:
 
 
 def write_endpoint_outputs(
-    run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]], searches: list[dict[str, Any]]
+    run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]], searches: Sequence[Search]
 ) -> dict[str, Any]:
     """summary.json/csv/md (and report.html), then the PNG plots; returns the summary document."""
-    points = ordered(points)
-    slo = next((p.get("slo") for p in points if p.get("slo")), None)
+    typed = ordered([Point.from_json(p) for p in points])
+    rows = [p.to_json() for p in typed]  # the points as they were given, in the table's order
+    slo = next((figures.slo for p in typed if (figures := EndpointFigures.of(p)).slo), None)
     document = summary_document(
-        "sweep", meta, points, endpoint={"find_max": searches, "slo": slo}, findings=findings(points)
+        "sweep",
+        meta,
+        rows,
+        endpoint={"find_max": [s.to_json() for s in searches], "slo": slo},
+        findings=findings(typed),
     )
-    write_summary(run_dir, document, [flatten(p) for p in points], markdown(document))
-    write_endpoint_plots(run_dir, meta, points)
+    write_summary(run_dir, document, [flatten(p) for p in rows], markdown(document))
+    write_endpoint_plots(run_dir, meta, typed)
     return document
 
 
@@ -275,12 +295,12 @@ def _tag(meta: dict[str, Any]) -> str:
     return printable(f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}")
 
 
-def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]]) -> list[Path]:
+def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: Sequence[Point]) -> list[Path]:
     """throughput.png, latency.png, kv_usage.png and a timeline-<target>-<level>.png per point (the HTML
     report draws the same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
 
-    shown = [p for p in points if p["completed"]]
+    shown = [p for p in points if p.completed]
     if not shown:
         return []
     tag, axis = _tag(meta), level_axis(points)
@@ -292,22 +312,19 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
         "time per output token (TPOT)": {},
     }
     usage: dict[str, tuple[list[float], list[float]]] = {}
-    for engine in sorted({p["engine"] for p in shown}):
-        mine = [p for p in ordered(shown) if p["engine"] == engine]
-        throughput[engine] = ([level_of(p) for p in mine], [p["output_throughput"] for p in mine])
-        if any(p.get("output_throughput_ci95") for p in mine):
-            spread[engine] = [p.get("output_throughput_ci95") or 0.0 for p in mine]
+    for engine in sorted({p.engine for p in shown}):
+        mine = [p for p in ordered(shown) if p.engine == engine]
+        throughput[engine] = ([level_of(p) for p in mine], [p.output_throughput for p in mine])
+        if any(p.ci95("output_throughput") for p in mine):
+            spread[engine] = [p.ci95("output_throughput") or 0.0 for p in mine]
         for stat in ("p50", "p99"):
             for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
-                timed = [p for p in mine if p.get(f"{stat}_{kind}_ms") is not None]
-                latency[panel][f"{engine} {stat}"] = (
-                    [level_of(p) for p in timed],
-                    [p[f"{stat}_{kind}_ms"] for p in timed],
-                )
-        read = [p for p in mine if p.get("kv_usage_peak") is not None]
+                timed = [(p, ms) for p in mine if (ms := p.latencies.get(f"{stat}_{kind}_ms")) is not None]
+                latency[panel][f"{engine} {stat}"] = ([level_of(p) for p, _ in timed], [ms for _, ms in timed])
+        read = [(p, server) for p in mine if (server := EndpointFigures.of(p).server).kv_usage_peak is not None]
         if read:
-            usage[f"{engine} peak"] = ([level_of(p) for p in read], [100 * p["kv_usage_peak"] for p in read])
-            usage[f"{engine} mean"] = ([level_of(p) for p in read], [100 * (p.get("kv_usage_mean") or 0) for p in read])
+            usage[f"{engine} peak"] = ([level_of(p) for p, _ in read], [100 * (s.kv_usage_peak or 0) for _, s in read])
+            usage[f"{engine} mean"] = ([level_of(p) for p, _ in read], [100 * (s.kv_usage_mean or 0) for _, s in read])
     written.append(
         plots.lines(
             throughput,
@@ -342,7 +359,7 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
             )
         )
     for point in shown:
-        name = point.get("timeline_file")
+        name = EndpointFigures.of(point).timeline_file
         data = read_run_json(run_dir, name) if name else None
         if data is not None:
             path = run_file(run_dir, name)
@@ -350,7 +367,7 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
                 timeline_plot(
                     data,
                     run_dir / path.with_suffix(".png").name,
-                    f"{point['engine']} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
+                    f"{point.engine} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
                 )
             )
     return written
@@ -435,9 +452,9 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
 
 
 def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
-    points = document["points"]
+    points = [Point.from_json(p) for p in document["points"]]
     print_whole(console, POINT_TABLE.rich(ordered(points)))
-    searches = document["endpoint"].get("find_max") or []
+    searches = searches_of(document)
     if searches:
         console.print(find_max_table(searches, document["endpoint"].get("slo")))
     for line in document.get("findings") or []:
@@ -491,12 +508,12 @@ class EndpointConsoleProgress:
         return on_record
 
     def done(self, point: Point) -> None:
-        data = point.to_json()
+        figures = EndpointFigures.of(point)
         self.console.print(
-            f"{point.engine:>16} {level_text(data):<12} {point.status:<5} "
-            f"{point.completed} done, {data.get('failed') or 0} failed, "
+            f"{point.engine:>16} {level_text(point):<12} {point.status:<5} "
+            f"{point.completed} done, {figures.failed} failed, "
             f"{point.output_throughput:,.0f} out tok/s, KV peak "
-            f"{_pct(data.get('kv_usage_peak'))}%",
+            f"{_pct(figures.server.kv_usage_peak)}%",
             markup=False,
             highlight=False,
         )

@@ -58,8 +58,8 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
     assert s["prefix_cache_queries"] == 12 * 40 and s["prefix_cache_hits"] == 2 * 5 * 32
     assert s["prefix_cache_hit_rate"] == pytest.approx(320 / 480)
     assert s["server_generation_tokens"] == 96 and s["server_ttft_count"] == 12
-    assert point.agreement["output_tokens_client_over_server"] == 1.0
-    assert 0 <= point.agreement["mean_ttft_client_minus_server_ms"] < 1000  # the client's includes HTTP
+    assert point.agreement.output_tokens_client_over_server == 1.0
+    assert 0 <= point.agreement.mean_ttft_client_minus_server_ms < 1000  # the client's includes HTTP
     assert s["notes"] == []
     json.dumps(point.as_json())  # JSON-ready
     timeline = point.timeline()
