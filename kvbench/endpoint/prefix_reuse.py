@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvbench.endpoint.conversation import Conversation
@@ -22,10 +23,10 @@ from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseSpread, Reuse
 
 
 def prefix_reuse(
-    records: Sequence[RequestRecord], server: Mapping[str, Any] | None, target: Mapping[str, Any] | None = None
+    records: Sequence[RequestRecord], server: Mapping[str, Any] | None, target: ReuseTarget | None = None
 ) -> PrefixReuse:
     """The point's reuse figures (see the module docstring); rates are shares in [0, 1]. With a ``target`` hit
-    rate (``rate``, ``planned``, ``block_size``): the achieved rate judged against it."""
+    rate (its rate, planned rate and block size): the achieved rate judged against it."""
     done = [r for r in records if r.ok]
     known = [r for r in done if r.cached_tokens is not None and r.prompt_tokens]
     cached = sum(r.cached_tokens or 0 for r in known)
@@ -63,14 +64,14 @@ def prefix_reuse(
 
 
 def _judged(
-    target: Mapping[str, Any], requests_rate: float | None, counters_rate: float | None, prompt: int, count: int
+    target: ReuseTarget, requests_rate: float | None, counters_rate: float | None, prompt: int, count: int
 ) -> ReuseTarget:
     """The achieved rate against the target, within max(0.5 points, one block over the mean prompt)."""
     achieved = requests_rate if requests_rate is not None else counters_rate
-    block = target.get("block_size") or 0
+    block = target.block_size or 0
     tolerance = max(0.005, block / (prompt / count)) if count and prompt else 0.005
-    met = abs(achieved - target["rate"]) <= tolerance if achieved is not None else None
-    return ReuseTarget(target["rate"], target["planned"], target["block_size"], achieved, tolerance, met)
+    met = abs(achieved - target.rate) <= tolerance if achieved is not None else None
+    return replace(target, achieved=achieved, tolerance=tolerance, met=met)
 
 
 def _why_apart(

@@ -44,7 +44,8 @@ from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 from kvbench.results.client_figures import ClientMetrics
 from kvbench.results.endpoint_figures import Agreement, ServerFigures
-from kvbench.results.prefix_reuse_figures import PrefixReuse
+from kvbench.results.endpoint_timeline import EndpointTimeline, KvEventSeries
+from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseTarget
 
 STOPPED_KINDS = frozenset({"cancelled", "not_sent"})  # what a point's time limit leaves: in flight, or never sent
 
@@ -133,14 +134,22 @@ class EndpointPoint:
             "kv_events": self.kv_events,
         }
 
-    def timeline(self, bin_s: float | None = None) -> dict[str, Any]:
+    def timeline(self, bin_s: float | None = None) -> EndpointTimeline:
         width = bin_s or self.scrape_interval_s
-        timeline = point_timeline(
-            self.records, self.scrapes, self.origin, self.duration_s, width, {"target": self.target, "load": self.load}
+        timeline = EndpointTimeline.from_json(
+            point_timeline(
+                self.records,
+                self.scrapes,
+                self.origin,
+                self.duration_s,
+                width,
+                {"target": self.target, "load": self.load},
+            )
         )
-        if self.kv_events is not None:
-            timeline["kv_events"] = kv_series(self.kv_changes, self.wall_origin, self.duration_s, width)
-        return timeline
+        if self.kv_events is None:
+            return timeline
+        series = kv_series(self.kv_changes, self.wall_origin, self.duration_s, width)
+        return replace(timeline, kv_events=KvEventSeries.from_json(series))
 
 
 async def run_point(
@@ -188,7 +197,7 @@ async def run_point(
                     "shaped in (vLLM: cache_config_info; kvbench serve: kvbench_kv_cache_block_size)"
                 )
             conversations, prewarm, planned = shaped_to_hit_rate(conversations, settings.hit_rate, block_size)
-            target_plan = {"rate": settings.hit_rate.rate, "planned": planned, "block_size": block_size}
+            target_plan = ReuseTarget(settings.hit_rate.rate, planned, block_size)
         reset = NOT_ASKED
         if settings.reset_prefix_cache:
             reset = await reset_prefix_cache(session, target.url, family, api_key)

@@ -21,6 +21,7 @@ from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.results.endpoint_figures import EndpointFigures, slo_share
+from kvbench.results.endpoint_timeline import EndpointTimeline
 from kvbench.results.fields import ms_text
 from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
@@ -365,7 +366,7 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: Sequence[P
             path = run_file(run_dir, name)
             written.append(
                 timeline_plot(
-                    data,
+                    EndpointTimeline.from_json(data),
                     run_dir / path.with_suffix(".png").name,
                     f"{point.engine} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
                 )
@@ -373,61 +374,60 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: Sequence[P
     return written
 
 
-def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
+def timeline_plot(timeline: EndpointTimeline, path: Path, title: str) -> Path:
     """Client output tok/s (left axis) and the server's KV usage in % (right axis) on one time axis."""
     import matplotlib.pyplot as plt
 
     from kvbench.report.plots import _save
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    client = timeline.get("client") or {}
-    bin_s = timeline.get("bin_s") or 0.0
-    xs = [t + bin_s / 2 for t in client.get("t_s", [])]
-    ax.plot(xs, client.get("output_tokens_per_s", []), "-", color="C0", label="client output tok/s")
+    bin_s = timeline.bin_s
+    xs = [t + bin_s / 2 for t in timeline.client.t_s]
+    ax.plot(xs, timeline.client.output_tokens_per_s, "-", color="C0", label="client output tok/s")
     ax.set_xlabel("time since the load started (s)")
     ax.set_ylabel("output tokens / s (client)", color="C0")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    rows = [r for r in timeline.get("server") or [] if r.get("kv_usage") is not None]
+    rows = timeline.usage_rows
     handles, labels = ax.get_legend_handles_labels()
     if rows:
         right = ax.twinx()
         right.plot(
-            [r["elapsed_s"] for r in rows],
-            [100 * r["kv_usage"] for r in rows],
+            [r.elapsed_s for r in rows],
+            [100 * (r.kv_usage or 0.0) for r in rows],
             "-o",
             markersize=3,
             color="C3",
             label="server KV usage %",
         )
-        waiting = [r for r in rows if r.get("waiting") is not None]
-        if any(r["waiting"] for r in waiting):
+        waiting = [(r.elapsed_s, r.waiting) for r in rows if r.waiting is not None]
+        if any(count for _, count in waiting):
             right.plot(
-                [r["elapsed_s"] for r in waiting],
-                [r["waiting"] for r in waiting],
+                [t for t, _ in waiting],
+                [count for _, count in waiting],
                 ":",
                 color="C2",
                 label="server waiting requests",
             )
-        blocks = next((r["total_blocks"] for r in reversed(rows) if r.get("total_blocks")), None)
-        events = timeline.get("kv_events") or {}
-        if blocks and events.get("t_s"):
+        blocks = next((r.total_blocks for r in reversed(rows) if r.total_blocks), None)
+        events = timeline.kv_events
+        if blocks and events is not None and events.t_s:
             right.step(
-                events["t_s"],
-                [100 * count / blocks for count in events["resident_blocks"]],
+                events.t_s,
+                [100 * count / blocks for count in events.resident_blocks],
                 where="post",
                 color="C4",
                 linestyle="--",
                 label="prefix-cache blocks resident % (KV events)",
             )
         right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
-        right.set_ylim(0, max([105.0, *(r.get("waiting") or 0 for r in waiting)]))
+        right.set_ylim(0, max([105.0, *(count or 0 for _, count in waiting)]))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-        removed = events.get("removed_per_s") or []
-        if any(removed):
+        removed = events.removed_per_s if events is not None else []
+        if events is not None and any(removed):
             ax.plot(
-                [t + bin_s / 2 for t in events["bin_t_s"]],
+                [t + bin_s / 2 for t in events.bin_t_s],
                 removed,
                 ":",
                 color="C1",

@@ -153,8 +153,9 @@ class EndpointSweep:
             figures = replace(figures, trace=TraceFigures.from_json(trace_replay_figures(trace, measured)))
         stem = f"{file_name(engine)}-{level.tag}" + ("" if index is None else f"-run{index + 1}")
         timeline = measured.timeline()
-        timeline["meta"].update(engine=engine, concurrency=level.concurrency, request_rate=level.rate)
-        write_point_timeline(self.run_dir / f"timeline-{stem}.json", timeline)
+        level_meta = {"engine": engine, "concurrency": level.concurrency, "request_rate": level.rate}
+        timeline = replace(timeline, meta=timeline.meta | level_meta)
+        write_point_timeline(self.run_dir / f"timeline-{stem}.json", timeline.to_json())
         if measured.scrapes:
             watch = self.run_dir / f"watch-{stem}.jsonl"
             watch.unlink(missing_ok=True)  # a rerun of the same level (find-max never repeats one) starts afresh

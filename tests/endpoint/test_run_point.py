@@ -22,6 +22,7 @@ from kvbench.endpoint.workloads import multi_turn, shared_prefix
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import diagnose_timeline
+from kvbench.results.endpoint_timeline import EndpointTimeline
 
 FAST = RequestLimits(timeout_s=10.0, stall_s=1.0, connect_s=2.0)
 
@@ -63,9 +64,10 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
     assert s["notes"] == []
     json.dumps(point.as_json())  # JSON-ready
     timeline = point.timeline()
-    assert sum(timeline["client"]["output_tokens_per_s"]) * timeline["bin_s"] == pytest.approx(96)
-    assert max(timeline["client"]["in_flight"]) == 3
-    assert [row["elapsed_s"] for row in timeline["server"]] == sorted(row["elapsed_s"] for row in timeline["server"])
+    assert sum(timeline.client.output_tokens_per_s) * timeline.bin_s == pytest.approx(96)
+    assert max(timeline.client.in_flight) == 3
+    assert [row.elapsed_s for row in timeline.server] == sorted(row.elapsed_s for row in timeline.server)
+    assert json.dumps(EndpointTimeline.from_json(timeline.to_json()).to_json()) == json.dumps(timeline.to_json())
 
 
 def test_without_a_reset_a_warm_cache_shows_in_the_hit_rate():
@@ -208,5 +210,5 @@ def test_the_api_key_reaches_the_server_and_no_result(monkeypatch):
         point = run_point_sync(Target(server.url, api_key_env="KVBENCH_TEST_KEY"), workload, settings(ClosedLoop(1)))
         unkeyed = run_point_sync(Target(server.url, api_key_env=None), workload, settings(ClosedLoop(1)))
     assert point.metrics["completed"] == 2 and unkeyed.metrics["failed_by_kind"] == {"http": 2}
-    text = json.dumps([point.as_json(), point.timeline(), [r.as_json(with_text=True) for r in point.records]])
+    text = json.dumps([point.as_json(), point.timeline().to_json(), [r.as_json(with_text=True) for r in point.records]])
     assert "sk-never-in-results" not in text and '"api_key_env": "KVBENCH_TEST_KEY"' in text

@@ -4,6 +4,7 @@ server does not expose (never 0), and the find-max rows."""
 from __future__ import annotations
 
 from kvbench.report.endpoint_report import POINT_TABLE, find_max_rows, findings, level_text, ordered, reuse_lines
+from kvbench.results.endpoint_timeline import EndpointTimeline
 from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
 
@@ -124,5 +125,5 @@ def test_a_timeline_with_usage_but_no_waiting_series_still_draws(tmp_path):
         "client": {"t_s": [0.0, 0.5], "output_tokens_per_s": [10.0, 12.0]},
         "server": [{"elapsed_s": 0.1, "kv_usage": 0.3}, {"elapsed_s": 0.6, "kv_usage": 0.4}],
     }
-    path = timeline_plot(timeline, tmp_path / "timeline.png", "usage only")
+    path = timeline_plot(EndpointTimeline.from_json(timeline), tmp_path / "timeline.png", "usage only")
     assert path.is_file() and path.stat().st_size > 0
