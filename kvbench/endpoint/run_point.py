@@ -92,7 +92,7 @@ class EndpointPoint:
     target: dict[str, Any]
     model: str
     load: dict[str, Any]
-    metrics: dict[str, Any]
+    metrics: ClientMetrics
     server: dict[str, Any] | None
     cache_reset: dict[str, Any]
     warmup: dict[str, Any]
@@ -113,7 +113,7 @@ class EndpointPoint:
     @property
     def status(self) -> str:
         """``ok`` when every request completed, ``failed`` when some did not (the run must say so)."""
-        return "ok" if self.metrics["failed"] == 0 else "failed"
+        return "ok" if self.metrics.failed == 0 else "failed"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -127,7 +127,7 @@ class EndpointPoint:
             "stopped_at_deadline": self.stopped_at_deadline,
             "warmup": self.warmup,
             "cache_reset": self.cache_reset,
-            "metrics": self.metrics,
+            "metrics": self.metrics.to_json(),
             "server": self.server,
             "agreement": self.agreement.to_json(),
             "reuse": self.reuse.to_json() if self.reuse else {},
@@ -226,7 +226,8 @@ async def run_point(
         event_log = await asyncio.to_thread(listener.stop) if listener is not None else None
     fill_token_counts(load.records, tokenizer)
     cut = STOPPED_KINDS if load.stopped_at_deadline else frozenset()  # the time limit asked for, not a failure
-    metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
+    measured = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
+    metrics = ClientMetrics.from_json(measured)
     server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
     described = target.describe() | {"model": model}
     kv_changes = changes(event_log) if event_log is not None else []
@@ -317,13 +318,13 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
     return base
 
 
-def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> Agreement:
+def agreement(client: ClientMetrics, server: Mapping[str, Any] | None) -> Agreement:
     """How the client's figures and the server's own line up over the point: output and prompt tokens the
     client counted (from ``usage``) against the tokens the server generated and prefilled, and the client's mean
     TTFT against the server's (the client's includes the network and the HTTP layer, so it is the larger)."""
     if not server:
         return Agreement()
-    client, figures = ClientMetrics.from_json(metrics), ServerFigures.from_json(server)
+    figures = ServerFigures.from_json(server)
 
     def ratio(client_tokens: float | None, server_tokens: float | None) -> float | None:
         if client_tokens and server_tokens and not client.failed:  # a failed request's tokens: server only

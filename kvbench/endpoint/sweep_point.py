@@ -17,7 +17,6 @@ from dataclasses import replace
 from typing import Any
 
 from kvbench.endpoint.run_point import EndpointPoint
-from kvbench.results.client_figures import ClientMetrics
 from kvbench.results.endpoint_figures import (
     CacheReset,
     EndpointFigures,
@@ -36,7 +35,7 @@ def sweep_point(
     endpoint: EndpointPoint, engine: str, concurrency: int, scenario: str, slo: dict[str, float] | None = None
 ) -> Point:
     """The sweep point of ``endpoint`` for target ``engine`` at ``concurrency`` (0 for an open-loop rate)."""
-    m, server = ClientMetrics.from_json(endpoint.metrics), endpoint.server or {}
+    m, server = endpoint.metrics, endpoint.server or {}
     running_peak = server.get("running_peak")
     point = Point(
         engine=engine,

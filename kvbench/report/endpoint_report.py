@@ -10,6 +10,7 @@ latency against the level per target, the server's KV usage against the level, a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.results.endpoint_figures import EndpointFigures, slo_share
 from kvbench.results.endpoint_timeline import EndpointTimeline
 from kvbench.results.fields import ms_text
-from kvbench.results.find_max_search import Search
+from kvbench.results.find_max_search import EndpointSummary, Search
 from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import summary_document
@@ -248,9 +249,9 @@ def reuse_lines(point: Point) -> list[str]:
     return lines
 
 
-def searches_of(document: dict[str, Any]) -> list[Search]:
-    """The ``--find-max`` searches a summary holds (none for a sweep of fixed levels)."""
-    return [Search.from_json(search) for search in document["endpoint"].get("find_max") or []]
+def endpoint_summary(document: dict[str, Any]) -> EndpointSummary:
+    """A summary's ``--find-max`` searches and SLO."""
+    return EndpointSummary.from_json(document["endpoint"])
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -263,7 +264,7 @@ def markdown(document: dict[str, Any]) -> str:
         md.append(f"Stop: {meta['stop_description']}\n\n")
     md.append(f"## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(ordered(points)))
-    searches = searches_of(document)
+    searches = endpoint_summary(document).find_max
     if searches:
         md.append("\n## The highest load meeting the SLO\n\n")
         md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
@@ -280,13 +281,8 @@ def write_endpoint_outputs(
     typed = ordered([Point.from_json(p) for p in points])
     rows = [p.to_json() for p in typed]  # the points as they were given, in the table's order
     slo = next((figures.slo for p in typed if (figures := EndpointFigures.of(p)).slo), None)
-    document = summary_document(
-        "sweep",
-        meta,
-        rows,
-        endpoint={"find_max": [s.to_json() for s in searches], "slo": slo},
-        findings=findings(typed),
-    )
+    endpoint = EndpointSummary(list(searches), slo)
+    document = summary_document("sweep", meta, rows, endpoint=endpoint.to_json(), findings=findings(typed))
     write_summary(run_dir, document, [flatten(p) for p in rows], markdown(document))
     write_endpoint_plots(run_dir, meta, typed)
     return document
@@ -454,9 +450,9 @@ def timeline_plot(timeline: EndpointTimeline, path: Path, title: str) -> Path:
 def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
     points = [Point.from_json(p) for p in document["points"]]
     print_whole(console, POINT_TABLE.rich(ordered(points)))
-    searches = searches_of(document)
-    if searches:
-        console.print(find_max_table(searches, document["endpoint"].get("slo")))
+    summary = endpoint_summary(document)
+    if summary.find_max:
+        console.print(find_max_table(summary.find_max, summary.slo))
     for line in document.get("findings") or []:
         console.print(line, markup=False, highlight=False)
     files = "summary.json, summary.csv, summary.md, results.jsonl, timeline-*.json, watch-*.jsonl, *.png"
@@ -464,6 +460,15 @@ def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, 
 
 
 PLAIN_PROGRESS_EVERY_S = 5.0  # off a terminal, a point's progress line at most this often
+
+
+@dataclass
+class _PointProgress:
+    """How far a point's load has got."""
+
+    said: float  # when its last plain progress line was printed (perf_counter seconds)
+    done: int = 0  # requests ended
+    tokens: int = 0  # output tokens of those
 
 
 class EndpointConsoleProgress:
@@ -483,23 +488,23 @@ class EndpointConsoleProgress:
             self.bars.remove_task(self.task)
         self.task = self.bars.add_task(f"{engine} {level.label}", total=total, tps="")
         started = time.perf_counter()
-        state: dict[str, float] = {"done": 0, "tokens": 0, "said": started}
+        state = _PointProgress(said=started)
         plain = not self.console.is_terminal  # a CI log or a pipe: no bar is drawn, so lines say how far it got
 
         def on_record(record: Any) -> None:
-            state["done"] += 1
-            state["tokens"] += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
+            state.done += 1
+            state.tokens += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
             now = time.perf_counter()
             elapsed = now - started
             self.bars.update(
-                self.task, completed=state["done"], tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else ""
+                self.task, completed=state.done, tps=f"{state.tokens / elapsed:,.0f} tok/s" if elapsed > 0 else ""
             )
-            if plain and (now - state["said"] >= PLAIN_PROGRESS_EVERY_S or state["done"] == total):
-                state["said"] = now
-                left = elapsed / state["done"] * (total - state["done"])
+            if plain and (now - state.said >= PLAIN_PROGRESS_EVERY_S or state.done == total):
+                state.said = now
+                left = elapsed / state.done * (total - state.done)
                 self.console.print(
-                    f"{engine} {level.label}: {state['done']:.0f}/{total} requests, "
-                    f"{state['tokens'] / elapsed if elapsed > 0 else 0:,.0f} output tok/s, "
+                    f"{engine} {level.label}: {state.done:.0f}/{total} requests, "
+                    f"{state.tokens / elapsed if elapsed > 0 else 0:,.0f} output tok/s, "
                     f"{elapsed:,.0f} s so far, about {left:,.0f} s left",
                     markup=False,
                     highlight=False,

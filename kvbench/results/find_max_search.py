@@ -1,5 +1,6 @@
 """``--find-max``'s answer per target, typed: the probes in the order they ran, the highest load meeting the SLO,
-the first missing it and why the load stops there. ``summary.json`` keeps the searches as ``endpoint.find_max``."""
+the first missing it and why the load stops there. ``summary.json`` keeps the searches, with the SLO they judged
+by, as its ``endpoint`` object (:class:`EndpointSummary`)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,19 @@ class Search:
             Limit.from_json(limit) if isinstance(limit, Mapping) else None,
             str(data.get("stopped") or ""),
         )
+
+
+@dataclass(frozen=True)
+class EndpointSummary:
+    """A ``sweep --target`` summary's own object: the ``--find-max`` searches (none for fixed levels) and the SLO
+    its points were judged by."""
+
+    find_max: list[Search] = field(default_factory=list)
+    slo: dict[str, float] | None = None  # objective (ttft, tpot, e2el) -> milliseconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {"find_max": [search.to_json() for search in self.find_max], "slo": self.slo}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EndpointSummary:
+        return cls([Search.from_json(search) for search in data.get("find_max") or []], data.get("slo"))

@@ -19,7 +19,7 @@ from kvbench.results.endpoint_figures import (
     is_endpoint_point,
     slo_share,
 )
-from kvbench.results.find_max_search import Limit, Probe, Search
+from kvbench.results.find_max_search import EndpointSummary, Limit, Probe, Search
 from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
 
@@ -104,6 +104,9 @@ def test_the_cache_state_the_failure_text_and_the_share_meeting_the_slo():
 
 def test_a_find_max_summary_reads_back_key_for_key():
     endpoint = json.loads((DATA / "find_max_endpoint.json").read_text())
+    summary = EndpointSummary.from_json(endpoint)
+    assert json.dumps(summary.to_json()) == json.dumps(endpoint) and summary.slo == {"e2el": 600000.0}
+    assert EndpointSummary.from_json({}) == EndpointSummary([], None)
     for data in endpoint["find_max"]:
         search = Search.from_json(data)
         assert json.dumps(search.to_json()) == json.dumps(data)

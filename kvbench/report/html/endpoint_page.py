@@ -7,10 +7,10 @@ from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.endpoint_report import (
     FIND_MAX_COLUMNS,
     POINT_TABLE,
+    endpoint_summary,
     find_max_rows,
     level_text,
     ordered,
-    searches_of,
     write_endpoint_plots,
 )
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
@@ -34,7 +34,7 @@ def build(run: RunFiles) -> Page:
             diagnose_points(document["points"], meta, Thresholds(), str(run.directory), run.directory, "sweep")
         ),
     ]
-    searches = searches_of(document) if document.get("endpoint") else []
+    searches = endpoint_summary(document).find_max if document.get("endpoint") else []
     if searches:
         sections.append(Section("find-max", "Highest load meeting the SLO", [find_max_table(searches)]))
     if plots:
