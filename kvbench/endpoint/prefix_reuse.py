@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.record import RequestRecord
+from kvbench.results.endpoint_figures import ServerMetrics
 from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseSpread, ReuseTarget, WorkloadReuse
 
 
 def prefix_reuse(
-    records: Sequence[RequestRecord], server: Mapping[str, Any] | None, target: ReuseTarget | None = None
+    records: Sequence[RequestRecord], server: ServerMetrics | None, target: ReuseTarget | None = None
 ) -> PrefixReuse:
     """The point's reuse figures (see the module docstring); rates are shares in [0, 1]. With a ``target`` hit
     rate (its rate, planned rate and block size): the achieved rate judged against it."""
@@ -32,20 +33,20 @@ def prefix_reuse(
     cached = sum(r.cached_tokens or 0 for r in known)
     prompt = sum(r.prompt_tokens or 0 for r in known)
     rate = cached / prompt if known and prompt else None
-    server = server or {}
-    hits, queries = server.get("prefix_cache_hits"), server.get("prefix_cache_queries")
-    counters_rate = server.get("prefix_cache_hit_rate")
+    server = server or ServerMetrics()
+    hits, queries = server.prefix_cache_hits, server.prefix_cache_queries
+    counters_rate = server.prefix_cache_hit_rate
     difference_tokens = None
     flag = None
     if known and len(known) < len(done):
         flag = f"{len(done) - len(known)} of {len(done)} answers did not report their cached tokens"
     if known and len(known) == len(done) and isinstance(hits, (int, float)):
         difference_tokens = cached - hits
-        block = server.get("block_size")
+        block = server.block_size
         if not block:
             flag = "the server's block size is unknown: the requests' and the counters' hits are not judged"
         elif abs(difference_tokens) > block * len(done):
-            flag = _why_apart(difference_tokens, hits, queries, prompt, block, len(done), server.get("preemptions"))
+            flag = _why_apart(difference_tokens, hits, queries, prompt, block, len(done), server.preemptions)
     return PrefixReuse(
         requests=len(done),
         requests_reporting=len(known),

@@ -43,7 +43,7 @@ from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
 from kvbench.results.client_figures import ClientMetrics
-from kvbench.results.endpoint_figures import Agreement, ServerFigures
+from kvbench.results.endpoint_figures import Agreement, ServerMetrics
 from kvbench.results.endpoint_timeline import EndpointTimeline, KvEventSeries
 from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseTarget
 
@@ -93,7 +93,7 @@ class EndpointPoint:
     model: str
     load: dict[str, Any]
     metrics: ClientMetrics
-    server: dict[str, Any] | None
+    server: ServerMetrics | None  # None: not scraped
     cache_reset: dict[str, Any]
     warmup: dict[str, Any]
     duration_s: float
@@ -128,7 +128,7 @@ class EndpointPoint:
             "warmup": self.warmup,
             "cache_reset": self.cache_reset,
             "metrics": self.metrics.to_json(),
-            "server": self.server,
+            "server": self.server.to_json() if self.server else None,
             "agreement": self.agreement.to_json(),
             "reuse": self.reuse.to_json() if self.reuse else {},
             "kv_events": self.kv_events,
@@ -228,7 +228,7 @@ async def run_point(
     cut = STOPPED_KINDS if load.stopped_at_deadline else frozenset()  # the time limit asked for, not a failure
     measured = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
     metrics = ClientMetrics.from_json(measured)
-    server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
+    server = ServerMetrics.from_json(point_server_metrics(scrapes, load.duration_s)) if scraper is not None else None
     described = target.describe() | {"model": model}
     kv_changes = changes(event_log) if event_log is not None else []
     kv_figures = None
@@ -260,7 +260,7 @@ async def run_point(
         settings.scrape_interval_s,
         replace(
             prefix_reuse(load.records, server, target_plan),
-            workload=workload_reuse(conversations, (server or {}).get("block_size"), prewarm),
+            workload=workload_reuse(conversations, server.block_size if server else None, prewarm),
         ),
         kv_figures,
         kv_changes,
@@ -318,23 +318,22 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
     return base
 
 
-def agreement(client: ClientMetrics, server: Mapping[str, Any] | None) -> Agreement:
+def agreement(client: ClientMetrics, server: ServerMetrics | None) -> Agreement:
     """How the client's figures and the server's own line up over the point: output and prompt tokens the
     client counted (from ``usage``) against the tokens the server generated and prefilled, and the client's mean
     TTFT against the server's (the client's includes the network and the HTTP layer, so it is the larger)."""
     if not server:
         return Agreement()
-    figures = ServerFigures.from_json(server)
 
     def ratio(client_tokens: float | None, server_tokens: float | None) -> float | None:
         if client_tokens and server_tokens and not client.failed:  # a failed request's tokens: server only
             return client_tokens / server_tokens
         return None
 
-    client_ttft, server_ttft = client.latency("mean_ttft_ms"), figures.server_mean_ttft_ms
+    client_ttft, server_ttft = client.latency("mean_ttft_ms"), server.server_mean_ttft_ms
     return Agreement(
-        ratio(client.total_output_tokens, figures.server_generation_tokens),
-        ratio(client.total_input_tokens, figures.server_prompt_tokens),
+        ratio(client.total_output_tokens, server.server_generation_tokens),
+        ratio(client.total_input_tokens, server.server_prompt_tokens),
         client_ttft - server_ttft if client_ttft is not None and server_ttft is not None else None,
     )
 

@@ -23,8 +23,8 @@ from kvbench.results.endpoint_figures import (
     EndpointTarget,
     KvEventsSummary,
     LoadShape,
-    ScrapeCounts,
     ServerFigures,
+    ServerMetrics,
     failure_text,
 )
 from kvbench.results.point import Point, aggregate_repeats
@@ -35,8 +35,7 @@ def sweep_point(
     endpoint: EndpointPoint, engine: str, concurrency: int, scenario: str, slo: dict[str, float] | None = None
 ) -> Point:
     """The sweep point of ``endpoint`` for target ``engine`` at ``concurrency`` (0 for an open-loop rate)."""
-    m, server = endpoint.metrics, endpoint.server or {}
-    running_peak = server.get("running_peak")
+    m, server = endpoint.metrics, endpoint.server or ServerMetrics()
     point = Point(
         engine=engine,
         concurrency=concurrency,
@@ -44,7 +43,7 @@ def sweep_point(
         status="ok" if endpoint.status == "ok" else "error",
         completed=m.completed,
         rejected=0,
-        preemptions=_count(server.get("preemptions")),  # None: not exposed
+        preemptions=_count(server.preemptions),  # None: not exposed
         output_throughput=m.output_throughput or 0.0,
         total_token_throughput=m.total_token_throughput or 0.0,
         request_throughput=m.request_throughput or 0.0,
@@ -52,8 +51,8 @@ def sweep_point(
         total_input_tokens=m.total_input_tokens,  # type: ignore[arg-type]  # None: the answers did not say
         total_output_tokens=m.total_output_tokens,
         latencies={name: m.latency(name) for name in LATENCY_FIELDS},
-        peak_running=_count(running_peak),
-        mean_running=server.get("running_mean"),
+        peak_running=_count(server.running_peak),
+        mean_running=server.running_mean,
         kv_pool_bytes=None,
         kv_peak_allocated_bytes=None,
         kv_mean_allocated_bytes=None,
@@ -77,7 +76,7 @@ def sweep_point(
             warmup=endpoint.warmup,
         ),
         request_rate=load.rate if load.pattern == "open" else None,
-        server=ServerFigures.from_json(server),
+        server=server.figures(),
         failed=m.failed,
         stopped=m.stopped,
         failed_by_kind=m.failed_by_kind,
@@ -89,8 +88,8 @@ def sweep_point(
         prefix_reuse=endpoint.reuse,
         kv_events=KvEventsSummary.from_json(endpoint.kv_events) if endpoint.kv_events is not None else None,
         agreement=endpoint.agreement,
-        server_notes=server.get("notes") or [],
-        scrapes=ScrapeCounts.from_json(server) if server else None,
+        server_notes=server.notes,
+        scrapes=endpoint.server.scrape_counts() if endpoint.server else None,
         max_send_lag_ms=endpoint.max_send_lag_ms,
     )
     figures.store_in(point)

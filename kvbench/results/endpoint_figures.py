@@ -134,6 +134,65 @@ _PEAKS = frozenset({"kv_usage_peak", "waiting_peak"})  # over repeats: their max
 
 
 @dataclass(frozen=True)
+class ServerMetrics:
+    """Everything the server's /metrics said over one point, as the scrapes beside its load gave it; the point keeps
+    its :meth:`figures` and :meth:`scrape_counts`. None where the server does not expose a figure."""
+
+    scrapes: int = 0
+    scrapes_failed: int = 0
+    scrape_errors: list[str] = field(default_factory=list)  # the first few distinct errors
+    families: list[str] = field(default_factory=list)  # the engines the scrapes recognised (vllm, sglang, kvbench)
+    engines: list[str] = field(default_factory=list)  # the instances behind the endpoint
+    kv_usage_peak: float | None = None  # a share of the KV cache, during the load
+    kv_usage_mean: float | None = None
+    running_peak: float | None = None
+    running_mean: float | None = None
+    waiting_peak: float | None = None
+    waiting_mean: float | None = None
+    scrapes_during_load: int = 0
+    block_size: int | None = None  # the KV block, in tokens
+    counters_window_s: float | None = None  # the counters' differences span this long
+    preemptions: float | None = None  # the counters' differences over the load
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    server_prompt_tokens: float | None = None
+    server_generation_tokens: float | None = None
+    server_finished: float | None = None
+    server_ttft_count: float | None = None
+    server_mean_ttft_ms: float | None = None
+    notes: list[str] = field(default_factory=list)  # what makes a figure partial or unknown
+
+    def figures(self) -> ServerFigures:
+        return ServerFigures(
+            self.kv_usage_peak,
+            self.kv_usage_mean,
+            self.running_mean,
+            self.waiting_peak,
+            self.waiting_mean,
+            self.prefix_cache_hit_rate,
+            self.prefix_cache_hits,
+            self.prefix_cache_queries,
+            self.server_mean_ttft_ms,
+            self.server_prompt_tokens,
+            self.server_generation_tokens,
+        )
+
+    def scrape_counts(self) -> ScrapeCounts:
+        return ScrapeCounts(
+            self.scrapes, self.scrapes_failed, self.scrapes_during_load, self.scrape_errors, self.families
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ServerMetrics:
+        """The metrics of a point (``endpoint.server_metrics``); a figure it lacks keeps its empty value."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
 class CacheReset:
     """Whether the server's prefix cache was emptied before the point's load."""
 

@@ -5,6 +5,7 @@ import pytest
 from kvbench.endpoint.conversation import Conversation, Turn
 from kvbench.endpoint.prefix_reuse import prefix_reuse, workload_reuse
 from kvbench.endpoint.record import RequestRecord
+from kvbench.results.endpoint_figures import ServerMetrics
 from kvbench.results.prefix_reuse_figures import ReuseSpread
 
 
@@ -15,7 +16,7 @@ def _record(conversation: int, prompt: int, cached: int | None, turn: int = 0, o
 def test_rates_by_request_turn_and_conversation_beside_the_counters():
     records = [_record(0, 100, 0), _record(0, 200, 96, turn=1), _record(1, 100, 48), _record(2, 50, None, ok=False)]
     server = {"prefix_cache_hits": 144, "prefix_cache_queries": 400, "prefix_cache_hit_rate": 0.36, "block_size": 16}
-    out = prefix_reuse(records, server)
+    out = prefix_reuse(records, ServerMetrics.from_json(server))
     assert out.hit_rate_requests == pytest.approx(144 / 400) and out.hit_rate_counters == 0.36
     assert out.hit_rate_by_turn == {"0": pytest.approx(48 / 200), "1": pytest.approx(96 / 200)}
     assert out.hit_rate_by_conversation == ReuseSpread(
@@ -25,7 +26,7 @@ def test_rates_by_request_turn_and_conversation_beside_the_counters():
 
 
 def test_a_server_that_does_not_say_leaves_the_rate_unknown_never_zero():
-    out = prefix_reuse([_record(0, 100, None), _record(1, 100, None)], {"prefix_cache_hit_rate": 0.5})
+    out = prefix_reuse([_record(0, 100, None), _record(1, 100, None)], ServerMetrics(prefix_cache_hit_rate=0.5))
     assert out.hit_rate_requests is None and out.cached_tokens is None and out.hit_rate_counters == 0.5
 
 
@@ -39,21 +40,21 @@ def test_a_server_that_does_not_say_leaves_the_rate_unknown_never_zero():
 )
 def test_counters_more_than_a_block_per_request_apart_are_flagged_with_the_likely_reason(hits, queries, reason):
     records = [_record(i, 100, 48) for i in range(3)]
-    out = prefix_reuse(records, {"prefix_cache_hits": hits, "prefix_cache_queries": queries, "block_size": 16})
+    out = prefix_reuse(records, ServerMetrics(prefix_cache_hits=hits, prefix_cache_queries=queries, block_size=16))
     assert out.flag is not None and reason in out.flag
 
 
 def test_counters_ahead_of_the_answers_under_preemption_name_the_re_admissions_first():
     records = [_record(i, 100, 48) for i in range(3)]
     server = {"prefix_cache_hits": 400, "prefix_cache_queries": 2000, "block_size": 16, "preemptions": 12}
-    flag = prefix_reuse(records, server).flag
+    flag = prefix_reuse(records, ServerMetrics.from_json(server)).flag
     assert flag.startswith("the server's counters count 256 more cached tokens") and "preempted 12 times" in flag
 
 
 def test_within_a_block_per_request_is_not_flagged_and_an_unknown_block_size_is_said():
     records = [_record(i, 100, 48) for i in range(3)]
-    assert prefix_reuse(records, {"prefix_cache_hits": 144 + 40, "block_size": 16}).flag is None
-    assert "block size is unknown" in prefix_reuse(records, {"prefix_cache_hits": 144}).flag
+    assert prefix_reuse(records, ServerMetrics(prefix_cache_hits=144 + 40, block_size=16)).flag is None
+    assert "block size is unknown" in prefix_reuse(records, ServerMetrics(prefix_cache_hits=144)).flag
 
 
 def _conversations(prompts):

@@ -53,15 +53,15 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
     assert point.warmup == {"requests": 2, "completed": 2, "failed": 0, "failures": []}
     assert point.cache_reset["reset"] is True and point.model == "fake-model"
     s = point.server
-    assert s["families"] == ["vllm"] and s["running_peak"] == 3 and s["scrapes_failed"] == 0
+    assert s.families == ["vllm"] and s.running_peak == 3 and s.scrapes_failed == 0
     # the cache was emptied after the warm-up: each group's first request misses, the 5 others hit their
     # 2 shared blocks of 16 tokens; suffixes never fill a block
-    assert s["prefix_cache_queries"] == 12 * 40 and s["prefix_cache_hits"] == 2 * 5 * 32
-    assert s["prefix_cache_hit_rate"] == pytest.approx(320 / 480)
-    assert s["server_generation_tokens"] == 96 and s["server_ttft_count"] == 12
+    assert s.prefix_cache_queries == 12 * 40 and s.prefix_cache_hits == 2 * 5 * 32
+    assert s.prefix_cache_hit_rate == pytest.approx(320 / 480)
+    assert s.server_generation_tokens == 96 and s.server_ttft_count == 12
     assert point.agreement.output_tokens_client_over_server == 1.0
     assert 0 <= point.agreement.mean_ttft_client_minus_server_ms < 1000  # the client's includes HTTP
-    assert s["notes"] == []
+    assert s.notes == []
     json.dumps(point.as_json())  # JSON-ready
     timeline = point.timeline()
     assert sum(timeline.client.output_tokens_per_s) * timeline.bin_s == pytest.approx(96)
@@ -75,7 +75,7 @@ def test_without_a_reset_a_warm_cache_shows_in_the_hit_rate():
     with serve_in_thread() as server:
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(1), warmup=workload[:1]))
     assert point.cache_reset == {"asked": False, "reset": None, "route": None, "detail": "not asked"}
-    assert point.server["prefix_cache_hits"] == 4 * 16  # the warm-up left the prefix in the cache
+    assert point.server.prefix_cache_hits == 4 * 16  # the warm-up left the prefix in the cache
 
 
 def test_a_reset_the_server_does_not_offer_is_recorded_as_such():
@@ -161,7 +161,7 @@ def test_a_server_killed_during_a_point():
     # server held) break off at once
     assert set(m.failed_by_kind) == {"disconnect", "connect"} and m.failed_by_kind["disconnect"] >= 4
     assert all(r.end - r.start < 3.0 for r in point.records if r.error_kind == "connect")  # refused at once
-    assert point.server["scrapes_failed"] >= 1 and point.server["scrapes"] > point.server["scrapes_failed"]
+    assert point.server.scrapes_failed >= 1 and point.server.scrapes > point.server.scrapes_failed
 
 
 @pytest.mark.parametrize("how", ["metrics_fail_after", "metrics_stall_after"])
@@ -173,9 +173,9 @@ def test_a_metrics_endpoint_that_disappears(how):
         took = time.perf_counter() - began
     s = point.server
     assert point.metrics.completed == 8 and took < 25.0
-    assert s["scrapes_failed"] >= 1 and s["scrape_errors"]
-    assert "no scrape after the load: counters end at the last scrape during it" in s["notes"]
-    assert s["running_peak"] == 2  # from the scrapes that worked
+    assert s.scrapes_failed >= 1 and s.scrape_errors
+    assert "no scrape after the load: counters end at the last scrape during it" in s.notes
+    assert s.running_peak == 2  # from the scrapes that worked
 
 
 def test_every_warm_up_request_failing_stops_the_point_with_the_reason():

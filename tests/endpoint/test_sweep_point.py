@@ -11,10 +11,11 @@ from kvbench.endpoint.client import Target
 from kvbench.endpoint.client_metrics import client_metrics
 from kvbench.endpoint.load import ClosedLoop, OpenLoop
 from kvbench.endpoint.run_point import PointSettings, run_point_sync
+from kvbench.endpoint.server_metrics import point_server_metrics
 from kvbench.endpoint.sweep_point import sweep_point
 from kvbench.endpoint.workloads import shared_prefix
 from kvbench.results.client_figures import ClientMetrics
-from kvbench.results.endpoint_figures import CacheReset, is_endpoint_point
+from kvbench.results.endpoint_figures import CacheReset, ServerMetrics, is_endpoint_point
 from kvbench.results.schema import LATENCY_FIELDS
 
 
@@ -46,6 +47,11 @@ def test_a_closed_loop_point_maps_onto_the_schema_with_the_servers_figures():
     client, raw = measured.metrics, client_metrics(measured.records, measured.duration_s, {"ttft": 10_000})
     assert json.dumps(ClientMetrics.from_json(raw).to_json()) == json.dumps(raw) == json.dumps(client.to_json())
     assert client.slo_ms == {"ttft": 10_000} and client.latency("p50_ttft_ms") == client.latencies["median_ttft_ms"]
+    # the server's metrics too: what point_server_metrics made of the scrapes, key for key
+    server = point_server_metrics(measured.scrapes, measured.duration_s)
+    assert measured.server is not None and measured.server.block_size is not None
+    assert json.dumps(ServerMetrics.from_json(server).to_json()) == json.dumps(server)
+    assert json.dumps(measured.server.to_json()) == json.dumps(server)
 
 
 def test_failed_requests_mark_the_point_and_say_how_many_of_each_kind():

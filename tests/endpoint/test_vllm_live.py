@@ -46,10 +46,10 @@ def test_a_closed_loop_point_agrees_with_the_servers_own_counters(vllm_url):
     assert point.status == "ok" and m.completed == 8 and m.total_output_tokens == 8 * 12
     assert m.total_input_tokens == 8 * 272 and m.output_tokens_from == {"usage": 8}
     assert point.cache_reset["reset"] is True
-    assert s["families"] == ["vllm"] and s["server_generation_tokens"] == 96 and s["server_prompt_tokens"] == 8 * 272
-    assert s["prefix_cache_queries"] == 8 * 272 and s["prefix_cache_hits"] == 2 * 3 * 256
-    assert s["server_ttft_count"] == 8 and 0 <= point.agreement.mean_ttft_client_minus_server_ms < 100
-    assert s["running_peak"] == 1 and s["kv_usage_peak"] > 0
+    assert s.families == ["vllm"] and s.server_generation_tokens == 96 and s.server_prompt_tokens == 8 * 272
+    assert s.prefix_cache_queries == 8 * 272 and s.prefix_cache_hits == 2 * 3 * 256
+    assert s.server_ttft_count == 8 and 0 <= point.agreement.mean_ttft_client_minus_server_ms < 100
+    assert s.running_peak == 1 and s.kv_usage_peak > 0
 
 
 def test_an_open_loop_of_chat_conversations(vllm_url):
