@@ -159,9 +159,8 @@ class EndpointSweep:
         if measured.scrapes:
             watch = self.run_dir / f"watch-{stem}.jsonl"
             watch.unlink(missing_ok=True)  # a rerun of the same level (find-max never repeats one) starts afresh
-            write_watch_timeline(
-                watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
-            )
+            metrics_url = figures.endpoint.metrics_url or ""
+            write_watch_timeline(watch, metrics_url, measured.scrape_interval_s, measured.scrapes)
         lines = "".join(json_text(record.as_json(), indent=None) + "\n" for record in measured.records)
         write_text_atomic(self.run_dir / f"requests-{stem}.jsonl", lines)
         figures = replace(figures, timeline_file=f"timeline-{stem}.json", requests_file=f"requests-{stem}.jsonl")

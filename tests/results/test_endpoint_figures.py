@@ -15,6 +15,7 @@ from kvbench.results.endpoint_figures import (
     EndpointFigures,
     LoadShape,
     ServerFigures,
+    ServerMetrics,
     failure_text,
     is_endpoint_point,
     slo_share,
@@ -114,3 +115,12 @@ def test_a_find_max_summary_reads_back_key_for_key():
     limited = Search("s", "rate", [Probe(4.0, False, 0.5, "ok")], None, 4.0, Limit("kv_full", "full", "more"), "x")
     assert Search.from_json(json.loads(json.dumps(limited.to_json()))) == limited
     assert limited.level_text(2.5) == "2.5 req/s" and Search("s", "concurrency").level_text(8.0) == "C=8"
+
+
+def test_the_server_metrics_give_the_point_its_figures_and_scrape_counts():
+    server = ServerMetrics.from_json({"scrapes": 5, "scrapes_failed": 1, "kv_usage_peak": 0.9, "running_peak": 4.0})
+    assert server.block_size is None and server.notes == [] and server.preemptions is None
+    assert server.figures() == ServerFigures(kv_usage_peak=0.9)
+    counts = server.scrape_counts()
+    assert (counts.scrapes, counts.scrapes_failed, counts.scrapes_during_load, counts.families) == (5, 1, 0, [])
+    assert list(server.to_json())[:5] == ["scrapes", "scrapes_failed", "scrape_errors", "families", "engines"]
