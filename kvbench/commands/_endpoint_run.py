@@ -81,7 +81,7 @@ def sweep_targets(options: SweepOptions, out_dir: Path | None, as_json: bool, wi
     if run.dir is None:
         raise AssertionError("the run directory is opened before any point")
     run_dir = run.dir.path
-    document = write_endpoint_outputs(run_dir, setup.meta(), run.points, [s.as_dict() for s in searches])
+    document = write_endpoint_outputs(run_dir, setup.meta(), run.points, searches)
     run.dir.release()
     show(document, as_json, lambda: print_endpoint_sweep(console, document, run_dir, wide))
     if stopped is not None:

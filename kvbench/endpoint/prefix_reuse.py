@@ -13,66 +13,66 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.record import RequestRecord
+from kvbench.results.endpoint_figures import ServerMetrics
+from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseSpread, ReuseTarget, WorkloadReuse
 
 
 def prefix_reuse(
-    records: Sequence[RequestRecord], server: Mapping[str, Any] | None, target: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    records: Sequence[RequestRecord], server: ServerMetrics | None, target: ReuseTarget | None = None
+) -> PrefixReuse:
     """The point's reuse figures (see the module docstring); rates are shares in [0, 1]. With a ``target`` hit
-    rate (``rate``, ``planned``, ``block_size``): the achieved rate judged against it."""
+    rate (its rate, planned rate and block size): the achieved rate judged against it."""
     done = [r for r in records if r.ok]
     known = [r for r in done if r.cached_tokens is not None and r.prompt_tokens]
     cached = sum(r.cached_tokens or 0 for r in known)
     prompt = sum(r.prompt_tokens or 0 for r in known)
-    out: dict[str, Any] = {
-        "requests": len(done),
-        "requests_reporting": len(known),
-        "cached_tokens": cached if known else None,
-        "prompt_tokens": prompt if known else None,
-        "hit_rate_requests": cached / prompt if known and prompt else None,
-        "hit_rate_by_turn": _by_turn(known),
-        "hit_rate_by_conversation": _spread(_rates_by(known, lambda r: r.conversation)),
-    }
-    server = server or {}
-    hits, queries = server.get("prefix_cache_hits"), server.get("prefix_cache_queries")
-    out["hit_rate_counters"] = server.get("prefix_cache_hit_rate")
-    out["counter_hits"] = hits
-    out["difference_tokens"] = None
-    out["difference_pct_points"] = None
-    out["flag"] = None
+    rate = cached / prompt if known and prompt else None
+    server = server or ServerMetrics()
+    hits, queries = server.prefix_cache_hits, server.prefix_cache_queries
+    counters_rate = server.prefix_cache_hit_rate
+    difference_tokens = None
+    flag = None
     if known and len(known) < len(done):
-        out["flag"] = f"{len(done) - len(known)} of {len(done)} answers did not report their cached tokens"
-    if out["hit_rate_requests"] is not None and out["hit_rate_counters"] is not None:
-        out["difference_pct_points"] = (out["hit_rate_requests"] - out["hit_rate_counters"]) * 100.0
+        flag = f"{len(done) - len(known)} of {len(done)} answers did not report their cached tokens"
     if known and len(known) == len(done) and isinstance(hits, (int, float)):
-        difference = cached - hits
-        out["difference_tokens"] = difference
-        block = server.get("block_size")
+        difference_tokens = cached - hits
+        block = server.block_size
         if not block:
-            out["flag"] = "the server's block size is unknown: the requests' and the counters' hits are not judged"
-        elif abs(difference) > block * len(done):
-            out["flag"] = _why_apart(difference, hits, queries, prompt, block, len(done), server.get("preemptions"))
-    if target is not None:
-        out["target"] = _judged(dict(target), out["hit_rate_requests"], out["hit_rate_counters"], prompt, len(known))
-    return out
+            flag = "the server's block size is unknown: the requests' and the counters' hits are not judged"
+        elif abs(difference_tokens) > block * len(done):
+            flag = _why_apart(difference_tokens, hits, queries, prompt, block, len(done), server.preemptions)
+    return PrefixReuse(
+        requests=len(done),
+        requests_reporting=len(known),
+        cached_tokens=cached if known else None,
+        prompt_tokens=prompt if known else None,
+        hit_rate_requests=rate,
+        hit_rate_by_turn=_by_turn(known),
+        hit_rate_by_conversation=_spread(_rates_by(known, lambda r: r.conversation)),
+        hit_rate_counters=counters_rate,
+        counter_hits=hits,
+        difference_tokens=difference_tokens,
+        difference_pct_points=None if rate is None or counters_rate is None else (rate - counters_rate) * 100.0,
+        flag=flag,
+        target=_judged(target, rate, counters_rate, prompt, len(known)) if target is not None else None,
+    )
 
 
 def _judged(
-    target: dict[str, Any], requests_rate: float | None, counters_rate: float | None, prompt: int, count: int
-) -> dict[str, Any]:
+    target: ReuseTarget, requests_rate: float | None, counters_rate: float | None, prompt: int, count: int
+) -> ReuseTarget:
     """The achieved rate against the target, within max(0.5 points, one block over the mean prompt)."""
     achieved = requests_rate if requests_rate is not None else counters_rate
-    block = target.get("block_size") or 0
+    block = target.block_size or 0
     tolerance = max(0.005, block / (prompt / count)) if count and prompt else 0.005
-    target.update(achieved=achieved, tolerance=tolerance, met=None)
-    if achieved is not None:
-        target["met"] = abs(achieved - target["rate"]) <= tolerance
-    return target
+    met = abs(achieved - target.rate) <= tolerance if achieved is not None else None
+    return replace(target, achieved=achieved, tolerance=tolerance, met=met)
 
 
 def _why_apart(
@@ -113,21 +113,16 @@ def _by_turn(records: Sequence[RequestRecord]) -> dict[str, float]:
     return {str(turn): rate for turn, rate in _rates_by(records, lambda r: r.turn).items()}
 
 
-def _spread(rates: dict[int, float]) -> dict[str, float] | None:
+def _spread(rates: dict[int, float]) -> ReuseSpread | None:
     if not rates:
         return None
     values = sorted(rates.values())
-    return {
-        "conversations": len(values),
-        "min": values[0],
-        "median": statistics.median(values),
-        "max": values[-1],
-    }
+    return ReuseSpread(len(values), values[0], statistics.median(values), values[-1])
 
 
 def workload_reuse(
     conversations: Sequence[Conversation], block_size: int | None, before: Sequence[Conversation] = ()
-) -> dict[str, Any] | None:
+) -> WorkloadReuse | None:
     """What the workload itself allows, in the order it is sent: the prompt tokens an unbounded prefix cache of
     ``block_size``-token blocks would serve (each request's leading full blocks that an earlier prompt holds,
     never the block of its last token), and how many requests start with the same half block as an earlier one
@@ -167,9 +162,4 @@ def workload_reuse(
         if head is not None:
             heads.add(head)
         seen_blocks.update(chain)
-    return {
-        "block_size": block_size,
-        "ideal_cached_tokens": ideal,
-        "ideal_hit_rate": ideal / total if total else None,
-        "requests_sharing_under_one_block": under_one_block,
-    }
+    return WorkloadReuse(block_size, ideal, ideal / total if total else None, under_one_block)

@@ -42,6 +42,10 @@ from kvbench.endpoint.workloads import HitRateTarget, shaped_to_hit_rate
 from kvbench.errors import KvbenchError
 from kvbench.measure.kv_events import changes
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Change
+from kvbench.results.client_figures import ClientMetrics
+from kvbench.results.endpoint_figures import Agreement, ServerMetrics
+from kvbench.results.endpoint_timeline import EndpointTimeline, KvEventSeries
+from kvbench.results.prefix_reuse_figures import PrefixReuse, ReuseTarget
 
 STOPPED_KINDS = frozenset({"cancelled", "not_sent"})  # what a point's time limit leaves: in flight, or never sent
 
@@ -88,20 +92,20 @@ class EndpointPoint:
     target: dict[str, Any]
     model: str
     load: dict[str, Any]
-    metrics: dict[str, Any]
-    server: dict[str, Any] | None
+    metrics: ClientMetrics
+    server: ServerMetrics | None  # None: not scraped
     cache_reset: dict[str, Any]
     warmup: dict[str, Any]
     duration_s: float
     peak_in_flight: int
     max_send_lag_ms: float
     stopped_at_deadline: bool
-    agreement: dict[str, Any]
+    agreement: Agreement
     records: list[RequestRecord] = field(repr=False, default_factory=list)
     scrapes: list[Scrape] = field(repr=False, default_factory=list)
     origin: float = 0.0
     scrape_interval_s: float = DEFAULT_INTERVAL_S
-    reuse: dict[str, Any] = field(default_factory=dict)  # per-request cached tokens against the counters
+    reuse: PrefixReuse | None = None  # per-request cached tokens against the counters
     kv_events: dict[str, Any] | None = None  # the KV event stream's figures; None: not listened to
     kv_changes: list[Change] = field(repr=False, default_factory=list)  # the stream's events, compact
     wall_origin: float = 0.0  # Unix seconds at ``origin`` (the events are stamped on that clock)
@@ -109,7 +113,7 @@ class EndpointPoint:
     @property
     def status(self) -> str:
         """``ok`` when every request completed, ``failed`` when some did not (the run must say so)."""
-        return "ok" if self.metrics["failed"] == 0 else "failed"
+        return "ok" if self.metrics.failed == 0 else "failed"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -123,21 +127,29 @@ class EndpointPoint:
             "stopped_at_deadline": self.stopped_at_deadline,
             "warmup": self.warmup,
             "cache_reset": self.cache_reset,
-            "metrics": self.metrics,
-            "server": self.server,
-            "agreement": self.agreement,
-            "reuse": self.reuse,
+            "metrics": self.metrics.to_json(),
+            "server": self.server.to_json() if self.server else None,
+            "agreement": self.agreement.to_json(),
+            "reuse": self.reuse.to_json() if self.reuse else {},
             "kv_events": self.kv_events,
         }
 
-    def timeline(self, bin_s: float | None = None) -> dict[str, Any]:
+    def timeline(self, bin_s: float | None = None) -> EndpointTimeline:
         width = bin_s or self.scrape_interval_s
-        timeline = point_timeline(
-            self.records, self.scrapes, self.origin, self.duration_s, width, {"target": self.target, "load": self.load}
+        timeline = EndpointTimeline.from_json(
+            point_timeline(
+                self.records,
+                self.scrapes,
+                self.origin,
+                self.duration_s,
+                width,
+                {"target": self.target, "load": self.load},
+            )
         )
-        if self.kv_events is not None:
-            timeline["kv_events"] = kv_series(self.kv_changes, self.wall_origin, self.duration_s, width)
-        return timeline
+        if self.kv_events is None:
+            return timeline
+        series = kv_series(self.kv_changes, self.wall_origin, self.duration_s, width)
+        return replace(timeline, kv_events=KvEventSeries.from_json(series))
 
 
 async def run_point(
@@ -185,7 +197,7 @@ async def run_point(
                     "shaped in (vLLM: cache_config_info; kvbench serve: kvbench_kv_cache_block_size)"
                 )
             conversations, prewarm, planned = shaped_to_hit_rate(conversations, settings.hit_rate, block_size)
-            target_plan = {"rate": settings.hit_rate.rate, "planned": planned, "block_size": block_size}
+            target_plan = ReuseTarget(settings.hit_rate.rate, planned, block_size)
         reset = NOT_ASKED
         if settings.reset_prefix_cache:
             reset = await reset_prefix_cache(session, target.url, family, api_key)
@@ -214,8 +226,9 @@ async def run_point(
         event_log = await asyncio.to_thread(listener.stop) if listener is not None else None
     fill_token_counts(load.records, tokenizer)
     cut = STOPPED_KINDS if load.stopped_at_deadline else frozenset()  # the time limit asked for, not a failure
-    metrics = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
-    server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
+    measured = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
+    metrics = ClientMetrics.from_json(measured)
+    server = ServerMetrics.from_json(point_server_metrics(scrapes, load.duration_s)) if scraper is not None else None
     described = target.describe() | {"model": model}
     kv_changes = changes(event_log) if event_log is not None else []
     kv_figures = None
@@ -245,8 +258,10 @@ async def run_point(
         scrapes,
         load.started,
         settings.scrape_interval_s,
-        prefix_reuse(load.records, server, target_plan)
-        | {"workload": workload_reuse(conversations, (server or {}).get("block_size"), prewarm)},
+        replace(
+            prefix_reuse(load.records, server, target_plan),
+            workload=workload_reuse(conversations, server.block_size if server else None, prewarm),
+        ),
         kv_figures,
         kv_changes,
         load.started + wall_at_start,
@@ -303,24 +318,24 @@ async def _why_unusable(client: EndpointClient, conversation: Conversation, fail
     return base
 
 
-def agreement(metrics: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict[str, Any]:
+def agreement(client: ClientMetrics, server: ServerMetrics | None) -> Agreement:
     """How the client's figures and the server's own line up over the point: output and prompt tokens the
     client counted (from ``usage``) against the tokens the server generated and prefilled, and the client's mean
     TTFT against the server's (the client's includes the network and the HTTP layer, so it is the larger)."""
     if not server:
-        return {}
-    out: dict[str, Any] = {}
-    for kind, client_key, server_key in (
-        ("output", "total_output_tokens", "server_generation_tokens"),
-        ("input", "total_input_tokens", "server_prompt_tokens"),
-    ):
-        client_tokens, server_tokens = metrics.get(client_key), server.get(server_key)
-        if client_tokens and server_tokens and not metrics.get("failed"):  # a failed request's tokens: server only
-            out[f"{kind}_tokens_client_over_server"] = client_tokens / server_tokens
-    client_ttft, server_ttft = metrics.get("mean_ttft_ms"), server.get("server_mean_ttft_ms")
-    if client_ttft is not None and server_ttft is not None:
-        out["mean_ttft_client_minus_server_ms"] = client_ttft - server_ttft
-    return out
+        return Agreement()
+
+    def ratio(client_tokens: float | None, server_tokens: float | None) -> float | None:
+        if client_tokens and server_tokens and not client.failed:  # a failed request's tokens: server only
+            return client_tokens / server_tokens
+        return None
+
+    client_ttft, server_ttft = client.latency("mean_ttft_ms"), server.server_mean_ttft_ms
+    return Agreement(
+        ratio(client.total_output_tokens, server.server_generation_tokens),
+        ratio(client.total_input_tokens, server.server_prompt_tokens),
+        client_ttft - server_ttft if client_ttft is not None and server_ttft is not None else None,
+    )
 
 
 __all__ = [

@@ -10,18 +10,23 @@ latency against the level per target, the server's KV usage against the level, a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from kvbench.fileio import run_file
-from kvbench.report.columns import Col, PointMap, TableSpec, markdown_table, print_whole
+from kvbench.report.columns import Col, TableSpec, markdown_table, print_whole
 from kvbench.report.progress import sweep_progress_bars
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
+from kvbench.results.endpoint_figures import EndpointFigures, slo_share
+from kvbench.results.endpoint_timeline import EndpointTimeline
 from kvbench.results.fields import ms_text
+from kvbench.results.find_max_search import EndpointSummary, Search
 from kvbench.results.point import Point
+from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import summary_document
 from kvbench.values import printable
 
@@ -39,28 +44,29 @@ def is_endpoint_run(document: dict[str, Any]) -> bool:
     return isinstance(document.get("endpoint"), dict)
 
 
-def level_of(point: PointMap) -> float:
-    rate = point.get("request_rate")
-    return float(point["concurrency"]) if rate is None else float(rate)
+def level_of(point: Point) -> float:
+    rate = EndpointFigures.of(point).request_rate
+    return float(point.concurrency) if rate is None else float(rate)
 
 
-def level_text(point: PointMap) -> str:
-    if ((point.get("endpoint") or {}).get("load") or {}).get("pattern") == "trace":
+def level_text(point: Point) -> str:
+    figures = EndpointFigures.of(point)
+    if figures.pattern == "trace":
         return "trace"
-    rate = point.get("request_rate")
-    return f"C={point['concurrency']}" if rate is None else f"{rate:g} req/s"
+    rate = figures.request_rate
+    return f"C={point.concurrency}" if rate is None else f"{rate:g} req/s"
 
 
-def level_axis(points: Sequence[dict[str, Any]]) -> str:
+def level_axis(points: Sequence[Point]) -> str:
     return (
         "request rate (requests / s)"
-        if any(p.get("request_rate") is not None for p in points)
+        if any(EndpointFigures.of(p).request_rate is not None for p in points)
         else "concurrency (requests in flight)"
     )
 
 
-def ordered(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(points, key=lambda p: (level_of(p), p["engine"]))
+def ordered(points: Sequence[Point]) -> list[Point]:
+    return sorted(points, key=lambda p: (level_of(p), p.engine))
 
 
 def _pct(share: Any) -> str:
@@ -71,54 +77,59 @@ def _count(value: Any) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _pair(point: PointMap, kind: str) -> str:
-    a, b = point.get(f"p50_{kind}_ms"), point.get(f"p99_{kind}_ms")
+def _pair(point: Point, kind: str) -> str:
+    a, b = point.latencies.get(f"p50_{kind}_ms"), point.latencies.get(f"p99_{kind}_ms")
     return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
 
 
-def _done(p: PointMap) -> str:
-    stopped = p.get("stopped") or 0  # cut by the point's time limit: neither done nor failed
-    return f"{p['completed']:g}/{p.get('failed') or 0}" + (f" +{stopped} cut" if stopped else "")
+def _done(p: Point) -> str:
+    figures = EndpointFigures.of(p)
+    stopped = figures.stopped  # cut by the point's time limit: neither done nor failed
+    return f"{p.completed:g}/{figures.failed}" + (f" +{stopped} cut" if stopped else "")
 
 
-def _output_tps(p: PointMap) -> str:
-    if not p["completed"]:
+def _output_tps(p: Point) -> str:
+    if not p.completed:
         return "-"
-    spread = p.get("output_throughput_ci95")  # --repeat: the 95% CI over the runs
-    return f"{p['output_throughput']:,.0f}" + (f" ± {spread:,.0f}" if spread else "")
+    spread = p.ci95("output_throughput")  # --repeat: the 95% CI over the runs
+    return f"{p.output_throughput:,.0f}" + (f" ± {spread:,.0f}" if spread else "")
 
 
-def _slo_met(p: PointMap) -> str:
-    goodput, throughput = p.get("request_goodput"), p.get("request_throughput")
-    return "-" if goodput is None or not throughput else f"{100 * goodput / throughput:.0f}%"
+def _slo_met(p: Point) -> str:
+    share = slo_share(p)
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
-POINT_TABLE = TableSpec(
+def _kv_usage(p: Point) -> str:
+    server = EndpointFigures.of(p).server
+    return f"{_pct(server.kv_usage_peak)}/{_pct(server.kv_usage_mean)}"
+
+
+def _running_waiting(p: Point) -> str:
+    return f"{_count(p.peak_running)}/{_count(EndpointFigures.of(p).server.waiting_peak)}"
+
+
+POINT_TABLE: TableSpec[Point] = TableSpec(
     "Servers over HTTP (TPS = output tokens/s; latencies in ms; KV usage = % of the server's KV cache)",
     (
-        Col("target", lambda p: p["engine"], "engine", key=True, figure=False, numeric=False),
+        Col("target", lambda p: p.engine, "engine", key=True, figure=False, numeric=False),
         Col("load", level_text, "concurrency", key=True, figure=False, numeric=False, sort=level_of),
         Col("done/fail", _done, "completed", figure=False),
         Col("out TPS", _output_tps, "output_throughput"),
-        Col("req/s", lambda p: f"{p['request_throughput']:,.2f}", "request_throughput"),
+        Col("req/s", lambda p: f"{p.request_throughput:,.2f}", "request_throughput"),
         Col("TTFT p50/p99", lambda p: _pair(p, "ttft"), "p99_ttft_ms"),
         Col("TPOT p50/p99", lambda p: _pair(p, "tpot"), "p99_tpot_ms"),
-        Col("E2EL p50", lambda p: ms_text(p.get("p50_e2el_ms")), "p50_e2el_ms"),
+        Col("E2EL p50", lambda p: ms_text(p.latencies.get("p50_e2el_ms")), "p50_e2el_ms"),
         Col("SLO met", _slo_met, "request_goodput"),
+        Col("KV % peak/mean", _kv_usage, "kv_usage_peak", figure=False),
+        Col("preempt", lambda p: _count(p.preemptions), "preemptions", figure=False),
+        Col("run/wait", _running_waiting, "peak_running", figure=False),
         Col(
-            "KV % peak/mean",
-            lambda p: f"{_pct(p.get('kv_usage_peak'))}/{_pct(p.get('kv_usage_mean'))}",
-            "kv_usage_peak",
+            "prefix hit %",
+            lambda p: _pct(EndpointFigures.of(p).server.prefix_cache_hit_rate),
+            "prefix_cache_hit_rate",
             figure=False,
         ),
-        Col("preempt", lambda p: _count(p.get("preemptions")), "preemptions", figure=False),
-        Col(
-            "run/wait",
-            lambda p: f"{_count(p.get('peak_running'))}/{_count(p.get('waiting_peak'))}",
-            "peak_running",
-            figure=False,
-        ),
-        Col("prefix hit %", lambda p: _pct(p.get("prefix_cache_hit_rate")), "prefix_cache_hit_rate", figure=False),
     ),
     caption="SLO met: share of completed requests meeting every objective (goodput / throughput); "
     "run/wait: peak requests running and waiting on the server; +N cut: requests the point's time limit "
@@ -129,27 +140,26 @@ POINT_TABLE = TableSpec(
 )
 
 
-def find_max_rows(searches: Sequence[dict[str, Any]]) -> list[list[str]]:
+def find_max_rows(searches: Sequence[Search]) -> list[list[str]]:
     rows = []
     for s in searches:
-        unit = (lambda v: f"C={int(v)}") if s["by"] == "concurrency" else (lambda v: f"{v:g} req/s")
-        limit = s.get("limit") or {}
-        best = "none" if s["best"] is None else unit(s["best"])
-        miss = "-" if s["first_miss"] is None else unit(s["first_miss"])
+        limit = s.limit
+        best = "none" if s.best is None else s.level_text(s.best)
+        miss = "-" if s.first_miss is None else s.level_text(s.first_miss)
         rows.append(
             [
-                s["engine"],
+                s.engine,
                 best,
                 miss,
-                limit.get("kind", "-"),
-                limit.get("evidence") or s.get("stopped", ""),
-                limit.get("suggestion", "-"),
+                limit.kind if limit else "-",
+                (limit.evidence if limit else "") or s.stopped,
+                limit.suggestion if limit else "-",
             ]
         )
     return rows
 
 
-def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | None) -> Table:
+def find_max_table(searches: Sequence[Search], slo: dict[str, Any] | None) -> Table:
     objectives = ", ".join(f"{k} <= {v:g} ms" for k, v in (slo or {}).items())
     table = Table(title=f"The highest load meeting the SLO ({objectives})")
     for column in FIND_MAX_COLUMNS:
@@ -159,86 +169,93 @@ def find_max_table(searches: Sequence[dict[str, Any]], slo: dict[str, Any] | Non
     return table
 
 
-def findings(points: Sequence[dict[str, Any]]) -> list[str]:
+def findings(points: Sequence[Point]) -> list[str]:
     """What the points say in words: the best throughput per target, KV saturation, failures, agreement."""
     lines = []
-    for engine in sorted({p["engine"] for p in points}):
-        mine = [p for p in points if p["engine"] == engine and p["completed"]]
+    for engine in sorted({p.engine for p in points}):
+        mine = [p for p in points if p.engine == engine and p.completed]
         if not mine:
             continue
-        best = max(mine, key=lambda p: p["output_throughput"])
-        line = f"{engine}: at most {best['output_throughput']:,.0f} output tok/s (at {level_text(best)})"
-        full = [p for p in mine if (p.get("kv_usage_peak") or 0) >= 0.95]
+        best = max(mine, key=lambda p: p.output_throughput)
+        line = f"{engine}: at most {best.output_throughput:,.0f} output tok/s (at {level_text(best)})"
+        full = [p for p in mine if (EndpointFigures.of(p).server.kv_usage_peak or 0) >= 0.95]
         if full:
             line += f"; its KV cache was full (>= 95%) from {level_text(full[0])}"
-        preempted = [p for p in mine if (p.get("preemptions") or 0) > 0]
+        preempted = [p for p in mine if (p.preemptions or 0) > 0]
         if preempted:
             line += f", preempting from {level_text(preempted[0])}"
         lines.append(line + ".")
     for p in points:
         lines += reuse_lines(p)
+        agreement = EndpointFigures.of(p).agreement
         for kind, verb in (("output", "generating"), ("input", "prefilling")):
-            ratio = (p.get("agreement") or {}).get(f"{kind}_tokens_client_over_server")
+            ratio = agreement.tokens_client_over_server(kind)
             if ratio is not None and abs(ratio - 1) > 0.01:
                 lines.append(
-                    f"{p['engine']} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
+                    f"{p.engine} {level_text(p)}: the client counted {ratio:.3f}x the {kind} tokens the "
                     f"server reports {verb} (another workload on the server, or tokens counted differently)"
                 )
     return lines
 
 
-def reuse_lines(point: dict[str, Any]) -> list[str]:
+def reuse_lines(point: Point) -> list[str]:
     """A point's prefix reuse in words: the requests' hit rate beside the counters' and the workload's ideal, and
     what the server's KV events say of eviction; each flag as its own line."""
     lines = []
-    reuse: dict[str, Any] = point["prefix_reuse"] if isinstance(point.get("prefix_reuse"), dict) else {}
-    where = f"{point['engine']} {level_text(point)}"
-    rate = reuse.get("hit_rate_requests")
-    if isinstance(rate, (int, float)):
+    figures = EndpointFigures.of(point)
+    reuse = figures.prefix_reuse or PrefixReuse()
+    where = f"{point.engine} {level_text(point)}"
+    rate = reuse.hit_rate_requests
+    if rate is not None:
         line = f"{where}: the answers report {rate:.1%} of prompt tokens served from the prefix cache"
-        counters = reuse.get("hit_rate_counters")
-        if isinstance(counters, (int, float)):
+        counters = reuse.hit_rate_counters
+        if counters is not None:
             line += f" (the server's counters: {counters:.1%})"
-        ideal = (reuse.get("workload") or {}).get("ideal_hit_rate")
-        if isinstance(ideal, (int, float)):
+        ideal = reuse.workload.ideal_hit_rate if reuse.workload else None
+        if ideal is not None:
             line += f"; an unbounded cache starting empty would serve {ideal:.1%} of the same requests' prompt tokens"
-            if point.get("cache_state") != "reset" and rate > ideal + 0.01:
+            if figures.cache_state != "reset" and rate > ideal + 0.01:
                 line += " (this point's cache was not emptied first: it reused what earlier points left)"
         lines.append(line + ".")
-    target = reuse.get("target") if isinstance(reuse.get("target"), dict) else None
-    if target is not None and isinstance(target.get("achieved"), (int, float)):
-        verdict = "met" if target.get("met") else "MISSED"
+    target = reuse.target
+    if target is not None and target.achieved is not None:
+        verdict = "met" if target.met else "MISSED"
         lines.append(
-            f"{where}: target hit rate {target['rate']:.1%} {verdict}: achieved {target['achieved']:.1%} "
-            f"(planned {target['planned']:.1%} in blocks of {target['block_size']}, tolerance "
-            f"±{target['tolerance']:.1%})."
+            f"{where}: target hit rate {target.rate:.1%} {verdict}: achieved {target.achieved:.1%} "
+            f"(planned {target.planned:.1%} in blocks of {target.block_size}, tolerance "
+            f"±{target.tolerance:.1%})."
         )
-    predicted = (point.get("trace") or {}).get("predicted_hit_rate")
-    if isinstance(predicted, (int, float)):
+    trace = figures.trace
+    if trace is not None and trace.predicted_hit_rate is not None:
         lines.append(
-            f"{where}: kvbench's simulation of the same trace on the server's KV blocks predicts {predicted:.1%} "
-            f"({point['trace']['prediction']})."
+            f"{where}: kvbench's simulation of the same trace on the server's KV blocks predicts "
+            f"{trace.predicted_hit_rate:.1%} ({trace.prediction})."
         )
-    if reuse.get("flag"):
-        lines.append(f"{where}: {reuse['flag']}.")
-    events = point.get("kv_events") if isinstance(point.get("kv_events"), dict) else None
+    if reuse.flag:
+        lines.append(f"{where}: {reuse.flag}.")
+    events = figures.kv_events
     if events is not None:
-        stored, removed = events.get("kv_blocks_stored"), events.get("kv_blocks_removed")
-        if isinstance(stored, int) and isinstance(removed, int):
+        stored, removed = events.kv_blocks_stored, events.kv_blocks_removed
+        if stored is not None and removed is not None:
             line = f"{where}: KV events: {stored:,} blocks stored, {removed:,} removed"
-            churn, thrash = events.get("kv_eviction_churn_per_s"), events.get("kv_thrash_share")
-            if removed and isinstance(churn, (int, float)):
+            churn, thrash = events.kv_eviction_churn_per_s, events.kv_thrash_share
+            if removed and churn is not None:
                 line += f" ({churn:,.1f}/s)"
-            if isinstance(thrash, (int, float)):
-                line += f", {thrash:.0%} of them stored again within {events.get('kv_thrash_window_s'):g} s"
-            lines.append(line + f"; at most {events.get('kv_resident_blocks_peak') or 0:,} resident.")
-        if events.get("flag"):
-            lines.append(f"{where}: KV events: {events['flag']}.")
+            if thrash is not None:
+                line += f", {thrash:.0%} of them stored again within {events.kv_thrash_window_s:g} s"
+            lines.append(line + f"; at most {events.kv_resident_blocks_peak or 0:,} resident.")
+        if events.flag:
+            lines.append(f"{where}: KV events: {events.flag}.")
     return lines
 
 
+def endpoint_summary(document: dict[str, Any]) -> EndpointSummary:
+    """A summary's ``--find-max`` searches and SLO."""
+    return EndpointSummary.from_json(document["endpoint"])
+
+
 def markdown(document: dict[str, Any]) -> str:
-    meta, points = document["meta"], document["points"]
+    meta, points = document["meta"], [Point.from_json(p) for p in document["points"]]
     md = [
         f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
         f"scenario {meta.get('scenario', '')}\n\n"
@@ -247,7 +264,7 @@ def markdown(document: dict[str, Any]) -> str:
         md.append(f"Stop: {meta['stop_description']}\n\n")
     md.append(f"## {POINT_TABLE.title}\n\n")
     md.append(POINT_TABLE.markdown(ordered(points)))
-    searches = document["endpoint"].get("find_max") or []
+    searches = endpoint_summary(document).find_max
     if searches:
         md.append("\n## The highest load meeting the SLO\n\n")
         md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
@@ -258,16 +275,16 @@ def markdown(document: dict[str, Any]) -> str:
 
 
 def write_endpoint_outputs(
-    run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]], searches: list[dict[str, Any]]
+    run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]], searches: Sequence[Search]
 ) -> dict[str, Any]:
     """summary.json/csv/md (and report.html), then the PNG plots; returns the summary document."""
-    points = ordered(points)
-    slo = next((p.get("slo") for p in points if p.get("slo")), None)
-    document = summary_document(
-        "sweep", meta, points, endpoint={"find_max": searches, "slo": slo}, findings=findings(points)
-    )
-    write_summary(run_dir, document, [flatten(p) for p in points], markdown(document))
-    write_endpoint_plots(run_dir, meta, points)
+    typed = ordered([Point.from_json(p) for p in points])
+    rows = [p.to_json() for p in typed]  # the points as they were given, in the table's order
+    slo = next((figures.slo for p in typed if (figures := EndpointFigures.of(p)).slo), None)
+    endpoint = EndpointSummary(list(searches), slo)
+    document = summary_document("sweep", meta, rows, endpoint=endpoint.to_json(), findings=findings(typed))
+    write_summary(run_dir, document, [flatten(p) for p in rows], markdown(document))
+    write_endpoint_plots(run_dir, meta, typed)
     return document
 
 
@@ -275,12 +292,12 @@ def _tag(meta: dict[str, Any]) -> str:
     return printable(f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}")
 
 
-def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[str, Any]]) -> list[Path]:
+def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: Sequence[Point]) -> list[Path]:
     """throughput.png, latency.png, kv_usage.png and a timeline-<target>-<level>.png per point (the HTML
     report draws the same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
 
-    shown = [p for p in points if p["completed"]]
+    shown = [p for p in points if p.completed]
     if not shown:
         return []
     tag, axis = _tag(meta), level_axis(points)
@@ -292,22 +309,19 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
         "time per output token (TPOT)": {},
     }
     usage: dict[str, tuple[list[float], list[float]]] = {}
-    for engine in sorted({p["engine"] for p in shown}):
-        mine = [p for p in ordered(shown) if p["engine"] == engine]
-        throughput[engine] = ([level_of(p) for p in mine], [p["output_throughput"] for p in mine])
-        if any(p.get("output_throughput_ci95") for p in mine):
-            spread[engine] = [p.get("output_throughput_ci95") or 0.0 for p in mine]
+    for engine in sorted({p.engine for p in shown}):
+        mine = [p for p in ordered(shown) if p.engine == engine]
+        throughput[engine] = ([level_of(p) for p in mine], [p.output_throughput for p in mine])
+        if any(p.ci95("output_throughput") for p in mine):
+            spread[engine] = [p.ci95("output_throughput") or 0.0 for p in mine]
         for stat in ("p50", "p99"):
             for panel, kind in (("time to first token (TTFT)", "ttft"), ("time per output token (TPOT)", "tpot")):
-                timed = [p for p in mine if p.get(f"{stat}_{kind}_ms") is not None]
-                latency[panel][f"{engine} {stat}"] = (
-                    [level_of(p) for p in timed],
-                    [p[f"{stat}_{kind}_ms"] for p in timed],
-                )
-        read = [p for p in mine if p.get("kv_usage_peak") is not None]
+                timed = [(p, ms) for p in mine if (ms := p.latencies.get(f"{stat}_{kind}_ms")) is not None]
+                latency[panel][f"{engine} {stat}"] = ([level_of(p) for p, _ in timed], [ms for _, ms in timed])
+        read = [(p, server) for p in mine if (server := EndpointFigures.of(p).server).kv_usage_peak is not None]
         if read:
-            usage[f"{engine} peak"] = ([level_of(p) for p in read], [100 * p["kv_usage_peak"] for p in read])
-            usage[f"{engine} mean"] = ([level_of(p) for p in read], [100 * (p.get("kv_usage_mean") or 0) for p in read])
+            usage[f"{engine} peak"] = ([level_of(p) for p, _ in read], [100 * (s.kv_usage_peak or 0) for _, s in read])
+            usage[f"{engine} mean"] = ([level_of(p) for p, _ in read], [100 * (s.kv_usage_mean or 0) for _, s in read])
     written.append(
         plots.lines(
             throughput,
@@ -342,75 +356,74 @@ def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: list[dict[
             )
         )
     for point in shown:
-        name = point.get("timeline_file")
+        name = EndpointFigures.of(point).timeline_file
         data = read_run_json(run_dir, name) if name else None
         if data is not None:
             path = run_file(run_dir, name)
             written.append(
                 timeline_plot(
-                    data,
+                    EndpointTimeline.from_json(data),
                     run_dir / path.with_suffix(".png").name,
-                    f"{point['engine']} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
+                    f"{point.engine} at {level_text(point)}: client throughput and server KV usage over time\n{tag}",
                 )
             )
     return written
 
 
-def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
+def timeline_plot(timeline: EndpointTimeline, path: Path, title: str) -> Path:
     """Client output tok/s (left axis) and the server's KV usage in % (right axis) on one time axis."""
     import matplotlib.pyplot as plt
 
     from kvbench.report.plots import _save
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    client = timeline.get("client") or {}
-    bin_s = timeline.get("bin_s") or 0.0
-    xs = [t + bin_s / 2 for t in client.get("t_s", [])]
-    ax.plot(xs, client.get("output_tokens_per_s", []), "-", color="C0", label="client output tok/s")
+    bin_s = timeline.bin_s
+    xs = [t + bin_s / 2 for t in timeline.client.t_s]
+    ax.plot(xs, timeline.client.output_tokens_per_s, "-", color="C0", label="client output tok/s")
     ax.set_xlabel("time since the load started (s)")
     ax.set_ylabel("output tokens / s (client)", color="C0")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    rows = [r for r in timeline.get("server") or [] if r.get("kv_usage") is not None]
+    rows = timeline.usage_rows
     handles, labels = ax.get_legend_handles_labels()
     if rows:
         right = ax.twinx()
         right.plot(
-            [r["elapsed_s"] for r in rows],
-            [100 * r["kv_usage"] for r in rows],
+            [r.elapsed_s for r in rows],
+            [100 * (r.kv_usage or 0.0) for r in rows],
             "-o",
             markersize=3,
             color="C3",
             label="server KV usage %",
         )
-        waiting = [r for r in rows if r.get("waiting") is not None]
-        if any(r["waiting"] for r in waiting):
+        waiting = [(r.elapsed_s, r.waiting) for r in rows if r.waiting is not None]
+        if any(count for _, count in waiting):
             right.plot(
-                [r["elapsed_s"] for r in waiting],
-                [r["waiting"] for r in waiting],
+                [t for t, _ in waiting],
+                [count for _, count in waiting],
                 ":",
                 color="C2",
                 label="server waiting requests",
             )
-        blocks = next((r["total_blocks"] for r in reversed(rows) if r.get("total_blocks")), None)
-        events = timeline.get("kv_events") or {}
-        if blocks and events.get("t_s"):
+        blocks = next((r.total_blocks for r in reversed(rows) if r.total_blocks), None)
+        events = timeline.kv_events
+        if blocks and events is not None and events.t_s:
             right.step(
-                events["t_s"],
-                [100 * count / blocks for count in events["resident_blocks"]],
+                events.t_s,
+                [100 * count / blocks for count in events.resident_blocks],
                 where="post",
                 color="C4",
                 linestyle="--",
                 label="prefix-cache blocks resident % (KV events)",
             )
         right.set_ylabel("KV usage (% of the server's cache) / waiting requests", color="C3")
-        right.set_ylim(0, max([105.0, *(r.get("waiting") or 0 for r in waiting)]))
+        right.set_ylim(0, max([105.0, *(count or 0 for _, count in waiting)]))
         more_handles, more_labels = right.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
-        removed = events.get("removed_per_s") or []
-        if any(removed):
+        removed = events.removed_per_s if events is not None else []
+        if events is not None and any(removed):
             ax.plot(
-                [t + bin_s / 2 for t in events["bin_t_s"]],
+                [t + bin_s / 2 for t in events.bin_t_s],
                 removed,
                 ":",
                 color="C1",
@@ -435,11 +448,11 @@ def timeline_plot(timeline: dict[str, Any], path: Path, title: str) -> Path:
 
 
 def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
-    points = document["points"]
+    points = [Point.from_json(p) for p in document["points"]]
     print_whole(console, POINT_TABLE.rich(ordered(points)))
-    searches = document["endpoint"].get("find_max") or []
-    if searches:
-        console.print(find_max_table(searches, document["endpoint"].get("slo")))
+    summary = endpoint_summary(document)
+    if summary.find_max:
+        console.print(find_max_table(summary.find_max, summary.slo))
     for line in document.get("findings") or []:
         console.print(line, markup=False, highlight=False)
     files = "summary.json, summary.csv, summary.md, results.jsonl, timeline-*.json, watch-*.jsonl, *.png"
@@ -447,6 +460,15 @@ def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, 
 
 
 PLAIN_PROGRESS_EVERY_S = 5.0  # off a terminal, a point's progress line at most this often
+
+
+@dataclass
+class _PointProgress:
+    """How far a point's load has got."""
+
+    said: float  # when its last plain progress line was printed (perf_counter seconds)
+    done: int = 0  # requests ended
+    tokens: int = 0  # output tokens of those
 
 
 class EndpointConsoleProgress:
@@ -466,23 +488,23 @@ class EndpointConsoleProgress:
             self.bars.remove_task(self.task)
         self.task = self.bars.add_task(f"{engine} {level.label}", total=total, tps="")
         started = time.perf_counter()
-        state: dict[str, float] = {"done": 0, "tokens": 0, "said": started}
+        state = _PointProgress(said=started)
         plain = not self.console.is_terminal  # a CI log or a pipe: no bar is drawn, so lines say how far it got
 
         def on_record(record: Any) -> None:
-            state["done"] += 1
-            state["tokens"] += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
+            state.done += 1
+            state.tokens += getattr(record, "output_tokens", None) or len(getattr(record, "token_times", ()))
             now = time.perf_counter()
             elapsed = now - started
             self.bars.update(
-                self.task, completed=state["done"], tps=f"{state['tokens'] / elapsed:,.0f} tok/s" if elapsed > 0 else ""
+                self.task, completed=state.done, tps=f"{state.tokens / elapsed:,.0f} tok/s" if elapsed > 0 else ""
             )
-            if plain and (now - state["said"] >= PLAIN_PROGRESS_EVERY_S or state["done"] == total):
-                state["said"] = now
-                left = elapsed / state["done"] * (total - state["done"])
+            if plain and (now - state.said >= PLAIN_PROGRESS_EVERY_S or state.done == total):
+                state.said = now
+                left = elapsed / state.done * (total - state.done)
                 self.console.print(
-                    f"{engine} {level.label}: {state['done']:.0f}/{total} requests, "
-                    f"{state['tokens'] / elapsed if elapsed > 0 else 0:,.0f} output tok/s, "
+                    f"{engine} {level.label}: {state.done:.0f}/{total} requests, "
+                    f"{state.tokens / elapsed if elapsed > 0 else 0:,.0f} output tok/s, "
                     f"{elapsed:,.0f} s so far, about {left:,.0f} s left",
                     markup=False,
                     highlight=False,
@@ -491,12 +513,12 @@ class EndpointConsoleProgress:
         return on_record
 
     def done(self, point: Point) -> None:
-        data = point.to_json()
+        figures = EndpointFigures.of(point)
         self.console.print(
-            f"{point.engine:>16} {level_text(data):<12} {point.status:<5} "
-            f"{point.completed} done, {data.get('failed') or 0} failed, "
+            f"{point.engine:>16} {level_text(point):<12} {point.status:<5} "
+            f"{point.completed} done, {figures.failed} failed, "
             f"{point.output_throughput:,.0f} out tok/s, KV peak "
-            f"{_pct(data.get('kv_usage_peak'))}%",
+            f"{_pct(figures.server.kv_usage_peak)}%",
             markup=False,
             highlight=False,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,9 +23,11 @@ from kvbench.endpoint.sweep_point import combine_repeats, sweep_point
 from kvbench.endpoint.timeline import write_point_timeline, write_watch_timeline
 from kvbench.fileio import append_jsonl, json_text, write_text_atomic
 from kvbench.measure.kv_residency import kv_events_text
+from kvbench.results.endpoint_figures import EndpointFigures, TraceFigures
+from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
 from kvbench.studies.backends.endpoint import EndpointBackend
-from kvbench.studies.find_max import Search, find_max
+from kvbench.studies.find_max import find_max
 from kvbench.studies.run_options import EndpointOptions
 from kvbench.studies.sweep_setup import SweepSetup
 from kvbench.studies.trace_prediction import trace_replay_figures
@@ -123,19 +125,18 @@ class EndpointSweep:
             return [Level(0, rate) for rate in self.options.rates]
         return [Level(c) for c in self.setup.levels]
 
-    def measure(self, engine: str, level: Level) -> tuple[dict[str, Any], EndpointPoint]:
+    def measure(self, engine: str, level: Level) -> tuple[Point, EndpointPoint]:
         """One point: measured (``--repeat`` times, combined), written (results.jsonl, and each run's timeline
-        and watch file) and returned in schema form with the last run's measurement."""
+        and watch file) and returned with the last run's measurement."""
         repeats = self.setup.options.repeat
         runs: list[Point] = []
         for index in range(repeats):
             point, measured = self._measure_once(engine, level, index if repeats > 1 else None)
             runs.append(point)
         merged = combine_repeats(runs)
-        data = merged.to_json()
-        append_jsonl(self.results, data)
+        append_jsonl(self.results, merged.to_json())
         self.progress.done(merged)
-        return data, measured
+        return merged, measured
 
     def _measure_once(self, engine: str, level: Level, index: int | None) -> tuple[Point, EndpointPoint]:
         """One run of a point (``index``: which repeat, None when it is the only one) and its files."""
@@ -147,26 +148,27 @@ class EndpointSweep:
         on_record = self.progress.start(shown, level, len(trace.requests) if trace else len(requests))
         measured = self.backend.measure(engine, requests, level.pattern(self.options, setup.seed), warmup, on_record)
         point = sweep_point(measured, engine, level.concurrency, setup.spec.name, self.options.slo)
+        figures = EndpointFigures.of(point)
         if trace is not None:
-            point.extra["trace"] = trace_replay_figures(trace, measured)
+            figures = replace(figures, trace=TraceFigures.from_json(trace_replay_figures(trace, measured)))
         stem = f"{file_name(engine)}-{level.tag}" + ("" if index is None else f"-run{index + 1}")
         timeline = measured.timeline()
-        timeline["meta"].update(engine=engine, concurrency=level.concurrency, request_rate=level.rate)
-        write_point_timeline(self.run_dir / f"timeline-{stem}.json", timeline)
+        level_meta = {"engine": engine, "concurrency": level.concurrency, "request_rate": level.rate}
+        timeline = replace(timeline, meta=timeline.meta | level_meta)
+        write_point_timeline(self.run_dir / f"timeline-{stem}.json", timeline.to_json())
         if measured.scrapes:
             watch = self.run_dir / f"watch-{stem}.jsonl"
             watch.unlink(missing_ok=True)  # a rerun of the same level (find-max never repeats one) starts afresh
-            write_watch_timeline(
-                watch, measured.target.get("metrics_url") or "", measured.scrape_interval_s, measured.scrapes
-            )
-        point.extra["timeline_file"] = f"timeline-{stem}.json"
+            metrics_url = figures.endpoint.metrics_url or ""
+            write_watch_timeline(watch, metrics_url, measured.scrape_interval_s, measured.scrapes)
         lines = "".join(json_text(record.as_json(), indent=None) + "\n" for record in measured.records)
         write_text_atomic(self.run_dir / f"requests-{stem}.jsonl", lines)
-        point.extra["requests_file"] = f"requests-{stem}.jsonl"
+        figures = replace(figures, timeline_file=f"timeline-{stem}.json", requests_file=f"requests-{stem}.jsonl")
         if measured.kv_events is not None:
             text = kv_events_text(measured.kv_events, measured.kv_changes)
             write_text_atomic(self.run_dir / f"kv-events-{stem}.jsonl", text)
-            point.extra["kv_events_file"] = f"kv-events-{stem}.jsonl"
+            figures = replace(figures, kv_events_file=f"kv-events-{stem}.jsonl")
+        figures.store_in(point)
         return point, measured
 
     def run(self) -> EndpointRun:
@@ -183,7 +185,7 @@ class EndpointSweep:
             return out
         for level in self.levels():
             for engine in self.backend.targets:
-                out.points.append(self.measure(engine, level)[0])
+                out.points.append(self.measure(engine, level)[0].to_json())
         return out
 
     def _search(self, engine: str, points: list[dict[str, Any]]) -> Search:
@@ -193,14 +195,14 @@ class EndpointSweep:
         low, high = min(values), max(values)
         if by == "concurrency" and len(values) == 1:
             low = 1
-        seen: dict[float, tuple[dict[str, Any], list[Scrape], float]] = {}
+        seen: dict[float, tuple[Point, list[Scrape], float]] = {}
 
-        def measure(value: float) -> tuple[dict[str, Any], list[Scrape], float]:
+        def measure(value: float) -> tuple[Point, list[Scrape], float]:
             if value not in seen:
                 level = Level(int(value)) if by == "concurrency" else Level(0, value)
-                data, measured = self.measure(engine, level)
-                points.append(data)
-                seen[value] = (data, measured.scrapes, measured.duration_s)
+                point, measured = self.measure(engine, level)
+                points.append(point.to_json())
+                seen[value] = (point, measured.scrapes, measured.duration_s)
             return seen[value]
 
         return find_max(

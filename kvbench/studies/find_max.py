@@ -19,46 +19,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.endpoint.scraper import Scrape
-from kvbench.endpoint.sweep_point import failure_text
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.live_rules import Window, diagnose_windows
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.results.endpoint_figures import EndpointFigures, failure_text, slo_share
+from kvbench.results.find_max_search import Limit, Probe, Search
+from kvbench.results.point import Point
 
 KV_FULL_USAGE = 0.95  # usage at or above this share, with preemptions, is a full KV cache
 LOW_USAGE = 0.5  # requests waiting below this usage wait for the scheduler, not for memory
 RATE_TOLERANCE = 1.1  # the rate bisection stops when the bracket is this narrow (ratio)
 
 
-@dataclass(frozen=True)
-class Limit:
-    """Why the load stops at a point: a kind, the evidence, and what to change on the server."""
-
-    kind: str
-    evidence: str
-    suggestion: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "evidence": self.evidence, "suggestion": self.suggestion}
-
-
-def meets_slo(point: dict[str, Any], attainment: float) -> bool:
+def meets_slo(point: Point, attainment: float) -> bool:
     """Every request completed, and at least ``attainment`` of them met every objective."""
-    if point.get("status") != "ok" or not point.get("completed"):
+    if point.status != "ok" or not point.completed:
         return False
-    goodput, throughput = point.get("request_goodput"), point.get("request_throughput")
-    if goodput is None or not throughput:
+    share = slo_share(point)
+    if share is None:
         raise KvbenchError("finding the highest load needs an SLO to judge each point by, e.g. ttft=500,tpot=50")
-    return goodput / throughput >= attainment - 1e-12
-
-
-def slo_share(point: dict[str, Any]) -> float | None:
-    goodput, throughput = point.get("request_goodput"), point.get("request_throughput")
-    return goodput / throughput if goodput is not None and throughput else None
+    return share >= attainment - 1e-12
 
 
 def _windows(scrapes: Sequence[Scrape], load_end_s: float) -> list[Window]:
@@ -72,21 +56,15 @@ def _windows(scrapes: Sequence[Scrape], load_end_s: float) -> list[Window]:
     return [Window(samples) for samples in by_source.values() if samples]
 
 
-def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float) -> Limit:
+def limit_of(point: Point, scrapes: Sequence[Scrape], load_end_s: float) -> Limit:
     """Why ``point`` (the first past the limit) misses the SLO, from its server figures and scrapes."""
     windows = _windows(scrapes, load_end_s)
     family = windows[0].last.family if windows else "vllm"
-    if (point.get("failed") or 0) > 0:
+    figures = EndpointFigures.of(point)
+    if figures.failed > 0:
         return Limit(
             "failures",
-            failure_text(
-                {
-                    "failed": point.get("failed"),
-                    "completed": point.get("completed"),
-                    "failed_by_kind": point.get("failed_by_kind"),
-                    "failure_examples": point.get("failure_examples"),
-                }
-            ),
+            failure_text(figures.failed, point.completed, figures.failed_by_kind, figures.failure_examples),
             "look at the failures' kinds: timeouts and 503s under load are the server refusing work",
         )
     if not windows:
@@ -96,9 +74,9 @@ def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float
             "tell kvbench where the server's metrics are (the metrics URL)",
         )
     diagnosis = diagnose_windows(windows, Thresholds())
-    usage_peak, usage_mean = point.get("kv_usage_peak"), point.get("kv_usage_mean")
-    preemptions = point.get("preemptions") or 0
-    waiting_peak = point.get("waiting_peak") or 0
+    usage_peak, usage_mean = figures.server.kv_usage_peak, figures.server.kv_usage_mean
+    preemptions = point.preemptions or 0
+    waiting_peak = figures.server.waiting_peak or 0
     rules = {f.rule: f for f in diagnosis.findings}
     capped = rules.get("concurrency_capped")
     if (
@@ -131,7 +109,7 @@ def limit_of(point: dict[str, Any], scrapes: Sequence[Scrape], load_end_s: float
     return Limit(
         "compute",
         f"no queue and KV usage at most {_pct(usage_peak)}: the latency objectives were missed "
-        f"with every request running ({point.get('peak_running')} at once)",
+        f"with every request running ({point.peak_running} at once)",
         render(("scale_compute",), family),
     )
 
@@ -150,31 +128,7 @@ def _pct(share: float | None) -> str:
     return "?" if share is None else f"{100 * share:.0f}%"
 
 
-@dataclass
-class Search:
-    """The probes of one target's search, in the order they ran, and its answer."""
-
-    engine: str
-    by: str  # "concurrency" | "rate"
-    probes: list[dict[str, Any]] = field(default_factory=list)  # {level, meets, slo_share, status}
-    best: float | None = None  # the highest level that met the SLO
-    first_miss: float | None = None  # the lowest level that missed it
-    limit: Limit | None = None
-    stopped: str = ""  # why the search ended (bracket closed, budget spent, range exhausted)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "by": self.by,
-            "best": self.best,
-            "first_miss": self.first_miss,
-            "limit": self.limit.as_dict() if self.limit else None,
-            "stopped": self.stopped,
-            "probes": self.probes,
-        }
-
-
-Measure = Callable[[float], tuple[dict[str, Any], Sequence[Scrape], float]]  # level -> (point, scrapes, load end)
+Measure = Callable[[float], tuple[Point, Sequence[Scrape], float]]  # level -> (point, scrapes, load end)
 
 
 def find_max(
@@ -184,12 +138,12 @@ def find_max(
     if max_points < 2:
         raise KvbenchError("the search for the highest load needs at least 2 points (the lowest and highest level)")
     search = Search(engine, by)
-    misses: dict[float, tuple[dict[str, Any], Sequence[Scrape], float]] = {}
+    misses: dict[float, tuple[Point, Sequence[Scrape], float]] = {}
 
     def probe(level: float) -> bool:
         point, scrapes, end = measure(level)
         ok = meets_slo(point, attainment)
-        search.probes.append({"level": level, "meets": ok, "slo_share": slo_share(point), "status": point["status"]})
+        search.probes.append(Probe(level, ok, slo_share(point), point.status))
         if ok:
             search.best = level if search.best is None else max(search.best, level)
         else:
@@ -198,10 +152,12 @@ def find_max(
         return ok
 
     if probe(high):
-        search.stopped = f"the highest level asked for ({_level(high, by)}) meets the SLO: raise it to look further"
+        search.stopped = (
+            f"the highest level asked for ({search.level_text(high)}) meets the SLO: raise it to look further"
+        )
         return search
     if low >= high or not probe(low):
-        search.stopped = f"even the lowest level ({_level(low, by)}) misses the SLO"
+        search.stopped = f"even the lowest level ({search.level_text(low)}) misses the SLO"
     else:
         lo, hi = low, high
         while len(search.probes) < max_points and not _closed(lo, hi, by):
@@ -213,7 +169,8 @@ def find_max(
         search.stopped = (
             "bracket closed"
             if _closed(lo, hi, by)
-            else f"point budget spent ({max_points}); the limit lies between {_level(lo, by)} and {_level(hi, by)}"
+            else f"point budget spent ({max_points}); the limit lies between {search.level_text(lo)} and "
+            f"{search.level_text(hi)}"
         )
     if search.first_miss is not None:
         point, scrapes, end = misses[search.first_miss]
@@ -223,7 +180,3 @@ def find_max(
 
 def _closed(lo: float, hi: float, by: str) -> bool:
     return hi - lo <= 1 if by == "concurrency" else hi / lo <= RATE_TOLERANCE
-
-
-def _level(level: float, by: str) -> str:
-    return f"C={int(level)}" if by == "concurrency" else f"{level:g} req/s"

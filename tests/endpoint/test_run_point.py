@@ -22,6 +22,7 @@ from kvbench.endpoint.workloads import multi_turn, shared_prefix
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import diagnose_timeline
+from kvbench.results.endpoint_timeline import EndpointTimeline
 
 FAST = RequestLimits(timeout_s=10.0, stall_s=1.0, connect_s=2.0)
 
@@ -46,26 +47,27 @@ def test_a_closed_loop_point_is_seen_by_the_server_as_c_in_flight():
         # kept-alive connections, as a real client's: one per request in flight, and the one the scraper shares
         assert len(server.state.peers) <= 3 + 1
     m = point.metrics
-    assert point.status == "ok" and (m["completed"], m["failed"]) == (12, 0)
-    assert m["total_output_tokens"] == 96 and m["total_input_tokens"] == 12 * 40
-    assert m["request_goodput"] == pytest.approx(m["request_throughput"])
+    assert point.status == "ok" and (m.completed, m.failed) == (12, 0)
+    assert m.total_output_tokens == 96 and m.total_input_tokens == 12 * 40
+    assert m.request_goodput == pytest.approx(m.request_throughput)
     assert point.warmup == {"requests": 2, "completed": 2, "failed": 0, "failures": []}
     assert point.cache_reset["reset"] is True and point.model == "fake-model"
     s = point.server
-    assert s["families"] == ["vllm"] and s["running_peak"] == 3 and s["scrapes_failed"] == 0
+    assert s.families == ["vllm"] and s.running_peak == 3 and s.scrapes_failed == 0
     # the cache was emptied after the warm-up: each group's first request misses, the 5 others hit their
     # 2 shared blocks of 16 tokens; suffixes never fill a block
-    assert s["prefix_cache_queries"] == 12 * 40 and s["prefix_cache_hits"] == 2 * 5 * 32
-    assert s["prefix_cache_hit_rate"] == pytest.approx(320 / 480)
-    assert s["server_generation_tokens"] == 96 and s["server_ttft_count"] == 12
-    assert point.agreement["output_tokens_client_over_server"] == 1.0
-    assert 0 <= point.agreement["mean_ttft_client_minus_server_ms"] < 1000  # the client's includes HTTP
-    assert s["notes"] == []
+    assert s.prefix_cache_queries == 12 * 40 and s.prefix_cache_hits == 2 * 5 * 32
+    assert s.prefix_cache_hit_rate == pytest.approx(320 / 480)
+    assert s.server_generation_tokens == 96 and s.server_ttft_count == 12
+    assert point.agreement.output_tokens_client_over_server == 1.0
+    assert 0 <= point.agreement.mean_ttft_client_minus_server_ms < 1000  # the client's includes HTTP
+    assert s.notes == []
     json.dumps(point.as_json())  # JSON-ready
     timeline = point.timeline()
-    assert sum(timeline["client"]["output_tokens_per_s"]) * timeline["bin_s"] == pytest.approx(96)
-    assert max(timeline["client"]["in_flight"]) == 3
-    assert [row["elapsed_s"] for row in timeline["server"]] == sorted(row["elapsed_s"] for row in timeline["server"])
+    assert sum(timeline.client.output_tokens_per_s) * timeline.bin_s == pytest.approx(96)
+    assert max(timeline.client.in_flight) == 3
+    assert [row.elapsed_s for row in timeline.server] == sorted(row.elapsed_s for row in timeline.server)
+    assert json.dumps(EndpointTimeline.from_json(timeline.to_json()).to_json()) == json.dumps(timeline.to_json())
 
 
 def test_without_a_reset_a_warm_cache_shows_in_the_hit_rate():
@@ -73,7 +75,7 @@ def test_without_a_reset_a_warm_cache_shows_in_the_hit_rate():
     with serve_in_thread() as server:
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(1), warmup=workload[:1]))
     assert point.cache_reset == {"asked": False, "reset": None, "route": None, "detail": "not asked"}
-    assert point.server["prefix_cache_hits"] == 4 * 16  # the warm-up left the prefix in the cache
+    assert point.server.prefix_cache_hits == 4 * 16  # the warm-up left the prefix in the cache
 
 
 def test_a_reset_the_server_does_not_offer_is_recorded_as_such():
@@ -91,7 +93,7 @@ def test_an_open_loop_point_with_a_cap():
             Target(server.url), workload, settings(OpenLoop(rate=400.0, burstiness=0.5, max_concurrency=2, seed=4))
         )
         assert server.state.max_running <= 2
-    assert point.metrics["completed"] == 20 and point.peak_in_flight == 2
+    assert point.metrics.completed == 20 and point.peak_in_flight == 2
     assert point.load == {"pattern": "open", "rate": 400.0, "burstiness": 0.5, "max_concurrency": 2, "seed": 4}
 
 
@@ -100,7 +102,7 @@ def test_multi_turn_conversations_resend_their_history():
     with serve_in_thread() as server:
         point = run_point_sync(Target(server.url, api="chat"), conversations, settings(ClosedLoop(2)))
         bodies = server.state.bodies
-    assert point.metrics["completed"] == 9
+    assert point.metrics.completed == 9
     third = [b for b in bodies if len(b["messages"]) == 6]
     assert len(third) == 3
     for body in third:
@@ -121,8 +123,8 @@ def test_misbehaving_requests_are_each_accounted_for_and_the_point_goes_on():
         took = time.perf_counter() - began
     m = point.metrics
     assert took < 20.0 and point.status == "failed"  # a hang would wait for the server's 30 s stalls
-    assert m["requests"] == 20 and m["completed"] + m["failed"] == 20 and m["completed"] == 4
-    assert m["failed_by_kind"] == {"http": 4, "stall": 2, "disconnect": 4, "malformed": 4, "server_error": 2}
+    assert m.requests == 20 and m.completed + m.failed == 20 and m.completed == 4
+    assert m.failed_by_kind == {"http": 4, "stall": 2, "disconnect": 4, "malformed": 4, "server_error": 2}
     assert len(point.records) == 20 and {(r.conversation, r.turn) for r in point.records} == {(i, 0) for i in range(20)}
 
 
@@ -154,12 +156,12 @@ def test_a_server_killed_during_a_point():
         process.kill()
         process.wait(10)
     m = point.metrics
-    assert took < 30.0 and m["requests"] == 12 and m["completed"] == 0 and m["failed"] == 12
+    assert took < 30.0 and m.requests == 12 and m.completed == 0 and m.failed == 12
     # the 4 in flight when it died broke off; the refills fail to connect, or (a kept-alive connection the dead
     # server held) break off at once
-    assert set(m["failed_by_kind"]) == {"disconnect", "connect"} and m["failed_by_kind"]["disconnect"] >= 4
+    assert set(m.failed_by_kind) == {"disconnect", "connect"} and m.failed_by_kind["disconnect"] >= 4
     assert all(r.end - r.start < 3.0 for r in point.records if r.error_kind == "connect")  # refused at once
-    assert point.server["scrapes_failed"] >= 1 and point.server["scrapes"] > point.server["scrapes_failed"]
+    assert point.server.scrapes_failed >= 1 and point.server.scrapes > point.server.scrapes_failed
 
 
 @pytest.mark.parametrize("how", ["metrics_fail_after", "metrics_stall_after"])
@@ -170,10 +172,10 @@ def test_a_metrics_endpoint_that_disappears(how):
         point = run_point_sync(Target(server.url), workload, settings(ClosedLoop(2), scrape_interval_s=0.1))
         took = time.perf_counter() - began
     s = point.server
-    assert point.metrics["completed"] == 8 and took < 25.0
-    assert s["scrapes_failed"] >= 1 and s["scrape_errors"]
-    assert "no scrape after the load: counters end at the last scrape during it" in s["notes"]
-    assert s["running_peak"] == 2  # from the scrapes that worked
+    assert point.metrics.completed == 8 and took < 25.0
+    assert s.scrapes_failed >= 1 and s.scrape_errors
+    assert "no scrape after the load: counters end at the last scrape during it" in s.notes
+    assert s.running_peak == 2  # from the scrapes that worked
 
 
 def test_every_warm_up_request_failing_stops_the_point_with_the_reason():
@@ -207,6 +209,6 @@ def test_the_api_key_reaches_the_server_and_no_result(monkeypatch):
     with serve_in_thread(api_key="sk-never-in-results") as server:
         point = run_point_sync(Target(server.url, api_key_env="KVBENCH_TEST_KEY"), workload, settings(ClosedLoop(1)))
         unkeyed = run_point_sync(Target(server.url, api_key_env=None), workload, settings(ClosedLoop(1)))
-    assert point.metrics["completed"] == 2 and unkeyed.metrics["failed_by_kind"] == {"http": 2}
-    text = json.dumps([point.as_json(), point.timeline(), [r.as_json(with_text=True) for r in point.records]])
+    assert point.metrics.completed == 2 and unkeyed.metrics.failed_by_kind == {"http": 2}
+    text = json.dumps([point.as_json(), point.timeline().to_json(), [r.as_json(with_text=True) for r in point.records]])
     assert "sk-never-in-results" not in text and '"api_key_env": "KVBENCH_TEST_KEY"' in text

@@ -43,13 +43,13 @@ def test_a_closed_loop_point_agrees_with_the_servers_own_counters(vllm_url):
         PointSettings(ClosedLoop(1), warmup=warmup, reset_prefix_cache=True, scrape_interval_s=0.2),
     )
     m, s = point.metrics, point.server
-    assert point.status == "ok" and m["completed"] == 8 and m["total_output_tokens"] == 8 * 12
-    assert m["total_input_tokens"] == 8 * 272 and m["output_tokens_from"] == {"usage": 8}
+    assert point.status == "ok" and m.completed == 8 and m.total_output_tokens == 8 * 12
+    assert m.total_input_tokens == 8 * 272 and m.output_tokens_from == {"usage": 8}
     assert point.cache_reset["reset"] is True
-    assert s["families"] == ["vllm"] and s["server_generation_tokens"] == 96 and s["server_prompt_tokens"] == 8 * 272
-    assert s["prefix_cache_queries"] == 8 * 272 and s["prefix_cache_hits"] == 2 * 3 * 256
-    assert s["server_ttft_count"] == 8 and 0 <= point.agreement["mean_ttft_client_minus_server_ms"] < 100
-    assert s["running_peak"] == 1 and s["kv_usage_peak"] > 0
+    assert s.families == ["vllm"] and s.server_generation_tokens == 96 and s.server_prompt_tokens == 8 * 272
+    assert s.prefix_cache_queries == 8 * 272 and s.prefix_cache_hits == 2 * 3 * 256
+    assert s.server_ttft_count == 8 and 0 <= point.agreement.mean_ttft_client_minus_server_ms < 100
+    assert s.running_peak == 1 and s.kv_usage_peak > 0
 
 
 def test_an_open_loop_of_chat_conversations(vllm_url):
@@ -59,7 +59,7 @@ def test_an_open_loop_of_chat_conversations(vllm_url):
         conversations,
         PointSettings(OpenLoop(rate=4.0, max_concurrency=2, seed=1)),
     )
-    assert point.metrics["completed"] == 6 and point.metrics["total_output_tokens"] == 48
+    assert point.metrics.completed == 6 and point.metrics.total_output_tokens == 48
     second = [r for r in point.records if r.turn == 1]
     first = {r.conversation: r for r in point.records if r.turn == 0}
     # the second turn resent the first turn and its answer: the server counted more prompt tokens

@@ -31,7 +31,7 @@ def test_the_same_records_give_vllms_figures():
     workload = [c if c.index % 7 else type(c)(c.index, (type(c.turns[0])(c.turns[0].prompt, 1),)) for c in workload]
     with serve_in_thread(faults=["", "", "", "", "500"], ttft_s=0.01, itl_s=0.003) as server:
         point = run_point_sync(Target(server.url), workload, PointSettings(ClosedLoop(5), scrape=False))
-    slo = {"ttft": point.metrics["median_ttft_ms"], "tpot": 1000.0}
+    slo = {"ttft": point.metrics.latencies["median_ttft_ms"], "tpot": 1000.0}
     ours = client_metrics(point.records, point.duration_s, slo)
     assert ours["failed"] == 6 and 0 < ours["request_goodput"] < ours["request_throughput"]
     theirs = vllm_metrics(PYTHON, point.records, point.duration_s, slo)

@@ -4,6 +4,9 @@ server does not expose (never 0), and the find-max rows."""
 from __future__ import annotations
 
 from kvbench.report.endpoint_report import POINT_TABLE, find_max_rows, findings, level_text, ordered, reuse_lines
+from kvbench.results.endpoint_timeline import EndpointTimeline
+from kvbench.results.find_max_search import Search
+from kvbench.results.point import Point
 
 COLUMNS = [c.heading for c in POINT_TABLE.columns]
 
@@ -35,7 +38,7 @@ def _point(**extra):
         "prefix_cache_hit_rate": 0.25,
         "endpoint": {"url": "http://127.0.0.1:8000"},
     }
-    return {**base, **extra}
+    return Point.from_json({**base, **extra})
 
 
 def test_a_row_shows_kv_usage_in_percent_and_the_share_meeting_the_slo():
@@ -97,9 +100,10 @@ def test_find_max_rows():
         "stopped": "bracket closed",
         "limit": {"kind": "kv_full", "evidence": "KV usage peaked at 100%", "suggestion": "more memory"},
     }
-    assert find_max_rows([search]) == [["vllm", "C=12", "C=13", "kv_full", "KV usage peaked at 100%", "more memory"]]
+    row = ["vllm", "C=12", "C=13", "kv_full", "KV usage peaked at 100%", "more memory"]
+    assert find_max_rows([Search.from_json(search)]) == [row]
     none = {**search, "by": "rate", "best": None, "first_miss": 0.5, "limit": None, "stopped": "even the lowest"}
-    assert find_max_rows([none]) == [["vllm", "none", "0.5 req/s", "-", "even the lowest", "-"]]
+    assert find_max_rows([Search.from_json(none)]) == [["vllm", "none", "0.5 req/s", "-", "even the lowest", "-"]]
 
 
 def test_hits_above_the_empty_cache_ideal_say_they_came_from_earlier_points():
@@ -121,5 +125,5 @@ def test_a_timeline_with_usage_but_no_waiting_series_still_draws(tmp_path):
         "client": {"t_s": [0.0, 0.5], "output_tokens_per_s": [10.0, 12.0]},
         "server": [{"elapsed_s": 0.1, "kv_usage": 0.3}, {"elapsed_s": 0.6, "kv_usage": 0.4}],
     }
-    path = timeline_plot(timeline, tmp_path / "timeline.png", "usage only")
+    path = timeline_plot(EndpointTimeline.from_json(timeline), tmp_path / "timeline.png", "usage only")
     assert path.is_file() and path.stat().st_size > 0

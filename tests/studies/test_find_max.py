@@ -9,12 +9,19 @@ import pytest
 
 from kvbench.endpoint.scraper import Scrape
 from kvbench.errors import KvbenchError
+from kvbench.results.point import Point
 from kvbench.results.servers import ServerState
 from kvbench.studies.find_max import find_max, limit_of, meets_slo
 
 
-def _point(meets: bool, **extra: Any) -> dict[str, Any]:
+def _point(meets: bool, **extra: Any) -> Point:
+    return Point.from_json(_json(meets, **extra))
+
+
+def _json(meets: bool, **extra: Any) -> dict[str, Any]:
     return {
+        "engine": "s",
+        "concurrency": 8,
         "status": "ok",
         "completed": 10,
         "request_throughput": 2.0,
@@ -25,7 +32,7 @@ def _point(meets: bool, **extra: Any) -> dict[str, Any]:
 
 
 def _server(limit: float, calls: list[float]):
-    def measure(level: float) -> tuple[dict[str, Any], list[Scrape], float]:
+    def measure(level: float) -> tuple[Point, list[Scrape], float]:
         calls.append(level)
         return _point(level <= limit), [], 1.0
 
@@ -39,7 +46,7 @@ def test_bisection_over_concurrency_finds_the_highest_level_meeting_the_slo(limi
     assert search.best == limit and search.first_miss == limit + 1
     assert calls[:2] == [64, 1] and len(calls) == len(set(calls)) <= 10
     assert search.stopped == "bracket closed"
-    assert [p["meets"] for p in search.probes] == [c <= limit for c in calls]
+    assert [p.meets for p in search.probes] == [c <= limit for c in calls]
 
 
 def test_the_point_budget_bounds_the_search_and_says_where_the_limit_lies():
@@ -69,9 +76,9 @@ def test_a_point_meets_the_slo_only_with_every_request_done_and_enough_within_it
     assert meets_slo(_point(True), 0.9)
     assert not meets_slo(_point(False), 0.9)  # half the requests within the SLO
     assert meets_slo(_point(False), 0.5)
-    assert not meets_slo({**_point(True), "status": "error"}, 0.9)
+    assert not meets_slo(_point(True, status="error"), 0.9)
     with pytest.raises(KvbenchError, match="needs an SLO"):
-        meets_slo({**_point(True), "request_goodput": None}, 0.9)
+        meets_slo(_point(True, request_goodput=None), 0.9)
 
 
 def _scrapes(rows: list[tuple[float, float, float, float, float]], family: str = "vllm") -> list[Scrape]:
@@ -122,8 +129,9 @@ def test_a_growing_queue_with_room_in_the_cache_is_the_prefill_queue():
 
 def test_no_queue_and_room_in_the_cache_is_compute_and_failures_come_first():
     scrapes = _scrapes([(0.5, 0.3, 4, 0, 0), (1.0, 0.3, 4, 0, 0), (1.5, 0.3, 4, 0, 0)])
-    quiet = _point(False, kv_usage_peak=0.3, kv_usage_mean=0.3, preemptions=0, waiting_peak=0, peak_running=4)
+    figures = {"kv_usage_peak": 0.3, "kv_usage_mean": 0.3, "preemptions": 0, "waiting_peak": 0, "peak_running": 4}
+    quiet = _point(False, **figures)
     assert limit_of(quiet, scrapes, 2.0).kind == "compute"
-    failed = {**quiet, "failed": 3, "failed_by_kind": {"timeout": 3}}
+    failed = _point(False, **figures, failed=3, failed_by_kind={"timeout": 3})
     assert limit_of(failed, scrapes, 2.0).kind == "failures"
     assert limit_of(quiet, [], 2.0).kind == "unknown"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,8 @@ from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import NoScrapes, diagnose_timeline
+from kvbench.results.diagnosed_point import DiagnosedInstance, DiagnosedPoint, number
+from kvbench.results.endpoint_figures import EndpointFigures, is_endpoint_point
 from kvbench.results.summary_load import load_summary
 
 
@@ -70,28 +71,25 @@ def diagnose_points(
     skipped: list[NotEvaluated] = []
     measured: list[Measurement] = []
     checked = 0
-    for point in points:
-        label = (
-            f"fleet {point.get('engine')}"
-            if "policy" in point
-            else f"{point.get('engine')} C={point.get('concurrency')}"
-        )
-        if isinstance(point.get("endpoint"), dict):
+    for data in points:
+        if is_endpoint_point(data):
             checked += 1
-            live = _endpoint_diagnosis(point, label, thresholds, directory)
+            live = _endpoint_diagnosis(data, thresholds, directory)
             findings += live.findings
             skipped += live.not_evaluated
             measured += live.measurements
             notes += live.notes
             continue
-        if point.get("status") == "error":  # a point that measured nothing is itself the worst finding
+        point = DiagnosedPoint.from_json(data)
+        label = point.label
+        if point.status == "error":  # a point that measured nothing is itself the worst finding
             findings.append(
                 _finding(
                     command,
                     "point_failed",
                     "critical",
                     label,
-                    f"the point failed and measured nothing: {point.get('error', 'no reason given')}",
+                    f"the point failed and measured nothing: {point.error or 'no reason given'}",
                     ("rerun_failed_point",),
                     {"status": "error"},
                 )
@@ -109,38 +107,36 @@ def diagnose_points(
             finding = rule(point, meta, thresholds, label)
             if finding is not None:
                 findings.append(finding)
-        if "policy" in point:  # a fleet point: each instance, and the balance between them
+        if point.is_fleet:  # a fleet point: each instance, and the balance between them
             findings += _fleet_findings(point, thresholds, label)
     return Diagnosis(
         source, thresholds, sorted_findings(findings), checked, list(dict.fromkeys(notes)), skipped, measured
     )
 
 
-def _endpoint_diagnosis(
-    point: Mapping[str, Any], label: str, thresholds: Thresholds, directory: Path | None
-) -> Diagnosis:
+def _endpoint_diagnosis(data: Mapping[str, Any], thresholds: Thresholds, directory: Path | None) -> Diagnosis:
     """A server point: its failed requests, then the live rules over its recorded scrapes, labelled by point."""
-    rate = point.get("request_rate")
-    if rate is not None:
-        label = f"{point.get('engine')} {rate:g} req/s"
+    point, figures = DiagnosedPoint.from_json(data), EndpointFigures.from_json(data)
+    rate = figures.request_rate
+    label = point.label if rate is None else f"{point.engine} {rate:g} req/s"
     findings: list[Finding] = []
-    if point.get("status") == "error":
+    if point.status == "error":
         findings.append(
             Finding(
                 "requests_failed",
                 "critical",
                 label,
-                str(point.get("error") or "requests failed"),
+                str(point.error or "requests failed"),
                 render(("check_failed_requests",), "vllm"),
-                {"failed": point.get("failed")},
+                {"failed": figures.failed},
                 ("check_failed_requests",),
                 "vllm",
             )
         )
-    reuse, reuse_skipped, reuse_notes = reuse_findings(point, label, thresholds)
+    reuse, reuse_skipped, reuse_notes = reuse_findings(data, label, thresholds)
     findings += reuse
-    reuse_measured = _thrash_curve(point, label, directory, reuse_notes)
-    timeline_file = str(point.get("timeline_file") or "")
+    reuse_measured = _thrash_curve(figures.kv_events_file, label, directory, reuse_notes)
+    timeline_file = figures.timeline_file or ""
     watch = (
         run_file(directory, "watch-" + timeline_file.removeprefix("timeline-").removesuffix(".json") + ".jsonl")
         if directory is not None and timeline_file
@@ -148,7 +144,7 @@ def _endpoint_diagnosis(
     )
     live, missing = None, "no recorded scrapes of the server's /metrics to judge its KV cache by"
     if watch is not None and watch.is_file():
-        duration = _num(point.get("duration"))
+        duration = point.duration
         try:
             live = diagnose_timeline(watch, thresholds, (0.0, duration) if duration is not None else None)
         except NoScrapes as err:
@@ -174,10 +170,10 @@ THRASH_CURVE_S = (1.0, 10.0, 60.0)  # windows the recorded events are re-read at
 KV_EVENTS_FILE_BYTES = 1 << 30  # 2M events kept at most, a few hundred MB as JSON
 
 
-def _thrash_curve(point: Mapping[str, Any], label: str, directory: Path | None, notes: list[str]) -> list[Measurement]:
-    """The point's recorded KV events re-read: the share of removed blocks stored again within 1, 10 and 60 s
-    (how soon what the server evicts comes back). An unreadable file is a note, never a guess."""
-    name = point.get("kv_events_file")
+def _thrash_curve(name: str | None, label: str, directory: Path | None, notes: list[str]) -> list[Measurement]:
+    """A point's recorded KV events (``name``, in ``directory``) re-read: the share of removed blocks stored again
+    within 1, 10 and 60 s (how soon what the server evicts comes back). An unreadable file is a note, never a
+    guess."""
     if directory is None or not isinstance(name, str):
         return []
     try:
@@ -197,23 +193,17 @@ def _thrash_curve(point: Mapping[str, Any], label: str, directory: Path | None, 
     return out
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
-
-
-def _layout(point: Mapping[str, Any], meta: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+def _layout(point: DiagnosedPoint, meta: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The remedy for KV slots held without token states: the contiguous slab layout, or the block size."""
-    engine = str(point.get("engine", ""))
+    engine = point.engine or ""
     if engine.startswith("contiguous"):
         return ("layout",), {"reserve": meta.get("reserve", "max"), "max_len": meta.get("max_len")}
     block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.get("block_size")
     return ("smaller_blocks",), {"block_size": block_size}
 
 
-def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
-    value = _num(point.get("fragmentation_mean"))
+def _rule_fragmentation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    value = point.fragmentation_mean
     if value is None or value <= t.fragmentation:
         return None
     remedies, context = _layout(point, meta)
@@ -230,22 +220,11 @@ def _rule_fragmentation(point, meta, t: Thresholds, label) -> Finding | None:
     )
 
 
-def _free_share(point) -> float | None:
-    waste = point.get("waste") or {}
-    free = _num(waste.get("free_pct"))
-    if free is None:
-        parts = [_num(waste.get(k)) for k in ("token_state_pct", "reservation_pct", "internal_pct", "external_pct")]
-        if any(p is None for p in parts):
-            return None
-        free = 100.0 - sum(p for p in parts if p is not None)  # none is, after the check above
-    return max(0.0, free) / 100.0
-
-
-def _rule_free_blocks(point, meta, t: Thresholds, label) -> Finding | None:
-    free = _free_share(point)
+def _rule_free_blocks(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    free = point.waste.free_share
     if free is None or free >= t.free_blocks:
         return None
-    pool, peak = _num(point.get("kv_pool_bytes")), _num(point.get("kv_peak_allocated_bytes"))
+    pool, peak = point.kv_pool_bytes, point.kv_peak_allocated_bytes
     at_peak = f"; at peak allocation {pct(1 - peak / pool)} were free" if pool and peak is not None else ""
     return _finding(
         _command_of(meta),
@@ -258,9 +237,8 @@ def _rule_free_blocks(point, meta, t: Thresholds, label) -> Finding | None:
     )
 
 
-def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
-    metrics = point.get("metrics") or {}
-    p99 = _num(metrics.get("block_alloc_latency_p99_seconds"))
+def _rule_alloc_latency(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    p99 = point.alloc_latency_p99_s
     if p99 is None or p99 * 1000 <= t.alloc_latency_p99_ms:
         return None
     return _finding(
@@ -269,15 +247,15 @@ def _rule_alloc_latency(point, meta, t: Thresholds, label) -> Finding | None:
         "critical",
         label,
         f"block allocation latency p99 {p99 * 1000:.1f} ms > {t.alloc_latency_p99_ms:g} ms over "
-        f"{metrics.get('block_alloc_count', '?')} allocation calls; allocation sits on the step's "
+        f"{point.alloc_count} allocation calls; allocation sits on the step's "
         "critical path",
         ("larger_blocks", "check_host"),
         {"alloc_latency_p99_ms": p99 * 1000, "threshold_ms": t.alloc_latency_p99_ms},
     )
 
 
-def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
-    preemptions, completed = _num(point.get("preemptions")), _num(point.get("completed"))
+def _rule_preemptions(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    preemptions, completed = point.preemptions, point.completed
     if not preemptions or completed is None:
         return None
     rate = preemptions / max(completed, 1.0)
@@ -295,9 +273,9 @@ def _rule_preemptions(point, meta, t: Thresholds, label) -> Finding | None:
     )
 
 
-def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
-    waste = point.get("waste") or {}
-    reservation, internal = _num(waste.get("reservation_pct")), _num(waste.get("internal_pct"))
+def _rule_reservation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    waste = point.waste
+    reservation, internal = waste.reservation_pct, waste.internal_pct
     if reservation is None or internal is None:
         return None
     share = (reservation + internal) / 100.0
@@ -310,22 +288,22 @@ def _rule_reservation(point, meta, t: Thresholds, label) -> Finding | None:
         "warning",
         label,
         f"reservation + internal fragmentation took {pct(share)} of the pool on average "
-        f"(> {pct(t.reservation_waste)}); token states only {waste.get('token_state_pct', 0):.1f}%",
+        f"(> {pct(t.reservation_waste)}); token states only {waste.token_state_pct or 0:.1f}%",
         remedies,
         {"reservation_internal_share": share, "threshold": t.reservation_waste},
         context,
     )
 
 
-def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
-    concurrency = _num(point.get("concurrency"))
-    peak = _num(point.get("peak_running"))
+def _rule_capped(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+    concurrency = number(point.concurrency)
+    peak = point.peak_running
     remedies: tuple[str, ...] = ("more_kv_memory",)
     context: dict[str, Any] = {}
-    if str(point.get("engine", "")).startswith("contiguous"):  # the paged engine fits more in the same budget
+    if (point.engine or "").startswith("contiguous"):  # the paged engine fits more in the same budget
         remedies, context = ("more_kv_memory", "layout"), _layout(point, meta)[1]
-    if point.get("status") == "oom":
-        evidence = f"OOM: {point.get('status_reason') or 'requests rejected for lack of KV memory'}"
+    if point.status == "oom":
+        evidence = f"OOM: {point.status_reason or 'requests rejected for lack of KV memory'}"
         if peak is not None and concurrency is not None:
             evidence += f" (peak running {peak:.0f} of concurrency {concurrency:.0f})"
         return _finding(
@@ -341,7 +319,7 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
     if concurrency is None or peak is None:
         return None
     offered = concurrency
-    total = (_num(point.get("completed")) or 0) + (_num(point.get("rejected")) or 0)
+    total = (point.completed or 0) + (point.rejected or 0)
     if total:
         offered = min(offered, total)
     if peak >= offered or peak >= meta.get("max_num_seqs", 256):
@@ -361,29 +339,29 @@ def _rule_capped(point, meta, t: Thresholds, label) -> Finding | None:
 IMBALANCE_SHARE = 0.25  # mean free-block spread over one pool (pools of different sizes: mean usage spread)
 
 
-def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
+def _fleet_findings(point: DiagnosedPoint, t: Thresholds, label: str) -> list[Finding]:
     """Free blocks per instance (the article's alert, one instance at a time) and the imbalance between them."""
     findings = []
-    for instance in point.get("instances") or []:
-        free = _num(instance.get("free_share_mean"))
+    for instance in point.instances:
+        free = instance.free_share_mean
         if free is not None and free < t.free_blocks:
             findings.append(
                 _finding(
                     "fleet",
                     "free_blocks",
                     "warning",
-                    f"{label} instance {instance.get('index')}",
+                    f"{label} instance {instance.index}",
                     f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
-                    f"it took {instance.get('routed')} requests and preempted {instance.get('preemptions')}",
+                    f"it took {instance.routed} requests and preempted {instance.preemptions}",
                     ("add_instance", "route_by_free_blocks"),
                     {"free_share_mean": free, "threshold": t.free_blocks},
                 )
             )
-    pools = {_num(i.get("total_blocks")) for i in point.get("instances") or []}
+    pools = {i.total_blocks for i in point.instances}
     if len(pools) > 1:  # pools of different sizes: their free blocks differ however well they are loaded
-        return findings + _usage_spread(point, label)
+        return findings + _usage_spread(point.instances, label)
     total = max((p or 0 for p in pools), default=0)
-    imbalance = _num(point.get("free_blocks_imbalance_mean"))
+    imbalance = point.free_blocks_imbalance_mean
     if imbalance is not None and total and imbalance / total > IMBALANCE_SHARE:
         findings.append(
             _finding(
@@ -400,14 +378,13 @@ def _fleet_findings(point, t: Thresholds, label: str) -> list[Finding]:
     return findings
 
 
-def _usage_spread(point, label: str) -> list[Finding]:
+def _usage_spread(instances: list[DiagnosedInstance], label: str) -> list[Finding]:
     """The imbalance of instances with pools of different sizes: the spread of their mean KV usage, in points."""
-    instances = point.get("instances") or []
-    known = [u for u in (_num(i.get("usage_mean")) for i in instances) if u is not None]
+    known = [u for u in (i.usage_mean for i in instances) if u is not None]
     spread = max(known) - min(known) if len(known) > 1 else 0.0
     if spread <= IMBALANCE_SHARE:
         return []
-    pools = "/".join(f"{_num(i.get('total_blocks')) or 0:,.0f}" for i in instances)
+    pools = "/".join(f"{i.total_blocks or 0:,.0f}" for i in instances)
     return [
         _finding(
             "fleet",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.endpoint_report import (
     FIND_MAX_COLUMNS,
     POINT_TABLE,
+    endpoint_summary,
     find_max_rows,
     level_text,
     ordered,
@@ -17,21 +16,25 @@ from kvbench.report.endpoint_report import (
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
 from kvbench.report.html.run_files import RunFiles
+from kvbench.results.find_max_search import Search
+from kvbench.results.point import Point
 
 
 def build(run: RunFiles) -> Page:
     document = run.document
-    meta, points = document["meta"], document["points"]
+    meta, points = document["meta"], [Point.from_json(p) for p in document["points"]]
     title = f"kvbench sweep of servers over HTTP: {meta.get('model_name', '?')} at {meta.get('device', '?')}"
     subtitle = f"scenario {meta.get('scenario', '?')}"
     figures = draw(lambda: write_endpoint_plots(run.directory, meta, points))
     timelines = [f for f in figures if f.name.startswith("timeline-")]
     plots = [f for f in figures if f not in timelines]
     sections = [
-        Section("headline", "Verdict", [verdict(document), points_table(points)]),
-        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), run.directory, "sweep")),
+        Section("headline", "Verdict", [verdict(points, document.get("findings") or []), points_table(points)]),
+        findings_section(
+            diagnose_points(document["points"], meta, Thresholds(), str(run.directory), run.directory, "sweep")
+        ),
     ]
-    searches = (document.get("endpoint") or {}).get("find_max") or []
+    searches = endpoint_summary(document).find_max if document.get("endpoint") else []
     if searches:
         sections.append(Section("find-max", "Highest load meeting the SLO", [find_max_table(searches)]))
     if plots:
@@ -46,25 +49,24 @@ def build(run: RunFiles) -> Page:
     return Page("sweep", title, subtitle, [], sections)
 
 
-def verdict(document: dict[str, Any]) -> Verdict:
-    points = document["points"]
-    failed = [p for p in points if p["status"] != "ok"]
-    lines = list(document.get("findings") or [])
+def verdict(points: list[Point], findings: list[str]) -> Verdict:
+    failed = [p for p in points if p.status != "ok"]
+    lines = list(findings)
     if failed:
         lines.insert(
             0,
             f"{len(failed)} point(s) had failed requests: "
-            + "; ".join(f"{p['engine']} {level_text(p)}: {p.get('error')}" for p in failed[:3]),
+            + "; ".join(f"{p.engine} {level_text(p)}: {p.error}" for p in failed[:3]),
         )
-    done = [p for p in points if p["completed"]]
+    done = [p for p in points if p.completed]
     if not done:
         return Verdict("No point completed a request", "bad", lines)
-    best = max(done, key=lambda p: p["output_throughput"])
-    headline = f"Best: {best['engine']} at {level_text(best)}, {best['output_throughput']:,.0f} output tok/s"
+    best = max(done, key=lambda p: p.output_throughput)
+    headline = f"Best: {best.engine} at {level_text(best)}, {best.output_throughput:,.0f} output tok/s"
     return Verdict(headline, "bad" if failed else "neutral", lines)
 
 
-def points_table(points: list[dict[str, Any]]) -> Table:
+def points_table(points: list[Point]) -> Table:
     note = (
         "Latencies in ms (p50/p99), vllm bench serve's definitions; KV use: the server's KV cache usage as its "
         "/metrics reported it, peak and mean over the point, in %; run/wait peak: requests running and "
@@ -73,7 +75,7 @@ def points_table(points: list[dict[str, Any]]) -> Table:
     return spec_table(POINT_TABLE, ordered(points), "endpoint-table", note)
 
 
-def find_max_table(searches: list[dict[str, Any]]) -> Table:
+def find_max_table(searches: list[Search]) -> Table:
     columns = [Column(name, False) for name in FIND_MAX_COLUMNS]
     rows = [[Cell(text) for text in row] for row in find_max_rows(searches)]
     return Table("The highest load meeting the SLO", columns, rows, sortable=False)

@@ -1,0 +1,132 @@
+"""A recorded point as ``kvbench diagnose`` judges it, typed: the figures its rules read, whatever command wrote
+the point (sweep, waste, fleet). A figure the point lacks, or holds as anything but a number, is None: the rule
+that needs it does not fire, rather than judge a guess. A part that should be an object and is not (``waste``,
+``metrics``, an instance) is an error: the file is corrupt, and ``kvbench diagnose`` says so in one line."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def number(value: Any) -> float | None:
+    """A figure as a rule reads it: a finite or infinite number as a float; None for anything else (a bool,
+    NaN, text, null)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class WasteParts:
+    """A point's time-averaged shares of the KV pool, in %."""
+
+    token_state_pct: float | None = None
+    reservation_pct: float | None = None
+    internal_pct: float | None = None
+    external_pct: float | None = None
+    free_pct: float | None = None
+
+    @property
+    def free_share(self) -> float | None:
+        """The free share in [0, 1]: the recorded one, else what the four held parts leave."""
+        free = self.free_pct
+        if free is None:
+            parts = (self.token_state_pct, self.reservation_pct, self.internal_pct, self.external_pct)
+            if any(p is None for p in parts):
+                return None
+            free = 100.0 - sum(p for p in parts if p is not None)  # none is, after the check above
+        return max(0.0, free) / 100.0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WasteParts:
+        return cls(
+            number(data.get("token_state_pct")),
+            number(data.get("reservation_pct")),
+            number(data.get("internal_pct")),
+            number(data.get("external_pct")),
+            number(data.get("free_pct")),
+        )
+
+
+@dataclass(frozen=True)
+class DiagnosedInstance:
+    """One instance of a fleet point."""
+
+    index: Any  # as recorded (it names the instance)
+    free_share_mean: float | None
+    routed: Any  # as recorded, for the evidence
+    preemptions: Any
+    total_blocks: float | None
+    usage_mean: float | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DiagnosedInstance:
+        return cls(
+            data.get("index"),
+            number(data.get("free_share_mean")),
+            data.get("routed"),
+            data.get("preemptions"),
+            number(data.get("total_blocks")),
+            number(data.get("usage_mean")),
+        )
+
+
+@dataclass(frozen=True)
+class DiagnosedPoint:
+    engine: str | None  # None: not recorded
+    concurrency: int | float | None  # as recorded (it names the point); None: not a number
+    status: str | None = None  # ok | oom | error
+    status_reason: str | None = None
+    error: str | None = None
+    completed: float | None = None
+    rejected: float | None = None
+    preemptions: float | None = None
+    peak_running: float | None = None
+    duration: float | None = None  # seconds the load ran
+    kv_pool_bytes: float | None = None
+    kv_peak_allocated_bytes: float | None = None
+    fragmentation_mean: float | None = None
+    waste: WasteParts = WasteParts()
+    alloc_latency_p99_s: float | None = None  # the in-process engine's exported metrics
+    alloc_count: Any = "?"  # as recorded, for the evidence
+    policy: str | None = None  # a fleet point's routing policy (None: not a fleet point)
+    instances: list[DiagnosedInstance] = field(default_factory=list)
+    free_blocks_imbalance_mean: float | None = None
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.policy is not None
+
+    @property
+    def label(self) -> str:
+        """How findings name the point: ``paged C=8``, ``fleet paged/round-robin``."""
+        return f"fleet {self.engine}" if self.is_fleet else f"{self.engine} C={self.concurrency}"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DiagnosedPoint:
+        engine, concurrency = data.get("engine"), data.get("concurrency")
+        metrics = data.get("metrics") or {}
+        return cls(
+            engine if isinstance(engine, str) else None,
+            concurrency if number(concurrency) is not None else None,
+            data.get("status"),
+            data.get("status_reason"),
+            data.get("error"),
+            number(data.get("completed")),
+            number(data.get("rejected")),
+            number(data.get("preemptions")),
+            number(data.get("peak_running")),
+            number(data.get("duration")),
+            number(data.get("kv_pool_bytes")),
+            number(data.get("kv_peak_allocated_bytes")),
+            number(data.get("fragmentation_mean")),
+            WasteParts.from_json(data.get("waste") or {}),
+            number(metrics.get("block_alloc_latency_p99_seconds")),
+            metrics.get("block_alloc_count", "?"),
+            str(data["policy"]) if "policy" in data else None,
+            [DiagnosedInstance.from_json(instance) for instance in data.get("instances") or []],
+            number(data.get("free_blocks_imbalance_mean")),
+        )
