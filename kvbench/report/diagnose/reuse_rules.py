@@ -17,6 +17,8 @@ from typing import Any
 from kvbench.report.diagnose.findings import Finding, NotEvaluated, pct
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.results.endpoint_figures import EndpointFigures, KvEventsSummary, TraceFigures
+from kvbench.results.prefix_reuse_figures import PrefixReuse
 
 MIN_REMOVED = 10  # fewer removals say nothing about thrash
 MIN_REQUESTS = 4  # fewer requests say nothing about the workload's sharing
@@ -26,12 +28,11 @@ def reuse_findings(
     point: Mapping[str, Any], label: str, t: Thresholds
 ) -> tuple[list[Finding], list[NotEvaluated], list[str]]:
     """The reuse rules over one server point: findings, rules the data cannot decide, notes."""
-    reuse: Mapping[str, Any] = _mapping(point.get("prefix_reuse")) or {}
-    events = _mapping(point.get("kv_events"))
-    workload = _mapping(reuse.get("workload"))
-    scrapes: Mapping[str, Any] = _mapping(point.get("scrapes")) or {}
-    family = next(iter(scrapes.get("families") or []), "vllm")
-    context = {"block_size": (workload or {}).get("block_size")}
+    figures = EndpointFigures.from_json(point)
+    reuse = figures.prefix_reuse or PrefixReuse()
+    events, workload, trace = figures.kv_events, reuse.workload, figures.trace
+    family = next(iter((figures.scrapes.families if figures.scrapes else None) or []), "vllm")
+    context = {"block_size": workload.block_size if workload else None}
     findings: list[Finding] = []
     skipped: list[NotEvaluated] = []
     notes: list[str] = []
@@ -41,16 +42,16 @@ def reuse_findings(
             Finding(rule, severity, label, evidence, render(remedies, family, context), values, remedies, family)
         )
 
-    rate = _share(reuse.get("hit_rate_requests"))
+    rate = _share(reuse.hit_rate_requests)
     if rate is None:
-        rate = _share(reuse.get("hit_rate_counters"))
+        rate = _share(reuse.hit_rate_counters)
     if events is not None:
-        _thrash(events, t, find, skipped, label, _mapping(point.get("trace")))
-        if events.get("flag"):
-            notes.append(f"{label}: KV events: {events['flag']}")
-    if reuse.get("flag"):
-        notes.append(f"{label}: cached tokens: {reuse['flag']}")
-    if workload is None or (reuse.get("requests") or 0) < MIN_REQUESTS:
+        _thrash(events, t, find, skipped, label, trace)
+        if events.flag:
+            notes.append(f"{label}: KV events: {events.flag}")
+    if reuse.flag:
+        notes.append(f"{label}: cached tokens: {reuse.flag}")
+    if workload is None or reuse.requests < MIN_REQUESTS:
         skipped.append(
             NotEvaluated(
                 "prefix_reuse",
@@ -59,10 +60,10 @@ def reuse_findings(
             )
         )
         return findings, skipped, notes
-    ideal = _share(workload.get("ideal_hit_rate"))
-    requests = reuse.get("requests") or 0
-    short = workload.get("requests_sharing_under_one_block") or 0
-    block = workload.get("block_size")
+    ideal = _share(workload.ideal_hit_rate)
+    requests = reuse.requests
+    short = workload.requests_sharing_under_one_block
+    block = workload.block_size
     if short and short >= 0.1 * requests:
         find(
             "prefix_shorter_than_block",
@@ -72,7 +73,7 @@ def reuse_findings(
             ("prefix_at_least_one_block",),
             {"requests": short, "block_size": block},
         )
-    predicted = _share((_mapping(point.get("trace")) or {}).get("predicted_hit_rate"))
+    predicted = _share(trace.predicted_hit_rate) if trace else None
     if predicted is not None and rate is not None and predicted - rate > t.max_reuse_gap:
         find(
             "hit_rate_below_prediction",
@@ -95,7 +96,7 @@ def reuse_findings(
             {"hit_rate": rate, "ideal_hit_rate": ideal},
         )
     elif ideal - rate > t.max_reuse_gap:
-        churn = events.get("kv_eviction_churn_per_s") if events else None
+        churn = events.kv_eviction_churn_per_s if events else None
         why = (
             f"; the server evicted {churn:.1f} blocks/s meanwhile"
             if isinstance(churn, (int, float)) and churn > 0
@@ -114,20 +115,19 @@ def reuse_findings(
 
 
 def _thrash(
-    events: Mapping[str, Any],
+    events: KvEventsSummary,
     t: Thresholds,
     find: Any,
     skipped: list[NotEvaluated],
     label: str,
-    trace: Mapping[str, Any] | None,
+    trace: TraceFigures | None,
 ) -> None:
-    share, removed = _share(events.get("kv_thrash_share")), events.get("kv_blocks_removed")
-    window = events.get("kv_thrash_window_s")
+    share, removed, window = _share(events.kv_thrash_share), events.kv_blocks_removed, events.kv_thrash_window_s
     if share is None or not isinstance(removed, int) or removed < MIN_REMOVED:
         skipped.append(NotEvaluated("kv_eviction_thrash", label, "too few blocks were removed to judge thrash"))
         return
     if share > t.max_thrash_share:
-        churn = events.get("kv_eviction_churn_per_s")
+        churn = events.kv_eviction_churn_per_s
         find(
             "kv_eviction_thrash",
             "warning",
@@ -138,22 +138,23 @@ def _thrash(
         )
 
 
-def _more_memory(trace: Mapping[str, Any] | None) -> str:
+def _more_memory(trace: TraceFigures | None) -> str:
     """What kvbench's simulation of a replayed trace says more KV blocks would keep, in words ('' without one)."""
-    rows = (trace or {}).get("predicted_with_more_blocks") or []
-    now = _share((trace or {}).get("predicted_hit_rate"))
-    steps = [(blocks, rate) for blocks, rate in rows if isinstance(blocks, int) and _share(rate) is not None]
+    if trace is None:
+        return ""
+    now = _share(trace.predicted_hit_rate)
+    steps = [
+        (blocks, rate)
+        for blocks, rate in trace.predicted_with_more_blocks
+        if isinstance(blocks, int) and _share(rate) is not None
+    ]
     if now is None or not steps:
         return ""
     said = ", ".join(f"{pct(rate)} with {blocks:,} blocks" for blocks, rate in steps)
     return f"; kvbench's simulation of the trace predicts {pct(now)} with the server's blocks, {said}"
 
 
-def _mapping(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, dict) else None
-
-
-def _share(value: Any) -> float | None:
+def _share(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         return None
     return float(value)
