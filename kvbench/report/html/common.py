@@ -289,7 +289,7 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
     blocks: list[Any] = [Facts(facts)]
-    if (plan := RunMeta.of(meta).cpu_matmuls) is not None:
+    if (plan := RunMeta.from_json(meta).cpu_matmuls) is not None:
         blocks.append(cpu_matmul_table(plan))
     return Section("provenance", "Provenance", blocks)
 
