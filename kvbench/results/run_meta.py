@@ -17,6 +17,7 @@ from kvbench import __version__
 from kvbench.results.dataset_draw import DatasetDraw
 from kvbench.results.environment import host_info, package_versions
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
+from kvbench.results.provenance import HostFacts
 from kvbench.results.schema import SCHEMA_VERSION
 from kvbench.values import is_number
 
@@ -88,7 +89,7 @@ class RunMeta:
     triton_version: str | None = None
     platform: str | None = None
     git_revision: str | None = None  # None: not run from a git checkout
-    host: dict[str, Any] = field(default_factory=dict)  # CPU, cores, memory, GPU (results/environment.py)
+    host: HostFacts | None = None  # CPU, cores, memory, GPU (None: not recorded)
     packages: dict[str, str] = field(default_factory=dict)  # version by package name
     simulated: bool = False  # roofline step times, no model ran
     interrupted: bool = False  # the run stopped before its last point
@@ -138,7 +139,7 @@ def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "triton_version": _text(data.get("triton_version")),
         "platform": _text(data.get("platform")),
         "git_revision": _text(data.get("git_revision")),
-        "host": dict(data.get("host") or {}),
+        "host": HostFacts.from_json(host) if isinstance(host := data.get("host"), Mapping) and host else None,
         "packages": dict(data.get("packages") or {}),
         "simulated": bool(data.get("simulated")),
         "interrupted": bool(data.get("interrupted")),

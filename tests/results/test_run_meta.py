@@ -37,7 +37,7 @@ def test_every_kind_of_meta_round_trips_in_its_own_key_order():
 def test_an_old_or_partial_meta_reads_with_the_readers_defaults():
     meta = RunMeta.from_json({})
     assert (meta.simulated, meta.interrupted, meta.dataset) == (False, False, None)
-    assert meta.command is None and meta.kvbench_version is None and meta.host == {} and meta.packages == {}
+    assert meta.command is None and meta.kvbench_version is None and meta.host is None and meta.packages == {}
     assert meta.model_name is None and meta.device is None and meta.scenario is None
     assert meta.scenario_description == "" and meta.budget_source == "" and meta.stop_description == ""
     assert meta.stop == "length" and meta.reserve is None and meta.reserve_policy == "max"
@@ -64,6 +64,7 @@ def test_what_every_run_records_is_typed():
     assert fresh.command is not None and fresh.command.startswith("kvbench")
     assert fresh.kvbench_version and fresh.python_version and fresh.platform and fresh.created_utc
     assert fresh.packages == run_meta()["packages"] and fresh.seed == 3
+    assert fresh.host is not None and fresh.host.cores == run_meta()["host"].get("cores")
 
 
 def test_every_kinds_meta_is_a_run_meta_that_gives_its_record_back():
