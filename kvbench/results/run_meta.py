@@ -15,9 +15,8 @@ from typing import Any
 
 from kvbench import __version__
 from kvbench.results.dataset_draw import DatasetDraw
-from kvbench.results.environment import host_info, package_versions
+from kvbench.results.environment import HostFacts, host_info, package_versions
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
-from kvbench.results.provenance import HostFacts
 from kvbench.results.schema import SCHEMA_VERSION
 from kvbench.values import is_number
 
@@ -140,7 +139,7 @@ def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "platform": _text(data.get("platform")),
         "git_revision": _text(data.get("git_revision")),
         "host": HostFacts.from_json(host) if isinstance(host := data.get("host"), Mapping) and host else None,
-        "packages": dict(data.get("packages") or {}),
+        "packages": dict(packages) if isinstance(packages := data.get("packages"), Mapping) else {},
         "simulated": bool(data.get("simulated")),
         "interrupted": bool(data.get("interrupted")),
         "model_name": _model_name(data),

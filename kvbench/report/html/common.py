@@ -24,9 +24,10 @@ from kvbench.report.html.page import (
     Table,
     Text,
 )
+from kvbench.results.environment import GpuFacts, HostFacts
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
 from kvbench.results.model_shape_facts import ModelShapeFacts
-from kvbench.results.provenance import GpuFacts, HostFacts, Provenance
+from kvbench.results.provenance import Provenance
 from kvbench.results.run_meta import RunMeta
 
 SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
