@@ -386,10 +386,10 @@ def _run(options, out_dir: Path | None, as_json: bool, metrics_port: int | None,
             run_fleet(
                 setup, run_dir, on_point=on_point, metrics=metrics
             )  # the actors and Ray shut down however it ends
-    meta = setup.meta()
+    meta = FleetMeta.from_json(setup.meta())
     document = write_outputs(run_dir, meta, points)
     fleet_run.opened.release()
-    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, FleetMeta.from_json(meta)))
+    show(document, as_json, lambda: _tables(console, points, run_dir, options.simulate, meta))
     died = [f"server {i.name} died under {policy}: {i.failure}" for policy, i in deaths(points) if i.name]
     if died:
         skipped = len(options.policies) - len(points)
@@ -407,7 +407,7 @@ def _keep_interrupted(run: Run, points: list[FleetPoint], setup, policies: int) 
     if run.dir is None:
         note = "interrupted before any policy finished; nothing was written"
     elif points:
-        write_outputs(run.dir.path, {**setup.meta(), "interrupted": True}, points)
+        write_outputs(run.dir.path, FleetMeta.from_json({**setup.meta(), "interrupted": True}), points)
         run.dir.release()
         note = (
             f"interrupted: {len(points)} of {policies} policies finished; their summary is in "

@@ -46,7 +46,7 @@ from kvbench.commands._trace_options import (
 )
 from kvbench.errors import KvbenchError
 from kvbench.report.reuse_report import CURVE_FILE, print_reuse, reuse_markdown, reuse_plot
-from kvbench.results.run_meta import run_meta
+from kvbench.results.run_meta import RunMeta, run_meta
 from kvbench.studies.reuse import DEFAULT_POINTS, MAX_POINTS, ReuseSettings, run_reuse_study
 from kvbench.workload.dataset import resolve_dataset
 from kvbench.workload.prefix_trace import (
@@ -169,17 +169,19 @@ def reuse(
     workload = subset(workload, max_requests, window, time_scale)
     with console.status("simulating...") as status:
         found = run_reuse_study(workload, settings, status.update)
-    meta = run_meta(
-        model_name=found.deployment.model_name,
-        gpu=settings.gpu,
-        tensor_parallel_size=deployment.tensor_parallel,
-        pipeline_parallel_size=deployment.pipeline_parallel,
-        kv_cache_dtype=deployment.kv_cache_dtype,
-        block_size=block_size,
-        time_scale=time_scale,
-        window=window,
-        max_requests=max_requests,
-        simulated=True,
+    meta = RunMeta.from_json(
+        run_meta(
+            model_name=found.deployment.model_name,
+            gpu=settings.gpu,
+            tensor_parallel_size=deployment.tensor_parallel,
+            pipeline_parallel_size=deployment.pipeline_parallel,
+            kv_cache_dtype=deployment.kv_cache_dtype,
+            block_size=block_size,
+            time_scale=time_scale,
+            window=window,
+            max_requests=max_requests,
+            simulated=True,
+        )
     )
     curve = replace(found, meta=meta)
     write_study(

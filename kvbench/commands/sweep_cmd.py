@@ -40,6 +40,7 @@ from kvbench.measure.exporter import KvMetrics
 from kvbench.report.progress import SweepProgress, sweep_progress_bars
 from kvbench.report.sweep_report import print_sweep, write_outputs
 from kvbench.results.point import Point
+from kvbench.results.run_meta import RunMeta
 from kvbench.studies.backends.base import Offer
 from kvbench.studies.backends.registry import engine_names
 from kvbench.studies.fleet import ray_runtime
@@ -147,7 +148,7 @@ def sweep(
     sweep_run = Run("sweep")
     failed = _measure(sweep_run, setup, out_dir, resume, continue_on_error, metrics, ray, console, verbose)
     run_dir, points = sweep_run.opened.path, sweep_run.points
-    meta = setup.meta()
+    meta = RunMeta.from_json(setup.meta())
     document = write_outputs(run_dir, meta, points)
     sweep_run.opened.release()
     show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, meta, wide))

@@ -33,7 +33,7 @@ def lengths_table(result: DatasetResult) -> Table:
 
 def len_label(result: DatasetResult) -> str:
     data = result.meta.dataset
-    return f"{Path(data.path).name} ({data.counted_by})"
+    return "a dataset not recorded" if data is None else f"{Path(data.path).name} ({data.counted_by})"
 
 
 def histogram_table(result: DatasetResult, which: str) -> Table:

@@ -364,10 +364,9 @@ def instance_table(point: FleetPoint) -> Table:
     return replace(INSTANCE_TABLE, title=f"Instances under {point.policy}").rich(point.instances)
 
 
-def write_outputs(run_dir: Path, meta: dict[str, Any], points: list[FleetPoint]) -> dict[str, Any]:
+def write_outputs(run_dir: Path, fleet: FleetMeta, points: list[FleetPoint]) -> dict[str, Any]:
     """summary.json/csv/md and the plots; returns the summary document."""
-    summary = FleetSummary(meta, points)
-    document, fleet = summary.to_json(), summary.fleet
+    document = FleetSummary(fleet, points).to_json()
     rows = [flatten(p.to_json(instances=False)) for p in points]
     markdown = (
         f"# kvbench fleet{' (SIMULATED)' if fleet.simulated else ''}\n\n"

@@ -17,7 +17,7 @@ from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.fields import ms_text
 from kvbench.results.point import Point, oom_text, with_figures_hidden
-from kvbench.results.run_meta import MetaLike, RunMeta
+from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
 from kvbench.values import human_bytes, is_positive
 
@@ -254,10 +254,9 @@ def steady_warnings(points: Sequence[Point]) -> list[str]:
     return lines
 
 
-def output_length_title(meta: MetaLike) -> str:
-    run = RunMeta.of(meta)
-    if run.stop == "eos":
-        how = "ending at EOS at each reference length (simulated)" if run.simulated else "decided by the model (EOS)"
+def output_length_title(meta: RunMeta) -> str:
+    if meta.stop == "eos":
+        how = "ending at EOS at each reference length (simulated)" if meta.simulated else "decided by the model (EOS)"
     else:
         how = "drawn or reference, EOS ignored"
     return f"Output lengths {how}, and the KV memory they left unused"
@@ -309,12 +308,11 @@ OUTPUT_LENGTH_TABLE: TableSpec[Point] = TableSpec(
 )
 
 
-def output_length_spec(meta: MetaLike, caption: str | None = None) -> TableSpec[Point]:
+def output_length_spec(meta: RunMeta, caption: str | None = None) -> TableSpec[Point]:
     """The output lengths that occurred (EOS-decided in an eos run) next to the memory they left unused, as the
     console, summary.md and the page show them; ``caption`` replaces the sweep's note on how the contiguous
     baseline reserves."""
-    run = RunMeta.of(meta)
-    return replace(OUTPUT_LENGTH_TABLE, title=output_length_title(run), caption=caption or _reservation_caption(run))
+    return replace(OUTPUT_LENGTH_TABLE, title=output_length_title(meta), caption=caption or _reservation_caption(meta))
 
 
 def with_output_lengths(points: Sequence[Point]) -> list[Point]:
@@ -322,7 +320,7 @@ def with_output_lengths(points: Sequence[Point]) -> list[Point]:
     return [p for p in points if p.status != "error" and p.output_len_mean is not None]
 
 
-def output_length_table(points: Sequence[Point], meta: MetaLike, caption: str | None = None) -> Table:
+def output_length_table(points: Sequence[Point], meta: RunMeta, caption: str | None = None) -> Table:
     return output_length_spec(meta, caption).rich(with_output_lengths(points))
 
 
@@ -338,10 +336,9 @@ def _reservation_caption(meta: RunMeta) -> str:
     return f"The contiguous baseline reserves by policy {reserve} (max-len {max_len})."
 
 
-def shows_output_lengths(meta: MetaLike) -> bool:
+def shows_output_lengths(meta: RunMeta) -> bool:
     """Runs whose lengths came from the model or from real data show what occurred (table and plot)."""
-    run = RunMeta.of(meta)
-    return run.stop == "eos" or run.from_dataset
+    return meta.stop == "eos" or meta.dataset is not None
 
 
 def print_sweep(
@@ -350,22 +347,21 @@ def print_sweep(
     simulated: bool,
     waterfall: bool,
     run_dir: Path,
-    meta: MetaLike | None = None,
+    meta: RunMeta | None = None,
     wide: bool = False,
 ) -> None:
     """The article-shaped table and its finding in words, the per-point table (``wide``: every column), the
     output lengths of a real workload, warnings about missing or short steady windows and, when asked, every
     point's memory waterfall."""
     rows, typed = article_rows(points), [Point.from_json(p) for p in points]
-    run = None if meta is None else RunMeta.of(meta)
     print_whole(console, article_table(rows, simulated))
-    verdict = sweep_verdict(rows, typed, run)
+    verdict = sweep_verdict(rows, typed, meta)
     console.print(f"[bold]{verdict.headline}[/bold]")
     for line in verdict.sentences:
         console.print(line)
     print_whole(console, POINT_TABLE.rich(typed, wide))
-    if run is not None and shows_output_lengths(run):
-        console.print(output_length_table(typed, run))
+    if meta is not None and shows_output_lengths(meta):
+        console.print(output_length_table(typed, meta))
     for line in steady_warnings(typed):
         console.print(f"[yellow]warning: {line}[/yellow]")
     if waterfall:
@@ -386,8 +382,7 @@ def scenarios_table(scenarios: dict) -> Table:
     return table
 
 
-def write_outputs(run_dir: Path, meta: dict, points: list[dict]) -> dict:
-    run = RunMeta.from_json(meta)
+def write_outputs(run_dir: Path, run: RunMeta, points: list[dict]) -> dict:
     for point in points:  # the memory waterfall of every measured point (additive field)
         if Point.from_json(point).status != "error":
             levels = waterfall_levels(point, "simulated" if run.simulated else None)
@@ -446,12 +441,11 @@ def plot_series(points: Sequence[Point]) -> tuple[dict, dict, dict]:
     return series, latency, marks
 
 
-def write_plots(run_dir: Path, meta: MetaLike, points: list[dict]) -> None:
+def write_plots(run_dir: Path, run: RunMeta, points: list[dict]) -> None:
     """The sweep's PNG plots, from its points and the timeline files in ``run_dir`` (the HTML report draws the
     same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
 
-    run = RunMeta.of(meta)
     measured = [(typed, point) for point in points if (typed := Point.from_json(point)).status != "error"]
     if not measured:
         return

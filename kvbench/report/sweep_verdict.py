@@ -9,7 +9,7 @@ from typing import Any
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
-from kvbench.results.run_meta import MetaLike, RunMeta
+from kvbench.results.run_meta import RunMeta
 from kvbench.values import human_bytes, is_number, is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
@@ -177,11 +177,11 @@ def _reservation_words(meta: RunMeta) -> str:
     return "exactly each request's length (an oracle no real engine has)"
 
 
-def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: MetaLike | None = None) -> SweepVerdict:
+def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: RunMeta | None = None) -> SweepVerdict:
     """Where paging wins and why, in words, from the article's rows and the points: the headline, how the engines
     compare where both held the same batch, where the contiguous baseline held fewer or ran out of KV memory, the
     memory behind it and a reference engine's figures."""
-    run = RunMeta.of(meta)
+    run = meta or RunMeta()  # none: the defaults a run's readers assume
     by_key = points_by_key(points)
     compared = [r for r in rows if r.gain_pct is not None]
     contiguous_oom = [r.concurrency for r in rows if r.status("contiguous") == "oom" and r.status("paged") == "ok"]

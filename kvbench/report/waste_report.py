@@ -35,10 +35,10 @@ def _caption(meta: WasteMeta) -> str:
     parts = [f"stop {meta.stop}"]
     dataset = meta.dataset
     if dataset:
-        lost = left_out(dataset)
+        lost = left_out(dataset.to_json())
         parts.append(
-            f"{Path(str(dataset.get('path'))).name}: {dataset.get('requests')} of "
-            f"{dataset.get('records')} records" + (f", left out {lost}" if lost else "")
+            f"{Path(dataset.path).name}: {dataset.requests} of {dataset.records} records"
+            + (f", left out {lost}" if lost else "")
         )
     return "; ".join(parts)
 
@@ -98,12 +98,11 @@ def waste_markdown(study: WasteStudy) -> str:
         )
     head += f"Stop: {stop_text(meta.stop)}.\n\n"
     if meta.dataset:
-        head += f"Dataset: {sample_note(meta.dataset)}.\n\n"
+        head += f"Dataset: {sample_note(meta.dataset.to_json())}.\n\n"
     text = head + SHARE_TABLE.markdown(study.points) + f"\n{SHARE_NOTE}\n"
-    written = meta.to_json()
-    if shows_output_lengths(written):
+    if shows_output_lengths(meta):
         lengths = with_output_lengths(study.points)
-        text += f"\n## {output_length_title(written)}\n\n" + output_length_spec(written).markdown(lengths)
+        text += f"\n## {output_length_title(meta)}\n\n" + output_length_spec(meta).markdown(lengths)
     return text
 
 
@@ -123,9 +122,8 @@ def print_waste(console, study: WasteStudy, run_dir: Path) -> None:
     table = SHARE_TABLE.rich(points)
     table.caption = f"{_caption(meta)}; eff.: effective usage; int./ext.: internal/external fragmentation"
     print_whole(console, table)
-    written = meta.to_json()
-    if shows_output_lengths(written):
-        console.print(output_length_table(points, written, caption=f"stop {stop_text(meta.stop)}"))
+    if shows_output_lengths(meta):
+        console.print(output_length_table(points, meta, caption=f"stop {stop_text(meta.stop)}"))
     elif meta.stop == "eos":
         console.print(f"stop {stop_text(meta.stop)}")
     console.print(wrote_line(run_dir, "summary.json, summary.csv, summary.md, waste.png"))

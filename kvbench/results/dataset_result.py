@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.run_meta import RunMeta, run_fields
 from kvbench.results.schema import SCHEMA_VERSION
 
 LENGTHS = ("prompt", "output", "total")  # the lengths profiled, in the document's order
@@ -107,44 +107,17 @@ class WasteEstimate:
         )
 
 
-_META_FIELDS = ("scenario", "dataset", "model", "max_len", "seed", "note")
-
-
 @dataclass(frozen=True)
-class DatasetMeta:
-    """The run's metadata: what every run records (command, versions, host: ``results/run_meta.py``) and what this
-    one read."""
+class DatasetMeta(RunMeta):
+    """The run's metadata: what every run records (:class:`RunMeta`: command, versions, host, the dataset drawn,
+    max-len, seed) and what this one read with."""
 
-    run: dict[str, Any]  # the fields every run records, as :func:`kvbench.results.run_meta.run_meta` wrote them
-    dataset: DatasetDraw
     model: str | None = None  # whose tokenizer counted the tokens
-    max_len: int | None = None
-    seed: int | None = None
     note: str = ""  # one sentence: what was kept, skipped and dropped
-    scenario: str = "dataset"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.run,
-            "scenario": self.scenario,
-            "dataset": self.dataset.to_json(),
-            "model": self.model,
-            "max_len": self.max_len,
-            "seed": self.seed,
-            "note": self.note,
-        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DatasetMeta:
-        return cls(
-            {key: value for key, value in data.items() if key not in _META_FIELDS},
-            DatasetDraw.from_json(data["dataset"]),
-            data.get("model"),
-            data.get("max_len"),
-            data.get("seed"),
-            data.get("note", ""),
-            data.get("scenario", "dataset"),
-        )
+        return cls(**run_fields(data), model=data.get("model"), note=data.get("note", ""))
 
 
 @dataclass(frozen=True)

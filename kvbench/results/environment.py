@@ -1,13 +1,17 @@
 """Where a run ran, for its provenance: the host's CPU, cores and memory, the GPU and its driver, and the
 versions of the packages its figures depend on. Each probe is cheap and never fails a run: what cannot be
-read is left out."""
+read is left out. :class:`HostFacts` reads the host's record back."""
 
 from __future__ import annotations
 
 import os
 import platform
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from kvbench.values import is_number
 
 # The packages whose versions decide a figure (kernels, numerics, plots, the report), and optional engines.
 PACKAGES = (
@@ -109,3 +113,51 @@ def host_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "gpu": gpu_info(),
     }
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    name: Any  # as recorded (shown as text)
+    count: int
+    memory_bytes: int | None
+    driver: str | None
+    cuda: str | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GpuFacts:
+        count = data.get("count")
+        return cls(
+            data.get("name"),
+            count if isinstance(count, int) and not isinstance(count, bool) else 1,
+            _number(data.get("memory_bytes")),
+            _text(data.get("driver")),
+            _text(data.get("cuda")),
+        )
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    cpu: str | None
+    cores: int | None
+    memory_bytes: int | None
+    machine: str | None
+    gpu: GpuFacts | None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HostFacts:
+        gpu = data.get("gpu")
+        return cls(
+            _text(data.get("cpu")),
+            _number(data.get("cores")),
+            _number(data.get("memory_bytes")),
+            _text(data.get("machine")),
+            GpuFacts.from_json(gpu) if isinstance(gpu, Mapping) and gpu else None,
+        )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None
+
+
+def _number(value: Any) -> int | None:
+    return int(value) if is_number(value, finite=True) else None

@@ -1,9 +1,7 @@
-"""What a fleet run's metadata (``summary.json``'s ``meta``) says about the fleet, typed for its report: the
-instances or servers, the arrivals, the autoscaler's settings, the rate chosen and the simulator's check.
-
-The metadata itself is the run's (:func:`kvbench.results.run_meta.run_meta`): command line, versions, host and
-every setting; :class:`FleetMeta` reads the part the fleet's table, page and verdict show. The parts the fleet
-writes into it (:class:`FleetAutoscale`, :class:`RateChosen`, :class:`FleetServer`) have their ``to_json``.
+"""A fleet run's metadata (``summary.json``'s ``meta``), typed: what every run records (:class:`RunMeta`) and the
+fleet's own settings: the instances or servers, the arrivals, the autoscaler's settings, the rate chosen and the
+simulator's check. The parts the fleet writes into it (:class:`FleetAutoscale`, :class:`RateChosen`,
+:class:`FleetServer`) have their ``to_json``.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvbench.results.run_meta import RunMeta, run_fields
 from kvbench.results.simulator_check import SimulatorCheck
 
 
@@ -80,36 +79,28 @@ class FleetServer:
 
 
 @dataclass(frozen=True)
-class FleetMeta:
-    """The fleet's part of a run's metadata; what a run did not record reads None (or empty, or False)."""
+class FleetMeta(RunMeta):
+    """A fleet run's metadata: what every run records (:class:`RunMeta`) and the fleet's own settings; what a run
+    did not record reads None (or empty)."""
 
-    simulated: bool = False
-    interrupted: bool = False  # Ctrl-C: the summary of the policies that finished
     instances: int | None = None  # kvbench's own instances at the start
-    model_name: str | None = None
     engine: str = "?"  # the KV engine of every instance
-    requests: int | None = None
     arrivals: str | None = None  # where the arrival times came from
-    budget_source: str | None = None  # how each instance's KV pool was sized
     autoscale: FleetAutoscale | None = None
     rate_chosen: RateChosen | None = None
     servers: list[FleetServer] = field(default_factory=list)  # a fleet of servers over HTTP
     simulator_check: SimulatorCheck | None = None  # servers only: the simulator against the real run
 
     @classmethod
-    def from_json(cls, meta: Mapping[str, Any]) -> FleetMeta:
-        autoscale, rate, check = meta.get("autoscale"), meta.get("rate_chosen"), meta.get("simulator_check")
+    def from_json(cls, data: Mapping[str, Any]) -> FleetMeta:
+        autoscale, rate, check = data.get("autoscale"), data.get("rate_chosen"), data.get("simulator_check")
         return cls(
-            simulated=bool(meta.get("simulated")),
-            interrupted=bool(meta.get("interrupted")),
-            instances=meta.get("instances"),
-            model_name=meta.get("model_name"),
-            engine=(meta.get("engines") or ["?"])[0],
-            requests=meta.get("requests"),
-            arrivals=meta.get("arrivals"),
-            budget_source=meta.get("budget_source"),
+            **run_fields(data),
+            instances=data.get("instances"),
+            engine=(data.get("engines") or ["?"])[0],
+            arrivals=data.get("arrivals"),
             autoscale=FleetAutoscale.from_json(autoscale) if autoscale else None,
             rate_chosen=RateChosen.from_json(rate) if rate else None,
-            servers=[FleetServer.from_json(server) for server in meta.get("servers") or []],
+            servers=[FleetServer.from_json(server) for server in data.get("servers") or []],
             simulator_check=SimulatorCheck.from_json(check) if check else None,
         )

@@ -13,17 +13,15 @@ from kvbench.results.run_meta import summary_document
 
 @dataclass(frozen=True)
 class FleetSummary:
-    meta: dict[str, Any]  # the run's metadata as written (command line, versions, host, every setting)
+    meta: FleetMeta
     points: list[FleetPoint] = field(default_factory=list)
 
-    @property
-    def fleet(self) -> FleetMeta:
-        """The fleet's part of the metadata, typed."""
-        return FleetMeta.from_json(self.meta)
-
     def to_json(self) -> dict[str, Any]:
-        return summary_document("fleet", self.meta, [point.to_json() for point in self.points])
+        return summary_document("fleet", self.meta.to_json(), [point.to_json() for point in self.points])
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FleetSummary:
-        return cls(dict(data.get("meta") or {}), [FleetPoint.from_json(point) for point in data.get("points") or []])
+        return cls(
+            FleetMeta.from_json(data.get("meta") or {}),
+            [FleetPoint.from_json(point) for point in data.get("points") or []],
+        )

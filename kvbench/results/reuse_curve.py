@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.results.run_meta import summary_document
+from kvbench.results.run_meta import RunMeta, summary_document
 
 KIND = "reuse"  # summary.json's kind
 
@@ -339,7 +339,7 @@ class ReuseCurve:
     reuse_distance: ReuseDistance
     points: list[CurvePoint]  # smallest KV size first
     findings: list[str] = field(default_factory=list)  # the curve in words
-    meta: dict[str, Any] = field(default_factory=dict)  # the run's metadata (results.run_meta)
+    meta: RunMeta = field(default_factory=RunMeta)  # the run's metadata
 
     @property
     def asked(self) -> DeploymentMark:
@@ -358,7 +358,7 @@ class ReuseCurve:
         """``summary.json``: the results schema's envelope around the study's fields, the points last."""
         return summary_document(
             KIND,
-            self.meta,
+            self.meta.to_json(),
             [p.to_json() for p in self.points],
             trace=self.trace.to_json(),
             deployment=self.deployment.to_json(),
@@ -380,5 +380,5 @@ class ReuseCurve:
             ReuseDistance.from_json(data["reuse_distance"]),
             [CurvePoint.from_json(p) for p in data["points"]],
             list(data["findings"]),
-            dict(data.get("meta") or {}),
+            RunMeta.from_json(data.get("meta") or {}),
         )

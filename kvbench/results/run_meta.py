@@ -1,5 +1,6 @@
 """What a run directory records about the run: its metadata (command line, versions, device, revision, host, the
-settings of the run), typed as :class:`RunMeta` for its readers, and the summary document that carries it."""
+settings of the run), typed as :class:`RunMeta` (each kind of run subclasses it), and the summary document that
+carries it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench import __version__
-from kvbench.results.environment import host_info, package_versions
+from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.environment import HostFacts, host_info, package_versions
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
 from kvbench.results.schema import SCHEMA_VERSION
 from kvbench.values import is_number
@@ -68,17 +70,34 @@ def summary_document(kind: str, meta: dict[str, Any], points: list[dict[str, Any
 
 @dataclass(frozen=True)
 class RunMeta:
-    """A run's ``meta`` as its readers see it. Each kind of run records settings of its own beside the common
-    ones, so the record stays open: the fields a report reads are typed here, and :meth:`to_json` gives the
-    record back as the run wrote it, every key in its order. A field the run did not record keeps the default
-    its readers assume."""
+    """A run's ``meta``, typed: what every run records (:func:`run_meta`: command line, versions, revision, host)
+    and the settings kinds of run record under the same key; a sweep's meta is this. A kind with settings of its own
+    subclasses it (``WasteMeta``, ``DatasetMeta``, ``ShareMeta``, ``FleetMeta``) and reads them in its ``from_json``
+    beside :func:`run_fields`.
 
+    One rule for every kind: the record is written by :func:`run_meta` and typed by ``from_json``, which keeps it
+    as written (:attr:`recorded`); ``to_json`` gives it back, every key in its order, so a file reads and writes
+    byte for byte. A key an older or partial record lacks reads the default its readers assume."""
+
+    command: str | None = None  # the command line that ran: kvbench ...
+    created_utc: str | None = None  # ISO 8601, seconds
+    kvbench_version: str | None = None
+    python_version: str | None = None
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    triton_version: str | None = None
+    platform: str | None = None
+    git_revision: str | None = None  # None: not run from a git checkout
+    host: HostFacts | None = None  # CPU, cores, memory, GPU (None: not recorded)
+    packages: dict[str, str] = field(default_factory=dict)  # version by package name
     simulated: bool = False  # roofline step times, no model ran
     interrupted: bool = False  # the run stopped before its last point
     model_name: str | None = None  # as recorded (a preset, a path, a Hugging Face id)
     device: str | None = None
     scenario: str | None = None
     scenario_description: str = ""
+    seed: int | None = None
+    requests: int | None = None  # requests the run drew
     budget_source: str = ""  # where the KV pool's size came from
     stop: str = "length"  # length: drawn or reference output lengths | eos: the model decides
     stop_description: str = ""
@@ -86,9 +105,9 @@ class RunMeta:
     max_len: int | None = None  # tokens a request may reach (prompt + output)
     block_size: int | None = None  # tokens per KV block
     threads: float | None = None  # CPU threads of the engines' steps (None: not a CPU run, or not recorded)
-    from_dataset: bool = False  # the requests came from a dataset file
     cpu_matmuls: MatmulPlanRecord | None = None  # the CPU's measured matmul plan (None: not a CPU run)
-    recorded: Mapping[str, Any] = field(default_factory=dict)  # the record as written
+    dataset: DatasetDraw | None = None  # the requests came from a dataset file: what was drawn
+    recorded: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the record as written
 
     @property
     def reserve_policy(self) -> str:
@@ -97,37 +116,58 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunMeta:
-        threads = data.get("threads")  # {"threads": N, "reason": ...} as a CPU run records it, or a bare count
-        count = threads.get("threads") if isinstance(threads, Mapping) else threads
-        return cls(
-            simulated=bool(data.get("simulated")),
-            interrupted=bool(data.get("interrupted")),
-            model_name=_shown(data, "model_name"),
-            device=_shown(data, "device"),
-            scenario=_shown(data, "scenario"),
-            scenario_description=str(data.get("scenario_description") or ""),
-            budget_source=str(data.get("budget_source") or ""),
-            stop=str(data.get("stop") or "length"),
-            stop_description=str(data.get("stop_description") or ""),
-            reserve=_text(data.get("reserve")),
-            max_len=_integer(data.get("max_len")),
-            block_size=_integer(data.get("block_size")),
-            threads=count if is_number(count, finite=True) else None,
-            from_dataset=bool(data.get("dataset")),
-            cpu_matmuls=MatmulPlanRecord.recorded(data.get("cpu_matmuls")),
-            recorded=dict(data),
-        )
-
-    @classmethod
-    def of(cls, meta: RunMeta | Mapping[str, Any] | None) -> RunMeta:
-        """``meta`` typed: as it is when it already is, an empty record for None."""
-        return meta if isinstance(meta, RunMeta) else cls.from_json(meta or {})
+        return cls(**run_fields(data))
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.recorded)
 
 
-MetaLike = RunMeta | Mapping[str, Any]  # a run's meta, typed or as summary.json holds it (RunMeta.of types it)
+def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`RunMeta`'s fields read from a run's ``meta``, the record itself included: what a kind's
+    ``from_json`` passes on beside its own fields."""
+    threads = data.get("threads")  # {"threads": N, "reason": ...} as a CPU run records it, or a bare count
+    count = threads.get("threads") if isinstance(threads, Mapping) else threads
+    dataset = data.get("dataset")
+    return {
+        "command": _text(data.get("command")),
+        "created_utc": _text(data.get("created_utc")),
+        "kvbench_version": _text(data.get("kvbench_version")),
+        "python_version": _text(data.get("python_version")),
+        "torch_version": _text(data.get("torch_version")),
+        "transformers_version": _text(data.get("transformers_version")),
+        "triton_version": _text(data.get("triton_version")),
+        "platform": _text(data.get("platform")),
+        "git_revision": _text(data.get("git_revision")),
+        "host": HostFacts.from_json(host) if isinstance(host := data.get("host"), Mapping) and host else None,
+        "packages": dict(packages) if isinstance(packages := data.get("packages"), Mapping) else {},
+        "simulated": bool(data.get("simulated")),
+        "interrupted": bool(data.get("interrupted")),
+        "model_name": _model_name(data),
+        "device": _shown(data, "device"),
+        "scenario": _shown(data, "scenario"),
+        "scenario_description": str(data.get("scenario_description") or ""),
+        "seed": _integer(data.get("seed")),
+        "requests": _integer(data.get("requests")),
+        "budget_source": str(data.get("budget_source") or ""),
+        "stop": str(data.get("stop") or "length"),
+        "stop_description": str(data.get("stop_description") or ""),
+        "reserve": _text(data.get("reserve")),
+        "max_len": _integer(data.get("max_len")),
+        "block_size": _integer(data.get("block_size")),
+        "threads": count if is_number(count, finite=True) else None,
+        "cpu_matmuls": MatmulPlanRecord.recorded(data.get("cpu_matmuls")),
+        "dataset": DatasetDraw.from_json(dataset) if isinstance(dataset, Mapping) and dataset else None,
+        "recorded": dict(data),
+    }
+
+
+def _model_name(data: Mapping[str, Any]) -> str | None:
+    """The run's model as recorded: ``model_name``, or the name in the model's shape record (the waste study's
+    ``model``; a dataset's ``model`` names a tokenizer's, not a run's)."""
+    model = data.get("model")
+    if "model_name" in data or not isinstance(model, Mapping):
+        return _shown(data, "model_name")
+    return _text(model.get("name"))
 
 
 def _shown(data: Mapping[str, Any], key: str) -> str | None:

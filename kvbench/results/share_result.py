@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.run_meta import RunMeta, run_fields
 from kvbench.results.schema import SCHEMA_VERSION
 
 _COST_MEAN, _COST_PEAK = "_cost_vs_width1_mean", "_cost_vs_width1_peak"  # a mode's cost keys: <mode><suffix>
@@ -95,103 +95,35 @@ class ShareSavings:
         )
 
 
-_META_FIELDS = (
-    "kind",
-    "width",
-    "prompts",
-    "prompt_len",
-    "output_len",
-    "block_size",
-    "reserve",
-    "model_name",
-    "device",
-    "seed",
-    "anchors",
-    "model_shape",
-    "outputs_identical_with_and_without_sharing",
-    "threads",
-    "cpu_matmuls",
-    "stop",
-    "dataset",
-    "output_len_mean",
-    "prompt_len_mean",
-)
-
-
 @dataclass(frozen=True)
-class ShareMeta:
-    """The run's metadata: what every run records (command, versions, host: ``results/run_meta.py``) and what this
-    one measured with. A field an older or hand-made document lacks is None."""
+class ShareMeta(RunMeta):
+    """The run's metadata: what every run records (:class:`RunMeta`: command, versions, host, model, device, block
+    size, stop, the dataset drawn) and what this one measured with. A setting an older or hand-made document lacks
+    reads None."""
 
-    run: dict[str, Any] = field(default_factory=dict)  # as :func:`kvbench.results.run_meta.run_meta` wrote them
     kind: str | None = None  # parallel (n samples per prompt) | beam (beam width)
     width: int | None = None
     prompts: int | None = None
     prompt_len: int | None = None  # the asked mean prompt length (random prompts)
     output_len: int | None = None  # at most this many tokens per sample or beam
-    block_size: int | None = None
-    reserve: str | None = None  # what a contiguous copy reserves
-    model_name: str | None = None
-    device: str | None = None
-    seed: int | None = None
     anchors: str | None = None  # the article's and the paper's figures, for comparison
-    model_shape: dict[str, Any] | None = None  # the model's shape record (ModelShape.to_dict)
     outputs_identical: bool | None = None  # the same samples with and without sharing
-    threads: dict[str, Any] | None = None  # the CPU thread count and why (CpuThreads.as_dict)
-    cpu_matmuls: dict[str, Any] | None = None  # the CPU's matmul plan (its as_dict)
-    stop: str | None = None  # eos | length
-    dataset: DatasetDraw | None = None  # where the prompts came from a dataset
     output_len_mean: float | None = None  # the answers' mean length, tokens
     prompt_len_mean: float | None = None  # the prompts' mean length, tokens
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.run,
-            "kind": self.kind,
-            "width": self.width,
-            "prompts": self.prompts,
-            "prompt_len": self.prompt_len,
-            "output_len": self.output_len,
-            "block_size": self.block_size,
-            "reserve": self.reserve,
-            "model_name": self.model_name,
-            "device": self.device,
-            "seed": self.seed,
-            "anchors": self.anchors,
-            "model_shape": self.model_shape,
-            "outputs_identical_with_and_without_sharing": self.outputs_identical,
-            "threads": self.threads,
-            "cpu_matmuls": self.cpu_matmuls,
-            "stop": self.stop,
-            "dataset": self.dataset.to_json() if self.dataset else None,
-            "output_len_mean": self.output_len_mean,
-            "prompt_len_mean": self.prompt_len_mean,
-        }
-
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShareMeta:
-        dataset = data.get("dataset")
         return cls(
-            {key: value for key, value in data.items() if key not in _META_FIELDS},
-            data.get("kind"),
-            data.get("width"),
-            data.get("prompts"),
-            data.get("prompt_len"),
-            data.get("output_len"),
-            data.get("block_size"),
-            data.get("reserve"),
-            data.get("model_name"),
-            data.get("device"),
-            data.get("seed"),
-            data.get("anchors"),
-            data.get("model_shape"),
-            data.get("outputs_identical_with_and_without_sharing"),
-            data.get("threads"),
-            data.get("cpu_matmuls"),
-            data.get("stop"),
-            DatasetDraw.from_json(dataset) if dataset else None,
-            data.get("output_len_mean"),
-            data.get("prompt_len_mean"),
+            **run_fields(data),
+            kind=data.get("kind"),
+            width=data.get("width"),
+            prompts=data.get("prompts"),
+            prompt_len=data.get("prompt_len"),
+            output_len=data.get("output_len"),
+            anchors=data.get("anchors"),
+            outputs_identical=data.get("outputs_identical_with_and_without_sharing"),
+            output_len_mean=data.get("output_len_mean"),
+            prompt_len_mean=data.get("prompt_len_mean"),
         )
 
 

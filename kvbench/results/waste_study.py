@@ -4,10 +4,10 @@ analytic estimate and one :class:`StrategyPoint` per strategy; ``to_json`` write
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvbench.results.run_meta import summary_document
+from kvbench.results.run_meta import RunMeta, run_fields, summary_document
 from kvbench.results.strategy_point import StrategyPoint
 
 KIND = "waste"
@@ -44,43 +44,28 @@ class WasteAnalytic:
 
 
 @dataclass(frozen=True)
-class WasteMeta:
-    """What the waste study's table, summary and page show of the run's metadata; a field a run did not record
-    reads None. The metadata itself (:func:`kvbench.results.run_meta.run_meta`: command line, versions, host, the
-    model's whole shape) is kept as written, for ``to_json`` and the renderers every run kind shares."""
+class WasteMeta(RunMeta):
+    """The waste study's metadata: what every run records (:class:`RunMeta`; its model is the shape record's) and
+    the study's own settings. A setting the run did not record reads None."""
 
-    written: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the meta as summary.json holds it
-    model_name: str | None = None
     model_dtype: str | None = None
     gpu: str | None = None  # the preset's name, "2 x <name>" with tensor or pipeline parallelism
-    max_len: int | None = None
     workload: str | None = None  # where the lengths came from
-    requests: int | None = None
     concurrency: int | None = None
     kv_budget_bytes: int | None = None
     pool_slots: int | None = None  # token slots every strategy shares
-    stop: str = "length"  # length | eos
-    dataset: Mapping[str, Any] | None = None  # the draw from a dataset (workload.dataset.DatasetSample.as_dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.written)
 
     @classmethod
-    def from_json(cls, meta: Mapping[str, Any]) -> WasteMeta:
-        model = meta.get("model") or {}
+    def from_json(cls, data: Mapping[str, Any]) -> WasteMeta:
+        model = data.get("model") or {}
         return cls(
-            written=meta,
-            model_name=model.get("name"),
+            **run_fields(data),
             model_dtype=model.get("dtype"),
-            gpu=meta.get("gpu"),
-            max_len=meta.get("max_len"),
-            workload=meta.get("workload"),
-            requests=meta.get("requests"),
-            concurrency=meta.get("concurrency"),
-            kv_budget_bytes=meta.get("kv_budget_bytes"),
-            pool_slots=meta.get("pool_slots"),
-            stop=meta.get("stop", "length"),
-            dataset=meta.get("dataset") or None,
+            gpu=data.get("gpu"),
+            workload=data.get("workload"),
+            concurrency=data.get("concurrency"),
+            kv_budget_bytes=data.get("kv_budget_bytes"),
+            pool_slots=data.get("pool_slots"),
         )
 
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from kvbench.kv.block_pool import blocks_for
 from kvbench.kv.contiguous import next_pow2
-from kvbench.results.dataset_draw import DatasetDraw
 from kvbench.results.dataset_result import (
     AnalyticWaste,
     DatasetMeta,
@@ -85,13 +84,15 @@ def describe_dataset(settings: DatasetSettings, tokenizer: Any | None) -> Datase
     totals = prompts + outputs
     top = int(totals.max())
     mean_total = float(totals.mean())
-    meta = DatasetMeta(
-        run_meta(),
-        DatasetDraw.from_json(sample.as_dict()),
-        model=settings.model,
-        max_len=settings.max_len,
-        seed=settings.seed,
-        note=sample.note(),
+    meta = DatasetMeta.from_json(
+        run_meta(
+            scenario="dataset",
+            dataset=sample.as_dict(),
+            model=settings.model,
+            max_len=settings.max_len,
+            seed=settings.seed,
+            note=sample.note(),
+        )
     )
     analytic = AnalyticWaste(
         "(max_len - actual_len) / max_len", mean_total, 100.0 * (settings.max_len - mean_total) / settings.max_len

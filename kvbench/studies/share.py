@@ -396,26 +396,27 @@ def run_share_study(settings: ShareSettings, progress=None) -> ShareResult:
     singles = measured if width == 1 else measure(1)
     reported = measured if width == 1 else measured + singles  # width 1 is its own baseline: one point per mode
     points = [m.row(f"share-{kind}") for m in reported]
-    meta = ShareMeta(
-        run_meta(),
-        kind=kind,
-        width=width,
-        prompts=settings.prompts,
-        prompt_len=settings.prompt_len,
-        output_len=settings.output_len,
-        block_size=settings.block_size,
-        reserve=settings.reserve,
-        model_name=loaded.shape.name,
-        device=str(loaded.device),
-        seed=seed,
-        anchors=ANCHORS[kind],
-        model_shape=loaded.shape.to_dict(),
-        outputs_identical=measured[0].outputs == measured[1].outputs,
-        threads=loaded.threads.as_dict() if loaded.threads else None,
-        cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
-        stop=stop,
-        dataset=dataset,
-        output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])),
-        prompt_len_mean=float(np.mean([len(t) for t in texts])),
+    meta = ShareMeta.from_json(
+        run_meta(
+            kind=kind,
+            width=width,
+            prompts=settings.prompts,
+            prompt_len=settings.prompt_len,
+            output_len=settings.output_len,
+            block_size=settings.block_size,
+            reserve=settings.reserve,
+            model_name=loaded.shape.name,
+            device=str(loaded.device),
+            seed=seed,
+            anchors=ANCHORS[kind],
+            model_shape=loaded.shape.to_dict(),
+            outputs_identical_with_and_without_sharing=measured[0].outputs == measured[1].outputs,
+            threads=loaded.threads.as_dict() if loaded.threads else None,
+            cpu_matmuls=loaded.matmul_plan.as_dict() if loaded.matmul_plan else None,
+            stop=stop,
+            dataset=dataset.to_json() if dataset else None,
+            output_len_mean=float(np.mean([len(o) for o in measured[0].outputs])),
+            prompt_len_mean=float(np.mean([len(t) for t in texts])),
+        )
     )
     return ShareResult(meta, savings(measured, singles), points)

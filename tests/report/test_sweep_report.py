@@ -10,6 +10,7 @@ from kvbench.report import sweep_report as report
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import article_rows
 from kvbench.results.point import Point, oom_text, shows_figures
+from kvbench.results.run_meta import RunMeta
 
 MiB = 1024**2
 
@@ -81,13 +82,14 @@ def article_points() -> list[dict]:
 
 def findings(points: list[dict], meta: dict | None = None) -> list[str]:
     """The verdict's sentences after its headline."""
-    return sweep_verdict(article_rows(points), [Point.from_json(p) for p in points], meta).sentences
+    run = None if meta is None else RunMeta.from_json(meta)
+    return sweep_verdict(article_rows(points), [Point.from_json(p) for p in points], run).sentences
 
 
 def test_the_finding_in_words_is_computed_from_the_run():
     points = article_points()
     typed = [Point.from_json(p) for p in points]
-    verdict = sweep_verdict(article_rows(points), typed, {"reserve": "max", "max_len": 2048})
+    verdict = sweep_verdict(article_rows(points), typed, RunMeta.from_json({"reserve": "max", "max_len": 2048}))
     assert verdict.headline.startswith("Paging held the load the contiguous baseline could not: at C=50")
     assert verdict.tone == "good"
     memory, equal, oom, *_ = verdict.sentences
@@ -188,7 +190,9 @@ def drawn(monkeypatch):
 
 def test_plots_mark_oom_points_and_never_draw_them(tmp_path, drawn):
     points = article_points()
-    report.write_plots(tmp_path, {"model_name": "tiny", "device": "cpu", "scenario": "article"}, points)
+    report.write_plots(
+        tmp_path, RunMeta.from_json({"model_name": "tiny", "device": "cpu", "scenario": "article"}), points
+    )
     by_name = {fig.axes[0].get_title().split("\n")[0]: fig for fig in drawn if fig.axes}
     throughput = by_name["Output throughput vs concurrency"].axes[0]
     drawn_lines = {line.get_label(): list(line.get_xdata()) for line in throughput.get_lines()}
@@ -218,7 +222,9 @@ def test_blocks_over_time_is_titled_in_a_plain_sentence_and_marks_the_oom_line(t
             )
         )
     report.write_plots(
-        tmp_path, {"model_name": "tiny", "device": "cpu", "scenario": "article", "block_size": 16}, points
+        tmp_path,
+        RunMeta.from_json({"model_name": "tiny", "device": "cpu", "scenario": "article", "block_size": 16}),
+        points,
     )
     fig = next(fig for fig in drawn if fig.axes and fig.axes[0].get_title().startswith("KV blocks in use"))
     title = fig.axes[0].get_title()

@@ -24,7 +24,8 @@ def test_a_written_summary_reads_back_byte_for_byte():
     assert [p.engine for p in result.points] == ["contiguous-max", "contiguous-pow2", "paged-8", "paged-16", "paged-32"]
     assert result.point("paged-16") is result.points[3] and result.point("paged-64") is None
     assert result.meta.dataset.dropped_records == {"shorter than 4 tokens": 4}
-    assert result.meta.run["command"].startswith("kvbench dataset") and "note" not in result.meta.run
+    assert result.meta.command is not None and result.meta.command.startswith("kvbench dataset")
+    assert result.meta.max_len == 512 and result.meta.scenario == "dataset" and result.meta.note
 
 
 def test_the_study_writes_what_it_reads():

@@ -56,12 +56,13 @@ def test_a_simulated_runs_files_read_back_and_write_the_same_text(simulated_run)
         _same(series, FleetSeries.from_json(series))
     _same(summary, FleetSummary.from_json(summary))
     meta = summary["meta"]
-    fleet = FleetSummary.from_json(summary).fleet
+    fleet = FleetSummary.from_json(summary).meta
     assert fleet.simulated and not fleet.interrupted and fleet.engine == meta["engines"][0]
     assert fleet.instances == 2 and fleet.requests == meta["requests"] and fleet.simulator_check is None
     assert fleet.autoscale is not None and fleet.rate_chosen is not None
     _same(meta["autoscale"], fleet.autoscale)
     _same(meta["rate_chosen"], fleet.rate_chosen)
+    assert fleet.to_json() == meta and list(fleet.to_json()) == list(meta)  # the record, key for key
 
 
 def test_a_fleet_of_servers_point_and_its_simulator_check_read_back_exactly():
@@ -125,7 +126,7 @@ def test_a_check_and_metadata_missing_parts_read_defaults():
     assert check.policies[0].to_json() == {"policy": "random", "skipped": "a server died"}
     assert PolicyCheck.from_json({"policy": "p", "skipped": ""}).skipped is None  # an empty reason compares it
     meta = FleetMeta.from_json({})
-    assert FleetSummary.from_json({}) == FleetSummary({}, []) and FleetSummary({}).fleet == meta
+    assert FleetSummary.from_json({}) == FleetSummary(meta, []) and meta.to_json() == {}
     assert meta == FleetMeta() and meta.engine == "?" and meta.autoscale is None and meta.rate_chosen is None
     assert FleetMeta.from_json({"autoscale": {}, "rate_chosen": {}}).autoscale is None  # empty: none recorded
     assert FleetAutoscale.from_json({"scale_up": 0.8}).to_json()["scale_down"] is None

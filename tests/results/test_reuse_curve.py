@@ -9,6 +9,7 @@ import pytest
 
 from kvbench.report.reuse_report import curve_spec, reuse_markdown
 from kvbench.results.reuse_curve import CurvePoint, ReuseCurve, ReuseDistance, ReuseTrace
+from kvbench.results.run_meta import RunMeta
 from kvbench.studies.reuse import ReuseSettings, run_reuse_study
 from kvbench.workload.prefix_trace import shared_prefix_trace, trace_from_prompts
 
@@ -18,7 +19,7 @@ GiB = 1 << 30
 def _study(**settings) -> ReuseCurve:
     trace = shared_prefix_trace(3, 60, 256, 32, 16, 20.0, 0, 16)
     curve = run_reuse_study(trace, ReuseSettings(points=4, **settings))
-    return replace(curve, meta={"command": "kvbench reuse", "simulated": True})
+    return replace(curve, meta=RunMeta.from_json({"command": "kvbench reuse", "simulated": True}))
 
 
 @pytest.fixture(scope="module")

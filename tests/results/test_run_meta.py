@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvbench.results.dataset_draw import DatasetDraw
+from kvbench.results.dataset_result import DatasetMeta
+from kvbench.results.fleet_meta import FleetMeta
 from kvbench.results.run_meta import RunMeta, run_meta
+from kvbench.results.share_result import ShareMeta
+from kvbench.results.waste_study import WasteMeta
 
 BASELINE = Path(__file__).resolve().parents[2] / "reports" / "baseline"
 
@@ -31,7 +36,8 @@ def test_every_kind_of_meta_round_trips_in_its_own_key_order():
 
 def test_an_old_or_partial_meta_reads_with_the_readers_defaults():
     meta = RunMeta.from_json({})
-    assert (meta.simulated, meta.interrupted, meta.from_dataset) == (False, False, False)
+    assert (meta.simulated, meta.interrupted, meta.dataset) == (False, False, None)
+    assert meta.command is None and meta.kvbench_version is None and meta.host is None and meta.packages == {}
     assert meta.model_name is None and meta.device is None and meta.scenario is None
     assert meta.scenario_description == "" and meta.budget_source == "" and meta.stop_description == ""
     assert meta.stop == "length" and meta.reserve is None and meta.reserve_policy == "max"
@@ -49,12 +55,29 @@ def test_threads_read_from_a_cpu_run_record_or_a_bare_count():
 def test_values_of_another_kind_are_not_taken_for_settings():
     meta = RunMeta.from_json({"max_len": "long", "block_size": True, "reserve": "", "dataset": {"path": "x"}})
     assert meta.max_len is None and meta.block_size is None and meta.reserve is None
-    assert meta.from_dataset is True
+    assert meta.dataset == DatasetDraw("x")
     assert RunMeta.from_json({"model_name": None}).model_name == "None"  # recorded, shown as the title shows it
 
 
-def test_of_keeps_a_typed_meta_and_types_a_mapping():
-    typed = RunMeta.from_json({"simulated": True})
-    assert RunMeta.of(typed) is typed
-    assert RunMeta.of({"stop": "eos"}).stop == "eos"
-    assert RunMeta.of(None) == RunMeta()
+def test_what_every_run_records_is_typed():
+    fresh = RunMeta.from_json(run_meta(seed=3))
+    assert fresh.command is not None and fresh.command.startswith("kvbench")
+    assert fresh.kvbench_version and fresh.python_version and fresh.platform and fresh.created_utc
+    assert fresh.packages == run_meta()["packages"] and fresh.seed == 3
+    assert fresh.host is not None and fresh.host.cores == run_meta()["host"].get("cores")
+
+
+def test_every_kinds_meta_is_a_run_meta_that_gives_its_record_back():
+    record = run_meta(model_name="tiny", max_len=64, stop="eos", kind="beam", note="n", instances=2)
+    for kind in (RunMeta, WasteMeta, DatasetMeta, ShareMeta, FleetMeta):
+        meta = kind.from_json(record)
+        assert isinstance(meta, RunMeta) and json.dumps(meta.to_json()) == json.dumps(record)
+        assert meta.model_name == "tiny" and meta.max_len == 64 and meta.stop == "eos"
+    assert ShareMeta.from_json(record).kind == "beam" and FleetMeta.from_json(record).instances == 2
+    assert DatasetMeta.from_json(record).note == "n"
+
+
+def test_the_waste_studys_model_is_named_by_its_shape_record():
+    meta = WasteMeta.from_json({"model": {"name": "llama-2-13b", "dtype": "float16"}})
+    assert meta.model_name == "llama-2-13b" and meta.model_dtype == "float16"
+    assert DatasetMeta.from_json({"model": "gpt2"}).model_name is None  # a tokenizer's model names no run model

@@ -29,7 +29,8 @@ def test_the_fields_are_typed():
     assert list(result.savings.costs) == ["paged-shared", "paged-copy", "contiguous"]
     assert result.savings.cost("paged-copy") == WidthCost(1.8571428571428572, 2.0)
     assert [(p.mode, p.width) for p in result.points][:2] == [("paged-shared", 2), ("paged-copy", 2)]
-    assert "kind" not in result.meta.run and result.meta.run["command"].startswith("kvbench share")
+    assert result.meta.command is not None and result.meta.command.startswith("kvbench share")
+    assert result.meta.block_size is not None and result.meta.model_name is not None
     withdata = ShareResult.from_json(json.loads((DATA / "share-dataset-summary.json").read_text()))
     assert withdata.meta.dataset is not None and withdata.meta.dataset.requests == 3
 

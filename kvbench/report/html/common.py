@@ -24,9 +24,10 @@ from kvbench.report.html.page import (
     Table,
     Text,
 )
+from kvbench.results.environment import GpuFacts, HostFacts
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
 from kvbench.results.model_shape_facts import ModelShapeFacts
-from kvbench.results.provenance import GpuFacts, HostFacts, Provenance
+from kvbench.results.provenance import Provenance
 from kvbench.results.run_meta import RunMeta
 
 SEVERITY_WORDS = {"critical": "critical", "warning": "warning", "info": "note"}
@@ -289,7 +290,7 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))
     blocks: list[Any] = [Facts(facts)]
-    if (plan := RunMeta.of(meta).cpu_matmuls) is not None:
+    if (plan := RunMeta.from_json(meta).cpu_matmuls) is not None:
         blocks.append(cpu_matmul_table(plan))
     return Section("provenance", "Provenance", blocks)
 

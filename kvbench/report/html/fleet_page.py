@@ -30,7 +30,7 @@ from kvbench.results.simulator_check import SimulatorCheck
 
 def build(run: RunFiles) -> Page:
     summary = FleetSummary.from_json(run.document)
-    meta, points = summary.fleet, summary.points
+    meta, points = summary.meta, summary.points
     badges = (["SIMULATED"] if meta.simulated else []) + (["INTERRUPTED"] if meta.interrupted else [])
     policies = f"{len(points)} routing polic{'y' if len(points) == 1 else 'ies'}"
     if meta.servers:
@@ -49,7 +49,7 @@ def build(run: RunFiles) -> Page:
         headline_section(points, meta),
         findings_section(
             # the rules read the points as summary.json holds them (a fleet's, a sweep's or a watch's)
-            diagnose_points(run.document["points"], summary.meta, Thresholds(), str(run.directory), kind="fleet"),
+            diagnose_points(run.document["points"], meta.to_json(), Thresholds(), str(run.directory), kind="fleet"),
             "policies",
         ),
     ]
@@ -59,7 +59,7 @@ def build(run: RunFiles) -> Page:
     if meta.simulator_check is not None:
         sections.append(simulator_section(meta.simulator_check))
     sections.append(points_section(points))
-    sections.append(provenance_section(summary.meta, run.files()))
+    sections.append(provenance_section(meta.to_json(), run.files()))
     return Page("fleet", title, subtitle, badges, sections)
 
 

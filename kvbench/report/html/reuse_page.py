@@ -22,7 +22,7 @@ def build(run: RunFiles) -> Page:
     if figures:
         sections.append(Section("plots", "Plots", [figures_block(figures)]))
     sections.append(Section("model", "What the simulation models", [Text(MODEL_NOTES, tone="note")]))
-    sections.append(provenance_section(curve.meta, run.files()))
+    sections.append(provenance_section(curve.meta.to_json(), run.files()))
     return Page("reuse", title(curve), subtitle, ["SIMULATED"], sections)
 
 

@@ -29,7 +29,7 @@ from kvbench.report.sweep_report import (
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow, article_rows
 from kvbench.results.point import Point
-from kvbench.results.run_meta import MetaLike, RunMeta
+from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
 
 
@@ -77,9 +77,9 @@ def _shown(value: str | None) -> str:
 # -- the headline ---------------------------------------------------------------------------------------
 
 
-def headline_table(rows: list[ArticleRow], meta: MetaLike | None = None) -> Table:
+def headline_table(rows: list[ArticleRow], meta: RunMeta | None = None) -> Table:
     """The article's table (:func:`~kvbench.report.sweep_report.article_spec`) as the page draws it."""
-    spec = article_spec(rows, RunMeta.of(meta).simulated)
+    spec = article_spec(rows, meta is not None and meta.simulated)
     return spec_table(spec, rows, "headline-table", f"{spec.caption}.")
 
 

@@ -49,9 +49,9 @@ def build(run: RunFiles) -> Page:
     per_point: list[Any] = [
         spec_table(POINT_TABLE, points, "points-table", "Simulated step times (roofline). " + POINT_TABLE_NOTE)
     ]
-    if shows_output_lengths(written):
+    if shows_output_lengths(meta):
         lengths = with_output_lengths(points)
-        spec = output_length_spec(written, f"Stop {stop_text(meta.stop)}.")
+        spec = output_length_spec(meta, f"Stop {stop_text(meta.stop)}.")
         per_point.append(spec_table(spec, lengths, "output-lengths-table", spec.caption))
     sections.append(Section("points", "Per strategy", per_point))
     sections.append(provenance_section(written, run.files()))
@@ -122,7 +122,7 @@ def headline_section(study: WasteStudy) -> Section:
     meta = study.meta
     notes = [f"Stop: {stop_text(meta.stop)}."]
     if meta.dataset:
-        notes.append(f"Dataset: {sample_note(meta.dataset)}.")
+        notes.append(f"Dataset: {sample_note(meta.dataset.to_json())}.")
     return Section(
         "headline",
         "Verdict",

@@ -14,6 +14,7 @@ from kvbench.report.html import REPORT_FILE, render_run
 from kvbench.report.sweep_verdict import sweep_verdict
 from kvbench.results.article import ArticleRow
 from kvbench.results.point import Point
+from kvbench.results.run_meta import RunMeta
 
 
 def _row(c, cont_tps, paged_tps, cont_status="ok", paged_status="ok", reduction=60.0, **extra):
@@ -54,7 +55,7 @@ def _point(engine, c, status="ok", completed=60, rejected=0, peak=None, reservat
 
 
 def verdict(rows, points, meta):
-    return sweep_verdict(rows, [Point.from_json(p) for p in points], meta)
+    return sweep_verdict(rows, [Point.from_json(p) for p in points], RunMeta.from_json(meta))
 
 
 META = {"simulated": True, "reserve": "max", "max_len": 2048, "block_size": 16}
@@ -283,7 +284,7 @@ def test_a_gain_is_coloured_only_where_the_verdict_calls_it_a_difference():
     row.update(contiguous_status="ok", paged_status="ok", kv_memory_reduction_pct=60.0)
 
     def tone(meta, **extra):
-        cells = headline_table([ArticleRow.from_json({**row, **extra})], meta).rows[0]
+        cells = headline_table([ArticleRow.from_json({**row, **extra})], RunMeta.from_json(meta)).rows[0]
         return next(c.tone for c in cells if c.field == "gain_pct")
 
     assert tone({}) == ""  # one measured run: cannot tell
