@@ -17,7 +17,7 @@ from typing import Any
 from kvbench.errors import KvbenchError
 from kvbench.models.gpus import activation_reserve_bytes
 from kvbench.models.shapes import ModelShape
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 GIB = 1024**3
 # Share of the free memory a run may plan to use: the rest absorbs what is not estimated (allocator

@@ -1,6 +1,6 @@
-"""Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, byte
-counts as people read them, text from outside made safe to print, and a thread count as a user writes it. One copy
-of each, below everything that uses them."""
+"""Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, text from
+outside made safe to print, and a thread count as a user writes it. One copy of each, below everything that uses
+them (numbers as text are in :mod:`kvbench.units`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ import unicodedata
 from typing import Any, TypeGuard
 
 from kvbench.errors import KvbenchError
-
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
 
 FLOAT_MAX_INT = int(1.7976931348623157e308)  # ints beyond this have no float: as unusable as infinity
 
@@ -29,21 +26,6 @@ def is_number(value: Any, *, finite: bool) -> TypeGuard[float]:
 def is_positive(value: Any) -> TypeGuard[float]:
     """A finite number above zero (a measured throughput, size or duration that can divide)."""
     return is_number(value, finite=True) and value > 0
-
-
-def human_bytes(count: float | None, unit: str | None = None) -> str:
-    """``1536`` -> ``1.50 KiB``; None -> ``-``; ``unit`` fixes the unit (``"GiB"``: figures a message adds up
-    read in one unit)."""
-    if count is None:
-        return "-"
-    if unit is not None:
-        scaled = count / 1024 ** _BYTE_UNITS.index(unit)
-        return f"{scaled:,.0f} B" if unit == "B" else f"{scaled:,.2f} {unit}"
-    for name in _BYTE_UNITS:
-        if abs(count) < 1024 or name == "TiB":
-            return f"{count:,.0f} {name}" if name == "B" else f"{count:,.2f} {name}"
-        count /= 1024
-    return f"{count:.2f} TiB"
 
 
 def printable(text: str, limit: int | None = None) -> str:

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
         "kvbench.measure",
         "kvbench.preflight",
         "kvbench.values",
+        "kvbench.units",
     ),
     ("kvbench.engine",),
     ("kvbench.results",),

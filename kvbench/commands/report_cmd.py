@@ -8,7 +8,7 @@ import typer
 
 from kvbench.commands._flags import OUT
 from kvbench.commands._options import not_an_input, output_file
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 HELP = """Build a run's self-contained report.html from its files.
 

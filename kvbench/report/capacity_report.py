@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from kvbench.results.capacity_result import CapacityResult
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 
 def model_line(result: CapacityResult) -> str:

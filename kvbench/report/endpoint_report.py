@@ -23,11 +23,11 @@ from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary, wrote_line
 from kvbench.results.endpoint_figures import EndpointFigures, slo_share
 from kvbench.results.endpoint_timeline import EndpointTimeline
-from kvbench.results.fields import ms_text
 from kvbench.results.find_max_search import EndpointSummary, Search
 from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import summary_document
+from kvbench.units import ms_text
 from kvbench.values import printable
 
 FIND_MAX_COLUMNS = (

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from rich.table import Table
 
+from kvbench import units
 from kvbench.report.columns import Col, TableSpec, markdown_table
-from kvbench.report.html import units
 from kvbench.report.run_input import read_run_json
 from kvbench.report.rundir import flatten, write_summary
 from kvbench.results.fleet_meta import FleetAutoscale, FleetMeta

@@ -9,9 +9,8 @@ from typing import Any, TypeVar
 from rich.table import Table
 
 from kvbench.report.columns import Col, TableSpec
-from kvbench.report.html.units import sort_key
 from kvbench.results.reuse_curve import CurvePoint, ReuseCurve
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes, sort_key
 
 GIB = 1024**3
 CURVE_FILE = "reuse.png"

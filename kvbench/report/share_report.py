@@ -8,7 +8,7 @@ from kvbench.fileio import json_text
 from kvbench.report.columns import Col, TableSpec, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.results.share_result import ShareResult, ShareRow
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 
 def share_spec(result: ShareResult) -> TableSpec[ShareRow]:

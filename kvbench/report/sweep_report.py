@@ -15,11 +15,11 @@ from kvbench.report.sweep_verdict import REFERENCE_CAPTION, per_cpu_second, refe
 from kvbench.report.waterfall import waterfall_levels, waterfall_plot, waterfall_plot_name
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow, article_rows
 from kvbench.results.block_timeline import BlockTimeline
-from kvbench.results.fields import ms_text
 from kvbench.results.point import Point, oom_text, with_figures_hidden
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
-from kvbench.values import human_bytes, is_positive
+from kvbench.units import human_bytes, ms_text
+from kvbench.values import is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
 

@@ -10,7 +10,8 @@ from typing import Any
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
 from kvbench.results.run_meta import RunMeta
-from kvbench.values import human_bytes, is_number, is_positive
+from kvbench.units import human_bytes
+from kvbench.values import is_number, is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
 REFERENCE_CAPTION = (

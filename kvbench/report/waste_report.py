@@ -15,7 +15,7 @@ from kvbench.report.sweep_report import (
 )
 from kvbench.results.strategy_point import StrategyPoint
 from kvbench.results.waste_study import WasteMeta, WasteStudy
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 from kvbench.workload.dataset import left_out, sample_note
 
 EOS_NOTE = (

@@ -19,7 +19,7 @@ from rich.table import Table
 from kvbench.results.fields import value_at
 from kvbench.results.point import oom_text
 from kvbench.results.waterfall_level import WaterfallLevel
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 GAP_FREE = "free KV blocks (external fragmentation included)"
 GAP_RESERVATION = "reservation + internal"

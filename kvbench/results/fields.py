@@ -30,13 +30,3 @@ def lookup(point: Mapping[str, Any], dotted: str, where: str | None = None) -> t
 def value_at(point: Mapping[str, Any], dotted: str) -> Any:
     """The value of a dotted field, or None when it is absent."""
     return lookup(point, dotted)[1]
-
-
-def ms_text(value: float | None) -> str:
-    """Milliseconds with three significant digits, so sub-millisecond CPU figures keep their precision:
-    0.412, 4.12, 41.2, 412, 4,120; "-" when there is none."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.3f}" if value < 1 else f"{value:.2f}"
-    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"

@@ -37,7 +37,7 @@ from kvbench.models.resolve import resolve_model
 from kvbench.models.shapes import KV_DTYPE_BYTES, ModelShape
 from kvbench.preflight import check_context_length
 from kvbench.results.capacity_result import CapacityResult, ModelRecord, NotFitting, StageRecord, StrategyRow
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 
 CONTIGUOUS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
 KV_CACHE_DTYPES = ("auto", *KV_DTYPE_BYTES)

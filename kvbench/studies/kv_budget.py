@@ -12,7 +12,7 @@ from kvbench.errors import KvbenchError
 from kvbench.models.gpus import GpuSpec, kv_budget
 from kvbench.models.shapes import ModelShape
 from kvbench.preflight import check_run_counts
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 from kvbench.workload.scenario import Scenario
 
 Budget = tuple[int, str]  # KV bytes, and where they come from in words

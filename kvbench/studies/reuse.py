@@ -35,7 +35,7 @@ from kvbench.results.reuse_curve import (
     ShareTarget,
     TierFigures,
 )
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 from kvbench.workload.prefix_trace import PrefixTrace
 
 TARGET_SHARES = (50, 90, 99)  # percent of the unbounded hit rate

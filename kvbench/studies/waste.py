@@ -24,7 +24,7 @@ from kvbench.results.point import point_from_result
 from kvbench.results.run_meta import run_meta
 from kvbench.results.strategy_point import StrategyPoint
 from kvbench.results.waste_study import WasteAnalytic, WasteMeta, WasteStudy
-from kvbench.values import human_bytes
+from kvbench.units import human_bytes
 from kvbench.workload.admissible import Skipped, within_max_len
 from kvbench.workload.dataset import DatasetSample, TokenCounter, sample_dataset
 from kvbench.workload.lengths import LengthSpec

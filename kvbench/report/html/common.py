@@ -7,10 +7,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from kvbench import units
 from kvbench.report.columns import Col, Row, TableSpec
 from kvbench.report.diagnose.findings import Diagnosis, grouped
 from kvbench.report.figure_capture import CapturedFigure, capture
-from kvbench.report.html import units
 from kvbench.report.html.page import (
     Cell,
     Column,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvbench import units
 from kvbench.report.compare import STATUS_METRIC, Comparison, Row, Verdict
 from kvbench.report.compare_render import (
     VERDICT_ORDER,
@@ -15,7 +16,6 @@ from kvbench.report.compare_render import (
     policy_line,
     summary_line,
 )
-from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, provenance_facts
 from kvbench.report.html.page import Cell, Column, Facts, Page, Section, Table, Text
 from kvbench.report.html.page import Verdict as Headline

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvbench import units
 from kvbench.report.dataset_report import dataset_plot, len_label
-from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, provenance_section
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from kvbench import units
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.fleet_report import (
@@ -18,7 +19,6 @@ from kvbench.report.fleet_report import (
     simulator_sentence,
     write_plots,
 )
-from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Cell, Column, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvbench.report.html import units
+from kvbench import units
 from kvbench.report.html.common import draw, figures_block, provenance_section, spec_table
 from kvbench.report.html.page import Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbench import units
 from kvbench.report.diagnose import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
 from kvbench.report.html.page import Page, Section, Text, Verdict
 from kvbench.report.html.run_files import RunFiles

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbench import units
 from kvbench.report.diagnose.live_rules import seconds
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import Timeline, diagnose_timeline, read_timeline
-from kvbench.report.html import units
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section
 from kvbench.report.html.page import Cell, Column, Fact, Page, Section, Table, Text, Verdict
 from kvbench.report.html.run_files import RunFiles
