@@ -492,7 +492,7 @@ def write_plots(run_dir: Path, meta: MetaLike, points: list[dict]) -> None:
         waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
     top = max(p.concurrency for p in ok)
     if shows_output_lengths(run):
-        at_top = {p.engine: point for p, point in measured if p.concurrency == top}
+        at_top = {p.engine: p for p in ok if p.concurrency == top}
         if at_top:
             plots.output_lengths_and_waste(
                 at_top,

@@ -19,6 +19,7 @@ from scipy import stats
 
 from kvbench.engine.result import RunResult
 from kvbench.results.fields import value_at
+from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS
 from kvbench.values import is_number
 
@@ -107,6 +108,11 @@ class Point:
         latencies = {name: data.get(name) for name in LATENCY_FIELDS}
         extra = {key: value for key, value in data.items() if key not in own and key not in latencies}
         return cls(**known, latencies=latencies, extra=extra)
+
+    @property
+    def output_histogram(self) -> LengthHistogram | None:
+        """Its ``output_len_hist``, typed (None where it measured no output length)."""
+        return LengthHistogram.from_json(self.output_len_hist) if self.output_len_hist else None
 
     def value(self, dotted: str) -> Any:
         """A field of the JSON form by its dotted name (``waste.internal_pct``, ``p99_ttft_ms``), None if absent."""
