@@ -23,13 +23,14 @@ from kvbench.fileio import write_atomic  # noqa: E402
 from kvbench.report import figure_capture  # noqa: E402
 from kvbench.results.length_histogram import LengthHistogram  # noqa: E402
 from kvbench.results.point import Point  # noqa: E402
+from kvbench.results.waste_shares import ShareOf, WasteShares  # noqa: E402
 
-WASTE_PARTS = (
-    ("token_state_pct", "token states (used)", "#2e7d32"),
-    ("reservation_pct", "reservation", "#f9a825"),
-    ("internal_pct", "internal fragmentation", "#ef6c00"),
-    ("external_pct", "external fragmentation", "#c62828"),
-    ("free_pct", "free", "#b0bec5"),
+WASTE_PARTS: tuple[tuple[ShareOf, str, str], ...] = (  # bottom to top: the share, its name, its colour
+    (lambda s: s.token_state_pct, "token states (used)", "#2e7d32"),
+    (lambda s: s.reservation_pct, "reservation", "#f9a825"),
+    (lambda s: s.internal_pct, "internal fragmentation", "#ef6c00"),
+    (lambda s: s.external_pct, "external fragmentation", "#c62828"),
+    (lambda s: s.free_pct, "free", "#b0bec5"),
 )
 
 
@@ -121,7 +122,7 @@ def _save(fig, path: Path) -> Path:
 
 def waste_breakdown(
     labels: Sequence[str],
-    wastes: Sequence[dict],
+    wastes: Sequence[WasteShares],
     path: Path,
     title: str,
     subtitle: str = "",
@@ -135,8 +136,8 @@ def waste_breakdown(
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) + 3), 4.8))
     bottoms = [0.0] * len(labels)
     hatches = ["//" if mark is not None else None for mark in marks]
-    for key, name, colour in WASTE_PARTS:
-        values = [float(w.get(key) or 0.0) for w in wastes]
+    for share, name, colour in WASTE_PARTS:
+        values = [float(share(w) or 0.0) for w in wastes]
         ax.bar(
             labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5, hatch=hatches
         )
@@ -422,8 +423,8 @@ def output_lengths_and_waste(
     left.legend(fontsize=8)
     engines = sorted(points)
     bottoms = [0.0] * len(engines)
-    for key, name, colour in WASTE_PARTS:
-        values = [float(points[e].waste.get(key) or 0.0) for e in engines]
+    for share, name, colour in WASTE_PARTS:
+        values = [float(share(points[e].shares) or 0.0) for e in engines]
         right.bar(engines, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5)
         for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
             if value >= 6:

@@ -21,6 +21,7 @@ from kvbench.engine.result import RunResult
 from kvbench.results.fields import value_at
 from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS
+from kvbench.results.waste_shares import WasteShares
 from kvbench.values import is_number
 
 # headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
@@ -108,6 +109,11 @@ class Point:
         latencies = {name: data.get(name) for name in LATENCY_FIELDS}
         extra = {key: value for key, value in data.items() if key not in own and key not in latencies}
         return cls(**known, latencies=latencies, extra=extra)
+
+    @property
+    def shares(self) -> WasteShares:
+        """Its ``waste`` block, typed (every share None where the point has none)."""
+        return WasteShares.from_json(self.waste)
 
     @property
     def output_histogram(self) -> LengthHistogram | None:

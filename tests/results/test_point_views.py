@@ -1,5 +1,5 @@
-"""A point's typed views of its JSON blocks (the output-length histogram): read from a shipped sweep's points,
-empty where an older point wrote none, and the point's JSON form untouched by them."""
+"""A point's typed views of its JSON blocks (the waste shares, the output-length histogram): read from a shipped
+sweep's points, empty where an older point wrote none, and the point's JSON form untouched by them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.point import Point
+from kvbench.results.strategy_point import StrategyPoint
+from kvbench.results.waste_shares import WasteShares
 
 SHIPPED = Path(__file__).parents[1] / "report" / "data" / "article-interleaved-a.json"
 
@@ -33,3 +35,20 @@ def test_a_point_without_output_lengths_has_no_histogram():
 def test_a_length_histogram_round_trips():
     data = {"edges": [0.0, 5.0, 10.0], "counts": [3, 1]}
     assert LengthHistogram.from_json(data).to_json() == data
+
+
+def test_the_shares_view_reads_the_waste_block():
+    for doc in shipped_points():
+        shares = Point.from_json(doc).shares
+        assert shares.to_json() == doc["waste"]
+        assert shares.internal_pct == doc["waste"]["internal_pct"]
+
+
+def test_a_point_without_a_waste_block_has_no_shares():
+    shares = Point.from_json({"engine": "paged", "concurrency": 1}).shares
+    assert shares == WasteShares() and shares.token_state_pct is None
+
+
+def test_a_strategy_point_reads_its_shares_as_a_point_does():
+    doc = shipped_points()[0]
+    assert StrategyPoint.from_json(doc).shares == Point.from_json(doc).shares
