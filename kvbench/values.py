@@ -1,11 +1,13 @@
 """Value helpers shared from layer 2 up: what counts as a number read from JSON or a config file, text from
-outside made safe to print, and a thread count as a user writes it. One copy of each, below everything that uses
-them (numbers as text are in :mod:`kvbench.units`)."""
+outside made safe to print, a thread count as a user writes it and as a run chose it (:class:`ThreadChoice`,
+torch-free so that the serve front end can read it). One copy of each, below everything that uses them (numbers
+as text are in :mod:`kvbench.units`)."""
 
 from __future__ import annotations
 
 import math
 import unicodedata
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from kvbench.errors import KvbenchError
@@ -40,6 +42,18 @@ def printable(text: str, limit: int | None = None) -> str:
 
 
 MAX_THREADS = 4096  # more than any machine's cores: a thread pool that large fails to start, not to run
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The CPU intra-op threads a run's matmuls use, and why (``kvbench.cpu.threads.choose_threads``)."""
+
+    threads: int
+    reason: str  # "set by the user", or the measured timings
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form a run's meta records: ``{"threads", "reason"}``."""
+        return {"threads": self.threads, "reason": self.reason}
 
 
 def parse_threads(text: str | int | None) -> int | None:

@@ -11,10 +11,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import typer
 
@@ -96,22 +96,38 @@ def show(document: dict, as_json: bool, tables: Callable[[], None]) -> None:
         tables()
 
 
+class JsonForm(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class StudyResult(JsonForm, Protocol):
+    """What a one-shot study found: ``summary.json``'s document, whose points are ``summary.csv``'s rows."""
+
+    @property
+    def points(self) -> Sequence[JsonForm]: ...
+
+
+Study = TypeVar("Study", bound=StudyResult)
+
+
 def write_study(
     kind: str,
     out_dir: Path | None,
-    document: dict[str, Any],
+    result: Study,
     as_json: bool,
     *,
-    plot: Callable[[dict, Path], Any],
+    plot: Callable[[Study, Path], Any],
     plot_file: str,
-    markdown: Callable[[dict], str],
+    markdown: Callable[[Study], str],
     tables: Callable[[Path], None],
     flat_rows: bool = True,
 ) -> Path:
-    """A one-shot study's run directory (its plot, ``summary.json/csv/md``), then the document shown."""
+    """A one-shot study's run directory (its plot, ``summary.json/csv/md``), then its document shown."""
+    document = result.to_json()
+    points = [p.to_json() for p in result.points]
     run_dir = new_run_dir(kind, out_dir)
-    plot(document, run_dir / plot_file)
-    rows = [flatten(p) for p in document["points"]] if flat_rows else document["points"]
-    write_summary(run_dir, document, rows, markdown(document))
+    plot(result, run_dir / plot_file)
+    rows = [flatten(p) for p in points] if flat_rows else points
+    write_summary(run_dir, document, rows, markdown(result))
     show(document, as_json, lambda: tables(run_dir))
     return run_dir

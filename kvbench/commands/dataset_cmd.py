@@ -52,11 +52,11 @@ def dataset(
     write_study(
         "dataset",
         out_dir,
-        result.to_json(),
+        result,
         as_json,
-        plot=lambda _, path: dataset_plot(result, path),
+        plot=dataset_plot,
         plot_file="lengths.png",
-        markdown=lambda _: dataset_markdown(result),
+        markdown=dataset_markdown,
         tables=lambda run_dir: print_dataset(console, result, run_dir),
     )
 

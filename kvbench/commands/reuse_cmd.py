@@ -187,11 +187,11 @@ def reuse(
     write_study(
         "reuse",
         out_dir,
-        curve.to_json(),
+        curve,
         as_json,
-        plot=lambda _, path: reuse_plot(curve, path),
+        plot=reuse_plot,
         plot_file=CURVE_FILE,
-        markdown=lambda _: reuse_markdown(curve),
+        markdown=reuse_markdown,
         tables=lambda run_dir: print_reuse(console, curve, run_dir),
     )
 

@@ -200,7 +200,7 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
             )
         )
         if info.threads:
-            console.print(f"CPU threads: {info.threads['threads']} ({info.threads['reason']})")
+            console.print(f"CPU threads: {info.threads.threads} ({info.threads.reason})")
         if info.heap:
             console.print(info.heap)
         if info.kv_events:

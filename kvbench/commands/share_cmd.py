@@ -93,11 +93,11 @@ def share(
     write_study(
         "share",
         out_dir,
-        result.to_json(),
+        result,
         as_json,
-        plot=lambda _, path: share_plot(result, path),
+        plot=share_plot,
         plot_file="share.png",
-        markdown=lambda _: share_markdown(result),
+        markdown=share_markdown,
         tables=lambda run_dir: print_share(console, result, run_dir),
         flat_rows=False,
     )

@@ -281,14 +281,14 @@ def _cpu_lines(setup: SweepSetup, verbose: bool) -> list[str]:
     plan = loaded.matmul_plan if loaded is not None else None
     prefetch = loaded.decode_prefetch if loaded is not None else None
     if verbose:
-        lines = [f"CPU threads: {threads['threads']} ({threads['reason']})"] if threads else []
+        lines = [f"CPU threads: {threads.threads} ({threads.reason})"] if threads else []
         lines += [heap.describe()] if heap is not None else []
         lines += plan.lines() if plan is not None else []
         return lines + ([prefetch.line()] if prefetch is not None else [])
     parts = []
     if threads:
-        count = threads["threads"]
-        given = " (set by the user)" if str(threads["reason"]).startswith("set") else ""
+        count = threads.threads
+        given = " (set by the user)" if threads.reason.startswith("set") else ""
         parts.append(f"{count} thread{'s' if count != 1 else ''}{given}")
     parts += [plan.brief()] if plan is not None else []
     parts += [f"decode prefetch {prefetch.prefetch.describe()}"] if prefetch is not None else []

@@ -129,11 +129,11 @@ def waste(
     write_study(
         "waste",
         out_dir,
-        study.to_json(),
+        study,
         as_json,
-        plot=lambda _, path: waste_plot(study, path),
+        plot=waste_plot,
         plot_file="waste.png",
-        markdown=lambda _: waste_markdown(study),
+        markdown=waste_markdown,
         tables=lambda run_dir: print_waste(console, study, run_dir),
     )
 

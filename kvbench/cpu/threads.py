@@ -16,7 +16,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +23,10 @@ import torch.nn.functional as F
 from kvbench import env_settings
 from kvbench.cpu import measured_cache
 from kvbench.kernels.cpu_native import cpu_signature
-from kvbench.values import parse_threads
+from kvbench.values import ThreadChoice, parse_threads
 
 ROUNDS = 7  # interleaved rounds per candidate; the median of each is compared (what a run will mostly see)
 TIE = 1.05  # more threads must be at least this much faster to be chosen
-
-
-@dataclass(frozen=True)
-class ThreadChoice:
-    threads: int
-    reason: str  # "set by the user", or the measured timings
-
-    def as_dict(self) -> dict:
-        return {"threads": self.threads, "reason": self.reason}
 
 
 def available_cores() -> int:

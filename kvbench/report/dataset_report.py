@@ -93,7 +93,7 @@ def dataset_plot(result: DatasetResult, path: Path) -> None:
     from kvbench.report import plots  # matplotlib loads only when a plot is drawn
 
     plots.length_histograms(
-        {name: result.histograms[name].to_json() for name in LENGTHS},
+        {name: result.histograms[name] for name in LENGTHS},
         path,
         f"Token lengths of {len_label(result)}: {result.lengths['total'].count} requests",
         result.meta.max_len,

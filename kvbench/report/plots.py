@@ -21,13 +21,16 @@ warnings.filterwarnings("ignore", message="overflow encountered", category=Runti
 
 from kvbench.fileio import write_atomic  # noqa: E402
 from kvbench.report import figure_capture  # noqa: E402
+from kvbench.results.length_histogram import LengthHistogram  # noqa: E402
+from kvbench.results.point import Point  # noqa: E402
+from kvbench.results.waste_shares import ShareOf, WasteShares  # noqa: E402
 
-WASTE_PARTS = (
-    ("token_state_pct", "token states (used)", "#2e7d32"),
-    ("reservation_pct", "reservation", "#f9a825"),
-    ("internal_pct", "internal fragmentation", "#ef6c00"),
-    ("external_pct", "external fragmentation", "#c62828"),
-    ("free_pct", "free", "#b0bec5"),
+WASTE_PARTS: tuple[tuple[ShareOf, str, str], ...] = (  # bottom to top: the share, its name, its colour
+    (lambda s: s.token_state_pct, "token states (used)", "#2e7d32"),
+    (lambda s: s.reservation_pct, "reservation", "#f9a825"),
+    (lambda s: s.internal_pct, "internal fragmentation", "#ef6c00"),
+    (lambda s: s.external_pct, "external fragmentation", "#c62828"),
+    (lambda s: s.free_pct, "free", "#b0bec5"),
 )
 
 
@@ -119,7 +122,7 @@ def _save(fig, path: Path) -> Path:
 
 def waste_breakdown(
     labels: Sequence[str],
-    wastes: Sequence[dict],
+    wastes: Sequence[WasteShares],
     path: Path,
     title: str,
     subtitle: str = "",
@@ -133,8 +136,8 @@ def waste_breakdown(
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(labels) + 3), 4.8))
     bottoms = [0.0] * len(labels)
     hatches = ["//" if mark is not None else None for mark in marks]
-    for key, name, colour in WASTE_PARTS:
-        values = [float(w.get(key) or 0.0) for w in wastes]
+    for share, name, colour in WASTE_PARTS:
+        values = [float(share(w) or 0.0) for w in wastes]
         ax.bar(
             labels, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5, hatch=hatches
         )
@@ -384,20 +387,21 @@ def stacked_panels(
 
 
 def output_lengths_and_waste(
-    points: dict[str, dict], path: Path, title: str, stop: str, max_len: int | None, simulated: bool = False
+    points: Mapping[str, Point], path: Path, title: str, stop: str, max_len: int | None, simulated: bool = False
 ) -> Path:
-    """Left: the output lengths that occurred (histogram); right: each engine's KV pool shares at that point.
+    """Left: the output lengths that occurred (histogram); right: each engine's KV pool shares at that point
+    (``points`` by engine).
 
     The two panels tell the article's story in the reader's own data: answers mostly end far below the
     length a contiguous engine reserves, and that gap is the internal waste on the right.
     """
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1.4, 1]})
     source = points.get("paged") or next(iter(points.values()))
-    hist = source.get("output_len_hist") or {"edges": [0, 1], "counts": [0]}
-    edges, counts = hist["edges"], hist["counts"]
+    hist = source.output_histogram or LengthHistogram([0, 1], [0])
+    edges, counts = hist.edges, hist.counts
     widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
     left.bar(edges[:-1], counts, width=widths, align="edge", color="#1565c0", edgecolor="white")
-    mean = source.get("output_len_mean")
+    mean = source.output_len_mean
     if mean is not None:
         left.axvline(mean, color="#2e7d32", linestyle="--", linewidth=1.2, label=f"mean {mean:,.0f}")
     if max_len and stop == "eos":
@@ -419,8 +423,8 @@ def output_lengths_and_waste(
     left.legend(fontsize=8)
     engines = sorted(points)
     bottoms = [0.0] * len(engines)
-    for key, name, colour in WASTE_PARTS:
-        values = [float(points[e]["waste"].get(key) or 0.0) for e in engines]
+    for share, name, colour in WASTE_PARTS:
+        values = [float(share(points[e].shares) or 0.0) for e in engines]
         right.bar(engines, values, bottom=bottoms, label=name, color=colour, edgecolor="white", linewidth=0.5)
         for i, (value, bottom) in enumerate(zip(values, bottoms, strict=True)):
             if value >= 6:
@@ -434,11 +438,13 @@ def output_lengths_and_waste(
     return _save(fig, path)
 
 
-def length_histograms(histograms: dict[str, dict], path: Path, title: str, max_len: int | None = None) -> Path:
-    """One histogram panel per length kind ({name: {"edges", "counts"}}); max-len marked on the total's."""
+def length_histograms(
+    histograms: Mapping[str, LengthHistogram], path: Path, title: str, max_len: int | None = None
+) -> Path:
+    """One histogram panel per length kind (by its name); max-len marked on the total's."""
     fig, axes = plt.subplots(1, len(histograms), figsize=(5 * len(histograms), 4.2), squeeze=False)
     for ax, (name, hist) in zip(axes[0], histograms.items(), strict=True):
-        edges, counts = hist["edges"], hist["counts"]
+        edges, counts = hist.edges, hist.counts
         widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
         ax.bar(edges[:-1], counts, width=widths, align="edge", color="#1565c0", edgecolor="white")
         if name == "total" and max_len:

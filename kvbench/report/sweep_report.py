@@ -162,8 +162,8 @@ def _engine_label(point: Point) -> str:
 
 
 def _waste_shares(point: Point) -> str:
-    w = point.waste
-    return f"{w['token_state_pct']:.0f}/{w['reservation_pct']:.0f}/{w['internal_pct']:.0f}/{w['external_pct']:.0f}"
+    w = point.shares
+    return f"{w.token_state_pct:.0f}/{w.reservation_pct:.0f}/{w.internal_pct:.0f}/{w.external_pct:.0f}"
 
 
 def _steady_window(point: Point) -> str:
@@ -202,7 +202,7 @@ POINT_TABLE: TableSpec[Point] = TableSpec(
             "waste",
             "used/res/\nint/ext %",
             figure=False,
-            sort=lambda p: p.waste["token_state_pct"],
+            sort=lambda p: p.shares.token_state_pct,
         ),
         Col("steady window", _steady_window, "steady_window_s", "steady\nwindow", wide=True),
         Col("tok/CPU-s", _cpu_second_text, "", "out tok/\nCPU-s", wide=True, sort=per_cpu_second),
@@ -288,9 +288,9 @@ OUTPUT_LENGTH_TABLE: TableSpec[Point] = TableSpec(
         ),
         Col(
             "internal %",
-            lambda p: f"{p.waste['internal_pct']:.1f}",
+            lambda p: f"{p.shares.internal_pct:.1f}",
             "waste.internal_pct",
-            sort=lambda p: p.waste.get("internal_pct"),
+            sort=lambda p: p.shares.internal_pct,
         ),
         Col(
             "KV peak",
@@ -476,7 +476,7 @@ def write_plots(run_dir: Path, run: RunMeta, points: list[dict]) -> None:
     ordered = sorted(measured, key=lambda pair: (pair[0].concurrency, pair[0].engine))
     plots.waste_breakdown(
         [f"{p.engine}\nC={p.concurrency}" for p, _ in ordered],
-        [p.waste for p, _ in ordered],
+        [p.shares for p, _ in ordered],
         run_dir / "memory.png",
         "KV memory breakdown per point",
         tag,
@@ -486,7 +486,7 @@ def write_plots(run_dir: Path, run: RunMeta, points: list[dict]) -> None:
         waterfall_plot(point, run_dir / waterfall_plot_name(point), tag)
     top = max(p.concurrency for p in ok)
     if shows_output_lengths(run):
-        at_top = {p.engine: point for p, point in measured if p.concurrency == top}
+        at_top = {p.engine: p for p in ok if p.concurrency == top}
         if at_top:
             plots.output_lengths_and_waste(
                 at_top,

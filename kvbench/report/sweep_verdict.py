@@ -258,15 +258,15 @@ def _why(
     cont, paged = by_key.get(("contiguous", c)), by_key.get(("paged", c))
     if not cont or not paged or not cont.waste or not paged.waste:
         return ""
-    cw, pw = cont.waste, paged.waste
-    held_c = (cw.get("reservation_pct") or 0) + (cw.get("internal_pct") or 0)
-    held_p = (pw.get("reservation_pct") or 0) + (pw.get("internal_pct") or 0)
+    cw, pw = cont.shares, paged.shares
+    held_c = (cw.reservation_pct or 0) + (cw.internal_pct or 0)
+    held_p = (pw.reservation_pct or 0) + (pw.internal_pct or 0)
     block = meta.block_size
     text = (
         f"Why: the contiguous baseline reserves {_reservation_words(meta)} when it admits it. At C={c}, "
         f"reservation and internal fragmentation held {held_c:.1f}% of its KV pool on average (token states "
-        f"{cw.get('token_state_pct', 0):.1f}%). Paged held {held_p:.1f}% that way, allocating blocks "
-        f"{f'of {block} tokens ' if block else ''}as they fill (token states {pw.get('token_state_pct', 0):.1f}%)."
+        f"{cw.token_state_pct or 0:.1f}%). Paged held {held_p:.1f}% that way, allocating blocks "
+        f"{f'of {block} tokens ' if block else ''}as they fill (token states {pw.token_state_pct or 0:.1f}%)."
     )
     if (paged.peak_running or 0) > (cont.peak_running or 0):
         text += (

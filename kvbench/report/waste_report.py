@@ -14,6 +14,7 @@ from kvbench.report.sweep_report import (
     with_output_lengths,
 )
 from kvbench.results.strategy_point import StrategyPoint
+from kvbench.results.waste_shares import ShareOf
 from kvbench.results.waste_study import WasteMeta, WasteStudy
 from kvbench.units import human_bytes
 from kvbench.workload.dataset import left_out, sample_note
@@ -51,24 +52,23 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _share(key: str) -> Col[StrategyPoint]:
-    heading, short = SHARE_HEADINGS[key]
-    return Col(heading, lambda p: _pct(p.waste[key]), f"waste.{key}", short, figure=False)
+def _share(name: str, share: ShareOf, heading: str, short: str) -> Col[StrategyPoint]:
+    return Col(heading, lambda p: _pct(share(p.shares)), f"waste.{name}", short, figure=False)
 
 
-SHARE_HEADINGS = {  # heading, and the console's where it is wider than the figures under it
-    "token_state_pct": ("token states", "token\nstates"),
-    "reservation_pct": ("reservation", "reserv."),
-    "internal_pct": ("internal", "int."),
-    "external_pct": ("external", "ext."),
-    "free_pct": ("free", ""),
-}
+SHARES: tuple[tuple[str, ShareOf, str, str], ...] = (  # field, the share, heading, the console's where it is wider
+    ("token_state_pct", lambda s: s.token_state_pct, "token states", "token\nstates"),
+    ("reservation_pct", lambda s: s.reservation_pct, "reservation", "reserv."),
+    ("internal_pct", lambda s: s.internal_pct, "internal", "int."),
+    ("external_pct", lambda s: s.external_pct, "external", "ext."),
+    ("free_pct", lambda s: s.free_pct, "free", ""),
+)
 SHARE_TABLE: TableSpec[StrategyPoint] = TableSpec(
     "KV pool shares per strategy, time-averaged (% of the pool; simulated)",
     (
         Col("strategy", strategy_label, "engine", key=True, figure=False, numeric=False),
         Col("effective usage", lambda p: _pct(p.effective_usage_pct), "effective_usage_pct", "eff.", figure=False),
-        *(_share(key) for key in SHARE_HEADINGS),
+        *(_share(*share) for share in SHARES),
         Col("mean running", lambda p: f"{p.mean_running:.1f}", "mean_running", "run\nmean", figure=False),
         Col("peak running", lambda p: f"{p.peak_running:,}", "peak_running", "run\npeak", figure=False),
         Col("out tok/s", lambda p: f"{p.output_throughput:,.0f}", "output_throughput", "out\ntok/s"),
@@ -138,5 +138,5 @@ def waste_plot(study: WasteStudy, path: Path) -> None:
     if meta.stop == "eos":
         subtitle += "; answers end at EOS, reservations plan for max-len"
     waste_breakdown(
-        [strategy_label(p).replace(" (", "\n(") for p in points], [p.waste for p in points], path, title, subtitle
+        [strategy_label(p).replace(" (", "\n(") for p in points], [p.shares for p in points], path, title, subtitle
     )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.run_meta import RunMeta, run_fields
 from kvbench.results.schema import SCHEMA_VERSION
 
@@ -40,19 +41,6 @@ class LengthStats:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LengthStats:
         return cls(data["count"], data["mean"], data["p50"], data["p90"], data["p99"], data["min"], data["max"])
-
-
-@dataclass(frozen=True)
-class LengthHistogram:
-    edges: list[float]  # bin edges in tokens, one more than the counts
-    counts: list[int]  # requests per bin
-
-    def to_json(self) -> dict[str, list]:
-        return {"edges": list(self.edges), "counts": list(self.counts)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LengthHistogram:
-        return cls(list(data["edges"]), list(data["counts"]))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from scipy import stats
 
 from kvbench.engine.result import RunResult
 from kvbench.results.fields import value_at
+from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.schema import LATENCY_FIELDS, MEMORY_FIELDS
+from kvbench.results.waste_shares import WasteShares
 from kvbench.values import is_number
 
 # headline metrics whose spread is reported (std, 95% CI, per-repeat samples) with --repeat
@@ -107,6 +109,16 @@ class Point:
         latencies = {name: data.get(name) for name in LATENCY_FIELDS}
         extra = {key: value for key, value in data.items() if key not in own and key not in latencies}
         return cls(**known, latencies=latencies, extra=extra)
+
+    @property
+    def shares(self) -> WasteShares:
+        """Its ``waste`` block, typed (every share None where the point has none)."""
+        return WasteShares.from_json(self.waste)
+
+    @property
+    def output_histogram(self) -> LengthHistogram | None:
+        """Its ``output_len_hist``, typed (None where it measured no output length)."""
+        return LengthHistogram.from_json(self.output_len_hist) if self.output_len_hist else None
 
     def value(self, dotted: str) -> Any:
         """A field of the JSON form by its dotted name (``waste.internal_pct``, ``p99_ttft_ms``), None if absent."""

@@ -8,7 +8,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvbench.results.point import Point
-from kvbench.results.waste_shares import WasteShares
 
 _OMITTED_WHEN_UNSET = ("max_concurrency", "bytes_per_token", "simulated_seconds")  # a point an older run wrote
 
@@ -39,11 +38,6 @@ class StrategyPoint(Point):
             simulated_seconds=simulated_seconds,
             hindsight_bound=hindsight_bound,
         )
-
-    @property
-    def shares(self) -> WasteShares:
-        """Its ``waste`` block, typed."""
-        return WasteShares.from_json(self.waste)
 
     def to_json(self) -> dict[str, Any]:
         """The point's JSON form, the study's fields last; the hindsight mark written only when set."""

@@ -3,7 +3,7 @@ The block is written by the accountant (:meth:`kvbench.kv.accounting.WasteAccoun
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,3 +34,6 @@ class WasteShares:
             data.get("external_pct"),
             data.get("free_pct"),
         )
+
+
+ShareOf = Callable[[WasteShares], float | None]  # one share read from the block: a table's column, a plot's bar

@@ -18,6 +18,7 @@ from kvbench import json_input
 from kvbench.fileio import append_jsonl
 from kvbench.results.run_meta import run_meta
 from kvbench.results.servers import ServerState
+from kvbench.values import is_number
 
 KIND = "kvbench-watch"
 VERSION = 1
@@ -25,6 +26,7 @@ TIMELINE_FILE = "timeline.jsonl"
 
 
 MAX_HEADER_CHARS = 1 << 20  # the header's line is read up to this long
+MAX_ELAPSED_S = 1e9  # about 30 years: a watch that long was not recorded
 
 
 @dataclass(frozen=True)
@@ -99,15 +101,19 @@ class WatchScrape:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WatchScrape:
-        """A scrape line; ValueError when it is none (no elapsed time, neither a state nor an error)."""
+        """A scrape line; ValueError when it is none (no elapsed time, neither a state nor an error) or when a
+        state's time is no finite number of seconds (a failed scrape is counted whatever its time)."""
         if "elapsed_s" not in data or ("state" not in data and "error" not in data):
             raise ValueError("not a scrape: it needs elapsed_s and a state or an error")
-        error = data.get("error")
+        elapsed, error = data["elapsed_s"], data.get("error")
+        failed = "error" in data
+        if not failed and (not is_number(elapsed, finite=True) or abs(elapsed) > MAX_ELAPSED_S):
+            raise ValueError("elapsed_s is not a finite number of seconds")  # before the load: negative
         return cls(
-            data["elapsed_s"],
+            elapsed,
             data.get("time", 0.0),
             str(data.get("url", "")),
-            None if "error" in data else ServerState.from_record(data["state"]),
+            None if failed else ServerState.from_record(data["state"]),
             None if error is None else str(error),
         )
 

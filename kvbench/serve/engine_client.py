@@ -57,6 +57,7 @@ from kvbench.serve.engine_messages import (
 from kvbench.serve.engine_stats import EngineStats, mirror, start_series
 from kvbench.serve.protocol import ApiError, ModelInfo
 from kvbench.serve.settings import ServeOptions
+from kvbench.values import ThreadChoice
 
 KILL_AFTER_S = 10.0  # an engine told to stop that has not ended by then is killed
 
@@ -144,7 +145,7 @@ class EngineInfo:
     engine: str
     device_name: str
     budget_source: str
-    threads: dict[str, Any] | None  # the CPU threads chosen and why (None: not a CPU engine)
+    threads: ThreadChoice | None  # the CPU threads chosen and why (None: not a CPU engine)
     heap: str | None  # the CPU heap policy, as its process described it (None: not a CPU engine)
     num_blocks: int
     block_size: int

@@ -15,6 +15,7 @@ from kvbench.engine.sampling import SamplingParams
 from kvbench.errors import KvbenchError
 from kvbench.serve.engine_stats import EngineStats
 from kvbench.serve.settings import ServeOptions
+from kvbench.values import ThreadChoice
 
 
 # -- the front end's commands to the engine ------------------------------------------------------------------
@@ -121,7 +122,7 @@ class EngineFacts(msgspec.Struct):
     engine: str
     device_name: str
     budget_source: str
-    threads: dict[str, Any] | None  # the CPU threads chosen and why (``ThreadChoice.as_dict``)
+    threads: ThreadChoice | None  # the CPU threads chosen and why (None: not a CPU engine)
     heap: str | None  # the CPU heap policy, described (None: not a CPU engine)
     num_blocks: int
     block_size: int

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.kv.factory import manager_class
 from kvbench.serve.protocol import ModelInfo
+from kvbench.values import ThreadChoice
 
 if TYPE_CHECKING:  # the loaders import torch: only the engine process needs them
     from kvbench.engine.config import EngineConfig
@@ -55,7 +56,7 @@ class ServedEngine:
     config: EngineConfig
     device_name: str
     budget_source: str
-    threads: dict | None
+    threads: ThreadChoice | None  # the CPU threads chosen and why (None: not a CPU engine)
 
 
 def default_max_len(model: str) -> int:

@@ -19,10 +19,10 @@ from kvbench.results.dataset_result import (
     AnalyticWaste,
     DatasetMeta,
     DatasetResult,
-    LengthHistogram,
     LengthStats,
     WasteEstimate,
 )
+from kvbench.results.length_histogram import LengthHistogram
 from kvbench.results.run_meta import run_meta
 from kvbench.workload.dataset import TokenCounter, sample_dataset
 

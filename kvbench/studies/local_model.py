@@ -12,7 +12,7 @@ from kvbench import kernels
 from kvbench.cpu import cpu_choices, cpu_heap, cpu_linear, decode_prefetch
 from kvbench.cpu.cpu_choices import MatmulPlan
 from kvbench.cpu.decode_prefetch import PrefetchChoice
-from kvbench.cpu.threads import ThreadChoice, choose_threads
+from kvbench.cpu.threads import choose_threads
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.errors import KvbenchError
@@ -36,6 +36,7 @@ from kvbench.preflight import (
     check_model_memory_for_device,
     check_weights_for_host,
 )
+from kvbench.values import ThreadChoice
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

@@ -235,7 +235,7 @@ class SweepSetup:
             max_len=config.max_len,
             max_prefill_tokens=config.max_prefill_tokens,
             repeat=self.options.repeat,
-            threads=self.backend.threads,
+            threads=threads.as_dict() if (threads := self.backend.threads) else None,
             cpu_matmuls=plan.as_dict() if (loaded := self.backend.loaded) and (plan := loaded.matmul_plan) else None,
             cpu_decode_prefetch=(
                 prefetch.as_dict() if (loaded := self.backend.loaded) and (prefetch := loaded.decode_prefetch) else None

@@ -66,3 +66,11 @@ def test_scrape_lines_keep_their_keys_and_read_back(vllm_exposition):
 def test_a_line_that_is_no_scrape_is_refused(line):
     with pytest.raises(ValueError, match="not a scrape"):
         WatchScrape.from_json(line)
+
+
+@pytest.mark.parametrize("elapsed", [float("nan"), 1e300, -2e9, "soon"])
+def test_a_state_at_no_finite_time_is_refused_and_a_failed_scrape_is_kept(vllm_exposition, elapsed):
+    (state,) = read_states(vllm_exposition())
+    with pytest.raises(ValueError, match="not a finite number of seconds"):
+        WatchScrape.from_json({"elapsed_s": elapsed, "url": URL, "state": state.record()})
+    assert WatchScrape.from_json({"elapsed_s": elapsed, "url": URL, "error": "x"}).error == "x"

@@ -32,6 +32,7 @@ from kvbench.serve.engine_messages import (
 )
 from kvbench.serve.engine_stats import EngineStats
 from kvbench.serve.settings import ServeOptions
+from kvbench.values import ThreadChoice
 
 STATS = EngineStats(used=3, free=5, capacity=8, block_size=16, fragmentation=0.25, tokens=40, alloc=[0.5, 2e-06])
 FACTS = EngineFacts(
@@ -42,7 +43,7 @@ FACTS = EngineFacts(
     engine="paged",
     device_name="cpu",
     budget_source="--kv-memory 1MiB",
-    threads={"threads": 1, "reason": "set by the user"},
+    threads=ThreadChoice(1, "set by the user"),
     heap=None,
     num_blocks=9,
     block_size=16,
@@ -110,6 +111,17 @@ def test_the_frames_are_the_json_the_channel_carried_as_dicts():
     assert encode(ResetDone(id=3, ok=True)) == b'{"t":"reset","id":3,"ok":true}'
     assert encode(LoadFailed("bad", 2)) == b'{"t":"error","message":"bad","exit_code":2}'
     assert encode(LoadStatus("ünï")) == '{"t":"status","text":"ünï"}'.encode()  # UTF-8, not escaped
+
+
+def test_the_thread_choice_travels_as_the_dict_it_was():
+    """The engine's typed thread choice is the ``{"threads", "reason"}`` object on the wire, and reads back typed."""
+    frame_bytes = encode(Ready(info=FACTS))
+    assert b'"threads":{"threads":1,"reason":"set by the user"}' in frame_bytes
+    decoded = decode_report(frame_bytes)
+    assert isinstance(decoded, Ready) and decoded.info.threads == ThreadChoice(1, "set by the user")
+    assert decode_report(encode(Ready(info=msgspec.structs.replace(FACTS, threads=None)))) == Ready(
+        info=msgspec.structs.replace(FACTS, threads=None)
+    )
 
 
 def test_a_frame_the_engine_does_not_understand_is_refused_with_its_kind():

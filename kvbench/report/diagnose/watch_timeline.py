@@ -14,9 +14,7 @@ from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.findings import Diagnosis
 from kvbench.report.diagnose.live_rules import Window, diagnose_windows, seconds
 from kvbench.report.diagnose.thresholds import Thresholds
-from kvbench.results.servers import ServerState
-from kvbench.results.watch_records import KIND, TIMELINE_FILE
-from kvbench.values import is_number
+from kvbench.results.watch_records import TIMELINE_FILE, WatchHeader, WatchScrape
 
 
 def timeline_path(location: str | Path) -> Path | None:
@@ -48,9 +46,6 @@ class NoScrapes(KvbenchError):
         self.failed = failed
 
 
-MAX_ELAPSED_S = 1e9  # about 30 years: a watch that long was not recorded
-
-
 def read_timeline(location: str | Path) -> Timeline:
     path = Path(location)
     try:
@@ -67,16 +62,15 @@ def read_timeline(location: str | Path) -> Timeline:
             record = json_input.loads(line)
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
-            if record.get("kind") == KIND:
-                url = str(record.get("url", ""))
+            header = WatchHeader.from_json(record)
+            if header is not None:
+                url = "" if header.url is None else str(header.url)
                 continue
-            if "error" in record:
+            scrape = WatchScrape.from_json(record)
+            if scrape.state is None:  # a scrape that failed
                 errors += 1
                 continue
-            elapsed = record["elapsed_s"]
-            if not is_number(elapsed, finite=True) or abs(elapsed) > MAX_ELAPSED_S:  # before the load: negative
-                raise ValueError("elapsed_s is not a finite number of seconds")
-            state = ServerState.from_record(record["state"])
+            elapsed, state = scrape.elapsed_s, scrape.state
             samples = windows[state.source].samples if state.source in windows else []
             if samples and elapsed < samples[-1][0]:
                 raise ValueError(f"elapsed_s goes back from {samples[-1][0]:g} to {elapsed:g}")

@@ -253,7 +253,7 @@ def _waste_plot(comparison: Comparison) -> None:
         for name, p in (("base", point), ("head", heads.get(point.engine))):
             if p is not None and p.waste:
                 labels.append(f"{p.engine}\n{name}")
-                wastes.append(p.waste)
+                wastes.append(p.shares)
     if labels:
         plots.waste_breakdown(
             labels, wastes, Path("compare_waste.png"), "KV pool breakdown per strategy, base and head"

@@ -25,6 +25,7 @@ from kvbench.engine.result import RunResult
 from kvbench.errors import KvbenchError
 from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
+from kvbench.values import ThreadChoice
 from kvbench.workload.scenario import Scenario
 
 OnStep = Callable[[str, Any, int], None]  # (engine, its scheduler or None, requests finished so far)
@@ -66,8 +67,8 @@ class PointBackend(Protocol):
     def dtype_name(self) -> str | None: ...
 
     @property
-    def threads(self) -> dict | None:
-        """The CPU thread choice of a local model (``ThreadChoice.as_dict``); None elsewhere."""
+    def threads(self) -> ThreadChoice | None:
+        """The CPU thread choice of a local model; None elsewhere."""
         ...
 
     @property

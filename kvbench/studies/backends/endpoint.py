@@ -40,6 +40,7 @@ from kvbench.studies.backends.base import (
 )
 from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import EndpointOptions, SweepOptions
+from kvbench.values import ThreadChoice
 
 OnRecord = Callable[[Any], None]
 
@@ -48,7 +49,7 @@ class EndpointBackend:
     """The run's targets, each an engine by its name; a point is measured by :meth:`measure`."""
 
     loaded: LoadedModel | None = None  # nothing runs on this machine
-    threads: dict | None = None
+    threads: ThreadChoice | None = None
     dtype_name: str | None = None
     bytes_per_token = 0  # the server's KV bytes are unknown: its usage is read as a share
     interleaved_engines: frozenset[str] = frozenset()  # servers run one after another: each has the machine alone

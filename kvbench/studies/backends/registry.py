@@ -28,6 +28,7 @@ from kvbench.studies.backends.base import (
 )
 from kvbench.studies.local_model import LoadedModel
 from kvbench.studies.run_options import SweepOptions
+from kvbench.values import ThreadChoice
 
 BACKENDS: tuple[BackendSpec, ...] = (
     endpoint.SPEC,  # servers over HTTP (--target): provides the run when targets are given
@@ -142,7 +143,7 @@ class RoutedBackend:
         return self.provider.dtype_name
 
     @property
-    def threads(self) -> dict | None:
+    def threads(self) -> ThreadChoice | None:
         return self.provider.threads
 
     @property

@@ -27,6 +27,7 @@ from kvbench.studies.local_model import (
     load_model,
     packed_weight_bytes,
 )
+from kvbench.values import ThreadChoice
 
 
 class TensorBackend:
@@ -47,8 +48,8 @@ class TensorBackend:
         return self._loaded.shape.dtype
 
     @property
-    def threads(self) -> dict | None:
-        return self._loaded.threads.as_dict() if self._loaded.threads else None
+    def threads(self) -> ThreadChoice | None:
+        return self._loaded.threads
 
     @property
     def device_label(self) -> str:

@@ -22,6 +22,7 @@ from kvbench.studies.backends.vllm_offline import (
 )
 from kvbench.studies.run_options import SweepOptions
 from kvbench.studies.run_requests import token_requests
+from kvbench.values import ThreadChoice
 
 PAIRS = [(20, 6), (35, 3), (9, 10), (50, 4), (12, 7), (28, 5)]
 
@@ -161,8 +162,10 @@ def test_backend_builds_once_warms_up_uncounted_and_reports_itself(fake_vllm):
 
 
 def test_routed_backend_sends_each_engine_to_its_own(fake_vllm):
+    chosen = ThreadChoice(2, "set by the user")
+
     class Own:
-        base, bytes_per_token, loaded, dtype_name, threads = EngineConfig(), 8, "model", "fp32", {"threads": 2}
+        base, bytes_per_token, loaded, dtype_name, threads = EngineConfig(), 8, "model", "fp32", chosen
 
         def __init__(self):
             self.ran = []
@@ -182,7 +185,7 @@ def test_routed_backend_sends_each_engine_to_its_own(fake_vllm):
     external = VllmBackend(settings(), EngineConfig(), 1, build=lambda s: fake_vllm.LLM(**s.llm_kwargs()))
     routed = RoutedBackend(own, {"paged": own, "vllm": external})
     assert routed.run("paged", [], ClosedLoop(1), None) == ("result", {})
-    assert (routed.loaded, routed.dtype_name, routed.threads) == ("model", "fp32", {"threads": 2})  # the provider's
+    assert (routed.loaded, routed.dtype_name, routed.threads) == ("model", "fp32", chosen)  # the provider's
     result, _ = routed.run("vllm", requests(), ClosedLoop(2), None)
     assert len(result.completed) == len(PAIRS) and own.ran == [("run", "paged")]
     assert not routed.can_fork("vllm")
