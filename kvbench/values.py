@@ -25,6 +25,12 @@ def is_number(value: Any, *, finite: bool) -> TypeGuard[float]:
     return math.isfinite(value) or not finite
 
 
+def number(value: Any) -> float | None:
+    """A figure as a reader judges it: a finite or infinite number as a float; None for anything else (a bool,
+    NaN, text, null), so nothing is judged on a guess."""
+    return float(value) if is_number(value, finite=False) and not math.isnan(value) else None
+
+
 def is_positive(value: Any) -> TypeGuard[float]:
     """A finite number above zero (a measured throughput, size or duration that can divide)."""
     return is_number(value, finite=True) and value > 0

@@ -5,50 +5,12 @@ that needs it does not fire, rather than judge a guess. A part that should be an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def number(value: Any) -> float | None:
-    """A figure as a rule reads it: a finite or infinite number as a float; None for anything else (a bool,
-    NaN, text, null)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
-
-
-@dataclass(frozen=True)
-class WasteParts:
-    """A point's time-averaged shares of the KV pool, in %."""
-
-    token_state_pct: float | None = None
-    reservation_pct: float | None = None
-    internal_pct: float | None = None
-    external_pct: float | None = None
-    free_pct: float | None = None
-
-    @property
-    def free_share(self) -> float | None:
-        """The free share in [0, 1]: the recorded one, else what the four held parts leave."""
-        free = self.free_pct
-        if free is None:
-            parts = (self.token_state_pct, self.reservation_pct, self.internal_pct, self.external_pct)
-            if any(p is None for p in parts):
-                return None
-            free = 100.0 - sum(p for p in parts if p is not None)  # none is, after the check above
-        return max(0.0, free) / 100.0
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WasteParts:
-        return cls(
-            number(data.get("token_state_pct")),
-            number(data.get("reservation_pct")),
-            number(data.get("internal_pct")),
-            number(data.get("external_pct")),
-            number(data.get("free_pct")),
-        )
+from kvbench.results.waste_shares import WasteShares
+from kvbench.values import number
 
 
 @dataclass(frozen=True)
@@ -89,7 +51,7 @@ class DiagnosedPoint:
     kv_pool_bytes: float | None = None
     kv_peak_allocated_bytes: float | None = None
     fragmentation_mean: float | None = None
-    waste: WasteParts = WasteParts()
+    waste: WasteShares = WasteShares()
     alloc_latency_p99_s: float | None = None  # the in-process engine's exported metrics
     alloc_count: Any = "?"  # as recorded, for the evidence
     policy: str | None = None  # a fleet point's routing policy (None: not a fleet point)
@@ -123,7 +85,7 @@ class DiagnosedPoint:
             number(data.get("kv_pool_bytes")),
             number(data.get("kv_peak_allocated_bytes")),
             number(data.get("fragmentation_mean")),
-            WasteParts.from_json(data.get("waste") or {}),
+            WasteShares.from_json(data.get("waste") or {}),
             number(metrics.get("block_alloc_latency_p99_seconds")),
             metrics.get("block_alloc_count", "?"),
             str(data["policy"]) if "policy" in data else None,

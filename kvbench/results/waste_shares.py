@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.values import number
+
 
 @dataclass(frozen=True)
 class WasteShares:
@@ -15,6 +17,17 @@ class WasteShares:
     internal_pct: float | None = None  # held, and never to be written (internal fragmentation)
     external_pct: float | None = None  # free, yet no extent large enough for the request waiting (external)
     free_pct: float | None = None
+
+    @property
+    def free_share(self) -> float | None:
+        """The free share in [0, 1]: the recorded one, else what the four held parts leave."""
+        free = self.free_pct
+        if free is None:
+            held = (self.token_state_pct, self.reservation_pct, self.internal_pct, self.external_pct)
+            if any(part is None for part in held):
+                return None
+            free = 100.0 - sum(part for part in held if part is not None)  # none is, after the check above
+        return max(0.0, free) / 100.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -27,12 +40,13 @@ class WasteShares:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WasteShares:
+        """A share that is not a number (a hand-edited file) reads None: no rule or cell judges a guess."""
         return cls(
-            data.get("token_state_pct"),
-            data.get("reservation_pct"),
-            data.get("internal_pct"),
-            data.get("external_pct"),
-            data.get("free_pct"),
+            number(data.get("token_state_pct")),
+            number(data.get("reservation_pct")),
+            number(data.get("internal_pct")),
+            number(data.get("external_pct")),
+            number(data.get("free_pct")),
         )
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.results.diagnosed_point import DiagnosedPoint, WasteParts, number
+from kvbench.results.diagnosed_point import DiagnosedPoint
+from kvbench.results.waste_shares import WasteShares
+from kvbench.values import number
 
 DATA = Path(__file__).parent / "data"
 
@@ -39,7 +41,7 @@ def test_what_a_point_lacks_or_mistypes_is_none_and_a_part_that_is_not_an_object
     )
     assert point.label == "None C=2" and point.engine is None
     assert point.preemptions is None and point.completed is None and point.duration is None
-    assert point.waste == WasteParts() and point.waste.free_share is None and point.alloc_count == "?"
+    assert point.waste == WasteShares() and point.waste.free_share is None and point.alloc_count == "?"
     assert number(float("inf")) == float("inf") and number(3) == 3.0 and number(None) is None
     with pytest.raises(AttributeError):
         DiagnosedPoint.from_json({"engine": "paged", "concurrency": 1, "waste": "a string where an object goes"})

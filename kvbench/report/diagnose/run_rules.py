@@ -23,9 +23,10 @@ from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import NoScrapes, diagnose_timeline
-from kvbench.results.diagnosed_point import DiagnosedInstance, DiagnosedPoint, number
+from kvbench.results.diagnosed_point import DiagnosedInstance, DiagnosedPoint
 from kvbench.results.endpoint_figures import EndpointFigures, is_endpoint_point
 from kvbench.results.summary_load import load_summary
+from kvbench.values import number
 
 
 def _command_of(meta: Mapping[str, Any]) -> str | None:
