@@ -1,4 +1,4 @@
-"""Small helpers over results-schema values, written once: dotted lookups, number checks, byte sizes."""
+"""Dotted lookups into a point as JSON holds it (``waste.internal_pct``), written once."""
 
 from __future__ import annotations
 
