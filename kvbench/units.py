@@ -27,11 +27,6 @@ def count(value: Any) -> str:
     return MISSING if v is None else f"{v:,.0f}"
 
 
-def tok_s(value: Any) -> str:
-    v = _value(value)
-    return MISSING if v is None else f"{v:,.1f} tok/s"
-
-
 def ms(value: Any) -> str:
     v = _value(value)
     if v is None:
@@ -62,14 +57,6 @@ def share(value: Any, digits: int = 1) -> str:
     """A share in [0, 1] as a percentage (0.372 -> "37.2%")."""
     v = _value(value)
     return MISSING if v is None else f"{100 * v:,.{digits}f}%"
-
-
-def signed_pct(value: Any) -> str:
-    """+37%, -4%; a change that rounds to zero is 0% (never -0%)."""
-    v = _value(value)
-    if v is None:
-        return MISSING
-    return "0%" if round(v) == 0 else f"{v:+,.0f}%"
 
 
 def times(value: Any) -> str:

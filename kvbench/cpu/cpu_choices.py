@@ -31,7 +31,6 @@ from kvbench.cpu import cpu_linear, measured_cache
 from kvbench.cpu.cpu_linear import AMX, BF16DOT, BF16DOT_STREAM, BF16W, BF16W_STREAM, ONEDNN, PLAIN
 from kvbench.kernels import cpu_native, cpu_peak
 
-ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 ROWS = (1, 16, 64, 256, 1024)  # the row counts timed: decode steps up to long prefills
 LM_HEAD_ROWS = (1, 16, 64)  # the lm_head multiplies one row per request
 MIN_ROUNDS, MAX_ROUNDS = 3, 25  # interleaved rounds per row count; the minimum of each path counts

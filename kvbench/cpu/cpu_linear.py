@@ -139,9 +139,6 @@ def packed_copy(weight: torch.Tensor, path: str) -> PackedCopy:
     raise ValueError(f"no packed copy for the {path!r} path")
 
 
-EVERY_ROW_COUNT = 1 << 62
-
-
 def pack_for(model: Any, weight: torch.Tensor, routes: Routes) -> CpuWeight:
     """``weight`` of ``model`` as the runner multiplies it, by ``routes`` (which path each row count takes): the
     plain weight itself when every route is plain, else a :class:`RoutedWeight` with the packed copies its routes

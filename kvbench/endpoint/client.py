@@ -24,7 +24,16 @@ import aiohttp
 from kvbench import json_input
 from kvbench.endpoint.conversation import Conversation
 from kvbench.endpoint.http_body import read_body
-from kvbench.endpoint.openai import APIS, DONE, check_base_url, error_message, headers, parse_event, payload
+from kvbench.endpoint.openai import (
+    APIS,
+    DEFAULT_API_KEY_ENV,
+    DONE,
+    check_base_url,
+    error_message,
+    headers,
+    parse_event,
+    payload,
+)
 from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.sse import MalformedStream, SSEDecoder
 from kvbench.errors import KvbenchError
@@ -42,7 +51,7 @@ class Target:
     url: str  # the server's root, http://HOST:PORT
     api: str = "completions"  # "completions" | "chat"
     model: str | None = None  # the name requests carry; None: the first model the server lists
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = DEFAULT_API_KEY_ENV
     metrics_url: str | None = None  # where its /metrics is; None: URL/metrics
     name: str | None = None  # a label (two targets side by side)
     kv_events: str | None = None  # the ZMQ address of its KV event stream (vLLM's --kv-events-config endpoint)

@@ -30,7 +30,6 @@ from kvbench.errors import KvbenchError
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (90.0, 99.0)
-LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
 def parse_slo(text: str) -> dict[str, float]:

@@ -48,7 +48,7 @@ def sweep_point(
         total_token_throughput=m.total_token_throughput or 0.0,
         request_throughput=m.request_throughput or 0.0,
         duration=m.duration,
-        total_input_tokens=m.total_input_tokens,  # type: ignore[arg-type]  # None: the answers did not say
+        total_input_tokens=m.total_input_tokens,
         total_output_tokens=m.total_output_tokens,
         latencies={name: m.latency(name) for name in LATENCY_FIELDS},
         peak_running=_count(server.running_peak),

@@ -16,7 +16,6 @@ from kvbench.results.fields import value_at
 from kvbench.results.fleet_point import FleetPoint
 from kvbench.results.point import Point
 
-PointMap = Mapping[str, Any]  # a point as summary.json holds it
 Row = TypeVar("Row")  # what a table's rows are: points (with a status) or a table's own typed rows
 ERROR_TEXT_CHARS = 40  # a failed point's reason, cut to fit a console cell
 

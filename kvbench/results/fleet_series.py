@@ -36,7 +36,7 @@ class FleetSeries:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FleetSeries:
-        """A series file; one written before the fleet recorded placements or server names reads them empty."""
+        """A series file; one without placements or server names reads them empty."""
         return cls(
             policy=data["policy"],
             usage=dict(data.get("usage") or {}),

@@ -45,7 +45,7 @@ class Point:
     total_token_throughput: float = 0.0
     request_throughput: float = 0.0
     duration: float = 0.0  # seconds, as vLLM's benchmark names it (the same as elapsed_s)
-    total_input_tokens: int = 0  # prompt tokens of the completed requests
+    total_input_tokens: int | None = 0  # prompt tokens of the completed requests (None: a server did not say)
     total_output_tokens: int = 0  # output tokens of the completed requests
     latencies: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(LATENCY_FIELDS))
     # None where unknown: a server measured over HTTP exposes no KV bytes, and maybe no running count

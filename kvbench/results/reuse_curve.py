@@ -23,7 +23,7 @@ class ReuseTrace:
     trace_block_size: int  # prompt tokens per hash id
     prompt_tokens: int
     output_tokens: int
-    context_tokens: int | None = None  # the context a request had to fit (None: a run before it was recorded)
+    context_tokens: int | None = None  # the context a request had to fit (None: not recorded)
     over_context: int = 0  # requests left out as longer than the context
     over_context_prompt_tokens: int = 0  # their prompt tokens
 

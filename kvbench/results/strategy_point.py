@@ -9,7 +9,7 @@ from typing import Any
 
 from kvbench.results.point import Point
 
-_OMITTED_WHEN_UNSET = ("max_concurrency", "bytes_per_token", "simulated_seconds")  # a point an older run wrote
+_OMITTED_WHEN_UNSET = ("max_concurrency", "bytes_per_token", "simulated_seconds")  # written only when set
 
 
 @dataclass

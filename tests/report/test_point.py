@@ -1,10 +1,13 @@
 """Points of the results schema: the JSON form, failed points and the aggregation of repeats."""
 
+import json
+from pathlib import Path
+
 import pytest
 from scipy import stats
 
 from kvbench.results.point import Point, aggregate_repeats, t95
-from kvbench.results.schema import LATENCY_FIELDS, POINT_FIELDS
+from kvbench.results.schema import HINDSIGHT_FIELDS, LATENCY_FIELDS, OUTPUT_LENGTH_FIELDS, POINT_FIELDS, STEADY_FIELDS
 
 
 def _point(**changes) -> Point:
@@ -30,7 +33,7 @@ def _point(**changes) -> Point:
 
 def test_the_json_form_flattens_latencies_and_leaves_out_unset_reasons():
     data = _point().to_json()
-    assert set(POINT_FIELDS) <= set(data)
+    assert set(POINT_FIELDS) | set(STEADY_FIELDS) | set(OUTPUT_LENGTH_FIELDS) <= set(data)
     assert data["p90_ttft_ms"] == 5.0 and "latencies" not in data and "extra" not in data
     assert "error" not in data and "status_reason" not in data
     assert list(data)[:4] == ["engine", "concurrency", "scenario", "status"]
@@ -106,3 +109,9 @@ def test_repeats_average_the_steady_figures():
     runs = [_point(steady_output_throughput=v, steady_window_s=1.0, steady_window_pct=50.0) for v in (10.0, 20.0)]
     merged = aggregate_repeats(runs).to_json()
     assert merged["steady_output_throughput"] == pytest.approx(15.0)
+
+
+def test_a_contiguous_point_of_the_shipped_sweep_carries_the_hindsight_bound_the_schema_lists():
+    summary = json.loads((Path(__file__).parents[2] / "reports/baseline/sweep/summary.json").read_text())
+    contiguous = [p for p in summary["points"] if p["engine"] == "contiguous" and p["status"] == "ok"]
+    assert contiguous and all(set(HINDSIGHT_FIELDS) <= set(p) for p in contiguous)

@@ -32,8 +32,6 @@ from kvbench.studies.fleet.core import (
 )
 from kvbench.studies.fleet.routing import RoutingPolicy
 
-MAX_REROUTES = 1
-
 
 class RayFleet:
     def __init__(
