@@ -61,7 +61,7 @@ def client_round(url: str, tokens: int, requests: int, concurrency: int) -> dict
     cpu = time.process_time()
     point = run_point_sync(Target(url, model="instant"), conversations, settings)
     cpu = time.process_time() - cpu
-    m = point.metrics
+    m = point.metrics.to_json()
     assert m["completed"] == requests and m["total_output_tokens"] == requests * tokens, m
     served = requests + concurrency  # the warm-up's requests cost the client too
     return {

@@ -163,7 +163,8 @@ def run_ours(args, model: str, requests: list[tuple[str, int]], check_definition
             scrape_interval_s=args.scrape_interval if scrape else 0.5,
         ),
     )
-    m, s = point.metrics, point.server or {}
+    m = point.metrics.to_json()
+    s = point.server.to_json() if point.server else {}
     if check_definitions:
         found = differences(m, vllm_metrics(args.vllm_python, point.records, point.duration_s))
         print(

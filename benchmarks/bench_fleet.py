@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.report.fleet_report import write_outputs
+from kvbench.results.fleet_meta import FleetMeta
 from kvbench.studies.fleet.fleet_setup import FleetOptions, FleetSetup
 from kvbench.studies.fleet.results import fleet_point, fleet_series
 from kvbench.studies.fleet.routing import POLICIES
@@ -94,31 +95,32 @@ def study(out: Path, requests: int) -> None:
     for stale in out.glob("*"):
         stale.unlink()
     points = []
+    met: dict[str, float] = {}  # the KV usage arrivals met, per policy
     for name in setup.options.policies:
         run = simulate_policy(setup, name)
         point = fleet_point(run, "paged", "article")
-        point["arrival_usage"] = arrival_usage(run, setup.times[-1])
+        met[name] = arrival_usage(run, setup.times[-1])
         from kvbench.fileio import write_json_atomic
 
-        write_json_atomic(out / f"fleet-{name}.json", fleet_series(run))
+        write_json_atomic(out / f"fleet-{name}.json", fleet_series(run).to_json())
         points.append(point)
-    write_outputs(out, setup.meta(), points)
+    write_outputs(out, FleetMeta.from_json(setup.meta()), points)
     print(
         f"{'policy':>17} {'p50 TTFT':>9} {'p99 TTFT':>9} {'preempt':>8} {'imbal mean':>10} {'imbal p99':>9} "
         f"{'usage':>6} {'out tok/s':>9}"
     )
     for p in points:
         print(
-            f"{p['policy']:>17} {p['p50_ttft_ms']:8.0f}ms {p['p99_ttft_ms']:8.0f}ms {p['preemptions']:8d} "
-            f"{p['free_blocks_imbalance_mean']:10.0f} {p['free_blocks_imbalance_p99']:9.0f} "
-            f"{100 * p['arrival_usage']:5.1f}% {p['output_throughput']:9.1f}"
+            f"{p.policy:>17} {p.p50_ttft_ms or 0:8.0f}ms {p.p99_ttft_ms or 0:8.0f}ms {p.preemptions:8d} "
+            f"{p.free_blocks_imbalance_mean or 0:10.0f} {p.free_blocks_imbalance_p99 or 0:9.0f} "
+            f"{100 * met[p.policy]:5.1f}% {p.output_throughput:9.1f}"
         )
-    by = {p["policy"]: p for p in points}
+    by = {p.policy: p for p in points}
     rr, mfb = by["round-robin"], by["most-free-blocks"]
     print(
-        f"most-free-blocks / round-robin: p99 TTFT x{mfb['p99_ttft_ms'] / rr['p99_ttft_ms']:.2f}, "
-        f"preemptions {mfb['preemptions']} vs {rr['preemptions']}, mean imbalance "
-        f"{mfb['free_blocks_imbalance_mean']:.0f} vs {rr['free_blocks_imbalance_mean']:.0f} blocks "
+        f"most-free-blocks / round-robin: p99 TTFT x{(mfb.p99_ttft_ms or 0) / (rr.p99_ttft_ms or 1):.2f}, "
+        f"preemptions {mfb.preemptions} vs {rr.preemptions}, mean imbalance "
+        f"{mfb.free_blocks_imbalance_mean or 0:.0f} vs {rr.free_blocks_imbalance_mean or 0:.0f} blocks "
         f"(of {setup.config.num_blocks} per instance)"
     )
     print(f"plots: {out}/fleet_usage.png, fleet_ttft_cdf.png")

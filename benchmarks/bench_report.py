@@ -124,12 +124,15 @@ def _draw_only(run_dir: Path, kind: str, capture) -> None:
     with capture():
         if kind == "sweep":
             from kvbench.report.sweep_report import write_plots
+            from kvbench.results.sweep_summary import SweepSummary
 
-            write_plots(run_dir, document["meta"], document["points"])
+            sweep = SweepSummary.from_json(document)
+            write_plots(run_dir, sweep.meta, sweep.points)
         elif kind == "waste":
             from kvbench.report.waste_report import waste_plot
+            from kvbench.results.waste_study import WasteStudy
 
-            waste_plot(document, run_dir / "waste.png")
+            waste_plot(WasteStudy.from_json(document), run_dir / "waste.png")
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def benchmark(copy_gbps: float) -> list[dict]:
         dtype = torch.float32 if SMOKE else dtype  # the interpreter has no bf16
         shape = DecodeShape(batch, context, heads, kv_heads, head_dim, block_size)
         point = run_decode_point(shape, dtype, DEVICE, "triton", warmup=2, reps=REPS, copy_gbps=copy_gbps)
-        points.append({"dtype": str(dtype).removeprefix("torch."), "block_size": block_size, **point.to_dict()})
+        points.append({"dtype": str(dtype).removeprefix("torch."), "block_size": block_size, **point.to_json()})
     return points
 
 
