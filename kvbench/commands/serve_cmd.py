@@ -177,7 +177,7 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
 
     def ready(running: Server) -> None:
         status.stop()
-        info, model = running.info, running.info.model
+        facts, model = running.info.facts, running.info.model
         tokenizer = (
             "text, chat and token-id prompts"
             if model.has_chat_template
@@ -188,24 +188,24 @@ def _serve(options, host: str, port: int, grace_s: float, with_metrics: bool, lo
             )
         )
         console.print(
-            f"engine {info.engine} on {info.device_name} (engine process {info.pid}); model {printable(model.name)} "
+            f"engine {facts.engine} on {facts.device_name} (engine process {facts.pid}); model {printable(model.name)} "
             f"({tokenizer}); max-len {model.max_len}"
         )
         console.print(
-            f"KV pool: {info.budget_source}; {info.num_blocks:,} blocks of {info.block_size}"
+            f"KV pool: {facts.budget_source}; {facts.num_blocks:,} blocks of {facts.block_size}"
             + (
-                f"; reserve {info.reserve}, admission {info.admission}"
-                if manager_class(info.engine).reserves_up_front
+                f"; reserve {facts.reserve}, admission {facts.admission}"
+                if manager_class(facts.engine).reserves_up_front
                 else ""
             )
         )
-        if info.threads:
-            console.print(f"CPU threads: {info.threads.threads} ({info.threads.reason})")
-        if info.heap:
-            console.print(info.heap)
-        if info.kv_events:
-            replay = f"; replay on {info.kv_events_replay}" if info.kv_events_replay else ""
-            console.print(f"KV events on {info.kv_events}{replay}")
+        if facts.threads:
+            console.print(f"CPU threads: {facts.threads.threads} ({facts.threads.reason})")
+        if facts.heap:
+            console.print(facts.heap)
+        if facts.kv_events:
+            replay = f"; replay on {facts.kv_events_replay}" if facts.kv_events_replay else ""
+            console.print(f"KV events on {facts.kv_events}{replay}")
         console.print(
             f"[bold]serving on {running.url}[/bold]  (OpenAI API under /v1; /health"
             + ("; /metrics" if with_metrics else "")

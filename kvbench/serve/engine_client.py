@@ -57,7 +57,6 @@ from kvbench.serve.engine_messages import (
 from kvbench.serve.engine_stats import EngineStats, mirror, start_series
 from kvbench.serve.protocol import ApiError, ModelInfo
 from kvbench.serve.settings import ServeOptions
-from kvbench.values import ThreadChoice
 
 KILL_AFTER_S = 10.0  # an engine told to stop that has not ended by then is killed
 
@@ -139,21 +138,10 @@ class Job:
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """The engine as its process reported it once loaded."""
+    """The engine as its process reported it once loaded, and the model as the front end serves it."""
 
-    model: ModelInfo
-    engine: str
-    device_name: str
-    budget_source: str
-    threads: ThreadChoice | None  # the CPU threads chosen and why (None: not a CPU engine)
-    heap: str | None  # the CPU heap policy, as its process described it (None: not a CPU engine)
-    num_blocks: int
-    block_size: int
-    reserve: str
-    admission: str
-    pid: int
-    kv_events: str | None = None  # the ZMQ address its KV events are published on
-    kv_events_replay: str | None = None
+    model: ModelInfo  # the served model, with the tokenizer this process loaded
+    facts: EngineFacts  # the engine process's own report: engine, device, KV pool, threads, pid, event addresses
 
 
 class EngineClient:
@@ -215,38 +203,24 @@ class EngineClient:
             self._channel.send(StartEngine(self.options, self.with_metrics))
             tokenizer = loop.run_in_executor(None, _load_tokenizer, self.options.model)
             try:
-                info = await self._ready
+                facts = await self._ready
             except BaseException:
                 tokenizer.cancel()
                 raise
             model = ModelInfo(
-                name=info.name,
-                max_len=info.max_len,
-                vocab_size=info.vocab_size,
+                name=facts.name,
+                max_len=facts.max_len,
+                vocab_size=facts.vocab_size,
                 tokenizer=await tokenizer,
-                parallel_sampling=info.parallel_sampling,
+                parallel_sampling=facts.parallel_sampling,
             )
         except BaseException:
             await self._kill()
             raise
-        self.info = EngineInfo(
-            model,
-            info.engine,
-            info.device_name,
-            info.budget_source,
-            info.threads,
-            info.heap,
-            info.num_blocks,
-            info.block_size,
-            info.reserve,
-            info.admission,
-            info.pid,
-            info.kv_events,
-            info.kv_events_replay,
-        )
+        self.info = EngineInfo(model, facts)
         if self.with_metrics:
-            self.metrics = KvMetrics(device=self.info.device_name)
-            start_series(self.metrics, self.info.engine, self.stats)
+            self.metrics = KvMetrics(device=facts.device_name)
+            start_series(self.metrics, facts.engine, self.stats)
         return self.info
 
     async def stop(self, timeout: float = 30.0) -> None:
@@ -400,7 +374,7 @@ class EngineClient:
 
     def _take_stats(self, now: EngineStats) -> None:
         if self.metrics is not None and self.info is not None:
-            mirror(self.metrics, self.info.engine, self.stats, now, now.alloc)
+            mirror(self.metrics, self.info.facts.engine, self.stats, now, now.alloc)
         self.stats = now
 
     def _on_closed(self, reason: str | None) -> None:

@@ -26,6 +26,14 @@ def long_server(tiny_model):
         yield server
 
 
+def test_the_server_info_pairs_the_served_model_with_the_engine_process_facts(long_server):
+    info = long_server.server.info
+    assert (info.model.name, info.model.max_len, info.model.tokenizer) == ("tiny", 2048, None)
+    assert (info.facts.name, info.facts.max_len) == (info.model.name, info.model.max_len)
+    assert (info.facts.engine, info.facts.num_blocks, info.facts.block_size) == ("paged", 512, 16)
+    assert info.facts.pid == engine_of(long_server).pid
+
+
 def _aborted(server) -> int:
     return engine_of(server).stats.aborted
 
