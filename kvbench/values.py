@@ -31,6 +31,17 @@ def number(value: Any) -> float | None:
     return float(value) if is_number(value, finite=False) and not math.isnan(value) else None
 
 
+def int_or_none(value: Any) -> int | None:
+    """A count or size read from JSON: a finite number as an int (a fraction cut toward zero); None for anything
+    else (a bool, NaN, infinity, text, null)."""
+    return int(value) if is_number(value, finite=True) else None
+
+
+def text_or_none(value: Any) -> str | None:
+    """A recorded name or setting as text: None where it was not recorded (null) or recorded empty."""
+    return str(value) if value not in (None, "") else None
+
+
 def is_positive(value: Any) -> TypeGuard[float]:
     """A finite number above zero (a measured throughput, size or duration that can divide)."""
     return is_number(value, finite=True) and value > 0

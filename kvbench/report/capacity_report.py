@@ -9,8 +9,10 @@ from kvbench.units import human_bytes
 
 
 def model_line(result: CapacityResult) -> str:
-    model = result.model
-    parts = [f"[bold]{model.name}[/bold] {model.dtype}: {model.num_parameters / 1e9:.2f} B parameters"]
+    model = result.model.facts
+    parts = [f"[bold]{model.name}[/bold] {model.dtype}"]
+    if model.num_parameters is not None:
+        parts[0] += f": {model.num_parameters / 1e9:.2f} B parameters"
     if model.active_parameters is not None:
         parts[0] += f" ({model.active_parameters / 1e9:.2f} B active)"
     weights = f"weights {human_bytes(result.weight_bytes)}"
@@ -54,13 +56,13 @@ def kv_heads_line(result: CapacityResult) -> str | None:
     copies = result.kv_head_replication
     if copies <= 1:
         return None
-    if result.model.latent_values is not None:
+    if result.model.facts.latent_values is not None:
         return (
             f"latent attention: each of the {result.tensor_parallel_size} GPUs of a stage keeps the whole "
             "latent cache (it is shared by all heads, so tensor parallelism does not split it)"
         )
     return (
-        f"tensor parallelism {result.tensor_parallel_size} exceeds the {result.model.num_kv_heads} "
+        f"tensor parallelism {result.tensor_parallel_size} exceeds the {result.model.facts.num_kv_heads} "
         f"KV heads: each GPU keeps {result.kv_heads_per_gpu} head, so every KV head is stored {copies} times"
     )
 
@@ -81,7 +83,9 @@ def print_capacity(console, result: CapacityResult) -> None:
             )
         )
     if result.strategies:
-        growing = " if every layer grew (the windowed ones stop at their window)" if result.model.sliding_window else ""
+        growing = (
+            " if every layer grew (the windowed ones stop at their window)" if result.model.facts.sliding_window else ""
+        )
         slots = result.kv_token_slots
         console.print(
             f"KV budget holds {slots:,} token slots per GPU{growing} "

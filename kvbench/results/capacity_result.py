@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.models.shapes import ModelShape
+from kvbench.results.model_shape_facts import ModelShapeFacts
 
 
 @dataclass(frozen=True)
@@ -16,16 +17,7 @@ class ModelRecord:
     """The model's shape as :meth:`ModelShape.to_dict` records it (kept whole), and the facts the report shows."""
 
     record: dict[str, Any]  # ModelShape.to_dict(): written back as it is
-    name: str
-    dtype: str
-    num_layers: int
-    num_kv_heads: int
-    num_parameters: int
-    active_parameters: int | None = None  # a mixture of experts: the parameters one token uses
-    weight_format: str | None = None  # quantized weights: how they are stored
-    latent_values: int | None = None  # latent attention: values cached per layer (kv_lora_rank + qk_rope_head_dim)
-    sliding_window: int | None = None  # tokens a windowed layer keeps
-    sliding_layers: int = 0  # how many layers keep only the window
+    facts: ModelShapeFacts  # the record, typed
 
     @classmethod
     def of(cls, shape: ModelShape) -> ModelRecord:
@@ -36,20 +28,7 @@ class ModelRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ModelRecord:
-        weight_format, mla = data.get("weight_format"), data.get("mla")
-        return cls(
-            dict(data),
-            data["name"],
-            data["dtype"],
-            data["num_layers"],
-            data["num_kv_heads"],
-            data["num_parameters"],
-            data.get("active_parameters"),
-            weight_format["description"] if weight_format else None,
-            mla["kv_lora_rank"] + mla["qk_rope_head_dim"] if mla else None,
-            data.get("sliding_window"),
-            len(data.get("sliding_layers") or ()),
-        )
+        return cls(dict(data), ModelShapeFacts.from_json(data))
 
 
 @dataclass(frozen=True)
@@ -252,7 +231,7 @@ class CapacityResult:
         """One line saying why it does not fit; None when it does."""
         if not self.reasons:
             return None
-        return f"{self.model.name} does not fit on {self.gpus} x {self.gpu}: " + "; ".join(
+        return f"{self.model.facts.name} does not fit on {self.gpus} x {self.gpu}: " + "; ".join(
             r.message for r in self.reasons
         )
 

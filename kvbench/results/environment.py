@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.values import is_number
+from kvbench.values import int_or_none, text_or_none
 
 # The packages whose versions decide a figure (kernels, numerics, plots, the report), and optional engines.
 PACKAGES = (
@@ -129,9 +129,9 @@ class GpuFacts:
         return cls(
             data.get("name"),
             count if isinstance(count, int) and not isinstance(count, bool) else 1,
-            _number(data.get("memory_bytes")),
-            _text(data.get("driver")),
-            _text(data.get("cuda")),
+            int_or_none(data.get("memory_bytes")),
+            text_or_none(data.get("driver")),
+            text_or_none(data.get("cuda")),
         )
 
 
@@ -147,17 +147,9 @@ class HostFacts:
     def from_json(cls, data: Mapping[str, Any]) -> HostFacts:
         gpu = data.get("gpu")
         return cls(
-            _text(data.get("cpu")),
-            _number(data.get("cores")),
-            _number(data.get("memory_bytes")),
-            _text(data.get("machine")),
+            text_or_none(data.get("cpu")),
+            int_or_none(data.get("cores")),
+            int_or_none(data.get("memory_bytes")),
+            text_or_none(data.get("machine")),
             GpuFacts.from_json(gpu) if isinstance(gpu, Mapping) and gpu else None,
         )
-
-
-def _text(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
-
-
-def _number(value: Any) -> int | None:
-    return int(value) if is_number(value, finite=True) else None

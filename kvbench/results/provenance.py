@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.results.environment import HostFacts
+from kvbench.results.model_shape_facts import ModelShapeFacts
 from kvbench.results.run_meta import RunMeta
-from kvbench.values import is_number
+from kvbench.values import int_or_none
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class Provenance:
     kvbench_version: str | None
     git_revision: str | None
     model_name: Any  # the name as recorded (a preset, a path, a Hugging Face id)
-    shape: Mapping[str, Any] | None  # the model's shape as recorded (layers, heads, dtype, KV bytes per token)
+    shape: ModelShapeFacts | None  # the model's shape as recorded (layers, heads, dtype, KV bytes per token)
     bytes_per_token: int | None  # KV bytes per token, where no shape was recorded
     device: Any
     simulated: bool
@@ -36,6 +37,9 @@ class Provenance:
         model = meta.get("model") if isinstance(meta.get("model"), Mapping) else None
         shape = meta.get("model_shape") if isinstance(meta.get("model_shape"), Mapping) else model
         threads: Mapping[str, Any] = meta["threads"] if isinstance(meta.get("threads"), Mapping) else {}
+        # Shown as a page states them, unlike RunMeta's titles: the model falls back to the shape's name on an empty
+        # model_name and to a dataset's tokenizer (``model`` as text); the device to the preset a study records
+        # as ``gpu``, a null device counting as none; threads only with the reason a CPU run records beside them.
         versions = {
             "python": run.python_version,
             "torch": run.torch_version,
@@ -49,17 +53,13 @@ class Provenance:
             kvbench_version=run.kvbench_version,
             git_revision=run.git_revision,
             model_name=meta.get("model_name") or (model or {}).get("name") or meta.get("model"),
-            shape=shape or None,
-            bytes_per_token=_number(meta.get("bytes_per_token")),
+            shape=ModelShapeFacts.from_json(shape) if shape else None,
+            bytes_per_token=int_or_none(meta.get("bytes_per_token")),
             device=meta.get("device") or meta.get("gpu"),
             simulated=run.simulated,
             host=run.host,
-            threads=_number(threads.get("threads")) or None,
+            threads=(int(run.threads) or None) if threads and run.threads is not None else None,
             threads_reason=str(threads.get("reason", "")),
             platform=run.platform,
             versions={name: str(version) for name, version in versions.items() if version},
         )
-
-
-def _number(value: Any) -> int | None:
-    return int(value) if is_number(value, finite=True) else None

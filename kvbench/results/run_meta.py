@@ -17,8 +17,9 @@ from kvbench import __version__
 from kvbench.results.dataset_draw import DatasetDraw
 from kvbench.results.environment import HostFacts, host_info, package_versions
 from kvbench.results.matmul_plan_record import MatmulPlanRecord
+from kvbench.results.model_shape_facts import ModelShapeFacts
 from kvbench.results.schema import SCHEMA_VERSION
-from kvbench.values import is_number
+from kvbench.values import int_or_none, is_number, text_or_none
 
 
 def git_revision() -> str | None:
@@ -129,15 +130,15 @@ def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     count = threads.get("threads") if isinstance(threads, Mapping) else threads
     dataset = data.get("dataset")
     return {
-        "command": _text(data.get("command")),
-        "created_utc": _text(data.get("created_utc")),
-        "kvbench_version": _text(data.get("kvbench_version")),
-        "python_version": _text(data.get("python_version")),
-        "torch_version": _text(data.get("torch_version")),
-        "transformers_version": _text(data.get("transformers_version")),
-        "triton_version": _text(data.get("triton_version")),
-        "platform": _text(data.get("platform")),
-        "git_revision": _text(data.get("git_revision")),
+        "command": text_or_none(data.get("command")),
+        "created_utc": text_or_none(data.get("created_utc")),
+        "kvbench_version": text_or_none(data.get("kvbench_version")),
+        "python_version": text_or_none(data.get("python_version")),
+        "torch_version": text_or_none(data.get("torch_version")),
+        "transformers_version": text_or_none(data.get("transformers_version")),
+        "triton_version": text_or_none(data.get("triton_version")),
+        "platform": text_or_none(data.get("platform")),
+        "git_revision": text_or_none(data.get("git_revision")),
         "host": HostFacts.from_json(host) if isinstance(host := data.get("host"), Mapping) and host else None,
         "packages": dict(packages) if isinstance(packages := data.get("packages"), Mapping) else {},
         "simulated": bool(data.get("simulated")),
@@ -146,14 +147,14 @@ def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "device": _shown(data, "device"),
         "scenario": _shown(data, "scenario"),
         "scenario_description": str(data.get("scenario_description") or ""),
-        "seed": _integer(data.get("seed")),
-        "requests": _integer(data.get("requests")),
+        "seed": int_or_none(data.get("seed")),
+        "requests": int_or_none(data.get("requests")),
         "budget_source": str(data.get("budget_source") or ""),
         "stop": str(data.get("stop") or "length"),
         "stop_description": str(data.get("stop_description") or ""),
-        "reserve": _text(data.get("reserve")),
-        "max_len": _integer(data.get("max_len")),
-        "block_size": _integer(data.get("block_size")),
+        "reserve": text_or_none(data.get("reserve")),
+        "max_len": int_or_none(data.get("max_len")),
+        "block_size": int_or_none(data.get("block_size")),
         "threads": count if is_number(count, finite=True) else None,
         "cpu_matmuls": MatmulPlanRecord.recorded(data.get("cpu_matmuls")),
         "dataset": DatasetDraw.from_json(dataset) if isinstance(dataset, Mapping) and dataset else None,
@@ -167,17 +168,9 @@ def _model_name(data: Mapping[str, Any]) -> str | None:
     model = data.get("model")
     if "model_name" in data or not isinstance(model, Mapping):
         return _shown(data, "model_name")
-    return _text(model.get("name"))
+    return ModelShapeFacts.from_json(model).name
 
 
 def _shown(data: Mapping[str, Any], key: str) -> str | None:
     """A recorded value as text, as a title shows it; None where the run did not record it."""
     return str(data[key]) if key in data else None
-
-
-def _text(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None
-
-
-def _integer(value: Any) -> int | None:
-    return int(value) if is_number(value, finite=True) else None

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.results.model_shape_facts import ModelShapeFacts
 from kvbench.results.run_meta import RunMeta, run_fields, summary_document
 from kvbench.results.strategy_point import StrategyPoint
 
@@ -57,10 +58,10 @@ class WasteMeta(RunMeta):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WasteMeta:
-        model = data.get("model") or {}
+        model = data.get("model")
         return cls(
             **run_fields(data),
-            model_dtype=model.get("dtype"),
+            model_dtype=ModelShapeFacts.from_json(model).dtype if isinstance(model, Mapping) else None,
             gpu=data.get("gpu"),
             workload=data.get("workload"),
             concurrency=data.get("concurrency"),

@@ -32,12 +32,12 @@ def test_the_json_output_reads_back_byte_for_byte(name):
 
 def test_the_model_facts_the_report_shows():
     mla = CapacityResult.from_json(json.loads((DATA / "capacity-mla-pipeline.json").read_text()))
-    assert mla.model.name == "deepseek-v3" and mla.model.latent_values == 512 + 64
-    assert mla.model.active_parameters is not None and mla.model.sliding_window is None
+    assert mla.model.facts.name == "deepseek-v3" and mla.model.facts.latent_values == 512 + 64
+    assert mla.model.facts.active_parameters is not None and mla.model.facts.sliding_window is None
     assert [s.layers for s in mla.stages] == [(0, 31), (31, 61)] and mla.fits and mla.verdict is None
     windowed = CapacityResult.from_json(json.loads((DATA / "capacity-windowed-mxfp4.json").read_text()))
-    assert windowed.model.sliding_window == 128 and windowed.model.sliding_layers == 18
-    assert windowed.model.weight_format is not None and windowed.model.weight_format.startswith("MXFP4")
+    assert windowed.model.facts.sliding_window == 128 and windowed.model.facts.sliding_layers == 18
+    assert windowed.model.facts.weight_format is not None and windowed.model.facts.weight_format.startswith("MXFP4")
 
 
 def test_a_deployment_that_does_not_fit_says_why_and_what_would():

@@ -100,7 +100,7 @@ def test_vllm_cpu_figures_from_arithmetic():
         model=str(PUBLISHED / "smollm2-135m.json"), kv_cache_memory=GIB, max_len=1024, mean_len=500, block_sizes=(128,)
     )
     result = run_capacity_study(settings)
-    assert result.bytes_per_token == 46_080 and result.model.dtype == "fp32"
+    assert result.bytes_per_token == 46_080 and result.model.facts.dtype == "fp32"
     (paged,) = [row for row in result.strategies if row.strategy == "paged-128"]
     assert paged.kv_blocks == 182 and paged.kv_cache_tokens == 23_296
     assert paged.concurrency_ratio_at_max_len == 22.75 and paged.max_concurrency_at_max_len == 22

@@ -251,7 +251,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if made.model_name:
         facts.append(Fact("model", str(made.model_name)))
     if made.shape:
-        facts.append(Fact("model shape", shape_text(ModelShapeFacts.from_json(made.shape))))
+        facts.append(Fact("model shape", shape_text(made.shape)))
     elif made.bytes_per_token:
         facts.append(Fact("model shape", f"{units.nbytes(made.bytes_per_token)} of KV per token"))
     if made.device:
