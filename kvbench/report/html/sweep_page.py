@@ -57,7 +57,7 @@ def build(run: RunFiles) -> Page:
     typed = summary.typed_points
     sections = [
         headline_section(rows, typed, meta),
-        findings_section(diagnose_points(points, meta.to_json(), Thresholds(), str(run.directory), kind="sweep")),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))
