@@ -9,7 +9,7 @@ latency against the level per target, the server's KV usage against the level, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from kvbench.results.endpoint_timeline import EndpointTimeline
 from kvbench.results.find_max_search import EndpointSummary, Search
 from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
-from kvbench.results.run_meta import summary_document
+from kvbench.results.run_meta import RunMeta
+from kvbench.results.sweep_summary import SweepSummary
 from kvbench.units import ms_text
 from kvbench.values import printable
 
@@ -38,10 +39,6 @@ FIND_MAX_COLUMNS = (
     "evidence",
     "what to change on the server",
 )
-
-
-def is_endpoint_run(document: dict[str, Any]) -> bool:
-    return isinstance(document.get("endpoint"), dict)
 
 
 def level_of(point: Point) -> float:
@@ -249,26 +246,26 @@ def reuse_lines(point: Point) -> list[str]:
     return lines
 
 
-def endpoint_summary(document: dict[str, Any]) -> EndpointSummary:
-    """A summary's ``--find-max`` searches and SLO."""
-    return EndpointSummary.from_json(document["endpoint"])
+def recorded(value: str | None, missing: str = "") -> str:
+    """A recorded name (model, device, scenario) as a title shows it; ``missing`` where the run did not record it."""
+    return missing if value is None else value
 
 
-def markdown(document: dict[str, Any]) -> str:
-    meta, points = document["meta"], [Point.from_json(p) for p in document["points"]]
+def markdown(summary: SweepSummary) -> str:
+    meta = summary.meta
     md = [
-        f"# kvbench sweep: servers over HTTP\n\nTargets: {meta.get('device', '')}; model {meta.get('model_name', '')}; "
-        f"scenario {meta.get('scenario', '')}\n\n"
+        f"# kvbench sweep: servers over HTTP\n\nTargets: {recorded(meta.device)}; model {recorded(meta.model_name)}; "
+        f"scenario {recorded(meta.scenario)}\n\n"
     ]
-    if meta.get("stop_description"):
-        md.append(f"Stop: {meta['stop_description']}\n\n")
+    if meta.stop_description:
+        md.append(f"Stop: {meta.stop_description}\n\n")
     md.append(f"## {POINT_TABLE.title}\n\n")
-    md.append(POINT_TABLE.markdown(ordered(points)))
-    searches = endpoint_summary(document).find_max
+    md.append(POINT_TABLE.markdown(ordered(summary.typed_points)))
+    searches = summary.endpoint.find_max if summary.endpoint is not None else []
     if searches:
         md.append("\n## The highest load meeting the SLO\n\n")
         md.append(markdown_table(list(FIND_MAX_COLUMNS), find_max_rows(searches)))
-    lines = document.get("findings") or []
+    lines = summary.findings or []
     if lines:
         md.append("\n" + "\n\n".join(lines) + "\n")
     return "".join(md)
@@ -282,17 +279,18 @@ def write_endpoint_outputs(
     rows = [p.to_json() for p in typed]  # the points as they were given, in the table's order
     slo = next((figures.slo for p in typed if (figures := EndpointFigures.of(p)).slo), None)
     endpoint = EndpointSummary(list(searches), slo)
-    document = summary_document("sweep", meta, rows, endpoint=endpoint.to_json(), findings=findings(typed))
-    write_summary(run_dir, document, [flatten(p) for p in rows], markdown(document))
-    write_endpoint_plots(run_dir, meta, typed)
+    summary = SweepSummary(RunMeta.from_json(meta), rows, findings=findings(typed), endpoint=endpoint)
+    document = summary.to_json()
+    write_summary(run_dir, document, [flatten(p) for p in rows], markdown(summary))
+    write_endpoint_plots(run_dir, summary.meta, typed)
     return document
 
 
-def _tag(meta: dict[str, Any]) -> str:
-    return printable(f"{meta.get('model_name', '')} at {meta.get('device', '')}, scenario {meta.get('scenario', '')}")
+def _tag(meta: RunMeta) -> str:
+    return printable(f"{recorded(meta.model_name)} at {recorded(meta.device)}, scenario {recorded(meta.scenario)}")
 
 
-def write_endpoint_plots(run_dir: Path, meta: dict[str, Any], points: Sequence[Point]) -> list[Path]:
+def write_endpoint_plots(run_dir: Path, meta: RunMeta, points: Sequence[Point]) -> list[Path]:
     """throughput.png, latency.png, kv_usage.png and a timeline-<target>-<level>.png per point (the HTML
     report draws the same figures into memory)."""
     from kvbench.report import plots  # matplotlib loads only when plots are drawn
@@ -447,13 +445,13 @@ def timeline_plot(timeline: EndpointTimeline, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
-def print_endpoint_sweep(console: Any, document: dict[str, Any], run_dir: Path, wide: bool = False) -> None:
-    points = [Point.from_json(p) for p in document["points"]]
-    print_whole(console, POINT_TABLE.rich(ordered(points)))
-    summary = endpoint_summary(document)
-    if summary.find_max:
-        console.print(find_max_table(summary.find_max, summary.slo))
-    for line in document.get("findings") or []:
+def print_endpoint_sweep(console: Any, document: Mapping[str, Any], run_dir: Path, wide: bool = False) -> None:
+    summary = SweepSummary.from_json(document)
+    print_whole(console, POINT_TABLE.rich(ordered(summary.typed_points)))
+    endpoint = summary.endpoint or EndpointSummary()
+    if endpoint.find_max:
+        console.print(find_max_table(endpoint.find_max, endpoint.slo))
+    for line in summary.findings or []:
         console.print(line, markup=False, highlight=False)
     files = "summary.json, summary.csv, summary.md, results.jsonl, timeline-*.json, watch-*.jsonl, *.png"
     console.print(wrote_line(run_dir, files))

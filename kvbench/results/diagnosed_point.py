@@ -9,31 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvbench.results.fleet_point import FleetInstance
 from kvbench.results.waste_shares import WasteShares
 from kvbench.values import number
-
-
-@dataclass(frozen=True)
-class DiagnosedInstance:
-    """One instance of a fleet point."""
-
-    index: Any  # as recorded (it names the instance)
-    free_share_mean: float | None
-    routed: Any  # as recorded, for the evidence
-    preemptions: Any
-    total_blocks: float | None
-    usage_mean: float | None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DiagnosedInstance:
-        return cls(
-            data.get("index"),
-            number(data.get("free_share_mean")),
-            data.get("routed"),
-            data.get("preemptions"),
-            number(data.get("total_blocks")),
-            number(data.get("usage_mean")),
-        )
 
 
 @dataclass(frozen=True)
@@ -55,7 +33,7 @@ class DiagnosedPoint:
     alloc_latency_p99_s: float | None = None  # the in-process engine's exported metrics
     alloc_count: Any = "?"  # as recorded, for the evidence
     policy: str | None = None  # a fleet point's routing policy (None: not a fleet point)
-    instances: list[DiagnosedInstance] = field(default_factory=list)
+    instances: list[FleetInstance] = field(default_factory=list)  # a fleet point's
     free_blocks_imbalance_mean: float | None = None
 
     @property
@@ -89,6 +67,6 @@ class DiagnosedPoint:
             number(metrics.get("block_alloc_latency_p99_seconds")),
             metrics.get("block_alloc_count", "?"),
             str(data["policy"]) if "policy" in data else None,
-            [DiagnosedInstance.from_json(instance) for instance in data.get("instances") or []],
+            [FleetInstance.from_json(instance) for instance in data.get("instances") or []],
             number(data.get("free_blocks_imbalance_mean")),
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.results.schema import LATENCY_FIELDS
+from kvbench.values import number
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class FleetInstance:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FleetInstance:
         """An instance record; a field an older or hand-made record lacks keeps its empty value (``routed`` and
-        the counts 0, the figures None)."""
+        the counts 0, the figures None); a pool size or share the diagnosis judges that is not a number (text, a
+        bool, NaN) reads None, as if missing."""
         return cls(
             index=data.get("index", 0),
             name=data.get("name"),
@@ -75,10 +77,10 @@ class FleetInstance:
             routed=data.get("routed") or 0,
             finished=data.get("finished") or 0,
             preemptions=data.get("preemptions") or 0,
-            total_blocks=data.get("total_blocks"),
-            usage_mean=data.get("usage_mean"),
+            total_blocks=_figure(data.get("total_blocks")),
+            usage_mean=_figure(data.get("usage_mean")),
             usage_peak=data.get("usage_peak"),
-            free_share_mean=data.get("free_share_mean"),
+            free_share_mean=_figure(data.get("free_share_mean")),
             free_blocks_min=data.get("free_blocks_min"),
             prompt_tokens=data.get("prompt_tokens") or 0,
             cached_tokens=data.get("cached_tokens") or 0,
@@ -90,6 +92,11 @@ class FleetInstance:
             failure=data.get("failure"),
             routed_after_drain=data.get("routed_after_drain") or 0,
         )
+
+
+def _figure(value: Any) -> Any:
+    """A recorded figure as written (an int stays an int); None where it is not a number."""
+    return value if number(value) is not None else None
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,9 @@ def summary_document(kind: str, meta: dict[str, Any], points: list[dict[str, Any
     return {"schema_version": SCHEMA_VERSION, "kind": kind, "meta": meta, **extra, "points": points}
 
 
+MAX_NUM_SEQS = 256  # the engines' batch cap where a run does not record one
+
+
 @dataclass(frozen=True)
 class RunMeta:
     """A run's ``meta``, typed: what every run records (:func:`run_meta`: command line, versions, revision, host)
@@ -105,6 +108,7 @@ class RunMeta:
     reserve: str | None = None  # the contiguous baseline's reservation policy: max | pow2 | oracle
     max_len: int | None = None  # tokens a request may reach (prompt + output)
     block_size: int | None = None  # tokens per KV block
+    max_num_seqs: int = MAX_NUM_SEQS  # the engines' batch cap: requests running at once
     threads: float | None = None  # CPU threads of the engines' steps (None: not a CPU run, or not recorded)
     cpu_matmuls: MatmulPlanRecord | None = None  # the CPU's measured matmul plan (None: not a CPU run)
     dataset: DatasetDraw | None = None  # the requests came from a dataset file: what was drawn
@@ -155,6 +159,7 @@ def run_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "reserve": text_or_none(data.get("reserve")),
         "max_len": int_or_none(data.get("max_len")),
         "block_size": int_or_none(data.get("block_size")),
+        "max_num_seqs": _or(int_or_none(data.get("max_num_seqs")), MAX_NUM_SEQS),
         "threads": count if is_number(count, finite=True) else None,
         "cpu_matmuls": MatmulPlanRecord.recorded(data.get("cpu_matmuls")),
         "dataset": DatasetDraw.from_json(dataset) if isinstance(dataset, Mapping) and dataset else None,
@@ -174,3 +179,7 @@ def _model_name(data: Mapping[str, Any]) -> str | None:
 def _shown(data: Mapping[str, Any], key: str) -> str | None:
     """A recorded value as text, as a title shows it; None where the run did not record it."""
     return str(data[key]) if key in data else None
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value

@@ -1,5 +1,6 @@
-"""A sweep's ``summary.json``, typed: the run's meta, the article's table, the verdict in words and the points.
-``to_json`` is the file as the sweep writes it (the results schema's summary document)."""
+"""A sweep's ``summary.json``, typed: the run's meta, the article's table (or, for servers over HTTP, the
+``--find-max`` searches), the verdict in words and the points. ``to_json`` is the file as the sweep writes it (the
+results schema's summary document)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbench.results.article import ArticleRow
+from kvbench.results.find_max_search import EndpointSummary
 from kvbench.results.point import Point
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.schema import SCHEMA_VERSION
@@ -22,6 +24,7 @@ class SweepSummary:
     points: list[dict[str, Any]] = field(default_factory=list)
     article_table: list[ArticleRow] | None = None  # None: a summary written before the sweep kept the table
     findings: list[str] | None = None  # the verdict's headline and sentences (None: not recorded)
+    endpoint: EndpointSummary | None = None  # servers over HTTP (sweep --target): the searches and the SLO
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -30,6 +33,8 @@ class SweepSummary:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": self.schema_version, "kind": KIND, "meta": self.meta.to_json()}
+        if self.endpoint is not None:
+            out["endpoint"] = self.endpoint.to_json()
         if self.article_table is not None:
             out["article_table"] = [row.to_json() for row in self.article_table]
         if self.findings is not None:
@@ -41,10 +46,12 @@ class SweepSummary:
     def from_json(cls, data: Mapping[str, Any]) -> SweepSummary:
         table = data.get("article_table")
         findings = data.get("findings")
+        endpoint = data.get("endpoint")
         return cls(
             meta=RunMeta.from_json(data.get("meta") or {}),
             points=list(data.get("points") or []),
             article_table=[ArticleRow.from_json(row) for row in table] if table is not None else None,
             findings=list(findings) if findings is not None else None,
+            endpoint=EndpointSummary.from_json(endpoint) if isinstance(endpoint, Mapping) else None,
             schema_version=data.get("schema_version", SCHEMA_VERSION),
         )

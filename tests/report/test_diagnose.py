@@ -24,8 +24,9 @@ from kvbench.report.diagnose import (
     read_states,
     rules_yaml,
 )
+from kvbench.results.run_meta import RunMeta
 
-META = {"block_size": 16, "max_len": 2048, "reserve": "max"}
+META = RunMeta.from_json({"block_size": 16, "max_len": 2048, "reserve": "max"})
 EXPORTED_METRICS = (
     "kvbench_kv_cache_blocks_used",
     "kvbench_kv_cache_blocks_free",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.results.diagnosed_point import DiagnosedPoint
+from kvbench.results.fleet_point import FleetInstance
 from kvbench.results.waste_shares import WasteShares
 from kvbench.values import number
 
@@ -64,8 +65,23 @@ def test_a_fleet_point_and_its_instances():
     )
     assert point.is_fleet and point.label == "fleet paged/round-robin" and point.free_blocks_imbalance_mean == 600.0
     first, second = point.instances
-    assert first.index == 0 and first.free_share_mean == 0.02 and first.routed == 90 and first.total_blocks == 1000.0
-    assert second.free_share_mean is None and second.usage_mean == 0.5 and second.preemptions is None
+    assert first == FleetInstance(0, routed=90, preemptions=7, total_blocks=1000, free_share_mean=0.02)
+    assert second.free_share_mean is None and second.usage_mean == 0.5 and second.preemptions == 0
+
+
+def test_an_instance_s_figure_that_is_not_a_number_reads_none_and_a_number_reads_as_written():
+    point = DiagnosedPoint.from_json(
+        {
+            "engine": "paged/random",
+            "policy": "random",
+            "concurrency": 0,
+            "instances": [{"index": 3, "free_share_mean": "low", "usage_mean": float("nan"), "total_blocks": True}],
+        }
+    )
+    (instance,) = point.instances
+    assert instance.free_share_mean is None and instance.usage_mean is None and instance.total_blocks is None
+    written = FleetInstance.from_json({"total_blocks": 512, "usage_mean": 0.25})
+    assert type(written.total_blocks) is int and written.to_json()["total_blocks"] == 512
 
 
 def test_a_written_server_point_reads_as_its_sweep_label():

@@ -81,3 +81,9 @@ def test_the_waste_studys_model_is_named_by_its_shape_record():
     meta = WasteMeta.from_json({"model": {"name": "llama-2-13b", "dtype": "float16"}})
     assert meta.model_name == "llama-2-13b" and meta.model_dtype == "float16"
     assert DatasetMeta.from_json({"model": "gpt2"}).model_name is None  # a tokenizer's model names no run model
+
+
+def test_the_batch_cap_reads_as_recorded_and_256_where_not_recorded():
+    assert RunMeta.from_json({"max_num_seqs": 64}).max_num_seqs == 64
+    assert RunMeta.from_json({}).max_num_seqs == RunMeta().max_num_seqs == 256
+    assert RunMeta.from_json({"max_num_seqs": "many"}).max_num_seqs == 256

@@ -23,16 +23,18 @@ from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.reuse_rules import reuse_findings
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.diagnose.watch_timeline import NoScrapes, diagnose_timeline
-from kvbench.results.diagnosed_point import DiagnosedInstance, DiagnosedPoint
+from kvbench.results.diagnosed_point import DiagnosedPoint
 from kvbench.results.endpoint_figures import EndpointFigures, is_endpoint_point
+from kvbench.results.fleet_point import FleetInstance
+from kvbench.results.run_meta import RunMeta
 from kvbench.results.summary_load import load_summary
 from kvbench.values import number
 
 
-def _command_of(meta: Mapping[str, Any]) -> str | None:
+def _command_of(meta: RunMeta) -> str | None:
     """The kvbench command that made a run (``meta.command`` is ``kvbench <command> ...``): its flags are the
     ones a suggestion may name."""
-    words = str(meta.get("command") or "").split()
+    words = (meta.command or "").split()
     return words[1] if len(words) > 1 and words[0] == "kvbench" else None
 
 
@@ -54,7 +56,7 @@ def _finding(
 
 def diagnose_points(
     points: Iterable[Mapping[str, Any]],
-    meta: Mapping[str, Any],
+    meta: RunMeta,
     thresholds: Thresholds,
     source: str = "",
     directory: Path | None = None,
@@ -65,7 +67,7 @@ def diagnose_points(
     ``kind`` (the summary's: sweep, waste, fleet) names the command whose flags advice may use when the run's
     metadata does not record its command line."""
     if _command_of(meta) is None and kind is not None:  # an older run: its kind names the command that made it
-        meta = {**meta, "command": f"kvbench {kind}"}
+        meta = replace(meta, command=f"kvbench {kind}")
     command = _command_of(meta)
     findings: list[Finding] = []
     notes: list[str] = []
@@ -194,16 +196,16 @@ def _thrash_curve(name: str | None, label: str, directory: Path | None, notes: l
     return out
 
 
-def _layout(point: DiagnosedPoint, meta: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+def _layout(point: DiagnosedPoint, meta: RunMeta) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The remedy for KV slots held without token states: the contiguous slab layout, or the block size."""
     engine = point.engine or ""
     if engine.startswith("contiguous"):
-        return ("layout",), {"reserve": meta.get("reserve", "max"), "max_len": meta.get("max_len")}
-    block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.get("block_size")
+        return ("layout",), {"reserve": meta.reserve_policy, "max_len": meta.max_len}
+    block_size = engine.split("-", 1)[1] if engine.startswith("paged-") else meta.block_size
     return ("smaller_blocks",), {"block_size": block_size}
 
 
-def _rule_fragmentation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_fragmentation(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     value = point.fragmentation_mean
     if value is None or value <= t.fragmentation:
         return None
@@ -221,7 +223,7 @@ def _rule_fragmentation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Fi
     )
 
 
-def _rule_free_blocks(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_free_blocks(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     free = point.waste.free_share
     if free is None or free >= t.free_blocks:
         return None
@@ -238,7 +240,7 @@ def _rule_free_blocks(point: DiagnosedPoint, meta, t: Thresholds, label) -> Find
     )
 
 
-def _rule_alloc_latency(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_alloc_latency(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     p99 = point.alloc_latency_p99_s
     if p99 is None or p99 * 1000 <= t.alloc_latency_p99_ms:
         return None
@@ -255,7 +257,7 @@ def _rule_alloc_latency(point: DiagnosedPoint, meta, t: Thresholds, label) -> Fi
     )
 
 
-def _rule_preemptions(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_preemptions(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     preemptions, completed = point.preemptions, point.completed
     if not preemptions or completed is None:
         return None
@@ -274,7 +276,7 @@ def _rule_preemptions(point: DiagnosedPoint, meta, t: Thresholds, label) -> Find
     )
 
 
-def _rule_reservation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_reservation(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     waste = point.waste
     reservation, internal = waste.reservation_pct, waste.internal_pct
     if reservation is None or internal is None:
@@ -296,7 +298,7 @@ def _rule_reservation(point: DiagnosedPoint, meta, t: Thresholds, label) -> Find
     )
 
 
-def _rule_capped(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding | None:
+def _rule_capped(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label: str) -> Finding | None:
     concurrency = number(point.concurrency)
     peak = point.peak_running
     remedies: tuple[str, ...] = ("more_kv_memory",)
@@ -323,7 +325,7 @@ def _rule_capped(point: DiagnosedPoint, meta, t: Thresholds, label) -> Finding |
     total = (point.completed or 0) + (point.rejected or 0)
     if total:
         offered = min(offered, total)
-    if peak >= offered or peak >= meta.get("max_num_seqs", 256):
+    if peak >= offered or peak >= meta.max_num_seqs:
         return None
     return _finding(
         _command_of(meta),
@@ -379,7 +381,7 @@ def _fleet_findings(point: DiagnosedPoint, t: Thresholds, label: str) -> list[Fi
     return findings
 
 
-def _usage_spread(instances: list[DiagnosedInstance], label: str) -> list[Finding]:
+def _usage_spread(instances: list[FleetInstance], label: str) -> list[Finding]:
     """The imbalance of instances with pools of different sizes: the spread of their mean KV usage, in points."""
     known = [u for u in (i.usage_mean for i in instances) if u is not None]
     spread = max(known) - min(known) if len(known) > 1 else 0.0
@@ -415,7 +417,12 @@ def diagnose_run(location: str | Path, thresholds: Thresholds) -> Diagnosis:
     summary = load_summary(location)
     try:
         return diagnose_points(
-            summary.points.values(), summary.meta, thresholds, str(summary.path), summary.path.parent, summary.kind
+            summary.points.values(),
+            RunMeta.from_json(summary.meta),
+            thresholds,
+            str(summary.path),
+            summary.path.parent,
+            summary.kind,
         )
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
         # a summary edited by hand, or written by another version: say what is wrong, in one line

@@ -7,10 +7,10 @@ from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.report.endpoint_report import (
     FIND_MAX_COLUMNS,
     POINT_TABLE,
-    endpoint_summary,
     find_max_rows,
     level_text,
     ordered,
+    recorded,
     write_endpoint_plots,
 )
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
@@ -18,23 +18,25 @@ from kvbench.report.html.page import Cell, Column, Page, Section, Table, Verdict
 from kvbench.report.html.run_files import RunFiles
 from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
+from kvbench.results.sweep_summary import SweepSummary
 
 
-def build(run: RunFiles) -> Page:
-    document = run.document
-    meta, points = document["meta"], [Point.from_json(p) for p in document["points"]]
-    title = f"kvbench sweep of servers over HTTP: {meta.get('model_name', '?')} at {meta.get('device', '?')}"
-    subtitle = f"scenario {meta.get('scenario', '?')}"
+def build(run: RunFiles, summary: SweepSummary | None = None) -> Page:
+    """The page of a ``sweep --target`` run (``summary``: its ``summary.json``, where the caller has read it)."""
+    summary = summary or SweepSummary.from_json(run.document)
+    meta, points = summary.meta, summary.typed_points
+    title = f"kvbench sweep of servers over HTTP: {recorded(meta.model_name, '?')} at {recorded(meta.device, '?')}"
+    subtitle = f"scenario {recorded(meta.scenario, '?')}"
     figures = draw(lambda: write_endpoint_plots(run.directory, meta, points))
     timelines = [f for f in figures if f.name.startswith("timeline-")]
     plots = [f for f in figures if f not in timelines]
     sections = [
-        Section("headline", "Verdict", [verdict(points, document.get("findings") or []), points_table(points)]),
+        Section("headline", "Verdict", [verdict(points, summary.findings or []), points_table(points)]),
         findings_section(
-            diagnose_points(document["points"], meta, Thresholds(), str(run.directory), run.directory, "sweep")
+            diagnose_points(summary.points, meta, Thresholds(), str(run.directory), run.directory, "sweep")
         ),
     ]
-    searches = endpoint_summary(document).find_max if document.get("endpoint") else []
+    searches = summary.endpoint.find_max if summary.endpoint else []
     if searches:
         sections.append(Section("find-max", "Highest load meeting the SLO", [find_max_table(searches)]))
     if plots:
@@ -45,7 +47,7 @@ def build(run: RunFiles) -> Page:
                 "timelines", "Per point over time: client throughput and server KV usage", [figures_block(timelines)]
             )
         )
-    sections.append(provenance_section(meta, run.files()))
+    sections.append(provenance_section(meta.to_json(), run.files()))
     return Page("sweep", title, subtitle, [], sections)
 
 

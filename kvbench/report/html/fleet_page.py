@@ -49,7 +49,7 @@ def build(run: RunFiles) -> Page:
         headline_section(points, meta),
         findings_section(
             # the rules read the points as summary.json holds them (a fleet's, a sweep's or a watch's)
-            diagnose_points(run.document["points"], meta.to_json(), Thresholds(), str(run.directory), kind="fleet"),
+            diagnose_points(run.document["points"], meta, Thresholds(), str(run.directory), kind="fleet"),
             "policies",
         ),
     ]

@@ -34,12 +34,11 @@ from kvbench.results.sweep_summary import SweepSummary
 
 
 def build(run: RunFiles) -> Page:
-    document = run.document
-    if isinstance(document.get("endpoint"), dict):  # servers over HTTP (sweep --target): a page of their own
+    summary = SweepSummary.from_json(run.document)
+    if summary.endpoint is not None:  # servers over HTTP (sweep --target): a page of their own
         from kvbench.report.html import endpoint_page
 
-        return endpoint_page.build(run)
-    summary = SweepSummary.from_json(document)
+        return endpoint_page.build(run, summary)
     meta, points = summary.meta, summary.points
     rows = summary.article_table or article_rows(points)
     badges = ["SIMULATED"] if meta.simulated else []
@@ -57,7 +56,7 @@ def build(run: RunFiles) -> Page:
     typed = summary.typed_points
     sections = [
         headline_section(rows, typed, meta),
-        findings_section(diagnose_points(points, meta.to_json(), Thresholds(), str(run.directory), kind="sweep")),
+        findings_section(diagnose_points(points, meta, Thresholds(), str(run.directory), kind="sweep")),
     ]
     if plots:
         sections.append(Section("plots", "Plots", [figures_block(plots)]))

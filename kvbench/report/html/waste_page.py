@@ -40,7 +40,7 @@ def build(run: RunFiles) -> Page:
     sections = [
         headline_section(study),
         findings_section(
-            diagnose_points([p.to_json() for p in points], written, Thresholds(), str(run.directory), kind="waste"),
+            diagnose_points([p.to_json() for p in points], meta, Thresholds(), str(run.directory), kind="waste"),
             "strategies",
         ),
     ]

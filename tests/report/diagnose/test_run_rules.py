@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvbench.report.diagnose.run_rules import diagnose_points
 from kvbench.report.diagnose.thresholds import Thresholds
+from kvbench.results.run_meta import RunMeta
 
 POINT = {
     "engine": "paged/round-robin",
@@ -20,7 +21,7 @@ POINT = {
 
 
 def test_fleet_findings_render_their_remedies_for_kvbench():
-    findings = {f.rule: f for f in diagnose_points([POINT], {}, Thresholds()).findings}
+    findings = {f.rule: f for f in diagnose_points([POINT], RunMeta(), Thresholds()).findings}
     starved, imbalance = findings["free_blocks"], findings["fleet_imbalance"]
     assert starved.source == "fleet paged/round-robin instance 0"
     assert starved.remedies == ("add_instance", "route_by_free_blocks")
@@ -39,9 +40,11 @@ def test_pools_of_different_sizes_are_compared_by_the_share_they_use_not_by_free
         ]
         return {**POINT, "free_blocks_imbalance_mean": 150.0, "instances": instances}
 
-    even = {f.rule for f in diagnose_points([point((0.40, 0.45))], {}, Thresholds()).findings}
+    even = {f.rule for f in diagnose_points([point((0.40, 0.45))], RunMeta(), Thresholds()).findings}
     assert "fleet_imbalance" not in even
     (skewed,) = [
-        f for f in diagnose_points([point((0.85, 0.30))], {}, Thresholds()).findings if f.rule == "fleet_imbalance"
+        f
+        for f in diagnose_points([point((0.85, 0.30))], RunMeta(), Thresholds()).findings
+        if f.rule == "fleet_imbalance"
     ]
     assert "mean KV usage differed by 55 points" in skewed.evidence and "pools of 128/256 blocks" in skewed.evidence

@@ -6,6 +6,7 @@ from kvbench.report.diagnose import Thresholds, diagnose_points
 from kvbench.report.html.common import findings_section, provenance_facts, waterfall_section
 from kvbench.report.html.page import Figure, Findings, Table
 from kvbench.report.waterfall import waterfall_levels
+from kvbench.results.run_meta import RunMeta
 
 GPU_META = {
     "command": "kvbench sweep --device cuda",
@@ -107,9 +108,9 @@ def test_findings_summary_counts_by_severity():
             "fragmentation_mean": 0.5,
         }
     ]
-    block = findings_section(diagnose_points(points, {}, Thresholds())).blocks[0]
+    block = findings_section(diagnose_points(points, RunMeta(), Thresholds())).blocks[0]
     assert isinstance(block, Findings)
     assert block.summary == "1 critical, 1 warning in 1 point(s)."
     assert [i.rule for i in block.items] == ["concurrency_capped", "fragmentation"]
-    empty = findings_section(diagnose_points([], {}, Thresholds())).blocks[0]
+    empty = findings_section(diagnose_points([], RunMeta(), Thresholds())).blocks[0]
     assert empty.summary == "No finding in 0 point(s): every rule passed."
