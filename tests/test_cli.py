@@ -100,6 +100,14 @@ def test_version_and_help_import_no_command_and_no_heavy_package(argv, code):
     assert [m for m in HEAVY if m in report["modules"]] == []
 
 
+@pytest.mark.parametrize("command", ["diagnose", "report", "watch"])
+def test_reading_a_run_imports_no_statistics_or_engine_package(command):
+    """Reading a result (a typed point) costs no scipy: its spreads are computed where a run aggregates them."""
+    report, _ = _probe(command, "--help")
+    assert report["code"] == 0
+    assert [m for m in ("scipy", "torch", "transformers", "pandas", "ray") if m in report["modules"]] == []
+
+
 def test_help_lists_every_command_on_one_line_each():
     report, out = _probe("--help", columns=100)
     assert report["code"] == 0

@@ -14,9 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-import numpy as np
-from scipy import stats
-
 from kvbench.engine.result import RunResult
 from kvbench.results.fields import value_at
 from kvbench.results.length_histogram import LengthHistogram
@@ -236,6 +233,8 @@ def _steady_fields(result: RunResult) -> dict[str, Any]:
 
 
 def _output_length_fields(result: RunResult) -> dict[str, Any]:
+    import numpy as np  # loads only where a run's lengths are summed up
+
     lengths = np.asarray(result.output_lengths(), dtype=float)
     if lengths.size == 0:
         return {}
@@ -329,6 +328,8 @@ def aggregate_repeats(points: list[Point]) -> Point:
 
 def t95(n: int) -> float:
     """Two-sided 95% Student t quantile for n - 1 degrees of freedom (n samples)."""
+    from scipy import stats  # loads only where a spread is computed: readers of a point never pay for it
+
     return float(stats.t.ppf(0.975, n - 1))
 
 
