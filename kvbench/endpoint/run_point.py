@@ -228,7 +228,7 @@ async def run_point(
     cut = STOPPED_KINDS if load.stopped_at_deadline else frozenset()  # the time limit asked for, not a failure
     measured = client_metrics(load.records, load.duration_s, settings.slo, settings.percentiles, cut)
     metrics = ClientMetrics.from_json(measured)
-    server = ServerMetrics.from_json(point_server_metrics(scrapes, load.duration_s)) if scraper is not None else None
+    server = point_server_metrics(scrapes, load.duration_s) if scraper is not None else None
     described = target.describe() | {"model": model}
     kv_changes = changes(event_log) if event_log is not None else []
     kv_figures = None

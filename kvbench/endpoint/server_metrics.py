@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvbench.endpoint.scraper import Scrape
+from kvbench.results.endpoint_figures import ServerMetrics
 from kvbench.results.servers import ServerState
 
 COUNTERS = (
@@ -51,73 +52,75 @@ def _series(scrapes: Sequence[Scrape], value: Callable[[list[ServerState]], floa
     return [v for s in scrapes if s.error is None and (v := value(s.states)) is not None]
 
 
-def point_server_metrics(scrapes: Sequence[Scrape], load_end_s: float) -> dict[str, Any]:
+def point_server_metrics(scrapes: Sequence[Scrape], load_end_s: float) -> ServerMetrics:
     """The per-point figures (see the module docstring) from every scrape of the point; the load ran from 0 to
     ``load_end_s`` seconds."""
     ok = [s for s in scrapes if s.error is None]
     during = [s for s in ok if 0.0 <= s.elapsed_s <= load_end_s]
     before = [s for s in ok if s.elapsed_s < 0.0]
     after = [s for s in ok if s.elapsed_s > load_end_s]
-    out: dict[str, Any] = {
-        "scrapes": len(scrapes),
-        "scrapes_failed": len(scrapes) - len(ok),
-        "scrape_errors": sorted({s.error for s in scrapes if s.error is not None})[:3],
-        "families": sorted({state.family for s in ok for state in s.states}),
-        "engines": sorted({state.source for s in ok for state in s.states}),
-    }
-    for name, value in (
-        ("kv_usage", kv_usage),
-        ("running", lambda st: _total(st, "running")),
-        ("waiting", lambda st: _total(st, "waiting")),
-    ):
-        series = _series(during, value)
-        out[f"{name}_peak"] = max(series) if series else None
-        out[f"{name}_mean"] = sum(series) / len(series) if series else None
-    out["scrapes_during_load"] = len(during)
+    kv = _series(during, kv_usage)
+    running = _series(during, lambda st: _total(st, "running"))
+    waiting = _series(during, lambda st: _total(st, "waiting"))
     sizes = [state.block_size for s in ok for state in s.states if state.block_size]
-    out["block_size"] = int(sizes[-1]) if sizes else None
     # counters: the last scrape before the load (else the first one during it) to the closing one
     first = before[-1] if before else (during[0] if during else None)
     last = after[-1] if after else (during[-1] if during else None)
     notes: list[str] = []
+    deltas: dict[str, float | None] = dict.fromkeys(COUNTERS)
+    window: float | None = None
     if first is None or last is None or first is last:
         notes.append("too few successful scrapes to difference the counters")
-        deltas: dict[str, float | None] = {name: None for name in COUNTERS}
-        out["counters_window_s"] = None
     else:
         if not before:
             notes.append("no scrape before the load: counters start at the first scrape during it")
         if not after:
             notes.append("no scrape after the load: counters end at the last scrape during it")
-        deltas = {}
         for name in COUNTERS:
             a, b = _total(first.states, name), _total(last.states, name)
-            if a is None or b is None:
-                deltas[name] = None
-            elif b < a:
-                deltas[name] = None
+            if a is not None and b is not None and b < a:
                 notes.append(f"{name} went down during the point (the server restarted?): its difference is unknown")
-            else:
+            elif a is not None and b is not None:
                 deltas[name] = b - a
-        out["counters_window_s"] = last.elapsed_s - first.elapsed_s
-    out["preemptions"] = deltas["preemptions"]
-    out["prefix_cache_queries"] = deltas["prefix_queries"]
-    out["prefix_cache_hits"] = deltas["prefix_hits"]
+        window = last.elapsed_s - first.elapsed_s
     queries, hits = deltas["prefix_queries"], deltas["prefix_hits"]
-    out["prefix_cache_hit_rate"] = hits / queries if queries and hits is not None else None
-    if out["prefix_cache_hit_rate"] is None:  # SGLang reports a rate of its own, not the counters
+    hit_rate = hits / queries if queries and hits is not None else None
+    if hit_rate is None:  # SGLang reports a rate of its own, not the counters
         rates = _series(during, lambda st: _mean_of(st, "prefix_hit_rate"))
         if rates:
-            out["prefix_cache_hit_rate"] = sum(rates) / len(rates)
+            hit_rate = sum(rates) / len(rates)
             notes.append("prefix-cache hit rate as the server reports it (mean of its gauge), not counted")
-    out["server_prompt_tokens"] = deltas["prompt_tokens"]
-    out["server_generation_tokens"] = deltas["generation_tokens"]
-    out["server_finished"] = deltas["finished"]
     count, total = deltas["ttft_count"], deltas["ttft_sum_s"]
-    out["server_ttft_count"] = count
-    out["server_mean_ttft_ms"] = total / count * 1000.0 if count and total is not None else None
-    out["notes"] = notes
-    return out
+    return ServerMetrics(
+        scrapes=len(scrapes),
+        scrapes_failed=len(scrapes) - len(ok),
+        scrape_errors=sorted({s.error for s in scrapes if s.error is not None})[:3],
+        families=sorted({state.family for s in ok for state in s.states}),
+        engines=sorted({state.source for s in ok for state in s.states}),
+        kv_usage_peak=max(kv) if kv else None,
+        kv_usage_mean=_mean(kv),
+        running_peak=max(running) if running else None,
+        running_mean=_mean(running),
+        waiting_peak=max(waiting) if waiting else None,
+        waiting_mean=_mean(waiting),
+        scrapes_during_load=len(during),
+        block_size=int(sizes[-1]) if sizes else None,
+        counters_window_s=window,
+        preemptions=deltas["preemptions"],
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hit_rate,
+        server_prompt_tokens=deltas["prompt_tokens"],
+        server_generation_tokens=deltas["generation_tokens"],
+        server_finished=deltas["finished"],
+        server_ttft_count=count,
+        server_mean_ttft_ms=total / count * 1000.0 if count and total is not None else None,
+        notes=notes,
+    )
+
+
+def _mean(series: list[float]) -> float | None:
+    return sum(series) / len(series) if series else None
 
 
 def _mean_of(states: Sequence[ServerState], name: str) -> float | None:

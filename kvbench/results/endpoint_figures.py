@@ -165,17 +165,17 @@ class ServerMetrics:
 
     def figures(self) -> ServerFigures:
         return ServerFigures(
-            self.kv_usage_peak,
-            self.kv_usage_mean,
-            self.running_mean,
-            self.waiting_peak,
-            self.waiting_mean,
-            self.prefix_cache_hit_rate,
-            self.prefix_cache_hits,
-            self.prefix_cache_queries,
-            self.server_mean_ttft_ms,
-            self.server_prompt_tokens,
-            self.server_generation_tokens,
+            kv_usage_peak=self.kv_usage_peak,
+            kv_usage_mean=self.kv_usage_mean,
+            running_mean=self.running_mean,
+            waiting_peak=self.waiting_peak,
+            waiting_mean=self.waiting_mean,
+            prefix_cache_hit_rate=self.prefix_cache_hit_rate,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_queries=self.prefix_cache_queries,
+            server_mean_ttft_ms=self.server_mean_ttft_ms,
+            server_prompt_tokens=self.server_prompt_tokens,
+            server_generation_tokens=self.server_generation_tokens,
         )
 
     def scrape_counts(self) -> ScrapeCounts:
@@ -188,7 +188,7 @@ class ServerMetrics:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ServerMetrics:
-        """The metrics of a point (``endpoint.server_metrics``); a figure it lacks keeps its empty value."""
+        """The metrics as ``EndpointPoint.as_json`` writes them; a figure it lacks keeps its empty value."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 

@@ -48,7 +48,7 @@ def test_a_closed_loop_point_maps_onto_the_schema_with_the_servers_figures():
     assert json.dumps(ClientMetrics.from_json(raw).to_json()) == json.dumps(raw) == json.dumps(client.to_json())
     assert client.slo_ms == {"ttft": 10_000} and client.latency("p50_ttft_ms") == client.latencies["median_ttft_ms"]
     # the server's metrics too: what point_server_metrics made of the scrapes, key for key
-    server = point_server_metrics(measured.scrapes, measured.duration_s)
+    server = point_server_metrics(measured.scrapes, measured.duration_s).to_json()
     assert measured.server is not None and measured.server.block_size is not None
     assert json.dumps(ServerMetrics.from_json(server).to_json()) == json.dumps(server)
     assert json.dumps(measured.server.to_json()) == json.dumps(server)
