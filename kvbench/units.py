@@ -98,3 +98,8 @@ def ms_text(value: float | None) -> str:
     if value < 10:
         return f"{value:.3f}" if value < 1 else f"{value:.2f}"
     return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def recorded(value: str | None, missing: str = "") -> str:
+    """A recorded name (model, device, scenario) as a title shows it; ``missing`` where the run did not record it."""
+    return missing if value is None else value

@@ -28,7 +28,7 @@ from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
-from kvbench.units import ms_text
+from kvbench.units import ms_text, recorded
 from kvbench.values import printable
 
 FIND_MAX_COLUMNS = (
@@ -244,11 +244,6 @@ def reuse_lines(point: Point) -> list[str]:
         if events.flag:
             lines.append(f"{where}: KV events: {events.flag}.")
     return lines
-
-
-def recorded(value: str | None, missing: str = "") -> str:
-    """A recorded name (model, device, scenario) as a title shows it; ``missing`` where the run did not record it."""
-    return missing if value is None else value
 
 
 def markdown(summary: SweepSummary) -> str:

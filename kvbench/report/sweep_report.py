@@ -18,7 +18,7 @@ from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.point import Point, oom_text, with_figures_hidden
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
-from kvbench.units import human_bytes, ms_text
+from kvbench.units import human_bytes, ms_text, recorded
 from kvbench.values import is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
@@ -408,10 +408,6 @@ def write_outputs(run_dir: Path, run: RunMeta, points: list[dict]) -> dict:
     return document
 
 
-def _recorded(value: str | None) -> str:
-    return "" if value is None else value
-
-
 def _plot_label(engine: str) -> str:
     return f"{engine} (reference)" if engine in REFERENCE_ENGINES else engine
 
@@ -450,7 +446,7 @@ def write_plots(run_dir: Path, run: RunMeta, points: list[dict]) -> None:
     if not measured:
         return
     ok = [typed for typed, _ in measured]
-    tag = f"{_recorded(run.model_name)} on {_recorded(run.device)}, scenario {_recorded(run.scenario)}"
+    tag = f"{recorded(run.model_name)} on {recorded(run.device)}, scenario {recorded(run.scenario)}"
     tag += " — SIMULATED" if run.simulated else ""
     engines = sorted({p.engine for p in ok})
     series, latency_series, marks = plot_series(ok)

@@ -1,6 +1,6 @@
 """The article's table, typed: at each concurrency, each engine's output throughput (or why it has none) and paged
 against contiguous: the throughput ratio and the KV memory saved at peak. ``summary.json`` keeps it as
-``article_table``, flat, as it always has (:meth:`ArticleRow.to_json`)."""
+``article_table``, one flat row per concurrency (:meth:`ArticleRow.to_json`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One routing policy's fleet run as ``summary.json`` holds it (:class:`FleetPoint`), with a record per instance
-(:class:`FleetInstance`); ``to_json`` writes the keys in the order the fleet's files always had."""
+(:class:`FleetInstance`); ``to_json`` writes the file key for key, in its order."""
 
 from __future__ import annotations
 

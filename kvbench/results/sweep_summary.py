@@ -22,7 +22,7 @@ class SweepSummary:
     meta: RunMeta
     # the points as written: the waterfall, the diagnosis and the plots read their JSON form (:attr:`typed_points`)
     points: list[dict[str, Any]] = field(default_factory=list)
-    article_table: list[ArticleRow] | None = None  # None: a summary written before the sweep kept the table
+    article_table: list[ArticleRow] | None = None  # None: the summary holds no table
     findings: list[str] | None = None  # the verdict's headline and sentences (None: not recorded)
     endpoint: EndpointSummary | None = None  # servers over HTTP (sweep --target): the searches and the SLO
     schema_version: int = SCHEMA_VERSION

@@ -1,5 +1,5 @@
 """The waste study's document (``summary.json`` of ``kvbench waste``), typed: the run's metadata, the seed article's
-analytic estimate and one :class:`StrategyPoint` per strategy; ``to_json`` writes it as it always was."""
+analytic estimate and one :class:`StrategyPoint` per strategy; ``to_json`` writes the file key for key."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def diagnose_points(
     the scrapes it recorded (``watch-*.jsonl`` in ``directory``), as ``kvbench diagnose`` judges a watch.
     ``kind`` (the summary's: sweep, waste, fleet) names the command whose flags advice may use when the run's
     metadata does not record its command line."""
-    if _command_of(meta) is None and kind is not None:  # an older run: its kind names the command that made it
+    if _command_of(meta) is None and kind is not None:  # not recorded: the kind names the command
         meta = replace(meta, command=f"kvbench {kind}")
     command = _command_of(meta)
     findings: list[Finding] = []

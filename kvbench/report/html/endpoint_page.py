@@ -10,7 +10,6 @@ from kvbench.report.endpoint_report import (
     find_max_rows,
     level_text,
     ordered,
-    recorded,
     write_endpoint_plots,
 )
 from kvbench.report.html.common import draw, figures_block, findings_section, provenance_section, spec_table
@@ -19,6 +18,7 @@ from kvbench.report.html.run_files import RunFiles
 from kvbench.results.find_max_search import Search
 from kvbench.results.point import Point
 from kvbench.results.sweep_summary import SweepSummary
+from kvbench.units import recorded
 
 
 def build(run: RunFiles, summary: SweepSummary | None = None) -> Page:

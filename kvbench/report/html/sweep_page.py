@@ -31,6 +31,7 @@ from kvbench.results.article import ArticleRow, article_rows
 from kvbench.results.point import Point
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
+from kvbench.units import recorded
 
 
 def build(run: RunFiles) -> Page:
@@ -44,8 +45,8 @@ def build(run: RunFiles) -> Page:
     badges = ["SIMULATED"] if meta.simulated else []
     if meta.interrupted:
         badges.append("INTERRUPTED")
-    title = f"kvbench sweep: paged vs contiguous — {_shown(meta.model_name)} on {_shown(meta.device)}"
-    subtitle = f"scenario {_shown(meta.scenario)}"
+    title = f"kvbench sweep: paged vs contiguous — {recorded(meta.model_name, '?')} on {recorded(meta.device, '?')}"
+    subtitle = f"scenario {recorded(meta.scenario, '?')}"
     if meta.scenario_description:
         subtitle += f": {meta.scenario_description}"
 
@@ -66,11 +67,6 @@ def build(run: RunFiles) -> Page:
         sections.append(waterfall)
     sections.append(provenance_section(meta.to_json(), run.files()))
     return Page("sweep", title, subtitle, badges, sections)
-
-
-def _shown(value: str | None) -> str:
-    """A recorded name as the title shows it; ``?`` where the run did not record it."""
-    return "?" if value is None else value
 
 
 # -- the headline ---------------------------------------------------------------------------------------
