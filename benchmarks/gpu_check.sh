@@ -22,7 +22,7 @@ $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 
 status=0
 timeout 220 $py benchmarks/gpu_check.py --out "$out" 2>&1 | tee "$out/gpu_check.log" || status=1
-timeout 45 $py -c "from kvbench.cli import main; raise SystemExit(main(['kernels', '--json', '--out', '$out/kernels_cli.json', '--batch', '1,64', '--context', '2048', '--reps', '5']))" \
+timeout 45 $py -c "from kvbench.cli import main; raise SystemExit(main(['kernels', '--json', '--out', '$out/kernels_cli.json', '--batch', '1,64', '--context', '2048', '--repeat', '5']))" \
     > /dev/null 2> "$out/kernels_cli.err" || { echo "kvbench kernels CLI failed (see kernels_cli.err)"; status=1; }
 # The kernel test suite compiled for the GPU (fp32, many more compiles): only on request, it may not fit.
 if [ "${KVBENCH_GPU_PYTEST:-0}" = 1 ]; then

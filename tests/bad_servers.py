@@ -1,5 +1,5 @@
 """HTTP servers that misbehave on purpose, on 127.0.0.1 and a free port, for the tests of kvbench's HTTP client
-(``kvbench.measure.http_fetch``) and of the commands that scrape (``diagnose --url``, ``watch --url``).
+(``kvbench.measure.http_fetch``) and of the commands that scrape (``diagnose --metrics-url``, ``watch --metrics-url``).
 
 ``RawServer(handler)`` accepts connections in a thread and hands each (socket, request bytes, stop event) to
 ``handler``, which writes whatever bytes it likes: a stalled body, a bad status line, a Content-Length it does

@@ -23,7 +23,7 @@ def test_an_empty_or_blank_value_is_unset(monkeypatch):
 @pytest.mark.parametrize("value", ["abc", "-1", "1e999", "x" * 5000])
 def test_a_kernel_backend_outside_its_choices_is_one_error_line(value, monkeypatch, capfd):
     monkeypatch.setenv("KVBENCH_KERNEL_BACKEND", value)
-    args = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1", "--context", "64", "--reps", "1"]
+    args = ["kernels", "--device", "cpu", "--model", "tiny", "--batch", "1", "--context", "64", "--repeat", "1"]
     assert main([*args, "--warmup", "0"]) == 2
     err = capfd.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: unknown kernel backend")

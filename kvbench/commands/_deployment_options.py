@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from kvbench.commands._flags import DTYPE, GPU, GPU_MEMORY_UTILIZATION, MODEL
+from kvbench.commands._flags import DTYPE, GPU, GPU_MEMORY_UTILIZATION, KV_MEMORY, MODEL
 from kvbench.commands._option_group import OptionGroup, SharedOption
 from kvbench.commands._options import choice, parse_size
 from kvbench.studies.capacity import KV_CACHE_DTYPES
@@ -59,10 +59,8 @@ DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
         "kv_cache_memory",
         str | None,
         None,
-        typer.Option(
-            "--kv-cache-memory",
-            rich_help_panel=PANEL,
-            help="KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 8GiB.",
+        KV_MEMORY.annotated(
+            "KV cache per GPU set directly (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE), e.g. 8GiB.", PANEL
         ),
     ),
     SharedOption(
@@ -111,7 +109,7 @@ DEPLOYMENT_OPTIONS: tuple[SharedOption, ...] = (
 
 def parse_deployment(values: dict[str, Any]) -> Deployment:
     """The options as typed and parsed (sizes in bytes; one-line errors naming the flag)."""
-    sizes = {"gpu_memory": "--gpu-memory", "kv_cache_memory": "--kv-cache-memory"}
+    sizes = {"gpu_memory": "--gpu-memory", "kv_cache_memory": "--kv-memory"}
     parsed = {
         name: parse_size(values[name], flag) if values[name] is not None else None for name, flag in sizes.items()
     }

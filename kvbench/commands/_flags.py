@@ -81,6 +81,7 @@ MAX_LEN = flag(
     "reserves this).",
     min=2,
 )
+KV_MEMORY = flag("--kv-memory", help="KV memory of one instance (one GPU), e.g. 64MiB or 8GiB.")
 MAX_NUM_SEQS = flag("--max-num-seqs", help="The scheduler's cap on requests running at once.", min=1)
 RESERVE = flag("--reserve", help="What a contiguous request reserves.", **choice(RESERVATION_POLICIES))
 PREFIX_CACHING = flag(
@@ -90,6 +91,7 @@ PREFIX_CACHING = flag(
 
 # the requests
 REQUESTS = flag("--requests", help="Requests to run.", min=1)
+REPEAT = flag("--repeat", help="Times each measurement runs.", min=1)
 DATASET = flag(
     "--dataset",
     help="Prompts from a ShareGPT JSON or {prompt, output_len} JSONL file, or 'real-chat' (shipped).",
@@ -121,10 +123,16 @@ TARGET = flag(
     help="An OpenAI-compatible server: [NAME=]http://HOST:PORT (repeatable; NAME labels it, default HOST:PORT).",
     metavar="[NAME=]URL",
 )
-URL = flag("--url", help="A metrics endpoint, e.g. http://127.0.0.1:8000/metrics.")
+METRICS_URL = flag("--metrics-url", help="A Prometheus metrics endpoint, e.g. http://127.0.0.1:8000/metrics.")
 SLO = flag("--slo", help="Objectives in ms for goodput, e.g. ttft=500,tpot=50 (requests/s meeting all).")
 REQUEST_TIMEOUT = flag("--request-timeout", help="Seconds one request may take; past it, it fails (timeout).")
-SCRAPE_INTERVAL = flag("--scrape-interval", help="Seconds between scrapes of a server's /metrics.")
+MAX_SCRAPE_INTERVAL_S = 3600.0  # an hour between scrapes: past that, nothing is seen happen
+SCRAPE_INTERVAL = flag(
+    "--scrape-interval",
+    help="Seconds between scrapes of a server's /metrics (0.05 to 3600).",
+    min=0.05,
+    max=MAX_SCRAPE_INTERVAL_S,
+)
 KV_EVENTS = flag(
     "--kv-events",
     help="A KV event stream, as vLLM publishes it (ZMQ: a port on 127.0.0.1, tcp://HOST:PORT or ipc://PATH).",

@@ -18,6 +18,7 @@ from kvbench.commands._flags import (
     DTYPE,
     GPU,
     GPU_MEMORY_UTILIZATION,
+    KV_MEMORY,
     MODEL,
     REQUESTS,
     REQUESTS_FILE,
@@ -67,11 +68,7 @@ SHARED_OPTIONS: tuple[SharedOption, ...] = from_settings(
             "kv_memory",
             str | None,
             None,
-            typer.Option(
-                "--kv-memory",
-                rich_help_panel=POOL_PANEL,
-                help="KV pool size, e.g. 64MiB (default: the scenario's budget).",
-            ),
+            KV_MEMORY.annotated("KV pool size, e.g. 64MiB (default: the scenario's budget).", POOL_PANEL),
         ),
         "utilization": GPU_MEMORY_UTILIZATION.annotated(
             "On CUDA: size the pools like vLLM from real free memory.", POOL_PANEL

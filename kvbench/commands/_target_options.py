@@ -18,7 +18,16 @@ from urllib.parse import urlsplit
 
 import typer
 
-from kvbench.commands._flags import MAX_LEN, OUTPUT_LEN, RATE, REQUEST_TIMEOUT, SCRAPE_INTERVAL, SLO, TARGET
+from kvbench.commands._flags import (
+    MAX_LEN,
+    METRICS_URL,
+    OUTPUT_LEN,
+    RATE,
+    REQUEST_TIMEOUT,
+    SCRAPE_INTERVAL,
+    SLO,
+    TARGET,
+)
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
 from kvbench.commands._option_group import OptionGroup, SharedOption, flag_name, from_settings
 from kvbench.commands._options import MIN_RATE, choice
@@ -96,10 +105,8 @@ TARGET_OPTIONS: tuple[SharedOption, ...] = from_settings(
             rich_help_panel=PANEL,
             help="Environment variable holding the API key (sent only over https or to loopback; default: none).",
         ),
-        "metrics_url": typer.Option(
-            "--metrics-url",
-            rich_help_panel=PANEL,
-            help="Where the server's Prometheus metrics are (default: URL/metrics); one target only.",
+        "metrics_url": METRICS_URL.annotated(
+            "Where the server's Prometheus metrics are (default: URL/metrics); one target only.", PANEL
         ),
         "point_timeout_s": typer.Option(
             "--point-timeout",

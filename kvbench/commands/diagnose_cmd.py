@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.commands._flags import JSON, URL
+from kvbench.commands._flags import JSON, METRICS_URL
 from kvbench.commands._options import output_file
 from kvbench.errors import KvbenchError
 from kvbench.fileio import json_text, write_text_atomic
@@ -26,7 +26,7 @@ from kvbench.report.diagnose.findings import grouped
 HELP = """Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint.
 
 Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json), a timeline
-recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prometheus endpoint (--url
+recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prometheus endpoint (--metrics-url
 http://127.0.0.1:PORT/metrics) of kvbench, vLLM or SGLang; each finding with its evidence and a suggestion
 in the words of the engine diagnosed (kvbench flags for kvbench, vLLM's or SGLang's launch options for theirs).
 
@@ -58,7 +58,9 @@ def register(app: typer.Typer) -> None:
 
 def diagnose(
     run: Path | None = typer.Argument(None, help="Run directory, summary.json, or a kvbench watch timeline (.jsonl)."),
-    url: str | None = URL(None, "Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."),
+    url: str | None = METRICS_URL(
+        None, "Scrape a live kvbench, vLLM or SGLang endpoint, e.g. http://127.0.0.1:8000/metrics."
+    ),
     check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
     as_json: bool = JSON(False, "Print the diagnosis as JSON on stdout."),
     thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
@@ -108,10 +110,11 @@ def diagnose(
         alert_for=alert_for,
     )
     if run is not None and url is not None:
-        raise KvbenchError("give a run directory or --url, not both")
+        raise KvbenchError("give a run directory or --metrics-url, not both")
     if run is None and url is None and emit_rules is None:
         raise KvbenchError(
-            "nothing to diagnose: give a run directory, --url http://HOST:PORT/metrics, or --emit-prometheus-rules FILE"
+            "nothing to diagnose: give a run directory, --metrics-url http://HOST:PORT/metrics, or "
+            "--emit-prometheus-rules FILE"
         )
     rules_path = output_file(emit_rules, "--emit-prometheus-rules")
     console = Console(stderr=as_json)

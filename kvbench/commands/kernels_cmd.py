@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.commands._flags import BLOCK_SIZE, DEVICE, DTYPE, JSON, MODEL, OUT, SEED
+from kvbench.commands._flags import BLOCK_SIZE, DEVICE, DTYPE, JSON, MODEL, OUT, REPEAT, SEED
 from kvbench.commands._options import choice, int_list, output_file
 from kvbench.errors import KvbenchError, RunFailed
 from kvbench.fileio import json_text, write_text_atomic
@@ -152,7 +152,7 @@ def kernels(
     ),
     splits: str = typer.Option("auto", "--splits", help="Split-KV partitions for Triton: auto or a number (1 = off)."),
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed calls before timing."),
-    reps: int = typer.Option(10, "--reps", min=1, help="Timed calls; the median is reported."),
+    reps: int = REPEAT(10, "Timed calls; the median is reported."),
     seed: int = SEED(0, "Seed of the random inputs."),
     as_json: bool = JSON(False, "Print the result as JSON on stdout instead of a table."),
     out: str | None = OUT(None, "Also write the JSON result to this file."),

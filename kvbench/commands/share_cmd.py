@@ -15,6 +15,7 @@ from kvbench.commands._flags import (
     MODEL,
     OUT,
     OUTPUT_LEN,
+    REQUESTS,
     RESERVE,
     SEED,
     STOP,
@@ -32,7 +33,7 @@ from kvbench.studies.share import ShareSettings, run_share_study
 def share(
     n: int | None = typer.Option(None, "--n", min=1, help="Parallel sampling: samples per prompt."),
     beam: int | None = typer.Option(None, "--beam", min=1, help="Beam search: beam width."),
-    prompts: int = typer.Option(8, "--prompts", min=1, help="Number of prompts."),
+    prompts: int = REQUESTS(8, "Prompts, each a request of --n samples or --beam beams."),
     prompt_len: int = typer.Option(64, "--prompt-len", min=1, help="Mean prompt length (uniform +-50%)."),
     output_len: int = OUTPUT_LEN(64, "Tokens generated per sample / beam."),
     block_size: int = BLOCK_SIZE(16),

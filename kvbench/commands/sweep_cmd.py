@@ -16,6 +16,7 @@ from kvbench.commands._flags import (
     OUT,
     RAY,
     RAY_ADDRESS,
+    REPEAT,
     STOP,
     THREADS,
     VERBOSE,
@@ -82,7 +83,7 @@ def sweep(
         "eos: answers end where the model emits EOS (default for a real model with a tokenizer); length: run to the "
         "drawn/reference length, EOS ignored.",
     ),
-    repeat: int = typer.Option(1, "--repeat", min=1, help="Run each point K times: mean, std and 95% CI."),
+    repeat: int = REPEAT(1, "Run each point K times: mean, std and 95% CI."),
     threads: str = THREADS("auto"),
     out: str | None = OUT(None, "Run directory (default reports/sweep-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue --out, skipping finished points."),
@@ -96,14 +97,10 @@ def sweep(
     metrics_optional: bool = typer.Option(
         False, "--metrics-optional", help="If the metrics port is taken, run without the endpoint."
     ),
-    waterfall: bool = typer.Option(False, "--waterfall", help="Print the memory waterfall table of every point."),
-    wide: bool = typer.Option(
-        False, "--wide", help="Print every column of the per-point table (summary.md always has them)."
-    ),
     verbose: bool = VERBOSE(
         False,
-        "Print the CPU's start-up measurements in full (each weight's matmul timings, the prefetch's); summary.json "
-        "and report.html always have them.",
+        "Print in full: every column of the per-point table, each point's memory waterfall and the CPU's start-up "
+        "measurements (summary.md, summary.json and report.html always have them).",
     ),
     on_ray: bool = RAY(False, "Fan the points out to Ray workers (one per GPU; on CPU one unless --ray-workers)."),
     ray_workers: int | None = typer.Option(None, "--ray-workers", min=1, help="With --ray: how many workers."),
@@ -139,7 +136,7 @@ def sweep(
     )
     if endpoint is not None:
         check_target_run(options, engines, resume, on_ray, metrics_port is not None or metrics_file is not None)
-        return sweep_targets(options, out_dir, as_json, wide)
+        return sweep_targets(options, out_dir, as_json, verbose)
     metrics = LiveMetrics(metrics_port, metrics_host, output_file(metrics_file, "--metrics-file"), metrics_optional)
     ray = RayFanOut(on_ray, ray_workers, ray_address)
     console = make_console(stderr=as_json)
@@ -151,7 +148,7 @@ def sweep(
     meta = RunMeta.from_json(setup.meta())
     document = write_outputs(run_dir, meta, points)
     sweep_run.opened.release()
-    show(document, as_json, lambda: print_sweep(console, points, options.simulate, waterfall, run_dir, meta, wide))
+    show(document, as_json, lambda: print_sweep(console, points, options.simulate, verbose, run_dir, meta, verbose))
     _fail_on_errors(failed, points, run_dir)
 
 

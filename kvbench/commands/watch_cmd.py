@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.live import Live
 
-from kvbench.commands._flags import OUT, URL
+from kvbench.commands._flags import METRICS_URL, OUT, SCRAPE_INTERVAL
 from kvbench.commands._kv_event_options import KV_EVENTS, KV_EVENTS_BIND, KV_EVENTS_REPLAY, listening
 from kvbench.commands._options import make_console, run_directory
 from kvbench.endpoint.kv_event_subscriber import KvEventSubscriber, event_figures
@@ -25,7 +25,7 @@ from kvbench.studies.watch import Scrape, WatchSettings, read_endpoint, watch
 HELP = """Watch a live metrics endpoint's KV cache, recorded as a timeline and a plot.
 
 Watch a live kvbench, vLLM or SGLang metrics endpoint: KV usage, free blocks, running and waiting
-requests, preemptions and the prefix-cache hit rate, scraped every --interval seconds and shown as a live
+requests, preemptions and the prefix-cache hit rate, scraped every --scrape-interval seconds and shown as a live
 table. Each scrape is appended to OUT/timeline.jsonl as it comes; when the watch ends (--duration, or Ctrl-C)
 OUT/watch.png plots the timeline and OUT/report.html shows it with its diagnosis. `kvbench diagnose
 OUT/timeline.jsonl` runs the diagnosis rules over it (a queue that grows while KV usage stays low is seen only
@@ -34,7 +34,6 @@ second, resident blocks and thrash shown live, and the events kept in OUT/kv-eve
 """
 
 
-MAX_INTERVAL_S = 3600.0  # an hour between scrapes: past that, a watch sees nothing happen
 MAX_DURATION_S = 30 * 86400.0  # a month, bounded (an infinite one is the default: until Ctrl-C)
 
 
@@ -43,10 +42,8 @@ def register(app: typer.Typer) -> None:
 
 
 def watch_command(
-    url: str = URL(...),
-    interval: float = typer.Option(
-        1.0, "--interval", min=0.05, max=MAX_INTERVAL_S, help="Seconds between scrapes (0.05 to 3600)."
-    ),
+    url: str = METRICS_URL(...),
+    interval: float = SCRAPE_INTERVAL(1.0),
     duration: float | None = typer.Option(
         None,
         "--duration",

@@ -34,13 +34,13 @@ CASES = [
     "share --n 2 --model llama-2-13b --device cpu",
     "share --n 2 --block-size 100000 --device cpu",
     "share --n 2 --num-blocks 99999999999 --device cpu",
-    "share --n 2 --prompts 1000000000 --device cpu",
+    "share --n 2 --requests 1000000000 --device cpu",
     "share --n 2 --max-len 4097 --device cpu",
     "share --n 100000 --device cpu",
     "share --n 2 --prompt-len 1000000000 --device cpu",
     "share --n 2 --output-len 5000 --device cpu",
     "share --beam 2 --output-len 1000000000 --device cpu",
-    "share --beam 2 --prompts 1 --prompt-len 5000 --output-len 4 --num-blocks 100000 --device cpu",
+    "share --beam 2 --requests 1 --prompt-len 5000 --output-len 4 --num-blocks 100000 --device cpu",
     "waste --model /nonexistent",
     "waste --max-len 100000",
     "waste --trace /etc/hostname",
@@ -70,7 +70,7 @@ CASES = [
     "sweep --target http://127.0.0.1:1 --prefix-hit-rate 1.5",
     "sweep --target http://127.0.0.1:1 --prefix-hit-rate 0.5 --api chat",
     "capacity --gpu-memory 1e999GiB",
-    "capacity --kv-cache-memory 1e999GiB",
+    "capacity --kv-memory 1e999GiB",
     "capacity --gpu-memory-utilization 1e-300",
     "sweep --simulate --kv-memory 1e999GiB",
     "waste --requests 20 --gpu-memory 1e999GiB",
@@ -206,9 +206,9 @@ def test_a_hostile_metrics_endpoint_is_one_error_line_within_the_deadline(comman
     with RawServer(handler) as server:
         start = time.monotonic()
         args = (
-            ["diagnose", "--url", server.url()]
+            ["diagnose", "--metrics-url", server.url()]
             if command == "diagnose"
-            else ["watch", "--url", server.url(), "--duration", "1", "--out", str(out)]
+            else ["watch", "--metrics-url", server.url(), "--duration", "1", "--out", str(out)]
         )
         assert main(args) == 2
         took = time.monotonic() - start
@@ -231,7 +231,7 @@ def test_vllm_values_outside_their_meaning_are_flagged_never_reported(
     values, invalid, not_shown, metrics_server, vllm_exposition, capfd
 ):
     server = metrics_server.serve([vllm_exposition(**values)])
-    assert main(["diagnose", "--url", server.url]) == 0
+    assert main(["diagnose", "--metrics-url", server.url]) == 0
     out = capfd.readouterr().out
     text = " ".join(out.split())  # rich wraps long lines
     assert "note: invalid value set aside, not used: vLLM engine=0 model_name=" in text
@@ -261,7 +261,7 @@ def test_kvbench_values_outside_their_meaning_are_flagged_never_reported(metrics
         ]
     )
     server = metrics_server.serve([exposition])
-    assert main(["diagnose", "--url", server.url, "--json"]) == 0
+    assert main(["diagnose", "--metrics-url", server.url, "--json"]) == 0
     result = json.loads(capfd.readouterr().out)
     assert [f["rule"] for f in result["findings"]] == []  # no "fragmentation 5.000 > 0.3", no "p99 ~inf ms"
     reasons = {n["rule"]: n["reason"] for n in result["not_evaluated"]}
@@ -284,13 +284,25 @@ def test_label_values_with_terminal_escapes_are_printed_escaped(
     hostile = vllm_exposition(usage=0.5).replace('engine="0"', 'engine="0\\u001b]0;pwned\\u0007\\u001b[2J"')
     hostile = hostile.replace("\\u001b", "\x1b").replace("\\u0007", "\x07")
     server = metrics_server.serve([hostile])
-    assert main(["diagnose", "--url", server.url]) == 0
+    assert main(["diagnose", "--metrics-url", server.url]) == 0
     out = capfd.readouterr().out
     assert "\x1b]" not in out and "\x07" not in out and "\x1b[2J" not in out
     assert "engine=0\\x1b]0;pwned\\x07\\x1b[2J" in out.replace("\n", "")
     monkeypatch.setattr(watch_study, "_sleep", lambda seconds: None)
     assert (
-        main(["watch", "--url", server.url, "--interval", "0.05", "--duration", "0.05", "--out", str(tmp_path / "w")])
+        main(
+            [
+                "watch",
+                "--metrics-url",
+                server.url,
+                "--scrape-interval",
+                "0.05",
+                "--duration",
+                "0.05",
+                "--out",
+                str(tmp_path / "w"),
+            ]
+        )
         == 0
     )
     out = capfd.readouterr().out

@@ -91,7 +91,7 @@ def test_capacity_with_a_config_dir(capsys, tmp_path):
         ),
         (["--gpu-memory", "lots"], "--gpu-memory: cannot read 'lots'"),
         (["--gpu-memory", "0GiB"], "--gpu-memory must be positive"),
-        (["--kv-cache-memory", "-1GiB"], "--kv-cache-memory: cannot read"),
+        (["--kv-memory", "-1GiB"], "--kv-memory: cannot read"),
         (["--max-num-seqs", "0"], "Input should be greater than or equal to 1"),
         (["--concurrency", "0"], "Input should be greater than or equal to 1"),
         (["--model", "./no/such/dir"], "no such path"),

@@ -229,7 +229,7 @@ def test_unwritable_output_is_one_line_error(tmp_path, capsys):
     )
 
 
-SHARE = ["--prompts", "2", "--prompt-len", "8", "--output-len", "8", "--device", "cpu"]
+SHARE = ["--requests", "2", "--prompt-len", "8", "--output-len", "8", "--device", "cpu"]
 RUN_KINDS = {
     "waste": ["waste", "--requests", "50"],
     "share-n": ["share", "--n", "2", *SHARE],

@@ -154,8 +154,8 @@ def test_thresholds_by_file_and_flags(wasteful, tmp_path, capsys):
     [
         ([], "nothing to diagnose"),
         (["missing-dir"], "no such run directory"),
-        (["x", "--url", "http://127.0.0.1:1/metrics"], "not both"),
-        (["--url", "ftp://host/metrics"], "expected http://"),
+        (["x", "--metrics-url", "http://127.0.0.1:1/metrics"], "not both"),
+        (["--metrics-url", "ftp://host/metrics"], "expected http://"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
@@ -175,16 +175,16 @@ def test_live_endpoint(capsys):
     metrics.observe("paged", scheduler)
     with metrics:
         url = f"http://127.0.0.1:{metrics.serve('127.0.0.1', 0)}/metrics"
-        assert main(["diagnose", "--url", url, "--check", "--json"]) == 1
+        assert main(["diagnose", "--metrics-url", url, "--check", "--json"]) == 1
         result = json.loads(capsys.readouterr().out)
         assert result["source"] == url and result["checked"] == 1
         assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
         assert all(f["source"] == "kvbench device=cpu engine=paged" for f in result["findings"])
-        assert main(["diagnose", "--url", url, "--min-free-blocks", "0", "--check"]) == 0
+        assert main(["diagnose", "--metrics-url", url, "--min-free-blocks", "0", "--check"]) == 0
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    assert main(["diagnose", "--url", f"http://127.0.0.1:{port}/metrics"]) == 2
+    assert main(["diagnose", "--metrics-url", f"http://127.0.0.1:{port}/metrics"]) == 2
     assert "cannot scrape" in capsys.readouterr().err
 
 
@@ -248,7 +248,7 @@ def test_promtool_accepts_the_exposition_and_the_rules(tmp_path):
 def test_a_vllm_server(metrics_server, vllm_exposition, capsys):
     """A vLLM endpoint (recorded text, served on 127.0.0.1) is diagnosed with vLLM's options in the advice."""
     server = metrics_server.serve([vllm_exposition(usage=0.96, waiting=7, waiting_capacity=7)])
-    assert main(["diagnose", "--url", server.url, "--check", "--json"]) == 1
+    assert main(["diagnose", "--metrics-url", server.url, "--check", "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
     assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
     assert all(
@@ -257,7 +257,7 @@ def test_a_vllm_server(metrics_server, vllm_exposition, capsys):
     assert {n["rule"] for n in result["not_evaluated"]} == {"fragmentation", "alloc_latency", "reservation_waste"}
     assert any(m["estimate"] for m in result["measurements"])
     server.serve([vllm_exposition()])  # the recorded busy server: healthy
-    assert main(["diagnose", "--url", server.url, "--check"]) == 0
+    assert main(["diagnose", "--metrics-url", server.url, "--check"]) == 0
     out = capsys.readouterr().out
     assert "no findings" in out and "not evaluated fragmentation" in out and "estimate" in out
 
@@ -280,7 +280,7 @@ def test_a_url_that_is_not_an_engines_metrics_is_one_line_and_exit_2(
     metrics_server, body, content_type, status, message, capsys
 ):
     server = metrics_server.serve([body], content_type, status)
-    assert main(["diagnose", "--url", server.url]) == 2
+    assert main(["diagnose", "--metrics-url", server.url]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 

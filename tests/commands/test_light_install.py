@@ -132,12 +132,21 @@ def test_watch_and_diagnose_a_live_endpoint(metrics_server, vllm_exposition, tmp
     server = metrics_server.serve([vllm_exposition(usage=0.2, running=8, waiting=w) for w in (0, 3, 6)])
     out = tmp_path / "w"
     code, _ = run_light(
-        "watch", "--url", server.url, "--interval", "0.05", "--duration", "0.2", "--out", str(out), absent=with_http
+        "watch",
+        "--metrics-url",
+        server.url,
+        "--scrape-interval",
+        "0.05",
+        "--duration",
+        "0.2",
+        "--out",
+        str(out),
+        absent=with_http,
     )
     assert code == 0 and (out / "timeline.jsonl").exists() and (out / "watch.png").exists()
     code, stdout = run_light("diagnose", str(out / "timeline.jsonl"), "--json")
     assert code == 0 and json.loads(stdout)["source"].endswith("timeline.jsonl")
-    code, stdout = run_light("diagnose", "--url", server.url, "--json", absent=with_http)
+    code, stdout = run_light("diagnose", "--metrics-url", server.url, "--json", absent=with_http)
     assert code == 0 and json.loads(stdout)["source"] == server.url
 
 

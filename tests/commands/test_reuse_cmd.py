@@ -169,7 +169,7 @@ def test_requests_longer_than_the_context_are_left_out_and_said(tmp_path, capsys
 
 def test_larger_deployments_that_add_no_kv_memory_are_not_marked(tmp_path, capsys):
     # a KV cache set per GPU: past 8 GPUs tensor parallelism replicates Llama's 8 KV heads and adds no block
-    args = ["-tp", "2", "--kv-cache-memory", "8GiB", "--max-requests", "50", "--points", "0", "--out", str(tmp_path)]
+    args = ["-tp", "2", "--kv-memory", "8GiB", "--max-requests", "50", "--points", "0", "--out", str(tmp_path)]
     deployments = run_json(args, capsys)["deployments"]
     blocks = [d["kv_blocks"] for d in deployments]
     assert blocks == sorted(set(blocks)) and [d["gpus"] for d in deployments] == [2, 4, 8]

@@ -70,7 +70,7 @@ def test_bad_shared_values_name_their_flag(args, message):
 
 
 def test_a_group_takes_its_defaults_from_the_settings_dataclass_and_leaves_out_what_a_command_lacks():
-    """waste has no --kv-cache-memory (parsed as unset), reuse's model and GPU defaults are ReuseSettings', and a
+    """waste has no --kv-memory (parsed as unset), reuse's model and GPU defaults are ReuseSettings', and a
     size that does not parse names its flag in each command that shares it."""
     from kvbench.cli import app
     from kvbench.commands._deployment_options import DEPLOYMENT
@@ -80,7 +80,7 @@ def test_a_group_takes_its_defaults_from_the_settings_dataclass_and_leaves_out_w
     runner = CliRunner()
     wide = {"COLUMNS": "400", "TERMINAL_WIDTH": "400"}
     waste_help = runner.invoke(app, ["waste", "--help"], env=wide).output
-    assert "--tensor-parallel-size" in waste_help and "--kv-cache-memory" not in waste_help
+    assert "--tensor-parallel-size" in waste_help and "--kv-memory" not in waste_help
     reuse_help = runner.invoke(app, ["reuse", "--help"], env=wide).output
     assert f"[default: {ReuseSettings.model}]" in reuse_help and f"[default: {ReuseSettings.gpu}]" in reuse_help
     assert settings_defaults(ReuseSettings, DEPLOYMENT.names)["gpu"] == ReuseSettings.gpu

@@ -19,7 +19,7 @@ def run(args: list[str]) -> int:
 
 def test_sweep_writes_every_output_and_the_schema(scenario, tmp_path, capsys):
     out = tmp_path / "run"
-    assert run(["--scenario", scenario, "--out", str(out), "--wide"]) == 0
+    assert run(["--scenario", scenario, "--out", str(out), "--verbose"]) == 0
     printed = capsys.readouterr().out
     assert "E2EL" in printed and "At equal batch" in printed  # the wide per-point table, the finding in words
     for name in (

@@ -70,7 +70,7 @@ def test_endpoint_scraped_during_the_sweep_agrees_with_the_pool(scenario, tmp_pa
                 "0",
                 "--metrics-file",
                 str(prom),
-                "--waterfall",
+                "--verbose",
             ]
         )
         == 0

@@ -3,7 +3,7 @@
 The default test run never starts a server: this module runs only when KVBENCH_VLLM_PYTHON and KVBENCH_VLLM_MODEL
 are set, and skips (never fails) when either is unusable (tests/vllm_server.py starts and stops the server). The
 server's ``VLLM_CPU_KVCACHE_SPACE`` is what the capacity check below hands to ``kvbench capacity`` as
-``--kv-cache-memory``.
+``--kv-memory``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _complete(base: str, index: int, results: list) -> None:
 
 def test_diagnose_and_watch_a_live_vllm_server(vllm_base, tmp_path, capsys):
     url = f"{vllm_base}/metrics"
-    assert main(["diagnose", "--url", url, "--json"]) == 0
+    assert main(["diagnose", "--metrics-url", url, "--json"]) == 0
     idle = json.loads(capsys.readouterr().out)
     assert idle["checked"] == 1 and {n["rule"] for n in idle["not_evaluated"]} >= {"fragmentation"}
     (before,) = read_states(scrape(url), url)
@@ -60,7 +60,7 @@ def test_diagnose_and_watch_a_live_vllm_server(vllm_base, tmp_path, capsys):
     for thread in threads:
         thread.start()
     out = tmp_path / "watch"
-    assert main(["watch", "--url", url, "--interval", "0.5", "--duration", "4", "--out", str(out)]) == 0
+    assert main(["watch", "--metrics-url", url, "--scrape-interval", "0.5", "--duration", "4", "--out", str(out)]) == 0
     for thread in threads:
         thread.join(timeout=600)
     assert results == [48] * 6
@@ -74,7 +74,7 @@ def test_diagnose_and_watch_a_live_vllm_server(vllm_base, tmp_path, capsys):
     assert main(["diagnose", str(out / "timeline.jsonl"), "--json"]) in (0, 1)
     watched = json.loads(capsys.readouterr().out)
     assert watched["checked"] == 1 and watched["measurements"]
-    assert main(["diagnose", "--url", url, "--json"]) == 0
+    assert main(["diagnose", "--metrics-url", url, "--json"]) == 0
     after = json.loads(capsys.readouterr().out)
     rate = next(m for m in after["measurements"] if m["name"] == "prefix_cache_hit_rate")
     assert 0 <= rate["value"] <= 1
@@ -104,7 +104,7 @@ def test_capacity_equals_vllm_cpus_own_block_count(vllm_run, capsys):
                 MODEL,
                 "--dtype",
                 "fp32",
-                "--kv-cache-memory",
+                "--kv-memory",
                 f"{vllm_run.kv_space_gib}GiB",
                 "--block-size",
                 str(block_size),

@@ -26,7 +26,12 @@ def test_watch_records_a_timeline_and_a_plot_then_diagnose_reads_it(
     _virtual_time(monkeypatch, watch_study)  # scrape back to back, on a clock a slow machine cannot run out
     server = metrics_server.serve(queue_growing(vllm_exposition))
     out = tmp_path / "w"
-    assert main(["watch", "--url", server.url, "--interval", "0.05", "--duration", "0.3", "--out", str(out)]) == 0
+    assert (
+        main(
+            ["watch", "--metrics-url", server.url, "--scrape-interval", "0.05", "--duration", "0.3", "--out", str(out)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "kvbench watch" in text and "waiting" in text and "vLLM engine=0" in text
     lines = (out / "timeline.jsonl").read_text().splitlines()
@@ -59,7 +64,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_scraped(
     monkeypatch.setattr(watch_study, "_sleep", sleep)
     server = metrics_server.serve(queue_growing(vllm_exposition))
     out = tmp_path / "w"
-    assert main(["watch", "--url", server.url, "--interval", "0.05", "--out", str(out)]) == 0  # no --duration
+    assert (
+        main(["watch", "--metrics-url", server.url, "--scrape-interval", "0.05", "--out", str(out)]) == 0
+    )  # no --duration
     text = capsys.readouterr().out
     assert "stopped by Ctrl-C" in text and "Traceback" not in text
     assert len((out / "timeline.jsonl").read_text().splitlines()) == 1 + 3
@@ -75,7 +82,10 @@ def test_a_failed_scrape_mid_watch_is_recorded_and_the_watch_goes_on(
     _virtual_time(monkeypatch, watch_study)
     server = metrics_server.serve([vllm_exposition(), "<html>busy</html>", vllm_exposition()])
     out = tmp_path / "w"
-    assert main(["watch", "--url", server.url, "--interval", "0.1", "--duration", "0.2", "--out", str(out)]) == 0
+    assert (
+        main(["watch", "--metrics-url", server.url, "--scrape-interval", "0.1", "--duration", "0.2", "--out", str(out)])
+        == 0
+    )
     records = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()[1:]]
     assert ["error" in r for r in records] == [False, True, False]
     assert "1 failed" in capsys.readouterr().out
@@ -86,10 +96,10 @@ def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, caps
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "w"
-    assert main(["watch", "--url", f"http://127.0.0.1:{port}/metrics", "--out", str(out)]) == 2
+    assert main(["watch", "--metrics-url", f"http://127.0.0.1:{port}/metrics", "--out", str(out)]) == 2
     assert "cannot scrape" in capsys.readouterr().err
     server = metrics_server.serve(["<!DOCTYPE html><html></html>"], "text/html")
-    assert main(["watch", "--url", server.url, "--out", str(out)]) == 2
+    assert main(["watch", "--metrics-url", server.url, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "HTML page" in err and len(err.splitlines()) == 1
     assert not out.exists()
@@ -98,11 +108,11 @@ def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, caps
 @pytest.mark.parametrize(
     "args",
     [
-        ["--interval", "0"],
+        ["--scrape-interval", "0"],
         ["--duration", "-1"],
-        ["--interval", "inf"],
-        ["--interval", "nan"],
-        ["--interval", "1e300"],
+        ["--scrape-interval", "inf"],
+        ["--scrape-interval", "nan"],
+        ["--scrape-interval", "1e300"],
         ["--duration", "inf"],
         ["--duration", "nan"],
         ["--duration", "1e20"],
@@ -110,7 +120,7 @@ def test_bad_urls_fail_before_any_file_is_written(tmp_path, metrics_server, caps
 )
 def test_bad_interval_or_duration(args, capsys):
     """Refused before any scrape (an infinite interval overflowed the pause between scrapes)."""
-    assert main(["watch", "--url", "http://127.0.0.1:1/metrics", *args]) == 2
+    assert main(["watch", "--metrics-url", "http://127.0.0.1:1/metrics", *args]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and err.startswith(f"error: Invalid value for '{args[0]}'") and len(err.splitlines()) == 1
@@ -147,7 +157,17 @@ def test_watch_listens_to_a_kv_event_stream_shows_its_rates_and_keeps_it(
     thread.start()
     out = tmp_path / "w"
     try:
-        args = ["watch", "--url", server.url, "--interval", "0.3", "--duration", "1.5", "--kv-events", address]
+        args = [
+            "watch",
+            "--metrics-url",
+            server.url,
+            "--scrape-interval",
+            "0.3",
+            "--duration",
+            "1.5",
+            "--kv-events",
+            address,
+        ]
         assert main([*args, "--out", str(out)]) == 0
     finally:
         stop.set()
@@ -163,7 +183,9 @@ def test_watch_listens_to_a_kv_event_stream_shows_its_rates_and_keeps_it(
 def test_watch_refuses_bad_kv_event_options(tmp_path, metrics_server, vllm_exposition, capsys):
     server = metrics_server.serve([vllm_exposition(usage=0.5)])
     for extra in (["--kv-events", "tcp://*:5557"], ["--kv-events-replay", "5558"], ["--kv-events-bind"]):
-        assert main(["watch", "--url", server.url, "--duration", "0", "--out", str(tmp_path / "w"), *extra]) == 2
+        assert (
+            main(["watch", "--metrics-url", server.url, "--duration", "0", "--out", str(tmp_path / "w"), *extra]) == 2
+        )
         err = capsys.readouterr().err
         assert err.startswith("error:") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "w").exists()

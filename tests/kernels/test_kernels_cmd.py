@@ -22,7 +22,7 @@ TINY = [
     "16,33",
     "--warmup",
     "0",
-    "--reps",
+    "--repeat",
     "2",
 ]
 
@@ -88,7 +88,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
                 "2",
                 "--context",
                 "9",
-                "--reps",
+                "--repeat",
                 "1",
             ]
         )

@@ -101,7 +101,7 @@ def share_run(runs_root) -> Path:
             "share",
             "--n",
             "2",
-            "--prompts",
+            "--requests",
             "2",
             "--prompt-len",
             "16",
