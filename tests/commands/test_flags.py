@@ -90,3 +90,26 @@ def test_a_command_gives_the_default_and_its_own_help_and_the_flag_keeps_its_che
     assert runner.invoke(app, []).exit_code == 0 and seen == [16]
     assert runner.invoke(app, ["--size", "0"]).exit_code == 2
     assert "Tokens per thing, here." in runner.invoke(app, ["--help"]).output
+
+
+# a meaning's second names, folded into the one flag other commands give it: none may come back as a flag of its own
+SECOND_NAMES = {
+    "--interval": "--scrape-interval",
+    "--url": "--metrics-url",
+    "--reps": "--repeat",
+    "--kv-cache-memory": "--kv-memory",
+    "--prompts": "--requests",
+    "--wide": "--verbose",
+    "--waterfall": "--verbose",
+}
+
+
+def test_a_meaning_has_one_name_in_every_command():
+    taken: dict[str, set[str]] = defaultdict(set)
+    for name in COMMANDS:
+        for param in load_command(name).params:
+            for option in (*param.opts, *getattr(param, "secondary_opts", ())):
+                taken[option].add(name)
+    back = {old: sorted(taken[old]) for old in SECOND_NAMES if old in taken}
+    assert not back, f"second names for one meaning are flags again (use the one name): {back}"
+    assert all(new in taken for new in SECOND_NAMES.values())
