@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kvbench import units
 from kvbench.commands._flags import JSON, METRICS_URL
 from kvbench.commands._options import output_file
 from kvbench.errors import KvbenchError
@@ -22,32 +23,43 @@ from kvbench.report.diagnose import (
     timeline_path,
 )
 from kvbench.report.diagnose.findings import grouped
+from kvbench.report.diagnose.thresholds import KEYS, Thresholds, parse_assignments
 
-HELP = """Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint.
+_DEFAULTS = Thresholds()
+
+HELP = f"""Find KV-cache trouble in a run, a watch timeline or a live metrics endpoint.
 
 Diagnose the KV cache: rules over a run's results (RUN: a run directory or summary.json), a timeline
 recorded by `kvbench watch` (RUN: its timeline.jsonl or folder), or a live Prometheus endpoint (--metrics-url
 http://127.0.0.1:PORT/metrics) of kvbench, vLLM or SGLang; each finding with its evidence and a suggestion
 in the words of the engine diagnosed (kvbench flags for kvbench, vLLM's or SGLang's launch options for theirs).
 
-Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation > 0.3; free blocks
-< 10% of the pool; block allocation latency p99 > 50 ms; more than 0.5 preemptions per completed request;
-reservation + internal > 50% of the pool; a KV budget that caps concurrency (OOM, fewer requests running than
-offered, or requests waiting while few blocks are free); requests queueing while KV usage is below 50% (the
-scheduler's batch cap; a warning when a timeline shows the queue growing); a prefix-cache hit rate below
---min-prefix-hit-rate (off by default). For a server point that recorded its requests' cached tokens and KV
-events (sweep --target, --kv-events): eviction thrash above --max-thrash-share (0.1), a shared prefix shorter
-than one block, prefix caching off while prompts share prefixes, and a hit rate more than --max-reuse-gap
-(0.2) below what an unbounded cache serves the same requests. A rule the engine's metrics cannot decide (vLLM
-exposes no fragmentation) is listed as not evaluated, with kvbench's estimate of paging's internal waste (half
-a block per running request) marked as an estimate. Thresholds come from --thresholds FILE (TOML keys:
-fragmentation, free_blocks, alloc_latency_p99_ms, preemptions_per_request, reservation_waste, low_kv_usage,
-min_prefix_hit_rate, max_thrash_share, max_reuse_gap, for), then the flags.
+Rules and defaults (from the seed article, plus what the data makes obvious): fragmentation >
+{_DEFAULTS.fragmentation:g}; free blocks < {units.share(_DEFAULTS.free_blocks, 0)} of the pool; block allocation
+latency p99 > {_DEFAULTS.alloc_latency_p99_ms:g} ms; more than {_DEFAULTS.preemptions_per_request:g} preemptions
+per completed request; reservation + internal > {units.share(_DEFAULTS.reservation_waste, 0)} of the pool; a KV
+budget that caps concurrency (OOM, fewer requests running than offered, or requests waiting while few blocks are
+free); requests queueing while KV usage is below {units.share(_DEFAULTS.low_kv_usage, 0)} (the scheduler's batch
+cap; a warning when a timeline shows the queue growing); a prefix-cache hit rate below min_prefix_hit_rate (off by
+default). For a server point that recorded its requests' cached tokens and KV events (sweep --target, --kv-events):
+eviction thrash above max_thrash_share ({_DEFAULTS.max_thrash_share:g}), a shared prefix shorter than one block,
+prefix caching off while prompts share prefixes, and a hit rate more than max_reuse_gap
+({_DEFAULTS.max_reuse_gap:g}) below what an unbounded cache serves the same requests. A rule the engine's metrics
+cannot decide (vLLM exposes no fragmentation) is listed as not evaluated, with kvbench's estimate of paging's
+internal waste (half a block per running request) marked as an estimate. Thresholds come from --thresholds FILE
+(TOML: the keys at the top or in a table named thresholds), then each --threshold KEY=VALUE; the keys:
+{", ".join(KEYS)}.
 
 --emit-prometheus-rules FILE writes the rules over kvbench's metrics as Prometheus alerting rules (YAML);
 alone, it needs no input. Exit codes: 0 (with --check: no warning or critical finding), 1 with --check when
 one fired (info findings never fail), 2 unusable input.
 """
+
+THRESHOLD_HELP = (
+    "A threshold, repeatable; the keys (those of --thresholds FILE) with their defaults: "
+    + ", ".join(described.shown() for described in KEYS.values())
+    + "."
+)
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -64,51 +76,16 @@ def diagnose(
     check: bool = typer.Option(False, "--check", help="Exit 1 when any rule fires (for CI)."),
     as_json: bool = JSON(False, "Print the diagnosis as JSON on stdout."),
     thresholds_file: Path | None = typer.Option(None, "--thresholds", help="TOML file of thresholds."),
-    max_fragmentation: float | None = typer.Option(
-        None, "--max-fragmentation", help="Online fragmentation limit (default 0.3)."
-    ),
-    min_free_blocks: float | None = typer.Option(
-        None, "--min-free-blocks", help="Free blocks, share of the pool (default 0.1)."
-    ),
-    max_alloc_latency_ms: float | None = typer.Option(
-        None, "--max-alloc-latency-ms", help="Block allocation p99 limit, ms (default 50)."
-    ),
-    max_preemptions: float | None = typer.Option(
-        None, "--max-preemptions-per-request", help="Preemptions per completed request (default 0.5)."
-    ),
-    max_reservation_waste: float | None = typer.Option(
-        None, "--max-reservation-waste", help="Reservation + internal, share of the pool (default 0.5)."
-    ),
-    low_kv_usage: float | None = typer.Option(
-        None, "--low-kv-usage", help="Requests waiting below this KV usage: the batch cap limits (default 0.5)."
-    ),
-    min_prefix_hit_rate: float | None = typer.Option(
-        None, "--min-prefix-hit-rate", help="Prefix-cache hit rate below this fires (default 0: off)."
-    ),
-    max_thrash_share: float | None = typer.Option(
-        None, "--max-thrash-share", help="Removed KV blocks stored again soon after, share (default 0.1)."
-    ),
-    max_reuse_gap: float | None = typer.Option(
-        None, "--max-reuse-gap", help="Hit rate below an unbounded cache's on the same requests, share (default 0.2)."
-    ),
-    alert_for: str | None = typer.Option(None, "--alert-for", help="`for:` of the emitted alerts (default 5m)."),
+    threshold: list[str] | None = typer.Option(None, "--threshold", metavar="KEY=VALUE", help=THRESHOLD_HELP),
     emit_rules: str | None = typer.Option(
         None, "--emit-prometheus-rules", help="Write Prometheus alerting rules (YAML) here."
     ),
 ) -> None:
-    thresholds = load_thresholds(
-        thresholds_file,
-        fragmentation=max_fragmentation,
-        free_blocks=min_free_blocks,
-        alloc_latency_p99_ms=max_alloc_latency_ms,
-        preemptions_per_request=max_preemptions,
-        reservation_waste=max_reservation_waste,
-        low_kv_usage=low_kv_usage,
-        min_prefix_hit_rate=min_prefix_hit_rate,
-        max_thrash_share=max_thrash_share,
-        max_reuse_gap=max_reuse_gap,
-        alert_for=alert_for,
-    )
+    try:
+        overrides = parse_assignments(threshold or ())
+    except KvbenchError as err:
+        raise KvbenchError(f"--threshold {err}") from None
+    thresholds = load_thresholds(thresholds_file, **overrides)
     if run is not None and url is not None:
         raise KvbenchError("give a run directory or --metrics-url, not both")
     if run is None and url is None and emit_rules is None:

@@ -6,6 +6,7 @@ import json
 import shutil
 import socket
 import subprocess
+from dataclasses import fields
 
 import pytest
 
@@ -15,6 +16,7 @@ from kvbench.engine.scheduler import Scheduler
 from kvbench.kv.block_pool import BlockPool
 from kvbench.kv.paged import PagedManager
 from kvbench.measure.exporter import KvMetrics
+from kvbench.report.diagnose import Thresholds
 from kvbench.results.schema import SCHEMA_VERSION
 
 
@@ -134,10 +136,10 @@ def test_thresholds_by_file_and_flags(wasteful, tmp_path, capsys):
             [
                 "diagnose",
                 str(wasteful),
-                "--max-fragmentation",
-                "0.8",
-                "--max-reservation-waste",
-                "0.9",
+                "--threshold",
+                "fragmentation=0.8",
+                "--threshold",
+                "reservation_waste=0.9",
                 "--check",
                 "--json",
             ]
@@ -145,8 +147,68 @@ def test_thresholds_by_file_and_flags(wasteful, tmp_path, capsys):
         == 1
     )  # the OOM still fires
     capsys.readouterr()
-    assert main(["diagnose", str(wasteful), "--max-fragmentation", "2"]) == 2
+    assert main(["diagnose", str(wasteful), "--threshold", "fragmentation=2"]) == 2
     assert "between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_threshold_overrides_the_file(wasteful, tmp_path, capsys):
+    """Defaults, then the file, then --threshold: the flag wins where both set a key, the file elsewhere."""
+    path = tmp_path / "t.toml"
+    path.write_text('[thresholds]\nfragmentation = 0.8\nreservation_waste = 0.9\nfor = "2m"\n')
+    args = ["diagnose", str(wasteful), "--thresholds", str(path), "--json"]
+    assert main([*args, "--threshold", "fragmentation=0.5", "--threshold", "for=10m"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    thresholds = result["thresholds"]
+    assert (thresholds["fragmentation"], thresholds["reservation_waste"], thresholds["alert_for"]) == (0.5, 0.9, "10m")
+    assert thresholds["free_blocks"] == 0.1  # neither sets it: the default
+    assert {f["rule"] for f in result["findings"]} == {"fragmentation", "concurrency_capped"}
+
+
+def test_every_threshold_is_a_key_with_its_default_in_the_help(tmp_path, capsys):
+    """The help is drawn from the thresholds' descriptions: a threshold added without one shows up here."""
+    from kvbench.commands.diagnose_cmd import HELP
+    from kvbench.report.diagnose.thresholds import KEYS
+
+    defaults = Thresholds()
+    assert {d.name for d in KEYS.values()} == {f.name for f in fields(Thresholds)}
+    assert main(["diagnose", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    keys = ", ".join(KEYS)
+    assert keys in " ".join(HELP.split()) and keys in out
+    assert keys.startswith("fragmentation, ") and keys.endswith(", for")
+    for key, described in KEYS.items():
+        assert described.means and described.unit, key
+        default = getattr(defaults, described.name)
+        shown = f"{key}={default:g}" if isinstance(default, float) else f"{key}={default}"
+        assert shown in out, shown
+        args = ["--threshold", f"{key}={default}"]
+        assert main(["diagnose", *args, "--emit-prometheus-rules", str(tmp_path / "rules.yml")]) == 0, key
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["fragmentation"], "--threshold fragmentation: expected KEY=VALUE"),
+        (["=0.2"], "--threshold =0.2: expected KEY=VALUE"),
+        (["nope=1"], "--threshold nope=1: unknown key 'nope'; known: fragmentation, free_blocks, "),
+        (["fragmentation=abc"], "--threshold fragmentation=abc: 'abc' is not a number"),
+        (["fragmentation="], "'' is not a number"),
+        (["fragmentation=2"], "threshold fragmentation: 2.0 is a share, between 0 and 1"),
+        (["free_blocks=-0.1"], "non-negative"),
+        (["alloc_latency_p99_ms=nan"], "threshold alloc_latency_p99_ms: nan must be a finite"),
+        (["alloc_latency_p99_ms=inf"], "threshold alloc_latency_p99_ms: inf must be a finite"),
+        (["for=5x"], "threshold for: '5x' is not a Prometheus duration"),
+        (["alert_for=5m"], "unknown key 'alert_for'"),
+        (["fragmentation=0.2", "fragmentation=0.4"], "--threshold fragmentation=0.4: fragmentation given twice"),
+    ],
+)
+def test_a_bad_threshold_is_one_line_and_exit_2(healthy_run, values, message, capsys):
+    args = [arg for value in values for arg in ("--threshold", value)]
+    assert main(["diagnose", str(healthy_run), *args]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err and captured.out == ""
 
 
 @pytest.mark.parametrize(
@@ -180,7 +242,7 @@ def test_live_endpoint(capsys):
         assert result["source"] == url and result["checked"] == 1
         assert {f["rule"] for f in result["findings"]} == {"free_blocks", "concurrency_capped"}
         assert all(f["source"] == "kvbench device=cpu engine=paged" for f in result["findings"])
-        assert main(["diagnose", "--metrics-url", url, "--min-free-blocks", "0", "--check"]) == 0
+        assert main(["diagnose", "--metrics-url", url, "--threshold", "free_blocks=0", "--check"]) == 0
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -190,10 +252,8 @@ def test_live_endpoint(capsys):
 
 def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
     path = tmp_path / "kvbench.rules.yml"
-    assert (
-        main(["diagnose", "--emit-prometheus-rules", str(path), "--max-fragmentation", "0.25", "--alert-for", "10m"])
-        == 0
-    )
+    args = ["--threshold", "fragmentation=0.25", "--threshold", "for=10m"]
+    assert main(["diagnose", "--emit-prometheus-rules", str(path), *args]) == 0
     text = path.read_text()
     assert "kvbench_kv_cache_fragmentation > 0.25" in text and "for: 10m" in text
     assert main(["diagnose", str(wasteful), "--emit-prometheus-rules", str(path), "--check"]) == 1  # both at once
@@ -205,7 +265,7 @@ def test_emit_prometheus_rules(tmp_path, wasteful, capsys):
         "KvCacheFreeBlocksLow",
         "KvBlockAllocLatencyHigh",
     }
-    assert main(["diagnose", "--emit-prometheus-rules", str(path), "--alert-for", "soon"]) == 2
+    assert main(["diagnose", "--emit-prometheus-rules", str(path), "--threshold", "for=soon"]) == 2
 
 
 def test_a_run_whose_points_all_failed_fails_the_check(tmp_path, capsys):

@@ -101,6 +101,21 @@ SECOND_NAMES = {
     "--prompts": "--requests",
     "--wide": "--verbose",
     "--waterfall": "--verbose",
+    **{
+        f"--{name}": "--threshold"  # diagnose's thresholds: KEY=VALUE by the thresholds file's keys
+        for name in (
+            "max-fragmentation",
+            "min-free-blocks",
+            "max-alloc-latency-ms",
+            "max-preemptions-per-request",
+            "max-reservation-waste",
+            "low-kv-usage",
+            "min-prefix-hit-rate",
+            "max-thrash-share",
+            "max-reuse-gap",
+            "alert-for",
+        )
+    },
 }
 
 

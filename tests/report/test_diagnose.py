@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import fields
 
 import pytest
 
@@ -24,6 +25,7 @@ from kvbench.report.diagnose import (
     read_states,
     rules_yaml,
 )
+from kvbench.report.diagnose.thresholds import KEYS, UNITS, parse_assignments, unknown_key
 from kvbench.results.run_meta import RunMeta
 
 META = RunMeta.from_json({"block_size": 16, "max_len": 2048, "reserve": "max"})
@@ -174,6 +176,69 @@ def test_threshold_file_flags_and_bad_values(tmp_path):
             load_thresholds(path)
     with pytest.raises(KvbenchError, match="cannot read"):
         load_thresholds(tmp_path / "missing.toml")
+
+
+def test_key_value_assignments_by_the_files_keys(tmp_path):
+    """KEY=VALUE names a threshold by its file key (``for``, not the field) and wins over the file."""
+    assert parse_assignments(["fragmentation=0.25", "for=10m", "alloc_latency_p99_ms=20"]) == {
+        "fragmentation": 0.25,
+        "alert_for": "10m",
+        "alloc_latency_p99_ms": 20.0,
+    }
+    path = tmp_path / "t.toml"
+    path.write_text('fragmentation = 0.4\nfree_blocks = 0.2\nfor = "2m"\n')
+    t = load_thresholds(path, **parse_assignments(["fragmentation=0.35", "for=1h"]))
+    assert (t.fragmentation, t.free_blocks, t.alert_for, t.reservation_waste) == (0.35, 0.2, "1h", 0.5)
+    for texts, message in [
+        (["fragmentation"], "expected KEY=VALUE"),
+        (["=0.2"], "expected KEY=VALUE"),
+        (["nope=1"], "unknown key 'nope'; known: fragmentation, "),
+        (["alert_for=5m"], "unknown key 'alert_for'"),
+        (["fragmentation=abc"], "'abc' is not a number"),
+        (["for=5m", "for=10m"], "for given twice"),
+    ]:
+        with pytest.raises(KvbenchError, match=message):
+            parse_assignments(texts)
+    for text, message in [
+        ("fragmentation=2", "between 0 and 1"),
+        ("max_reuse_gap=1.5", "between 0 and 1"),
+        ("preemptions_per_request=2", None),  # a rate, not a share
+        ("for=5x", "duration"),
+        ("fragmentation=nan", "finite"),
+        ("alloc_latency_p99_ms=inf", "finite"),
+        ("alloc_latency_p99_ms=-1", "non-negative"),
+    ]:
+        if message is None:
+            load_thresholds(None, **parse_assignments([text]))
+            continue
+        with pytest.raises(KvbenchError, match=message):
+            load_thresholds(None, **parse_assignments([text]))
+
+
+def test_every_threshold_is_described_once_and_reachable_by_its_key(tmp_path):
+    """Each field has a key, a meaning and a unit; an unknown key, from a file or KEY=VALUE, lists them all."""
+    assert [d.name for d in KEYS.values()] == [f.name for f in fields(Thresholds)]
+    assert all(d.means and d.unit in UNITS for d in KEYS.values())
+    assert KEYS["for"].name == "alert_for" and "alert_for" not in KEYS
+    path = tmp_path / "t.toml"
+    path.write_text("".join(f"{key} = {json.dumps(value)}\n" for key, value in _non_defaults().items()))
+    from_file = load_thresholds(path)
+    from_keys = load_thresholds(None, **parse_assignments(f"{key}={value}" for key, value in _non_defaults().items()))
+    assert from_file == from_keys and all(
+        getattr(from_file, d.name) != getattr(Thresholds(), d.name) for d in KEYS.values()
+    )
+    path.write_text("nope = 1\n")
+    with pytest.raises(KvbenchError) as from_file_error:
+        load_thresholds(path)
+    with pytest.raises(KvbenchError) as from_key_error:
+        parse_assignments(["nope=1"])
+    assert str(from_file_error.value).endswith(unknown_key("nope"))
+    assert str(from_key_error.value).endswith(unknown_key("nope"))
+
+
+def _non_defaults() -> dict[str, float | str]:
+    """A valid value other than the default for every key."""
+    return {key: "1h" if d.unit == "duration" else 0.05 if d.default != 0.05 else 0.06 for key, d in KEYS.items()}
 
 
 def test_histogram_quantile_matches_prometheus():
