@@ -1,73 +1,84 @@
 """Numbers as kvbench writes them, in one place: bytes, milliseconds, seconds, throughput, percentages and ratios,
-with their unit and thousands separated. A missing value is a dash: "-" on the console and in Markdown (``human_bytes``,
-``ms_text``), an en dash on report.html (the rest)."""
+with their unit and thousands separated. A value that is missing or not a number is written ``missing``: an en dash
+(``MISSING``, report.html's mark) unless the caller passes its output's, "-" on the console and in Markdown, which
+``human_bytes`` and ``ms_text`` (written mostly there) take by default."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from kvbench.values import is_number
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 MISSING = "–"  # report.html's mark for no value
 
 
 def _value(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return float(value) if is_number(value, finite=True) else None
 
 
-def num(value: Any, digits: int = 1) -> str:
+def num(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
+    """A plain number, for a column whose header names the unit."""
     v = _value(value)
-    return MISSING if v is None else f"{v:,.{digits}f}"
+    return missing if v is None else f"{v:,.{digits}f}"
 
 
-def count(value: Any) -> str:
+def count(value: Any, *, missing: str = MISSING) -> str:
+    """A whole number: requests, blocks, preemptions."""
     v = _value(value)
-    return MISSING if v is None else f"{v:,.0f}"
+    return missing if v is None else f"{v:,.0f}"
 
 
-def ms(value: Any) -> str:
+def ms(value: Any, *, missing: str = MISSING) -> str:
+    """A latency with its unit, whole milliseconds from 100 up."""
     v = _value(value)
     if v is None:
-        return MISSING
+        return missing
     return f"{v:,.0f} ms" if abs(v) >= 100 else f"{v:,.1f} ms"
 
 
-def ms_number(value: Any) -> str:
+def ms_number(value: Any, *, missing: str = MISSING) -> str:
     """A latency in a column whose header says ms."""
     v = _value(value)
     if v is None:
-        return MISSING
+        return missing
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
 
 
-def seconds(value: Any) -> str:
+def seconds(value: Any, *, missing: str = MISSING) -> str:
+    """A duration with its unit: 12.5 -> "12.50 s"."""
     v = _value(value)
-    return MISSING if v is None else f"{v:,.2f} s"
+    return missing if v is None else f"{v:,.2f} s"
 
 
-def pct(value: Any, digits: int = 1) -> str:
+def tok_s(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
+    """A throughput in a sentence, so the reader needs no header: 1234.5 -> "1,234.5 tok/s"."""
+    v = _value(value)
+    return missing if v is None else f"{v:,.{digits}f} tok/s"
+
+
+def pct(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A percentage already in percent (37.2 -> "37.2%")."""
     v = _value(value)
-    return MISSING if v is None else f"{v:,.{digits}f}%"
+    return missing if v is None else f"{v:,.{digits}f}%"
 
 
-def share(value: Any, digits: int = 1) -> str:
+def share(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A share in [0, 1] as a percentage (0.372 -> "37.2%")."""
     v = _value(value)
-    return MISSING if v is None else f"{100 * v:,.{digits}f}%"
+    return missing if v is None else f"{100 * v:,.{digits}f}%"
 
 
-def times(value: Any) -> str:
+def share_number(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
+    """A share in [0, 1] in a column whose header says % (0.372 -> "37.2")."""
+    v = _value(value)
+    return missing if v is None else f"{100 * v:,.{digits}f}"
+
+
+def times(value: Any, *, missing: str = MISSING) -> str:
     """A ratio: 1.37 -> "×1.37"."""
     v = _value(value)
-    return MISSING if v is None else f"×{v:,.2f}"
-
-
-def nbytes(value: Any) -> str:
-    v = _value(value)
-    return MISSING if v is None else human_bytes(v)
+    return missing if v is None else f"×{v:,.2f}"
 
 
 def sort_key(value: Any) -> float | None:
@@ -75,29 +86,30 @@ def sort_key(value: Any) -> float | None:
     return _value(value)
 
 
-def human_bytes(count: float | None, unit: str | None = None) -> str:
-    """``1536`` -> ``1.50 KiB``; None -> ``-``; ``unit`` fixes the unit (``"GiB"``: figures a message adds up
-    read in one unit)."""
-    if count is None:
-        return "-"
+def human_bytes(value: Any, unit: str | None = None, *, missing: str = "-") -> str:
+    """``1536`` -> ``1.50 KiB``; ``unit`` fixes the unit (``"GiB"``: figures a message adds up read in one unit)."""
+    v = _value(value)
+    if v is None:
+        return missing
     if unit is not None:
-        scaled = count / 1024 ** _BYTE_UNITS.index(unit)
+        scaled = v / 1024 ** _BYTE_UNITS.index(unit)
         return f"{scaled:,.0f} B" if unit == "B" else f"{scaled:,.2f} {unit}"
     for name in _BYTE_UNITS:
-        if abs(count) < 1024 or name == "TiB":
-            return f"{count:,.0f} {name}" if name == "B" else f"{count:,.2f} {name}"
-        count /= 1024
-    return f"{count:.2f} TiB"
+        if abs(v) < 1024 or name == "TiB":
+            return f"{v:,.0f} {name}" if name == "B" else f"{v:,.2f} {name}"
+        v /= 1024
+    return f"{v:.2f} TiB"
 
 
-def ms_text(value: float | None) -> str:
+def ms_text(value: Any, *, missing: str = "-") -> str:
     """Milliseconds with three significant digits, so sub-millisecond CPU figures keep their precision:
-    0.412, 4.12, 41.2, 412, 4,120; "-" when there is none."""
-    if value is None:
-        return "-"
-    if value < 10:
-        return f"{value:.3f}" if value < 1 else f"{value:.2f}"
-    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+    0.412, 4.12, 41.2, 412, 4,120."""
+    v = _value(value)
+    if v is None:
+        return missing
+    if v < 10:
+        return f"{v:.3f}" if v < 1 else f"{v:.2f}"
+    return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
 
 
 def recorded(value: str | None, missing: str = "") -> str:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvbench import units
 from kvbench.commands._flags import BLOCK_SIZE, DEVICE, DTYPE, JSON, MODEL, OUT, REPEAT, SEED
 from kvbench.commands._options import choice, int_list, output_file
 from kvbench.errors import KvbenchError, RunFailed
@@ -91,10 +92,6 @@ def _splits(text: str) -> int | None:
     return int(text)
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def _render(result: DecodeBenchmark, console: Console) -> None:
     copy = result.copy_bandwidth_gbps
     on_cpu = result.on_cpu
@@ -111,10 +108,13 @@ def _render(result: DecodeBenchmark, console: Console) -> None:
         if not point.ok:
             table.add_row(str(point.batch), str(point.context), point.status, *[""] * 6)
             continue
+        figures = (
+            (point.paged_ms, 3), (point.contiguous_ms, 3), (point.paged_over_contiguous, 2),
+            (point.paged_gbps, 1), (point.contiguous_gbps, 1),
+            (point.pct_of_read_bandwidth if on_cpu else point.pct_of_copy_bandwidth, 1),
+        )  # fmt: skip
         table.add_row(
-            str(point.batch), str(point.context), _fmt(point.paged_ms), _fmt(point.contiguous_ms),
-            _fmt(point.paged_over_contiguous, 2), _fmt(point.paged_gbps, 1), _fmt(point.contiguous_gbps, 1),
-            _fmt(point.pct_of_read_bandwidth if on_cpu else point.pct_of_copy_bandwidth, 1),
+            str(point.batch), str(point.context), *(units.num(v, digits, missing="-") for v, digits in figures),
             "-" if point.num_splits is None else str(point.num_splits),
         )  # fmt: skip
     console.print(table)

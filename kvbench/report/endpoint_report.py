@@ -28,7 +28,7 @@ from kvbench.results.point import Point
 from kvbench.results.prefix_reuse_figures import PrefixReuse
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
-from kvbench.units import ms_text, recorded
+from kvbench.units import count, ms_text, recorded, share, share_number
 from kvbench.values import printable
 
 FIND_MAX_COLUMNS = (
@@ -66,14 +66,6 @@ def ordered(points: Sequence[Point]) -> list[Point]:
     return sorted(points, key=lambda p: (level_of(p), p.engine))
 
 
-def _pct(share: Any) -> str:
-    return "-" if share is None else f"{100 * share:.0f}"
-
-
-def _count(value: Any) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
 def _pair(point: Point, kind: str) -> str:
     a, b = point.latencies.get(f"p50_{kind}_ms"), point.latencies.get(f"p99_{kind}_ms")
     return "-" if a is None or b is None else f"{ms_text(a)}/{ms_text(b)}"
@@ -93,17 +85,16 @@ def _output_tps(p: Point) -> str:
 
 
 def _slo_met(p: Point) -> str:
-    share = slo_share(p)
-    return "-" if share is None else f"{100 * share:.0f}%"
+    return share(slo_share(p), 0, missing="-")
 
 
 def _kv_usage(p: Point) -> str:
     server = EndpointFigures.of(p).server
-    return f"{_pct(server.kv_usage_peak)}/{_pct(server.kv_usage_mean)}"
+    return f"{share_number(server.kv_usage_peak, 0, missing='-')}/{share_number(server.kv_usage_mean, 0, missing='-')}"
 
 
 def _running_waiting(p: Point) -> str:
-    return f"{_count(p.peak_running)}/{_count(EndpointFigures.of(p).server.waiting_peak)}"
+    return f"{count(p.peak_running, missing='-')}/{count(EndpointFigures.of(p).server.waiting_peak, missing='-')}"
 
 
 POINT_TABLE: TableSpec[Point] = TableSpec(
@@ -119,11 +110,11 @@ POINT_TABLE: TableSpec[Point] = TableSpec(
         Col("E2EL p50", lambda p: ms_text(p.latencies.get("p50_e2el_ms")), "p50_e2el_ms"),
         Col("SLO met", _slo_met, "request_goodput"),
         Col("KV % peak/mean", _kv_usage, "kv_usage_peak", figure=False),
-        Col("preempt", lambda p: _count(p.preemptions), "preemptions", figure=False),
+        Col("preempt", lambda p: count(p.preemptions, missing="-"), "preemptions", figure=False),
         Col("run/wait", _running_waiting, "peak_running", figure=False),
         Col(
             "prefix hit %",
-            lambda p: _pct(EndpointFigures.of(p).server.prefix_cache_hit_rate),
+            lambda p: share_number(EndpointFigures.of(p).server.prefix_cache_hit_rate, 0, missing="-"),
             "prefix_cache_hit_rate",
             figure=False,
         ),
@@ -511,7 +502,7 @@ class EndpointConsoleProgress:
             f"{point.engine:>16} {level_text(point):<12} {point.status:<5} "
             f"{point.completed} done, {figures.failed} failed, "
             f"{point.output_throughput:,.0f} out tok/s, KV peak "
-            f"{_pct(figures.server.kv_usage_peak)}%",
+            f"{share_number(figures.server.kv_usage_peak, 0, missing='-')}%",
             markup=False,
             highlight=False,
         )

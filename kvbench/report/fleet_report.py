@@ -278,11 +278,6 @@ def _column(
     )
 
 
-def _percent(value: float | None) -> str:
-    """A share in [0, 1] as a number under a heading that says %."""
-    return units.MISSING if value is None else units.num(100 * value)
-
-
 POLICY_TABLE: TableSpec[FleetPoint] = TableSpec(
     title="Routing policies on the same arrivals (latency: lower is better; imbalance = max - min free blocks "
     "across instances)",
@@ -296,7 +291,9 @@ POLICY_TABLE: TableSpec[FleetPoint] = TableSpec(
         _column("TPOT p50 (ms)", "p50_tpot_ms", lambda p: p.p50_tpot_ms, units.ms_number, wide=True),
         _column("TPOT p99 (ms)", "p99_tpot_ms", lambda p: p.p99_tpot_ms, units.ms_number),
         _column("preemptions", "preemptions", lambda p: p.preemptions, units.count, short="preempt"),
-        _column("KV usage mean (%)", "kv_usage_mean", lambda p: p.kv_usage_mean, _percent, short="KV use mean %"),
+        _column(
+            "KV usage mean (%)", "kv_usage_mean", lambda p: p.kv_usage_mean, units.share_number, short="KV use mean %"
+        ),
         _column(
             "imbalance mean (blocks)", "free_blocks_imbalance_mean", lambda p: p.free_blocks_imbalance_mean, units.count
         ),
@@ -311,7 +308,9 @@ POLICY_TABLE: TableSpec[FleetPoint] = TableSpec(
         _column(
             "instance-seconds", "instance_seconds", lambda p: p.instance_seconds, units.num, short="inst-s", wide=True
         ),
-        _column("prefix hits (%)", "prefix_hit_rate", lambda p: p.prefix_hit_rate, _percent, short="prefix hit %"),
+        _column(
+            "prefix hits (%)", "prefix_hit_rate", lambda p: p.prefix_hit_rate, units.share_number, short="prefix hit %"
+        ),
     ),
     partial_errors=True,  # a policy that failed part way keeps what it measured, in red
 )
@@ -320,10 +319,6 @@ POLICY_TABLE_NOTE = (
     "the fewest free KV blocks across the serving instances, sampled over the run. Prefix hits: the share of "
     "prompt tokens served from the prefix cache."
 )
-
-
-def _startup(startup_s: float | None) -> str:
-    return units.num(startup_s, 2)
 
 
 INSTANCE_TABLE: TableSpec[FleetInstance] = TableSpec(
@@ -335,13 +330,15 @@ INSTANCE_TABLE: TableSpec[FleetInstance] = TableSpec(
         _column("routed", "routed", lambda i: i.routed, units.count),
         _column("finished", "finished", lambda i: i.finished, units.count),
         _column("preemptions", "preemptions", lambda i: i.preemptions, units.count, short="preempt"),
-        _column("KV usage mean (%)", "usage_mean", lambda i: i.usage_mean, _percent, short="KV use mean %"),
-        _column("KV usage peak (%)", "usage_peak", lambda i: i.usage_peak, _percent, short="KV use peak %"),
+        _column("KV usage mean (%)", "usage_mean", lambda i: i.usage_mean, units.share_number, short="KV use mean %"),
+        _column("KV usage peak (%)", "usage_peak", lambda i: i.usage_peak, units.share_number, short="KV use peak %"),
         _column(
             "free blocks, min", "free_blocks_min", lambda i: i.free_blocks_min, units.count, short="min free blocks"
         ),
-        _column("prefix hits (%)", "prefix_hit_rate", lambda i: i.prefix_hit_rate, _percent, short="prefix hit %"),
-        _column("start-up (s)", "startup_s", lambda i: i.startup_s, _startup, short="start-up s"),
+        _column(
+            "prefix hits (%)", "prefix_hit_rate", lambda i: i.prefix_hit_rate, units.share_number, short="prefix hit %"
+        ),
+        _column("start-up (s)", "startup_s", lambda i: i.startup_s, lambda v: units.num(v, 2), short="start-up s"),
         Col(
             "failure",
             lambda i: i.failure or "",

@@ -4,48 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rich.table import Table
 
 from kvbench.report.columns import Col, TableSpec
 from kvbench.results.reuse_curve import CurvePoint, ReuseCurve
-from kvbench.units import human_bytes, sort_key
+from kvbench.units import count, human_bytes, num, pct, sort_key
 
 GIB = 1024**3
 CURVE_FILE = "reuse.png"
 DISTANCE_FILE = "reuse_distance.png"
 TABLE_TITLE = "Hit rate per KV size"  # report.html's caption; the console's title is the run's (:func:`title`)
 
-Value = TypeVar("Value")
 
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}%"
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
-
-
-def _column(
-    heading: str, field: str, value: Callable[[CurvePoint], Value], text: Callable[[Value], str]
-) -> Col[CurvePoint]:
-    """A numeric column: the text of a point's value, ordered in report.html by the value."""
-    return Col(heading, lambda p: text(value(p)), field, sort=lambda p: sort_key(value(p)))
+def _column(heading: str, field: str, value: Callable[[CurvePoint], Any], text: Callable[..., str]) -> Col[CurvePoint]:
+    """A numeric column: a point's value in a units formatter with the console's "-" for none, so the table reads
+    the same on the console, in Markdown and on report.html; ordered in report.html by the value."""
+    return Col(heading, lambda p: text(value(p), missing="-"), field, sort=lambda p: sort_key(value(p)))
 
 
 KV_MEMORY = _column("KV memory", "kv_bytes", lambda p: p.kv_bytes, human_bytes)
-KV_BLOCKS = _column("KV blocks", "kv_blocks", lambda p: p.kv_blocks, lambda v: f"{v:,}")
+KV_BLOCKS = _column("KV blocks", "kv_blocks", lambda p: p.kv_blocks, count)
 DEPLOYMENT = Col[CurvePoint]("deployment", lambda p: p.label, "label", numeric=False)
-HIT_RATE = _column("prefix hit rate", "hit_rate_pct", lambda p: p.hit_rate_pct, _pct)
-SHARE = _column("share of never-evicting", "share_of_unbounded_pct", lambda p: p.share_of_unbounded_pct, _pct)
-WITH_TIER = _column("with CPU tier", "total_hit_rate_pct", lambda p: p.total_hit_rate_pct, _pct)
+HIT_RATE = _column("prefix hit rate", "hit_rate_pct", lambda p: p.hit_rate_pct, pct)
+SHARE = _column("share of never-evicting", "share_of_unbounded_pct", lambda p: p.share_of_unbounded_pct, pct)
+WITH_TIER = _column("with CPU tier", "total_hit_rate_pct", lambda p: p.total_hit_rate_pct, pct)
 REST = (
-    _column("prefill time saved", "prefill_time_saved_pct", lambda p: p.prefill_time_saved_pct, _pct),
-    _column("pinned by running (peak)", "pinned_peak_pct", lambda p: p.pinned_peak_pct, _pct),
-    _column("mean wait (s)", "queue_wait_mean_s", lambda p: p.queue_wait_mean_s, _seconds),
-    _column("refused (too long)", "refused", lambda p: p.refused, lambda v: f"{v:,}"),
+    _column("prefill time saved", "prefill_time_saved_pct", lambda p: p.prefill_time_saved_pct, pct),
+    _column("pinned by running (peak)", "pinned_peak_pct", lambda p: p.pinned_peak_pct, pct),
+    _column("mean wait (s)", "queue_wait_mean_s", lambda p: p.queue_wait_mean_s, num),
+    _column("refused (too long)", "refused", lambda p: p.refused, count),
 )
 
 

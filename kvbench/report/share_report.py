@@ -8,7 +8,7 @@ from kvbench.fileio import json_text
 from kvbench.report.columns import Col, TableSpec, print_whole
 from kvbench.report.rundir import wrote_line
 from kvbench.results.share_result import ShareResult, ShareRow
-from kvbench.units import human_bytes
+from kvbench.units import human_bytes, pct
 
 
 def share_spec(result: ShareResult) -> TableSpec[ShareRow]:
@@ -83,8 +83,8 @@ def print_share(console, result: ShareResult, run_dir: Path) -> None:
     meta, savings = result.meta, result.savings
     print_whole(console, share_spec(result).rich(result.points))
     console.print(
-        f"memory saved by sharing (paper's definition): {_pct(savings.saved_pct_mean)} "
-        f"step-averaged, {_pct(savings.saved_pct_peak)} at peak"
+        f"memory saved by sharing (paper's definition): {pct(savings.saved_pct_mean, missing='-')} "
+        f"step-averaged, {pct(savings.saved_pct_peak, missing='-')} at peak"
     )
     console.print(f"outputs identical with and without sharing: {meta.outputs_identical}")
     if meta.dataset:
@@ -114,7 +114,3 @@ def share_plot(result: ShareResult, path: Path) -> None:
         "KV blocks in use",
         "lower",
     )
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}%"

@@ -18,7 +18,7 @@ from kvbench.results.block_timeline import BlockTimeline
 from kvbench.results.point import Point, oom_text, with_figures_hidden
 from kvbench.results.run_meta import RunMeta
 from kvbench.results.sweep_summary import SweepSummary
-from kvbench.units import human_bytes, ms_text, recorded
+from kvbench.units import human_bytes, ms_text, num, pct, recorded
 from kvbench.values import is_positive
 
 TIE_PCT = 2.0  # a throughput gain within this many percent is called "on par" (simulated, or beyond the CIs)
@@ -116,7 +116,7 @@ def article_spec(rows: Sequence[ArticleRow], simulated: bool) -> TableSpec[Artic
         Col("gain %", _gain_text, "gain_pct", sort=lambda r: r.gain_pct, tone=gain_tone),
         Col(
             "KV memory reduction",
-            lambda r: "-" if r.kv_memory_reduction_pct is None else f"{r.kv_memory_reduction_pct:.0f}%",
+            lambda r: pct(r.kv_memory_reduction_pct, 0, missing="-"),
             "kv_memory_reduction_pct",
             sort=lambda r: r.kv_memory_reduction_pct,
         ),
@@ -150,11 +150,6 @@ def article_spec(rows: Sequence[ArticleRow], simulated: bool) -> TableSpec[Artic
 def article_table(rows: Sequence[ArticleRow], simulated: bool) -> Table:
     """The article's table on the console."""
     return article_spec(rows, simulated).rich(rows)
-
-
-def _steady_tps(point: Point) -> str:
-    tps = point.steady_output_throughput
-    return "no window" if tps is None else f"{tps:,.0f}"
 
 
 def _engine_label(point: Point) -> str:
@@ -192,7 +187,12 @@ POINT_TABLE: TableSpec[Point] = TableSpec(
         Col("C", lambda p: str(p.concurrency), "concurrency", key=True, figure=False),
         Col("done/rej", lambda p: f"{p.completed}/{p.rejected}", "completed", figure=False),
         Col("out TPS", lambda p: f"{p.output_throughput:,.0f}", "output_throughput", "out\nTPS"),
-        Col("steady TPS", _steady_tps, "steady_output_throughput", "steady\nTPS"),
+        Col(
+            "steady TPS",
+            lambda p: num(p.steady_output_throughput, 0, missing="no window"),
+            "steady_output_throughput",
+            "steady\nTPS",
+        ),
         Col("TTFT p50/p99", _latency("p50", "p99", "ttft"), "p99_ttft_ms", "TTFT\np50/p99"),
         Col("TPOT p50/p99", _latency("p50", "p99", "tpot"), "p99_tpot_ms", "TPOT\np50/p99"),
         Col("peak run", lambda p: str(p.peak_running), "peak_running", "peak\nrun", figure=False),

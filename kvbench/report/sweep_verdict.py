@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvbench.results.article import REFERENCE_ENGINES, ArticleRow
 from kvbench.results.point import Point
 from kvbench.results.run_meta import RunMeta
-from kvbench.units import human_bytes
-from kvbench.values import is_number, is_positive
+from kvbench.units import human_bytes, pct, tok_s
+from kvbench.values import is_positive
 
 Pair = tuple[int, Point, Point]  # (concurrency, paged point, contiguous point)
 REFERENCE_CAPTION = (
@@ -199,7 +198,7 @@ def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: Run
             else "The sweep recorded no point"
         )
         for p in ok:
-            sentences.append(f"{p.engine} at C={p.concurrency}: {_tok_s(p.output_throughput)}.")
+            sentences.append(f"{p.engine} at C={p.concurrency}: {tok_s(p.output_throughput, missing='-')}.")
         return SweepVerdict(headline, "neutral", sentences)
 
     if contiguous_oom:
@@ -219,7 +218,7 @@ def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: Run
         tone = "bad"
     elif reductions and max(reductions) > 0:
         headline = (
-            f"Paging served the same requests with {_span(reductions, lambda v: f'{v:.0f}%')} less KV memory at peak"
+            f"Paging served the same requests with {_span(reductions, lambda v: pct(v, 0))} less KV memory at peak"
         )
         tone = "good"
     else:
@@ -230,7 +229,7 @@ def sweep_verdict(rows: Sequence[ArticleRow], points: Sequence[Point], meta: Run
 
     if reductions and (contiguous_oom or paged_oom):  # else the headline said it
         sentences.append(
-            f"KV memory at peak: paged needed {_span(reductions, lambda v: f'{v:.0f}%')} less than "
+            f"KV memory at peak: paged needed {_span(reductions, lambda v: pct(v, 0))} less than "
             f"contiguous where both completed ({_levels([r.concurrency for r in compared])})."
         )
     equal, fewer, oom = _pairs(points)
@@ -279,13 +278,9 @@ def _why(
 def _reference_figure(row: ArticleRow, engine: str) -> str:
     """A reference engine's throughput at a point, or its status where it has none."""
     figures = row.figures(engine)
-    return _tok_s(figures.tps) if figures and figures.ok else str(row.status(engine))
+    return tok_s(figures.tps, missing="-") if figures and figures.ok else str(row.status(engine))
 
 
 def references(rows: Sequence[ArticleRow]) -> list[str]:
     """The reference engines (vLLM) that ran at some concurrency of the sweep."""
     return [engine for engine in REFERENCE_ENGINES if any(row.status(engine) for row in rows)]
-
-
-def _tok_s(value: Any) -> str:
-    return f"{value:,.1f} tok/s" if is_number(value, finite=True) else "-"

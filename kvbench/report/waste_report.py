@@ -16,7 +16,7 @@ from kvbench.report.sweep_report import (
 from kvbench.results.strategy_point import StrategyPoint
 from kvbench.results.waste_shares import ShareOf
 from kvbench.results.waste_study import WasteMeta, WasteStudy
-from kvbench.units import human_bytes
+from kvbench.units import human_bytes, num
 from kvbench.workload.dataset import left_out, sample_note
 
 EOS_NOTE = (
@@ -48,12 +48,8 @@ def strategy_label(point: StrategyPoint) -> str:
     return point.engine + (" (hindsight bound)" if point.hindsight_bound else "")
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def _share(name: str, share: ShareOf, heading: str, short: str) -> Col[StrategyPoint]:
-    return Col(heading, lambda p: _pct(share(p.shares)), f"waste.{name}", short, figure=False)
+    return Col(heading, lambda p: num(share(p.shares), missing="-"), f"waste.{name}", short, figure=False)
 
 
 SHARES: tuple[tuple[str, ShareOf, str, str], ...] = (  # field, the share, heading, the console's where it is wider
@@ -67,7 +63,13 @@ SHARE_TABLE: TableSpec[StrategyPoint] = TableSpec(
     "KV pool shares per strategy, time-averaged (% of the pool; simulated)",
     (
         Col("strategy", strategy_label, "engine", key=True, figure=False, numeric=False),
-        Col("effective usage", lambda p: _pct(p.effective_usage_pct), "effective_usage_pct", "eff.", figure=False),
+        Col(
+            "effective usage",
+            lambda p: num(p.effective_usage_pct, missing="-"),
+            "effective_usage_pct",
+            "eff.",
+            figure=False,
+        ),
         *(_share(*share) for share in SHARES),
         Col("mean running", lambda p: f"{p.mean_running:.1f}", "mean_running", "run\nmean", figure=False),
         Col("peak running", lambda p: f"{p.peak_running:,}", "peak_running", "run\npeak", figure=False),

@@ -12,13 +12,9 @@ from rich.text import Text
 
 from kvbench.measure.kv_events import EventLog, changes_of
 from kvbench.measure.kv_residency import DEFAULT_THRASH_WINDOW_S, Tracker
-from kvbench.report.diagnose.findings import pct
 from kvbench.report.diagnose.watch_timeline import Timeline
 from kvbench.results.servers import ServerState
-
-
-def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
+from kvbench.units import count, share
 
 
 def _flagged(state: ServerState, fields: tuple[str, ...], cell: str | Text) -> str | Text:
@@ -106,7 +102,7 @@ class WatchView:
             table.add_column(column, justify="right")
         before: ServerState | None = None
         for elapsed, state in rows:
-            usage = "-" if state.usage is None else pct(state.usage)
+            usage = share(state.usage, missing="-")
             style = "red" if state.free_share is not None and state.free_share < 0.1 else None
             new = ""
             if before is not None and before.preemptions is not None and state.preemptions is not None:
@@ -115,11 +111,11 @@ class WatchView:
             table.add_row(
                 f"{elapsed:,.1f}",
                 _flagged(state, ("usage",), Text(usage, style=style or "")),
-                _flagged(state, ("usage", "total_blocks"), _num(state.free_blocks)),
-                _flagged(state, ("running",), _num(state.running)),
-                _flagged(state, ("waiting",), _num(state.waiting)),
-                _flagged(state, ("preemptions",), _num(state.preemptions) + new),
-                _flagged(state, ("prefix_queries", "prefix_hits", "prefix_hit_rate"), "-" if hit is None else pct(hit)),
+                _flagged(state, ("usage", "total_blocks"), count(state.free_blocks, missing="-")),
+                _flagged(state, ("running",), count(state.running, missing="-")),
+                _flagged(state, ("waiting",), count(state.waiting, missing="-")),
+                _flagged(state, ("preemptions",), count(state.preemptions, missing="-") + new),
+                _flagged(state, ("prefix_queries", "prefix_hits", "prefix_hit_rate"), share(hit, missing="-")),
             )
             before = state
         if any(state.invalid for _, state in rows):

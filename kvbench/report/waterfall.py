@@ -119,7 +119,7 @@ def waterfall_table(point: Mapping[str, Any], levels: list[WaterfallLevel] | Non
         gap = level.gap_name or "—"
         if level.gap_note:
             gap += f" ({level.gap_note})"
-        table.add_row(level.level, size, gap, human_bytes(level.gap_bytes) if level.gap_bytes is not None else "-")
+        table.add_row(level.level, size, gap, human_bytes(level.gap_bytes))
     return table
 
 

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvbench import units
 from kvbench.endpoint.scraper import Scrape
 from kvbench.errors import KvbenchError
 from kvbench.report.diagnose.live_rules import Window, diagnose_windows
@@ -75,6 +76,7 @@ def limit_of(point: Point, scrapes: Sequence[Scrape], load_end_s: float) -> Limi
         )
     diagnosis = diagnose_windows(windows, Thresholds())
     usage_peak, usage_mean = figures.server.kv_usage_peak, figures.server.kv_usage_mean
+    peak_text, mean_text = units.share(usage_peak, 0, missing="?"), units.share(usage_mean, 0, missing="?")
     preemptions = point.preemptions or 0
     waiting_peak = figures.server.waiting_peak or 0
     rules = {f.rule: f for f in diagnosis.findings}
@@ -84,15 +86,12 @@ def limit_of(point: Point, scrapes: Sequence[Scrape], load_end_s: float) -> Limi
         or "preemption_storm" in rules
         or (capped is not None and capped.values.get("bound") == "kv_memory")
     ):
-        evidence = f"KV usage peaked at {_pct(usage_peak)} with {preemptions:.0f} preemptions"
+        evidence = f"KV usage peaked at {peak_text} with {preemptions:.0f} preemptions"
         if capped is not None and capped.values.get("bound") == "kv_memory":
             evidence += f"; {capped.evidence}"
         return Limit("kv_full", evidence, render(("more_kv_memory",), family) or "give the KV cache more memory")
     if waiting_peak > 0 and usage_mean is not None and usage_mean < LOW_USAGE:
-        evidence = (
-            f"up to {waiting_peak:.0f} requests waited while KV usage averaged {_pct(usage_mean)} "
-            f"(peak {_pct(usage_peak)})"
-        )
+        evidence = f"up to {waiting_peak:.0f} requests waited while KV usage averaged {mean_text} (peak {peak_text})"
         if capped is not None:
             evidence += f"; {capped.evidence}"
         return Limit(
@@ -103,12 +102,12 @@ def limit_of(point: Point, scrapes: Sequence[Scrape], load_end_s: float) -> Limi
         return Limit(
             "prefill_queue",
             f"the waiting queue grew from {waiting[0][1]:.0f} to {waiting[-1][1]:.0f} while "
-            f"KV usage peaked at {_pct(usage_peak)}",
+            f"KV usage peaked at {peak_text}",
             render(("prefill_queue",), family),
         )
     return Limit(
         "compute",
-        f"no queue and KV usage at most {_pct(usage_peak)}: the latency objectives were missed "
+        f"no queue and KV usage at most {peak_text}: the latency objectives were missed "
         f"with every request running ({point.peak_running} at once)",
         render(("scale_compute",), family),
     )
@@ -122,10 +121,6 @@ def _rising(points: Sequence[tuple[float, float]]) -> bool:
     mean_t = sum(p[0] for p in points) / n
     mean_v = sum(p[1] for p in points) / n
     return sum((p[0] - mean_t) * (p[1] - mean_v) for p in points) > 0
-
-
-def _pct(share: float | None) -> str:
-    return "?" if share is None else f"{100 * share:.0f}%"
 
 
 Measure = Callable[[float], tuple[Point, Sequence[Scrape], float]]  # level -> (point, scrapes, load end)

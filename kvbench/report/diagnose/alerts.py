@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbench import units
 from kvbench.measure import metric_names as names
-from kvbench.report.diagnose.findings import pct
 from kvbench.report.diagnose.thresholds import Thresholds
 
 
@@ -36,7 +36,7 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
             "KvCacheFreeBlocksLow",
             f"{free_share} < {t.free_blocks:g}",
             "warning",
-            f"KV cache free blocks below {pct(t.free_blocks)} of the pool",
+            f"KV cache free blocks below {units.share(t.free_blocks)} of the pool",
             f"{where}: only {{{{ $value | humanizePercentage }}}} of the KV blocks are free. Give the KV cache "
             "more memory or route new requests to the instance with the most free blocks.",
         ),
@@ -62,7 +62,7 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
             "KvCacheReservationWaste",
             f"{names.FRAGMENTATION} * {names.BLOCKS_USED} / {names.BLOCKS_CAPACITY} > {t.reservation_waste:g}",
             "warning",
-            f"Reservation + internal fragmentation above {pct(t.reservation_waste)} of the KV pool",
+            f"Reservation + internal fragmentation above {units.share(t.reservation_waste)} of the KV pool",
             f"{where}: {{{{ $value | humanizePercentage }}}} of the pool is reserved but holds no token state. "
             "Use the paged engine or reserve less.",
         ),
@@ -71,8 +71,8 @@ def alerting_rules(t: Thresholds) -> dict[str, Any]:
             f"{names.WAITING} > 0 and {free_share} < {t.free_blocks:g}",
             "warning",
             "Requests wait for KV memory",
-            f"{where}: requests are queued while fewer than {pct(t.free_blocks)} of the blocks are free: the KV "
-            "budget caps concurrency. Give the KV cache more memory.",
+            f"{where}: requests are queued while fewer than {units.share(t.free_blocks)} of the blocks are free: "
+            "the KV budget caps concurrency. Give the KV cache more memory.",
         ),
     ]
     return {"groups": [{"name": "kvbench-kv-cache", "rules": rules}]}

@@ -109,7 +109,3 @@ class Diagnosis:
 
 def sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), f.source, f.rule))
-
-
-def pct(value: float) -> str:
-    return f"{100 * value:.1f}%"

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvbench import units
 from kvbench.report.diagnose.findings import (
     Diagnosis,
     Finding,
     Measurement,
     NotEvaluated,
-    pct,
     sorted_findings,
 )
 from kvbench.report.diagnose.remedies import render
@@ -143,13 +143,13 @@ def _rule_free_blocks(w: Window, t: Thresholds, out: _Out) -> None:
     blocks = (
         f"{state.free_blocks:.0f} of {state.total_blocks:.0f} blocks free"
         if state.free_blocks is not None
-        else f"KV usage {pct(usage)}"
+        else f"KV usage {units.share(usage)}"
     )
-    evidence = f"{blocks} ({pct(last)} < {pct(t.free_blocks)})"
+    evidence = f"{blocks} ({units.share(last)} < {units.share(t.free_blocks)})"
     if len(shares) > 1:
         evidence = (
-            f"free KV share below {pct(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
-            f"{pct(min(shares))}); at the last: {blocks} ({pct(last)})"
+            f"free KV share below {units.share(t.free_blocks)} in {len(low)} of {len(shares)} scrapes (lowest "
+            f"{units.share(min(shares))}); at the last: {blocks} ({units.share(last)})"
         )
     out.find(
         "free_blocks",
@@ -216,7 +216,7 @@ def _rule_reservation(w: Window, t: Thresholds, out: _Out) -> None:
         out.find(
             "reservation_waste",
             "warning",
-            f"reservation + internal hold {pct(share)} of the pool (> {pct(t.reservation_waste)})",
+            f"reservation + internal hold {units.share(share)} of the pool (> {units.share(t.reservation_waste)})",
             _layout(state),
             {"reservation_internal_share": share, "threshold": t.reservation_waste},
         )
@@ -248,7 +248,8 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
         out.find(
             "concurrency_capped",
             "warning",
-            f"{waiting:.0f} {what} while only {pct(free)} of the KV blocks are free: the KV budget caps concurrency",
+            f"{waiting:.0f} {what} while only {units.share(free)} of the KV blocks are free: "
+            "the KV budget caps concurrency",
             ("more_kv_memory",),
             {"waiting": waiting, "free_share": free, "bound": "kv_memory"},
         )
@@ -261,13 +262,13 @@ def _rule_capped(w: Window, t: Thresholds, out: _Out) -> None:
             return
         evidence = (
             f"the queue grew from {trend[0][1]:.0f} to {waiting:.0f} {what} over {seconds(w.span_s)} while "
-            f"KV usage stayed low ({pct(state.usage)} at the last scrape, < {pct(t.low_kv_usage)})"
+            f"KV usage stayed low ({units.share(state.usage)} at the last scrape, < {units.share(t.low_kv_usage)})"
         )
         severity = "warning"
     else:
         evidence = (
-            f"{waiting:.0f} {what} at KV usage {pct(state.usage)} (< {pct(t.low_kv_usage)}); one scrape "
-            "cannot show whether the queue grows (kvbench watch records a timeline)"
+            f"{waiting:.0f} {what} at KV usage {units.share(state.usage)} (< {units.share(t.low_kv_usage)}); "
+            "one scrape cannot show whether the queue grows (kvbench watch records a timeline)"
         )
         severity = "info"
     out.find(
@@ -302,7 +303,7 @@ def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
             )
     else:
         looked = f" of {queries:.0f} prompt tokens looked up {over}" if queries else " (the rate the engine reports)"
-        out.measure("prefix_cache_hit_rate", rate, f"prefix-cache hit rate {pct(rate)}{looked}")
+        out.measure("prefix_cache_hit_rate", rate, f"prefix-cache hit rate {units.share(rate)}{looked}")
         if t.min_prefix_hit_rate > 0 and rate < t.min_prefix_hit_rate:
             remedies = (
                 ("enable_prefix_caching", "shareable_prefixes") if enabled == "False" else ("shareable_prefixes",)
@@ -310,7 +311,7 @@ def _rule_prefix_cache(w: Window, t: Thresholds, out: _Out) -> None:
             out.find(
                 "prefix_cache_hit_rate",
                 "warning",
-                f"prefix-cache hit rate {pct(rate)}{looked} (< {pct(t.min_prefix_hit_rate)})",
+                f"prefix-cache hit rate {units.share(rate)}{looked} (< {units.share(t.min_prefix_hit_rate)})",
                 remedies,
                 {"hit_rate": rate, "threshold": t.min_prefix_hit_rate},
             )
@@ -335,8 +336,8 @@ def _measure_state(w: Window, out: _Out) -> None:
         out.measure(
             "kv_usage",
             max(usage),
-            f"KV usage peak {pct(max(usage))}, mean {pct(sum(usage) / len(usage))} over {len(usage)} scrapes"
-            + (f" ({s.total_blocks:.0f} blocks)" if s.total_blocks else ""),
+            f"KV usage peak {units.share(max(usage))}, mean {units.share(sum(usage) / len(usage))} "
+            f"over {len(usage)} scrapes" + (f" ({s.total_blocks:.0f} blocks)" if s.total_blocks else ""),
         )
     elif s.usage is not None:
         blocks = (
@@ -347,7 +348,7 @@ def _measure_state(w: Window, out: _Out) -> None:
             if s.total_blocks
             else ""
         )
-        out.measure("kv_usage", s.usage, f"KV usage {pct(s.usage)}{blocks}")
+        out.measure("kv_usage", s.usage, f"KV usage {units.share(s.usage)}{blocks}")
     if len(running) > 1:
         queued = f"; waiting peak {max(waiting):.0f}, mean {sum(waiting) / len(waiting):.1f}" if waiting else ""
         out.measure(
@@ -369,12 +370,12 @@ def _measure_state(w: Window, out: _Out) -> None:
         internal = s.running * s.block_size / 2  # the last block of a request is half full on average
         share_pool = internal / (s.total_blocks * s.block_size)
         held = (s.usage or 0.0) * s.total_blocks * s.block_size
-        of_held = f", ~{pct(min(1.0, internal / held))} of the blocks in use" if held > 0 else ""
+        of_held = f", ~{units.share(min(1.0, internal / held))} of the blocks in use" if held > 0 else ""
         out.measure(
             "internal_waste_estimate",
             share_pool,
             f"estimate: paging's internal waste ~{internal:.0f} token slots = half a {s.block_size}-token "
-            f"block per running request ({s.running:.0f}): ~{pct(share_pool)} of the pool{of_held}",
+            f"block per running request ({s.running:.0f}): ~{units.share(share_pool)} of the pool{of_held}",
             estimate=True,
         )
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvbench.report.diagnose.findings import Finding, NotEvaluated, pct
+from kvbench import units
+from kvbench.report.diagnose.findings import Finding, NotEvaluated
 from kvbench.report.diagnose.remedies import render
 from kvbench.report.diagnose.thresholds import Thresholds
 from kvbench.results.endpoint_figures import EndpointFigures, KvEventsSummary, TraceFigures
@@ -78,7 +79,8 @@ def reuse_findings(
         find(
             "hit_rate_below_prediction",
             "warning",
-            f"prefix-cache hit rate {pct(rate)}, {pct(predicted - rate)} below the {pct(predicted)} kvbench's "
+            f"prefix-cache hit rate {units.share(rate)}, {units.share(predicted - rate)} below the "
+            f"{units.share(predicted)} kvbench's "
             "simulation of the same trace predicts with the server's KV blocks: a scheduling or configuration "
             "difference worth a look (or a cache shared with other clients)",
             ("more_kv_memory", "shareable_prefixes"),
@@ -91,7 +93,7 @@ def reuse_findings(
             "prefix_caching_off",
             "warning",
             f"the server served no prompt token from its prefix cache, while these requests would find "
-            f"{pct(ideal)} of theirs in an unbounded one: prefix caching is off, or every prefix was evicted",
+            f"{units.share(ideal)} of theirs in an unbounded one: prefix caching is off, or every prefix was evicted",
             ("enable_prefix_caching", "more_kv_memory"),
             {"hit_rate": rate, "ideal_hit_rate": ideal},
         )
@@ -105,9 +107,9 @@ def reuse_findings(
         find(
             "hit_rate_below_ideal",
             "warning",
-            f"prefix-cache hit rate {pct(rate)}, {pct(ideal - rate)} below the {pct(ideal)} an unbounded cache "
-            f"serves the same requests in the same order{why}: eviction, or a scheduling or configuration "
-            "difference worth a look",
+            f"prefix-cache hit rate {units.share(rate)}, {units.share(ideal - rate)} below the {units.share(ideal)} "
+            f"an unbounded cache serves the same requests in the same order{why}: eviction, or a scheduling or "
+            "configuration difference worth a look",
             ("more_kv_memory", "shareable_prefixes"),
             {"hit_rate": rate, "ideal_hit_rate": ideal, "gap": ideal - rate},
         )
@@ -131,7 +133,8 @@ def _thrash(
         find(
             "kv_eviction_thrash",
             "warning",
-            f"{pct(share)} of the {removed:,} KV blocks the server removed were stored again within {window:g} s "
+            f"{units.share(share)} of the {removed:,} KV blocks the server removed were stored again "
+            f"within {window:g} s "
             f"({churn:.1f} removals/s): it evicts prefixes it needs again soon{_more_memory(trace)}",
             ("more_kv_memory", "lower_concurrency"),
             {"thrash_share": share, "removed": removed, "window_s": window, "churn_per_s": churn},
@@ -150,8 +153,8 @@ def _more_memory(trace: TraceFigures | None) -> str:
     ]
     if now is None or not steps:
         return ""
-    said = ", ".join(f"{pct(rate)} with {blocks:,} blocks" for blocks, rate in steps)
-    return f"; kvbench's simulation of the trace predicts {pct(now)} with the server's blocks, {said}"
+    said = ", ".join(f"{units.share(rate)} with {blocks:,} blocks" for blocks, rate in steps)
+    return f"; kvbench's simulation of the trace predicts {units.share(now)} with the server's blocks, {said}"
 
 
 def _share(value: object) -> float | None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvbench import units
 from kvbench.errors import KvbenchError
 from kvbench.fileio import run_file
 from kvbench.json_input import read_text
@@ -16,7 +17,6 @@ from kvbench.report.diagnose.findings import (
     Finding,
     Measurement,
     NotEvaluated,
-    pct,
     sorted_findings,
 )
 from kvbench.report.diagnose.remedies import render
@@ -190,7 +190,7 @@ def _thrash_curve(name: str | None, label: str, directory: Path | None, notes: l
         text = (
             "no block was removed"
             if share is None
-            else f"{pct(share)} of the removed KV blocks were stored again within {window:g} s"
+            else f"{units.share(share)} of the removed KV blocks were stored again within {window:g} s"
         )
         out.append(Measurement(label, f"kv_thrash_share_{window:g}s", share, text))
     return out
@@ -216,7 +216,7 @@ def _rule_fragmentation(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, lab
         "warning",
         label,
         f"mean online fragmentation {value:.3f} (1 - used / allocated) > {t.fragmentation}: "
-        f"{pct(value)} of the allocated KV slots hold no token state",
+        f"{units.share(value)} of the allocated KV slots hold no token state",
         remedies,
         {"fragmentation_mean": value, "threshold": t.fragmentation},
         context,
@@ -228,13 +228,13 @@ def _rule_free_blocks(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label
     if free is None or free >= t.free_blocks:
         return None
     pool, peak = point.kv_pool_bytes, point.kv_peak_allocated_bytes
-    at_peak = f"; at peak allocation {pct(1 - peak / pool)} were free" if pool and peak is not None else ""
+    at_peak = f"; at peak allocation {units.share(1 - peak / pool)} were free" if pool and peak is not None else ""
     return _finding(
         _command_of(meta),
         "free_blocks",
         "warning",
         label,
-        f"free KV blocks averaged {pct(free)} of the pool (< {pct(t.free_blocks)}){at_peak}",
+        f"free KV blocks averaged {units.share(free)} of the pool (< {units.share(t.free_blocks)}){at_peak}",
         ("more_kv_memory", "lower_concurrency", "route_to_free"),
         {"free_share_mean": free, "threshold": t.free_blocks},
     )
@@ -290,8 +290,8 @@ def _rule_reservation(point: DiagnosedPoint, meta: RunMeta, t: Thresholds, label
         "reservation_waste",
         "warning",
         label,
-        f"reservation + internal fragmentation took {pct(share)} of the pool on average "
-        f"(> {pct(t.reservation_waste)}); token states only {waste.token_state_pct or 0:.1f}%",
+        f"reservation + internal fragmentation took {units.share(share)} of the pool on average "
+        f"(> {units.share(t.reservation_waste)}); token states only {waste.token_state_pct or 0:.1f}%",
         remedies,
         {"reservation_internal_share": share, "threshold": t.reservation_waste},
         context,
@@ -354,7 +354,8 @@ def _fleet_findings(point: DiagnosedPoint, t: Thresholds, label: str) -> list[Fi
                     "free_blocks",
                     "warning",
                     f"{label} instance {instance.index}",
-                    f"free KV blocks averaged {pct(free)} of the instance's pool (< {pct(t.free_blocks)}); "
+                    f"free KV blocks averaged {units.share(free)} of the instance's pool "
+                    f"(< {units.share(t.free_blocks)}); "
                     f"it took {instance.routed} requests and preempted {instance.preemptions}",
                     ("add_instance", "route_by_free_blocks"),
                     {"free_share_mean": free, "threshold": t.free_blocks},
@@ -373,7 +374,7 @@ def _fleet_findings(point: DiagnosedPoint, t: Thresholds, label: str) -> list[Fi
                 "warning",
                 label,
                 f"free blocks differed by {imbalance:,.0f} blocks between the emptiest and the fullest instance on "
-                f"average ({pct(imbalance / total)} of one pool > {pct(IMBALANCE_SHARE)})",
+                f"average ({units.share(imbalance / total)} of one pool > {units.share(IMBALANCE_SHARE)})",
                 ("route_by_free_blocks",),
                 {"free_blocks_imbalance_mean": imbalance, "share_of_pool": imbalance / total},
             )

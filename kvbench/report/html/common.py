@@ -107,12 +107,12 @@ def waterfall_section(points: list[dict[str, Any]], figures: Mapping[str, Captur
                 [
                     Cell(level.level),
                     Cell(
-                        units.nbytes(level.bytes) if measured else "not measured",
+                        units.human_bytes(level.bytes) if measured else "not measured",
                         level.bytes,
                         "" if measured else "muted",
                     ),
                     Cell(gap if measured else (level.reason or gap)),
-                    Cell(units.nbytes(level.gap_bytes), level.gap_bytes),
+                    Cell(units.human_bytes(level.gap_bytes, missing=units.MISSING), level.gap_bytes),
                 ]
             )
         table = Table(
@@ -196,7 +196,7 @@ def shape_text(shape: ModelShapeFacts) -> str:
     if shape.dtype:
         text += f", {shape.dtype}"
     if shape.bytes_per_token:
-        text += f": {units.nbytes(shape.bytes_per_token)} of KV per token"
+        text += f": {units.human_bytes(shape.bytes_per_token)} of KV per token"
     return text
 
 
@@ -205,7 +205,7 @@ def _host_text(host: HostFacts) -> str:
     if host.cores:
         parts.append(f"{host.cores} usable cores")
     if host.memory_bytes:
-        parts.append(f"{units.nbytes(host.memory_bytes)} memory")
+        parts.append(f"{units.human_bytes(host.memory_bytes)} memory")
     if host.machine:
         parts.append(host.machine)
     return ", ".join(parts)
@@ -216,7 +216,7 @@ def _gpu_text(gpu: GpuFacts) -> str:
     if gpu.count > 1:
         text += f" (×{gpu.count})"
     if gpu.memory_bytes:
-        text += f", {units.nbytes(gpu.memory_bytes)}"
+        text += f", {units.human_bytes(gpu.memory_bytes)}"
     text += f"; NVIDIA driver {gpu.driver or 'unknown'}"
     if gpu.cuda:
         text += f", CUDA {gpu.cuda} (torch build)"
@@ -253,7 +253,7 @@ def provenance_facts(meta: Mapping[str, Any]) -> list[Fact]:
     if made.shape:
         facts.append(Fact("model shape", shape_text(made.shape)))
     elif made.bytes_per_token:
-        facts.append(Fact("model shape", f"{units.nbytes(made.bytes_per_token)} of KV per token"))
+        facts.append(Fact("model shape", f"{units.human_bytes(made.bytes_per_token)} of KV per token"))
     if made.device:
         simulated = made.simulated and "simulated" not in str(made.device)
         facts.append(Fact("device", f"{made.device}{' (simulated)' if simulated else ''}"))
@@ -285,7 +285,7 @@ def provenance_section(meta: Mapping[str, Any], run_files: Iterable[Path], extra
     listed = []
     for path in run_files:
         with suppress(OSError):
-            listed.append(f"{path.name} ({units.nbytes(path.stat().st_size)})")
+            listed.append(f"{path.name} ({units.human_bytes(path.stat().st_size)})")
     if listed:
         facts.append(Fact("built from", ", ".join(listed)))
     facts.append(Fact("report", f"written by kvbench {__version__}; rebuild it with: kvbench report RUN_DIR"))

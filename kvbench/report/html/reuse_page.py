@@ -41,7 +41,7 @@ def verdict(curve: ReuseCurve) -> Verdict:
     unbounded = curve.unbounded.hit_rate_pct
     headline = (
         f"{units.pct(asked.hit_rate_pct)} of prompt tokens served from the prefix cache with "
-        f"{units.nbytes(asked.kv_bytes)} of KV memory; a cache that never evicts serves {units.pct(unbounded)}"
+        f"{units.human_bytes(asked.kv_bytes)} of KV memory; a cache that never evicts serves {units.pct(unbounded)}"
     )
     share = asked.hit_rate_pct / unbounded if unbounded else 1.0
     tone = "good" if share >= 0.9 else "warn"

@@ -33,7 +33,8 @@ def build(run: RunFiles) -> Page:
     )
     subtitle = (
         f"{_or(meta.workload, '')}; {units.count(meta.requests)} requests, "
-        f"{units.count(meta.concurrency)} in flight; KV pool {units.nbytes(meta.kv_budget_bytes)} "
+        f"{units.count(meta.concurrency)} in flight; "
+        f"KV pool {units.human_bytes(meta.kv_budget_bytes, missing=units.MISSING)} "
         f"({units.count(meta.pool_slots)} token slots)"
     )
     figures = draw(lambda: waste_plot(study, run.directory / "waste.png"))
