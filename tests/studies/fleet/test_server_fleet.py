@@ -185,7 +185,7 @@ def test_a_server_killed_mid_run_ends_the_run_with_exit_1_naming_it_and_keeps_th
         (["--prefix-ttl", "0"], "--prefix-ttl must be a positive number"),
         (["--slo", "ttft=abc"], "not a number of milliseconds"),
         (["--target", "ftp://127.0.0.1:9"], "expected [NAME=]http://HOST:PORT"),
-        (["--target", "a=http://127.0.0.1:9", "--scrape-interval", "0"], "--scrape-interval must be a positive"),
+        (["--target", "a=http://127.0.0.1:9", "--scrape-interval", "0"], "greater than or equal to 0.05"),
     ],
 )
 def test_what_cannot_go_with_servers_is_refused_in_one_line(args, message, tmp_path, capsys):
