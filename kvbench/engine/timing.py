@@ -99,15 +99,17 @@ class UniformTiming:
 
 @dataclass(frozen=True)
 class MeasuredTiming:
-    """Step times fitted to a real server's requests: a decode step of ``decode_s`` whatever the batch, and a
-    prefill of ``prefill_base_s`` plus ``prefill_per_token_s`` per token not served from the prefix cache."""
+    """Step times fitted to a real server's requests: a decode step of ``decode_s`` plus ``decode_per_running_s``
+    for each request in the batch, and a prefill of ``prefill_base_s`` plus ``prefill_per_token_s`` per token not
+    served from the prefix cache."""
 
     decode_s: float
     prefill_base_s: float
     prefill_per_token_s: float
+    decode_per_running_s: float = 0.0
 
     def decode_coefficients(self, num_running: int) -> tuple[float, float, float]:
-        return self.decode_s, 0.0, 0.0
+        return self.decode_s + self.decode_per_running_s * num_running, 0.0, 0.0
 
     def prefill_seconds(self, prefill_lens: list[int], cached: list[int] | None = None) -> float:
         computed = sum(prefill_lens) - (sum(cached) if cached is not None else 0)

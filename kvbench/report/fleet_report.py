@@ -201,7 +201,8 @@ def simulator_rows(check: SimulatorCheck) -> list[list[str]]:
 def simulator_sentence(check: SimulatorCheck) -> str:
     compared = check.compared
     fitted = (
-        f"step times fitted to this run (decode {1000 * check.timing.decode_s:.2f} ms a step, prefill "
+        f"step times fitted to this run (decode {1000 * check.timing.decode_s:.2f} ms a step + "
+        f"{1000 * check.timing.decode_per_running_s:.2f} ms per running request, prefill "
         f"{1e6 * check.timing.prefill_per_token_s:.1f} us a token)"
     )
     if not compared:

@@ -89,7 +89,10 @@ class SimulatorCheck:
         timing = data.get("timing") or {}
         return cls(
             MeasuredTiming(
-                timing.get("decode_s", 0.0), timing.get("prefill_base_s", 0.0), timing.get("prefill_per_token_s", 0.0)
+                timing.get("decode_s", 0.0),
+                timing.get("prefill_base_s", 0.0),
+                timing.get("prefill_per_token_s", 0.0),
+                timing.get("decode_per_running_s", 0.0),
             ),
             list(data.get("blocks_per_instance") or []),
             [PolicyCheck.from_json(policy) for policy in data.get("policies") or []],

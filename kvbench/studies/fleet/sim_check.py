@@ -30,10 +30,12 @@ MIN_FIT_POINTS = 8
 
 
 def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
-    """Step times from the finished requests of every run: the decode step is the median time per output token
-    after the first; the prefill a least-squares line of time to first token against the tokens not cached,
-    fitted again, up to three times, on the half of the requests below it (those that queued least: under load
-    the time to first token is mostly queueing)."""
+    """Step times from the finished requests of every run. The decode step is a line of each request's time per
+    output token after the first against the requests its server was running meanwhile (its scrapes), by the
+    median of pairwise slopes, which the requests a prefill held up do not pull; with too few scraped requests,
+    the median time per output token whatever the batch. The prefill is a least-squares line of time to first
+    token against the tokens not cached, fitted again, up to three times, on the half of the requests below it
+    (those that queued least: under load the time to first token is mostly queueing)."""
     done = [
         r
         for run in runs
@@ -48,7 +50,9 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
         for r, t in zip(done, first, strict=True)
         if r.num_outputs > 1
     ]
-    decode = float(np.median(per_token)) if per_token else 0.0
+    decode, per_running = _decode_line(runs)
+    if decode is None:
+        decode, per_running = (float(np.median(per_token)) if per_token else 0.0), 0.0
     uncached = np.array([r.prompt_len - r.num_cached_tokens for r in done], dtype=np.float64)
     ttft = np.array([t - r.arrival_time for r, t in zip(done, first, strict=True)], dtype=np.float64)
     base, slope = _line(uncached, ttft)
@@ -58,7 +62,32 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
             break
         uncached, ttft = uncached[keep], ttft[keep]
         base, slope = _line(uncached, ttft)
-    return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0))
+    return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0), per_running)
+
+
+def _decode_line(runs: Sequence[FleetRun]) -> tuple[float | None, float]:
+    """(seconds a decode step takes with no batch, seconds each running request adds), from each finished
+    request's time per output token and the mean of its server's running count scraped while it decoded; None
+    where fewer than MIN_FIT_POINTS requests were scraped while decoding, or all at one batch."""
+    batch, per_token = [], []
+    for run in runs:
+        by_instance: dict[int, list[tuple[float, int]]] = {}
+        for t, instance, _used, _total, running, _waiting in run.samples:
+            by_instance.setdefault(instance, []).append((t, running))
+        for r in run.requests:
+            if r.status is not RequestStatus.FINISHED or r.num_outputs < 2 or r.first_token_time is None:
+                continue
+            start, end = float(r.first_token_time), float(r.finish_time or 0.0)
+            seen = [n for t, n in by_instance.get(run.placement.get(r.request_id, -1), []) if start <= t <= end]
+            if seen:
+                batch.append(float(np.mean(seen)))
+                per_token.append((end - start) / (r.num_outputs - 1))
+    if len(batch) < MIN_FIT_POINTS or float(np.ptp(batch)) == 0.0:
+        return None, 0.0
+    from scipy.stats import theilslopes  # scipy loads when a fleet is checked, not with the command
+
+    slope, intercept, _low, _high = theilslopes(per_token, batch, method="joint")
+    return max(float(intercept), 1e-6), max(float(slope), 0.0)
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

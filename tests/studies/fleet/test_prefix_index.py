@@ -152,10 +152,41 @@ def test_fitted_step_times_recover_the_ones_that_made_the_timings():
 
     run = Run()
     run.requests = requests  # type: ignore[attr-defined]
+    run.samples, run.placement = [], {}  # type: ignore[attr-defined]  # no scrapes: one decode step for any batch
     fitted = fit_timing([run])  # type: ignore[list-item]
-    assert fitted.decode_s == pytest.approx(0.02)
+    assert fitted.decode_s == pytest.approx(0.02) and fitted.decode_per_running_s == 0.0
     assert fitted.prefill_per_token_s == pytest.approx(0.001, rel=0.05)
     assert fitted.prefill_base_s == pytest.approx(0.01, abs=0.005)
+
+
+def test_the_decode_step_grows_with_the_batch_its_server_was_running():
+    """Each request decodes at a + b x the batch its server's scrapes saw; some were held up by prefills (slower
+    than the line): the fit finds a and b, where one median per token would give every batch the same step."""
+    truth = MeasuredTiming(decode_s=0.001, prefill_base_s=0.002, prefill_per_token_s=1e-5, decode_per_running_s=5e-4)
+    rng = np.random.default_rng(1)
+    requests, samples, placement = [], [], {}
+    for rid in range(120):
+        instance, batch, outputs = rid % 2, int(rng.integers(1, 9)), int(rng.integers(10, 60))
+        start = 10.0 * rid
+        request = Request(rid, 100, outputs, arrival_time=start)
+        request.first_token_time = start + truth.prefill_seconds([100])
+        step = truth.decode_coefficients(batch)[0] * (1.5 if rid % 5 == 0 else 1.0)  # a fifth held up
+        request.finish_time = request.first_token_time + step * (outputs - 1)
+        request.num_outputs, request.num_cached_tokens = outputs, 0
+        request.status = request.status.FINISHED
+        requests.append(request)
+        placement[rid] = instance
+        samples.append((request.first_token_time + 0.001, instance, 0, 100, batch, 0))
+        samples.append((request.first_token_time + 0.001, 1 - instance, 0, 100, 99, 0))  # the other server's
+
+    class Run:  # what fit_timing reads of a fleet run
+        pass
+
+    run = Run()
+    run.requests, run.samples, run.placement = requests, samples, placement  # type: ignore[attr-defined]
+    fitted = fit_timing([run])  # type: ignore[list-item]
+    assert fitted.decode_s == pytest.approx(0.001, rel=0.05)
+    assert fitted.decode_per_running_s == pytest.approx(5e-4, rel=0.05)
 
 
 def test_a_simulated_fleet_hears_its_instances_events_and_keeps_groups_together(tmp_path, capsys):
