@@ -76,6 +76,11 @@ def test_a_fleet_of_servers_point_and_its_simulator_check_read_back_exactly():
         _same(TARGET_RUN[name], SimulatorCheck.from_json(TARGET_RUN[name]))
     check = SimulatorCheck.from_json(TARGET_RUN["check"])
     assert check.timing.decode_s == TARGET_RUN["check"]["timing"]["decode_s"] and len(check.compared) == 6
+    older = {
+        **TARGET_RUN["check"],
+        "timing": {k: v for k, v in TARGET_RUN["check"]["timing"].items() if k != "decode_per_running_s"},
+    }
+    assert SimulatorCheck.from_json(older).timing == check.timing  # a check without the batch term: none
     skipped = SimulatorCheck.from_json(TARGET_RUN["skipped_check"])
     assert skipped.compared == [] and all(p.skipped for p in skipped.policies)
     meta = FleetMeta.from_json({"servers": TARGET_RUN["servers"], "simulator_check": TARGET_RUN["check"]})
