@@ -17,68 +17,60 @@ def _value(value: Any) -> float | None:
     return float(value) if is_number(value, finite=True) else None
 
 
+def _text(value: Any, spec: str, missing: str, scale: float = 1.0, prefix: str = "", suffix: str = "") -> str:
+    v = _value(value)
+    return missing if v is None else f"{prefix}{scale * v:{spec}}{suffix}"
+
+
 def num(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A plain number, for a column whose header names the unit."""
-    v = _value(value)
-    return missing if v is None else f"{v:,.{digits}f}"
+    return _text(value, f",.{digits}f", missing)
 
 
 def count(value: Any, *, missing: str = MISSING) -> str:
     """A whole number: requests, blocks, preemptions."""
-    v = _value(value)
-    return missing if v is None else f"{v:,.0f}"
+    return _text(value, ",.0f", missing)
 
 
 def ms(value: Any, *, missing: str = MISSING) -> str:
     """A latency with its unit, whole milliseconds from 100 up."""
-    v = _value(value)
-    if v is None:
-        return missing
-    return f"{v:,.0f} ms" if abs(v) >= 100 else f"{v:,.1f} ms"
+    return ms_number(value, missing=missing) + ("" if _value(value) is None else " ms")
 
 
 def ms_number(value: Any, *, missing: str = MISSING) -> str:
     """A latency in a column whose header says ms."""
     v = _value(value)
-    if v is None:
-        return missing
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+    return _text(v, ",.0f" if v is not None and abs(v) >= 100 else ",.1f", missing)
 
 
 def seconds(value: Any, *, missing: str = MISSING) -> str:
     """A duration with its unit: 12.5 -> "12.50 s"."""
-    v = _value(value)
-    return missing if v is None else f"{v:,.2f} s"
+    return _text(value, ",.2f", missing, suffix=" s")
 
 
 def tok_s(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A throughput in a sentence, so the reader needs no header: 1234.5 -> "1,234.5 tok/s"."""
-    v = _value(value)
-    return missing if v is None else f"{v:,.{digits}f} tok/s"
+    return _text(value, f",.{digits}f", missing, suffix=" tok/s")
 
 
 def pct(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A percentage already in percent (37.2 -> "37.2%")."""
-    v = _value(value)
-    return missing if v is None else f"{v:,.{digits}f}%"
+    return _text(value, f",.{digits}f", missing, suffix="%")
 
 
 def share(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A share in [0, 1] as a percentage (0.372 -> "37.2%")."""
-    v = _value(value)
-    return missing if v is None else f"{100 * v:,.{digits}f}%"
+    return _text(value, f",.{digits}f", missing, scale=100, suffix="%")
 
 
 def share_number(value: Any, digits: int = 1, *, missing: str = MISSING) -> str:
     """A share in [0, 1] in a column whose header says % (0.372 -> "37.2")."""
-    v = _value(value)
-    return missing if v is None else f"{100 * v:,.{digits}f}"
+    return _text(value, f",.{digits}f", missing, scale=100)
 
 
 def times(value: Any, *, missing: str = MISSING) -> str:
     """A ratio: 1.37 -> "×1.37"."""
-    v = _value(value)
-    return missing if v is None else f"×{v:,.2f}"
+    return _text(value, ",.2f", missing, prefix="×")
 
 
 def sort_key(value: Any) -> float | None:

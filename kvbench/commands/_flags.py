@@ -126,7 +126,7 @@ TARGET = flag(
 METRICS_URL = flag("--metrics-url", help="A Prometheus metrics endpoint, e.g. http://127.0.0.1:8000/metrics.")
 SLO = flag("--slo", help="Objectives in ms for goodput, e.g. ttft=500,tpot=50 (requests/s meeting all).")
 REQUEST_TIMEOUT = flag("--request-timeout", help="Seconds one request may take; past it, it fails (timeout).")
-MAX_SCRAPE_INTERVAL_S = 3600.0  # an hour between scrapes: past that, nothing is seen happen
+MAX_SCRAPE_INTERVAL_S = 3600.0  # an hour between scrapes: past that, a scrape sees nothing happen
 SCRAPE_INTERVAL = flag(
     "--scrape-interval",
     help="Seconds between scrapes of a server's /metrics (0.05 to 3600).",

@@ -345,7 +345,6 @@ def parse_target_options(values: dict[str, Any], concurrency_given: bool) -> End
         point_timeout_s=(
             _positive(asked.point_timeout_s, "--point-timeout") if asked.point_timeout_s is not None else None
         ),
-        scrape_interval_s=_positive(asked.scrape_interval_s, "--scrape-interval"),
         scrape=not given.no_scrape,
         thrash_window_s=_positive(asked.thrash_window_s, "--thrash-window"),
         trace=trace,

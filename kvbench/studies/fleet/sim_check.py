@@ -45,14 +45,7 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
     if not done:
         raise KvbenchError("no request finished on the servers: there are no step times to fit the simulator to")
     first = [float(r.first_token_time or 0.0) for r in done]
-    per_token = [
-        (float(r.finish_time or 0.0) - t) / (r.num_outputs - 1)
-        for r, t in zip(done, first, strict=True)
-        if r.num_outputs > 1
-    ]
-    decode, per_running = _decode_line(runs)
-    if decode is None:
-        decode, per_running = (float(np.median(per_token)) if per_token else 0.0), 0.0
+    decode, per_running = _decode_step(runs)
     uncached = np.array([r.prompt_len - r.num_cached_tokens for r in done], dtype=np.float64)
     ttft = np.array([t - r.arrival_time for r, t in zip(done, first, strict=True)], dtype=np.float64)
     base, slope = _line(uncached, ttft)
@@ -65,29 +58,34 @@ def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
     return MeasuredTiming(max(decode, 1e-6), max(base, 0.0), max(slope, 0.0), per_running)
 
 
-def _decode_line(runs: Sequence[FleetRun]) -> tuple[float | None, float]:
+def _decode_step(runs: Sequence[FleetRun]) -> tuple[float, float]:
     """(seconds a decode step takes with no batch, seconds each running request adds), from each finished
-    request's time per output token and the mean of its server's running count scraped while it decoded; None
-    where fewer than MIN_FIT_POINTS requests were scraped while decoding, or all at one batch."""
-    batch, per_token = [], []
+    request's time per output token and the mean of its server's running count scraped while it decoded; the
+    median time per output token and no batch term where fewer than MIN_FIT_POINTS requests were scraped while
+    decoding, or all at one batch."""
+    every, batch, scraped = [], [], []
     for run in runs:
         by_instance: dict[int, list[tuple[float, int]]] = {}
         for t, instance, _used, _total, running, _waiting in run.samples:
             by_instance.setdefault(instance, []).append((t, running))
         for r in run.requests:
-            if r.status is not RequestStatus.FINISHED or r.num_outputs < 2 or r.first_token_time is None:
+            if r.status is not RequestStatus.FINISHED or r.num_outputs < 2:
                 continue
-            start, end = float(r.first_token_time), float(r.finish_time or 0.0)
+            if r.first_token_time is None or r.finish_time is None:
+                continue
+            start, end = float(r.first_token_time), float(r.finish_time)
+            per_token = (end - start) / (r.num_outputs - 1)
+            every.append(per_token)
             seen = [n for t, n in by_instance.get(run.placement.get(r.request_id, -1), []) if start <= t <= end]
             if seen:
                 batch.append(float(np.mean(seen)))
-                per_token.append((end - start) / (r.num_outputs - 1))
+                scraped.append(per_token)
     if len(batch) < MIN_FIT_POINTS or float(np.ptp(batch)) == 0.0:
-        return None, 0.0
+        return (float(np.median(every)) if every else 0.0), 0.0
     from scipy.stats import theilslopes  # scipy loads when a fleet is checked, not with the command
 
-    slope, intercept, _low, _high = theilslopes(per_token, batch, method="joint")
-    return max(float(intercept), 1e-6), max(float(slope), 0.0)
+    slope, intercept, _low, _high = theilslopes(scraped, batch, method="joint")
+    return float(intercept), max(float(slope), 0.0)
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
