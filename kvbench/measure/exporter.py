@@ -43,6 +43,9 @@ from kvbench.measure.metric_names import (
     PREFIX_QUERIES,
     PROMPT_TOKENS,
     RUNNING,
+    STEP_SECONDS,
+    STEP_TOKENS,
+    STEPS,
     WAITING,
 )
 
@@ -219,6 +222,20 @@ class KvMetrics(MetricsEndpoint):
             PREFIX_QUERIES, "Prompt tokens looked up in the prefix cache at admission.", LABELS, registry=r
         )
         self.prefix_hits = Counter(PREFIX_HITS, "Prompt tokens the prefix cache held the KV of.", LABELS, registry=r)
+        # a server's engine loop (kvbench serve feeds them; an in-process run has no loop of its own to time)
+        self.steps = Counter(STEPS, "Engine steps so far, by phase.", (*LABELS, "phase"), registry=r)
+        self.step_seconds = Counter(
+            STEP_SECONDS,
+            "Wall seconds of the engine's steps, by phase (the loop's own work included).",
+            (*LABELS, "phase"),
+            registry=r,
+        )
+        self.step_tokens = Counter(
+            STEP_TOKENS,
+            "Tokens the engine's steps computed, by phase (prefill: those not in the prefix cache).",
+            (*LABELS, "phase"),
+            registry=r,
+        )
         self.alloc_latency = Histogram(
             ALLOC_LATENCY,
             "Seconds per KV block allocation call (admission or growth).",

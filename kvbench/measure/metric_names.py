@@ -24,6 +24,10 @@ PROMPT_TOKENS = "kvbench_prompt_tokens_total"  # prompts prefilled (counted once
 FINISHED = "kvbench_requests_finished_total"
 PREFIX_QUERIES = "kvbench_prefix_cache_queries_total"  # prompt tokens looked up (vLLM's prefix_cache_queries)
 PREFIX_HITS = "kvbench_prefix_cache_hits_total"  # of which the cache held the KV
+# counters of a server's engine loop, labelled also by phase (decode | prefill)
+STEPS = "kvbench_engine_steps_total"
+STEP_SECONDS = "kvbench_engine_step_seconds_total"  # wall seconds of those steps, the loop's own work included
+STEP_TOKENS = "kvbench_engine_step_tokens_total"  # tokens they computed (prefill: those the prefix cache lacked)
 # histogram (its series: ``_bucket`` with ``le``, ``_sum``, ``_count``)
 ALLOC_LATENCY = "kvbench_block_alloc_latency_seconds"
 # a fleet's instances, labelled by engine and state (serving | starting)
@@ -46,6 +50,9 @@ assert all(
         FINISHED,
         PREFIX_QUERIES,
         PREFIX_HITS,
+        STEPS,
+        STEP_SECONDS,
+        STEP_TOKENS,
         ALLOC_LATENCY,
         FLEET_INSTANCES,
     )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kvbench.engine.step_totals import StepTotals
 from kvbench.errors import KvbenchError
 from kvbench.measure import metric_names as names
 from kvbench.results.exposition import Sample, parse_samples
@@ -66,6 +67,7 @@ class ServerState:
     ttft_sum_s: float | None = None  # the server's time-to-first-token histogram: sum of seconds and count,
     ttft_count: float | None = None  # cumulative (a mean over a window is a difference of both)
     alloc_buckets: list[tuple[float, float]] = field(default_factory=list)  # kvbench allocation latency (le, count)
+    steps: StepTotals | None = None  # kvbench serve: its engine loop's steps by phase, cumulative
     config: dict[str, str] = field(default_factory=dict)  # settings the engine reports (vLLM cache_config_info)
     invalid: dict[str, str] = field(default_factory=dict)  # field -> why its value was set aside (validity.py)
 
@@ -123,7 +125,12 @@ class ServerState:
             raise ValueError("not a server state: it needs a known family and labels")
         if not isinstance(values.get("invalid", {}), dict):
             raise ValueError("invalid is not a mapping")
-        for name in known - {"family", "labels", "config", "alloc_buckets", "block_size", "invalid"}:
+        steps = values.get("steps")
+        if steps is not None:
+            if not isinstance(steps, dict) or set(steps) != {f.name for f in fields(StepTotals)}:
+                raise ValueError("steps is not a record of step totals")
+            values["steps"] = StepTotals(**steps)
+        for name in known - {"family", "labels", "config", "alloc_buckets", "block_size", "invalid", "steps"}:
             value = values.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name} is not a number")
@@ -235,9 +242,22 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
                 prefix_hits=_value(group, names.PREFIX_HITS),
                 cached_blocks=_value(group, names.CACHED_BLOCKS),
                 alloc_buckets=buckets,
+                steps=_step_totals(group),
             )
         )
     return states
+
+
+def _step_totals(group: list[Sample]) -> StepTotals | None:
+    """The engine loop's step counters (``kvbench serve`` exports them), or None unless all six are there."""
+    read: dict[str, float] = {}
+    for phase in ("decode", "prefill"):
+        for kind, name in (("steps", names.STEPS), ("seconds", names.STEP_SECONDS), ("tokens", names.STEP_TOKENS)):
+            value = _value([s for s in group if s.labels.get("phase") == phase], name)
+            if value is None:
+                return None
+            read[f"{phase}_{kind}"] = value
+    return StepTotals(**read)
 
 
 # -- vLLM ---------------------------------------------------------------------------------------------------

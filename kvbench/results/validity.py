@@ -8,6 +8,7 @@ not 37.5%), a negative count, NaN, a histogram whose buckets are not cumulative.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Any, Protocol, TypeVar
 
 from kvbench.values import is_number
@@ -25,6 +26,7 @@ class _Quantities(Protocol):
     prefix_hits: float | None
     cached_blocks: float | None
     alloc_buckets: list[tuple[float, float]]
+    steps: Any  # StepTotals | None
 
 
 ServerState = TypeVar("ServerState", bound=_Quantities)
@@ -71,6 +73,7 @@ METRICS: dict[str, dict[str, str]] = {
         "prefix_hits": "kvbench_prefix_cache_hits_total",
         "cached_blocks": "kvbench_prefix_cache_blocks",
         "alloc_buckets": "kvbench_block_alloc_latency_seconds_bucket",
+        "steps": "kvbench_engine_step*_total",
     },
     "vllm": {
         "total_blocks": "cache_config_info num_gpu_blocks",
@@ -126,6 +129,18 @@ def set_aside_invalid(state: ServerState) -> ServerState:
         )
     if state.prefix_hits is not None and state.prefix_queries is not None and state.prefix_hits > state.prefix_queries:
         _set_aside(state, "prefix_hits", state.prefix_hits, f"more than the {state.prefix_queries:g} tokens looked up")
+    if state.steps is not None:
+        why = next(
+            (
+                f"{name} is {value:g}: {bad}"
+                for name, value in asdict(state.steps).items()
+                if (bad := _out_of_range(value, _COUNT))
+            ),
+            None,
+        )
+        if why:
+            state.invalid["steps"] = f"{metric_name(state.family, 'steps')}: {why}"
+            state.steps = None
     why = _bad_buckets(state.alloc_buckets)
     if why:
         state.invalid["alloc_buckets"] = f"{metric_name(state.family, 'alloc_buckets')}: {why}"

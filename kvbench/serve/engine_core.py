@@ -38,6 +38,7 @@ from dataclasses import replace
 from kvbench import env_settings
 from kvbench.engine.llm_engine import LLMEngine
 from kvbench.engine.request import Request, RequestStatus, make_request
+from kvbench.engine.step_totals import StepTotals
 from kvbench.errors import KvbenchError
 from kvbench.kv.manager import KVLeak, assert_drained
 from kvbench.kv.paged import CacheEvent, PagedManager
@@ -118,6 +119,8 @@ class EngineCore:
         self._reported_idle = False
         self._idle_counts_out = False  # the last counts sent are an idle report's
         self._stats_at = 0.0
+        self.steps = StepTotals()
+        self._stepped = 0  # requests given a token by the current step
         self._out: list[int] = []  # this step's tokens: job, choice, token, job, choice, token, ...
         self._ends: list[ChoiceEnd] = []  # the choices that ended since the last message
         self._fails: list[JobFailure] = []  # the jobs refused since the last message
@@ -126,6 +129,7 @@ class EngineCore:
     def run(self, pending: Sequence[Command] = ()) -> int:
         """Serve until told to stop (0) or the channel closes (0); a failure is reported and returns 1."""
         session, channel = self.session, self.channel
+        scheduler = session.scheduler
         try:
             for message in pending:
                 self._handle(message)
@@ -138,14 +142,22 @@ class EngineCore:
                         self._send(IdleReport(seq=self.handled, leak=self._leak(), stats=self.stats()))
                         self._reported_idle = True
                         self._idle_counts_out = True
-                for message in channel.receive(wait=not session.has_work):
+                idle = not session.has_work
+                start = time.perf_counter()  # busy, a step's time includes taking the messages that came
+                for message in channel.receive(wait=idle):
                     self._handle(message)
                 if not session.has_work:
                     continue
+                if idle:  # the wait for work is no part of the step
+                    start = time.perf_counter()
                 self._reported_idle = False
+                clock, queried, cached = session.clock, scheduler.prefill_tokens, scheduler.cached_tokens
+                self._stepped = 0
                 session.step()
                 self._publish_events()
                 self._handle_ended(session.take_ended())
+                decode = session.clock > clock  # a decode step moves the session's clock; a prefill step admits
+                computed = scheduler.prefill_tokens - queried - (scheduler.cached_tokens - cached)
                 now = time.perf_counter()
                 if self._idle_counts_out or now - self._stats_at >= STATS_EVERY_S:
                     # the first step after an idle report says so at once: else /metrics would show the idle
@@ -154,6 +166,10 @@ class EngineCore:
                     self._send(StepReport(stats=self.stats(now)))
                 elif self._out or self._ends or self._fails:
                     self._send(StepReport())
+                if decode or scheduler.prefill_tokens > queried:  # sending its tokens is part of the step
+                    self.steps = self.steps.add(
+                        decode, time.perf_counter() - start, self._stepped if decode else computed
+                    )
         except ChannelClosed:  # the front end is gone: nobody to serve
             return 0
         except BaseException as err:  # noqa: BLE001 - a failed step ends the engine with its reason
@@ -204,6 +220,7 @@ class EngineCore:
             prefix_hits=scheduler.cached_tokens,
             cached_blocks=manager.num_cached_blocks,
             alloc=alloc,
+            steps=self.steps,
         )
 
     def _leak(self) -> str | None:
@@ -282,6 +299,7 @@ class EngineCore:
     def _on_tokens(self, emitted: list[tuple[Request, int]]) -> None:
         """The session's hook after each step: every token to its job's choice."""
         out, owners = self._out, self._owners
+        self._stepped += len(emitted)
         ended = []
         for request, token in emitted:
             owner = owners.get(request.request_id)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from kvbench.engine.step_totals import StepTotals
 from kvbench.measure.exporter import KvMetrics
 
 
@@ -38,10 +39,14 @@ class EngineStats(msgspec.Struct, frozen=True):
     prefix_hits: int = 0  # of which it held the KV
     cached_blocks: int = 0  # blocks the prefix cache can hand out now
     alloc: list[float] = []  # seconds of each block allocation call timed since the last report
+    steps: StepTotals = StepTotals()  # the engine loop's steps by phase, each timed from the loop's view
 
     @property
     def usage(self) -> float:
         return self.used / self.capacity if self.capacity else 0.0
+
+
+PHASES = ("decode", "prefill")  # the step counters' phase label: StepTotals' field prefixes
 
 
 def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
@@ -57,6 +62,9 @@ def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
         metrics.prefix_hits,
     ):
         counter.labels(*labels)
+    for phase in PHASES:
+        for counter in (metrics.steps, metrics.step_seconds, metrics.step_tokens):
+            counter.labels(*labels, phase)
     mirror(metrics, engine, EngineStats(), first, ())
 
 
@@ -83,6 +91,15 @@ def mirror(
     ):
         if total > last:
             counter.labels(*labels).inc(total - last)
+    for phase in PHASES:
+        for counter, name in (
+            (metrics.steps, "steps"),
+            (metrics.step_seconds, "seconds"),
+            (metrics.step_tokens, "tokens"),
+        ):
+            total, last = getattr(now.steps, f"{phase}_{name}"), getattr(before.steps, f"{phase}_{name}")
+            if total > last:
+                counter.labels(*labels, phase).inc(total - last)
     histogram = metrics.alloc_latency.labels(*labels)
     for seconds in alloc_seconds:
         histogram.observe(seconds)

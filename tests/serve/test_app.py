@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -157,6 +158,34 @@ def test_models_health_version_and_metrics(server):
     assert value(after, "kvbench_kv_cache_blocks_capacity") == 256
     assert value(after, "kvbench_kv_cache_blocks_free") == 256
     assert "kvbench_block_alloc_latency_seconds_bucket" in after.decode()
+
+
+def test_the_engine_counts_its_steps_and_their_seconds_by_phase(server):
+    """One request of a 2-token prompt and 7 tokens out: one prefill step computing 2 tokens (its first token),
+    then 6 decode steps of one token each, every one timed."""
+
+    def steps(text: bytes) -> dict[tuple[str, str], float]:
+        found = re.findall(
+            r'^kvbench_engine_step(s|_seconds|_tokens)_total\{device="cpu",engine="paged",phase="(\w+)"\} (\S+)$',
+            text.decode(),
+            re.MULTILINE,
+        )
+        return {(kind, phase): float(value) for kind, phase, value in found}
+
+    _, _, before = http(server, "/metrics")
+    time.sleep(0.5)  # idle: no step's time
+    sent = time.perf_counter()
+    http(server, "/v1/completions", {"prompt": [1, 2], "max_tokens": 7, "ignore_eos": True})
+    server.server.engine.wait_idle(30)
+    wall = time.perf_counter() - sent
+    _, _, after = http(server, "/metrics")
+    start, end = steps(before), steps(after)
+    assert len(start) == len(end) == 6  # steps, seconds and tokens of both phases
+    grew = {key: end[key] - start[key] for key in end}
+    assert grew[("s", "prefill")] == 1 and grew[("_tokens", "prefill")] == 2
+    assert grew[("s", "decode")] == 6 and grew[("_tokens", "decode")] == 6
+    assert grew[("_seconds", "prefill")] > 0 and grew[("_seconds", "decode")] > 0
+    assert grew[("_seconds", "prefill")] + grew[("_seconds", "decode")] < wall  # the idle wait is in no step
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,10 @@ def test_the_frames_are_the_json_the_channel_carried_as_dicts():
     )
     idle = encode(IdleReport(seq=4, leak=None, stats=EngineStats(), out=[1, 0, 2]))
     assert idle.startswith(b'{"t":"idle","seq":4,"leak":null,"stats":{"used":0,"free":0,"capacity":0,')
-    assert idle.endswith(b'"cached_blocks":0,"alloc":[]},"out":[1,0,2]}')
+    assert idle.endswith(
+        b'"cached_blocks":0,"alloc":[],"steps":{"decode_steps":0,"decode_seconds":0.0,"decode_tokens":0,'
+        b'"prefill_steps":0,"prefill_seconds":0.0,"prefill_tokens":0}},"out":[1,0,2]}'
+    )
     assert encode(ResetDone(id=3, ok=True)) == b'{"t":"reset","id":3,"ok":true}'
     assert encode(LoadFailed("bad", 2)) == b'{"t":"error","message":"bad","exit_code":2}'
     assert encode(LoadStatus("ünï")) == '{"t":"status","text":"ünï"}'.encode()  # UTF-8, not escaped

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.engine.step_totals import StepTotals
 from kvbench.errors import KvbenchError
 from kvbench.results import servers
 from kvbench.results.exposition import parse_samples
@@ -130,6 +131,36 @@ kvbench_kv_cache_blocks_capacity{engine="contiguous",device="cpu"} 100
         line.replace('engine="0"', 'engine="1"') for line in vllm_text("busy").splitlines() if line.startswith("vllm:")
     )
     assert [s.labels["engine"] for s in read_states(dp)] == ["0", "1"]  # data parallel: one state per engine
+
+
+STEPS_TEXT = """kvbench_kv_cache_blocks_capacity{engine="paged",device="cpu"} 100
+kvbench_engine_steps_total{engine="paged",device="cpu",phase="decode"} 40
+kvbench_engine_steps_total{engine="paged",device="cpu",phase="prefill"} 3
+kvbench_engine_step_seconds_total{engine="paged",device="cpu",phase="decode"} 0.02
+kvbench_engine_step_seconds_total{engine="paged",device="cpu",phase="prefill"} 0.006
+kvbench_engine_step_tokens_total{engine="paged",device="cpu",phase="decode"} 120
+kvbench_engine_step_tokens_total{engine="paged",device="cpu",phase="prefill"} 900
+"""
+
+
+def test_a_kvbench_servers_step_counters_are_read_by_phase_and_kept_through_a_record():
+    (state,) = read_states(STEPS_TEXT)
+    assert state.steps == StepTotals(40, 0.02, 120, 3, 0.006, 900)
+    assert ServerState.from_record(state.record()) == state
+    with pytest.raises(ValueError, match="step totals"):
+        ServerState.from_record({**state.record(), "steps": {"decode_steps": 1}})
+    partial = "\n".join(line for line in STEPS_TEXT.splitlines() if 'phase="prefill"} 900' not in line)
+    assert read_states(partial)[0].steps is None  # a counter missing: no totals rather than a made-up zero
+
+
+@pytest.mark.parametrize(
+    ("value", "why"), [("-1", "decode_tokens is -1: negative (a count)"), ("NaN", "decode_tokens is nan: not a number")]
+)
+def test_step_counters_outside_their_meaning_are_set_aside_and_named(value, why):
+    text = STEPS_TEXT.replace('phase="decode"} 120', f'phase="decode"}} {value}')
+    (state,) = read_states(text)
+    assert state.steps is None and state.total_blocks == 100
+    assert state.invalid["steps"].startswith("kvbench_engine_step*_total: " + why)
 
 
 @pytest.mark.parametrize(
