@@ -17,7 +17,7 @@ from kvbench.results.fleet_meta import FleetAutoscale, FleetMeta
 from kvbench.results.fleet_point import FleetInstance, FleetPoint
 from kvbench.results.fleet_series import FleetSeries
 from kvbench.results.fleet_summary import FleetSummary
-from kvbench.results.simulator_check import SimulatorCheck
+from kvbench.results.simulator_check import TIMED_BY_COUNTERS, SimulatorCheck
 
 R = TypeVar("R")  # a table's row: a policy's point or an instance
 
@@ -171,6 +171,7 @@ SIM_COLUMNS = (
     "prefix hit, real / sim",
     "preempt, real / sim",
     "p50 TTFT ms, real / sim",
+    "decode step ms + per request",
     "within 5 points",
 )
 
@@ -180,11 +181,12 @@ def simulator_rows(check: SimulatorCheck) -> list[list[str]]:
     rows = []
     for row in check.policies:
         if row.skipped:
-            rows.append([row.policy, f"not compared: {row.skipped}", "", "", "", ""])
+            rows.append([row.policy, f"not compared: {row.skipped}", *[""] * (len(SIM_COLUMNS) - 2)])
             continue
         shares = " ".join(
             f"{100 * a:.0f}/{100 * b:.0f}%" for a, b in zip(row.share_real, row.share_simulated, strict=True)
         )
+        step = row.timing or check.timing
         rows.append(
             [
                 row.policy,
@@ -192,6 +194,7 @@ def simulator_rows(check: SimulatorCheck) -> list[list[str]]:
                 f"{units.share(row.hit_rate_real, 0)} / {units.share(row.hit_rate_simulated, 0)}",
                 f"{row.preemptions_real} / {row.preemptions_simulated}",
                 f"{units.ms_number(row.p50_ttft_ms_real)} / {units.ms_number(row.p50_ttft_ms_simulated)}",
+                f"{1000 * step.decode_s:.2f} + {1000 * step.decode_per_running_s:.2f}",
                 "yes" if row.agrees else "no",
             ]
         )
@@ -200,11 +203,7 @@ def simulator_rows(check: SimulatorCheck) -> list[list[str]]:
 
 def simulator_sentence(check: SimulatorCheck) -> str:
     compared = check.compared
-    fitted = (
-        f"step times fitted to this run (decode {1000 * check.timing.decode_s:.2f} ms a step + "
-        f"{1000 * check.timing.decode_per_running_s:.2f} ms per running request, prefill "
-        f"{1e6 * check.timing.prefill_per_token_s:.1f} us a token)"
-    )
+    fitted = _step_times_text(check)
     if not compared:
         return "The simulator was not compared with this run: a server died under every policy."
     off = [row for row in compared if not row.agrees]
@@ -220,6 +219,30 @@ def simulator_sentence(check: SimulatorCheck) -> str:
         f"{len(off)} of {len(compared)} policies, most under {worst.policy} (share {worst.share_gap_points:.0f} "
         f"points, hit rate {'unknown' if hit is None else f'{hit:+.0f} points'}): trust its answers for this fleet "
         "less there."
+    )
+
+
+def _step_times_text(check: SimulatorCheck) -> str:
+    """What the simulated steps took, and where those times came from."""
+    timing = check.timing
+    if check.timed_by != TIMED_BY_COUNTERS:
+        return (
+            f"step times fitted to this run's requests (decode {1000 * timing.decode_s:.2f} ms a step + "
+            f"{1000 * timing.decode_per_running_s:.2f} ms per running request, prefill "
+            f"{1000 * timing.prefill_base_s:.2f} ms a step + {1e6 * timing.prefill_per_token_s:.1f} us a token)"
+        )
+    steps = [row.timing or timing for row in check.compared] or [timing]
+
+    def spread(values: list[float]) -> str:
+        low, high = min(values), max(values)
+        return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+
+    return (
+        "the step times each policy's servers counted in its run (decode "
+        f"{spread([1000 * t.decode_s for t in steps])} ms a step + "
+        f"{spread([1000 * t.decode_per_running_s for t in steps])} ms per running request, prefill "
+        f"{spread([1000 * t.prefill_base_s for t in steps])} ms a step + "
+        f"{spread([1e6 * t.prefill_per_token_s for t in steps])} us a token)"
     )
 
 

@@ -27,6 +27,7 @@ class PolicyCheck:
     p50_ttft_ms_real: float | None = None
     p50_ttft_ms_simulated: float | None = None
     agrees: bool = False  # share and hit rate within the agreement's points
+    timing: MeasuredTiming | None = None  # the step times this policy's servers counted (None: the check's own)
 
     def to_json(self) -> dict[str, Any]:
         if self.skipped is not None:
@@ -44,6 +45,7 @@ class PolicyCheck:
             "p50_ttft_ms_real": self.p50_ttft_ms_real,
             "p50_ttft_ms_simulated": self.p50_ttft_ms_simulated,
             "agrees": self.agrees,
+            **({"timing": asdict(self.timing)} if self.timing is not None else {}),
         }
 
     @classmethod
@@ -62,7 +64,12 @@ class PolicyCheck:
             p50_ttft_ms_real=data.get("p50_ttft_ms_real"),
             p50_ttft_ms_simulated=data.get("p50_ttft_ms_simulated"),
             agrees=bool(data.get("agrees", False)),
+            timing=_timing(data["timing"]) if data.get("timing") else None,
         )
+
+
+TIMED_BY_COUNTERS = "step counters"  # the servers' own counts of their steps and the seconds they took
+TIMED_BY_REQUESTS = "requests"  # the requests' times to first token and per output token
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class SimulatorCheck:
     timing: MeasuredTiming  # the step times fitted to the real run
     blocks_per_instance: list[int] = field(default_factory=list)  # each twin's KV pool, as its server's
     policies: list[PolicyCheck] = field(default_factory=list)
+    timed_by: str = TIMED_BY_REQUESTS  # what the step times were fitted to
 
     @property
     def compared(self) -> list[PolicyCheck]:
@@ -81,19 +89,26 @@ class SimulatorCheck:
             "timing": asdict(self.timing),
             "blocks_per_instance": list(self.blocks_per_instance),
             "policies": [policy.to_json() for policy in self.policies],
+            "timed_by": self.timed_by,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SimulatorCheck:
-        """A check as written; a step time it lacks reads 0."""
-        timing = data.get("timing") or {}
+        """A check as written; a step time it lacks reads 0, and one that does not say what timed it was timed by
+        the requests (as every check was before servers counted their steps)."""
         return cls(
-            MeasuredTiming(
-                timing.get("decode_s", 0.0),
-                timing.get("prefill_base_s", 0.0),
-                timing.get("prefill_per_token_s", 0.0),
-                timing.get("decode_per_running_s", 0.0),
-            ),
+            _timing(data.get("timing") or {}),
             list(data.get("blocks_per_instance") or []),
             [PolicyCheck.from_json(policy) for policy in data.get("policies") or []],
+            data.get("timed_by") or TIMED_BY_REQUESTS,
         )
+
+
+def _timing(data: Mapping[str, Any]) -> MeasuredTiming:
+    """Step times as written; a term missing reads 0 (a check written before it was fitted)."""
+    return MeasuredTiming(
+        data.get("decode_s", 0.0),
+        data.get("prefill_base_s", 0.0),
+        data.get("prefill_per_token_s", 0.0),
+        data.get("decode_per_running_s", 0.0),
+    )

@@ -81,6 +81,11 @@ def test_a_fleet_of_servers_point_and_its_simulator_check_read_back_exactly():
         "timing": {k: v for k, v in TARGET_RUN["check"]["timing"].items() if k != "decode_per_running_s"},
     }
     assert SimulatorCheck.from_json(older).timing == check.timing  # a check without the batch term: none
+    assert check.timed_by == "requests"  # fake servers count no steps
+    counted = {**TARGET_RUN["check"], "timed_by": "step counters"}
+    assert SimulatorCheck.from_json(counted).timed_by == "step counters"
+    unsaid = {k: v for k, v in counted.items() if k != "timed_by"}
+    assert SimulatorCheck.from_json(unsaid).timed_by == "requests"  # written before servers counted their steps
     skipped = SimulatorCheck.from_json(TARGET_RUN["skipped_check"])
     assert skipped.compared == [] and all(p.skipped for p in skipped.policies)
     meta = FleetMeta.from_json({"servers": TARGET_RUN["servers"], "simulator_check": TARGET_RUN["check"]})

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.cli import main
+from kvbench.results.simulator_check import SimulatorCheck
 from kvbench.serve.lifecycle import Server, ServerThread
 from kvbench.studies.fleet.routing import POLICIES
 
@@ -61,20 +62,25 @@ def _fleet(capsys, replicas, *args: str) -> tuple[int, str]:
 
 
 def test_every_policy_runs_on_two_replicas_and_every_request_ends_once(replicas, tmp_path, capsys):
-    rows = [(0.03 * i, i % 3, i // 3) for i in range(12)]
+    rows = [(0.03 * i, i % 3, i // 3) for i in range(30)]  # 0.9 s: scrape intervals enough to fit each policy's steps
     file = _write(tmp_path / "requests.jsonl", rows)
     code, output = _fleet(capsys, replicas, "--requests-file", str(file), "--out", str(tmp_path / "run"))
     assert code == 0, output
     points = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
     assert {p["policy"] for p in points} == set(POLICIES)  # every replica heard: precise-prefix runs by default
     for point in points:
-        assert point["completed"] == 12 and point["rejected"] == 0 and not point.get("rerouted"), point["policy"]
+        assert point["completed"] == 30 and point["rejected"] == 0 and not point.get("rerouted"), point["policy"]
         for server in point["instances"]:  # sent = finished + failed, and nothing failed
             assert server["routed"] == server["finished"] and server["failure"] is None, point["policy"]
-        assert sum(server["routed"] for server in point["instances"]) == 12
+        assert sum(server["routed"] for server in point["instances"]) == 30
         assert not point.get("notes"), point["notes"]  # every prefix cache was reset before every policy
     check = json.loads((tmp_path / "run" / "simulator-check.json").read_text())
     assert check["blocks_per_instance"] == [96, 96] and len(check["policies"]) == len(POLICIES)
+    assert check["timed_by"] == "step counters"  # kvbench serve counts its steps: no request's wait in them
+    for policy in check["policies"]:  # each simulated with the steps its own run's servers counted
+        assert policy["timing"]["decode_s"] > 0, policy["policy"]
+    assert json.dumps(SimulatorCheck.from_json(check).to_json()) == json.dumps(check)
+    assert "the step times each policy's servers counted in its run" in output.replace("\n", " ")
 
 
 def test_precise_prefix_sends_every_request_of_a_group_to_the_replica_holding_its_blocks(replicas, tmp_path, capsys):

@@ -98,8 +98,8 @@ def simulator_section(check: SimulatorCheck) -> Section:
     rows = [[Cell(text) for text in row] for row in simulator_rows(check)]
     note = simulator_sentence(check) + (
         " The same arrivals ran through the simulator with one instance per server, each given its server's "
-        "KV pool in blocks and the step times fitted to this run; its router read the instances at every "
-        "scrape interval, as this run's did."
+        "KV pool in blocks and this run's step times (the table's decode step); its router read the instances at "
+        "every scrape interval, as this run's did."
     )
     return Section(
         "simulator",

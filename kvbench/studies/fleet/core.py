@@ -13,6 +13,7 @@ from typing import Any
 
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.step_totals import StepTotals
 from kvbench.kv.block_pool import blocks_for
 from kvbench.studies.fleet.routing import InstanceView, RoutingPolicy
 
@@ -176,6 +177,7 @@ class FleetRun:
     simulated: bool = True
     notes: list[str] = field(default_factory=list)
     tick_repeats: dict[float, int] = field(default_factory=dict)  # a tick's time -> ticks its samples stand for
+    step_samples: list[tuple[float, int, StepTotals]] = field(default_factory=list)  # (t, instance, its steps so far)
 
     def tick_weight(self, t: float) -> int:
         """How many ticks the samples taken at ``t`` stand for (more than one across a skipped idle gap)."""

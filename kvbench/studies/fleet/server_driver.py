@@ -29,6 +29,7 @@ from kvbench.endpoint.record import RequestRecord
 from kvbench.endpoint.scraper import fetch_metrics
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request, RequestStatus
+from kvbench.engine.step_totals import StepTotals
 from kvbench.errors import KvbenchError
 from kvbench.kv.block_pool import blocks_for
 from kvbench.measure.kv_events import EventBatch
@@ -237,6 +238,7 @@ class _PolicyRun:
         self.placement: dict[int, int] = {}
         self.samples: list[tuple[float, int, int, int, int, int]] = []
         self.fleet_samples: list[tuple[float, int, int]] = []
+        self.step_samples: list[tuple[float, int, StepTotals]] = []
         self.events: list[tuple[float, str, int]] = []
         self.rerouted = 0
         self.origin = 0.0
@@ -259,6 +261,8 @@ class _PolicyRun:
                 else:
                     self.tallies[server.index].base = state
                     slot.stats = self._stats(slot, state, 0.0)
+                    if state.steps is not None:
+                        self.step_samples.append((0.0, server.index, state.steps))
             self.slots.append(slot)
         self.origin = time.perf_counter()
         scraping = asyncio.ensure_future(self._scrape_loop())
@@ -293,6 +297,7 @@ class _PolicyRun:
             rerouted=self.rerouted,
             simulated=False,
             notes=self.notes,
+            step_samples=self.step_samples,
         )
 
     # -- routing and sending --------------------------------------------------------------------------------
@@ -420,6 +425,8 @@ class _PolicyRun:
                 continue
             tally.scrape_failures = 0
             slot.stats = self._stats(slot, state, t)
+            if state.steps is not None:
+                self.step_samples.append((t, slot.index, state.steps))
             if final:
                 slot.final_stats = slot.stats
             if state.free_blocks is None:  # no usage to plot; the router keeps its last reading

@@ -1,5 +1,6 @@
 """The simulator against a real fleet: the same arrivals through simulated instances given the servers' KV
-budgets and step times fitted to the real run's requests, policy by policy, and where the two disagree.
+budgets and the real run's step times (the servers' own step counters, else a fit to its requests), policy by
+policy, and where the two disagree.
 
 What makes a simulated answer for 256 instances believable is that it matches a real fleet of two where both
 can be run: the share of requests each instance took, the cluster's prefix hit rate and the preemptions.
@@ -8,17 +9,18 @@ can be run: the share of requests each instance took, the cluster's prefix hit r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import numpy as np
 
 from kvbench.engine.config import EngineConfig
 from kvbench.engine.request import Request, RequestStatus
 from kvbench.engine.simulator import SimulatedInstance
+from kvbench.engine.step_totals import StepTotals
 from kvbench.engine.timing import MeasuredTiming
 from kvbench.errors import KvbenchError
 from kvbench.results.fleet_point import FleetPoint
-from kvbench.results.simulator_check import PolicyCheck, SimulatorCheck
+from kvbench.results.simulator_check import TIMED_BY_COUNTERS, TIMED_BY_REQUESTS, PolicyCheck, SimulatorCheck
 from kvbench.studies.fleet.core import FleetRun
 from kvbench.studies.fleet.results import fleet_point
 from kvbench.studies.fleet.routing import KvWeights, make_policy
@@ -27,6 +29,46 @@ from kvbench.studies.fleet.sim_driver import SimulatedFleet
 AGREEMENT_POINTS = 5.0  # share and hit rate within this many percentage points: the simulator agrees
 LOWER_ROUNDS = 3  # times the prefill line is fitted again on the half of the requests below it
 MIN_FIT_POINTS = 8
+
+
+def counted_timing(runs: Sequence[FleetRun]) -> MeasuredTiming | None:
+    """Step times from the servers' own step counters (``kvbench serve`` exports them): between two scrapes of a
+    server, its decode steps took ``decode_s`` each plus ``decode_per_running_s`` per token (one per running
+    request), its prefill steps ``prefill_base_s`` each plus ``prefill_per_token_s`` per token computed; each pair
+    a least-squares fit over every scrape interval of every run. None where the servers export no counters or
+    fewer than MIN_FIT_POINTS intervals saw steps of either phase: the requests' timings are fitted instead."""
+    decode: list[tuple[float, float, float]] = []  # (steps, tokens, seconds) of one interval
+    prefill: list[tuple[float, float, float]] = []
+    for run in runs:
+        last: dict[int, StepTotals] = {}
+        for _t, instance, totals in run.step_samples:
+            before, last[instance] = last.get(instance), totals
+            if before is None:
+                continue
+            steps = totals.since(before)
+            if min(astuple(steps)) < 0:  # the server restarted: its counters began again
+                continue
+            if steps.decode_steps > 0:
+                decode.append((steps.decode_steps, steps.decode_tokens, steps.decode_seconds))
+            if steps.prefill_steps > 0:
+                prefill.append((steps.prefill_steps, steps.prefill_tokens, steps.prefill_seconds))
+    if len(decode) < MIN_FIT_POINTS or len(prefill) < MIN_FIT_POINTS:
+        return None
+    decode_s, per_running = _per_step_and_token(decode)
+    prefill_s, per_token = _per_step_and_token(prefill)
+    return MeasuredTiming(max(decode_s, 1e-6), prefill_s, per_token, per_running)
+
+
+def _per_step_and_token(intervals: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(seconds a step, seconds a token) with ``seconds = a step x steps + a token x tokens`` closest to every
+    interval's seconds (least squares, neither term below 0: a negative one is dropped and the other refitted)."""
+    steps, tokens, seconds = (np.array(column, dtype=np.float64) for column in zip(*intervals, strict=True))
+    (per_step, per_token), *_ = np.linalg.lstsq(np.column_stack([steps, tokens]), seconds, rcond=None)
+    if per_token < 0 or per_step < 0:
+        if per_token < 0 or not tokens.sum():
+            return float(seconds.sum() / steps.sum()), 0.0
+        return 0.0, float(seconds.sum() / tokens.sum())
+    return float(per_step), float(per_token)
 
 
 def fit_timing(runs: Sequence[FleetRun]) -> MeasuredTiming:
@@ -108,7 +150,8 @@ def check_simulator(
     """Each real policy beside the simulator's run of it. ``servers``: (total blocks, block size) of each server,
     each twin given its server's pool; ``arrivals``: the requests as the real run replayed them (fresh copies); the
     simulated router reads its instances every ``scrape_interval_s``, as the real one scraped them."""
-    timing = fit_timing(runs)
+    counted = counted_timing(runs)
+    timing = counted if counted is not None else fit_timing(runs)
     block_size = servers[0][1]
     configs = [
         replace(config, block_size=block_size, num_blocks=total, enable_prefix_caching=True) for total, _ in servers
@@ -122,9 +165,11 @@ def check_simulator(
             (t, Request(r.request_id, r.prompt_len, r.max_tokens, prompt_token_ids=r.prompt_token_ids))
             for t, r in arrivals
         ]
-
+        # each policy with the step times its own run's servers counted: servers sharing a machine step slower
+        # while the others work, how much they work turns on the policy, and simulated twins never slow each other
+        own = counted_timing([run]) if counted is not None else None
         fleet = SimulatedFleet(
-            _twins(configs, timing),
+            _twins(configs, own or timing),
             make_policy(run.policy, seed, block_size, weights),
             len(servers),
             block_size,
@@ -135,8 +180,9 @@ def check_simulator(
         )
         sim_run = fleet.run(requests, run.policy)
         simulated = replace(fleet_point(sim_run, config.engine, ""), prefix_hit_rate=answered_hit_rate(sim_run))
-        policies.append(compare(run.policy, real, simulated))
-    return SimulatorCheck(timing, [c.num_blocks for c in configs], policies)
+        policies.append(replace(compare(run.policy, real, simulated), timing=own))
+    source = TIMED_BY_COUNTERS if counted is not None else TIMED_BY_REQUESTS
+    return SimulatorCheck(timing, [c.num_blocks for c in configs], policies, source)
 
 
 def _twins(configs: Sequence[EngineConfig], timing: MeasuredTiming) -> Callable[[float], SimulatedInstance]:

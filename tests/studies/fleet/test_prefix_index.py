@@ -7,6 +7,7 @@ must say for any prompt exactly how many leading blocks the manager would serve 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from kvbench.cli import main
 from kvbench.engine.instance import InstanceStats
 from kvbench.engine.request import Request
+from kvbench.engine.step_totals import StepTotals
 from kvbench.engine.timing import MeasuredTiming
 from kvbench.kv.block_pool import BlockPool, OutOfBlocks
 from kvbench.kv.paged import PagedManager
@@ -23,7 +25,7 @@ from kvbench.measure.kv_events import AllBlocksCleared, BlockRemoved, BlockStore
 from kvbench.studies.fleet.core import SERVING, InstanceSlot
 from kvbench.studies.fleet.prefix_index import HeldBlocks, SentBlocks, block_keys, feed_events, reusable_keys
 from kvbench.studies.fleet.routing import InstanceView, KvWeights, make_policy
-from kvbench.studies.fleet.sim_check import fit_timing
+from kvbench.studies.fleet.sim_check import counted_timing, fit_timing
 
 BLOCK = 4
 
@@ -187,6 +189,40 @@ def test_the_decode_step_grows_with_the_batch_its_server_was_running():
     fitted = fit_timing([run])  # type: ignore[list-item]
     assert fitted.decode_s == pytest.approx(0.001, rel=0.05)
     assert fitted.decode_per_running_s == pytest.approx(5e-4, rel=0.05)
+
+
+def test_a_servers_step_counters_give_its_step_times_free_of_its_requests_waits():
+    """Two servers' cumulative step counters at each scrape, from decode steps of 0.3 ms + 0.12 ms per token (one
+    per running request) and prefill steps of 2 ms + 20 us per computed token, each interval's seconds off by a
+    few per cent; one server restarts midway (its counters begin again). The fit recovers all four terms."""
+    rng = np.random.default_rng(3)
+    samples: list[tuple[float, int, StepTotals]] = []
+    totals = {0: StepTotals(), 1: StepTotals()}
+    for tick in range(1, 80):
+        for instance in (0, 1):
+            if instance == 1 and tick == 40:
+                totals[1] = StepTotals()  # restarted: the difference across it is no interval's
+            decode, batch = int(rng.integers(5, 200)), float(rng.uniform(1, 12))
+            prefill, prompt = int(rng.integers(0, 4)), float(rng.uniform(16, 900))
+            noise = float(rng.uniform(0.97, 1.03))
+            totals[instance] = StepTotals(
+                totals[instance].decode_steps + decode,
+                totals[instance].decode_seconds + noise * decode * (3e-4 + 1.2e-4 * batch),
+                totals[instance].decode_tokens + decode * batch,
+                totals[instance].prefill_steps + prefill,
+                totals[instance].prefill_seconds + noise * prefill * (2e-3 + 2e-5 * prompt),
+                totals[instance].prefill_tokens + prefill * prompt,
+            )
+            samples.append((0.05 * tick, instance, totals[instance]))
+    run = SimpleNamespace(step_samples=samples)
+    fitted = counted_timing([run])  # type: ignore[list-item]
+    assert fitted is not None
+    assert fitted.decode_s == pytest.approx(3e-4, rel=0.1)
+    assert fitted.decode_per_running_s == pytest.approx(1.2e-4, rel=0.05)
+    assert fitted.prefill_base_s == pytest.approx(2e-3, rel=0.1)
+    assert fitted.prefill_per_token_s == pytest.approx(2e-5, rel=0.05)
+    assert counted_timing([SimpleNamespace(step_samples=samples[:10])]) is None  # too few intervals: requests instead
+    assert counted_timing([SimpleNamespace(step_samples=[])]) is None  # servers without counters (vLLM)
 
 
 def test_a_simulated_fleet_hears_its_instances_events_and_keeps_groups_together(tmp_path, capsys):
