@@ -223,23 +223,19 @@ def simulator_sentence(check: SimulatorCheck) -> str:
 
 
 def _step_times_text(check: SimulatorCheck) -> str:
-    """What the simulated steps took, and where those times came from."""
-    timing = check.timing
-    if check.timed_by != TIMED_BY_COUNTERS:
-        return (
-            f"step times fitted to this run's requests (decode {1000 * timing.decode_s:.2f} ms a step + "
-            f"{1000 * timing.decode_per_running_s:.2f} ms per running request, prefill "
-            f"{1000 * timing.prefill_base_s:.2f} ms a step + {1e6 * timing.prefill_per_token_s:.1f} us a token)"
-        )
-    steps = [row.timing or timing for row in check.compared] or [timing]
+    """What the simulated steps took (a range over the policies where each had its own), and where from."""
+    if check.timed_by == TIMED_BY_COUNTERS:
+        source = "the step times each policy's servers counted in its run"
+        steps = [row.timing or check.timing for row in check.compared] or [check.timing]
+    else:
+        source, steps = "step times fitted to this run's requests", [check.timing]
 
     def spread(values: list[float]) -> str:
-        low, high = min(values), max(values)
-        return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+        low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+        return low if low == high else f"{low}-{high}"
 
     return (
-        "the step times each policy's servers counted in its run (decode "
-        f"{spread([1000 * t.decode_s for t in steps])} ms a step + "
+        f"{source} (decode {spread([1000 * t.decode_s for t in steps])} ms a step + "
         f"{spread([1000 * t.decode_per_running_s for t in steps])} ms per running request, prefill "
         f"{spread([1000 * t.prefill_base_s for t in steps])} ms a step + "
         f"{spread([1e6 * t.prefill_per_token_s for t in steps])} us a token)"
