@@ -5,7 +5,10 @@ tokens, and the simulator adds those itself)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+PHASES = ("decode", "prefill")  # the phases a step counts under, as labelled on /metrics
 
 
 @dataclass(frozen=True)
@@ -21,21 +24,23 @@ class StepTotals:
     prefill_seconds: float = 0.0
     prefill_tokens: float = 0
 
+    @classmethod
+    def from_phases(cls, phases: Mapping[str, tuple[float, float, float]]) -> StepTotals:
+        """From (steps, seconds, tokens) of each phase."""
+        return cls(*phases["decode"], *phases["prefill"])
+
+    def phase(self, name: str) -> tuple[float, float, float]:
+        """(steps, seconds, tokens) of the phase ``name``."""
+        if name == "decode":
+            return self.decode_steps, self.decode_seconds, self.decode_tokens
+        return self.prefill_steps, self.prefill_seconds, self.prefill_tokens
+
     def add(self, decode: bool, seconds: float, tokens: int) -> StepTotals:
-        """These totals with one more step of ``seconds`` that computed ``tokens``."""
-        if decode:
-            return replace(
-                self,
-                decode_steps=self.decode_steps + 1,
-                decode_seconds=self.decode_seconds + seconds,
-                decode_tokens=self.decode_tokens + tokens,
-            )
-        return replace(
-            self,
-            prefill_steps=self.prefill_steps + 1,
-            prefill_seconds=self.prefill_seconds + seconds,
-            prefill_tokens=self.prefill_tokens + tokens,
-        )
+        """These totals with one more step of ``seconds`` that computed ``tokens`` (once per engine step: built
+        directly, not through ``dataclasses.replace``)."""
+        steps, spent, computed = self.phase("decode" if decode else "prefill")
+        counted = (steps + 1, spent + seconds, computed + tokens)
+        return StepTotals(*counted, *self.phase("prefill")) if decode else StepTotals(*self.phase("decode"), *counted)
 
     def since(self, earlier: StepTotals) -> StepTotals:
         """The steps between ``earlier`` and these totals."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from kvbench.engine.step_totals import StepTotals
+from kvbench.engine.step_totals import PHASES, StepTotals
 from kvbench.errors import KvbenchError
 from kvbench.measure import metric_names as names
 from kvbench.results.exposition import Sample, parse_samples
@@ -250,14 +250,16 @@ def _kvbench(samples: list[Sample]) -> list[ServerState]:
 
 def _step_totals(group: list[Sample]) -> StepTotals | None:
     """The engine loop's step counters (``kvbench serve`` exports them), or None unless all six are there."""
-    read: dict[str, float] = {}
-    for phase in ("decode", "prefill"):
-        for kind, name in (("steps", names.STEPS), ("seconds", names.STEP_SECONDS), ("tokens", names.STEP_TOKENS)):
-            value = _value([s for s in group if s.labels.get("phase") == phase], name)
-            if value is None:
-                return None
-            read[f"{phase}_{kind}"] = value
-    return StepTotals(**read)
+    read: dict[str, tuple[float, float, float]] = {}
+    for phase in PHASES:
+        samples = [s for s in group if s.labels.get("phase") == phase]
+        steps, seconds, tokens = (
+            _value(samples, name) for name in (names.STEPS, names.STEP_SECONDS, names.STEP_TOKENS)
+        )
+        if steps is None or seconds is None or tokens is None:
+            return None
+        read[phase] = (steps, seconds, tokens)
+    return StepTotals.from_phases(read)
 
 
 # -- vLLM ---------------------------------------------------------------------------------------------------

@@ -94,8 +94,8 @@ class SimulatorCheck:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SimulatorCheck:
-        """A check as written; a step time it lacks reads 0, and one that does not say what timed it was timed by
-        the requests (as every check was before servers counted their steps)."""
+        """A check as written; a step time it lacks reads 0, and one that does not say what timed it reads as
+        timed by the requests."""
         return cls(
             _timing(data.get("timing") or {}),
             list(data.get("blocks_per_instance") or []),
@@ -105,7 +105,7 @@ class SimulatorCheck:
 
 
 def _timing(data: Mapping[str, Any]) -> MeasuredTiming:
-    """Step times as written; a term missing reads 0 (a check written before it was fitted)."""
+    """Step times as written; a term missing reads 0."""
     return MeasuredTiming(
         data.get("decode_s", 0.0),
         data.get("prefill_base_s", 0.0),

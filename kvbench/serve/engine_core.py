@@ -156,8 +156,6 @@ class EngineCore:
                 session.step()
                 self._publish_events()
                 self._handle_ended(session.take_ended())
-                decode = session.clock > clock  # a decode step moves the session's clock; a prefill step admits
-                computed = scheduler.prefill_tokens - queried - (scheduler.cached_tokens - cached)
                 now = time.perf_counter()
                 if self._idle_counts_out or now - self._stats_at >= STATS_EVERY_S:
                     # the first step after an idle report says so at once: else /metrics would show the idle
@@ -166,10 +164,12 @@ class EngineCore:
                     self._send(StepReport(stats=self.stats(now)))
                 elif self._out or self._ends or self._fails:
                     self._send(StepReport())
-                if decode or scheduler.prefill_tokens > queried:  # sending its tokens is part of the step
-                    self.steps = self.steps.add(
-                        decode, time.perf_counter() - start, self._stepped if decode else computed
-                    )
+                # the step, its tokens sent: a decode step moved the session's clock, a prefill step admitted prompts
+                if session.clock > clock:
+                    self.steps = self.steps.add(True, time.perf_counter() - start, self._stepped)
+                elif scheduler.prefill_tokens > queried:
+                    computed = scheduler.prefill_tokens - queried - (scheduler.cached_tokens - cached)
+                    self.steps = self.steps.add(False, time.perf_counter() - start, computed)
         except ChannelClosed:  # the front end is gone: nobody to serve
             return 0
         except BaseException as err:  # noqa: BLE001 - a failed step ends the engine with its reason

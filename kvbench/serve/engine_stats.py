@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from kvbench.engine.step_totals import StepTotals
+from kvbench.engine.step_totals import PHASES, StepTotals
 from kvbench.measure.exporter import KvMetrics
 
 
@@ -44,9 +44,6 @@ class EngineStats(msgspec.Struct, frozen=True):
     @property
     def usage(self) -> float:
         return self.used / self.capacity if self.capacity else 0.0
-
-
-PHASES = ("decode", "prefill")  # the step counters' phase label: StepTotals' field prefixes
 
 
 def start_series(metrics: KvMetrics, engine: str, first: EngineStats) -> None:
@@ -91,15 +88,11 @@ def mirror(
     ):
         if total > last:
             counter.labels(*labels).inc(total - last)
+    step_counters = (metrics.steps, metrics.step_seconds, metrics.step_tokens)
     for phase in PHASES:
-        for counter, name in (
-            (metrics.steps, "steps"),
-            (metrics.step_seconds, "seconds"),
-            (metrics.step_tokens, "tokens"),
-        ):
-            total, last = getattr(now.steps, f"{phase}_{name}"), getattr(before.steps, f"{phase}_{name}")
-            if total > last:
-                counter.labels(*labels, phase).inc(total - last)
+        for counter, counted, had in zip(step_counters, now.steps.phase(phase), before.steps.phase(phase), strict=True):
+            if counted > had:
+                counter.labels(*labels, phase).inc(counted - had)
     histogram = metrics.alloc_latency.labels(*labels)
     for seconds in alloc_seconds:
         histogram.observe(seconds)
